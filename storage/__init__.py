@@ -1,0 +1,46 @@
+"""RayMQ's message store: RocketMQ's CommitLog, ConsumeQueue and IndexFile in Python.
+
+Pure Python (numpy for the batch arithmetic); never imports Ray.
+"""
+
+from .codec import EncodedBatch, encode_batch
+from .config import StoreConfig
+from .errors import (
+    BrokerUnavailableError,
+    InvalidConfigError,
+    InvalidMessageError,
+    OffsetOutOfRangeError,
+    PermissionDeniedError,
+    RayMQError,
+    StoreClosedError,
+    StoreCorruptedError,
+    StoreLockedError,
+    TopicNotFoundError,
+)
+from .message import GetResult, GetStatus, Message, MessageExt, PutResult, PutStatus, RawGetResult
+from .store import MessageStore, PutBatchResult
+
+__all__ = [
+    "BrokerUnavailableError",
+    "EncodedBatch",
+    "GetResult",
+    "GetStatus",
+    "InvalidConfigError",
+    "InvalidMessageError",
+    "Message",
+    "MessageExt",
+    "MessageStore",
+    "OffsetOutOfRangeError",
+    "PermissionDeniedError",
+    "PutBatchResult",
+    "PutResult",
+    "PutStatus",
+    "RawGetResult",
+    "RayMQError",
+    "StoreClosedError",
+    "StoreConfig",
+    "StoreCorruptedError",
+    "StoreLockedError",
+    "TopicNotFoundError",
+    "encode_batch",
+]

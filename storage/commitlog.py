@@ -1,0 +1,295 @@
+"""CommitLog: one append-only log of records for every topic.
+
+Invariants: records are contiguous from ``min_offset`` to ``max_offset``; a
+record never straddles two files (a file's unused tail starts with a blank
+marker); each record's PHYSICALOFFSET field equals its offset in the log;
+``flushed_offset <= max_offset``. Appends happen under the store's put lock;
+reads take no lock and copy what they return.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from . import codec
+from .errors import OffsetOutOfRangeError, StoreCorruptedError
+from .mapped_file import MappedFile, MappedFileQueue
+from .message import MessageExt
+
+log = logging.getLogger("raymq.storage.commitlog")
+
+_SIZE_MAGIC = struct.Struct(">iI")
+_BLANK = struct.Struct(">iI")
+_ARANGE8 = np.arange(8, dtype=np.int64)
+
+
+def _patch(arr: np.ndarray, starts: np.ndarray, field: int, values: np.ndarray) -> None:
+    """Write big-endian 8-byte ``values`` at ``starts + field`` in ``arr`` (vectorised)."""
+    idx = (starts[:, None] + (field + _ARANGE8)).ravel()
+    arr[idx] = np.ascontiguousarray(values, dtype=">i8").view(np.uint8)
+
+
+class CommitLog:
+    def __init__(self, directory: Path, file_size: int, *, preallocate: bool = True) -> None:
+        self.files = MappedFileQueue(directory, file_size, preallocate=preallocate)
+        self.file_size = file_size
+        self._flush_lock = threading.Lock()
+        self._flushed = 0  # commitlog offset known durable
+
+    # -- offsets
+    @property
+    def min_offset(self) -> int:
+        return self.files.min_offset
+
+    @property
+    def max_offset(self) -> int:
+        return self.files.max_offset
+
+    @property
+    def flushed_offset(self) -> int:
+        return self._flushed
+
+    # -- append (called under the store's put lock)
+    def append(
+        self,
+        data: bytes,
+        sizes: np.ndarray,
+        queue_offsets: np.ndarray,
+        store_ts: int,
+        store_host: bytes,
+    ) -> np.ndarray:
+        """Append a batch of encoded records; patch store fields; return their offsets.
+
+        The whole placement is computed before any byte is written, so a batch
+        that cannot be placed changes nothing.
+        """
+        n = len(sizes)
+        sizes64 = sizes.astype(np.int64)
+        ends = np.cumsum(sizes64)
+        starts = ends - sizes64
+        if int(sizes64.max()) + codec.END_FILE_MIN_BLANK > self.file_size:
+            raise StoreCorruptedError(
+                f"a record of {int(sizes64.max())} bytes cannot fit in a {self.file_size}-byte file"
+            )
+        # placement: split the batch where a file ends
+        segments: list[tuple[int, int, int]] = []  # (first, last_exclusive, log offset of first)
+        last = self.files.last()
+        cur = self.max_offset
+        room = last.remaining if last is not None else 0
+        i = 0
+        while i < n:
+            limit = starts[i] + room - codec.END_FILE_MIN_BLANK
+            j = int(np.searchsorted(ends, limit, side="right"))
+            if j <= i:  # the next record does not fit: the rest goes in a new file
+                cur += room
+                room = self.file_size
+                continue
+            segments.append((i, j, cur))
+            used = int(ends[j - 1] - starts[i])
+            cur += used
+            room -= used
+            i = j
+        phys = np.empty(n, dtype=np.int64)
+        for first, stop, base in segments:
+            phys[first:stop] = base + (starts[first:stop] - starts[first])
+        buf = bytearray(data)
+        arr = np.frombuffer(buf, dtype=np.uint8)
+        _patch(arr, starts, codec.OFF_QUEUEOFFSET, queue_offsets)
+        _patch(arr, starts, codec.OFF_PHYSICALOFFSET, phys)
+        _patch(arr, starts, codec.OFF_STORETIMESTAMP, np.full(n, store_ts, dtype=np.int64))
+        host = np.frombuffer(store_host, dtype=np.uint8)
+        arr[(starts[:, None] + (codec.OFF_STOREHOST + _ARANGE8)).ravel()] = np.tile(host, n)
+        del arr
+        view = memoryview(buf)
+        for first, stop, base in segments:
+            mf = self._file_for(base)
+            mf.append(view[int(starts[first]) : int(ends[stop - 1])])
+        return phys
+
+    def _file_for(self, offset: int) -> MappedFile:
+        """The file that must receive a write at ``offset``, sealing/rolling as needed."""
+        last = self.files.last()
+        if last is None:
+            last = self.files.create(offset - offset % self.file_size)
+            last.wrote_position = offset % self.file_size
+        while last.end_offset < offset or last.is_full:
+            self._seal(last)
+            last = self.files.create(last.from_offset + self.file_size)
+        return last
+
+    def _seal(self, mf: MappedFile) -> None:
+        """Fill a file's tail with the blank marker and mark it full."""
+        rest = mf.remaining
+        if rest >= codec.END_FILE_MIN_BLANK:
+            mf.write_at(mf.wrote_position, _BLANK.pack(rest, codec.BLANK_MAGIC))
+        mf.wrote_position = mf.file_size
+
+    # -- flush
+    def flush(self) -> int:
+        """Flush everything written; concurrent callers share one fsync (group commit)."""
+        with self._flush_lock:
+            target = self.max_offset
+            if target > self._flushed:
+                self.files.flush()
+                self._flushed = target
+            return self._flushed
+
+    def flush_until(self, offset: int) -> int:
+        if self._flushed >= offset:
+            return self._flushed
+        return self.flush()
+
+    def dirty_pages(self) -> int:
+        return self.files.dirty_pages()
+
+    # -- read
+    def read(self, offset: int, size: int) -> bytes:
+        mf = self.files.find(offset)
+        if mf is None:
+            raise OffsetOutOfRangeError(
+                f"commitlog offset {offset} outside [{self.min_offset}, {self.max_offset})"
+            )
+        rel = offset - mf.from_offset
+        if rel + size > mf.wrote_position:
+            raise OffsetOutOfRangeError(f"commitlog offset {offset}+{size} past the written end")
+        return mf.read(rel, size)
+
+    def read_runs(self, offsets: np.ndarray, sizes: np.ndarray) -> bytes:
+        """Records at ``offsets`` back to back, reading each contiguous run in one copy."""
+        n = len(offsets)
+        if n == 0:
+            return b""
+        offsets = offsets.astype(np.int64)
+        ends = offsets + sizes.astype(np.int64)
+        breaks = np.flatnonzero(offsets[1:] != ends[:-1]) + 1
+        run_starts = np.concatenate(([0], breaks))
+        run_ends = np.concatenate((breaks, [n]))
+        parts = []
+        for a, b in zip(run_starts.tolist(), run_ends.tolist()):
+            start = int(offsets[a])
+            stop = int(ends[b - 1])
+            mf = self.files.find(start)
+            if mf is not None and stop - mf.from_offset <= mf.file_size:
+                parts.append(self.read(start, stop - start))
+            else:  # a run that crosses files (cannot, records never straddle): per record
+                parts.extend(
+                    self.read(int(o), int(e - o))
+                    for o, e in zip(offsets[a:b].tolist(), ends[a:b].tolist())
+                )
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def size_at(self, offset: int) -> int:
+        raw = self.read(offset, 8)
+        size, magic = _SIZE_MAGIC.unpack(raw)
+        if magic != codec.MAGIC:
+            raise OffsetOutOfRangeError(f"no record starts at commitlog offset {offset}")
+        return size
+
+    def message_at(self, offset: int) -> MessageExt:
+        size = self.size_at(offset)
+        try:
+            return codec.decode_record(self.read(offset, size))[0]
+        except StoreCorruptedError as exc:
+            raise StoreCorruptedError(f"commitlog offset {offset}: {exc}") from exc
+
+    def store_timestamp_at(self, offset: int) -> int:
+        return int(struct.unpack(">q", self.read(offset + codec.OFF_STORETIMESTAMP, 8))[0])
+
+    # -- recovery
+    def scan(
+        self,
+        start_file: MappedFile,
+        check_crc: bool,
+        on_record: Callable[[memoryview, int, int], None] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """Walk records from the start of ``start_file``; return the valid end offset.
+
+        A record is valid when its size and magic are right, its PHYSICALOFFSET
+        is its own offset and (with ``check_crc``) its body matches its CRC. The
+        walk stops at the first invalid record or an all-zero header.
+        """
+        idx = self.files.files.index(start_file)
+        end = start_file.from_offset
+        for mf in self.files.files[idx:]:
+            mv = memoryview(mf.buffer)
+            try:
+                pos, stop, whole = self._scan_file(mv, mf, check_crc, on_record)
+            finally:
+                mv.release()
+            end = mf.from_offset + pos
+            if progress is not None:
+                progress(end)
+            if not whole:
+                return end
+            end = mf.from_offset + mf.file_size
+        return end
+
+    @staticmethod
+    def _scan_file(
+        mv: memoryview,
+        mf: MappedFile,
+        check_crc: bool,
+        on_record: Callable[[memoryview, int, int], None] | None,
+    ) -> tuple[int, int, bool]:
+        """(end position, stop position, whether the file ended with a blank marker)."""
+        unpack = _SIZE_MAGIC.unpack_from
+        unpack_q = struct.Struct(">q").unpack_from
+        unpack_i = struct.Struct(">i").unpack_from
+        crc32 = zlib.crc32
+        size_limit = mf.file_size
+        base = mf.from_offset
+        pos = 0
+        magic_ok = codec.MAGIC
+        blank = codec.BLANK_MAGIC
+        while pos + 8 <= size_limit:
+            size, magic = unpack(mv, pos)
+            if magic == blank:
+                if pos + size == size_limit:
+                    return pos, pos, True
+                log.warning("%s: blank marker at %d has a wrong length %d", mf.path.name, pos, size)
+                return pos, pos, False
+            if magic != magic_ok or size < codec.FIXED_LEN or pos + size > size_limit:
+                if size or magic:
+                    log.warning("%s: invalid record header at %d", mf.path.name, pos)
+                return pos, pos, False
+            if unpack_q(mv, pos + codec.OFF_PHYSICALOFFSET)[0] != base + pos:
+                log.warning("%s: record at %d has a wrong physical offset", mf.path.name, pos)
+                return pos, pos, False
+            body_len = unpack_i(mv, pos + codec.OFF_BODYLEN)[0]
+            body_at = pos + codec.HEADER.size
+            if body_len < 0 or body_at + body_len + 3 > pos + size:
+                log.warning("%s: record at %d has a bad body length", mf.path.name, pos)
+                return pos, pos, False
+            if (
+                check_crc
+                and (crc32(mv[body_at : body_at + body_len]) & 0x7FFFFFFF)
+                != unpack_i(mv, pos + 8)[0]
+            ):
+                log.warning("%s: record at %d fails its body CRC", mf.path.name, pos)
+                return pos, pos, False
+            if on_record is not None:
+                on_record(mv, pos, size)
+            pos += size
+        return pos, pos, pos == size_limit
+
+    def truncate(self, end: int, max_record_size: int) -> None:
+        """Make ``end`` the log's end: zero the rest of its file, delete later files."""
+        if self.files.files and end < self.files.files[0].from_offset:
+            raise StoreCorruptedError(
+                f"commitlog end {end} before its first file {self.files.files[0].path.name}"
+            )
+        self.files.truncate(end, stop_after_zero_run=max_record_size + (1 << 20))
+        self._flushed = end
+        for mf in self.files.files:
+            mf.flushed_position = mf.wrote_position
+
+    def close(self) -> None:
+        self.files.close()

@@ -1,0 +1,150 @@
+"""The store's configuration: RocketMQ's names in snake_case, RocketMQ's defaults.
+
+A RocketMQ ``broker.conf`` loads into it (``StoreConfig.from_broker_conf``) so
+an existing deployment's file works unchanged; keys the store does not own
+(``brokerName``, ``brokerRole`` ...) are left for the broker's own config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import InvalidConfigError
+
+FLUSH_TYPES = ("ASYNC_FLUSH", "SYNC_FLUSH")
+
+# broker.conf key -> (StoreConfig field, converter)
+_CONF_KEYS: dict[str, tuple[str, Any]] = {
+    "storePathRootDir": ("store_dir", str),
+    "flushDiskType": ("flush_disk_type", str),
+    "mappedFileSizeCommitLog": ("commitlog_file_size", int),
+    "mappedFileSizeConsumeQueue": ("consume_queue_file_entries", lambda v: int(v) // 20),
+    "maxHashSlotNum": ("index_hash_slots", int),
+    "maxIndexNum": ("index_max_entries", int),
+    "maxMessageSize": ("max_message_size", int),
+    "flushIntervalCommitLog": ("flush_interval_commitlog_ms", int),
+    "flushCommitLogLeastPages": ("flush_commitlog_least_pages", int),
+    "flushCommitLogThoroughInterval": ("flush_commitlog_thorough_interval_ms", int),
+    "flushIntervalConsumeQueue": ("flush_interval_consume_queue_ms", int),
+    "flushConsumeQueueLeastPages": ("flush_consume_queue_least_pages", int),
+    "flushConsumeQueueThoroughInterval": ("flush_consume_queue_thorough_interval_ms", int),
+    "syncFlushTimeout": ("sync_flush_timeout_ms", int),
+    "fileReservedTime": ("file_reserved_hours", float),
+    "deleteWhen": ("delete_when", str),
+    "diskMaxUsedSpaceRatio": ("disk_max_used_ratio", lambda v: int(v) / 100.0),
+    "cleanResourceInterval": ("clean_resource_interval_ms", int),
+    "messageIndexEnable": ("message_index_enable", lambda v: v.strip().lower() == "true"),
+    "checkCRCOnRecover": ("check_crc_on_recover", lambda v: v.strip().lower() == "true"),
+}
+
+
+def parse_broker_conf(path: str | os.PathLike[str]) -> dict[str, str]:
+    """Read a Java-properties style ``broker.conf`` into a dict of strings."""
+    result: dict[str, str] = {}
+    for lineno, raw in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        sep = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
+        if sep < 0:
+            raise InvalidConfigError(f"{path}:{lineno}: expected key=value, got {raw!r}")
+        result[line[:sep].strip()] = line[sep + 1 :].strip()
+    return result
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Everything a :class:`storage.MessageStore` needs; defaults are RocketMQ's."""
+
+    store_dir: str
+    flush_disk_type: str = "ASYNC_FLUSH"
+    commitlog_file_size: int = 1 << 30
+    consume_queue_file_entries: int = 300_000
+    index_hash_slots: int = 5_000_000
+    index_max_entries: int = 20_000_000
+    max_message_size: int = 4 << 20
+    # ASYNC_FLUSH: FlushRealTimeService
+    flush_interval_commitlog_ms: int = 500
+    flush_commitlog_least_pages: int = 4
+    flush_commitlog_thorough_interval_ms: int = 10_000
+    # consume queues, index and checkpoint: FlushConsumeQueueService
+    flush_interval_consume_queue_ms: int = 1_000
+    flush_consume_queue_least_pages: int = 2
+    flush_consume_queue_thorough_interval_ms: int = 60_000
+    sync_flush_timeout_ms: int = 5_000
+    # expiry: CleanCommitLogService
+    file_reserved_hours: float = 72.0
+    delete_when: str = "04"
+    disk_max_used_ratio: float = 0.75
+    clean_resource_interval_ms: int = 10_000
+    delete_files_batch_max: int = 10
+    # identity and recovery
+    store_host: str = "127.0.0.1:10911"
+    message_index_enable: bool = True
+    check_crc_on_recover: bool = True
+    preallocate: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.store_dir:
+            raise InvalidConfigError("store_dir must be a non-empty path")
+        if self.flush_disk_type not in FLUSH_TYPES:
+            raise InvalidConfigError(
+                f"flush_disk_type={self.flush_disk_type!r}: must be one of {FLUSH_TYPES}"
+            )
+        if self.commitlog_file_size < 4096:
+            raise InvalidConfigError(
+                f"commitlog_file_size={self.commitlog_file_size}: must be >= 4096"
+            )
+        if not 0 < self.max_message_size <= self.commitlog_file_size - 4096:
+            raise InvalidConfigError(
+                f"max_message_size={self.max_message_size}: must be in "
+                f"(0, commitlog_file_size - 4096 = {self.commitlog_file_size - 4096}]"
+            )
+        for name in ("consume_queue_file_entries", "index_hash_slots", "index_max_entries"):
+            if getattr(self, name) < 1:
+                raise InvalidConfigError(f"{name}={getattr(self, name)}: must be >= 1")
+        if not 0.0 < self.disk_max_used_ratio <= 1.0:
+            raise InvalidConfigError(
+                f"disk_max_used_ratio={self.disk_max_used_ratio}: must be in (0, 1]"
+            )
+        host, _, port = self.store_host.rpartition(":")
+        parts = host.split(".")
+        if (
+            len(parts) != 4
+            or not all(p.isdigit() and int(p) < 256 for p in parts)
+            or not port.isdigit()
+            or int(port) >= 65536
+        ):
+            raise InvalidConfigError(f"store_host={self.store_host!r}: must be 'a.b.c.d:port'")
+        for hour in self.delete_when.split(";"):
+            if not (hour.strip().isdigit() and 0 <= int(hour) < 24):
+                raise InvalidConfigError(
+                    f"delete_when={self.delete_when!r}: must be hours 00-23 separated by ';'"
+                )
+
+    @property
+    def sync_flush(self) -> bool:
+        return self.flush_disk_type == "SYNC_FLUSH"
+
+    def replace(self, **changes: Any) -> StoreConfig:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_broker_conf(cls, path: str | os.PathLike[str], **overrides: Any) -> StoreConfig:
+        """Load the store's keys from a RocketMQ ``broker.conf``; ``overrides`` win."""
+        values: dict[str, Any] = {}
+        for key, text in parse_broker_conf(path).items():
+            if key in _CONF_KEYS:
+                field, convert = _CONF_KEYS[key]
+                try:
+                    values[field] = convert(text)
+                except ValueError as exc:
+                    raise InvalidConfigError(f"{path}: {key}={text!r}: {exc}") from exc
+        values.update(overrides)
+        if "store_dir" not in values:
+            values["store_dir"] = str(Path.home() / "store")
+        return cls(**values)

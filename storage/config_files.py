@@ -1,0 +1,57 @@
+"""The store's ``config/*.json`` files, written atomically.
+
+A write goes to ``name.json.tmp``, is fsynced, the previous file is kept as
+``name.json.bak`` and the temp file is renamed over the original, so a crash
+leaves either the old or the new content, never a torn file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from .errors import StoreCorruptedError
+
+log = logging.getLogger("raymq.storage.config_files")
+
+
+class JsonConfigFile:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> dict[str, Any]:
+        """The file's object; ``{}`` when absent; the backup when the file is damaged."""
+        for candidate in (self.path, self.path.with_suffix(".json.bak")):
+            if not candidate.exists():
+                continue
+            try:
+                data = json.loads(candidate.read_text(encoding="utf-8"))
+            except (ValueError, UnicodeDecodeError) as exc:
+                log.error("%s is damaged (%s), trying its backup", candidate, exc)
+                continue
+            if not isinstance(data, dict):
+                raise StoreCorruptedError(f"{candidate}: expected a JSON object")
+            return data
+        if self.path.exists():
+            raise StoreCorruptedError(f"{self.path} and its backup are both unreadable")
+        return {}
+
+    def save(self, data: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".json.tmp")
+        text = json.dumps(data, indent=2, sort_keys=True)
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if self.path.exists():
+            os.replace(self.path, self.path.with_suffix(".json.bak"))
+        os.replace(tmp, self.path)
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)

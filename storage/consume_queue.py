@@ -1,0 +1,189 @@
+"""ConsumeQueue: the per-(topic, queue) index into the CommitLog.
+
+``consumequeue/<topic>/<queueId>/<20-digit byte offset>``; each entry is 20
+bytes, ``commitlog offset i8 | size i4 | tags hash i8``, and entry ``n`` (the
+message at queue offset ``n``) lives at byte ``20 * n``.
+
+Invariants: entries are dense from ``min_offset`` to ``max_offset`` (the next
+queue offset); commitlog offsets strictly increase along the queue; no entry
+points past the CommitLog's end (recovery drops those, :meth:`truncate_to_commitlog`).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from .errors import StoreCorruptedError
+from .mapped_file import MappedFileQueue
+
+log = logging.getLogger("raymq.storage.consume_queue")
+
+ENTRY = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tag", ">i8")])
+UNIT = ENTRY.itemsize
+assert UNIT == 20
+
+
+class ConsumeQueue:
+    def __init__(
+        self,
+        root: Path,
+        topic: str,
+        queue_id: int,
+        entries_per_file: int,
+        *,
+        preallocate: bool = True,
+    ) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.files = MappedFileQueue(
+            root / topic / str(queue_id), entries_per_file * UNIT, preallocate=preallocate
+        )
+        self.min_logic_offset = 0  # byte offset of the first live entry
+
+    # -- offsets (in messages)
+    @property
+    def min_offset(self) -> int:
+        return max(self.min_logic_offset, self.files.min_offset) // UNIT
+
+    @property
+    def max_offset(self) -> int:
+        return self.files.max_offset // UNIT
+
+    # -- load and recovery
+    def load(self, commitlog_min: int) -> None:
+        """Map the files, find the write position and the first live entry."""
+        self.files.load()
+        if not self.files.files:
+            return
+        # the write position: just past the last non-empty entry (size > 0)
+        for mf in reversed(self.files.files):
+            sizes = self._entries_of(mf, 0, mf.file_size // UNIT)["size"]
+            used_idx = np.flatnonzero(sizes > 0)
+            used = int(used_idx[-1]) + 1 if len(used_idx) else 0
+            mf.wrote_position = mf.flushed_position = used * UNIT
+            if used > 0 or mf is self.files.files[0]:
+                break
+        # drop trailing files that turned out empty (never written before a crash)
+        while len(self.files.files) > 1 and self.files.files[-1].wrote_position == 0:
+            self.files.files.pop().destroy()
+        self.correct_min_offset(commitlog_min)
+
+    def correct_min_offset(self, commitlog_min: int) -> None:
+        """Skip entries whose messages expired with their CommitLog file."""
+        for mf in self.files.files:
+            entries = self._entries_of(mf, 0, mf.wrote_position // UNIT)
+            live = np.flatnonzero((entries["offset"] >= commitlog_min) & (entries["size"] > 0))
+            if len(live):
+                self.min_logic_offset = mf.from_offset + int(live[0]) * UNIT
+                return
+        self.min_logic_offset = self.files.max_offset
+
+    def truncate_to_commitlog(self, commitlog_end: int) -> int:
+        """Drop entries pointing at or past ``commitlog_end``; return how many."""
+        dropped = 0
+        while self.files.files:
+            mf = self.files.files[-1]
+            count = mf.wrote_position // UNIT
+            entries = self._entries_of(mf, 0, count)
+            ends = entries["offset"].astype(np.int64) + entries["size"]
+            bad = np.flatnonzero(ends > commitlog_end)
+            if not len(bad):
+                break
+            first_bad = int(bad[0])
+            dropped += count - first_bad
+            self.files.truncate(mf.from_offset + first_bad * UNIT)
+            if first_bad > 0 or len(self.files.files) == 1:
+                break
+            self.files.files.pop().destroy()
+        if dropped:
+            log.warning(
+                "%s/%d: dropped %d entries past the commitlog end %d",
+                self.topic,
+                self.queue_id,
+                dropped,
+                commitlog_end,
+            )
+        return dropped
+
+    # -- write
+    def append(
+        self, queue_offset: int, phys: np.ndarray, sizes: np.ndarray, tags: np.ndarray
+    ) -> None:
+        """Write entries for queue offsets ``queue_offset ..`` (dense, in order)."""
+        n = len(phys)
+        cur = self.max_offset
+        if queue_offset < cur:  # re-dispatch after a crash: keep what is there
+            skip = cur - queue_offset
+            if skip >= n:
+                return
+            phys, sizes, tags = phys[skip:], sizes[skip:], tags[skip:]
+            queue_offset, n = cur, n - skip
+        if queue_offset > cur:
+            if self.files.files and cur > self.min_offset:
+                raise StoreCorruptedError(
+                    f"consume queue {self.topic}/{self.queue_id}: gap from {cur} to {queue_offset}"
+                )
+            self.files.reset_empty(queue_offset * UNIT)
+            self.min_logic_offset = queue_offset * UNIT
+        entries = np.empty(n, dtype=ENTRY)
+        entries["offset"] = phys
+        entries["size"] = sizes
+        entries["tag"] = tags
+        raw = memoryview(entries.tobytes())
+        pos = 0
+        total = len(raw)
+        while pos < total:
+            mf = self.files.last_writable(queue_offset * UNIT)
+            take = min(mf.remaining, total - pos)
+            mf.append(raw[pos : pos + take])
+            pos += take
+
+    # -- read
+    def _entries_of(self, mf: object, first: int, count: int) -> np.ndarray:
+        buf = mf.buffer  # type: ignore[attr-defined]
+        return np.frombuffer(buf, dtype=ENTRY, count=count, offset=first * UNIT).copy()
+
+    def read(self, offset: int, max_count: int) -> np.ndarray:
+        """Up to ``max_count`` entries from queue offset ``offset`` (within one file)."""
+        byte = offset * UNIT
+        mf = self.files.find(byte)
+        if mf is None:
+            return np.empty(0, dtype=ENTRY)
+        rel = (byte - mf.from_offset) // UNIT
+        count = min(max_count, mf.wrote_position // UNIT - rel)
+        if count <= 0:
+            return np.empty(0, dtype=ENTRY)
+        try:
+            return self._entries_of(mf, rel, count)
+        except ValueError:  # the file was deleted under us by expiry
+            return np.empty(0, dtype=ENTRY)
+
+    def entry(self, offset: int) -> tuple[int, int, int] | None:
+        e = self.read(offset, 1)
+        if not len(e):
+            return None
+        return int(e["offset"][0]), int(e["size"][0]), int(e["tag"][0])
+
+    # -- upkeep
+    def flush(self) -> None:
+        self.files.flush()
+
+    def delete_expired(self, commitlog_min: int) -> int:
+        """Delete files whose every entry points below ``commitlog_min``."""
+        count = 0
+        for mf in self.files.files[:-1]:
+            entries = self._entries_of(mf, 0, mf.wrote_position // UNIT)
+            if len(entries) and int(entries["offset"][-1]) < commitlog_min:
+                count += 1
+            else:
+                break
+        if count:
+            self.files.delete_first(count)
+        self.correct_min_offset(commitlog_min)
+        return count
+
+    def close(self) -> None:
+        self.files.close()

@@ -1,0 +1,48 @@
+"""RayMQ's one exception hierarchy.
+
+Every error names the field, the value and the limit, so a caller can act on
+the message alone. Errors raised before anything is written guarantee that
+nothing was written.
+"""
+
+from __future__ import annotations
+
+
+class RayMQError(Exception):
+    """Base of every error RayMQ raises on purpose."""
+
+
+class InvalidMessageError(RayMQError, ValueError):
+    """A message, topic, property or queue id breaks a documented rule."""
+
+
+class InvalidConfigError(RayMQError, ValueError):
+    """A configuration value is out of range or unknown."""
+
+
+class StoreCorruptedError(RayMQError):
+    """Bytes on disk (or handed to the decoder) are not a valid record or file."""
+
+
+class StoreLockedError(RayMQError):
+    """Another process holds the store directory's lock."""
+
+
+class StoreClosedError(RayMQError):
+    """The store was closed; open a new one."""
+
+
+class TopicNotFoundError(RayMQError, LookupError):
+    """The topic does not exist (and auto-create is off)."""
+
+
+class OffsetOutOfRangeError(RayMQError, IndexError):
+    """An offset lies outside what the store holds."""
+
+
+class BrokerUnavailableError(RayMQError):
+    """No broker could take the request (dead, fenced or unreachable)."""
+
+
+class PermissionDeniedError(RayMQError):
+    """The topic's permission forbids the operation (read or write)."""

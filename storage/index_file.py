@@ -1,0 +1,232 @@
+"""IndexFile: a hash index from ``topic#key`` to CommitLog offsets.
+
+Layout: a 40-byte header ``begin ts i8 | end ts i8 | begin offset i8 |
+end offset i8 | slots used i4 | index count i4``, then ``slots`` slots of i4
+(the number of the newest entry for that slot, 0 = none), then entries of 20
+bytes ``key hash i4 | commitlog offset i8 | time diff s i4 | previous entry i4``,
+numbered from 1. Entries of one slot form a list, newest first.
+
+Invariants: an entry's ``previous`` is 0 or a smaller entry number of the same
+slot; ``index count`` counts the entries written plus one. An entry may point
+at a record that was later truncated or expired: readers must check the record
+(``MessageStore.query_by_key`` does), so a stale entry can never serve a wrong
+message.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .mapped_file import MappedFile
+
+log = logging.getLogger("raymq.storage.index_file")
+
+HEADER = struct.Struct(">qqqqii")
+HEADER_SIZE = HEADER.size
+assert HEADER_SIZE == 40
+ENTRY = np.dtype([("hash", ">i4"), ("offset", ">i8"), ("diff", ">i4"), ("prev", ">i4")])
+ENTRY_SIZE = ENTRY.itemsize
+_INT_MAX = 0x7FFFFFFF
+
+
+class IndexFile:
+    def __init__(
+        self, path: Path, slots: int, max_entries: int, *, create: bool, preallocate: bool = True
+    ) -> None:
+        self.slots = slots
+        self.max_entries = max_entries
+        self.size = HEADER_SIZE + slots * 4 + max_entries * ENTRY_SIZE
+        self.file = MappedFile(path, self.size, create=create, preallocate=preallocate)
+        (
+            self.begin_ts,
+            self.end_ts,
+            self.begin_offset,
+            self.end_offset,
+            self.slot_count,
+            self.index_count,
+        ) = HEADER.unpack_from(self.file.buffer, 0)
+        if self.index_count <= 0:
+            self.index_count = 1
+        self._slot_table = np.frombuffer(
+            self.file.buffer, dtype=">i4", count=slots, offset=HEADER_SIZE
+        )
+        self.dirty = False
+
+    @property
+    def path(self) -> Path:
+        return self.file.path
+
+    @property
+    def is_full(self) -> bool:
+        return self.index_count >= self.max_entries
+
+    def _entry_pos(self, number: int) -> int:
+        return HEADER_SIZE + self.slots * 4 + number * ENTRY_SIZE
+
+    def put(self, hashes: np.ndarray, offsets: np.ndarray, store_ts: int) -> int:
+        """Add entries (positive key hashes, commitlog offsets); return how many fit."""
+        n = min(len(hashes), self.max_entries - self.index_count)
+        if n <= 0:
+            return 0
+        hashes = hashes[:n].astype(np.int64)
+        offsets = offsets[:n].astype(np.int64)
+        if self.begin_ts <= 0:
+            self.begin_ts = store_ts
+            self.begin_offset = int(offsets[0])
+        diff = min(max((store_ts - self.begin_ts) // 1000, 0), _INT_MAX)
+        slots = hashes % self.slots
+        current = self._slot_table[slots].astype(np.int64)
+        current[(current <= 0) | (current > self.index_count)] = 0
+        numbers = self.index_count + np.arange(n, dtype=np.int64)
+        order = np.lexsort((np.arange(n), slots))
+        s_sorted = slots[order]
+        first = np.ones(n, dtype=bool)
+        first[1:] = s_sorted[1:] != s_sorted[:-1]
+        n_sorted = numbers[order]
+        prev_sorted = np.where(first, current[order], np.roll(n_sorted, 1))
+        prev = np.empty(n, dtype=np.int64)
+        prev[order] = prev_sorted
+        entries = np.empty(n, dtype=ENTRY)
+        entries["hash"] = hashes
+        entries["offset"] = offsets
+        entries["diff"] = diff
+        entries["prev"] = prev
+        self.file.write_at(self._entry_pos(self.index_count), entries.tobytes())
+        last = np.ones(n, dtype=bool)
+        last[:-1] = s_sorted[1:] != s_sorted[:-1]
+        self._slot_table[s_sorted[last]] = n_sorted[last]
+        self.slot_count += int(np.count_nonzero(first & (current[order] == 0)))
+        self.index_count += n
+        self.end_ts = store_ts
+        self.end_offset = max(self.end_offset, int(offsets[-1]))
+        self._write_header()
+        self.dirty = True
+        return n
+
+    def _write_header(self) -> None:
+        self.file.write_at(
+            0,
+            HEADER.pack(
+                self.begin_ts,
+                self.end_ts,
+                self.begin_offset,
+                self.end_offset,
+                self.slot_count,
+                self.index_count,
+            ),
+        )
+
+    def time_matched(self, begin: int, end: int) -> bool:
+        return self.begin_ts > 0 and self.begin_ts <= end and self.end_ts >= begin
+
+    def query(self, key_hash: int, max_count: int, begin: int, end: int) -> list[int]:
+        """CommitLog offsets of entries with ``key_hash`` stored in [begin, end], newest first."""
+        out: list[int] = []
+        number = int(self._slot_table[key_hash % self.slots])
+        buf = self.file.buffer
+        seen = 0
+        while 0 < number <= self.index_count and len(out) < max_count and seen < self.index_count:
+            seen += 1
+            h, offset, diff, prev = struct.unpack_from(">iqii", buf, self._entry_pos(number))
+            time_read = self.begin_ts + diff * 1000
+            if h == key_hash and begin <= time_read <= end:
+                out.append(offset)
+            if prev >= number or time_read < begin:
+                break
+            number = prev
+        return out
+
+    def flush(self) -> None:
+        """msync the whole mapping: slot writes are scattered, the kernel skips clean pages."""
+        if self.dirty:
+            self.dirty = False
+            self.file.buffer.flush()
+
+    def close(self) -> None:
+        del self._slot_table
+        self.file.close()
+
+    def destroy(self) -> None:
+        del self._slot_table
+        self.file.destroy()
+
+
+class IndexService:
+    """The index files of a store, rolling to a new file when one is full."""
+
+    def __init__(
+        self, directory: Path, slots: int, max_entries: int, *, preallocate: bool = True
+    ) -> None:
+        self.directory = directory
+        self.slots = slots
+        self.max_entries = max_entries
+        self.preallocate = preallocate
+        self.files: list[IndexFile] = []
+
+    def load(self) -> None:
+        if not self.directory.exists():
+            return
+        for path in sorted(p for p in self.directory.iterdir() if p.is_file()):
+            if not path.name.isdigit():
+                continue
+            self.files.append(
+                IndexFile(
+                    path, self.slots, self.max_entries, create=False, preallocate=self.preallocate
+                )
+            )
+
+    def _new_file(self) -> IndexFile:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        now = time.time()
+        while True:
+            name = (
+                time.strftime("%Y%m%d%H%M%S", time.localtime(now)) + f"{int(now * 1000) % 1000:03d}"
+            )
+            path = self.directory / name
+            if not path.exists() and (not self.files or name > self.files[-1].path.name):
+                break
+            now += 0.001
+        f = IndexFile(path, self.slots, self.max_entries, create=True, preallocate=self.preallocate)
+        self.files.append(f)
+        log.info("new index file %s", path.name)
+        return f
+
+    def put(self, hashes: np.ndarray, offsets: np.ndarray, store_ts: int) -> None:
+        pos = 0
+        while pos < len(hashes):
+            f = self.files[-1] if self.files and not self.files[-1].is_full else self._new_file()
+            pos += f.put(hashes[pos:], offsets[pos:], store_ts)
+
+    def query(self, key_hash: int, max_count: int, begin: int, end: int) -> list[int]:
+        out: list[int] = []
+        seen: set[int] = set()
+        for f in reversed(self.files):
+            if len(out) >= max_count:
+                break
+            if not f.time_matched(begin, end):
+                continue
+            for offset in f.query(key_hash, max_count, begin, end):
+                if offset not in seen:
+                    seen.add(offset)
+                    out.append(offset)
+        return out[:max_count]
+
+    def flush(self) -> None:
+        for f in self.files:
+            f.flush()
+
+    def delete_expired(self, commitlog_min: int) -> int:
+        gone = 0
+        while len(self.files) > 1 and self.files[0].end_offset < commitlog_min:
+            self.files.pop(0).destroy()
+            gone += 1
+        return gone
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()

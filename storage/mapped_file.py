@@ -1,0 +1,303 @@
+"""Fixed-size, preallocated, memory-mapped files and the ordered queue of them.
+
+Invariants of a :class:`MappedFileQueue`:
+
+* files are named by the 20-digit offset of their first byte, all have the
+  same size, and each starts where the previous one ends;
+* only the last file is written to; every file before it is full (its unused
+  tail, if any, starts with a blank marker written by the owner);
+* ``flushed_offset <= committed (written) offset`` at all times.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from .errors import StoreCorruptedError
+
+log = logging.getLogger("raymq.storage.mapped_file")
+
+PAGE = mmap.PAGESIZE
+
+
+def offset_to_name(offset: int) -> str:
+    return f"{offset:020d}"
+
+
+class MappedFile:
+    """One file of ``file_size`` bytes mapped into memory."""
+
+    def __init__(self, path: Path, file_size: int, *, create: bool, preallocate: bool = True):
+        self.path = path
+        self.file_size = file_size
+        self.from_offset = int(path.name)
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        self._fd = os.open(path, flags, 0o644)
+        try:
+            actual = os.fstat(self._fd).st_size
+            if actual < file_size:
+                if not create and actual > 0:
+                    log.warning("%s is %d bytes, expected %d: extending", path, actual, file_size)
+                if preallocate and hasattr(os, "posix_fallocate"):
+                    os.posix_fallocate(self._fd, 0, file_size)
+                else:
+                    os.ftruncate(self._fd, file_size)
+            elif actual > file_size:
+                raise StoreCorruptedError(
+                    f"{path} is {actual} bytes, larger than the configured {file_size}"
+                )
+            self._mm = mmap.mmap(self._fd, file_size, access=mmap.ACCESS_WRITE)
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self.wrote_position = 0
+        self.flushed_position = 0
+
+    # -- positions
+    @property
+    def end_offset(self) -> int:
+        return self.from_offset + self.wrote_position
+
+    @property
+    def remaining(self) -> int:
+        return self.file_size - self.wrote_position
+
+    @property
+    def is_full(self) -> bool:
+        return self.wrote_position >= self.file_size
+
+    # -- io
+    def append(self, data: bytes | bytearray | memoryview) -> int:
+        """Write at the write position; return the file-relative position written."""
+        pos = self.wrote_position
+        end = pos + len(data)
+        if end > self.file_size:
+            raise ValueError(f"{self.path}: append of {len(data)} bytes at {pos} overflows")
+        self._mm[pos:end] = data
+        self.wrote_position = end
+        return pos
+
+    def write_at(self, pos: int, data: bytes | bytearray | memoryview) -> None:
+        self._mm[pos : pos + len(data)] = data
+
+    def read(self, pos: int, size: int) -> bytes:
+        return self._mm[pos : pos + size]
+
+    @property
+    def buffer(self) -> mmap.mmap:
+        """The mapping itself, for zero-copy reads by the owner (never keep views)."""
+        return self._mm
+
+    def dirty_pages(self) -> int:
+        return (self.wrote_position - self.flushed_position) // PAGE
+
+    def flush(self) -> int:
+        """msync what was written since the last flush; return the new flushed position."""
+        wrote = self.wrote_position
+        if wrote > self.flushed_position:
+            start = (self.flushed_position // PAGE) * PAGE
+            self._mm.flush(start, wrote - start)
+            self.flushed_position = wrote
+        return self.flushed_position
+
+    def zero_from(self, pos: int, stop_after_zero_run: int | None = None) -> None:
+        """Zero the bytes from ``pos`` on, so a truncated tail can never read back.
+
+        With ``stop_after_zero_run``, stop once that many bytes in a row were
+        already zero: nothing past such a run is reachable by a record chain
+        (a record is shorter than the run), and it spares zeroing (and reading)
+        a gigabyte of never-written file after every recovery.
+        """
+        if pos >= self.file_size:
+            return
+        step = 1 << 20
+        zeros = bytes(step)
+        zero_run = 0
+        end = pos
+        for start in range(pos, self.file_size, step):
+            end = min(start + step, self.file_size)
+            if self._mm[start:end] == zeros[: end - start]:
+                zero_run += end - start
+                if stop_after_zero_run is not None and zero_run >= stop_after_zero_run:
+                    break
+                continue
+            zero_run = 0
+            self._mm[start:end] = zeros[: end - start]
+        first_page = (pos // PAGE) * PAGE
+        self._mm.flush(first_page, end - first_page)
+
+    def mtime(self) -> float:
+        return os.stat(self.path).st_mtime
+
+    def touch(self) -> None:
+        os.utime(self.path, None)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            self._mm.close()
+            os.close(self._fd)
+            self._fd = -1
+
+    def destroy(self) -> None:
+        self.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    def __repr__(self) -> str:
+        return f"MappedFile({self.path.name}, wrote={self.wrote_position})"
+
+
+class MappedFileQueue:
+    """The files of one log (the CommitLog, or one ConsumeQueue) in offset order."""
+
+    def __init__(self, directory: Path, file_size: int, *, preallocate: bool = True):
+        self.directory = directory
+        self.file_size = file_size
+        self.preallocate = preallocate
+        self.files: list[MappedFile] = []
+
+    def load(self) -> None:
+        """Map the existing files; check names, sizes and contiguity."""
+        if not self.directory.exists():
+            return
+        names = sorted(p for p in self.directory.iterdir() if p.is_file())
+        expected: int | None = None
+        for path in names:
+            if len(path.name) != 20 or not path.name.isdigit():
+                if path.name.endswith(".tmp"):
+                    path.unlink()
+                    continue
+                raise StoreCorruptedError(f"{path}: not a 20-digit offset name")
+            offset = int(path.name)
+            if offset % self.file_size:
+                raise StoreCorruptedError(
+                    f"{path}: offset {offset} is not a multiple of the file size {self.file_size}"
+                    " (was the store written with another file size?)"
+                )
+            if expected is not None and offset != expected:
+                raise StoreCorruptedError(f"{path}: expected a file starting at {expected}")
+            size = path.stat().st_size
+            if size > self.file_size:
+                raise StoreCorruptedError(
+                    f"{path} is {size} bytes, the configured file size is {self.file_size}"
+                )
+            mf = MappedFile(path, self.file_size, create=False, preallocate=self.preallocate)
+            mf.wrote_position = mf.flushed_position = self.file_size
+            self.files.append(mf)
+            expected = offset + self.file_size
+
+    # -- lookup
+    @property
+    def min_offset(self) -> int:
+        return self.files[0].from_offset if self.files else 0
+
+    @property
+    def max_offset(self) -> int:
+        return self.files[-1].end_offset if self.files else 0
+
+    @property
+    def flushed_offset(self) -> int:
+        for mf in reversed(self.files):
+            if mf.flushed_position:
+                return mf.from_offset + mf.flushed_position
+        return self.min_offset
+
+    def last(self) -> MappedFile | None:
+        return self.files[-1] if self.files else None
+
+    def find(self, offset: int) -> MappedFile | None:
+        if not self.files:
+            return None
+        first = self.files[0].from_offset
+        idx = (offset - first) // self.file_size
+        if 0 <= idx < len(self.files):
+            return self.files[idx]
+        return None
+
+    def __iter__(self) -> Iterator[MappedFile]:
+        return iter(list(self.files))
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    # -- growth
+    def create(self, start_offset: int) -> MappedFile:
+        if start_offset % self.file_size:
+            raise ValueError(f"start offset {start_offset} not aligned to {self.file_size}")
+        last = self.last()
+        if last is not None and start_offset != last.from_offset + self.file_size:
+            raise ValueError(f"new file at {start_offset} would not follow {last.path.name}")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        mf = MappedFile(
+            self.directory / offset_to_name(start_offset),
+            self.file_size,
+            create=True,
+            preallocate=self.preallocate,
+        )
+        self.files.append(mf)
+        return mf
+
+    def last_writable(self, start_offset: int = 0) -> MappedFile:
+        """The last file if it has room, else a new one after it."""
+        last = self.last()
+        if last is None:
+            return self.create(start_offset - start_offset % self.file_size)
+        if last.is_full:
+            return self.create(last.from_offset + self.file_size)
+        return last
+
+    # -- flush, truncate, delete
+    def flush(self) -> int:
+        """Flush every file with unflushed bytes; return the flushed offset."""
+        for mf in self.files:
+            if mf.wrote_position > mf.flushed_position:
+                mf.flush()
+        return self.flushed_offset
+
+    def dirty_pages(self) -> int:
+        return sum(mf.dirty_pages() for mf in self.files if mf.wrote_position > mf.flushed_position)
+
+    def truncate(self, offset: int, stop_after_zero_run: int | None = None) -> None:
+        """Make ``offset`` the end: zero what follows in its file, delete later files."""
+        keep: list[MappedFile] = []
+        for mf in self.files:
+            if mf.from_offset + self.file_size <= offset:
+                keep.append(mf)
+            elif mf.from_offset <= offset:
+                rel = offset - mf.from_offset
+                mf.zero_from(rel, stop_after_zero_run)
+                mf.wrote_position = rel
+                mf.flushed_position = min(mf.flushed_position, rel)
+                keep.append(mf)
+            else:
+                log.warning("deleting %s: past the truncation point %d", mf.path, offset)
+                mf.destroy()
+        self.files = keep
+
+    def reset_empty(self, start_offset: int) -> None:
+        """Drop every file and start over at ``start_offset`` (a queue whose data expired)."""
+        for mf in self.files:
+            mf.destroy()
+        self.files = []
+        if start_offset:
+            self.create(start_offset - start_offset % self.file_size).wrote_position = (
+                start_offset % self.file_size
+            )
+
+    def delete_first(self, count: int) -> list[MappedFile]:
+        """Delete up to ``count`` leading files; the last file is never deleted."""
+        count = min(count, len(self.files) - 1)
+        gone = self.files[:count] if count > 0 else []
+        for mf in gone:
+            mf.destroy()
+        self.files = self.files[len(gone) :]
+        return gone
+
+    def close(self) -> None:
+        for mf in self.files:
+            mf.close()

@@ -1,0 +1,204 @@
+"""The values the store takes and gives: messages, put and get results.
+
+``Message`` and ``MessageExt`` are slotted dataclasses rather than frozen ones:
+they are built once per message on the hottest paths (encode, decode), where a
+frozen dataclass's ``object.__setattr__`` per field costs more than the rest of
+the work. Treat them as read-only once handed to the store.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+class PutStatus(enum.Enum):
+    PUT_OK = "PUT_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+    SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
+
+
+class GetStatus(enum.Enum):
+    FOUND = "FOUND"
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
+    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
+    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
+    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
+    OFFSET_FOUND_NULL = "OFFSET_FOUND_NULL"
+
+
+@dataclass(slots=True)
+class Message:
+    """A message as a producer builds it.
+
+    ``keys`` may be one string or a sequence; each key is indexed as
+    ``topic#key``. ``delay_level`` (1-based, 0 = none) asks for delayed delivery.
+    """
+
+    topic: str
+    body: bytes
+    tags: str | None = None
+    keys: Sequence[str] | str = ()
+    properties: Mapping[str, str] | None = None
+    queue_id: int = 0
+    flag: int = 0
+    delay_level: int = 0
+
+
+class MessageExt:
+    """A stored message with everything the store knows about it.
+
+    A slotted class whose properties are parsed on first access: decoding a
+    pull of thousands of records should not pay for text nobody reads.
+    """
+
+    __slots__ = (
+        "topic",
+        "body",
+        "queue_id",
+        "queue_offset",
+        "commitlog_offset",
+        "store_size",
+        "born_timestamp",
+        "store_timestamp",
+        "born_host",
+        "store_host",
+        "flag",
+        "sys_flag",
+        "body_crc",
+        "reconsume_times",
+        "prepared_transaction_offset",
+        "_props",
+        "_props_raw",
+    )
+
+    def __init__(
+        self,
+        topic: str,
+        body: bytes,
+        queue_id: int,
+        queue_offset: int,
+        commitlog_offset: int,
+        store_size: int,
+        born_timestamp: int,
+        store_timestamp: int,
+        born_host: str,
+        store_host: str,
+        properties: dict[str, str] | None = None,
+        flag: int = 0,
+        sys_flag: int = 0,
+        body_crc: int = 0,
+        reconsume_times: int = 0,
+        prepared_transaction_offset: int = 0,
+        raw_properties: bytes = b"",
+    ) -> None:
+        self.topic = topic
+        self.body = body
+        self.queue_id = queue_id
+        self.queue_offset = queue_offset
+        self.commitlog_offset = commitlog_offset
+        self.store_size = store_size
+        self.born_timestamp = born_timestamp
+        self.store_timestamp = store_timestamp
+        self.born_host = born_host
+        self.store_host = store_host
+        self.flag = flag
+        self.sys_flag = sys_flag
+        self.body_crc = body_crc
+        self.reconsume_times = reconsume_times
+        self.prepared_transaction_offset = prepared_transaction_offset
+        self._props = properties
+        self._props_raw = raw_properties
+
+    @property
+    def properties(self) -> dict[str, str]:
+        props = self._props
+        if props is None:
+            from .codec import decode_properties
+
+            props = self._props = decode_properties(self._props_raw)
+        return props
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MessageExt):
+            return NotImplemented
+        return all(getattr(self, k) == getattr(other, k) for k in self.__slots__[:15]) and (
+            self.properties == other.properties
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"MessageExt(topic={self.topic!r}, queue_id={self.queue_id}, "
+            f"queue_offset={self.queue_offset}, msg_id={self.msg_id!r}, "
+            f"tags={self.tags!r}, body={self.body[:32]!r}{'...' if len(self.body) > 32 else ''})"
+        )
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get("TAGS")
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        raw = self.properties.get("KEYS")
+        return tuple(k for k in raw.split(" ") if k) if raw else ()
+
+    @property
+    def offset_msg_id(self) -> str:
+        """Store host + port + commitlog offset, 32 hex chars: where the bytes are."""
+        from .codec import make_offset_msg_id
+
+        return make_offset_msg_id(self.store_host, self.commitlog_offset)
+
+    @property
+    def msg_id(self) -> str:
+        """The producer's unique key when it set one (as RocketMQ shows), else the offset id."""
+        return self.properties.get("UNIQ_KEY") or self.offset_msg_id
+
+    @property
+    def delay_level(self) -> int:
+        return int(self.properties.get("DELAY", "0") or 0)
+
+
+class PutResult(NamedTuple):
+    """One stored message. A NamedTuple: built per message on the put path."""
+
+    status: PutStatus
+    msg_id: str
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+    offset_msg_id: str = ""
+    topic: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GetResult:
+    status: GetStatus
+    messages: list[MessageExt]
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class RawGetResult:
+    """A pull answered as stored bytes: ``data`` holds ``count`` records back to back.
+
+    This is what a broker ships to a consumer: one blob, decoded on the client
+    with :func:`storage.codec.decode_records`.
+    """
+
+    status: GetStatus
+    data: bytes
+    count: int
+    next_offset: int
+    min_offset: int
+    max_offset: int

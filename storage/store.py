@@ -1,0 +1,591 @@
+"""MessageStore: the facade that wires CommitLog, ConsumeQueues, IndexFile,
+checkpoint, flush, recovery and expiry (RocketMQ's ``DefaultMessageStore``).
+
+Invariants kept here:
+
+* a put is one append to the CommitLog under one lock, and its ConsumeQueue
+  and index entries are dispatched before the lock is released, so a queue's
+  ``max_offset`` never names a record that is not in the CommitLog;
+* under SYNC_FLUSH a put returns only after its bytes were fsynced (puts that
+  race share one fsync);
+* after recovery no ConsumeQueue entry points past the CommitLog's end and
+  every record in the CommitLog has its ConsumeQueue entry.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from types import TracebackType
+
+import numpy as np
+
+from . import codec
+from .checkpoint import Checkpoint, CheckpointFile
+from .commitlog import CommitLog
+from .config import StoreConfig
+from .config_files import JsonConfigFile
+from .consume_queue import ConsumeQueue
+from .errors import (
+    InvalidMessageError,
+    OffsetOutOfRangeError,
+    StoreClosedError,
+    StoreCorruptedError,
+    StoreLockedError,
+)
+from .index_file import IndexService
+from .message import GetResult, GetStatus, Message, MessageExt, PutResult, PutStatus, RawGetResult
+from .services import CleanCommitLogService, FlushConsumeQueueService, FlushRealTimeService
+from .subscription import matches, parse_subscription, tag_codes
+
+log = logging.getLogger("raymq.storage.store")
+
+DispatchListener = Callable[[str, int, int], None]
+MAX_SCAN_ENTRIES = 800  # ConsumeQueue entries one filtered pull may look at
+_SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+
+
+class PutBatchResult:
+    """The outcome of one batch put, kept as arrays (one object per batch, not per message)."""
+
+    __slots__ = (
+        "status",
+        "topics",
+        "topic_idx",
+        "queue_ids",
+        "queue_offsets",
+        "commitlog_offsets",
+        "uniq_keys",
+        "store_host",
+    )
+
+    def __init__(
+        self,
+        status: PutStatus,
+        topics: tuple[str, ...],
+        topic_idx: np.ndarray,
+        queue_ids: np.ndarray,
+        queue_offsets: np.ndarray,
+        commitlog_offsets: np.ndarray,
+        uniq_keys: Sequence[str],
+        store_host: str,
+    ):
+        self.status = status
+        self.topics = topics
+        self.topic_idx = topic_idx
+        self.queue_ids = queue_ids
+        self.queue_offsets = queue_offsets
+        self.commitlog_offsets = commitlog_offsets
+        self.uniq_keys = uniq_keys
+        self.store_host = store_host
+
+    def __len__(self) -> int:
+        return len(self.queue_offsets)
+
+    def results(self) -> list[PutResult]:
+        prefix = codec.host_to_bytes(self.store_host).hex().upper()
+        topics = self.topics
+        return [
+            PutResult(self.status, uk, qid, qoff, phys, f"{prefix}{phys:016X}", topics[ti])
+            for uk, qid, qoff, phys, ti in zip(
+                self.uniq_keys,
+                self.queue_ids.tolist(),
+                self.queue_offsets.tolist(),
+                self.commitlog_offsets.tolist(),
+                self.topic_idx.tolist(),
+            )
+        ]
+
+
+class MessageStore:
+    """A RocketMQ-style message store in one directory of the local disk.
+
+    ``clock`` (seconds, like ``time.time``) stamps messages and drives expiry;
+    ``disk_usage`` returns the used ratio of the store's disk. Both are
+    injectable for tests; the defaults are the real ones.
+    """
+
+    def __init__(
+        self,
+        config: StoreConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+        disk_usage: Callable[[], float] | None = None,
+        start_services: bool = True,
+    ) -> None:
+        self.config = config
+        self.root = Path(config.store_dir)
+        self._clock = clock
+        self._disk_usage = disk_usage or self._real_disk_usage
+        self._store_host = codec.host_to_bytes(config.store_host)
+        self._put_lock = threading.Lock()
+        self._listeners: list[DispatchListener] = []
+        self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
+        self._closed = False
+        self._services: list = []
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = self._acquire_lock()
+        self.commitlog = CommitLog(
+            self.root / "commitlog", config.commitlog_file_size, preallocate=config.preallocate
+        )
+        self.index = IndexService(
+            self.root / "index",
+            config.index_hash_slots,
+            config.index_max_entries,
+            preallocate=config.preallocate,
+        )
+        self._checkpoint: CheckpointFile | None = None
+        try:
+            self._checkpoint = CheckpointFile(self.root / "checkpoint")
+            self.abnormal_start = (self.root / "abort").exists()
+            self._recover()
+            self._create_abort_file()
+            cp = self._checkpoint.value
+            self._checkpoint.write(
+                Checkpoint(
+                    cp.physic_timestamp,
+                    cp.logics_timestamp,
+                    cp.index_timestamp,
+                    self.commitlog.max_offset,
+                    self.commitlog.max_offset,
+                    -1,
+                )
+            )
+        except BaseException:
+            self._release_files()
+            raise
+        if start_services:
+            if not config.sync_flush:
+                self._services.append(FlushRealTimeService(self))
+            self._services.append(FlushConsumeQueueService(self))
+            self._services.append(CleanCommitLogService(self))
+            for service in self._services:
+                service.start()
+
+    # ------------------------------------------------------------ lifecycle
+    def _acquire_lock(self) -> int:
+        fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            raise StoreLockedError(
+                f"{self.root} is in use by another process (its 'lock' file is held)"
+            ) from exc
+        return fd
+
+    def _create_abort_file(self) -> None:
+        fd = os.open(self.root / "abort", os.O_WRONLY | os.O_CREAT, 0o644)
+        os.fsync(fd)
+        os.close(fd)
+
+    def __enter__(self) -> MessageStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """A clean stop: flush everything, record the exact end, remove ``abort``."""
+        if self._closed:
+            return
+        for service in self._services:
+            service.stop()
+        with self._put_lock:
+            self._closed = True
+            end = self.commitlog.max_offset
+            self.commitlog.flush()
+            for cq in self._cqs.values():
+                cq.flush()
+            self.index.flush()
+            assert self._checkpoint is not None
+            now = int(self._clock() * 1000)
+            self._checkpoint.write(Checkpoint(now, now, now, end, end, end))
+            (self.root / "abort").unlink(missing_ok=True)
+        self._release_files()
+        log.info("store %s closed cleanly at commitlog offset %d", self.root, end)
+
+    def _release_files(self) -> None:
+        self.commitlog.close()
+        for cq in self._cqs.values():
+            cq.close()
+        self.index.close()
+        if self._checkpoint is not None:
+            self._checkpoint.close()
+        if self._lock_fd >= 0:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"store {self.root} is closed")
+
+    # ------------------------------------------------------------ recovery
+    def _recover(self) -> None:
+        from .recovery import recover
+
+        started = time.monotonic()
+        recover(self)
+        log.info(
+            "store %s recovered (%s start) in %.2fs: commitlog [%d, %d), %d queues",
+            self.root,
+            "abnormal" if self.abnormal_start else "normal",
+            time.monotonic() - started,
+            self.commitlog.min_offset,
+            self.commitlog.max_offset,
+            len(self._cqs),
+        )
+
+    # ------------------------------------------------------------ queues
+    def _cq(self, topic: str, queue_id: int) -> ConsumeQueue:
+        cq = self._cqs.get((topic, queue_id))
+        if cq is None:
+            cq = ConsumeQueue(
+                self.root / "consumequeue",
+                topic,
+                queue_id,
+                self.config.consume_queue_file_entries,
+                preallocate=self.config.preallocate,
+            )
+            self._cqs[(topic, queue_id)] = cq
+        return cq
+
+    def queues(self) -> list[tuple[str, int]]:
+        return sorted(self._cqs)
+
+    def topics(self) -> list[str]:
+        return sorted({t for t, _ in self._cqs})
+
+    def add_dispatch_listener(self, listener: DispatchListener) -> None:
+        """Call ``listener(topic, queue_id, max_offset)`` after new messages are dispatched."""
+        self._listeners.append(listener)
+
+    # ------------------------------------------------------------ put
+    def put(self, message: Message) -> PutResult:
+        return self.put_batch([message])[0]
+
+    def put_batch(self, messages: Iterable[Message]) -> list[PutResult]:
+        """Validate, encode and store messages as one append; nothing is written on error."""
+        batch = codec.encode_batch(messages, max_message_size=self.config.max_message_size)
+        return self.put_encoded(batch).results()
+
+    def put_encoded(self, batch: codec.EncodedBatch) -> PutBatchResult:
+        """Store a batch a producer encoded (the broker's path): patch, append, dispatch."""
+        self._check_open()
+        batch.check_structure()
+        n = len(batch)
+        sizes64 = batch.sizes.astype(np.int64)
+        starts = np.cumsum(sizes64) - sizes64
+        buf = np.frombuffer(batch.data, dtype=np.uint8)
+        body_lens = buf[(starts[:, None] + (codec.OFF_BODYLEN + np.arange(4))).ravel()]
+        body_lens = body_lens.view(">i4").astype(np.int64)
+        if int(body_lens.max()) > self.config.max_message_size or int(body_lens.min()) <= 0:
+            raise InvalidMessageError(
+                f"a body of {int(body_lens.max())} bytes is over max_message_size="
+                f"{self.config.max_message_size} (or empty)"
+            )
+        for topic in batch.topics:
+            if topic == _SCHEDULE_TOPIC:
+                raise InvalidMessageError(f"topic={topic!r} is reserved for delayed messages")
+        uniform = batch.uniform
+        with self._put_lock:
+            self._check_open()
+            store_ts = int(self._clock() * 1000)
+            groups: list[tuple[tuple[str, int], np.ndarray | None]]
+            if uniform:
+                groups = [((batch.topics[0], int(batch.queue_ids[0])), None)]
+            else:
+                keys = batch.topic_idx.astype(np.int64) << 32 | batch.queue_ids.astype(np.int64)
+                uniq, inverse = np.unique(keys, return_inverse=True)
+                groups = [
+                    (
+                        (batch.topics[int(k >> 32)], int(k & 0xFFFFFFFF)),
+                        np.flatnonzero(inverse == g),
+                    )
+                    for g, k in enumerate(uniq.tolist())
+                ]
+            queue_offsets = np.empty(n, dtype=np.int64)
+            for (topic, qid), members in groups:
+                base = self._cq(topic, qid).max_offset
+                if members is None:
+                    queue_offsets[:] = base + np.arange(n, dtype=np.int64)
+                else:
+                    queue_offsets[members] = base + np.arange(len(members), dtype=np.int64)
+            phys = self.commitlog.append(
+                batch.data, batch.sizes, queue_offsets, store_ts, self._store_host
+            )
+            for (topic, qid), members in groups:
+                sel = slice(None) if members is None else members
+                self._cq(topic, qid).append(
+                    int(queue_offsets[sel][0]), phys[sel], batch.sizes[sel], batch.tag_codes[sel]
+                )
+            if self.config.message_index_enable and len(batch.key_hashes):
+                hashes = np.abs(batch.key_hashes.astype(np.int64))
+                hashes[hashes > 0x7FFFFFFF] = 0
+                self.index.put(hashes, phys[batch.key_owner], store_ts)
+            end = self.commitlog.max_offset
+            notes = [(topic, qid, self._cqs[(topic, qid)].max_offset) for (topic, qid), _ in groups]
+        for listener in self._listeners:
+            for topic, qid, max_offset in notes:
+                try:
+                    listener(topic, qid, max_offset)
+                except Exception:
+                    log.exception("dispatch listener failed")
+        if self.config.sync_flush:
+            self.commitlog.flush_until(end)
+        return PutBatchResult(
+            PutStatus.PUT_OK,
+            batch.topics,
+            batch.topic_idx,
+            batch.queue_ids,
+            queue_offsets,
+            phys,
+            batch.uniq_keys,
+            self.config.store_host,
+        )
+
+    # ------------------------------------------------------------ get
+    def get_raw(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int = 32,
+        tags: str | None = None,
+    ) -> RawGetResult:
+        """Up to ``max_count`` records from ``offset`` as one blob (tag filter by hash)."""
+        self._check_open()
+        codec.validate_topic(topic)
+        codec.validate_queue_id(queue_id)
+        if not isinstance(offset, int) or offset < 0:
+            raise OffsetOutOfRangeError(f"offset={offset!r}: must be an int >= 0")
+        if max_count <= 0:
+            raise InvalidMessageError(f"max_count={max_count}: must be > 0")
+        subscribed = parse_subscription(tags)
+        cq = self._cqs.get((topic, queue_id))
+        if cq is None:
+            return RawGetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, b"", 0, 0, 0, 0)
+        min_off, max_off = cq.min_offset, cq.max_offset
+        if max_off == 0:
+            return RawGetResult(GetStatus.NO_MESSAGE_IN_QUEUE, b"", 0, 0, min_off, max_off)
+        if offset < min_off:
+            return RawGetResult(GetStatus.OFFSET_TOO_SMALL, b"", 0, min_off, min_off, max_off)
+        if offset == max_off:
+            return RawGetResult(GetStatus.OFFSET_OVERFLOW_ONE, b"", 0, offset, min_off, max_off)
+        if offset > max_off:
+            nxt = min_off if min_off == 0 else max_off
+            return RawGetResult(GetStatus.OFFSET_OVERFLOW_BADLY, b"", 0, nxt, min_off, max_off)
+        scan = max_count if subscribed is None else max(max_count, MAX_SCAN_ENTRIES)
+        entries = cq.read(offset, scan)
+        if not len(entries):
+            return RawGetResult(GetStatus.OFFSET_FOUND_NULL, b"", 0, offset, min_off, max_off)
+        phys = entries["offset"].astype(np.int64)
+        keep = phys >= self.commitlog.min_offset
+        if subscribed is not None:
+            keep &= np.isin(entries["tag"], tag_codes(subscribed))
+        picked = np.flatnonzero(keep)[:max_count]
+        if len(picked) == max_count:
+            next_offset = offset + int(picked[-1]) + 1
+        else:
+            next_offset = offset + len(entries)
+        if not len(picked):
+            return RawGetResult(GetStatus.NO_MATCHED_MESSAGE, b"", 0, next_offset, min_off, max_off)
+        try:
+            data = self.commitlog.read_runs(phys[picked], entries["size"][picked])
+        except (OffsetOutOfRangeError, ValueError):  # expired under us
+            return RawGetResult(
+                GetStatus.OFFSET_TOO_SMALL, b"", 0, cq.min_offset, cq.min_offset, max_off
+            )
+        return RawGetResult(GetStatus.FOUND, data, len(picked), next_offset, min_off, max_off)
+
+    def get(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int = 32,
+        tags: str | None = None,
+    ) -> GetResult:
+        """Like :meth:`get_raw`, decoded, with tags matched exactly."""
+        raw = self.get_raw(group, topic, queue_id, offset, max_count, tags)
+        messages = codec.decode_records(raw.data, check_crc=False) if raw.count else []
+        subscribed = parse_subscription(tags)
+        if subscribed is not None:
+            messages = [m for m in messages if matches(subscribed, m.tags)]
+        status = raw.status
+        if status is GetStatus.FOUND and not messages:
+            status = GetStatus.NO_MATCHED_MESSAGE
+        return GetResult(status, messages, raw.next_offset, raw.min_offset, raw.max_offset)
+
+    # ------------------------------------------------------------ offsets and lookups
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        cq = self._cqs.get((topic, queue_id))
+        return cq.min_offset if cq else 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        cq = self._cqs.get((topic, queue_id))
+        return cq.max_offset if cq else 0
+
+    def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first queue offset whose message was stored at or after ``timestamp_ms``."""
+        cq = self._cqs.get((topic, queue_id))
+        if cq is None:
+            return 0
+        lo, hi = cq.min_offset, cq.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            entry = cq.entry(mid)
+            if entry is None or entry[0] < self.commitlog.min_offset:
+                lo = mid + 1
+                continue
+            if self.commitlog.store_timestamp_at(entry[0]) < timestamp_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def message_at(self, commitlog_offset: int) -> MessageExt:
+        """The record that starts at ``commitlog_offset``."""
+        self._check_open()
+        if not self.commitlog.min_offset <= commitlog_offset < self.commitlog.max_offset:
+            raise OffsetOutOfRangeError(
+                f"commitlog offset {commitlog_offset} outside "
+                f"[{self.commitlog.min_offset}, {self.commitlog.max_offset})"
+            )
+        return self.commitlog.message_at(commitlog_offset)
+
+    def message_by_id(self, msg_id: str, topic: str | None = None) -> MessageExt:
+        """By offset message id (this store's host), or by unique key within ``topic``."""
+        try:
+            host, offset = codec.parse_offset_msg_id(msg_id)
+        except InvalidMessageError:
+            host, offset = "", -1
+        if host == self.config.store_host:
+            try:
+                return self.message_at(offset)
+            except (OffsetOutOfRangeError, StoreCorruptedError):
+                if topic is None:
+                    raise
+        if topic is not None:
+            for m in self.query_by_key(topic, msg_id, max_count=1):
+                return m
+        raise OffsetOutOfRangeError(f"no message with id {msg_id!r} in store {self.root}")
+
+    def query_by_key(
+        self,
+        topic: str,
+        key: str,
+        max_count: int = 64,
+        begin_ms: int = 0,
+        end_ms: int | None = None,
+    ) -> list[MessageExt]:
+        """Messages of ``topic`` with ``key`` (or unique key ``key``) stored in the range."""
+        self._check_open()
+        codec.validate_topic(topic)
+        end = end_ms if end_ms is not None else (1 << 62)
+        h = codec.index_key_hash(codec.java_hash(f"{topic}#{key}"))
+        out: list[MessageExt] = []
+        for offset in self.index.query(h, max_count * 4 + 16, begin_ms, end):
+            if not self.commitlog.min_offset <= offset < self.commitlog.max_offset:
+                continue
+            try:
+                m = self.commitlog.message_at(offset)
+            except (OffsetOutOfRangeError, StoreCorruptedError, ValueError):
+                continue
+            if m.topic == topic and (key in m.keys or m.properties.get(codec.PROP_UNIQ_KEY) == key):
+                out.append(m)
+                if len(out) >= max_count:
+                    break
+        return out
+
+    # ------------------------------------------------------------ durability and upkeep
+    def flush(self) -> None:
+        """Flush the CommitLog, ConsumeQueues and index now, and record a checkpoint."""
+        self.commitlog.flush()
+        self.checkpoint_now()
+
+    def checkpoint_now(self) -> None:
+        with self._put_lock:
+            if self._closed:
+                return
+            logics = self.commitlog.max_offset
+            cqs = list(self._cqs.values())
+        for cq in cqs:
+            cq.flush()
+        self.index.flush()
+        now = int(self._clock() * 1000)
+        with self._put_lock:
+            if self._closed or self._checkpoint is None:
+                return
+            self._checkpoint.write(
+                Checkpoint(now, now, now, self.commitlog.flushed_offset, logics, -1)
+            )
+
+    def _real_disk_usage(self) -> float:
+        usage = shutil.disk_usage(self.root)
+        return usage.used / usage.total if usage.total else 0.0
+
+    def clean_expired_files(self) -> int:
+        """One expiry pass; return how many CommitLog files were deleted.
+
+        At a ``delete_when`` hour, files untouched for ``file_reserved_hours``
+        go; when the disk is over ``disk_max_used_ratio`` the oldest files go at
+        once whatever their age. The file being written is never deleted.
+        """
+        now = self._clock()
+        hour = time.localtime(now).tm_hour
+        at_delete_hour = hour in {int(h) for h in self.config.delete_when.split(";")}
+        reserved_s = self.config.file_reserved_hours * 3600
+        deleted = 0
+        while deleted < self.config.delete_files_batch_max:
+            files = self.commitlog.files.files
+            if len(files) <= 1:
+                break
+            oldest = files[0]
+            pressure = self._disk_usage() > self.config.disk_max_used_ratio
+            expired = at_delete_hour and now - oldest.mtime() >= reserved_s
+            if not (expired or pressure):
+                break
+            with self._put_lock:
+                if self._closed:
+                    break
+                self.commitlog.files.delete_first(1)
+            log.info(
+                "deleted commitlog file %s (%s)",
+                oldest.path.name,
+                "disk over %.0f%%" % (100 * self.config.disk_max_used_ratio)
+                if pressure
+                else "expired",
+            )
+            deleted += 1
+        if deleted:
+            min_offset = self.commitlog.min_offset
+            with self._put_lock:
+                for cq in self._cqs.values():
+                    cq.delete_expired(min_offset)
+                self.index.delete_expired(min_offset)
+        return deleted
+
+    def config_file(self, name: str) -> JsonConfigFile:
+        """``config/<name>.json`` (topics, consumerOffset, subscriptionGroup, delayOffset)."""
+        if not name or not all(c.isalnum() or c in "_-" for c in name):
+            raise InvalidMessageError(f"config name={name!r}: letters, digits, _ and - only")
+        return JsonConfigFile(self.root / "config" / f"{name}.json")
+
+    @property
+    def store_host(self) -> str:
+        return self.config.store_host

@@ -1,0 +1,197 @@
+"""The record layout, hashing and ids, byte for byte."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import struct
+import zlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from storage import InvalidMessageError, Message, StoreCorruptedError, codec
+
+
+def reference_java_hash(s: str) -> int:
+    data = s.encode("utf-16-be", "surrogatepass")
+    h = 0
+    for i in range(0, len(data), 2):
+        h = (31 * h + int.from_bytes(data[i : i + 2], "big")) % (1 << 32)
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def test_java_hash_known_values() -> None:
+    assert codec.java_hash("TagA") == 2598919
+    assert codec.java_hash("topic#key1") == -889947002
+    assert codec.java_hash("") == 0
+    assert codec.java_hash("😀") == reference_java_hash("😀")
+
+
+@settings(max_examples=200)
+@given(st.lists(st.text(), max_size=20))
+def test_java_hashes_match_java_for_any_unicode(strings: list[str]) -> None:
+    expected = [reference_java_hash(s) for s in strings]
+    assert [codec.java_hash(s) for s in strings] == expected
+    assert codec.java_hashes(strings).tolist() == expected
+
+
+def test_record_layout_is_rocketmq_v1() -> None:
+    msg = Message(
+        "TopicA",
+        b"hello",
+        tags="TagA",
+        keys=["k1", "k2"],
+        flag=7,
+        queue_id=3,
+        properties={"p": "v"},
+    )
+    data = codec.encode_batch([msg], born_host="192.168.0.1:5555", born_timestamp=1234).data
+    (
+        size,
+        magic,
+        crc,
+        qid,
+        flag,
+        qoff,
+        phys,
+        sysflag,
+        born_ts,
+        born_host,
+        store_ts,
+        store_host,
+        reconsume,
+        prepared,
+        body_len,
+    ) = codec.HEADER.unpack_from(data, 0)
+    assert size == len(data)
+    assert magic == 0xDAA320A7
+    assert crc == zlib.crc32(b"hello") & 0x7FFFFFFF
+    assert (qid, flag, qoff, phys, sysflag, born_ts) == (3, 7, 0, 0, 0, 1234)
+    assert born_host == bytes([192, 168, 0, 1]) + (5555).to_bytes(4, "big")
+    assert body_len == 5 and data[88:93] == b"hello"
+    assert data[93] == len("TopicA") and data[94:100] == b"TopicA"
+    prop_len = struct.unpack_from(">h", data, 100)[0]
+    assert 102 + prop_len == size == codec.FIXED_LEN + 5 + 6 + prop_len
+    props = codec.decode_properties(data[102:])
+    assert props["TAGS"] == "TagA" and props["KEYS"] == "k1 k2" and props["p"] == "v"
+    assert len(props["UNIQ_KEY"]) == 32
+    assert data[102:].count(b"\x02") == len(props)
+
+
+@settings(max_examples=100)
+@given(
+    topic=st.from_regex(r"[A-Za-z0-9_%|-]{1,127}", fullmatch=True),
+    body=st.binary(min_size=1, max_size=2000),
+    tags=st.none()
+    | st.text(
+        alphabet=st.characters(blacklist_characters="\x00\x01\x02", blacklist_categories=("Cs",)),
+        min_size=1,
+        max_size=20,
+    ),
+    keys=st.lists(st.text(alphabet="abcXYZ019-_#", min_size=1, max_size=10), max_size=3),
+    queue_id=st.integers(0, 1000),
+    flag=st.integers(-(2**31), 2**31 - 1),
+)
+def test_round_trip_every_field(
+    topic: str, body: bytes, tags: str | None, keys: list[str], queue_id: int, flag: int
+) -> None:
+    msg = Message(
+        topic,
+        body,
+        tags=tags,
+        keys=keys,
+        queue_id=queue_id,
+        flag=flag,
+        properties={"a": "1", "ü": "ß"},
+    )
+    batch = codec.encode_batch([msg, msg], born_host="1.2.3.4:99", born_timestamp=42)
+    out = codec.decode_records(batch.data)
+    assert len(out) == 2
+    single, end = codec.decode_record(batch.data, 0)
+    assert end == int(batch.sizes[0])
+    for m in (out[0], single):
+        assert (m.topic, m.body, m.tags, m.keys, m.queue_id, m.flag) == (
+            topic,
+            body,
+            tags,
+            tuple(keys),
+            queue_id,
+            flag,
+        )
+        assert m.born_host == "1.2.3.4:99" and m.born_timestamp == 42
+        assert m.properties["a"] == "1" and m.properties["ü"] == "ß"
+    assert out[0].msg_id != out[1].msg_id
+    assert batch.tag_codes.tolist() == [codec.java_hash(tags) if tags else 0] * 2
+
+
+def test_encoded_batch_crosses_as_one_blob() -> None:
+    msgs = [
+        Message("T", bytes([i]) * 10, tags="A", keys=[f"k{i}"], queue_id=i % 3) for i in range(50)
+    ]
+    batch = codec.encode_batch(msgs)
+    again = codec.EncodedBatch.from_bytes(batch.to_bytes())
+    assert again.data == batch.data
+    assert again.sizes.tolist() == batch.sizes.tolist()
+    assert again.queue_ids.tolist() == batch.queue_ids.tolist()
+    assert again.key_hashes.tolist() == batch.key_hashes.tolist()
+    assert again.uniq_keys == batch.uniq_keys
+
+
+def test_malformed_blob_is_refused() -> None:
+    blob = codec.encode_batch([Message("T", b"x")]).to_bytes()
+    for bad in (blob[:10], blob[:-1], b"\xff" * 40):
+        with pytest.raises(InvalidMessageError):
+            codec.EncodedBatch.from_bytes(bad)
+
+
+def test_offset_msg_id_round_trip() -> None:
+    mid = codec.make_offset_msg_id("10.0.0.7:10911", 123456789)
+    assert len(mid) == 32 and mid == mid.upper()
+    assert mid.startswith("0A000007" + "00002A9F")
+    assert codec.parse_offset_msg_id(mid) == ("10.0.0.7:10911", 123456789)
+    with pytest.raises(InvalidMessageError):
+        codec.parse_offset_msg_id("xyz")
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=400))
+def test_random_bytes_only_raise_store_corrupted(data: bytes) -> None:
+    try:
+        for m in codec.decode_records(data):
+            _ = m.properties
+    except StoreCorruptedError:
+        pass
+    with contextlib.suppress(StoreCorruptedError):
+        codec.decode_record(data, 0)
+
+
+def test_mutated_records_only_raise_store_corrupted() -> None:
+    rng = random.Random(7)
+    data = codec.encode_batch(
+        [
+            Message("Topic", bytes(rng.randbytes(rng.randint(1, 200))), tags="t", keys=["k"])
+            for _ in range(5)
+        ]
+    ).data
+    for _ in range(3000):
+        mutated = bytearray(data)
+        for _ in range(rng.randint(1, 4)):
+            mutated[rng.randrange(len(mutated))] = rng.randrange(256)
+        if rng.random() < 0.3:
+            mutated = mutated[: rng.randrange(len(mutated))]
+        try:
+            for m in codec.decode_records(bytes(mutated)):
+                _ = m.properties
+        except StoreCorruptedError:
+            pass
+
+
+def test_crc_mismatch_is_detected() -> None:
+    data = bytearray(codec.encode_batch([Message("T", b"payload")]).data)
+    data[90] ^= 0x01
+    with pytest.raises(StoreCorruptedError, match="CRC"):
+        codec.decode_record(bytes(data))
+    with pytest.raises(StoreCorruptedError, match="CRC"):
+        codec.decode_records(bytes(data))

@@ -1,0 +1,59 @@
+"""CommitLog files: fixed size, 20-digit names, records never straddle files."""
+
+from __future__ import annotations
+
+import struct
+
+from storage import Message, MessageStore, StoreConfig, codec
+
+
+def test_rolls_across_many_small_files_with_blank_markers(
+    store: MessageStore, config: StoreConfig
+) -> None:
+    bodies = [bytes([i % 251]) * (300 + (i * 37) % 900) for i in range(600)]
+    results = []
+    for start in range(0, 600, 50):
+        results += store.put_batch(
+            [Message("Roll", b, queue_id=0) for b in bodies[start : start + 50]]
+        )
+    files = sorted((config_dir := store.root / "commitlog").iterdir())
+    assert len(files) > 5
+    size = config.commitlog_file_size
+    for i, path in enumerate(files):
+        assert path.name == f"{i * size:020d}" and len(path.name) == 20
+        assert path.stat().st_size == size
+    for r, body in zip(results, bodies):
+        start_file = r.commitlog_offset // size
+        end_file = (r.commitlog_offset + codec.FIXED_LEN + len(body) - 1) // size
+        assert start_file == end_file, "a record straddles two files"
+    for path in files[:-1]:
+        data = path.read_bytes()
+        pos = 0
+        while True:
+            total, magic = struct.unpack_from(">iI", data, pos)
+            if magic == codec.BLANK_MAGIC:
+                assert pos + total == size
+                break
+            assert magic == codec.MAGIC
+            pos += total
+    got = store.get("g", "Roll", 0, 0, 600)
+    assert [m.body for m in got.messages] == bodies[: len(got.messages)]
+    offset, seen = 0, []
+    while offset < 600:
+        res = store.get("g", "Roll", 0, offset, 64)
+        seen += [m.body for m in res.messages]
+        offset = res.next_offset
+    assert seen == bodies
+    assert config_dir.exists()
+
+
+def test_a_batch_is_one_write_with_store_fields_patched(store: MessageStore) -> None:
+    res = store.put_batch([Message("P", b"a" * 10, queue_id=1) for _ in range(20)])
+    for i, r in enumerate(res):
+        m = store.message_at(r.commitlog_offset)
+        assert m.commitlog_offset == r.commitlog_offset
+        assert m.queue_offset == i == r.queue_offset
+        assert m.store_host == "10.1.2.3:10911"
+        assert m.store_timestamp > 0
+    offsets = [r.commitlog_offset for r in res]
+    assert offsets == sorted(offsets)

@@ -1,0 +1,90 @@
+"""Expiry of CommitLog files by age (at delete hours) and by disk use (at once)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from storage import GetStatus, Message, MessageStore
+
+NOW = 1_800_000_000.0
+HOUR = time.localtime(NOW).tm_hour
+
+
+def fill(store: MessageStore, files: int) -> None:
+    while len(store.commitlog.files) < files:
+        store.put_batch([Message("E", b"z" * 900, keys=["k"], queue_id=0) for _ in range(20)])
+
+
+def age_all_but_last(store: MessageStore, hours: float) -> None:
+    for mf in store.commitlog.files.files[:-1]:
+        os.utime(mf.path, (NOW - hours * 3600, NOW - hours * 3600))
+
+
+def test_old_files_go_at_the_delete_hour(tmp_path: Path, make_config) -> None:
+    cfg = make_config(
+        tmp_path / "s",
+        file_reserved_hours=48,
+        delete_when=f"{HOUR:02d}",
+        delete_files_batch_max=100,
+    )
+    with MessageStore(
+        cfg, clock=lambda: NOW, disk_usage=lambda: 0.1, start_services=False
+    ) as store:
+        fill(store, 6)
+        age_all_but_last(store, 47)
+        assert store.clean_expired_files() == 0, "younger than file_reserved_hours"
+        age_all_but_last(store, 49)
+        deleted = store.clean_expired_files()
+        assert deleted == 5 and len(store.commitlog.files) == 1, "the current file stays"
+        new_min = store.min_offset("E", 0)
+        assert new_min > 0
+        got = store.get("g", "E", 0, 0)
+        assert got.status is GetStatus.OFFSET_TOO_SMALL and got.next_offset == new_min
+        assert store.get("g", "E", 0, new_min).status is GetStatus.FOUND
+        assert all(
+            m.commitlog_offset >= store.commitlog.min_offset
+            for m in store.query_by_key("E", "k", max_count=1000)
+        )
+
+
+def test_not_at_the_delete_hour_nothing_goes(tmp_path: Path, make_config) -> None:
+    other = (HOUR + 1) % 24
+    cfg = make_config(tmp_path / "s", file_reserved_hours=1, delete_when=f"{other:02d}")
+    with MessageStore(
+        cfg, clock=lambda: NOW, disk_usage=lambda: 0.1, start_services=False
+    ) as store:
+        fill(store, 3)
+        age_all_but_last(store, 100)
+        assert store.clean_expired_files() == 0
+
+
+def test_disk_pressure_deletes_at_once_whatever_the_age(tmp_path: Path, make_config) -> None:
+    cfg = make_config(
+        tmp_path / "s",
+        file_reserved_hours=1000,
+        delete_when=f"{(HOUR + 3) % 24:02d}",
+        disk_max_used_ratio=0.75,
+        delete_files_batch_max=100,
+    )
+    usage = [0.95]
+
+    def probe() -> float:
+        return usage[0]
+
+    with MessageStore(cfg, clock=lambda: NOW, disk_usage=probe, start_services=False) as store:
+        fill(store, 5)
+        files_before = len(store.commitlog.files)
+        calls = {"n": 0}
+
+        def shrinking() -> float:
+            calls["n"] += 1
+            return 0.95 if calls["n"] <= 2 else 0.5
+
+        store._disk_usage = shrinking
+        assert store.clean_expired_files() == 2
+        assert len(store.commitlog.files) == files_before - 2
+        store._disk_usage = lambda: 0.99
+        store.clean_expired_files()
+        assert len(store.commitlog.files) == 1, "never the file being written"
