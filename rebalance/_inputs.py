@@ -16,9 +16,7 @@ from rebalance.message_queue import MessageQueue, queue_order_key
 
 def check_consumer_group(consumer_group: object) -> None:
     if not isinstance(consumer_group, str):
-        raise TypeError(
-            f"consumer_group must be a str, got {type(consumer_group).__name__}"
-        )
+        raise TypeError(f"consumer_group must be a str, got {type(consumer_group).__name__}")
 
 
 def check_current_cid(current_cid: object) -> None:
@@ -31,9 +29,7 @@ def check_current_cid(current_cid: object) -> None:
 def sorted_queues(mq_all: Iterable[MessageQueue]) -> list[MessageQueue]:
     """The distinct queues of ``mq_all`` in RocketMQ's order; never empty."""
     if isinstance(mq_all, MessageQueue) or not isinstance(mq_all, Iterable):
-        raise TypeError(
-            f"mq_all must be a collection of MessageQueue, got {type(mq_all).__name__}"
-        )
+        raise TypeError(f"mq_all must be a collection of MessageQueue, got {type(mq_all).__name__}")
     queues: set[MessageQueue] = set()
     for mq in mq_all:
         if not isinstance(mq, MessageQueue):
@@ -52,8 +48,7 @@ def sorted_consumers(cid_all: Iterable[str]) -> list[str]:
     """
     if isinstance(cid_all, str) or not isinstance(cid_all, Iterable):
         raise TypeError(
-            "cid_all must be a collection of consumer ids, "
-            f"got {type(cid_all).__name__}"
+            f"cid_all must be a collection of consumer ids, got {type(cid_all).__name__}"
         )
     consumers = list(cid_all)
     for cid in consumers:

@@ -29,7 +29,5 @@ def assign(
     if isinstance(strategy, str):
         strategy = get_strategy(strategy)
     elif not isinstance(strategy, AllocateStrategy):
-        raise TypeError(
-            f"strategy must be a strategy or a strategy name, got {strategy!r}"
-        )
+        raise TypeError(f"strategy must be a strategy or a strategy name, got {strategy!r}")
     return allocate_all_with(strategy, consumer_group, mq_all, cid_all)

@@ -29,9 +29,7 @@ class ConfigStrategy(BaseStrategy):
         configured = tuple(queues)
         for mq in configured:
             if not isinstance(mq, MessageQueue):
-                raise TypeError(
-                    f"config option queues must hold MessageQueue values, got {mq!r}"
-                )
+                raise TypeError(f"config option queues must hold MessageQueue values, got {mq!r}")
         if not configured:
             raise ValueError("config option queues is empty: nothing would be consumed")
         if len(set(configured)) != len(configured):

@@ -20,10 +20,7 @@ from rebalance.strategy import BaseStrategy
 
 def queue_hash_key(mq: MessageQueue) -> str:
     """The text RocketMQ hashes for a queue: its Java ``toString``."""
-    return (
-        f"MessageQueue [topic={mq.topic}, brokerName={mq.broker_name}, "
-        f"queueId={mq.queue_id}]"
-    )
+    return f"MessageQueue [topic={mq.topic}, brokerName={mq.broker_name}, queueId={mq.queue_id}]"
 
 
 class ConsistentHashStrategy(BaseStrategy):
@@ -40,8 +37,7 @@ class ConsistentHashStrategy(BaseStrategy):
         if virtual_nodes < 1:
             # RocketMQ accepts 0 and then assigns no queue at all.
             raise ValueError(
-                "consistent_hash option virtual_nodes must be >= 1, "
-                f"got {virtual_nodes}"
+                f"consistent_hash option virtual_nodes must be >= 1, got {virtual_nodes}"
             )
         self.virtual_nodes = virtual_nodes
 

@@ -33,8 +33,7 @@ class MachineRoomStrategy(BaseStrategy):
         for room in rooms:
             if not isinstance(room, str):
                 raise TypeError(
-                    "machine_room option consumer_idcs must hold str room names, "
-                    f"got {room!r}"
+                    f"machine_room option consumer_idcs must hold str room names, got {room!r}"
                 )
         if not rooms:
             raise ValueError(

@@ -69,9 +69,7 @@ class MachineRoomNearbyStrategy(BaseStrategy):
             )
         for room, room_queues in queues_by_room.items():
             if room not in consumers_by_room:
-                share += self.inner.allocate(
-                    consumer_group, current_cid, room_queues, consumers
-                )
+                share += self.inner.allocate(consumer_group, current_cid, room_queues, consumers)
         return share
 
     def _allocate_all(
@@ -105,9 +103,7 @@ class MachineRoomNearbyStrategy(BaseStrategy):
             shares[cid] += part
 
     @staticmethod
-    def _group(
-        items: Sequence[_T], room_of: Callable[[_T], str]
-    ) -> dict[str, list[_T]]:
+    def _group(items: Sequence[_T], room_of: Callable[[_T], str]) -> dict[str, list[_T]]:
         """Items by room, rooms in Java string order, items in their given order."""
         groups: dict[str, list[_T]] = {}
         for item in items:
@@ -127,11 +123,8 @@ class MachineRoomNearbyStrategy(BaseStrategy):
 def _checked_room(room: object, option: str, of: object) -> str:
     if not isinstance(room, str):
         raise TypeError(
-            f"machine_room_nearby option {option} must return a str room, "
-            f"got {room!r} for {of!r}"
+            f"machine_room_nearby option {option} must return a str room, got {room!r} for {of!r}"
         )
     if not room:
-        raise ValueError(
-            f"machine_room_nearby option {option} returned an empty room for {of!r}"
-        )
+        raise ValueError(f"machine_room_nearby option {option} returned an empty room for {of!r}")
     return room

@@ -26,15 +26,12 @@ class MessageQueue:
         for name in ("topic", "broker_name"):
             value = getattr(self, name)
             if not isinstance(value, str):
-                raise TypeError(
-                    f"MessageQueue.{name} must be a str, got {type(value).__name__}"
-                )
+                raise TypeError(f"MessageQueue.{name} must be a str, got {type(value).__name__}")
             if not value:
                 raise ValueError(f"MessageQueue.{name} must not be empty")
         if not isinstance(self.queue_id, int) or isinstance(self.queue_id, bool):
             raise TypeError(
-                "MessageQueue.queue_id must be an int, "
-                f"got {type(self.queue_id).__name__}"
+                f"MessageQueue.queue_id must be an int, got {type(self.queue_id).__name__}"
             )
         if self.queue_id < 0:
             raise ValueError(f"MessageQueue.queue_id must be >= 0, got {self.queue_id}")

@@ -38,16 +38,14 @@ def get_strategy(name: str, **options: object) -> AllocateStrategy:
     cls = _STRATEGIES.get(name)
     if cls is None:
         raise ValueError(
-            f"unknown rebalance strategy {name!r}; valid names are "
-            f"{', '.join(STRATEGY_NAMES)}"
+            f"unknown rebalance strategy {name!r}; valid names are {', '.join(STRATEGY_NAMES)}"
         )
     parameters = inspect.signature(cls).parameters
     unknown = sorted(set(options) - set(parameters))
     if unknown:
         accepted = ", ".join(parameters) or "no options"
         raise TypeError(
-            f"strategy {name!r} got unknown option(s) {', '.join(unknown)}; "
-            f"it accepts {accepted}"
+            f"strategy {name!r} got unknown option(s) {', '.join(unknown)}; it accepts {accepted}"
         )
     missing = [
         option

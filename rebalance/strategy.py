@@ -64,8 +64,7 @@ class BaseStrategy(ABC):
         consumers = sorted_consumers(cid_all)
         if current_cid not in consumers:
             _log.warning(
-                "consumer %r is not a member of group %r (members: %s); "
-                "it gets no queues",
+                "consumer %r is not a member of group %r (members: %s); it gets no queues",
                 current_cid,
                 consumer_group,
                 consumers,
@@ -103,10 +102,7 @@ class BaseStrategy(ABC):
         consumers: Sequence[str],
     ) -> dict[str, list[MessageQueue]]:
         """Override where the whole group is cheaper in one pass."""
-        return {
-            cid: self._allocate(consumer_group, cid, queues, consumers)
-            for cid in consumers
-        }
+        return {cid: self._allocate(consumer_group, cid, queues, consumers) for cid in consumers}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -125,6 +121,5 @@ def allocate_all_with(
     queues = sorted_queues(mq_all)
     consumers = sorted_consumers(cid_all)
     return {
-        cid: list(strategy.allocate(consumer_group, cid, queues, consumers))
-        for cid in consumers
+        cid: list(strategy.allocate(consumer_group, cid, queues, consumers)) for cid in consumers
     }

@@ -27,6 +27,7 @@ log = logging.getLogger("raymq.storage.commitlog")
 
 _SIZE_MAGIC = struct.Struct(">iI")
 _BLANK = struct.Struct(">iI")
+_I32 = struct.Struct(">i")
 _ARANGE8 = np.arange(8, dtype=np.int64)
 
 
@@ -204,11 +205,7 @@ class CommitLog:
 
     # -- recovery
     def scan(
-        self,
-        start_file: MappedFile,
-        check_crc: bool,
-        on_record: Callable[[memoryview, int, int], None] | None = None,
-        progress: Callable[[int], None] | None = None,
+        self, start_file: MappedFile, check_crc: bool, progress: Callable[[int], None] | None = None
     ) -> int:
         """Walk records from the start of ``start_file``; return the valid end offset.
 
@@ -219,66 +216,84 @@ class CommitLog:
         idx = self.files.files.index(start_file)
         end = start_file.from_offset
         for mf in self.files.files[idx:]:
-            mv = memoryview(mf.buffer)
-            try:
-                pos, stop, whole = self._scan_file(mv, mf, check_crc, on_record)
-            finally:
-                mv.release()
+            pos, sealed = self._scan_file(mf, check_crc)
             end = mf.from_offset + pos
             if progress is not None:
                 progress(end)
-            if not whole:
+            if not sealed:
                 return end
             end = mf.from_offset + mf.file_size
         return end
 
     @staticmethod
-    def _scan_file(
-        mv: memoryview,
-        mf: MappedFile,
-        check_crc: bool,
-        on_record: Callable[[memoryview, int, int], None] | None,
-    ) -> tuple[int, int, bool]:
-        """(end position, stop position, whether the file ended with a blank marker)."""
-        unpack = _SIZE_MAGIC.unpack_from
-        unpack_q = struct.Struct(">q").unpack_from
-        unpack_i = struct.Struct(">i").unpack_from
-        crc32 = zlib.crc32
-        size_limit = mf.file_size
-        base = mf.from_offset
-        pos = 0
-        magic_ok = codec.MAGIC
-        blank = codec.BLANK_MAGIC
-        while pos + 8 <= size_limit:
-            size, magic = unpack(mv, pos)
-            if magic == blank:
-                if pos + size == size_limit:
-                    return pos, pos, True
-                log.warning("%s: blank marker at %d has a wrong length %d", mf.path.name, pos, size)
-                return pos, pos, False
-            if magic != magic_ok or size < codec.FIXED_LEN or pos + size > size_limit:
-                if size or magic:
-                    log.warning("%s: invalid record header at %d", mf.path.name, pos)
-                return pos, pos, False
-            if unpack_q(mv, pos + codec.OFF_PHYSICALOFFSET)[0] != base + pos:
-                log.warning("%s: record at %d has a wrong physical offset", mf.path.name, pos)
-                return pos, pos, False
-            body_len = unpack_i(mv, pos + codec.OFF_BODYLEN)[0]
-            body_at = pos + codec.HEADER.size
-            if body_len < 0 or body_at + body_len + 3 > pos + size:
-                log.warning("%s: record at %d has a bad body length", mf.path.name, pos)
-                return pos, pos, False
-            if (
-                check_crc
-                and (crc32(mv[body_at : body_at + body_len]) & 0x7FFFFFFF)
-                != unpack_i(mv, pos + 8)[0]
-            ):
-                log.warning("%s: record at %d fails its body CRC", mf.path.name, pos)
-                return pos, pos, False
-            if on_record is not None:
-                on_record(mv, pos, size)
-            pos += size
-        return pos, pos, pos == size_limit
+    def _scan_file(mf: MappedFile, check_crc: bool) -> tuple[int, bool]:
+        """(valid end position in the file, whether the file ends with its blank marker).
+
+        Three passes: walk the size chain (one unpack per record), check magic,
+        physical offset and lengths vectorised, then the body CRCs.
+        """
+        mv = memoryview(mf.buffer)
+        try:
+            limit = mf.file_size
+            unpack = _I32.unpack_from
+            starts: list[int] = []
+            append = starts.append
+            pos = 0
+            while pos + 8 <= limit:
+                size = unpack(mv, pos)[0]
+                if size < 8 or pos + size > limit:
+                    break
+                append(pos)
+                pos += size
+            if not starts:
+                return 0, False
+            buf = np.frombuffer(mf.buffer, dtype=np.uint8)
+            st = np.array(starts, dtype=np.int64)
+            sizes = np.diff(np.append(st, pos))
+            magic = buf[(st[:, None] + (codec.OFF_MAGIC + np.arange(4))).ravel()].view(">u4")
+            is_blank = magic == codec.BLANK_MAGIC
+            n = len(st)
+            sealed = bool(is_blank[-1]) and pos == limit
+            records = n - 1 if sealed else n
+            ok = (magic[:records] == codec.MAGIC) & (sizes[:records] >= codec.FIXED_LEN)
+            head = st[:records]
+            tail = np.minimum(head + codec.HEADER.size, limit - 8)
+            phys = buf[
+                (
+                    np.minimum(head, limit - 36)[:, None] + (codec.OFF_PHYSICALOFFSET + _ARANGE8)
+                ).ravel()
+            ].view(">i8")
+            body_len = buf[(tail[:, None] - 4 + np.arange(4)).ravel()].view(">i4").astype(np.int64)
+            ok &= phys == mf.from_offset + head
+            ok &= (body_len >= 0) & (
+                head + codec.HEADER.size + body_len + 3 <= head + sizes[:records]
+            )
+            bad = np.flatnonzero(~ok)
+            good = int(bad[0]) if len(bad) else records
+            del buf, magic, phys
+            if check_crc and good:
+                crc32 = zlib.crc32
+                body_at = (head[:good] + codec.HEADER.size).tolist()
+                body_end = (head[:good] + codec.HEADER.size + body_len[:good]).tolist()
+                crcs = [unpack(mv, a + 8)[0] for a in head[:good].tolist()]
+                for i, (a, b, c) in enumerate(zip(body_at, body_end, crcs)):
+                    if (crc32(mv[a:b]) & 0x7FFFFFFF) != c:
+                        log.warning(
+                            "%s: record at %d fails its body CRC",
+                            mf.path.name,
+                            a - codec.HEADER.size,
+                        )
+                        good = i
+                        break
+            if good < records:
+                at = int(head[good])
+                log.warning("%s: invalid record at %d; the commitlog ends there", mf.path.name, at)
+                return at, False
+            if sealed:
+                return int(st[-1]), True
+            return pos, False
+        finally:
+            mv.release()
 
     def truncate(self, end: int, max_record_size: int) -> None:
         """Make ``end`` the log's end: zero the rest of its file, delete later files."""

@@ -52,6 +52,9 @@ def recover(store: MessageStore) -> None:
         start = max(cp.recovery_start, cl.min_offset) if cp is not None else cl.min_offset
         redispatch_from = max(cp.logics_offset, cl.min_offset) if cp is not None else cl.min_offset
         end = _scan(store, start)
+    if cl.files.files and not (store.root / "consumequeue").exists():
+        log.warning("no consumequeue directory: rebuilding every queue from the commitlog")
+        abnormal, redispatch_from = True, cl.min_offset
     max_record = (
         store.config.max_message_size
         + codec.FIXED_LEN
@@ -153,19 +156,21 @@ class _Dispatcher:
         self.count = 0
         self._tag_cache: dict[str | None, int] = {None: 0}
 
-    def add(self, m: codec.MessageExt) -> None:
-        tags = m.tags
-        code = self._tag_cache.get(tags)
-        if code is None:
-            code = self._tag_cache[tags] = codec.java_hash(tags) if tags else 0
-        self.queues[(m.topic, m.queue_id)].append(
-            (m.queue_offset, m.commitlog_offset, m.store_size, code)
-        )
-        uk = m.properties.get(codec.PROP_UNIQ_KEY)
-        for key in (*m.keys, uk) if uk else m.keys:
-            self.keys.append(f"{m.topic}#{key}")
-            self.key_offsets.append(m.commitlog_offset)
-            self.key_ts.append(m.store_timestamp)
+    def add(self, m: codec.MessageExt, cq: bool = True, index: bool = True) -> None:
+        if cq:
+            tags = m.tags
+            code = self._tag_cache.get(tags)
+            if code is None:
+                code = self._tag_cache[tags] = codec.java_hash(tags) if tags else 0
+            self.queues[(m.topic, m.queue_id)].append(
+                (m.queue_offset, m.commitlog_offset, m.store_size, code)
+            )
+        if index:
+            uk = m.properties.get(codec.PROP_UNIQ_KEY)
+            for key in (*m.keys, uk) if uk else m.keys:
+                self.keys.append(f"{m.topic}#{key}")
+                self.key_offsets.append(m.commitlog_offset)
+                self.key_ts.append(m.store_timestamp)
         self.count += 1
         if self.count % self.CHUNK == 0:
             self.flush()
@@ -187,9 +192,20 @@ class _Dispatcher:
         self.keys, self.key_offsets, self.key_ts = [], [], []
 
 
+_PREFIX = struct.Struct(">iIiiiq")  # size, magic, crc, queue id, flag, queue offset
+
+
 def _redispatch(store: MessageStore, start: int, end: int) -> None:
+    """Re-add ConsumeQueue and index entries for records from ``start`` that lack them.
+
+    Only the header is parsed for records already dispatched; a record is
+    decoded in full only when its queue or the index is missing it.
+    """
     cl = store.commitlog
     dispatcher = _Dispatcher(store)
+    index_end = store.index.files[-1].end_offset if store.index.files else -1
+    cq_max: dict[tuple[str, int], int] = {k: cq.max_offset for k, cq in store._cqs.items()}
+    skipped = 0
     pos = start
     while pos < end:
         mf = cl.files.find(pos)
@@ -199,12 +215,29 @@ def _redispatch(store: MessageStore, start: int, end: int) -> None:
         if rel + 8 > mf.file_size:
             pos = mf.from_offset + mf.file_size
             continue
-        size, magic = _SIZE_MAGIC.unpack_from(mf.buffer, rel)
+        buf = mf.buffer
+        size, magic = _SIZE_MAGIC.unpack_from(buf, rel)
         if magic == codec.BLANK_MAGIC:
             pos = mf.from_offset + mf.file_size
             continue
-        m, _ = codec.decode_record(mf.buffer, rel, check_crc=False)  # type: ignore[arg-type]
-        dispatcher.add(m)
+        size, magic, _crc, qid, _flag, qoff = _PREFIX.unpack_from(buf, rel)
+        body_len = int.from_bytes(buf[rel + codec.OFF_BODYLEN : rel + codec.HEADER.size], "big")
+        t = rel + codec.HEADER.size + body_len
+        topic = buf[t + 1 : t + 1 + buf[t]].decode("ascii")
+        need_cq = qoff >= cq_max.get((topic, qid), 0)
+        need_index = pos > index_end
+        if need_cq or need_index:
+            m, _ = codec.decode_record(buf, rel, check_crc=False)  # type: ignore[arg-type]
+            dispatcher.add(m, need_cq, need_index)
+            if need_cq:
+                cq_max[(topic, qid)] = qoff + 1
+        else:
+            skipped += 1
         pos += size
     dispatcher.flush()
-    log.info("recovery: re-dispatched %d records from commitlog offset %d", dispatcher.count, start)
+    log.info(
+        "recovery: re-dispatched %d records from commitlog offset %d (%d already there)",
+        dispatcher.count,
+        start,
+        skipped,
+    )

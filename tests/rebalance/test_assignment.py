@@ -20,9 +20,7 @@ def test_each_share_is_the_members_own_allocation(name: str) -> None:
     strategy = get_strategy(name)
     cid_all = ["x", "y", "z"]
     shares = assign(strategy, "g", MQ_ALL, cid_all)
-    assert shares == {
-        cid: strategy.allocate("g", cid, MQ_ALL, cid_all) for cid in cid_all
-    }
+    assert shares == {cid: strategy.allocate("g", cid, MQ_ALL, cid_all) for cid in cid_all}
 
 
 class FirstMemberTakesAll:

@@ -17,9 +17,7 @@ def ids(share: list[MessageQueue]) -> list[int]:
 
 def test_rocketmq_scenario_ten_queues_four_consumers() -> None:
     strategy = get_strategy("averagely")
-    shares = [
-        strategy.allocate("", cid, queues(10), consumers(4)) for cid in consumers(4)
-    ]
+    shares = [strategy.allocate("", cid, queues(10), consumers(4)) for cid in consumers(4)]
     assert [len(share) for share in shares] == [3, 3, 2, 2]
     assert [ids(share) for share in shares] == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
 

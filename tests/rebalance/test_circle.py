@@ -10,8 +10,7 @@ def test_rocketmq_scenario_ten_queues_four_consumers() -> None:
 
     assert strategy.allocate("", "CID_PREFIX", mq_all, cid_all) == []
     shares = {
-        cid: [mq.queue_id for mq in strategy.allocate("", cid, mq_all, cid_all)]
-        for cid in cid_all
+        cid: [mq.queue_id for mq in strategy.allocate("", cid, mq_all, cid_all)] for cid in cid_all
     }
     assert shares == {
         "CID_PREFIX0": [0, 4, 8],

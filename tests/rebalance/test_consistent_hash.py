@@ -24,13 +24,10 @@ def ring_position(text: str) -> int:
 
 def expected_owner(mq: MessageQueue, cid_all: list[str], virtual_nodes: int) -> str:
     points = sorted(
-        (ring_position(f"{cid}-{i}"), cid)
-        for cid in cid_all
-        for i in range(virtual_nodes)
+        (ring_position(f"{cid}-{i}"), cid) for cid in cid_all for i in range(virtual_nodes)
     )
     key = ring_position(
-        f"MessageQueue [topic={mq.topic}, brokerName={mq.broker_name}, "
-        f"queueId={mq.queue_id}]"
+        f"MessageQueue [topic={mq.topic}, brokerName={mq.broker_name}, queueId={mq.queue_id}]"
     )
     return next((cid for position, cid in points if position >= key), points[0][1])
 
@@ -63,11 +60,7 @@ def test_owners_equal_rocketmq_5() -> None:
 
 
 def test_a_digest_with_the_high_bit_set_stays_unsigned() -> None:
-    key = next(
-        f"k{i}"
-        for i in range(1000)
-        if hashlib.md5(f"k{i}".encode()).digest()[0] >= 0x80
-    )
+    key = next(f"k{i}" for i in range(1000) if hashlib.md5(f"k{i}".encode()).digest()[0] >= 0x80)
     assert md5_hash(key) == ring_position(key) >= 2**31
 
 
@@ -88,9 +81,7 @@ def test_rocketmq_scenario_remove_then_add_a_consumer(
             assert after_remove[mq] == cid, f"{mq} moved though {cid} stayed"
 
     added = "CID-NEW"
-    after_add = owners(
-        assign(strategy, "testConsumerGroup", mq_all, [*cid_all[1:], added])
-    )
+    after_add = owners(assign(strategy, "testConsumerGroup", mq_all, [*cid_all[1:], added]))
     assert set(after_add) == set(mq_all)
     for mq, cid in after_add.items():
         if cid != added:
@@ -108,8 +99,6 @@ def test_allocate_matches_assign() -> None:
 @pytest.mark.parametrize(
     ("virtual_nodes", "error"), [(0, ValueError), (-1, ValueError), ("10", TypeError)]
 )
-def test_rejects_bad_virtual_nodes(
-    virtual_nodes: object, error: type[Exception]
-) -> None:
+def test_rejects_bad_virtual_nodes(virtual_nodes: object, error: type[Exception]) -> None:
     with pytest.raises(error, match="virtual_nodes"):
         get_strategy("consistent_hash", virtual_nodes=virtual_nodes)

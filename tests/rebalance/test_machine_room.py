@@ -8,8 +8,7 @@ from rebalance import MessageQueue, assign, get_strategy
 def rocketmq_test_queues() -> list[MessageQueue]:
     """RocketMQ's test set-up: queues 0-4 on room1@broker-a, 5-9 on room2@broker-b."""
     return [
-        MessageQueue("topic", "room1@broker-a" if i < 5 else "room2@broker-b", i)
-        for i in range(10)
+        MessageQueue("topic", "room1@broker-a" if i < 5 else "room2@broker-b", i) for i in range(10)
     ]
 
 
@@ -17,10 +16,7 @@ def test_rocketmq_scenario_two_consumers_in_room1() -> None:
     strategy = get_strategy("machine_room", consumer_idcs={"room1"})
     cid_all = ["CID_PREFIX0", "CID_PREFIX1"]
     shares = {
-        cid: [
-            mq.queue_id
-            for mq in strategy.allocate("", cid, rocketmq_test_queues(), cid_all)
-        ]
+        cid: [mq.queue_id for mq in strategy.allocate("", cid, rocketmq_test_queues(), cid_all)]
         for cid in cid_all
     }
     # Blocks of e // c eligible queues, then the left-over queue to the first.
@@ -29,9 +25,7 @@ def test_rocketmq_scenario_two_consumers_in_room1() -> None:
 
 def test_left_over_queues_go_one_each_to_the_first_consumers() -> None:
     mq_all = [MessageQueue("t", "r@b", i) for i in range(11)]
-    shares = assign(
-        get_strategy("machine_room", consumer_idcs=["r"]), "g", mq_all, ["a", "b", "c"]
-    )
+    shares = assign(get_strategy("machine_room", consumer_idcs=["r"]), "g", mq_all, ["a", "b", "c"])
     assert {cid: [mq.queue_id for mq in share] for cid, share in shares.items()} == {
         "a": [0, 1, 2, 9],
         "b": [3, 4, 5, 10],
@@ -68,8 +62,6 @@ def test_no_eligible_queue_gives_everyone_nothing() -> None:
     ("consumer_idcs", "error"),
     [("room1", TypeError), ([1], TypeError), (set(), ValueError), (None, TypeError)],
 )
-def test_rejects_bad_consumer_idcs(
-    consumer_idcs: object, error: type[Exception]
-) -> None:
+def test_rejects_bad_consumer_idcs(consumer_idcs: object, error: type[Exception]) -> None:
     with pytest.raises(error, match="consumer_idcs"):
         get_strategy("machine_room", consumer_idcs=consumer_idcs)

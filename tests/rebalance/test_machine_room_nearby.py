@@ -30,9 +30,7 @@ def queues(rooms: int, per_room: int) -> list[MessageQueue]:
 
 
 def consumers(rooms: int, per_room: int) -> list[str]:
-    return [
-        f"IDC{room}-CID-{i}" for room in range(1, rooms + 1) for i in range(per_room)
-    ]
+    return [f"IDC{room}-CID-{i}" for room in range(1, rooms + 1) for i in range(per_room)]
 
 
 def owners(shares: dict[str, list[MessageQueue]]) -> dict[MessageQueue, str]:
@@ -93,8 +91,7 @@ def test_exact_shares_own_room_first_then_orphan_rooms_in_room_order() -> None:
     ]
     shares = assign(nearby(), "g", mq_all, ["A-2", "A-1", "D-1"])
     as_text = {
-        cid: [f"{mq.broker_name}:{mq.queue_id}" for mq in share]
-        for cid, share in shares.items()
+        cid: [f"{mq.broker_name}:{mq.queue_id}" for mq in share] for cid, share in shares.items()
     }
     # A's queues stay in A (averagely over ); B and C have no consumer,
     # so each is split over all three, B before C.
@@ -125,9 +122,7 @@ def test_allocate_matches_assign() -> None:
     ("broker_room", "error"),
     [(lambda mq: "", ValueError), (lambda mq: None, TypeError)],
 )
-def test_rejects_a_queue_without_a_room(
-    broker_room: object, error: type[Exception]
-) -> None:
+def test_rejects_a_queue_without_a_room(broker_room: object, error: type[Exception]) -> None:
     strategy = get_strategy(
         "machine_room_nearby",
         inner="averagely",

@@ -12,9 +12,7 @@ from rebalance import AllocateStrategy, MessageQueue, assign, get_strategy
 # "@" and "-" shape machine rooms; é and U+10000 exercise Java's string order.
 ALPHABET = "ab@-é\U00010000"
 names = st.text(alphabet=ALPHABET, min_size=1, max_size=4)
-message_queues = st.builds(
-    MessageQueue, st.sampled_from(["t1", "t2"]), names, st.integers(0, 8)
-)
+message_queues = st.builds(MessageQueue, st.sampled_from(["t1", "t2"]), names, st.integers(0, 8))
 queue_lists = st.lists(message_queues, min_size=1, max_size=30)
 consumer_lists = st.lists(names, min_size=1, max_size=8, unique=True)
 fast = settings(max_examples=50, deadline=None)

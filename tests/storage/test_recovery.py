@@ -141,3 +141,16 @@ def test_flipped_byte_drops_that_record_and_what_follows(tmp_path: Path, make_co
         assert (
             store.get("g", "Crash", victim[3], victim[4], 1).status is GetStatus.OFFSET_OVERFLOW_ONE
         )
+
+
+def test_queues_and_index_are_rebuilt_from_the_commitlog(tmp_path: Path, make_config) -> None:
+    import shutil
+
+    cfg = make_config(tmp_path / "s", flush_disk_type="SYNC_FLUSH")
+    acked = run_and_kill(cfg, 500)
+    for part in ("consumequeue", "index", "checkpoint"):
+        path = tmp_path / "s" / part
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    with MessageStore(cfg) as store:
+        check_all_acked(store, acked)
+        assert sum(store.max_offset("Crash", q) for q in range(3)) >= len(acked)

@@ -1,0 +1,226 @@
+"""Store throughput next to this machine's raw limits, measured in the same run.
+
+    python benchmarks/store_bench.py [--dir PATH] [--seconds S] [--json FILE]
+
+Prints put throughput (100 B and 1 KiB bodies; ASYNC_FLUSH; SYNC_FLUSH with 1
+and 8 writers), get throughput and abnormal-recovery scan rate, each beside
+the raw figure it is bounded by (plain sequential ``os.write`` of the same
+bytes, the fsync rate) as a ratio. Not a test: figures drift on shared machines,
+ratios much less.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from storage import Message, MessageStore, StoreConfig, codec
+
+BATCH = 1000
+
+
+def config(root: Path, flush: str) -> StoreConfig:
+    return StoreConfig(
+        str(root),
+        flush_disk_type=flush,
+        commitlog_file_size=256 << 20,
+        index_hash_slots=1_000_003,
+        index_max_entries=4_000_000,
+    )
+
+
+def timed(fn: Callable[[], int], seconds: float) -> float:
+    """Run ``fn`` (returns units done) repeatedly for ``seconds``; units per second."""
+    done = 0
+    start = time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds:
+        done += fn()
+    return done / elapsed
+
+
+def batches(body_size: int, count: int, queues: int = 16) -> list[codec.EncodedBatch]:
+    body = os.urandom(body_size)
+    return [
+        codec.encode_batch(
+            [Message("Bench", body, tags="T", queue_id=i % queues) for _ in range(BATCH)]
+        )
+        for i in range(count)
+    ]
+
+
+def raw_write_rate(root: Path, data: bytes, seconds: float) -> float:
+    """Bytes/s of plain sequential os.write of ``data`` into a preallocated file."""
+    path = root / "raw"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+    try:
+        rate = timed(lambda: os.write(fd, data), seconds)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return rate
+
+
+def fsync_rate(root: Path, seconds: float) -> float:
+    path = root / "fsync"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+
+    def one() -> int:
+        os.write(fd, b"x" * 4096)
+        os.fsync(fd)
+        return 1
+
+    try:
+        return timed(one, seconds)
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
+def put_rate(
+    root: Path, flush: str, body: int, writers: int, seconds: float, encoded: bool = True
+) -> tuple[float, float]:
+    """(msg/s, MB/s of records) putting pre-encoded batches (or Message lists)."""
+    shutil.rmtree(root, ignore_errors=True)
+    pool = batches(body, 8)
+    record_bytes = len(pool[0].data) / BATCH
+    msgs = [Message("Bench", os.urandom(body), tags="T", queue_id=i % 16) for i in range(BATCH)]
+    with MessageStore(config(root, flush)) as store:
+        counts = [0] * writers
+        stop = time.perf_counter() + seconds
+
+        def work(w: int) -> None:
+            i = w
+            while time.perf_counter() < stop:
+                if encoded:
+                    store.put_encoded(pool[i % len(pool)])
+                else:
+                    store.put_batch(msgs)
+                counts[w] += BATCH
+                i += 1
+
+        start = time.perf_counter()
+        threads = [threading.Thread(target=work, args=(w,)) for w in range(writers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - start
+    rate = sum(counts) / elapsed
+    return rate, rate * record_bytes / 1e6
+
+
+def get_rates(root: Path, seconds: float) -> tuple[float, float, float]:
+    """(raw msg/s, decoded msg/s, MB/s) pulling 100 B messages in batches of 1000."""
+    shutil.rmtree(root, ignore_errors=True)
+    with MessageStore(config(root, "ASYNC_FLUSH")) as store:
+        b = codec.encode_batch([Message("Get", b"g" * 100, queue_id=0) for _ in range(BATCH)])
+        for _ in range(300):
+            store.put_encoded(b)
+        total = store.max_offset("Get", 0)
+        state = {"off": 0, "bytes": 0}
+
+        def pull_raw() -> int:
+            r = store.get_raw("g", "Get", 0, state["off"], BATCH)
+            state["off"] = r.next_offset if r.next_offset < total else 0
+            state["bytes"] += len(r.data)
+            return r.count
+
+        state["bytes"] = 0
+        start = time.perf_counter()
+        raw = timed(pull_raw, seconds)
+        mb = state["bytes"] / (time.perf_counter() - start) / 1e6
+        state["off"] = 0
+
+        def pull_decoded() -> int:
+            r = store.get("g", "Get", 0, state["off"], BATCH)
+            state["off"] = r.next_offset if r.next_offset < total else 0
+            return len(r.messages)
+
+        decoded = timed(pull_decoded, seconds)
+    return raw, decoded, mb
+
+
+def recovery_rate(root: Path, megabytes: int) -> tuple[float, float]:
+    """(MB/s scanned by abnormal recovery, MB of CommitLog) after a simulated crash."""
+    shutil.rmtree(root, ignore_errors=True)
+    cfg = config(root, "ASYNC_FLUSH")
+    store = MessageStore(cfg)
+    b = batches(1024, 4)
+    while store.commitlog.max_offset < megabytes << 20:
+        for x in b:
+            store.put_encoded(x)
+    size = store.commitlog.max_offset
+    store.commitlog.flush()
+    for service in store._services:
+        service.stop()
+    store._release_files()  # crash: no clean checkpoint, abort file stays
+    (root / "checkpoint").unlink()  # and no checkpoint either: scan everything
+    start = time.perf_counter()
+    store = MessageStore(cfg, start_services=False)
+    elapsed = time.perf_counter() - start
+    assert store.abnormal_start and store.commitlog.max_offset == size
+    store.close()
+    return size / elapsed / 1e6, size / 1e6
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", default=None)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--recovery-mb", type=int, default=512)
+    parser.add_argument("--json", default=None, help="also write every figure here")
+    args = parser.parse_args()
+    root = Path(args.dir or tempfile.mkdtemp(prefix="raymq-bench-", dir=os.getcwd()))
+    root.mkdir(parents=True, exist_ok=True)
+    s = args.seconds
+    out: dict[str, float] = {}
+    try:
+        fsyncs = fsync_rate(root, s)
+        out["fsync_per_s"] = fsyncs
+        print(f"machine: {os.cpu_count()} cores; fsync rate {fsyncs:,.0f}/s")
+        print(f"{'workload':44s} {'msg/s':>12s} {'MB/s':>9s} {'raw MB/s':>9s} {'ratio':>7s}")
+        for body in (100, 1024):
+            chunk = batches(body, 1)[0].data  # the same bytes one batch put writes
+            raw = raw_write_rate(root, chunk, s) / 1e6
+            out[f"raw_write_mb_s_{body}"] = raw
+            rows = [
+                (f"put encoded batch {body}B ASYNC", "ASYNC_FLUSH", 1, True),
+                (f"put Message list {body}B ASYNC (encode incl.)", "ASYNC_FLUSH", 1, False),
+                (f"put encoded batch {body}B SYNC, 1 writer", "SYNC_FLUSH", 1, True),
+                (f"put encoded batch {body}B SYNC, 8 writers", "SYNC_FLUSH", 8, True),
+            ]
+            for label, flush, writers, encoded in rows:
+                rate, mb = put_rate(root / "store", flush, body, writers, s, encoded)
+                key = label.replace(" ", "_").replace(",", "")
+                out[key] = rate
+                print(f"{label:44s} {rate:12,.0f} {mb:9.1f} {raw:9.1f} {mb / raw:7.2f}")
+        async100 = out["put_encoded_batch_100B_ASYNC"]
+        sync8 = out["put_encoded_batch_100B_SYNC_8_writers"]
+        print(f"SYNC 8 writers / ASYNC at 100 B: {sync8 / async100:.2f}")
+        raw_get, decoded, mb = get_rates(root / "get", s)
+        out.update(get_raw_msg_s=raw_get, get_decoded_msg_s=decoded)
+        print(f"{'get (raw blob, 1000/pull)':44s} {raw_get:12,.0f} {mb:9.1f}")
+        print(f"{'get + decode to MessageExt':44s} {decoded:12,.0f}")
+        rate, size = recovery_rate(root / "recovery", args.recovery_mb)
+        out["recovery_mb_s"] = rate
+        raw = out["raw_write_mb_s_1024"]
+        print(
+            f"abnormal recovery scan of {size:.0f} MB: {rate:,.0f} MB/s "
+            f"(raw sequential write {raw:,.0f} MB/s, ratio {rate / raw:.2f})"
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
