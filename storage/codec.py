@@ -298,6 +298,7 @@ class EncodedBatch:
     key_hashes: np.ndarray  # int32 (java hash of "topic#key")
     key_owner: np.ndarray  # int32 record index of each key
     uniq_keys: tuple[str, ...]
+    delay_levels: np.ndarray | None = None  # int32 per record when any message is delayed
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -310,7 +311,15 @@ class EncodedBatch:
     def to_bytes(self) -> bytes:
         topics = "\x00".join(self.topics).encode("utf-8")
         uniq = "\x00".join(self.uniq_keys).encode("ascii")
-        head = struct.pack(">iiii", len(self.sizes), len(self.key_hashes), len(topics), len(uniq))
+        delays = self.delay_levels
+        head = struct.pack(
+            ">iiiii",
+            len(self.sizes),
+            len(self.key_hashes),
+            len(topics),
+            len(uniq),
+            0 if delays is None else len(delays),
+        )
         return b"".join(
             (
                 head,
@@ -322,6 +331,7 @@ class EncodedBatch:
                 self.tag_codes.astype("<i8").tobytes(),
                 self.key_hashes.astype("<i4").tobytes(),
                 self.key_owner.astype("<i4").tobytes(),
+                b"" if delays is None else delays.astype("<i4").tobytes(),
                 self.data,
             )
         )
@@ -329,10 +339,10 @@ class EncodedBatch:
     @classmethod
     def from_bytes(cls, blob: bytes) -> EncodedBatch:
         try:
-            n, k, lt, lu = struct.unpack_from(">iiii", blob, 0)
-            if min(n, k, lt, lu) < 0:
-                raise ValueError("negative count")
-            pos = 16
+            n, k, lt, lu, d = struct.unpack_from(">iiiii", blob, 0)
+            if min(n, k, lt, lu, d) < 0 or d not in (0, n):
+                raise ValueError("bad counts")
+            pos = 20
             topics = tuple(blob[pos : pos + lt].decode("utf-8").split("\x00"))
             pos += lt
             uniq_text = blob[pos : pos + lu].decode("ascii")
@@ -346,6 +356,7 @@ class EncodedBatch:
                 ("<i8", n),
                 ("<i4", k),
                 ("<i4", k),
+                ("<i4", d),
             ):
                 width = np.dtype(dtype).itemsize * count
                 if pos + width > len(blob):
@@ -356,7 +367,16 @@ class EncodedBatch:
         except (struct.error, ValueError, UnicodeDecodeError) as exc:
             raise InvalidMessageError(f"malformed encoded batch: {exc}") from exc
         batch = cls(
-            data, arrays[0], topics, arrays[1], arrays[2], arrays[3], arrays[4], arrays[5], uniq
+            data,
+            arrays[0],
+            topics,
+            arrays[1],
+            arrays[2],
+            arrays[3],
+            arrays[4],
+            arrays[5],
+            uniq,
+            arrays[6] if d else None,
         )
         batch.check_structure()
         return batch
@@ -370,6 +390,10 @@ class EncodedBatch:
             raise InvalidMessageError("encoded batch: per-record arrays differ in length")
         if len(self.key_hashes) != len(self.key_owner):
             raise InvalidMessageError("encoded batch: key arrays differ in length")
+        if self.delay_levels is not None and (
+            len(self.delay_levels) != n or int(self.delay_levels.min()) < 0
+        ):
+            raise InvalidMessageError("encoded batch: bad delay levels")
         sizes = self.sizes.astype(np.int64)
         if int(sizes.min()) < FIXED_LEN or int(sizes.sum()) != len(self.data):
             raise InvalidMessageError("encoded batch: record sizes do not add up to the data")
@@ -401,11 +425,14 @@ def encode_batch(
     born_timestamp: int | None = None,
     uniq: UniqueKeyGenerator | None = None,
     reconsume_times: int = 0,
+    born: Sequence[tuple[int, str, int]] | None = None,
 ) -> EncodedBatch:
     """Validate and encode messages into one :class:`EncodedBatch`.
 
     Raises :class:`InvalidMessageError` naming the first bad field; nothing of
-    the batch is usable then, so nothing gets written.
+    the batch is usable then, so nothing gets written. ``born`` optionally gives
+    each message its own (born timestamp, born host, reconsume times), for
+    messages the store re-encodes (delayed delivery, retries).
     """
     born_ts = int(time.time() * 1000) if born_timestamp is None else born_timestamp
     born_raw = host_to_bytes(born_host)
@@ -425,6 +452,7 @@ def encode_batch(
     key_owner: list[int] = []
     uniq_keys: list[str] = []
     tag_text: dict[str | None, str] = {}
+    delays: list[int] | None = None
     append = parts.append
     fixed = FIXED_LEN - 1
     next_uk = gen.next
@@ -480,12 +508,22 @@ def encode_batch(
             if m.delay_level.__class__ is not int or m.delay_level < 0:
                 raise InvalidMessageError(f"delay_level={m.delay_level!r}: must be an int >= 0")
             prop_text += f"DELAY\x01{m.delay_level}\x02"
+            if delays is None:
+                delays = [0] * i
+            delays.append(m.delay_level)
+        elif delays is not None:
+            delays.append(0)
         pb = f"{prop_text}UNIQ_KEY\x01{uk}\x02".encode()
         if len(pb) > MAX_PROPERTIES_LEN:
             raise InvalidMessageError(
                 f"properties of message {i} are {len(pb)} bytes: over {MAX_PROPERTIES_LEN}"
             )
         size = fixed + blen + len(tb) + len(pb)
+        if born is None:
+            m_born_ts, m_born_raw, m_reconsume = born_ts, born_raw, reconsume_times
+        else:
+            m_born_ts, m_born_host, m_reconsume = born[i]
+            m_born_raw = host_to_bytes(m_born_host)
         append(
             pack(
                 size,
@@ -496,11 +534,11 @@ def encode_batch(
                 0,
                 0,
                 0,
-                born_ts,
-                born_raw,
+                m_born_ts,
+                m_born_raw,
                 0,
                 zero8,
-                reconsume_times,
+                m_reconsume,
                 0,
                 blen,
             )
@@ -528,6 +566,7 @@ def encode_batch(
         key_hashes=java_hashes(index_keys),
         key_owner=np.array(key_owner, dtype=np.int32),
         uniq_keys=tuple(uniq_keys),
+        delay_levels=None if delays is None else np.array(delays, dtype=np.int32),
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,32 @@ _CONF_KEYS: dict[str, tuple[str, Any]] = {
     "cleanResourceInterval": ("clean_resource_interval_ms", int),
     "messageIndexEnable": ("message_index_enable", lambda v: v.strip().lower() == "true"),
     "checkCRCOnRecover": ("check_crc_on_recover", lambda v: v.strip().lower() == "true"),
+    "messageDelayLevel": ("message_delay_level", str),
 }
+
+DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+@lru_cache(maxsize=64)
+def parse_delay_levels(text: str) -> tuple[int, ...]:
+    """RocketMQ's ``messageDelayLevel`` ("1s 5s ... 2h") as milliseconds per level.
+
+    Units s, m, h, d as in RocketMQ, plus ms (handy for tests).
+    """
+    levels = []
+    for word in text.split():
+        unit = "ms" if word.endswith("ms") else word[-1:]
+        number = word[: -len(unit)]
+        if unit not in _UNITS_MS or not number.isdigit() or int(number) <= 0:
+            raise InvalidConfigError(
+                f"message_delay_level={text!r}: {word!r} is not a positive number with a unit "
+                "in ms, s, m, h, d"
+            )
+        levels.append(int(number) * _UNITS_MS[unit])
+    if not levels:
+        raise InvalidConfigError("message_delay_level must name at least one level")
+    return tuple(levels)
 
 
 def parse_broker_conf(path: str | os.PathLike[str]) -> dict[str, str]:
@@ -87,6 +113,8 @@ class StoreConfig:
     message_index_enable: bool = True
     check_crc_on_recover: bool = True
     preallocate: bool = True
+    # delayed delivery: ScheduleMessageService
+    message_delay_level: str = DEFAULT_DELAY_LEVELS
 
     def __post_init__(self) -> None:
         if not self.store_dir:
@@ -120,11 +148,16 @@ class StoreConfig:
             or int(port) >= 65536
         ):
             raise InvalidConfigError(f"store_host={self.store_host!r}: must be 'a.b.c.d:port'")
+        parse_delay_levels(self.message_delay_level)
         for hour in self.delete_when.split(";"):
             if not (hour.strip().isdigit() and 0 <= int(hour) < 24):
                 raise InvalidConfigError(
                     f"delete_when={self.delete_when!r}: must be hours 00-23 separated by ';'"
                 )
+
+    @property
+    def delay_levels_ms(self) -> tuple[int, ...]:
+        return parse_delay_levels(self.message_delay_level)
 
     @property
     def sync_flush(self) -> bool:

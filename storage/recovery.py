@@ -22,6 +22,7 @@ import numpy as np
 from . import codec
 from .consume_queue import ConsumeQueue
 from .errors import StoreCorruptedError
+from .schedule import SCHEDULE_TOPIC
 
 if TYPE_CHECKING:
     from .store import MessageStore
@@ -162,6 +163,9 @@ class _Dispatcher:
             code = self._tag_cache.get(tags)
             if code is None:
                 code = self._tag_cache[tags] = codec.java_hash(tags) if tags else 0
+            if m.topic == SCHEDULE_TOPIC:  # the tag field holds the delivery time
+                levels = self.store.config.delay_levels_ms
+                code = m.store_timestamp + levels[min(max(m.delay_level, 1), len(levels)) - 1]
             self.queues[(m.topic, m.queue_id)].append(
                 (m.queue_offset, m.commitlog_offset, m.store_size, code)
             )

@@ -41,6 +41,13 @@ from .errors import (
 )
 from .index_file import IndexService
 from .message import GetResult, GetStatus, Message, MessageExt, PutResult, PutStatus, RawGetResult
+from .schedule import (
+    SCHEDULE_TOPIC,
+    ScheduleMessageService,
+    as_message,
+    born_of,
+    to_schedule,
+)
 from .services import CleanCommitLogService, FlushConsumeQueueService, FlushRealTimeService
 from .subscription import matches, parse_subscription, tag_codes
 
@@ -48,7 +55,6 @@ log = logging.getLogger("raymq.storage.store")
 
 DispatchListener = Callable[[str, int, int], None]
 MAX_SCAN_ENTRIES = 800  # ConsumeQueue entries one filtered pull may look at
-_SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 
 
 class PutBatchResult:
@@ -160,7 +166,9 @@ class MessageStore:
         except BaseException:
             self._release_files()
             raise
+        self.schedule = ScheduleMessageService(self)
         if start_services:
+            self._services.append(self.schedule)
             if not config.sync_flush:
                 self._services.append(FlushRealTimeService(self))
             self._services.append(FlushConsumeQueueService(self))
@@ -297,12 +305,40 @@ class MessageStore:
                 f"{self.config.max_message_size} (or empty)"
             )
         for topic in batch.topics:
-            if topic == _SCHEDULE_TOPIC:
+            if topic == SCHEDULE_TOPIC:
                 raise InvalidMessageError(f"topic={topic!r} is reserved for delayed messages")
+        if batch.delay_levels is not None and batch.delay_levels.any():
+            batch = self._to_schedule(batch)
+        return self._put_encoded(batch)
+
+    def _to_schedule(self, batch: codec.EncodedBatch) -> codec.EncodedBatch:
+        """Re-encode a batch whose delayed messages must go to the schedule topic."""
+        assert batch.delay_levels is not None
+        top = len(self.config.delay_levels_ms)
+        levels = batch.delay_levels.tolist()
+        originals = codec.decode_records(batch.data, check_crc=False)
+        messages = [
+            to_schedule(m, min(level, top)) if level else as_message(m)
+            for m, level in zip(originals, levels)
+        ]
+        return codec.encode_batch(
+            messages, max_message_size=self.config.max_message_size, born=born_of(originals)
+        )
+
+    def _put_encoded(self, batch: codec.EncodedBatch) -> PutBatchResult:
+        n = len(batch)
         uniform = batch.uniform
+        tag_codes = batch.tag_codes
+        sched_idx = batch.topics.index(SCHEDULE_TOPIC) if SCHEDULE_TOPIC in batch.topics else -1
         with self._put_lock:
             self._check_open()
             store_ts = int(self._clock() * 1000)
+            if sched_idx >= 0 and batch.delay_levels is not None:
+                # a schedule entry's tag field is its delivery time
+                sched = batch.topic_idx == sched_idx
+                delays = np.asarray(self.config.delay_levels_ms, dtype=np.int64)
+                tag_codes = tag_codes.copy()
+                tag_codes[sched] = store_ts + delays[batch.delay_levels[sched] - 1]
             groups: list[tuple[tuple[str, int], np.ndarray | None]]
             if uniform:
                 groups = [((batch.topics[0], int(batch.queue_ids[0])), None)]
@@ -329,7 +365,7 @@ class MessageStore:
             for (topic, qid), members in groups:
                 sel = slice(None) if members is None else members
                 self._cq(topic, qid).append(
-                    int(queue_offsets[sel][0]), phys[sel], batch.sizes[sel], batch.tag_codes[sel]
+                    int(queue_offsets[sel][0]), phys[sel], batch.sizes[sel], tag_codes[sel]
                 )
             if self.config.message_index_enable and len(batch.key_hashes):
                 hashes = np.abs(batch.key_hashes.astype(np.int64))

@@ -1,0 +1,189 @@
+"""Delayed delivery: RocketMQ's ScheduleMessageService.
+
+A message put with ``delay_level`` n is stored in ``SCHEDULE_TOPIC_XXXX``,
+queue n - 1, with its real topic and queue in ``REAL_TOPIC``/``REAL_QID``; its
+ConsumeQueue entry's tag field holds the delivery time (store time + the
+level's delay). One pass per level moves every due message, in queue order, to
+its real topic with the same unique key, keys, tags, born time and reconsume
+count.
+
+Invariant: ``delayOffset.json`` names, per level, the first schedule-queue
+offset not yet delivered. It is written after each delivered batch; at start
+the service skips entries whose delivered copy is already in the real topic
+(found by unique key), so a crash between the two neither loses nor repeats a
+delivery.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import codec
+from .message import Message, MessageExt
+from .services import ServiceThread
+
+if TYPE_CHECKING:
+    from .store import MessageStore
+
+log = logging.getLogger("raymq.storage.schedule")
+
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+_HIDDEN = (codec.PROP_DELAY, codec.PROP_REAL_TOPIC, codec.PROP_REAL_QID)
+_BATCH = 256
+
+
+def level_for_delay(seconds: float, levels_ms: Sequence[int]) -> int:
+    """The smallest delay level whose delay is at least ``seconds`` (rounded up), 0 for none."""
+    if seconds <= 0:
+        return 0
+    wanted = math.ceil(seconds * 1000)
+    for level, delay in enumerate(levels_ms, 1):
+        if delay >= wanted:
+            return level
+    return len(levels_ms)
+
+
+def to_schedule(m: MessageExt, level: int) -> Message:
+    """The schedule-topic copy of a message put with a delay level."""
+    props = {k: v for k, v in m.properties.items() if k not in _HIDDEN}
+    props[codec.PROP_REAL_TOPIC] = m.topic
+    props[codec.PROP_REAL_QID] = str(m.queue_id)
+    return Message(
+        SCHEDULE_TOPIC,
+        m.body,
+        tags=m.tags,
+        keys=m.keys,
+        properties=props,
+        queue_id=level - 1,
+        flag=m.flag,
+        delay_level=level,
+    )
+
+
+def as_message(m: MessageExt) -> Message:
+    """A stored message as a producer would have built it (same unique key)."""
+    return Message(
+        m.topic,
+        m.body,
+        tags=m.tags,
+        keys=m.keys,
+        properties=m.properties,
+        queue_id=m.queue_id,
+        flag=m.flag,
+    )
+
+
+def restore(m: MessageExt) -> Message:
+    """The message a due schedule entry delivers to its real topic."""
+    props = {k: v for k, v in m.properties.items() if k not in _HIDDEN}
+    return Message(
+        m.properties[codec.PROP_REAL_TOPIC],
+        m.body,
+        tags=m.tags,
+        keys=m.keys,
+        properties=props,
+        queue_id=int(m.properties[codec.PROP_REAL_QID]),
+        flag=m.flag,
+    )
+
+
+def born_of(messages: Sequence[MessageExt]) -> list[tuple[int, str, int]]:
+    return [(m.born_timestamp, m.born_host, m.reconsume_times) for m in messages]
+
+
+class ScheduleMessageService(ServiceThread):
+    name = "schedule"
+
+    def __init__(self, store: MessageStore, interval_s: float = 0.05) -> None:
+        super().__init__(interval_s)
+        self.store = store
+        self.levels_ms = store.config.delay_levels_ms
+        self._file = store.config_file("delayOffset")
+        table = self._file.load().get("offsetTable", {})
+        self.offsets: dict[int, int] = {int(k): int(v) for k, v in table.items()}
+        self._skip_delivered()
+
+    def _persist(self) -> None:
+        self._file.save({"offsetTable": {str(k): v for k, v in sorted(self.offsets.items())}})
+
+    def _skip_delivered(self) -> None:
+        """Advance past entries already delivered before a crash (found by unique key)."""
+        changed = False
+        for level in range(1, len(self.levels_ms) + 1):
+            cq = self.store._cqs.get((SCHEDULE_TOPIC, level - 1))
+            if cq is None:
+                continue
+            offset = max(self.offsets.get(level, 0), cq.min_offset)
+            while (entry := cq.entry(offset)) is not None:
+                m = self.store.commitlog.message_at(entry[0])
+                uk = m.properties.get(codec.PROP_UNIQ_KEY)
+                real = m.properties.get(codec.PROP_REAL_TOPIC)
+                if (
+                    not uk
+                    or not real
+                    or not any(
+                        x.store_timestamp >= m.store_timestamp
+                        for x in self.store.query_by_key(real, uk, max_count=16)
+                    )
+                ):
+                    break
+                offset += 1
+            if offset != self.offsets.get(level, 0):
+                log.info(
+                    "level %d: %d entries were delivered before the restart",
+                    level,
+                    offset - self.offsets.get(level, 0),
+                )
+                self.offsets[level] = offset
+                changed = True
+        if changed:
+            self._persist()
+
+    def run_once(self) -> int:
+        """Deliver every due message; return how many were delivered."""
+        now = int(self.store._clock() * 1000)
+        return sum(self._deliver(level, now) for level in range(1, len(self.levels_ms) + 1))
+
+    def _deliver(self, level: int, now_ms: int) -> int:
+        cq = self.store._cqs.get((SCHEDULE_TOPIC, level - 1))
+        if cq is None:
+            return 0
+        offset = max(self.offsets.get(level, 0), cq.min_offset)
+        delivered = 0
+        while True:
+            entries = cq.read(offset, _BATCH)
+            if not len(entries):
+                break
+            due = entries["tag"] <= now_ms
+            count = len(due) if due.all() else int(np.argmin(due))
+            if count == 0:
+                break
+            data = self.store.commitlog.read_runs(
+                entries["offset"][:count], entries["size"][:count]
+            )
+            originals = codec.decode_records(data, check_crc=False)
+            batch = codec.encode_batch(
+                [restore(m) for m in originals],
+                max_message_size=self.store.config.max_message_size,
+                born=born_of(originals),
+            )
+            self.store._put_encoded(batch)
+            offset += count
+            delivered += count
+            self.offsets[level] = offset
+            self._persist()
+        return delivered
+
+    def pending(self) -> dict[int, int]:
+        """Messages waiting per level."""
+        out = {}
+        for level in range(1, len(self.levels_ms) + 1):
+            cq = self.store._cqs.get((SCHEDULE_TOPIC, level - 1))
+            if cq is not None:
+                out[level] = cq.max_offset - max(self.offsets.get(level, 0), cq.min_offset)
+        return out
