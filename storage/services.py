@@ -53,7 +53,7 @@ class ServiceThread:
             except Exception:
                 log.exception("%s failed; will retry", self.name)
 
-    def run_once(self) -> None:
+    def run_once(self) -> object:
         raise NotImplementedError
 
 

@@ -293,7 +293,6 @@ class MessageStore:
         """Store a batch a producer encoded (the broker's path): patch, append, dispatch."""
         self._check_open()
         batch.check_structure()
-        n = len(batch)
         sizes64 = batch.sizes.astype(np.int64)
         starts = np.cumsum(sizes64) - sizes64
         buf = np.frombuffer(batch.data, dtype=np.uint8)
