@@ -26,7 +26,7 @@ from types import TracebackType
 
 import numpy as np
 
-from . import codec
+from . import codec, replica
 from .checkpoint import Checkpoint, CheckpointFile
 from .commitlog import CommitLog
 from .config import StoreConfig
@@ -134,6 +134,7 @@ class MessageStore:
         self._listeners: list[DispatchListener] = []
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
         self._closed = False
+        self._dispatched = 0  # commitlog offset below which every record is dispatched
         self._services: list = []
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock_fd = self._acquire_lock()
@@ -151,6 +152,7 @@ class MessageStore:
             self._checkpoint = CheckpointFile(self.root / "checkpoint")
             self.abnormal_start = (self.root / "abort").exists()
             self._recover()
+            self._dispatched = self.commitlog.max_offset
             self._create_abort_file()
             cp = self._checkpoint.value
             self._checkpoint.write(
@@ -370,14 +372,9 @@ class MessageStore:
                 hashes = np.abs(batch.key_hashes.astype(np.int64))
                 hashes[hashes > 0x7FFFFFFF] = 0
                 self.index.put(hashes, phys[batch.key_owner], store_ts)
-            end = self.commitlog.max_offset
+            end = self._dispatched = self.commitlog.max_offset
             notes = [(topic, qid, self._cqs[(topic, qid)].max_offset) for (topic, qid), _ in groups]
-        for listener in self._listeners:
-            for topic, qid, max_offset in notes:
-                try:
-                    listener(topic, qid, max_offset)
-                except Exception:
-                    log.exception("dispatch listener failed")
+        self._notify(notes)
         if self.config.sync_flush:
             self.commitlog.flush_until(end)
         return PutBatchResult(
@@ -390,6 +387,32 @@ class MessageStore:
             batch.uniq_keys,
             self.config.store_host,
         )
+
+    def _notify(self, notes: list[tuple[str, int, int]]) -> None:
+        for listener in self._listeners:
+            for topic, qid, max_offset in notes:
+                try:
+                    listener(topic, qid, max_offset)
+                except Exception:
+                    log.exception("dispatch listener failed")
+
+    # ------------------------------------------------------------ replication
+    @property
+    def dispatched_offset(self) -> int:
+        """CommitLog offset below which every record is in the ConsumeQueues."""
+        return self._dispatched
+
+    def read_commitlog(self, offset: int, max_bytes: int = 1 << 20) -> bytes:
+        """Master side: raw CommitLog bytes from ``offset`` (within one file)."""
+        return replica.read_chunk(self, offset, max_bytes)
+
+    def append_commitlog(self, offset: int, data: bytes) -> int:
+        """Slave side: append master bytes at ``offset``; returns the new end offset."""
+        return replica.append_chunk(self, offset, data)
+
+    def truncate_commitlog(self, offset: int) -> None:
+        """Drop the CommitLog past ``offset`` and every queue entry pointing there."""
+        replica.truncate(self, offset)
 
     # ------------------------------------------------------------ get
     def get_raw(
