@@ -32,7 +32,7 @@ import struct
 import time
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -299,6 +299,7 @@ class EncodedBatch:
     key_owner: np.ndarray  # int32 record index of each key
     uniq_keys: tuple[str, ...]
     delay_levels: np.ndarray | None = None  # int32 per record when any message is delayed
+    checked: bool = field(default=False, compare=False)  # structure already verified
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -383,6 +384,8 @@ class EncodedBatch:
 
     def check_structure(self) -> None:
         """Cheap, vectorised consistency checks before the store trusts the batch."""
+        if self.checked:
+            return
         n = len(self.sizes)
         if n == 0:
             raise InvalidMessageError("empty batch")
@@ -415,6 +418,7 @@ class EncodedBatch:
             words[:, 1] == MAGIC
         ):
             raise InvalidMessageError("encoded batch: a record's size or magic is wrong")
+        object.__setattr__(self, "checked", True)
 
 
 def encode_batch(
@@ -567,6 +571,7 @@ def encode_batch(
         key_owner=np.array(key_owner, dtype=np.int32),
         uniq_keys=tuple(uniq_keys),
         delay_levels=None if delays is None else np.array(delays, dtype=np.int32),
+        checked=True,  # built here, consistent by construction
     )
 
 

@@ -100,18 +100,33 @@ class CommitLog:
         phys = np.empty(n, dtype=np.int64)
         for first, stop, base in segments:
             phys[first:stop] = base + (starts[first:stop] - starts[first])
-        buf = bytearray(data)
-        arr = np.frombuffer(buf, dtype=np.uint8)
-        _patch(arr, starts, codec.OFF_QUEUEOFFSET, queue_offsets)
-        _patch(arr, starts, codec.OFF_PHYSICALOFFSET, phys)
-        _patch(arr, starts, codec.OFF_STORETIMESTAMP, np.full(n, store_ts, dtype=np.int64))
+        # copy each segment into its file once, then patch the store fields in place
+        # (a crash between the two leaves a record whose physical offset is wrong,
+        # which recovery rejects; it was never acknowledged)
+        view = memoryview(data)
         host = np.frombuffer(store_host, dtype=np.uint8)
-        arr[(starts[:, None] + (codec.OFF_STOREHOST + _ARANGE8)).ravel()] = np.tile(host, n)
-        del arr
-        view = memoryview(buf)
         for first, stop, base in segments:
             mf = self._file_for(base)
-            mf.append(view[int(starts[first]) : int(ends[stop - 1])])
+            rel = mf.append(view[int(starts[first]) : int(ends[stop - 1])])
+            local = starts[first:stop] - starts[first] + rel
+            arr = np.frombuffer(mf.buffer, dtype=np.uint8)
+            try:
+                _patch(arr, local, codec.OFF_QUEUEOFFSET, queue_offsets[first:stop])
+                _patch(arr, local, codec.OFF_PHYSICALOFFSET, phys[first:stop])
+                _patch(
+                    arr,
+                    local,
+                    codec.OFF_STORETIMESTAMP,
+                    np.full(stop - first, store_ts, dtype=np.int64),
+                )
+                arr[(local[:, None] + (codec.OFF_STOREHOST + _ARANGE8)).ravel()] = np.tile(
+                    host, stop - first
+                )
+            finally:
+                del arr
+        last = self.files.last()
+        if last is not None and last.wrote_position * 2 > self.file_size:
+            self.files.prepare_next()
         return phys
 
     def _file_for(self, offset: int) -> MappedFile:

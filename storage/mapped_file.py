@@ -12,10 +12,13 @@ Invariants of a :class:`MappedFileQueue`:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import mmap
 import os
+import threading
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from .errors import StoreCorruptedError
@@ -23,6 +26,20 @@ from .errors import StoreCorruptedError
 log = logging.getLogger("raymq.storage.mapped_file")
 
 PAGE = mmap.PAGESIZE
+_MADV_POPULATE_WRITE = 23  # Linux >= 5.14; Python 3.11's mmap module lacks the constant
+_WARM_CHUNK = 64 << 20
+
+
+def _load_libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        return None
+    return libc
+
+
+_libc = _load_libc()
 
 
 def offset_to_name(offset: int) -> str:
@@ -57,6 +74,27 @@ class MappedFile:
             raise
         self.wrote_position = 0
         self.flushed_position = 0
+        self._warm_lock = threading.Lock()
+
+    def warm(self) -> bool:
+        """Fault every page in writable ahead of use (RocketMQ's warmMappedFile).
+
+        Through ctypes so the GIL is released while the kernel works; a file
+        that is not warmed is only slower on its first writes.
+        """
+        if _libc is None:
+            return False
+        with self._warm_lock:
+            if self._fd < 0:
+                return False
+            anchor = ctypes.c_char.from_buffer(self._mm)
+            address = ctypes.addressof(anchor)
+            del anchor
+            for start in range(0, self.file_size, _WARM_CHUNK):
+                length = min(_WARM_CHUNK, self.file_size - start)
+                if _libc.madvise(address + start, length, _MADV_POPULATE_WRITE) != 0:
+                    return False
+        return True
 
     # -- positions
     @property
@@ -138,10 +176,11 @@ class MappedFile:
         os.utime(self.path, None)
 
     def close(self) -> None:
-        if self._fd >= 0:
-            self._mm.close()
-            os.close(self._fd)
-            self._fd = -1
+        with self._warm_lock:
+            if self._fd >= 0:
+                self._mm.close()
+                os.close(self._fd)
+                self._fd = -1
 
     def destroy(self) -> None:
         self.close()
@@ -160,6 +199,9 @@ class MappedFileQueue:
         self.file_size = file_size
         self.preallocate = preallocate
         self.files: list[MappedFile] = []
+        # the next file, created and warmed in the background (AllocateMappedFileService)
+        self._next: Future[MappedFile] | None = None
+        self._allocator: ThreadPoolExecutor | None = None
 
     def load(self) -> None:
         """Map the existing files; check names, sizes and contiguity."""
@@ -232,15 +274,57 @@ class MappedFileQueue:
         last = self.last()
         if last is not None and start_offset != last.from_offset + self.file_size:
             raise ValueError(f"new file at {start_offset} would not follow {last.path.name}")
+        mf = self._take_next(start_offset) or self._new_file(start_offset)
+        self.files.append(mf)
+        return mf
+
+    def _new_file(self, start_offset: int) -> MappedFile:
         self.directory.mkdir(parents=True, exist_ok=True)
-        mf = MappedFile(
+        return MappedFile(
             self.directory / offset_to_name(start_offset),
             self.file_size,
             create=True,
             preallocate=self.preallocate,
         )
-        self.files.append(mf)
-        return mf
+
+    def prepare_next(self) -> None:
+        """Create and warm the file after the last one in the background, once."""
+        last = self.last()
+        if last is None or self._next is not None:
+            return
+        if self._allocator is None:
+            self._allocator = ThreadPoolExecutor(1, thread_name_prefix="raymq-allocate")
+        start = last.from_offset + self.file_size
+
+        def allocate() -> MappedFile:
+            mf = self._new_file(start)
+            mf.warm()
+            return mf
+
+        self._next = self._allocator.submit(allocate)
+
+    def _take_next(self, start_offset: int) -> MappedFile | None:
+        if self._next is None:
+            return None
+        future, self._next = self._next, None
+        try:
+            mf = future.result()
+        except Exception:
+            log.exception("preparing the next mapped file failed")
+            return None
+        if mf.from_offset == start_offset:
+            return mf
+        mf.destroy()
+        return None
+
+    def discard_next(self) -> None:
+        """Drop a prepared file (before truncation, deletion or close)."""
+        if self._next is not None:
+            future, self._next = self._next, None
+            try:
+                future.result().destroy()
+            except Exception:
+                log.exception("preparing the next mapped file failed")
 
     def last_writable(self, start_offset: int = 0) -> MappedFile:
         """The last file if it has room, else a new one after it."""
@@ -264,6 +348,7 @@ class MappedFileQueue:
 
     def truncate(self, offset: int, stop_after_zero_run: int | None = None) -> None:
         """Make ``offset`` the end: zero what follows in its file, delete later files."""
+        self.discard_next()
         keep: list[MappedFile] = []
         for mf in self.files:
             if mf.from_offset + self.file_size <= offset:
@@ -281,6 +366,7 @@ class MappedFileQueue:
 
     def reset_empty(self, start_offset: int) -> None:
         """Drop every file and start over at ``start_offset`` (a queue whose data expired)."""
+        self.discard_next()
         for mf in self.files:
             mf.destroy()
         self.files = []
@@ -299,5 +385,9 @@ class MappedFileQueue:
         return gone
 
     def close(self) -> None:
+        self.discard_next()
+        if self._allocator is not None:
+            self._allocator.shutdown(wait=True)
+            self._allocator = None
         for mf in self.files:
             mf.close()
