@@ -1,0 +1,86 @@
+"""One Ray instance and one RayDP Spark session for the Spark bridge's tests.
+
+The Ray instance is this process's own (``address="local"``): it never joins a
+cluster that another test run or another person started on the machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import ray
+from pyspark.sql import DataFrame, SparkSession
+
+from actors.spark import TOPIC_SCHEMA, dataset_to_spark, init_spark, stop_spark
+
+NUM_QUEUES = 8
+TAGS = ("TagA", "TagB", "TagC", None)
+
+
+@pytest.fixture(scope="package")
+def spark() -> Iterator[SparkSession]:
+    """A RayDP session with one 1-core executor, on 4 logical CPUs (Ray Data needs some too)."""
+    own_ray = not ray.is_initialized()
+    if own_ray:
+        ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING")
+    session = init_spark("raymq-test", num_executors=1, executor_cores=1, executor_memory="1g")
+    yield session
+    stop_spark()
+    if own_ray:
+        ray.shutdown()
+
+
+def _topic_table(n: int, seed: int = 7) -> pa.Table:
+    """``n`` messages of one topic over ``NUM_QUEUES`` queues, random bodies of 0-511 bytes.
+
+    Row ``i`` is offset ``i // NUM_QUEUES`` of queue ``i % NUM_QUEUES``; tag
+    ``TAGS[i % len(TAGS)]`` (None: untagged).
+    """
+    rng = np.random.default_rng(seed)
+    i = np.arange(n, dtype=np.int64)
+    lengths = rng.integers(0, 512, n)
+    lengths[::1000] = 0
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    body = pa.BinaryArray.from_buffers(
+        pa.binary(),
+        n,
+        [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(rng.bytes(int(offsets[-1])))],
+    )
+    tags = [TAGS[k % len(TAGS)] for k in range(n)]
+    keys = [f"order-{k}" for k in range(n)]
+    prop_keys = pa.array(["KEYS", "UNIQ_KEY"] * n)
+    prop_values = pa.array([v for k in range(n) for v in (keys[k], f"{k:032X}")])
+    properties = pa.MapArray.from_arrays(
+        pa.array(np.arange(0, 2 * n + 1, 2, dtype=np.int32)), prop_keys, prop_values
+    )
+    born = 1_700_000_000_000 + i
+    columns = {
+        "topic": pa.array(["Orders"] * n),
+        "queue_id": pa.array(i % NUM_QUEUES, pa.int32()),
+        "queue_offset": pa.array(i // NUM_QUEUES),
+        "msg_id": pa.array([f"7F00000100002A9F{k:016X}" for k in range(n)]),
+        "keys": pa.array(keys),
+        "tags": pa.array(tags, pa.string()),
+        "born_timestamp": pa.array(born),
+        "store_timestamp": pa.array(born + 3),
+        "properties": properties,
+        "body": body,
+    }
+    return pa.Table.from_pydict(columns, schema=TOPIC_SCHEMA)
+
+
+@pytest.fixture(scope="package")
+def messages() -> pa.Table:
+    """100 000 messages of topic ``Orders`` in ``TOPIC_SCHEMA``."""
+    return _topic_table(100_000)
+
+
+@pytest.fixture(scope="package")
+def messages_df(spark: SparkSession, messages: pa.Table) -> DataFrame:
+    """``messages`` cut into 16 Ray blocks, handed to Spark as 2 partitions."""
+    step = messages.num_rows // 16
+    blocks = [messages.slice(k, step) for k in range(0, messages.num_rows, step)]
+    return dataset_to_spark(spark, ray.data.from_arrow(blocks), num_partitions=2)
