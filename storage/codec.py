@@ -23,6 +23,7 @@ store patches those in place and writes the batch with one copy.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import random
@@ -303,6 +304,14 @@ class EncodedBatch:
 
     def __len__(self) -> int:
         return len(self.sizes)
+
+    def with_queue(self, queue_id: int) -> EncodedBatch:
+        """The same records bound for ``queue_id`` (the store writes each record's
+        QUEUEID field from ``queue_ids``, so the data is shared, not copied)."""
+        validate_queue_id(queue_id)
+        return dataclasses.replace(
+            self, queue_ids=np.full(len(self.sizes), queue_id, dtype=np.int32)
+        )
 
     @property
     def uniform(self) -> bool:

@@ -29,6 +29,7 @@ _SIZE_MAGIC = struct.Struct(">iI")
 _BLANK = struct.Struct(">iI")
 _I32 = struct.Struct(">i")
 _ARANGE8 = np.arange(8, dtype=np.int64)
+_ARANGE4 = np.arange(4, dtype=np.int64)
 
 
 def _patch(arr: np.ndarray, starts: np.ndarray, field: int, values: np.ndarray) -> None:
@@ -62,6 +63,7 @@ class CommitLog:
         self,
         data: bytes,
         sizes: np.ndarray,
+        queue_ids: np.ndarray,
         queue_offsets: np.ndarray,
         store_ts: int,
         store_host: bytes,
@@ -112,6 +114,9 @@ class CommitLog:
             arr = np.frombuffer(mf.buffer, dtype=np.uint8)
             try:
                 _patch(arr, local, codec.OFF_QUEUEOFFSET, queue_offsets[first:stop])
+                arr[(local[:, None] + (codec.OFF_QUEUEID + _ARANGE4)).ravel()] = (
+                    np.ascontiguousarray(queue_ids[first:stop], dtype=">i4").view(np.uint8)
+                )
                 _patch(arr, local, codec.OFF_PHYSICALOFFSET, phys[first:stop])
                 _patch(
                     arr,

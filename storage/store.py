@@ -361,7 +361,12 @@ class MessageStore:
                 else:
                     queue_offsets[members] = base + np.arange(len(members), dtype=np.int64)
             phys = self.commitlog.append(
-                batch.data, batch.sizes, queue_offsets, store_ts, self._store_host
+                batch.data,
+                batch.sizes,
+                batch.queue_ids,
+                queue_offsets,
+                store_ts,
+                self._store_host,
             )
             for (topic, qid), members in groups:
                 sel = slice(None) if members is None else members

@@ -19,12 +19,9 @@ from pathlib import Path
 
 import yaml
 
-# What runs on the head once it is up. The quickstart will replace it.
-EXEC_COMMAND = (
-    'python -c \'import ray; ray.init(address="auto"); '
-    'print("RESOURCES", ray.cluster_resources())\''
-)
-EXPECTED_IN_OUTPUT = "'raymq-broker-a': 1.0"
+# What runs on the head once it is up: the quickstart, joining the cluster `ray up` started.
+EXEC_COMMAND = "cd ~/raymq && python examples/quickstart.py --address auto --messages 20000"
+EXPECTED_IN_OUTPUT = "every message arrived exactly once"
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER_TIMEOUT_S = 300

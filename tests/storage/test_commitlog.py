@@ -57,3 +57,11 @@ def test_a_batch_is_one_write_with_store_fields_patched(store: MessageStore) -> 
         assert m.store_timestamp > 0
     offsets = [r.commitlog_offset for r in res]
     assert offsets == sorted(offsets)
+
+
+def test_queue_id_field_is_written_from_the_batch(store: MessageStore) -> None:
+    batch = codec.encode_batch([Message("Q", b"x", queue_id=0) for _ in range(3)])
+    results = store.put_encoded(batch.with_queue(5)).results()
+    assert [r.queue_id for r in results] == [5, 5, 5]
+    assert [store.message_at(r.commitlog_offset).queue_id for r in results] == [5, 5, 5]
+    assert store.max_offset("Q", 5) == 3 and store.max_offset("Q", 0) == 0

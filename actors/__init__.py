@@ -1,0 +1,59 @@
+"""RayMQ on Ray: NameServer and Broker actors, the Producer and PullConsumer clients,
+admin operations, and starting or attaching to a cluster.
+
+Actors are detached and named in a Ray namespace (default ``raymq``):
+``nameserver-<i>`` and ``<broker name>-<broker id>`` (``broker-a-0``).
+"""
+
+from .admin import Admin
+from .broker import Broker
+from .cluster import Cluster, connect, discover_nameservers, start_cluster
+from .config import (
+    DEFAULT_NAMESPACE,
+    BrokerConfig,
+    BrokerSpec,
+    ClusterConfig,
+    ConsumerConfig,
+    NameServerConfig,
+    ProducerConfig,
+    broker_actor_name,
+    nameserver_actor_name,
+)
+from .consumer import PullConsumer, PullResult, PullStatus
+from .nameserver import NameServer
+from .producer import Producer
+from .route import BrokerData, QueueData, TopicRouteData
+from .send_result import BatchSendResult, SendResult, SendStatus
+from .topic import PERM_READ, PERM_WRITE, TopicConfig
+
+__all__ = [
+    "DEFAULT_NAMESPACE",
+    "PERM_READ",
+    "PERM_WRITE",
+    "Admin",
+    "BatchSendResult",
+    "Broker",
+    "BrokerConfig",
+    "BrokerData",
+    "BrokerSpec",
+    "Cluster",
+    "ClusterConfig",
+    "ConsumerConfig",
+    "NameServer",
+    "NameServerConfig",
+    "Producer",
+    "ProducerConfig",
+    "PullConsumer",
+    "PullResult",
+    "PullStatus",
+    "QueueData",
+    "SendResult",
+    "SendStatus",
+    "TopicConfig",
+    "TopicRouteData",
+    "broker_actor_name",
+    "connect",
+    "discover_nameservers",
+    "nameserver_actor_name",
+    "start_cluster",
+]

@@ -1,0 +1,139 @@
+"""The clients' view of the NameServers: ask one, fail over to the next, cache routes."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+
+from storage.errors import BrokerUnavailableError, TopicNotFoundError
+
+from . import _rpc
+from .route import TopicRouteData
+
+log = logging.getLogger("raymq.actors.client")
+
+NS_CALL_TIMEOUT_S = 5.0
+
+
+class NameServerClient:
+    def __init__(
+        self, nameservers: Sequence[str], namespace: str, route_ttl_s: float = 30.0
+    ) -> None:
+        if not nameservers:
+            raise BrokerUnavailableError("no NameServer names given")
+        self.nameservers = tuple(nameservers)
+        self.namespace = namespace
+        self.route_ttl_s = route_ttl_s
+        self._handles: dict[str, Any] = {}
+        self._current = 0
+        self._routes: dict[str, tuple[float, TopicRouteData]] = {}
+        self._brokers: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def _handle(self, name: str) -> Any:
+        h = self._handles.get(name)
+        if h is None:
+            h = ray.get_actor(name, namespace=self.namespace)
+            self._handles[name] = h
+        return h
+
+    def call(self, method: str, *args: Any) -> Any:
+        """Call ``method`` on the current NameServer, failing over through the others."""
+        errors = []
+        n = len(self.nameservers)
+        for i in range(n):
+            idx = (self._current + i) % n
+            name = self.nameservers[idx]
+            try:
+                result = _rpc.get(
+                    getattr(self._handle(name), method).remote(*args), NS_CALL_TIMEOUT_S
+                )
+            except Exception as exc:  # noqa: BLE001 - try the next NameServer
+                if not _rpc.is_retriable(exc) and not isinstance(exc, ValueError):
+                    raise
+                self._handles.pop(name, None)
+                errors.append(f"{name}: {type(exc).__name__}")
+                continue
+            if idx != self._current:
+                log.warning("NameServer failover: now using %s (%s)", name, "; ".join(errors))
+                self._current = idx
+            return result
+        raise BrokerUnavailableError(
+            f"no NameServer answered in namespace {self.namespace!r}: {'; '.join(errors)}"
+        )
+
+    # ------------------------------------------------------------ routes
+    def route(self, topic: str, *, refresh: bool = False) -> TopicRouteData | None:
+        now = time.monotonic()
+        cached = self._routes.get(topic)
+        if cached is not None and not refresh and now - cached[0] < self.route_ttl_s:
+            return cached[1]
+        route = self.call("get_route", topic)
+        if route is None:
+            # a NameServer Ray just restarted knows no broker until their next heartbeat
+            route = self._route_from_others(topic)
+        if route is None:
+            self._routes.pop(topic, None)
+            return None
+        self._routes[topic] = (now, route)
+        return route
+
+    def _route_from_others(self, topic: str) -> TopicRouteData | None:
+        for i in range(1, len(self.nameservers)):
+            name = self.nameservers[(self._current + i) % len(self.nameservers)]
+            try:
+                route = _rpc.get(self._handle(name).get_route.remote(topic), NS_CALL_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - best effort
+                self._handles.pop(name, None)
+                continue
+            if route is not None:
+                return route
+        return None
+
+    def require_route(self, topic: str, *, refresh: bool = False) -> TopicRouteData:
+        route = self.route(topic, refresh=refresh)
+        if route is None or not route.queue_datas:
+            raise TopicNotFoundError(
+                f"topic={topic!r}: no route on the NameServers (no broker has it)"
+            )
+        return route
+
+    def invalidate(self, topic: str) -> None:
+        self._routes.pop(topic, None)
+
+    # ------------------------------------------------------------ brokers
+    def broker(self, route: TopicRouteData, broker_name: str) -> Any:
+        """The master broker actor of ``broker_name`` (cached by actor name)."""
+        bd = route.broker(broker_name)
+        name = bd.master_actor_name() if bd is not None else None
+        if bd is None or name is None:
+            raise BrokerUnavailableError(f"broker {broker_name!r} has no live master in the route")
+        return self.broker_by_name(name, bd.namespace)
+
+    def broker_by_name(self, actor_name: str, namespace: str | None = None) -> Any:
+        h = self._brokers.get(actor_name)
+        if h is None:
+            try:
+                h = ray.get_actor(actor_name, namespace=namespace or self.namespace)
+            except ValueError as exc:
+                raise BrokerUnavailableError(f"broker actor {actor_name!r} not found") from exc
+            self._brokers[actor_name] = h
+        return h
+
+    def forget_broker(self, actor_name: str) -> None:
+        self._brokers.pop(actor_name, None)
+
+    def master_brokers(self) -> dict[str, Any]:
+        """Every live master broker: broker name → actor handle."""
+        info = self.call("get_cluster_info")
+        out = {}
+        for broker_name, entry in sorted(info["brokers"].items()):
+            master = entry["members"].get(0)
+            if master is not None:
+                out[broker_name] = self.broker_by_name(master["actor_name"], master["namespace"])
+        return out

@@ -1,0 +1,70 @@
+"""Consumer offsets per (group, topic, queue) (RocketMQ's ``ConsumerOffsetManager``).
+
+Kept in memory; persisted to ``config/consumerOffset.json`` in RocketMQ's
+layout (``offsetTable`` → ``"topic@group"`` → queue id → offset) every few
+seconds and at shutdown. A crash loses at most the commits since the last
+save, which consumers then re-read (at-least-once).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from storage.config_files import JsonConfigFile
+
+log = logging.getLogger("raymq.actors.offsets")
+
+TOPIC_GROUP_SEP = "@"
+
+
+class ConsumerOffsetManager:
+    def __init__(self, file: JsonConfigFile) -> None:
+        self._file = file
+        self._lock = threading.Lock()
+        self._table: dict[tuple[str, str], dict[int, int]] = {}  # (topic, group) -> qid -> offset
+        self._dirty = False
+        for key, queues in (file.load().get("offsetTable") or {}).items():
+            topic, sep, group = key.partition(TOPIC_GROUP_SEP)
+            if not sep:
+                log.error("ignoring offset key %r in %s", key, file.path)
+                continue
+            self._table[(topic, group)] = {int(q): int(o) for q, o in queues.items()}
+
+    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        with self._lock:
+            self._table.setdefault((topic, group), {})[queue_id] = offset
+            self._dirty = True
+
+    def query(self, group: str, topic: str, queue_id: int) -> int:
+        """The committed offset, or -1 when the group never committed one."""
+        return self._table.get((topic, group), {}).get(queue_id, -1)
+
+    def query_topic(self, group: str, topic: str) -> dict[int, int]:
+        return dict(self._table.get((topic, group), {}))
+
+    def groups(self) -> list[str]:
+        return sorted({g for _, g in self._table})
+
+    def topics_of(self, group: str) -> list[str]:
+        return sorted(t for t, g in self._table if g == group)
+
+    def remove_topic(self, topic: str) -> None:
+        with self._lock:
+            for key in [k for k in self._table if k[0] == topic]:
+                del self._table[key]
+            self._dirty = True
+
+    def persist(self, force: bool = False) -> bool:
+        with self._lock:
+            if not (self._dirty or force):
+                return False
+            data = {
+                "offsetTable": {
+                    f"{t}{TOPIC_GROUP_SEP}{g}": {str(q): o for q, o in sorted(qs.items())}
+                    for (t, g), qs in sorted(self._table.items())
+                }
+            }
+            self._dirty = False
+        self._file.save(data)
+        return True

@@ -1,0 +1,39 @@
+"""Calling actors: a RayMQError raised inside an actor comes back as itself (not
+wrapped in Ray's ``RayTaskError``), and Ray's own failures (actor dead, restarting,
+unreachable, timed out) are told apart as retriable."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
+
+from storage.errors import RayMQError
+
+
+def cause_of(exc: BaseException) -> BaseException:
+    """The RayMQError an actor raised, or ``exc`` itself."""
+    if isinstance(exc, RayTaskError):
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, RayMQError):
+            return cause
+    return exc
+
+
+def get(refs: Any, timeout: float | None = None) -> Any:
+    """``ray.get`` that re-raises a RayMQError raised inside the actor as itself."""
+    try:
+        return ray.get(refs, timeout=timeout)
+    except RayTaskError as exc:
+        cause = cause_of(exc)
+        if cause is not exc:
+            raise cause from None
+        raise
+
+
+def is_retriable(exc: BaseException) -> bool:
+    """Ray could not deliver or answer the call: another broker may take it."""
+    return isinstance(exc, (RayActorError, GetTimeoutError)) or (
+        isinstance(exc, RayError) and not isinstance(exc, RayTaskError)
+    )

@@ -1,0 +1,227 @@
+"""Admin operations over a running cluster (RocketMQ's ``mqadmin``): topics, status,
+lookups, consumer lag and offset resets. Control plane only; every call here
+talks to the NameServers and brokers directly."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+
+from rebalance import MessageQueue
+from storage import codec
+from storage.errors import BrokerUnavailableError, OffsetOutOfRangeError, TopicNotFoundError
+from storage.message import MessageExt
+
+from . import _rpc
+from ._nameserver_client import NameServerClient
+from .config import DEFAULT_NAMESPACE
+from .route import TopicRouteData
+from .topic import PERM_READ, PERM_WRITE, SYSTEM_TOPICS, TopicConfig
+
+log = logging.getLogger("raymq.actors.admin")
+
+ADMIN_TIMEOUT_S = 30.0
+
+
+class Admin:
+    def __init__(
+        self, namespace: str = DEFAULT_NAMESPACE, nameservers: Sequence[str] | None = None
+    ) -> None:
+        from .cluster import discover_nameservers
+
+        self.namespace = namespace
+        self.ns = NameServerClient(nameservers or discover_nameservers(namespace), namespace, 0.0)
+
+    # ------------------------------------------------------------ brokers
+    def brokers(self) -> dict[str, Any]:
+        """Live master brokers by broker name (as the NameServers see them)."""
+        return self.ns.master_brokers()
+
+    def _brokers_for(self, names: Sequence[str] | None) -> dict[str, Any]:
+        live = self.brokers()
+        if names is None:
+            if not live:
+                raise BrokerUnavailableError(f"no live broker in namespace {self.namespace!r}")
+            return live
+        missing = [n for n in names if n not in live]
+        if missing:
+            raise BrokerUnavailableError(f"broker(s) {missing} are not live; live: {sorted(live)}")
+        return {n: live[n] for n in names}
+
+    def _on_all(self, brokers: dict[str, Any], method: str, *args: Any) -> dict[str, Any]:
+        refs = {name: getattr(h, method).remote(*args) for name, h in brokers.items()}
+        return {name: _rpc.get(ref, ADMIN_TIMEOUT_S) for name, ref in refs.items()}
+
+    def _topic_brokers(self, topic: str) -> dict[str, Any]:
+        route = self.ns.require_route(topic, refresh=True)
+        return {
+            qd.broker_name: self.ns.broker(route, qd.broker_name)
+            for qd in route.queue_datas
+            if route.broker(qd.broker_name) is not None
+        }
+
+    # ------------------------------------------------------------ topics
+    def create_topic(
+        self,
+        topic: str,
+        read_queue_nums: int = 8,
+        write_queue_nums: int = 8,
+        perm: int = PERM_READ | PERM_WRITE,
+        *,
+        order: bool = False,
+        brokers: Sequence[str] | None = None,
+    ) -> TopicConfig:
+        """Create (or overwrite) ``topic`` on the given brokers (default: every live master);
+        the NameServers know it when this returns."""
+        config = TopicConfig(topic, read_queue_nums, write_queue_nums, perm, order)
+        self._on_all(self._brokers_for(brokers), "create_topic", config)
+        self.ns.invalidate(topic)
+        return config
+
+    def update_topic(
+        self,
+        topic: str,
+        *,
+        read_queue_nums: int | None = None,
+        write_queue_nums: int | None = None,
+        perm: int | None = None,
+        brokers: Sequence[str] | None = None,
+    ) -> dict[str, TopicConfig]:
+        """Change some fields of an existing topic on the brokers that hold it."""
+        targets = self._brokers_for(brokers) if brokers else self._topic_brokers(topic)
+        current = self._on_all(targets, "get_topic_config", topic)
+        out = {}
+        for name, tc in current.items():
+            if tc is None:
+                raise TopicNotFoundError(f"topic={topic!r} does not exist on broker {name}")
+            out[name] = TopicConfig(
+                topic,
+                read_queue_nums if read_queue_nums is not None else tc.read_queue_nums,
+                write_queue_nums if write_queue_nums is not None else tc.write_queue_nums,
+                perm if perm is not None else tc.perm,
+                tc.order,
+            )
+        for name, config in out.items():
+            _rpc.get(targets[name].create_topic.remote(config), ADMIN_TIMEOUT_S)
+        self.ns.invalidate(topic)
+        return out
+
+    def delete_topic(self, topic: str) -> list[str]:
+        """Delete ``topic`` (its config and offsets; stored messages expire as usual)."""
+        done = self._on_all(self._topic_brokers(topic), "delete_topic", topic)
+        self.ns.invalidate(topic)
+        return sorted(name for name, removed in done.items() if removed)
+
+    def list_topics(self, *, include_system: bool = False) -> list[str]:
+        topics = self.ns.call("get_all_topics")
+        return [t for t in topics if include_system or t not in SYSTEM_TOPICS]
+
+    def topic_route(self, topic: str) -> TopicRouteData:
+        return self.ns.require_route(topic, refresh=True)
+
+    def topic_status(self, topic: str) -> list[dict[str, Any]]:
+        """Per broker and queue: min/max offset and last store time."""
+        rows: list[dict[str, Any]] = []
+        for _, part in sorted(
+            self._on_all(self._topic_brokers(topic), "topic_status", topic).items()
+        ):
+            rows.extend(part)
+        return rows
+
+    # ------------------------------------------------------------ lookups
+    def query_by_key(self, topic: str, key: str, max_count: int = 64) -> list[MessageExt]:
+        found: list[MessageExt] = []
+        for _, msgs in sorted(
+            self._on_all(self._topic_brokers(topic), "query_by_key", topic, key, max_count).items()
+        ):
+            found.extend(msgs)
+        return sorted(found, key=lambda m: m.store_timestamp)[:max_count]
+
+    def query_by_id(self, msg_id: str, topic: str | None = None) -> MessageExt:
+        """By offset message id (any broker), or by unique key when ``topic`` is given."""
+        try:
+            host, _ = codec.parse_offset_msg_id(msg_id)
+        except Exception:  # noqa: BLE001 - not an offset id: a unique key
+            host = None
+        info = self.ns.call("get_cluster_info")
+        if host is not None:
+            for entry in info["brokers"].values():
+                for member in entry["members"].values():
+                    if member["addr"] == host:
+                        h = self.ns.broker_by_name(member["actor_name"], member["namespace"])
+                        return _rpc.get(h.message_by_id.remote(msg_id, topic), ADMIN_TIMEOUT_S)
+        if topic is None:
+            raise OffsetOutOfRangeError(
+                f"msg_id={msg_id!r}: no live broker has store host {host!r}; "
+                "give the topic to search by unique key"
+            )
+        for msgs in self._on_all(
+            self._topic_brokers(topic), "query_by_key", topic, msg_id, 1
+        ).values():
+            if msgs:
+                return msgs[0]
+        raise OffsetOutOfRangeError(f"no message with id {msg_id!r} in topic {topic!r}")
+
+    # ------------------------------------------------------------ consumers
+    def consumer_lag(self, group: str, topic: str | None = None) -> list[dict[str, Any]]:
+        """Per queue: broker max offset, the group's committed offset and the lag."""
+        brokers = self._topic_brokers(topic) if topic else self.brokers()
+        rows: list[dict[str, Any]] = []
+        for _, part in sorted(self._on_all(brokers, "consumer_lag", group, topic).items()):
+            rows.extend(part)
+        return rows
+
+    def consumer_list(self, group: str) -> list[str]:
+        members: set[str] = set()
+        for part in self._on_all(self.brokers(), "consumer_list", group).values():
+            members.update(part)
+        return sorted(members)
+
+    def reset_offset(self, group: str, topic: str, timestamp_ms: int) -> dict[MessageQueue, int]:
+        """Move ``group`` on ``topic`` to the first message stored at or after ``timestamp_ms``."""
+        out = {}
+        for broker, table in self._on_all(
+            self._topic_brokers(topic), "reset_offsets", group, topic, timestamp_ms
+        ).items():
+            for qid, off in table.items():
+                out[MessageQueue(topic, broker, qid)] = off
+        return out
+
+    # ------------------------------------------------------------ cluster
+    def cluster_status(self) -> dict[str, Any]:
+        """NameServers (alive or not) and every live broker's status."""
+        nameservers = []
+        for name in self.ns.nameservers:
+            try:
+                handle = ray.get_actor(name, namespace=self.namespace)
+                info = _rpc.get(handle.get_cluster_info.remote(), 5.0)
+                nameservers.append(
+                    {
+                        "name": name,
+                        "alive": True,
+                        "brokers": sorted(info["brokers"]),
+                        "uptime_s": info["uptime_s"],
+                    }
+                )
+            except Exception as exc:  # noqa: BLE001 - report, do not fail
+                nameservers.append({"name": name, "alive": False, "error": type(exc).__name__})
+        info = self.ns.call("get_cluster_info")
+        brokers = []
+        for broker_name, entry in sorted(info["brokers"].items()):
+            for bid, member in sorted(entry["members"].items()):
+                h = self.ns.broker_by_name(member["actor_name"], member["namespace"])
+                try:
+                    brokers.append(_rpc.get(h.status.remote(), 10.0))
+                except Exception as exc:  # noqa: BLE001
+                    brokers.append(
+                        {
+                            "broker_name": broker_name,
+                            "broker_id": bid,
+                            "actor_name": member["actor_name"],
+                            "error": repr(exc),
+                        }
+                    )
+        return {"namespace": self.namespace, "nameservers": nameservers, "brokers": brokers}

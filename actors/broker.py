@@ -1,0 +1,481 @@
+"""The Broker actor: one ``storage.MessageStore`` on its node's disk, served over Ray.
+
+An async actor. Store calls that block (puts, SYNC_FLUSH, reads) run in a
+thread pool so a held pull or a slow fsync never stalls the event loop. Pulls
+that find nothing new are held (long polling) until the store dispatches a
+message to their queue or their time runs out.
+
+The actor is created pinned to a node (``NodeAffinitySchedulingStrategy``,
+``soft=False``) with ``max_restarts``; when Ray restarts it, ``__init__`` runs
+again, the store recovers from its directory, and the broker registers anew
+with every NameServer under a new incarnation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import ray
+
+from storage import MessageStore
+from storage.codec import EncodedBatch, validate_queue_id, validate_topic
+from storage.errors import (
+    BrokerUnavailableError,
+    InvalidMessageError,
+    OffsetOutOfRangeError,
+    TopicNotFoundError,
+)
+from storage.message import GetStatus, MessageExt, RawGetResult
+
+from ._consumer_manager import ConsumerManager
+from ._long_polling import PullRequestHoldService
+from ._offset_manager import ConsumerOffsetManager
+from ._topic_manager import TopicConfigManager
+from .config import BrokerConfig
+from .protocol import SendAck
+from .route import BrokerRegistration
+from .topic import TopicConfig
+
+log = logging.getLogger("raymq.actors.broker")
+T = TypeVar("T")
+
+_HOLDABLE = (
+    GetStatus.OFFSET_OVERFLOW_ONE,
+    GetStatus.NO_MESSAGE_IN_QUEUE,
+    GetStatus.NO_MATCHED_LOGIC_QUEUE,
+)
+
+
+def default_store_dir(namespace: str, actor_name: str) -> str:
+    """``~/raymq/store/<namespace>/<actor name>`` on the broker's node."""
+    return str(Path.home() / "raymq" / "store" / namespace / actor_name)
+
+
+class Broker:
+    """Ray actor class (created by :func:`actors.start_cluster` as ``<broker name>-<id>``)."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.incarnation = uuid.uuid4().hex
+        self._loop = asyncio.get_event_loop()  # an async actor runs __init__ in its loop
+        ctx = ray.get_runtime_context()
+        self.node_id = ctx.get_node_id()
+        self.node_ip = config.broker_ip or ray.util.get_node_ip_address()
+        self.addr = f"{self.node_ip}:{config.listen_port}"
+        self.store_dir = config.store_dir or default_store_dir(config.namespace, config.actor_name)
+        self._io = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="broker-io")
+        self.store = MessageStore(config.store_config(self.store_dir, self.addr))
+        self._inline_puts = config.inline_async_puts and not self.store.config.sync_flush
+        self.topics = TopicConfigManager(
+            self.store.config_file("topics"),
+            config.broker_name,
+            auto_create=config.auto_create_topic_enable,
+            default_queue_nums=config.default_topic_queue_nums,
+        )
+        self.offsets = ConsumerOffsetManager(self.store.config_file("consumerOffset"))
+        self.consumers = ConsumerManager(config.channel_expired_s)
+        self.holds = PullRequestHoldService(self._loop)
+        self.store.add_dispatch_listener(self.holds.on_dispatch)
+        self._closed = asyncio.Event()
+        self._closing = False
+        self._nameservers: dict[str, Any] = {}
+        self._register_wakeup = asyncio.Event()
+        self._started = time.time()
+        self._stats = {"put_msgs": 0, "put_bytes": 0, "put_batches": 0, "get_msgs": 0, "pulls": 0}
+        self._tasks = [
+            self._loop.create_task(self._heartbeat_loop()),
+            self._loop.create_task(self._offset_flush_loop()),
+        ]
+        log.info(
+            "broker %s up on node %s (%s), store %s, %s start, incarnation %s",
+            config.actor_name,
+            self.node_id[:12],
+            self.addr,
+            self.store_dir,
+            "abnormal" if self.store.abnormal_start else "normal",
+            self.incarnation[:8],
+        )
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self._loop.run_in_executor(self._io, fn, *args)
+
+    async def _put(self, batch: EncodedBatch) -> Any:
+        # ASYNC_FLUSH puts are a copy into the mapped file: a thread hop would cost more
+        # than the put. SYNC_FLUSH puts wait for fsync, so they leave the event loop.
+        if self._inline_puts:
+            return self.store.put_encoded(batch)
+        return await self._run(self.store.put_encoded, batch)
+
+    async def _get(self, *args: Any) -> RawGetResult:
+        if self.config.inline_reads:
+            return self.store.get_raw(*args)
+        return await self._run(self.store.get_raw, *args)
+
+    # ------------------------------------------------------------ NameServer registration
+    def _registration(self) -> BrokerRegistration:
+        c = self.config
+        return BrokerRegistration(
+            cluster=c.cluster_name,
+            broker_name=c.broker_name,
+            broker_id=c.broker_id,
+            broker_addr=self.addr,
+            actor_name=c.actor_name,
+            namespace=c.namespace,
+            node_id=self.node_id,
+            incarnation=self.incarnation,
+            topic_configs=self.topics.snapshot(),
+            handle=ray.get_runtime_context().current_actor,
+        )
+
+    def _nameserver(self, name: str) -> Any:
+        handle = self._nameservers.get(name)
+        if handle is None:
+            handle = ray.get_actor(name, namespace=self.config.namespace)
+            self._nameservers[name] = handle
+        return handle
+
+    async def _register_one(self, name: str, reg: BrokerRegistration) -> bool:
+        try:
+            handle = await self._run(self._nameserver, name)
+            await asyncio.wait_for(
+                handle.register_broker.remote(reg), self.config.register_timeout_s
+            )
+            return True
+        except Exception as exc:  # noqa: BLE001 - a NameServer being down is normal
+            self._nameservers.pop(name, None)
+            log.debug("register with %s failed: %s", name, exc)
+            return False
+
+    async def register_all(self) -> int:
+        """Register with every NameServer now; return how many took it."""
+        reg = self._registration()
+        done = await asyncio.gather(*(self._register_one(n, reg) for n in self.config.nameservers))
+        return sum(done)
+
+    async def _heartbeat_loop(self) -> None:
+        while not self._closing:
+            try:
+                await self.register_all()
+            except Exception:  # noqa: BLE001
+                log.exception("registration round failed")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    self._register_wakeup.wait(), self.config.heartbeat_interval_s
+                )
+            self._register_wakeup.clear()
+
+    async def _offset_flush_loop(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(self.config.flush_consumer_offset_interval_s)
+            try:
+                await self._run(self.offsets.persist)
+            except Exception:  # noqa: BLE001
+                log.exception("persisting consumer offsets failed")
+
+    # ------------------------------------------------------------ data path
+    async def send(self, blob: bytes, auto_create_queue_nums: int = 0) -> SendAck:
+        """Store one encoded batch (``EncodedBatch.to_bytes()``), validated here first."""
+        if self._closing:
+            raise BrokerUnavailableError(f"broker {self.config.actor_name} is shutting down")
+        batch = EncodedBatch.from_bytes(blob)
+        max_qid = {}
+        for i, topic in enumerate(batch.topics):
+            ids = (
+                batch.queue_ids if len(batch.topics) == 1 else batch.queue_ids[batch.topic_idx == i]
+            )
+            max_qid[topic] = int(ids.max())
+        created = False
+        for topic, qid in max_qid.items():
+            _, new = self.topics.for_write(topic, qid, auto_create_queue_nums)
+            created |= new
+        result = await self._put(batch)
+        if created:  # routable on every NameServer once the sender hears back
+            await self.register_all()
+        self._stats["put_msgs"] += len(batch)
+        self._stats["put_bytes"] += len(batch.data)
+        self._stats["put_batches"] += 1
+        return SendAck(
+            result.status,
+            self.config.broker_name,
+            self.addr,
+            result.queue_offsets,
+            result.commitlog_offsets,
+        )
+
+    async def pull(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int = 32,
+        tags: str | None = None,
+        suspend_s: float = 0.0,
+        client_id: str = "",
+    ) -> RawGetResult:
+        """Records from ``offset`` as one blob; with ``suspend_s`` > 0 a pull that finds
+        nothing new waits that long (at most ``max_pull_suspend_s``) for a message."""
+        validate_topic(topic)
+        validate_queue_id(queue_id)
+        self.topics.for_read(topic, queue_id)
+        if group:
+            self.consumers.touch(group, client_id, frozenset((topic,)))
+        hold = self.config.long_polling_enable and suspend_s > 0
+        deadline = self._loop.time() + min(suspend_s, self.config.max_pull_suspend_s)
+        while True:
+            raw = await self._get(group, topic, queue_id, offset, max_count, tags)
+            status = raw.status
+            if status is GetStatus.NO_MATCHED_MESSAGE and raw.next_offset >= raw.max_offset:
+                offset = raw.next_offset  # everything so far filtered out: wait past it
+            elif status not in _HOLDABLE:
+                break
+            remaining = deadline - self._loop.time()
+            if not hold or remaining <= 0 or self._closing:
+                break
+            fut = self.holds.register(topic, queue_id)
+            if self.store.max_offset(topic, queue_id) > offset:
+                self.holds.discard(topic, queue_id, fut)
+                continue
+            await self.holds.wait(topic, queue_id, fut, remaining)
+        self._stats["pulls"] += 1
+        self._stats["get_msgs"] += raw.count
+        return raw
+
+    # ------------------------------------------------------------ consumer offsets and groups
+    def _check_offset(self, topic: str, queue_id: int, offset: int) -> None:
+        validate_topic(topic)
+        validate_queue_id(queue_id)
+        if self.topics.get(topic) is None:
+            raise TopicNotFoundError(
+                f"topic={topic!r} does not exist on broker {self.config.broker_name}"
+            )
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise OffsetOutOfRangeError(
+                f"offset={offset!r} for {topic}:{queue_id}: must be an int >= 0"
+            )
+        max_off = self.store.max_offset(topic, queue_id)
+        if offset > max_off:
+            raise OffsetOutOfRangeError(
+                f"offset={offset} for {topic}:{queue_id} on {self.config.broker_name}: "
+                f"beyond the queue's max offset {max_off}"
+            )
+
+    async def commit_offsets(
+        self, group: str, offsets: dict[tuple[str, int], int], client_id: str = ""
+    ) -> int:
+        """Commit ``{(topic, queue_id): next offset to consume}`` for ``group``; all or nothing."""
+        if not group:
+            raise InvalidMessageError("group must be a non-empty str")
+        for (topic, qid), off in offsets.items():
+            self._check_offset(topic, qid, off)
+        for (topic, qid), off in offsets.items():
+            self.offsets.commit(group, topic, qid, off)
+        self.consumers.touch(group, client_id, frozenset(t for t, _ in offsets))
+        return len(offsets)
+
+    async def query_offsets(self, group: str, topic: str) -> dict[int, int]:
+        return self.offsets.query_topic(group, topic)
+
+    async def query_offset(self, group: str, topic: str, queue_id: int) -> int:
+        return self.offsets.query(group, topic, queue_id)
+
+    async def reset_offsets(
+        self,
+        group: str,
+        topic: str,
+        timestamp_ms: int | None = None,
+        offsets: dict[int, int] | None = None,
+    ) -> dict[int, int]:
+        """Move ``group`` on ``topic`` to the first message stored at or after
+        ``timestamp_ms``, or to explicit ``offsets`` by queue id."""
+        tc = self.topics.get(topic)
+        if tc is None:
+            raise TopicNotFoundError(
+                f"topic={topic!r} does not exist on broker {self.config.broker_name}"
+            )
+        if offsets is None:
+            if timestamp_ms is None:
+                raise InvalidMessageError("reset_offsets needs timestamp_ms or offsets")
+            offsets = {
+                q: await self._run(self.store.offset_by_time, topic, q, timestamp_ms)
+                for q in range(tc.read_queue_nums)
+            }
+        await self.commit_offsets(group, {(topic, q): o for q, o in offsets.items()})
+        return dict(offsets)
+
+    async def consumer_list(self, group: str) -> list[str]:
+        return self.consumers.members(group)
+
+    async def heartbeat(self, group: str, client_id: str, topics: list[str]) -> None:
+        self.consumers.touch(group, client_id, frozenset(topics))
+
+    async def consumer_lag(self, group: str, topic: str | None = None) -> list[dict[str, Any]]:
+        rows = []
+        topics = [topic] if topic else self.offsets.topics_of(group)
+        for t in topics:
+            tc = self.topics.get(t)
+            if tc is None:
+                continue
+            committed = self.offsets.query_topic(group, t)
+            for q in range(tc.read_queue_nums):
+                max_off = self.store.max_offset(t, q)
+                min_off = self.store.min_offset(t, q)
+                mine = committed.get(q, -1)
+                lag = max_off - max(mine, min_off) if mine >= 0 else max_off - min_off
+                rows.append(
+                    {
+                        "topic": t,
+                        "broker": self.config.broker_name,
+                        "queue_id": q,
+                        "broker_offset": max_off,
+                        "consumer_offset": mine,
+                        "lag": max(lag, 0),
+                    }
+                )
+        return rows
+
+    # ------------------------------------------------------------ topics (admin)
+    async def create_topic(self, config: TopicConfig) -> TopicConfig:
+        """Create or update a topic and tell every NameServer before returning."""
+        self.topics.put(config)
+        await self.register_all()
+        return config
+
+    async def delete_topic(self, topic: str) -> bool:
+        removed = self.topics.delete(topic)
+        if removed:
+            self.offsets.remove_topic(topic)
+            await self.register_all()
+        return removed
+
+    async def get_topic_config(self, topic: str) -> TopicConfig | None:
+        return self.topics.get(topic)
+
+    async def topic_configs(self) -> dict[str, TopicConfig]:
+        return self.topics.snapshot()
+
+    async def topic_status(self, topic: str) -> list[dict[str, Any]]:
+        """Per queue: min and max offset and when its last message was stored."""
+        tc = self.topics.get(topic)
+        if tc is None:
+            raise TopicNotFoundError(
+                f"topic={topic!r} does not exist on broker {self.config.broker_name}"
+            )
+        rows = []
+        for q in range(max(tc.read_queue_nums, tc.write_queue_nums)):
+            min_off, max_off = self.store.min_offset(topic, q), self.store.max_offset(topic, q)
+            last = 0
+            if max_off > min_off:
+                raw = await self._run(self.store.get_raw, "", topic, q, max_off - 1, 1, None)
+                if raw.count:
+                    from storage.codec import decode_records
+
+                    last = decode_records(raw.data, check_crc=False)[0].store_timestamp
+            rows.append(
+                {
+                    "topic": topic,
+                    "broker": self.config.broker_name,
+                    "queue_id": q,
+                    "min_offset": min_off,
+                    "max_offset": max_off,
+                    "last_update_ms": last,
+                }
+            )
+        return rows
+
+    # ------------------------------------------------------------ lookups (admin)
+    async def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        return await self._run(self.store.offset_by_time, topic, queue_id, timestamp_ms)
+
+    async def min_max_offset(self, topic: str, queue_id: int) -> tuple[int, int]:
+        return self.store.min_offset(topic, queue_id), self.store.max_offset(topic, queue_id)
+
+    async def query_by_key(
+        self,
+        topic: str,
+        key: str,
+        max_count: int = 64,
+        begin_ms: int = 0,
+        end_ms: int | None = None,
+    ) -> list[MessageExt]:
+        return await self._run(self.store.query_by_key, topic, key, max_count, begin_ms, end_ms)
+
+    async def message_by_id(self, msg_id: str, topic: str | None = None) -> MessageExt:
+        return await self._run(self.store.message_by_id, msg_id, topic)
+
+    # ------------------------------------------------------------ status and lifecycle
+    async def status(self) -> dict[str, Any]:
+        c = self.config
+        disk = shutil.disk_usage(self.store_dir)
+        return {
+            "cluster": c.cluster_name,
+            "broker_name": c.broker_name,
+            "broker_id": c.broker_id,
+            "role": "MASTER" if c.is_master else "SLAVE",
+            "addr": self.addr,
+            "actor_name": c.actor_name,
+            "namespace": c.namespace,
+            "node_id": self.node_id,
+            "node_ip": self.node_ip,
+            "pid": os.getpid(),
+            "store_dir": self.store_dir,
+            "flush_disk_type": self.store.config.flush_disk_type,
+            "disk_total": disk.total,
+            "disk_used": disk.used,
+            "disk_used_ratio": round(disk.used / disk.total, 4) if disk.total else 0.0,
+            "commitlog_min_offset": self.store.commitlog.min_offset,
+            "commitlog_max_offset": self.store.commitlog.max_offset,
+            "topics": len(self.topics.snapshot()),
+            "held_pulls": self.holds.held,
+            "abnormal_start": self.store.abnormal_start,
+            "incarnation": self.incarnation,
+            "uptime_s": round(time.time() - self._started, 1),
+            **self._stats,
+        }
+
+    async def ping(self) -> str:
+        return self.incarnation
+
+    async def persist(self) -> None:
+        """Save consumer offsets and flush the store now."""
+        await self._run(self.offsets.persist, True)
+        await self._run(self.store.flush)
+
+    async def wait_closed(self) -> None:
+        """Returns when the broker shuts down; NameServers keep this call pending so
+        Ray's failure of it tells them at once that the actor died."""
+        await self._closed.wait()
+
+    async def shutdown(self) -> None:
+        """A clean stop: leave the routes, release held pulls, save offsets, close the store."""
+        if self._closing:
+            return
+        self._closing = True
+        self._closed.set()
+        self._register_wakeup.set()
+        self.holds.wake_all()
+        for task in self._tasks:
+            task.cancel()
+        for name in self.config.nameservers:
+            with contextlib.suppress(Exception):
+                handle = await self._run(self._nameserver, name)
+                await asyncio.wait_for(
+                    handle.unregister_broker.remote(
+                        self.config.broker_name, self.config.broker_id, self.incarnation
+                    ),
+                    2.0,
+                )
+        await self._run(self.offsets.persist, True)
+        await self._run(self.store.close)
+        self._io.shutdown(wait=False)
+        log.info("broker %s shut down cleanly", self.config.actor_name)

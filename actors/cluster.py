@@ -1,0 +1,299 @@
+"""Starting a RayMQ cluster on the current Ray cluster, and attaching to one.
+
+Actors are detached and named in a Ray namespace (default ``raymq``):
+``nameserver-<i>`` for NameServers and ``<broker name>-<broker id>`` (for
+example ``broker-a-0``) for brokers, so any job finds them with
+``ray.get_actor(name, namespace=...)`` or :func:`connect`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from storage.errors import BrokerUnavailableError, InvalidConfigError, RayMQError
+
+from . import _rpc
+from .admin import Admin
+from .broker import Broker
+from .config import (
+    DEFAULT_NAMESPACE,
+    BrokerConfig,
+    BrokerSpec,
+    ClusterConfig,
+    NameServerConfig,
+    broker_actor_name,
+    nameserver_actor_name,
+)
+from .consumer import PullConsumer
+from .nameserver import NameServer
+from .producer import Producer
+from .topic import TopicConfig
+
+log = logging.getLogger("raymq.actors.cluster")
+
+NAMESERVER_PREFIX = "nameserver-"
+ACTOR_MAX_CONCURRENCY = 1000
+STARTUP_TIMEOUT_S = 120.0
+
+
+def _named_actors(namespace: str) -> list[str]:
+    return sorted(
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == namespace
+    )
+
+
+def discover_nameservers(namespace: str = DEFAULT_NAMESPACE) -> list[str]:
+    """Names of the NameServer actors alive in ``namespace``, in index order."""
+    if not ray.is_initialized():
+        raise BrokerUnavailableError("Ray is not initialized: call ray.init(address=...) first")
+    names = [n for n in _named_actors(namespace) if n.startswith(NAMESERVER_PREFIX)]
+    if not names:
+        raise BrokerUnavailableError(f"no RayMQ NameServer in Ray namespace {namespace!r}")
+    return sorted(
+        names,
+        key=lambda n: (
+            int(n[len(NAMESERVER_PREFIX) :]) if n[len(NAMESERVER_PREFIX) :].isdigit() else 1 << 30
+        ),
+    )
+
+
+def resolve_node(node: str | None) -> str:
+    """A Ray node id from an id, an IP address, a node name or a custom resource only
+    that node has; ``None`` is the caller's node."""
+    if node is None:
+        return ray.get_runtime_context().get_node_id()
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    for n in alive:
+        if node == n["NodeID"]:
+            return n["NodeID"]
+    for key in ("NodeManagerAddress", "NodeName"):
+        hits = [n["NodeID"] for n in alive if n.get(key) == node]
+        if len(hits) == 1:
+            return hits[0]
+    hits = [n["NodeID"] for n in alive if node in n.get("Resources", {})]
+    if len(hits) == 1:
+        return hits[0]
+    raise InvalidConfigError(
+        f"node={node!r}: no single live Ray node has that id, address, name or resource "
+        f"({len(alive)} live nodes)"
+    )
+
+
+class Cluster:
+    """A handle on a running RayMQ cluster: clients, admin and shutdown."""
+
+    def __init__(
+        self, namespace: str = DEFAULT_NAMESPACE, nameservers: Sequence[str] | None = None
+    ) -> None:
+        self.namespace = namespace
+        self.nameserver_names = list(nameservers or discover_nameservers(namespace))
+        self._admin: Admin | None = None
+
+    def producer(self, group: str = "DEFAULT_PRODUCER", **options: Any) -> Producer:
+        return Producer(
+            group, namespace=self.namespace, nameservers=self.nameserver_names, **options
+        )
+
+    def pull_consumer(self, group: str, **options: Any) -> PullConsumer:
+        return PullConsumer(
+            group, namespace=self.namespace, nameservers=self.nameserver_names, **options
+        )
+
+    @property
+    def admin(self) -> Admin:
+        if self._admin is None:
+            self._admin = Admin(self.namespace, self.nameserver_names)
+        return self._admin
+
+    def nameserver(self, index: int) -> Any:
+        return ray.get_actor(nameserver_actor_name(index), namespace=self.namespace)
+
+    def broker(self, broker_name: str, broker_id: int = 0) -> Any:
+        return ray.get_actor(broker_actor_name(broker_name, broker_id), namespace=self.namespace)
+
+    def actor_names(self) -> list[str]:
+        return _named_actors(self.namespace)
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Stop brokers cleanly (offsets saved, stores closed), then every RayMQ actor of
+        the namespace."""
+        names = _named_actors(self.namespace)
+        brokers = {}
+        for name in names:
+            if name.startswith(NAMESERVER_PREFIX):
+                continue
+            try:
+                brokers[name] = ray.get_actor(name, namespace=self.namespace)
+            except ValueError:
+                continue
+        refs: dict[str, Any] = {name: h.shutdown.remote() for name, h in brokers.items()}
+        deadline = time.monotonic() + timeout_s
+        for name, ref in refs.items():
+            try:
+                ray.get(ref, timeout=max(0.1, deadline - time.monotonic()))
+            except Exception as exc:  # noqa: BLE001 - a dead broker cannot shut down
+                log.warning("broker %s did not shut down cleanly: %s", name, type(exc).__name__)
+        for name in names:
+            with contextlib.suppress(ValueError):
+                ray.kill(ray.get_actor(name, namespace=self.namespace), no_restart=True)
+        log.info("cluster in namespace %s shut down (%d actors)", self.namespace, len(names))
+
+
+def connect(namespace: str = DEFAULT_NAMESPACE) -> Cluster:
+    """Attach to a cluster another job started (Ray must be initialized)."""
+    return Cluster(namespace)
+
+
+def _broker_specs(brokers: int | Sequence[BrokerSpec | str]) -> list[BrokerSpec]:
+    if isinstance(brokers, int):
+        if not 1 <= brokers <= 26:
+            raise InvalidConfigError(f"brokers={brokers}: must be 1..26 (or a list of BrokerSpec)")
+        return [BrokerSpec(f"broker-{chr(ord('a') + i)}") for i in range(brokers)]
+    return [BrokerSpec(b) if isinstance(b, str) else b for b in brokers]
+
+
+def start_cluster(
+    config: ClusterConfig | None = None,
+    *,
+    namespace: str | None = None,
+    nameservers: int | None = None,
+    brokers: int | Sequence[BrokerSpec | str] | None = None,
+    store_root: str | None = None,
+    topics: Sequence[TopicConfig | str] = (),
+    broker_options: Mapping[str, Any] | None = None,
+    nameserver_config: NameServerConfig | None = None,
+    max_restarts: int | None = None,
+) -> Cluster:
+    """Start NameServers and brokers on the current Ray cluster and return a handle.
+
+    Brokers go on the caller's node unless a :class:`BrokerSpec` names a node;
+    ``broker_options`` are :class:`BrokerConfig` fields for every broker (for
+    example ``{"auto_create_topic_enable": False, "store": {"flush_disk_type":
+    "SYNC_FLUSH"}}``). ``store_root`` puts broker stores in ``<store_root>/<actor
+    name>`` (default: ``~/raymq/store/<namespace>/<actor name>`` on each node).
+    """
+    cfg = config or ClusterConfig()
+    changes: dict[str, Any] = {}
+    if namespace is not None:
+        changes["namespace"] = namespace
+    if nameservers is not None:
+        changes["nameservers"] = nameservers
+    if brokers is not None:
+        changes["brokers"] = tuple(_broker_specs(brokers))
+    if store_root is not None:
+        changes["store_root"] = store_root
+    if topics:
+        changes["topics"] = tuple(
+            t if isinstance(t, TopicConfig) else TopicConfig(t) for t in topics
+        )
+    if broker_options:
+        changes["broker"] = {**cfg.broker, **broker_options}
+    if nameserver_config is not None:
+        changes["nameserver"] = nameserver_config
+    if max_restarts is not None:
+        changes["max_restarts"] = max_restarts
+    cfg = dataclasses.replace(cfg, **changes)
+    if not ray.is_initialized():
+        ray.init(address="local", include_dashboard=False)
+    ns = cfg.namespace
+    if any(n.startswith(NAMESERVER_PREFIX) for n in _named_actors(ns)):
+        raise RayMQError(
+            f"a RayMQ cluster already runs in Ray namespace {ns!r}: use actors.connect()"
+        )
+
+    ns_names = [nameserver_actor_name(i) for i in range(cfg.nameservers)]
+    broker_cfgs, placements = [], []
+    for i, spec in enumerate(cfg.brokers):
+        values: dict[str, Any] = {"listen_port": 10911 + 10 * i, **cfg.broker, **spec.overrides}
+        values.update(
+            broker_name=spec.broker_name,
+            broker_id=spec.broker_id,
+            cluster_name=cfg.cluster_name,
+            namespace=ns,
+            nameservers=tuple(ns_names),
+        )
+        actor = broker_actor_name(spec.broker_name, spec.broker_id)
+        values["store_dir"] = (
+            spec.store_dir
+            or (f"{cfg.store_root}/{actor}" if cfg.store_root else None)
+            or values.get("store_dir")
+        )
+        broker_cfgs.append(BrokerConfig(**values))
+        placements.append(resolve_node(spec.node))
+
+    common = dict(
+        namespace=ns,
+        lifetime="detached",
+        num_cpus=0,
+        max_concurrency=ACTOR_MAX_CONCURRENCY,
+        max_restarts=cfg.max_restarts,
+    )
+    # NameServers run on the caller's node (usually the head, which Ray cannot lose
+    # without losing the cluster); a soft preference was seen to land them on nodes
+    # that later leave.
+    here = NodeAffinitySchedulingStrategy(resolve_node(None), soft=False)
+    ns_handles: list[Any] = [
+        ray.remote(NameServer)
+        .options(name=name, scheduling_strategy=here, **common)
+        .remote(cfg.nameserver, i)
+        for i, name in enumerate(ns_names)
+    ]
+    cluster = Cluster(ns, ns_names)
+    try:
+        _rpc.get([h.ping.remote() for h in ns_handles], STARTUP_TIMEOUT_S)
+        handles: list[Any] = [
+            ray.remote(Broker)
+            .options(
+                name=bc.actor_name,
+                **common,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            )
+            .remote(bc)
+            for bc, node_id in zip(broker_cfgs, placements)
+        ]
+        _rpc.get([h.ping.remote() for h in handles], STARTUP_TIMEOUT_S)
+        wait_for_brokers(ns_handles, [(bc.broker_name, bc.broker_id) for bc in broker_cfgs])
+        for tc in cfg.topics:
+            _rpc.get([h.create_topic.remote(tc) for h in handles], STARTUP_TIMEOUT_S)
+    except BaseException:
+        cluster.shutdown(timeout_s=5.0)
+        raise
+    log.info(
+        "RayMQ cluster up in namespace %s: %d NameServers, brokers %s",
+        ns,
+        len(ns_names),
+        [bc.actor_name for bc in broker_cfgs],
+    )
+    return cluster
+
+
+def wait_for_brokers(
+    nameservers: Sequence[Any], brokers: Sequence[tuple[str, int]], timeout_s: float = 30.0
+) -> None:
+    """Wait until every NameServer lists every given broker (their first registration)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        infos = _rpc.get([h.get_cluster_info.remote() for h in nameservers], timeout_s)
+        missing = [
+            (name, bid)
+            for info in infos
+            for name, bid in brokers
+            if bid not in info["brokers"].get(name, {}).get("members", {})
+        ]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise BrokerUnavailableError(
+                f"brokers {sorted(set(missing))} did not register in {timeout_s}s"
+            )
+        time.sleep(0.05)

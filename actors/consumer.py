@@ -1,0 +1,300 @@
+"""The PullConsumer: explicit queues and offsets, long polling, broker-side offsets.
+
+A pull names (queue, offset, max count); the broker answers with stored
+records as one blob, which is decoded here (lazily, on first access to
+``messages``) and filtered exactly by tag text (the broker filters by tag hash
+only). Offsets a group commits live on the broker that holds the queue.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import struct
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from rebalance import MessageQueue
+from storage.codec import FIXED_LEN, MAGIC, decode_records
+from storage.errors import (
+    BrokerUnavailableError,
+    InvalidMessageError,
+    PermissionDeniedError,
+    StoreCorruptedError,
+)
+from storage.message import GetStatus, MessageExt, RawGetResult
+from storage.subscription import parse_subscription
+
+from . import _rpc
+from ._nameserver_client import NameServerClient
+from .config import DEFAULT_NAMESPACE, ConsumerConfig, with_options
+from .topic import is_readable
+
+log = logging.getLogger("raymq.actors.consumer")
+
+
+_SIZE_MAGIC_BODYLEN = struct.Struct(">iI76xi")  # TOTALSIZE, MAGIC, ..., BODYLEN at 84
+_BODY_AT = 88
+
+
+class PullStatus(enum.Enum):
+    FOUND = "FOUND"
+    NO_NEW_MSG = "NO_NEW_MSG"
+    NO_MATCHED_MSG = "NO_MATCHED_MSG"
+    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
+
+
+_PULL_STATUS = {
+    GetStatus.FOUND: PullStatus.FOUND,
+    GetStatus.NO_MATCHED_MESSAGE: PullStatus.NO_MATCHED_MSG,
+    GetStatus.NO_MATCHED_LOGIC_QUEUE: PullStatus.NO_NEW_MSG,
+    GetStatus.NO_MESSAGE_IN_QUEUE: PullStatus.NO_NEW_MSG,
+    GetStatus.OFFSET_OVERFLOW_ONE: PullStatus.NO_NEW_MSG,
+    GetStatus.OFFSET_TOO_SMALL: PullStatus.OFFSET_ILLEGAL,
+    GetStatus.OFFSET_OVERFLOW_BADLY: PullStatus.OFFSET_ILLEGAL,
+    GetStatus.OFFSET_FOUND_NULL: PullStatus.OFFSET_ILLEGAL,
+}
+
+
+class PullResult:
+    """One pull's answer. ``data`` holds ``count`` records as stored; ``messages``
+    decodes them on first access and keeps those whose tags match exactly.
+    ``OFFSET_ILLEGAL`` means the offset was outside [min_offset, max_offset]:
+    ``next_offset`` is where to continue."""
+
+    __slots__ = (
+        "queue",
+        "store_status",
+        "data",
+        "count",
+        "next_offset",
+        "min_offset",
+        "max_offset",
+        "_tags",
+        "_check_crc",
+        "_messages",
+    )
+
+    def __init__(
+        self, queue: MessageQueue, raw: RawGetResult, tags: frozenset[str] | None, check_crc: bool
+    ) -> None:
+        self.queue = queue
+        self.store_status = raw.status
+        self.data = raw.data
+        self.count = raw.count
+        self.next_offset = raw.next_offset
+        self.min_offset = raw.min_offset
+        self.max_offset = raw.max_offset
+        self._tags = tags
+        self._check_crc = check_crc
+        self._messages: list[MessageExt] | None = None
+
+    @property
+    def messages(self) -> list[MessageExt]:
+        if self._messages is None:
+            msgs = decode_records(self.data, check_crc=self._check_crc) if self.count else []
+            if self._tags is not None:
+                tags = self._tags
+                msgs = [m for m in msgs if m.properties.get("TAGS") in tags]
+            self._messages = msgs
+        return self._messages
+
+    @property
+    def bodies(self) -> list[bytes]:
+        """Just the bodies, in order: a fast path that skips building ``MessageExt``s
+        when no tag filter applies."""
+        if self._tags is not None or self._messages is not None:
+            return [m.body for m in self.messages]
+        data, out, pos, end = self.data, [], 0, len(self.data)
+        unpack = _SIZE_MAGIC_BODYLEN.unpack_from
+        while pos < end:
+            size, magic, body_len = unpack(data, pos)
+            if magic != MAGIC or size < FIXED_LEN or pos + size > end:
+                raise StoreCorruptedError(
+                    f"pulled record at {pos}: bad size {size} or magic {magic:#x}"
+                )
+            out.append(data[pos + _BODY_AT : pos + _BODY_AT + body_len])
+            pos += size
+        return out
+
+    @property
+    def status(self) -> PullStatus:
+        status = _PULL_STATUS[self.store_status]
+        if status is PullStatus.FOUND and self._tags is not None and not self.messages:
+            return PullStatus.NO_MATCHED_MSG
+        return status
+
+    def __repr__(self) -> str:
+        return (
+            f"PullResult({self.queue.topic}:{self.queue.broker_name}:{self.queue.queue_id} "
+            f"{self.store_status.value} count={self.count} next={self.next_offset} "
+            f"[{self.min_offset}, {self.max_offset}])"
+        )
+
+
+class PullConsumer:
+    """Pulls given queues from given offsets; commits and fetches the group's offsets."""
+
+    def __init__(
+        self,
+        group: str,
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        nameservers: Sequence[str] | None = None,
+        config: ConsumerConfig | None = None,
+        **options: Any,
+    ) -> None:
+        from .cluster import discover_nameservers
+
+        if not isinstance(group, str) or not group:
+            raise InvalidMessageError(f"consumer group={group!r}: must be a non-empty str")
+        self.group = group
+        self.config = with_options(config or ConsumerConfig(), options)
+        self.client_id = f"{group}@{uuid.uuid4().hex[:12]}"
+        self.ns = NameServerClient(
+            nameservers or discover_nameservers(namespace), namespace, self.config.route_refresh_s
+        )
+
+    # ------------------------------------------------------------ queues
+    def fetch_subscribe_queues(self, topic: str) -> list[MessageQueue]:
+        """The topic's readable queues on every live broker."""
+        route = self.ns.require_route(topic)
+        live = {bd.broker_name for bd in route.broker_datas if bd.master_actor_name()}
+        queues = [
+            MessageQueue(topic, qd.broker_name, q)
+            for qd in route.queue_datas
+            if is_readable(qd.perm) and qd.broker_name in live
+            for q in range(qd.read_queue_nums)
+        ]
+        if not queues and route.queue_datas:
+            raise PermissionDeniedError(
+                f"topic={topic!r}: no broker allows reading (perm forbids read)"
+            )
+        return queues
+
+    def _broker(self, mq: MessageQueue) -> Any:
+        if not isinstance(mq, MessageQueue):
+            raise InvalidMessageError(f"queue={mq!r}: expected a rebalance.MessageQueue")
+        route = self.ns.require_route(mq.topic)
+        if route.broker(mq.broker_name) is None:
+            route = self.ns.require_route(mq.topic, refresh=True)
+        return self.ns.broker(route, mq.broker_name)
+
+    def _call(self, mq: MessageQueue, method: str, *args: Any, timeout: float | None = None) -> Any:
+        return self._wait(mq, self._start(mq, method, *args), timeout)
+
+    def _start(self, mq: MessageQueue, method: str, *args: Any) -> Any:
+        return getattr(self._broker(mq), method).remote(*args)
+
+    def _wait(self, mq: MessageQueue, ref: Any, timeout: float | None) -> Any:
+        try:
+            return _rpc.get(ref, timeout or self.config.pull_timeout_s)
+        except Exception as exc:
+            if _rpc.is_retriable(exc):
+                self.ns.invalidate(mq.topic)
+                raise BrokerUnavailableError(
+                    f"broker {mq.broker_name!r} did not answer for {mq.topic}:{mq.queue_id}: "
+                    f"{type(exc).__name__}"
+                ) from exc
+            raise
+
+    # ------------------------------------------------------------ pulling
+    def pull(
+        self,
+        mq: MessageQueue,
+        offset: int,
+        max_count: int = 32,
+        *,
+        tags: str | None = None,
+        long_poll_s: float = 0.0,
+    ) -> PullResult:
+        """Up to ``max_count`` messages of ``mq`` from ``offset``. With ``long_poll_s`` > 0
+        the broker holds a pull that finds nothing new for up to that long."""
+        return self.pull_many([(mq, offset)], max_count, tags=tags, long_poll_s=long_poll_s)[0]
+
+    def pull_many(
+        self,
+        requests: Sequence[tuple[MessageQueue, int]],
+        max_count: int = 32,
+        *,
+        tags: str | None = None,
+        long_poll_s: float = 0.0,
+    ) -> list[PullResult]:
+        """Pull several queues at once (all calls in flight together)."""
+        if not isinstance(max_count, int) or max_count <= 0:
+            raise InvalidMessageError(f"max_count={max_count!r}: must be an int > 0")
+        subscribed = parse_subscription(tags)
+        refs = [
+            self._start(
+                mq,
+                "pull",
+                self.group,
+                mq.topic,
+                mq.queue_id,
+                offset,
+                max_count,
+                tags,
+                long_poll_s,
+                self.client_id,
+            )
+            for mq, offset in requests
+        ]
+        timeout = self.config.pull_timeout_s + long_poll_s
+        return [
+            PullResult(mq, self._wait(mq, ref, timeout), subscribed, self.config.check_crc)
+            for (mq, _), ref in zip(requests, refs)
+        ]
+
+    # ------------------------------------------------------------ offsets
+    def commit(self, mq: MessageQueue, offset: int) -> None:
+        """Store ``offset`` (the next one to consume) for this group on the queue's broker."""
+        self.commit_offsets({mq: offset})
+
+    def commit_offsets(self, offsets: dict[MessageQueue, int]) -> None:
+        by_broker: dict[str, tuple[MessageQueue, dict[tuple[str, int], int]]] = {}
+        for mq, off in offsets.items():
+            entry = by_broker.setdefault(mq.broker_name, (mq, {}))
+            entry[1][(mq.topic, mq.queue_id)] = off
+        pending = [
+            (mq, self._start(mq, "commit_offsets", self.group, table, self.client_id))
+            for mq, table in by_broker.values()
+        ]
+        for mq, ref in pending:
+            self._wait(mq, ref, None)
+
+    def fetch_offset(self, mq: MessageQueue) -> int:
+        """The group's committed offset of ``mq``, or -1 when it has none."""
+        return self._call(mq, "query_offset", self.group, mq.topic, mq.queue_id)
+
+    def fetch_offsets(self, topic: str) -> dict[MessageQueue, int]:
+        out: dict[MessageQueue, int] = {}
+        queues = self.fetch_subscribe_queues(topic)
+        brokers: dict[str, MessageQueue] = {}
+        for mq in queues:
+            brokers.setdefault(mq.broker_name, mq)
+        for broker_name, mq in brokers.items():
+            table = self._call(mq, "query_offsets", self.group, topic)
+            for q in queues:
+                if q.broker_name == broker_name:
+                    out[q] = table.get(q.queue_id, -1)
+        return out
+
+    def min_offset(self, mq: MessageQueue) -> int:
+        return self._call(mq, "min_max_offset", mq.topic, mq.queue_id)[0]
+
+    def max_offset(self, mq: MessageQueue) -> int:
+        return self._call(mq, "min_max_offset", mq.topic, mq.queue_id)[1]
+
+    def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        """The first offset of ``mq`` stored at or after ``timestamp_ms``."""
+        return self._call(mq, "offset_by_time", mq.topic, mq.queue_id, timestamp_ms)
+
+    def close(self) -> None:
+        """Nothing to release: offsets are committed explicitly."""
+
+    def __enter__(self) -> PullConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,420 @@
+"""The Producer: route lookup, queue selection, batched sends with retries.
+
+Messages are validated and encoded on the client (``storage.codec.encode_batch``,
+the store's own rules and errors) and cross Ray as one blob per batch, one
+queue per batch. Queues are picked round robin over the topic's write queues,
+skipping brokers that failed or answered slowly a moment ago (latency fault
+tolerance); with a ``sharding_key`` the same key always maps to the same queue.
+A sync send that Ray cannot deliver is retried on another broker
+(``retry_times_when_send_failed``, default 2). A retry after a timeout may store
+a message twice: delivery is at least once, as in RocketMQ.
+"""
+
+from __future__ import annotations
+
+import bisect
+import concurrent.futures
+import functools
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from ray.exceptions import RayError
+
+from rebalance import MessageQueue
+from storage import codec
+from storage.codec import encode_batch
+from storage.errors import BrokerUnavailableError, InvalidMessageError, PermissionDeniedError
+from storage.message import Message
+
+from . import _rpc
+from ._fault import LatencyFaultTolerance
+from ._nameserver_client import NameServerClient
+from .config import DEFAULT_NAMESPACE, ProducerConfig, with_options
+from .protocol import SendAck
+from .route import QueueData, TopicRouteData
+from .send_result import BatchSendResult, SendResult, _Chunk, _with_queue
+from .topic import AUTO_CREATE_TOPIC_KEY, PERM_READ, PERM_WRITE, SYSTEM_TOPICS, is_writeable
+
+log = logging.getLogger("raymq.actors.producer")
+
+
+class Producer:
+    """Sends messages to a RayMQ cluster; usable from a driver, a task or an actor."""
+
+    def __init__(
+        self,
+        group: str = "DEFAULT_PRODUCER",
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        nameservers: Sequence[str] | None = None,
+        config: ProducerConfig | None = None,
+        **options: Any,
+    ) -> None:
+        from .cluster import discover_nameservers
+
+        if not isinstance(group, str) or not group:
+            raise InvalidMessageError(f"producer group={group!r}: must be a non-empty str")
+        self.group = group
+        self.config = with_options(config or ProducerConfig(), options)
+        self.client_id = f"{group}@{uuid.uuid4().hex[:12]}"
+        self.ns = NameServerClient(
+            nameservers or discover_nameservers(namespace), namespace, self.config.route_refresh_s
+        )
+        self.fault = LatencyFaultTolerance(self.config.fault_isolation_s)
+        self._uniq = codec.UniqueKeyGenerator()
+        self._counters: dict[str, Iterator[int]] = {}
+        self._queue_cache: dict[int, tuple[TopicRouteData, list[MessageQueue]]] = {}
+        self._synthetic: dict[str, tuple[TopicRouteData, int]] = {}
+        self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="raymq-producer")
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ public API
+    def send(
+        self, message: Message, *, sharding_key: str | None = None, timeout_s: float | None = None
+    ) -> SendResult:
+        """Send one message and wait for the broker's answer."""
+        return self.send_batch([message], sharding_key=sharding_key, timeout_s=timeout_s)[0]
+
+    def send_batch(
+        self,
+        messages: Sequence[Message],
+        *,
+        sharding_key: str | None = None,
+        timeout_s: float | None = None,
+    ) -> BatchSendResult:
+        """Send many messages: one Ray call per (topic, chunk), chunks in flight together."""
+        chunks = self._encode(messages)
+        for topic in {c.topic for c in chunks}:  # route errors before anything is sent
+            self._write_queues(self._route(topic)[0])
+        timeout = timeout_s or self.config.send_timeout_s
+        parts: list[Any] = [None] * len(chunks)
+        # one chunk in flight per queue, so chunks to the same queue are stored in order
+        inflight: dict[MessageQueue, tuple[int, Any, float]] = {}
+        for i, chunk in enumerate(chunks):
+            try:
+                mq, route, auto_n = self._select(chunk.topic, None, sharding_key)
+            except Exception as exc:  # noqa: BLE001 - retried in _finish
+                if not _rpc.is_retriable(exc):
+                    raise
+                parts[i] = self._finish(chunk, None, exc, timeout, sharding_key)
+                continue
+            prev = inflight.pop(mq, None)
+            if prev is not None:
+                j, ref, started = prev
+                parts[j] = self._finish(chunks[j], mq, (ref, started), timeout, sharding_key)
+            try:
+                inflight[mq] = (i, *self._send(chunk, mq, route, auto_n))
+            except Exception as exc:  # noqa: BLE001
+                if not _rpc.is_retriable(exc) and not isinstance(exc, BrokerUnavailableError):
+                    raise
+                parts[i] = self._finish(chunk, mq, exc, timeout, sharding_key)
+        for mq, (j, ref, started) in inflight.items():
+            parts[j] = self._finish(chunks[j], mq, (ref, started), timeout, sharding_key)
+        return BatchSendResult(parts, len(messages))
+
+    def send_async(
+        self, messages: Message | Sequence[Message], *, sharding_key: str | None = None
+    ) -> concurrent.futures.Future[Any]:
+        """Send without waiting: a future of a :class:`SendResult` (one message) or a
+        :class:`BatchSendResult` (a list). Failed sends are retried on another broker."""
+        single = isinstance(messages, Message)
+        msgs: list[Message] = [messages] if isinstance(messages, Message) else list(messages)
+        out: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        chunks = self._encode(msgs)  # validation errors raise here, before anything is sent
+        parts: list[Any] = [None] * len(chunks)
+        remaining = [len(chunks)]
+        lock = threading.Lock()
+
+        def done(i: int, part: Any, exc: BaseException | None) -> None:
+            with lock:
+                if out.done():
+                    return
+                if exc is not None:
+                    out.set_exception(exc)
+                    return
+                parts[i] = part
+                remaining[0] -= 1
+                if remaining[0]:
+                    return
+            result = BatchSendResult(parts, len(msgs))
+            out.set_result(result[0] if single else result)
+
+        for i, chunk in enumerate(chunks):
+            self._send_chunk_async(chunk, 0, None, sharding_key, functools.partial(done, i))
+        return out
+
+    def send_oneway(self, messages: Message | Sequence[Message]) -> None:
+        """Fire and forget: no answer is awaited and no failure is reported."""
+        msgs = [messages] if isinstance(messages, Message) else list(messages)
+        for chunk in self._encode(msgs):
+            try:
+                self._submit(chunk, None, None)
+            except Exception as exc:  # noqa: BLE001 - oneway never reports
+                log.debug("oneway send failed: %s", exc)
+
+    def fetch_publish_queues(self, topic: str) -> list[MessageQueue]:
+        route, _ = self._route(topic)
+        return list(self._write_queues(route))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ encoding
+    def _encode(self, messages: Sequence[Message]) -> list[_Chunk]:
+        """Validate and encode: one chunk per topic and size limit, in the caller's order."""
+        if not messages:
+            raise InvalidMessageError("send needs at least one message")
+        for i, m in enumerate(messages):
+            if m.__class__ is not Message and not isinstance(m, Message):
+                raise InvalidMessageError(
+                    f"message {i}: expected storage.Message, got {type(m).__name__}"
+                )
+        topics = [m.topic for m in messages]
+        by_topic: dict[str, list[int]]
+        if len(set(topics)) == 1:
+            by_topic = {topics[0]: list(range(len(messages)))}
+        else:
+            by_topic = {}
+            for i, t in enumerate(topics):
+                by_topic.setdefault(t, []).append(i)
+        chunks = []
+        cfg = self.config
+        for topic, positions in by_topic.items():
+            codec.validate_topic(topic)
+            if topic in SYSTEM_TOPICS:
+                raise InvalidMessageError(f"topic={topic!r} is reserved for the system")
+            for picked in self._cut(messages, positions):
+                batch = encode_batch(
+                    [messages[i] for i in picked],
+                    max_message_size=cfg.max_message_size,
+                    born_host=cfg.born_host,
+                    uniq=self._uniq,
+                )
+                chunks.append(_Chunk(topic, batch, np.array(picked, dtype=np.int64)))
+        return chunks
+
+    def _cut(self, messages: Sequence[Message], positions: list[int]) -> list[list[int]]:
+        """Split into runs of at most ``max_batch_messages`` and about ``max_batch_bytes``."""
+        cfg = self.config
+        try:
+            cum = list(itertools.accumulate(len(messages[i].body) + 160 for i in positions))
+        except TypeError:  # a body without a length: encode_batch names it
+            cum = list(range(1, len(positions) + 1))
+        out, start, n = [], 0, len(positions)
+        while start < n:
+            base = cum[start - 1] if start else 0
+            stop = bisect.bisect_right(cum, base + cfg.max_batch_bytes, start, n)
+            stop = max(start + 1, min(stop, start + cfg.max_batch_messages))
+            out.append(positions[start:stop])
+            start = stop
+        return out
+
+    # ------------------------------------------------------------ routes and queues
+    def _route(self, topic: str, refresh: bool = False) -> tuple[TopicRouteData, int]:
+        """The topic's route and, for a topic the brokers will auto-create, its queue count."""
+        route = self.ns.route(topic, refresh=refresh)
+        if route is not None and route.queue_datas:
+            self._synthetic.pop(topic, None)
+            return route, 0
+        synthetic = self._synthetic.get(topic)
+        if synthetic is not None and not refresh:
+            return synthetic
+        template = self.ns.route(AUTO_CREATE_TOPIC_KEY, refresh=refresh)
+        if template is None or not template.queue_datas:
+            self.ns.require_route(topic, refresh=True)  # raises TopicNotFoundError
+        assert template is not None
+        n = self.config.default_topic_queue_nums
+        qds = tuple(
+            QueueData(
+                q.broker_name,
+                min(n, q.write_queue_nums),
+                min(n, q.write_queue_nums),
+                PERM_READ | PERM_WRITE,
+            )
+            for q in template.queue_datas
+        )
+        synthetic = (TopicRouteData(topic, qds, template.broker_datas), n)
+        self._synthetic[topic] = synthetic
+        return synthetic
+
+    def _write_queues(self, route: TopicRouteData) -> list[MessageQueue]:
+        cached = self._queue_cache.get(id(route))
+        if cached is not None and cached[0] is route:
+            return cached[1]
+        live = {bd.broker_name for bd in route.broker_datas if bd.master_actor_name()}
+        queues = [
+            MessageQueue(route.topic, qd.broker_name, q)
+            for qd in route.queue_datas
+            if is_writeable(qd.perm) and qd.broker_name in live
+            for q in range(qd.write_queue_nums)
+        ]
+        if not queues:
+            if any(qd.broker_name in live for qd in route.queue_datas):
+                raise PermissionDeniedError(
+                    f"topic={route.topic!r}: no broker allows writing (perm forbids write)"
+                )
+            raise BrokerUnavailableError(f"topic={route.topic!r}: no live broker holds it")
+        if len(self._queue_cache) > 1024:
+            self._queue_cache.clear()
+        self._queue_cache[id(route)] = (route, queues)
+        return queues
+
+    def _select(
+        self, topic: str, avoid: str | None, sharding_key: str | None, refresh: bool = False
+    ) -> tuple[MessageQueue, TopicRouteData, int]:
+        route, auto_n = self._route(topic, refresh)
+        queues = self._write_queues(route)
+        if sharding_key is not None:
+            return (
+                queues[codec.index_key_hash(codec.java_hash(sharding_key)) % len(queues)],
+                route,
+                auto_n,
+            )
+        counter = self._counters.get(topic)
+        if counter is None:
+            counter = self._counters.setdefault(topic, itertools.count())
+        start = next(counter)
+        n = len(queues)
+        if self.config.send_latency_fault_enable:
+            for i in range(n):
+                mq = queues[(start + i) % n]
+                if mq.broker_name != avoid and self.fault.is_available(mq.broker_name):
+                    return mq, route, auto_n
+            others = sorted({q.broker_name for q in queues if q.broker_name != avoid})
+            best = self.fault.least_bad(others or ([avoid] if avoid else []))
+            for i in range(n):
+                mq = queues[(start + i) % n]
+                if mq.broker_name == best:
+                    return mq, route, auto_n
+        for i in range(n):
+            mq = queues[(start + i) % n]
+            if mq.broker_name != avoid:
+                return mq, route, auto_n
+        return queues[start % n], route, auto_n
+
+    # ------------------------------------------------------------ sending
+    def _send(
+        self, chunk: _Chunk, mq: MessageQueue, route: TopicRouteData, auto_n: int
+    ) -> tuple[Any, float]:
+        try:
+            broker = self.ns.broker(route, mq.broker_name)
+            ref = broker.send.remote(_with_queue(chunk.batch, mq.queue_id), auto_n)
+        except (BrokerUnavailableError, RayError) as exc:
+            self.fault.update(mq.broker_name, 0.0, failed=True)
+            raise BrokerUnavailableError(f"broker {mq.broker_name!r}: {exc}") from exc
+        if auto_n:
+            self._synthetic.pop(chunk.topic, None)  # next time ask for the real route
+            self.ns.invalidate(chunk.topic)
+        return ref, time.monotonic()
+
+    def _submit(
+        self, chunk: _Chunk, avoid: str | None, sharding_key: str | None, refresh: bool = False
+    ) -> tuple[MessageQueue, Any, float]:
+        mq, route, auto_n = self._select(chunk.topic, avoid, sharding_key, refresh)
+        return (mq, *self._send(chunk, mq, route, auto_n))
+
+    def _finish(
+        self,
+        chunk: _Chunk,
+        mq: MessageQueue | None,
+        first: tuple[Any, float] | BaseException,
+        timeout: float,
+        sharding_key: str | None,
+    ) -> tuple[_Chunk, MessageQueue, SendAck]:
+        """Wait for a submitted chunk (``first`` is its ref and start time, or the error
+        that kept it from being sent); on a Ray failure resend it to another broker."""
+        retries = self.config.retry_times_when_send_failed
+        last_exc: BaseException | None = None
+        ref: Any = None
+        started = 0.0
+        if isinstance(first, BaseException):
+            last_exc = first
+        else:
+            ref, started = first
+        for attempt in range(retries + 1):
+            if ref is None:
+                avoid = mq.broker_name if mq is not None and sharding_key is None else None
+                try:
+                    mq, ref, started = self._submit(chunk, avoid, sharding_key, refresh=True)
+                except Exception as exc:  # noqa: BLE001
+                    if not _rpc.is_retriable(exc) and not isinstance(exc, BrokerUnavailableError):
+                        raise
+                    last_exc = exc
+                    continue
+            assert mq is not None
+            try:
+                ack = _rpc.get(ref, timeout)
+            except Exception as exc:  # noqa: BLE001
+                if not _rpc.is_retriable(exc) and not isinstance(exc, BrokerUnavailableError):
+                    raise
+                last_exc = exc
+                ref = None
+                self.fault.update(mq.broker_name, timeout, failed=True)
+                self.ns.invalidate(chunk.topic)
+                log.warning(
+                    "send to %s failed (%s); attempt %d of %d",
+                    mq,
+                    type(exc).__name__,
+                    attempt + 1,
+                    retries + 1,
+                )
+                continue
+            self.fault.update(mq.broker_name, time.monotonic() - started)
+            return chunk, mq, ack
+        raise BrokerUnavailableError(
+            f"send of {len(chunk.batch)} message(s) to topic {chunk.topic!r} failed after "
+            f"{retries + 1} attempt(s): {type(last_exc).__name__}: {last_exc}"
+        ) from last_exc
+
+    def _send_chunk_async(
+        self,
+        chunk: _Chunk,
+        attempt: int,
+        avoid: str | None,
+        sharding_key: str | None,
+        done: Callable[[Any, BaseException | None], None],
+    ) -> None:
+        retries = self.config.retry_times_when_send_async_failed
+
+        def retry(exc: BaseException, mq: MessageQueue | None) -> None:
+            if attempt < retries and (
+                _rpc.is_retriable(exc) or isinstance(exc, BrokerUnavailableError)
+            ):
+                if mq is not None:
+                    self.fault.update(mq.broker_name, 0.0, failed=True)
+                self.ns.invalidate(chunk.topic)
+                nxt = mq.broker_name if mq is not None and sharding_key is None else avoid
+                self._pool.submit(
+                    self._send_chunk_async, chunk, attempt + 1, nxt, sharding_key, done
+                )
+            else:
+                done(None, exc)
+
+        try:
+            mq, ref, started = self._submit(chunk, avoid, sharding_key, refresh=attempt > 0)
+        except Exception as exc:  # noqa: BLE001
+            retry(exc, None)
+            return
+
+        def on_done(fut: concurrent.futures.Future[Any]) -> None:
+            try:
+                ack = fut.result()
+            except Exception as exc:  # noqa: BLE001
+                retry(_rpc.cause_of(exc), mq)
+                return
+            self.fault.update(mq.broker_name, time.monotonic() - started)
+            done((chunk, mq, ack), None)
+
+        ref.future().add_done_callback(on_done)

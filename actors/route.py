@@ -1,0 +1,220 @@
+"""Route data and the NameServer's route table (RocketMQ's ``RouteInfoManager``).
+
+Pure Python, no Ray: the NameServer actor wraps it.
+
+Invariants of :class:`RouteInfoManager`:
+
+* a broker appears in a topic's route only while it is live: registered, not
+  unregistered, not reported dead, and heard from within ``broker_expired_s``;
+* a broker's queue data for a topic is exactly what its latest registration
+  said (a registration replaces the broker's whole topic list);
+* a route holds only queue data of brokers whose master is live, and broker
+  data only for those brokers, so a client never picks a dead broker from it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .topic import TopicConfig
+
+log = logging.getLogger("raymq.actors.route")
+
+
+@dataclass(frozen=True)
+class QueueData:
+    """A topic's queues on one broker group."""
+
+    broker_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+
+
+@dataclass(frozen=True)
+class BrokerData:
+    """One broker group: addresses and Ray actor names by broker id (0 = master)."""
+
+    cluster: str
+    broker_name: str
+    broker_addrs: Mapping[int, str]
+    actor_names: Mapping[int, str]
+    namespace: str
+    node_ids: Mapping[int, str] = field(default_factory=dict)
+
+    def master_actor_name(self) -> str | None:
+        return self.actor_names.get(0)
+
+    def master_addr(self) -> str | None:
+        return self.broker_addrs.get(0)
+
+
+@dataclass(frozen=True)
+class TopicRouteData:
+    topic: str
+    queue_datas: tuple[QueueData, ...]
+    broker_datas: tuple[BrokerData, ...]
+
+    def broker(self, broker_name: str) -> BrokerData | None:
+        for bd in self.broker_datas:
+            if bd.broker_name == broker_name:
+                return bd
+        return None
+
+
+@dataclass(frozen=True)
+class BrokerRegistration:
+    """What a broker tells every NameServer on start and on each heartbeat.
+
+    ``incarnation`` changes each time the broker actor starts (or Ray restarts
+    it), so a death notice about an old incarnation never removes a new one.
+    """
+
+    cluster: str
+    broker_name: str
+    broker_id: int
+    broker_addr: str
+    actor_name: str
+    namespace: str
+    node_id: str
+    incarnation: str
+    topic_configs: Mapping[str, TopicConfig]
+    handle: Any = None  # the broker's ActorHandle, for Ray death notices
+
+
+@dataclass
+class _LiveBroker:
+    registration: BrokerRegistration
+    last_update: float
+
+
+class RouteInfoManager:
+    """Topics → queue data per broker, brokers → addresses, with liveness."""
+
+    def __init__(self) -> None:
+        self._topic_queues: dict[str, dict[str, QueueData]] = {}
+        self._live: dict[tuple[str, int], _LiveBroker] = {}  # (broker_name, broker_id)
+
+    # ------------------------------------------------------------ registration
+    def register(self, reg: BrokerRegistration, now: float) -> bool:
+        """Add or refresh a broker; return True when it (or its incarnation) is new."""
+        key = (reg.broker_name, reg.broker_id)
+        old = self._live.get(key)
+        self._live[key] = _LiveBroker(reg, now)
+        if reg.broker_id == 0:
+            self._replace_topics(reg.broker_name, reg.topic_configs)
+        is_new = old is None or old.registration.incarnation != reg.incarnation
+        if is_new:
+            log.info(
+                "broker %s id %d registered (%s, node %s, %d topics)",
+                reg.broker_name,
+                reg.broker_id,
+                reg.broker_addr,
+                reg.node_id[:12],
+                len(reg.topic_configs),
+            )
+        return is_new
+
+    def _replace_topics(self, broker_name: str, configs: Mapping[str, TopicConfig]) -> None:
+        for topic in list(self._topic_queues):
+            if topic not in configs:
+                self._drop_queue_data(topic, broker_name)
+        for topic, tc in configs.items():
+            self._topic_queues.setdefault(topic, {})[broker_name] = QueueData(
+                broker_name, tc.read_queue_nums, tc.write_queue_nums, tc.perm
+            )
+
+    def _drop_queue_data(self, topic: str, broker_name: str) -> None:
+        queues = self._topic_queues.get(topic)
+        if queues is not None:
+            queues.pop(broker_name, None)
+            if not queues:
+                del self._topic_queues[topic]
+
+    def unregister(
+        self,
+        broker_name: str,
+        broker_id: int,
+        incarnation: str | None = None,
+        reason: str = "unregistered",
+    ) -> bool:
+        """Remove a broker (only the given incarnation when one is named)."""
+        key = (broker_name, broker_id)
+        live = self._live.get(key)
+        if live is None or (
+            incarnation is not None and live.registration.incarnation != incarnation
+        ):
+            return False
+        del self._live[key]
+        if broker_id == 0:
+            for topic in list(self._topic_queues):
+                self._drop_queue_data(topic, broker_name)
+        log.warning("broker %s id %d removed from routes: %s", broker_name, broker_id, reason)
+        return True
+
+    def scan_expired(self, now: float, expired_s: float) -> list[tuple[str, int]]:
+        """Drop brokers silent for longer than ``expired_s``; return them."""
+        gone = [key for key, live in self._live.items() if now - live.last_update > expired_s]
+        for name, bid in gone:
+            self.unregister(name, bid, reason=f"no heartbeat for over {expired_s:g}s")
+        return gone
+
+    # ------------------------------------------------------------ queries
+    def route(self, topic: str) -> TopicRouteData | None:
+        queues = self._topic_queues.get(topic)
+        if not queues:
+            return None
+        qds = tuple(sorted(queues.values(), key=lambda q: q.broker_name))
+        bds = tuple(bd for bd in (self._broker_data(q.broker_name) for q in qds) if bd is not None)
+        return TopicRouteData(topic, qds, bds)
+
+    def _broker_data(self, broker_name: str) -> BrokerData | None:
+        members = sorted(
+            (bid, live.registration)
+            for (name, bid), live in self._live.items()
+            if name == broker_name
+        )
+        if not members:
+            return None
+        first = members[0][1]
+        return BrokerData(
+            cluster=first.cluster,
+            broker_name=broker_name,
+            broker_addrs={bid: r.broker_addr for bid, r in members},
+            actor_names={bid: r.actor_name for bid, r in members},
+            namespace=first.namespace,
+            node_ids={bid: r.node_id for bid, r in members},
+        )
+
+    def topics(self) -> list[str]:
+        return sorted(self._topic_queues)
+
+    def brokers(self) -> list[BrokerRegistration]:
+        return [live.registration for _, live in sorted(self._live.items())]
+
+    def is_live(self, broker_name: str, broker_id: int, incarnation: str | None = None) -> bool:
+        live = self._live.get((broker_name, broker_id))
+        return live is not None and (
+            incarnation is None or live.registration.incarnation == incarnation
+        )
+
+    def cluster_info(self, now: float) -> dict[str, Any]:
+        """Clusters → broker names, and per broker its addresses, nodes and heartbeat age."""
+        clusters: dict[str, set[str]] = {}
+        brokers: dict[str, dict[str, Any]] = {}
+        for (name, bid), live in sorted(self._live.items()):
+            reg = live.registration
+            clusters.setdefault(reg.cluster, set()).add(name)
+            entry = brokers.setdefault(name, {"cluster": reg.cluster, "members": {}})
+            entry["members"][bid] = {
+                "addr": reg.broker_addr,
+                "actor_name": reg.actor_name,
+                "namespace": reg.namespace,
+                "node_id": reg.node_id,
+                "heartbeat_age_s": round(now - live.last_update, 3),
+                "topics": len(reg.topic_configs),
+            }
+        return {"clusters": {c: sorted(n) for c, n in clusters.items()}, "brokers": brokers}

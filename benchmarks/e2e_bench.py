@@ -1,0 +1,399 @@
+"""End-to-end benchmark of RayMQ on Ray (not a timed test).
+
+One run prints, for one producer process and one broker (ASYNC_FLUSH):
+
+* produce throughput, 100 B and 1 KiB bodies, batches of 1 to 4096, sync
+  (``send_batch``, one batch at a time) and pipelined (``send_async``, a window
+  of batches in flight), next to the client's encode rate, which bounds it;
+* consume throughput by pull batch size, raw blobs and decoded messages;
+* produce→consume latency p50/p99 at a fixed rate (200 msg/s of sync sends, which a
+  send round trip of ~2-3 ms here sustains) with a long-polling consumer in its own
+  process;
+* the Ray floor measured in the same run: no-op actor call latency and rate,
+  bytes/s of 1 MiB arguments to a no-op actor method, and ``ray.util.queue.Queue``
+  doing the same work with its own batch put/get, as ratios.
+
+    python benchmarks/e2e_bench.py [--quick] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+import actors
+from actors import PullStatus
+from storage import Message, encode_batch
+
+TOPIC = "Bench"
+BATCHES = (1, 16, 256, 1024, 4096)
+WINDOW = 4  # pipelined sends in flight
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+# ------------------------------------------------------------ Ray floor
+@ray.remote(num_cpus=0)
+class _Noop:
+    def noop(self, *args: Any) -> None:
+        return None
+
+
+def ray_floor(quick: bool) -> dict[str, float]:
+    a = _Noop.remote()
+    ray.get(a.noop.remote())
+    lat = []
+    for _ in range(300 if quick else 1000):
+        t = time.perf_counter()
+        ray.get(a.noop.remote())
+        lat.append(time.perf_counter() - t)
+    n = 2000 if quick else 5000
+    t = time.perf_counter()
+    ray.get([a.noop.remote() for _ in range(n)])
+    rate = n / (time.perf_counter() - t)
+    payload = b"\x00" * (1 << 20)
+    calls = 100 if quick else 300
+    t = time.perf_counter()
+    pending: list[Any] = []
+    for _ in range(calls):
+        pending.append(a.noop.remote(payload))
+        if len(pending) >= WINDOW:
+            ray.get(pending.pop(0))
+    ray.get(pending)
+    mib_rate = calls * len(payload) / (time.perf_counter() - t)
+    ray.kill(a)
+    return {
+        "noop_rtt_p50_ms": 1e3 * pct(lat, 0.5),
+        "noop_rtt_p99_ms": 1e3 * pct(lat, 0.99),
+        "noop_calls_per_s": rate,
+        "arg_1mib_bytes_per_s": mib_rate,
+    }
+
+
+# ------------------------------------------------------------ produce
+def produce_point(
+    producer: actors.Producer, body: bytes, batch: int, seconds: float, pipelined: bool
+) -> float:
+    msgs = [Message(TOPIC, body) for _ in range(batch)]
+    sent, started = 0, time.perf_counter()
+    deadline = started + seconds
+    window: list[Any] = []
+    while time.perf_counter() < deadline:
+        if pipelined:
+            window.append(producer.send_async(msgs))
+            if len(window) >= WINDOW:
+                window.pop(0).result()
+        else:
+            producer.send_batch(msgs)
+        sent += batch
+    for f in window:
+        f.result()
+    return sent / (time.perf_counter() - started)
+
+
+def encode_rate(body: bytes, batch: int) -> float:
+    msgs = [Message(TOPIC, body) for _ in range(batch)]
+    reps = max(1, 20_000 // batch)
+    t = time.perf_counter()
+    for _ in range(reps):
+        encode_batch(msgs).to_bytes()
+    return reps * batch / (time.perf_counter() - t)
+
+
+def bench_produce(cluster: actors.Cluster, quick: bool) -> list[dict[str, Any]]:
+    producer = cluster.producer("bench-producer", max_batch_messages=4096, max_batch_bytes=8 << 20)
+    producer.send_batch([Message(TOPIC, b"warm-up")])
+    rows = []
+    seconds = 0.6 if quick else 1.5
+    for size in (100, 1024):
+        body = b"b" * size
+        for batch in BATCHES:
+            row: dict[str, Any] = {"body": size, "batch": batch}
+            row["sync_msg_s"] = produce_point(producer, body, batch, seconds, False)
+            row["pipelined_msg_s"] = produce_point(producer, body, batch, seconds, True)
+            row["encode_msg_s"] = encode_rate(body, batch)
+            row["pipelined_bytes_s"] = row["pipelined_msg_s"] * size
+            rows.append(row)
+    producer.close()
+    return rows
+
+
+# ------------------------------------------------------------ consume
+def bench_consume(cluster: actors.Cluster, quick: bool) -> list[dict[str, Any]]:
+    consumer = cluster.pull_consumer("bench-consumer")
+    queues = consumer.fetch_subscribe_queues(TOPIC)
+    limit = 200_000 if quick else 600_000
+    point_s = 1.0 if quick else 3.0
+    rows = []
+    take = {
+        "raw": lambda r: r.count,
+        "bodies": lambda r: len(r.bodies),
+        "decoded": lambda r: len(r.messages),
+    }
+    for batch in (32, 256, 1024, 4096):
+        for mode, count in take.items():
+            got, started = 0, time.perf_counter()
+            offsets = dict.fromkeys(queues, 0)
+            while offsets and got < limit and time.perf_counter() - started < point_s:
+                for r in consumer.pull_many(list(offsets.items()), batch):
+                    if r.status is not PullStatus.FOUND:
+                        del offsets[r.queue]
+                        continue
+                    got += count(r)
+                    offsets[r.queue] = r.next_offset
+            rows.append(
+                {
+                    "batch": batch,
+                    "mode": mode,
+                    "msg_s": got / (time.perf_counter() - started),
+                    "messages": got,
+                }
+            )
+    return rows
+
+
+# ------------------------------------------------------------ latency
+@ray.remote(num_cpus=0)
+class _LatencyConsumer:
+    """A long-polling consumer in its own process; bodies carry the send time."""
+
+    def __init__(self, namespace: str, topic: str) -> None:
+        self.consumer = actors.PullConsumer("bench-latency", namespace=namespace)
+        self.mq = self.consumer.fetch_subscribe_queues(topic)[0]
+        self.offset = self.consumer.max_offset(self.mq)
+
+    def ready(self) -> int:
+        return self.offset
+
+    def run(self, n: int, timeout_s: float) -> list[float]:
+        lat: list[float] = []
+        deadline = time.time() + timeout_s
+        while len(lat) < n and time.time() < deadline:
+            r = self.consumer.pull(self.mq, self.offset, 64, long_poll_s=2.0)
+            now = time.time()
+            if r.status is PullStatus.FOUND:
+                lat.extend(now - float(b) for b in r.bodies)
+                self.offset = r.next_offset
+        return lat
+
+
+def bench_latency(cluster: actors.Cluster, quick: bool, rate: float = 200.0) -> dict[str, float]:
+    cluster.admin.create_topic("Latency", 1, 1)
+    producer = cluster.producer("bench-latency")
+    n = int(rate * (2 if quick else 5))
+    rtt = []
+    for _ in range(200):
+        t = time.perf_counter()
+        producer.send(Message("Latency", b"0.0"))
+        rtt.append(time.perf_counter() - t)
+    consumer = _LatencyConsumer.remote(cluster.namespace, "Latency")
+    ray.get(consumer.ready.remote())
+    pending = consumer.run.remote(n, 60.0)
+    time.sleep(0.3)  # let the first pull be held
+    start = time.perf_counter()
+    for i in range(n):
+        target = start + i / rate
+        while time.perf_counter() < target:
+            time.sleep(max(0.0, min(0.001, target - time.perf_counter())))
+        producer.send(Message("Latency", repr(time.time()).encode()))
+    lat = ray.get(pending)
+    ray.kill(consumer)
+    return {
+        "rate_msg_s": rate,
+        "messages": len(lat),
+        "send_rtt_p50_ms": 1e3 * pct(rtt, 0.5),
+        "p50_ms": 1e3 * pct(lat, 0.5),
+        "p99_ms": 1e3 * pct(lat, 0.99),
+        "mean_ms": 1e3 * statistics.fmean(lat),
+    }
+
+
+# ------------------------------------------------------------ ray.util.queue
+def bench_ray_queue(quick: bool) -> list[dict[str, Any]]:
+    from ray.util.queue import Queue
+
+    rows = []
+    body = b"b" * 100
+    for batch in (256, 1024, 4096):
+        q = Queue(actor_options={"num_cpus": 0})
+        items = [body] * batch
+        total = batch * max(4, (50_000 if quick else 200_000) // batch)
+        t = time.perf_counter()
+        for _ in range(total // batch):
+            q.put_nowait_batch(items)
+        put_rate = total / (time.perf_counter() - t)
+        t = time.perf_counter()
+        for _ in range(total // batch):
+            q.get_nowait_batch(batch)
+        get_rate = total / (time.perf_counter() - t)
+        q.shutdown()
+        rows.append({"batch": batch, "put_msg_s": put_rate, "get_msg_s": get_rate})
+    return rows
+
+
+# ------------------------------------------------------------ report
+def _fmt(v: float) -> str:
+    return f"{v:>12,.0f}"
+
+
+def report(r: dict[str, Any]) -> None:
+    f = r["floor"]
+    print("\n== Ray floor (same run)")
+    print(
+        f"  no-op actor call: p50 {f['noop_rtt_p50_ms']:.3f} ms, p99 {f['noop_rtt_p99_ms']:.3f} ms, "
+        f"{f['noop_calls_per_s']:,.0f} calls/s pipelined"
+    )
+    print(f"  1 MiB arguments to a no-op method: {f['arg_1mib_bytes_per_s'] / 2**20:,.0f} MiB/s")
+    print("\n== Produce (1 producer -> 1 broker, ASYNC_FLUSH)   msg/s")
+    print("  body  batch        sync   pipelined  client-encode   MiB/s(pipelined)")
+    for row in r["produce"]:
+        print(
+            f"  {row['body']:>4}  {row['batch']:>5}{_fmt(row['sync_msg_s'])}{_fmt(row['pipelined_msg_s'])}"
+            f"{_fmt(row['encode_msg_s'])}{row['pipelined_bytes_s'] / 2**20:>12,.1f}"
+        )
+    print("\n== Consume (pull_many over the topic's queues)   msg/s")
+    for row in r["consume"]:
+        print(f"  batch {row['batch']:>5} {row['mode']:<8}{_fmt(row['msg_s'])}")
+    lat = r["latency"]
+    print(
+        f"\n== Latency at {lat['rate_msg_s']:.0f} msg/s, long-polling consumer ({lat['messages']} msgs): "
+        f"p50 {lat['p50_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms"
+    )
+    print("\n== ray.util.queue.Queue, 100 B items, its own batch put/get   msg/s")
+    for row in r["ray_queue"]:
+        print(
+            f"  batch {row['batch']:>5}  put{_fmt(row['put_msg_s'])}  get{_fmt(row['get_msg_s'])}"
+        )
+    print("\n== Against the targets")
+    for line in targets(r):
+        print("  " + line)
+
+
+def targets(r: dict[str, Any]) -> list[str]:
+    f = r["floor"]
+    best = {
+        size: max(
+            r["produce"], key=lambda x, s=size: x["pipelined_msg_s"] if x["body"] == s else -1
+        )
+        for size in (100, 1024)
+    }
+    p100, p1k = best[100], best[1024]
+    best_consume = {
+        mode: max(x["msg_s"] for x in r["consume"] if x["mode"] == mode)
+        for mode in ("raw", "bodies", "decoded")
+    }
+    lat = r["latency"]
+    out = []
+
+    def check(ok: bool, text: str) -> None:
+        out.append(f"[{'ok ' if ok else 'MISS'}] {text}")
+
+    check(
+        p100["pipelined_msg_s"] >= 300_000,
+        f"produce 100 B: {p100['pipelined_msg_s']:,.0f} msg/s (batch {p100['batch']}) vs 300,000; "
+        f"client encode alone {p100['encode_msg_s']:,.0f} msg/s",
+    )
+    ratio = p1k["pipelined_bytes_s"] / f["arg_1mib_bytes_per_s"]
+    check(
+        ratio >= 0.7,
+        f"produce 1 KiB: {p1k['pipelined_bytes_s'] / 2**20:,.0f} MiB/s = {ratio:.0%} "
+        f"of Ray's 1 MiB-argument rate (target 70%); encode alone "
+        f"{p1k['encode_msg_s'] * 1024 / 2**20:,.0f} MiB/s",
+    )
+    check(
+        best_consume["bodies"] >= 500_000,
+        f"consume: {best_consume['bodies']:,.0f} msg/s as bodies (target 500,000); "
+        f"{best_consume['raw']:,.0f} raw blobs, {best_consume['decoded']:,.0f} as MessageExt "
+        "(bound: storage.codec.decode_records in Python)",
+    )
+    check(
+        lat["p50_ms"] <= 3 * f["noop_rtt_p50_ms"],
+        f"latency p50 {lat['p50_ms']:.2f} ms vs 3 x no-op RTT = {3 * f['noop_rtt_p50_ms']:.2f} ms"
+        f" (one producer.send round trip alone: {lat['send_rtt_p50_ms']:.2f} ms)",
+    )
+    check(lat["p99_ms"] <= 10, f"latency p99 {lat['p99_ms']:.2f} ms vs 10 ms")
+    for q in r["ray_queue"]:
+        mine_p = max(
+            (
+                x["pipelined_msg_s"]
+                for x in r["produce"]
+                if x["body"] == 100 and x["batch"] == q["batch"]
+            ),
+            default=0.0,
+        )
+        mine_c = max(
+            (
+                x["msg_s"]
+                for x in r["consume"]
+                if x["mode"] == "bodies" and x["batch"] == q["batch"]
+            ),
+            default=0.0,
+        )
+        text = f"batch {q['batch']}: produce {mine_p / q['put_msg_s']:.1f}x ray.util.queue put"
+        if mine_c:
+            text += f", consume (bodies) {mine_c / q['get_msg_s']:.1f}x its get"
+        check(mine_p >= 2 * q["put_msg_s"] and (not mine_c or mine_c >= 2 * q["get_msg_s"]), text)
+    return out
+
+
+def timed(name: str, fn: Callable[[], Any]) -> Any:
+    t = time.perf_counter()
+    print(f"running {name} ...", file=sys.stderr, flush=True)
+    out = fn()
+    print(f"  {name} took {time.perf_counter() - t:.1f}s", file=sys.stderr, flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="RayMQ end-to-end benchmark")
+    parser.add_argument("--quick", action="store_true", help="shorter points (smoke run)")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        logging_level="WARNING",
+        log_to_driver=False,
+    )
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="raymq-bench-") as root:
+        cluster = actors.start_cluster(
+            namespace="raymq-bench",
+            nameservers=1,
+            brokers=1,
+            store_root=root,
+            topics=[actors.TopicConfig(TOPIC, 4, 4)],
+            broker_options={
+                "store": {"commitlog_file_size": 256 << 20, "flush_disk_type": "ASYNC_FLUSH"}
+            },
+        )
+        try:
+            results["floor"] = timed("ray floor", lambda: ray_floor(args.quick))
+            results["produce"] = timed("produce", lambda: bench_produce(cluster, args.quick))
+            results["consume"] = timed("consume", lambda: bench_consume(cluster, args.quick))
+            results["latency"] = timed("latency", lambda: bench_latency(cluster, args.quick))
+            results["ray_queue"] = timed("ray.util.queue", lambda: bench_ray_queue(args.quick))
+        finally:
+            cluster.shutdown()
+    ray.shutdown()
+    report(results)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

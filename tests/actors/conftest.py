@@ -1,0 +1,54 @@
+"""One Ray cluster for the actors tests: a ``ray.cluster_utils.Cluster`` head this
+process starts itself (never a cluster someone else runs on the machine), so
+multi-node tests can add and remove nodes. Every test gets its own namespace."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster as RayTestCluster
+from raymq_testkit import SMALL_STORE, unique_namespace
+
+import actors
+
+
+@pytest.fixture(scope="package")
+def ray_cluster() -> Iterator[RayTestCluster]:
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = RayTestCluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 4, "include_dashboard": False},
+    )
+    ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+ClusterFactory = Callable[..., actors.Cluster]
+
+
+@pytest.fixture
+def make_cluster(ray_cluster: RayTestCluster, tmp_path: Path) -> Iterator[ClusterFactory]:
+    """``make_cluster(**start_cluster kwargs)``: a cluster in a fresh namespace on
+    ``tmp_path`` with small store files; shut down after the test."""
+    started: list[actors.Cluster] = []
+
+    def factory(**kwargs: Any) -> actors.Cluster:
+        options = dict(kwargs.pop("broker_options", {}) or {})
+        options["store"] = {**SMALL_STORE, **options.get("store", {})}
+        options.setdefault("heartbeat_interval_s", 2.0)
+        kwargs.setdefault("namespace", unique_namespace())
+        kwargs.setdefault("store_root", str(tmp_path / kwargs["namespace"]))
+        cluster = actors.start_cluster(broker_options=options, **kwargs)
+        started.append(cluster)
+        return cluster
+
+    yield factory
+    for cluster in started:
+        cluster.shutdown(timeout_s=10.0)

@@ -1,0 +1,39 @@
+"""Helpers shared by the actors tests (a uniquely named module, imported by name)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+SMALL_STORE = {
+    "commitlog_file_size": 8 << 20,
+    "consume_queue_file_entries": 20_000,
+    "index_hash_slots": 4099,
+    "index_max_entries": 200_000,
+    "max_message_size": 1 << 20,
+    "flush_interval_commitlog_ms": 50,
+    "flush_interval_consume_queue_ms": 100,
+}
+
+
+def unique_namespace(prefix: str = "t") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def wait_until(
+    predicate: Callable[[], Any],
+    timeout_s: float = 20.0,
+    interval_s: float = 0.02,
+    what: str = "condition",
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)

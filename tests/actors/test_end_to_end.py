@@ -1,0 +1,227 @@
+"""Producers and pull consumers against a real 2-NameServer, 2-broker cluster."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import ray
+from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
+
+import actors
+from actors import PullStatus
+from rebalance import MessageQueue
+from storage import Message
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[actors.Cluster]:
+    ns = unique_namespace("e2e")
+    c = actors.start_cluster(
+        namespace=ns,
+        nameservers=2,
+        brokers=2,
+        store_root=str(tmp_path_factory.mktemp("e2e")),
+        broker_options={"store": SMALL_STORE, "heartbeat_interval_s": 2.0},
+        topics=[actors.TopicConfig("Orders", 4, 4)],
+    )
+    yield c
+    c.shutdown()
+
+
+def drain(
+    consumer: actors.PullConsumer, topic: str, tags: str | None = None, batch: int = 1000
+) -> dict[MessageQueue, list[Any]]:
+    """Every message of every queue from offset 0, queue by queue in offset order."""
+    out: dict[MessageQueue, list[Any]] = defaultdict(list)
+    queues = consumer.fetch_subscribe_queues(topic)
+    offsets = dict.fromkeys(queues, 0)
+    while offsets:
+        results = consumer.pull_many(list(offsets.items()), batch, tags=tags)
+        for r in results:
+            if r.status in (PullStatus.FOUND, PullStatus.NO_MATCHED_MSG):
+                out[r.queue].extend(r.messages)
+                offsets[r.queue] = r.next_offset
+            else:
+                del offsets[r.queue]
+    return out
+
+
+def test_actors_are_named_and_detached(cluster: actors.Cluster) -> None:
+    names = cluster.actor_names()
+    assert names == ["broker-a-0", "broker-b-0", "nameserver-0", "nameserver-1"]
+    handle = ray.get_actor("broker-b-0", namespace=cluster.namespace)
+    assert ray.get(handle.status.remote())["broker_name"] == "broker-b"
+    again = actors.connect(cluster.namespace)
+    assert again.nameserver_names == ["nameserver-0", "nameserver-1"]
+    route = again.admin.topic_route("Orders")
+    assert sorted(q.broker_name for q in route.queue_datas) == ["broker-a", "broker-b"]
+
+
+def test_every_message_comes_back_once_in_queue_order(cluster: actors.Cluster) -> None:
+    producer = cluster.producer("p-e2e", max_batch_messages=128)
+    n = 6000
+    msgs = [Message("Orders", b"order-%06d" % i, tags="A", keys=f"k{i}") for i in range(n)]
+    result = producer.send_batch(msgs)
+    assert len(result) == n
+    assert {mq.broker_name for mq, _, _ in result.queues} == {"broker-a", "broker-b"}
+    sent_ids = [r.msg_id for r in result]
+    assert len(set(sent_ids)) == n
+    got = drain(cluster.pull_consumer("c-e2e"), "Orders")
+    seen: list[str] = []
+    for mq, messages in got.items():
+        offsets = [m.queue_offset for m in messages]
+        assert offsets == list(range(offsets[0], offsets[0] + len(offsets))), mq
+        seqs = [int(m.body[6:]) for m in messages]
+        assert seqs == sorted(seqs), f"{mq} out of send order"
+        assert all(m.queue_id == mq.queue_id and m.topic == "Orders" for m in messages)
+        seen.extend(m.msg_id for m in messages)
+    assert sorted(seen) == sorted(sent_ids)
+    some = cluster.pull_consumer("c-e2e").pull(next(iter(got)), 0, 100)
+    assert some.bodies == [m.body for m in some.messages]
+    # the per-message results point at the stored messages
+    first = result[0]
+    stored = cluster.admin.query_by_id(first.offset_msg_id)
+    assert stored.body == b"order-000000" and stored.queue_offset == first.queue_offset
+
+
+def test_tags_are_filtered_exactly(cluster: actors.Cluster) -> None:
+    producer = cluster.producer("p-tags")
+    tags = ["TagA", "TagB", "TagC", None]
+    producer.send_batch([Message("Tagged", b"m%d" % i, tags=tags[i % 4]) for i in range(400)])
+    consumer = cluster.pull_consumer("c-tags")
+    got = drain(consumer, "Tagged", tags="TagA || TagC", batch=64)
+    bodies = sorted(int(m.body[1:]) for msgs in got.values() for m in msgs)
+    assert bodies == [i for i in range(400) if i % 4 in (0, 2)]
+    assert all(m.tags in ("TagA", "TagC") for msgs in got.values() for m in msgs)
+    mq = next(iter(got))
+    none = consumer.pull(mq, 0, 1000, tags="NoSuchTag")
+    assert none.status is PullStatus.NO_MATCHED_MSG and not none.messages
+    assert none.next_offset == none.max_offset
+
+
+def test_offsets_survive_a_consumer_restart(cluster: actors.Cluster) -> None:
+    producer = cluster.producer("p-off")
+    producer.send_batch([Message("Offsets", b"x%d" % i) for i in range(50)])
+    first = cluster.pull_consumer("g-off")
+    queues = first.fetch_subscribe_queues("Offsets")
+    results = first.pull_many([(q, 0) for q in queues], 10)
+    first.commit_offsets({r.queue: r.next_offset for r in results})
+    expected = {r.queue: r.next_offset for r in results}
+    first.close()
+    second = cluster.pull_consumer("g-off")
+    assert second.fetch_offsets("Offsets") == expected
+    assert all(second.fetch_offset(q) == expected[q] for q in queues)
+    other = cluster.pull_consumer("g-other")
+    assert set(other.fetch_offsets("Offsets").values()) == {-1}
+    assert second.client_id != first.client_id
+    assert first.client_id in cluster.admin.consumer_list("g-off")
+
+
+def test_long_poll_is_answered_when_a_message_arrives(cluster: actors.Cluster) -> None:
+    cluster.admin.create_topic("Poll", 1, 1)
+    consumer = cluster.pull_consumer("g-poll")
+    mq = consumer.fetch_subscribe_queues("Poll")[0]
+    start = consumer.max_offset(mq)
+    box: dict[str, Any] = {}
+
+    def pull() -> None:
+        t = time.monotonic()
+        box["result"] = consumer.pull(mq, start, 10, long_poll_s=20.0)
+        box["took"] = time.monotonic() - t
+
+    thread = threading.Thread(target=pull)
+    thread.start()
+    broker = cluster.broker(mq.broker_name)
+    wait_until(lambda: ray.get(broker.status.remote())["held_pulls"] >= 1, what="a held pull")
+    cluster.producer("p-poll").send(Message("Poll", b"wake up"))
+    thread.join(20)
+    assert box["result"].status is PullStatus.FOUND
+    assert [m.body for m in box["result"].messages] == [b"wake up"]
+    assert box["took"] < 10.0
+    # nothing new: held for the time asked, then NO_NEW_MSG
+    t = time.monotonic()
+    empty = consumer.pull(mq, start + 1, 10, long_poll_s=0.3)
+    assert empty.status is PullStatus.NO_NEW_MSG and time.monotonic() - t >= 0.25
+
+
+def test_send_async_oneway_and_single(cluster: actors.Cluster) -> None:
+    producer = cluster.producer("p-async")
+    one = producer.send(Message("Async", b"single", keys="only-key"))
+    assert one.status is actors.SendStatus.SEND_OK
+    future = producer.send_async([Message("Async", b"a%d" % i) for i in range(300)])
+    single = producer.send_async(Message("Async", b"one more"))
+    batch = future.result(timeout=30)
+    assert len(batch) == 300 and single.result(timeout=30).queue_offset >= 0
+    producer.send_oneway([Message("Async", b"fire%d" % i) for i in range(10)])
+    admin = cluster.admin
+
+    def total() -> int:
+        return sum(r["max_offset"] for r in admin.topic_status("Async"))
+
+    wait_until(lambda: total() == 312, what="oneway messages stored")
+    found = admin.query_by_key("Async", "only-key")
+    assert [m.body for m in found] == [b"single"]
+
+
+def test_same_sharding_key_same_queue(cluster: actors.Cluster) -> None:
+    producer = cluster.producer("p-order")
+    queues = {}
+    for key in ("order-1", "order-2", "order-3"):
+        sent = [
+            producer.send(Message("Orders", b"%s-%d" % (key.encode(), i)), sharding_key=key)
+            for i in range(5)
+        ]
+        assert len({r.message_queue for r in sent}) == 1
+        offsets = [r.queue_offset for r in sent]
+        assert offsets == sorted(offsets)
+        queues[key] = sent[0].message_queue
+    again = producer.send(Message("Orders", b"again"), sharding_key="order-2")
+    assert again.message_queue == queues["order-2"]
+
+
+def test_auto_created_topic_gets_the_producers_queue_count(cluster: actors.Cluster) -> None:
+    producer = cluster.producer("p-auto", default_topic_queue_nums=2)
+    producer.send_batch([Message("AutoMade", b"x%d" % i) for i in range(40)], timeout_s=10)
+    route = wait_until(lambda: cluster.admin.ns.route("AutoMade", refresh=True), what="route")
+    assert all(q.write_queue_nums <= 2 for q in route.queue_datas)
+    assert "AutoMade" in cluster.admin.list_topics()
+    total = sum(r["max_offset"] for r in cluster.admin.topic_status("AutoMade"))
+    assert total == 40
+
+
+def test_admin_status_lag_reset_and_update(cluster: actors.Cluster) -> None:
+    admin = cluster.admin
+    admin.create_topic("Lag", 2, 2)
+    before_ms = int(time.time() * 1000)
+    cluster.producer("p-lag").send_batch([Message("Lag", b"l%d" % i) for i in range(20)])
+    consumer = cluster.pull_consumer("g-lag")
+    queues = consumer.fetch_subscribe_queues("Lag")
+    consumer.commit_offsets({q: 0 for q in queues})
+    rows = admin.consumer_lag("g-lag", "Lag")
+    assert len(rows) == 4 and sum(r["lag"] for r in rows) == 20
+    reset = admin.reset_offset("g-lag", "Lag", int(time.time() * 1000) + 60_000)
+    assert sum(reset.values()) == 20
+    assert sum(r["lag"] for r in admin.consumer_lag("g-lag")) == 0
+    reset = admin.reset_offset("g-lag", "Lag", before_ms)
+    assert set(reset.values()) == {0}
+    status = admin.topic_status("Lag")
+    assert {(r["broker"], r["queue_id"]) for r in status} == {
+        ("broker-a", 0),
+        ("broker-a", 1),
+        ("broker-b", 0),
+        ("broker-b", 1),
+    }
+    assert all(r["last_update_ms"] >= before_ms for r in status if r["max_offset"])
+    updated = admin.update_topic("Lag", perm=4)
+    assert {tc.perm for tc in updated.values()} == {4}
+    cs = admin.cluster_status()
+    assert [b["broker_name"] for b in cs["brokers"]] == ["broker-a", "broker-b"]
+    assert all(n["alive"] for n in cs["nameservers"])
+    assert all(b["role"] == "MASTER" and b["disk_total"] > 0 for b in cs["brokers"])
+    assert admin.delete_topic("Lag") == ["broker-a", "broker-b"]
+    assert "Lag" not in admin.list_topics()

@@ -1,0 +1,76 @@
+"""Brokers pinned to nodes of a multi-node Ray cluster (``ray.cluster_utils.Cluster``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import ray
+from raymq_testkit import wait_until
+
+from actors import BrokerSpec
+from storage import Message
+
+
+def live_brokers(cluster: Any, topic: str) -> list[str]:
+    route = ray.get(cluster.nameserver(0).get_route.remote(topic))
+    return sorted(q.broker_name for q in route.queue_datas) if route else []
+
+
+def status_of(broker: Any) -> dict[str, Any]:
+    """The broker's status, or {} while Ray restarts it."""
+    try:
+        return ray.get(broker.status.remote(), timeout=30)
+    except ray.exceptions.RayActorError:
+        return {}
+
+
+def node_of(broker: Any) -> str | None:
+    return status_of(broker).get("node_id")
+
+
+def test_broker_pinned_to_a_node_restarts_there_and_leaves_with_it(
+    ray_cluster: Any, make_cluster: Any
+) -> None:
+    node = ray_cluster.add_node(num_cpus=1, resources={"rmq-node-b": 1})
+    try:
+        ray_cluster.wait_for_nodes()
+        cluster = make_cluster(
+            nameservers=1,
+            topics=["Pinned"],
+            brokers=[BrokerSpec("broker-a"), BrokerSpec("broker-b", node="rmq-node-b")],
+        )
+        broker_b = cluster.broker("broker-b")
+        assert node_of(broker_b) == node.node_id
+        assert node_of(cluster.broker("broker-a")) == ray.get_runtime_context().get_node_id()
+        producer = cluster.producer("p-pinned")
+        producer.send_batch([Message("Pinned", b"x%d" % i) for i in range(64)])
+
+        pid = ray.get(broker_b.status.remote())["pid"]
+        ray.kill(broker_b, no_restart=False)
+        wait_until(
+            lambda: status_of(broker_b).get("pid") not in (None, pid),
+            timeout_s=60,
+            what="broker-b restarted",
+        )
+        assert node_of(broker_b) == node.node_id
+        wait_until(
+            lambda: live_brokers(cluster, "Pinned") == ["broker-a", "broker-b"],
+            what="broker-b re-registered",
+        )
+        assert sum(r["max_offset"] for r in cluster.admin.topic_status("Pinned")) == 64
+
+        ray_cluster.remove_node(node)
+        removed = time.monotonic()
+        wait_until(
+            lambda: live_brokers(cluster, "Pinned") == ["broker-a"],
+            timeout_s=5,
+            interval_s=0.01,
+            what="broker-b gone from routes",
+        )
+        assert time.monotonic() - removed < 1.0
+        results = producer.send_batch([Message("Pinned", b"y%d" % i) for i in range(32)])
+        assert {mq.broker_name for mq, _, _ in results.queues} == {"broker-a"}
+    finally:
+        if node in ray_cluster.worker_nodes:
+            ray_cluster.remove_node(node)

@@ -1,0 +1,58 @@
+"""The producer's pieces that need no Ray: batching, queue patching, results."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from actors.config import ProducerConfig
+from actors.producer import Producer
+from actors.protocol import SendAck
+from actors.send_result import BatchSendResult, SendStatus, _Chunk, _with_queue
+from rebalance import MessageQueue
+from storage import Message, encode_batch
+from storage.codec import EncodedBatch, decode_records
+from storage.message import PutStatus
+
+
+def cutter(**options: int) -> Producer:
+    p = Producer.__new__(Producer)  # only the batching logic, no cluster
+    p.config = ProducerConfig(**options)  # type: ignore[arg-type]
+    return p
+
+
+def test_batches_respect_count_and_bytes() -> None:
+    msgs = [Message("T", b"x" * 300) for _ in range(7)]
+    assert cutter(max_batch_messages=3, max_batch_bytes=10_000)._cut(msgs, list(range(7))) == [
+        [0, 1, 2],
+        [3, 4, 5],
+        [6],
+    ]
+    assert cutter(max_batch_messages=100, max_batch_bytes=1000)._cut(msgs, list(range(7))) == [
+        [0, 1],
+        [2, 3],
+        [4, 5],
+        [6],
+    ]
+    big = [Message("T", b"x" * 5000) for _ in range(2)]
+    assert cutter(max_batch_bytes=1000)._cut(big, [0, 1]) == [[0], [1]]
+
+
+def test_with_queue_patches_every_record_and_the_array() -> None:
+    for n in (3, 40):  # the short loop and the numpy path
+        batch = encode_batch([Message("T", b"m%d" % i) for i in range(n)])
+        patched = EncodedBatch.from_bytes(_with_queue(batch, 5))
+        assert set(patched.queue_ids.tolist()) == {5}
+        assert {m.queue_id for m in decode_records(patched.data)} == {5}
+
+
+def test_batch_results_come_back_in_the_callers_order() -> None:
+    batch = encode_batch([Message("T", b"a"), Message("T", b"b")])
+    mq = MessageQueue("T", "broker-a", 1)
+    ack = SendAck(
+        PutStatus.PUT_OK, "broker-a", "10.0.0.1:10911", np.array([7, 8]), np.array([100, 200])
+    )
+    result = BatchSendResult([(_Chunk("T", batch, np.array([1, 0])), mq, ack)], 2)
+    assert [r.queue_offset for r in result] == [8, 7]
+    assert result[1].msg_id == batch.uniq_keys[0] and result[0].status is SendStatus.SEND_OK
+    assert result[1].offset_msg_id.endswith(f"{100:016X}")
+    assert result.queues == [(mq, 7, 2)]

@@ -1,0 +1,183 @@
+"""Failures: a broker crashes and Ray restarts it, a broker dies, a NameServer dies,
+a cluster stops and starts again on the same stores."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+from raymq_testkit import unique_namespace, wait_until
+
+from actors import PullStatus
+from storage import Message
+
+
+def route_brokers(cluster: Any, topic: str) -> list[str]:
+    route = cluster.admin.ns.route(topic, refresh=True)
+    return sorted(q.broker_name for q in route.queue_datas) if route else []
+
+
+def incarnation(broker: Any) -> str | None:
+    """The broker's incarnation, or None while Ray restarts it."""
+    try:
+        return ray.get(broker.ping.remote(), timeout=30)
+    except ray.exceptions.RayActorError:
+        return None
+
+
+def all_msg_ids(consumer: Any, topic: str) -> list[str]:
+    ids = []
+    for mq in consumer.fetch_subscribe_queues(topic):
+        offset = 0
+        while True:
+            r = consumer.pull(mq, offset, 2000)
+            if r.status is not PullStatus.FOUND:
+                break
+            ids.extend(m.msg_id for m in r.messages)
+            offset = r.next_offset
+    return ids
+
+
+def test_crashed_broker_restarts_in_place_with_every_acknowledged_message(
+    make_cluster: Any,
+) -> None:
+    cluster = make_cluster(
+        nameservers=2,
+        brokers=2,
+        topics=["Crash"],
+        broker_options={"store": {"flush_disk_type": "SYNC_FLUSH"}},
+    )
+    broker = cluster.broker("broker-a")
+    before = ray.get(broker.status.remote())
+    producer = cluster.producer("p-crash", send_timeout_s=2.0, fault_isolation_s=2.0)
+    acked: list[str] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    sent_during: dict[str, int] = {"batches": 0}
+
+    def produce() -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                result = producer.send_batch(
+                    [Message("Crash", b"m%d-%d" % (i, k)) for k in range(20)]
+                )
+                acked.extend(r.msg_id for r in result)
+                sent_during["batches"] += 1
+            except BaseException as exc:  # noqa: BLE001 - the test asserts there are none
+                errors.append(exc)
+                return
+            i += 1
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    wait_until(lambda: sent_during["batches"] >= 20, what="producer warmed up")
+    ray.kill(broker, no_restart=False)
+    killed_at = sent_during["batches"]
+    wait_until(
+        lambda: incarnation(broker) not in (None, before["incarnation"]),
+        timeout_s=60,
+        what="broker-a restarted",
+    )
+    wait_until(
+        lambda: route_brokers(cluster, "Crash") == ["broker-a", "broker-b"],
+        what="broker-a back in the routes",
+    )
+    wait_until(lambda: sent_during["batches"] >= killed_at + 20, what="more sends after restart")
+    stop.set()
+    thread.join(30)
+    assert not errors, errors
+    after = ray.get(broker.status.remote())
+    assert after["node_id"] == before["node_id"] and after["store_dir"] == before["store_dir"]
+    assert after["abnormal_start"] and after["pid"] != before["pid"]
+    stored = all_msg_ids(cluster.pull_consumer("g-crash"), "Crash")
+    assert set(acked) <= set(stored)
+    assert len(acked) >= 40 * 20
+
+
+def test_dead_broker_leaves_every_route_at_once(make_cluster: Any) -> None:
+    cluster = make_cluster(nameservers=2, brokers=2, topics=["Dead"])
+    producer = cluster.producer("p-dead", fault_isolation_s=30.0)
+    warm = producer.send_batch(
+        [Message("Dead", b"w%d" % i) for i in range(64)],
+    )
+    assert {mq.broker_name for mq, _, _ in warm.queues} == {"broker-a"}  # 64 < 1 chunk
+    assert route_brokers(cluster, "Dead") == ["broker-a", "broker-b"]
+    ray.kill(cluster.broker("broker-b"), no_restart=True)
+    killed = time.monotonic()
+    for i in range(2):
+        ns = cluster.nameserver(i)
+
+        def gone(ns: Any = ns) -> bool:
+            route = ray.get(ns.get_route.remote("Dead"))
+            return [q.broker_name for q in route.queue_datas] == ["broker-a"]
+
+        wait_until(gone, timeout_s=5, what=f"nameserver-{i} drops broker-b")
+    assert time.monotonic() - killed < 1.5
+    # the producer's cached route still names broker-b: its sends fail and are retried
+    futures = [
+        producer.send_async([Message("Dead", b"a%d-%d" % (i, k)) for k in range(5)])
+        for i in range(8)
+    ]
+    results = [f.result(timeout=30) for f in futures]
+    results.append(producer.send_batch([Message("Dead", b"s%d" % i) for i in range(5)]))
+    for _ in range(8):
+        results.append(producer.send_batch([Message("Dead", b"x")]))
+    assert {mq.broker_name for r in results for mq, _, _ in r.queues} == {"broker-a"}
+    assert "broker-b" in producer.fault.snapshot()
+
+
+def test_clients_fail_over_to_the_next_nameserver(make_cluster: Any) -> None:
+    cluster = make_cluster(nameservers=2, brokers=1, topics=["Fail"])
+    producer = cluster.producer("p-fail")
+    consumer = cluster.pull_consumer("g-fail")
+    producer.send(Message("Fail", b"before"))
+    ray.kill(cluster.nameserver(0), no_restart=True)
+    cluster.admin.create_topic("Fail2", 1, 1)  # forces route lookups through the dead one
+    r = producer.send(Message("Fail2", b"after"))
+    assert r.status.value == "SEND_OK"
+    mq = consumer.fetch_subscribe_queues("Fail2")[0]
+    assert [m.body for m in consumer.pull(mq, 0).messages] == [b"after"]
+    from actors import connect
+
+    again = connect(cluster.namespace)
+    assert again.nameserver_names == ["nameserver-1"]
+    status = cluster.admin.cluster_status()
+    assert [n["alive"] for n in status["nameservers"]] == [False, True]
+
+
+def test_offsets_and_messages_survive_a_clean_restart(make_cluster: Any, tmp_path: Path) -> None:
+    ns, root = unique_namespace("restart"), str(tmp_path / "stores")
+    cluster = make_cluster(
+        namespace=ns,
+        store_root=root,
+        nameservers=1,
+        brokers=1,
+        broker_options={"auto_create_topic_enable": False},
+        topics=["Keep"],
+    )
+    cluster.producer("p-keep").send_batch([Message("Keep", b"k%d" % i) for i in range(100)])
+    consumer = cluster.pull_consumer("g-keep")
+    queues = consumer.fetch_subscribe_queues("Keep")
+    committed = {q: consumer.max_offset(q) // 2 for q in queues}
+    consumer.commit_offsets(committed)
+    cluster.shutdown()
+    saved = json.loads((Path(root) / "broker-a-0" / "config" / "consumerOffset.json").read_text())
+    assert saved["offsetTable"]["Keep@g-keep"] == {str(q.queue_id): o for q, o in committed.items()}
+    topics = json.loads((Path(root) / "broker-a-0" / "config" / "topics.json").read_text())
+    assert "Keep" in topics["topicConfigTable"]
+    again = make_cluster(
+        namespace=ns,
+        store_root=root,
+        nameservers=1,
+        brokers=1,
+        broker_options={"auto_create_topic_enable": False},
+    )
+    consumer = again.pull_consumer("g-keep")
+    assert consumer.fetch_offsets("Keep") == committed
+    assert sum(consumer.max_offset(q) for q in queues) == 100
+    assert not ray.get(again.broker("broker-a").status.remote())["abnormal_start"]
