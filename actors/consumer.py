@@ -74,6 +74,7 @@ class PullResult:
         "_tags",
         "_check_crc",
         "_messages",
+        "_starts",
     )
 
     def __init__(
@@ -83,6 +84,7 @@ class PullResult:
         self.store_status = raw.status
         self.data = raw.data
         self.count = raw.count
+        self._starts = raw.starts()
         self.next_offset = raw.next_offset
         self.min_offset = raw.min_offset
         self.max_offset = raw.max_offset
@@ -93,7 +95,11 @@ class PullResult:
     @property
     def messages(self) -> list[MessageExt]:
         if self._messages is None:
-            msgs = decode_records(self.data, check_crc=self._check_crc) if self.count else []
+            msgs = (
+                decode_records(self.data, check_crc=self._check_crc, starts=self._starts)
+                if self.count
+                else []
+            )
             if self._tags is not None:
                 tags = self._tags
                 msgs = [m for m in msgs if m.properties.get("TAGS") in tags]

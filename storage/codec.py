@@ -30,10 +30,12 @@ import random
 import re
 import socket
 import struct
+import threading
 import time
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -195,12 +197,21 @@ class UniqueKeyGenerator:
         except OSError:
             ip_bytes = b"\x7f\x00\x00\x01"
         salt = ip_bytes + (os.getpid() & 0xFFFF).to_bytes(2, "big") + random.randbytes(4)
-        self._prefix = salt.hex().upper()
+        self.prefix = salt.hex().upper()
         start = (int(time.time() * 1000) & 0xFFFFFF) << 24
         self._counter = itertools.count(start)
+        self._lock = threading.Lock()
 
     def next(self) -> str:
-        return f"{self._prefix}{next(self._counter) & 0xFFFFFFFFFFFF:012X}"
+        return f"{self.prefix}{next(self._counter) & 0xFFFFFFFFFFFF:012X}"
+
+    def take(self, n: int) -> int:
+        """Reserve ``n`` consecutive counter values; return the first (48-bit wrap)."""
+        with self._lock:
+            first = next(self._counter)
+            if n > 1:
+                self._counter = itertools.count(first + n)
+        return first
 
 
 _default_uniq = UniqueKeyGenerator()
@@ -283,6 +294,39 @@ def decode_properties(raw: bytes) -> dict[str, str]:
 # ---------------------------------------------------------------- encoding
 
 
+class PackedKeys(Sequence[str]):
+    """Unique keys kept as one ``\x00``-separated string, split only when read.
+
+    A broker stores a batch without ever looking at its keys one by one; this
+    keeps them off the per-message path on both ends of the wire.
+    """
+
+    __slots__ = ("_keys", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._keys: list[str] | None = None
+
+    def _split(self) -> list[str]:
+        if self._keys is None:
+            self._keys = self.text.split("\x00") if self.text else []
+        return self._keys
+
+    def __len__(self) -> int:
+        return len(self._split())
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._split()[index]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._split())
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 @dataclass(frozen=True)
 class EncodedBatch:
     """Records laid out back to back with store-side fields zeroed, and what the
@@ -298,7 +342,7 @@ class EncodedBatch:
     tag_codes: np.ndarray  # int64
     key_hashes: np.ndarray  # int32 (java hash of "topic#key")
     key_owner: np.ndarray  # int32 record index of each key
-    uniq_keys: tuple[str, ...]
+    uniq_keys: Sequence[str]
     delay_levels: np.ndarray | None = None  # int32 per record when any message is delayed
     checked: bool = field(default=False, compare=False)  # structure already verified
 
@@ -320,7 +364,8 @@ class EncodedBatch:
 
     def to_bytes(self) -> bytes:
         topics = "\x00".join(self.topics).encode("utf-8")
-        uniq = "\x00".join(self.uniq_keys).encode("ascii")
+        keys = self.uniq_keys
+        uniq = (keys.text if isinstance(keys, PackedKeys) else "\x00".join(keys)).encode("ascii")
         delays = self.delay_levels
         head = struct.pack(
             ">iiiii",
@@ -355,8 +400,7 @@ class EncodedBatch:
             pos = 20
             topics = tuple(blob[pos : pos + lt].decode("utf-8").split("\x00"))
             pos += lt
-            uniq_text = blob[pos : pos + lu].decode("ascii")
-            uniq = tuple(uniq_text.split("\x00")) if lu else ()
+            uniq = PackedKeys(blob[pos : pos + lu].decode("ascii"))
             pos += lu
             arrays = []
             for dtype, count in (
@@ -450,6 +494,14 @@ def encode_batch(
     born_ts = int(time.time() * 1000) if born_timestamp is None else born_timestamp
     born_raw = host_to_bytes(born_host)
     gen = uniq or _default_uniq
+    if born is None and reconsume_times == 0:
+        if not isinstance(messages, (list, tuple)):
+            messages = list(messages)
+        from ._fast_encode import encode_plain
+
+        fast = encode_plain(messages, max_message_size, born_ts, born_raw, gen)
+        if fast is not None:
+            return fast
     pack = HEADER.pack
     crc32 = zlib.crc32
     zero8 = b"\x00" * 8
@@ -651,28 +703,28 @@ def decode_record(
         )
     if check_crc and (zlib.crc32(body) & 0x7FFFFFFF) != body_crc:
         raise StoreCorruptedError(f"record at {pos}: body CRC mismatch")
-    props = decode_properties(bytes(buf[p:end]))
-    return (
-        MessageExt(
-            topic=topic,
-            body=body,
-            queue_id=queue_id,
-            queue_offset=queue_offset,
-            commitlog_offset=phys,
-            store_size=size,
-            born_timestamp=born_ts,
-            store_timestamp=store_ts,
-            born_host=bytes_to_host(born_host),
-            store_host=bytes_to_host(store_host),
-            properties=props,
-            flag=flag,
-            sys_flag=sys_flag,
-            body_crc=body_crc,
-            reconsume_times=reconsume,
-            prepared_transaction_offset=prepared,
-        ),
-        end,
+    raw_props = bytes(buf[p:end])
+    props = decode_properties(raw_props)
+    message = MessageExt(
+        topic,
+        body,
+        queue_id,
+        queue_offset,
+        phys,
+        size,
+        born_ts,
+        store_ts,
+        bytes_to_host(born_host),
+        bytes_to_host(store_host),
+        flag,
+        sys_flag,
+        body_crc,
+        reconsume,
+        prepared,
+        raw_props,
     )
+    message.__dict__["_props"] = props
+    return message, end
 
 
 _HDR = np.dtype(
@@ -775,92 +827,61 @@ def decode_records(
         decode_record(data, int(starts[i]), check_crc=check_crc)
     body_at = (starts + HEADER.size).tolist()
     body_end = topic_at.tolist()
-    prop_start = (prop_at + 2).tolist()
-    end_list = ends.tolist()
-    crcs = hdr["crc"].tolist()
-    out = []
-    topic_cache: dict[bytes, str] = {}
-    crc32 = zlib.crc32
-    cols = zip(
-        body_at,
-        body_end,
-        (topic_at + 1).tolist(),
-        prop_at.tolist(),
-        prop_start,
-        end_list,
-        hdr["qid"].tolist(),
-        hdr["qoff"].tolist(),
-        hdr["phys"].tolist(),
-        sizes.tolist(),
-        hdr["born_ts"].tolist(),
-        hdr["store_ts"].tolist(),
-        hdr["born_ip"].tolist(),
-        hdr["born_port"].tolist(),
-        hdr["store_ip"].tolist(),
-        hdr["store_port"].tolist(),
-        hdr["flag"].tolist(),
-        hdr["sysflag"].tolist(),
-        crcs,
-        hdr["reconsume"].tolist(),
-        hdr["prepared"].tolist(),
-    )
-    for (
-        b0,
-        b1,
-        t0,
-        t1,
-        p0,
-        p1,
-        qid,
-        qoff,
-        phys,
-        size,
-        born_ts,
-        store_ts,
-        bip,
-        bport,
-        sip,
-        sport,
-        flag,
-        sysflag,
-        crc,
-        reconsume,
-        prepared,
-    ) in cols:
-        body = data[b0:b1]
-        if check_crc and (crc32(body) & 0x7FFFFFFF) != crc:
-            raise StoreCorruptedError(f"record at {b0 - HEADER.size}: body CRC mismatch")
-        raw_topic = data[t0:t1]
-        topic = topic_cache.get(raw_topic)
-        if topic is None:
-            try:
-                topic = topic_cache[raw_topic] = raw_topic.decode("ascii")
-            except UnicodeDecodeError as exc:
-                raise StoreCorruptedError(
-                    f"record at {b0 - HEADER.size}: topic is not ASCII"
-                ) from exc
-        out.append(
-            MessageExt(
-                topic,
-                body,
-                qid,
-                qoff,
-                phys,
-                size,
-                born_ts,
-                store_ts,
-                _host(bip, bport),
-                _host(sip, sport),
-                None,
-                flag,
-                sysflag,
-                crc,
-                reconsume,
-                prepared,
-                data[p0:p1],
-            )
+    bodies = [data[a:b] for a, b in zip(body_at, body_end)]
+    if check_crc:
+        crc32 = zlib.crc32
+        for a, body, crc in zip(body_at, bodies, hdr["crc"].tolist()):
+            if (crc32(body) & 0x7FFFFFFF) != crc:
+                raise StoreCorruptedError(f"record at {a - HEADER.size}: body CRC mismatch")
+    topics = _topics(data, (topic_at + 1).tolist(), prop_at.tolist())
+    props = [data[a:b] for a, b in zip((prop_at + 2).tolist(), ends.tolist())]
+    born = _hosts(hdr["born_ip"], hdr["born_port"])
+    stored = _hosts(hdr["store_ip"], hdr["store_port"])
+    new = tuple.__new__
+    return [
+        new(MessageExt, row)
+        for row in zip(
+            topics,
+            bodies,
+            hdr["qid"].tolist(),
+            hdr["qoff"].tolist(),
+            hdr["phys"].tolist(),
+            sizes.tolist(),
+            hdr["born_ts"].tolist(),
+            hdr["store_ts"].tolist(),
+            born,
+            stored,
+            hdr["flag"].tolist(),
+            hdr["sysflag"].tolist(),
+            hdr["crc"].tolist(),
+            hdr["reconsume"].tolist(),
+            hdr["prepared"].tolist(),
+            props,
         )
+    ]
+
+
+def _topics(data: bytes, starts: list[int], ends: list[int]) -> list[str]:
+    """Topic names of a pull: usually one name, decoded once."""
+    names: dict[bytes, str] = {}
+    out = []
+    for a, b in zip(starts, ends):
+        raw = data[a:b]
+        name = names.get(raw)
+        if name is None:
+            try:
+                name = names[raw] = raw.decode("ascii")
+            except UnicodeDecodeError as exc:
+                raise StoreCorruptedError(f"record topic {raw[:20]!r} is not ASCII") from exc
+        out.append(name)
     return out
+
+
+def _hosts(ips: np.ndarray, ports: np.ndarray) -> list[str]:
+    """``ip:port`` per record, formatted once per distinct host."""
+    if len(ips) and bool((ips == ips[0]).all()) and bool((ports == ports[0]).all()):
+        return [_host(int(ips[0]), int(ports[0]))] * len(ips)
+    return [_host(ip, port) for ip, port in zip(ips.tolist(), ports.tolist())]
 
 
 def encode_message(message: Message, **kwargs: object) -> bytes:

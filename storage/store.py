@@ -472,7 +472,15 @@ class MessageStore:
             return RawGetResult(
                 GetStatus.OFFSET_TOO_SMALL, b"", 0, cq.min_offset, cq.min_offset, max_off
             )
-        return RawGetResult(GetStatus.FOUND, data, len(picked), next_offset, min_off, max_off)
+        return RawGetResult(
+            GetStatus.FOUND,
+            data,
+            len(picked),
+            next_offset,
+            min_off,
+            max_off,
+            entries["size"][picked].astype(np.int32),
+        )
 
     def get(
         self,
@@ -485,7 +493,11 @@ class MessageStore:
     ) -> GetResult:
         """Like :meth:`get_raw`, decoded, with tags matched exactly."""
         raw = self.get_raw(group, topic, queue_id, offset, max_count, tags)
-        messages = codec.decode_records(raw.data, check_crc=False) if raw.count else []
+        messages = (
+            codec.decode_records(raw.data, check_crc=False, starts=raw.starts())
+            if raw.count
+            else []
+        )
         subscribed = parse_subscription(tags)
         if subscribed is not None:
             messages = [m for m in messages if matches(subscribed, m.tags)]

@@ -195,3 +195,34 @@ def test_crc_mismatch_is_detected() -> None:
         codec.decode_record(bytes(data))
     with pytest.raises(StoreCorruptedError, match="CRC"):
         codec.decode_records(bytes(data))
+
+
+@settings(max_examples=60)
+@given(
+    bodies=st.lists(st.binary(min_size=1, max_size=300), min_size=8, max_size=40),
+    tags=st.none() | st.sampled_from(["A", "TagB", "ü"]),
+    qids=st.integers(0, 7),
+)
+def test_fast_plain_encoding_equals_the_general_loop(
+    bodies: list[bytes], tags: str | None, qids: int
+) -> None:
+    import itertools
+
+    from storage._fast_encode import encode_plain
+
+    msgs = [Message("Plain", b, tags=tags, queue_id=i % (qids + 1)) for i, b in enumerate(bodies)]
+    fast_gen, slow_gen = codec.UniqueKeyGenerator(), codec.UniqueKeyGenerator()
+    slow_gen.prefix = fast_gen.prefix
+    start = fast_gen.take(1)
+    fast_gen._counter = itertools.count(start)
+    slow_gen._counter = itertools.count(start)
+    host = "1.2.3.4:5"
+    fast = encode_plain(msgs, 4 << 20, 99, codec.host_to_bytes(host), fast_gen)
+    assert fast is not None
+    slow = codec.encode_batch(msgs, born_host=host, uniq=slow_gen, born=[(99, host, 0)] * len(msgs))
+    assert fast.data == slow.data
+    assert list(fast.uniq_keys) == list(slow.uniq_keys)
+    assert fast.key_hashes.tolist() == slow.key_hashes.tolist()
+    assert fast.sizes.tolist() == slow.sizes.tolist()
+    assert fast.tag_codes.tolist() == slow.tag_codes.tolist()
+    assert [m.body for m in codec.decode_records(fast.data)] == bodies
