@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rebalance import MessageQueue
-from storage.codec import FIXED_LEN, MAGIC, decode_records
+from storage.codec import FIXED_LEN, MAGIC, body_slices, decode_records
 from storage.errors import (
     BrokerUnavailableError,
     InvalidMessageError,
@@ -112,6 +112,8 @@ class PullResult:
         when no tag filter applies."""
         if self._tags is not None or self._messages is not None:
             return [m.body for m in self.messages]
+        if self._starts is not None and self.count:
+            return body_slices(self.data, self._starts)
         data, out, pos, end = self.data, [], 0, len(self.data)
         unpack = _SIZE_MAGIC_BODYLEN.unpack_from
         while pos < end:
@@ -161,12 +163,13 @@ class PullConsumer:
         self.ns = NameServerClient(
             nameservers or discover_nameservers(namespace), namespace, self.config.route_refresh_s
         )
+        self._read_from: dict[MessageQueue, int] = {}  # broker id a broker suggested for pulls
 
     # ------------------------------------------------------------ queues
     def fetch_subscribe_queues(self, topic: str) -> list[MessageQueue]:
         """The topic's readable queues on every live broker."""
         route = self.ns.require_route(topic)
-        live = {bd.broker_name for bd in route.broker_datas if bd.master_actor_name()}
+        live = {bd.broker_name for bd in route.broker_datas if bd.actor_names}  # or a slave
         queues = [
             MessageQueue(topic, qd.broker_name, q)
             for qd in route.queue_datas
@@ -179,19 +182,22 @@ class PullConsumer:
             )
         return queues
 
-    def _broker(self, mq: MessageQueue) -> Any:
+    def _broker(self, mq: MessageQueue, prefer_id: int = 0) -> Any:
+        """The group's master, or a slave when the master is gone (or, for pulls, when the
+        broker suggested one: ``slave_read_enable``)."""
         if not isinstance(mq, MessageQueue):
             raise InvalidMessageError(f"queue={mq!r}: expected a rebalance.MessageQueue")
         route = self.ns.require_route(mq.topic)
         if route.broker(mq.broker_name) is None:
             route = self.ns.require_route(mq.topic, refresh=True)
-        return self.ns.broker(route, mq.broker_name)
+        return self.ns.broker_for_read(route, mq.broker_name, prefer_id)
 
     def _call(self, mq: MessageQueue, method: str, *args: Any, timeout: float | None = None) -> Any:
         return self._wait(mq, self._start(mq, method, *args), timeout)
 
     def _start(self, mq: MessageQueue, method: str, *args: Any) -> Any:
-        return getattr(self._broker(mq), method).remote(*args)
+        prefer = self._read_from.get(mq, 0) if method == "pull" else 0
+        return getattr(self._broker(mq, prefer), method).remote(*args)
 
     def _wait(self, mq: MessageQueue, ref: Any, timeout: float | None) -> Any:
         try:
@@ -247,10 +253,16 @@ class PullConsumer:
             for mq, offset in requests
         ]
         timeout = self.config.pull_timeout_s + long_poll_s
-        return [
-            PullResult(mq, self._wait(mq, ref, timeout), subscribed, self.config.check_crc)
-            for (mq, _), ref in zip(requests, refs)
-        ]
+        results = []
+        for (mq, _), ref in zip(requests, refs):
+            raw = self._wait(mq, ref, timeout)
+            suggested = getattr(raw, "suggest_broker_id", -1)  # see actors._ha.PullAnswer
+            if suggested > 0:
+                self._read_from[mq] = suggested
+            elif suggested == 0:
+                self._read_from.pop(mq, None)
+            results.append(PullResult(mq, raw, subscribed, self.config.check_crc))
+        return results
 
     # ------------------------------------------------------------ offsets
     def commit(self, mq: MessageQueue, offset: int) -> None:

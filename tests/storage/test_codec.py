@@ -226,3 +226,18 @@ def test_fast_plain_encoding_equals_the_general_loop(
     assert fast.sizes.tolist() == slow.sizes.tolist()
     assert fast.tag_codes.tolist() == slow.tag_codes.tolist()
     assert [m.body for m in codec.decode_records(fast.data)] == bodies
+
+
+def test_body_slices_match_decoded_bodies_and_refuse_garbage() -> None:
+    import numpy as np
+
+    batch = codec.encode_batch([Message("T", bytes([i]) * (i + 1), tags="x") for i in range(50)])
+    sizes = batch.sizes.astype(np.int64)
+    starts = np.cumsum(sizes) - sizes
+    assert codec.body_slices(batch.data, starts) == [
+        m.body for m in codec.decode_records(batch.data)
+    ]
+    broken = bytearray(batch.data)
+    broken[int(starts[7]) + 4] ^= 0xFF
+    with pytest.raises(StoreCorruptedError):
+        codec.body_slices(bytes(broken), starts)
