@@ -38,6 +38,7 @@ from ._nameserver_client import NameServerClient
 from .config import DEFAULT_NAMESPACE, ProducerConfig, with_options
 from .protocol import SendAck
 from .route import QueueData, TopicRouteData
+from ._coalesce import SendCoalescer
 from .send_result import BatchSendResult, SendResult, _Chunk, _with_queue
 from .topic import AUTO_CREATE_TOPIC_KEY, PERM_READ, PERM_WRITE, SYSTEM_TOPICS, is_writeable
 
@@ -73,6 +74,7 @@ class Producer:
         self._synthetic: dict[str, tuple[TopicRouteData, int]] = {}
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="raymq-producer")
         self._lock = threading.Lock()
+        self._coalescer = SendCoalescer(self._send_batch_async)
 
     # ------------------------------------------------------------ public API
     def send(
@@ -124,7 +126,16 @@ class Producer:
         """Send without waiting: a future of a :class:`SendResult` (one message) or a
         :class:`BatchSendResult` (a list). Failed sends are retried on another broker."""
         single = isinstance(messages, Message)
-        msgs: list[Message] = [messages] if isinstance(messages, Message) else list(messages)
+        if isinstance(messages, Message) and sharding_key is None:
+            # one message at a time: coalesce with its neighbours into batches
+            return self._coalescer.submit(messages)
+        return self._send_batch_async(
+            [messages] if isinstance(messages, Message) else list(messages), single, sharding_key
+        )
+
+    def _send_batch_async(
+        self, msgs: list[Message], single: bool = False, sharding_key: str | None = None
+    ) -> concurrent.futures.Future[Any]:
         out: concurrent.futures.Future[Any] = concurrent.futures.Future()
         chunks = self._encode(msgs)  # validation errors raise here, before anything is sent
         parts: list[Any] = [None] * len(chunks)

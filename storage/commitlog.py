@@ -9,9 +9,11 @@ reads take no lock and copy what they return.
 
 from __future__ import annotations
 
+import collections
 import logging
 import struct
 import threading
+import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -44,6 +46,8 @@ class CommitLog:
         self.file_size = file_size
         self._flush_lock = threading.Lock()
         self._flushed = 0  # commitlog offset known durable
+        # recent fsync times (seconds), for whoever exports metrics to drain
+        self.flush_durations: collections.deque[float] = collections.deque(maxlen=4096)
 
     # -- offsets
     @property
@@ -158,7 +162,9 @@ class CommitLog:
         with self._flush_lock:
             target = self.max_offset
             if target > self._flushed:
+                started = time.perf_counter()
                 self.files.flush()
+                self.flush_durations.append(time.perf_counter() - started)
                 self._flushed = target
             return self._flushed
 

@@ -1,0 +1,912 @@
+"""RayMQ side by side with the queues a user would pick instead, on this machine.
+
+    python benchmarks/peers.py [--seconds 5] [--json out.json] [--report docs/benchmarks.md]
+                               [--peers raymq-async,raymq-sync,redis,redis-aof,nats,ray-queue]
+
+Workloads (OpenMessaging benchmark shapes): one topic of 16 queues (16 Redis
+streams, 16 JetStream subjects); bodies of 100 B and 1 KiB; 1 and 4 producers;
+max-rate produce, consume and both together; produce->consume latency at a
+fixed rate. Every peer uses its best batching: Redis pipelines of XADD and
+XREADGROUP+XACK, JetStream async publish and pull fetch with ack-all, Ray's
+queue with put/get batches, RayMQ's batch send and pull.
+
+The script installs nothing: a missing peer is skipped with the one command
+that installs it. Servers are started on free loopback ports in a temp dir and
+removed afterwards; every run is bounded in time. Ratios RayMQ/peer are the
+headline: absolute numbers drift on a shared machine, ratios much less.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("raymq.bench.peers")
+
+QUEUES = 16
+BATCH = 1000
+TOPIC = "PeerBench"
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
+
+
+def stamp(body: bytes) -> bytes:
+    """Put the send time (ns) in the first 8 bytes of the body."""
+    return time.time_ns().to_bytes(8, "big") + body[8:]
+
+
+def age_ms(body: bytes) -> float:
+    return (time.time_ns() - int.from_bytes(body[:8], "big")) / 1e6
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Missing(RuntimeError):
+    """A peer that is not installed here; the message says how to install it."""
+
+
+@dataclass
+class Figures:
+    """Every number one peer produced, keyed by workload name."""
+
+    peer: str
+    throughput: dict[str, float] = field(default_factory=dict)  # msg/s
+    mbps: dict[str, float] = field(default_factory=dict)
+    latency: dict[str, dict[str, float]] = field(default_factory=dict)
+    latency_samples: dict[str, list[float]] = field(default_factory=dict)
+    skipped: str = ""
+
+
+class Peer:
+    """One system under test. Subclasses run the produce/consume loops."""
+
+    name = "peer"
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def reset(self) -> None:
+        """Empty the topic between workloads."""
+
+    def produce(self, body: bytes, producers: int, seconds: float) -> int:
+        raise NotImplementedError
+
+    def consume(self, expected: int, seconds: float) -> int:
+        raise NotImplementedError
+
+    def together(self, body: bytes, producers: int, seconds: float) -> tuple[int, int]:
+        """Produce and consume at once; (produced, consumed) within ``seconds``."""
+        box: dict[str, Any] = {}
+
+        def consume() -> None:
+            try:
+                box["c"] = self.consume(1 << 62, seconds)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+                box["error"] = exc
+
+        t = threading.Thread(target=consume)
+        t.start()
+        produced = self.produce(body, producers, seconds)
+        t.join()
+        if "error" in box:
+            raise box["error"]
+        return produced, box["c"]
+
+    def latency(self, body: bytes, rate: int, seconds: float) -> list[float]:
+        raise NotImplementedError
+
+
+# ------------------------------------------------------------------ Redis Streams
+
+
+def _redis_producer(port: int, body: bytes, seconds: float, out: Any) -> None:
+    import redis
+
+    r = redis.Redis(port=port)
+    sent = 0
+    stop = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < stop:
+        pipe = r.pipeline(transaction=False)
+        for _ in range(BATCH):
+            pipe.xadd(f"{TOPIC}:{i % QUEUES}", {"b": body})
+            i += 1
+        pipe.execute()
+        sent += BATCH
+    out.put(sent)
+
+
+class RedisPeer(Peer):
+    def __init__(self, aof: bool) -> None:
+        self.aof = aof
+        self.name = "redis-aof" if aof else "redis"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.dir = ""
+
+    def start(self) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise Missing("sudo apt-get install -y redis-server")
+        try:
+            import redis  # noqa: F401
+        except ImportError as exc:
+            raise Missing("pip install redis") from exc
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="raymq-peer-redis-")
+        args = [
+            exe,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            self.dir,
+            "--save",
+            "",
+            "--protected-mode",
+            "no",
+        ]
+        args += (
+            ["--appendonly", "yes", "--appendfsync", "everysec"]
+            if self.aof
+            else ["--appendonly", "no"]
+        )
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(self.port)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _client(self) -> Any:
+        import redis
+
+        return redis.Redis(port=self.port)
+
+    def reset(self) -> None:
+        r = self._client()
+        r.flushall()
+        for q in range(QUEUES):
+            r.xgroup_create(f"{TOPIC}:{q}", "g", id="0", mkstream=True)
+
+    def produce(self, body: bytes, producers: int, seconds: float) -> int:
+        ctx = mp.get_context("spawn")
+        out = ctx.Queue()
+        procs = [
+            ctx.Process(target=_redis_producer, args=(self.port, body, seconds, out))
+            for _ in range(producers)
+        ]
+        for p in procs:
+            p.start()
+        total = sum(out.get(timeout=seconds + 60) for _ in procs)
+        for p in procs:
+            p.join()
+        return total
+
+    def consume(self, expected: int, seconds: float) -> int:
+        r = self._client()
+        streams = {f"{TOPIC}:{q}": ">" for q in range(QUEUES)}
+        got = 0
+        stop = time.monotonic() + seconds
+        while got < expected and time.monotonic() < stop:
+            answer = r.xreadgroup("g", "c1", streams, count=BATCH // QUEUES * 4, block=100)
+            pipe = r.pipeline(transaction=False)
+            for stream, entries in answer:
+                if entries:
+                    pipe.xack(stream, "g", *[e[0] for e in entries])
+                    got += len(entries)
+            pipe.execute()
+        return got
+
+    def latency(self, body: bytes, rate: int, seconds: float) -> list[float]:
+        r = self._client()
+        samples: list[float] = []
+        done = threading.Event()
+
+        def consumer() -> None:
+            c = self._client()
+            streams = {f"{TOPIC}:{q}": ">" for q in range(QUEUES)}
+            while not done.is_set():
+                for stream, entries in c.xreadgroup("g", "c2", streams, count=100, block=50):
+                    for _id, fields in entries:
+                        samples.append(age_ms(fields[b"b"]))
+                    if entries:
+                        c.xack(stream, "g", *[e[0] for e in entries])
+
+        t = threading.Thread(target=consumer)
+        t.start()
+        paced(rate, seconds, lambda i: r.xadd(f"{TOPIC}:{i % QUEUES}", {"b": stamp(body)}))
+        time.sleep(0.2)
+        done.set()
+        t.join()
+        return samples
+
+
+def paced(rate: int, seconds: float, send: Callable[[int], Any]) -> None:
+    """Call ``send(i)`` ``rate`` times a second for ``seconds``, on schedule."""
+    interval = 1.0 / rate
+    start = time.perf_counter()
+    for i in range(int(rate * seconds)):
+        delay = start + i * interval - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        send(i)
+
+
+# ------------------------------------------------------------------ NATS JetStream
+
+
+def _nats_producer(port: int, body: bytes, seconds: float, out: Any) -> None:
+    out.put(asyncio.run(_nats_produce(port, body, seconds)))
+
+
+async def _nats_produce(port: int, body: bytes, seconds: float) -> int:
+    import nats
+
+    nc = await nats.connect(f"nats://127.0.0.1:{port}")
+    js = nc.jetstream(publish_async_max_pending=BATCH * 4)
+    sent = 0
+    stop = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < stop:
+        for _ in range(BATCH):
+            await js.publish_async(f"{TOPIC}.{i % QUEUES}", body)
+            i += 1
+        await js.publish_async_completed()
+        sent += BATCH
+    await nc.close()
+    return sent
+
+
+class NatsPeer(Peer):
+    name = "nats"
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.dir = ""
+
+    def start(self) -> None:
+        exe = shutil.which("nats-server")
+        if exe is None:
+            raise Missing("sudo apt-get install -y nats-server")
+        try:
+            import nats  # noqa: F401
+        except ImportError as exc:
+            raise Missing("pip install nats-py") from exc
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="raymq-peer-nats-")
+        self.proc = subprocess.Popen(
+            [exe, "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", self.dir],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_port(self.port)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def reset(self) -> None:
+        asyncio.run(self._reset())
+
+    async def _reset(self) -> None:
+        import nats
+        from nats.js.api import StorageType
+
+        nc = await nats.connect(f"nats://127.0.0.1:{self.port}")
+        js = nc.jetstream()
+        with contextlib.suppress(Exception):  # absent the first time
+            await js.delete_stream(TOPIC)
+        await js.add_stream(name=TOPIC, subjects=[f"{TOPIC}.*"], storage=StorageType.FILE)
+        await nc.close()
+
+    def produce(self, body: bytes, producers: int, seconds: float) -> int:
+        ctx = mp.get_context("spawn")
+        out = ctx.Queue()
+        procs = [
+            ctx.Process(target=_nats_producer, args=(self.port, body, seconds, out))
+            for _ in range(producers)
+        ]
+        for p in procs:
+            p.start()
+        total = sum(out.get(timeout=seconds + 60) for _ in procs)
+        for p in procs:
+            p.join()
+        return total
+
+    def consume(self, expected: int, seconds: float) -> int:
+        return asyncio.run(self._consume(expected, seconds, None))
+
+    async def _consume(
+        self,
+        expected: int,
+        seconds: float,
+        samples: list[float] | None,
+        done: threading.Event | None = None,
+    ) -> int:
+        import nats
+        from nats.js.api import AckPolicy, ConsumerConfig
+
+        nc = await nats.connect(f"nats://127.0.0.1:{self.port}")
+        js = nc.jetstream()
+        durable = "lat" if samples is not None else "bench"
+        sub = await js.pull_subscribe(
+            f"{TOPIC}.*", durable=durable, config=ConsumerConfig(ack_policy=AckPolicy.ALL)
+        )
+        got = 0
+        stop = time.monotonic() + seconds
+        while got < expected and time.monotonic() < stop and not (done and done.is_set()):
+            try:
+                msgs = await sub.fetch(BATCH, timeout=0.1)
+            except Exception:  # noqa: BLE001 - nats.errors.TimeoutError: nothing yet
+                continue
+            if not msgs:
+                continue
+            if samples is not None:
+                samples.extend(age_ms(m.data) for m in msgs)
+            got += len(msgs)
+            await msgs[-1].ack()
+        await nc.close()
+        return got
+
+    def latency(self, body: bytes, rate: int, seconds: float) -> list[float]:
+        samples: list[float] = []
+        done = threading.Event()
+        t = threading.Thread(
+            target=lambda: asyncio.run(self._consume(1 << 62, seconds + 5, samples, done))
+        )
+        t.start()
+
+        async def produce() -> None:
+            import nats
+
+            nc = await nats.connect(f"nats://127.0.0.1:{self.port}")
+            js = nc.jetstream()
+            interval = 1.0 / rate
+            start = time.perf_counter()
+            for i in range(int(rate * seconds)):
+                delay = start + i * interval - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                await js.publish(f"{TOPIC}.{i % QUEUES}", stamp(body))
+            await nc.close()
+
+        asyncio.run(produce())
+        time.sleep(0.3)
+        done.set()
+        t.join()
+        return samples
+
+
+# ------------------------------------------------------------------ ray.util.queue
+
+
+class RayQueuePeer(Peer):
+    """The naive Ray answer: one ``ray.util.queue.Queue`` actor, batch put/get."""
+
+    name = "ray-queue"
+
+    def start(self) -> None:
+        ensure_ray()
+        from ray.util.queue import Queue
+
+        self.queue = Queue()
+
+    def stop(self) -> None:
+        self.queue.shutdown()
+
+    def reset(self) -> None:
+        self.queue.shutdown()
+        from ray.util.queue import Queue
+
+        self.queue = Queue()
+
+    def produce(self, body: bytes, producers: int, seconds: float) -> int:
+        import ray
+
+        @ray.remote(num_cpus=0)
+        def producer(queue: Any, body: bytes, seconds: float) -> int:
+            sent = 0
+            items = [body] * BATCH
+            stop = time.monotonic() + seconds
+            while time.monotonic() < stop:
+                queue.put_nowait_batch(items)
+                sent += BATCH
+            return sent
+
+        return sum(ray.get([producer.remote(self.queue, body, seconds) for _ in range(producers)]))
+
+    def consume(self, expected: int, seconds: float) -> int:
+        from ray.util.queue import Empty
+
+        got = 0
+        stop = time.monotonic() + seconds
+        while got < expected and time.monotonic() < stop:
+            n = min(BATCH, self.queue.qsize())
+            if n == 0:
+                time.sleep(0.001)
+                continue
+            try:
+                got += len(self.queue.get_nowait_batch(n))
+            except Empty:
+                continue
+        return got
+
+    def latency(self, body: bytes, rate: int, seconds: float) -> list[float]:
+        samples: list[float] = []
+        done = threading.Event()
+
+        def consumer() -> None:
+            while not done.is_set():
+                try:
+                    samples.append(age_ms(self.queue.get(timeout=0.1)))
+                except Exception:  # noqa: BLE001 - ray.util.queue.Empty
+                    continue
+
+        t = threading.Thread(target=consumer)
+        t.start()
+        paced(rate, seconds, lambda i: self.queue.put(stamp(body)))
+        time.sleep(0.3)
+        done.set()
+        t.join()
+        return samples
+
+
+def ensure_ray() -> None:
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=4,
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+            namespace="raymq-peers",
+        )
+
+
+# ------------------------------------------------------------------ RayMQ
+
+
+def _raymq_producer(namespace: str, topic: str, body: bytes, seconds: float) -> int:
+    """A producer process's loop: batches of BATCH, a window of sends in flight."""
+    import actors
+    from storage import Message
+
+    producer = actors.connect(namespace).producer(
+        f"peers-{os.getpid()}", max_batch_messages=BATCH, max_batch_bytes=8 << 20
+    )
+    msgs = [Message(topic, body) for _ in range(BATCH)]
+    window: list[Any] = []
+    sent = 0
+    stop = time.monotonic() + seconds
+    while time.monotonic() < stop:
+        window.append(producer.send_async(msgs))
+        if len(window) >= 4:
+            window.pop(0).result()
+        sent += BATCH
+    for f in window:
+        f.result()
+    producer.close()
+    return sent
+
+
+class RayMQPeer(Peer):
+    """This repository: producers -> one broker actor (its store on local disk) -> pulls."""
+
+    def __init__(self, flush: str) -> None:
+        self.flush = flush
+        self.name = "raymq-sync" if flush == "SYNC_FLUSH" else "raymq-async"
+        self.round = 0
+
+    def start(self) -> None:
+        ensure_ray()
+        import actors
+
+        self.root = tempfile.mkdtemp(prefix="raymq-peer-")
+        self.namespace = f"raymq-peers-{self.name}-{os.getpid()}"
+        self.cluster = actors.start_cluster(
+            namespace=self.namespace,
+            nameservers=1,
+            brokers=1,
+            store_root=self.root,
+            broker_options={
+                "store": {
+                    "flush_disk_type": self.flush,
+                    "commitlog_file_size": 256 << 20,
+                    "index_hash_slots": 1_000_003,
+                    "index_max_entries": 8_000_000,
+                }
+            },
+        )
+        self.consumer = self.cluster.pull_consumer("peers")
+        self.reset()
+
+    def stop(self) -> None:
+        self.consumer.close()
+        self.cluster.shutdown()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def reset(self) -> None:
+        self.round += 1
+        self.topic = f"{TOPIC}{self.round}"
+        self.cluster.admin.create_topic(self.topic, QUEUES, QUEUES)
+        self.queues = self.consumer.fetch_subscribe_queues(self.topic)
+        self.offsets = dict.fromkeys(self.queues, 0)
+
+    def produce(self, body: bytes, producers: int, seconds: float) -> int:
+        import ray
+
+        task = ray.remote(num_cpus=0)(_raymq_producer)
+        refs = [task.remote(self.namespace, self.topic, body, seconds) for _ in range(producers)]
+        return sum(ray.get(refs))
+
+    def consume(self, expected: int, seconds: float) -> int:
+        got = 0
+        stop = time.monotonic() + seconds
+        while got < expected and time.monotonic() < stop:
+            results = self.consumer.pull_many(
+                [(q, self.offsets[q]) for q in self.queues], BATCH * 4, long_poll_s=0.05
+            )
+            for q, r in zip(self.queues, results):
+                got += len(r.bodies) if r.count else 0
+                self.offsets[q] = r.next_offset
+        return got
+
+    def latency(self, body: bytes, rate: int, seconds: float) -> list[float]:
+        import ray
+
+        from storage import Message
+
+        # the consumer long-polls from its own process, as a real one would
+        consumer = ray.remote(num_cpus=0)(_RayMQLatencyConsumer).remote(self.namespace, self.topic)
+        ray.get(consumer.ready.remote())
+        run = consumer.run.remote(seconds + 2.0)
+        producer = self.cluster.producer("peers-latency")
+        futures: list[Any] = []
+        paced(
+            rate,
+            seconds,
+            lambda i: futures.append(producer.send_async(Message(self.topic, stamp(body)))),
+        )
+        for f in futures:
+            f.result()
+        samples: list[float] = ray.get(run)
+        producer.close()
+        ray.kill(consumer)
+        return samples
+
+
+class _RayMQLatencyConsumer:
+    def __init__(self, namespace: str, topic: str) -> None:
+        import actors
+
+        self.consumer = actors.connect(namespace).pull_consumer("peers-latency")
+        self.queues = self.consumer.fetch_subscribe_queues(topic)
+        self.offsets = {q: self.consumer.max_offset(q) for q in self.queues}
+
+    def ready(self) -> bool:
+        return True
+
+    def run(self, seconds: float) -> list[float]:
+        samples: list[float] = []
+        stop = time.monotonic() + seconds
+        while time.monotonic() < stop:
+            results = self.consumer.pull_many(
+                [(q, self.offsets[q]) for q in self.queues], 256, long_poll_s=0.2
+            )
+            for q, r in zip(self.queues, results):
+                if r.count:
+                    samples.extend(age_ms(b) for b in r.bodies)
+                self.offsets[q] = r.next_offset
+        return samples
+
+
+def raymq_peer(flush: str) -> Peer:
+    return RayMQPeer(flush)
+
+
+# ------------------------------------------------------------------ the run
+
+
+def run_peer(peer: Peer, args: argparse.Namespace) -> Figures:
+    fig = Figures(peer.name)
+    try:
+        peer.start()
+    except Missing as exc:
+        fig.skipped = f"not installed; install with: {exc}"
+        print(f"- {peer.name}: skipped, {fig.skipped}", flush=True)
+        return fig
+    try:
+        for size in args.sizes:
+            body = os.urandom(size)
+            for producers in args.producers:
+                key = f"{size}B x{producers}p"
+                peer.reset()
+                produced = peer.produce(body, producers, args.seconds)
+                fig.throughput[f"produce {key}"] = produced / args.seconds
+                started = time.perf_counter()
+                consumed = peer.consume(produced, args.seconds * 4)
+                elapsed = time.perf_counter() - started
+                fig.throughput[f"consume {key}"] = consumed / elapsed
+                peer.reset()
+                p, c = peer.together(body, producers, args.seconds)
+                fig.throughput[f"together {key}"] = c / args.seconds  # delivered end to end
+                for name in (f"produce {key}", f"consume {key}", f"together {key}"):
+                    fig.mbps[name] = fig.throughput[name] * size / 1e6
+                print(
+                    f"  {peer.name:12s} {key:10s} produce {fig.throughput[f'produce {key}']:>12,.0f}"
+                    f"  consume {fig.throughput[f'consume {key}']:>12,.0f}"
+                    f"  together {fig.throughput[f'together {key}']:>12,.0f} msg/s",
+                    flush=True,
+                )
+        for size in args.sizes:
+            peer.reset()
+            samples = peer.latency(os.urandom(size), args.rate, args.seconds)
+            key = f"{size}B @{args.rate}/s"
+            fig.latency_samples[key] = samples
+            fig.latency[key] = {
+                "p50": percentile(samples, 0.5),
+                "p99": percentile(samples, 0.99),
+                "p999": percentile(samples, 0.999),
+                "n": len(samples),
+            }
+            lat = fig.latency[key]
+            print(
+                f"  {peer.name:12s} latency {key}: p50 {lat['p50']:.2f} ms  p99 {lat['p99']:.2f} ms"
+                f"  p99.9 {lat['p999']:.2f} ms ({len(samples)} samples)",
+                flush=True,
+            )
+    finally:
+        peer.stop()
+    return fig
+
+
+def machine() -> dict[str, str]:
+    mem = ""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
+    except OSError:
+        pass
+    disk = shutil.disk_usage(tempfile.gettempdir())
+    versions = {"python": platform.python_version()}
+    for mod in ("ray", "redis", "nats", "numpy"):
+        with contextlib.suppress(Exception):
+            versions[mod] = __import__(mod).__version__
+    for exe in ("redis-server", "nats-server"):
+        path = shutil.which(exe)
+        if path:
+            out = subprocess.run([path, "--version"], capture_output=True, text=True)
+            versions[exe] = (out.stdout or out.stderr).strip().splitlines()[0][:80]
+    return {
+        "cores": str(os.cpu_count()),
+        "memory": mem,
+        "cpu": platform.processor() or platform.machine(),
+        "disk": f"{disk.total / 1e9:.0f} GB ({disk.free / 1e9:.0f} GB free)",
+        "kernel": platform.release(),
+        **versions,
+    }
+
+
+def ratios(results: list[Figures]) -> dict[str, dict[str, float]]:
+    """RayMQ (async flush) throughput over each peer's, per workload."""
+    ours = next((f for f in results if f.peer == "raymq-async" and not f.skipped), None)
+    out: dict[str, dict[str, float]] = {}
+    if ours is None:
+        return out
+    for f in results:
+        if f is ours or f.skipped:
+            continue
+        out[f.peer] = {
+            k: ours.throughput[k] / v for k, v in f.throughput.items() if v and k in ours.throughput
+        }
+    return out
+
+
+def write_report(path: Path, results: list[Figures], info: dict[str, str], command: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    live = [f for f in results if not f.skipped]
+    workloads = sorted({k for f in live for k in f.throughput})
+    fig, ax = plt.subplots(figsize=(max(10, len(workloads) * 0.9), 5))
+    width = 0.8 / max(1, len(live))
+    for i, f in enumerate(live):
+        ax.bar(
+            [x + i * width for x in range(len(workloads))],
+            [f.throughput.get(w, 0) for w in workloads],
+            width,
+            label=f.peer,
+        )
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(workloads))])
+    ax.set_xticklabels(workloads, rotation=45, ha="right", fontsize=8)
+    ax.set_ylabel("messages / s")
+    ax.set_yscale("log")
+    ax.legend()
+    ax.set_title("Throughput per workload (log scale)")
+    fig.tight_layout()
+    bars = path.with_name(path.stem + "-throughput.png")
+    fig.savefig(bars, dpi=110)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for f in live:
+        for key, samples in f.latency_samples.items():
+            if samples:
+                ordered = sorted(samples)
+                ax.plot(
+                    ordered,
+                    [i / len(ordered) for i in range(len(ordered))],
+                    label=f"{f.peer} {key}",
+                )
+    ax.set_xscale("log")
+    ax.set_xlabel("produce -> consume latency (ms)")
+    ax.set_ylabel("fraction of messages")
+    ax.legend(fontsize=7)
+    ax.set_title("Latency CDF at a fixed rate")
+    fig.tight_layout()
+    cdf = path.with_name(path.stem + "-latency.png")
+    fig.savefig(cdf, dpi=110)
+    plt.close(fig)
+
+    lines = [
+        "# RayMQ next to its peers",
+        "",
+        "Measured side by side, in one run, on one machine. Ratios are RayMQ (ASYNC_FLUSH) "
+        "throughput over the peer's; absolute figures drift on a shared machine.",
+        "",
+        f"Command: `{command}`",
+        "",
+        "## Machine",
+        "",
+    ]
+    lines += [f"- {k}: {v}" for k, v in info.items()]
+    lines += [
+        "",
+        "## Throughput (messages/s)",
+        "",
+        "| workload | " + " | ".join(f.peer for f in live) + " |",
+        "|---|" + "---|" * len(live),
+    ]
+    for w in workloads:
+        lines.append(
+            f"| {w} | " + " | ".join(f"{f.throughput.get(w, 0):,.0f}" for f in live) + " |"
+        )
+    lines += ["", "## RayMQ / peer", ""]
+    for peer, table in ratios(results).items():
+        lines.append(
+            f"- **{peer}**: " + ", ".join(f"{k} {v:.2f}x" for k, v in sorted(table.items()))
+        )
+    lines += [
+        "",
+        "## Latency at a fixed rate (ms)",
+        "",
+        "| peer | load | p50 | p99 | p99.9 | samples |",
+        "|---|---|---|---|---|---|",
+    ]
+    for f in live:
+        for key, lat in f.latency.items():
+            lines.append(
+                f"| {f.peer} | {key} | {lat['p50']:.2f} | {lat['p99']:.2f} | "
+                f"{lat['p999']:.2f} | {lat['n']:.0f} |"
+            )
+    skipped = [f for f in results if f.skipped]
+    if skipped:
+        lines += ["", "## Skipped", ""] + [f"- {f.peer}: {f.skipped}" for f in skipped]
+    lines += ["", f"![throughput]({bars.name})", "", f"![latency]({cdf.name})", ""]
+    path.write_text("\n".join(lines))
+    print(f"report written to {path}")
+
+
+PEERS: dict[str, Callable[[], Peer]] = {
+    "raymq-async": lambda: raymq_peer("ASYNC_FLUSH"),
+    "raymq-sync": lambda: raymq_peer("SYNC_FLUSH"),
+    "redis": lambda: RedisPeer(aof=False),
+    "redis-aof": lambda: RedisPeer(aof=True),
+    "nats": NatsPeer,
+    "ray-queue": RayQueuePeer,
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peers", default=",".join(PEERS))
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of each phase")
+    parser.add_argument("--sizes", default="100,1024")
+    parser.add_argument("--producers", default="1,4")
+    parser.add_argument("--rate", type=int, default=1000, help="messages/s for the latency run")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--report", default=None, help="write a Markdown page with plots here")
+    args = parser.parse_args()
+    args.sizes = [int(x) for x in args.sizes.split(",")]
+    args.producers = [int(x) for x in args.producers.split(",")]
+    logging.basicConfig(level=logging.WARNING)
+    info = machine()
+    print("machine: " + ", ".join(f"{k} {v}" for k, v in info.items()), flush=True)
+    results = []
+    for name in args.peers.split(","):
+        if name not in PEERS:
+            parser.error(f"unknown peer {name!r}; known: {', '.join(PEERS)}")
+        print(f"- {name}", flush=True)
+        results.append(run_peer(PEERS[name](), args))
+    table = ratios(results)
+    print("\nRayMQ (ASYNC_FLUSH) / peer throughput:")
+    for peer, values in table.items():
+        print(f"  {peer:10s} " + "  ".join(f"{k}: {v:.2f}x" for k, v in sorted(values.items())))
+    command = "python " + " ".join(sys.argv)
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "machine": info,
+                    "command": command,
+                    "ratios": table,
+                    "results": [
+                        {
+                            "peer": f.peer,
+                            "throughput": f.throughput,
+                            "mb_s": f.mbps,
+                            "latency": f.latency,
+                            "skipped": f.skipped,
+                        }
+                        for f in results
+                    ],
+                },
+                indent=2,
+            )
+        )
+    if args.report:
+        write_report(Path(args.report), results, info, command)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
