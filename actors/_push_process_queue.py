@@ -1,0 +1,113 @@
+"""One assigned queue's buffer on a push consumer (RocketMQ's ``ProcessQueue``).
+
+Invariants, all under ``lock``:
+
+* ``msgs`` holds, in queue-offset order, every pulled message not yet consumed:
+  buffered, being consumed, or failed and waiting for its send-back or its
+  local retry. A message leaves it only once consumed (SUCCESS) or handed to
+  the broker (send-back acknowledged) or given up (broadcasting, past the
+  reconsume limit, logged). So :meth:`commit_offset`, the first key of
+  ``msgs`` (or the pull position when it is empty), is the lowest offset not
+  yet consumed: a slow message holds it back and a restart skips nothing.
+* ``ready`` holds the messages to hand to the listener next, in offset order
+  (local retries are appended when due); at most one consume task per queue
+  runs at a time (``busy``), so the listener sees a queue's messages in
+  offset order.
+* one pull per queue is in flight at a time; ``next_offset`` moves only when a
+  pull's answer has been buffered.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from rebalance import MessageQueue
+from storage.message import MessageExt
+
+
+class PullState(enum.Enum):
+    IDLE = "IDLE"  # nothing in flight: a pull may be issued
+    PULLING = "PULLING"  # a pull is in flight
+    WAITING = "WAITING"  # a retry of a failed pull is scheduled
+    PAUSED = "PAUSED"  # flow control: the buffer is over its threshold
+
+
+@dataclass
+class Inflight:
+    """The batch a consume task is running, so a watchdog can time it out."""
+
+    batch: list[MessageExt]
+    started: float = field(default_factory=time.monotonic)
+    abandoned: bool = False
+
+
+class ProcessQueue:
+    def __init__(self, mq: MessageQueue, offset: int, *, retry: bool = False) -> None:
+        self.mq = mq
+        self.retry = retry  # a %RETRY% queue: listeners see the original topic
+        self.lock = threading.Lock()
+        self.msgs: dict[int, MessageExt] = {}
+        self.size_bytes = 0
+        self.ready: deque[MessageExt] = deque()
+        self.next_offset = offset
+        self.state = PullState.IDLE
+        self.pull_gen = 0
+        self.pull_started = 0.0
+        self.busy = False
+        self.inflight: Inflight | None = None
+        self.dropped = False
+        self.committed = -1  # last offset the offset store acknowledged
+        self.last_pull = time.monotonic()
+
+    def __repr__(self) -> str:
+        return (
+            f"ProcessQueue({self.mq.topic}:{self.mq.broker_name}:{self.mq.queue_id} "
+            f"next={self.next_offset} buffered={len(self.msgs)} {self.state.value})"
+        )
+
+    # ------------------------------------------------------------ under lock
+    def add(self, messages: Iterable[MessageExt], next_offset: int) -> int:
+        """Buffer a pull's messages (lock held by the caller); return how many were new."""
+        added = 0
+        msgs, ready = self.msgs, self.ready
+        for m in messages:
+            off = m.queue_offset
+            if off in msgs or off < self.next_offset:
+                continue
+            msgs[off] = m
+            ready.append(m)
+            self.size_bytes += m.store_size
+            added += 1
+        if next_offset > self.next_offset:
+            self.next_offset = next_offset
+        return added
+
+    def remove(self, messages: Iterable[MessageExt]) -> int:
+        """Forget consumed messages (lock held by the caller); return how many were here."""
+        removed = 0
+        msgs = self.msgs
+        for m in messages:
+            if msgs.pop(m.queue_offset, None) is not None:
+                self.size_bytes -= m.store_size
+                removed += 1
+        return removed
+
+    def over_threshold(self, count: int, size_bytes: int) -> bool:
+        return len(self.msgs) > count or self.size_bytes > size_bytes
+
+    # ------------------------------------------------------------ snapshots
+    def commit_offset(self) -> int:
+        """The lowest offset not yet consumed."""
+        with self.lock:
+            for first in self.msgs:
+                return first
+            return self.next_offset
+
+    @property
+    def buffered(self) -> int:
+        return len(self.msgs)
