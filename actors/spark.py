@@ -4,7 +4,10 @@
 executors are Ray actors), so a topic read into a ``ray.data.Dataset`` becomes a
 Spark DataFrame without leaving the object store, and a DataFrame comes back as
 a Dataset the same way. ``dataset_to_spark`` and ``spark_to_dataset`` wrap the
-two conversions with the fixes this stack needs.
+two conversions with the fixes this stack needs; ``topic_to_spark`` reads a
+topic into a DataFrame (``actors.datasource.read_topic`` underneath) and
+``write_to_topic`` produces a DataFrame's rows into a topic from the workers.
+Micro-batch streaming is ``actors.streaming.stream_to_spark``.
 
 What was checked on ray 2.60.0, raydp 1.6.5, pyspark 3.5.7, pyarrow 26, Java 17
 (tests/spark holds the evidence):
@@ -15,25 +18,19 @@ What was checked on ray 2.60.0, raydp 1.6.5, pyspark 3.5.7, pyarrow 26, Java 17
   Without them a session starts and ``to_spark`` even works, but
   ``from_spark`` kills the executor: Ray's Java serializer fails with
   "module java.base does not opens java.lang".
-* ``Dataset.to_spark(spark)`` works for Arrow blocks: it ships block references
-  to the executors, whose Python workers read them back with ``ray.get``.
-  Strings, int32, int64, binary (byte-identical) and list<string> arrive with
-  the right Spark types. Four traps, all handled by ``dataset_to_spark``:
-
-  - Arrow ``map`` columns fail at the first action (PySpark's pandas converter
-    asserts a dict but gets Arrow's list of pairs). Workaround: cast the map to
-    ``list<struct<key, value>>`` in Ray and rebuild it with
-    ``map_from_entries`` in Spark, which yields a proper ``map<k, v>``.
-  - Pandas blocks (``from_pandas``, ``map_batches`` returning pandas) are
-    refused ("to_spark does not support converting non-arrow ray datasets").
-    Workaround: a ``map_batches`` in ``pyarrow`` format first.
-  - One Spark partition per Ray block: 200 tiny blocks meant 45 s for 1 000
-    rows. Workaround: ``repartition`` the Dataset to a few blocks first.
-  - With pandas 3 (its Arrow-backed ``str`` dtype), a string column stored in
-    several Arrow chunks (what ``repartition`` makes) fails in Spark with
-    "Expected Array, got ChunkedArray". Workaround: ``combine_chunks`` per block
-    after the repartition.
-
+* ``Dataset.to_spark(spark)`` (RayDP's own Ray -> Spark path) ships block
+  references to the executors, whose Python workers read them with
+  ``ray.get`` and hand them to Spark through ``mapInPandas``. It has four
+  traps — Arrow ``map`` columns fail at the first action; pandas blocks are
+  refused; one Spark partition per Ray block (200 tiny blocks: 45 s for 1 000
+  rows); under pandas 3 a string column of several chunks fails with
+  "Expected Array, got ChunkedArray" — and it is slow: every row becomes Python
+  objects twice (``to_pandas``, then back to Arrow), ~17 s to count a million
+  100-byte messages on one executor core. ``dataset_to_spark`` therefore keeps
+  RayDP's idea (executors ``ray.get`` the blocks) but uses ``mapInArrow``
+  (``actors._datasource_spark``): no per-row Python, maps and binary columns
+  as they are, pandas blocks turned to Arrow in Ray, and partitions cut to
+  even row counts whatever the blocks: the same count takes ~4 s.
 * ``ray.data.from_spark(df)`` (for any DataFrame of a RayDP session) works,
   ``map``, ``binary`` and all the other topic types included, with no
   workaround. It is RayDP's *recoverable* conversion: Spark caches the
@@ -51,6 +48,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -58,19 +57,28 @@ import ray
 import ray.data
 import raydp
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import from_arrow_schema
 from raydp.spark import from_spark_recoverable
 
 from storage.errors import RayMQError
 
+from ._datasource_codec import TOPIC_SCHEMA
+from ._datasource_spark import arrow_schema, blocks_to_spark, release, release_all
+from ._datasource_write import WriteResult, write_to_topic
+from .config import DEFAULT_NAMESPACE
+from .datasource import EndOffsets, QueueRange, StartOffsets, read_topic
+
 __all__ = [
     "JAVA17_OPTIONS",
     "TOPIC_SCHEMA",
+    "WriteResult",
     "dataset_to_spark",
     "init_spark",
+    "read_topic",
+    "release_dataframe",
     "spark_to_dataset",
     "stop_spark",
+    "topic_to_spark",
+    "write_to_topic",
 ]
 
 log = logging.getLogger("raymq.spark")
@@ -100,25 +108,6 @@ _JAVA_OPTION_KEYS = (
     "spark.executor.extraJavaOptions",
     "spark.ray.raydp_app_master.extraJavaOptions",
 )
-
-TOPIC_SCHEMA = pa.schema(
-    [
-        ("topic", pa.string()),
-        ("queue_id", pa.int32()),
-        ("queue_offset", pa.int64()),
-        ("msg_id", pa.string()),
-        ("keys", pa.string()),
-        ("tags", pa.string()),
-        ("born_timestamp", pa.int64()),
-        ("store_timestamp", pa.int64()),
-        ("properties", pa.map_(pa.string(), pa.string())),
-        ("body", pa.binary()),
-    ]
-)
-"""One row per message of a topic, as the Spark bridge carries it (keys space-separated)."""
-
-# Marks, on the Arrow field, a map column that travels as list<struct<key, value>>.
-_MAP_MARK = b"raymq.spark.map"
 
 
 def _default_configs(num_executors: int, executor_cores: int) -> dict[str, str]:
@@ -186,37 +175,28 @@ def init_spark(
 
 
 def stop_spark(cleanup_data: bool = True) -> None:
-    """Stop the session ``init_spark`` started and release its Ray actors (no-op if none)."""
+    """Stop the session ``init_spark`` started and release its Ray actors and the blocks its
+    DataFrames read (no-op if none)."""
     raydp.stop_spark(cleanup_data=cleanup_data)
+    release_all()
 
 
-def _spark_ready_batch(batch: pa.Table) -> pa.Table:
-    """Give a block the shape to_spark can carry: one chunk per column, maps as entry lists.
-
-    One chunk, because under pandas 3 a string column of several chunks becomes
-    a pandas string array that PySpark 3.5 turns into a ChunkedArray, and its
-    ``mapInPandas`` fails ("Expected Array, got ChunkedArray").
-    """
-    batch = batch.combine_chunks()
-    fields, columns = [], []
-    for field, column in zip(batch.schema, batch.columns):
-        if pa.types.is_map(field.type):
-            entries = pa.list_(
-                pa.struct(
-                    [pa.field("key", field.type.key_type), pa.field("value", field.type.item_type)]
-                )
-            )
-            column = column.cast(entries)
-            field = pa.field(field.name, entries, field.nullable, metadata={_MAP_MARK: b"1"})
-        fields.append(field)
-        columns.append(column)
-    return pa.Table.from_arrays(columns, schema=pa.schema(fields))
+def _with_arrow_schema(ds: ray.data.Dataset) -> tuple[ray.data.Dataset, pa.Schema]:
+    """``ds`` and its Arrow schema; pandas blocks are turned into Arrow ones first."""
+    schema = arrow_schema(ds)
+    if schema is None and ds.schema() is not None:
+        ds = ds.map_batches(_identity, batch_format="pyarrow", batch_size=None)
+        schema = arrow_schema(ds)
+    if schema is None:
+        raise RayMQError(
+            "dataset_to_spark: the Dataset is empty and has no Arrow schema; give it one, "
+            "e.g. ray.data.from_arrow(TOPIC_SCHEMA.empty_table())"
+        )
+    return ds, schema
 
 
-def _arrow_schema(ds: ray.data.Dataset) -> pa.Schema | None:
-    schema = ds.schema()
-    schema = getattr(schema, "base_schema", schema)
-    return schema if isinstance(schema, pa.Schema) else None
+def _identity(batch: pa.Table) -> pa.Table:
+    return batch
 
 
 def dataset_to_spark(
@@ -225,40 +205,24 @@ def dataset_to_spark(
     """Turn a Ray Dataset into a Spark DataFrame of ``num_partitions`` partitions.
 
     ``num_partitions`` defaults to Spark's default parallelism (its executor
-    cores). Map columns come out as Spark maps, binary columns byte for byte.
+    cores); partitions hold about equal row counts whatever the Dataset's
+    blocks. Map columns come out as Spark maps, binary columns byte for byte.
     The Dataset is materialized: its blocks stay in Ray's object store for as
-    long as Spark may read them.
+    long as Spark may read them (until ``release_dataframe(df)`` or the
+    driver's exit).
     """
     if num_partitions is None:
         num_partitions = spark.sparkContext.defaultParallelism
     if num_partitions < 1:
         raise RayMQError(f"dataset_to_spark: num_partitions={num_partitions} must be >= 1")
-    # Repartition first: it leaves blocks of many chunks, which the map step joins.
-    ready = (
-        ds.repartition(num_partitions)
-        .map_batches(
-            _spark_ready_batch, batch_format="pyarrow", batch_size=None, zero_copy_batch=True
-        )
-        .materialize()
-    )
-    arrow_schema = _arrow_schema(ready)
-    if arrow_schema is None:
-        # No rows went through the map step: derive its output schema from the input's.
-        source = _arrow_schema(ds)
-        if source is None:
-            raise RayMQError(
-                "dataset_to_spark: the Dataset is empty and has no Arrow schema; give it one, "
-                "e.g. ray.data.from_arrow(TOPIC_SCHEMA.empty_table())"
-            )
-        arrow_schema = _spark_ready_batch(source.empty_table()).schema
-    if ready.count() == 0:
-        df = spark.createDataFrame([], from_arrow_schema(arrow_schema))
-    else:
-        df = ready.to_spark(spark)
-    maps = [f.name for f in arrow_schema if f.metadata and _MAP_MARK in f.metadata]
-    for name in maps:
-        df = df.withColumn(name, F.map_from_entries(F.col(name)))
-    return df
+    ds, schema = _with_arrow_schema(ds)
+    return blocks_to_spark(spark, ds, num_partitions, schema)
+
+
+def release_dataframe(df: DataFrame) -> bool:
+    """Free the Ray blocks a DataFrame of ``dataset_to_spark`` reads; it cannot be
+    evaluated again afterwards. False when ``df`` holds none."""
+    return release(df)
 
 
 def spark_to_dataset(df: DataFrame, num_blocks: int | None = None) -> ray.data.Dataset:
@@ -270,4 +234,49 @@ def spark_to_dataset(df: DataFrame, num_blocks: int | None = None) -> ray.data.D
     """
     if num_blocks is not None and num_blocks < 1:
         raise RayMQError(f"spark_to_dataset: num_blocks={num_blocks} must be >= 1")
-    return from_spark_recoverable(df, parallelism=num_blocks)
+    with warnings.catch_warnings():
+        # RayDP reads df.sql_ctx, which PySpark 3.5 warns about on every call.
+        warnings.filterwarnings("ignore", "DataFrame.sql_ctx is an internal property")
+        return from_spark_recoverable(df, parallelism=num_blocks)
+
+
+ROWS_PER_PARTITION = 1_000_000
+"""``topic_to_spark``'s default partition size: large enough that Spark's per-partition
+cost vanishes, small enough that a partition's Arrow batch stays well under 2 GiB."""
+
+
+def topic_to_spark(
+    spark: SparkSession,
+    topic: str,
+    *,
+    namespace: str = DEFAULT_NAMESPACE,
+    group: str | None = None,
+    start_offsets: StartOffsets | None = None,
+    end_offsets: EndOffsets = "latest",
+    tags: str | None = None,
+    num_partitions: int | None = None,
+    ranges: Sequence[QueueRange] | None = None,
+    **read_options: Any,
+) -> DataFrame:
+    """A bounded read of ``topic`` as a Spark DataFrame of ``TOPIC_SCHEMA`` columns.
+
+    The rows go broker -> Ray read tasks -> Spark executors (``read_topic``, then
+    ``dataset_to_spark``), never through the driver. ``num_partitions`` defaults
+    to Spark's default parallelism, or one partition per ``ROWS_PER_PARTITION``
+    rows when that is more. Offsets and ``read_options`` as in ``read_topic``.
+    """
+    if ranges is None:
+        from .datasource import plan_topic_read
+
+        ranges = plan_topic_read(
+            topic,
+            namespace=namespace,
+            group=group,
+            start_offsets=start_offsets,
+            end_offsets=end_offsets,
+        )
+    ds = read_topic(topic, namespace=namespace, tags=tags, ranges=ranges, **read_options)
+    if num_partitions is None:
+        rows = sum(r.count for r in ranges)
+        num_partitions = max(spark.sparkContext.defaultParallelism, -(-rows // ROWS_PER_PARTITION))
+    return dataset_to_spark(spark, ds, num_partitions)

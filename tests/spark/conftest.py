@@ -6,6 +6,7 @@ cluster that another test run or another person started on the machine.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 import ray
 from pyspark.sql import DataFrame, SparkSession
 
+import actors
 from actors.spark import TOPIC_SCHEMA, dataset_to_spark, init_spark, stop_spark
 
 NUM_QUEUES = 8
@@ -31,6 +33,32 @@ def spark() -> Iterator[SparkSession]:
     stop_spark()
     if own_ray:
         ray.shutdown()
+
+
+# Store files sized for a few million small messages (RocketMQ's defaults are GiBs).
+STORE = {
+    "commitlog_file_size": 64 << 20,
+    "index_hash_slots": 100_003,
+    "index_max_entries": 1_000_000,
+    "flush_interval_commitlog_ms": 50,
+}
+
+
+@pytest.fixture(scope="package")
+def raymq(
+    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[actors.Cluster]:
+    """A RayMQ cluster in the tests' Ray: 1 NameServer, brokers ``broker-a`` and
+    ``broker-b``, stores in a temporary directory, its own namespace."""
+    cluster = actors.start_cluster(
+        namespace=f"spark-{uuid.uuid4().hex[:8]}",
+        nameservers=1,
+        brokers=2,
+        store_root=str(tmp_path_factory.mktemp("raymq")),
+        broker_options={"store": STORE, "heartbeat_interval_s": 2.0},
+    )
+    yield cluster
+    cluster.shutdown(timeout_s=10.0)
 
 
 def _topic_table(n: int, seed: int = 7) -> pa.Table:
@@ -59,6 +87,7 @@ def _topic_table(n: int, seed: int = 7) -> pa.Table:
     born = 1_700_000_000_000 + i
     columns = {
         "topic": pa.array(["Orders"] * n),
+        "broker_name": pa.array(["broker-a"] * n),
         "queue_id": pa.array(i % NUM_QUEUES, pa.int32()),
         "queue_offset": pa.array(i // NUM_QUEUES),
         "msg_id": pa.array([f"7F00000100002A9F{k:016X}" for k in range(n)]),

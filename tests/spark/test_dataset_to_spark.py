@@ -27,6 +27,7 @@ pytestmark = [
 
 SPARK_TYPES = [
     ("topic", StringType()),
+    ("broker_name", StringType()),
     ("queue_id", IntegerType()),
     ("queue_offset", LongType()),
     ("msg_id", StringType()),

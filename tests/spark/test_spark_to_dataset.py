@@ -36,6 +36,7 @@ def _spark_messages(spark, n: int):
     body = F.when(i % 1000 == 0, F.lit(b"")).otherwise(F.unhex(F.sha2(i.cast("string"), 256)))
     return spark.range(n, numPartitions=4).select(
         F.lit("Orders").alias("topic"),
+        F.lit("broker-a").alias("broker_name"),
         (i % 8).cast("int").alias("queue_id"),
         (i / 8).cast("long").alias("queue_offset"),
         F.lpad(F.hex(i), 32, "0").alias("msg_id"),
