@@ -5,6 +5,7 @@ Actors are detached and named in a Ray namespace (default ``raymq``):
 ``nameserver-<i>`` and ``<broker name>-<broker id>`` (``broker-a-0``).
 """
 
+from ._replication import PromotionRefusedError
 from .admin import Admin
 from .broker import Broker
 from .cluster import Cluster, connect, discover_nameservers, start_cluster
@@ -22,6 +23,13 @@ from .config import (
 from .consumer import PullConsumer, PullResult, PullStatus
 from .nameserver import NameServer
 from .producer import Producer
+from .push_consumer import (
+    ConsumeFromWhere,
+    ConsumeStatus,
+    MessageModel,
+    PushConsumer,
+    PushConsumerConfig,
+)
 from .route import BrokerData, QueueData, TopicRouteData
 from .send_result import BatchSendResult, SendResult, SendStatus
 from .topic import PERM_READ, PERM_WRITE, TopicConfig
@@ -38,14 +46,20 @@ __all__ = [
     "BrokerSpec",
     "Cluster",
     "ClusterConfig",
+    "ConsumeFromWhere",
+    "ConsumeStatus",
     "ConsumerConfig",
+    "MessageModel",
     "NameServer",
     "NameServerConfig",
     "Producer",
     "ProducerConfig",
+    "PromotionRefusedError",
     "PullConsumer",
     "PullResult",
     "PullStatus",
+    "PushConsumer",
+    "PushConsumerConfig",
     "QueueData",
     "SendResult",
     "SendStatus",

@@ -1,10 +1,19 @@
-"""The clients' view of the NameServers: ask one, fail over to the next, cache routes."""
+"""The clients' view of the NameServers: ask one, fail over to the next, cache routes.
+
+Cached routes live for ``route_ttl_s``, but a client also keeps one long poll
+(``NameServer.wait_route_change``) pending on its current NameServer: when a
+broker joins or leaves or a new master takes over, the poll returns and every
+cached route is dropped, so the next call re-routes at once.
+"""
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +27,23 @@ from .route import TopicRouteData
 log = logging.getLogger("raymq.actors.client")
 
 NS_CALL_TIMEOUT_S = 5.0
+ROUTE_WATCH_S = 30.0
+
+
+_WATCHERS = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="raymq-route-watch")
+
+
+def _route_changed(client: weakref.ref[NameServerClient], fut: Any) -> None:
+    # Ray runs this on its own I/O thread, which must not block: re-arm elsewhere.
+    if client() is not None:  # a client nobody holds any more stops watching
+        with contextlib.suppress(RuntimeError):  # the interpreter is exiting
+            _WATCHERS.submit(_rearm, client, fut)
+
+
+def _rearm(client: weakref.ref[NameServerClient], fut: Any) -> None:
+    me = client()
+    if me is not None:
+        me._on_route_change(fut)
 
 
 class NameServerClient:
@@ -34,6 +60,8 @@ class NameServerClient:
         self._routes: dict[str, tuple[float, TopicRouteData]] = {}
         self._brokers: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._route_version = -1
+        self._route_watch: Any = None  # the pending wait_route_change ref
 
     def _handle(self, name: str) -> Any:
         h = self._handles.get(name)
@@ -68,7 +96,38 @@ class NameServerClient:
         )
 
     # ------------------------------------------------------------ routes
+    def _watch_routes(self) -> None:
+        """Keep one ``wait_route_change`` pending on the current NameServer."""
+        if self._route_watch is not None:
+            return
+        try:
+            handle = self._handle(self.nameservers[self._current])
+            if self._route_version < 0:
+                self._route_version = _rpc.get(
+                    handle.wait_route_change.remote(-1, 0.0), NS_CALL_TIMEOUT_S
+                )
+            ref = handle.wait_route_change.remote(self._route_version, ROUTE_WATCH_S)
+        except Exception:  # noqa: BLE001 - routes still expire by their TTL
+            return
+        self._route_watch = ref
+        me = weakref.ref(self)
+        ref.future().add_done_callback(lambda fut: _route_changed(me, fut))
+
+    def _on_route_change(self, fut: Any) -> None:
+        try:
+            version = fut.result()
+        except Exception:  # noqa: BLE001 - the NameServer died: trust nothing cached
+            version = None
+        if version != self._route_version:
+            self._routes.clear()
+            self._brokers.clear()  # a broker started anew under its name is a new actor
+        self._route_watch = None
+        if version is not None:
+            self._route_version = version
+            self._watch_routes()
+
     def route(self, topic: str, *, refresh: bool = False) -> TopicRouteData | None:
+        self._watch_routes()
         now = time.monotonic()
         cached = self._routes.get(topic)
         if cached is not None and not refresh and now - cached[0] < self.route_ttl_s:
@@ -124,6 +183,20 @@ class NameServerClient:
                 raise BrokerUnavailableError(f"broker actor {actor_name!r} not found") from exc
             self._brokers[actor_name] = h
         return h
+
+    def broker_for_read(self, route: TopicRouteData, broker_name: str, prefer_id: int = 0) -> Any:
+        """A member of ``broker_name`` to read from: ``prefer_id`` (a broker's suggestion)
+        when it is live, else the master, else the lowest live slave (the master is gone)."""
+        bd = route.broker(broker_name)
+        if bd is None or not bd.actor_names:
+            raise BrokerUnavailableError(f"broker {broker_name!r} has no live member in the route")
+        if prefer_id in bd.actor_names:
+            bid = prefer_id
+        elif 0 in bd.actor_names:
+            bid = 0
+        else:
+            bid = min(bd.actor_names)
+        return self.broker_by_name(bd.actor_names[bid], bd.namespace)
 
     def forget_broker(self, actor_name: str) -> None:
         self._brokers.pop(actor_name, None)

@@ -55,6 +55,32 @@ class ConsumerOffsetManager:
                 del self._table[key]
             self._dirty = True
 
+    def snapshot(self) -> dict[tuple[str, str], dict[int, int]]:
+        """A copy of the table: (topic, group) -> queue id -> offset."""
+        with self._lock:
+            return {key: dict(queues) for key, queues in self._table.items()}
+
+    def replace(self, table: dict[tuple[str, str], dict[int, int]]) -> None:
+        """Take another broker's table as it is (a slave following its master)."""
+        with self._lock:
+            if table != self._table:
+                self._table = {key: dict(queues) for key, queues in table.items()}
+                self._dirty = True
+
+    def merge_max(self, table: dict[tuple[str, str], dict[int, int]]) -> int:
+        """Keep the larger offset of each queue (commits a slave took while the master was
+        gone); return how many queues moved forward."""
+        moved = 0
+        with self._lock:
+            for key, queues in table.items():
+                mine = self._table.setdefault(key, {})
+                for qid, offset in queues.items():
+                    if offset > mine.get(qid, -1):
+                        mine[qid] = offset
+                        moved += 1
+            self._dirty |= moved > 0
+        return moved
+
     def persist(self, force: bool = False) -> bool:
         with self._lock:
             if not (self._dirty or force):

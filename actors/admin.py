@@ -17,6 +17,7 @@ from storage.message import MessageExt
 
 from . import _rpc
 from ._nameserver_client import NameServerClient
+from ._replication import PromotionRefusedError
 from .config import DEFAULT_NAMESPACE
 from .route import TopicRouteData
 from .topic import PERM_READ, PERM_WRITE, SYSTEM_TOPICS, TopicConfig
@@ -189,6 +190,78 @@ class Admin:
             for qid, off in table.items():
                 out[MessageQueue(topic, broker, qid)] = off
         return out
+
+    # ------------------------------------------------------------ dead letters and perms
+    def dlq_messages(self, group: str, max_count: int = 1000) -> list[MessageExt]:
+        """The dead letters of ``group`` (``%DLQ%<group>`` on every broker), oldest first."""
+        from ._dlq import dlq_messages
+
+        return dlq_messages(self, group, max_count)
+
+    def resend_dlq(
+        self, group: str, msg_ids: Sequence[str] | None = None, max_count: int = 10_000
+    ) -> list[Any]:
+        """Send dead letters of ``group`` (all, or those with the given message ids) back
+        to their original topics; one ``SendResult`` per message resent."""
+        from ._dlq import resend_dlq
+
+        return resend_dlq(self, group, msg_ids, max_count)
+
+    def set_topic_perm(self, topic: str, perm: int) -> dict[str, TopicConfig]:
+        """Change ``topic``'s perm (2 write only, 4 read only, 6 both) on every broker
+        holding it; e.g. 6 on a ``%DLQ%<group>`` lets consumers read it."""
+        return self.update_topic(topic, perm=perm)
+
+    # ------------------------------------------------------------ high availability
+    def promote(
+        self,
+        broker_name: str,
+        broker_id: int | None = None,
+        *,
+        role: str | None = None,
+        force: bool = False,
+    ) -> dict[str, Any]:
+        """Make a slave of ``broker_name`` its master (``raymq broker promote``): by default
+        the slave holding the most. Refused while the master is live, for a slave behind
+        the last offset a SYNC_MASTER acknowledged, and (unless ``force``) for a slave
+        another one is ahead of."""
+        info = self.ns.call("get_cluster_info")
+        group = info["brokers"].get(broker_name, {}).get("members", {})
+        if 0 in group and not force:
+            raise PromotionRefusedError(
+                f"broker {broker_name} has a live master ({group[0]['actor_name']}): "
+                "a slave is promoted only when the master is gone"
+            )
+        slaves: dict[int, tuple[Any, dict[str, Any]]] = {}
+        for bid, member in group.items():
+            if bid == 0:
+                continue
+            handle = self.ns.broker_by_name(member["actor_name"], member["namespace"])
+            try:
+                slaves[bid] = (handle, _rpc.get(handle.status.remote(), 10.0))
+            except Exception:  # noqa: BLE001 - a slave that does not answer is not a candidate
+                continue
+        if not slaves:
+            raise BrokerUnavailableError(f"broker {broker_name} has no live slave to promote")
+        confirmed = max(s.get("ha_confirmed_offset", 0) for _, s in slaves.values())
+        best = max(slaves, key=lambda b: slaves[b][1]["commitlog_max_offset"])
+        bid = best if broker_id is None else broker_id
+        if bid not in slaves:
+            raise BrokerUnavailableError(
+                f"broker {broker_name} has no live slave with id {bid}; live: {sorted(slaves)}"
+            )
+        handle, status = slaves[bid]
+        ahead = slaves[best][1]["commitlog_max_offset"]
+        if not force and status["commitlog_max_offset"] < ahead:
+            raise PromotionRefusedError(
+                f"slave {bid} of {broker_name} holds the commitlog up to "
+                f"{status['commitlog_max_offset']}, slave {best} up to {ahead}: promote {best} "
+                "(or force)"
+            )
+        result: dict[str, Any] = _rpc.get(
+            handle.promote.remote(role, confirmed, force), ADMIN_TIMEOUT_S
+        )
+        return result
 
     # ------------------------------------------------------------ cluster
     def cluster_status(self) -> dict[str, Any]:

@@ -37,9 +37,12 @@ from storage.errors import (
 )
 from storage.message import GetStatus, MessageExt, RawGetResult
 
+from . import _dlq, _retry
 from ._consumer_manager import ConsumerManager
+from ._datasource_checkpoint import StreamCheckpoints
 from ._long_polling import PullRequestHoldService
 from ._offset_manager import ConsumerOffsetManager
+from ._replication import create_replication
 from ._topic_manager import TopicConfigManager
 from .config import BrokerConfig
 from .protocol import SendAck
@@ -74,7 +77,10 @@ class Broker:
         self.addr = f"{self.node_ip}:{config.listen_port}"
         self.store_dir = config.store_dir or default_store_dir(config.namespace, config.actor_name)
         self._io = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="broker-io")
-        self.store = MessageStore(config.store_config(self.store_dir, self.addr))
+        # the store's services run by the broker's role (a slave's schedule service must not)
+        self.store = MessageStore(
+            config.store_config(self.store_dir, self.addr), start_services=False
+        )
         self._inline_puts = config.inline_async_puts and not self.store.config.sync_flush
         self.topics = TopicConfigManager(
             self.store.config_file("topics"),
@@ -83,6 +89,7 @@ class Broker:
             default_queue_nums=config.default_topic_queue_nums,
         )
         self.offsets = ConsumerOffsetManager(self.store.config_file("consumerOffset"))
+        self.stream_checkpoints = StreamCheckpoints(self.store.config_file("streamCheckpoint"))
         self.consumers = ConsumerManager(config.channel_expired_s)
         self.holds = PullRequestHoldService(self._loop)
         self.store.add_dispatch_listener(self.holds.on_dispatch)
@@ -92,6 +99,8 @@ class Broker:
         self._register_wakeup = asyncio.Event()
         self._started = time.time()
         self._stats = {"put_msgs": 0, "put_bytes": 0, "put_batches": 0, "get_msgs": 0, "pulls": 0}
+        self.ha = create_replication(self)  # its role in the group: actors/_replication.py
+        self.ha.start()
         self._tasks = [
             self._loop.create_task(self._heartbeat_loop()),
             self._loop.create_task(self._offset_flush_loop()),
@@ -110,6 +119,11 @@ class Broker:
         return await self._loop.run_in_executor(self._io, fn, *args)
 
     async def _put(self, batch: EncodedBatch) -> Any:
+        """Every write goes through the broker's role: a slave refuses it, a SYNC_MASTER
+        waits for a slave, a DLedger leader for a majority."""
+        return await self.ha.put(batch, self._local_put)
+
+    async def _local_put(self, batch: EncodedBatch) -> Any:
         # ASYNC_FLUSH puts are a copy into the mapped file: a thread hop would cost more
         # than the put. SYNC_FLUSH puts wait for fsync, so they leave the event loop.
         if self._inline_puts:
@@ -127,7 +141,7 @@ class Broker:
         return BrokerRegistration(
             cluster=c.cluster_name,
             broker_name=c.broker_name,
-            broker_id=c.broker_id,
+            broker_id=self.ha.registered_id,
             broker_addr=self.addr,
             actor_name=c.actor_name,
             namespace=c.namespace,
@@ -135,6 +149,7 @@ class Broker:
             incarnation=self.incarnation,
             topic_configs=self.topics.snapshot(),
             handle=ray.get_runtime_context().current_actor,
+            master_epoch=self.ha.master_epoch,
         )
 
     def _nameserver(self, name: str) -> Any:
@@ -144,23 +159,27 @@ class Broker:
             self._nameservers[name] = handle
         return handle
 
-    async def _register_one(self, name: str, reg: BrokerRegistration) -> bool:
+    async def _register_one(self, name: str, reg: BrokerRegistration) -> dict[str, Any] | None:
         try:
             handle = await self._run(self._nameserver, name)
-            await asyncio.wait_for(
+            return await asyncio.wait_for(
                 handle.register_broker.remote(reg), self.config.register_timeout_s
             )
-            return True
         except Exception as exc:  # noqa: BLE001 - a NameServer being down is normal
             self._nameservers.pop(name, None)
             log.debug("register with %s failed: %s", name, exc)
-            return False
+            return None
 
     async def register_all(self) -> int:
         """Register with every NameServer now; return how many took it."""
+        await self.ha.ready()
         reg = self._registration()
-        done = await asyncio.gather(*(self._register_one(n, reg) for n in self.config.nameservers))
-        return sum(done)
+        answers = await asyncio.gather(
+            *(self._register_one(n, reg) for n in self.config.nameservers)
+        )
+        got = [a for a in answers if a is not None]
+        self.ha.on_registered(got)  # e.g. a deposed master learns of its successor
+        return sum(1 for a in got if a.get("accepted", True))
 
     async def _heartbeat_loop(self) -> None:
         while not self._closing:
@@ -234,6 +253,13 @@ class Broker:
         deadline = self._loop.time() + min(suspend_s, self.config.max_pull_suspend_s)
         while True:
             raw = await self._get(group, topic, queue_id, offset, max_count, tags)
+            raw, pending = self.ha.readable(raw, offset)
+            if pending:  # only records a majority does not hold yet (DLedger): await them
+                remaining = deadline - self._loop.time()
+                if not hold or remaining <= 0 or self._closing:
+                    break
+                await self.ha.wait_readable(remaining)
+                continue
             status = raw.status
             if status is GetStatus.NO_MATCHED_MESSAGE and raw.next_offset >= raw.max_offset:
                 offset = raw.next_offset  # everything so far filtered out: wait past it
@@ -280,6 +306,7 @@ class Broker:
             self._check_offset(topic, qid, off)
         for (topic, qid), off in offsets.items():
             self.offsets.commit(group, topic, qid, off)
+        self.ha.on_commit_offsets(group, offsets)
         self.consumers.touch(group, client_id, frozenset(t for t, _ in offsets))
         return len(offsets)
 
@@ -288,6 +315,15 @@ class Broker:
 
     async def query_offset(self, group: str, topic: str, queue_id: int) -> int:
         return self.offsets.query(group, topic, queue_id)
+
+    async def save_stream_checkpoint(
+        self, group: str, topic: str, checkpoint: dict[str, Any]
+    ) -> None:
+        """Persist (fsynced) a micro-batch stream's checkpoint (``actors.streaming``)."""
+        await self._run(self.stream_checkpoints.save, group, topic, checkpoint)
+
+    async def load_stream_checkpoint(self, group: str, topic: str) -> dict[str, Any] | None:
+        return self.stream_checkpoints.load(group, topic)
 
     async def reset_offsets(
         self,
@@ -316,8 +352,39 @@ class Broker:
     async def consumer_list(self, group: str) -> list[str]:
         return self.consumers.members(group)
 
-    async def heartbeat(self, group: str, client_id: str, topics: list[str]) -> None:
-        self.consumers.touch(group, client_id, frozenset(topics))
+    async def heartbeat(
+        self, group: str, client_id: str, topics: list[str], ttl_s: float | None = None
+    ) -> None:
+        """``ttl_s``: drop the client this long after its last sign of life (at most
+        ``channel_expired_s``), so a dead consumer's queues move on soon."""
+        self.consumers.touch(group, client_id, frozenset(topics), ttl_s)
+
+    async def unregister_consumer(self, group: str, client_id: str) -> None:
+        """A consumer leaving cleanly: off the group's list at once, so the others rebalance."""
+        self.consumers.unregister(group, client_id)
+
+    # ------------------------------------------------------------ retries, dead letters, delays
+    async def consumer_send_msg_back(
+        self, group: str, commitlog_offsets: list[int], max_reconsume_times: int
+    ) -> list[str]:
+        """Store retry (or dead-letter) copies of consumed messages (see ``actors._retry``)."""
+        return await _retry.consumer_send_msg_back(
+            self, group, commitlog_offsets, max_reconsume_times
+        )
+
+    async def create_retry_topic(self, group: str) -> bool:
+        """Create ``%RETRY%<group>`` (1 queue) here unless it exists."""
+        return await _retry.create_retry_topic(self, group)
+
+    async def read_dlq(
+        self, group: str, offset: int = 0, max_count: int = 256
+    ) -> tuple[list[MessageExt], int]:
+        """Dead letters of ``group`` from ``offset``, whatever the DLQ's perm (admin)."""
+        return await _dlq.read_dlq(self, group, offset, max_count)
+
+    async def delay_levels(self) -> tuple[int, ...]:
+        """The delay of each level in ms (``message_delay_level``)."""
+        return self.store.config.delay_levels_ms
 
     async def consumer_lag(self, group: str, topic: str | None = None) -> list[dict[str, Any]]:
         rows = []
@@ -413,6 +480,46 @@ class Broker:
     async def message_by_id(self, msg_id: str, topic: str | None = None) -> MessageExt:
         return await self._run(self.store.message_by_id, msg_id, topic)
 
+    # ------------------------------------------------------------ the group (replication)
+    async def ha_transfer(
+        self,
+        slave: str,
+        slave_id: int,
+        offset: int,
+        epochs: list[tuple[int, int]],
+        max_bytes: int,
+        wait_s: float,
+        acked: int | None = None,
+    ) -> Any:
+        """Master side of replication: a slave asks for the CommitLog's bytes from
+        ``offset`` (held up to ``wait_s`` until there are some) and acknowledges what it
+        holds (``acked``); see ``actors._ha``."""
+        return await self.ha.transfer(slave, slave_id, offset, epochs, max_bytes, wait_s, acked)
+
+    async def ha_config_snapshot(self) -> dict[str, Any]:
+        """Topics, consumer offsets and delay progress, for slaves (SlaveSynchronize)."""
+        return self.ha.config_snapshot()
+
+    async def ha_local_offsets(self) -> dict[tuple[str, str], dict[int, int]]:
+        """Offsets consumers committed to this slave that its master has not merged yet."""
+        return self.ha.local_offsets()
+
+    async def ha_merge_offsets(self, table: dict[tuple[str, str], dict[int, int]]) -> int:
+        """Take a slave's consumer commits (the larger offset of each queue wins)."""
+        return self.ha.merge_offsets(table)
+
+    async def promote(
+        self, role: str | None = None, min_offset: int = 0, force: bool = False
+    ) -> dict[str, Any]:
+        """Make this slave its group's master (``raymq broker promote``); refused while the
+        master is alive or when this slave lacks an acknowledged message (< ``min_offset``)."""
+        return await self.ha.promote(role, min_offset, force)
+
+    async def raft_receive(self, messages: list[Any], entries: Any = None) -> None:
+        """DLedger: Raft messages from a member of the group, with the log entries they
+        carry (one shared buffer per drain; see ``actors.dledger``)."""
+        await self.ha.raft_receive(messages, entries)
+
     # ------------------------------------------------------------ status and lifecycle
     async def status(self) -> dict[str, Any]:
         c = self.config
@@ -421,7 +528,7 @@ class Broker:
             "cluster": c.cluster_name,
             "broker_name": c.broker_name,
             "broker_id": c.broker_id,
-            "role": "MASTER" if c.is_master else "SLAVE",
+            **self.ha.status(),  # role, registered id, replication progress
             "addr": self.addr,
             "actor_name": c.actor_name,
             "namespace": c.namespace,
@@ -466,12 +573,14 @@ class Broker:
         self.holds.wake_all()
         for task in self._tasks:
             task.cancel()
+        with contextlib.suppress(Exception):
+            await self.ha.stop()
         for name in self.config.nameservers:
             with contextlib.suppress(Exception):
                 handle = await self._run(self._nameserver, name)
                 await asyncio.wait_for(
                     handle.unregister_broker.remote(
-                        self.config.broker_name, self.config.broker_id, self.incarnation
+                        self.config.broker_name, self.ha.registered_id, self.incarnation
                     ),
                     2.0,
                 )

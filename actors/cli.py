@@ -3,6 +3,8 @@
     raymq up [--config cluster.yaml] [--nameservers 2] [--brokers 2] [--local] ...
     raymq status | down | topic create|update|delete|list|status | send | consume
     raymq query --key K --topic T | --id ID     raymq lag --group G
+    raymq broker promote BROKER [--id N] [--role SYNC_MASTER] [--force]
+    raymq dlq list|resend --group G [--id ID]   (perms: raymq topic update T --perm 6)
 
 Every command takes ``--address`` (a Ray cluster; default: ``RAY_ADDRESS`` or
 the one running on this machine), ``--namespace`` (default ``raymq``) and
@@ -376,6 +378,50 @@ def cmd_lag(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dlq(args: argparse.Namespace) -> int:
+    admin = _cluster(args).admin
+    if args.dlq_cmd == "list":
+        rows = [
+            {
+                **_message_row(m),
+                "origin_topic": m.properties.get("RETRY_TOPIC", ""),
+                "reconsume_times": m.reconsume_times,
+            }
+            for m in admin.dlq_messages(args.group, args.max)
+        ]
+        _emit(
+            args,
+            rows,
+            _table(rows, ["msg_id", "origin_topic", "reconsume_times", "tags", "keys", "body"]),
+        )
+    else:
+        results = admin.resend_dlq(args.group, args.id or None)
+        rows = [
+            {
+                "msg_id": r.msg_id,
+                "topic": r.message_queue.topic,
+                "broker": r.message_queue.broker_name,
+                "queue_id": r.message_queue.queue_id,
+                "status": r.status.value,
+            }
+            for r in results
+        ]
+        _emit(args, rows, _table(rows, ["msg_id", "topic", "broker", "queue_id", "status"]))
+    return 0
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    """``broker promote``: a slave of a group whose master is gone becomes its master."""
+    done = _cluster(args).admin.promote(args.broker_name, args.id, role=args.role, force=args.force)
+    _emit(
+        args,
+        done,
+        f"{done['broker']} is now {done['role']} of {args.broker_name} "
+        f"(epoch {done['epoch']}, commitlog offset {done['commitlog_offset']})",
+    )
+    return 0
+
+
 # ------------------------------------------------------------ parser
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
@@ -480,6 +526,30 @@ def _parser() -> argparse.ArgumentParser:
     lag.add_argument("--group", required=True)
     lag.add_argument("--topic")
     lag.set_defaults(fn=cmd_lag)
+
+    broker = sub.add_parser("broker", help="broker groups: promote a slave")
+    bsub = broker.add_subparsers(dest="broker_cmd", required=True)
+    b = bsub.add_parser(
+        "promote",
+        parents=[common],
+        help="make a slave the master of a group whose master is gone",
+    )
+    b.add_argument("broker_name")
+    b.add_argument("--id", type=int, help="the slave's broker id (default: the most complete)")
+    b.add_argument("--role", choices=["ASYNC_MASTER", "SYNC_MASTER"])
+    b.add_argument("--force", action="store_true", help="even if the master looks alive")
+    b.set_defaults(fn=cmd_broker)
+
+    dlq = sub.add_parser("dlq", help="dead letters of a consumer group: list, resend")
+    dsub = dlq.add_subparsers(dest="dlq_cmd", required=True)
+    d = dsub.add_parser("list", parents=[common], help="messages in %%DLQ%%<group>")
+    d.add_argument("--group", required=True)
+    d.add_argument("--max", type=int, default=100)
+    d.set_defaults(fn=cmd_dlq)
+    d = dsub.add_parser("resend", parents=[common], help="send dead letters to their topic")
+    d.add_argument("--group", required=True)
+    d.add_argument("--id", action="append", help="only this message id (repeatable)")
+    d.set_defaults(fn=cmd_dlq)
     return p
 
 

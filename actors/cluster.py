@@ -215,6 +215,11 @@ def start_cluster(
     broker_cfgs, placements = [], []
     for i, spec in enumerate(cfg.brokers):
         values: dict[str, Any] = {"listen_port": 10911 + 10 * i, **cfg.broker, **spec.overrides}
+        if values.get("enable_dledger") and not values.get("dledger_peers"):
+            # a DLedger group is every broker of the same name
+            values["dledger_peers"] = tuple(
+                s.broker_id for s in cfg.brokers if s.broker_name == spec.broker_name
+            )
         values.update(
             broker_name=spec.broker_name,
             broker_id=spec.broker_id,
@@ -262,7 +267,11 @@ def start_cluster(
             for bc, node_id in zip(broker_cfgs, placements)
         ]
         _rpc.get([h.ping.remote() for h in handles], STARTUP_TIMEOUT_S)
-        wait_for_brokers(ns_handles, [(bc.broker_name, bc.broker_id) for bc in broker_cfgs])
+        # a DLedger group registers its elected leader as id 0 (its members as id + 1)
+        expected = {
+            (bc.broker_name, 0 if bc.enable_dledger else bc.broker_id) for bc in broker_cfgs
+        }
+        wait_for_brokers(ns_handles, sorted(expected))
         for tc in cfg.topics:
             _rpc.get([h.create_topic.remote(tc) for h in handles], STARTUP_TIMEOUT_S)
     except BaseException:

@@ -105,6 +105,27 @@ class BrokerConfig:
     io_threads: int = 8
     inline_async_puts: bool = True
     inline_reads: bool = True
+    # --- high availability (actors/_ha.py, actors/dledger.py): RocketMQ's names
+    broker_role: str = "ASYNC_MASTER"
+    """The group's master role, ``ASYNC_MASTER`` or ``SYNC_MASTER``; a broker with id >= 1
+    is a slave of it (``SLAVE`` is accepted there, as in a RocketMQ broker.conf)."""
+    sync_replication_timeout_s: float = 2.0
+    """SYNC_MASTER (and DLedger): how long a put waits for a slave (a majority)."""
+    ha_transfer_batch_bytes: int = 4 << 20
+    ha_max_gap_not_in_sync: int = 256 << 20
+    ha_slave_timeout_s: float = 5.0
+    ha_poll_s: float = 1.0
+    slave_sync_interval_s: float = 2.0
+    slave_read_enable: bool = False
+    slave_read_window_bytes: int | None = None
+    """A pull this far behind the CommitLog's end is sent to a slave (``slave_read_enable``);
+    None: RocketMQ's 40% of the node's memory."""
+    enable_dledger: bool = False
+    dledger_peers: tuple[int, ...] = ()
+    """Broker ids of the DLedger group's members (``start_cluster`` fills it in)."""
+    dledger_tick_ms: int = 100
+    dledger_heartbeat_ms: int = 300
+    dledger_election_timeout_ms: int = 1000
 
     def __post_init__(self) -> None:
         _check_name("BrokerConfig", "broker_name", self.broker_name)
@@ -142,6 +163,8 @@ class BrokerConfig:
         StoreConfig(store_dir="/nonexistent", **self.store)
         object.__setattr__(self, "nameservers", tuple(self.nameservers))
         object.__setattr__(self, "store", dict(self.store))
+        object.__setattr__(self, "dledger_peers", tuple(sorted(set(self.dledger_peers))))
+        _check_ha(self)
 
     @property
     def actor_name(self) -> str:
@@ -150,6 +173,19 @@ class BrokerConfig:
     @property
     def is_master(self) -> bool:
         return self.broker_id == MASTER_ID
+
+    @property
+    def role(self) -> str:
+        """The configured role: ``SLAVE`` for ids >= 1, else the master role (DLedger members
+        start as ``SLAVE`` and the elected leader becomes the master)."""
+        if self.enable_dledger or self.broker_id != MASTER_ID:
+            return "SLAVE"
+        return self.broker_role
+
+    @property
+    def master_role(self) -> str:
+        """The role this broker takes when it is (or becomes) the master."""
+        return "ASYNC_MASTER" if self.broker_role == "SLAVE" else self.broker_role
 
     def replace(self, **changes: Any) -> BrokerConfig:
         return dataclasses.replace(self, **changes)
@@ -181,8 +217,75 @@ class BrokerConfig:
         return cls(**values)
 
 
+BROKER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
+
+
+def _check_ha(c: BrokerConfig) -> None:
+    if c.broker_role not in BROKER_ROLES:
+        raise InvalidConfigError(
+            f"BrokerConfig.broker_role={c.broker_role!r}: must be one of {BROKER_ROLES}"
+        )
+    if c.broker_role == "SLAVE" and c.broker_id == MASTER_ID and not c.enable_dledger:
+        raise InvalidConfigError(
+            "BrokerConfig.broker_role='SLAVE' with broker_id=0: id 0 is the master; "
+            "give a slave an id >= 1"
+        )
+    _check_positive(
+        "BrokerConfig",
+        sync_replication_timeout_s=c.sync_replication_timeout_s,
+        ha_transfer_batch_bytes=c.ha_transfer_batch_bytes,
+        ha_max_gap_not_in_sync=c.ha_max_gap_not_in_sync,
+        ha_slave_timeout_s=c.ha_slave_timeout_s,
+        ha_poll_s=c.ha_poll_s,
+        slave_sync_interval_s=c.slave_sync_interval_s,
+        dledger_tick_ms=c.dledger_tick_ms,
+        dledger_heartbeat_ms=c.dledger_heartbeat_ms,
+        dledger_election_timeout_ms=c.dledger_election_timeout_ms,
+    )
+    if c.slave_read_window_bytes is not None and c.slave_read_window_bytes < 0:
+        raise InvalidConfigError(
+            f"BrokerConfig.slave_read_window_bytes={c.slave_read_window_bytes}: must be >= 0"
+        )
+    if c.enable_dledger:
+        if not c.dledger_peers:
+            raise InvalidConfigError(
+                "BrokerConfig.dledger_peers: a DLedger member needs its group's broker ids "
+                "(start_cluster fills them in from the brokers of the same name)"
+            )
+        if c.broker_id not in c.dledger_peers:
+            raise InvalidConfigError(
+                f"BrokerConfig.dledger_peers={c.dledger_peers}: must include this broker's "
+                f"id {c.broker_id}"
+            )
+        if any(not isinstance(p, int) or p < 0 for p in c.dledger_peers):
+            raise InvalidConfigError(
+                f"BrokerConfig.dledger_peers={c.dledger_peers}: ids must be ints >= 0"
+            )
+        if c.dledger_heartbeat_ms * 2 > c.dledger_election_timeout_ms:
+            raise InvalidConfigError(
+                f"BrokerConfig.dledger_heartbeat_ms={c.dledger_heartbeat_ms}: must be at most "
+                f"half of dledger_election_timeout_ms={c.dledger_election_timeout_ms}"
+            )
+        if c.dledger_tick_ms > c.dledger_heartbeat_ms:
+            raise InvalidConfigError(
+                f"BrokerConfig.dledger_tick_ms={c.dledger_tick_ms}: must be <= "
+                f"dledger_heartbeat_ms={c.dledger_heartbeat_ms}"
+            )
+
+
 def _bool(text: str) -> bool:
     return text.strip().lower() == "true"
+
+
+def _dledger_peers(text: str) -> tuple[int, ...]:
+    """RocketMQ's ``dLegerPeers`` (``n0-host:port;n1-host:port``) as member ids."""
+    ids = []
+    for part in text.split(";"):
+        name = part.strip().split("-", 1)[0]
+        if not (name[:1] == "n" and name[1:].isdigit()):
+            raise ValueError(f"member {part!r} is not n<id>-host:port")
+        ids.append(int(name[1:]))
+    return tuple(ids)
 
 
 _BROKER_CONF_KEYS: dict[str, tuple[str, Any]] = {
@@ -196,6 +299,12 @@ _BROKER_CONF_KEYS: dict[str, tuple[str, Any]] = {
     "longPollingEnable": ("long_polling_enable", _bool),
     "flushConsumerOffsetInterval": ("flush_consumer_offset_interval_s", lambda v: int(v) / 1000),
     "registerNameServerPeriod": ("heartbeat_interval_s", lambda v: int(v) / 1000),
+    "brokerRole": ("broker_role", lambda v: v.strip().upper()),
+    "slaveReadEnable": ("slave_read_enable", _bool),
+    "haTransferBatchSize": ("ha_transfer_batch_bytes", int),
+    "haMaxGapNotInSync": ("ha_max_gap_not_in_sync", int),
+    "enableDLegerCommitLog": ("enable_dledger", _bool),
+    "dLegerPeers": ("dledger_peers", _dledger_peers),
 }
 
 

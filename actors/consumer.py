@@ -190,7 +190,11 @@ class PullConsumer:
         route = self.ns.require_route(mq.topic)
         if route.broker(mq.broker_name) is None:
             route = self.ns.require_route(mq.topic, refresh=True)
-        return self.ns.broker_for_read(route, mq.broker_name, prefer_id)
+        try:
+            return self.ns.broker_for_read(route, mq.broker_name, prefer_id)
+        except BrokerUnavailableError:  # a member left since the route was cached
+            route = self.ns.require_route(mq.topic, refresh=True)
+            return self.ns.broker_for_read(route, mq.broker_name, prefer_id)
 
     def _call(self, mq: MessageQueue, method: str, *args: Any, timeout: float | None = None) -> Any:
         return self._wait(mq, self._start(mq, method, *args), timeout)

@@ -33,6 +33,7 @@ class NameServer:
         self.index = index
         self.routes = RouteInfoManager()
         self._watches: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._route_waiters: list[asyncio.Future[None]] = []
         self._started = time.time()
         # an async actor runs __init__ inside its event loop
         self._scanner = asyncio.get_event_loop().create_task(self._scan_loop())
@@ -40,8 +41,24 @@ class NameServer:
 
     # ------------------------------------------------------------ brokers
     async def register_broker(self, reg: BrokerRegistration) -> dict[str, Any]:
-        """Add or refresh a broker and its topics; watch its actor for death."""
+        """Add or refresh a broker and its topics; watch its actor for death. The answer
+        names the group's master and its epoch; a master of an older epoch is refused
+        (``accepted`` False) and learns who replaced it."""
+        if not self.routes.accepts(reg):
+            master, epoch = self.routes.master_of(reg.broker_name)
+            log.warning(
+                "refusing %s as master of %s in epoch %d: %s masters it in epoch %d",
+                reg.actor_name,
+                reg.broker_name,
+                reg.master_epoch,
+                master,
+                epoch,
+            )
+            return {"nameserver": self.index, "new": False, "accepted": False, **self._master(reg)}
+        before = self.routes.version
         is_new = self.routes.register(reg, time.monotonic())
+        if self.routes.version != before:
+            self._route_changed()
         key = (reg.broker_name, reg.broker_id)
         if reg.handle is not None and (is_new or key not in self._watches):
             old = self._watches.pop(key, None)
@@ -50,13 +67,40 @@ class NameServer:
             self._watches[key] = asyncio.get_running_loop().create_task(
                 self._watch(key, reg.incarnation, reg.handle)
             )
-        return {"nameserver": self.index, "new": is_new}
+        return {"nameserver": self.index, "new": is_new, "accepted": True, **self._master(reg)}
+
+    def _master(self, reg: BrokerRegistration) -> dict[str, Any]:
+        master, epoch = self.routes.master_of(reg.broker_name)
+        return {"master": master, "master_epoch": epoch}
+
+    def _route_changed(self) -> None:
+        waiters, self._route_waiters = self._route_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def wait_route_change(self, known_version: int, timeout_s: float = 30.0) -> int:
+        """Long poll: the route table's version, once it differs from ``known_version``
+        (or after ``timeout_s``). Clients hold one of these to drop cached routes as soon
+        as a broker joins, leaves or a new master takes over."""
+        if known_version == self.routes.version:
+            fut = asyncio.get_running_loop().create_future()
+            self._route_waiters.append(fut)
+            try:
+                await asyncio.wait_for(fut, min(max(timeout_s, 0.0), 300.0))
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                if fut in self._route_waiters:
+                    self._route_waiters.remove(fut)
+        return self.routes.version
 
     async def unregister_broker(
         self, broker_name: str, broker_id: int, incarnation: str | None = None
     ) -> bool:
         removed = self.routes.unregister(broker_name, broker_id, incarnation)
         if removed:
+            self._route_changed()
             task = self._watches.pop((broker_name, broker_id), None)
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
@@ -74,14 +118,16 @@ class NameServer:
             reason = f"watch failed ({type(exc).__name__}: {exc})"
         if self._watches.get(key) is asyncio.current_task():
             del self._watches[key]
-        self.routes.unregister(key[0], key[1], incarnation, reason=reason)
+        if self.routes.unregister(key[0], key[1], incarnation, reason=reason):
+            self._route_changed()
 
     async def _scan_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.scan_interval_s)
-            for name, bid in self.routes.scan_expired(
-                time.monotonic(), self.config.broker_expired_s
-            ):
+            expired = self.routes.scan_expired(time.monotonic(), self.config.broker_expired_s)
+            if expired:
+                self._route_changed()
+            for name, bid in expired:
                 task = self._watches.pop((name, bid), None)
                 if task is not None:
                     task.cancel()

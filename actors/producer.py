@@ -28,17 +28,17 @@ from ray.exceptions import RayError
 
 from rebalance import MessageQueue
 from storage import codec
-from storage.codec import encode_batch
+from storage.codec import EncodedBatch, encode_batch
 from storage.errors import BrokerUnavailableError, InvalidMessageError, PermissionDeniedError
 from storage.message import Message
 
 from . import _rpc
+from ._coalesce import SendCoalescer
 from ._fault import LatencyFaultTolerance
 from ._nameserver_client import NameServerClient
 from .config import DEFAULT_NAMESPACE, ProducerConfig, with_options
 from .protocol import SendAck
 from .route import QueueData, TopicRouteData
-from ._coalesce import SendCoalescer
 from .send_result import BatchSendResult, SendResult, _Chunk, _with_queue
 from .topic import AUTO_CREATE_TOPIC_KEY, PERM_READ, PERM_WRITE, SYSTEM_TOPICS, is_writeable
 
@@ -91,7 +91,35 @@ class Producer:
         timeout_s: float | None = None,
     ) -> BatchSendResult:
         """Send many messages: one Ray call per (topic, chunk), chunks in flight together."""
-        chunks = self._encode(messages)
+        return self._send_chunks(self._encode(messages), len(messages), sharding_key, timeout_s)
+
+    def send_encoded(
+        self, batches: Sequence[EncodedBatch], *, timeout_s: float | None = None
+    ) -> BatchSendResult:
+        """Send batches encoded already (one topic each, e.g. by the Arrow encoder of
+        ``actors.datasource``) as ``send_batch`` sends its chunks: one Ray call per
+        batch, in flight together, retried on another broker when Ray cannot deliver."""
+        chunks, first = [], 0
+        for batch in batches:
+            if len(batch.topics) != 1:
+                raise InvalidMessageError(f"an encoded batch has topics {batch.topics}: need one")
+            codec.validate_topic(batch.topics[0])
+            if batch.topics[0] in SYSTEM_TOPICS:
+                raise InvalidMessageError(f"topic={batch.topics[0]!r} is reserved for the system")
+            batch.check_structure()
+            chunks.append(_Chunk(batch.topics[0], batch, np.arange(first, first + len(batch))))
+            first += len(batch)
+        if not chunks:
+            raise InvalidMessageError("send needs at least one message")
+        return self._send_chunks(chunks, first, None, timeout_s)
+
+    def _send_chunks(
+        self,
+        chunks: list[_Chunk],
+        total: int,
+        sharding_key: str | None,
+        timeout_s: float | None,
+    ) -> BatchSendResult:
         for topic in {c.topic for c in chunks}:  # route errors before anything is sent
             self._write_queues(self._route(topic)[0])
         timeout = timeout_s or self.config.send_timeout_s
@@ -118,7 +146,7 @@ class Producer:
                 parts[i] = self._finish(chunk, mq, exc, timeout, sharding_key)
         for mq, (j, ref, started) in inflight.items():
             parts[j] = self._finish(chunks[j], mq, (ref, started), timeout, sharding_key)
-        return BatchSendResult(parts, len(messages))
+        return BatchSendResult(parts, total)
 
     def send_async(
         self, messages: Message | Sequence[Message], *, sharding_key: str | None = None
@@ -172,6 +200,13 @@ class Producer:
     def fetch_publish_queues(self, topic: str) -> list[MessageQueue]:
         route, _ = self._route(topic)
         return list(self._write_queues(route))
+
+    def delay_level_for(self, seconds: float) -> int:
+        """The cluster's delay level for a delay of ``seconds``, rounded up to the next
+        level (0 for none; the top level past it): ``Message(..., delay_level=...)``."""
+        from ._delay import broker_levels_ms, level_for_seconds
+
+        return level_for_seconds(seconds, broker_levels_ms(self.ns))
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

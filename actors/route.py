@@ -6,10 +6,16 @@ Invariants of :class:`RouteInfoManager`:
 
 * a broker appears in a topic's route only while it is live: registered, not
   unregistered, not reported dead, and heard from within ``broker_expired_s``;
-* a broker's queue data for a topic is exactly what its latest registration
-  said (a registration replaces the broker's whole topic list);
-* a route holds only queue data of brokers whose master is live, and broker
-  data only for those brokers, so a client never picks a dead broker from it.
+* a broker group's queue data for a topic is exactly what the latest
+  registration of its lowest live id said (the master, id 0, when it is live;
+  else a slave, so consumers can still read a group whose master is gone);
+* a route holds only queue data of groups with a live member, and broker data
+  only for those groups, so a client never picks a dead broker from it
+  (producers write only to groups whose master, id 0, is in the route);
+* id 0 is fenced by ``master_epoch`` (a promotion or a Raft term): a
+  registration as master with an epoch below the group's highest is refused,
+  so a deposed master can never be routed to again;
+* ``version`` grows with every change a client's cached route could miss.
 """
 
 from __future__ import annotations
@@ -83,6 +89,7 @@ class BrokerRegistration:
     incarnation: str
     topic_configs: Mapping[str, TopicConfig]
     handle: Any = None  # the broker's ActorHandle, for Ray death notices
+    master_epoch: int = 0  # with broker_id 0: the promotion epoch or Raft term it masters in
 
 
 @dataclass
@@ -97,16 +104,44 @@ class RouteInfoManager:
     def __init__(self) -> None:
         self._topic_queues: dict[str, dict[str, QueueData]] = {}
         self._live: dict[tuple[str, int], _LiveBroker] = {}  # (broker_name, broker_id)
+        self._epochs: dict[str, int] = {}  # broker name -> highest master epoch seen
+        self.version = 0
 
     # ------------------------------------------------------------ registration
+    def master_of(self, broker_name: str) -> tuple[str | None, int]:
+        """The group's live master actor name (or None) and the highest master epoch seen."""
+        live = self._live.get((broker_name, 0))
+        name = live.registration.actor_name if live is not None else None
+        return name, self._epochs.get(broker_name, 0)
+
+    def accepts(self, reg: BrokerRegistration) -> bool:
+        """Whether a registration may take its id: a master needs an epoch no lower than
+        the group's highest, and above a live master's unless it is the same actor."""
+        if reg.broker_id != 0:
+            return True
+        if reg.master_epoch < self._epochs.get(reg.broker_name, 0):
+            return False
+        live = self._live.get((reg.broker_name, 0))
+        return (
+            live is None
+            or live.registration.actor_name == reg.actor_name
+            or reg.master_epoch > live.registration.master_epoch
+        )
+
     def register(self, reg: BrokerRegistration, now: float) -> bool:
-        """Add or refresh a broker; return True when it (or its incarnation) is new."""
+        """Add or refresh a broker; return True when it (or its incarnation) is new.
+        The caller checks :meth:`accepts` first."""
         key = (reg.broker_name, reg.broker_id)
         old = self._live.get(key)
         self._live[key] = _LiveBroker(reg, now)
         if reg.broker_id == 0:
-            self._replace_topics(reg.broker_name, reg.topic_configs)
+            self._epochs[reg.broker_name] = max(
+                reg.master_epoch, self._epochs.get(reg.broker_name, 0)
+            )
         is_new = old is None or old.registration.incarnation != reg.incarnation
+        changed = self._refresh_topics(reg.broker_name)
+        if is_new or changed:
+            self.version += 1
         if is_new:
             log.info(
                 "broker %s id %d registered (%s, node %s, %d topics)",
@@ -118,14 +153,25 @@ class RouteInfoManager:
             )
         return is_new
 
-    def _replace_topics(self, broker_name: str, configs: Mapping[str, TopicConfig]) -> None:
+    def _refresh_topics(self, broker_name: str) -> bool:
+        """Take the group's queue data from its lowest live id; True if it changed."""
+        ids = [bid for name, bid in self._live if name == broker_name]
+        configs = self._live[(broker_name, min(ids))].registration.topic_configs if ids else {}
+        return self._replace_topics(broker_name, configs)
+
+    def _replace_topics(self, broker_name: str, configs: Mapping[str, TopicConfig]) -> bool:
+        changed = False
         for topic in list(self._topic_queues):
-            if topic not in configs:
+            if topic not in configs and broker_name in self._topic_queues[topic]:
                 self._drop_queue_data(topic, broker_name)
+                changed = True
         for topic, tc in configs.items():
-            self._topic_queues.setdefault(topic, {})[broker_name] = QueueData(
-                broker_name, tc.read_queue_nums, tc.write_queue_nums, tc.perm
-            )
+            qd = QueueData(broker_name, tc.read_queue_nums, tc.write_queue_nums, tc.perm)
+            queues = self._topic_queues.setdefault(topic, {})
+            if queues.get(broker_name) != qd:
+                queues[broker_name] = qd
+                changed = True
+        return changed
 
     def _drop_queue_data(self, topic: str, broker_name: str) -> None:
         queues = self._topic_queues.get(topic)
@@ -149,9 +195,8 @@ class RouteInfoManager:
         ):
             return False
         del self._live[key]
-        if broker_id == 0:
-            for topic in list(self._topic_queues):
-                self._drop_queue_data(topic, broker_name)
+        self._refresh_topics(broker_name)
+        self.version += 1
         log.warning("broker %s id %d removed from routes: %s", broker_name, broker_id, reason)
         return True
 

@@ -11,9 +11,12 @@ One run prints, for one producer process and one broker (ASYNC_FLUSH):
   process;
 * the Ray floor measured in the same run: no-op actor call latency and rate,
   bytes/s of 1 MiB arguments to a no-op actor method, and ``ray.util.queue.Queue``
-  doing the same work with its own batch put/get, as ratios.
+  doing the same work with its own batch put/get, as ratios;
+* push-consumer throughput with a no-op listener next to ``pull_many`` reading the
+  same messages in the same run (target: 70%), and the retry path's rate
+  (RECONSUME_LATER -> ``%RETRY%<group>`` -> redelivery), on a cluster of its own.
 
-    python benchmarks/e2e_bench.py [--quick] [--json out.json]
+    python benchmarks/e2e_bench.py [--quick] [--json out.json] [--push-only]
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import json
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -242,6 +246,188 @@ def bench_ray_queue(quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
+# ------------------------------------------------------------ push consumer and retries
+PUSH_TOPIC = "PushBench"
+RETRY_TOPIC = "RetryBench"
+PUSH_POINTS = ((32, 1), (32, 32), (256, 32), (1024, 64))  # (pull batch, consume batch)
+
+
+def _fill(cluster: actors.Cluster, topic: str, n: int) -> None:
+    producer = cluster.producer("bench-push-fill", max_batch_messages=4096, max_batch_bytes=8 << 20)
+    body = b"b" * 100
+    window: list[Any] = []
+    for start in range(0, n, 4096):
+        window.append(producer.send_async([Message(topic, body)] * min(4096, n - start)))
+        if len(window) >= WINDOW:
+            window.pop(0).result()
+    for f in window:
+        f.result()
+    producer.close()
+
+
+def _pull_rate(cluster: actors.Cluster, topic: str, n: int, batch: int) -> dict[str, float]:
+    """PullConsumer.pull_many over every queue from offset 0: raw blobs and MessageExt."""
+    out = {}
+    for mode in ("raw", "decoded"):
+        consumer = cluster.pull_consumer(f"bench-pull-{mode}-{batch}")
+        offsets = dict.fromkeys(consumer.fetch_subscribe_queues(topic), 0)
+        got, started = 0, time.perf_counter()
+        while offsets and got < n:
+            for r in consumer.pull_many(list(offsets.items()), batch):
+                if r.status is not PullStatus.FOUND:
+                    del offsets[r.queue]
+                    continue
+                got += r.count if mode == "raw" else len(r.messages)
+                offsets[r.queue] = r.next_offset
+        out[mode] = got / (time.perf_counter() - started)
+    return out
+
+
+def _push_rate(
+    cluster: actors.Cluster, topic: str, n: int, pull_batch: int, consume_batch: int
+) -> float:
+    """A PushConsumer with a no-op listener reading ``n`` messages from the start."""
+    lock = threading.Lock()
+    seen = [0]
+    first = [0.0]
+    done = threading.Event()
+
+    def listener(messages: list[Any]) -> actors.ConsumeStatus:
+        with lock:
+            if not seen[0]:
+                first[0] = time.perf_counter()
+            seen[0] += len(messages)
+            if seen[0] >= n:
+                done.set()
+        return actors.ConsumeStatus.SUCCESS
+
+    consumer = actors.PushConsumer(
+        f"bench-push-{pull_batch}-{consume_batch}",
+        topic,
+        listener=listener,
+        namespace=cluster.namespace,
+        consume_from="FIRST",
+        pull_batch_size=pull_batch,
+        consume_batch_size=consume_batch,
+        pull_threshold_for_queue=max(1000, 4 * pull_batch),
+    ).start()
+    try:
+        done.wait(300)
+        return seen[0] / (time.perf_counter() - first[0])
+    finally:
+        consumer.shutdown()
+
+
+def _retry_rate(cluster: actors.Cluster, n: int) -> dict[str, float]:
+    """Each message fails once (RECONSUME_LATER), goes through %RETRY% and comes back."""
+    lock = threading.Lock()
+    back = [0]
+    first = [0.0]
+    done = threading.Event()
+
+    def listener(messages: list[Any]) -> actors.ConsumeStatus:
+        with lock:
+            if not first[0]:
+                first[0] = time.perf_counter()
+            if messages[0].reconsume_times == 0:
+                return actors.ConsumeStatus.RECONSUME_LATER
+            back[0] += len(messages)
+            if back[0] >= n:
+                done.set()
+        return actors.ConsumeStatus.SUCCESS
+
+    consumer = actors.PushConsumer(
+        "bench-retry",
+        RETRY_TOPIC,
+        listener=listener,
+        namespace=cluster.namespace,
+        consume_from="FIRST",
+        pull_batch_size=256,
+        consume_batch_size=32,
+        rebalance_interval_s=1.0,
+    ).start()
+    try:
+        _fill(cluster, RETRY_TOPIC, n)
+        done.wait(300)
+        elapsed = time.perf_counter() - first[0]
+        status = consumer.status()
+    finally:
+        consumer.shutdown()
+    return {
+        "messages": n,
+        "redelivered": back[0],
+        "msg_s": back[0] / elapsed,
+        "send_back_calls": status.get("send_back_calls", 0),
+        "sent_back": status.get("sent_back", 0),
+    }
+
+
+def bench_push(quick: bool) -> dict[str, Any]:
+    """Push-consumer throughput next to raw pulls of the same messages, and the retry path,
+    on a cluster of its own (delay levels of 10 ms, so retries come back at once)."""
+    n = 100_000 if quick else 300_000
+    n_retry = 10_000 if quick else 30_000
+    with tempfile.TemporaryDirectory(prefix="raymq-bench-push-") as root:
+        cluster = actors.start_cluster(
+            namespace="raymq-bench-push",
+            nameservers=1,
+            brokers=1,
+            store_root=root,
+            topics=[actors.TopicConfig(PUSH_TOPIC, 4, 4), actors.TopicConfig(RETRY_TOPIC, 4, 4)],
+            broker_options={
+                "store": {
+                    "commitlog_file_size": 256 << 20,
+                    "flush_disk_type": "ASYNC_FLUSH",
+                    "message_delay_level": " ".join(["10ms"] * 18),
+                }
+            },
+        )
+        try:
+            _fill(cluster, PUSH_TOPIC, n)
+            rows = []
+            for pull_batch, consume_batch in PUSH_POINTS:
+                pulled = _pull_rate(cluster, PUSH_TOPIC, n, pull_batch)
+                rows.append(
+                    {
+                        "pull_batch": pull_batch,
+                        "consume_batch": consume_batch,
+                        "push_msg_s": _push_rate(cluster, PUSH_TOPIC, n, pull_batch, consume_batch),
+                        "pull_raw_msg_s": pulled["raw"],
+                        "pull_decoded_msg_s": pulled["decoded"],
+                    }
+                )
+            retry = _retry_rate(cluster, n_retry)
+        finally:
+            cluster.shutdown()
+    return {"messages": n, "points": rows, "retry": retry}
+
+
+def report_push(p: dict[str, Any]) -> list[str]:
+    print(f"\n== Push consumer, no-op listener, {p['messages']:,} messages of 100 B   msg/s")
+    print("  pull  consume        push   pull(MessageExt)   pull(raw blobs)   push/pull")
+    out = []
+    for row in p["points"]:
+        ratio = row["push_msg_s"] / row["pull_decoded_msg_s"]
+        print(
+            f"  {row['pull_batch']:>4}  {row['consume_batch']:>7}{_fmt(row['push_msg_s'])}"
+            f"{_fmt(row['pull_decoded_msg_s'])}      {_fmt(row['pull_raw_msg_s'])}"
+            f"      {ratio:>5.0%}"
+        )
+        ok = ratio >= 0.7
+        out.append(
+            f"[{'ok ' if ok else 'MISS'}] push (pull {row['pull_batch']}, consume batch "
+            f"{row['consume_batch']}): {row['push_msg_s']:,.0f} msg/s = {ratio:.0%} of pull_many "
+            f"decoding the same messages (target 70%); raw blobs {row['pull_raw_msg_s']:,.0f}"
+        )
+    r = p["retry"]
+    print(
+        f"\n== Retry path: {r['redelivered']:,} of {r['messages']:,} messages RECONSUME_LATER -> "
+        f"%RETRY% -> redelivered: {r['msg_s']:,.0f} msg/s "
+        f"({r['sent_back']:,} sent back in {r['send_back_calls']:,} broker calls)"
+    )
+    return out
+
+
 # ------------------------------------------------------------ report
 def _fmt(v: float) -> str:
     return f"{v:>12,.0f}"
@@ -359,6 +545,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="RayMQ end-to-end benchmark")
     parser.add_argument("--quick", action="store_true", help="shorter points (smoke run)")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument(
+        "--push-only", action="store_true", help="only the push-consumer and retry section"
+    )
     args = parser.parse_args(argv)
     ray.init(
         address="local",
@@ -368,6 +557,14 @@ def main(argv: list[str] | None = None) -> int:
         log_to_driver=False,
     )
     results: dict[str, Any] = {}
+    if args.push_only:
+        results["push"] = timed("push consumer", lambda: bench_push(args.quick))
+        ray.shutdown()
+        print("\n== Against the targets\n  " + "\n  ".join(report_push(results["push"])))
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(results, fh, indent=2)
+        return 0
     with tempfile.TemporaryDirectory(prefix="raymq-bench-") as root:
         cluster = actors.start_cluster(
             namespace="raymq-bench",
@@ -387,8 +584,11 @@ def main(argv: list[str] | None = None) -> int:
             results["ray_queue"] = timed("ray.util.queue", lambda: bench_ray_queue(args.quick))
         finally:
             cluster.shutdown()
+    results["push"] = timed("push consumer", lambda: bench_push(args.quick))
     ray.shutdown()
     report(results)
+    for line in report_push(results["push"]):
+        print("  " + line)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=2)

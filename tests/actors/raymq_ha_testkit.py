@@ -1,0 +1,164 @@
+"""Helpers shared by the high-availability tests (imported by name, like raymq_testkit)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from raymq_testkit import SMALL_STORE, wait_until
+
+import actors
+from actors import BrokerConfig, PullStatus, SendStatus
+from actors.cluster import ACTOR_MAX_CONCURRENCY
+from rebalance import MessageQueue
+from storage import Message
+from storage.codec import decode_records
+
+
+def status_of(handle: Any, timeout: float = 10.0) -> dict[str, Any]:
+    """A broker's status, or {} while it is dead or restarting."""
+    try:
+        return ray.get(handle.status.remote(), timeout=timeout)
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        return {}
+
+
+def commitlog_bytes(store_dir: str) -> bytes:
+    """The whole CommitLog of a store directory as one string of bytes (file by file,
+    trailing zeros of the last file dropped)."""
+    files = sorted((Path(store_dir) / "commitlog").iterdir())
+    data = b"".join(f.read_bytes() for f in files)
+    return data.rstrip(b"\x00")
+
+
+def broker_config(
+    cluster: actors.Cluster, store_root: str, broker_name: str, broker_id: int, **options: Any
+) -> BrokerConfig:
+    """The config ``make_cluster`` gives a broker (to start it again by hand)."""
+    values: dict[str, Any] = {
+        "store": SMALL_STORE,
+        "heartbeat_interval_s": 2.0,
+        "auto_create_topic_enable": True,
+        **options,
+    }
+    return BrokerConfig(
+        broker_name=broker_name,
+        broker_id=broker_id,
+        namespace=cluster.namespace,
+        nameservers=tuple(cluster.nameserver_names),
+        store_dir=f"{store_root}/{broker_name}-{broker_id}",
+        **values,
+    )
+
+
+def start_broker(config: BrokerConfig, node_id: str | None = None) -> Any:
+    """Start a Broker actor as ``start_cluster`` would (an operator restarting one)."""
+    node = node_id or ray.get_runtime_context().get_node_id()
+    handle = (
+        ray.remote(actors.Broker)
+        .options(
+            name=config.actor_name,
+            namespace=config.namespace,
+            lifetime="detached",
+            num_cpus=0,
+            max_concurrency=ACTOR_MAX_CONCURRENCY,
+            max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+        )
+        .remote(config)
+    )
+    ray.get(handle.ping.remote(), timeout=60)
+    return handle
+
+
+def kill(handle: Any) -> None:
+    ray.kill(handle, no_restart=True)
+    wait_until(lambda: not status_of(handle, 2.0), timeout_s=30, what="broker dead")
+
+
+def members(cluster: actors.Cluster, broker_name: str) -> dict[int, str]:
+    info = ray.get(cluster.nameserver(0).get_cluster_info.remote())
+    entry = info["brokers"].get(broker_name, {}).get("members", {})
+    return {bid: m["actor_name"] for bid, m in entry.items()}
+
+
+@dataclass
+class Load:
+    """Sends batches in a thread until stopped; keeps what was acknowledged (SEND_OK)."""
+
+    producer: actors.Producer
+    topic: str
+    batch: int = 20
+    acked: list[bytes] = field(default_factory=list)
+    other: list[str] = field(default_factory=list)  # statuses/errors of the rest
+    ok_times: list[float] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _seq: int = 0
+
+    def start(self) -> Load:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            bodies = [b"load-%08d" % (self._seq + i) for i in range(self.batch)]
+            self._seq += self.batch
+            try:
+                results = self.producer.send_batch([Message(self.topic, b) for b in bodies])
+            except Exception as exc:  # noqa: BLE001 - failover in progress
+                self.other.append(type(exc).__name__)
+                time.sleep(0.02)
+                continue
+            for body, r in zip(bodies, results):
+                if r.status is SendStatus.SEND_OK:
+                    self.acked.append(body)
+                else:
+                    self.other.append(r.status.value)
+            if all(r.status is SendStatus.SEND_OK for r in results):
+                self.ok_times.append(time.monotonic())
+
+    def acked_since(self, t: float) -> int:
+        return sum(1 for x in self.ok_times if x > t)
+
+    def finish(self) -> None:
+        self.stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+
+def read_all(
+    consumer: actors.PullConsumer, topic: str, queues: Iterable[MessageQueue] | None = None
+) -> list[bytes]:
+    """Every body of ``topic`` from offset 0 (through whichever member serves reads)."""
+    out: list[bytes] = []
+    for mq in queues if queues is not None else consumer.fetch_subscribe_queues(topic):
+        offset = 0
+        while True:
+            r = consumer.pull(mq, offset, 1000)
+            if r.status is not PullStatus.FOUND:
+                break
+            out.extend(r.bodies)
+            offset = r.next_offset
+    return out
+
+
+def read_member(handle: Any, topic: str, queue_ids: Iterable[int]) -> list[bytes]:
+    """Every body of ``topic`` one broker actor holds (committed, for a DLedger member)."""
+    out: list[bytes] = []
+    for qid in queue_ids:
+        offset = 0
+        while True:
+            raw = ray.get(handle.pull.remote("", topic, qid, offset, 1000), timeout=30)
+            if not raw.count:
+                break
+            out.extend(m.body for m in decode_records(raw.data, check_crc=False))
+            offset = raw.next_offset
+    return out

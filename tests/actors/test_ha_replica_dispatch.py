@@ -1,0 +1,99 @@
+"""The fast replica append builds exactly the ConsumeQueue and index entries that
+``MessageStore.append_commitlog`` builds, whatever the chunking (no Ray)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from actors._replica_dispatch import append_replicated
+from storage import Message, MessageStore, OffsetOutOfRangeError, StoreConfig
+from storage.schedule import SCHEDULE_TOPIC
+
+
+def config(path: Path) -> StoreConfig:
+    return StoreConfig(
+        store_dir=str(path),
+        commitlog_file_size=64 * 1024,
+        consume_queue_file_entries=4096,
+        index_hash_slots=97,
+        index_max_entries=20_000,
+        max_message_size=16 * 1024,
+        store_host="10.0.0.1:10911",
+    )
+
+
+def fill(master: MessageStore, seed: int) -> None:
+    rng = random.Random(seed)
+    for i in range(40):
+        master.put_batch(
+            [
+                Message(
+                    rng.choice(["A", "B-topic", "C"]),
+                    rng.randbytes(rng.randint(1, 3000)),
+                    tags=rng.choice([None, "t1", "t2", "ta gs"]),
+                    keys=rng.choice([(), f"k{i}", [f"k{i}", f"x{j}"]]),
+                    queue_id=j % 3,
+                    delay_level=1 if j == 5 and i % 4 == 0 else 0,
+                )
+                for j in range(8)
+            ]
+        )
+
+
+def replicate(master: MessageStore, slave: MessageStore, chunk: int, fast: bool) -> None:
+    while True:
+        data = master.read_commitlog(slave.commitlog.max_offset, chunk)
+        if not data:
+            return
+        if fast:
+            append_replicated(slave, slave.commitlog.max_offset, data)
+        else:
+            slave.append_commitlog(slave.commitlog.max_offset, data)
+
+
+@pytest.mark.parametrize("chunk", [97, 5000, 1 << 20])
+def test_fast_append_dispatches_like_the_store(tmp_path: Path, chunk: int) -> None:
+    with (
+        MessageStore(config(tmp_path / "m"), start_services=False) as master,
+        MessageStore(config(tmp_path / "slow"), start_services=False) as slow,
+        MessageStore(config(tmp_path / "fast"), start_services=False) as fast,
+    ):
+        fill(master, chunk)
+        replicate(master, slow, chunk, fast=False)
+        replicate(master, fast, chunk, fast=True)
+        assert len(master.commitlog.files) > 3
+        assert fast.dispatched_offset == slow.dispatched_offset == master.commitlog.max_offset
+        assert fast.queues() == slow.queues() == master.queues()
+        assert (SCHEDULE_TOPIC, 0) in fast.queues()
+        for topic, qid in master.queues():
+            for tags in (None, "t1", "ta gs"):
+                want = master.get_raw("g", topic, qid, 0, 10_000, tags)
+                for store in (fast, slow):
+                    got = store.get_raw("g", topic, qid, 0, 10_000, tags)
+                    assert (got.status, got.count, got.data, got.next_offset) == (
+                        want.status,
+                        want.count,
+                        want.data,
+                        want.next_offset,
+                    )
+        for key in ("k3", "x2", "k39"):
+            for topic in ("A", "B-topic", "C"):
+                want = [m.commitlog_offset for m in master.query_by_key(topic, key)]
+                assert [m.commitlog_offset for m in fast.query_by_key(topic, key)] == want
+        uniq = master.message_at(0).msg_id
+        assert fast.message_by_id(uniq, master.message_at(0).topic).commitlog_offset == 0
+
+
+def test_fast_append_checks_where_a_chunk_goes(tmp_path: Path) -> None:
+    with (
+        MessageStore(config(tmp_path / "m"), start_services=False) as master,
+        MessageStore(config(tmp_path / "s"), start_services=False) as slave,
+    ):
+        master.put(Message("A", b"x"))
+        with pytest.raises(OffsetOutOfRangeError, match="does not follow"):
+            append_replicated(slave, 5, master.read_commitlog(0, 100))
+        assert append_replicated(slave, 0, b"") == 0
+        assert slave.commitlog.max_offset == 0

@@ -1,0 +1,177 @@
+"""DLedger groups: three Broker actors elect a leader, acknowledge a put once a majority
+holds it, keep identical CommitLogs, fail over at once on a death notice, and a deposed
+leader cuts off what was never committed."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+from raymq_ha_testkit import (
+    Load,
+    broker_config,
+    commitlog_bytes,
+    kill,
+    members,
+    read_all,
+    start_broker,
+    status_of,
+)
+from raymq_testkit import wait_until
+
+import actors
+from actors import BrokerSpec, SendStatus
+from storage import Message
+
+GROUP = [BrokerSpec("broker-a", i) for i in range(3)]
+RAFT = {
+    "enable_dledger": True,
+    "dledger_peers": (0, 1, 2),
+    "dledger_tick_ms": 50,
+    "dledger_heartbeat_ms": 150,
+    "dledger_election_timeout_ms": 600,
+    "slave_sync_interval_s": 0.3,
+}
+
+
+def handles(cluster: actors.Cluster) -> dict[str, Any]:
+    return {f"broker-a-{i}": cluster.broker("broker-a", i) for i in range(3)}
+
+
+def leader_of(cluster: actors.Cluster) -> str:
+    return wait_until(
+        lambda: members(cluster, "broker-a").get(0), timeout_s=30, what="a registered leader"
+    )
+
+
+def in_sync(group: dict[str, Any]) -> bool:
+    """Every live member committed everything the leader holds."""
+    statuses = [s for s in (status_of(h, 5.0) for h in group.values()) if s]
+    ends = {s["commitlog_max_offset"] for s in statuses}
+    return len(ends) == 1 and all(
+        s["committed_offset"] == s["commitlog_max_offset"] for s in statuses
+    )
+
+
+def test_a_group_elects_a_leader_and_every_member_holds_its_bytes(make_cluster: Any) -> None:
+    cluster = make_cluster(
+        nameservers=1, brokers=GROUP, topics=[actors.TopicConfig("R", 4, 4)], broker_options=RAFT
+    )
+    leader = leader_of(cluster)
+    group = handles(cluster)
+    roles = {n: status_of(h)["raft_role"] for n, h in group.items()}
+    assert sorted(roles.values()) == ["follower", "follower", "leader"]
+    assert roles[leader] == "leader"
+    assert sorted(members(cluster, "broker-a")) == [0] + sorted(
+        int(n[-1]) + 1 for n in group if n != leader
+    )
+
+    producer = cluster.producer("p-raft", max_batch_messages=64)
+    sent = [b"r%05d" % i for i in range(2000)]
+    results = producer.send_batch([Message("R", b, keys=b.decode()) for b in sent])
+    assert {r.status for r in results} == {SendStatus.SEND_OK}
+    wait_until(lambda: in_sync(group), what="followers committed everything")
+    stores = [commitlog_bytes(status_of(h)["store_dir"]) for h in group.values()]
+    assert stores[0] == stores[1] == stores[2]
+    assert sorted(read_all(cluster.pull_consumer("g-raft"), "R")) == sent
+    follower = next(h for n, h in group.items() if n != leader)
+    found = ray.get(follower.query_by_key.remote("R", "r01234"))
+    assert [m.body for m in found] == [b"r01234"]  # its ConsumeQueues and index are its own
+    # followers refuse writes and follow the leader's topics
+    cluster.admin.create_topic("R2", 2, 2)
+    wait_until(
+        lambda: all("R2" in ray.get(h.topic_configs.remote()) for h in group.values()),
+        what="topic on every member",
+    )
+
+
+def test_killing_the_leader_moves_writes_to_a_new_leader_at_once(make_cluster: Any) -> None:
+    cluster = make_cluster(
+        nameservers=1, brokers=GROUP, topics=[actors.TopicConfig("F", 2, 2)], broker_options=RAFT
+    )
+    old = leader_of(cluster)
+    group = handles(cluster)
+    load = Load(cluster.producer("p-fail", send_timeout_s=2.0), "F").start()
+    watcher = cluster.producer("p-watch", route_refresh_s=3600.0)  # caches routes for an hour
+    assert watcher.ns.require_route("F").broker("broker-a").master_actor_name() == old
+    try:
+        wait_until(lambda: len(load.acked) > 200, what="load running")
+        ray.kill(group[old], no_restart=True)
+        killed = time.monotonic()
+        new = wait_until(
+            lambda: (leader := members(cluster, "broker-a").get(0)) != old and leader,
+            timeout_s=10,
+            interval_s=0.01,
+            what="a new leader",
+        )
+        # the NameServer pushes the change: the cached route is dropped, not kept for an hour
+        wait_until(
+            lambda: watcher.ns.require_route("F").broker("broker-a").master_actor_name() == new,
+            timeout_s=2,
+            what="a client's cached route pointing at the new leader",
+        )
+        wait_until(lambda: load.acked_since(killed) > 0, timeout_s=10, interval_s=0.01)
+        failover = min(t for t in load.ok_times if t > killed) - killed
+        wait_until(lambda: load.acked_since(killed) > 20, what="writes flowing")
+    finally:
+        load.finish()
+    assert failover < 2.0, f"first acknowledged write {failover:.2f}s after the kill"
+    survivors = {n: h for n, h in group.items() if n != old}
+    wait_until(lambda: in_sync(survivors), what="survivors in sync")
+    got = read_all(cluster.pull_consumer("g-fail"), "F")
+    assert len(got) == len(set(got))  # exactly once in the new leader's log
+    assert set(load.acked) <= set(got), "an acknowledged message was lost"
+    assert status_of(survivors[new])["term"] > 1
+
+
+def test_a_deposed_leader_cuts_off_what_was_never_committed(
+    make_cluster: Any, tmp_path: Path
+) -> None:
+    root = str(tmp_path / "root")
+    cluster = make_cluster(
+        nameservers=1,
+        brokers=GROUP,
+        topics=[actors.TopicConfig("T", 1, 1)],
+        store_root=root,
+        broker_options={**RAFT, "sync_replication_timeout_s": 0.5},
+    )
+    old = leader_of(cluster)
+    group = handles(cluster)
+    producer = cluster.producer("p-cut", retry_times_when_send_failed=0)
+    first = producer.send_batch([Message("T", b"kept-%d" % i) for i in range(50)])
+    assert {r.status for r in first} == {SendStatus.SEND_OK}
+    wait_until(lambda: in_sync(group), what="in sync")
+    followers = [n for n in group if n != old]
+    for name in followers:
+        kill(group[name])
+    # alone, the leader stores but cannot commit: nothing is acknowledged
+    lost = producer.send_batch([Message("T", b"lost-%d" % i) for i in range(30)])
+    assert {r.status for r in lost} == {SendStatus.FLUSH_SLAVE_TIMEOUT}
+    end_before = status_of(group[old])["commitlog_max_offset"]
+    kill(group[old])
+
+    config = {n: broker_config(cluster, root, "broker-a", int(n[-1]), **RAFT) for n in group}
+    for name in followers:
+        group[name] = start_broker(config[name])
+    new = wait_until(
+        lambda: (leader := members(cluster, "broker-a").get(0)) in followers and leader,
+        timeout_s=30,
+        what="a leader among the two survivors",
+    )
+    after = producer.send_batch([Message("T", b"new-%d" % i) for i in range(40)])
+    assert {r.status for r in after} == {SendStatus.SEND_OK}
+
+    group[old] = start_broker(config[old])
+    wait_until(lambda: in_sync(group), what="the old leader caught up as a follower")
+    status = status_of(group[old])
+    assert status["raft_role"] == "follower" and status["leader"] == new
+    assert commitlog_bytes(status["store_dir"]) == commitlog_bytes(
+        status_of(group[new])["store_dir"]
+    )
+    assert status["commitlog_max_offset"] != end_before
+    bodies = read_all(cluster.pull_consumer("g-cut"), "T")
+    assert sorted(bodies) == sorted(
+        [b"kept-%d" % i for i in range(50)] + [b"new-%d" % i for i in range(40)]
+    )
