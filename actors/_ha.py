@@ -48,6 +48,7 @@ from storage.store import PutBatchResult
 from ._epochs import HAState
 from ._ha_client import HAClient, TransferReply
 from ._ha_service import HAService
+from ._replica_dispatch import dispatch_appended
 from ._replication import (
     MASTER_ID,
     LocalPut,
@@ -296,6 +297,7 @@ class MasterSlaveReplication(Replication):
                 f"broker {name} still replicates from master {client.master}: a live master "
                 "is not replaced (force=True overrides)"
             )
+        await self.broker._run(dispatch_appended, self.store)  # what arrived is whole records
         end = self.store.dispatched_offset  # the last whole record
         needed = max(min_offset, client.confirmed if client is not None else 0)
         if end < needed:
@@ -305,6 +307,8 @@ class MasterSlaveReplication(Replication):
                 "acknowledged messages; promote a slave that has them"
             )
         await self._stop_tasks()
+        await self.broker._run(dispatch_appended, self.store)  # bytes that came meanwhile
+        end = self.store.dispatched_offset
         if self.sync is not None:  # commits consumers made here now belong to the master
             self.broker.offsets.merge_max(self.sync.local)
         self.client = self.sync = None

@@ -19,12 +19,15 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ._replica_dispatch import append_replicated
+from ._replica_dispatch import append_bytes, dispatch_appended
 
 if TYPE_CHECKING:
     from ._ha import MasterSlaveReplication
 
 log = logging.getLogger("raymq.actors.ha")
+
+MAX_BACKOFF_S = 0.2
+"""Between looks for a master while there is none: a promoted slave is found this fast."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ class HAClient:
             if handle is None:
                 self.connected = False
                 await asyncio.sleep(backoff)
-                backoff = min(1.0, backoff * 2)
+                backoff = min(MAX_BACKOFF_S, backoff * 2)
                 continue
             try:
                 await self._replicate(handle)
@@ -79,7 +82,7 @@ class HAClient:
                 self.connected = False
                 await self.repl.forget_master()
                 await asyncio.sleep(backoff)
-                backoff = min(1.0, backoff * 2)
+                backoff = min(MAX_BACKOFF_S, backoff * 2)
                 continue
 
     def _fetch(self, handle: Any, offset: int, max_bytes: int, wait_s: float) -> Any:
@@ -109,11 +112,10 @@ class HAClient:
                 continue
             upto = reply.offset + sum(len(c) for c in reply.chunks)
             pending = self._fetch(handle, upto, cfg.ha_transfer_batch_bytes, cfg.ha_poll_s)
+            await self._apply(reply)
             if reply.chunks:
-                await self._apply(reply)
                 self._fetch(handle, upto, 0, 0.0)  # the acknowledgement: no answer awaited
-            else:
-                await self._apply(reply)
+                await self.broker._run(dispatch_appended, self.store)  # entries after the ack
 
     async def _apply(self, reply: TransferReply) -> None:
         store = self.store
@@ -151,7 +153,7 @@ class HAClient:
             return  # an answer to a request from before a truncation
         offset = reply.offset
         for chunk in reply.chunks:
-            offset = await run(append_replicated, store, offset, memoryview(chunk))
+            offset = await run(append_bytes, store, offset, memoryview(chunk))
         self.rounds += 1
         self.received += offset - reply.offset
         self.repl.state.adopt(reply.epochs, offset)

@@ -72,6 +72,8 @@ class NameServerClient:
 
     def call(self, method: str, *args: Any) -> Any:
         """Call ``method`` on the current NameServer, failing over through the others."""
+        if method != "wait_route_change":
+            self._watch_routes()  # cached broker handles go when brokers come and go
         errors = []
         n = len(self.nameservers)
         for i in range(n):

@@ -29,7 +29,7 @@ from storage.errors import OffsetOutOfRangeError, StoreCorruptedError
 from storage.raft import Entry
 from storage.store import MessageStore
 
-from ._replica_dispatch import append_replicated
+from ._replica_dispatch import append_bytes
 
 log = logging.getLogger("raymq.actors.dledger")
 
@@ -177,7 +177,7 @@ class CommitLogRaftLog:
         while pos < len(data):
             room = file_size - offset % file_size
             piece = view[pos : pos + room]
-            offset = append_replicated(self.store, offset, piece)
+            offset = append_bytes(self.store, offset, piece)  # dispatched by the shell
             pos += len(piece)
         return offset
 

@@ -12,7 +12,9 @@ entries in vectorised runs, as a put does.
 Same contract and invariants as ``storage.replica.append_chunk`` (whose file
 handling this follows): the chunk must start at the store's end and stay within
 one file; whole records are dispatched, a record's head that arrived without
-its tail waits for the next chunk. NOTE for the storage owners: this reaches
+its tail waits for the next chunk. A slave may append (:func:`append_bytes`),
+acknowledge, and only then dispatch (:func:`dispatch_appended`): between the
+two, ``dispatched_offset`` lags the CommitLog's end, which the store allows. NOTE for the storage owners: this reaches
 into the store's internals (its put lock, queues, index, dispatched offset); it
 belongs in ``storage.replica``, and should move there.
 """
@@ -42,7 +44,16 @@ _NAME_VALUE = codec.NAME_VALUE_SEP.encode()
 
 
 def append_replicated(store: MessageStore, offset: int, data: bytes | memoryview) -> int:
-    """Append master bytes at ``offset`` (this store's end); return the new end."""
+    """Append master bytes at ``offset`` (this store's end) and dispatch every whole record;
+    return the new end."""
+    end = append_bytes(store, offset, data)
+    dispatch_appended(store)
+    return end
+
+
+def append_bytes(store: MessageStore, offset: int, data: bytes | memoryview) -> int:
+    """Append master bytes at ``offset`` (this store's end) without dispatching them (what
+    a slave acknowledges); :func:`dispatch_appended` builds their entries later."""
     with store._put_lock:
         store._check_open()
         cl = store.commitlog
@@ -69,16 +80,27 @@ def append_replicated(store: MessageStore, offset: int, data: bytes | memoryview
                 f"a chunk of {len(data)} bytes at {offset} crosses the end of {mf.path.name}"
             )
         mf.append(data)
-        notes = _dispatch(store)
         end = cl.max_offset
-    store._notify(notes)
     if store.config.sync_flush:
         cl.flush_until(end)
     return end
 
 
+def dispatch_appended(store: MessageStore) -> None:
+    """ConsumeQueue and index entries for the whole records appended since the last call."""
+    with store._put_lock:
+        store._check_open()
+        notes = _dispatch(store)
+    store._notify(notes)
+
+
+_UNIQ_ONLY = _UNIQ + _NAME_VALUE
+
+
 def _properties(raw: bytes) -> tuple[bytes | None, bytes | None, bytes | None, bytes | None]:
     """TAGS, KEYS, UNIQ_KEY and DELAY of a record's properties (None when absent)."""
+    if raw.startswith(_UNIQ_ONLY) and raw.count(_PAIR) <= 1:  # most records: the unique key
+        return None, None, raw[len(_UNIQ_ONLY) :].rstrip(_PAIR), None
     tags = keys = uniq = delay = None
     for pair in raw.split(_PAIR):
         name, _, value = pair.partition(_NAME_VALUE)

@@ -236,8 +236,8 @@ class Admin:
         for bid, member in group.items():
             if bid == 0:
                 continue
-            handle = self.ns.broker_by_name(member["actor_name"], member["namespace"])
-            try:
+            try:  # a fresh handle: a slave restarted under its name is a new actor
+                handle = ray.get_actor(member["actor_name"], namespace=member["namespace"])
                 slaves[bid] = (handle, _rpc.get(handle.status.remote(), 10.0))
             except Exception:  # noqa: BLE001 - a slave that does not answer is not a candidate
                 continue

@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -51,6 +52,7 @@ from storage.raft import (
     RaftConfig,
     RaftNode,
     Ready,
+    RequestVote,
     Role,
     SoftState,
 )
@@ -60,6 +62,7 @@ from storage.store import PutBatchResult
 
 from ._dledger_transport import PeerLink, from_wire, to_wire
 from ._raft_log import OWN_ENTRY, CommitLogRaftLog
+from ._replica_dispatch import dispatch_appended
 from ._replication import MASTER_ID, LocalPut, OffsetTable, PromotionRefusedError, Replication
 from ._slave_sync import SlaveSynchronize
 from .config import broker_actor_name
@@ -69,6 +72,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("raymq.actors.dledger")
 
+STAGGER_MS = 150
 _OFF_QUEUEOFFSET = 20
 _OFF_PHYS = 28
 
@@ -118,6 +122,9 @@ class DLedgerReplication(Replication):
                 max_append_bytes=cfg.ha_transfer_batch_bytes,
                 max_append_entries=4096,
                 max_inflight=1,  # fewer, larger batches: Ray calls cost more than waiting
+                # survivors of a leader campaign one after the other, far enough apart
+                # that Ray's notices reaching them some ms apart cannot split the vote
+                death_notice_stagger_ticks=max(1, -(-STAGGER_MS // tick)),
             ),
         )
         self._links = {n: PeerLink(self, n) for n in self.members if n != self.name}
@@ -132,6 +139,7 @@ class DLedgerReplication(Replication):
         self.sync = SlaveSynchronize(broker, self._leader_handle, cfg.slave_sync_interval_s)
         self._leader_handle_cache: tuple[str, Any] | None = None
         self.leader_changes = 0
+        self.death_notices: dict[str, float] = {}  # peer -> time.monotonic() of the last
 
     def _schedule_factory(self) -> Callable[[], Any] | None:
         return lambda: ScheduleMessageService(_LeaderStore(self))  # type: ignore[arg-type]
@@ -221,6 +229,9 @@ class DLedgerReplication(Replication):
                 by_peer[msg.dst].append(raw)
             for peer, msgs in by_peer.items():
                 self._links[peer].send(msgs, run_ref)
+        if len(ready.log_appended) and not self.node.is_leader:
+            # a follower's entries: acknowledged above, dispatched to its queues now
+            await self.broker._run(dispatch_appended, self.store)
         if len(ready.committed):
             self._apply(ready.committed)
         if ready.soft_state is not None:
@@ -279,6 +290,7 @@ class DLedgerReplication(Replication):
 
     def on_peer_dead(self, peer: str) -> None:
         log.info("%s: Ray reports %s dead", self.name, peer)
+        self.death_notices[peer] = time.monotonic()
         self.node.on_peer_dead(peer)
         self.kick()
 
@@ -290,7 +302,19 @@ class DLedgerReplication(Replication):
             except RaftError:
                 log.exception("%s: a Raft message broke a safety check: %r", self.name, msg)
                 raise
+            if isinstance(msg, RequestVote) and msg.force and self._better_candidate(msg):
+                # Another member learned that the leader died, but this one holds more of the
+                # log and cannot vote for it: rather than wait for an election timeout (its
+                # own death notice may be late), it campaigns now and wins.
+                node.start_election_now()
         self.kick()
+
+    def _better_candidate(self, msg: RequestVote) -> bool:
+        raft_log = self.raft_log
+        return self.node.role is Role.FOLLOWER and (raft_log.last_term, raft_log.last_index) > (
+            msg.last_log_term,
+            msg.last_log_index,
+        )
 
     def _fail_waiters(self, exc: BaseException) -> None:
         waiters, self._waiters = self._waiters, {}
@@ -335,6 +359,8 @@ class DLedgerReplication(Replication):
                 f"(leader: {node.leader_id or 'being elected'})"
             )
         # put and propose in one step of the event loop: entries tile the CommitLog
+        if self.store.dispatched_offset < self.store.commitlog.max_offset:
+            dispatch_appended(self.store)  # entries it took as a follower, before its own
         start = self.raft_log.end
         put = self.store._put_encoded if internal else self.store.put_encoded
         result = put(batch)
@@ -435,4 +461,5 @@ class DLedgerReplication(Replication):
             "last_index": self.raft_log.last_index,
             "committed_offset": self.readable_end,
             "leader_changes": self.leader_changes,
+            "death_notices": dict(self.death_notices),
         }

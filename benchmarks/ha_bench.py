@@ -36,7 +36,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 import actors
 from actors import BrokerConfig, BrokerSpec, SendStatus
 from actors.cluster import ACTOR_MAX_CONCURRENCY
-from storage import Message, encode_batch
+from storage import Message, codec, encode_batch
 from storage.message import PutStatus
 
 TOPIC = "HABench"
@@ -89,14 +89,48 @@ def master_handle(cluster: actors.Cluster) -> Any:
 
 
 # ------------------------------------------------------------ throughput
+def measure(broker: Any, blobs: list[bytes], calls: int, window: int) -> tuple[float, list, dict]:
+    """Send ``calls`` batches, ``window`` in flight: (batches/s, latencies, statuses)."""
+    latencies: list[float] = []
+    statuses: dict[str, int] = {}
+    inflight: list[tuple[float, Any]] = []
+    started = time.perf_counter()
+    for i in range(calls + window):
+        if i < calls:
+            inflight.append((time.perf_counter(), broker.send.remote(blobs[i % len(blobs)])))
+        if len(inflight) >= window or (i >= calls and inflight):
+            t0, ref = inflight.pop(0)
+            ack = ray.get(ref)
+            latencies.append(time.perf_counter() - t0)
+            statuses[ack.status.value] = statuses.get(ack.status.value, 0) + 1
+    return calls / (time.perf_counter() - started), latencies, statuses
+
+
+def wait_in_sync(group: list[Any], timeout_s: float = 120.0) -> float:
+    """Seconds until every member holds the whole CommitLog (a slave or follower that fell
+    behind during a run catches up before the next run starts)."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < timeout_s:
+        ends = {ray.get(h.status.remote())["commitlog_max_offset"] for h in group}
+        if len(ends) == 1:
+            break
+        time.sleep(0.01)
+    return time.perf_counter() - started
+
+
 def throughput(
-    kind: str, root: str, mb: int, body: int, batch: int, windows: list[int], reps: int
+    kinds: list[str], root: str, mb: int, body: int, batch: int, windows: list[int], reps: int
 ) -> list[dict[str, Any]]:
-    """Per window: the median of ``reps`` runs of ``mb`` MB each, on one group."""
-    cluster, _ = start(kind, root)
-    rows = []
+    """Every mode's group up at once; runs interleaved (mode after mode, ``reps`` rounds) so
+    all modes see the same machine; per mode and window the median of the runs. After each
+    run the group is let catch up (an ASYNC_MASTER's slave lags) before the next one."""
+    groups = {kind: start(kind, root)[0] for kind in kinds}
     try:
-        broker = master_handle(cluster)
+        brokers = {kind: master_handle(c) for kind, c in groups.items()}
+        members = {
+            kind: [c.broker("broker-a", i) for i in range(3 if kind == "raft" else 2)]
+            for kind, c in groups.items()
+        }
         blobs = [
             encode_batch([Message(TOPIC, b"x" * body) for _ in range(batch)])
             .with_queue(q)
@@ -104,45 +138,54 @@ def throughput(
             for q in range(4)
         ]
         calls = max(64, (mb << 20) // (body * batch))
-        for _ in range(16):  # warm up: files mapped, processes hot
-            ray.get(broker.send.remote(blobs[0]))
-        for window in windows:
-            runs, latencies = [], []
-            statuses: dict[str, int] = {}
-            for _ in range(reps):
-                inflight: list[tuple[float, Any]] = []
-                started = time.perf_counter()
-                for i in range(calls + window):
-                    if i < calls:
-                        inflight.append((time.perf_counter(), broker.send.remote(blobs[i % 4])))
-                    if len(inflight) >= window or (i >= calls and inflight):
-                        t0, ref = inflight.pop(0)
-                        ack = ray.get(ref)
-                        latencies.append(time.perf_counter() - t0)
-                        statuses[ack.status.value] = statuses.get(ack.status.value, 0) + 1
-                runs.append(calls * batch / (time.perf_counter() - started))
-            rate = statistics.median(runs)
-            rows.append(
-                {
-                    "mode": kind,
-                    "window": window,
-                    "msgs_per_s": round(rate),
-                    "mb_per_s": round(rate * body / 1e6, 1),
-                    "runs_msgs_per_s": [round(r) for r in runs],
-                    "put_p50_ms": round(1000 * statistics.median(latencies), 1),
-                    "statuses": statuses,
-                }
-            )
+        for broker in brokers.values():  # warm up: files mapped, processes hot
+            measure(broker, blobs, 32, 8)
+        runs: dict[tuple[str, int], list[tuple[float, list, dict]]] = {}
+        lags: dict[tuple[str, int], list[float]] = {}
+        for _ in range(reps):
+            for window in windows:
+                for kind in kinds:
+                    runs.setdefault((kind, window), []).append(
+                        measure(brokers[kind], blobs, calls, window)
+                    )
+                    lags.setdefault((kind, window), []).append(wait_in_sync(members[kind]))
     finally:
-        cluster.shutdown()
-    return rows
+        for cluster in groups.values():
+            cluster.shutdown()
+    rows = []
+    for (kind, window), got in runs.items():
+        rates = [r * batch for r, _, _ in got]
+        latencies = [x for _, lat, _ in got for x in lat]
+        statuses: dict[str, int] = {}
+        for _, _, st in got:
+            for k, v in st.items():
+                statuses[k] = statuses.get(k, 0) + v
+        rate = statistics.median(rates)
+        # every member holding the data: the run's time plus the catch-up after it
+        replicated = [
+            calls * batch / (calls / r + lag) for (r, _, _), lag in zip(got, lags[(kind, window)])
+        ]
+        rows.append(
+            {
+                "mode": kind,
+                "window": window,
+                "msgs_per_s": round(rate),
+                "replicated_msgs_per_s": round(statistics.median(replicated)),
+                "catch_up_s": round(statistics.median(lags[(kind, window)]), 3),
+                "mb_per_s": round(rate * body / 1e6, 1),
+                "runs_msgs_per_s": [round(r) for r in rates],
+                "put_p50_ms": round(1000 * statistics.median(latencies), 1),
+                "statuses": statuses,
+            }
+        )
+    return sorted(rows, key=lambda r: (kinds.index(r["mode"]), r["window"]))
 
 
 # ------------------------------------------------------------ failover
 class Load:
     def __init__(self, producer: actors.Producer) -> None:
         self.producer = producer
-        self.ok_times: list[float] = []
+        self.ok_times: list[tuple[float, str]] = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
@@ -158,12 +201,15 @@ class Load:
                 time.sleep(0.01)
                 continue
             if all(r.status is SendStatus.SEND_OK for r in results):
-                self.ok_times.append(time.monotonic())
+                # which broker stored it: the store host in the offset message id
+                self.ok_times.append((time.monotonic(), results[0].offset_msg_id[:16]))
 
-    def first_ok_after(self, t: float, timeout_s: float = 60.0) -> float:
+    def first_ok_after(self, t: float, not_by: str, timeout_s: float = 60.0) -> float:
+        """Seconds from ``t`` to the first acknowledged batch stored by another broker
+        than ``not_by`` (a store host, as hex)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            later = [x for x in self.ok_times if x > t]
+            later = [x for x, host in self.ok_times if x > t and host != not_by]
             if later:
                 return min(later) - t
             time.sleep(0.005)
@@ -178,6 +224,7 @@ def restart(cluster: actors.Cluster, options: dict[str, Any], root: str, name: s
     config = BrokerConfig(
         broker_name="broker-a",
         broker_id=bid,
+        listen_port=10911 + 10 * bid,  # as start_cluster gave it: the same store host
         namespace=cluster.namespace,
         nameservers=tuple(cluster.nameserver_names),
         store_dir=f"{root}/{cluster.namespace}/{name}",
@@ -231,19 +278,23 @@ def failover(kind: str, root: str, trials: int) -> dict[str, Any]:
     try:
         for trial in range(trials):
             t0 = time.monotonic()
-            while len([x for x in load.ok_times if x > t0]) < 20:
+            while len([x for x, _ in load.ok_times if x > t0]) < 20:
                 time.sleep(0.01)
             victim = members(cluster)[0]
-            ray.kill(ray.get_actor(victim, namespace=cluster.namespace), no_restart=True)
+            handle = ray.get_actor(victim, namespace=cluster.namespace)
+            host = codec.host_to_bytes(ray.get(handle.status.remote())["addr"]).hex().upper()
+            ray.kill(handle, no_restart=True)
             killed = time.monotonic()
-            if kind != "raft":  # the operator promotes the slave once the master left the routes
-                while 0 in members(cluster):
-                    time.sleep(0.01)
-                cluster.admin.promote("broker-a")
-            took = load.first_ok_after(killed)
+            while members(cluster).get(0) in (victim, None):
+                if kind != "raft" and 0 not in members(cluster):
+                    cluster.admin.promote("broker-a")  # the operator, as soon as it can
+                time.sleep(0.005)
+            routed = time.monotonic() - killed
+            took = load.first_ok_after(killed, host)
             times.append(took)
             print(
-                f"  {kind} trial {trial + 1}: {victim} lost, first ack after {took:.3f}s",
+                f"  {kind} trial {trial + 1}: {victim} lost; new master routed after "
+                f"{routed:.3f}s, first acknowledged write after {took:.3f}s",
                 flush=True,
             )
             restart(cluster, options, root, victim)  # rejoins as follower / slave
@@ -294,23 +345,35 @@ def main(argv: list[str] | None = None) -> int:
             f"median of {reps}, windows of {windows} send calls in flight",
             flush=True,
         )
-        for kind in () if args.skip_throughput else ("ASYNC_MASTER", "SYNC_MASTER", "raft"):
-            for row in throughput(kind, root, mb, args.body, args.batch, windows, reps):
+        kinds = [] if args.skip_throughput else ["ASYNC_MASTER", "SYNC_MASTER", "raft"]
+        if kinds:
+            for row in throughput(kinds, root, mb, args.body, args.batch, windows, reps):
                 out["throughput"].append(row)
                 print(
-                    f"  {kind:13s} window {row['window']:>3}: {row['msgs_per_s']:>9,} msg/s "
-                    f"{row['mb_per_s']:>7} MB/s  put p50 {row['put_p50_ms']:>6} ms  "
-                    f"runs {row['runs_msgs_per_s']}  {row['statuses']}",
+                    f"  {row['mode']:13s} window {row['window']:>3}: {row['msgs_per_s']:>9,} "
+                    f"msg/s acknowledged ({row['mb_per_s']} MB/s, put p50 {row['put_p50_ms']} "
+                    f"ms), {row['replicated_msgs_per_s']:>9,} msg/s on every member (catch-up "
+                    f"{row['catch_up_s']} s)  runs {row['runs_msgs_per_s']}  {row['statuses']}",
                     flush=True,
                 )
         base = {
             r["window"]: r["msgs_per_s"] for r in out["throughput"] if r["mode"] == "ASYNC_MASTER"
         }
+        base_rep = {
+            r["window"]: r["replicated_msgs_per_s"]
+            for r in out["throughput"]
+            if r["mode"] == "ASYNC_MASTER"
+        }
         for row in out["throughput"]:
             if row["mode"] != "ASYNC_MASTER":
                 ratio = row["msgs_per_s"] / base[row["window"]]
+                rep = row["replicated_msgs_per_s"] / base_rep[row["window"]]
                 row["vs_async"] = round(ratio, 3)
-                print(f"  {row['mode']} / ASYNC_MASTER at window {row['window']}: {ratio:.0%}")
+                row["vs_async_replicated"] = round(rep, 3)
+                print(
+                    f"  {row['mode']} / ASYNC_MASTER at window {row['window']}: {ratio:.0%} "
+                    f"acknowledged, {rep:.0%} on every member"
+                )
         if not args.skip_failover:
             trials = 3 if args.quick else args.trials
             for kind in ("raft", "SYNC_MASTER"):
