@@ -48,7 +48,6 @@ from storage.store import PutBatchResult
 from ._epochs import HAState
 from ._ha_client import HAClient, TransferReply
 from ._ha_service import HAService
-from ._replica_dispatch import dispatch_appended
 from ._replication import (
     MASTER_ID,
     LocalPut,
@@ -297,7 +296,7 @@ class MasterSlaveReplication(Replication):
                 f"broker {name} still replicates from master {client.master}: a live master "
                 "is not replaced (force=True overrides)"
             )
-        await self.broker._run(dispatch_appended, self.store)  # what arrived is whole records
+        await self.broker._run(self.store.dispatch_replicated)  # what arrived is whole records
         end = self.store.dispatched_offset  # the last whole record
         needed = max(min_offset, client.confirmed if client is not None else 0)
         if end < needed:
@@ -307,7 +306,7 @@ class MasterSlaveReplication(Replication):
                 "acknowledged messages; promote a slave that has them"
             )
         await self._stop_tasks()
-        await self.broker._run(dispatch_appended, self.store)  # bytes that came meanwhile
+        await self.broker._run(self.store.dispatch_replicated)  # bytes that came meanwhile
         end = self.store.dispatched_offset
         if self.sync is not None:  # commits consumers made here now belong to the master
             self.broker.offsets.merge_max(self.sync.local)

@@ -15,11 +15,10 @@ consistent point of their epochs (``actors._epochs``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-
-from ._replica_dispatch import append_bytes, dispatch_appended
 
 if TYPE_CHECKING:
     from ._ha import MasterSlaveReplication
@@ -115,7 +114,7 @@ class HAClient:
             await self._apply(reply)
             if reply.chunks:
                 self._fetch(handle, upto, 0, 0.0)  # the acknowledgement: no answer awaited
-                await self.broker._run(dispatch_appended, self.store)  # entries after the ack
+                await self.broker._run(self.store.dispatch_replicated)  # entries after the ack
 
     async def _apply(self, reply: TransferReply) -> None:
         store = self.store
@@ -152,8 +151,9 @@ class HAClient:
         if reply.offset != store.commitlog.max_offset:
             return  # an answer to a request from before a truncation
         offset = reply.offset
+        append = functools.partial(store.append_commitlog, dispatch=False)  # acked, then indexed
         for chunk in reply.chunks:
-            offset = await run(append_bytes, store, offset, memoryview(chunk))
+            offset = await run(append, offset, memoryview(chunk))
         self.rounds += 1
         self.received += offset - reply.offset
         self.repl.state.adopt(reply.epochs, offset)

@@ -29,8 +29,6 @@ from storage.errors import OffsetOutOfRangeError, StoreCorruptedError
 from storage.raft import Entry
 from storage.store import MessageStore
 
-from ._replica_dispatch import append_bytes
-
 log = logging.getLogger("raymq.actors.dledger")
 
 _HEADER = struct.Struct(">4sIq")  # magic, version, base offset
@@ -177,7 +175,7 @@ class CommitLogRaftLog:
         while pos < len(data):
             room = file_size - offset % file_size
             piece = view[pos : pos + room]
-            offset = append_bytes(self.store, offset, piece)  # dispatched by the shell
+            offset = self.store.append_commitlog(offset, piece, dispatch=False)  # by the shell
             pos += len(piece)
         return offset
 

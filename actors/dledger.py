@@ -62,7 +62,6 @@ from storage.store import PutBatchResult
 
 from ._dledger_transport import PeerLink, from_wire, to_wire
 from ._raft_log import OWN_ENTRY, CommitLogRaftLog
-from ._replica_dispatch import dispatch_appended
 from ._replication import MASTER_ID, LocalPut, OffsetTable, PromotionRefusedError, Replication
 from ._slave_sync import SlaveSynchronize
 from .config import broker_actor_name
@@ -231,7 +230,7 @@ class DLedgerReplication(Replication):
                 self._links[peer].send(msgs, run_ref)
         if len(ready.log_appended) and not self.node.is_leader:
             # a follower's entries: acknowledged above, dispatched to its queues now
-            await self.broker._run(dispatch_appended, self.store)
+            await self.broker._run(self.store.dispatch_replicated)
         if len(ready.committed):
             self._apply(ready.committed)
         if ready.soft_state is not None:
@@ -360,7 +359,7 @@ class DLedgerReplication(Replication):
             )
         # put and propose in one step of the event loop: entries tile the CommitLog
         if self.store.dispatched_offset < self.store.commitlog.max_offset:
-            dispatch_appended(self.store)  # entries it took as a follower, before its own
+            self.store.dispatch_replicated()  # entries it took as a follower, before its own
         start = self.raft_log.end
         put = self.store._put_encoded if internal else self.store.put_encoded
         result = put(batch)

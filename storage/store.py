@@ -411,9 +411,21 @@ class MessageStore:
         """Master side: raw CommitLog bytes from ``offset`` (within one file)."""
         return replica.read_chunk(self, offset, max_bytes)
 
-    def append_commitlog(self, offset: int, data: bytes) -> int:
-        """Slave side: append master bytes at ``offset``; returns the new end offset."""
-        return replica.append_chunk(self, offset, data)
+    def append_commitlog(
+        self, offset: int, data: bytes | memoryview, *, dispatch: bool = True
+    ) -> int:
+        """Slave side: append master bytes at ``offset``; returns the new end offset.
+
+        With ``dispatch=False`` the records get their ConsumeQueue and index entries
+        only at the next :meth:`dispatch_replicated` (acknowledge first, index after).
+        """
+        if dispatch:
+            return replica.append_chunk(self, offset, data)
+        return replica.append_bytes(self, offset, data)
+
+    def dispatch_replicated(self) -> None:
+        """Queue and index entries for every whole record appended but not yet dispatched."""
+        replica.dispatch_appended(self)
 
     def truncate_commitlog(self, offset: int) -> None:
         """Drop the CommitLog past ``offset`` and every queue entry pointing there."""

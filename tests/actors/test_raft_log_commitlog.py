@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from actors._raft_log import OWN_ENTRY, CommitLogRaftLog
-from actors._replica_dispatch import dispatch_appended
 from storage import Message, MessageStore, StoreConfig
 from storage.raft import InMemoryRaftLog, RaftNode
 from storage.raft.messages import AppendEntries
@@ -68,7 +67,7 @@ def test_followers_hold_the_leaders_bytes_across_file_boundaries(tmp_path: Path)
         assert lstore.commitlog.max_offset > 4 * lstore.commitlog.file_size
         assert commitlog(fstore) == commitlog(lstore)
         assert fstore.dispatched_offset == 0  # the shell dispatches once it acknowledged
-        dispatch_appended(fstore)
+        fstore.dispatch_replicated()
         assert [follower.term_at(i) for i in (1, 60, 61)] == [1, 1, 2]
         got = fstore.get("g", "R", 1, 0, 1000)
         assert len(got.messages) == 120  # 2 of every 5

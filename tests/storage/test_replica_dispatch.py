@@ -1,5 +1,6 @@
-"""The fast replica append builds exactly the ConsumeQueue and index entries that
-``MessageStore.append_commitlog`` builds, whatever the chunking (no Ray)."""
+"""A replica's ConsumeQueue and index entries, built from the master's CommitLog
+bytes, are exactly the master's own, whatever the chunking and whether each chunk
+is dispatched at once or appended first and dispatched later."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from actors._replica_dispatch import append_replicated
 from storage import Message, MessageStore, OffsetOutOfRangeError, StoreConfig
 from storage.schedule import SCHEDULE_TOPIC
 
@@ -43,35 +43,38 @@ def fill(master: MessageStore, seed: int) -> None:
         )
 
 
-def replicate(master: MessageStore, slave: MessageStore, chunk: int, fast: bool) -> None:
+def replicate(master: MessageStore, slave: MessageStore, chunk: int, later: bool) -> None:
+    """Copy the master's CommitLog; with ``later`` dispatch only every third chunk."""
+    n = 0
     while True:
         data = master.read_commitlog(slave.commitlog.max_offset, chunk)
         if not data:
+            slave.dispatch_replicated()
             return
-        if fast:
-            append_replicated(slave, slave.commitlog.max_offset, data)
-        else:
-            slave.append_commitlog(slave.commitlog.max_offset, data)
+        slave.append_commitlog(slave.commitlog.max_offset, data, dispatch=not later)
+        n += 1
+        if later and n % 3 == 0:
+            slave.dispatch_replicated()
 
 
 @pytest.mark.parametrize("chunk", [97, 5000, 1 << 20])
-def test_fast_append_dispatches_like_the_store(tmp_path: Path, chunk: int) -> None:
+def test_replica_entries_equal_the_masters(tmp_path: Path, chunk: int) -> None:
     with (
         MessageStore(config(tmp_path / "m"), start_services=False) as master,
-        MessageStore(config(tmp_path / "slow"), start_services=False) as slow,
-        MessageStore(config(tmp_path / "fast"), start_services=False) as fast,
+        MessageStore(config(tmp_path / "now"), start_services=False) as now,
+        MessageStore(config(tmp_path / "later"), start_services=False) as later,
     ):
         fill(master, chunk)
-        replicate(master, slow, chunk, fast=False)
-        replicate(master, fast, chunk, fast=True)
+        replicate(master, now, chunk, later=False)
+        replicate(master, later, chunk, later=True)
         assert len(master.commitlog.files) > 3
-        assert fast.dispatched_offset == slow.dispatched_offset == master.commitlog.max_offset
-        assert fast.queues() == slow.queues() == master.queues()
-        assert (SCHEDULE_TOPIC, 0) in fast.queues()
+        assert later.dispatched_offset == now.dispatched_offset == master.commitlog.max_offset
+        assert later.queues() == now.queues() == master.queues()
+        assert (SCHEDULE_TOPIC, 0) in later.queues()
         for topic, qid in master.queues():
             for tags in (None, "t1", "ta gs"):
                 want = master.get_raw("g", topic, qid, 0, 10_000, tags)
-                for store in (fast, slow):
+                for store in (later, now):
                     got = store.get_raw("g", topic, qid, 0, 10_000, tags)
                     assert (got.status, got.count, got.data, got.next_offset) == (
                         want.status,
@@ -82,18 +85,18 @@ def test_fast_append_dispatches_like_the_store(tmp_path: Path, chunk: int) -> No
         for key in ("k3", "x2", "k39"):
             for topic in ("A", "B-topic", "C"):
                 want = [m.commitlog_offset for m in master.query_by_key(topic, key)]
-                assert [m.commitlog_offset for m in fast.query_by_key(topic, key)] == want
+                assert [m.commitlog_offset for m in later.query_by_key(topic, key)] == want
         uniq = master.message_at(0).msg_id
-        assert fast.message_by_id(uniq, master.message_at(0).topic).commitlog_offset == 0
+        assert later.message_by_id(uniq, master.message_at(0).topic).commitlog_offset == 0
 
 
-def test_fast_append_checks_where_a_chunk_goes(tmp_path: Path) -> None:
+def test_append_checks_where_a_chunk_goes(tmp_path: Path) -> None:
     with (
         MessageStore(config(tmp_path / "m"), start_services=False) as master,
         MessageStore(config(tmp_path / "s"), start_services=False) as slave,
     ):
         master.put(Message("A", b"x"))
         with pytest.raises(OffsetOutOfRangeError, match="does not follow"):
-            append_replicated(slave, 5, master.read_commitlog(0, 100))
-        assert append_replicated(slave, 0, b"") == 0
+            slave.append_commitlog(5, master.read_commitlog(0, 100), dispatch=False)
+        assert slave.append_commitlog(0, b"") == 0
         assert slave.commitlog.max_offset == 0
