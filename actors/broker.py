@@ -277,6 +277,68 @@ class Broker:
         self._stats["get_msgs"] += raw.count
         return raw
 
+    async def pull_batch(
+        self,
+        group: str,
+        requests: list[tuple[str, int, int]],
+        max_count: int = 32,
+        tags: str | None = None,
+        suspend_s: float = 0.0,
+        client_id: str = "",
+    ) -> list[RawGetResult]:
+        """:meth:`pull` for several ``(topic, queue_id, offset)`` of this broker in one
+        call (one answer each, in order). With ``suspend_s`` > 0 and nothing readable on
+        any of them, the call is held until one gets a message or the time is up."""
+        if not requests:
+            return []
+        if len(requests) == 1:  # a long-polling consumer of one queue: no extra hops
+            topic, queue_id, offset = requests[0]
+            return [
+                await self.pull(
+                    group, topic, queue_id, offset, max_count, tags, suspend_s, client_id
+                )
+            ]
+        for topic, queue_id, _ in requests:
+            validate_topic(topic)
+            validate_queue_id(queue_id)
+            self.topics.for_read(topic, queue_id)
+        if group:
+            self.consumers.touch(group, client_id, frozenset(t for t, _, _ in requests))
+        answers = await self._run(self._get_batch, group, requests, max_count, tags)
+        hold = self.config.long_polling_enable and suspend_s > 0 and not self._closing
+        if hold and not any(raw.count or raw.status not in _HOLDABLE for raw in answers):
+            held = [
+                asyncio.ensure_future(
+                    self.pull(group, topic, qid, off, max_count, tags, suspend_s, client_id)
+                )
+                for topic, qid, off in requests
+            ]
+            done, waiting = await asyncio.wait(held, return_when=asyncio.FIRST_COMPLETED)
+            for task in waiting:
+                task.cancel()
+            await asyncio.gather(*waiting, return_exceptions=True)
+            first = next(iter(done)).result()  # raises what the pull raised
+            if first.count:  # something arrived: take every queue's news at once
+                answers = await self._run(self._get_batch, group, requests, max_count, tags)
+        count = sum(raw.count for raw in answers)
+        self._stats["pulls"] += 1
+        self._stats["get_msgs"] += count
+        return answers
+
+    def _get_batch(
+        self,
+        group: str,
+        requests: list[tuple[str, int, int]],
+        max_count: int,
+        tags: str | None,
+    ) -> list[RawGetResult]:
+        """The store's answers for ``requests``, each limited to what may be read here."""
+        get, readable = self.store.get_raw, self.ha.readable
+        return [
+            readable(get(group, topic, qid, off, max_count, tags), off)[0]
+            for topic, qid, off in requests
+        ]
+
     # ------------------------------------------------------------ consumer offsets and groups
     def _check_offset(self, topic: str, queue_id: int, offset: int) -> None:
         validate_topic(topic)

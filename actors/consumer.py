@@ -237,36 +237,42 @@ class PullConsumer:
         tags: str | None = None,
         long_poll_s: float = 0.0,
     ) -> list[PullResult]:
-        """Pull several queues at once (all calls in flight together)."""
+        """Pull several queues at once: one call per broker, all in flight together.
+
+        With ``long_poll_s`` > 0 a broker that has nothing new for any of its queues
+        holds the call until one of them gets a message (or the time is up).
+        """
         if not isinstance(max_count, int) or max_count <= 0:
             raise InvalidMessageError(f"max_count={max_count!r}: must be an int > 0")
         subscribed = parse_subscription(tags)
-        refs = [
-            self._start(
-                mq,
-                "pull",
-                self.group,
-                mq.topic,
-                mq.queue_id,
-                offset,
-                max_count,
-                tags,
-                long_poll_s,
-                self.client_id,
+        calls: dict[tuple[str, int], list[int]] = {}  # (broker, member id) -> request indexes
+        for i, (mq, _) in enumerate(requests):
+            if not isinstance(mq, MessageQueue):
+                raise InvalidMessageError(f"queue={mq!r}: expected a rebalance.MessageQueue")
+            calls.setdefault((mq.broker_name, self._read_from.get(mq, 0)), []).append(i)
+        pending = []
+        for (_, prefer), indexes in calls.items():
+            mq = requests[indexes[0]][0]
+            batch = [
+                (requests[i][0].topic, requests[i][0].queue_id, requests[i][1]) for i in indexes
+            ]
+            ref = self._broker(mq, prefer).pull_batch.remote(
+                self.group, batch, max_count, tags, long_poll_s, self.client_id
             )
-            for mq, offset in requests
-        ]
+            pending.append((indexes, ref))
         timeout = self.config.pull_timeout_s + long_poll_s
-        results = []
-        for (mq, _), ref in zip(requests, refs):
-            raw = self._wait(mq, ref, timeout)
-            suggested = getattr(raw, "suggest_broker_id", -1)  # see actors._ha.PullAnswer
-            if suggested > 0:
-                self._read_from[mq] = suggested
-            elif suggested == 0:
-                self._read_from.pop(mq, None)
-            results.append(PullResult(mq, raw, subscribed, self.config.check_crc))
-        return results
+        results: list[PullResult | None] = [None] * len(requests)
+        for indexes, ref in pending:
+            answers = self._wait(requests[indexes[0]][0], ref, timeout)
+            for i, raw in zip(indexes, answers):
+                mq = requests[i][0]
+                suggested = getattr(raw, "suggest_broker_id", -1)  # see actors._ha.PullAnswer
+                if suggested > 0:
+                    self._read_from[mq] = suggested
+                elif suggested == 0:
+                    self._read_from.pop(mq, None)
+                results[i] = PullResult(mq, raw, subscribed, self.config.check_crc)
+        return results  # type: ignore[return-value]  # every slot was filled
 
     # ------------------------------------------------------------ offsets
     def commit(self, mq: MessageQueue, offset: int) -> None:

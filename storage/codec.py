@@ -780,6 +780,12 @@ def record_starts(data: bytes | memoryview) -> np.ndarray:
     return np.array(starts, dtype=np.int64)
 
 
+_SLICE_FIELDS = np.concatenate(
+    [np.arange(OFF_TOTALSIZE, OFF_TOTALSIZE + 4), np.arange(OFF_MAGIC, OFF_MAGIC + 4)]
+    + [np.arange(OFF_BODYLEN, OFF_BODYLEN + 4)]
+)
+
+
 def body_slices(data: bytes, starts: np.ndarray) -> list[bytes]:
     """The bodies of records stored back to back at ``starts``, without decoding the rest."""
     n = len(starts)
@@ -788,11 +794,13 @@ def body_slices(data: bytes, starts: np.ndarray) -> list[bytes]:
     buf = np.frombuffer(data, dtype=np.uint8)
     if int(starts[-1]) + HEADER.size > len(data):
         raise StoreCorruptedError("last record is shorter than a header")
-    head = buf[(starts[:, None] + np.arange(OFF_BODYLEN + 4)).ravel()].reshape(n, OFF_BODYLEN + 4)
-    if not bool((head[:, OFF_MAGIC : OFF_MAGIC + 4].copy().view(">u4") == MAGIC).all()):
+    # gather only the three 4-byte fields needed: size, magic and body length
+    at = (starts[:, None] + _SLICE_FIELDS).ravel()
+    head = buf[at].reshape(n, 12).view(">u4")
+    if not bool((head[:, 1] == MAGIC).all()):
         raise StoreCorruptedError("a record's magic is wrong")
-    body_len = head[:, OFF_BODYLEN:].copy().view(">i4").ravel().astype(np.int64)
-    sizes = head[:, :4].copy().view(">i4").ravel().astype(np.int64)
+    body_len = head[:, 2].view(">i4").astype(np.int64)
+    sizes = head[:, 0].view(">i4").astype(np.int64)
     if bool((body_len < 0).any()) or bool((HEADER.size + body_len > sizes).any()):
         raise StoreCorruptedError("a record's body length is out of bounds")
     first = (starts + HEADER.size).tolist()

@@ -149,6 +149,42 @@ def test_long_poll_is_answered_when_a_message_arrives(cluster: actors.Cluster) -
     assert empty.status is PullStatus.NO_NEW_MSG and time.monotonic() - t >= 0.25
 
 
+def test_pull_many_is_one_call_per_broker_and_long_polls_any_queue(
+    cluster: actors.Cluster,
+) -> None:
+    cluster.admin.create_topic("PollMany", 4, 4)
+    consumer = cluster.pull_consumer("g-poll-many")
+    queues = consumer.fetch_subscribe_queues("PollMany")
+    assert len({mq.broker_name for mq in queues}) == 2 and len(queues) == 8
+    starts = {mq: consumer.max_offset(mq) for mq in queues}
+    brokers = {name: cluster.broker(name) for name in {mq.broker_name for mq in queues}}
+    before = {n: ray.get(b.status.remote())["pulls"] for n, b in brokers.items()}
+    results = consumer.pull_many(list(starts.items()), 10)
+    assert [r.queue for r in results] == queues  # answers in the order asked
+    assert all(r.status is PullStatus.NO_NEW_MSG for r in results)
+    after = {n: ray.get(b.status.remote())["pulls"] for n, b in brokers.items()}
+    assert all(after[n] - before[n] == 1 for n in brokers)  # one call per broker
+    # held while every queue of the broker is empty; a message on any one answers the call
+    name = queues[0].broker_name
+    mine = {mq: off for mq, off in starts.items() if mq.broker_name == name}
+    box: dict[str, Any] = {}
+
+    def pull() -> None:
+        box["results"] = consumer.pull_many(list(mine.items()), 10, long_poll_s=20.0)
+
+    thread = threading.Thread(target=pull)
+    thread.start()
+    wait_until(lambda: ray.get(brokers[name].status.remote())["held_pulls"] >= 4, what="held")
+    producer = cluster.producer("p-poll-many")
+    while (sent := producer.send(Message("PollMany", b"any"))).message_queue.broker_name != name:
+        pass  # round robin: the next queue may be the other broker's
+    thread.join(20)
+    found = [r for r in box["results"] if r.status is PullStatus.FOUND]
+    assert [(r.queue, [m.body for m in r.messages]) for r in found] == [
+        (sent.message_queue, [b"any"])
+    ]
+
+
 def test_send_async_oneway_and_single(cluster: actors.Cluster) -> None:
     producer = cluster.producer("p-async")
     one = producer.send(Message("Async", b"single", keys="only-key"))
