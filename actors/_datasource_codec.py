@@ -22,13 +22,13 @@ import random
 import socket
 import threading
 import time
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from storage._crc import crc32
 from storage.codec import (
     HEADER,
     MAGIC,
@@ -230,7 +230,6 @@ def _constant(text: str | None, n: int) -> pa.Array:
 def _check_crcs(body: pa.BinaryArray, crcs: np.ndarray, starts: np.ndarray) -> None:
     offsets = np.frombuffer(body.buffers()[1], dtype=np.int32)[: len(body) + 1]
     view = memoryview(body.buffers()[2] or b"")
-    crc32 = zlib.crc32
     for i, (a, b, want) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist(), crcs)):
         if crc32(view[a:b]) & 0x7FFFFFFF != want:
             raise StoreCorruptedError(f"record at {int(starts[i])}: body CRC mismatch")
@@ -500,7 +499,6 @@ def _crcs(body: pa.Array) -> np.ndarray:
         body.offset : body.offset + len(body) + 1
     ].tolist()
     view = memoryview(body.buffers()[2] or b"")
-    crc32 = zlib.crc32
     return np.fromiter(
         (crc32(view[a:b]) & 0x7FFFFFFF for a, b in zip(offsets[:-1], offsets[1:])),
         dtype=np.int32,

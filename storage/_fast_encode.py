@@ -10,13 +10,13 @@ CRC and one slice of each part. Anything else goes through
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import codec
+from ._crc import crc32
 from .errors import InvalidMessageError
 from .message import Message
 
@@ -96,7 +96,7 @@ def encode_plain(
     hdr = np.zeros(n, dtype=codec._HDR)
     hdr["size"] = sizes
     hdr["magic"] = codec.MAGIC
-    hdr["crc"] = np.array(list(map(zlib.crc32, bodies)), dtype=np.int64) & 0x7FFFFFFF
+    hdr["crc"] = np.array(list(map(crc32, bodies)), dtype=np.int64) & 0x7FFFFFFF
     hdr["qid"] = queue_ids
     hdr["flag"] = flags
     hdr["born_ts"] = born_ts

@@ -32,13 +32,13 @@ import socket
 import struct
 import threading
 import time
-import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ._crc import crc32
 from .errors import InvalidMessageError, StoreCorruptedError
 from .message import Message, MessageExt
 
@@ -503,7 +503,6 @@ def encode_batch(
         if fast is not None:
             return fast
     pack = HEADER.pack
-    crc32 = zlib.crc32
     zero8 = b"\x00" * 8
     parts: list[bytes] = []
     sizes: list[int] = []
@@ -701,7 +700,7 @@ def decode_record(
         raise StoreCorruptedError(
             f"record at {pos}: sizes do not add up (total {size}, properties {prop_len})"
         )
-    if check_crc and (zlib.crc32(body) & 0x7FFFFFFF) != body_crc:
+    if check_crc and (crc32(body) & 0x7FFFFFFF) != body_crc:
         raise StoreCorruptedError(f"record at {pos}: body CRC mismatch")
     raw_props = bytes(buf[p:end])
     props = decode_properties(raw_props)
@@ -857,7 +856,6 @@ def decode_records(
     body_end = topic_at.tolist()
     bodies = [data[a:b] for a, b in zip(body_at, body_end)]
     if check_crc:
-        crc32 = zlib.crc32
         for a, body, crc in zip(body_at, bodies, hdr["crc"].tolist()):
             if (crc32(body) & 0x7FFFFFFF) != crc:
                 raise StoreCorruptedError(f"record at {a - HEADER.size}: body CRC mismatch")

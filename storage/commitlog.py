@@ -14,13 +14,13 @@ import logging
 import struct
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from . import codec
+from ._crc import crc32
 from .errors import OffsetOutOfRangeError, StoreCorruptedError
 from .mapped_file import MappedFile, MappedFileQueue
 from .message import MessageExt
@@ -298,7 +298,6 @@ class CommitLog:
             good = int(bad[0]) if len(bad) else records
             del buf, magic, phys
             if check_crc and good:
-                crc32 = zlib.crc32
                 body_at = (head[:good] + codec.HEADER.size).tolist()
                 body_end = (head[:good] + codec.HEADER.size + body_len[:good]).tolist()
                 crcs = [unpack(mv, a + 8)[0] for a in head[:good].tolist()]
