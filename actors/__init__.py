@@ -2,9 +2,13 @@
 admin operations, and starting or attaching to a cluster.
 
 Actors are detached and named in a Ray namespace (default ``raymq``):
-``nameserver-<i>`` and ``<broker name>-<broker id>`` (``broker-a-0``).
+``nameserver-<i>``, ``<broker name>-<broker id>`` (``broker-a-0``) and
+``coordinator-<group>`` (a consumer group's :class:`GroupCoordinator`); a
+:class:`ConsumerFleet`'s control loop is ``fleet-<group>``, its members
+``fleet-<group>-m<n>``.
 """
 
+from ._fencing import OffsetFencedError
 from ._replication import PromotionRefusedError
 from .admin import Admin
 from .broker import Broker
@@ -15,12 +19,16 @@ from .config import (
     BrokerSpec,
     ClusterConfig,
     ConsumerConfig,
+    CoordinatorConfig,
     NameServerConfig,
     ProducerConfig,
     broker_actor_name,
+    coordinator_actor_name,
     nameserver_actor_name,
 )
 from .consumer import PullConsumer, PullResult, PullStatus
+from .coordinator import GroupCoordinator, coordinator_for
+from .fleet import ConsumerFleet, FleetConfig, fleet_actor_name
 from .nameserver import NameServer
 from .producer import Producer
 from .push_consumer import (
@@ -49,9 +57,14 @@ __all__ = [
     "ConsumeFromWhere",
     "ConsumeStatus",
     "ConsumerConfig",
+    "ConsumerFleet",
+    "CoordinatorConfig",
+    "FleetConfig",
+    "GroupCoordinator",
     "MessageModel",
     "NameServer",
     "NameServerConfig",
+    "OffsetFencedError",
     "Producer",
     "ProducerConfig",
     "PromotionRefusedError",
@@ -67,7 +80,10 @@ __all__ = [
     "TopicRouteData",
     "broker_actor_name",
     "connect",
+    "coordinator_actor_name",
+    "coordinator_for",
     "discover_nameservers",
+    "fleet_actor_name",
     "nameserver_actor_name",
     "start_cluster",
 ]

@@ -9,9 +9,13 @@ offsets persisted every 5 s); intervals are configurable so tests run them short
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from storage.errors import InvalidConfigError
+
+from .config import CoordinatorConfig
 
 
 class ConsumeStatus(enum.Enum):
@@ -59,9 +63,20 @@ class PushConsumerConfig:
     with ``consume_from="TIMESTAMP"``; ``None`` means half an hour ago, as in
     RocketMQ. ``offset_store_dir`` holds broadcasting offsets (default
     ``~/.raymq_offsets``), one file per group and ``instance_name``.
+    ``orderly``: RocketMQ's ``MessageListenerOrderly``: one batch of a queue at a time,
+    in offset order; a failed batch is retried in place after
+    ``suspend_current_queue_time_s`` (RocketMQ's 1 s) while the queue waits, and goes to
+    the DLQ after ``max_reconsume_times`` (see :mod:`._push_orderly`).
     ``session_timeout_s``: brokers drop a consumer they have not heard from for this
     long, so the group takes over a dead consumer's queues (default three
     heartbeats, at least 3 s; capped by the broker's ``channel_expired_s``).
+    ``coordinated`` (CLUSTERING): queues come from the group's ``GroupCoordinator``
+    (one owner per queue, handed over with a commit in between), which runs
+    ``rebalance_strategy`` (a ``rebalance`` strategy name) with
+    ``rebalance_options``; ``machine_room`` is this consumer's room for the
+    machine-room strategies; ``coordinator_config`` counts when this consumer
+    creates the coordinator. False: each consumer runs averagely on its own over
+    the brokers' member list (RocketMQ's way).
     """
 
     model: MessageModel | str = MessageModel.CLUSTERING
@@ -87,6 +102,13 @@ class PushConsumerConfig:
     instance_name: str = "DEFAULT"
     offset_store_dir: str | None = None
     check_crc: bool = False
+    orderly: bool = False
+    suspend_current_queue_time_s: float = 1.0
+    coordinated: bool = True
+    rebalance_strategy: str = "averagely"
+    rebalance_options: Mapping[str, Any] | None = None
+    machine_room: str | None = None
+    coordinator_config: CoordinatorConfig | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", _enum(MessageModel, "model", self.model))
@@ -126,12 +148,15 @@ class PushConsumerConfig:
             "persist_offset_interval_s",
             "route_refresh_s",
             "shutdown_timeout_s",
+            "suspend_current_queue_time_s",
         ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise InvalidConfigError(
                     f"PushConsumerConfig.{name}={value!r}: must be a number > 0"
                 )
+        if not isinstance(self.orderly, bool):
+            raise InvalidConfigError(f"PushConsumerConfig.orderly={self.orderly!r}: must be a bool")
         name = self.instance_name
         if (
             not isinstance(name, str)
@@ -155,6 +180,38 @@ class PushConsumerConfig:
             raise InvalidConfigError(
                 f"PushConsumerConfig.consume_timestamp={self.consume_timestamp!r}: "
                 "seconds since the epoch (time.time())"
+            )
+        self._check_coordination()
+
+    def _check_coordination(self) -> None:
+        from rebalance import STRATEGY_NAMES
+
+        if not isinstance(self.coordinated, bool):
+            raise InvalidConfigError(
+                f"PushConsumerConfig.coordinated={self.coordinated!r}: must be a bool"
+            )
+        if self.rebalance_strategy not in STRATEGY_NAMES:
+            raise InvalidConfigError(
+                f"PushConsumerConfig.rebalance_strategy={self.rebalance_strategy!r}: "
+                f"one of {', '.join(STRATEGY_NAMES)}"
+            )
+        if self.rebalance_options is not None and not isinstance(self.rebalance_options, Mapping):
+            raise InvalidConfigError(
+                f"PushConsumerConfig.rebalance_options={self.rebalance_options!r}: "
+                "a mapping of option names to values"
+            )
+        if self.machine_room is not None and (
+            not isinstance(self.machine_room, str) or not self.machine_room
+        ):
+            raise InvalidConfigError(
+                f"PushConsumerConfig.machine_room={self.machine_room!r}: a non-empty str"
+            )
+        if self.coordinator_config is not None and not isinstance(
+            self.coordinator_config, CoordinatorConfig
+        ):
+            raise InvalidConfigError(
+                f"PushConsumerConfig.coordinator_config={self.coordinator_config!r}: "
+                "a CoordinatorConfig"
             )
 
     @property

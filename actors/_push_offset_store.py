@@ -3,7 +3,9 @@
 * :class:`RemoteBrokerOffsetStore` (CLUSTERING): the group's offsets live on the
   broker holding each queue. Commits are asynchronous (one call per broker per
   round, answers checked on the next round); reads and the final commit at
-  shutdown or when a queue is given up wait.
+  shutdown or when a queue is given up wait. In a coordinated group every
+  commit carries the queue's fencing token (``actors._fencing``) and only
+  queues the coordinator gave this consumer are committed.
 * :class:`LocalFileOffsetStore` (BROADCASTING): each consumer keeps its own
   offsets in ``<dir>/<group>/<instance name>.json``, written atomically (a
   temporary file renamed over the old one). The file is locked while the
@@ -20,7 +22,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,11 +32,13 @@ from rebalance import MessageQueue
 from storage.errors import InvalidConfigError
 
 from . import _rpc
+from ._fencing import FencingToken
 from ._nameserver_client import NameServerClient
 
 log = logging.getLogger("raymq.actors.push_consumer")
 
 OFFSET_CALL_TIMEOUT_S = 10.0
+Key = tuple[str, int]  # (topic, queue id)
 
 
 class OffsetStore(Protocol):
@@ -54,6 +58,75 @@ class RemoteBrokerOffsetStore:
         self.client_id = client_id
         self._pending: list[tuple[str, Any]] = []
         self._lock = threading.Lock()
+        # A coordinated group's fencing tokens: only queues holding one are committed.
+        # Commits are sent under _submit, so a queue released under it has every
+        # background commit of it sent (and run by its broker) before the caller's next.
+        self._tokens: dict[MessageQueue, FencingToken] | None = None
+        self._submit = threading.Lock()
+
+    # ------------------------------------------------------------ fencing tokens
+    def use_tokens(self) -> None:
+        """Commit only queues granted a token from now on (a coordinated group)."""
+        with self._submit:
+            if self._tokens is None:
+                self._tokens = {}
+
+    def grant(self, mq: MessageQueue, token: FencingToken) -> None:
+        """Commit ``mq`` from now on, with ``token`` (the coordinator gave it to us)."""
+        with self._submit:
+            if self._tokens is None:
+                self._tokens = {}
+            self._tokens[mq] = token
+
+    def release(self, mqs: Iterable[MessageQueue]) -> dict[MessageQueue, FencingToken]:
+        """Stop committing ``mqs`` in the background; return the tokens they had."""
+        with self._submit:
+            tokens = self._tokens or {}
+            return {mq: tokens.pop(mq) for mq in list(mqs) if mq in tokens}
+
+    def commit_sync(
+        self, offsets: Mapping[MessageQueue, int], tokens: Mapping[MessageQueue, FencingToken]
+    ) -> set[MessageQueue]:
+        """Commit now with explicit ``tokens`` and wait; return the queues committed.
+        Background commits sent before run first (waited for), so none of them can
+        land after this one and move an offset back."""
+        with self._submit, self._lock:
+            earlier = [ref for _, ref in self._pending]
+        if earlier:
+            ray.wait(earlier, num_returns=len(earlier), timeout=OFFSET_CALL_TIMEOUT_S)
+        with self._submit:
+            sent = self._send(offsets, tokens)
+        done: set[MessageQueue] = set()
+        for broker, mqs, ref in sent:
+            try:
+                _rpc.get(ref, OFFSET_CALL_TIMEOUT_S)
+                done.update(mqs)
+            except Exception as exc:  # noqa: BLE001 - the caller decides
+                log.warning(
+                    "group %s: committing %d offset(s) on %s failed: %s",
+                    self.group,
+                    len(mqs),
+                    broker,
+                    exc,
+                )
+        return done
+
+    def read_many(self, mqs: Iterable[MessageQueue]) -> dict[MessageQueue, int]:
+        """Stored offsets (-1: none) of ``mqs``, asked in parallel; a queue whose broker
+        did not answer is missing from the result."""
+        refs = {}
+        for mq in mqs:
+            try:
+                refs[mq] = self._broker(mq).query_offset.remote(self.group, mq.topic, mq.queue_id)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("group %s: cannot read the offset of %s: %s", self.group, mq, exc)
+        out = {}
+        for mq, ref in refs.items():
+            try:
+                out[mq] = int(_rpc.get(ref, OFFSET_CALL_TIMEOUT_S))
+            except Exception as exc:  # noqa: BLE001
+                log.warning("group %s: cannot read the offset of %s: %s", self.group, mq, exc)
+        return out
 
     def _broker(self, mq: MessageQueue) -> Any:
         route = self.ns.require_route(mq.topic)
@@ -95,19 +168,40 @@ class RemoteBrokerOffsetStore:
 
     def commit(self, offsets: Mapping[MessageQueue, int], *, wait: bool) -> None:
         self._check_pending(wait=False)
-        by_broker: dict[str, tuple[MessageQueue, dict[tuple[str, int], int]]] = {}
+        with self._submit:
+            sent = self._send(offsets, self._tokens)
+            with self._lock:
+                self._pending.extend((broker, ref) for broker, _, ref in sent)
+        if wait:
+            self._check_pending(wait=True)
+
+    def _send(
+        self,
+        offsets: Mapping[MessageQueue, int],
+        tokens: Mapping[MessageQueue, FencingToken] | None,
+    ) -> list[tuple[str, list[MessageQueue], Any]]:
+        """One commit call per broker (``tokens``: only queues holding one, with it)."""
+        by_broker: dict[str, tuple[list[MessageQueue], dict[Key, int], dict[Key, FencingToken]]]
+        by_broker = {}
         for mq, off in offsets.items():
-            by_broker.setdefault(mq.broker_name, (mq, {}))[1][(mq.topic, mq.queue_id)] = off
-        for broker, (mq, table) in by_broker.items():
+            if tokens is not None and mq not in tokens:
+                continue  # given up: its next owner commits it
+            mqs, table, toks = by_broker.setdefault(mq.broker_name, ([], {}, {}))
+            mqs.append(mq)
+            table[(mq.topic, mq.queue_id)] = off
+            if tokens is not None:
+                toks[(mq.topic, mq.queue_id)] = tokens[mq]
+        sent = []
+        for broker, (mqs, table, toks) in by_broker.items():
             try:
-                ref = self._broker(mq).commit_offsets.remote(self.group, table, self.client_id)
+                ref = self._broker(mqs[0]).commit_offsets.remote(
+                    self.group, table, self.client_id, toks or None
+                )
             except Exception as exc:  # noqa: BLE001 - no route now: retried next round
                 log.warning("group %s: no broker to commit %s offsets: %s", self.group, broker, exc)
                 continue
-            with self._lock:
-                self._pending.append((broker, ref))
-        if wait:
-            self._check_pending(wait=True)
+            sent.append((broker, mqs, ref))
+        return sent
 
     def close(self) -> None:
         self._check_pending(wait=True)

@@ -15,6 +15,10 @@ Invariants, all under ``lock``:
   offset order.
 * one pull per queue is in flight at a time; ``next_offset`` moves only when a
   pull's answer has been buffered.
+* once ``dropped`` is set (under ``lock``) no pull is issued and no consume
+  batch starts; ``busy`` means a batch is running, so after dropping,
+  :meth:`wait_idle` returns once the batch in flight is done and the queue
+  stays idle (a rebalance then commits and hands the queue over).
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class ProcessQueue:
         self.state = PullState.IDLE
         self.pull_gen = 0
         self.pull_started = 0.0
+        self._idle = threading.Event()
         self.busy = False
         self.inflight: Inflight | None = None
         self.dropped = False
@@ -99,6 +104,25 @@ class ProcessQueue:
 
     def over_threshold(self, count: int, size_bytes: int) -> bool:
         return len(self.msgs) > count or self.size_bytes > size_bytes
+
+    # ------------------------------------------------------------ the consume task
+    @property
+    def busy(self) -> bool:
+        """A consume task runs for this queue (set and cleared under ``lock``)."""
+        return self._busy
+
+    @busy.setter
+    def busy(self, value: bool) -> None:
+        self._busy = value
+        if value:
+            self._idle.clear()
+        else:
+            self._idle.set()
+
+    def wait_idle(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` until no consume task runs; True when idle. Meant for a
+        dropped queue, where no new task can start once the running one ends."""
+        return self._idle.wait(timeout)
 
     # ------------------------------------------------------------ snapshots
     def commit_offset(self) -> int:

@@ -1,6 +1,10 @@
 """Which queues a push consumer owns (RocketMQ's client-side ``RebalanceImpl``).
 
-CLUSTERING: every consumer of the group reads the group's member list from the
+CLUSTERING groups are coordinated by default: their consumers take queues from
+the group's ``GroupCoordinator`` (``actors._push_coordinated``). This module is
+the uncoordinated way, kept for ``coordinated=False`` and BROADCASTING.
+
+CLUSTERING, uncoordinated: every consumer of the group reads the group's member list from the
 same broker (the first live master, by name, holding the topic) and runs the
 averagely strategy over the same sorted queues and ids, so the shares are
 disjoint and cover every queue once the members agree. BROADCASTING: every
@@ -40,10 +44,18 @@ DEFAULT_TIMESTAMP_AGO_S = 1800.0  # RocketMQ's consumeTimestamp default: half an
 
 
 class RebalanceService:
+    """Each consumer on its own (``coordinated=False``, and BROADCASTING)."""
+
     def __init__(self, consumer: PushConsumer) -> None:
         self.c = consumer
         self.strategy = AveragelyStrategy()
         self._missing_warned: set[str] = set()
+
+    def stop(self) -> None:
+        """Nothing runs in the background here: the consumer's service loop drives it."""
+
+    def leave(self) -> None:
+        """Nothing to tell: the brokers' member lists drop this consumer."""
 
     # ------------------------------------------------------------ inputs
     def readable_queues(self, topic: str) -> list[MessageQueue]:
@@ -149,10 +161,12 @@ class RebalanceService:
         except Exception as exc:  # noqa: BLE001 - the next owner re-reads a little more
             log.warning("group %s: committing %s on release failed: %s", c.group, pq.mq, exc)
 
-    def start_offset(self, mq: MessageQueue) -> tuple[int, bool]:
-        """Where to start ``mq``, and whether that was the stored offset."""
+    def start_offset(self, mq: MessageQueue, stored: int | None = None) -> tuple[int, bool]:
+        """Where to start ``mq``, and whether that was the stored offset (``stored``:
+        the group's committed offset when the caller read it already)."""
         c = self.c
-        stored = c.offset_store.read(mq)
+        if stored is None:
+            stored = c.offset_store.read(mq)
         if stored >= 0:
             return stored, True
         where = c.config.consume_from

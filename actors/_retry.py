@@ -125,21 +125,29 @@ async def create_retry_topic(broker: Broker, group: str) -> bool:
 
 
 def build_send_back(
-    store: MessageStore, group: str, commitlog_offsets: Sequence[int], max_reconsume_times: int
+    store: MessageStore,
+    group: str,
+    commitlog_offsets: Sequence[int],
+    max_reconsume_times: int,
+    reconsume_times: Sequence[int] | None = None,
 ) -> tuple[codec.EncodedBatch | None, list[str]]:
     """The encoded copies of the messages at ``commitlog_offsets`` (None when none was
-    found) and, per message, where its copy goes (run off the broker's event loop)."""
+    found) and, per message, where its copy goes (run off the broker's event loop).
+    ``reconsume_times``: the consumer's own count per message, in place of the stored
+    one (an orderly consumer retries in place and counts locally)."""
     levels = len(store.config.delay_levels_ms)
     copies: list[Message] = []
     born: list[tuple[int, str, int]] = []
     outcome: list[str] = []
-    for off in commitlog_offsets:
+    for i, off in enumerate(commitlog_offsets):
         try:
             m = store.message_at(int(off))
         except (OffsetOutOfRangeError, StoreCorruptedError, ValueError) as exc:
             log.warning("send-back: no message at commitlog offset %s: %s", off, exc)
             outcome.append(NOT_FOUND)
             continue
+        if reconsume_times is not None:
+            m = m._replace(reconsume_times=int(reconsume_times[i]))
         copy, b, where = send_back_copy(m, group, max_reconsume_times, levels)
         copies.append(copy)
         born.append(b)
@@ -151,7 +159,11 @@ def build_send_back(
 
 
 async def consumer_send_msg_back(
-    broker: Broker, group: str, commitlog_offsets: Sequence[int], max_reconsume_times: int
+    broker: Broker,
+    group: str,
+    commitlog_offsets: Sequence[int],
+    max_reconsume_times: int,
+    reconsume_times: Sequence[int] | None = None,
 ) -> list[str]:
     """Store the retry or dead-letter copy of each message; per message ``"RETRY"``,
     ``"DLQ"`` or ``"NOT_FOUND"`` (the original expired: the consumer must retry it
@@ -162,9 +174,19 @@ async def consumer_send_msg_back(
         raise InvalidMessageError(
             f"max_reconsume_times={max_reconsume_times!r}: must be an int >= 0"
         )
+    if reconsume_times is not None and len(reconsume_times) != len(commitlog_offsets):
+        raise InvalidMessageError(
+            f"reconsume_times has {len(reconsume_times)} entries: need one per offset "
+            f"({len(commitlog_offsets)})"
+        )
     retry, dlq = retry_topic(group), dlq_topic(group)
     batch, outcome = await broker._run(
-        build_send_back, broker.store, group, list(commitlog_offsets), max_reconsume_times
+        build_send_back,
+        broker.store,
+        group,
+        list(commitlog_offsets),
+        max_reconsume_times,
+        None if reconsume_times is None else list(reconsume_times),
     )
     if batch is None:
         return outcome

@@ -12,13 +12,18 @@ import ray
 
 from rebalance import MessageQueue
 from storage import codec
-from storage.errors import BrokerUnavailableError, OffsetOutOfRangeError, TopicNotFoundError
+from storage.errors import (
+    BrokerUnavailableError,
+    OffsetOutOfRangeError,
+    RayMQError,
+    TopicNotFoundError,
+)
 from storage.message import MessageExt
 
 from . import _rpc
 from ._nameserver_client import NameServerClient
 from ._replication import PromotionRefusedError
-from .config import DEFAULT_NAMESPACE
+from .config import DEFAULT_NAMESPACE, coordinator_actor_name
 from .route import TopicRouteData
 from .topic import PERM_READ, PERM_WRITE, SYSTEM_TOPICS, TopicConfig
 
@@ -180,6 +185,19 @@ class Admin:
         for part in self._on_all(self.brokers(), "consumer_list", group).values():
             members.update(part)
         return sorted(members)
+
+    def group_status(self, group: str) -> dict[str, Any]:
+        """What ``group``'s coordinator holds: members, generation, strategy, target and
+        current owners, pending revokes and fences, and the generation log."""
+        try:
+            handle = ray.get_actor(coordinator_actor_name(group), namespace=self.namespace)
+        except ValueError:
+            raise RayMQError(
+                f"group={group!r} has no coordinator in namespace {self.namespace!r} "
+                "(no coordinated consumer joined it)"
+            ) from None
+        status: dict[str, Any] = _rpc.get(handle.status.remote(), ADMIN_TIMEOUT_S)
+        return status
 
     def reset_offset(self, group: str, topic: str, timestamp_ms: int) -> dict[MessageQueue, int]:
         """Move ``group`` on ``topic`` to the first message stored at or after ``timestamp_ms``."""

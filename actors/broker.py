@@ -40,11 +40,13 @@ from storage.message import GetStatus, MessageExt, RawGetResult
 from . import _dlq, _retry
 from ._consumer_manager import ConsumerManager
 from ._datasource_checkpoint import StreamCheckpoints
+from ._fencing import FencingToken, OffsetFenceTable
 from ._long_polling import PullRequestHoldService
 from ._offset_manager import ConsumerOffsetManager
 from ._replication import create_replication
 from ._topic_manager import TopicConfigManager
 from .config import BrokerConfig
+from .metrics import BrokerMetrics, BrokerMetricsService
 from .protocol import SendAck
 from .route import BrokerRegistration
 from .topic import TopicConfig
@@ -91,6 +93,7 @@ class Broker:
         self.offsets = ConsumerOffsetManager(self.store.config_file("consumerOffset"))
         self.stream_checkpoints = StreamCheckpoints(self.store.config_file("streamCheckpoint"))
         self.consumers = ConsumerManager(config.channel_expired_s)
+        self.fences = OffsetFenceTable()  # set by group coordinators, see actors._fencing
         self.holds = PullRequestHoldService(self._loop)
         self.store.add_dispatch_listener(self.holds.on_dispatch)
         self._closed = asyncio.Event()
@@ -99,6 +102,14 @@ class Broker:
         self._register_wakeup = asyncio.Event()
         self._started = time.time()
         self._stats = {"put_msgs": 0, "put_bytes": 0, "put_batches": 0, "get_msgs": 0, "pulls": 0}
+        self.metrics: BrokerMetrics | None = None  # raymq_* metrics (actors/metrics.py)
+        self._metrics_service: BrokerMetricsService | None = None
+        if config.metrics_enable:
+            self._metrics_service = BrokerMetricsService(
+                self, config.metrics_export_interval_s, config.metrics_lag_interval_s
+            )
+            self.metrics = self._metrics_service.metrics
+            self._metrics_service.start(self._loop)
         self.ha = create_replication(self)  # its role in the group: actors/_replication.py
         self.ha.start()
         self._tasks = [
@@ -121,7 +132,11 @@ class Broker:
     async def _put(self, batch: EncodedBatch) -> Any:
         """Every write goes through the broker's role: a slave refuses it, a SYNC_MASTER
         waits for a slave, a DLedger leader for a majority."""
-        return await self.ha.put(batch, self._local_put)
+        started = time.perf_counter()
+        result = await self.ha.put(batch, self._local_put)
+        if self.metrics is not None:
+            self.metrics.on_put(batch, time.perf_counter() - started)
+        return result
 
     async def _local_put(self, batch: EncodedBatch) -> Any:
         # ASYNC_FLUSH puts are a copy into the mapped file: a thread hop would cost more
@@ -249,6 +264,24 @@ class Broker:
         self.topics.for_read(topic, queue_id)
         if group:
             self.consumers.touch(group, client_id, frozenset((topic,)))
+        raw = await self._held_get(group, topic, queue_id, offset, max_count, tags, suspend_s)
+        self._stats["pulls"] += 1
+        self._stats["get_msgs"] += raw.count
+        if self.metrics is not None:
+            self.metrics.on_get(topic, raw.count, len(raw.data))
+        return raw
+
+    async def _held_get(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        tags: str | None,
+        suspend_s: float,
+    ) -> RawGetResult:
+        """One queue's readable records; held up to ``suspend_s`` while there are none."""
         hold = self.config.long_polling_enable and suspend_s > 0
         deadline = self._loop.time() + min(suspend_s, self.config.max_pull_suspend_s)
         while True:
@@ -273,8 +306,6 @@ class Broker:
                 self.holds.discard(topic, queue_id, fut)
                 continue
             await self.holds.wait(topic, queue_id, fut, remaining)
-        self._stats["pulls"] += 1
-        self._stats["get_msgs"] += raw.count
         return raw
 
     async def pull_batch(
@@ -309,7 +340,7 @@ class Broker:
         if hold and not any(raw.count or raw.status not in _HOLDABLE for raw in answers):
             held = [
                 asyncio.ensure_future(
-                    self.pull(group, topic, qid, off, max_count, tags, suspend_s, client_id)
+                    self._held_get(group, topic, qid, off, max_count, tags, suspend_s)
                 )
                 for topic, qid, off in requests
             ]
@@ -323,6 +354,10 @@ class Broker:
         count = sum(raw.count for raw in answers)
         self._stats["pulls"] += 1
         self._stats["get_msgs"] += count
+        if self.metrics is not None:
+            for (topic, _, _), raw in zip(requests, answers):
+                if raw.count:
+                    self.metrics.on_get(topic, raw.count, len(raw.data))
         return answers
 
     def _get_batch(
@@ -359,18 +394,36 @@ class Broker:
             )
 
     async def commit_offsets(
-        self, group: str, offsets: dict[tuple[str, int], int], client_id: str = ""
+        self,
+        group: str,
+        offsets: dict[tuple[str, int], int],
+        client_id: str = "",
+        tokens: dict[tuple[str, int], FencingToken] | None = None,
     ) -> int:
-        """Commit ``{(topic, queue_id): next offset to consume}`` for ``group``; all or nothing."""
+        """Commit ``{(topic, queue_id): next offset to consume}`` for ``group``; all or nothing.
+        ``tokens``: the committer's fencing token per queue; one below the queue's fence
+        (``fence_offsets``) refuses the whole commit with OffsetFencedError."""
         if not group:
             raise InvalidMessageError("group must be a non-empty str")
         for (topic, qid), off in offsets.items():
             self._check_offset(topic, qid, off)
+        self.fences.check(group, offsets, tokens)
         for (topic, qid), off in offsets.items():
             self.offsets.commit(group, topic, qid, off)
         self.ha.on_commit_offsets(group, offsets)
         self.consumers.touch(group, client_id, frozenset(t for t, _ in offsets))
         return len(offsets)
+
+    async def fence_offsets(self, group: str, fences: dict[tuple[str, int], FencingToken]) -> int:
+        """Refuse from now on commits of ``group`` on these ``(topic, queue_id)`` whose
+        token is below the given one (a group coordinator taking queues from an owner
+        that did not hand them over); fences only rise. Returns how many rose."""
+        if not group:
+            raise InvalidMessageError("group must be a non-empty str")
+        return self.fences.raise_fences(group, fences)
+
+    async def offset_fences(self, group: str) -> dict[tuple[str, int], FencingToken]:
+        return self.fences.snapshot(group)
 
     async def query_offsets(self, group: str, topic: str) -> dict[int, int]:
         return self.offsets.query_topic(group, topic)
@@ -427,11 +480,16 @@ class Broker:
 
     # ------------------------------------------------------------ retries, dead letters, delays
     async def consumer_send_msg_back(
-        self, group: str, commitlog_offsets: list[int], max_reconsume_times: int
+        self,
+        group: str,
+        commitlog_offsets: list[int],
+        max_reconsume_times: int,
+        reconsume_times: list[int] | None = None,
     ) -> list[str]:
-        """Store retry (or dead-letter) copies of consumed messages (see ``actors._retry``)."""
+        """Store retry (or dead-letter) copies of consumed messages (see ``actors._retry``);
+        ``reconsume_times``: the consumer's counts, for an orderly consumer's dead letters."""
         return await _retry.consumer_send_msg_back(
-            self, group, commitlog_offsets, max_reconsume_times
+            self, group, commitlog_offsets, max_reconsume_times, reconsume_times
         )
 
     async def create_retry_topic(self, group: str) -> bool:
@@ -635,6 +693,8 @@ class Broker:
         self.holds.wake_all()
         for task in self._tasks:
             task.cancel()
+        if self._metrics_service is not None:
+            self._metrics_service.stop()
         with contextlib.suppress(Exception):
             await self.ha.stop()
         for name in self.config.nameservers:

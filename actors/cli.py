@@ -5,6 +5,8 @@
     raymq query --key K --topic T | --id ID     raymq lag --group G
     raymq broker promote BROKER [--id N] [--role SYNC_MASTER] [--force]
     raymq dlq list|resend --group G [--id ID]   (perms: raymq topic update T --perm 6)
+    raymq group status GROUP [--log N]           (a consumer group's coordinator)
+    raymq bench [--topic T] [--body-size 128] [--producers 1] [--duration 10] [--no-consume]
 
 Every command takes ``--address`` (a Ray cluster; default: ``RAY_ADDRESS`` or
 the one running on this machine), ``--namespace`` (default ``raymq``) and
@@ -30,6 +32,7 @@ import ray
 from storage import Message
 from storage.errors import RayMQError
 
+from .bench import BenchSummary, run_bench, summary_dict
 from .cluster import Cluster, connect, start_cluster
 from .config import DEFAULT_NAMESPACE, BrokerSpec, ClusterConfig
 from .consumer import PullStatus
@@ -410,6 +413,58 @@ def cmd_dlq(args: argparse.Namespace) -> int:
     return 0
 
 
+def _queue_name(q: Any) -> str:
+    return f"{q.topic}:{q.broker_name}:{q.queue_id}"
+
+
+def cmd_group(args: argparse.Namespace) -> int:
+    """``group status``: members, owners and the recent generation log of a group."""
+    status = _cluster(args).admin.group_status(args.group)
+    members = [
+        {"client_id": cid, "queues": len(m["owned"]), "room": m["room"] or "", **m}
+        for cid, m in status["members"].items()
+    ]
+    owners = [
+        {
+            "queue": _queue_name(q),
+            "owner": owner,
+            "token": f"{token[0]}/{token[1]}",
+            "target": status["target"].get(q, ""),
+        }
+        for q, (owner, token) in sorted(status["assignment"].items())
+    ]
+    log_rows = [
+        {
+            "t": round(ev.time, 3),
+            "generation": ev.generation,
+            "event": ev.event,
+            "queue": _queue_name(ev.queue) if ev.queue is not None else "",
+            "from": ev.from_id or "",
+            "to": ev.to_id or "",
+        }
+        for ev in status["log"][-args.log :]
+    ]
+    data = {
+        "group": args.group,
+        "generation": status["generation"],
+        "strategy": status["strategy"],
+        "members": status["members"],
+        "assignment": owners,
+        "pending_revokes": {_queue_name(q): v for q, v in status["pending_revokes"].items()},
+        "log": log_rows,
+    }
+    human = (
+        f"group {args.group}: generation {status['generation']}, strategy {status['strategy']}\n"
+        + _table(members, ["client_id", "queues", "room", "session_timeout_s", "last_seen_age_s"])
+        + "\n\n"
+        + _table(owners, ["queue", "owner", "token", "target"])
+        + f"\n\npending revokes: {len(status['pending_revokes'])}\n"
+        + _table(log_rows, ["t", "generation", "event", "queue", "from", "to"])
+    )
+    _emit(args, data, human)
+    return 0
+
+
 def cmd_broker(args: argparse.Namespace) -> int:
     """``broker promote``: a slave of a group whose master is gone becomes its master."""
     done = _cluster(args).admin.promote(args.broker_name, args.id, role=args.role, force=args.force)
@@ -420,6 +475,49 @@ def cmd_broker(args: argparse.Namespace) -> int:
         f"(epoch {done['epoch']}, commitlog offset {done['commitlog_offset']})",
     )
     return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """RocketMQ's benchmark: a line per second while it runs, then a summary."""
+    for option in ("duration", "producers", "body_size", "batch", "queues"):
+        if getattr(args, option) <= 0:
+            raise ValueError(f"--{option.replace('_', '-')}={getattr(args, option)}: must be > 0")
+    cluster = _cluster(args)
+    admin = cluster.admin
+    if args.topic not in admin.list_topics(include_system=True):
+        admin.create_topic(args.topic, args.queues, args.queues)
+        if not args.json:
+            print(f"created topic {args.topic} ({args.queues} queues)", file=sys.stderr)
+    live = None if args.json else (lambda line: print(line, flush=True))
+    summary = run_bench(
+        cluster,
+        args.topic,
+        seconds=args.duration,
+        producers=args.producers,
+        body_size=args.body_size,
+        batch=args.batch,
+        consume=args.consume,
+        report=live,
+    )
+    settings = {
+        "topic": args.topic,
+        "body_size": args.body_size,
+        "producers": args.producers,
+        "batch": args.batch,
+        "consume": args.consume,
+    }
+    _emit(args, {**settings, **summary_dict(summary)}, _bench_summary_text(summary, args.consume))
+    return 0
+
+
+def _bench_summary_text(s: BenchSummary, consume: bool) -> str:
+    return (
+        f"Summary: {s.seconds:.1f} s, sent {s.sent:,} (failed {s.failed:,})"
+        + (f", consumed {s.consumed:,}" if consume else "")
+        + f"\nSend TPS: {s.send_tps:,.0f}  Max RT(ms): {s.max_rt_ms:.1f}  "
+        f"Average RT(ms): {s.avg_rt_ms:.2f}  Send Failed: {s.failed}"
+        + (f"  Consume TPS: {s.consume_tps:,.0f}" if consume else "")
+    )
 
 
 # ------------------------------------------------------------ parser
@@ -550,6 +648,25 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--group", required=True)
     d.add_argument("--id", action="append", help="only this message id (repeatable)")
     d.set_defaults(fn=cmd_dlq)
+
+    grp = sub.add_parser("group", help="consumer groups: their coordinator's view")
+    gsub = grp.add_subparsers(dest="group_cmd", required=True)
+    g = gsub.add_parser("status", parents=[common], help="members, owners, generation log")
+    g.add_argument("group")
+    g.add_argument("--log", type=int, default=20, help="last N events of the generation log")
+    g.set_defaults(fn=cmd_group)
+
+    bench = sub.add_parser(
+        "bench", parents=[common], help="producer/consumer benchmark against the cluster"
+    )
+    bench.add_argument("--topic", default="BenchmarkTest", help="created if absent")
+    bench.add_argument("--queues", type=int, default=8, help="queues of a topic it creates")
+    bench.add_argument("--body-size", type=int, default=128, help="bytes per message")
+    bench.add_argument("--producers", type=int, default=1, help="producer threads")
+    bench.add_argument("--duration", type=float, default=10.0, help="seconds to run")
+    bench.add_argument("--batch", type=int, default=32, help="messages per send")
+    bench.add_argument("--consume", action=argparse.BooleanOptionalAction, default=True)
+    bench.set_defaults(fn=cmd_bench)
     return p
 
 

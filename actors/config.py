@@ -38,6 +38,11 @@ def broker_actor_name(broker_name: str, broker_id: int) -> str:
     return f"{broker_name}-{broker_id}"
 
 
+def coordinator_actor_name(group: str) -> str:
+    """The documented Ray actor name of a consumer group's coordinator: ``coordinator-<group>``."""
+    return f"coordinator-{group}"
+
+
 C = TypeVar("C")
 
 
@@ -105,6 +110,10 @@ class BrokerConfig:
     io_threads: int = 8
     inline_async_puts: bool = True
     inline_reads: bool = True
+    metrics_enable: bool = True
+    """Export ``raymq_*`` metrics through ``ray.util.metrics`` (``actors/metrics.py``)."""
+    metrics_export_interval_s: float = 1.0
+    metrics_lag_interval_s: float = 5.0
     # --- high availability (actors/_ha.py, actors/dledger.py): RocketMQ's names
     broker_role: str = "ASYNC_MASTER"
     """The group's master role, ``ASYNC_MASTER`` or ``SYNC_MASTER``; a broker with id >= 1
@@ -152,6 +161,8 @@ class BrokerConfig:
             max_pull_suspend_s=self.max_pull_suspend_s,
             channel_expired_s=self.channel_expired_s,
             io_threads=self.io_threads,
+            metrics_export_interval_s=self.metrics_export_interval_s,
+            metrics_lag_interval_s=self.metrics_lag_interval_s,
         )
         unknown = set(self.store) - _STORE_FIELDS
         if unknown:
@@ -340,6 +351,34 @@ class ProducerConfig:
                 raise InvalidConfigError(
                     f"ProducerConfig.{name}={getattr(self, name)}: must be >= 0"
                 )
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """Settings of a consumer group's :class:`actors.GroupCoordinator`; whoever creates
+    the coordinator (the group's first consumer, or :func:`actors.coordinator_for`)
+    sets them, later joiners find it as it is.
+
+    ``revoke_timeout_s``: an owner told to give a queue up has this long to confirm
+    before the queue is fenced and handed on. ``route_refresh_s``: routes are
+    re-read this often besides on every NameServer route change.
+    ``fence_timeout_s``: the limit of one fencing call on a broker. ``log_size``:
+    how many events the generation log keeps.
+    """
+
+    revoke_timeout_s: float = 10.0
+    route_refresh_s: float = 30.0
+    fence_timeout_s: float = 5.0
+    log_size: int = 10_000
+
+    def __post_init__(self) -> None:
+        _check_positive(
+            "CoordinatorConfig",
+            revoke_timeout_s=self.revoke_timeout_s,
+            route_refresh_s=self.route_refresh_s,
+            fence_timeout_s=self.fence_timeout_s,
+            log_size=self.log_size,
+        )
 
 
 @dataclass(frozen=True)

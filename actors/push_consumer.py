@@ -10,9 +10,12 @@
     consumer.shutdown()   # commits offsets and leaves the group
 
 Usable from a driver, a Ray task or a Ray actor (it runs its own threads).
-Parts, each in its own module: :mod:`._push_rebalance` (which queues this
-consumer owns), :mod:`._push_pull` (long-polling pulls, flow control),
+Parts, each in its own module: :mod:`._push_coordinated` (which queues this
+consumer owns, as the group's ``GroupCoordinator`` hands them out; the
+uncoordinated way is :mod:`._push_rebalance`), :mod:`._push_pull` (long-polling pulls, flow control),
 :mod:`._push_consume` (the listener's thread pool, per-queue order, outcomes),
+:mod:`._push_orderly` (``orderly=True``: one batch per queue at a time, failures
+retried in place, RocketMQ's ``MessageListenerOrderly``),
 :mod:`._push_send_back` (failed messages back to the broker, batched),
 :mod:`._push_offset_store` (offsets on the brokers or in a local file).
 
@@ -41,7 +44,9 @@ from . import _rpc
 from ._nameserver_client import NameServerClient
 from ._push_config import ConsumeFromWhere, ConsumeStatus, MessageModel, PushConsumerConfig
 from ._push_consume import ConsumeMessageService
+from ._push_coordinated import CoordinatedRebalanceService
 from ._push_offset_store import LocalFileOffsetStore, OffsetStore, RemoteBrokerOffsetStore
+from ._push_orderly import ConsumeMessageOrderlyService
 from ._push_process_queue import ProcessQueue
 from ._push_pull import PullMessageService
 from ._push_rebalance import RebalanceService
@@ -84,9 +89,20 @@ class PushConsumer:
         namespace: str = DEFAULT_NAMESPACE,
         nameservers: Sequence[str] | None = None,
         config: PushConsumerConfig | None = None,
+        actor_handle: Any = None,
         **options: Any,
     ) -> None:
         from .cluster import discover_nameservers
+
+        if actor_handle is not None and not hasattr(actor_handle, "wait_closed"):
+            raise InvalidConfigError(
+                "actor_handle: the hosting actor needs a wait_closed() method that returns "
+                "when this consumer shuts down (e.g. `return self.consumer.wait_closed()`)"
+            )
+        # the actor hosting this consumer: the group's coordinator keeps a wait_closed()
+        # call pending on it and drops this consumer the moment Ray reports it dead
+        self.actor_handle = actor_handle
+        self._closed_event = threading.Event()
 
         if not isinstance(group, str) or not group:
             raise InvalidMessageError(f"consumer group={group!r}: must be a non-empty str")
@@ -156,10 +172,18 @@ class PushConsumer:
                     self.config.offset_store_dir, self.group, self.config.instance_name
                 )
             self.scheduler = Scheduler(f"raymq-timer-{self.group}")
-            self.consume = ConsumeMessageService(self)
+            self.consume = (
+                ConsumeMessageOrderlyService(self)
+                if self.config.orderly
+                else ConsumeMessageService(self)
+            )
             self.send_back = SendBackService(self)
             self.pull = PullMessageService(self)
-            self.rebalancer = RebalanceService(self)
+            self.rebalancer: RebalanceService | CoordinatedRebalanceService = (
+                CoordinatedRebalanceService(self)
+                if self.config.clustering and self.config.coordinated
+                else RebalanceService(self)
+            )
             self._started = True
         try:
             self.pull.start()
@@ -341,12 +365,14 @@ class PushConsumer:
         with self._state_lock:
             if not self._started or self._closed:
                 self._closed = True
+                self._closed_event.set()
                 return
             self._closed = True
         self._stop.set()
         service = getattr(self, "_service", None)
         if service is not None:
             service.join(timeout=CALL_TIMEOUT_S)
+        self.rebalancer.stop()  # no queue comes or goes from here on
         self.pull.stop()
         self.consume.shutdown(self.config.shutdown_timeout_s)
         self.send_back.stop(CALL_TIMEOUT_S)
@@ -357,11 +383,33 @@ class PushConsumer:
         for pq in self.process_queues():
             with pq.lock:
                 pq.dropped = True
+        self.rebalancer.leave()  # coordinated: commit, hand every queue over, leave
         if self.config.clustering:
             self._unregister()
         self.offset_store.close()
         self.scheduler.stop()
+        self._closed_event.set()
         log.info("push consumer %s shut down: %s", self.client_id, self.stats.snapshot())
+
+    def wait_closed(self, timeout: float | None = None) -> bool:
+        """Block until :meth:`shutdown` is done (True) or ``timeout`` passes (False).
+
+        An actor hosting a consumer passes ``actor_handle=`` (its own handle) and
+        forwards a ``wait_closed`` method here, so the group's coordinator can keep a
+        call pending on it and learn from Ray at once when the actor dies::
+
+            @ray.remote(max_concurrency=4)  # wait_closed holds one thread
+            class Host:
+                def __init__(self):
+                    me = ray.get_runtime_context().current_actor
+                    self.consumer = PushConsumer(..., actor_handle=me).start()
+
+                def wait_closed(self):
+                    return self.consumer.wait_closed()
+
+        (An async actor: ``await asyncio.to_thread(self.consumer.wait_closed)``.)
+        """
+        return self._closed_event.wait(timeout)
 
     def __del__(self) -> None:
         if getattr(self, "_started", False) and not getattr(self, "_closed", True):
