@@ -60,6 +60,10 @@ FENCE_RETRY_S = 0.2
 WATCH_RETRY_S = 0.5
 MAX_WATCH_RETRY_S = 10.0
 MAX_TICK_S = 1.0
+# Ray's resource on the head node only. The group's first consumer creates the
+# coordinator, and Ray would place it on that consumer's node, which may leave
+# and take the coordinator with it; the head stays as long as the cluster.
+HEAD_NODE_RESOURCE = "node:__internal_head__"
 
 __all__ = ["GroupCoordinator", "GroupEvent", "MemberView", "coordinator_for", "readable_queues"]
 
@@ -83,8 +87,8 @@ def coordinator_for(
     config: CoordinatorConfig | None = None,
 ) -> Any:
     """The handle of ``group``'s coordinator, created (detached, ``coordinator-<group>``
-    in ``namespace``) if it does not run yet; ``config`` counts only when this call
-    creates it."""
+    in ``namespace``, on the head node) if it does not run yet; ``config`` counts only
+    when this call creates it."""
     if not isinstance(group, str) or not group:
         raise InvalidConfigError(f"consumer group={group!r}: must be a non-empty str")
     return (
@@ -95,6 +99,7 @@ def coordinator_for(
             lifetime="detached",
             get_if_exists=True,
             num_cpus=0,
+            resources={HEAD_NODE_RESOURCE: 0.001},
             max_concurrency=ACTOR_MAX_CONCURRENCY,
         )
         .remote(group, namespace, list(nameservers) if nameservers else None, config)
@@ -265,9 +270,10 @@ class GroupCoordinator:
     # ------------------------------------------------------------ introspection
     async def status(self) -> dict[str, Any]:
         """Members, generation, strategy, target and current assignment, pending revokes
-        and fences, and the generation log (oldest first)."""
+        and fences, the generation log (oldest first) and the Ray node it runs on."""
         out = self.state.status()
         out["namespace"] = self.namespace
+        out["node_id"] = ray.get_runtime_context().get_node_id()
         out["config"] = self.config
         return out
 
