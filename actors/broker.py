@@ -335,7 +335,7 @@ class Broker:
             self.topics.for_read(topic, queue_id)
         if group:
             self.consumers.touch(group, client_id, frozenset(t for t, _, _ in requests))
-        answers = await self._run(self._get_batch, group, requests, max_count, tags)
+        answers = await self._get_many(group, requests, max_count, tags)
         hold = self.config.long_polling_enable and suspend_s > 0 and not self._closing
         if hold and not any(raw.count or raw.status not in _HOLDABLE for raw in answers):
             held = [
@@ -350,7 +350,7 @@ class Broker:
             await asyncio.gather(*waiting, return_exceptions=True)
             first = next(iter(done)).result()  # raises what the pull raised
             if first.count:  # something arrived: take every queue's news at once
-                answers = await self._run(self._get_batch, group, requests, max_count, tags)
+                answers = await self._get_many(group, requests, max_count, tags)
         count = sum(raw.count for raw in answers)
         self._stats["pulls"] += 1
         self._stats["get_msgs"] += count
@@ -359,6 +359,13 @@ class Broker:
                 if raw.count:
                     self.metrics.on_get(topic, raw.count, len(raw.data))
         return answers
+
+    async def _get_many(
+        self, group: str, requests: list[tuple[str, int, int]], max_count: int, tags: str | None
+    ) -> list[RawGetResult]:
+        if self.config.inline_reads:  # reads are copies out of the page cache: no thread hop
+            return self._get_batch(group, requests, max_count, tags)
+        return await self._run(self._get_batch, group, requests, max_count, tags)
 
     def _get_batch(
         self,
