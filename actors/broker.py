@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import ray
 
 from storage import MessageStore
@@ -217,8 +218,9 @@ class Broker:
                 log.exception("persisting consumer offsets failed")
 
     # ------------------------------------------------------------ data path
-    async def send(self, blob: bytes, auto_create_queue_nums: int = 0) -> SendAck:
-        """Store one encoded batch (``EncodedBatch.to_bytes()``), validated here first."""
+    async def send(self, blob: bytes | np.ndarray, auto_create_queue_nums: int = 0) -> SendAck:
+        """Store one encoded batch (``EncodedBatch.to_bytes()``, as bytes or a ``uint8``
+        array read in place), validated here first."""
         if self._closing:
             raise BrokerUnavailableError(f"broker {self.config.actor_name} is shutting down")
         batch = EncodedBatch.from_bytes(blob)

@@ -98,6 +98,15 @@ class BatchSendResult(Sequence[SendResult]):
 _QUEUE_ID = struct.Struct(">i")
 
 
-def _with_queue(batch: EncodedBatch, queue_id: int) -> bytes:
+OUT_OF_BAND_BYTES = 256 << 10
+"""A blob at least this large travels as a ``uint8`` array: Ray passes an array's
+buffer out of band, so the broker reads it in place in the object store instead
+of unpickling a copy (a sixth of a broker's time at 1 KiB bodies)."""
+
+
+def _with_queue(batch: EncodedBatch, queue_id: int) -> bytes | np.ndarray:
     """The batch's wire blob bound for ``queue_id`` (the store writes each record's QUEUEID)."""
-    return batch.with_queue(queue_id).to_bytes()
+    wire = batch.with_queue(queue_id).to_bytes()
+    if len(wire) >= OUT_OF_BAND_BYTES:
+        return np.frombuffer(wire, dtype=np.uint8)
+    return wire

@@ -334,7 +334,7 @@ class EncodedBatch:
     (an index into ``topics``), queue id and tag hash; per index key its hash and
     the record it belongs to. One object crosses Ray per batch (``to_bytes``)."""
 
-    data: bytes
+    data: bytes | memoryview  # a view of the wire blob on the broker (not copied)
     sizes: np.ndarray  # int32, one per record
     topics: tuple[str, ...]
     topic_idx: np.ndarray  # int16, one per record
@@ -392,15 +392,19 @@ class EncodedBatch:
         )
 
     @classmethod
-    def from_bytes(cls, blob: bytes) -> EncodedBatch:
+    def from_bytes(cls, blob: bytes | memoryview | np.ndarray) -> EncodedBatch:
+        """The batch :meth:`to_bytes` made, from any byte buffer (a ``uint8`` array Ray
+        hands over without copying works too). The records are not copied: ``data``
+        is a view of ``blob``."""
         try:
-            n, k, lt, lu, d = struct.unpack_from(">iiiii", blob, 0)
+            view = memoryview(blob).cast("B")  # type: ignore[arg-type]  # ndarray is a buffer
+            n, k, lt, lu, d = struct.unpack_from(">iiiii", view, 0)
             if min(n, k, lt, lu, d) < 0 or d not in (0, n):
                 raise ValueError("bad counts")
             pos = 20
-            topics = tuple(blob[pos : pos + lt].decode("utf-8").split("\x00"))
+            topics = tuple(bytes(view[pos : pos + lt]).decode("utf-8").split("\x00"))
             pos += lt
-            uniq = PackedKeys(blob[pos : pos + lu].decode("ascii"))
+            uniq = PackedKeys(bytes(view[pos : pos + lu]).decode("ascii"))
             pos += lu
             arrays = []
             for dtype, count in (
@@ -413,12 +417,12 @@ class EncodedBatch:
                 ("<i4", d),
             ):
                 width = np.dtype(dtype).itemsize * count
-                if pos + width > len(blob):
+                if pos + width > len(view):
                     raise ValueError("truncated")
-                arrays.append(np.frombuffer(blob, dtype=dtype, count=count, offset=pos))
+                arrays.append(np.frombuffer(view, dtype=dtype, count=count, offset=pos))
                 pos += width
-            data = blob[pos:]
-        except (struct.error, ValueError, UnicodeDecodeError) as exc:
+            data = view[pos:]
+        except (struct.error, ValueError, TypeError, UnicodeDecodeError) as exc:
             raise InvalidMessageError(f"malformed encoded batch: {exc}") from exc
         batch = cls(
             data,
@@ -912,4 +916,4 @@ def _hosts(ips: np.ndarray, ports: np.ndarray) -> list[str]:
 
 def encode_message(message: Message, **kwargs: object) -> bytes:
     """One message as a record (store fields zeroed); a convenience for tests and tools."""
-    return encode_batch([message], **kwargs).data  # type: ignore[arg-type]
+    return bytes(encode_batch([message], **kwargs).data)  # type: ignore[arg-type]

@@ -65,7 +65,7 @@ class CommitLog:
     # -- append (called under the store's put lock)
     def append(
         self,
-        data: bytes,
+        data: bytes | memoryview,
         sizes: np.ndarray,
         queue_ids: np.ndarray,
         queue_offsets: np.ndarray,

@@ -7,6 +7,7 @@ import random
 import struct
 import zlib
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -131,17 +132,22 @@ def test_encoded_batch_crosses_as_one_blob() -> None:
         Message("T", bytes([i]) * 10, tags="A", keys=[f"k{i}"], queue_id=i % 3) for i in range(50)
     ]
     batch = codec.encode_batch(msgs)
-    again = codec.EncodedBatch.from_bytes(batch.to_bytes())
-    assert again.data == batch.data
-    assert again.sizes.tolist() == batch.sizes.tolist()
-    assert again.queue_ids.tolist() == batch.queue_ids.tolist()
-    assert again.key_hashes.tolist() == batch.key_hashes.tolist()
-    assert again.uniq_keys == batch.uniq_keys
+    blob = batch.to_bytes()
+    # bytes, or the uint8 array Ray hands a broker in place: the same batch, not a copy
+    for wire in (blob, np.frombuffer(blob, dtype=np.uint8)):
+        again = codec.EncodedBatch.from_bytes(wire)
+        assert bytes(again.data) == batch.data
+        view = np.frombuffer(wire, dtype=np.uint8)
+        assert np.shares_memory(np.frombuffer(again.data, dtype=np.uint8), view)
+        assert again.sizes.tolist() == batch.sizes.tolist()
+        assert again.queue_ids.tolist() == batch.queue_ids.tolist()
+        assert again.key_hashes.tolist() == batch.key_hashes.tolist()
+        assert again.uniq_keys == batch.uniq_keys
 
 
 def test_malformed_blob_is_refused() -> None:
     blob = codec.encode_batch([Message("T", b"x")]).to_bytes()
-    for bad in (blob[:10], blob[:-1], b"\xff" * 40):
+    for bad in (blob[:10], blob[:-1], b"\xff" * 40, np.frombuffer(blob[:-1], dtype=np.uint8)):
         with pytest.raises(InvalidMessageError):
             codec.EncodedBatch.from_bytes(bad)
 
