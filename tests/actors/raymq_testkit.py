@@ -37,3 +37,32 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         time.sleep(interval_s)
+
+
+PUSH_FAST = {
+    "rebalance_interval_s": 0.3,
+    "heartbeat_interval_s": 0.3,
+    "persist_offset_interval_s": 0.2,
+    "pull_suspend_s": 2.0,
+    "pull_retry_delay_s": 0.2,
+    "local_retry_delay_s": 0.2,
+}
+"""PushConsumer intervals short enough for tests."""
+
+
+def start_push_cluster(name: str, root: str, **store: Any) -> Any:
+    """One NameServer and two brokers with small stores and quick consumer expiry, for
+    the push-consumer tests (``store`` overrides ``SMALL_STORE``)."""
+    import actors
+
+    return actors.start_cluster(
+        namespace=unique_namespace(name),
+        nameservers=1,
+        brokers=2,
+        store_root=root,
+        broker_options={
+            "store": {**SMALL_STORE, **store},
+            "heartbeat_interval_s": 2.0,
+            "channel_expired_s": 4.0,
+        },
+    )

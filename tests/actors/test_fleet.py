@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import ray
-from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
+from raymq_testkit import start_push_cluster, wait_until
 
 import actors
 from actors import ConsumerFleet, ConsumeStatus, FleetConfig
@@ -35,17 +35,7 @@ MEMBER = {
 
 @pytest.fixture(scope="module")
 def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[actors.Cluster]:
-    c = actors.start_cluster(
-        namespace=unique_namespace("fleet"),
-        nameservers=1,
-        brokers=2,
-        store_root=str(tmp_path_factory.mktemp("fleet")),
-        broker_options={
-            "store": SMALL_STORE,
-            "heartbeat_interval_s": 2.0,
-            "channel_expired_s": 4.0,
-        },
-    )
+    c = start_push_cluster("fleet", str(tmp_path_factory.mktemp("fleet")))
     yield c
     c.shutdown()
 

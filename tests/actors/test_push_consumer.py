@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import ray
-from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
+from raymq_testkit import PUSH_FAST, start_push_cluster, wait_until
 
 import actors
 from actors import ConsumeStatus, PushConsumer
@@ -23,28 +23,13 @@ from storage.errors import InvalidConfigError
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actor class below
 
 FAST = {
-    "rebalance_interval_s": 0.3,
-    "heartbeat_interval_s": 0.3,
-    "persist_offset_interval_s": 0.2,
-    "pull_suspend_s": 2.0,
-    "pull_retry_delay_s": 0.2,
-    "local_retry_delay_s": 0.2,
+    **PUSH_FAST,
 }
 
 
 @pytest.fixture(scope="module")
 def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[actors.Cluster]:
-    c = actors.start_cluster(
-        namespace=unique_namespace("push"),
-        nameservers=1,
-        brokers=2,
-        store_root=str(tmp_path_factory.mktemp("push")),
-        broker_options={
-            "store": SMALL_STORE,
-            "heartbeat_interval_s": 2.0,
-            "channel_expired_s": 4.0,
-        },
-    )
+    c = start_push_cluster("push", str(tmp_path_factory.mktemp("push")))
     yield c
     c.shutdown()
 

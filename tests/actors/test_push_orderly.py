@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import ray
-from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
+from raymq_testkit import PUSH_FAST, start_push_cluster, wait_until
 
 import actors
 from actors import ConsumeStatus, PushConsumer
@@ -20,11 +20,7 @@ from storage import Message
 from storage.errors import InvalidConfigError
 
 FAST = {
-    "rebalance_interval_s": 0.3,
-    "heartbeat_interval_s": 0.3,
-    "persist_offset_interval_s": 0.2,
-    "pull_suspend_s": 2.0,
-    "pull_retry_delay_s": 0.2,
+    **PUSH_FAST,
     "consume_from": "FIRST",
     "orderly": True,
 }
@@ -32,17 +28,7 @@ FAST = {
 
 @pytest.fixture(scope="module")
 def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[actors.Cluster]:
-    c = actors.start_cluster(
-        namespace=unique_namespace("orderly"),
-        nameservers=1,
-        brokers=2,
-        store_root=str(tmp_path_factory.mktemp("orderly")),
-        broker_options={
-            "store": SMALL_STORE,
-            "heartbeat_interval_s": 2.0,
-            "channel_expired_s": 4.0,
-        },
-    )
+    c = start_push_cluster("orderly", str(tmp_path_factory.mktemp("orderly")))
     yield c
     c.shutdown()
 

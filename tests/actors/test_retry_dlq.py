@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import ray
-from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
+from raymq_testkit import PUSH_FAST, start_push_cluster, wait_until
 
 import actors
 from actors import ConsumeStatus, PullStatus, PushConsumer
@@ -24,31 +24,17 @@ from storage.errors import PermissionDeniedError
 
 LEVELS_MS = [100, 200, 300, 400, 500, 600, 700, 800]
 FAST = {
-    "rebalance_interval_s": 0.3,
-    "heartbeat_interval_s": 0.3,
-    "persist_offset_interval_s": 0.2,
-    "pull_suspend_s": 2.0,
-    "pull_retry_delay_s": 0.2,
-    "local_retry_delay_s": 0.2,
+    **PUSH_FAST,
     "consume_from": "FIRST",
 }
 
 
 @pytest.fixture(scope="module")
 def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[actors.Cluster]:
-    c = actors.start_cluster(
-        namespace=unique_namespace("retry"),
-        nameservers=1,
-        brokers=2,
-        store_root=str(tmp_path_factory.mktemp("retry")),
-        broker_options={
-            "store": {
-                **SMALL_STORE,
-                "message_delay_level": " ".join(f"{ms}ms" for ms in LEVELS_MS),
-            },
-            "heartbeat_interval_s": 2.0,
-            "channel_expired_s": 4.0,
-        },
+    c = start_push_cluster(
+        "retry",
+        str(tmp_path_factory.mktemp("retry")),
+        message_delay_level=" ".join(f"{ms}ms" for ms in LEVELS_MS),
     )
     yield c
     c.shutdown()
