@@ -68,7 +68,7 @@ class ConsumeMessageService:
     def dispatch(self, pq: ProcessQueue) -> None:
         """Start a consume task for ``pq`` unless one runs or nothing is ready."""
         with pq.lock:
-            if pq.busy or pq.dropped or not pq.ready or self._stopping:
+            if pq.busy or pq.dropped or not pq.ready or self._stopping or self._held(pq):
                 return
             pq.busy = True
         with self._idle:
@@ -79,6 +79,10 @@ class ConsumeMessageService:
             with pq.lock:
                 pq.busy = False
             self._task_done()
+
+    def _held(self, pq: ProcessQueue) -> bool:
+        """True while ``pq`` must not start a batch for a reason of the subclass's."""
+        return False
 
     def _task_done(self) -> None:
         with self._idle:

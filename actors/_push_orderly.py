@@ -63,20 +63,8 @@ class ConsumeMessageOrderlyService(ConsumeMessageService):
             )
 
     # ------------------------------------------------------------ dispatch
-    def dispatch(self, pq: ProcessQueue) -> None:
-        """Start a consume task for ``pq`` unless one runs, it is suspended or dropped."""
-        with pq.lock:
-            if pq.busy or pq.dropped or not pq.ready or self._stopping or pq in self._suspended:
-                return
-            pq.busy = True
-        with self._idle:
-            self._running += 1
-        try:
-            self._pool.submit(self._run, pq)
-        except RuntimeError:  # the pool shut down under us
-            with pq.lock:
-                pq.busy = False
-            self._task_done()
+    def _held(self, pq: ProcessQueue) -> bool:
+        return pq in self._suspended  # a failed batch waits out its suspension first
 
     def _consume(self, pq: ProcessQueue) -> None:
         size = self.c.config.consume_batch_size
