@@ -117,8 +117,12 @@ def test_a_fleet_grows_with_a_backlog_drains_it_and_shrinks_back(cluster: actors
             lambda: ray.get(sink.counts.remote())[0] == n, timeout_s=60, what="the backlog drained"
         )
         wait_until(lambda: sizes(fleet) == (1, 1), timeout_s=30, what="the fleet back at min")
-        st = fleet.status()
-        assert st["lag"] == 0 and st["autoscale"] and st["target_size"] == 1
+        # it may shrink while some lag remains (below the target): the last commits and
+        # the controller's next lag reading come within a few intervals
+        st = wait_until(
+            lambda: (s := fleet.status())["lag"] == 0 and s, what="lag 0 in the fleet's status"
+        )
+        assert st["autoscale"] and st["target_size"] == 1
         kinds = [e["detail"] for e in st["events"] if e["kind"] == "autoscale"]
         assert any("1 -> 4" in k or "-> 4" in k for k in kinds), kinds
         assert any(k.split(" (")[0].endswith("-> 1") for k in kinds), kinds
@@ -186,8 +190,11 @@ def test_a_fleet_sized_by_hand_reports_its_members_and_replaces_a_crashed_one(
             lambda: any(e["kind"] == "lost" for e in fleet.status()["events"]),
             what="the loss noticed",
         )
-        wait_until(lambda: split_of(3), what="a replacement taking its queues")
-        assert victim not in fleet.status()["assignment"]
+        # the assignment may still name the victim for a moment after the loss is noticed
+        wait_until(
+            lambda: split_of(3) and victim not in fleet.status()["assignment"],
+            what="a replacement taking its queues",
+        )
         assert fleet.scale(1) == 1
         wait_until(lambda: split_of(1), what="one member owning all")
         fleet.autoscale(True)
