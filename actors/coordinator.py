@@ -130,6 +130,9 @@ class GroupCoordinator:
         self._wake = asyncio.Event()
         self._polls: dict[str, asyncio.Event] = {}
         self._watches: dict[str, asyncio.Task[None]] = {}
+        # members whose actor Ray reported dead or whose consumer closed: a call they
+        # sent before that (a join in flight) must not bring them back
+        self._gone: set[str] = set()
         self._brokers: dict[str, Any] = {}  # broker name -> master handle, from the routes
         self._incarnations: dict[str, str] = {}  # broker name -> incarnation we fenced on
         self._fence_task: asyncio.Task[None] | None = None
@@ -198,6 +201,11 @@ class GroupCoordinator:
         is then dropped the moment Ray reports that actor dead."""
         if not isinstance(client_id, str) or not client_id:
             raise InvalidConfigError(f"client_id={client_id!r}: must be a non-empty str")
+        if client_id in self._gone:
+            raise InvalidConfigError(
+                f"{client_id} closed or its actor died: it cannot rejoin (a new consumer "
+                "has a new client id)"
+            )
         if isinstance(topics, str) or not topics:
             raise InvalidConfigError(f"topics={topics!r}: must be a non-empty list of topics")
         topics = [validate_topic(t) for t in topics]
@@ -347,6 +355,7 @@ class GroupCoordinator:
                     exc,
                 )
                 return
+        self._gone.add(client_id)
         if self._watches.get(client_id) is asyncio.current_task():
             del self._watches[client_id]
             log.warning("group %s: %s is gone: %s", self.group, client_id, reason)

@@ -262,6 +262,10 @@ def test_a_dead_actor_member_is_dropped_at_once(cluster: actors.Cluster) -> None
     hosted = [ev.event for ev in log if ev.from_id == "hosted"]
     assert hosted[-3:] == ["dead", "fence", "fence"]  # its two queues, fenced before they moved
     owners_one_at_a_time(log)
+    # a join the dead member sent before it died, arriving late, does not bring it back
+    with pytest.raises(InvalidConfigError, match="cannot rejoin"):
+        join(coord, "hosted", topic, actor_handle=host)
+    assert "hosted" not in status(coord)["members"]
 
 
 # ---------------------------------------------------------------------- push consumers
