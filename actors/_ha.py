@@ -361,20 +361,6 @@ class MasterSlaveReplication(Replication):
         self._start_slave()
         self.broker._register_wakeup.set()
 
-    async def _unregister(self, registered_id: int) -> None:
-        b = self.broker
-        for name in b.config.nameservers:
-            try:
-                handle = await b._run(b._nameserver, name)
-                await asyncio.wait_for(
-                    handle.unregister_broker.remote(
-                        self.config.broker_name, registered_id, b.incarnation
-                    ),
-                    2.0,
-                )
-            except Exception:  # noqa: BLE001 - it expires anyway
-                continue
-
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "role": "SLAVE" if self.role == SLAVE else "MASTER",

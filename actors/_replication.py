@@ -25,6 +25,7 @@ an unacknowledged tail from, the master's.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import struct
@@ -173,6 +174,22 @@ class Replication:
     @property
     def registered_id(self) -> int:
         return self.config.broker_id
+
+    async def _unregister(self, registered_id: int) -> None:
+        """Take this broker's registration as ``registered_id`` off every NameServer
+        (best effort: a registration nobody refreshes expires anyway)."""
+        b = self.broker
+        for name in b.config.nameservers:
+            try:
+                handle = await b._run(b._nameserver, name)
+                await asyncio.wait_for(
+                    handle.unregister_broker.remote(
+                        self.config.broker_name, registered_id, b.incarnation
+                    ),
+                    2.0,
+                )
+            except Exception:  # noqa: BLE001 - it expires anyway
+                continue
 
     @property
     def master_epoch(self) -> int:

@@ -273,20 +273,6 @@ class DLedgerReplication(Replication):
             if old is not None:
                 await self._unregister(old)
 
-    async def _unregister(self, registered_id: int) -> None:
-        b = self.broker
-        for ns in b.config.nameservers:
-            try:
-                handle = await b._run(b._nameserver, ns)
-                await asyncio.wait_for(
-                    handle.unregister_broker.remote(
-                        self.config.broker_name, registered_id, b.incarnation
-                    ),
-                    2.0,
-                )
-            except Exception:  # noqa: BLE001 - it expires anyway
-                continue
-
     def on_peer_dead(self, peer: str) -> None:
         log.info("%s: Ray reports %s dead", self.name, peer)
         self.death_notices[peer] = time.monotonic()
