@@ -9,8 +9,11 @@ reads take no lock and copy what they return.
 
 from __future__ import annotations
 
+import bisect
 import collections
+import itertools
 import logging
+import mmap
 import struct
 import threading
 import time
@@ -32,6 +35,20 @@ _BLANK = struct.Struct(">iI")
 _I32 = struct.Struct(">i")
 _ARANGE8 = np.arange(8, dtype=np.int64)
 _ARANGE4 = np.arange(4, dtype=np.int64)
+_QUEUE_ID = struct.Struct(">i")  # at OFF_QUEUEID
+_OFFSETS = struct.Struct(">qq")  # QUEUEOFFSET, PHYSICALOFFSET: adjacent
+_STORED = struct.Struct(">q8s")  # STORETIMESTAMP, STOREHOST: adjacent
+assert codec.OFF_PHYSICALOFFSET == codec.OFF_QUEUEOFFSET + 8
+assert codec.OFF_STOREHOST == codec.OFF_STORETIMESTAMP + 8
+
+
+def _patch_record(
+    buf: mmap.mmap, pos: int, queue_id: int, queue_offset: int, phys: int, ts: int, host: bytes
+) -> None:
+    """Write one record's store fields (the scalar twin of the vectorised patches)."""
+    _QUEUE_ID.pack_into(buf, pos + codec.OFF_QUEUEID, queue_id)
+    _OFFSETS.pack_into(buf, pos + codec.OFF_QUEUEOFFSET, queue_offset, phys)
+    _STORED.pack_into(buf, pos + codec.OFF_STORETIMESTAMP, ts, host)
 
 
 def _patch(arr: np.ndarray, starts: np.ndarray, field: int, values: np.ndarray) -> None:
@@ -78,12 +95,18 @@ class CommitLog:
         that cannot be placed changes nothing.
         """
         n = len(sizes)
-        sizes64 = sizes.astype(np.int64)
-        ends = np.cumsum(sizes64)
-        starts = ends - sizes64
-        if int(sizes64.max()) + codec.END_FILE_MIN_BLANK > self.file_size:
+        few = n <= codec.SMALL_BATCH
+        ends: list[int] | np.ndarray
+        if few:  # Python ints and struct: numpy's per-call cost would dominate
+            size_list = sizes.tolist()
+            ends = list(itertools.accumulate(size_list))
+            biggest = max(size_list)
+        else:
+            ends = np.cumsum(sizes.astype(np.int64))
+            biggest = int(sizes.max())
+        if biggest + codec.END_FILE_MIN_BLANK > self.file_size:
             raise StoreCorruptedError(
-                f"a record of {int(sizes64.max())} bytes cannot fit in a {self.file_size}-byte file"
+                f"a record of {biggest} bytes cannot fit in a {self.file_size}-byte file"
             )
         # placement: split the batch where a file ends
         segments: list[tuple[int, int, int]] = []  # (first, last_exclusive, log offset of first)
@@ -92,24 +115,39 @@ class CommitLog:
         room = last.remaining if last is not None else 0
         i = 0
         while i < n:
-            limit = starts[i] + room - codec.END_FILE_MIN_BLANK
-            j = int(np.searchsorted(ends, limit, side="right"))
+            begin = int(ends[i - 1]) if i else 0
+            j = bisect.bisect_right(ends, begin + room - codec.END_FILE_MIN_BLANK)
             if j <= i:  # the next record does not fit: the rest goes in a new file
                 cur += room
                 room = self.file_size
                 continue
             segments.append((i, j, cur))
-            used = int(ends[j - 1] - starts[i])
+            used = int(ends[j - 1]) - begin
             cur += used
             room -= used
             i = j
-        phys = np.empty(n, dtype=np.int64)
-        for first, stop, base in segments:
-            phys[first:stop] = base + (starts[first:stop] - starts[first])
         # copy each segment into its file once, then patch the store fields in place
         # (a crash between the two leaves a record whose physical offset is wrong,
         # which recovery rejects; it was never acknowledged)
         view = memoryview(data)
+        if few:
+            qids, qoffs = queue_ids.tolist(), queue_offsets.tolist()
+            phys_list: list[int] = []
+            for first, stop, base in segments:
+                begin = ends[first - 1] if first else 0
+                mf = self._file_for(base)
+                rel = mf.append(view[begin : ends[stop - 1]])
+                for k in range(first, stop):
+                    at = (ends[k - 1] if k else 0) - begin  # within the segment
+                    phys_list.append(base + at)
+                    _patch_record(
+                        mf.buffer, rel + at, qids[k], qoffs[k], base + at, store_ts, store_host
+                    )
+            return self._after_append(np.array(phys_list, dtype=np.int64))
+        starts = ends - sizes.astype(np.int64)
+        phys = np.empty(n, dtype=np.int64)
+        for first, stop, base in segments:
+            phys[first:stop] = base + (starts[first:stop] - starts[first])
         host = np.frombuffer(store_host, dtype=np.uint8)
         for first, stop, base in segments:
             mf = self._file_for(base)
@@ -128,11 +166,13 @@ class CommitLog:
                     codec.OFF_STORETIMESTAMP,
                     np.full(stop - first, store_ts, dtype=np.int64),
                 )
-                arr[(local[:, None] + (codec.OFF_STOREHOST + _ARANGE8)).ravel()] = np.tile(
-                    host, stop - first
-                )
+                arr[local[:, None] + (codec.OFF_STOREHOST + _ARANGE8)] = host
             finally:
                 del arr
+        return self._after_append(phys)
+
+    def _after_append(self, phys: np.ndarray) -> np.ndarray:
+        """Start preparing the next file once the current one is half written."""
         last = self.files.last()
         if last is not None and last.wrote_position * 2 > self.file_size:
             self.files.prepare_next()

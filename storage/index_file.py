@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import codec
 from .mapped_file import MappedFile
 
 log = logging.getLogger("raymq.storage.index_file")
@@ -31,6 +32,8 @@ HEADER_SIZE = HEADER.size
 assert HEADER_SIZE == 40
 ENTRY = np.dtype([("hash", ">i4"), ("offset", ">i8"), ("diff", ">i4"), ("prev", ">i4")])
 ENTRY_SIZE = ENTRY.itemsize
+_ENTRY = struct.Struct(">iqii")
+_SLOT = struct.Struct(">i")
 _INT_MAX = 0x7FFFFFFF
 
 
@@ -69,16 +72,54 @@ class IndexFile:
         return HEADER_SIZE + self.slots * 4 + number * ENTRY_SIZE
 
     def put(self, hashes: np.ndarray, offsets: np.ndarray, store_ts: int) -> int:
-        """Add entries (positive key hashes, commitlog offsets); return how many fit."""
+        """Add entries (positive key hashes, commitlog offsets); return how many fit.
+
+        Each entry becomes the head of its slot and points at the previous head;
+        a head past ``index count`` (written after the last good header) is stale.
+        """
         n = min(len(hashes), self.max_entries - self.index_count)
         if n <= 0:
             return 0
-        hashes = hashes[:n].astype(np.int64)
-        offsets = offsets[:n].astype(np.int64)
         if self.begin_ts <= 0:
             self.begin_ts = store_ts
             self.begin_offset = int(offsets[0])
         diff = min(max((store_ts - self.begin_ts) // 1000, 0), _INT_MAX)
+        if n <= codec.SMALL_BATCH:
+            raw = self._link_few(hashes[:n].tolist(), offsets[:n].tolist(), diff)
+        else:
+            raw = self._link_many(hashes[:n].astype(np.int64), offsets[:n].astype(np.int64), diff)
+        self.file.write_at(self._entry_pos(self.index_count), raw)
+        self.index_count += n
+        self.end_ts = store_ts
+        self.end_offset = max(self.end_offset, int(offsets[n - 1]))
+        self._write_header()
+        self.dirty = True
+        return n
+
+    def _link_few(self, hashes: list[int], offsets: list[int], diff: int) -> bytes:
+        """Entries one at a time (few of them: cheaper than :meth:`_link_many`'s arrays)."""
+        buf = self.file.buffer
+        heads: dict[int, int] = {}  # slot position -> newest entry number of this batch
+        parts = []
+        number = self.index_count
+        for key_hash, offset in zip(hashes, offsets):
+            at = HEADER_SIZE + 4 * (key_hash % self.slots)
+            prev = heads.get(at)
+            if prev is None:
+                prev = _SLOT.unpack_from(buf, at)[0]
+                if prev <= 0 or prev > self.index_count:
+                    prev = 0
+                    self.slot_count += 1
+            heads[at] = number
+            parts.append(_ENTRY.pack(key_hash, offset, diff, prev))
+            number += 1
+        for at, number in heads.items():
+            _SLOT.pack_into(buf, at, number)
+        return b"".join(parts)
+
+    def _link_many(self, hashes: np.ndarray, offsets: np.ndarray, diff: int) -> bytes:
+        """Entries as arrays: sort by slot, chain each slot's run, heads from the table."""
+        n = len(hashes)
         slots = hashes % self.slots
         current = self._slot_table[slots].astype(np.int64)
         current[(current <= 0) | (current > self.index_count)] = 0
@@ -88,7 +129,8 @@ class IndexFile:
         first = np.ones(n, dtype=bool)
         first[1:] = s_sorted[1:] != s_sorted[:-1]
         n_sorted = numbers[order]
-        prev_sorted = np.where(first, current[order], np.roll(n_sorted, 1))
+        prev_sorted = current[order]
+        prev_sorted[1:] = np.where(first[1:], prev_sorted[1:], n_sorted[:-1])
         prev = np.empty(n, dtype=np.int64)
         prev[order] = prev_sorted
         entries = np.empty(n, dtype=ENTRY)
@@ -96,17 +138,11 @@ class IndexFile:
         entries["offset"] = offsets
         entries["diff"] = diff
         entries["prev"] = prev
-        self.file.write_at(self._entry_pos(self.index_count), entries.tobytes())
         last = np.ones(n, dtype=bool)
-        last[:-1] = s_sorted[1:] != s_sorted[:-1]
+        last[:-1] = first[1:]
         self._slot_table[s_sorted[last]] = n_sorted[last]
         self.slot_count += int(np.count_nonzero(first & (current[order] == 0)))
-        self.index_count += n
-        self.end_ts = store_ts
-        self.end_offset = max(self.end_offset, int(offsets[-1]))
-        self._write_header()
-        self.dirty = True
-        return n
+        return entries.tobytes()
 
     def _write_header(self) -> None:
         self.file.write_at(
@@ -132,7 +168,7 @@ class IndexFile:
         seen = 0
         while 0 < number <= self.index_count and len(out) < max_count and seen < self.index_count:
             seen += 1
-            h, offset, diff, prev = struct.unpack_from(">iqii", buf, self._entry_pos(number))
+            h, offset, diff, prev = _ENTRY.unpack_from(buf, self._entry_pos(number))
             time_read = self.begin_ts + diff * 1000
             if h == key_hash and begin <= time_read <= end:
                 out.append(offset)

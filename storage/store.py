@@ -295,14 +295,10 @@ class MessageStore:
         """Store a batch a producer encoded (the broker's path): patch, append, dispatch."""
         self._check_open()
         batch.check_structure()
-        sizes64 = batch.sizes.astype(np.int64)
-        starts = np.cumsum(sizes64) - sizes64
-        buf = np.frombuffer(batch.data, dtype=np.uint8)
-        body_lens = buf[(starts[:, None] + (codec.OFF_BODYLEN + np.arange(4))).ravel()]
-        body_lens = body_lens.view(">i4").astype(np.int64)
-        if int(body_lens.max()) > self.config.max_message_size or int(body_lens.min()) <= 0:
+        shortest, longest = codec.body_length_range(batch.data, batch.sizes)
+        if longest > self.config.max_message_size or shortest <= 0:
             raise InvalidMessageError(
-                f"a body of {int(body_lens.max())} bytes is over max_message_size="
+                f"a body of {longest} bytes is over max_message_size="
                 f"{self.config.max_message_size} (or empty)"
             )
         for topic in batch.topics:
@@ -353,12 +349,13 @@ class MessageStore:
                     )
                     for g, k in enumerate(uniq.tolist())
                 ]
-            queue_offsets = np.empty(n, dtype=np.int64)
-            for (topic, qid), members in groups:
-                base = self._cq(topic, qid).max_offset
-                if members is None:
-                    queue_offsets[:] = base + np.arange(n, dtype=np.int64)
-                else:
+            bases = [self._cq(topic, qid).max_offset for (topic, qid), _ in groups]
+            if uniform:
+                queue_offsets = np.arange(bases[0], bases[0] + n, dtype=np.int64)
+            else:
+                queue_offsets = np.empty(n, dtype=np.int64)
+                for base, (_, members) in zip(bases, groups):
+                    assert members is not None  # set for every group of a mixed batch
                     queue_offsets[members] = base + np.arange(len(members), dtype=np.int64)
             phys = self.commitlog.append(
                 batch.data,
@@ -368,14 +365,17 @@ class MessageStore:
                 store_ts,
                 self._store_host,
             )
-            for (topic, qid), members in groups:
-                sel = slice(None) if members is None else members
-                self._cq(topic, qid).append(
-                    int(queue_offsets[sel][0]), phys[sel], batch.sizes[sel], tag_codes[sel]
-                )
+            for base, ((topic, qid), members) in zip(bases, groups):
+                if members is None:
+                    self._cq(topic, qid).append(base, phys, batch.sizes, tag_codes)
+                else:
+                    self._cq(topic, qid).append(
+                        base, phys[members], batch.sizes[members], tag_codes[members]
+                    )
             if self.config.message_index_enable and len(batch.key_hashes):
-                hashes = np.abs(batch.key_hashes.astype(np.int64))
-                hashes[hashes > 0x7FFFFFFF] = 0
+                # codec.index_key_hash for all: abs wraps MIN_VALUE to itself, the mask
+                # then makes it 0 (two array calls, where a masked store took four)
+                hashes = np.abs(batch.key_hashes) & 0x7FFFFFFF
                 self.index.put(hashes, phys[batch.key_owner], store_ts)
             end = self._dispatched = self.commitlog.max_offset
             notes = [(topic, qid, self._cqs[(topic, qid)].max_offset) for (topic, qid), _ in groups]
