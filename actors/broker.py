@@ -48,7 +48,7 @@ from ._replication import create_replication
 from ._topic_manager import TopicConfigManager
 from .config import BrokerConfig
 from .metrics import BrokerMetrics, BrokerMetricsService
-from .protocol import SendAck
+from .protocol import AckWire, SendAck
 from .route import BrokerRegistration
 from .topic import TopicConfig
 
@@ -218,9 +218,9 @@ class Broker:
                 log.exception("persisting consumer offsets failed")
 
     # ------------------------------------------------------------ data path
-    async def send(self, blob: bytes | np.ndarray, auto_create_queue_nums: int = 0) -> SendAck:
+    async def send(self, blob: bytes | np.ndarray, auto_create_queue_nums: int = 0) -> AckWire:
         """Store one encoded batch (``EncodedBatch.to_bytes()``, as bytes or a ``uint8``
-        array read in place), validated here first."""
+        array read in place), validated here first. Answers :meth:`SendAck.to_wire`."""
         if self._closing:
             raise BrokerUnavailableError(f"broker {self.config.actor_name} is shutting down")
         batch = EncodedBatch.from_bytes(blob)
@@ -246,7 +246,7 @@ class Broker:
             self.addr,
             result.queue_offsets,
             result.commitlog_offsets,
-        )
+        ).to_wire()
 
     async def pull(
         self,

@@ -401,7 +401,7 @@ class Producer:
                     continue
             assert mq is not None
             try:
-                ack = _rpc.get(ref, timeout)
+                ack = SendAck.from_wire(_rpc.get(ref, timeout))
             except Exception as exc:  # noqa: BLE001
                 if not _rpc.is_retriable(exc) and not isinstance(exc, BrokerUnavailableError):
                     raise
@@ -456,7 +456,7 @@ class Producer:
 
         def on_done(fut: concurrent.futures.Future[Any]) -> None:
             try:
-                ack = fut.result()
+                ack = SendAck.from_wire(fut.result())
             except Exception as exc:  # noqa: BLE001
                 retry(_rpc.cause_of(exc), mq)
                 return

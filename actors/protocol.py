@@ -18,3 +18,29 @@ class SendAck:
     store_host: str
     queue_offsets: np.ndarray
     commitlog_offsets: np.ndarray
+
+    def to_wire(self) -> AckWire:
+        """The ack as plain values, which Ray packs with msgpack alone: pickling the
+        dataclass and its arrays cost the broker and the producer ~0.2 ms a call."""
+        return (
+            self.status.value,
+            self.broker_name,
+            self.store_host,
+            self.queue_offsets.astype("<i8", copy=False).tobytes(),
+            self.commitlog_offsets.astype("<i8", copy=False).tobytes(),
+        )
+
+    @classmethod
+    def from_wire(cls, wire: AckWire) -> SendAck:
+        status, broker_name, store_host, queue_offsets, commitlog_offsets = wire
+        return cls(
+            PutStatus(status),
+            broker_name,
+            store_host,
+            np.frombuffer(queue_offsets, dtype="<i8"),
+            np.frombuffer(commitlog_offsets, dtype="<i8"),
+        )
+
+
+AckWire = tuple[str, str, str, bytes, bytes]
+"""What ``Broker.send`` returns: :meth:`SendAck.to_wire`."""

@@ -36,6 +36,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 import actors
 from actors import BrokerConfig, BrokerSpec, SendStatus
 from actors.cluster import ACTOR_MAX_CONCURRENCY
+from actors.protocol import SendAck
 from storage import Message, codec, encode_batch
 from storage.message import PutStatus
 
@@ -100,7 +101,7 @@ def measure(broker: Any, blobs: list[bytes], calls: int, window: int) -> tuple[f
             inflight.append((time.perf_counter(), broker.send.remote(blobs[i % len(blobs)])))
         if len(inflight) >= window or (i >= calls and inflight):
             t0, ref = inflight.pop(0)
-            ack = ray.get(ref)
+            ack = SendAck.from_wire(ray.get(ref))
             latencies.append(time.perf_counter() - t0)
             statuses[ack.status.value] = statuses.get(ack.status.value, 0) + 1
     return calls / (time.perf_counter() - started), latencies, statuses
