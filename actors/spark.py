@@ -6,7 +6,10 @@ Spark DataFrame without leaving the object store, and a DataFrame comes back as
 a Dataset the same way. ``dataset_to_spark`` and ``spark_to_dataset`` wrap the
 two conversions with the fixes this stack needs; ``topic_to_spark`` reads a
 topic into a DataFrame (``actors.datasource.read_topic`` underneath) and
-``write_to_topic`` produces a DataFrame's rows into a topic from the workers.
+``write_to_topic`` produces a DataFrame's rows into a topic from Spark's own
+Python workers (``mapInArrow``; they join the Ray cluster once, as RayDP's Ray ->
+Spark path does): converting the DataFrame to a Ray Dataset first through
+``from_spark`` took longer than the whole send.
 Micro-batch streaming is ``actors.streaming.stream_to_spark``.
 
 What was checked on ray 2.60.0, raydp 1.6.5, pyspark 3.5.7, pyarrow 26, Java 17

@@ -5,7 +5,7 @@ stores in a temporary directory) and Spark on it through RayDP. A producer
 sends JSON orders to the ``orders`` topic; a PySpark job reads the topic
 (broker -> Ray read tasks -> Spark executors, never through this driver),
 sums revenue per product and minute, and writes the result both to the
-``revenue`` topic (produced by Ray workers) and to Parquet; then it reads
+``revenue`` topic (produced by Spark's Python workers) and to Parquet; then it reads
 ``revenue`` back from RayMQ, prints it, and checks it against what was sent.
 
     python examples/spark_pipeline.py [--orders N] [--out DIR]

@@ -105,3 +105,11 @@ def test_missing_columns_and_bad_rows_are_refused(spark, raymq):
         )
     with pytest.raises(InvalidMessageError, match="expected a ray.data.Dataset or a Spark"):
         write_to_topic([b"x"], "WrittenBad", namespace=raymq.namespace)
+
+
+def test_a_bad_spark_row_fails_the_write_with_the_workers_error(spark, raymq):
+    df = spark.createDataFrame([(b"x", "a"), (b"", "b")], "body binary, tag string")
+    with pytest.raises(InvalidMessageError, match=r"column\(s\) \['nope'\] not in the data"):
+        write_to_topic(df, "WrittenBadSpark", key_col="nope", namespace=raymq.namespace)
+    with pytest.raises(InvalidMessageError, match=r"body of row 1 to 'WrittenBadSpark' is empty"):
+        write_to_topic(df.coalesce(1), "WrittenBadSpark", namespace=raymq.namespace)
