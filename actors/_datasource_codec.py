@@ -37,8 +37,10 @@ from storage.codec import (
     OFF_PHYSICALOFFSET,
     OFF_STOREHOST,
     EncodedBatch,
+    PackedKeys,
     host_to_bytes,
     java_hashes,
+    prefixed_java_hashes,
     record_starts,
     validate_topic,
 )
@@ -107,6 +109,15 @@ def _fixed_width_strings(chars: np.ndarray) -> pa.StringArray:
     offsets = np.arange(0, (n + 1) * width, width, dtype=np.int32)
     return pa.StringArray.from_buffers(
         n, pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(chars))
+    )
+
+
+def _fixed_width_binary(chars: np.ndarray) -> pa.BinaryArray:
+    """``(n, w)`` bytes -> a binary array of n values of width w."""
+    n, width = chars.shape
+    offsets = np.arange(0, (n + 1) * width, width, dtype=np.int32)
+    return pa.BinaryArray.from_buffers(
+        pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(chars))]
     )
 
 
@@ -298,7 +309,8 @@ class _UniqueKeys:
         self._counter = itertools.count((int(time.time() * 1000) & 0xFFFFFF) << 24)
         self._lock = threading.Lock()
 
-    def take(self, n: int) -> pa.StringArray:
+    def take(self, n: int) -> np.ndarray:
+        """``n`` fresh keys as an ``(n, 32)`` array of ASCII bytes."""
         with self._lock:
             first = next(self._counter)
             self._counter = itertools.count(first + n)
@@ -308,7 +320,15 @@ class _UniqueKeys:
         chars = np.empty((n, 32), dtype=np.uint8)
         chars[:, :20] = self._prefix
         chars[:, 20:] = _hex(counters.view(np.uint8).reshape(n, 8)[:, 2:])
-        return _fixed_width_strings(chars)
+        return chars
+
+
+def _packed_keys(chars: np.ndarray) -> PackedKeys:
+    """Fixed-width keys as the ``\\x00``-joined text a batch carries them in."""
+    n, width = chars.shape
+    joined = np.zeros((n, width + 1), dtype=np.uint8)
+    joined[:, :width] = chars
+    return PackedKeys(joined.tobytes()[:-1].decode("ascii"))
 
 
 _uniq = _UniqueKeys()
@@ -435,7 +455,8 @@ def encode_arrow(
     if messages.keys is not None:
         keys = _keys_text(messages.keys, n, first_row)
         parts.append(pc.binary_join_element_wise("KEYS\x01", keys, "\x02", "").fill_null(""))
-    uniq = _uniq.take(n)
+    uniq_chars = _uniq.take(n)
+    uniq = _fixed_width_strings(uniq_chars)
     parts.append(pc.binary_join_element_wise("UNIQ_KEY\x01", uniq, "\x02", ""))
     props = pc.binary_join_element_wise(*parts, "") if len(parts) > 1 else parts[0]
     prop_len = pc.binary_length(props).to_numpy().astype(np.int64)
@@ -454,18 +475,21 @@ def encode_arrow(
     hdr["born_ts"] = int(time.time() * 1000)
     hdr["born_host"] = np.frombuffer(host_to_bytes(born_host), dtype="V8")[0]
     hdr["body_len"] = body_len
-    lengths = np.stack(
-        [np.full(n, _HDR_LEN), body_len, np.full(n, len(topic_seg)), np.full(n, 2), prop_len],
-        axis=1,
+    # Arrow's element-wise join writes each record in one pass: header, body, topic,
+    # properties length, properties (no per-byte segment labels, no Python per row).
+    records = pc.binary_join_element_wise(
+        _fixed_width_binary(hdr.view(np.uint8).reshape(n, _HDR_LEN)),
+        body,
+        pa.scalar(topic_seg, pa.binary()),
+        _fixed_width_binary(prop_len.astype(">u2").view(np.uint8).reshape(n, 2)),
+        props.cast(pa.binary()),
+        pa.scalar(b"", pa.binary()),
     )
-    labels = _segment_labels(lengths)
-    out = np.empty(len(labels), dtype=np.uint8)
-    out[labels == 0] = hdr.view(np.uint8)
-    out[labels == 1] = _values_bytes(body)
-    out[labels == 2] = np.frombuffer(topic_seg * n, dtype=np.uint8)
-    out[labels == 3] = prop_len.astype(">u2").view(np.uint8)
-    out[labels == 4] = _values_bytes(props)
-    index_keys, key_owner = _index_keys(topic, keys, uniq)
+    out = _values_bytes(records)
+    index_keys, key_owner = _index_keys(topic, keys, n)
+    key_hashes = np.concatenate(
+        [java_hashes(index_keys), prefixed_java_hashes(f"{topic}#", uniq_chars)]
+    )
     tag_codes = np.zeros(n, dtype=np.int64)
     if tags is not None:
         tag_codes = _tag_codes(tags)
@@ -476,9 +500,9 @@ def encode_arrow(
         topic_idx=np.zeros(n, dtype=np.int16),
         queue_ids=np.zeros(n, dtype=np.int32),
         tag_codes=tag_codes,
-        key_hashes=java_hashes(index_keys),
+        key_hashes=key_hashes,
         key_owner=key_owner,
-        uniq_keys=tuple(uniq.to_pylist()),
+        uniq_keys=_packed_keys(uniq_chars),
         checked=True,  # built here, consistent by construction
     )
 
@@ -517,19 +541,16 @@ def _tag_codes(tags: pa.Array) -> np.ndarray:
     return codes
 
 
-def _index_keys(
-    topic: str, keys: pa.Array | None, uniq: pa.StringArray
-) -> tuple[list[str], np.ndarray]:
-    """``topic#key`` for each key of each row, then ``topic#uniq key`` for each row, and
-    the row each belongs to (the entries ``encode_batch`` puts in the IndexFile)."""
-    prefix = f"{topic}#"
+def _index_keys(topic: str, keys: pa.Array | None, n: int) -> tuple[list[str], np.ndarray]:
+    """``topic#key`` for each key of each row, and the owner of every IndexFile entry
+    ``encode_batch`` makes: those keys' rows, then each of the ``n`` rows once more for
+    its unique key (hashed by the caller)."""
     names: list[str] = []
     owners: list[np.ndarray] = []
     if keys is not None:
         split = pc.split_pattern(keys, " ")
         flat = pc.list_flatten(split)
-        names = pc.binary_join_element_wise(prefix, flat, "").to_pylist()
+        names = pc.binary_join_element_wise(f"{topic}#", flat, "").to_pylist()
         owners.append(pc.list_parent_indices(split).to_numpy().astype(np.int32))
-    names += pc.binary_join_element_wise(prefix, uniq, "").to_pylist()
-    owners.append(np.arange(len(uniq), dtype=np.int32))
+    owners.append(np.arange(n, dtype=np.int32))
     return names, np.concatenate(owners)

@@ -162,6 +162,17 @@ def java_hashes(strings: Sequence[str]) -> np.ndarray:
     return sums.view(np.int32).copy()
 
 
+def prefixed_java_hashes(prefix: str, chars: np.ndarray) -> np.ndarray:
+    """``java_hash(prefix + row)`` for each row of an ``(n, w)`` ASCII array, as one
+    wrapping uint32 product instead of n Python strings: the hash of a concatenation
+    is ``hash(prefix) * 31**w + hash(row)`` modulo 2**32."""
+    width = chars.shape[1]
+    powers = _pow31(width + 1)
+    rows = chars.astype(np.uint32) @ powers[width - 1 :: -1] if width else 0
+    head = np.uint32((java_hash(prefix) * int(powers[width])) & 0xFFFFFFFF)
+    return (rows + head).astype(np.uint32).view(np.int32)
+
+
 def index_key_hash(h: int) -> int:
     """RocketMQ's ``IndexService`` key hash: ``abs(hashCode)``, MIN_VALUE -> 0."""
     return 0 if h == -(1 << 31) else abs(h)
