@@ -5,16 +5,19 @@ Read:  topic -> counted Spark DataFrame with ``topic_to_spark(...).count()`` (br
        the bridge: a PullConsumer on the driver pulls every message, the rows go into a
        pandas DataFrame and ``spark.createDataFrame`` (Arrow on) makes it a DataFrame,
        which is counted.
-Write: a cached Spark DataFrame -> topic with ``write_to_topic`` (Ray write tasks, each
-       with its own Producer), against ``toPandas()`` on the driver and
-       ``Producer.send_batch`` from there.
+Write: a cached Spark DataFrame -> topic with ``write_to_topic`` (Spark's Python
+       workers encode and send, each with its own Producer), against ``toPandas()`` on
+       the driver and ``Producer.send_batch`` from there.
 
-The read runs once per executor count in ``--executors`` (the Spark session is
-restarted for each), so the output shows how it scales. Each timed run follows
+Read and write run once per executor count in ``--executors`` (the Spark session is
+restarted for each), so the output shows how they scale. Each timed run follows
 an untimed warm-up of the same path (Spark's Python workers connecting to Ray,
-JIT), so the figures are steady-state rates.
+JIT), so the figures are steady-state rates. The write and its baseline run
+``--reps`` times, alternately, and the medians are compared: on a shared 2-core
+machine a single pair of runs swings the ratio by 2x.
 
     python benchmarks/spark_bench.py [--rows 1000000] [--body-bytes 100] [--executors 1,2]
+                                     [--reps 3]
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import statistics
 import sys
 import tempfile
 import time
@@ -190,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--body-bytes", type=int, default=100)
     parser.add_argument("--executors", default="1,2", help="executor counts to run the read with")
     parser.add_argument("--brokers", type=int, default=1)
+    parser.add_argument("--reps", type=int, default=3, help="write runs, alternating")
     parser.add_argument("--num-cpus", type=int, default=4, help="logical CPUs of the local Ray")
     parser.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = parser.parse_args(argv)
@@ -201,7 +206,13 @@ def main(argv: list[str] | None = None) -> int:
         address="local", num_cpus=args.num_cpus, include_dashboard=False, logging_level="WARNING"
     )
     ray.data.DataContext.get_current().enable_progress_bars = False
-    results: dict[str, Any] = {"rows": n, "body_bytes": args.body_bytes, "read": {}, "write": {}}
+    results: dict[str, Any] = {
+        "rows": n,
+        "body_bytes": args.body_bytes,
+        "read": {},
+        "write": {},
+        "write_runs": {},
+    }
     with tempfile.TemporaryDirectory(prefix="raymq-spark-bench-") as tmp:
         cluster = actors.start_cluster(
             namespace=NAMESPACE,
@@ -228,15 +239,19 @@ def main(argv: list[str] | None = None) -> int:
                     results["read"][f"raydp_{executors}x1"] = read_through_raydp(spark, cluster, n)
                     if k == 0:
                         results["read"]["driver_baseline"] = read_on_driver(spark, cluster, n)
-                        df = spark_rows(spark, n, args.body_bytes, 4)
-                        write_through_raydp(cluster, df.limit(1000), "SparkBenchWarm", 1000)
-                        results["write"][f"raydp_{executors}x1"] = write_through_raydp(
-                            cluster, df, "SparkBenchW1", n
-                        )
-                        results["write"]["driver_baseline"] = write_from_driver(
-                            cluster, df, "SparkBenchW0", n
-                        )
-                        df.unpersist()
+                    df = spark_rows(spark, n, args.body_bytes, 4)
+                    write_through_raydp(cluster, df, f"SparkBenchWarm{k}", n)
+                    ours, base = [], []
+                    for rep in range(args.reps):
+                        ours.append(write_through_raydp(cluster, df, f"SparkBenchW{k}r{rep}", n))
+                        if k == 0:
+                            base.append(write_from_driver(cluster, df, f"SparkBenchW0b{rep}", n))
+                    results["write"][f"raydp_{executors}x1"] = statistics.median(ours)
+                    results["write_runs"][f"raydp_{executors}x1"] = ours
+                    if base:
+                        results["write"]["driver_baseline"] = statistics.median(base)
+                        results["write_runs"]["driver_baseline"] = base
+                    df.unpersist()
                 finally:
                     stop_spark()
         finally:
@@ -255,8 +270,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {label}:")
         for name, seconds in results[direction].items():
             ratio = base / seconds
+            runs = results["write_runs"].get(name) if direction == "write" else None
+            spread = f"  (median of {', '.join(f'{r:.2f}' for r in runs)})" if runs else ""
             print(
-                f"    {name:<16} {seconds:7.2f}s {n / seconds:>10,.0f} rows/s  {ratio:4.1f}x baseline"
+                f"    {name:<16} {seconds:7.2f}s {n / seconds:>10,.0f} rows/s  "
+                f"{ratio:4.1f}x baseline{spread}"
             )
     if args.json:
         print(json.dumps(results, indent=2))
