@@ -23,6 +23,7 @@ from storage.errors import RayMQError
 from . import _rpc
 from ._push_process_queue import ProcessQueue, PullState
 from .consumer import PullResult, PullStatus
+from .protocol import pull_from_wire
 
 if TYPE_CHECKING:
     from .push_consumer import PushConsumer
@@ -130,7 +131,7 @@ class PullMessageService:
             if pq.dropped or gen != pq.pull_gen or pq.state is not PullState.PULLING:
                 return
         try:
-            raw = fut.result()
+            raw = pull_from_wire(fut.result())
         except Exception as exc:  # noqa: BLE001
             self._failed(pq, gen, _rpc.cause_of(exc))
             return

@@ -48,7 +48,7 @@ from ._replication import create_replication
 from ._topic_manager import TopicConfigManager
 from .config import BrokerConfig
 from .metrics import BrokerMetrics, BrokerMetricsService
-from .protocol import AckWire, SendAck
+from .protocol import AckWire, PullWire, SendAck, pull_to_wire
 from .route import BrokerRegistration
 from .topic import TopicConfig
 
@@ -258,9 +258,10 @@ class Broker:
         tags: str | None = None,
         suspend_s: float = 0.0,
         client_id: str = "",
-    ) -> RawGetResult:
-        """Records from ``offset`` as one blob; with ``suspend_s`` > 0 a pull that finds
-        nothing new waits that long (at most ``max_pull_suspend_s``) for a message."""
+    ) -> PullWire:
+        """Records from ``offset`` as one blob (answered as :func:`pull_to_wire`); with
+        ``suspend_s`` > 0 a pull that finds nothing new waits that long (at most
+        ``max_pull_suspend_s``) for a message."""
         validate_topic(topic)
         validate_queue_id(queue_id)
         self.topics.for_read(topic, queue_id)
@@ -271,7 +272,7 @@ class Broker:
         self._stats["get_msgs"] += raw.count
         if self.metrics is not None:
             self.metrics.on_get(topic, raw.count, len(raw.data))
-        return raw
+        return pull_to_wire(raw)
 
     async def _held_get(
         self,
@@ -318,7 +319,7 @@ class Broker:
         tags: str | None = None,
         suspend_s: float = 0.0,
         client_id: str = "",
-    ) -> list[RawGetResult]:
+    ) -> list[PullWire]:
         """:meth:`pull` for several ``(topic, queue_id, offset)`` of this broker in one
         call (one answer each, in order). With ``suspend_s`` > 0 and nothing readable on
         any of them, the call is held until one gets a message or the time is up."""
@@ -360,7 +361,7 @@ class Broker:
             for (topic, _, _), raw in zip(requests, answers):
                 if raw.count:
                     self.metrics.on_get(topic, raw.count, len(raw.data))
-        return answers
+        return [pull_to_wire(raw) for raw in answers]
 
     async def _get_many(
         self, group: str, requests: list[tuple[str, int, int]], max_count: int, tags: str | None

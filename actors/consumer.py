@@ -29,6 +29,7 @@ from storage.subscription import parse_subscription
 from . import _rpc
 from ._nameserver_client import NameServerClient
 from .config import DEFAULT_NAMESPACE, ConsumerConfig, with_options
+from .protocol import pull_from_wire
 from .topic import is_readable
 
 log = logging.getLogger("raymq.actors.consumer")
@@ -264,7 +265,7 @@ class PullConsumer:
         results: list[PullResult | None] = [None] * len(requests)
         for indexes, ref in pending:
             answers = self._wait(requests[indexes[0]][0], ref, timeout)
-            for i, raw in zip(indexes, answers):
+            for i, raw in zip(indexes, map(pull_from_wire, answers)):
                 mq = requests[i][0]
                 suggested = getattr(raw, "suggest_broker_id", -1)  # see actors._ha.PullAnswer
                 if suggested > 0:

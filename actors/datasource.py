@@ -44,6 +44,7 @@ from ._datasource_codec import TOPIC_SCHEMA, records_to_arrow
 from ._datasource_write import write_to_topic
 from ._nameserver_client import NameServerClient
 from .config import DEFAULT_NAMESPACE
+from .protocol import pull_from_wire
 from .topic import is_readable
 
 __all__ = [
@@ -230,7 +231,7 @@ def _get_pull(r: QueueRange, offset: int, ref: Any, opts: _ReadOptions) -> RawGe
     restarting in place) a few times before giving up."""
     for attempt in range(_PULL_ATTEMPTS):
         try:
-            return _rpc.get(ref, _CALL_TIMEOUT_S)
+            return pull_from_wire(_rpc.get(ref, _CALL_TIMEOUT_S))
         except Exception as exc:
             if not _rpc.is_retriable(exc) or attempt == _PULL_ATTEMPTS - 1:
                 if _rpc.is_retriable(exc):

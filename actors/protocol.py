@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from storage.message import PutStatus
+from storage.message import GetStatus, PutStatus, RawGetResult
+
+from ._replication import PullAnswer
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,3 +46,38 @@ class SendAck:
 
 AckWire = tuple[str, str, str, bytes, bytes]
 """What ``Broker.send`` returns: :meth:`SendAck.to_wire`."""
+
+PullWire = tuple[str, bytes, int, int, int, int, "bytes | None", int]
+"""What ``Broker.pull`` returns (``pull_batch``: a list of them): :func:`pull_to_wire`."""
+
+
+def pull_to_wire(raw: RawGetResult) -> PullWire:
+    """A pull's answer as plain values (msgpack, no pickling: ~0.1 ms less a call on
+    each end), the broker id a consumer should read from next (-1: no opinion) last."""
+    sizes = raw.sizes
+    return (
+        raw.status.value,
+        raw.data,
+        raw.count,
+        raw.next_offset,
+        raw.min_offset,
+        raw.max_offset,
+        None if sizes is None else np.asarray(sizes, dtype="<i4").tobytes(),
+        getattr(raw, "suggest_broker_id", -1),
+    )
+
+
+def pull_from_wire(wire: PullWire) -> RawGetResult:
+    status, data, count, next_offset, min_offset, max_offset, sizes, suggest = wire
+    values = (
+        GetStatus(status),
+        data,
+        count,
+        next_offset,
+        min_offset,
+        max_offset,
+        None if sizes is None else np.frombuffer(sizes, dtype="<i4"),
+    )
+    if suggest == -1:
+        return RawGetResult(*values)
+    return PullAnswer(*values, suggest_broker_id=suggest)

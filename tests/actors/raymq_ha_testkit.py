@@ -16,6 +16,7 @@ from raymq_testkit import SMALL_STORE, wait_until
 import actors
 from actors import BrokerConfig, PullStatus, SendStatus
 from actors.cluster import ACTOR_MAX_CONCURRENCY
+from actors.protocol import pull_from_wire
 from rebalance import MessageQueue
 from storage import Message
 from storage.codec import decode_records
@@ -156,7 +157,9 @@ def read_member(handle: Any, topic: str, queue_ids: Iterable[int]) -> list[bytes
     for qid in queue_ids:
         offset = 0
         while True:
-            raw = ray.get(handle.pull.remote("", topic, qid, offset, 1000), timeout=30)
+            raw = pull_from_wire(
+                ray.get(handle.pull.remote("", topic, qid, offset, 1000), timeout=30)
+            )
             if not raw.count:
                 break
             out.extend(m.body for m in decode_records(raw.data, check_crc=False))

@@ -30,6 +30,7 @@ def _child(store_root: str) -> None:
     import ray
 
     import actors
+    from actors.protocol import pull_from_wire
     from storage import Message, encode_batch
 
     ray.init(
@@ -65,9 +66,9 @@ def _child(store_root: str) -> None:
     sizes = [int(s) for s in two.sizes]
     # two pulls of MetricsT (20 + 2 records) and an empty one of MetricsU past its end
     pulled = [
-        ray.get(broker.pull.remote("g1", "MetricsT", 0, 0, 32)),
-        ray.get(broker.pull.remote("g1", "MetricsT", 1, 0, 2)),
-        ray.get(broker.pull.remote("g2", "MetricsU", 0, 3, 32)),
+        pull_from_wire(ray.get(broker.pull.remote("g1", "MetricsT", 0, 0, 32))),
+        pull_from_wire(ray.get(broker.pull.remote("g1", "MetricsT", 1, 0, 2))),
+        pull_from_wire(ray.get(broker.pull.remote("g2", "MetricsU", 0, 3, 32))),
     ]
     ray.get(broker.commit_offsets.remote("g1", {("MetricsT", 0): 20, ("MetricsT", 1): 2}))
     ray.get(broker.commit_offsets.remote("g2", {("MetricsU", 0): 1}))

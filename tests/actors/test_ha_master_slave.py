@@ -21,6 +21,7 @@ from raymq_testkit import wait_until
 
 import actors
 from actors import BrokerSpec, PullStatus, SendStatus
+from actors.protocol import pull_from_wire
 from rebalance import MessageQueue
 from storage import Message
 from storage.codec import encode_batch
@@ -57,8 +58,8 @@ def test_a_sync_slave_holds_the_masters_commitlog_byte_for_byte(make_cluster: An
     assert commitlog_bytes(m["store_dir"]) == commitlog_bytes(s["store_dir"])
     # its ConsumeQueues and index are its own
     for q in range(4):
-        mine = ray.get(slave.pull.remote("g", "HA", q, 0, 10_000))
-        theirs = ray.get(master.pull.remote("g", "HA", q, 0, 10_000))
+        mine = pull_from_wire(ray.get(slave.pull.remote("g", "HA", q, 0, 10_000)))
+        theirs = pull_from_wire(ray.get(master.pull.remote("g", "HA", q, 0, 10_000)))
         assert mine.count == theirs.count > 0 and mine.data == theirs.data
     found = ray.get(slave.query_by_key.remote("HA", "k1234"))
     assert [x.body for x in found] == [b"m01234"]
