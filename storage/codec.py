@@ -168,9 +168,11 @@ def prefixed_java_hashes(prefix: str, chars: np.ndarray) -> np.ndarray:
     is ``hash(prefix) * 31**w + hash(row)`` modulo 2**32."""
     width = chars.shape[1]
     powers = _pow31(width + 1)
-    rows = chars.astype(np.uint32) @ powers[width - 1 :: -1] if width else 0
+    rows = np.zeros(len(chars), dtype=np.uint32)
+    if width:
+        rows = chars.astype(np.uint32) @ powers[width - 1 :: -1]
     head = np.uint32((java_hash(prefix) * int(powers[width])) & 0xFFFFFFFF)
-    return (rows + head).astype(np.uint32).view(np.int32)
+    return np.asarray(rows + head, dtype=np.uint32).view(np.int32)
 
 
 def index_key_hash(h: int) -> int:
@@ -316,6 +318,10 @@ def decode_properties(raw: bytes) -> dict[str, str]:
 # ---------------------------------------------------------------- encoding
 
 
+def _keys_text(keys: Sequence[str]) -> str:
+    return keys.text if isinstance(keys, PackedKeys) else "\x00".join(keys)
+
+
 class PackedKeys(Sequence[str]):
     """Unique keys kept as one ``\x00``-separated string, split only when read.
 
@@ -379,6 +385,41 @@ class EncodedBatch:
             self, queue_ids=np.full(len(self.sizes), queue_id, dtype=np.int32)
         )
 
+    @classmethod
+    def concat(cls, batches: Sequence[EncodedBatch]) -> EncodedBatch:
+        """Several batches as one, records in order (each keeps its topic and queue):
+        what a producer sends when batches for one broker queued up behind a call."""
+        if len(batches) == 1:
+            return batches[0]
+        topics = tuple(dict.fromkeys(t for b in batches for t in b.topics))
+        index = {t: i for i, t in enumerate(topics)}
+        counts = np.cumsum([0] + [len(b) for b in batches[:-1]], dtype=np.int32)
+        delays = None
+        if any(b.delay_levels is not None for b in batches):
+            delays = np.concatenate(
+                [
+                    np.zeros(len(b), np.int32) if b.delay_levels is None else b.delay_levels
+                    for b in batches
+                ]
+            )
+        return cls(
+            data=b"".join(b.data for b in batches),
+            sizes=np.concatenate([b.sizes for b in batches]),
+            topics=topics,
+            topic_idx=np.concatenate(
+                [np.array([index[t] for t in b.topics], np.int16)[b.topic_idx] for b in batches]
+            ),
+            queue_ids=np.concatenate([b.queue_ids for b in batches]),
+            tag_codes=np.concatenate([b.tag_codes for b in batches]),
+            key_hashes=np.concatenate([b.key_hashes for b in batches]),
+            key_owner=np.concatenate(
+                [b.key_owner + first for b, first in zip(batches, counts.tolist())]
+            ).astype(np.int32),
+            uniq_keys=PackedKeys("\x00".join(_keys_text(b.uniq_keys) for b in batches)),
+            delay_levels=delays,
+            checked=all(b.checked for b in batches),
+        )
+
     @property
     def uniform(self) -> bool:
         """One topic and one queue: offsets can be assigned as a range."""
@@ -389,8 +430,7 @@ class EncodedBatch:
 
     def to_bytes(self) -> bytes:
         topics = "\x00".join(self.topics).encode("utf-8")
-        keys = self.uniq_keys
-        uniq = (keys.text if isinstance(keys, PackedKeys) else "\x00".join(keys)).encode("ascii")
+        uniq = _keys_text(self.uniq_keys).encode("ascii")
         delays = self.delay_levels
         head = struct.pack(
             ">iiiii",

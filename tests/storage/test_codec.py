@@ -38,6 +38,37 @@ def test_java_hashes_match_java_for_any_unicode(strings: list[str]) -> None:
     assert codec.java_hashes(strings).tolist() == expected
 
 
+@settings(max_examples=100)
+@given(
+    st.text(max_size=12),
+    st.integers(0, 40),
+    st.lists(st.binary(min_size=40, max_size=40), min_size=1, max_size=8),
+)
+def test_prefixed_hashes_of_fixed_width_rows_match_java(
+    prefix: str, width: int, rows: list[bytes]
+) -> None:
+    chars = np.array([[32 + b % 95 for b in row[:width]] for row in rows], dtype=np.uint8)
+    chars = chars.reshape(len(rows), width)
+    expected = [reference_java_hash(prefix + bytes(r).decode("ascii")) for r in chars]
+    assert codec.prefixed_java_hashes(prefix, chars).tolist() == expected
+
+
+def test_concatenated_batches_keep_each_records_topic_queue_keys_and_delay() -> None:
+    a = codec.encode_batch(
+        [Message("A", b"x", keys=["k1", "k2"]), Message("A", b"y", tags="t")]
+    ).with_queue(1)
+    b = codec.encode_batch([Message("B", b"z", keys="k3", delay_level=2)]).with_queue(3)
+    whole = codec.EncodedBatch.from_bytes(codec.EncodedBatch.concat([a, b]).to_bytes())
+    assert [whole.topics[i] for i in whole.topic_idx] == ["A", "A", "B"]
+    assert whole.queue_ids.tolist() == [1, 1, 3]
+    assert bytes(whole.data) == bytes(a.data) + bytes(b.data)
+    assert whole.key_hashes.tolist() == a.key_hashes.tolist() + b.key_hashes.tolist()
+    assert whole.key_owner.tolist() == a.key_owner.tolist() + (b.key_owner + 2).tolist()
+    assert list(whole.uniq_keys) == list(a.uniq_keys) + list(b.uniq_keys)
+    assert whole.tag_codes.tolist() == a.tag_codes.tolist() + b.tag_codes.tolist()
+    assert whole.delay_levels is not None and whole.delay_levels.tolist() == [0, 0, 2]
+
+
 def test_record_layout_is_rocketmq_v1() -> None:
     msg = Message(
         "TopicA",
