@@ -334,10 +334,14 @@ class ProducerConfig:
     send_latency_fault_enable: bool = True
     fault_isolation_s: float = 10.0
     born_host: str = "127.0.0.1:0"
+    max_in_flight_per_broker: int = 2
+    """``send_async`` calls on the wire to one broker; batches sent meanwhile wait and
+    leave together in the next call (``actors._send_lanes``)."""
 
     def __post_init__(self) -> None:
         _check_positive(
             "ProducerConfig",
+            max_in_flight_per_broker=self.max_in_flight_per_broker,
             send_timeout_s=self.send_timeout_s,
             max_message_size=self.max_message_size,
             max_batch_bytes=self.max_batch_bytes,

@@ -36,10 +36,11 @@ from . import _rpc
 from ._coalesce import SendCoalescer
 from ._fault import LatencyFaultTolerance
 from ._nameserver_client import NameServerClient
+from ._send_lanes import SendLanes
 from .config import DEFAULT_NAMESPACE, ProducerConfig, with_options
 from .protocol import SendAck
 from .route import QueueData, TopicRouteData
-from .send_result import BatchSendResult, SendResult, _Chunk, _with_queue
+from .send_result import BatchSendResult, SendResult, _Chunk, _wire, _with_queue
 from .topic import AUTO_CREATE_TOPIC_KEY, PERM_READ, PERM_WRITE, SYSTEM_TOPICS, is_writeable
 
 log = logging.getLogger("raymq.actors.producer")
@@ -75,6 +76,11 @@ class Producer:
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="raymq-producer")
         self._lock = threading.Lock()
         self._coalescer = SendCoalescer(self._send_batch_async)
+        self._lanes = SendLanes(
+            self.config.max_in_flight_per_broker,
+            max_messages=4 * self.config.max_batch_messages,
+            max_bytes=2 * self.config.max_batch_bytes,
+        )
 
     # ------------------------------------------------------------ public API
     def send(
@@ -449,18 +455,49 @@ class Producer:
                 done(None, exc)
 
         try:
-            mq, ref, started = self._submit(chunk, avoid, sharding_key, refresh=attempt > 0)
+            mq, route, auto_n = self._select(chunk.topic, avoid, sharding_key, attempt > 0)
         except Exception as exc:  # noqa: BLE001
             retry(exc, None)
             return
+        started = time.monotonic()
 
-        def on_done(fut: concurrent.futures.Future[Any]) -> None:
-            try:
-                ack = SendAck.from_wire(fut.result())
-            except Exception as exc:  # noqa: BLE001
-                retry(_rpc.cause_of(exc), mq)
+        def answered(ack: SendAck | None, exc: BaseException | None) -> None:
+            if exc is not None or ack is None:
+                retry(_rpc.cause_of(exc) if exc is not None else RuntimeError("no ack"), mq)
                 return
             self.fault.update(mq.broker_name, time.monotonic() - started)
             done((chunk, mq, ack), None)
 
-        ref.future().add_done_callback(on_done)
+        if auto_n:  # this call creates the topic's queues: it goes alone
+            try:
+                ref, started = self._send(chunk, mq, route, auto_n)
+            except Exception as exc:  # noqa: BLE001
+                retry(exc, mq)
+                return
+            ref.future().add_done_callback(
+                lambda fut: _answer_from(fut, answered)  # same path as a lane's answer
+            )
+            return
+        self._lanes.send(
+            mq.broker_name,
+            chunk.batch.with_queue(mq.queue_id),
+            functools.partial(self._send_wire, route, mq.broker_name),
+            answered,
+        )
+
+    def _send_wire(self, route: TopicRouteData, broker_name: str, batch: EncodedBatch) -> Any:
+        """A lane's call: ``batch`` (bound for its queues already) to ``broker_name``."""
+        try:
+            return self.ns.broker(route, broker_name).send.remote(_wire(batch))
+        except (BrokerUnavailableError, RayError) as exc:
+            self.fault.update(broker_name, 0.0, failed=True)
+            raise BrokerUnavailableError(f"broker {broker_name!r}: {exc}") from exc
+
+
+def _answer_from(fut: concurrent.futures.Future[Any], answered: Any) -> None:
+    try:
+        ack = SendAck.from_wire(fut.result())
+    except Exception as exc:  # noqa: BLE001 - retried by ``answered``
+        answered(None, exc)
+        return
+    answered(ack, None)

@@ -106,7 +106,12 @@ of unpickling a copy (a sixth of a broker's time at 1 KiB bodies)."""
 
 def _with_queue(batch: EncodedBatch, queue_id: int) -> bytes | np.ndarray:
     """The batch's wire blob bound for ``queue_id`` (the store writes each record's QUEUEID)."""
-    wire = batch.with_queue(queue_id).to_bytes()
+    return _wire(batch.with_queue(queue_id))
+
+
+def _wire(batch: EncodedBatch) -> bytes | np.ndarray:
+    """What ``Broker.send`` takes: the blob, as a ``uint8`` array when it is large."""
+    wire = batch.to_bytes()
     if len(wire) >= OUT_OF_BAND_BYTES:
         return np.frombuffer(wire, dtype=np.uint8)
     return wire
