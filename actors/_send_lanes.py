@@ -12,19 +12,28 @@ Kafka's producer accumulator does.
 Each waiting batch keeps the queue it was given, so per-queue order and
 RocketMQ's queue selection are unchanged, and each caller still gets its own
 acknowledgement (the merged answer is cut back into parts). A merged call that
-fails fails each part, which the producer retries on its own as before.
+Ray could not deliver fails each part, which the producer retries on its own as
+before. A merged call the broker refused (it checks a whole call before writing
+any of it) is split: each part goes again alone, so an error reaches only the
+batch it is about.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from storage.codec import EncodedBatch
+from storage.errors import BrokerUnavailableError
 
+from . import _rpc
 from .protocol import SendAck
+
+log = logging.getLogger("raymq.actors.producer")
 
 Submit = Callable[[EncodedBatch], Any]  # sends a wire batch to the lane's broker: an ObjectRef
 OnAck = Callable[[SendAck | None, BaseException | None], None]
@@ -35,6 +44,7 @@ class _Waiting:
     batch: EncodedBatch  # bound for its queue (``with_queue``)
     submit: Submit
     on_done: OnAck
+    alone: bool = False  # part of a refused merged call: goes by itself
 
 
 class _Lane:
@@ -82,7 +92,10 @@ class SendLanes:
         for n, w in enumerate(lane.waiting):
             count += len(w.batch)
             size += len(w.batch.data)
-            if n and (count > self._max_messages or size > self._max_bytes):
+            if n and (w.alone or count > self._max_messages or size > self._max_bytes):
+                break
+            if w.alone:
+                n = 1
                 break
         else:
             n = len(lane.waiting)
@@ -113,8 +126,23 @@ class SendLanes:
         ack: SendAck | None,
         exc: BaseException | None,
     ) -> None:
+        refused = (
+            exc is not None
+            and len(group) > 1
+            and not _rpc.is_retriable(exc)
+            and not isinstance(exc, BrokerUnavailableError)
+        )
         with self._lock:
-            self._lanes[broker].in_flight -= 1
+            lane = self._lanes[broker]
+            lane.in_flight -= 1
+            if refused:
+                lane.waiting[:0] = [dataclasses.replace(w, alone=True) for w in group]
+        if refused:
+            log.debug(
+                "%s refused a merged call (%s): its %d parts go alone", broker, exc, len(group)
+            )
+            self._pump(broker)
+            return
         first = 0
         for w in group:
             part = None
@@ -128,5 +156,8 @@ class SendLanes:
                     ack.commitlog_offsets[first:last],
                 )
                 first = last
-            w.on_done(part, exc)
+            try:
+                w.on_done(part, exc)
+            except Exception:  # noqa: BLE001 - one caller's callback must not stall the lane
+                log.exception("send_async completion failed")
         self._pump(broker)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import ray
 
-from actors import PullStatus
+from actors import PullStatus, SendStatus
 from storage import Message
+from storage.errors import InvalidMessageError
 
 
 def test_batches_waiting_for_a_broker_leave_in_one_call_with_their_own_results(
@@ -52,4 +54,25 @@ def test_a_merged_call_that_fails_fails_over_each_batch_on_its_own(make_cluster:
     futures = [producer.send_async([Message("LanesFail", b"m%d" % i)] * 3) for i in range(40)]
     results = [f.result(timeout=60) for f in futures]
     assert all(s.message_queue.broker_name == "broker-a" for r in results for s in r)
+    producer.close()
+
+
+def test_a_refused_merged_call_fails_only_the_batches_it_is_about(make_cluster: Any) -> None:
+    # the broker takes smaller bodies than the producer checks for: it refuses big ones
+    cluster = make_cluster(brokers=1, broker_options={"store": {"max_message_size": 1024}})
+    cluster.admin.create_topic("LanesMix", 2, 2)
+    producer = cluster.producer("lanes-mix", max_in_flight_per_broker=1)
+    futures = [
+        producer.send_async([Message("LanesMix", b"x" * (100 if i % 2 else 2000))] * 3)
+        for i in range(40)
+    ]
+    for i, future in enumerate(futures):
+        if i % 2:
+            assert all(s.status is SendStatus.SEND_OK for s in future.result(timeout=60))
+        else:
+            with pytest.raises(InvalidMessageError, match="over max_message_size=1024"):
+                future.result(timeout=60)
+    consumer = cluster.pull_consumer("lanes-mix-check")
+    stored = sum(consumer.max_offset(mq) for mq in consumer.fetch_subscribe_queues("LanesMix"))
+    assert stored == 20 * 3
     producer.close()
