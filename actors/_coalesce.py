@@ -9,6 +9,10 @@ batches grow by themselves (throughput = batch size / round trip).
 
 Order: messages of one topic leave in the order they were given; each batch
 goes to one queue, chosen by the producer's usual selection.
+
+A batch refused as a whole (one message fails validation, or the broker refuses
+it) is sent again one message at a time, so each caller hears about its own
+message only; a batch Ray could not deliver was already retried by the producer.
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ from collections.abc import Callable
 from typing import Any
 
 from storage import Message
+from storage.errors import BrokerUnavailableError
+
+from . import _rpc
 
 
 class SendCoalescer:
@@ -59,6 +66,7 @@ class SendCoalescer:
             except BaseException as exc:  # noqa: BLE001 - validation errors go to each future
                 self._finish(topic, batch, None, exc)
                 continue
+
             sent.add_done_callback(functools.partial(self._answered, topic, batch))
 
     def _answered(
@@ -79,9 +87,36 @@ class SendCoalescer:
     ) -> None:
         with self._lock:
             self._in_flight[topic] -= 1
+        if exc is not None and len(batch) > 1 and _refused(exc):
+            for message, future in batch:
+                self._alone(message, future)
+            self._pump(topic)
+            return
         for i, (_, future) in enumerate(batch):
             if exc is not None:
                 future.set_exception(exc)
             else:
                 future.set_result(results[i])
         self._pump(topic)
+
+    def _alone(self, message: Message, future: concurrent.futures.Future[Any]) -> None:
+        """``message`` by itself, its answer (or error) into ``future``."""
+        try:
+            sent = self._send([message])
+        except BaseException as exc:  # noqa: BLE001 - this message's own error
+            future.set_exception(exc)
+            return
+
+        def answered(done: concurrent.futures.Future[Any]) -> None:
+            exc = done.exception()
+            if exc is not None:
+                future.set_exception(exc)
+            else:
+                future.set_result(done.result()[0])
+
+        sent.add_done_callback(answered)
+
+
+def _refused(exc: BaseException) -> bool:
+    """Refused for what the batch holds, not lost on the way (the producer retried that)."""
+    return not _rpc.is_retriable(exc) and not isinstance(exc, BrokerUnavailableError)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import concurrent.futures
 from typing import Any
 
+import pytest
+
 from actors._coalesce import SendCoalescer
 from storage import Message
+from storage.errors import InvalidMessageError
 
 
 def test_waiting_messages_leave_together_when_the_wire_frees() -> None:
@@ -60,3 +63,28 @@ def test_thousands_of_single_async_sends_arrive_once(make_cluster: Any) -> None:
         assert bodies == sorted(bodies), "order within a queue follows submission order"
         seen += bodies
     assert sorted(seen) == list(range(3000))
+
+
+def test_a_refused_batch_is_resent_one_message_at_a_time() -> None:
+    calls: list[list[bytes]] = []
+    first: list[concurrent.futures.Future[Any]] = []
+
+    def send(batch: list[Message]) -> concurrent.futures.Future[Any]:
+        calls.append([m.body for m in batch])
+        f: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        if not first:  # the first call stays on the wire until the others queue up
+            first.append(f)
+            return f
+        if any(m.body == b"bad" for m in batch):
+            raise InvalidMessageError("body 'bad' refused")
+        f.set_result([b"ok:" + m.body for m in batch])
+        return f
+
+    coalescer = SendCoalescer(send, max_in_flight=1)
+    futures = [coalescer.submit(Message("T", body)) for body in (b"0", b"1", b"bad", b"3")]
+    first[0].set_result([b"ok:0"])
+    assert calls[1] == [b"1", b"bad", b"3"]  # tried together, refused as a whole
+    assert calls[2:] == [[b"1"], [b"bad"], [b"3"]]  # then each alone
+    assert futures[1].result(timeout=1) == b"ok:1" and futures[3].result(timeout=1) == b"ok:3"
+    with pytest.raises(InvalidMessageError, match="'bad' refused"):
+        futures[2].result(timeout=1)
