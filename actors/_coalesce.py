@@ -24,7 +24,6 @@ from collections.abc import Callable
 from typing import Any
 
 from storage import Message
-from storage.errors import BrokerUnavailableError
 
 from . import _rpc
 
@@ -119,4 +118,4 @@ class SendCoalescer:
 
 def _refused(exc: BaseException) -> bool:
     """Refused for what the batch holds, not lost on the way (the producer retried that)."""
-    return not _rpc.is_retriable(exc) and not isinstance(exc, BrokerUnavailableError)
+    return not _rpc.send_may_retry(exc)

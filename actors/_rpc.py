@@ -9,7 +9,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 
-from storage.errors import RayMQError
+from storage.errors import BrokerUnavailableError, RayMQError
 
 
 def cause_of(exc: BaseException) -> BaseException:
@@ -37,3 +37,9 @@ def is_retriable(exc: BaseException) -> bool:
     return isinstance(exc, (RayActorError, GetTimeoutError)) or (
         isinstance(exc, RayError) and not isinstance(exc, RayTaskError)
     )
+
+
+def send_may_retry(exc: BaseException) -> bool:
+    """A send failed on the way (Ray, or no live broker), not for what it carries: the
+    producer tries it again elsewhere. Anything else is the broker refusing it."""
+    return is_retriable(exc) or isinstance(exc, BrokerUnavailableError)

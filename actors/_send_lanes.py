@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from storage.codec import EncodedBatch
-from storage.errors import BrokerUnavailableError
 
 from . import _rpc
 from .protocol import SendAck
@@ -126,12 +125,7 @@ class SendLanes:
         ack: SendAck | None,
         exc: BaseException | None,
     ) -> None:
-        refused = (
-            exc is not None
-            and len(group) > 1
-            and not _rpc.is_retriable(exc)
-            and not isinstance(exc, BrokerUnavailableError)
-        )
+        refused = exc is not None and len(group) > 1 and not _rpc.send_may_retry(exc)
         with self._lock:
             lane = self._lanes[broker]
             lane.in_flight -= 1

@@ -147,7 +147,7 @@ class Producer:
             try:
                 inflight[mq] = (i, *self._send(chunk, mq, route, auto_n))
             except Exception as exc:  # noqa: BLE001
-                if not _rpc.is_retriable(exc) and not isinstance(exc, BrokerUnavailableError):
+                if not _rpc.send_may_retry(exc):
                     raise
                 parts[i] = self._finish(chunk, mq, exc, timeout, sharding_key)
         for mq, (j, ref, started) in inflight.items():
@@ -401,7 +401,7 @@ class Producer:
                 try:
                     mq, ref, started = self._submit(chunk, avoid, sharding_key, refresh=True)
                 except Exception as exc:  # noqa: BLE001
-                    if not _rpc.is_retriable(exc) and not isinstance(exc, BrokerUnavailableError):
+                    if not _rpc.send_may_retry(exc):
                         raise
                     last_exc = exc
                     continue
@@ -409,7 +409,7 @@ class Producer:
             try:
                 ack = SendAck.from_wire(_rpc.get(ref, timeout))
             except Exception as exc:  # noqa: BLE001
-                if not _rpc.is_retriable(exc) and not isinstance(exc, BrokerUnavailableError):
+                if not _rpc.send_may_retry(exc):
                     raise
                 last_exc = exc
                 ref = None
@@ -441,9 +441,7 @@ class Producer:
         retries = self.config.retry_times_when_send_async_failed
 
         def retry(exc: BaseException, mq: MessageQueue | None) -> None:
-            if attempt < retries and (
-                _rpc.is_retriable(exc) or isinstance(exc, BrokerUnavailableError)
-            ):
+            if attempt < retries and _rpc.send_may_retry(exc):
                 if mq is not None:
                     self.fault.update(mq.broker_name, 0.0, failed=True)
                 self.ns.invalidate(chunk.topic)
