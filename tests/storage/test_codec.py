@@ -239,15 +239,32 @@ def test_crc_mismatch_is_detected() -> None:
     bodies=st.lists(st.binary(min_size=1, max_size=300), min_size=8, max_size=40),
     tags=st.none() | st.sampled_from(["A", "TagB", "ü"]),
     qids=st.integers(0, 7),
+    base=st.sampled_from([0, 5]),
+    flags=st.integers(0, 2),
 )
 def test_fast_plain_encoding_equals_the_general_loop(
-    bodies: list[bytes], tags: str | None, qids: int
+    bodies: list[bytes], tags: str | None, qids: int, base: int, flags: int
 ) -> None:
+    msgs = [
+        Message("Plain", b, tags=tags, queue_id=base + i % (qids + 1), flag=i % (flags + 1))
+        for i, b in enumerate(bodies)
+    ]
+    _assert_fast_equals_slow(msgs)
+
+
+@pytest.mark.parametrize("qid, flag", [(0, 0), (5, 3)])
+def test_fast_plain_encoding_of_a_shared_queue_id_and_flag(qid: int, flag: int) -> None:
+    msgs = [Message("Plain", b"x%d" % i, queue_id=qid, flag=flag) for i in range(20)]
+    fast = _assert_fast_equals_slow(msgs)
+    assert {(m.queue_id, m.flag) for m in codec.decode_records(fast.data)} == {(qid, flag)}
+
+
+def _assert_fast_equals_slow(msgs: list[Message]) -> codec.EncodedBatch:
     import itertools
 
     from storage._fast_encode import encode_plain
 
-    msgs = [Message("Plain", b, tags=tags, queue_id=i % (qids + 1)) for i, b in enumerate(bodies)]
+    bodies = [m.body for m in msgs]
     fast_gen, slow_gen = codec.UniqueKeyGenerator(), codec.UniqueKeyGenerator()
     slow_gen.prefix = fast_gen.prefix
     start = fast_gen.take(1)
@@ -263,6 +280,7 @@ def test_fast_plain_encoding_equals_the_general_loop(
     assert fast.sizes.tolist() == slow.sizes.tolist()
     assert fast.tag_codes.tolist() == slow.tag_codes.tolist()
     assert [m.body for m in codec.decode_records(fast.data)] == bodies
+    return fast
 
 
 def test_body_slices_match_decoded_bodies_and_refuse_garbage() -> None:
