@@ -8,12 +8,13 @@ only). Offsets a group commits live on the broker that holds the queue.
 
 from __future__ import annotations
 
+import concurrent.futures
 import enum
 import logging
 import struct
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 from rebalance import MessageQueue
 from storage.codec import FIXED_LEN, MAGIC, body_slices, decode_records
@@ -142,6 +143,14 @@ class PullResult:
         )
 
 
+class _Pending(NamedTuple):
+    """Pull calls on their way: (request indexes, ObjectRef) per broker call."""
+
+    refs: list[tuple[list[int], Any]]
+    subscribed: frozenset[str] | None
+    timeout: float
+
+
 class PullConsumer:
     """Pulls given queues from given offsets; commits and fetches the group's offsets."""
 
@@ -165,6 +174,7 @@ class PullConsumer:
             nameservers or discover_nameservers(namespace), namespace, self.config.route_refresh_s
         )
         self._read_from: dict[MessageQueue, int] = {}  # broker id a broker suggested for pulls
+        self._waiter: concurrent.futures.ThreadPoolExecutor | None = None  # async pulls
 
     # ------------------------------------------------------------ queues
     def fetch_subscribe_queues(self, topic: str) -> list[MessageQueue]:
@@ -243,6 +253,62 @@ class PullConsumer:
         With ``long_poll_s`` > 0 a broker that has nothing new for any of its queues
         holds the call until one of them gets a message (or the time is up).
         """
+        return self._answers(requests, self._start_pulls(requests, max_count, tags, long_poll_s))
+
+    def pull_async(
+        self,
+        mq: MessageQueue,
+        offset: int,
+        max_count: int = 32,
+        *,
+        tags: str | None = None,
+        long_poll_s: float = 0.0,
+    ) -> concurrent.futures.Future[PullResult]:
+        """:meth:`pull` without waiting (RocketMQ's ``pullAsync``); see :meth:`pull_many_async`."""
+        requests = [(mq, offset)]
+        pending = self._start_pulls(requests, max_count, tags, long_poll_s)
+        return self._in_background(lambda: self._answers(requests, pending)[0])
+
+    def pull_many_async(
+        self,
+        requests: Sequence[tuple[MessageQueue, int]],
+        max_count: int = 32,
+        *,
+        tags: str | None = None,
+        long_poll_s: float = 0.0,
+    ) -> concurrent.futures.Future[list[PullResult]]:
+        """:meth:`pull_many` without waiting: the calls are on their way to the brokers
+        when this returns, and the future gives the same answers (or raises the same
+        errors, bad arguments at once). A reader keeps one pull ahead by asking for
+        the next offsets before it works through the answers it has::
+
+            ahead = consumer.pull_many_async(requests, 256)
+            while ...:
+                results = ahead.result()
+                ahead = consumer.pull_many_async(
+                    [(r.queue, r.next_offset) for r in results], 256)
+                handle(results)  # while the brokers read the next ones
+        """
+        requests = list(requests)
+        pending = self._start_pulls(requests, max_count, tags, long_poll_s)
+        return self._in_background(lambda: self._answers(requests, pending))
+
+    def _in_background(self, wait: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        """Runs ``wait`` (a wait on calls already started) on the consumer's waiter
+        threads, so errors and timeouts are exactly the synchronous call's."""
+        if self._waiter is None:
+            self._waiter = concurrent.futures.ThreadPoolExecutor(
+                max_workers=4, thread_name_prefix=f"raymq-pull-{self.group}"
+            )
+        return self._waiter.submit(wait)
+
+    def _start_pulls(
+        self,
+        requests: Sequence[tuple[MessageQueue, int]],
+        max_count: int,
+        tags: str | None,
+        long_poll_s: float,
+    ) -> _Pending:
         if not isinstance(max_count, int) or max_count <= 0:
             raise InvalidMessageError(f"max_count={max_count!r}: must be an int > 0")
         subscribed = parse_subscription(tags)
@@ -251,7 +317,7 @@ class PullConsumer:
             if not isinstance(mq, MessageQueue):
                 raise InvalidMessageError(f"queue={mq!r}: expected a rebalance.MessageQueue")
             calls.setdefault((mq.broker_name, self._read_from.get(mq, 0)), []).append(i)
-        pending = []
+        refs = []
         for (_, prefer), indexes in calls.items():
             mq = requests[indexes[0]][0]
             batch = [
@@ -260,11 +326,15 @@ class PullConsumer:
             ref = self._broker(mq, prefer).pull_batch.remote(
                 self.group, batch, max_count, tags, long_poll_s, self.client_id
             )
-            pending.append((indexes, ref))
-        timeout = self.config.pull_timeout_s + long_poll_s
+            refs.append((indexes, ref))
+        return _Pending(refs, subscribed, self.config.pull_timeout_s + long_poll_s)
+
+    def _answers(
+        self, requests: Sequence[tuple[MessageQueue, int]], pending: _Pending
+    ) -> list[PullResult]:
         results: list[PullResult | None] = [None] * len(requests)
-        for indexes, ref in pending:
-            answers = self._wait(requests[indexes[0]][0], ref, timeout)
+        for indexes, ref in pending.refs:
+            answers = self._wait(requests[indexes[0]][0], ref, pending.timeout)
             for i, raw in zip(indexes, map(pull_from_wire, answers)):
                 mq = requests[i][0]
                 suggested = getattr(raw, "suggest_broker_id", -1)  # see actors._ha.PullAnswer
@@ -272,7 +342,7 @@ class PullConsumer:
                     self._read_from[mq] = suggested
                 elif suggested == 0:
                     self._read_from.pop(mq, None)
-                results[i] = PullResult(mq, raw, subscribed, self.config.check_crc)
+                results[i] = PullResult(mq, raw, pending.subscribed, self.config.check_crc)
         return results  # type: ignore[return-value]  # every slot was filled
 
     # ------------------------------------------------------------ offsets
@@ -320,7 +390,11 @@ class PullConsumer:
         return self._call(mq, "offset_by_time", mq.topic, mq.queue_id, timestamp_ms)
 
     def close(self) -> None:
-        """Nothing to release: offsets are committed explicitly."""
+        """Waits for the answers of async pulls still out; offsets are committed
+        explicitly, so nothing else is left to release."""
+        if self._waiter is not None:
+            self._waiter.shutdown(wait=True)
+            self._waiter = None
 
     def __enter__(self) -> PullConsumer:
         return self

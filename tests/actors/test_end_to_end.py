@@ -16,6 +16,7 @@ import actors
 from actors import PullStatus
 from rebalance import MessageQueue
 from storage import Message
+from storage.errors import InvalidMessageError
 
 
 @pytest.fixture(scope="module")
@@ -183,6 +184,46 @@ def test_pull_many_is_one_call_per_broker_and_long_polls_any_queue(
     assert [(r.queue, [m.body for m in r.messages]) for r in found] == [
         (sent.message_queue, [b"any"])
     ]
+
+
+def test_async_pulls_read_one_ahead_and_answer_as_sync_pulls_do(cluster: actors.Cluster) -> None:
+    cluster.admin.create_topic("Ahead", 4, 4)
+    producer = cluster.producer("p-ahead")
+    producer.send_batch([Message("Ahead", b"%d" % i) for i in range(3000)])
+    consumer = cluster.pull_consumer("g-ahead")
+    queues = consumer.fetch_subscribe_queues("Ahead")
+    got: dict[MessageQueue, list[bytes]] = defaultdict(list)
+    ahead = consumer.pull_many_async([(mq, 0) for mq in queues], 100)
+    while ahead is not None:
+        results = ahead.result(30)
+        found = [r for r in results if r.status is PullStatus.FOUND]
+        # the next pull is on its way before these answers are read
+        ahead = consumer.pull_many_async([(r.queue, r.next_offset) for r in found], 100)
+        ahead = ahead if found else None
+        for r in found:
+            got[r.queue].extend(r.bodies)
+    expected = {mq: [m.body for m in msgs] for mq, msgs in drain(consumer, "Ahead").items()}
+    assert dict(got) == expected and sum(map(len, got.values())) == 3000
+
+    # a bad argument is refused before anything is sent; a broker's refusal comes back as itself
+    with pytest.raises(InvalidMessageError, match="max_count"):
+        consumer.pull_many_async([(queues[0], 0)], 0)
+    bad = MessageQueue("Ahead", queues[0].broker_name, 99)
+    with pytest.raises(InvalidMessageError, match="read_queue_nums"):
+        consumer.pull_async(bad, 0, 10).result(30)
+
+    # a long-polled async pull stays out while held and is answered by the next message
+    mq = queues[0]
+    end = consumer.max_offset(mq)
+    held = consumer.pull_async(mq, end, 10, long_poll_s=20.0)
+    broker = cluster.broker(mq.broker_name)
+    wait_until(lambda: ray.get(broker.status.remote())["held_pulls"] >= 1, what="a held pull")
+    assert not held.done()
+    while producer.send(Message("Ahead", b"wake")).message_queue != mq:
+        pass  # round robin: the message for the held queue comes within one turn
+    answer = held.result(20)
+    assert answer.status is PullStatus.FOUND and answer.bodies == [b"wake"]
+    consumer.close()
 
 
 def test_send_async_oneway_and_single(cluster: actors.Cluster) -> None:
