@@ -12,7 +12,10 @@ One run prints, for one producer process and one broker (ASYNC_FLUSH):
 * the Ray floor measured in the same run: no-op actor call latency and rate,
   bytes/s of 1 MiB arguments to a no-op actor method, and ``ray.util.queue.Queue``
   doing the same work with its own batch put/get, as ratios (RayMQ keeps a window
-  of sends and one pull in flight, as its clients do). Each comparison a
+  of sends and one pull in flight, as its clients do), with the CPU each side's
+  client and server process spent per message: a pipelined side is bound by the
+  busier of its two processes, a one-call-at-a-time side by the round trip. Each
+  comparison a
   target rests on runs its two sides alternately (three times, medians) or, for
   latency, measures the no-op round trip just before and after: this machine's
   speed drifts by 2x within minutes, which a single early baseline turned into
@@ -28,11 +31,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -267,21 +272,50 @@ def bench_latency(cluster: actors.Cluster, quick: bool, rate: float = 200.0) -> 
 
 
 # ------------------------------------------------------------ ray.util.queue
-def _queue_put_get(batch: int, total: int) -> tuple[float, float]:
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads, Ray's own included) a process has used."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:  # not Linux: no CPU figures
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_per_msg(pids: dict[str, int], run: Callable[[], float]) -> tuple[float, dict[str, float]]:
+    """``run()``'s msg/s and the CPU microseconds each process spent per message."""
+    before = {name: _cpu_s(pid) for name, pid in pids.items()}
+    started = time.perf_counter()
+    rate = run()
+    messages = rate * (time.perf_counter() - started)
+    return rate, {n: 1e6 * (_cpu_s(pids[n]) - before[n]) / messages for n in pids}
+
+
+def _queue_put_get(batch: int, total: int) -> dict[str, tuple[float, dict[str, float]]]:
     from ray.util.queue import Queue
 
     q = Queue(actor_options={"num_cpus": 0})
+    pids = {
+        "client": os.getpid(),
+        "server": ray.get(q.actor.__ray_call__.remote(lambda _: os.getpid())),
+    }
     items = [b"b" * 100] * batch
-    t = time.perf_counter()
-    for _ in range(total // batch):
-        q.put_nowait_batch(items)
-    put_rate = total / (time.perf_counter() - t)
-    t = time.perf_counter()
-    for _ in range(total // batch):
-        q.get_nowait_batch(batch)
-    get_rate = total / (time.perf_counter() - t)
+
+    def put() -> float:
+        t = time.perf_counter()
+        for _ in range(total // batch):
+            q.put_nowait_batch(items)
+        return total / (time.perf_counter() - t)
+
+    def get() -> float:
+        t = time.perf_counter()
+        for _ in range(total // batch):
+            q.get_nowait_batch(batch)
+        return total / (time.perf_counter() - t)
+
+    out = {"put": _cpu_per_msg(pids, put), "get": _cpu_per_msg(pids, get)}
     q.shutdown()
-    return put_rate, get_rate
+    return out
 
 
 def _consume_bodies(cluster: actors.Cluster, batch: int, seconds: float, ahead: bool) -> float:
@@ -311,27 +345,31 @@ def bench_ray_queue(cluster: actors.Cluster, quick: bool, reps: int = 3) -> list
     against the queue's batch put, pulls (``batch`` per queue, as RocketMQ's pull batch
     size) against its batch get: one pull ahead (the figure compared), and one at a time."""
     producer = cluster.producer("bench-h2h", max_batch_messages=4096, max_batch_bytes=8 << 20)
+    broker = cluster.broker("broker-a")
+    pids = {"client": os.getpid(), "server": ray.get(broker.status.remote())["pid"]}
     seconds = 0.6 if quick else 1.5
     rows = []
     for batch in (256, 1024, 4096):
         total = batch * max(4, (50_000 if quick else 200_000) // batch)
-        runs: dict[str, list[float]] = {
-            "put": [],
-            "get": [],
-            "produce": [],
-            "consume": [],
-            "consume_sync": [],
+        runs: dict[str, list[float]] = defaultdict(list)
+        cpu: dict[str, list[dict[str, float]]] = defaultdict(list)
+        ours = {
+            "produce": lambda b=batch: produce_point(producer, b"b" * 100, b, seconds, True),
+            "consume": lambda b=batch: _consume_bodies(cluster, b, seconds, ahead=True),
+            "consume_sync": lambda b=batch: _consume_bodies(cluster, b, seconds, ahead=False),
         }
         for _ in range(reps):
-            put, get = _queue_put_get(batch, total)
-            runs["put"].append(put)
-            runs["get"].append(get)
-            runs["produce"].append(produce_point(producer, b"b" * 100, batch, seconds, True))
-            runs["consume"].append(_consume_bodies(cluster, batch, seconds, ahead=True))
-            runs["consume_sync"].append(_consume_bodies(cluster, batch, seconds, ahead=False))
-        row: dict[str, Any] = {"batch": batch, "runs": runs}
+            measured = _queue_put_get(batch, total)
+            measured.update({key: _cpu_per_msg(pids, run) for key, run in ours.items()})
+            for key, (rate, per_msg) in measured.items():
+                runs[key].append(rate)
+                cpu[key].append(per_msg)
+        row: dict[str, Any] = {"batch": batch, "runs": dict(runs)}
         for key, values in runs.items():
             row[f"{key}_msg_s"] = statistics.median(values)
+            row[f"{key}_cpu_us"] = {
+                side: statistics.median(c[side] for c in cpu[key]) for side in pids
+            }
         rows.append(row)
     producer.close()
     return rows
@@ -553,6 +591,11 @@ def report(r: dict[str, Any]) -> None:
             f"  batch {row['batch']:>5}  put{_fmt(row['put_msg_s'])}  RayMQ produce"
             f"{_fmt(row['produce_msg_s'])}   get{_fmt(row['get_msg_s'])}  RayMQ consume"
             f"{_fmt(row['consume_msg_s'])} (one pull at a time{_fmt(row['consume_sync_msg_s'])})"
+        )
+        cpu = {k: row[f"{k}_cpu_us"] for k in ("put", "produce", "get", "consume")}
+        print(
+            "        CPU us/msg (client + server):"
+            + "".join(f"  {k} {c['client']:.2f} + {c['server']:.2f}" for k, c in cpu.items())
         )
     print("\n== Against the targets")
     for line in targets(r):
