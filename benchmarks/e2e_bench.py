@@ -15,8 +15,7 @@ One run prints, for one producer process and one broker (ASYNC_FLUSH):
   of sends and one pull in flight, as its clients do), with the CPU each side's
   client and server process spent per message: a pipelined side is bound by the
   busier of its two processes, a one-call-at-a-time side by the round trip. Each
-  comparison a
-  target rests on runs its two sides alternately (three times, medians) or, for
+  comparison a target rests on runs its two sides alternately (three times, medians) or, for
   latency, measures the no-op round trip just before and after: this machine's
   speed drifts by 2x within minutes, which a single early baseline turned into
   fake wins and losses;
