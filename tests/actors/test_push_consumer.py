@@ -247,6 +247,38 @@ def test_shutdown_commits_and_leaves_the_group_at_once(cluster: actors.Cluster) 
     assert cluster.admin.consumer_list(group) == []
 
 
+def test_a_queue_the_broker_refuses_does_not_stall_the_queues_sharing_its_calls(
+    cluster: actors.Cluster,
+) -> None:
+    topic = "PushShrink"
+    cluster.admin.create_topic(topic, 2, 2)
+    rec = Recorder()
+    consumer = push(
+        cluster,
+        "g-refused",
+        topic,
+        rec,
+        consume_from="FIRST",
+        # no coordinator and no rebalance: nothing takes queue 1 away below
+        coordinated=False,
+        rebalance_interval_s=3600.0,
+        route_refresh_s=3600.0,
+    )
+    try:
+        wait_until(lambda: len(consumer.assigned_queues(topic)) == 4, what="4 queues assigned")
+        send(cluster, topic, [b"a%d" % i for i in range(40)], chunk=5)
+        wait_until(lambda: rec.count() == 40, what="the first messages")
+        # answered together, each broker's two queues went again as one held call; from
+        # now on the brokers refuse queue 1, and a call that carries it fails as a whole
+        cluster.admin.update_topic(topic, read_queue_nums=1, write_queue_nums=1)
+        wait_until(lambda: consumer.status().get("pull_errors", 0) >= 2, what="refused pulls")
+        send(cluster, topic, [b"b%d" % i for i in range(40)], chunk=5)
+        wait_until(lambda: rec.count() == 80, what="queue 0 consumed while queue 1 is refused")
+        assert {m.queue_id for m in rec.messages[40:]} == {0}
+    finally:
+        consumer.shutdown()
+
+
 @ray.remote(num_cpus=0)
 class PushHost:
     """A PushConsumer living in an actor (killed by the test without a shutdown)."""
