@@ -59,7 +59,7 @@ def _patch(arr: np.ndarray, starts: np.ndarray, field: int, values: np.ndarray) 
 
 class CommitLog:
     def __init__(self, directory: Path, file_size: int, *, preallocate: bool = True) -> None:
-        self.files = MappedFileQueue(directory, file_size, preallocate=preallocate)
+        self.files = MappedFileQueue(directory, file_size, preallocate=preallocate, warm_new=True)
         self.file_size = file_size
         self._flush_lock = threading.Lock()
         self._flushed = 0  # commitlog offset known durable

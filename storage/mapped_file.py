@@ -194,14 +194,20 @@ class MappedFile:
 class MappedFileQueue:
     """The files of one log (the CommitLog, or one ConsumeQueue) in offset order."""
 
-    def __init__(self, directory: Path, file_size: int, *, preallocate: bool = True):
+    def __init__(
+        self, directory: Path, file_size: int, *, preallocate: bool = True, warm_new: bool = False
+    ):
         self.directory = directory
         self.file_size = file_size
         self.preallocate = preallocate
+        self.warm_new = warm_new  # the CommitLog's: its big appends pay for cold pages
         self.files: list[MappedFile] = []
         # the next file, created and warmed in the background (AllocateMappedFileService)
         self._next: Future[MappedFile] | None = None
         self._allocator: ThreadPoolExecutor | None = None
+        # with ``warm_new``, the warming of a file created with nothing prepared (its first
+        # writes fault pages in: a 4 MiB put took 4.1 ms into a cold file, 2.2-2.8 ms warm)
+        self.warming: Future[bool] | None = None
 
     def load(self) -> None:
         """Map the existing files; check names, sizes and contiguity."""
@@ -274,9 +280,18 @@ class MappedFileQueue:
         last = self.last()
         if last is not None and start_offset != last.from_offset + self.file_size:
             raise ValueError(f"new file at {start_offset} would not follow {last.path.name}")
-        mf = self._take_next(start_offset) or self._new_file(start_offset)
+        mf = self._take_next(start_offset)
+        if mf is None:  # nothing prepared (the first file)
+            mf = self._new_file(start_offset)
+            if self.warm_new:  # warm it while it is written
+                self.warming = self._background().submit(mf.warm)
         self.files.append(mf)
         return mf
+
+    def _background(self) -> ThreadPoolExecutor:
+        if self._allocator is None:
+            self._allocator = ThreadPoolExecutor(1, thread_name_prefix="raymq-allocate")
+        return self._allocator
 
     def _new_file(self, start_offset: int) -> MappedFile:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -292,8 +307,6 @@ class MappedFileQueue:
         last = self.last()
         if last is None or self._next is not None:
             return
-        if self._allocator is None:
-            self._allocator = ThreadPoolExecutor(1, thread_name_prefix="raymq-allocate")
         start = last.from_offset + self.file_size
 
         def allocate() -> MappedFile:
@@ -301,7 +314,7 @@ class MappedFileQueue:
             mf.warm()
             return mf
 
-        self._next = self._allocator.submit(allocate)
+        self._next = self._background().submit(allocate)
 
     def _take_next(self, start_offset: int) -> MappedFile | None:
         if self._next is None:

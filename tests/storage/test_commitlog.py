@@ -65,3 +65,17 @@ def test_queue_id_field_is_written_from_the_batch(store: MessageStore) -> None:
     assert [r.queue_id for r in results] == [5, 5, 5]
     assert [store.message_at(r.commitlog_offset).queue_id for r in results] == [5, 5, 5]
     assert store.max_offset("Q", 5) == 3 and store.max_offset("Q", 0) == 0
+
+
+def test_a_commitlog_file_created_cold_is_warmed_while_it_is_written(
+    store: MessageStore,
+) -> None:
+    """The first file has no prepared (warmed) successor to take: it is warmed in the
+    background from its creation, so the first appends do not each fault pages in."""
+    files = store.commitlog.files
+    assert files.warming is None
+    store.put_batch([Message("Warm", b"x", queue_id=0)])
+    assert files.warming is not None and files.warming.result(30) is True
+    # ConsumeQueue files take small appends: they are not warmed
+    assert all(cq.files.warming is None for cq in store._cqs.values())
+    assert [m.body for m in store.get("g", "Warm", 0, 0, 1).messages] == [b"x"]
