@@ -238,6 +238,8 @@ class MappedFileQueue:
             mf.wrote_position = mf.flushed_position = self.file_size
             self.files.append(mf)
             expected = offset + self.file_size
+        if self.warm_new and self.files:  # recovery writes on into the last one
+            self.warming = self._background().submit(self.files[-1].warm)
 
     # -- lookup
     @property

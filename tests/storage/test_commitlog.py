@@ -79,3 +79,13 @@ def test_a_commitlog_file_created_cold_is_warmed_while_it_is_written(
     # ConsumeQueue files take small appends: they are not warmed
     assert all(cq.files.warming is None for cq in store._cqs.values())
     assert [m.body for m in store.get("g", "Warm", 0, 0, 1).messages] == [b"x"]
+    # a store opened again writes on into its last file: that one is warmed too
+    store.close()
+    again = MessageStore(store.config)
+    try:
+        warming = again.commitlog.files.warming
+        assert warming is not None and warming.result(30) is True
+        again.put_batch([Message("Warm", b"y", queue_id=0)])
+        assert [m.body for m in again.get("g", "Warm", 0, 0, 2).messages] == [b"x", b"y"]
+    finally:
+        again.close()
