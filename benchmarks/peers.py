@@ -452,7 +452,8 @@ class RayQueuePeer(Peer):
         @ray.remote(num_cpus=0)
         def producer(queue: Any, body: bytes, seconds: float) -> int:
             sent = 0
-            items = [body] * BATCH
+            # distinct objects: pickle sends a repeated one once plus a 2-byte reference
+            items = [i.to_bytes(8, "big") + body[8:] for i in range(BATCH)]
             stop = time.monotonic() + seconds
             while time.monotonic() < stop:
                 queue.put_nowait_batch(items)
