@@ -8,6 +8,7 @@ Actors are detached and named in a Ray namespace (default ``raymq``):
 ``fleet-<group>-m<n>``.
 """
 
+from ._backpressure import ProducerBusyError
 from ._fencing import OffsetFencedError
 from ._replication import PromotionRefusedError
 from .admin import Admin
@@ -66,6 +67,7 @@ __all__ = [
     "NameServerConfig",
     "OffsetFencedError",
     "Producer",
+    "ProducerBusyError",
     "ProducerConfig",
     "PromotionRefusedError",
     "PullConsumer",

@@ -337,11 +337,18 @@ class ProducerConfig:
     max_in_flight_per_broker: int = 2
     """``send_async`` calls on the wire to one broker; batches sent meanwhile wait and
     leave together in the next call (``actors._send_lanes``)."""
+    async_send_max_messages: int = 65536
+    async_send_max_bytes: int = 64 << 20
+    """What ``send_async`` may hold unanswered, in messages and encoded bytes
+    (RocketMQ's ``backPressureForAsyncSendNum`` / ``Size``): past it a send waits for
+    room up to ``send_timeout_s`` and then raises ``ProducerBusyError``."""
 
     def __post_init__(self) -> None:
         _check_positive(
             "ProducerConfig",
             max_in_flight_per_broker=self.max_in_flight_per_broker,
+            async_send_max_messages=self.async_send_max_messages,
+            async_send_max_bytes=self.async_send_max_bytes,
             send_timeout_s=self.send_timeout_s,
             max_message_size=self.max_message_size,
             max_batch_bytes=self.max_batch_bytes,

@@ -33,6 +33,7 @@ from storage.errors import BrokerUnavailableError, InvalidMessageError, Permissi
 from storage.message import Message
 
 from . import _rpc
+from ._backpressure import AsyncSendBudget
 from ._coalesce import SendCoalescer
 from ._fault import LatencyFaultTolerance
 from ._nameserver_client import NameServerClient
@@ -76,6 +77,9 @@ class Producer:
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="raymq-producer")
         self._lock = threading.Lock()
         self._coalescer = SendCoalescer(self._send_batch_async)
+        self._budget = AsyncSendBudget(
+            self.config.async_send_max_messages, self.config.async_send_max_bytes
+        )
         self._lanes = SendLanes(
             self.config.max_in_flight_per_broker,
             max_messages=4 * self.config.max_batch_messages,
@@ -158,37 +162,63 @@ class Producer:
         self, messages: Message | Sequence[Message], *, sharding_key: str | None = None
     ) -> concurrent.futures.Future[Any]:
         """Send without waiting: a future of a :class:`SendResult` (one message) or a
-        :class:`BatchSendResult` (a list). Failed sends are retried on another broker."""
+        :class:`BatchSendResult` (a list). Failed sends are retried on another broker.
+
+        Invalid messages raise here. So does :class:`ProducerBusyError` when
+        ``async_send_max_messages`` / ``_bytes`` stay full for ``send_timeout_s``: the
+        call waits for earlier sends to be answered first, as RocketMQ's backpressure does.
+        """
         single = isinstance(messages, Message)
         if isinstance(messages, Message) and sharding_key is None:
             # one message at a time: coalesce with its neighbours into batches
-            return self._coalescer.submit(messages)
+            try:
+                nbytes = len(messages.body)
+            except TypeError:  # not bytes: the coalesced batch's validation names it
+                nbytes = 0
+            self._budget.acquire(1, nbytes, self.config.send_timeout_s)
+            future = self._coalescer.submit(messages)
+            future.add_done_callback(lambda _: self._budget.release(1, nbytes))
+            return future
         return self._send_batch_async(
-            [messages] if isinstance(messages, Message) else list(messages), single, sharding_key
+            [messages] if isinstance(messages, Message) else list(messages),
+            single,
+            sharding_key,
+            budgeted=True,
         )
 
     def _send_batch_async(
-        self, msgs: list[Message], single: bool = False, sharding_key: str | None = None
+        self,
+        msgs: list[Message],
+        single: bool = False,
+        sharding_key: str | None = None,
+        budgeted: bool = False,
     ) -> concurrent.futures.Future[Any]:
         out: concurrent.futures.Future[Any] = concurrent.futures.Future()
         chunks = self._encode(msgs)  # validation errors raise here, before anything is sent
+        if budgeted:  # the caller's own send, not the coalescer's: it waits for room
+            nbytes = sum(len(c.batch.data) for c in chunks)
+            self._budget.acquire(len(msgs), nbytes, self.config.send_timeout_s)
+            out.add_done_callback(lambda _: self._budget.release(len(msgs), nbytes))
         parts: list[Any] = [None] * len(chunks)
-        remaining = [len(chunks)]
+        remaining = [len(chunks)]  # parts to come; -1 once ``out`` is being settled
         lock = threading.Lock()
 
         def done(i: int, part: Any, exc: BaseException | None) -> None:
             with lock:
-                if out.done():
+                if remaining[0] < 0:
                     return
+                if exc is None:
+                    parts[i] = part
+                    remaining[0] -= 1
+                    if remaining[0]:
+                        return
+                remaining[0] = -1
+            with self._budget.delivering():  # callers' callbacks run here and may send
                 if exc is not None:
                     out.set_exception(exc)
-                    return
-                parts[i] = part
-                remaining[0] -= 1
-                if remaining[0]:
-                    return
-            result = BatchSendResult(parts, len(msgs))
-            out.set_result(result[0] if single else result)
+                else:
+                    result = BatchSendResult(parts, len(msgs))
+                    out.set_result(result[0] if single else result)
 
         for i, chunk in enumerate(chunks):
             self._send_chunk_async(chunk, 0, None, sharding_key, functools.partial(done, i))

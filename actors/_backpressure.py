@@ -1,0 +1,88 @@
+"""A bound on what ``send_async`` holds for the caller (RocketMQ's async backpressure).
+
+Without it, a loop calling ``send_async`` faster than the brokers answer keeps
+every batch it made in the producer's memory until the lanes get to it. RocketMQ
+bounds async sends with two semaphores (``backPressureForAsyncSendNum`` and
+``backPressureForAsyncSendSize``); a send waits for room up to its timeout and
+fails with ``RemotingTooMuchRequestException`` past it. This budget does the same
+in messages and encoded bytes, since a RayMQ send may carry one message or 4096.
+
+A send bigger than the whole budget is let through when nothing else is
+unanswered, so it waits instead of failing forever. A send made while answers
+are being delivered (a completion callback that sends more) is let through
+without waiting: that thread is the one that would free room, and waiting on it
+would hold every other answer back until the timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
+from storage.errors import RayMQError
+
+
+class ProducerBusyError(RayMQError):
+    """``send_async`` found no room within the send timeout: too much is unanswered."""
+
+
+class AsyncSendBudget:
+    def __init__(self, max_messages: int, max_bytes: int) -> None:
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self._cond = threading.Condition()
+        self._messages = 0
+        self._bytes = 0
+        self._delivering = threading.local()
+
+    @property
+    def in_flight(self) -> tuple[int, int]:
+        """Messages and bytes taken and not yet given back."""
+        with self._cond:
+            return self._messages, self._bytes
+
+    def acquire(self, messages: int, nbytes: int, timeout_s: float) -> None:
+        """Take room for a send, waiting up to ``timeout_s``; :class:`ProducerBusyError`
+        past it (nothing taken)."""
+        with self._cond:
+            if not getattr(self._delivering, "active", False):
+                deadline = time.monotonic() + timeout_s
+                while not self._fits(messages, nbytes):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise ProducerBusyError(
+                            f"send_async: {self._messages} messages / {self._bytes} B "
+                            f"unanswered for {timeout_s:g} s (budget {self.max_messages} "
+                            f"messages / {self.max_bytes} B; ProducerConfig."
+                            "async_send_max_messages / async_send_max_bytes)"
+                        )
+                    self._cond.wait(left)
+            self._messages += messages
+            self._bytes += nbytes
+
+    def release(self, messages: int, nbytes: int) -> None:
+        with self._cond:
+            self._messages -= messages
+            self._bytes -= nbytes
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def delivering(self) -> Iterator[None]:
+        """Around code that runs callers' completion callbacks (see the module doc)."""
+        local = self._delivering
+        outer = getattr(local, "active", False)
+        local.active = True
+        try:
+            yield
+        finally:
+            local.active = outer
+
+    def _fits(self, messages: int, nbytes: int) -> bool:
+        if self._messages == 0:
+            return True  # alone, anything goes: a send over the budget must not wait forever
+        return (
+            self._messages + messages <= self.max_messages
+            and self._bytes + nbytes <= self.max_bytes
+        )
