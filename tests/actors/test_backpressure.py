@@ -27,9 +27,7 @@ def test_send_async_never_holds_more_than_its_budget_and_delivers_everything(
     cluster = make_cluster(brokers=1)
     cluster.admin.create_topic("Budget", 2, 2)
     per_send = 1 if single else 5
-    producer = cluster.producer(
-        "budget", async_send_max_messages=20, max_in_flight_per_broker=1
-    )
+    producer = cluster.producer("budget", async_send_max_messages=20, max_in_flight_per_broker=1)
     futures: list[Any] = []
     most = 0
     for b in range(200 if single else 100):
@@ -50,9 +48,11 @@ def test_send_async_never_holds_more_than_its_budget_and_delivers_everything(
         r = consumer.pull(mq, 0, 10_000)
         if r.status is PullStatus.FOUND:
             stored.update(m.body for m in r.messages)
-    sent = {b"%d" % b for b in range(200)} if single else {
-        b"%d-%d" % (b, i) for b in range(100) for i in range(5)
-    }
+    sent = (
+        {b"%d" % b for b in range(200)}
+        if single
+        else {b"%d-%d" % (b, i) for b in range(100) for i in range(5)}
+    )
     assert stored == sent
     assert len(results) == len(futures)
     producer.close()
