@@ -68,6 +68,17 @@ class AsyncSendBudget:
             self._bytes -= nbytes
             self._cond.notify_all()
 
+    def wait_empty(self, timeout_s: float) -> bool:
+        """Wait until everything taken was given back; False if ``timeout_s`` passed first."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._messages or self._bytes:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
     @contextlib.contextmanager
     def delivering(self) -> Iterator[None]:
         """Around code that runs callers' completion callbacks (see the module doc)."""

@@ -244,7 +244,16 @@ class Producer:
 
         return level_for_seconds(seconds, broker_levels_ms(self.ns))
 
-    def close(self) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
+        """Wait for the answers of ``send_async`` calls still out (batches may still be
+        waiting for their turn on the wire), up to ``timeout_s`` (default: twice the
+        send timeout, room for a retry), then release the producer's threads."""
+        timeout = 2 * self.config.send_timeout_s if timeout_s is None else timeout_s
+        if not self._budget.wait_empty(timeout):
+            messages, _ = self._budget.in_flight
+            log.warning(
+                "producer %s closed with %d async messages unanswered", self.group, messages
+            )
         self._pool.shutdown(wait=True)
 
     def __enter__(self) -> Producer:
@@ -485,9 +494,12 @@ class Producer:
                     self.fault.update(mq.broker_name, 0.0, failed=True)
                 self.ns.invalidate(chunk.topic)
                 nxt = mq.broker_name if mq is not None and sharding_key is None else avoid
-                self._pool.submit(
-                    self._send_chunk_async, chunk, attempt + 1, nxt, sharding_key, done
-                )
+                try:
+                    self._pool.submit(
+                        self._send_chunk_async, chunk, attempt + 1, nxt, sharding_key, done
+                    )
+                except RuntimeError:  # closed meanwhile: no retry, the caller hears of it
+                    done(None, exc)
             else:
                 done(None, exc)
 

@@ -58,6 +58,19 @@ def test_send_async_never_holds_more_than_its_budget_and_delivers_everything(
     producer.close()
 
 
+def test_close_waits_for_the_async_sends_still_out(make_cluster: Any) -> None:
+    cluster = make_cluster(brokers=1)
+    cluster.admin.create_topic("BudgetClose", 1, 1)
+    producer = cluster.producer("budget-close", max_in_flight_per_broker=1)
+    futures = [
+        producer.send_async([Message("BudgetClose", b"%d-%d" % (b, i)) for i in range(20)])
+        for b in range(50)
+    ]
+    producer.close()
+    assert all(f.done() for f in futures)  # answered before close returned, none lost
+    assert sum(len(f.result()) for f in futures) == 1000
+
+
 def test_the_budget_is_a_config_error_when_not_positive(make_cluster: Any) -> None:
     cluster = make_cluster(brokers=1)
     with pytest.raises(InvalidConfigError, match="async_send_max_messages"):
@@ -105,6 +118,15 @@ def test_a_send_bigger_than_the_budget_goes_alone() -> None:
         budget.acquire(1, 1, timeout_s=0.05)  # and nothing else while it is out
     budget.release(50, 5000)
     budget.acquire(1, 1, timeout_s=0.05)
+
+
+def test_wait_empty_returns_once_everything_is_given_back() -> None:
+    budget = AsyncSendBudget(max_messages=10, max_bytes=100)
+    assert budget.wait_empty(0.0)
+    budget.acquire(3, 30, timeout_s=0.1)
+    assert not budget.wait_empty(0.05)
+    threading.Timer(0.05, budget.release, (3, 30)).start()
+    assert budget.wait_empty(10.0)
 
 
 def test_a_send_from_a_completion_callback_does_not_wait_on_its_own_thread() -> None:
