@@ -234,7 +234,10 @@ class Broker:
         for topic, qid in max_qid.items():
             _, new = self.topics.for_write(topic, qid, auto_create_queue_nums)
             created |= new
+        woken = self.holds.woken
         result = await self._put(batch)
+        if self.holds.woken != woken:  # let the held pulls it woke answer first
+            await asyncio.sleep(0)
         if created:  # routable on every NameServer once the sender hears back
             await self.register_all()
         self._stats["put_msgs"] += len(batch)

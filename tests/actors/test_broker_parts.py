@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from pathlib import Path
@@ -91,18 +92,47 @@ def test_held_pull_is_woken_from_another_thread() -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         await holds.wait("T", 0, fut, 5.0)
-        assert holds.held == 0
+        assert holds.held == 0 and holds.woken == 1
         return loop.time() - started
 
     assert asyncio.run(scenario()) < 2.0
+
+
+def test_held_pull_is_woken_at_once_by_a_put_on_the_loop_itself() -> None:
+    async def scenario() -> None:
+        holds = PullRequestHoldService(asyncio.get_running_loop())
+        fut = holds.register("T", 0)
+        holds.on_dispatch("T", 0, 1)  # an inline put: no hand-over through the loop
+        assert fut.done() and holds.woken == 1 and holds.held == 0
+
+    asyncio.run(scenario())
 
 
 def test_held_pull_times_out() -> None:
     async def scenario() -> None:
         holds = PullRequestHoldService(asyncio.get_running_loop())
         fut = holds.register("T", 0)
-        await holds.wait("T", 0, fut, 0.01)
-        assert holds.held == 0 and not fut.done()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await holds.wait("T", 0, fut, 0.05)
+        assert loop.time() - started >= 0.05
+        assert holds.held == 0 and holds.woken == 0  # timed out, not woken
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_held_pull_leaves_nothing_behind() -> None:
+    async def scenario() -> None:
+        holds = PullRequestHoldService(asyncio.get_running_loop())
+        fut = holds.register("T", 0)
+        task = asyncio.ensure_future(holds.wait("T", 0, fut, 30.0))
+        await asyncio.sleep(0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert holds.held == 0
+        holds.on_dispatch("T", 0, 1)  # nobody waits: nothing to wake
+        assert holds.woken == 0
 
     asyncio.run(scenario())
 
