@@ -51,7 +51,7 @@ from storage import Message, encode_batch
 
 TOPIC = "Bench"
 BATCHES = (1, 16, 256, 1024, 4096)
-WINDOW = 4  # pipelined sends in flight
+WINDOW = 4  # sends in flight for the "window" figures and the 1 MiB argument rate
 
 
 def pct(values: list[float], q: float) -> float:
@@ -173,9 +173,9 @@ def bench_produce(cluster: actors.Cluster, quick: bool) -> list[dict[str, Any]]:
             row: dict[str, Any] = {"body": size, "batch": batch}
             row["sync_msg_s"] = produce_point(producer, body, batch, seconds, "sync")
             row["window_msg_s"] = produce_point(producer, body, batch, seconds, "window")
-            row["pipelined_msg_s"] = produce_point(producer, body, batch, seconds, "stream")
+            row["streamed_msg_s"] = produce_point(producer, body, batch, seconds, "stream")
             row["encode_msg_s"] = encode_rate(body, batch)
-            row["pipelined_bytes_s"] = row["pipelined_msg_s"] * size
+            row["streamed_bytes_s"] = row["streamed_msg_s"] * size
             rows.append(row)
     producer.close()
     return rows
@@ -633,8 +633,8 @@ def report(r: dict[str, Any]) -> None:
     for row in r["produce"]:
         print(
             f"  {row['body']:>4}  {row['batch']:>5}{_fmt(row['sync_msg_s'])}"
-            f"{_fmt(row['window_msg_s'])}{_fmt(row['pipelined_msg_s'])}"
-            f"{_fmt(row['encode_msg_s'])}{row['pipelined_bytes_s'] / 2**20:>12,.1f}"
+            f"{_fmt(row['window_msg_s'])}{_fmt(row['streamed_msg_s'])}"
+            f"{_fmt(row['encode_msg_s'])}{row['streamed_bytes_s'] / 2**20:>12,.1f}"
         )
     print("\n== Consume (pull_many over the topic's queues)   msg/s")
     for row in r["consume"]:
@@ -673,9 +673,7 @@ def report(r: dict[str, Any]) -> None:
 def targets(r: dict[str, Any]) -> list[str]:
     f = r["floor"]
     best = {
-        size: max(
-            r["produce"], key=lambda x, s=size: x["pipelined_msg_s"] if x["body"] == s else -1
-        )
+        size: max(r["produce"], key=lambda x, s=size: x["streamed_msg_s"] if x["body"] == s else -1)
         for size in (100, 1024)
     }
     p100, p1k = best[100], best[1024]
@@ -690,8 +688,8 @@ def targets(r: dict[str, Any]) -> list[str]:
         out.append(f"[{'ok ' if ok else 'MISS'}] {text}")
 
     check(
-        p100["pipelined_msg_s"] >= 300_000,
-        f"produce 100 B: {p100['pipelined_msg_s']:,.0f} msg/s (batch {p100['batch']}) vs 300,000; "
+        p100["streamed_msg_s"] >= 300_000,
+        f"produce 100 B: {p100['streamed_msg_s']:,.0f} msg/s (batch {p100['batch']}) vs 300,000; "
         f"client encode alone {p100['encode_msg_s']:,.0f} msg/s",
     )
     h2h = r["kib_vs_ray"]
