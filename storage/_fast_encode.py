@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import struct
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,18 @@ def _splitter(width: int, count: int) -> struct.Struct:
     """Cuts ``count`` chunks of ``width`` bytes out of one buffer in a single C call
     (a slice per chunk in Python cost ~5x more)."""
     return struct.Struct(f"{width}s" * count)
+
+
+_local = threading.local()
+
+
+def _scratch(size: int) -> np.ndarray:
+    """A uint8 buffer of ``size`` bytes this thread reuses from batch to batch: a fresh
+    one of a batch's size comes from ``mmap`` and pays a page fault per 4 KiB."""
+    buf: np.ndarray | None = getattr(_local, "buf", None)
+    if buf is None or len(buf) < size:
+        buf = _local.buf = np.empty(max(size, 1 << 16), dtype=np.uint8)
+    return buf[:size]
 
 
 def encode_plain(
@@ -128,12 +141,12 @@ def encode_plain(
     # between two bodies lie one record's tail and the next one's header: build those
     # "glue" chunks as rows of one array, then join glue, body, glue, body, ..., glue
     hs, ts = codec.HEADER.size, tail_len
-    glue = np.empty((n + 1, ts + hs), dtype=np.uint8)
+    width = ts + hs
+    glue = _scratch((n + 1) * width).reshape(n + 1, width)
     glue[1:, :ts] = tails
     glue[:-1, ts:] = hdr.view(np.uint8).reshape(n, hs)
-    width = ts + hs
     parts: list[bytes] = [b""] * (2 * n + 1)
-    parts[0::2] = _splitter(width, n + 1).unpack(glue.tobytes())
+    parts[0::2] = _splitter(width, n + 1).unpack(glue.data)
     parts[0] = parts[0][ts:]
     parts[-1] = parts[-1][:ts]
     parts[1::2] = bodies

@@ -259,6 +259,18 @@ def test_fast_plain_encoding_of_a_shared_queue_id_and_flag(qid: int, flag: int) 
     assert {(m.queue_id, m.flag) for m in codec.decode_records(fast.data)} == {(qid, flag)}
 
 
+def test_fast_plain_encoding_reuses_its_scratch_buffer_without_leftovers() -> None:
+    # a big batch with a long tail, then smaller ones with shorter and longer tails: each
+    # reuses the thread's buffer the one before filled, and none may carry its bytes
+    _assert_fast_equals_slow(
+        [Message("ALongerTopicName", b"big%d" % i, tags="SomeTags") for i in range(3000)]
+    )
+    _assert_fast_equals_slow([Message("T", b"small%d" % i) for i in range(40)])
+    _assert_fast_equals_slow(
+        [Message("Mid", b"m" * (i % 7 + 1), tags="x" * 30) for i in range(500)]
+    )
+
+
 def _assert_fast_equals_slow(msgs: list[Message]) -> codec.EncodedBatch:
     import itertools
 
