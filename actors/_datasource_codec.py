@@ -43,6 +43,7 @@ from storage.codec import (
     prefixed_java_hashes,
     record_starts,
     validate_topic,
+    windows,
 )
 from storage.errors import InvalidMessageError, StoreCorruptedError
 
@@ -132,14 +133,8 @@ def _varlen(kind: pa.DataType, lengths: np.ndarray, data: np.ndarray) -> pa.Arra
 
 
 def _int_at(buf: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
-    """The big-endian unsigned ints of ``width`` bytes at positions ``at`` (as int64)."""
-    raw = buf[(at[:, None] + np.arange(width)).ravel()].reshape(-1, width).astype(np.int64)
-    value = raw[:, 0]
-    for k in range(1, width):
-        value = (value << 8) | raw[:, k]
-    if width == 4:
-        value = np.where(value >= 1 << 31, value - (1 << 32), value)
-    return value
+    """The big-endian ints at positions ``at`` (as int64): signed 4-byte, unsigned 2-byte."""
+    return windows(buf, {4: ">i4", 2: ">u2"}[width])[at].astype(np.int64)
 
 
 def _segment_labels(lengths: np.ndarray) -> np.ndarray:

@@ -33,8 +33,6 @@ log = logging.getLogger("raymq.storage.commitlog")
 _SIZE_MAGIC = struct.Struct(">iI")
 _BLANK = struct.Struct(">iI")
 _I32 = struct.Struct(">i")
-_ARANGE8 = np.arange(8, dtype=np.int64)
-_ARANGE4 = np.arange(4, dtype=np.int64)
 _QUEUE_ID = struct.Struct(">i")  # at OFF_QUEUEID
 _OFFSETS = struct.Struct(">qq")  # QUEUEOFFSET, PHYSICALOFFSET: adjacent
 _STORED = struct.Struct(">q8s")  # STORETIMESTAMP, STOREHOST: adjacent
@@ -49,12 +47,6 @@ def _patch_record(
     _QUEUE_ID.pack_into(buf, pos + codec.OFF_QUEUEID, queue_id)
     _OFFSETS.pack_into(buf, pos + codec.OFF_QUEUEOFFSET, queue_offset, phys)
     _STORED.pack_into(buf, pos + codec.OFF_STORETIMESTAMP, ts, host)
-
-
-def _patch(arr: np.ndarray, starts: np.ndarray, field: int, values: np.ndarray) -> None:
-    """Write big-endian 8-byte ``values`` at ``starts + field`` in ``arr`` (vectorised)."""
-    idx = (starts[:, None] + (field + _ARANGE8)).ravel()
-    arr[idx] = np.ascontiguousarray(values, dtype=">i8").view(np.uint8)
 
 
 class CommitLog:
@@ -148,27 +140,26 @@ class CommitLog:
         phys = np.empty(n, dtype=np.int64)
         for first, stop, base in segments:
             phys[first:stop] = base + (starts[first:stop] - starts[first])
-        host = np.frombuffer(store_host, dtype=np.uint8)
+        # the store fields as the bytes they become: (QUEUEOFFSET, PHYSICALOFFSET)
+        # per record, QUEUEID per record, and (STORETIMESTAMP, STOREHOST) once
+        offsets = np.empty((n, 2), dtype=">i8")
+        offsets[:, 0] = queue_offsets
+        offsets[:, 1] = phys
+        pairs = offsets.view("V16").ravel()
+        qid_bytes = np.ascontiguousarray(queue_ids, dtype=">i4").view("V4")
+        stored = np.frombuffer(_STORED.pack(store_ts, store_host), dtype="V16")[0]
         for first, stop, base in segments:
             mf = self._file_for(base)
             rel = mf.append(view[int(starts[first]) : int(ends[stop - 1])])
             local = starts[first:stop] - starts[first] + rel
-            arr = np.frombuffer(mf.buffer, dtype=np.uint8)
+            w4 = codec.windows(mf.buffer, "V4")
+            w16 = codec.windows(mf.buffer, "V16")
             try:
-                _patch(arr, local, codec.OFF_QUEUEOFFSET, queue_offsets[first:stop])
-                arr[(local[:, None] + (codec.OFF_QUEUEID + _ARANGE4)).ravel()] = (
-                    np.ascontiguousarray(queue_ids[first:stop], dtype=">i4").view(np.uint8)
-                )
-                _patch(arr, local, codec.OFF_PHYSICALOFFSET, phys[first:stop])
-                _patch(
-                    arr,
-                    local,
-                    codec.OFF_STORETIMESTAMP,
-                    np.full(stop - first, store_ts, dtype=np.int64),
-                )
-                arr[local[:, None] + (codec.OFF_STOREHOST + _ARANGE8)] = host
+                w4[local + codec.OFF_QUEUEID] = qid_bytes[first:stop]
+                w16[local + codec.OFF_QUEUEOFFSET] = pairs[first:stop]
+                w16[local + codec.OFF_STORETIMESTAMP] = stored
             finally:
-                del arr
+                del w4, w16
         return self._after_append(phys)
 
     def _after_append(self, phys: np.ndarray) -> np.ndarray:
@@ -313,10 +304,11 @@ class CommitLog:
                 pos += size
             if not starts:
                 return 0, False
-            buf = np.frombuffer(mf.buffer, dtype=np.uint8)
+            words = codec.windows(mf.buffer, ">u4")
+            longs = codec.windows(mf.buffer, ">i8")
             st = np.array(starts, dtype=np.int64)
             sizes = np.diff(np.append(st, pos))
-            magic = buf[(st[:, None] + (codec.OFF_MAGIC + np.arange(4))).ravel()].view(">u4")
+            magic = words[st + codec.OFF_MAGIC]
             is_blank = magic == codec.BLANK_MAGIC
             n = len(st)
             sealed = bool(is_blank[-1]) and pos == limit
@@ -324,19 +316,15 @@ class CommitLog:
             ok = (magic[:records] == codec.MAGIC) & (sizes[:records] >= codec.FIXED_LEN)
             head = st[:records]
             tail = np.minimum(head + codec.HEADER.size, limit - 8)
-            phys = buf[
-                (
-                    np.minimum(head, limit - 36)[:, None] + (codec.OFF_PHYSICALOFFSET + _ARANGE8)
-                ).ravel()
-            ].view(">i8")
-            body_len = buf[(tail[:, None] - 4 + np.arange(4)).ravel()].view(">i4").astype(np.int64)
+            phys = longs[np.minimum(head, limit - 36) + codec.OFF_PHYSICALOFFSET]
+            body_len = words[tail - 4].view(">i4").astype(np.int64)
             ok &= phys == mf.from_offset + head
             ok &= (body_len >= 0) & (
                 head + codec.HEADER.size + body_len + 3 <= head + sizes[:records]
             )
             bad = np.flatnonzero(~ok)
             good = int(bad[0]) if len(bad) else records
-            del buf, magic, phys
+            del words, longs, magic, phys
             if check_crc and good:
                 body_at = (head[:good] + codec.HEADER.size).tolist()
                 body_end = (head[:good] + codec.HEADER.size + body_len[:good]).tolist()

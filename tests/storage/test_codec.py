@@ -308,3 +308,18 @@ def test_body_slices_match_decoded_bodies_and_refuse_garbage() -> None:
     broken[int(starts[7]) + 4] ^= 0xFF
     with pytest.raises(StoreCorruptedError):
         codec.body_slices(bytes(broken), starts)
+
+
+def test_windows_gather_and_scatter_fields_at_unaligned_positions() -> None:
+    rng = random.Random(7)
+    data = bytearray(rng.randbytes(300))
+    at = np.array([0, 9, 17, 101, 250, 292], dtype=np.int64)  # 292 + 8 == len: the last window
+    longs = codec.windows(data, ">i8")
+    assert len(longs) == len(data) - 7
+    assert longs[at].tolist() == [struct.unpack_from(">q", data, int(a))[0] for a in at]
+    values = np.array([-1, 2, 3 << 40, -(5 << 50), 7, 9], dtype=">i8")
+    codec.windows(data, "V8")[at] = values.view("V8")
+    assert [struct.unpack_from(">q", data, int(a))[0] for a in at] == values.tolist()
+    words = codec.windows(bytes(data), ">u4")  # read-only buffers gather too
+    assert words[at + 1].tolist() == [struct.unpack_from(">I", data, int(a) + 1)[0] for a in at]
+    assert len(codec.windows(b"abc", ">i4")) == 0  # shorter than one field: no window
