@@ -5,7 +5,7 @@ per batch, and a call costs the producer and the broker ~1 ms of CPU each here,
 whatever the batch holds. So each broker gets a lane: at most
 ``max_in_flight`` calls on the wire; batches that come meanwhile wait, and the
 moment a call is answered everything waiting for that broker leaves as one call
-(``EncodedBatch.concat``: each record keeps its own topic and queue). At a low
+(``EncodedBatch.wire_of``: each record keeps its own topic and queue). At a low
 rate a batch leaves at once; at a high rate calls grow by themselves, as
 Kafka's producer accumulator does.
 
@@ -34,7 +34,7 @@ from .protocol import SendAck
 
 log = logging.getLogger("raymq.actors.producer")
 
-Submit = Callable[[EncodedBatch], Any]  # sends a wire batch to the lane's broker: an ObjectRef
+Submit = Callable[..., Any]  # sends its batches as one call to the lane's broker: an ObjectRef
 OnAck = Callable[[SendAck | None, BaseException | None], None]
 
 
@@ -103,7 +103,7 @@ class SendLanes:
 
     def _start(self, broker: str, group: list[_Waiting]) -> None:
         try:
-            ref = group[0].submit(EncodedBatch.concat([w.batch for w in group]))
+            ref = group[0].submit(*(w.batch for w in group))
         except BaseException as exc:  # noqa: BLE001 - each part hears of it
             self._finish(broker, group, None, exc)
             return

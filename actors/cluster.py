@@ -42,6 +42,15 @@ log = logging.getLogger("raymq.actors.cluster")
 NAMESERVER_PREFIX = "nameserver-"
 ACTOR_MAX_CONCURRENCY = 1000
 STARTUP_TIMEOUT_S = 120.0
+# A broker's replies (pulls: 4 queues x 256 records of 100 B are ~250 KB) travel
+# inline in Ray's reply up to this size, not through the object store: Ray's
+# default cut is 100 KiB, and an async method returning 245 KB took 3.1-3.3 ms
+# a call through the store against 2.1-2.5 ms inline (1 MB: no difference).
+# Ray reads the setting from the worker's environment when the worker starts.
+BROKER_INLINE_REPLY_BYTES = 1 << 20
+BROKER_RUNTIME_ENV = {
+    "env_vars": {"RAY_max_direct_call_object_size": str(BROKER_INLINE_REPLY_BYTES)}
+}
 
 
 def _named_actors(namespace: str) -> list[str]:
@@ -262,6 +271,7 @@ def start_cluster(
                 name=bc.actor_name,
                 **common,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                runtime_env=BROKER_RUNTIME_ENV,
             )
             .remote(bc)
             for bc, node_id in zip(broker_cfgs, placements)

@@ -534,10 +534,10 @@ class Producer:
             answered,
         )
 
-    def _send_wire(self, route: TopicRouteData, broker_name: str, batch: EncodedBatch) -> Any:
-        """A lane's call: ``batch`` (bound for its queues already) to ``broker_name``."""
+    def _send_wire(self, route: TopicRouteData, broker_name: str, *batches: EncodedBatch) -> Any:
+        """A lane's call: ``batches`` (bound for their queues already) to ``broker_name``."""
         try:
-            return self.ns.broker(route, broker_name).send.remote(_wire(batch))
+            return self.ns.broker(route, broker_name).send.remote(_wire(*batches))
         except (BrokerUnavailableError, RayError) as exc:
             self.fault.update(broker_name, 0.0, failed=True)
             raise BrokerUnavailableError(f"broker {broker_name!r}: {exc}") from exc

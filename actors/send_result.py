@@ -109,9 +109,10 @@ def _with_queue(batch: EncodedBatch, queue_id: int) -> bytes | np.ndarray:
     return _wire(batch.with_queue(queue_id))
 
 
-def _wire(batch: EncodedBatch) -> bytes | np.ndarray:
-    """What ``Broker.send`` takes: the blob, as a ``uint8`` array when it is large."""
-    wire = batch.to_bytes()
+def _wire(*batches: EncodedBatch) -> bytes | np.ndarray:
+    """What ``Broker.send`` takes for ``batches`` as one call: the blob, as a ``uint8``
+    array when it is large."""
+    wire = EncodedBatch.wire_of(batches)
     if len(wire) >= OUT_OF_BAND_BYTES:
         return np.frombuffer(wire, dtype=np.uint8)
     return wire

@@ -392,6 +392,19 @@ class EncodedBatch:
         what a producer sends when batches for one broker queued up behind a call."""
         if len(batches) == 1:
             return batches[0]
+        return cls._merged(batches, b"".join(b.data for b in batches))
+
+    @classmethod
+    def wire_of(cls, batches: Sequence[EncodedBatch]) -> bytes:
+        """``concat(batches).to_bytes()``, with each batch's records copied once, straight
+        into the blob (a send lane's merged call: 16 384 records are ~3 MiB at 100 B)."""
+        if len(batches) == 1:
+            return batches[0].to_bytes()
+        merged = cls._merged(batches, b"")
+        return b"".join([*merged._wire_head(), *(b.data for b in batches)])
+
+    @classmethod
+    def _merged(cls, batches: Sequence[EncodedBatch], data: bytes) -> EncodedBatch:
         topics = tuple(dict.fromkeys(t for b in batches for t in b.topics))
         index = {t: i for i, t in enumerate(topics)}
         counts = np.cumsum([0] + [len(b) for b in batches[:-1]], dtype=np.int32)
@@ -404,7 +417,7 @@ class EncodedBatch:
                 ]
             )
         return cls(
-            data=b"".join(b.data for b in batches),
+            data=data,
             sizes=np.concatenate([b.sizes for b in batches]),
             topics=topics,
             topic_idx=np.concatenate(
@@ -430,6 +443,10 @@ class EncodedBatch:
         return low == high
 
     def to_bytes(self) -> bytes:
+        return b"".join([*self._wire_head(), self.data])
+
+    def _wire_head(self) -> list[bytes]:
+        """Everything :meth:`to_bytes` puts before the records."""
         topics = "\x00".join(self.topics).encode("utf-8")
         uniq = _keys_text(self.uniq_keys).encode("ascii")
         delays = self.delay_levels
@@ -441,21 +458,18 @@ class EncodedBatch:
             len(uniq),
             0 if delays is None else len(delays),
         )
-        return b"".join(
-            (
-                head,
-                topics,
-                uniq,
-                self.sizes.astype("<i4").tobytes(),
-                self.topic_idx.astype("<i2").tobytes(),
-                self.queue_ids.astype("<i4").tobytes(),
-                self.tag_codes.astype("<i8").tobytes(),
-                self.key_hashes.astype("<i4").tobytes(),
-                self.key_owner.astype("<i4").tobytes(),
-                b"" if delays is None else delays.astype("<i4").tobytes(),
-                self.data,
-            )
-        )
+        return [
+            head,
+            topics,
+            uniq,
+            self.sizes.astype("<i4").tobytes(),
+            self.topic_idx.astype("<i2").tobytes(),
+            self.queue_ids.astype("<i4").tobytes(),
+            self.tag_codes.astype("<i8").tobytes(),
+            self.key_hashes.astype("<i4").tobytes(),
+            self.key_owner.astype("<i4").tobytes(),
+            b"" if delays is None else delays.astype("<i4").tobytes(),
+        ]
 
     @classmethod
     def from_bytes(cls, blob: bytes | memoryview | np.ndarray) -> EncodedBatch:

@@ -67,6 +67,9 @@ def test_concatenated_batches_keep_each_records_topic_queue_keys_and_delay() -> 
     assert list(whole.uniq_keys) == list(a.uniq_keys) + list(b.uniq_keys)
     assert whole.tag_codes.tolist() == a.tag_codes.tolist() + b.tag_codes.tolist()
     assert whole.delay_levels is not None and whole.delay_levels.tolist() == [0, 0, 2]
+    # a send lane's one-copy blob is the same bytes
+    assert codec.EncodedBatch.wire_of([a, b]) == codec.EncodedBatch.concat([a, b]).to_bytes()
+    assert codec.EncodedBatch.wire_of([a]) == a.to_bytes()
 
 
 def test_record_layout_is_rocketmq_v1() -> None:
