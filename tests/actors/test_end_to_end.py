@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import defaultdict
@@ -61,6 +62,16 @@ def test_actors_are_named_and_detached(cluster: actors.Cluster) -> None:
     assert again.nameserver_names == ["nameserver-0", "nameserver-1"]
     route = again.admin.topic_route("Orders")
     assert sorted(q.broker_name for q in route.queue_datas) == ["broker-a", "broker-b"]
+
+
+def test_brokers_answer_a_pull_of_4_x_256_records_inline(cluster: actors.Cluster) -> None:
+    # Ray's default cut for an inline reply is 100 KiB: a pull of 4 queues x 256
+    # records of 100 B (~250 KB) would go through the object store (~1 ms a call more)
+    def inline_limit(_: Any) -> int:
+        return int(os.environ.get("RAY_max_direct_call_object_size", 100 << 10))  # noqa: SIM112
+
+    for name in ("broker-a", "broker-b"):
+        assert ray.get(cluster.broker(name).__ray_call__.remote(inline_limit)) >= 256 << 10
 
 
 def test_every_message_comes_back_once_in_queue_order(cluster: actors.Cluster) -> None:
