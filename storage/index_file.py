@@ -178,10 +178,10 @@ class IndexFile:
         return out
 
     def flush(self) -> None:
-        """msync the whole mapping: slot writes are scattered, the kernel skips clean pages."""
+        """Sync the whole file: slot writes are scattered, the kernel skips clean pages."""
         if self.dirty:
             self.dirty = False
-            self.file.buffer.flush()
+            self.file.sync()
 
     def close(self) -> None:
         del self._slot_table

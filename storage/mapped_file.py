@@ -40,6 +40,7 @@ def _load_libc() -> ctypes.CDLL | None:
 
 
 _libc = _load_libc()
+_datasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 
 
 def offset_to_name(offset: int) -> str:
@@ -135,13 +136,26 @@ class MappedFile:
         return (self.wrote_position - self.flushed_position) // PAGE
 
     def flush(self) -> int:
-        """msync what was written since the last flush; return the new flushed position."""
+        """Make what was written durable; return the new flushed position."""
         wrote = self.wrote_position
         if wrote > self.flushed_position:
-            start = (self.flushed_position // PAGE) * PAGE
-            self._mm.flush(start, wrote - start)
+            self.sync()
             self.flushed_position = wrote
         return self.flushed_position
+
+    def sync(self) -> None:
+        """Write every dirty page of the file to disk, the GIL released meanwhile.
+
+        ``mmap.flush`` (msync) holds the GIL for the whole call: a broker's flush of
+        a few hundred MiB froze its event loop, and every pull and send with it, for
+        a quarter of a second here. On Linux the page cache is one for ``write`` and
+        for shared mappings, so ``fdatasync`` of the file writes the pages the
+        mapping dirtied, and releases the GIL as every ``os`` call that waits does.
+        """
+        fd = self._fd
+        if fd < 0:
+            raise ValueError(f"{self.path}: flush of a closed file")
+        _datasync(fd)
 
     def zero_from(self, pos: int, stop_after_zero_run: int | None = None) -> None:
         """Zero the bytes from ``pos`` on, so a truncated tail can never read back.
@@ -166,8 +180,7 @@ class MappedFile:
                 continue
             zero_run = 0
             self._mm[start:end] = zeros[: end - start]
-        first_page = (pos // PAGE) * PAGE
-        self._mm.flush(first_page, end - first_page)
+        self.sync()
 
     def mtime(self) -> float:
         return os.stat(self.path).st_mtime

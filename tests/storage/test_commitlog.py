@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import struct
+import threading
+import time
+from pathlib import Path
 
 from storage import Message, MessageStore, StoreConfig, codec
+from storage.mapped_file import MappedFile, offset_to_name
 
 
 def test_rolls_across_many_small_files_with_blank_markers(
@@ -89,3 +94,24 @@ def test_a_commitlog_file_created_cold_is_warmed_while_it_is_written(
         assert [m.body for m in again.get("g", "Warm", 0, 0, 2).messages] == [b"x", b"y"]
     finally:
         again.close()
+
+
+def test_a_flush_leaves_the_other_threads_running(tmp_path: Path) -> None:
+    # mmap.flush (msync) holds the GIL: flushing 64 MiB here froze every other thread
+    # (a broker's event loop) for ~50 ms; the flush must wait in the kernel without it
+    mf = MappedFile(tmp_path / offset_to_name(0), 64 << 20, create=True)
+    try:
+        mf.append(os.urandom(1 << 20) * 64)
+        done = threading.Event()
+        flusher = threading.Thread(target=lambda: (mf.flush(), done.set()))
+        longest, last = 0.0, time.perf_counter()
+        flusher.start()
+        while not done.is_set():
+            now = time.perf_counter()
+            longest, last = max(longest, now - last), now
+        longest = max(longest, time.perf_counter() - last)
+        flusher.join()
+        assert mf.flushed_position == 64 << 20
+        assert longest < 0.02, f"another thread stalled {longest * 1e3:.0f} ms during a flush"
+    finally:
+        mf.destroy()
