@@ -148,9 +148,10 @@ class MappedFile:
 
         ``mmap.flush`` (msync) holds the GIL for the whole call: a broker's flush of
         a few hundred MiB froze its event loop, and every pull and send with it, for
-        a quarter of a second here. On Linux the page cache is one for ``write`` and
-        for shared mappings, so ``fdatasync`` of the file writes the pages the
-        mapping dirtied, and releases the GIL as every ``os`` call that waits does.
+        a quarter of a second here. On Linux, msync(MS_SYNC) of a shared file mapping
+        is itself a datasync of the file's range (``vfs_fsync_range``), so
+        ``fdatasync`` of the whole file writes the same pages (and any other dirty
+        ones), and releases the GIL as every ``os`` call that waits does.
         """
         fd = self._fd
         if fd < 0:
