@@ -134,7 +134,7 @@ def _varlen(kind: pa.DataType, lengths: np.ndarray, data: np.ndarray) -> pa.Arra
 
 def _int_at(buf: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
     """The big-endian ints at positions ``at`` (as int64): signed 4-byte, unsigned 2-byte."""
-    return windows(buf, {4: ">i4", 2: ">u2"}[width])[at].astype(np.int64)
+    return windows(buf.data, {4: ">i4", 2: ">u2"}[width])[at].astype(np.int64)
 
 
 def _segment_labels(lengths: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ back under; a failed pull is retried after ``pull_retry_delay_s``.
 
 Pulls that are due together leave together: the thread takes every event
 waiting, and the queues to pull on one broker (with one subscription
-expression) go as one ``pull_batch`` call, which the broker holds until any of
+expression) go as one ``pull_packed`` call, which the broker holds until any of
 them has a message. RocketMQ sends a request per queue, which costs little on
 its own transport; a Ray call costs each side ~1 ms of CPU here, which at the
 default pull batch of 32 held push consumption to half of what ``pull_many``
@@ -33,7 +33,7 @@ from storage.errors import RayMQError
 from . import _rpc
 from ._push_process_queue import ProcessQueue, PullState
 from .consumer import PullResult, PullStatus
-from .protocol import pull_from_wire
+from .protocol import pull_request_to_wire, pulls_from_wire
 
 if TYPE_CHECKING:
     from rebalance import MessageQueue
@@ -124,7 +124,7 @@ class PullMessageService:
             due.append((pq, (PullState.IDLE,)))
 
     def _issue(self, due: Due) -> None:
-        """One ``pull_batch`` call per broker and subscription for the queues in ``due``
+        """One ``pull_packed`` call per broker and subscription for the queues in ``due``
         that are still in one of the states they were due from."""
         c = self.c
         calls: dict[tuple[Any, ...], list[tuple[ProcessQueue, int, int]]] = {}
@@ -150,13 +150,15 @@ class PullMessageService:
             calls.setdefault(key, []).append((pq, gen, offset))
         for (_, expression, _), members in calls.items():
             try:
-                ref = c.broker_for(members[0][0].mq).pull_batch.remote(
-                    c.group,
-                    [(pq.mq.topic, pq.mq.queue_id, offset) for pq, _, offset in members],
-                    c.config.pull_batch_size,
-                    expression,
-                    c.config.pull_suspend_s,
-                    c.client_id,
+                ref = c.broker_for(members[0][0].mq).pull_packed.remote(
+                    pull_request_to_wire(
+                        c.group,
+                        [(pq.mq.topic, pq.mq.queue_id, offset) for pq, _, offset in members],
+                        c.config.pull_batch_size,
+                        expression,
+                        c.config.pull_suspend_s,
+                        c.client_id,
+                    )
                 )
             except Exception as exc:  # noqa: BLE001 - no route or handle now
                 for pq, gen, _ in members:
@@ -181,7 +183,7 @@ class PullMessageService:
         due: Due,
     ) -> None:
         try:
-            wires = fut.result()
+            raws = pulls_from_wire(fut.result())
         except Exception as exc:  # noqa: BLE001
             cause = _rpc.cause_of(exc)
             if len(members) > 1 and not _rpc.is_retriable(cause):
@@ -203,9 +205,8 @@ class PullMessageService:
         # an empty answer that came fast was not held, unless a sibling's message ended it
         spun = time.monotonic() - started < _SPIN_GUARD_S
         answers = []
-        for (pq, gen), wire in zip(members, wires):
+        for (pq, gen), raw in zip(members, raws):
             self._alone.discard(pq.mq)
-            raw = pull_from_wire(wire)
             spun = spun and not raw.count
             answers.append((pq, gen, raw))
         for pq, gen, raw in answers:

@@ -48,7 +48,14 @@ from ._replication import create_replication
 from ._topic_manager import TopicConfigManager
 from .config import BrokerConfig
 from .metrics import BrokerMetrics, BrokerMetricsService
-from .protocol import AckWire, PullWire, SendAck, pull_to_wire
+from .protocol import (
+    AckWire,
+    PullWire,
+    SendAck,
+    pull_request_from_wire,
+    pull_to_wire,
+    pulls_to_wire,
+)
 from .route import BrokerRegistration
 from .topic import TopicConfig
 
@@ -265,6 +272,21 @@ class Broker:
         """Records from ``offset`` as one blob (answered as :func:`pull_to_wire`); with
         ``suspend_s`` > 0 a pull that finds nothing new waits that long (at most
         ``max_pull_suspend_s``) for a message."""
+        return pull_to_wire(
+            await self._pull(group, topic, queue_id, offset, max_count, tags, suspend_s, client_id)
+        )
+
+    async def _pull(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        tags: str | None,
+        suspend_s: float,
+        client_id: str,
+    ) -> RawGetResult:
         validate_topic(topic)
         validate_queue_id(queue_id)
         self.topics.for_read(topic, queue_id)
@@ -275,7 +297,7 @@ class Broker:
         self._stats["get_msgs"] += raw.count
         if self.metrics is not None:
             self.metrics.on_get(topic, raw.count, len(raw.data))
-        return pull_to_wire(raw)
+        return raw
 
     async def _held_get(
         self,
@@ -326,12 +348,31 @@ class Broker:
         """:meth:`pull` for several ``(topic, queue_id, offset)`` of this broker in one
         call (one answer each, in order). With ``suspend_s`` > 0 and nothing readable on
         any of them, the call is held until one gets a message or the time is up."""
+        answers = await self._pull_batch(group, requests, max_count, tags, suspend_s, client_id)
+        return [pull_to_wire(raw) for raw in answers]
+
+    async def pull_packed(self, request: bytes) -> bytes:
+        """:meth:`pull_batch` with its arguments packed in one blob
+        (:func:`~actors.protocol.pull_request_to_wire`) and its answers in another
+        (:func:`~actors.protocol.pulls_from_wire` reads them): the consumers' call,
+        ~0.3 ms cheaper than six arguments and a list of answers."""
+        return pulls_to_wire(await self._pull_batch(*pull_request_from_wire(request)))
+
+    async def _pull_batch(
+        self,
+        group: str,
+        requests: list[tuple[str, int, int]],
+        max_count: int,
+        tags: str | None,
+        suspend_s: float,
+        client_id: str,
+    ) -> list[RawGetResult]:
         if not requests:
             return []
         if len(requests) == 1:  # a long-polling consumer of one queue: no extra hops
             topic, queue_id, offset = requests[0]
             return [
-                await self.pull(
+                await self._pull(
                     group, topic, queue_id, offset, max_count, tags, suspend_s, client_id
                 )
             ]
@@ -364,7 +405,7 @@ class Broker:
             for (topic, _, _), raw in zip(requests, answers):
                 if raw.count:
                     self.metrics.on_get(topic, raw.count, len(raw.data))
-        return [pull_to_wire(raw) for raw in answers]
+        return answers
 
     async def _get_many(
         self, group: str, requests: list[tuple[str, int, int]], max_count: int, tags: str | None

@@ -30,7 +30,7 @@ from storage.subscription import parse_subscription
 from . import _rpc
 from ._nameserver_client import NameServerClient
 from .config import DEFAULT_NAMESPACE, ConsumerConfig, with_options
-from .protocol import pull_from_wire
+from .protocol import pull_request_to_wire, pulls_from_wire
 from .topic import is_readable
 
 log = logging.getLogger("raymq.actors.consumer")
@@ -323,8 +323,10 @@ class PullConsumer:
             batch = [
                 (requests[i][0].topic, requests[i][0].queue_id, requests[i][1]) for i in indexes
             ]
-            ref = self._broker(mq, prefer).pull_batch.remote(
-                self.group, batch, max_count, tags, long_poll_s, self.client_id
+            ref = self._broker(mq, prefer).pull_packed.remote(
+                pull_request_to_wire(
+                    self.group, batch, max_count, tags, long_poll_s, self.client_id
+                )
             )
             refs.append((indexes, ref))
         return _Pending(refs, subscribed, self.config.pull_timeout_s + long_poll_s)
@@ -334,8 +336,8 @@ class PullConsumer:
     ) -> list[PullResult]:
         results: list[PullResult | None] = [None] * len(requests)
         for indexes, ref in pending.refs:
-            answers = self._wait(requests[indexes[0]][0], ref, pending.timeout)
-            for i, raw in zip(indexes, map(pull_from_wire, answers)):
+            answers = pulls_from_wire(self._wait(requests[indexes[0]][0], ref, pending.timeout))
+            for i, raw in zip(indexes, answers):
                 mq = requests[i][0]
                 suggested = getattr(raw, "suggest_broker_id", -1)  # see actors._ha.PullAnswer
                 if suggested > 0:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import msgpack
 import numpy as np
 
+from storage.errors import InvalidMessageError
 from storage.message import GetStatus, PutStatus, RawGetResult
 
 from ._replication import PullAnswer
@@ -81,3 +85,53 @@ def pull_from_wire(wire: PullWire) -> RawGetResult:
     if suggest == -1:
         return RawGetResult(*values)
     return PullAnswer(*values, suggest_broker_id=suggest)
+
+
+# ------------------------------------------------------------ a pull call as two blobs
+# Ray costs every argument and every object in an answer: an async no-op method with
+# pull_batch's six arguments took ~0.35 ms more of the actor's CPU than one without,
+# one blob ~0.15 ms; four answer tuples ~0.2 ms more than one blob. So the clients'
+# pulls (``Broker.pull_packed``) send their arguments and get their answers as one
+# msgpack blob each.
+
+PullRequest = tuple[str, list[tuple[str, int, int]], int, "str | None", float, str]
+"""``(group, [(topic, queue_id, offset), ...], max_count, tags, suspend_s, client_id)``."""
+
+
+def pull_request_to_wire(
+    group: str,
+    requests: Sequence[tuple[str, int, int]],
+    max_count: int,
+    tags: str | None,
+    suspend_s: float,
+    client_id: str,
+) -> bytes:
+    return msgpack.packb((group, list(requests), max_count, tags, suspend_s, client_id))
+
+
+def pull_request_from_wire(blob: bytes) -> PullRequest:
+    """The request :func:`pull_request_to_wire` packed; anything else is refused whole."""
+    try:
+        group, requests, max_count, tags, suspend_s, client_id = msgpack.unpackb(blob)
+        triples = [(str(t), int(q), int(o)) for t, q, o in requests]
+    except Exception as exc:  # noqa: BLE001 - whatever the bytes were, one clear error
+        raise InvalidMessageError(f"not a packed pull request: {exc}") from None
+    if not (
+        isinstance(group, str)
+        and isinstance(max_count, int)
+        and (tags is None or isinstance(tags, str))
+        and isinstance(suspend_s, (int, float))
+        and isinstance(client_id, str)
+    ):
+        raise InvalidMessageError("a packed pull request with fields of the wrong types")
+    return group, triples, max_count, tags, float(suspend_s), client_id
+
+
+def pulls_to_wire(answers: Sequence[RawGetResult]) -> bytes:
+    """Several pulls' answers (:func:`pull_to_wire` each) as one blob."""
+    return msgpack.packb([pull_to_wire(raw) for raw in answers])
+
+
+def pulls_from_wire(blob: bytes) -> list[RawGetResult]:
+    wires: list[Any] = msgpack.unpackb(blob)
+    return [pull_from_wire(tuple(w)) for w in wires]  # type: ignore[arg-type]

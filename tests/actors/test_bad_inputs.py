@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import msgpack
 import pytest
 import ray
 from raymq_testkit import SMALL_STORE, unique_namespace
@@ -109,6 +110,25 @@ def test_bad_properties_and_names(cluster: actors.Cluster, producer: actors.Prod
         cluster.admin.create_topic("bad/name")
     with pytest.raises(InvalidMessageError, match="malformed"):
         ray.get(cluster.broker("broker-a").send.remote(b"\x00\x01garbage"))
+
+
+@pytest.mark.parametrize(
+    "request_blob",
+    [
+        b"\x00\x01garbage",
+        msgpack.packb(("g", [("Good", 0)], 32, None, 0.0, "c")),  # a request of two fields
+        msgpack.packb(("g", [("Good", 0, 0)], "32", None, 0.0, "c")),  # max_count a string
+        msgpack.packb(("g", [("Good", 0, 0)], 32, 5, 0.0, "c")),  # tags a number
+    ],
+)
+def test_a_malformed_packed_pull_is_refused_and_counts_nothing(
+    cluster: actors.Cluster, request_blob: bytes
+) -> None:
+    broker = cluster.broker("broker-a")
+    before = ray.get(broker.status.remote())["pulls"]
+    with pytest.raises(InvalidMessageError, match="packed pull request"):
+        ray.get(broker.pull_packed.remote(request_blob))
+    assert ray.get(broker.status.remote())["pulls"] == before
 
 
 def test_offsets_out_of_range(cluster: actors.Cluster, producer: actors.Producer) -> None:
