@@ -26,19 +26,22 @@ class SendAck:
     commitlog_offsets: np.ndarray
 
     def to_wire(self) -> AckWire:
-        """The ack as plain values, which Ray packs with msgpack alone: pickling the
-        dataclass and its arrays cost the broker and the producer ~0.2 ms a call."""
-        return (
-            self.status.value,
-            self.broker_name,
-            self.store_host,
-            self.queue_offsets.astype("<i8", copy=False).tobytes(),
-            self.commitlog_offsets.astype("<i8", copy=False).tobytes(),
+        """The ack as one msgpack blob: pickling the dataclass and its arrays cost the
+        broker and the producer ~0.2 ms a call, and Ray charges each object of an
+        answer (a 5-tuple came back ~0.1 ms later than one blob)."""
+        return msgpack.packb(
+            (
+                self.status.value,
+                self.broker_name,
+                self.store_host,
+                self.queue_offsets.astype("<i8", copy=False).tobytes(),
+                self.commitlog_offsets.astype("<i8", copy=False).tobytes(),
+            )
         )
 
     @classmethod
     def from_wire(cls, wire: AckWire) -> SendAck:
-        status, broker_name, store_host, queue_offsets, commitlog_offsets = wire
+        status, broker_name, store_host, queue_offsets, commitlog_offsets = msgpack.unpackb(wire)
         return cls(
             PutStatus(status),
             broker_name,
@@ -48,7 +51,7 @@ class SendAck:
         )
 
 
-AckWire = tuple[str, str, str, bytes, bytes]
+AckWire = bytes
 """What ``Broker.send`` returns: :meth:`SendAck.to_wire`."""
 
 PullWire = tuple[str, bytes, int, int, int, int, "bytes | None", int]
