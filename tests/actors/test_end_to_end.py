@@ -14,7 +14,7 @@ import ray
 from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
 
 import actors
-from actors import PullStatus
+from actors import PullStatus, protocol
 from rebalance import MessageQueue
 from storage import Message
 from storage.errors import InvalidMessageError
@@ -99,6 +99,31 @@ def test_every_message_comes_back_once_in_queue_order(cluster: actors.Cluster) -
     first = result[0]
     stored = cluster.admin.query_by_id(first.offset_msg_id)
     assert stored.body == b"order-000000" and stored.queue_offset == first.queue_offset
+
+
+def test_pull_batch_and_the_packed_pull_answer_alike(cluster: actors.Cluster) -> None:
+    # consumers call pull_packed; pull_batch keeps plain arguments for handle callers
+    cluster.admin.create_topic("Alike", 2, 2)
+    producer = cluster.producer("p-alike")
+    for i in range(40):  # round robin: 10 in each of the 4 queues (2 per broker)
+        producer.send(Message("Alike", b"%d" % i))
+    broker = cluster.broker("broker-a")
+    requests = [("Alike", 0, 0), ("Alike", 1, 3)]
+    plain = ray.get(broker.pull_batch.remote("g-alike", requests, 8, None, 0.0, "c1"))
+    packed = protocol.pulls_from_wire(
+        ray.get(
+            broker.pull_packed.remote(
+                protocol.pull_request_to_wire("g-alike", requests, 8, None, 0.0, "c1")
+            )
+        )
+    )
+
+    def fields(raw: Any) -> tuple[Any, ...]:
+        sizes = None if raw.sizes is None else raw.sizes.tolist()
+        return (raw.status, raw.data, raw.count, raw.next_offset, raw.max_offset, sizes)
+
+    assert [fields(protocol.pull_from_wire(w)) for w in plain] == list(map(fields, packed))
+    assert [raw.count for raw in packed] == [8, 7]  # max 8; 10 - 3 from offset 3
 
 
 def test_tags_are_filtered_exactly(cluster: actors.Cluster) -> None:
