@@ -16,6 +16,7 @@ import ctypes
 import logging
 import mmap
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,13 +35,14 @@ def _load_libc() -> ctypes.CDLL | None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        libc.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     except (OSError, AttributeError):  # pragma: no cover - not Linux
         return None
     return libc
 
 
 _libc = _load_libc()
-_datasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
+_MS_SYNC = 4 if sys.platform.startswith("linux") else 0x10  # <sys/mman.h>: Linux, BSD/macOS
 
 
 def offset_to_name(offset: int) -> str:
@@ -70,6 +72,9 @@ class MappedFile:
                     f"{path} is {actual} bytes, larger than the configured {file_size}"
                 )
             self._mm = mmap.mmap(self._fd, file_size, access=mmap.ACCESS_WRITE)
+            anchor = ctypes.c_char.from_buffer(self._mm)
+            self._address = ctypes.addressof(anchor)  # fixed for the mapping's life
+            del anchor
         except BaseException:
             os.close(self._fd)
             raise
@@ -88,9 +93,7 @@ class MappedFile:
         with self._warm_lock:
             if self._fd < 0:
                 return False
-            anchor = ctypes.c_char.from_buffer(self._mm)
-            address = ctypes.addressof(anchor)
-            del anchor
+            address = self._address
             for start in range(0, self.file_size, _WARM_CHUNK):
                 length = min(_WARM_CHUNK, self.file_size - start)
                 if _libc.madvise(address + start, length, _MADV_POPULATE_WRITE) != 0:
@@ -139,24 +142,30 @@ class MappedFile:
         """Make what was written durable; return the new flushed position."""
         wrote = self.wrote_position
         if wrote > self.flushed_position:
-            self.sync()
+            start = (self.flushed_position // PAGE) * PAGE
+            self.sync(start, wrote - start)
             self.flushed_position = wrote
         return self.flushed_position
 
-    def sync(self) -> None:
-        """Write every dirty page of the file to disk, the GIL released meanwhile.
+    def sync(self, start: int = 0, length: int | None = None) -> None:
+        """msync ``length`` bytes from ``start`` (page-aligned), the GIL released meanwhile.
 
-        ``mmap.flush`` (msync) holds the GIL for the whole call: a broker's flush of
-        a few hundred MiB froze its event loop, and every pull and send with it, for
-        a quarter of a second here. On Linux, msync(MS_SYNC) of a shared file mapping
-        is itself a datasync of the file's range (``vfs_fsync_range``), so
-        ``fdatasync`` of the whole file writes the same pages (and any other dirty
-        ones), and releases the GIL as every ``os`` call that waits does.
+        ``mmap.flush`` holds the GIL for the whole msync: a broker's flush of a few
+        hundred MiB froze its event loop, and every pull and send with it, for a
+        quarter of a second here. Through ctypes the GIL is released. (``fdatasync``
+        releases it too, but writes every dirty page of the file: a warmed CommitLog
+        file is dirty to its end, which cost SYNC_FLUSH puts of 1 KiB a fifth.)
         """
-        fd = self._fd
-        if fd < 0:
+        if length is None:
+            length = self.file_size - start
+        if self._fd < 0:
             raise ValueError(f"{self.path}: flush of a closed file")
-        _datasync(fd)
+        if _libc is None:  # pragma: no cover - no C library to call
+            self._mm.flush(start, length)
+            return
+        if _libc.msync(self._address + start, length, _MS_SYNC) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"msync of {self.path}: {os.strerror(err)}")
 
     def zero_from(self, pos: int, stop_after_zero_run: int | None = None) -> None:
         """Zero the bytes from ``pos`` on, so a truncated tail can never read back.
@@ -181,7 +190,8 @@ class MappedFile:
                 continue
             zero_run = 0
             self._mm[start:end] = zeros[: end - start]
-        self.sync()
+        first_page = (pos // PAGE) * PAGE
+        self.sync(first_page, end - first_page)
 
     def mtime(self) -> float:
         return os.stat(self.path).st_mtime
