@@ -323,7 +323,7 @@ def _packed_keys(chars: np.ndarray) -> PackedKeys:
     n, width = chars.shape
     joined = np.zeros((n, width + 1), dtype=np.uint8)
     joined[:, :width] = chars
-    return PackedKeys(joined.tobytes()[:-1].decode("ascii"))
+    return PackedKeys(joined.tobytes()[:-1])
 
 
 _uniq = _UniqueKeys()

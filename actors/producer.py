@@ -28,6 +28,7 @@ from ray.exceptions import RayError
 
 from rebalance import MessageQueue
 from storage import codec
+from storage._fast_encode import encode_plain
 from storage.codec import EncodedBatch, encode_batch
 from storage.errors import BrokerUnavailableError, InvalidMessageError, PermissionDeniedError
 from storage.message import Message
@@ -71,6 +72,7 @@ class Producer:
         )
         self.fault = LatencyFaultTolerance(self.config.fault_isolation_s)
         self._uniq = codec.UniqueKeyGenerator()
+        self._born = codec.host_to_bytes(self.config.born_host)
         self._counters: dict[str, Iterator[int]] = {}
         self._queue_cache: dict[int, tuple[TopicRouteData, list[MessageQueue]]] = {}
         self._synthetic: dict[str, tuple[TopicRouteData, int]] = {}
@@ -267,6 +269,21 @@ class Producer:
         """Validate and encode: one chunk per topic and size limit, in the caller's order."""
         if not messages:
             raise InvalidMessageError("send needs at least one message")
+        cfg = self.config
+        first = messages[0]
+        if (
+            len(messages) <= cfg.max_batch_messages
+            and first.__class__ is Message
+            and first.topic.__class__ is str
+            and first.topic not in SYSTEM_TOPICS
+        ):
+            # the usual batch (one topic, plain, one call's worth) in one pass: the plain
+            # encoder checks every message is a Message of the first one's topic
+            batch = encode_plain(
+                messages, cfg.max_message_size, int(time.time() * 1000), self._born, self._uniq
+            )
+            if batch is not None and len(batch.data) <= cfg.max_batch_bytes:
+                return [_Chunk(first.topic, batch, np.arange(len(messages)))]
         for i, m in enumerate(messages):
             if m.__class__ is not Message and not isinstance(m, Message):
                 raise InvalidMessageError(
@@ -281,7 +298,6 @@ class Producer:
             for i, t in enumerate(topics):
                 by_topic.setdefault(t, []).append(i)
         chunks = []
-        cfg = self.config
         for topic, positions in by_topic.items():
             codec.validate_topic(topic)
             if topic in SYSTEM_TOPICS:

@@ -1,16 +1,21 @@
-"""The producer's hot path: encode a batch of plain messages with numpy.
+"""The producer's hot path: encode a batch of plain messages.
 
 "Plain" is what most batches are: one topic, no user properties, keys or
-delay, tags shared by the whole batch (or absent). Headers, the topic and
-property tails, the unique keys and their index hashes are built as arrays
-for the whole batch; the only per-message Python work left is the body's
-CRC and one slice of each part. Anything else goes through
-:func:`storage.codec.encode_batch`'s general loop; both give the same bytes.
+delay, tags shared by the whole batch (or absent). Anything else goes through
+:func:`storage.codec.encode_batch`'s general loop.
+
+Two encoders give the same bytes. ``storage._native`` (C, built at install
+where a compiler is) reads each message's slots and writes its record in one
+pass, ~0.1 us a 100 B message. Where it is missing, the numpy one builds the
+headers, tails, unique keys and their index hashes as arrays for the whole
+batch, leaving a validation loop, the body's CRC and one slice of each part as
+per-message Python work: ~0.5-0.9 us a message.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import struct
 import threading
 from collections.abc import Sequence
@@ -19,12 +24,20 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import codec
-from ._crc import crc32
+from ._crc import crc32, crc32_address
 from .errors import InvalidMessageError
 from .message import Message
 
 if TYPE_CHECKING:
     from .codec import EncodedBatch, UniqueKeyGenerator
+
+_native = codec._native
+if _native is not None:
+    _native.bind(Message)
+
+log = logging.getLogger("raymq.storage.encode")
+if _native is None:  # pragma: no cover
+    log.info("storage._native is not built: plain batches encode with numpy (slower)")
 
 _HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
 # byte -> its two hex digits, as one uint16 in memory order (np.take of 2-byte items)
@@ -61,6 +74,92 @@ def encode_plain(
     gen: UniqueKeyGenerator,
 ) -> EncodedBatch | None:
     """The batch encoded, or ``None`` when it is not plain (the caller then loops)."""
+    if _native is not None:
+        return encode_plain_c(messages, max_message_size, born_ts, born_raw, gen)
+    return encode_plain_numpy(messages, max_message_size, born_ts, born_raw, gen)
+
+
+def _tail_head(topic: str, tags: str | None) -> bytes | None:
+    """A record's tail up to its unique key (topic section, PROPLEN, the tags, the
+    key's name), or ``None`` when the properties would not fit."""
+    raw_topic = topic.encode("ascii")
+    tag_part = f"TAGS\x01{tags}\x02".encode() if tags is not None else b""
+    props_len = len(tag_part) + len(_UNIQ_HEAD) + 32 + 1
+    if props_len > codec.MAX_PROPERTIES_LEN:
+        return None
+    return (
+        bytes((len(raw_topic),)) + raw_topic + props_len.to_bytes(2, "big") + tag_part + _UNIQ_HEAD
+    )
+
+
+def encode_plain_c(
+    messages: Sequence[Message],
+    max_message_size: int,
+    born_ts: int,
+    born_raw: bytes,
+    gen: UniqueKeyGenerator,
+) -> EncodedBatch | None:
+    """:func:`encode_plain` through ``storage._native``."""
+    assert _native is not None
+    n = len(messages)
+    if n < 8:
+        return None
+    first = messages[0]
+    if first.__class__ is not Message:
+        return None
+    topic, tags = first.topic, first.tags
+    if topic.__class__ is not str or (tags is not None and tags.__class__ is not str):
+        return None
+    codec.validate_topic(topic)
+    if tags is not None and (not tags or "\x01" in tags or "\x02" in tags):
+        return None  # the general path names the error
+    head = _tail_head(topic, tags)
+    if head is None:
+        return None
+    header = codec.HEADER.pack(
+        0, codec.MAGIC, 0, 0, 0, 0, 0, 0, born_ts, born_raw, 0, bytes(8), 0, 0, 0
+    )
+    prefix = gen.prefix.encode("ascii")
+    key_base = codec.java_hash(f"{topic}#{gen.prefix}") & 0xFFFFFFFF
+    # a batch found not plain has then used up n counter values: harmless, they
+    # only need to be unique
+    out = _native.encode_plain(
+        messages,
+        topic,
+        tags,
+        max_message_size,
+        header,
+        head,
+        prefix,
+        gen.take(n),
+        key_base,
+        crc32_address,
+    )
+    if out is None:
+        return None
+    data, sizes, queue_ids, key_hashes, uniq_raw = out
+    return codec.EncodedBatch(
+        data=data,
+        sizes=np.frombuffer(sizes, dtype=np.int32),
+        topics=(topic,),
+        topic_idx=np.zeros(n, dtype=np.int16),
+        queue_ids=np.frombuffer(queue_ids, dtype=np.int32),
+        tag_codes=np.full(n, codec.java_hash(tags) if tags is not None else 0, dtype=np.int64),
+        key_hashes=np.frombuffer(key_hashes, dtype=np.int32),
+        key_owner=np.arange(n, dtype=np.int32),
+        uniq_keys=codec.PackedKeys(uniq_raw),
+        checked=True,
+    )
+
+
+def encode_plain_numpy(
+    messages: Sequence[Message],
+    max_message_size: int,
+    born_ts: int,
+    born_raw: bytes,
+    gen: UniqueKeyGenerator,
+) -> EncodedBatch | None:
+    """:func:`encode_plain` with numpy: the fallback, and the C encoder's reference."""
     n = len(messages)
     if n < 8:
         return None
@@ -112,14 +211,9 @@ def encode_plain(
     uniq[:, 20:] = digits
 
     # the tail of every record: topic section, property length, properties
-    raw_topic = topic.encode("ascii")
-    tag_part = f"TAGS\x01{tags}\x02".encode() if tags is not None else b""
-    props_len = len(tag_part) + len(_UNIQ_HEAD) + 32 + 1
-    if props_len > codec.MAX_PROPERTIES_LEN:
+    head = _tail_head(topic, tags)
+    if head is None:
         return None
-    head = (
-        bytes((len(raw_topic),)) + raw_topic + props_len.to_bytes(2, "big") + tag_part + _UNIQ_HEAD
-    )
     tails = np.empty((n, len(head) + 33), dtype=np.uint8)
     tails[:, : len(head)] = np.frombuffer(head, dtype=np.uint8)
     tails[:, len(head) : len(head) + 32] = uniq
@@ -158,7 +252,7 @@ def encode_plain(
 
     sep = np.zeros((n, 33), dtype=np.uint8)
     sep[:, :32] = uniq
-    uniq_text = sep.tobytes()[:-1].decode("ascii")
+    uniq_raw = sep.tobytes()[:-1]
     tag_code = codec.java_hash(tags) if tags is not None else 0
     if int(sizes.max()) > (1 << 31) - 1:
         raise InvalidMessageError("a record over 2 GiB")
@@ -171,6 +265,6 @@ def encode_plain(
         tag_codes=np.full(n, tag_code, dtype=np.int64),
         key_hashes=key_hashes.copy(),
         key_owner=np.arange(n, dtype=np.int32),
-        uniq_keys=codec.PackedKeys(uniq_text),
+        uniq_keys=codec.PackedKeys(uniq_raw),
         checked=True,
     )

@@ -140,6 +140,24 @@ class CommitLog:
         phys = np.empty(n, dtype=np.int64)
         for first, stop, base in segments:
             phys[first:stop] = base + (starts[first:stop] - starts[first])
+        if codec._native is not None:  # one C pass per segment: copy, then patch
+            sizes32 = np.ascontiguousarray(sizes, dtype=np.int32)
+            qids32 = np.ascontiguousarray(queue_ids, dtype=np.int32)
+            qoffs64 = np.ascontiguousarray(queue_offsets, dtype=np.int64)
+            stored_raw = _STORED.pack(store_ts, store_host)
+            for first, stop, base in segments:
+                mf = self._file_for(base)
+                rel = mf.append(view[int(starts[first]) : int(ends[stop - 1])])
+                codec._native.patch_records(
+                    mf.buffer,
+                    rel,
+                    sizes32[first:stop],
+                    qids32[first:stop],
+                    qoffs64[first:stop],
+                    phys[first:stop],
+                    stored_raw,
+                )
+            return self._after_append(phys)
         # the store fields as the bytes they become: (QUEUEOFFSET, PHYSICALOFFSET)
         # per record, QUEUEID per record, and (STORETIMESTAMP, STOREHOST) once
         offsets = np.empty((n, 2), dtype=">i8")

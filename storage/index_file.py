@@ -118,7 +118,14 @@ class IndexFile:
         return b"".join(parts)
 
     def _link_many(self, hashes: np.ndarray, offsets: np.ndarray, diff: int) -> bytes:
-        """Entries as arrays: sort by slot, chain each slot's run, heads from the table."""
+        """Entries as arrays: sort by slot, chain each slot's run, heads from the table
+        (or the same in one C pass, where ``storage._native`` is built)."""
+        if codec._native is not None:
+            raw, fresh = codec._native.link_index(
+                self._slot_table, self.index_count, hashes, offsets, diff
+            )
+            self.slot_count += fresh
+            return raw
         n = len(hashes)
         slots = hashes % self.slots
         current = self._slot_table[slots].astype(np.int64)

@@ -295,7 +295,7 @@ class MessageStore:
         """Store a batch a producer encoded (the broker's path): patch, append, dispatch."""
         self._check_open()
         batch.check_structure()
-        shortest, longest = codec.body_length_range(batch.data, batch.sizes)
+        shortest, longest = batch.body_range()
         if longest > self.config.max_message_size or shortest <= 0:
             raise InvalidMessageError(
                 f"a body of {longest} bytes is over max_message_size="

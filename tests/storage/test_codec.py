@@ -274,28 +274,129 @@ def test_fast_plain_encoding_reuses_its_scratch_buffer_without_leftovers() -> No
     )
 
 
-def _assert_fast_equals_slow(msgs: list[Message]) -> codec.EncodedBatch:
+def _encoders() -> list:
+    from storage import _fast_encode
+
+    return [_fast_encode.encode_plain_numpy, _fast_encode.encode_plain_c]
+
+
+def _same_generators() -> tuple[codec.UniqueKeyGenerator, codec.UniqueKeyGenerator]:
     import itertools
 
-    from storage._fast_encode import encode_plain
-
-    bodies = [m.body for m in msgs]
     fast_gen, slow_gen = codec.UniqueKeyGenerator(), codec.UniqueKeyGenerator()
     slow_gen.prefix = fast_gen.prefix
     start = fast_gen.take(1)
     fast_gen._counter = itertools.count(start)
     slow_gen._counter = itertools.count(start)
+    return fast_gen, slow_gen
+
+
+def _assert_fast_equals_slow(msgs: list[Message]) -> codec.EncodedBatch:
+    """Both plain encoders (numpy and C) give the general loop's bytes and arrays."""
+    bodies = [m.body for m in msgs]
     host = "1.2.3.4:5"
-    fast = encode_plain(msgs, 4 << 20, 99, codec.host_to_bytes(host), fast_gen)
-    assert fast is not None
-    slow = codec.encode_batch(msgs, born_host=host, uniq=slow_gen, born=[(99, host, 0)] * len(msgs))
-    assert fast.data == slow.data
-    assert list(fast.uniq_keys) == list(slow.uniq_keys)
-    assert fast.key_hashes.tolist() == slow.key_hashes.tolist()
-    assert fast.sizes.tolist() == slow.sizes.tolist()
-    assert fast.tag_codes.tolist() == slow.tag_codes.tolist()
-    assert [m.body for m in codec.decode_records(fast.data)] == bodies
+    for encode in _encoders():
+        fast_gen, slow_gen = _same_generators()
+        fast = encode(msgs, 4 << 20, 99, codec.host_to_bytes(host), fast_gen)
+        assert fast is not None, encode.__name__
+        slow = codec.encode_batch(
+            msgs, born_host=host, uniq=slow_gen, born=[(99, host, 0)] * len(msgs)
+        )
+        assert fast.data == slow.data, encode.__name__
+        assert list(fast.uniq_keys) == list(slow.uniq_keys)
+        assert fast.key_hashes.tolist() == slow.key_hashes.tolist()
+        assert fast.sizes.tolist() == slow.sizes.tolist()
+        assert fast.queue_ids.tolist() == slow.queue_ids.tolist()
+        assert fast.tag_codes.tolist() == slow.tag_codes.tolist()
+        assert [m.body for m in codec.decode_records(fast.data)] == bodies
     return fast
+
+
+def test_the_c_encoder_is_built() -> None:
+    # setup.py builds it wherever a compiler is (optional, so an install without one
+    # still works); here one is, and losing it would cost producers 5-10x silently
+    from storage import _fast_encode
+
+    assert _fast_encode._native is not None
+    assert _fast_encode.encode_plain is not _fast_encode.encode_plain_numpy
+
+
+def test_c_encoder_handles_long_bodies_and_the_counter_wrap() -> None:
+    import itertools
+
+    rng = random.Random(7)
+    _assert_fast_equals_slow(
+        [Message("Big", rng.randbytes(rng.randint(1, 70_000)), tags="t") for _ in range(12)]
+    )
+    # the 48-bit counter wraps inside the batch: keys go ...FFFFFFFFFFFF, 000000000000
+    fast_gen, slow_gen = _same_generators()
+    for gen in (fast_gen, slow_gen):
+        gen._counter = itertools.count((1 << 48) - 3)
+    from storage._fast_encode import encode_plain_c
+
+    msgs = [Message("Wrap", b"w%d" % i) for i in range(10)]
+    fast = encode_plain_c(msgs, 4 << 20, 1, codec.host_to_bytes("1.2.3.4:5"), fast_gen)
+    slow = codec.encode_batch(
+        msgs, born_host="1.2.3.4:5", uniq=slow_gen, born=[(1, "1.2.3.4:5", 0)] * 10
+    )
+    assert fast is not None and fast.data == slow.data
+    assert [k[-12:] for k in fast.uniq_keys][2:4] == ["FFFFFFFFFFFF", "000000000000"]
+
+
+def test_c_encoder_builtin_crc_matches_zlib_at_any_length_and_alignment() -> None:
+    from storage import _native
+
+    rng = random.Random(3)
+    blob = rng.randbytes(5000)
+    for start in range(9):
+        for length in (0, 1, 7, 8, 9, 63, 100, 1024, 4000):
+            piece = memoryview(blob)[start : start + length]
+            assert _native.crc32_builtin(piece) == zlib.crc32(piece)
+
+
+class _SubMessage(Message):
+    __slots__ = ()
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        lambda m: _SubMessage(m.topic, m.body),
+        lambda m: Message(m.topic, bytearray(m.body)),
+        lambda m: Message("Other", m.body),
+        lambda m: Message(m.topic, m.body, tags="t"),
+        lambda m: Message(m.topic, m.body, properties={"a": "b"}),
+        lambda m: Message(m.topic, m.body, keys="k"),
+        lambda m: Message(m.topic, m.body, delay_level=2),
+        lambda m: Message(m.topic, b""),
+        lambda m: Message(m.topic, b"x" * 101),
+        lambda m: Message(m.topic, m.body, queue_id=True),
+        lambda m: Message(m.topic, m.body, queue_id=1 << 31),
+        lambda m: Message(m.topic, m.body, queue_id=-1),
+        lambda m: Message(m.topic, m.body, flag=1 << 31),
+        lambda m: Message(m.topic, m.body, flag=1 << 70),
+        lambda m: Message(m.topic, m.body, queue_id=1.0),
+        lambda m: "not a message",
+    ],
+)
+def test_c_encoder_leaves_anything_not_plain_to_the_general_loop(odd) -> None:
+    from storage._fast_encode import encode_plain_c
+
+    msgs = [Message("Plain", b"p%d" % i) for i in range(12)]
+    msgs[5] = odd(msgs[5])
+    gen = codec.UniqueKeyGenerator()
+    assert encode_plain_c(msgs, 100, 1, codec.host_to_bytes("1.2.3.4:5"), gen) is None
+
+
+def test_c_encoder_refuses_a_message_with_an_unset_slot() -> None:
+    from storage._fast_encode import encode_plain_c
+
+    msgs = [Message("Plain", b"p%d" % i) for i in range(12)]
+    del msgs[3].flag
+    assert (
+        encode_plain_c(msgs, 100, 1, codec.host_to_bytes("1.2.3.4:5"), codec.UniqueKeyGenerator())
+        is None
+    )
 
 
 def test_body_slices_match_decoded_bodies_and_refuse_garbage() -> None:

@@ -1,0 +1,33 @@
+# Types of the C module storage/_native.c (built by setup.py where a compiler is).
+from collections.abc import Sequence
+from typing import Any
+
+def bind(message_type: type) -> None: ...
+def encode_plain(
+    messages: Sequence[Any],
+    topic: str,
+    tags: str | None,
+    max_size: int,
+    header: bytes,
+    head: bytes,
+    prefix: bytes,
+    start: int,
+    key_hash_base: int,
+    crc_address: int,
+    /,
+) -> tuple[bytes, bytes, bytes, bytes, bytes] | None: ...
+def crc32_builtin(data: Any, /) -> int: ...
+def scan_records(data: Any, sizes: Any, /) -> tuple[int, int] | None: ...
+def patch_records(
+    buffer: Any,
+    at: int,
+    sizes: Any,
+    queue_ids: Any,
+    queue_offsets: Any,
+    phys: Any,
+    stored: bytes,
+    /,
+) -> None: ...
+def link_index(
+    slot_table: Any, count: int, hashes: Any, offsets: Any, diff: int, /
+) -> tuple[bytes, int]: ...

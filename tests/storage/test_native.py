@@ -1,0 +1,173 @@
+"""storage._native (the C loops) against the numpy code it stands in for.
+
+Every C loop has a numpy twin used where the module is not built; here both run
+on the same input and must leave the same bytes: records checked, patched and
+indexed in a real store on a temp dir, file by file.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from storage import InvalidMessageError, Message, MessageStore, codec
+from storage.index_file import IndexFile
+
+
+def _batches(seed: int) -> list[codec.EncodedBatch]:
+    """Batches past SMALL_BATCH (the C paths), of mixed topics, queues, keys and tags,
+    enough to roll the tiny CommitLog and index files of ``small_config``."""
+    rng = random.Random(seed)
+    out = []
+    for b in range(14):
+        msgs = [
+            Message(
+                rng.choice(["TopicA", "TopicB"]),
+                rng.randbytes(rng.randint(1, 900)),
+                tags=rng.choice([None, "x", "y"]),
+                keys=rng.choice([(), f"k{rng.randint(0, 30)}", ["a", f"b{i}"]]),
+                queue_id=rng.randint(0, 3),
+            )
+            for i in range(rng.randint(17, 60))
+        ]
+        out.append(codec.encode_batch(msgs))
+        if b % 3 == 0:  # a uniform one as well: one topic and queue, the plain encoder
+            plain = [Message("TopicA", rng.randbytes(120), queue_id=2) for _ in range(40)]
+            out.append(codec.encode_batch(plain))
+    return out
+
+
+def _store_bytes(root: Path) -> dict[str, bytes]:
+    """Every data file of a store by its place (index files by their order: their
+    names are creation times)."""
+    files = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if path.is_file() and rel.parts[0] in ("commitlog", "consumequeue"):
+            files[str(rel)] = path.read_bytes()
+    for i, path in enumerate(sorted((root / "index").iterdir())):
+        files[f"index#{i}"] = path.read_bytes()
+    return files
+
+
+def _fill(root: Path, make_config, batches: list[codec.EncodedBatch]) -> tuple[dict, list]:
+    store = MessageStore(make_config(root), clock=lambda: 1_700_000_000.5)
+    try:
+        results = [store.put_encoded(b) for b in batches]
+        found = sorted(m.commitlog_offset for m in store.query_by_key("TopicA", "k3", 100))
+        offsets = [r.commitlog_offsets.tolist() for r in results]
+    finally:
+        store.close()
+    return _store_bytes(root), [offsets, found]
+
+
+def test_a_store_filled_through_c_and_through_numpy_is_the_same_byte_for_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_config
+) -> None:
+    assert codec._native is not None
+    batches = _batches(1)
+    with_c, answers_c = _fill(tmp_path / "c", make_config, batches)
+    monkeypatch.setattr(codec, "_native", None)
+    with_numpy, answers_numpy = _fill(tmp_path / "numpy", make_config, batches)
+    assert len([k for k in with_c if k.startswith("commitlog")]) >= 3  # files rolled
+    assert len([k for k in with_c if k.startswith("index")]) >= 2
+    assert with_c.keys() == with_numpy.keys()
+    for name in with_c:
+        assert with_c[name] == with_numpy[name], name
+    assert answers_c == answers_numpy
+
+
+def test_record_scans_agree_on_good_and_broken_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    batch = codec.encode_batch([Message("T", b"b" * (i % 50 + 1), tags="t") for i in range(100)])
+    sizes = batch.sizes
+    starts = np.cumsum(sizes) - sizes
+    cases = [bytes(batch.data)]
+    for offset in (0, 4, 5):  # a record's size, its MAGIC, then a byte of MAGIC
+        broken = bytearray(batch.data)
+        broken[int(starts[37]) + offset] ^= 0x40
+        cases.append(bytes(broken))
+
+    def answers() -> list:
+        out = []
+        for data in cases:
+            good = codec._headers_match(data, sizes)
+            out.append((good, codec.body_length_range(data, sizes) if good else None))
+        return out
+
+    assert codec._native is not None
+    with_c = answers()
+    monkeypatch.setattr(codec, "_native", None)
+    assert with_c == answers()
+    assert with_c[0] == (True, (1, 50)) and not any(good for good, _ in with_c[1:])
+
+
+def test_patch_refuses_records_past_the_buffer_and_writes_nothing() -> None:
+    native = codec._native
+    assert native is not None
+    buf = bytearray(300)
+    sizes = np.array([100, 100, 101], dtype=np.int32)
+    ones32, ones64 = np.ones(3, np.int32), np.ones(3, np.int64)
+    with pytest.raises(ValueError, match="past the end"):
+        native.patch_records(buf, 0, sizes, ones32, ones64, ones64, bytes(16))
+    with pytest.raises(ValueError, match="shorter than its header"):
+        native.patch_records(
+            buf, 0, np.array([10], np.int32), ones32[:1], ones64[:1], ones64[:1], bytes(16)
+        )
+    with pytest.raises(ValueError, match="differ in length"):
+        native.patch_records(buf, 0, sizes, ones32[:2], ones64, ones64, bytes(16))
+    assert buf == bytearray(300)
+    with pytest.raises(BufferError):  # a read-only buffer
+        native.patch_records(
+            bytes(300), 0, sizes[:2], ones32[:2], ones64[:2], ones64[:2], bytes(16)
+        )
+
+
+def test_index_links_agree_with_collisions_and_stale_heads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = np.random.default_rng(5)
+    hashes = [rng.integers(0, 1 << 31, size=n) for n in (40, 25, 300)]
+    offsets = [np.arange(len(h), dtype=np.int64) * 7 + 1000 * i for i, h in enumerate(hashes)]
+
+    def fill(path: Path) -> tuple[bytes, int]:
+        f = IndexFile(path, slots=13, max_entries=500, create=True)
+        f._slot_table[3] = 999  # a head written after the last good header: stale
+        for h, o in zip(hashes, offsets):
+            f.put(h, o, 1_700_000_000_000)
+        found = f.query(int(hashes[2][0]), 50, 0, 1 << 62)
+        state = (f.slot_count, f.index_count, found)
+        f.flush()
+        f.close()
+        return path.read_bytes(), state
+
+    assert codec._native is not None
+    with_c = fill(tmp_path / "1")
+    monkeypatch.setattr(codec, "_native", None)
+    assert with_c == fill(tmp_path / "2")
+
+
+def test_malformed_batch_is_refused_by_the_c_scan_too(tmp_path: Path, make_config) -> None:
+    batch = codec.encode_batch([Message("T", b"x%d" % i) for i in range(40)])
+    data = bytearray(batch.data)
+    data[4] ^= 1  # the first record's MAGIC
+    broken = codec.EncodedBatch(
+        bytes(data),
+        batch.sizes,
+        batch.topics,
+        batch.topic_idx,
+        batch.queue_ids,
+        batch.tag_codes,
+        batch.key_hashes,
+        batch.key_owner,
+        batch.uniq_keys,
+    )
+    store = MessageStore(make_config(tmp_path / "s"))
+    try:
+        with pytest.raises(InvalidMessageError):
+            store.put_encoded(broken)
+        assert store.commitlog.max_offset == 0
+    finally:
+        store.close()
