@@ -458,14 +458,15 @@ out:
 }
 
 PyDoc_STRVAR(link_index_doc,
-             "link_index(slot_table, count, hashes, offsets, diff) -> (entries, new_slots)\n\n"
+             "link_index(buffer, table_at, slots, entries_at, count, hashes, offsets, diff)\n"
+             "    -> new_slots\n\n"
              "IndexFile entries for ``hashes`` (non-negative, native int64) at commitlog\n"
-             "``offsets`` (int64), numbered from ``count``: each becomes the head of its\n"
-             "slot in the writable big-endian int32 ``slot_table`` and points at the head\n"
-             "before it (a head that is not in 1..count is stale: 0). Returns the 20-byte\n"
-             "entries, big-endian, and how many slots were empty before.");
-
-#define LINK_AHEAD 12
+             "``offsets`` (int64), numbered from ``count``, written into the writable\n"
+             "``buffer`` from ``entries_at`` (20 bytes each, big-endian). Each becomes the\n"
+             "head of its slot in the big-endian int32 table of ``slots`` at ``table_at``\n"
+             "and points at the head before it (a head not in 1..count-1 is none: 0). An\n"
+             "entry is written before its slot is, so a crash never leaves a slot pointing\n"
+             "at an unwritten entry. Returns how many slots were empty before.");
 
 /* an open-addressing map slot -> newest entry of this batch, sized for the batch */
 typedef struct {
@@ -473,34 +474,43 @@ typedef struct {
     int64_t value;
 } link_cell;
 
+#define LINK_AHEAD 12
+
 static PyObject *link_index(PyObject *self, PyObject *args) {
-    PyObject *table_obj, *hashes_obj, *offsets_obj;
+    PyObject *buf_obj, *hashes_obj, *offsets_obj;
+    Py_ssize_t table_at, slots, entries_at;
     long long count;
     int diff;
-    if (!PyArg_ParseTuple(args, "OLOOi", &table_obj, &count, &hashes_obj, &offsets_obj, &diff))
+    if (!PyArg_ParseTuple(args, "OnnnLOOi", &buf_obj, &table_at, &slots, &entries_at, &count,
+                          &hashes_obj, &offsets_obj, &diff))
         return NULL;
-    Py_buffer table = {0}, hashes = {0}, offsets = {0};
-    PyObject *result = NULL, *entries = NULL;
+    Py_buffer buf = {0}, hashes = {0}, offsets = {0};
+    PyObject *result = NULL;
     link_cell *cells = NULL;
-    if (get_array(table_obj, &table, 4, 1, "slot_table") < 0) goto out;
+    if (get_array(buf_obj, &buf, 1, 1, "buffer") < 0) goto out;
     if (get_array(hashes_obj, &hashes, 8, 0, "hashes") < 0) goto out;
     if (get_array(offsets_obj, &offsets, 8, 0, "offsets") < 0) goto out;
-    const Py_ssize_t n = hashes.len / 8, slots = table.len / 4;
-    if (offsets.len / 8 != n || slots == 0) {
-        PyErr_SetString(PyExc_ValueError, "hashes and offsets differ in length (or no slots)");
+    const Py_ssize_t n = hashes.len / 8;
+    if (offsets.len / 8 != n) {
+        PyErr_SetString(PyExc_ValueError, "hashes and offsets differ in length");
+        goto out;
+    }
+    if (slots <= 0 || table_at < 0 || entries_at < 0 || table_at > buf.len - 4 * slots ||
+        entries_at > buf.len - 20 * n) {
+        PyErr_SetString(PyExc_ValueError, "slot table or entries past the end of the buffer");
         goto out;
     }
     size_t cap = 16;
     while (cap < (size_t)n * 2) cap <<= 1;
     cells = PyMem_Calloc(cap, sizeof *cells);
-    entries = PyBytes_FromStringAndSize(NULL, n * 20);
-    if (!cells || !entries) {
-        if (!cells) PyErr_NoMemory();
+    if (!cells) {
+        PyErr_NoMemory();
         goto out;
     }
     long long fresh = 0;
     {
-        unsigned char *tb = table.buf, *e = (unsigned char *)PyBytes_AS_STRING(entries);
+        unsigned char *tb = (unsigned char *)buf.buf + table_at;
+        unsigned char *e = (unsigned char *)buf.buf + entries_at;
         const unsigned char *hs = hashes.buf, *os = offsets.buf;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < n; i++) {
@@ -523,25 +533,25 @@ static PyObject *link_index(PyObject *self, PyObject *args) {
                 prev = cells[c].value;
             } else {
                 prev = (int32_t)get_be32(tb + 4 * slot);
-                if (prev <= 0 || prev > count) prev = 0;
+                if (prev <= 0 || prev >= count) prev = 0;
                 if (prev == 0) fresh++;
                 cells[c].key = slot + 1;
             }
             cells[c].value = number;
-            put_be32(tb + 4 * slot, (uint32_t)number);
             put_be32(e, (uint32_t)h);
             put_be64(e + 4, (uint64_t)off);
             put_be32(e + 12, (uint32_t)diff);
             put_be32(e + 16, (uint32_t)prev);
             e += 20;
+            __asm__ __volatile__("" ::: "memory"); /* the entry, then the slot */
+            put_be32(tb + 4 * slot, (uint32_t)number);
         }
         Py_END_ALLOW_THREADS
     }
-    result = Py_BuildValue("OL", entries, fresh);
+    result = PyLong_FromLongLong(fresh);
 out:
-    Py_XDECREF(entries);
     PyMem_Free(cells);
-    if (table.obj) PyBuffer_Release(&table);
+    if (buf.obj) PyBuffer_Release(&buf);
     if (hashes.obj) PyBuffer_Release(&hashes);
     if (offsets.obj) PyBuffer_Release(&offsets);
     return result;

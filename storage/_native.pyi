@@ -29,5 +29,13 @@ def patch_records(
     /,
 ) -> None: ...
 def link_index(
-    slot_table: Any, count: int, hashes: Any, offsets: Any, diff: int, /
-) -> tuple[bytes, int]: ...
+    buffer: Any,
+    table_at: int,
+    slots: int,
+    entries_at: int,
+    count: int,
+    hashes: Any,
+    offsets: Any,
+    diff: int,
+    /,
+) -> int: ...

@@ -7,7 +7,9 @@ bytes ``key hash i4 | commitlog offset i8 | time diff s i4 | previous entry i4``
 numbered from 1. Entries of one slot form a list, newest first.
 
 Invariants: an entry's ``previous`` is 0 or a smaller entry number of the same
-slot; ``index count`` counts the entries written plus one. An entry may point
+slot; ``index count`` counts the entries written plus one; a put writes its
+entries, then its slots, then the header, and opening a file follows any slot
+left past the count by a crash back to a counted entry. An entry may point
 at a record that was later truncated or expired: readers must check the record
 (``MessageStore.query_by_key`` does), so a stale entry can never serve a wrong
 message.
@@ -59,6 +61,8 @@ class IndexFile:
             self.file.buffer, dtype=">i4", count=slots, offset=HEADER_SIZE
         )
         self.dirty = False
+        if not create:
+            self._repair_stale_heads()
 
     @property
     def path(self) -> Path:
@@ -74,8 +78,11 @@ class IndexFile:
     def put(self, hashes: np.ndarray, offsets: np.ndarray, store_ts: int) -> int:
         """Add entries (positive key hashes, commitlog offsets); return how many fit.
 
-        Each entry becomes the head of its slot and points at the previous head;
-        a head past ``index count`` (written after the last good header) is stale.
+        Each entry becomes the head of its slot and points at the previous head.
+        Writes go entries, then slots, then the header, so a crash anywhere leaves
+        every slot either as it was or pointing at an entry that was written (and
+        that points back at the slot's old head): :meth:`_repair_stale_heads`
+        follows those back when the file is opened again.
         """
         n = min(len(hashes), self.max_entries - self.index_count)
         if n <= 0:
@@ -85,10 +92,9 @@ class IndexFile:
             self.begin_offset = int(offsets[0])
         diff = min(max((store_ts - self.begin_ts) // 1000, 0), _INT_MAX)
         if n <= codec.SMALL_BATCH:
-            raw = self._link_few(hashes[:n].tolist(), offsets[:n].tolist(), diff)
+            self._link_few(hashes[:n].tolist(), offsets[:n].tolist(), diff)
         else:
-            raw = self._link_many(hashes[:n].astype(np.int64), offsets[:n].astype(np.int64), diff)
-        self.file.write_at(self._entry_pos(self.index_count), raw)
+            self._link_many(hashes[:n].astype(np.int64), offsets[:n].astype(np.int64), diff)
         self.index_count += n
         self.end_ts = store_ts
         self.end_offset = max(self.end_offset, int(offsets[n - 1]))
@@ -96,9 +102,13 @@ class IndexFile:
         self.dirty = True
         return n
 
-    def _link_few(self, hashes: list[int], offsets: list[int], diff: int) -> bytes:
+    def _head(self, at: int) -> int:
+        """The slot's head at byte ``at``, 0 when empty or not a written entry."""
+        head = _SLOT.unpack_from(self.file.buffer, at)[0]
+        return head if 0 < head < self.index_count else 0
+
+    def _link_few(self, hashes: list[int], offsets: list[int], diff: int) -> None:
         """Entries one at a time (few of them: cheaper than :meth:`_link_many`'s arrays)."""
-        buf = self.file.buffer
         heads: dict[int, int] = {}  # slot position -> newest entry number of this batch
         parts = []
         number = self.index_count
@@ -106,30 +116,36 @@ class IndexFile:
             at = HEADER_SIZE + 4 * (key_hash % self.slots)
             prev = heads.get(at)
             if prev is None:
-                prev = _SLOT.unpack_from(buf, at)[0]
-                if prev <= 0 or prev > self.index_count:
-                    prev = 0
+                prev = self._head(at)
+                if prev == 0:
                     self.slot_count += 1
             heads[at] = number
             parts.append(_ENTRY.pack(key_hash, offset, diff, prev))
             number += 1
+        self.file.write_at(self._entry_pos(self.index_count), b"".join(parts))
+        buf = self.file.buffer
         for at, number in heads.items():
             _SLOT.pack_into(buf, at, number)
-        return b"".join(parts)
 
-    def _link_many(self, hashes: np.ndarray, offsets: np.ndarray, diff: int) -> bytes:
+    def _link_many(self, hashes: np.ndarray, offsets: np.ndarray, diff: int) -> None:
         """Entries as arrays: sort by slot, chain each slot's run, heads from the table
         (or the same in one C pass, where ``storage._native`` is built)."""
-        if codec._native is not None:
-            raw, fresh = codec._native.link_index(
-                self._slot_table, self.index_count, hashes, offsets, diff
-            )
-            self.slot_count += fresh
-            return raw
         n = len(hashes)
+        if codec._native is not None:
+            self.slot_count += codec._native.link_index(
+                self.file.buffer,
+                HEADER_SIZE,
+                self.slots,
+                self._entry_pos(self.index_count),
+                self.index_count,
+                hashes,
+                offsets,
+                diff,
+            )
+            return
         slots = hashes % self.slots
         current = self._slot_table[slots].astype(np.int64)
-        current[(current <= 0) | (current > self.index_count)] = 0
+        current[(current <= 0) | (current >= self.index_count)] = 0
         numbers = self.index_count + np.arange(n, dtype=np.int64)
         order = np.lexsort((np.arange(n), slots))
         s_sorted = slots[order]
@@ -147,9 +163,38 @@ class IndexFile:
         entries["prev"] = prev
         last = np.ones(n, dtype=bool)
         last[:-1] = first[1:]
-        self._slot_table[s_sorted[last]] = n_sorted[last]
         self.slot_count += int(np.count_nonzero(first & (current[order] == 0)))
-        return entries.tobytes()
+        self.file.write_at(self._entry_pos(self.index_count), entries.tobytes())
+        self._slot_table[s_sorted[last]] = n_sorted[last]
+
+    def _repair_stale_heads(self) -> int:
+        """Point every slot whose head is past ``index count`` (a crash came between
+        the slot writes and the header's) back at its last entry the header counts:
+        the stale head's entry was written first, and its ``previous`` chain leads
+        there. Without this the next put to the slot would drop the whole chain
+        before it. Returns how many slots were repaired."""
+        table = self._slot_table
+        stale = np.flatnonzero(table >= self.index_count)
+        buf = self.file.buffer
+        for slot in stale.tolist():
+            number = int(table[slot])
+            while number >= self.index_count:
+                prev = (
+                    _ENTRY.unpack_from(buf, self._entry_pos(number))[3]
+                    if number < self.max_entries
+                    else number
+                )
+                number = prev if 0 <= prev < number else 0  # a chain only goes down
+            table[slot] = number
+        if len(stale):
+            self.dirty = True
+            log.warning(
+                "%s: %d index slots pointed past the last header (a crash mid-put); "
+                "followed back to their entries",
+                self.path,
+                len(stale),
+            )
+        return len(stale)
 
     def _write_header(self) -> None:
         self.file.write_at(
@@ -173,7 +218,7 @@ class IndexFile:
         number = int(self._slot_table[key_hash % self.slots])
         buf = self.file.buffer
         seen = 0
-        while 0 < number <= self.index_count and len(out) < max_count and seen < self.index_count:
+        while 0 < number < self.index_count and len(out) < max_count and seen < self.index_count:
             seen += 1
             h, offset, diff, prev = _ENTRY.unpack_from(buf, self._entry_pos(number))
             time_read = self.begin_ts + diff * 1000
