@@ -131,10 +131,25 @@ def pull_request_from_wire(blob: bytes) -> PullRequest:
 
 
 def pulls_to_wire(answers: Sequence[RawGetResult]) -> bytes:
-    """Several pulls' answers (:func:`pull_to_wire` each) as one blob."""
-    return msgpack.packb([pull_to_wire(raw) for raw in answers])
+    """Several pulls' answers (:func:`pull_to_wire` each) as one blob: a 4-byte length,
+    the msgpack of every answer with its records replaced by their length, then the
+    records of each. Records stay out of msgpack: packing 4 MiB of them into its
+    growing buffer took a quarter of a broker's CPU when consumers pulled 4 x 4096,
+    where one join copies them once."""
+    heads, records = [], []
+    for raw in answers:
+        status, data, *rest = pull_to_wire(raw)
+        heads.append((status, len(data), *rest))
+        records.append(data)
+    head = msgpack.packb(heads)
+    return b"".join([len(head).to_bytes(4, "big"), head, *records])
 
 
 def pulls_from_wire(blob: bytes) -> list[RawGetResult]:
-    wires: list[Any] = msgpack.unpackb(blob)
-    return [pull_from_wire(tuple(w)) for w in wires]  # type: ignore[arg-type]
+    n = int.from_bytes(blob[:4], "big")
+    heads: list[Any] = msgpack.unpackb(blob[4 : 4 + n])
+    out, pos = [], 4 + n
+    for status, length, *rest in heads:
+        out.append(pull_from_wire((status, blob[pos : pos + length], *rest)))  # type: ignore[arg-type]
+        pos += length
+    return out

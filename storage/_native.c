@@ -6,6 +6,7 @@
  *   scan_records   storage/codec.py          _headers_match, body_length_range
  *   patch_records  storage/commitlog.py      the store fields of appended records
  *   link_index     storage/index_file.py     IndexFile._link_many
+ *   body_slices    storage/codec.py          body_slices (a consumer's bodies)
  *
  * encode_plain: a plain batch of storage.Message.
  *
@@ -557,6 +558,49 @@ out:
     return result;
 }
 
+PyDoc_STRVAR(body_slices_doc,
+             "body_slices(data, starts) -> list[bytes] or None\n\n"
+             "The bodies of the records stored at ``starts`` (native int64) in ``data``,\n"
+             "each a new bytes. None when a record's MAGIC, size or BODYLEN does not hold\n"
+             "(the caller names the error).");
+
+static PyObject *body_slices(PyObject *self, PyObject *args) {
+    PyObject *data_obj, *starts_obj;
+    if (!PyArg_ParseTuple(args, "OO", &data_obj, &starts_obj)) return NULL;
+    Py_buffer data, starts;
+    if (get_array(data_obj, &data, 1, 0, "data") < 0) return NULL;
+    if (get_array(starts_obj, &starts, 8, 0, "starts") < 0) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    const unsigned char *buf = data.buf, *st = starts.buf;
+    const Py_ssize_t n = starts.len / 8, len = data.len;
+    PyObject *out = PyList_New(n);
+    if (out == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t at;
+        memcpy(&at, st + 8 * i, 8);
+        if (at < 0 || at > len - HDR_LEN || get_be32(buf + at + 4) != 0xDAA320A7u) goto bad;
+        const int32_t size = (int32_t)get_be32(buf + at);
+        const int32_t body = (int32_t)get_be32(buf + at + 84);
+        if (body < 0 || (int64_t)HDR_LEN + body > size || at + HDR_LEN + body > len) goto bad;
+        PyObject *b = PyBytes_FromStringAndSize((const char *)buf + at + HDR_LEN, body);
+        if (b == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, b);
+    }
+    goto done;
+bad:
+    Py_CLEAR(out);
+    out = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&starts);
+    return out;
+}
+
 /* ------------------------------------------------------------------ module */
 static PyObject *crc32_builtin(PyObject *self, PyObject *arg) {
     Py_buffer b;
@@ -573,6 +617,7 @@ static PyMethodDef methods[] = {
     {"scan_records", scan_records, METH_VARARGS, scan_records_doc},
     {"patch_records", patch_records, METH_VARARGS, patch_records_doc},
     {"link_index", link_index, METH_VARARGS, link_index_doc},
+    {"body_slices", body_slices, METH_VARARGS, body_slices_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from storage import InvalidMessageError, Message, MessageStore, codec
+from storage import InvalidMessageError, Message, MessageStore, StoreCorruptedError, codec
 from storage.index_file import IndexFile
 
 
@@ -171,3 +171,38 @@ def test_malformed_batch_is_refused_by_the_c_scan_too(tmp_path: Path, make_confi
         assert store.commitlog.max_offset == 0
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("damage", [None, "magic", "body_len", "negative_body"])
+def test_body_slices_agree_and_refuse_the_same_garbage(
+    monkeypatch: pytest.MonkeyPatch, damage: str | None
+) -> None:
+    rng = random.Random(9)
+    batch = codec.encode_batch(
+        [Message("T", rng.randbytes(rng.randint(1, 400))) for _ in range(60)]
+    )
+    sizes = batch.sizes.astype(np.int64)
+    starts = np.cumsum(sizes) - sizes
+    data = bytearray(batch.data)
+    at = int(starts[21])
+    if damage == "magic":
+        data[at + 4] ^= 0xFF
+    elif damage == "body_len":  # longer than its record
+        data[at + codec.OFF_BODYLEN : at + codec.HEADER.size] = (10_000).to_bytes(4, "big")
+    elif damage == "negative_body":
+        data[at + codec.OFF_BODYLEN : at + codec.HEADER.size] = b"\xff\xff\xff\xf0"
+
+    def answer() -> object:
+        try:
+            return codec.body_slices(bytes(data), starts)
+        except StoreCorruptedError as exc:
+            return type(exc)
+
+    assert codec._native is not None
+    with_c = answer()
+    monkeypatch.setattr(codec, "_native", None)
+    assert with_c == answer()
+    if damage is None:
+        assert with_c == [m.body for m in codec.decode_records(batch.data)]
+    else:
+        assert with_c is StoreCorruptedError
