@@ -471,9 +471,10 @@ def _pull_rate(cluster: actors.Cluster, topic: str, n: int, batch: int) -> dict[
 
 
 def _push_rate(
-    cluster: actors.Cluster, topic: str, n: int, pull_batch: int, consume_batch: int
+    cluster: actors.Cluster, topic: str, n: int, pull_batch: int, consume_batch: int, rep: int = 0
 ) -> float:
-    """A PushConsumer with a no-op listener reading ``n`` messages from the start."""
+    """A PushConsumer with a no-op listener reading ``n`` messages from the start (a group
+    of its own per ``rep``)."""
     lock = threading.Lock()
     seen = [0]
     first = [0.0]
@@ -489,7 +490,7 @@ def _push_rate(
         return actors.ConsumeStatus.SUCCESS
 
     consumer = actors.PushConsumer(
-        f"bench-push-{pull_batch}-{consume_batch}",
+        f"bench-push-{pull_batch}-{consume_batch}-{rep}",
         topic,
         listener=listener,
         namespace=cluster.namespace,
@@ -549,9 +550,10 @@ def _retry_rate(cluster: actors.Cluster, n: int) -> dict[str, float]:
     }
 
 
-def bench_push(quick: bool) -> dict[str, Any]:
-    """Push-consumer throughput next to raw pulls of the same messages, and the retry path,
-    on a cluster of its own (delay levels of 10 ms, so retries come back at once)."""
+def bench_push(quick: bool, reps: int = 3) -> dict[str, Any]:
+    """Push-consumer throughput next to raw pulls of the same messages (alternated
+    ``reps`` times, medians), and the retry path, on a cluster of its own (delay levels
+    of 10 ms, so retries come back at once)."""
     n = 100_000 if quick else 300_000
     n_retry = 10_000 if quick else 30_000
     with tempfile.TemporaryDirectory(prefix="raymq-bench-push-") as root:
@@ -572,25 +574,38 @@ def bench_push(quick: bool) -> dict[str, Any]:
         try:
             _fill(cluster, PUSH_TOPIC, n)
             rows = []
+            each = n // reps
             for pull_batch, consume_batch in PUSH_POINTS:
-                pulled = _pull_rate(cluster, PUSH_TOPIC, n, pull_batch)
+                # push and pull alternate, a third of the messages each time, and the
+                # medians are compared: this machine's speed drifts within seconds
+                runs: dict[str, list[float]] = defaultdict(list)
+                for rep in range(reps):
+                    pulled = _pull_rate(cluster, PUSH_TOPIC, each, pull_batch)
+                    runs["pull_raw_msg_s"].append(pulled["raw"])
+                    runs["pull_decoded_msg_s"].append(pulled["decoded"])
+                    runs["push_msg_s"].append(
+                        _push_rate(cluster, PUSH_TOPIC, each, pull_batch, consume_batch, rep)
+                    )
                 rows.append(
                     {
                         "pull_batch": pull_batch,
                         "consume_batch": consume_batch,
-                        "push_msg_s": _push_rate(cluster, PUSH_TOPIC, n, pull_batch, consume_batch),
-                        "pull_raw_msg_s": pulled["raw"],
-                        "pull_decoded_msg_s": pulled["decoded"],
+                        "runs": dict(runs),
+                        **{key: statistics.median(values) for key, values in runs.items()},
                     }
                 )
             retry = _retry_rate(cluster, n_retry)
         finally:
             cluster.shutdown()
-    return {"messages": n, "points": rows, "retry": retry}
+    return {"messages": n, "reps": reps, "points": rows, "retry": retry}
 
 
 def report_push(p: dict[str, Any]) -> list[str]:
-    print(f"\n== Push consumer, no-op listener, {p['messages']:,} messages of 100 B   msg/s")
+    reps = p.get("reps", 1)
+    print(
+        f"\n== Push consumer, no-op listener, {p['messages']:,} messages of 100 B; push and "
+        f"pull alternated {reps}x over {p['messages'] // reps:,} each, medians   msg/s"
+    )
     print("  pull  consume        push   pull(MessageExt)   pull(raw blobs)   push/pull")
     out = []
     for row in p["points"]:
