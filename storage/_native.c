@@ -114,13 +114,18 @@ static inline void put_be32(unsigned char *p, uint32_t v) {
     p[3] = (unsigned char)v;
 }
 
-/* a value is "empty" as Python's truth test says, with the usual ones decided here */
+/* Python's truth test for the built-in types a Message's fields hold; -1 for any
+ * other type (the batch is then not plain): a user type's __bool__ or __len__ could
+ * run code that changes the list being read */
 static inline int is_true(PyObject *v) {
     if (v == Py_None || v == Py_False) return 0;
     if (v == Py_True) return 1;
-    if (PyLong_CheckExact(v)) return _PyLong_Sign(v) != 0;
+    if (PyLong_CheckExact(v)) return PyObject_IsTrue(v);
     if (PyTuple_CheckExact(v)) return PyTuple_GET_SIZE(v) != 0;
-    return PyObject_IsTrue(v);
+    if (PyList_CheckExact(v)) return PyList_GET_SIZE(v) != 0;
+    if (PyDict_CheckExact(v)) return PyDict_GET_SIZE(v) != 0;
+    if (PyUnicode_CheckExact(v)) return PyUnicode_GET_LENGTH(v) != 0;
+    return -1;
 }
 
 /* text equality as ``!=`` decides it for str; anything else is not plain (-1) */
@@ -208,12 +213,8 @@ static PyObject *encode_plain(PyObject *self, PyObject *args) {
         if (same_text(v[F_TOPIC], topic) != 1) goto not_plain;
         if (tags == Py_None ? v[F_TAGS] != Py_None : same_text(v[F_TAGS], tags) != 1)
             goto not_plain;
-        int t;
-        if ((t = is_true(v[F_PROPS])) != 0 || (t = is_true(v[F_KEYS])) != 0 ||
-            (t = is_true(v[F_DELAY])) != 0) {
-            if (t < 0) goto fail;
+        if (is_true(v[F_PROPS]) != 0 || is_true(v[F_KEYS]) != 0 || is_true(v[F_DELAY]) != 0)
             goto not_plain;
-        }
         PyObject *body = v[F_BODY];
         if (!PyBytes_CheckExact(body)) goto not_plain;
         Py_ssize_t blen = PyBytes_GET_SIZE(body);

@@ -118,9 +118,12 @@ class CommitLog:
             cur += used
             room -= used
             i = j
-        # copy each segment into its file once, then patch the store fields in place
-        # (a crash between the two leaves a record whose physical offset is wrong,
-        # which recovery rejects; it was never acknowledged)
+        # copy each segment into its file once, patch the store fields in place, then
+        # publish it (move the write position): a reader bounded by the write position
+        # (replication, on the broker's loop, while a service thread puts delayed
+        # messages) never sees a record before its fields are. A crash between copy and
+        # patch leaves a record whose physical offset is wrong, which recovery rejects;
+        # it was never acknowledged
         view = memoryview(data)
         if few:
             qids, qoffs = queue_ids.tolist(), queue_offsets.tolist()
@@ -128,13 +131,14 @@ class CommitLog:
             for first, stop, base in segments:
                 begin = ends[first - 1] if first else 0
                 mf = self._file_for(base)
-                rel = mf.append(view[begin : ends[stop - 1]])
+                rel = mf.stage(view[begin : ends[stop - 1]])
                 for k in range(first, stop):
                     at = (ends[k - 1] if k else 0) - begin  # within the segment
                     phys_list.append(base + at)
                     _patch_record(
                         mf.buffer, rel + at, qids[k], qoffs[k], base + at, store_ts, store_host
                     )
+                mf.publish(rel + ends[stop - 1] - begin)
             return self._after_append(np.array(phys_list, dtype=np.int64))
         starts = ends - sizes.astype(np.int64)
         phys = np.empty(n, dtype=np.int64)
@@ -147,7 +151,8 @@ class CommitLog:
             stored_raw = _STORED.pack(store_ts, store_host)
             for first, stop, base in segments:
                 mf = self._file_for(base)
-                rel = mf.append(view[int(starts[first]) : int(ends[stop - 1])])
+                segment = view[int(starts[first]) : int(ends[stop - 1])]
+                rel = mf.stage(segment)
                 codec._native.patch_records(
                     mf.buffer,
                     rel,
@@ -157,6 +162,7 @@ class CommitLog:
                     phys[first:stop],
                     stored_raw,
                 )
+                mf.publish(rel + len(segment))
             return self._after_append(phys)
         # the store fields as the bytes they become: (QUEUEOFFSET, PHYSICALOFFSET)
         # per record, QUEUEID per record, and (STORETIMESTAMP, STOREHOST) once
@@ -168,7 +174,8 @@ class CommitLog:
         stored = np.frombuffer(_STORED.pack(store_ts, store_host), dtype="V16")[0]
         for first, stop, base in segments:
             mf = self._file_for(base)
-            rel = mf.append(view[int(starts[first]) : int(ends[stop - 1])])
+            segment = view[int(starts[first]) : int(ends[stop - 1])]
+            rel = mf.stage(segment)
             local = starts[first:stop] - starts[first] + rel
             w4 = codec.windows(mf.buffer, "V4")
             w16 = codec.windows(mf.buffer, "V16")
@@ -178,6 +185,7 @@ class CommitLog:
                 w16[local + codec.OFF_STORETIMESTAMP] = stored
             finally:
                 del w4, w16
+            mf.publish(rel + len(segment))
         return self._after_append(phys)
 
     def _after_append(self, phys: np.ndarray) -> np.ndarray:

@@ -124,6 +124,21 @@ class MappedFile:
         self.wrote_position = end
         return pos
 
+    def stage(self, data: bytes | bytearray | memoryview) -> int:
+        """Write at the write position without moving it (readers bounded by the write
+        position do not see the bytes yet); :meth:`publish` moves it. Returns the
+        file-relative position written."""
+        pos = self.wrote_position
+        end = pos + len(data)
+        if end > self.file_size:
+            raise ValueError(f"{self.path}: append of {len(data)} bytes at {pos} overflows")
+        self._mm[pos:end] = data
+        return pos
+
+    def publish(self, end: int) -> None:
+        """Move the write position to ``end``: the staged bytes before it are visible."""
+        self.wrote_position = end
+
     def write_at(self, pos: int, data: bytes | bytearray | memoryview) -> None:
         self._mm[pos : pos + len(data)] = data
 

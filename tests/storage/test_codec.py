@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import random
 import struct
+import types
 import zlib
 
 import numpy as np
@@ -377,6 +378,8 @@ class _SubMessage(Message):
         lambda m: Message(m.topic, m.body, flag=1 << 70),
         lambda m: Message(m.topic, m.body, queue_id=1.0),
         lambda m: "not a message",
+        # a mapping of a user type: its __len__ could run anything, so not judged in C
+        lambda m: Message(m.topic, m.body, properties=types.MappingProxyType({})),
     ],
 )
 def test_c_encoder_leaves_anything_not_plain_to_the_general_loop(odd) -> None:

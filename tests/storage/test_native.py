@@ -206,3 +206,33 @@ def test_body_slices_agree_and_refuse_the_same_garbage(
         assert with_c == [m.body for m in codec.decode_records(batch.data)]
     else:
         assert with_c is StoreCorruptedError
+
+
+def test_records_become_visible_only_once_their_store_fields_are_written(
+    tmp_path: Path, make_config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # replication reads the CommitLog up to its write position on the broker's loop
+    # while a service thread may put delayed messages: the C patch runs without the
+    # GIL, so the write position must move only after it
+    native = codec._native
+    assert native is not None
+    store = MessageStore(make_config(tmp_path / "s"))
+    try:
+        store.put(Message("T", b"first"))
+        before = store.commitlog.max_offset
+        seen = []
+        patch = native.patch_records
+
+        def observed(*args: object) -> None:
+            seen.append(store.commitlog.max_offset)
+            patch(*args)
+
+        monkeypatch.setattr(native, "patch_records", observed)
+        store.put_encoded(codec.encode_batch([Message("T", b"m%d" % i) for i in range(40)]))
+        assert seen == [before]
+        assert store.commitlog.max_offset > before
+        assert [m.queue_offset for m in store.get("g", "T", 0, 1, 100).messages] == list(
+            range(1, 41)
+        )
+    finally:
+        store.close()
