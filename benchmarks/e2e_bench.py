@@ -342,12 +342,21 @@ def _queue_put_get(batch: int, total: int) -> dict[str, tuple[float, dict[str, f
     return out
 
 
-def _consume_bodies(cluster: actors.Cluster, batch: int, seconds: float, ahead: bool) -> float:
-    """Bodies/s pulled over the topic's queues from offset 0: ``pull_many`` one call at
+def _queue_ends(cluster: actors.Cluster) -> dict[Any, int]:
+    consumer = cluster.pull_consumer("bench-h2h-ends")
+    ends = {mq: consumer.max_offset(mq) for mq in consumer.fetch_subscribe_queues(TOPIC)}
+    consumer.close()
+    return ends
+
+
+def _consume_bodies(
+    cluster: actors.Cluster, batch: int, seconds: float, ahead: bool, start: dict[Any, int]
+) -> float:
+    """Bodies/s pulled over the topic's queues from ``start``: ``pull_many`` one call at
     a time, or (``ahead``) with the next ``pull_many_async`` on its way while the bodies
     of the last one are cut out, as RocketMQ's consumers keep a pull in flight."""
     consumer = cluster.pull_consumer("bench-h2h")
-    requests = [(mq, 0) for mq in consumer.fetch_subscribe_queues(TOPIC)]
+    requests = list(start.items())
     got, started = 0, time.perf_counter()
     pending = consumer.pull_many_async(requests, batch) if ahead else None
     while requests and time.perf_counter() - started < seconds:
@@ -392,9 +401,9 @@ def bench_ray_queue(cluster: actors.Cluster, quick: bool, reps: int = 3) -> list
     alternately ``reps`` times (medians): distinct 100 B items (:func:`distinct_bodies`;
     RayMQ stores and reads each record on its own anyway), RayMQ's streamed ``send_async``
     (and, beside it, with a window of 4 batches) against the queue's batch put, pulls
-    (``batch`` per queue, as RocketMQ's pull batch size) against its batch get: one pull
-    ahead (the figure compared), and one at a time. At 4096, also the produce ceiling
-    (:func:`_free_producer`)."""
+    (``batch`` per queue, as RocketMQ's pull batch size, reading back what these produce
+    runs wrote) against its batch get: one pull ahead (the figure compared), and one at
+    a time. At 4096, also the produce ceiling (:func:`_free_producer`)."""
     producer = cluster.producer("bench-h2h", max_batch_messages=4096, max_batch_bytes=8 << 20)
     broker = cluster.broker("broker-a")
     pids = {"client": os.getpid(), "server": ray.get(broker.status.remote())["pid"]}
@@ -402,6 +411,12 @@ def bench_ray_queue(cluster: actors.Cluster, quick: bool, reps: int = 3) -> list
     rows = []
     for batch in (256, 1024, 4096):
         total = batch * max(4, (50_000 if quick else 200_000) // batch)
+        # the pulls read back what this batch size's produce runs write, as the queue's
+        # gets read what its puts just held: recent records, in the page cache. From
+        # offset 0 they read what the bench wrote minutes and gigabytes before, which
+        # the kernel may have evicted (one run measured the broker at 0.6 us/msg there
+        # against 0.3 in the run before): a disk read the queue never does
+        start = _queue_ends(cluster)
         runs: dict[str, list[float]] = defaultdict(list)
         cpu: dict[str, list[dict[str, float]]] = defaultdict(list)
         ours = {
@@ -411,8 +426,8 @@ def bench_ray_queue(cluster: actors.Cluster, quick: bool, reps: int = 3) -> list
             "produce_window": lambda b=batch: produce_point(
                 producer, b"", b, seconds, "window", distinct_bodies(b)
             ),
-            "consume": lambda b=batch: _consume_bodies(cluster, b, seconds, ahead=True),
-            "consume_sync": lambda b=batch: _consume_bodies(cluster, b, seconds, ahead=False),
+            "consume": lambda b=batch, s=start: _consume_bodies(cluster, b, seconds, True, s),
+            "consume_sync": lambda b=batch, s=start: _consume_bodies(cluster, b, seconds, False, s),
         }
         if batch == 4096:  # the ceiling of produce, whatever the batch (see _free_producer)
             ours["free_producer"] = _free_producer(broker, seconds)
