@@ -175,17 +175,8 @@ class IndexFile:
         before it. Returns how many slots were repaired."""
         table = self._slot_table
         stale = np.flatnonzero(table >= self.index_count)
-        buf = self.file.buffer
         for slot in stale.tolist():
-            number = int(table[slot])
-            while number >= self.index_count:
-                prev = (
-                    _ENTRY.unpack_from(buf, self._entry_pos(number))[3]
-                    if number < self.max_entries
-                    else number
-                )
-                number = prev if 0 <= prev < number else 0  # a chain only goes down
-            table[slot] = number
+            table[slot] = self._counted(int(table[slot]), self.index_count)
         if len(stale):
             self.dirty = True
             log.warning(
@@ -195,6 +186,20 @@ class IndexFile:
                 len(stale),
             )
         return len(stale)
+
+    def _counted(self, number: int, count: int) -> int:
+        """``number``, or, for a head past ``count`` (a put still writing, or one a crash
+        cut), the first entry down its ``previous`` links that ``count`` covers: a put
+        writes an entry before the slot that points at it. 0 when there is none."""
+        buf = self.file.buffer
+        while number >= count:
+            prev = (
+                _ENTRY.unpack_from(buf, self._entry_pos(number))[3]
+                if number < self.max_entries
+                else number
+            )
+            number = prev if 0 <= prev < number else 0  # a chain only goes down
+        return number
 
     def _write_header(self) -> None:
         self.file.write_at(
@@ -215,7 +220,9 @@ class IndexFile:
     def query(self, key_hash: int, max_count: int, begin: int, end: int) -> list[int]:
         """CommitLog offsets of entries with ``key_hash`` stored in [begin, end], newest first."""
         out: list[int] = []
-        number = int(self._slot_table[key_hash % self.slots])
+        # a put in another thread (SYNC_FLUSH puts, delayed deliveries) may have moved
+        # the head past the count: the older entries are still down its chain
+        number = self._counted(int(self._slot_table[key_hash % self.slots]), self.index_count)
         buf = self.file.buffer
         seen = 0
         while 0 < number < self.index_count and len(out) < max_count and seen < self.index_count:

@@ -165,7 +165,8 @@ def test_an_index_put_cut_by_a_crash_loses_no_older_key(
 ) -> None:
     # a crash between a put's slot writes and its header write leaves slots pointing
     # past the header's count; the put that re-indexes those records after recovery
-    # must still find every key indexed before (13 slots: every chain is shared)
+    # must still find every key indexed before (13 slots: every chain is shared), and
+    # so must a query while such a put is under way
     from storage.index_file import HEADER_SIZE, IndexFile
 
     if path == "numpy":
@@ -178,8 +179,14 @@ def test_an_index_put_cut_by_a_crash_loses_no_older_key(
     for part in np.split(older, 3):
         f.put(part, part % 100_000, 1_700_000_000_000)
     header = f.file.read(0, HEADER_SIZE)
+    count = f.index_count
     f.put(cut, cut % 100_000, 1_700_000_000_000)
     f.file.write_at(0, header)  # the crash: the header never got this put
+    # what a query running beside that put (another thread) sees: slots moved, the
+    # count not yet; every older key is still found
+    f.index_count = count
+    for h in older.tolist():
+        assert h % 100_000 in f.query(h, 1000, 0, 1 << 62), h
     f.close()
 
     f = IndexFile(tmp_path / "1", slots=13, max_entries=1000, create=False)
