@@ -19,7 +19,7 @@ from storage import codec
 from storage.codec import EncodedBatch
 from storage.message import PutStatus
 
-from .protocol import SendAck
+from .protocol import OUT_OF_BAND_BYTES, SendAck
 
 
 class SendStatus(enum.Enum):
@@ -96,12 +96,6 @@ class BatchSendResult(Sequence[SendResult]):
 
 
 _QUEUE_ID = struct.Struct(">i")
-
-
-OUT_OF_BAND_BYTES = 256 << 10
-"""A blob at least this large travels as a ``uint8`` array: Ray passes an array's
-buffer out of band, so the broker reads it in place in the object store instead
-of unpickling a copy (a sixth of a broker's time at 1 KiB bodies)."""
 
 
 def _with_queue(batch: EncodedBatch, queue_id: int) -> bytes | np.ndarray:

@@ -9,6 +9,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 import ray
 from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
@@ -16,7 +17,7 @@ from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
 import actors
 from actors import PullStatus, protocol
 from rebalance import MessageQueue
-from storage import Message
+from storage import Message, encode_batch
 from storage.errors import InvalidMessageError
 
 
@@ -124,6 +125,21 @@ def test_pull_batch_and_the_packed_pull_answer_alike(cluster: actors.Cluster) ->
 
     assert [fields(protocol.pull_from_wire(w)) for w in plain] == list(map(fields, packed))
     assert [raw.count for raw in packed] == [8, 7]  # max 8; 10 - 3 from offset 3
+
+    # an answer past OUT_OF_BAND_BYTES comes as a uint8 array (no pickling either side)
+    body = b"x" * 300
+    ray.get(
+        broker.send.remote(encode_batch([Message("Alike", body, queue_id=0)] * 1200).to_bytes())
+    )
+    request = protocol.pull_request_to_wire("g-alike", [("Alike", 0, 0)], 2000, None, 0.0, "c1")
+    blob = ray.get(broker.pull_packed.remote(request))
+    assert isinstance(blob, np.ndarray) and len(blob) >= protocol.OUT_OF_BAND_BYTES
+    (big,) = protocol.pulls_from_wire(blob)
+    (plain_big,) = ray.get(
+        broker.pull_batch.remote("g-alike", [("Alike", 0, 0)], 2000, None, 0.0, "c1")
+    )
+    assert fields(big) == fields(protocol.pull_from_wire(plain_big))
+    assert isinstance(big.data, bytes) and big.count == 1210
 
 
 def test_tags_are_filtered_exactly(cluster: actors.Cluster) -> None:
