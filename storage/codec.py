@@ -613,7 +613,8 @@ def _total(values: np.ndarray) -> int:
 
 
 def _headers_match(data: bytes | memoryview, sizes: np.ndarray) -> bool:
-    """Whether each record laid back to back with ``sizes`` starts with its size and MAGIC.
+    """Whether each record laid back to back with ``sizes`` starts with its size and MAGIC
+    (where ``storage._native`` is built, ``check_structure`` walks large batches in C).
 
     ``sizes`` must add up to ``len(data)``.
     """
@@ -624,8 +625,6 @@ def _headers_match(data: bytes | memoryview, sizes: np.ndarray) -> bool:
                 return False
             pos += size
         return True
-    if _native is not None:
-        return _native.scan_records(data, np.ascontiguousarray(sizes, dtype=np.int32)) is not None
     sizes64 = sizes.astype(np.int64)
     starts = np.cumsum(sizes64) - sizes64
     words = windows(data, ">u4")
