@@ -43,6 +43,7 @@ from ._consumer_manager import ConsumerManager
 from ._datasource_checkpoint import StreamCheckpoints
 from ._fencing import FencingToken, OffsetFenceTable
 from ._long_polling import PullRequestHoldService
+from ._malloc import retain_freed_memory
 from ._offset_manager import ConsumerOffsetManager
 from ._replication import create_replication
 from ._topic_manager import TopicConfigManager
@@ -79,6 +80,7 @@ class Broker:
 
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
+        retain_freed_memory(config.malloc_trim_threshold)  # before the store allocates
         self.incarnation = uuid.uuid4().hex
         self._loop = asyncio.get_event_loop()  # an async actor runs __init__ in its loop
         ctx = ray.get_runtime_context()

@@ -110,6 +110,10 @@ class BrokerConfig:
     io_threads: int = 8
     inline_async_puts: bool = True
     inline_reads: bool = True
+    malloc_trim_threshold: int = 256 << 20
+    """Freed memory the broker's process keeps for its next calls instead of giving it
+    back to the kernel (glibc's ``M_TRIM_THRESHOLD``, see ``actors/_malloc.py``); 0 keeps
+    glibc's defaults, under which every large pull faults its buffers in anew."""
     metrics_enable: bool = True
     """Export ``raymq_*`` metrics through ``ray.util.metrics`` (``actors/metrics.py``)."""
     metrics_export_interval_s: float = 1.0
@@ -164,6 +168,11 @@ class BrokerConfig:
             metrics_export_interval_s=self.metrics_export_interval_s,
             metrics_lag_interval_s=self.metrics_lag_interval_s,
         )
+        if not isinstance(self.malloc_trim_threshold, int) or self.malloc_trim_threshold < 0:
+            raise InvalidConfigError(
+                f"BrokerConfig.malloc_trim_threshold={self.malloc_trim_threshold!r}: "
+                "must be an int >= 0"
+            )
         unknown = set(self.store) - _STORE_FIELDS
         if unknown:
             raise InvalidConfigError(

@@ -62,6 +62,8 @@ def test_broker_config_checks_store_fields_in_the_callers_process() -> None:
         BrokerConfig(store={"flush_disk_type": "SOMETIMES"})
     with pytest.raises(InvalidConfigError, match="broker_name"):
         BrokerConfig(broker_name="a b")
+    with pytest.raises(InvalidConfigError, match="malloc_trim_threshold"):
+        BrokerConfig(malloc_trim_threshold=-1)
     assert BrokerConfig(broker_name="broker-x", broker_id=1).actor_name == "broker-x-1"
 
 

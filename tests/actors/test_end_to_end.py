@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import ray
 from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
+from test_malloc import CHURN
 
 import actors
 from actors import PullStatus, protocol
@@ -140,6 +141,18 @@ def test_pull_batch_and_the_packed_pull_answer_alike(cluster: actors.Cluster) ->
     )
     assert fields(big) == fields(protocol.pull_from_wire(plain_big))
     assert isinstance(big.data, bytes) and big.count == 1210
+
+
+def test_a_broker_keeps_the_memory_it_frees(cluster: actors.Cluster) -> None:
+    # a pull of 4 x 4096 records allocates and frees ~10 MB; glibc would give it back
+    # and fault it in again on the next pull (actors/_malloc.py, tests/actors/test_malloc.py)
+    def churn(_: Any, source: str = CHURN) -> list[int]:  # defined here, sent by value
+        namespace: dict[str, Any] = {}
+        exec(source, namespace)
+        return namespace["churn"]()  # type: ignore[no-any-return]
+
+    faults = ray.get(cluster.broker("broker-a").__ray_call__.remote(churn))
+    assert faults[0] > 0 and max(faults[1:]) < 100, faults
 
 
 def test_tags_are_filtered_exactly(cluster: actors.Cluster) -> None:
