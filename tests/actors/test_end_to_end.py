@@ -127,20 +127,30 @@ def test_pull_batch_and_the_packed_pull_answer_alike(cluster: actors.Cluster) ->
     assert [fields(protocol.pull_from_wire(w)) for w in plain] == list(map(fields, packed))
     assert [raw.count for raw in packed] == [8, 7]  # max 8; 10 - 3 from offset 3
 
-    # an answer past OUT_OF_BAND_BYTES comes as a uint8 array (no pickling either side)
+    # an answer past OUT_OF_BAND_BYTES comes unjoined: its records as uint8 arrays
     body = b"x" * 300
     ray.get(
         broker.send.remote(encode_batch([Message("Alike", body, queue_id=0)] * 1200).to_bytes())
     )
-    request = protocol.pull_request_to_wire("g-alike", [("Alike", 0, 0)], 2000, None, 0.0, "c1")
-    blob = ray.get(broker.pull_packed.remote(request))
-    assert isinstance(blob, np.ndarray) and len(blob) >= protocol.OUT_OF_BAND_BYTES
-    (big,) = protocol.pulls_from_wire(blob)
-    (plain_big,) = ray.get(
-        broker.pull_batch.remote("g-alike", [("Alike", 0, 0)], 2000, None, 0.0, "c1")
-    )
-    assert fields(big) == fields(protocol.pull_from_wire(plain_big))
-    assert isinstance(big.data, bytes) and big.count == 1210
+    big_requests = [("Alike", 0, 0), ("Alike", 1, 0), ("Alike", 0, 10**6)]
+    request = protocol.pull_request_to_wire("g-alike", big_requests, 2000, None, 0.0, "c1")
+    wire = ray.get(broker.pull_packed.remote(request))
+    assert isinstance(wire, list) and isinstance(wire[0], bytes)
+    assert [type(part) for part in wire[1:]] == [np.ndarray] * 3
+    assert sum(map(len, wire)) >= protocol.OUT_OF_BAND_BYTES
+    big = protocol.pulls_from_wire(wire)
+    plain_big = ray.get(broker.pull_batch.remote("g-alike", big_requests, 2000, None, 0.0, "c1"))
+    assert [fields(protocol.pull_from_wire(w)) for w in plain_big] == list(map(fields, big))
+    assert all(isinstance(raw.data, bytes) for raw in big)
+    assert [raw.count for raw in big] == [1210, 10, 0]
+    with pytest.raises(InvalidMessageError, match="record parts"):
+        protocol.pulls_from_wire(wire[:-1])
+    with pytest.raises(InvalidMessageError, match="bytes of records"):
+        protocol.pulls_from_wire([wire[0], wire[1][:-1], *wire[2:]])
+    joined = b"".join([wire[0], *(part.tobytes() for part in wire[1:])])
+    assert list(map(fields, protocol.pulls_from_wire(joined))) == list(map(fields, big))
+    with pytest.raises(InvalidMessageError, match="bytes of records"):
+        protocol.pulls_from_wire(joined[:-1])
 
 
 def test_a_broker_keeps_the_memory_it_frees(cluster: actors.Cluster) -> None:
