@@ -761,11 +761,32 @@ def targets(r: dict[str, Any]) -> list[str]:
     return out
 
 
+STOLEN: dict[str, float] = {}
+"""Per section, the share of CPU time the hypervisor gave to other guests (``steal`` in
+``/proc/stat``): on a shared VM it moved our figures by up to 2x between runs."""
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    """(all, stolen) CPU ticks of the machine so far; (0, 0) where there is no /proc."""
+    try:
+        with open("/proc/stat") as fh:
+            values = [int(v) for v in fh.readline().split()[1:]]
+    except OSError:
+        return 0, 0
+    return sum(values[:8]), values[7]  # user nice system idle iowait irq softirq steal
+
+
 def timed(name: str, fn: Callable[[], Any]) -> Any:
-    t = time.perf_counter()
+    t, (ticks, stolen) = time.perf_counter(), _cpu_ticks()
     print(f"running {name} ...", file=sys.stderr, flush=True)
     out = fn()
-    print(f"  {name} took {time.perf_counter() - t:.1f}s", file=sys.stderr, flush=True)
+    ticks_after, stolen_after = _cpu_ticks()
+    STOLEN[name] = 100 * (stolen_after - stolen) / max(1, ticks_after - ticks)
+    print(
+        f"  {name} took {time.perf_counter() - t:.1f}s ({STOLEN[name]:.0f}% of the CPU stolen)",
+        file=sys.stderr,
+        flush=True,
+    )
     return out
 
 
@@ -819,9 +840,14 @@ def main(argv: list[str] | None = None) -> int:
             cluster.shutdown()
     results["push"] = timed("push consumer", lambda: bench_push(args.quick))
     ray.shutdown()
+    results["stolen_pct"] = dict(STOLEN)
     report(results)
     for line in report_push(results["push"]):
         print("  " + line)
+    print(
+        "\n== CPU stolen by the hypervisor (other guests' share of this VM's cores)\n  "
+        + ", ".join(f"{name} {pct:.0f}%" for name, pct in STOLEN.items())
+    )
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=2)
