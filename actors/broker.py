@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -156,9 +157,11 @@ class Broker:
         return await self._run(self.store.put_encoded, batch)
 
     async def _get(self, *args: Any) -> RawGetResult:
+        """A pull's read. Its records are a view of the CommitLog (``get_raw(view=True)``):
+        the answer copies them once, into its blob or (large) into Ray's object store."""
         if self.config.inline_reads:
-            return self.store.get_raw(*args)
-        return await self._run(self.store.get_raw, *args)
+            return self.store.get_raw(*args, view=True)
+        return await self._run(partial(self.store.get_raw, view=True), *args)
 
     # ------------------------------------------------------------ NameServer registration
     def _registration(self) -> BrokerRegistration:
@@ -426,7 +429,7 @@ class Broker:
         """The store's answers for ``requests``, each limited to what may be read here."""
         get, readable = self.store.get_raw, self.ha.readable
         return [
-            readable(get(group, topic, qid, off, max_count, tags), off)[0]
+            readable(get(group, topic, qid, off, max_count, tags, view=True), off)[0]
             for topic, qid, off in requests
         ]
 

@@ -66,7 +66,13 @@ PullWire = tuple[str, bytes, int, int, int, int, "bytes | None", int]
 
 def pull_to_wire(raw: RawGetResult) -> PullWire:
     """A pull's answer as plain values (msgpack, no pickling: ~0.1 ms less a call on
-    each end), the broker id a consumer should read from next (-1: no opinion) last."""
+    each end), the broker id a consumer should read from next (-1: no opinion) last.
+    Records read as a view of the CommitLog become ``bytes`` here."""
+    status, data, *rest = _pull_fields(raw)
+    return (status, data if isinstance(data, bytes) else bytes(data), *rest)  # type: ignore[return-value]
+
+
+def _pull_fields(raw: RawGetResult) -> tuple[Any, ...]:
     sizes = raw.sizes
     return (
         raw.status.value,
@@ -148,7 +154,7 @@ def pulls_to_wire(answers: Sequence[RawGetResult]) -> bytes | list[Any]:
     more (~3.3 MB for 4 x 4096 records of 100 B) and ``bytes`` would be pickled in band."""
     heads, records = [], []
     for raw in answers:
-        status, data, *rest = pull_to_wire(raw)
+        status, data, *rest = _pull_fields(raw)  # data may be a view of the CommitLog
         heads.append((status, len(data), *rest))
         records.append(data)
     head = msgpack.packb(heads)

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 
@@ -235,6 +236,15 @@ class CommitLog:
 
     # -- read
     def read(self, offset: int, size: int) -> bytes:
+        mf, rel = self._locate(offset, size)
+        return mf.read(rel, size)
+
+    def view(self, offset: int, size: int) -> memoryview:
+        """:meth:`read` without a copy (:meth:`MappedFile.view`)."""
+        mf, rel = self._locate(offset, size)
+        return mf.view(rel, size)
+
+    def _locate(self, offset: int, size: int) -> tuple[MappedFile, int]:
         mf = self.files.find(offset)
         if mf is None:
             raise OffsetOutOfRangeError(
@@ -243,10 +253,19 @@ class CommitLog:
         rel = offset - mf.from_offset
         if rel + size > mf.wrote_position:
             raise OffsetOutOfRangeError(f"commitlog offset {offset}+{size} past the written end")
-        return mf.read(rel, size)
+        return mf, rel
 
-    def read_runs(self, offsets: np.ndarray, sizes: np.ndarray) -> bytes:
-        """Records at ``offsets`` back to back, reading each contiguous run in one copy."""
+    @overload
+    def read_runs(self, offsets: np.ndarray, sizes: np.ndarray) -> bytes: ...
+    @overload
+    def read_runs(
+        self, offsets: np.ndarray, sizes: np.ndarray, *, view: bool
+    ) -> bytes | memoryview: ...
+    def read_runs(
+        self, offsets: np.ndarray, sizes: np.ndarray, *, view: bool = False
+    ) -> bytes | memoryview:
+        """Records at ``offsets`` back to back, reading each contiguous run in one copy;
+        with ``view``, records that are one run come as a view of the file, no copy."""
         n = len(offsets)
         if n == 0:
             return b""
@@ -261,6 +280,8 @@ class CommitLog:
             stop = int(ends[b - 1])
             mf = self.files.find(start)
             if mf is not None and stop - mf.from_offset <= mf.file_size:
+                if view and len(run_starts) == 1:
+                    return self.view(start, stop - start)
                 parts.append(self.read(start, stop - start))
             else:  # a run that crosses files (cannot, records never straddle): per record
                 parts.extend(

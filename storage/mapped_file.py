@@ -49,6 +49,14 @@ def offset_to_name(offset: int) -> str:
     return f"{offset:020d}"
 
 
+def _closed_mmap() -> mmap.mmap:
+    """A stand-in for a mapping closed while views of it were out: every use of it
+    raises ValueError, as a closed mmap's does."""
+    mm = mmap.mmap(-1, PAGE)
+    mm.close()
+    return mm
+
+
 class MappedFile:
     """One file of ``file_size`` bytes mapped into memory."""
 
@@ -145,6 +153,13 @@ class MappedFile:
     def read(self, pos: int, size: int) -> bytes:
         return self._mm[pos : pos + size]
 
+    def view(self, pos: int, size: int) -> memoryview:
+        """``size`` bytes at ``pos`` without a copy. The view keeps the mapping alive:
+        :meth:`close` while one is held leaves the unmapping to the view's end, so a
+        broker can hand a pull's records to Ray, which copies them once into the
+        object store, with the file expiring meanwhile."""
+        return memoryview(self._mm)[pos : pos + size]
+
     @property
     def buffer(self) -> mmap.mmap:
         """The mapping itself, for zero-copy reads by the owner (never keep views)."""
@@ -217,7 +232,10 @@ class MappedFile:
     def close(self) -> None:
         with self._warm_lock:
             if self._fd >= 0:
-                self._mm.close()
+                try:
+                    self._mm.close()
+                except BufferError:  # views are out (see view): unmapped when they go
+                    self._mm = _closed_mmap()
                 os.close(self._fd)
                 self._fd = -1
 

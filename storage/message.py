@@ -151,7 +151,7 @@ class RawGetResult:
     """
 
     status: GetStatus
-    data: bytes
+    data: bytes | memoryview  # a view of the CommitLog when asked for (get_raw(view=True))
     count: int
     next_offset: int
     min_offset: int

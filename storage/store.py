@@ -440,8 +440,13 @@ class MessageStore:
         offset: int,
         max_count: int = 32,
         tags: str | None = None,
+        *,
+        view: bool = False,
     ) -> RawGetResult:
-        """Up to ``max_count`` records from ``offset`` as one blob (tag filter by hash)."""
+        """Up to ``max_count`` records from ``offset`` as one blob (tag filter by hash).
+        With ``view``, records that lie back to back in the CommitLog (a producer's batch
+        for one queue) come as a memoryview of it, not a copy; it keeps the file mapped
+        while held, so it is for an answer on its way out, not to keep."""
         self._check_open()
         codec.validate_topic(topic)
         codec.validate_queue_id(queue_id)
@@ -479,7 +484,7 @@ class MessageStore:
         if not len(picked):
             return RawGetResult(GetStatus.NO_MATCHED_MESSAGE, b"", 0, next_offset, min_off, max_off)
         try:
-            data = self.commitlog.read_runs(phys[picked], entries["size"][picked])
+            data = self.commitlog.read_runs(phys[picked], entries["size"][picked], view=view)
         except (OffsetOutOfRangeError, ValueError):  # expired under us
             return RawGetResult(
                 GetStatus.OFFSET_TOO_SMALL, b"", 0, cq.min_offset, cq.min_offset, max_off

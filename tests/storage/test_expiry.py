@@ -6,6 +6,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from storage import GetStatus, Message, MessageStore
 
 NOW = 1_800_000_000.0
@@ -88,3 +90,34 @@ def test_disk_pressure_deletes_at_once_whatever_the_age(tmp_path: Path, make_con
         store._disk_usage = lambda: 0.99
         store.clean_expired_files()
         assert len(store.commitlog.files) == 1, "never the file being written"
+
+
+def _mapped(path: Path) -> bool:
+    with open("/proc/self/maps") as fh:
+        return any(str(path) in line for line in fh)  # " (deleted)" once unlinked
+
+
+def test_a_file_expires_while_a_pull_holds_a_view_of_its_records(
+    tmp_path: Path, make_config
+) -> None:
+    # a broker answers pulls with views of the CommitLog (get_raw(view=True)), which Ray
+    # copies once after the call returns: the file may expire in between
+    cfg = make_config(tmp_path / "s", file_reserved_hours=1, delete_when=f"{HOUR:02d}")
+    with MessageStore(
+        cfg, clock=lambda: NOW, disk_usage=lambda: 0.1, start_services=False
+    ) as store:
+        fill(store, 3)
+        first = store.commitlog.files.files[0]
+        held = store.get_raw("g", "E", 0, 0, max_count=10, view=True)
+        copied = store.get_raw("g", "E", 0, 0, max_count=10)
+        assert isinstance(held.data, memoryview) and isinstance(copied.data, bytes)
+        assert held.data == copied.data and held.count == copied.count == 10
+        age_all_but_last(store, 2)
+        assert store.clean_expired_files() == 2  # no BufferError for the view
+        assert not first.path.exists() and held.data == copied.data  # still readable
+        assert _mapped(first.path)
+        with pytest.raises(ValueError, match="closed"):
+            first.read(0, 8)  # the store's own handle is closed
+        assert store.get_raw("g", "E", 0, 0, view=True).status is GetStatus.OFFSET_TOO_SMALL
+        del held
+        assert not _mapped(first.path)  # unmapped with the last view
