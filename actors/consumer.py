@@ -63,12 +63,17 @@ class PullResult:
     """One pull's answer. ``data`` holds ``count`` records as stored; ``messages``
     decodes them on first access and keeps those whose tags match exactly.
     ``OFFSET_ILLEGAL`` means the offset was outside [min_offset, max_offset]:
-    ``next_offset`` is where to continue."""
+    ``next_offset`` is where to continue.
+
+    The records of a large answer stay where Ray put them (its object store) until
+    ``data`` or ``messages`` is first read, which copies them out once; ``bodies``
+    cuts the bodies straight from there. So a reader that keeps a pull ahead asks for
+    the next one without first copying megabytes, and a dropped result copies nothing."""
 
     __slots__ = (
         "queue",
         "store_status",
-        "data",
+        "_data",
         "count",
         "next_offset",
         "min_offset",
@@ -84,7 +89,7 @@ class PullResult:
     ) -> None:
         self.queue = queue
         self.store_status = raw.status
-        self.data = raw.data
+        self._data = raw.data  # bytes, or a view of Ray's copy (pulls_from_wire(copy=False))
         self.count = raw.count
         self._starts = raw.starts()
         self.next_offset = raw.next_offset
@@ -93,6 +98,12 @@ class PullResult:
         self._tags = tags
         self._check_crc = check_crc
         self._messages: list[MessageExt] | None = None
+
+    @property
+    def data(self) -> bytes:
+        if not isinstance(self._data, bytes):
+            self._data = bytes(self._data)  # and lets go of Ray's copy
+        return self._data
 
     @property
     def messages(self) -> list[MessageExt]:
@@ -115,7 +126,7 @@ class PullResult:
         if self._tags is not None or self._messages is not None:
             return [m.body for m in self.messages]
         if self._starts is not None and self.count:
-            return body_slices(self.data, self._starts)
+            return body_slices(self._data, self._starts)  # copies the bodies out
         data, out, pos, end = self.data, [], 0, len(self.data)
         unpack = _SIZE_MAGIC_BODYLEN.unpack_from
         while pos < end:
@@ -336,7 +347,8 @@ class PullConsumer:
     ) -> list[PullResult]:
         results: list[PullResult | None] = [None] * len(requests)
         for indexes, ref in pending.refs:
-            answers = pulls_from_wire(self._wait(requests[indexes[0]][0], ref, pending.timeout))
+            wire = self._wait(requests[indexes[0]][0], ref, pending.timeout)
+            answers = pulls_from_wire(wire, copy=False)  # PullResult copies when asked to
             for i, raw in zip(indexes, answers):
                 mq = requests[i][0]
                 suggested = getattr(raw, "suggest_broker_id", -1)  # see actors._ha.PullAnswer

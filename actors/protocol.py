@@ -164,9 +164,10 @@ def pulls_to_wire(answers: Sequence[RawGetResult]) -> bytes | list[Any]:
     return b"".join([prefix, *records])
 
 
-def pulls_from_wire(wire: bytes | list[Any]) -> list[RawGetResult]:
+def pulls_from_wire(wire: bytes | list[Any], *, copy: bool = True) -> list[RawGetResult]:
     """The answers :func:`pulls_to_wire` packed, in either form; records come out as
-    ``bytes``."""
+    ``bytes``, or with ``copy=False`` those of a large answer as read-only views of the
+    arrays Ray handed over (which they keep in its object store while held)."""
     if isinstance(wire, list):
         prefix, parts = memoryview(wire[0]), wire[1:]
     else:
@@ -181,7 +182,8 @@ def pulls_from_wire(wire: bytes | list[Any]) -> list[RawGetResult]:
             data = bytes(prefix[pos : pos + length])
             pos += length
         else:
-            data = memoryview(parts[i]).cast("B").tobytes()
+            view = memoryview(parts[i]).cast("B")
+            data = view.tobytes() if copy else view
         if len(data) != length:
             raise InvalidMessageError(
                 f"pull answer {i}: {len(data)} bytes of records, not {length}"

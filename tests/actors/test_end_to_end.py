@@ -301,6 +301,29 @@ def test_async_pulls_read_one_ahead_and_answer_as_sync_pulls_do(cluster: actors.
     consumer.close()
 
 
+def test_a_large_pull_is_copied_out_of_the_object_store_only_when_read(
+    cluster: actors.Cluster,
+) -> None:
+    cluster.admin.create_topic("Lazy", 1, 1)
+    cluster.producer("p-lazy").send_batch(
+        [Message("Lazy", b"%04d" % i + bytes(296), tags="T") for i in range(1200)],
+        sharding_key="one queue",
+    )
+    consumer = cluster.pull_consumer("g-lazy")
+    mq = next(q for q in consumer.fetch_subscribe_queues("Lazy") if consumer.max_offset(q))
+    bodies = [b"%04d" % i + bytes(296) for i in range(1200)]
+    first = consumer.pull(mq, 0, 2000)  # ~440 KB: past OUT_OF_BAND_BYTES
+    assert first.count == 1200 and isinstance(first._data, memoryview)  # still Ray's
+    assert first.bodies == bodies and isinstance(first._data, memoryview)  # cut from there
+    assert isinstance(first.data, bytes) and first._data is first.data  # one copy, kept
+    second = consumer.pull(mq, 0, 2000)
+    assert [m.body for m in second.messages] == bodies and isinstance(second.data, bytes)
+    assert second.data == first.data and all(m.tags == "T" for m in second.messages)
+    small = consumer.pull(mq, 0, 10)
+    assert isinstance(small._data, bytes) and small.bodies == bodies[:10]
+    consumer.close()
+
+
 def test_send_async_oneway_and_single(cluster: actors.Cluster) -> None:
     producer = cluster.producer("p-async")
     one = producer.send(Message("Async", b"single", keys="only-key"))
