@@ -105,6 +105,10 @@ class PullResult:
             self._data = bytes(self._data)  # and lets go of Ray's copy
         return self._data
 
+    def __getstate__(self) -> Any:  # a view does not pickle: its bytes do
+        self._data = self.data
+        return None, {name: getattr(self, name) for name in self.__slots__ if hasattr(self, name)}
+
     @property
     def messages(self) -> list[MessageExt]:
         if self._messages is None:

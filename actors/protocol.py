@@ -69,7 +69,8 @@ def pull_to_wire(raw: RawGetResult) -> PullWire:
     each end), the broker id a consumer should read from next (-1: no opinion) last.
     Records read as a view of the CommitLog become ``bytes`` here."""
     status, data, *rest = _pull_fields(raw)
-    return (status, data if isinstance(data, bytes) else bytes(data), *rest)  # type: ignore[return-value]
+    records = data if isinstance(data, bytes) else bytes(data)
+    return (status, records, *rest)  # type: ignore[return-value]
 
 
 def _pull_fields(raw: RawGetResult) -> tuple[Any, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import threading
 import time
 from collections import defaultdict
@@ -314,6 +315,8 @@ def test_a_large_pull_is_copied_out_of_the_object_store_only_when_read(
     bodies = [b"%04d" % i + bytes(296) for i in range(1200)]
     first = consumer.pull(mq, 0, 2000)  # ~440 KB: past OUT_OF_BAND_BYTES
     assert first.count == 1200 and isinstance(first._data, memoryview)  # still Ray's
+    copied = pickle.loads(pickle.dumps(consumer.pull(mq, 0, 2000)))  # a view doesn't pickle
+    assert copied.bodies == bodies and copied.next_offset == 1200
     assert first.bodies == bodies and isinstance(first._data, memoryview)  # cut from there
     assert isinstance(first.data, bytes) and first._data is first.data  # one copy, kept
     second = consumer.pull(mq, 0, 2000)
