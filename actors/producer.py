@@ -198,9 +198,10 @@ class Producer:
         out: concurrent.futures.Future[Any] = concurrent.futures.Future()
         chunks = self._encode(msgs)  # validation errors raise here, before anything is sent
         if budgeted:  # the caller's own send, not the coalescer's: it waits for room
-            nbytes = sum(len(c.batch.data) for c in chunks)
-            self._budget.acquire(len(msgs), nbytes, self.config.send_timeout_s)
-            out.add_done_callback(lambda _: self._budget.release(len(msgs), nbytes))
+            count, nbytes = len(msgs), sum(len(c.batch.data) for c in chunks)
+            self._budget.acquire(count, nbytes, self.config.send_timeout_s)
+            # the callback stays on the future as long as the caller keeps it: not msgs
+            out.add_done_callback(lambda _: self._budget.release(count, nbytes))
         parts: list[Any] = [None] * len(chunks)
         remaining = [len(chunks)]  # parts to come; -1 once ``out`` is being settled
         lock = threading.Lock()

@@ -58,7 +58,9 @@ class BatchSendResult(Sequence[SendResult]):
     kept as arrays and expanded to :class:`SendResult` on access."""
 
     def __init__(self, parts: list[tuple[_Chunk, MessageQueue, SendAck]], total: int) -> None:
-        self._parts = parts
+        # of each chunk only what the results are made of: a result outlives its send (a
+        # caller may keep thousands of them), and the chunk's records are ~10x its keys
+        self._parts = [(c.positions, c.batch.uniq_keys, mq, ack) for c, mq, ack in parts]
         self._total = total
         self._results: list[SendResult] | None = None
 
@@ -68,12 +70,12 @@ class BatchSendResult(Sequence[SendResult]):
     def _expand(self) -> list[SendResult]:
         if self._results is None:
             out: list[Any] = [None] * self._total
-            for chunk, mq, ack in self._parts:
+            for positions, uniq_keys, mq, ack in self._parts:
                 status = _SEND_STATUS[ack.status]
                 prefix = codec.host_to_bytes(ack.store_host).hex().upper()
                 for pos, uk, qoff, phys in zip(
-                    chunk.positions.tolist(),
-                    chunk.batch.uniq_keys,
+                    positions.tolist(),
+                    uniq_keys,
                     ack.queue_offsets.tolist(),
                     ack.commitlog_offsets.tolist(),
                 ):
@@ -91,7 +93,7 @@ class BatchSendResult(Sequence[SendResult]):
     def queues(self) -> list[tuple[MessageQueue, int, int]]:
         """Per batch sent: (queue, first queue offset, message count)."""
         return [
-            (mq, int(ack.queue_offsets[0]), len(ack.queue_offsets)) for _, mq, ack in self._parts
+            (mq, int(ack.queue_offsets[0]), len(ack.queue_offsets)) for _, _, mq, ack in self._parts
         ]
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 
 from actors.config import ProducerConfig
@@ -85,3 +88,24 @@ def test_batch_results_come_back_in_the_callers_order() -> None:
     assert result[1].msg_id == batch.uniq_keys[0] and result[0].status is SendStatus.SEND_OK
     assert result[1].offset_msg_id.endswith(f"{100:016X}")
     assert result.queues == [(mq, 7, 2)]
+
+
+def test_a_kept_batch_result_lets_the_records_go() -> None:
+    """Callers keep results (a list of futures, an audit log): a result holds the
+    message ids and offsets, never the encoded records it was sent from."""
+    sent = encode_batch([Message("T", b"x" * 1000) for _ in range(3)])
+    blob = np.frombuffer(sent.to_bytes(), dtype=np.uint8).copy()
+    records = weakref.ref(blob)  # the buffer the batch's records are a view of
+    batch = EncodedBatch.from_bytes(blob)
+    del blob
+    ack = SendAck(
+        PutStatus.PUT_OK, "broker-a", "10.0.0.1:10911", np.arange(3), np.array([0, 1100, 2200])
+    )
+    mq = MessageQueue("T", "broker-a", 0)
+    result = BatchSendResult([(_Chunk("T", batch, np.arange(3)), mq, ack)], 3)
+    keys = list(batch.uniq_keys)
+    del batch
+    gc.collect()
+    assert records() is None
+    assert [r.msg_id for r in result] == keys
+    assert [r.queue_offset for r in result] == [0, 1, 2]
