@@ -10,7 +10,10 @@ One run prints, for one producer process and one broker (ASYNC_FLUSH):
 * consume throughput by pull batch size, raw blobs and decoded messages;
 * produce→consume latency p50/p99 at a fixed rate (200 msg/s of sync sends, which a
   send round trip of ~2-3 ms here sustains) with a long-polling consumer in its own
-  process;
+  process, beside Ray alone at the same rate: a no-op round trip (the target's
+  measure: at a fixed rate every process sleeps between messages, and on this VM
+  waking one costs more than a back-to-back call) and an async actor relaying a held
+  call, the floor of any broker that is an actor;
 * the Ray floor measured in the same run: no-op actor call latency and rate,
   bytes/s of 1 MiB arguments to a no-op actor method, and ``ray.util.queue.Queue``
   doing the same work with its own batch put/get, as ratios (RayMQ streams its
