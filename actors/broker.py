@@ -47,6 +47,7 @@ from ._long_polling import PullRequestHoldService
 from ._malloc import retain_freed_memory
 from ._offset_manager import ConsumerOffsetManager
 from ._replication import create_replication
+from ._shared_ring import RingId, RingReader
 from ._topic_manager import TopicConfigManager
 from .config import BrokerConfig
 from .metrics import BrokerMetrics, BrokerMetricsService
@@ -109,10 +110,18 @@ class Broker:
         self.store.add_dispatch_listener(self.holds.on_dispatch)
         self._closed = asyncio.Event()
         self._closing = False
+        self._rings = RingReader()
         self._nameservers: dict[str, Any] = {}
         self._register_wakeup = asyncio.Event()
         self._started = time.time()
-        self._stats = {"put_msgs": 0, "put_bytes": 0, "put_batches": 0, "get_msgs": 0, "pulls": 0}
+        self._stats = {
+            "put_msgs": 0,
+            "put_bytes": 0,
+            "put_batches": 0,
+            "shared_batches": 0,  # of put_batches: read from a producer's shared ring
+            "get_msgs": 0,
+            "pulls": 0,
+        }
         self.metrics: BrokerMetrics | None = None  # raymq_* metrics (actors/metrics.py)
         self._metrics_service: BrokerMetricsService | None = None
         if config.metrics_enable:
@@ -235,7 +244,24 @@ class Broker:
         array read in place), validated here first. Answers :meth:`SendAck.to_wire`."""
         if self._closing:
             raise BrokerUnavailableError(f"broker {self.config.actor_name} is shutting down")
-        batch = EncodedBatch.from_bytes(blob)
+        return await self._send(EncodedBatch.from_bytes(blob), auto_create_queue_nums)
+
+    async def send_shared(
+        self, ring: RingId, offset: int, length: int, auto_create_queue_nums: int = 0
+    ) -> AckWire | None:
+        """:meth:`send` for a blob a producer on this node wrote into its shared ring
+        (``actors._shared_ring``). ``None`` when this broker cannot read that ring: the
+        producer then sends through Ray's object store."""
+        if self._closing:
+            raise BrokerUnavailableError(f"broker {self.config.actor_name} is shutting down")
+        view = self._rings.view(ring, offset, length)
+        if view is None:
+            return None
+        ack = await self._send(EncodedBatch.from_bytes(view), auto_create_queue_nums)
+        self._stats["shared_batches"] += 1
+        return ack
+
+    async def _send(self, batch: EncodedBatch, auto_create_queue_nums: int) -> AckWire:
         max_qid = {}
         for i, topic in enumerate(batch.topics):
             ids = (

@@ -20,10 +20,12 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import ray
 from ray.exceptions import RayError
 
 from rebalance import MessageQueue
@@ -39,10 +41,11 @@ from ._coalesce import SendCoalescer
 from ._fault import LatencyFaultTolerance
 from ._nameserver_client import NameServerClient
 from ._send_lanes import SendLanes
+from ._shared_ring import SharedRing
 from .config import DEFAULT_NAMESPACE, ProducerConfig, with_options
-from .protocol import SendAck
+from .protocol import OUT_OF_BAND_BYTES, SendAck
 from .route import QueueData, TopicRouteData
-from .send_result import BatchSendResult, SendResult, _Chunk, _wire, _with_queue
+from .send_result import BatchSendResult, SendResult, _arg, _Chunk, _with_queue
 from .topic import AUTO_CREATE_TOPIC_KEY, PERM_READ, PERM_WRITE, SYSTEM_TOPICS, is_writeable
 
 log = logging.getLogger("raymq.actors.producer")
@@ -77,7 +80,6 @@ class Producer:
         self._queue_cache: dict[int, tuple[TopicRouteData, list[MessageQueue]]] = {}
         self._synthetic: dict[str, tuple[TopicRouteData, int]] = {}
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="raymq-producer")
-        self._lock = threading.Lock()
         self._coalescer = SendCoalescer(self._send_batch_async)
         self._budget = AsyncSendBudget(
             self.config.async_send_max_messages, self.config.async_send_max_bytes
@@ -87,6 +89,10 @@ class Producer:
             max_messages=4 * self.config.max_batch_messages,
             max_bytes=2 * self.config.max_batch_bytes,
         )
+        self._rings: dict[str, SharedRing] = {}  # by co-located master's actor name
+        self._ringless: set[str] = set()  # masters that cannot read a ring of ours
+        self._rings_lock = threading.Lock()
+        weakref.finalize(self, _close_rings, self._rings)
 
     # ------------------------------------------------------------ public API
     def send(
@@ -258,6 +264,7 @@ class Producer:
                 "producer %s closed with %d async messages unanswered", self.group, messages
             )
         self._pool.shutdown(wait=True)
+        _close_rings(self._rings)
 
     def __enter__(self) -> Producer:
         return self
@@ -552,12 +559,129 @@ class Producer:
         )
 
     def _send_wire(self, route: TopicRouteData, broker_name: str, *batches: EncodedBatch) -> Any:
-        """A lane's call: ``batches`` (bound for their queues already) to ``broker_name``."""
+        """A lane's call: ``batches`` (bound for their queues already) to ``broker_name``,
+        through the broker's shared ring when it runs on this node."""
         try:
-            return self.ns.broker(route, broker_name).send.remote(_wire(*batches))
+            broker = self.ns.broker(route, broker_name)
+            parts = EncodedBatch.wire_parts(batches)
+            size = sum(memoryview(p).nbytes for p in parts)
+            # a call this large would go through Ray's object store: the ring replaces that
+            ring = self._ring_for(route, broker_name) if size >= OUT_OF_BAND_BYTES else None
+            if ring is not None:
+                call = self._send_shared(broker, ring, parts, size)
+                if call is not None:
+                    return call
+            return broker.send.remote(_arg(b"".join(parts)))
         except (BrokerUnavailableError, RayError) as exc:
             self.fault.update(broker_name, 0.0, failed=True)
             raise BrokerUnavailableError(f"broker {broker_name!r}: {exc}") from exc
+
+    def _ring_for(self, route: TopicRouteData, broker_name: str) -> SharedRing | None:
+        """The shared ring of ``broker_name``'s master when it runs on this node."""
+        if not self.config.shared_memory_send:
+            return None
+        bd = route.broker(broker_name)
+        actor = bd.master_actor_name() if bd is not None else None
+        if bd is None or actor is None or bd.node_ids.get(0) != self._node_id:
+            return None
+        with self._rings_lock:
+            ring = self._rings.get(actor)
+            if ring is None and actor not in self._ringless:
+                try:
+                    ring = self._rings[actor] = SharedRing(
+                        self.config.max_in_flight_per_broker, self._ring_slot_bytes
+                    )
+                except OSError as exc:  # no memfd here: Ray's object store it is
+                    log.info("no shared ring for %s (%s): sending through Ray", actor, exc)
+                    self._ringless.add(actor)
+            return ring
+
+    def _send_shared(
+        self,
+        broker: Any,
+        ring: SharedRing,
+        parts: list[Any],
+        size: int,
+    ) -> Any:
+        """``broker.send_shared`` of a call's wire ``parts`` (``size`` bytes in all)
+        written into a free slot of ``ring``, as something a lane waits on like an
+        ObjectRef; ``None`` when no slot is free."""
+        offset = ring.write(parts, size)
+        if offset is None:
+            return None
+        try:
+            ref = broker.send_shared.remote(ring.ring_id, offset, size)
+        except BaseException:
+            ring.release(offset)
+            raise
+        out: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def answered(fut: concurrent.futures.Future[Any]) -> None:
+            ring.release(offset)  # the call is over, answered or not: the slot is free
+            try:
+                wire = fut.result()
+            except BaseException as exc:  # noqa: BLE001 - the lane hears of it
+                out.set_exception(exc)
+                return
+            if wire is not None:
+                out.set_result(wire)
+                return
+            self._drop_ring(ring)  # this broker cannot read it: Ray's object store
+            try:
+                again = broker.send.remote(_arg(b"".join(parts)))
+            except BaseException as exc:  # noqa: BLE001
+                out.set_exception(exc)
+                return
+            again.future().add_done_callback(functools.partial(_pass_on, out))
+
+        ref.future().add_done_callback(answered)
+        return _SharedCall(out)
+
+    def _drop_ring(self, ring: SharedRing) -> None:
+        with self._rings_lock:
+            for actor, r in list(self._rings.items()):
+                if r is ring:
+                    del self._rings[actor]
+                    self._ringless.add(actor)
+                    log.info(
+                        "broker %s cannot read this producer's ring: sending through Ray", actor
+                    )
+        ring.close()
+
+    @functools.cached_property
+    def _node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    @property
+    def _ring_slot_bytes(self) -> int:
+        # a lane's call at most: its records, plus the wire head's per-record arrays
+        # and unique keys (< 64 B a record), plus its topics
+        return 2 * self.config.max_batch_bytes + 64 * 4 * self.config.max_batch_messages + (1 << 16)
+
+
+class _SharedCall:
+    """A call through a shared ring, waited on by a lane as it waits on an ObjectRef."""
+
+    __slots__ = ("_future",)
+
+    def __init__(self, future: concurrent.futures.Future[Any]) -> None:
+        self._future = future
+
+    def future(self) -> concurrent.futures.Future[Any]:
+        return self._future
+
+
+def _pass_on(out: concurrent.futures.Future[Any], fut: concurrent.futures.Future[Any]) -> None:
+    try:
+        out.set_result(fut.result())
+    except BaseException as exc:  # noqa: BLE001
+        out.set_exception(exc)
+
+
+def _close_rings(rings: dict[str, SharedRing]) -> None:
+    for ring in list(rings.values()):
+        ring.close()
+    rings.clear()
 
 
 def _answer_from(fut: concurrent.futures.Future[Any], answered: Any) -> None:

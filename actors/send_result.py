@@ -108,7 +108,12 @@ def _with_queue(batch: EncodedBatch, queue_id: int) -> bytes | np.ndarray:
 def _wire(*batches: EncodedBatch) -> bytes | np.ndarray:
     """What ``Broker.send`` takes for ``batches`` as one call: the blob, as a ``uint8``
     array when it is large."""
-    wire = EncodedBatch.wire_of(batches)
+    return _arg(EncodedBatch.wire_of(batches))
+
+
+def _arg(wire: bytes) -> bytes | np.ndarray:
+    """``wire`` as ``Broker.send``'s argument: a ``uint8`` array (read in place on the
+    broker) when it is large."""
     if len(wire) >= OUT_OF_BAND_BYTES:
         return np.frombuffer(wire, dtype=np.uint8)
     return wire

@@ -60,6 +60,17 @@ def test_broker_pinned_to_a_node_restarts_there_and_leaves_with_it(
         )
         assert sum(r["max_offset"] for r in cluster.admin.topic_status("Pinned")) == 64
 
+        # large async sends: through the shared ring to the broker on this node only
+        body = b"z" * 100
+        futures = [producer.send_async([Message("Pinned", body)] * 4096) for _ in range(8)]
+        results = [f.result(timeout=60) for f in futures]
+        assert {s.message_queue.broker_name for r in results for s in r} == {"broker-a", "broker-b"}
+        assert status_of(cluster.broker("broker-a"))["shared_batches"] > 0
+        assert status_of(broker_b)["shared_batches"] == 0
+        assert list(producer._rings) == ["broker-a-0"]
+        total = 64 + 8 * 4096
+        assert sum(r["max_offset"] for r in cluster.admin.topic_status("Pinned")) == total
+
         ray_cluster.remove_node(node)
         removed = time.monotonic()
         wait_until(
