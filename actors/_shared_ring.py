@@ -44,6 +44,7 @@ from storage.errors import InvalidMessageError
 log = logging.getLogger("raymq.actors.shared_ring")
 
 NONCE_BYTES = 16
+RING_NAME = "raymq-send-ring"  # a broker opens nothing else: /proc/<pid>/fd/<fd> -> /memfd:<this>
 IDLE_S = 60.0  # a broker drops a ring mapping unused this long
 
 RingId = tuple[int, int, bytes]  # (pid, fd, nonce): what a broker needs to find a ring
@@ -56,7 +57,7 @@ class SharedRing:
         if slots <= 0 or slot_bytes <= 0:
             raise ValueError(f"SharedRing(slots={slots}, slot_bytes={slot_bytes}): must be > 0")
         self.slot_bytes = slot_bytes
-        self._fd = os.memfd_create("raymq-send-ring", os.MFD_CLOEXEC)
+        self._fd = os.memfd_create(RING_NAME, os.MFD_CLOEXEC)
         try:
             size = NONCE_BYTES + slots * slot_bytes
             os.ftruncate(self._fd, size)  # pages come on first write, not here
@@ -166,6 +167,9 @@ def _open(ring_id: RingId) -> mmap.mmap | None:
     pid, fd, nonce = ring_id
     path = _FD_PATH.format(pid=pid, fd=fd)
     try:
+        if not os.readlink(path).startswith(f"/memfd:{RING_NAME}"):
+            log.info("shared ring %s: not a RayMQ ring", path)
+            return None
         f = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         log.info("shared ring %s: cannot open (%s); the producer will use Ray", path, exc)

@@ -43,6 +43,8 @@ def test_a_reader_sees_what_was_written_and_refuses_what_is_not_its_ring() -> No
         pid, fd, _ = ring.ring_id
         assert reader.view((pid, fd, b"\x00" * NONCE_BYTES), offset, 10) is None  # not that file
         assert reader.view((pid, 10**6, ring.ring_id[2]), offset, 10) is None  # no such fd
+        with open(__file__, "rb") as fh:  # a file, not a ring: never opened, whatever it holds
+            assert reader.view((pid, fh.fileno(), fh.read(NONCE_BYTES)), offset, 10) is None
         with pytest.raises(InvalidMessageError, match="outside the ring"):
             reader.view(ring.ring_id, offset, 10**6)
         with pytest.raises(InvalidMessageError, match="outside the ring"):
