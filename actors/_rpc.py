@@ -11,6 +11,8 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskErro
 
 from storage.errors import BrokerUnavailableError, RayMQError
 
+from ._shared_ring import SharedCall
+
 
 def cause_of(exc: BaseException) -> BaseException:
     """The RayMQError an actor raised, or ``exc`` itself."""
@@ -22,8 +24,10 @@ def cause_of(exc: BaseException) -> BaseException:
 
 
 def get(refs: Any, timeout: float | None = None) -> Any:
-    """``ray.get`` that re-raises a RayMQError raised inside the actor as itself."""
+    """``ray.get`` (or a :class:`SharedCall`'s result) that re-raises a RayMQError raised inside the actor as itself."""
     try:
+        if isinstance(refs, SharedCall):
+            return refs.result(timeout)
         return ray.get(refs, timeout=timeout)
     except RayTaskError as exc:
         cause = cause_of(exc)

@@ -30,6 +30,7 @@ What always holds:
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import mmap
 import os
@@ -38,6 +39,8 @@ import threading
 import time
 from collections.abc import Sequence
 from typing import Any
+
+from ray.exceptions import GetTimeoutError
 
 from storage.errors import InvalidMessageError
 
@@ -100,6 +103,33 @@ class SharedRing:
             self._closed = True
             self._map.close()
             os.close(self._fd)
+
+
+class SharedCall:
+    """A send through a ring, waited on as an ObjectRef is: ``future()`` (a lane, a
+    callback) or ``result(timeout)`` (``actors._rpc.get``)."""
+
+    __slots__ = ("_future",)
+
+    def __init__(self, future: concurrent.futures.Future[Any]) -> None:
+        self._future = future
+
+    def future(self) -> concurrent.futures.Future[Any]:
+        return self._future
+
+    def result(self, timeout: float | None) -> Any:
+        try:
+            return self._future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise GetTimeoutError(f"a shared send was not answered in {timeout} s") from None
+
+
+def pass_on(out: concurrent.futures.Future[Any], fut: concurrent.futures.Future[Any]) -> None:
+    """``fut``'s outcome, as ``out``'s."""
+    try:
+        out.set_result(fut.result())
+    except BaseException as exc:  # noqa: BLE001
+        out.set_exception(exc)
 
 
 _FD_PATH = "/proc/{pid}/fd/{fd}"

@@ -41,11 +41,11 @@ from ._coalesce import SendCoalescer
 from ._fault import LatencyFaultTolerance
 from ._nameserver_client import NameServerClient
 from ._send_lanes import SendLanes
-from ._shared_ring import SharedRing
+from ._shared_ring import SharedCall, SharedRing, pass_on
 from .config import DEFAULT_NAMESPACE, ProducerConfig, with_options
 from .protocol import OUT_OF_BAND_BYTES, SendAck
 from .route import QueueData, TopicRouteData
-from .send_result import BatchSendResult, SendResult, _arg, _Chunk, _with_queue
+from .send_result import BatchSendResult, SendResult, _arg, _Chunk
 from .topic import AUTO_CREATE_TOPIC_KEY, PERM_READ, PERM_WRITE, SYSTEM_TOPICS, is_writeable
 
 log = logging.getLogger("raymq.actors.producer")
@@ -434,7 +434,9 @@ class Producer:
     ) -> tuple[Any, float]:
         try:
             broker = self.ns.broker(route, mq.broker_name)
-            ref = broker.send.remote(_with_queue(chunk.batch, mq.queue_id), auto_n)
+            ref = self._call(
+                broker, route, mq.broker_name, [chunk.batch.with_queue(mq.queue_id)], auto_n
+            )
         except (BrokerUnavailableError, RayError) as exc:
             self.fault.update(mq.broker_name, 0.0, failed=True)
             raise BrokerUnavailableError(f"broker {mq.broker_name!r}: {exc}") from exc
@@ -563,18 +565,30 @@ class Producer:
         through the broker's shared ring when it runs on this node."""
         try:
             broker = self.ns.broker(route, broker_name)
-            parts = EncodedBatch.wire_parts(batches)
-            size = sum(memoryview(p).nbytes for p in parts)
-            # a call this large would go through Ray's object store: the ring replaces that
-            ring = self._ring_for(route, broker_name) if size >= OUT_OF_BAND_BYTES else None
-            if ring is not None:
-                call = self._send_shared(broker, ring, parts, size)
-                if call is not None:
-                    return call
-            return broker.send.remote(_arg(b"".join(parts)))
+            return self._call(broker, route, broker_name, batches, 0)
         except (BrokerUnavailableError, RayError) as exc:
             self.fault.update(broker_name, 0.0, failed=True)
             raise BrokerUnavailableError(f"broker {broker_name!r}: {exc}") from exc
+
+    def _call(
+        self,
+        broker: Any,
+        route: TopicRouteData,
+        broker_name: str,
+        batches: Sequence[EncodedBatch],
+        auto_n: int,
+    ) -> Any:
+        """``broker.send`` of ``batches`` as one call: an ObjectRef, or a
+        :class:`SharedCall` when it went through the broker's shared ring."""
+        parts = EncodedBatch.wire_parts(batches)
+        size = sum(memoryview(p).nbytes for p in parts)
+        # a call this large would go through Ray's object store: the ring replaces that
+        ring = self._ring_for(route, broker_name) if size >= OUT_OF_BAND_BYTES else None
+        if ring is not None:
+            call = self._send_shared(broker, ring, parts, size, auto_n)
+            if call is not None:
+                return call
+        return broker.send.remote(_arg(b"".join(parts)), auto_n)
 
     def _ring_for(self, route: TopicRouteData, broker_name: str) -> SharedRing | None:
         """The shared ring of ``broker_name``'s master when it runs on this node."""
@@ -588,8 +602,9 @@ class Producer:
             ring = self._rings.get(actor)
             if ring is None and actor not in self._ringless:
                 try:
+                    # a lane's calls in flight, and room for sync sends beside them
                     ring = self._rings[actor] = SharedRing(
-                        self.config.max_in_flight_per_broker, self._ring_slot_bytes
+                        self.config.max_in_flight_per_broker + 2, self._ring_slot_bytes
                     )
                 except OSError as exc:  # no memfd here: Ray's object store it is
                     log.info("no shared ring for %s (%s): sending through Ray", actor, exc)
@@ -602,15 +617,16 @@ class Producer:
         ring: SharedRing,
         parts: list[Any],
         size: int,
-    ) -> Any:
+        auto_n: int,
+    ) -> SharedCall | None:
         """``broker.send_shared`` of a call's wire ``parts`` (``size`` bytes in all)
-        written into a free slot of ``ring``, as something a lane waits on like an
-        ObjectRef; ``None`` when no slot is free."""
+        written into a free slot of ``ring``, waited on as an ObjectRef is; ``None``
+        when no slot is free."""
         offset = ring.write(parts, size)
         if offset is None:
             return None
         try:
-            ref = broker.send_shared.remote(ring.ring_id, offset, size)
+            ref = broker.send_shared.remote(ring.ring_id, offset, size, auto_n)
         except BaseException:
             ring.release(offset)
             raise
@@ -628,14 +644,14 @@ class Producer:
                 return
             self._drop_ring(ring)  # this broker cannot read it: Ray's object store
             try:
-                again = broker.send.remote(_arg(b"".join(parts)))
+                again = broker.send.remote(_arg(b"".join(parts)), auto_n)
             except BaseException as exc:  # noqa: BLE001
                 out.set_exception(exc)
                 return
-            again.future().add_done_callback(functools.partial(_pass_on, out))
+            again.future().add_done_callback(functools.partial(pass_on, out))
 
         ref.future().add_done_callback(answered)
-        return _SharedCall(out)
+        return SharedCall(out)
 
     def _drop_ring(self, ring: SharedRing) -> None:
         with self._rings_lock:
@@ -657,25 +673,6 @@ class Producer:
         # a lane's call at most: its records, plus the wire head's per-record arrays
         # and unique keys (< 64 B a record), plus its topics
         return 2 * self.config.max_batch_bytes + 64 * 4 * self.config.max_batch_messages + (1 << 16)
-
-
-class _SharedCall:
-    """A call through a shared ring, waited on by a lane as it waits on an ObjectRef."""
-
-    __slots__ = ("_future",)
-
-    def __init__(self, future: concurrent.futures.Future[Any]) -> None:
-        self._future = future
-
-    def future(self) -> concurrent.futures.Future[Any]:
-        return self._future
-
-
-def _pass_on(out: concurrent.futures.Future[Any], fut: concurrent.futures.Future[Any]) -> None:
-    try:
-        out.set_result(fut.result())
-    except BaseException as exc:  # noqa: BLE001
-        out.set_exception(exc)
 
 
 def _close_rings(rings: dict[str, SharedRing]) -> None:

@@ -4,14 +4,17 @@ cannot read it; nothing is lost or reordered either way."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 from typing import Any
 
 import pytest
 import ray
+from ray.exceptions import GetTimeoutError
 from test_end_to_end import drain
 
-from actors._shared_ring import NONCE_BYTES, RingReader, SharedRing
+from actors import _rpc
+from actors._shared_ring import NONCE_BYTES, RingReader, SharedCall, SharedRing
 from storage import Message
 from storage.errors import InvalidMessageError
 
@@ -29,6 +32,16 @@ def test_a_slot_is_reused_only_once_released() -> None:
     finally:
         ring.close()
     assert ring.write([b"late"], 4) is None  # closed: nothing is written
+
+
+def test_a_shared_call_not_answered_in_time_times_out_as_ray_get_does() -> None:
+    call = SharedCall(concurrent.futures.Future())
+    with pytest.raises(GetTimeoutError):
+        _rpc.get(call, 0.01)
+    assert _rpc.is_retriable(GetTimeoutError())  # so a sync send tries another broker
+    call.future().set_exception(InvalidMessageError("refused"))
+    with pytest.raises(InvalidMessageError, match="refused"):
+        _rpc.get(call, 1.0)
 
 
 def test_a_reader_sees_what_was_written_and_refuses_what_is_not_its_ring() -> None:
@@ -102,6 +115,12 @@ def test_large_calls_to_a_broker_on_this_node_go_through_the_ring(make_cluster: 
     after = _stats(cluster)
     calls = after["put_batches"] - before["put_batches"]
     assert after["shared_batches"] - before["shared_batches"] == calls > 0
+    # a sync send of a large batch goes the same way
+    sync = producer.send_batch(_batches("Ring", 1)[0])
+    assert _stats(cluster)["shared_batches"] == after["shared_batches"] + 1
+    stored = cluster.admin.query_by_id(sync[4095].offset_msg_id)
+    assert stored.body == _body(0, 4095) and stored.queue_offset == sync[4095].queue_offset
+    after = _stats(cluster)
     # small calls stay inline in Ray's task: the ring is for what the object store took
     producer.send_async([Message("Ring", b"small")] * 3).result(timeout=30)
     assert _stats(cluster)["shared_batches"] == after["shared_batches"]
