@@ -22,8 +22,8 @@ What always holds:
   ``store.put_encoded`` copies the records into the CommitLog, and nothing else
   holds the batch past the call.
 - Nothing leaks: the memfd has no name; its memory goes when the producer has
-  closed it and the broker has dropped its mapping (idle mappings are dropped
-  after ``IDLE_S``). A broker that cannot open or check the ring (another node,
+  closed it and the broker has dropped its mapping (when the producer closes,
+  or after ``IDLE_S`` unused). A broker that cannot open or check the ring (another node,
   another pid namespace, a recycled pid) answers ``None`` and the producer sends
   that broker's calls through Ray's object store from then on.
 """
@@ -31,6 +31,7 @@ What always holds:
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import mmap
 import os
@@ -150,7 +151,7 @@ class RingReader:
         ring_id = _checked(ring, offset, length)
         now = time.monotonic()
         if now - self._swept > self._idle_s / 4:
-            self._sweep(now)
+            self.sweep(now)
         entry = self._maps.get(ring_id)
         if entry is None:
             m = _open(ring_id)
@@ -165,7 +166,14 @@ class RingReader:
         self._maps[ring_id] = (m, now)
         return memoryview(m)[offset : offset + length]
 
-    def _sweep(self, now: float) -> None:
+    def drop(self, ring: Any) -> None:
+        """Forget ``ring``'s mapping (its producer closed it)."""
+        with contextlib.suppress(TypeError):  # unhashable: not a ring id
+            self._maps.pop(ring, None)
+
+    def sweep(self, now: float | None = None) -> None:
+        """Drop the mappings unused for ``idle_s``."""
+        now = time.monotonic() if now is None else now
         self._swept = now
         for ring_id, (_, used) in list(self._maps.items()):
             if now - used > self._idle_s:

@@ -233,6 +233,7 @@ class Broker:
     async def _offset_flush_loop(self) -> None:
         while not self._closing:
             await asyncio.sleep(self.config.flush_consumer_offset_interval_s)
+            self._rings.sweep()  # rings of producers that went away without closing
             try:
                 await self._run(self.offsets.persist)
             except Exception:  # noqa: BLE001
@@ -260,6 +261,10 @@ class Broker:
         ack = await self._send(EncodedBatch.from_bytes(view), auto_create_queue_nums)
         self._stats["shared_batches"] += 1
         return ack
+
+    async def drop_ring(self, ring: RingId) -> None:
+        """A producer closed its shared ring: let its memory go now."""
+        self._rings.drop(ring)
 
     async def _send(self, batch: EncodedBatch, auto_create_queue_nums: int) -> AckWire:
         max_qid = {}
@@ -753,6 +758,7 @@ class Broker:
             "incarnation": self.incarnation,
             "uptime_s": round(time.time() - self._started, 1),
             **self._stats,
+            "shared_rings": len(self._rings),  # producers' rings this broker has mapped
         }
 
     async def ping(self) -> str:

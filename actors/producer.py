@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures
+import contextlib
 import functools
 import itertools
 import logging
@@ -264,6 +265,11 @@ class Producer:
                 "producer %s closed with %d async messages unanswered", self.group, messages
             )
         self._pool.shutdown(wait=True)
+        for actor, ring in list(self._rings.items()):
+            # the broker lets the ring's memory go now rather than when idle; a broker
+            # that is gone took its mapping with it
+            with contextlib.suppress(Exception):
+                self.ns.broker_by_name(actor).drop_ring.remote(ring.ring_id)
         _close_rings(self._rings)
 
     def __enter__(self) -> Producer:

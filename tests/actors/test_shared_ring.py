@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import ray
 from ray.exceptions import GetTimeoutError
+from raymq_testkit import wait_until
 from test_end_to_end import drain
 
 from actors import _rpc
@@ -68,6 +69,9 @@ def test_a_reader_sees_what_was_written_and_refuses_what_is_not_its_ring() -> No
         with pytest.raises(InvalidMessageError, match="shared send"):
             reader.view(ring.ring_id, offset, -1)
         assert len(reader) == 1
+        reader.drop(["not", "a", "ring"])
+        reader.drop(ring.ring_id)  # its producer closed it
+        assert len(reader) == 0
         # mappings nobody used for idle_s are dropped
         idle = RingReader(idle_s=0.0)
         assert idle.view(ring.ring_id, offset, 10) is not None
@@ -124,8 +128,10 @@ def test_large_calls_to_a_broker_on_this_node_go_through_the_ring(make_cluster: 
     # small calls stay inline in Ray's task: the ring is for what the object store took
     producer.send_async([Message("Ring", b"small")] * 3).result(timeout=30)
     assert _stats(cluster)["shared_batches"] == after["shared_batches"]
+    assert _stats(cluster)["shared_rings"] == 1
     producer.close()
-    assert not producer._rings  # closed with the producer
+    assert not producer._rings  # closed with the producer, and the broker let it go
+    wait_until(lambda: _stats(cluster)["shared_rings"] == 0, what="the broker dropped the ring")
 
     plain = cluster.producer("no-ring", max_batch_messages=4096, shared_memory_send=False)
     futures = [plain.send_async(batch) for batch in _batches("Ring", 2)]
