@@ -79,8 +79,8 @@ class SharedRing:
     def write(self, parts: Sequence[Any], length: int) -> int | None:
         """Copy ``parts`` (byte buffers, ``length`` bytes in all) back to back into a
         free slot: its offset, or ``None`` when no slot is free or they do not fit."""
-        if length > self.slot_bytes:
-            return None
+        if length > self.slot_bytes or os.getpid() != self.ring_id[0]:
+            return None  # too large, or a forked child: the ring is its parent's
         with self._lock:  # held while copying, so close() never unmaps under a writer
             if self._closed or not self._free:
                 return None

@@ -30,6 +30,11 @@ def test_a_slot_is_reused_only_once_released() -> None:
         assert ring.write([b"z" * 1001], 1001) is None  # larger than a slot
         ring.release(a)
         assert ring.write([b"again"], 5) == a
+        ring.release(a)
+        child = os.fork()
+        if child == 0:  # a forked child must not write into its parent's slots
+            os._exit(0 if ring.write([b"child"], 5) is None else 1)
+        assert os.waitpid(child, 0)[1] == 0
     finally:
         ring.close()
     assert ring.write([b"late"], 4) is None  # closed: nothing is written
