@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import ray
 from raymq_testkit import unique_namespace, wait_until
 
@@ -42,8 +43,13 @@ def all_msg_ids(consumer: Any, topic: str) -> list[str]:
     return ids
 
 
+@pytest.mark.parametrize(
+    ("per_batch", "pad"),
+    [(20, b""), (2048, b"." * 120)],  # ~0.7 MB calls: through the shared ring
+    ids=["small", "shared-ring"],
+)
 def test_crashed_broker_restarts_in_place_with_every_acknowledged_message(
-    make_cluster: Any,
+    make_cluster: Any, per_batch: int, pad: bytes
 ) -> None:
     cluster = make_cluster(
         nameservers=2,
@@ -64,7 +70,7 @@ def test_crashed_broker_restarts_in_place_with_every_acknowledged_message(
         while not stop.is_set():
             try:
                 result = producer.send_batch(
-                    [Message("Crash", b"m%d-%d" % (i, k)) for k in range(20)]
+                    [Message("Crash", b"m%d-%d" % (i, k) + pad) for k in range(per_batch)]
                 )
                 acked.extend(r.msg_id for r in result)
                 sent_during["batches"] += 1
@@ -94,6 +100,8 @@ def test_crashed_broker_restarts_in_place_with_every_acknowledged_message(
     after = ray.get(broker.status.remote())
     assert after["node_id"] == before["node_id"] and after["store_dir"] == before["store_dir"]
     assert after["abnormal_start"] and after["pid"] != before["pid"]
+    if pad:  # the restarted broker opened the producer's ring again
+        assert after["shared_batches"] > 0
     stored = all_msg_ids(cluster.pull_consumer("g-crash"), "Crash")
     assert set(acked) <= set(stored)
     assert len(acked) >= 40 * 20
