@@ -24,7 +24,8 @@ def cause_of(exc: BaseException) -> BaseException:
 
 
 def get(refs: Any, timeout: float | None = None) -> Any:
-    """``ray.get`` (or a :class:`SharedCall`'s result) that re-raises a RayMQError raised inside the actor as itself."""
+    """``ray.get`` (or a :class:`SharedCall`'s result) that re-raises a RayMQError
+    raised inside the actor as itself."""
     try:
         if isinstance(refs, SharedCall):
             return refs.result(timeout)

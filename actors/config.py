@@ -352,9 +352,9 @@ class ProducerConfig:
     (RocketMQ's ``backPressureForAsyncSendNum`` / ``Size``): past it a send waits for
     room up to ``send_timeout_s`` and then raises ``ProducerBusyError``."""
     shared_memory_send: bool = True
-    """``send_async`` calls to a broker on this producer's own node go through a shared
-    memory ring instead of Ray's object store (``actors._shared_ring``); brokers on
-    other nodes, and any broker that cannot read the ring, get Ray's path."""
+    """Send calls of 256 KiB or more to a broker on this producer's own Ray node go
+    through a shared memory ring instead of Ray's object store (``actors._shared_ring``);
+    brokers on other nodes, and any broker that cannot read the ring, get Ray's path."""
 
     def __post_init__(self) -> None:
         _check_positive(
