@@ -100,8 +100,17 @@ def test_crashed_broker_restarts_in_place_with_every_acknowledged_message(
     after = ray.get(broker.status.remote())
     assert after["node_id"] == before["node_id"] and after["store_dir"] == before["store_dir"]
     assert after["abnormal_start"] and after["pid"] != before["pid"]
-    if pad:  # the restarted broker opened the producer's ring again
-        assert after["shared_batches"] > 0
+    if pad:  # the restarted broker reads the producer's ring, once a send lands on it
+
+        def lands_on_a() -> bool:
+            batch = [Message("Crash", b"after-%d" % k + pad) for k in range(per_batch)]
+            result = producer.send_batch(batch)
+            acked.extend(r.msg_id for r in result)
+            return result.queues[0][0].broker_name == "broker-a"
+
+        wait_until(lands_on_a, timeout_s=30, what="a send to the restarted broker-a")
+        assert ray.get(broker.status.remote())["shared_batches"] > 0
+        assert "broker-a-0" in producer._rings  # the same ring as before the crash
     stored = all_msg_ids(cluster.pull_consumer("g-crash"), "Crash")
     assert set(acked) <= set(stored)
     assert len(acked) >= 40 * 20
