@@ -65,6 +65,25 @@ class PullRequestHoldService:
             timer.cancel()
             self.discard(topic, queue_id, fut)
 
+    def register_many(self, keys: list[tuple[str, int]]) -> asyncio.Future[None]:
+        """One waiter for several queues: woken by the first message to any of them."""
+        fut: asyncio.Future[None] = self._loop.create_future()
+        for key in keys:
+            self._waiters.setdefault(key, set()).add(fut)
+        return fut
+
+    async def wait_many(
+        self, keys: list[tuple[str, int]], fut: asyncio.Future[None], timeout: float
+    ) -> None:
+        """:meth:`wait` for a :meth:`register_many` waiter; it leaves every queue after."""
+        timer = self._loop.call_later(timeout, _expire, fut)
+        try:
+            await fut
+        finally:
+            timer.cancel()
+            for topic, queue_id in keys:
+                self.discard(topic, queue_id, fut)
+
     def wake_all(self) -> None:
         for key in list(self._waiters):
             self._wake(key)

@@ -421,19 +421,7 @@ class Broker:
         answers = await self._get_many(group, requests, max_count, tags)
         hold = self.config.long_polling_enable and suspend_s > 0 and not self._closing
         if hold and not any(raw.count or raw.status not in _HOLDABLE for raw in answers):
-            held = [
-                asyncio.ensure_future(
-                    self._held_get(group, topic, qid, off, max_count, tags, suspend_s)
-                )
-                for topic, qid, off in requests
-            ]
-            done, waiting = await asyncio.wait(held, return_when=asyncio.FIRST_COMPLETED)
-            for task in waiting:
-                task.cancel()
-            await asyncio.gather(*waiting, return_exceptions=True)
-            first = next(iter(done)).result()  # raises what the pull raised
-            if first.count:  # something arrived: take every queue's news at once
-                answers = await self._get_many(group, requests, max_count, tags)
+            answers = await self._hold_many(group, requests, max_count, tags, suspend_s, answers)
         count = sum(raw.count for raw in answers)
         self._stats["pulls"] += 1
         self._stats["get_msgs"] += count
@@ -442,6 +430,64 @@ class Broker:
                 if raw.count:
                     self.metrics.on_get(topic, raw.count, len(raw.data))
         return answers
+
+    async def _hold_many(
+        self,
+        group: str,
+        requests: list[tuple[str, int, int]],
+        max_count: int,
+        tags: str | None,
+        suspend_s: float,
+        answers: list[RawGetResult],
+    ) -> list[RawGetResult]:
+        """A pull of several queues that found nothing, held: one waiter on all of them,
+        woken by the first message dispatched to any, then every queue read at once. (A
+        task per queue cost creating and cancelling that many tasks each round.)"""
+        deadline = self._loop.time() + min(suspend_s, self.config.max_pull_suspend_s)
+        keys = [(topic, qid) for topic, qid, _ in requests]
+
+        def news() -> bool:
+            return any(self.store.max_offset(t, q) > off for t, q, off in requests)
+
+        while True:
+            remaining = deadline - self._loop.time()
+            if remaining <= 0 or self._closing:
+                return answers
+            fut = self.holds.register_many(keys)  # before the check: no wake-up is missed
+            if news():
+                for topic, qid in keys:
+                    self.holds.discard(topic, qid, fut)
+            else:
+                await self.holds.wait_many(keys, fut, remaining)
+            answers = await self._get_many(group, requests, max_count, tags)
+            if any(raw.count or raw.status not in _HOLDABLE for raw in answers):
+                return answers
+            if news():  # dispatched but not readable yet (DLedger): each queue waits for it
+                return await self._hold_each(group, requests, max_count, tags, deadline)
+
+    async def _hold_each(
+        self,
+        group: str,
+        requests: list[tuple[str, int, int]],
+        max_count: int,
+        tags: str | None,
+        deadline: float,
+    ) -> list[RawGetResult]:
+        """Each queue held by itself (:meth:`_held_get` knows records a majority does
+        not hold yet) until the first has news; then every queue read at once."""
+        suspend_s = max(0.0, deadline - self._loop.time())
+        held = [
+            asyncio.ensure_future(
+                self._held_get(group, topic, qid, off, max_count, tags, suspend_s)
+            )
+            for topic, qid, off in requests
+        ]
+        done, waiting = await asyncio.wait(held, return_when=asyncio.FIRST_COMPLETED)
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        next(iter(done)).result()  # raises what the pull raised
+        return await self._get_many(group, requests, max_count, tags)
 
     async def _get_many(
         self, group: str, requests: list[tuple[str, int, int]], max_count: int, tags: str | None

@@ -108,6 +108,25 @@ def test_held_pull_is_woken_at_once_by_a_put_on_the_loop_itself() -> None:
     asyncio.run(scenario())
 
 
+def test_one_held_pull_of_several_queues_is_woken_by_any_and_leaves_them_all() -> None:
+    async def scenario() -> None:
+        holds = PullRequestHoldService(asyncio.get_running_loop())
+        keys = [("T", 0), ("T", 1), ("U", 0)]
+        fut = holds.register_many(keys)
+        assert holds.held == 3  # one waiter, listed under each queue
+        holds.on_dispatch("U", 1, 1)  # a queue it does not wait on
+        assert not fut.done()
+        holds.on_dispatch("T", 1, 1)
+        await holds.wait_many(keys, fut, 5.0)
+        assert fut.done() and holds.woken == 1 and holds.held == 0
+        # timed out: gone from every queue too
+        fut = holds.register_many(keys)
+        await holds.wait_many(keys, fut, 0.01)
+        assert holds.held == 0 and holds.woken == 1
+
+    asyncio.run(scenario())
+
+
 def test_held_pull_times_out() -> None:
     async def scenario() -> None:
         holds = PullRequestHoldService(asyncio.get_running_loop())
