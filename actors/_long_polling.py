@@ -81,8 +81,11 @@ class PullRequestHoldService:
             await fut
         finally:
             timer.cancel()
-            for topic, queue_id in keys:
-                self.discard(topic, queue_id, fut)
+            self.discard_many(keys, fut)
+
+    def discard_many(self, keys: list[tuple[str, int]], fut: asyncio.Future[None]) -> None:
+        for topic, queue_id in keys:
+            self.discard(topic, queue_id, fut)
 
     def wake_all(self) -> None:
         for key in list(self._waiters):

@@ -455,8 +455,7 @@ class Broker:
                 return answers
             fut = self.holds.register_many(keys)  # before the check: no wake-up is missed
             if news():
-                for topic, qid in keys:
-                    self.holds.discard(topic, qid, fut)
+                self.holds.discard_many(keys, fut)
             else:
                 await self.holds.wait_many(keys, fut, remaining)
             answers = await self._get_many(group, requests, max_count, tags)

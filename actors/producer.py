@@ -438,14 +438,7 @@ class Producer:
     def _send(
         self, chunk: _Chunk, mq: MessageQueue, route: TopicRouteData, auto_n: int
     ) -> tuple[Any, float]:
-        try:
-            broker = self.ns.broker(route, mq.broker_name)
-            ref = self._call(
-                broker, route, mq.broker_name, [chunk.batch.with_queue(mq.queue_id)], auto_n
-            )
-        except (BrokerUnavailableError, RayError) as exc:
-            self.fault.update(mq.broker_name, 0.0, failed=True)
-            raise BrokerUnavailableError(f"broker {mq.broker_name!r}: {exc}") from exc
+        ref = self._call(route, mq.broker_name, [chunk.batch.with_queue(mq.queue_id)], auto_n)
         if auto_n:
             self._synthetic.pop(chunk.topic, None)  # next time ask for the real route
             self.ns.invalidate(chunk.topic)
@@ -569,32 +562,29 @@ class Producer:
     def _send_wire(self, route: TopicRouteData, broker_name: str, *batches: EncodedBatch) -> Any:
         """A lane's call: ``batches`` (bound for their queues already) to ``broker_name``,
         through the broker's shared ring when it runs on this node."""
-        try:
-            broker = self.ns.broker(route, broker_name)
-            return self._call(broker, route, broker_name, batches, 0)
-        except (BrokerUnavailableError, RayError) as exc:
-            self.fault.update(broker_name, 0.0, failed=True)
-            raise BrokerUnavailableError(f"broker {broker_name!r}: {exc}") from exc
+        return self._call(route, broker_name, batches, 0)
 
     def _call(
         self,
-        broker: Any,
         route: TopicRouteData,
         broker_name: str,
         batches: Sequence[EncodedBatch],
         auto_n: int,
     ) -> Any:
         """``broker.send`` of ``batches`` as one call: an ObjectRef, or a
-        :class:`SharedCall` when it went through the broker's shared ring."""
-        parts = EncodedBatch.wire_parts(batches)
-        size = sum(memoryview(p).nbytes for p in parts)
-        # a call this large would go through Ray's object store: the ring replaces that
-        ring = self._ring_for(route, broker_name) if size >= OUT_OF_BAND_BYTES else None
-        if ring is not None:
-            call = self._send_shared(broker, ring, parts, size, auto_n)
-            if call is not None:
-                return call
-        return broker.send.remote(_arg(b"".join(parts)), auto_n)
+        :class:`SharedCall` when it went through the broker's shared ring. A broker Ray
+        cannot reach is marked failed and raises ``BrokerUnavailableError``."""
+        try:
+            broker = self.ns.broker(route, broker_name)
+            parts = EncodedBatch.wire_parts(batches)
+            size = sum(memoryview(p).nbytes for p in parts)
+            # a call this large would go through Ray's object store: the ring replaces that
+            ring = self._ring_for(route, broker_name) if size >= OUT_OF_BAND_BYTES else None
+            call = self._send_shared(broker, ring, parts, size, auto_n) if ring else None
+            return call or broker.send.remote(_arg(b"".join(parts)), auto_n)
+        except (BrokerUnavailableError, RayError) as exc:
+            self.fault.update(broker_name, 0.0, failed=True)
+            raise BrokerUnavailableError(f"broker {broker_name!r}: {exc}") from exc
 
     def _ring_for(self, route: TopicRouteData, broker_name: str) -> SharedRing | None:
         """The shared ring of ``broker_name``'s master when it runs on this node."""
