@@ -8,14 +8,26 @@ Actors are detached and named in a Ray namespace (default ``raymq``):
 ``fleet-<group>-m<n>``.
 """
 
-from ._backpressure import ProducerBusyError
-from ._fencing import OffsetFencedError
-from ._replication import PromotionRefusedError
-from .admin import Admin
-from .broker import Broker
-from .cluster import Cluster, connect, discover_nameservers, start_cluster
-from .config import (
-    DEFAULT_NAMESPACE,
+from actors import _compat
+from actors.broker import Broker
+from actors.client import (
+    Admin,
+    BatchSendResult,
+    ConsumeFromWhere,
+    ConsumeStatus,
+    MessageModel,
+    Producer,
+    ProducerBusyError,
+    PullConsumer,
+    PullResult,
+    PullStatus,
+    PushConsumer,
+    PushConsumerConfig,
+    SendResult,
+    SendStatus,
+)
+from actors.cluster import Cluster, connect, start_cluster
+from actors.config import (
     BrokerConfig,
     BrokerSpec,
     ClusterConfig,
@@ -23,25 +35,26 @@ from .config import (
     CoordinatorConfig,
     NameServerConfig,
     ProducerConfig,
+)
+from actors.coordinator import GroupCoordinator, coordinator_for
+from actors.fleet import ConsumerFleet, FleetConfig, fleet_actor_name
+from actors.namesrv import NameServer, discover_nameservers
+from actors.protocol import (
+    DEFAULT_NAMESPACE,
+    PERM_READ,
+    PERM_WRITE,
+    BrokerData,
+    OffsetFencedError,
+    PromotionRefusedError,
+    QueueData,
+    TopicConfig,
+    TopicRouteData,
     broker_actor_name,
     coordinator_actor_name,
     nameserver_actor_name,
 )
-from .consumer import PullConsumer, PullResult, PullStatus
-from .coordinator import GroupCoordinator, coordinator_for
-from .fleet import ConsumerFleet, FleetConfig, fleet_actor_name
-from .nameserver import NameServer
-from .producer import Producer
-from .push_consumer import (
-    ConsumeFromWhere,
-    ConsumeStatus,
-    MessageModel,
-    PushConsumer,
-    PushConsumerConfig,
-)
-from .route import BrokerData, QueueData, TopicRouteData
-from .send_result import BatchSendResult, SendResult, SendStatus
-from .topic import PERM_READ, PERM_WRITE, TopicConfig
+
+_compat.install()  # the 0.1 flat paths (actors.producer, ...) for one more release
 
 __all__ = [
     "DEFAULT_NAMESPACE",

@@ -18,28 +18,22 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from actors.broker.broker import Broker
+from actors.client.admin import Admin
+from actors.client.producer import Producer
+from actors.client.pull_consumer import PullConsumer
+from actors.config.broker import BrokerConfig
+from actors.config.cluster import BrokerSpec, ClusterConfig
+from actors.config.namesrv import NameServerConfig
+from actors.namesrv.client import NAMESERVER_PREFIX, discover_nameservers, named_actors
+from actors.namesrv.nameserver import NameServer
+from actors.protocol import rpc as _rpc
+from actors.protocol.names import DEFAULT_NAMESPACE, broker_actor_name, nameserver_actor_name
+from actors.protocol.topic import TopicConfig
 from storage.errors import BrokerUnavailableError, InvalidConfigError, RayMQError
-
-from . import _rpc
-from .admin import Admin
-from .broker import Broker
-from .config import (
-    DEFAULT_NAMESPACE,
-    BrokerConfig,
-    BrokerSpec,
-    ClusterConfig,
-    NameServerConfig,
-    broker_actor_name,
-    nameserver_actor_name,
-)
-from .consumer import PullConsumer
-from .nameserver import NameServer
-from .producer import Producer
-from .topic import TopicConfig
 
 log = logging.getLogger("raymq.actors.cluster")
 
-NAMESERVER_PREFIX = "nameserver-"
 ACTOR_MAX_CONCURRENCY = 1000
 STARTUP_TIMEOUT_S = 120.0
 # A broker's replies (pulls: 4 queues x 256 records of 100 B are ~250 KB) travel
@@ -51,29 +45,6 @@ BROKER_INLINE_REPLY_BYTES = 1 << 20
 BROKER_RUNTIME_ENV = {
     "env_vars": {"RAY_max_direct_call_object_size": str(BROKER_INLINE_REPLY_BYTES)}
 }
-
-
-def _named_actors(namespace: str) -> list[str]:
-    return sorted(
-        a["name"]
-        for a in ray.util.list_named_actors(all_namespaces=True)
-        if a["namespace"] == namespace
-    )
-
-
-def discover_nameservers(namespace: str = DEFAULT_NAMESPACE) -> list[str]:
-    """Names of the NameServer actors alive in ``namespace``, in index order."""
-    if not ray.is_initialized():
-        raise BrokerUnavailableError("Ray is not initialized: call ray.init(address=...) first")
-    names = [n for n in _named_actors(namespace) if n.startswith(NAMESERVER_PREFIX)]
-    if not names:
-        raise BrokerUnavailableError(f"no RayMQ NameServer in Ray namespace {namespace!r}")
-    return sorted(
-        names,
-        key=lambda n: (
-            int(n[len(NAMESERVER_PREFIX) :]) if n[len(NAMESERVER_PREFIX) :].isdigit() else 1 << 30
-        ),
-    )
 
 
 def resolve_node(node: str | None) -> str:
@@ -131,12 +102,12 @@ class Cluster:
         return ray.get_actor(broker_actor_name(broker_name, broker_id), namespace=self.namespace)
 
     def actor_names(self) -> list[str]:
-        return _named_actors(self.namespace)
+        return named_actors(self.namespace)
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Stop brokers cleanly (offsets saved, stores closed), then every RayMQ actor of
         the namespace."""
-        names = _named_actors(self.namespace)
+        names = named_actors(self.namespace)
         brokers = {}
         for name in names:
             if name.startswith(NAMESERVER_PREFIX):
@@ -215,7 +186,7 @@ def start_cluster(
     if not ray.is_initialized():
         ray.init(address="local", include_dashboard=False)
     ns = cfg.namespace
-    if any(n.startswith(NAMESERVER_PREFIX) for n in _named_actors(ns)):
+    if any(n.startswith(NAMESERVER_PREFIX) for n in named_actors(ns)):
         raise RayMQError(
             f"a RayMQ cluster already runs in Ray namespace {ns!r}: use actors.connect()"
         )

@@ -448,7 +448,7 @@ def _free_producer(broker: Any, seconds: float) -> Callable[[], float]:
     the shared ring they use for a broker on their node (``Broker.send_shared``; the
     blob is written into a slot each call, as a lane writes its call). What is left is
     Ray carrying a small call and the broker storing it: the produce ceiling."""
-    from actors._shared_ring import SharedRing
+    from actors.protocol.shared_ring import SharedRing
     from storage.codec import EncodedBatch
 
     batches = [encode_batch([Message(TOPIC, b) for b in distinct_bodies(4096)]) for _ in range(4)]

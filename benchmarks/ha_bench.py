@@ -36,7 +36,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 import actors
 from actors import BrokerConfig, BrokerSpec, SendStatus
 from actors.cluster import ACTOR_MAX_CONCURRENCY
-from actors.protocol import SendAck
+from actors.protocol.wire import SendAck
 from storage import Message, codec, encode_batch
 from storage.message import PutStatus
 

@@ -50,7 +50,7 @@ from pyspark.sql.types import (
 
 import actors
 from actors import PullStatus
-from actors.spark import init_spark, stop_spark, topic_to_spark, write_to_topic
+from actors.bridge.spark import init_spark, stop_spark, topic_to_spark, write_to_topic
 from storage import Message
 
 NAMESPACE = "raymq-spark-bench"

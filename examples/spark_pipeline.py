@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 import actors
-from actors.spark import init_spark, stop_spark, topic_to_spark, write_to_topic
+from actors.bridge.spark import init_spark, stop_spark, topic_to_spark, write_to_topic
 from storage import Message
 
 NAMESPACE = "raymq-spark-pipeline"

@@ -16,7 +16,7 @@ from raymq_testkit import SMALL_STORE, wait_until
 import actors
 from actors import BrokerConfig, PullStatus, SendStatus
 from actors.cluster import ACTOR_MAX_CONCURRENCY
-from actors.protocol import pull_from_wire
+from actors.protocol.wire import pull_from_wire
 from rebalance import MessageQueue
 from storage import Message
 from storage.codec import decode_records

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
+
+import actors
+from actors import PullStatus
+from rebalance import MessageQueue
 
 SMALL_STORE = {
     "commitlog_file_size": 8 << 20,
@@ -66,3 +71,40 @@ def start_push_cluster(name: str, root: str, **store: Any) -> Any:
             "channel_expired_s": 4.0,
         },
     )
+
+
+def drain(
+    consumer: actors.PullConsumer, topic: str, tags: str | None = None, batch: int = 1000
+) -> dict[MessageQueue, list[Any]]:
+    """Every message of every queue from offset 0, queue by queue in offset order."""
+    out: dict[MessageQueue, list[Any]] = defaultdict(list)
+    queues = consumer.fetch_subscribe_queues(topic)
+    offsets = dict.fromkeys(queues, 0)
+    while offsets:
+        results = consumer.pull_many(list(offsets.items()), batch, tags=tags)
+        for r in results:
+            if r.status in (PullStatus.FOUND, PullStatus.NO_MATCHED_MSG):
+                out[r.queue].extend(r.messages)
+                offsets[r.queue] = r.next_offset
+            else:
+                del offsets[r.queue]
+    return out
+
+
+# source, so that a fresh process and a broker actor (which can't import tests) run it too
+CHURN = """
+def churn(rounds=5):
+    '''Page faults of each round of allocating 3 x 6 MB (as a large pull's buffers) and
+    freeing them.'''
+    def minor_faults():
+        with open("/proc/self/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[7])
+
+    faults = []
+    for _ in range(rounds):
+        before = minor_faults()
+        blocks = [bytearray(6 << 20) for _ in range(3)]
+        del blocks
+        faults.append(minor_faults() - before)
+    return faults
+"""

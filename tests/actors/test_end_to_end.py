@@ -13,8 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import ray
-from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
-from test_malloc import CHURN
+from raymq_testkit import CHURN, SMALL_STORE, drain, unique_namespace, wait_until
 
 import actors
 from actors import PullStatus, protocol
@@ -36,24 +35,6 @@ def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
     )
     yield c
     c.shutdown()
-
-
-def drain(
-    consumer: actors.PullConsumer, topic: str, tags: str | None = None, batch: int = 1000
-) -> dict[MessageQueue, list[Any]]:
-    """Every message of every queue from offset 0, queue by queue in offset order."""
-    out: dict[MessageQueue, list[Any]] = defaultdict(list)
-    queues = consumer.fetch_subscribe_queues(topic)
-    offsets = dict.fromkeys(queues, 0)
-    while offsets:
-        results = consumer.pull_many(list(offsets.items()), batch, tags=tags)
-        for r in results:
-            if r.status in (PullStatus.FOUND, PullStatus.NO_MATCHED_MSG):
-                out[r.queue].extend(r.messages)
-                offsets[r.queue] = r.next_offset
-            else:
-                del offsets[r.queue]
-    return out
 
 
 def test_actors_are_named_and_detached(cluster: actors.Cluster) -> None:

@@ -1,0 +1,379 @@
+"""Rows of a Ray Dataset or a Spark DataFrame into a topic, sent by the workers.
+
+A Ray Dataset goes through Ray Data write tasks; a Spark DataFrame is produced by
+Spark's own Python workers (``mapInArrow``), which join the Ray cluster once, as
+RayDP's own Ray -> Spark path does. Either way each worker process encodes its
+rows with the Arrow encoder and sends them with a Producer of its own (made once
+and kept), encoding the next group of batches while the last is in flight; rows
+never pass through the driver. Converting a DataFrame to a Dataset first (RayDP's
+``from_spark``) took longer than the whole send, so the Spark path skips it.
+
+Delivery is at least once, as ``send_batch``'s: a send that timed out and was
+retried, or a Spark or Ray task that ran again, may store rows twice.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import ray
+import ray.data
+from ray.data.block import Block, BlockAccessor
+from ray.data.datasource import Datasink
+
+from actors.bridge.arrow_codec import ArrowMessages, encode_arrow
+from actors.client.producer import Producer
+from actors.protocol.names import DEFAULT_NAMESPACE
+from storage.codec import EncodedBatch, validate_topic
+from storage.errors import InvalidMessageError
+
+log = logging.getLogger("raymq.datasource.write")
+
+DEFAULT_BATCH_ROWS = 8192
+DEFAULT_BATCH_BYTES = 4 << 20
+_GROUP_BATCHES = 4  # batches per send_encoded call (sent in parallel)
+_GROUPS_AHEAD = 2  # groups handed to the sender thread ahead of the one sending
+
+_producers: dict[tuple[str, tuple[str, ...], tuple[tuple[str, Any], ...]], Producer] = {}
+_producers_lock = threading.Lock()
+
+
+def _producer(namespace: str, nameservers: Sequence[str], options: Mapping[str, Any]) -> Producer:
+    """This process's Producer for the cluster: made on first use, then reused."""
+    key = (namespace, tuple(nameservers), tuple(sorted(options.items())))
+    with _producers_lock:
+        producer = _producers.get(key)
+        if producer is None:
+            producer = _producers[key] = Producer(
+                "raymq-datasource-writer", namespace=namespace, nameservers=nameservers, **options
+            )
+        return producer
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What ``write_to_topic`` sent: rows and the encoded batches that carried them."""
+
+    topic: str
+    rows: int
+    batches: int
+
+
+@dataclass(frozen=True)
+class _Columns:
+    body: str
+    key: str | None
+    tag: str | None
+    properties: str | None
+
+    def names(self) -> list[str]:
+        return [c for c in (self.body, self.key, self.tag, self.properties) if c is not None]
+
+    def check(self, available: Sequence[str]) -> None:
+        missing = [c for c in self.names() if c not in available]
+        if missing:
+            raise InvalidMessageError(
+                f"write_to_topic: column(s) {missing} not in the data (columns: {list(available)})"
+            )
+
+
+@dataclass(frozen=True)
+class _WriteSpec:
+    """Everything a worker needs to produce rows: pickled into Ray and Spark tasks."""
+
+    topic: str
+    namespace: str
+    nameservers: tuple[str, ...]
+    columns: _Columns
+    batch_rows: int
+    batch_bytes: int
+    producer_options: tuple[tuple[str, Any], ...]
+
+
+class _TopicWriter:
+    """Encodes Arrow tables into batches and sends them from this process.
+
+    Rows are cut into batches of ``batch_rows`` (or ``batch_bytes``) whatever the
+    sizes of the tables that bring them: a short remainder waits for the next
+    table. Groups of ``_GROUP_BATCHES`` batches go to a sender thread, up to
+    ``_GROUPS_AHEAD`` groups ahead of it, so encoding and the broker's append
+    overlap. A send's error surfaces at a later :meth:`write` or at :meth:`close`.
+    """
+
+    def __init__(self, spec: _WriteSpec) -> None:
+        self.spec = spec
+        self.producer = _producer(spec.namespace, spec.nameservers, dict(spec.producer_options))
+        self.rows = 0
+        self.batches = 0
+        self._held: list[pa.Table] = []  # rows not yet in a batch
+        self._held_rows = 0
+        self._pending: list[EncodedBatch] = []
+        self._sender = ThreadPoolExecutor(1, thread_name_prefix="raymq-write")
+        self._inflight: deque[Future[Any]] = deque()
+
+    def _messages(self, table: pa.Table) -> ArrowMessages:
+        def column(name: str | None) -> pa.Array | None:
+            return None if name is None else table.column(name).combine_chunks()
+
+        c = self.spec.columns
+        body = column(c.body)
+        assert body is not None
+        return ArrowMessages(body, column(c.tag), column(c.key), column(c.properties))
+
+    def _step(self, table: pa.Table) -> int:
+        """Rows per batch: ``batch_rows``, fewer when rows are large (``batch_bytes``)."""
+        per_row = max(1, table.nbytes // max(1, table.num_rows))
+        return max(1, min(self.spec.batch_rows, self.spec.batch_bytes // per_row))
+
+    def write(self, table: pa.Table) -> None:
+        table = table.select(self.spec.columns.names())
+        if table.num_rows == 0:
+            return
+        self._held.append(table)
+        self._held_rows += table.num_rows
+        step = self._step(table)
+        if self._held_rows < step:
+            return
+        rows = pa.concat_tables(self._held) if len(self._held) > 1 else table
+        first = 0
+        while rows.num_rows - first >= step:
+            self._encode(rows.slice(first, step))
+            first += step
+        self._held = [rows.slice(first)] if first < rows.num_rows else []
+        self._held_rows = rows.num_rows - first
+
+    def _encode(self, part: pa.Table) -> None:
+        config = self.producer.config
+        self._pending.append(
+            encode_arrow(
+                self.spec.topic,
+                self._messages(part),
+                max_message_size=config.max_message_size,
+                born_host=config.born_host,
+                first_row=self.rows,
+            )
+        )
+        self.rows += part.num_rows
+        if len(self._pending) >= _GROUP_BATCHES:
+            self._flush()
+
+    def _flush(self) -> None:
+        while len(self._inflight) >= _GROUPS_AHEAD:
+            self._inflight.popleft().result()
+        group, self._pending = self._pending, []
+        self._inflight.append(self._sender.submit(self.producer.send_encoded, group))
+        self.batches += len(group)
+
+    def close(self) -> tuple[int, int]:
+        """Send what is left, wait for every batch to be stored; (rows, batches)."""
+        try:
+            if self._held:
+                held, self._held = self._held, []
+                self._encode(pa.concat_tables(held))
+            if self._pending:
+                self._flush()
+            while self._inflight:
+                self._inflight.popleft().result()
+        finally:
+            self._sender.shutdown(wait=True, cancel_futures=True)
+        return self.rows, self.batches
+
+    def abort(self) -> None:
+        """Stop after a failure: send nothing more (groups already sending finish)."""
+        self._held.clear()
+        self._pending.clear()
+        self._sender.shutdown(wait=True, cancel_futures=True)
+
+
+class TopicDatasink(Datasink[tuple[int, int]]):
+    """Ray Data sink that produces each row as a message of ``topic``."""
+
+    def __init__(
+        self,
+        topic: str,
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        nameservers: Sequence[str] | None = None,
+        body_col: str = "body",
+        key_col: str | None = None,
+        tag_col: str | None = None,
+        properties_col: str | None = None,
+        batch_rows: int = DEFAULT_BATCH_ROWS,
+        batch_bytes: int = DEFAULT_BATCH_BYTES,
+        producer_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.spec = _spec(
+            topic,
+            namespace,
+            nameservers,
+            _Columns(body_col, key_col, tag_col, properties_col),
+            batch_rows,
+            batch_bytes,
+            producer_options,
+        )
+        self.topic = topic
+        self.result: WriteResult | None = None
+
+    def get_name(self) -> str:
+        return f"RayMQTopic({self.topic})"
+
+    def on_write_start(self, schema: pa.Schema | None = None) -> None:
+        if schema is not None:
+            self.spec.columns.check(schema.names)
+
+    def write(self, blocks: Iterable[Block], ctx: Any) -> tuple[int, int]:
+        writer = _TopicWriter(self.spec)
+        try:
+            for block in blocks:
+                writer.write(BlockAccessor.for_block(block).to_arrow())
+        except BaseException:
+            writer.abort()
+            raise
+        return writer.close()
+
+    def on_write_complete(self, write_result: Any) -> None:
+        returns = write_result.write_returns
+        self.result = WriteResult(
+            self.topic, sum(r for r, _ in returns), sum(b for _, b in returns)
+        )
+
+
+def _spec(
+    topic: str,
+    namespace: str,
+    nameservers: Sequence[str] | None,
+    columns: _Columns,
+    batch_rows: int,
+    batch_bytes: int,
+    producer_options: Mapping[str, Any] | None,
+) -> _WriteSpec:
+    from actors.namesrv.client import discover_nameservers
+
+    validate_topic(topic)
+    if batch_rows <= 0 or batch_bytes <= 0:
+        raise InvalidMessageError(
+            f"batch_rows={batch_rows}, batch_bytes={batch_bytes}: must be > 0"
+        )
+    return _WriteSpec(
+        topic,
+        namespace,
+        tuple(nameservers or discover_nameservers(namespace)),
+        columns,
+        batch_rows,
+        batch_bytes,
+        tuple(sorted((producer_options or {}).items())),
+    )
+
+
+# ------------------------------------------------------------ from Spark's own workers
+_SPARK_RESULT = "rows long, batches long"
+
+
+def _write_partition(
+    spec: _WriteSpec, ray_address: str, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """What each Spark task runs (``mapInArrow``): its partition's rows, produced from the
+    Spark Python worker, which joins the Ray cluster once and keeps its Producer."""
+    if not ray.is_initialized():
+        ray.init(address=ray_address, logging_level=logging.WARNING, log_to_driver=False)
+    writer = _TopicWriter(spec)
+    try:
+        for batch in batches:
+            writer.write(pa.Table.from_batches([batch]))
+    except BaseException:
+        writer.abort()
+        raise
+    rows, sent = writer.close()
+    yield pa.RecordBatch.from_pydict({"rows": [rows], "batches": [sent]})
+
+
+_WORKER_ERROR = re.compile(r"(?:^|\n)\S*InvalidMessageError: (.*)")
+
+
+def _write_spark(df: Any, spec: _WriteSpec) -> WriteResult:
+    """Every row of a DataFrame sent by Spark's Python workers: no conversion to a Ray
+    Dataset first (RayDP's ``from_spark`` cost more than the whole send)."""
+    spec.columns.check(df.columns)
+    run = functools.partial(_write_partition, spec, ray.get_runtime_context().gcs_address)
+    try:
+        parts = df.select(*spec.columns.names()).mapInArrow(run, _SPARK_RESULT).collect()
+    except Exception as exc:
+        # A bad row fails its Spark task; say what the worker said, not Spark's wrapper.
+        found = _WORKER_ERROR.search(str(exc))
+        if found:
+            raise InvalidMessageError(found.group(1).strip()) from exc
+        raise
+    return WriteResult(spec.topic, sum(p.rows for p in parts), sum(p.batches for p in parts))
+
+
+def _is_spark_dataframe(data: object) -> bool:
+    module = type(data).__module__
+    return module.startswith("pyspark.sql") and type(data).__name__ == "DataFrame"
+
+
+def write_to_topic(
+    data: Any,
+    topic: str,
+    *,
+    body_col: str = "body",
+    key_col: str | None = None,
+    tag_col: str | None = None,
+    properties_col: str | None = None,
+    namespace: str = DEFAULT_NAMESPACE,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+    concurrency: int | None = None,
+    ray_remote_args: Mapping[str, Any] | None = None,
+    producer_options: Mapping[str, Any] | None = None,
+) -> WriteResult:
+    """Produce every row of ``data`` (a ``ray.data.Dataset`` or a Spark DataFrame of a
+    RayDP session) as one message of ``topic``, from Ray workers in parallel.
+
+    ``body_col`` is binary or string; ``key_col`` string (space-separated keys,
+    each indexed); ``tag_col`` string (null: no tag); ``properties_col`` a map
+    of strings. Rows are encoded in batches of ``batch_rows`` and sent by a
+    Producer in each worker process: Ray Data write tasks for a Dataset, Spark's
+    Python workers for a DataFrame. Returns when every batch is stored.
+    """
+    spark = _is_spark_dataframe(data)
+    if not spark and not isinstance(data, ray.data.Dataset):
+        raise InvalidMessageError(
+            f"write_to_topic: expected a ray.data.Dataset or a Spark DataFrame, "
+            f"got {type(data).__name__}"
+        )
+    spec = _spec(
+        topic,
+        namespace,
+        None,
+        _Columns(body_col, key_col, tag_col, properties_col),
+        batch_rows,
+        DEFAULT_BATCH_BYTES,
+        producer_options,
+    )
+    if spark:
+        result = _write_spark(data, spec)
+        log.info("wrote %d rows to %s in %d batches", result.rows, topic, result.batches)
+        return result
+    sink = TopicDatasink(
+        topic,
+        namespace=namespace,
+        nameservers=spec.nameservers,
+        body_col=body_col,
+        key_col=key_col,
+        tag_col=tag_col,
+        properties_col=properties_col,
+        batch_rows=batch_rows,
+        producer_options=producer_options,
+    )
+    data.write_datasink(sink, ray_remote_args=dict(ray_remote_args or {}), concurrency=concurrency)
+    assert sink.result is not None
+    log.info("wrote %d rows to %s in %d batches", sink.result.rows, topic, sink.result.batches)
+    return sink.result

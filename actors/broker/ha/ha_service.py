@@ -1,0 +1,214 @@
+"""HAService: the master's side of master/slave replication (RocketMQ's HAService and
+GroupTransferService).
+
+Each slave long-polls :meth:`HAService.transfer` for the CommitLog from where it
+is, and every request also acknowledges how far the slave's CommitLog reaches.
+A SYNC_MASTER put waits in :meth:`HAService.wait_for_slave` until some slave
+acknowledged its end; a single round trip of a slave releases every put it
+covers, so many concurrent puts share one replication round.
+
+Invariants: an acknowledgement counts only after the slave's epochs were
+checked against the master's (a slave whose tail diverges is told where to cut
+it instead, and acknowledges nothing); a waiting put is released only by an
+acknowledgement at or past its end, or answered FLUSH_SLAVE_TIMEOUT /
+SLAVE_NOT_AVAILABLE, never PUT_OK otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from actors.broker.ha.epochs import consistent_point
+from actors.broker.ha.ha_client import TransferReply
+from storage.errors import BrokerUnavailableError
+from storage.message import PutStatus
+
+if TYPE_CHECKING:
+    from actors.broker.ha.master_slave import MasterSlaveReplication
+
+log = logging.getLogger("raymq.actors.ha")
+
+
+@dataclass
+class SlaveState:
+    registered_id: int
+    ack: int = 0  # how far the slave's CommitLog reaches, as it last said
+    seen: float = 0.0  # loop time of its last request
+
+
+class HAService:
+    def __init__(self, repl: MasterSlaveReplication) -> None:
+        self.repl = repl
+        self.config = repl.config
+        self.store = repl.store
+        self.loop = repl.loop
+        self.slaves: dict[str, SlaveState] = {}
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+        self._data = self.loop.create_future()
+        self._data_waiting = 0
+        self.store.add_dispatch_listener(self._on_dispatch)
+
+    # ------------------------------------------------------------ GroupTransferService
+    async def wait_for_slave(self, end: int) -> PutStatus:
+        """PUT_OK once a slave holds the CommitLog up to ``end``."""
+        if self.acked() >= end:
+            return PutStatus.PUT_OK
+        if not self._slave_in_sync(end):
+            return PutStatus.SLAVE_NOT_AVAILABLE
+        fut: asyncio.Future[None] = self.loop.create_future()
+        heapq.heappush(self._waiters, (end, next(self._seq), fut))
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), self.config.sync_replication_timeout_s)
+        except asyncio.TimeoutError:
+            return PutStatus.FLUSH_SLAVE_TIMEOUT
+        return PutStatus.PUT_OK
+
+    def acked(self) -> int:
+        """The furthest any slave acknowledged (what the master may confirm)."""
+        return max((s.ack for s in self.slaves.values()), default=0)
+
+    def live_slaves(self) -> list[SlaveState]:
+        horizon = self.loop.time() - self.config.ha_slave_timeout_s
+        return [s for s in self.slaves.values() if s.seen >= horizon]
+
+    def _slave_in_sync(self, end: int) -> bool:
+        gap = self.config.ha_max_gap_not_in_sync
+        return any(end - s.ack < gap for s in self.live_slaves())
+
+    def _on_acked(self) -> None:
+        acked = self.acked()
+        while self._waiters and self._waiters[0][0] <= acked:
+            _, _, fut = heapq.heappop(self._waiters)
+            if not fut.done():
+                fut.set_result(None)
+        if self._data_waiting:  # idle slaves learn the new confirmed offset now, not later
+            self.signal_data()
+
+    def fail_waiters(self, exc: BaseException) -> None:
+        waiters, self._waiters = self._waiters, []
+        for _, _, fut in waiters:
+            if not fut.done():
+                fut.set_exception(exc)
+                fut.exception()  # retrieved: a waiter that timed out never reads it
+
+    def clear(self) -> None:
+        """Forget the slaves (a new epoch begins, or this broker stops being master)."""
+        self.slaves.clear()
+        self.signal_data()
+
+    # ------------------------------------------------------------ transfer
+    def _on_dispatch(self, topic: str, queue_id: int, max_offset: int) -> None:
+        """Store listener (any thread): wake slaves waiting for new bytes."""
+        if self._data_waiting:
+            self.loop.call_soon_threadsafe(self.signal_data)
+
+    def signal_data(self) -> None:
+        fut, self._data = self._data, self.loop.create_future()
+        if not fut.done():
+            fut.set_result(None)
+
+    async def transfer(
+        self,
+        slave: str,
+        slave_id: int,
+        offset: int,
+        epochs: list[tuple[int, int]],
+        max_bytes: int,
+        wait_s: float,
+        acked: int | None = None,
+    ) -> TransferReply:
+        """A slave asks for the bytes from ``offset`` (held up to ``wait_s`` until there are
+        some) and acknowledges that its CommitLog ends at ``acked`` (default ``offset``)."""
+        name = self.config.actor_name
+        if not self.repl.is_master:
+            raise BrokerUnavailableError(
+                f"broker {name} is a slave, not the master of {self.config.broker_name}"
+            )
+        cl = self.store.commitlog
+        state = self.slaves.get(slave)
+        if state is None:
+            state = self.slaves[slave] = SlaveState(slave_id)
+            log.info("%s: slave %s connected at offset %d", name, slave, offset)
+        state.registered_id = slave_id
+        state.seen = self.loop.time()
+        point = consistent_point(epochs, offset, self.repl.state.epochs, cl.max_offset)
+        if offset > point:
+            state.ack = 0
+            return self._reply(offset, [], truncate_to=point)
+        ack = offset if acked is None else min(acked, offset)
+        if ack != state.ack:
+            state.ack = ack
+            self._on_acked()
+        if max_bytes <= 0:
+            return self._reply(offset, [])
+        if offset >= cl.max_offset and wait_s > 0:
+            fut = self._data
+            if cl.max_offset <= offset:
+                self._data_waiting += 1
+                try:
+                    await asyncio.wait_for(asyncio.shield(fut), wait_s)
+                except asyncio.TimeoutError:
+                    pass
+                finally:
+                    self._data_waiting -= 1
+            state.seen = self.loop.time()
+            if not self.repl.is_master:
+                raise BrokerUnavailableError(f"broker {name} was deposed")
+            await asyncio.sleep(0)  # let puts already queued on the loop join this round
+        return self._reply(offset, self._read(offset, max_bytes))
+
+    def _read(self, offset: int, max_bytes: int) -> list[np.ndarray]:
+        """Up to ``max_bytes`` from ``offset``, one piece per file, as numpy buffers (Ray
+        ships those out of band: no copy into the pickled reply, none out of it)."""
+        chunks: list[np.ndarray] = []
+        size = 0
+        if offset < self.store.commitlog.min_offset:
+            raise BrokerUnavailableError(
+                f"offset {offset} expired on {self.config.actor_name} (its commitlog starts at "
+                f"{self.store.commitlog.min_offset}): this slave needs a new store"
+            )
+        while size < max_bytes:
+            chunk = self.store.read_commitlog(offset + size, max_bytes - size)
+            if not chunk:
+                break
+            chunks.append(np.frombuffer(chunk, dtype=np.uint8))
+            size += len(chunk)
+        return chunks
+
+    def _reply(
+        self, offset: int, chunks: list[np.ndarray], truncate_to: int | None = None
+    ) -> TransferReply:
+        state = self.repl.state
+        return TransferReply(
+            master=self.config.actor_name,
+            epoch=state.epoch,
+            epochs=list(state.epochs),
+            offset=offset,
+            chunks=chunks,
+            confirmed=self.acked(),
+            master_end=self.store.commitlog.max_offset,
+            file_size=self.store.config.commitlog_file_size,
+            truncate_to=truncate_to,
+        )
+
+    def status(self) -> dict[str, object]:
+        now = self.loop.time()
+        return {
+            "slaves": {
+                name: {
+                    "id": s.registered_id,
+                    "ack_offset": s.ack,
+                    "seen_s_ago": round(now - s.seen, 3),
+                }
+                for name, s in sorted(self.slaves.items())
+            },
+            "ha_confirmed_offset": self.acked(),
+        }

@@ -1,0 +1,379 @@
+"""Master/slave replication (RocketMQ 4's HAService), one side or the other of it.
+
+A group is a master (broker id 0) and slaves (ids >= 1), each a Broker actor
+on its own node and disk. Every slave runs an :class:`~actors._ha_client.HAClient`
+(pulling the master's CommitLog byte for byte) and a
+:class:`~actors._slave_sync.SlaveSynchronize` (topics, consumer offsets,
+delay progress); the master answers them with its
+:class:`~actors._ha_service.HAService`. This module is the role a broker plays
+and how it changes: promotion, demotion, where a slave finds its master.
+
+``broker_role``:
+
+* ``ASYNC_MASTER``: a put returns after the local write (and flush);
+* ``SYNC_MASTER``: a put also waits until some slave reports an offset at or
+  past its end (RocketMQ's GroupTransferService). Concurrent puts share the
+  slave's round trips, since one long-polled answer carries everything written
+  meanwhile. No slave in sync: ``SLAVE_NOT_AVAILABLE`` at once; none in time:
+  ``FLUSH_SLAVE_TIMEOUT``;
+* ``SLAVE``: refuses writes; serves reads when the master is gone (or, with
+  ``slave_read_enable``, to consumers far behind).
+
+Without Raft a group whose master is gone is read-only until an operator
+promotes a slave (:meth:`MasterSlaveReplication.promote`): the slave starts a
+new master epoch (``actors._epochs``) and registers as id 0; the NameServers
+refuse the old master from then on, and when it returns it becomes a slave
+that first cuts off whatever it wrote that the new master never had.
+
+Invariants: a put acknowledged ``PUT_OK`` by a SYNC_MASTER is in the CommitLog
+of at least one slave; only a slave at or past the last such offset can be
+promoted; a master serves writes only after the NameServers accepted it (a
+deposed master returning learns of its successor before it takes a write).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from actors.broker.ha.epochs import HAState
+from actors.broker.ha.ha_client import HAClient, TransferReply
+from actors.broker.ha.ha_service import HAService
+from actors.broker.ha.replication import (
+    LocalPut,
+    OffsetTable,
+    Replication,
+    first_commitlog_offset,
+    physical_memory,
+    with_suggestion,
+)
+from actors.broker.ha.slave_sync import SlaveSynchronize
+from actors.protocol.errors import PromotionRefusedError
+from actors.protocol.names import MASTER_ID, broker_actor_name
+from storage.codec import EncodedBatch
+from storage.errors import BrokerUnavailableError, InvalidConfigError
+from storage.message import GetStatus, RawGetResult
+from storage.store import PutBatchResult
+
+if TYPE_CHECKING:
+    from actors.broker.broker import Broker
+
+log = logging.getLogger("raymq.actors.ha")
+
+SLAVE = "SLAVE"
+MASTER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER")
+EX_MASTER_SLAVE_ID = 1000
+"""The id a deposed master (configured as id 0) registers under as a slave."""
+GATHER_TIMEOUT_S = 3.0
+
+
+class MasterSlaveReplication(Replication):
+    def __init__(self, broker: Broker) -> None:
+        super().__init__(broker)
+        self.loop = broker._loop
+        self.state = HAState(self.store.config_file("haState"))
+        self.role = self.state.role or self.config.role  # a promotion outlives restarts
+        self.service = HAService(self)  # the master's side: slaves, acks, waiting puts
+        self._writable = asyncio.Event()
+        self._ready = asyncio.Event()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._master_name: str | None = None
+        self._master_handle: Any = None
+        self.client: HAClient | None = None
+        self.sync: SlaveSynchronize | None = None
+        window = self.config.slave_read_window_bytes
+        self.read_window = window if window is not None else int(physical_memory() * 0.4)
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self.services.start()
+        if self.role == SLAVE:
+            self._start_slave()
+            self._ready.set()
+        else:  # the schedule service starts once the NameServers accept this master
+            self.state.ensure_started(self.store.commitlog.max_offset)
+            self._tasks.append(self.loop.create_task(self._gather_then_ready()))
+
+    async def stop(self) -> None:
+        await self._stop_tasks()
+        self.service.fail_waiters(
+            BrokerUnavailableError(f"{self.config.actor_name} is shutting down")
+        )
+        self.services.stop()
+
+    async def _stop_tasks(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def ready(self) -> None:
+        await self._ready.wait()
+
+    def _start_slave(self) -> None:
+        self.client = HAClient(self)
+        self.sync = SlaveSynchronize(
+            self.broker, self.master_handle, self.config.slave_sync_interval_s
+        )
+        self._tasks.append(self.loop.create_task(self.client.run()))
+        self._tasks.append(self.loop.create_task(self.sync.run()))
+
+    async def _gather_then_ready(self) -> None:
+        """A master (re)starting takes the offsets consumers committed to its slaves while
+        it was gone, before it registers (and so before consumers come back to it)."""
+        try:
+            await asyncio.wait_for(self._gather_slave_offsets(), GATHER_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - best effort: slaves also push them later
+            log.debug("%s: gathering slave offsets: %s", self.config.actor_name, exc)
+        finally:
+            self._ready.set()
+
+    async def _gather_slave_offsets(self) -> None:
+        members = await self._group_members()
+        for bid, actor_name in members.items():
+            if actor_name == self.config.actor_name or bid == MASTER_ID:
+                continue
+            try:
+                handle = await self.broker._run(self._get_actor, actor_name)
+                table = await asyncio.wait_for(handle.ha_local_offsets.remote(), 2.0)
+            except Exception:  # noqa: BLE001
+                continue
+            moved = self.broker.offsets.merge_max(table)
+            if moved:
+                log.info(
+                    "%s: took %d queue offset(s) consumers committed to %s",
+                    self.config.actor_name,
+                    moved,
+                    actor_name,
+                )
+
+    # ------------------------------------------------------------ NameServers
+    @property
+    def registered_id(self) -> int:
+        if self.role != SLAVE:
+            return MASTER_ID
+        return self.config.broker_id or EX_MASTER_SLAVE_ID
+
+    @property
+    def master_epoch(self) -> int:
+        return self.state.epoch
+
+    def on_registered(self, answers: list[dict[str, Any]]) -> None:
+        if self.role == SLAVE:
+            for answer in answers:
+                master = answer.get("master")
+                if master and master != self.config.actor_name and master != self._master_name:
+                    self._master_name = master
+                    self._master_handle = None
+            return
+        for answer in answers:
+            if (
+                not answer.get("accepted", True)
+                and answer.get("master_epoch", 0) > self.state.epoch
+            ):
+                self._tasks.append(
+                    self.loop.create_task(
+                        self._demote(answer.get("master"), answer["master_epoch"])
+                    )
+                )
+                return
+        if not self._writable.is_set():
+            self.services.start_schedule()
+            self._writable.set()
+
+    async def _group_members(self) -> dict[int, str]:
+        """Registered id -> actor name of this group's live members, per the NameServers."""
+        b = self.broker
+        for name in b.config.nameservers:
+            try:
+                handle = await b._run(b._nameserver, name)
+                info = await asyncio.wait_for(handle.get_cluster_info.remote(), 2.0)
+            except Exception:  # noqa: BLE001 - try the next NameServer
+                continue
+            members = info["brokers"].get(self.config.broker_name, {}).get("members", {})
+            return {int(bid): m["actor_name"] for bid, m in members.items()}
+        return {}
+
+    def _get_actor(self, name: str) -> Any:
+        return ray.get_actor(name, namespace=self.config.namespace)
+
+    async def master_handle(self) -> Any:
+        """The master's actor (slave side), found by name; None while there is none."""
+        if self._master_handle is not None:
+            return self._master_handle
+        name = self._master_name or broker_actor_name(self.config.broker_name, MASTER_ID)
+        if name == self.config.actor_name or self.role != SLAVE:
+            return None
+        try:
+            self._master_handle = await self.broker._run(self._get_actor, name)
+        except ValueError:
+            await self.forget_master()
+        return self._master_handle
+
+    async def forget_master(self) -> None:
+        """The master did not answer: look it up again (a slave may have been promoted)."""
+        self._master_handle = None
+        members = await self._group_members()
+        master = members.get(MASTER_ID)
+        if master and master != self.config.actor_name:
+            self._master_name = master
+
+    # ------------------------------------------------------------ data path
+    async def put(self, batch: EncodedBatch, local_put: LocalPut) -> PutBatchResult:
+        if self.role == SLAVE:
+            raise BrokerUnavailableError(
+                f"broker {self.config.actor_name} is a slave: it takes no writes "
+                f"(its master is {self._master_name or 'gone'})"
+            )
+        if not self._writable.is_set():
+            try:
+                await asyncio.wait_for(self._writable.wait(), self.config.register_timeout_s)
+            except asyncio.TimeoutError:
+                raise BrokerUnavailableError(
+                    f"broker {self.config.actor_name} is not registered as master yet"
+                ) from None
+        result = await local_put(batch)
+        if self.role == "SYNC_MASTER" and len(result):
+            last = int(result.commitlog_offsets[-1])
+            end = last + self.store.commitlog.size_at(last)
+            result.status = await self.service.wait_for_slave(end)
+        return result
+
+    def readable(self, raw: RawGetResult, offset: int) -> tuple[RawGetResult, bool]:
+        if not self.config.slave_read_enable or raw.status is not GetStatus.FOUND:
+            return raw, False
+        behind = self.store.commitlog.max_offset - first_commitlog_offset(raw)
+        if self.role == SLAVE:
+            return (
+                (with_suggestion(raw, MASTER_ID), False)
+                if behind <= self.read_window
+                else (
+                    raw,
+                    False,
+                )
+            )
+        if behind > self.read_window:
+            slaves = self.service.live_slaves()
+            if slaves:
+                best = max(slaves, key=lambda s: s.ack)
+                return with_suggestion(raw, best.registered_id), False
+        return raw, False
+
+    def on_commit_offsets(self, group: str, offsets: dict[tuple[str, int], int]) -> None:
+        if self.role == SLAVE and self.sync is not None:
+            self.sync.record_local(group, offsets)
+
+    # ------------------------------------------------------------ master side
+    async def transfer(self, *args: Any) -> TransferReply:
+        return await self.service.transfer(*args)
+
+    def config_snapshot(self) -> dict[str, Any]:
+        if self.role == SLAVE:
+            raise BrokerUnavailableError(f"broker {self.config.actor_name} is a slave")
+        return super().config_snapshot()
+
+    def local_offsets(self) -> OffsetTable:
+        return dict(self.sync.local) if self.sync is not None else {}
+
+    # ------------------------------------------------------------ role changes
+    async def promote(self, role: str | None, min_offset: int, force: bool) -> dict[str, Any]:
+        """Make this slave the master (``raymq broker promote``)."""
+        name = self.config.actor_name
+        if self.role != SLAVE:
+            raise PromotionRefusedError(f"broker {name} is already {self.role}")
+        new_role = role or self.config.master_role
+        if new_role not in MASTER_ROLES:
+            raise InvalidConfigError(f"role={new_role!r}: must be one of {MASTER_ROLES}")
+        client = self.client
+        if client is not None and client.connected and not force:
+            raise PromotionRefusedError(
+                f"broker {name} still replicates from master {client.master}: a live master "
+                "is not replaced (force=True overrides)"
+            )
+        await self.broker._run(self.store.dispatch_replicated)  # what arrived is whole records
+        end = self.store.dispatched_offset  # the last whole record
+        needed = max(min_offset, client.confirmed if client is not None else 0)
+        if end < needed:
+            raise PromotionRefusedError(
+                f"broker {name} holds the commitlog up to offset {end}, behind the last "
+                f"acknowledged SYNC_MASTER offset {needed}: promoting it would lose "
+                "acknowledged messages; promote a slave that has them"
+            )
+        await self._stop_tasks()
+        await self.broker._run(self.store.dispatch_replicated)  # bytes that came meanwhile
+        end = self.store.dispatched_offset
+        if self.sync is not None:  # commits consumers made here now belong to the master
+            self.broker.offsets.merge_max(self.sync.local)
+        self.client = self.sync = None
+        if self.store.commitlog.max_offset > end:
+            await self.broker._run(self.store.truncate_commitlog, end)
+        old_id = self.registered_id
+        epoch = self.state.begin_epoch(end)
+        self.state.set_role(new_role)
+        self.role = new_role
+        self.service.clear()
+        self.services.start_schedule()
+        self._ready.set()
+        log.warning(
+            "%s promoted to %s of %s in epoch %d at commitlog offset %d",
+            name,
+            new_role,
+            self.config.broker_name,
+            epoch,
+            end,
+        )
+        await self._unregister(old_id)
+        with contextlib.suppress(Exception):  # commits consumers made to the other slaves
+            await asyncio.wait_for(self._gather_slave_offsets(), GATHER_TIMEOUT_S)
+        await self.broker.register_all()
+        return {"broker": name, "role": new_role, "epoch": epoch, "commitlog_offset": end}
+
+    async def _demote(self, master: str | None, epoch: int) -> None:
+        """The NameServers know a newer master: become its slave."""
+        if self.role == SLAVE:
+            return
+        log.warning(
+            "%s: %s is master of %s in epoch %d (this broker was in epoch %d): becoming a slave",
+            self.config.actor_name,
+            master,
+            self.config.broker_name,
+            epoch,
+            self.state.epoch,
+        )
+        self.role = SLAVE
+        self.state.set_role(SLAVE)
+        self.state.max_epoch = max(self.state.max_epoch, epoch)
+        self._writable.clear()
+        self.service.fail_waiters(
+            BrokerUnavailableError(f"broker {self.config.actor_name} was deposed by {master}")
+        )
+        self.service.clear()
+        self.services.stop_schedule()
+        self._master_name = master
+        self._master_handle = None
+        await self._unregister(MASTER_ID)
+        self._start_slave()
+        self.broker._register_wakeup.set()
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "role": "SLAVE" if self.role == SLAVE else "MASTER",
+            "broker_role": self.role,
+            "registered_id": self.registered_id,
+            "master_epoch": self.state.epoch,
+        }
+        if self.role == SLAVE:
+            c = self.client
+            out["master"] = c.master if c is not None else self._master_name
+            out["ha_connected"] = bool(c and c.connected)
+            out["ha_confirmed_offset"] = c.confirmed if c is not None else 0
+            out["ha_master_offset"] = c.master_end if c is not None else 0
+            out["ha_rounds"] = c.rounds if c is not None else 0
+            out["ha_received_bytes"] = c.received if c is not None else 0
+        else:
+            out.update(self.service.status())
+        return out

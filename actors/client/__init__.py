@@ -1,0 +1,34 @@
+"""The clients: the Producer and its send machinery, the PullConsumer, the PushConsumer
+(``push/``) and the admin client. They talk to brokers only through ``actors.protocol``."""
+
+from __future__ import annotations
+
+from actors.client.admin import Admin
+from actors.client.backpressure import ProducerBusyError
+from actors.client.producer import Producer
+from actors.client.pull_consumer import PullConsumer, PullResult, PullStatus
+from actors.client.push.consumer import (
+    ConsumeFromWhere,
+    ConsumeStatus,
+    MessageModel,
+    PushConsumer,
+    PushConsumerConfig,
+)
+from actors.client.send_result import BatchSendResult, SendResult, SendStatus
+
+__all__ = [
+    "Admin",
+    "BatchSendResult",
+    "ConsumeFromWhere",
+    "ConsumeStatus",
+    "MessageModel",
+    "Producer",
+    "ProducerBusyError",
+    "PullConsumer",
+    "PullResult",
+    "PullStatus",
+    "PushConsumer",
+    "PushConsumerConfig",
+    "SendResult",
+    "SendStatus",
+]

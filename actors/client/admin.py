@@ -1,0 +1,317 @@
+"""Admin operations over a running cluster (RocketMQ's ``mqadmin``): topics, status,
+lookups, consumer lag and offset resets. Control plane only; every call here
+talks to the NameServers and brokers directly."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+
+from actors.namesrv.client import NameServerClient
+from actors.protocol import rpc as _rpc
+from actors.protocol.errors import PromotionRefusedError
+from actors.protocol.names import DEFAULT_NAMESPACE, coordinator_actor_name
+from actors.protocol.route import TopicRouteData
+from actors.protocol.topic import PERM_READ, PERM_WRITE, SYSTEM_TOPICS, TopicConfig
+from rebalance import MessageQueue
+from storage import codec
+from storage.errors import (
+    BrokerUnavailableError,
+    OffsetOutOfRangeError,
+    RayMQError,
+    TopicNotFoundError,
+)
+from storage.message import MessageExt
+
+log = logging.getLogger("raymq.actors.admin")
+
+ADMIN_TIMEOUT_S = 30.0
+
+
+class Admin:
+    def __init__(
+        self, namespace: str = DEFAULT_NAMESPACE, nameservers: Sequence[str] | None = None
+    ) -> None:
+        from actors.namesrv.client import discover_nameservers
+
+        self.namespace = namespace
+        self.ns = NameServerClient(nameservers or discover_nameservers(namespace), namespace, 0.0)
+
+    # ------------------------------------------------------------ brokers
+    def brokers(self) -> dict[str, Any]:
+        """Live master brokers by broker name (as the NameServers see them)."""
+        return self.ns.master_brokers()
+
+    def _brokers_for(self, names: Sequence[str] | None) -> dict[str, Any]:
+        live = self.brokers()
+        if names is None:
+            if not live:
+                raise BrokerUnavailableError(f"no live broker in namespace {self.namespace!r}")
+            return live
+        missing = [n for n in names if n not in live]
+        if missing:
+            raise BrokerUnavailableError(f"broker(s) {missing} are not live; live: {sorted(live)}")
+        return {n: live[n] for n in names}
+
+    def _on_all(self, brokers: dict[str, Any], method: str, *args: Any) -> dict[str, Any]:
+        refs = {name: getattr(h, method).remote(*args) for name, h in brokers.items()}
+        return {name: _rpc.get(ref, ADMIN_TIMEOUT_S) for name, ref in refs.items()}
+
+    def _topic_brokers(self, topic: str) -> dict[str, Any]:
+        route = self.ns.require_route(topic, refresh=True)
+        return {
+            qd.broker_name: self.ns.broker(route, qd.broker_name)
+            for qd in route.queue_datas
+            if route.broker(qd.broker_name) is not None
+        }
+
+    # ------------------------------------------------------------ topics
+    def create_topic(
+        self,
+        topic: str,
+        read_queue_nums: int = 8,
+        write_queue_nums: int = 8,
+        perm: int = PERM_READ | PERM_WRITE,
+        *,
+        order: bool = False,
+        brokers: Sequence[str] | None = None,
+    ) -> TopicConfig:
+        """Create (or overwrite) ``topic`` on the given brokers (default: every live master);
+        the NameServers know it when this returns."""
+        config = TopicConfig(topic, read_queue_nums, write_queue_nums, perm, order)
+        self._on_all(self._brokers_for(brokers), "create_topic", config)
+        self.ns.invalidate(topic)
+        return config
+
+    def update_topic(
+        self,
+        topic: str,
+        *,
+        read_queue_nums: int | None = None,
+        write_queue_nums: int | None = None,
+        perm: int | None = None,
+        brokers: Sequence[str] | None = None,
+    ) -> dict[str, TopicConfig]:
+        """Change some fields of an existing topic on the brokers that hold it."""
+        targets = self._brokers_for(brokers) if brokers else self._topic_brokers(topic)
+        current = self._on_all(targets, "get_topic_config", topic)
+        out = {}
+        for name, tc in current.items():
+            if tc is None:
+                raise TopicNotFoundError(f"topic={topic!r} does not exist on broker {name}")
+            out[name] = TopicConfig(
+                topic,
+                read_queue_nums if read_queue_nums is not None else tc.read_queue_nums,
+                write_queue_nums if write_queue_nums is not None else tc.write_queue_nums,
+                perm if perm is not None else tc.perm,
+                tc.order,
+            )
+        for name, config in out.items():
+            _rpc.get(targets[name].create_topic.remote(config), ADMIN_TIMEOUT_S)
+        self.ns.invalidate(topic)
+        return out
+
+    def delete_topic(self, topic: str) -> list[str]:
+        """Delete ``topic`` (its config and offsets; stored messages expire as usual)."""
+        done = self._on_all(self._topic_brokers(topic), "delete_topic", topic)
+        self.ns.invalidate(topic)
+        return sorted(name for name, removed in done.items() if removed)
+
+    def list_topics(self, *, include_system: bool = False) -> list[str]:
+        topics = self.ns.call("get_all_topics")
+        return [t for t in topics if include_system or t not in SYSTEM_TOPICS]
+
+    def topic_route(self, topic: str) -> TopicRouteData:
+        return self.ns.require_route(topic, refresh=True)
+
+    def topic_status(self, topic: str) -> list[dict[str, Any]]:
+        """Per broker and queue: min/max offset and last store time."""
+        rows: list[dict[str, Any]] = []
+        for _, part in sorted(
+            self._on_all(self._topic_brokers(topic), "topic_status", topic).items()
+        ):
+            rows.extend(part)
+        return rows
+
+    # ------------------------------------------------------------ lookups
+    def query_by_key(self, topic: str, key: str, max_count: int = 64) -> list[MessageExt]:
+        found: list[MessageExt] = []
+        for _, msgs in sorted(
+            self._on_all(self._topic_brokers(topic), "query_by_key", topic, key, max_count).items()
+        ):
+            found.extend(msgs)
+        return sorted(found, key=lambda m: m.store_timestamp)[:max_count]
+
+    def query_by_id(self, msg_id: str, topic: str | None = None) -> MessageExt:
+        """By offset message id (any broker), or by unique key when ``topic`` is given."""
+        try:
+            host, _ = codec.parse_offset_msg_id(msg_id)
+        except Exception:  # noqa: BLE001 - not an offset id: a unique key
+            host = None
+        info = self.ns.call("get_cluster_info")
+        if host is not None:
+            for entry in info["brokers"].values():
+                for member in entry["members"].values():
+                    if member["addr"] == host:
+                        h = self.ns.broker_by_name(member["actor_name"], member["namespace"])
+                        return _rpc.get(h.message_by_id.remote(msg_id, topic), ADMIN_TIMEOUT_S)
+        if topic is None:
+            raise OffsetOutOfRangeError(
+                f"msg_id={msg_id!r}: no live broker has store host {host!r}; "
+                "give the topic to search by unique key"
+            )
+        for msgs in self._on_all(
+            self._topic_brokers(topic), "query_by_key", topic, msg_id, 1
+        ).values():
+            if msgs:
+                return msgs[0]
+        raise OffsetOutOfRangeError(f"no message with id {msg_id!r} in topic {topic!r}")
+
+    # ------------------------------------------------------------ consumers
+    def consumer_lag(self, group: str, topic: str | None = None) -> list[dict[str, Any]]:
+        """Per queue: broker max offset, the group's committed offset and the lag."""
+        brokers = self._topic_brokers(topic) if topic else self.brokers()
+        rows: list[dict[str, Any]] = []
+        for _, part in sorted(self._on_all(brokers, "consumer_lag", group, topic).items()):
+            rows.extend(part)
+        return rows
+
+    def consumer_list(self, group: str) -> list[str]:
+        members: set[str] = set()
+        for part in self._on_all(self.brokers(), "consumer_list", group).values():
+            members.update(part)
+        return sorted(members)
+
+    def group_status(self, group: str) -> dict[str, Any]:
+        """What ``group``'s coordinator holds: members, generation, strategy, target and
+        current owners, pending revokes and fences, and the generation log."""
+        try:
+            handle = ray.get_actor(coordinator_actor_name(group), namespace=self.namespace)
+        except ValueError:
+            raise RayMQError(
+                f"group={group!r} has no coordinator in namespace {self.namespace!r} "
+                "(no coordinated consumer joined it)"
+            ) from None
+        status: dict[str, Any] = _rpc.get(handle.status.remote(), ADMIN_TIMEOUT_S)
+        return status
+
+    def reset_offset(self, group: str, topic: str, timestamp_ms: int) -> dict[MessageQueue, int]:
+        """Move ``group`` on ``topic`` to the first message stored at or after ``timestamp_ms``."""
+        out = {}
+        for broker, table in self._on_all(
+            self._topic_brokers(topic), "reset_offsets", group, topic, timestamp_ms
+        ).items():
+            for qid, off in table.items():
+                out[MessageQueue(topic, broker, qid)] = off
+        return out
+
+    # ------------------------------------------------------------ dead letters and perms
+    def dlq_messages(self, group: str, max_count: int = 1000) -> list[MessageExt]:
+        """The dead letters of ``group`` (``%DLQ%<group>`` on every broker), oldest first."""
+        from actors.client.dlq import dlq_messages
+
+        return dlq_messages(self, group, max_count)
+
+    def resend_dlq(
+        self, group: str, msg_ids: Sequence[str] | None = None, max_count: int = 10_000
+    ) -> list[Any]:
+        """Send dead letters of ``group`` (all, or those with the given message ids) back
+        to their original topics; one ``SendResult`` per message resent."""
+        from actors.client.dlq import resend_dlq
+
+        return resend_dlq(self, group, msg_ids, max_count)
+
+    def set_topic_perm(self, topic: str, perm: int) -> dict[str, TopicConfig]:
+        """Change ``topic``'s perm (2 write only, 4 read only, 6 both) on every broker
+        holding it; e.g. 6 on a ``%DLQ%<group>`` lets consumers read it."""
+        return self.update_topic(topic, perm=perm)
+
+    # ------------------------------------------------------------ high availability
+    def promote(
+        self,
+        broker_name: str,
+        broker_id: int | None = None,
+        *,
+        role: str | None = None,
+        force: bool = False,
+    ) -> dict[str, Any]:
+        """Make a slave of ``broker_name`` its master (``raymq broker promote``): by default
+        the slave holding the most. Refused while the master is live, for a slave behind
+        the last offset a SYNC_MASTER acknowledged, and (unless ``force``) for a slave
+        another one is ahead of."""
+        info = self.ns.call("get_cluster_info")
+        group = info["brokers"].get(broker_name, {}).get("members", {})
+        if 0 in group and not force:
+            raise PromotionRefusedError(
+                f"broker {broker_name} has a live master ({group[0]['actor_name']}): "
+                "a slave is promoted only when the master is gone"
+            )
+        slaves: dict[int, tuple[Any, dict[str, Any]]] = {}
+        for bid, member in group.items():
+            if bid == 0:
+                continue
+            try:  # a fresh handle: a slave restarted under its name is a new actor
+                handle = ray.get_actor(member["actor_name"], namespace=member["namespace"])
+                slaves[bid] = (handle, _rpc.get(handle.status.remote(), 10.0))
+            except Exception:  # noqa: BLE001 - a slave that does not answer is not a candidate
+                continue
+        if not slaves:
+            raise BrokerUnavailableError(f"broker {broker_name} has no live slave to promote")
+        confirmed = max(s.get("ha_confirmed_offset", 0) for _, s in slaves.values())
+        best = max(slaves, key=lambda b: slaves[b][1]["commitlog_max_offset"])
+        bid = best if broker_id is None else broker_id
+        if bid not in slaves:
+            raise BrokerUnavailableError(
+                f"broker {broker_name} has no live slave with id {bid}; live: {sorted(slaves)}"
+            )
+        handle, status = slaves[bid]
+        ahead = slaves[best][1]["commitlog_max_offset"]
+        if not force and status["commitlog_max_offset"] < ahead:
+            raise PromotionRefusedError(
+                f"slave {bid} of {broker_name} holds the commitlog up to "
+                f"{status['commitlog_max_offset']}, slave {best} up to {ahead}: promote {best} "
+                "(or force)"
+            )
+        result: dict[str, Any] = _rpc.get(
+            handle.promote.remote(role, confirmed, force), ADMIN_TIMEOUT_S
+        )
+        return result
+
+    # ------------------------------------------------------------ cluster
+    def cluster_status(self) -> dict[str, Any]:
+        """NameServers (alive or not) and every live broker's status."""
+        nameservers = []
+        for name in self.ns.nameservers:
+            try:
+                handle = ray.get_actor(name, namespace=self.namespace)
+                info = _rpc.get(handle.get_cluster_info.remote(), 5.0)
+                nameservers.append(
+                    {
+                        "name": name,
+                        "alive": True,
+                        "brokers": sorted(info["brokers"]),
+                        "uptime_s": info["uptime_s"],
+                    }
+                )
+            except Exception as exc:  # noqa: BLE001 - report, do not fail
+                nameservers.append({"name": name, "alive": False, "error": type(exc).__name__})
+        info = self.ns.call("get_cluster_info")
+        brokers = []
+        for broker_name, entry in sorted(info["brokers"].items()):
+            for bid, member in sorted(entry["members"].items()):
+                h = self.ns.broker_by_name(member["actor_name"], member["namespace"])
+                try:
+                    brokers.append(_rpc.get(h.status.remote(), 10.0))
+                except Exception as exc:  # noqa: BLE001
+                    brokers.append(
+                        {
+                            "broker_name": broker_name,
+                            "broker_id": bid,
+                            "actor_name": member["actor_name"],
+                            "error": repr(exc),
+                        }
+                    )
+        return {"namespace": self.namespace, "nameservers": nameservers, "brokers": brokers}

@@ -1,0 +1,101 @@
+"""Dead letters: reading a group's ``%DLQ%<group>`` and resending its messages.
+
+The DLQ is write-only for consumers (perm 2), so operators read it through the
+broker's store directly (``Broker.read_dlq``) rather than by pulling. A resend
+stores each dead letter again in the topic it was first consumed from, with the
+same message id and keys and its reconsume count back at 0, so the group
+consumes it (and may retry it) as if new. RocketMQ's console does the same.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
+from actors.protocol.topic import dlq_topic, origin_topic
+from actors.protocol.wire import DLQ_MAX_READ as MAX_READ
+from storage import codec
+from storage.errors import TopicNotFoundError
+from storage.message import Message, MessageExt
+
+if TYPE_CHECKING:
+    from actors.client.admin import Admin
+    from actors.client.send_result import SendResult
+
+log = logging.getLogger("raymq.actors.dlq")
+
+_NOT_RESENT = frozenset(
+    {
+        codec.PROP_RETRY_TOPIC,
+        codec.PROP_ORIGIN_MESSAGE_ID,
+        codec.PROP_RECONSUME_TIME,
+        codec.PROP_MAX_RECONSUME_TIMES,
+        codec.PROP_DELAY,
+        codec.PROP_REAL_TOPIC,
+        codec.PROP_REAL_QID,
+    }
+)
+
+
+def _dlq_brokers(admin: Admin, group: str) -> dict[str, object]:
+    try:
+        return admin._topic_brokers(dlq_topic(group))
+    except TopicNotFoundError:
+        return {}
+
+
+def dlq_messages(admin: Admin, group: str, max_count: int = 1000) -> list[MessageExt]:
+    """Every dead letter of ``group`` on every broker (up to ``max_count``), oldest first."""
+    from actors.client.admin import ADMIN_TIMEOUT_S
+    from actors.protocol import rpc as _rpc
+
+    found: list[MessageExt] = []
+    for _, handle in sorted(_dlq_brokers(admin, group).items()):
+        offset = 0
+        while len(found) < max_count:
+            ref = handle.read_dlq.remote(group, offset, min(MAX_READ, max_count - len(found)))  # type: ignore[attr-defined]
+            msgs, nxt = _rpc.get(ref, ADMIN_TIMEOUT_S)
+            found.extend(msgs)
+            if not msgs or nxt <= offset:
+                break
+            offset = nxt
+    return sorted(found, key=lambda m: (m.store_timestamp, m.queue_offset))[:max_count]
+
+
+def resend_copy(m: MessageExt) -> Message:
+    """A dead letter as a new message to its original topic (same id, tags, keys)."""
+    props = {k: v for k, v in m.properties.items() if k not in _NOT_RESENT}
+    return Message(origin_topic(m), m.body, tags=m.tags, keys=m.keys, properties=props, flag=m.flag)
+
+
+def matches_id(m: MessageExt, ids: Collection[str]) -> bool:
+    return (
+        m.msg_id in ids
+        or m.offset_msg_id in ids
+        or m.properties.get(codec.PROP_ORIGIN_MESSAGE_ID, "") in ids
+    )
+
+
+def resend_dlq(
+    admin: Admin, group: str, msg_ids: Collection[str] | None = None, max_count: int = 10_000
+) -> list[SendResult]:
+    """Send dead letters of ``group`` (all, or those named by message id, unique key or
+    offset id) back to their original topics; one result per message resent."""
+    from actors.client.producer import Producer
+
+    letters = dlq_messages(admin, group, max_count)
+    if msg_ids is not None:
+        wanted = set(msg_ids)
+        letters = [m for m in letters if matches_id(m, wanted)]
+    if not letters:
+        return []
+    producer = Producer(
+        "raymq-dlq-resend", namespace=admin.namespace, nameservers=admin.ns.nameservers
+    )
+    try:
+        results = list(producer.send_batch([resend_copy(m) for m in letters]))
+    finally:
+        producer.close()
+    log.info("resent %d dead letter(s) of group %s", len(results), group)
+    return results

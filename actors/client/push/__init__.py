@@ -1,0 +1,23 @@
+"""The PushConsumer (RocketMQ's ``DefaultMQPushConsumer``) and its services: pulling,
+consuming concurrently or in order, rebalancing (client-side or coordinated),
+offset stores and send-back."""
+
+from __future__ import annotations
+
+from actors.client.push.consumer import (
+    ConsumeFromWhere,
+    ConsumeStatus,
+    Listener,
+    MessageModel,
+    PushConsumer,
+    PushConsumerConfig,
+)
+
+__all__ = [
+    "ConsumeFromWhere",
+    "ConsumeStatus",
+    "Listener",
+    "MessageModel",
+    "PushConsumer",
+    "PushConsumerConfig",
+]

@@ -1,0 +1,224 @@
+"""The push consumer's settings and the words its listener speaks.
+
+RocketMQ's ``DefaultMQPushConsumer`` names and defaults where they exist
+(``consumeThreadMin`` 20, ``pullBatchSize`` 32, ``pullThresholdForQueue`` 1000,
+``maxReconsumeTimes`` 16, ``consumeTimeout`` 15 min, rebalance every 20 s,
+offsets persisted every 5 s); intervals are configurable so tests run them short.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from actors.config.coordinator import CoordinatorConfig
+from storage.errors import InvalidConfigError
+
+
+class ConsumeStatus(enum.Enum):
+    """What a listener returns. Anything but SUCCESS (an exception, ``None``, a
+    call that ran past ``consume_timeout_s``) counts as RECONSUME_LATER."""
+
+    SUCCESS = "SUCCESS"
+    RECONSUME_LATER = "RECONSUME_LATER"
+
+
+class MessageModel(enum.Enum):
+    """CLUSTERING: each message to one consumer of the group, offsets on the brokers.
+    BROADCASTING: every consumer gets every message, offsets in a local file."""
+
+    CLUSTERING = "CLUSTERING"
+    BROADCASTING = "BROADCASTING"
+
+
+class ConsumeFromWhere(enum.Enum):
+    """Where a queue the group never committed an offset for starts."""
+
+    LAST = "LAST"
+    FIRST = "FIRST"
+    TIMESTAMP = "TIMESTAMP"
+
+
+def _enum(kind: type[enum.Enum], name: str, value: object) -> enum.Enum:
+    if isinstance(value, kind):
+        return value
+    if isinstance(value, str):
+        text = value.upper().removeprefix("CONSUME_FROM_").removesuffix("_OFFSET")
+        for member in kind:
+            if member.value == text:
+                return member
+    raise InvalidConfigError(
+        f"PushConsumerConfig.{name}={value!r}: must be one of {[m.value for m in kind]}"
+    )
+
+
+@dataclass(frozen=True)
+class PushConsumerConfig:
+    """Client settings of a :class:`actors.PushConsumer`.
+
+    ``consume_timestamp`` is seconds since the epoch (like ``time.time()``), used
+    with ``consume_from="TIMESTAMP"``; ``None`` means half an hour ago, as in
+    RocketMQ. ``offset_store_dir`` holds broadcasting offsets (default
+    ``~/.raymq_offsets``), one file per group and ``instance_name``.
+    ``orderly``: RocketMQ's ``MessageListenerOrderly``: one batch of a queue at a time,
+    in offset order; a failed batch is retried in place after
+    ``suspend_current_queue_time_s`` (RocketMQ's 1 s) while the queue waits, and goes to
+    the DLQ after ``max_reconsume_times`` (see :mod:`._push_orderly`).
+    ``session_timeout_s``: brokers drop a consumer they have not heard from for this
+    long, so the group takes over a dead consumer's queues (default three
+    heartbeats, at least 3 s; capped by the broker's ``channel_expired_s``).
+    ``coordinated`` (CLUSTERING): queues come from the group's ``GroupCoordinator``
+    (one owner per queue, handed over with a commit in between), which runs
+    ``rebalance_strategy`` (a ``rebalance`` strategy name) with
+    ``rebalance_options``; ``machine_room`` is this consumer's room for the
+    machine-room strategies; ``coordinator_config`` counts when this consumer
+    creates the coordinator. False: each consumer runs averagely on its own over
+    the brokers' member list (RocketMQ's way).
+    """
+
+    model: MessageModel | str = MessageModel.CLUSTERING
+    consume_from: ConsumeFromWhere | str = ConsumeFromWhere.LAST
+    consume_timestamp: float | None = None
+    consume_threads: int = 20
+    consume_batch_size: int = 1
+    pull_batch_size: int = 32
+    pull_threshold_for_queue: int = 1000
+    pull_threshold_size_for_queue_mib: int = 100
+    max_reconsume_times: int = 16
+    consume_timeout_s: float = 900.0
+    pull_suspend_s: float = 15.0
+    pull_timeout_s: float = 10.0
+    pull_retry_delay_s: float = 1.0
+    local_retry_delay_s: float = 5.0
+    rebalance_interval_s: float = 20.0
+    heartbeat_interval_s: float = 10.0
+    session_timeout_s: float | None = None
+    persist_offset_interval_s: float = 5.0
+    route_refresh_s: float = 30.0
+    shutdown_timeout_s: float = 30.0
+    instance_name: str = "DEFAULT"
+    offset_store_dir: str | None = None
+    check_crc: bool = False
+    orderly: bool = False
+    suspend_current_queue_time_s: float = 1.0
+    coordinated: bool = True
+    rebalance_strategy: str = "averagely"
+    rebalance_options: Mapping[str, Any] | None = None
+    machine_room: str | None = None
+    coordinator_config: CoordinatorConfig | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model", _enum(MessageModel, "model", self.model))
+        object.__setattr__(
+            self, "consume_from", _enum(ConsumeFromWhere, "consume_from", self.consume_from)
+        )
+        for name in (
+            "consume_threads",
+            "consume_batch_size",
+            "pull_batch_size",
+            "pull_threshold_for_queue",
+            "pull_threshold_size_for_queue_mib",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidConfigError(
+                    f"PushConsumerConfig.{name}={value!r}: must be an int >= 1"
+                )
+        if self.consume_batch_size > 1024 or self.pull_batch_size > 65536:
+            raise InvalidConfigError(
+                f"PushConsumerConfig: consume_batch_size={self.consume_batch_size} (max 1024), "
+                f"pull_batch_size={self.pull_batch_size} (max 65536)"
+            )
+        mrt = self.max_reconsume_times
+        if not isinstance(mrt, int) or isinstance(mrt, bool) or not 0 <= mrt <= 10_000:
+            raise InvalidConfigError(
+                f"PushConsumerConfig.max_reconsume_times={mrt!r}: must be an int in 0..10000"
+            )
+        for name in (
+            "consume_timeout_s",
+            "pull_suspend_s",
+            "pull_timeout_s",
+            "pull_retry_delay_s",
+            "local_retry_delay_s",
+            "rebalance_interval_s",
+            "heartbeat_interval_s",
+            "persist_offset_interval_s",
+            "route_refresh_s",
+            "shutdown_timeout_s",
+            "suspend_current_queue_time_s",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                raise InvalidConfigError(
+                    f"PushConsumerConfig.{name}={value!r}: must be a number > 0"
+                )
+        if not isinstance(self.orderly, bool):
+            raise InvalidConfigError(f"PushConsumerConfig.orderly={self.orderly!r}: must be a bool")
+        name = self.instance_name
+        if (
+            not isinstance(name, str)
+            or not name
+            or not all(c.isalnum() or c in "_-." for c in name)
+        ):
+            raise InvalidConfigError(
+                f"PushConsumerConfig.instance_name={name!r}: letters, digits, '_', '-' or '.'"
+            )
+        if self.session_timeout_s is not None and (
+            not isinstance(self.session_timeout_s, (int, float))
+            or self.session_timeout_s <= self.heartbeat_interval_s
+        ):
+            raise InvalidConfigError(
+                f"PushConsumerConfig.session_timeout_s={self.session_timeout_s!r}: must be "
+                f"longer than heartbeat_interval_s={self.heartbeat_interval_s}"
+            )
+        if self.consume_timestamp is not None and (
+            not isinstance(self.consume_timestamp, (int, float)) or self.consume_timestamp < 0
+        ):
+            raise InvalidConfigError(
+                f"PushConsumerConfig.consume_timestamp={self.consume_timestamp!r}: "
+                "seconds since the epoch (time.time())"
+            )
+        self._check_coordination()
+
+    def _check_coordination(self) -> None:
+        from rebalance import STRATEGY_NAMES
+
+        if not isinstance(self.coordinated, bool):
+            raise InvalidConfigError(
+                f"PushConsumerConfig.coordinated={self.coordinated!r}: must be a bool"
+            )
+        if self.rebalance_strategy not in STRATEGY_NAMES:
+            raise InvalidConfigError(
+                f"PushConsumerConfig.rebalance_strategy={self.rebalance_strategy!r}: "
+                f"one of {', '.join(STRATEGY_NAMES)}"
+            )
+        if self.rebalance_options is not None and not isinstance(self.rebalance_options, Mapping):
+            raise InvalidConfigError(
+                f"PushConsumerConfig.rebalance_options={self.rebalance_options!r}: "
+                "a mapping of option names to values"
+            )
+        if self.machine_room is not None and (
+            not isinstance(self.machine_room, str) or not self.machine_room
+        ):
+            raise InvalidConfigError(
+                f"PushConsumerConfig.machine_room={self.machine_room!r}: a non-empty str"
+            )
+        if self.coordinator_config is not None and not isinstance(
+            self.coordinator_config, CoordinatorConfig
+        ):
+            raise InvalidConfigError(
+                f"PushConsumerConfig.coordinator_config={self.coordinator_config!r}: "
+                "a CoordinatorConfig"
+            )
+
+    @property
+    def session_timeout(self) -> float:
+        if self.session_timeout_s is not None:
+            return float(self.session_timeout_s)
+        return max(3.0 * self.heartbeat_interval_s, 3.0)
+
+    @property
+    def clustering(self) -> bool:
+        return self.model is MessageModel.CLUSTERING

@@ -1,0 +1,261 @@
+"""Handing messages to the listener (RocketMQ's ``ConsumeMessageConcurrentlyService``).
+
+A thread pool of ``consume_threads`` runs the listener. Each queue has at most
+one consume task at a time, which takes up to ``consume_batch_size`` messages
+in offset order per listener call and keeps going for a short time slice
+before yielding its thread: queues run in parallel, each queue in order.
+
+Outcomes: SUCCESS forgets the batch (its offsets may be committed). Anything
+else (RECONSUME_LATER, an exception, a call that ran past
+``consume_timeout_s``) sends the batch back to the broker in CLUSTERING (the
+retry topic redelivers it later; until the broker acknowledges, the messages
+hold the committed offset back) and retries it locally in BROADCASTING, up to
+``max_reconsume_times``. A watchdog takes a batch away from a listener stuck
+past ``consume_timeout_s`` and lets its queue go on.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from actors.client.push.config import ConsumeStatus
+from actors.client.push.process_queue import Inflight, ProcessQueue, PullState
+from actors.protocol.topic import origin_topic
+from storage.message import MessageExt
+
+if TYPE_CHECKING:
+    from actors.client.push.consumer import PushConsumer
+
+log = logging.getLogger("raymq.actors.push_consumer")
+
+TIME_SLICE_S = 0.05
+
+
+def replaced(m: MessageExt, **changes: Any) -> MessageExt:
+    """A copy of ``m`` with some fields changed (works whether MessageExt is a named
+    tuple or a slotted class)."""
+    replace = getattr(m, "_replace", None)
+    if replace is not None:
+        return replace(**changes)  # type: ignore[no-any-return]
+    out = copy.copy(m)
+    for name, value in changes.items():
+        setattr(out, name, value)
+    return out
+
+
+class ConsumeMessageService:
+    def __init__(self, consumer: PushConsumer) -> None:
+        self.c = consumer
+        cfg = consumer.config
+        self._pool = ThreadPoolExecutor(
+            cfg.consume_threads, thread_name_prefix=f"raymq-consume-{consumer.group}"
+        )
+        self._stopping = False
+        self._running = 0
+        self._idle = threading.Condition()
+        self._max_buffer = cfg.pull_threshold_for_queue
+        self._max_bytes = cfg.pull_threshold_size_for_queue_mib << 20
+        self._warned_status = False
+
+    # ------------------------------------------------------------ dispatch
+    def dispatch(self, pq: ProcessQueue) -> None:
+        """Start a consume task for ``pq`` unless one runs or nothing is ready."""
+        with pq.lock:
+            if pq.busy or pq.dropped or not pq.ready or self._stopping or self._held(pq):
+                return
+            pq.busy = True
+        with self._idle:
+            self._running += 1
+        try:
+            self._pool.submit(self._run, pq)
+        except RuntimeError:  # the pool shut down under us
+            with pq.lock:
+                pq.busy = False
+            self._task_done()
+
+    def _held(self, pq: ProcessQueue) -> bool:
+        """True while ``pq`` must not start a batch for a reason of the subclass's."""
+        return False
+
+    def _task_done(self) -> None:
+        with self._idle:
+            self._running -= 1
+            if not self._running:
+                self._idle.notify_all()
+
+    def _run(self, pq: ProcessQueue) -> None:
+        try:
+            self._consume(pq)
+        except Exception:  # noqa: BLE001 - the queue must not stay busy forever
+            log.exception("consume task of %s failed", pq)
+            with pq.lock:
+                pq.busy = False
+        finally:
+            self._task_done()
+        self.dispatch(pq)
+
+    def _consume(self, pq: ProcessQueue) -> None:
+        size = self.c.config.consume_batch_size
+        slice_end = time.monotonic() + TIME_SLICE_S
+        while True:
+            with pq.lock:
+                if pq.dropped or not pq.ready or self._stopping:
+                    pq.busy = False
+                    return
+                ready = pq.ready
+                batch = [ready.popleft() for _ in range(min(size, len(ready)))]
+                inflight = pq.inflight = Inflight(batch)
+            ok = self._call_listener(pq, batch)
+            with pq.lock:
+                if inflight.abandoned:  # the watchdog settled it and freed the queue
+                    return
+                pq.inflight = None
+            self.settle(pq, batch, ok)
+            if time.monotonic() > slice_end:
+                with pq.lock:
+                    pq.busy = False
+                return
+
+    def _call_listener(self, pq: ProcessQueue, batch: list[MessageExt]) -> bool:
+        if pq.retry:  # listeners see the topic the message was first sent to
+            views = [replaced(m, topic=origin_topic(m)) for m in batch]
+        else:
+            views = list(batch)
+        listener = self.c.listener
+        assert listener is not None  # start() checks it
+        started = time.monotonic()
+        try:
+            status = listener(views)
+        except Exception as exc:  # noqa: BLE001 - an exception means RECONSUME_LATER
+            self.c.stats.add("listener_errors")
+            log.warning(
+                "group %s: listener raised %s: %s (%d message(s) will be retried)",
+                self.c.group,
+                type(exc).__name__,
+                exc,
+                len(batch),
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
+            return False
+        if time.monotonic() - started > self.c.config.consume_timeout_s:
+            log.warning(
+                "group %s: listener took %.1fs, over consume_timeout_s=%s: retrying the batch",
+                self.c.group,
+                time.monotonic() - started,
+                self.c.config.consume_timeout_s,
+            )
+            return False
+        if status is ConsumeStatus.SUCCESS:
+            return True
+        if status is not ConsumeStatus.RECONSUME_LATER and not self._warned_status:
+            self._warned_status = True
+            log.warning(
+                "group %s: listener returned %r, not a ConsumeStatus: treated as RECONSUME_LATER",
+                self.c.group,
+                status,
+            )
+        return False
+
+    # ------------------------------------------------------------ outcomes
+    def settle(self, pq: ProcessQueue, batch: Sequence[MessageExt], ok: bool) -> None:
+        if ok:
+            self.c.stats.add("consumed", len(batch))
+            self.forget(pq, batch)
+            return
+        self.c.stats.add("reconsume_later", len(batch))
+        if self.c.config.clustering:
+            self.c.send_back.submit(pq, batch)
+        else:
+            self._retry_broadcast(pq, batch)
+
+    def forget(self, pq: ProcessQueue, batch: Sequence[MessageExt]) -> None:
+        """The batch is done with (consumed, or handed to the broker): release its offsets
+        and resume pulling a paused queue that is back under its threshold."""
+        with pq.lock:
+            pq.remove(batch)
+            resume = pq.state is PullState.PAUSED and not pq.over_threshold(
+                self._max_buffer, self._max_bytes
+            )
+        if resume:
+            self.c.pull.request(pq)
+
+    def retry_locally(self, pq: ProcessQueue, batch: Sequence[MessageExt], delay_s: float) -> None:
+        """Consume ``batch`` again after ``delay_s`` (its offsets stay held meanwhile)."""
+        self.c.stats.add("local_retries", len(batch))
+        self.c.scheduler.call_later(delay_s, self._requeue, pq, list(batch))
+
+    def _requeue(self, pq: ProcessQueue, batch: list[MessageExt]) -> None:
+        with pq.lock:
+            if pq.dropped:
+                return
+            for m in batch:
+                if m.queue_offset in pq.msgs:
+                    pq.msgs[m.queue_offset] = m
+                    pq.ready.append(m)
+        self.dispatch(pq)
+
+    def _retry_broadcast(self, pq: ProcessQueue, batch: Sequence[MessageExt]) -> None:
+        """Broadcasting has no retry topic: retry here, give up (logged) past the limit."""
+        limit = self.c.config.max_reconsume_times
+        again = [replaced(m, reconsume_times=m.reconsume_times + 1) for m in batch]
+        give_up = [m for m in again if m.reconsume_times > limit]
+        if give_up:
+            self.c.stats.add("given_up", len(give_up))
+            log.error(
+                "group %s (BROADCASTING): %d message(s) failed %d times and are dropped: %s",
+                self.c.group,
+                len(give_up),
+                limit + 1,
+                [m.msg_id for m in give_up[:10]],
+            )
+            self.forget(pq, give_up)
+        rest = [m for m in again if m.reconsume_times <= limit]
+        if rest:
+            self.retry_locally(pq, rest, self.c.config.local_retry_delay_s)
+
+    # ------------------------------------------------------------ watchdog and stop
+    def check_timeouts(self, now: float) -> None:
+        """Take batches away from listeners stuck past ``consume_timeout_s``."""
+        limit = self.c.config.consume_timeout_s
+        for pq in self.c.process_queues():
+            with pq.lock:
+                inflight = pq.inflight
+                if inflight is None or now - inflight.started <= limit:
+                    continue
+                inflight.abandoned = True
+                pq.inflight = None
+                pq.busy = False
+            log.warning(
+                "group %s: listener stuck for over %ss on %s: retrying its batch of %d",
+                self.c.group,
+                limit,
+                pq,
+                len(inflight.batch),
+            )
+            self.c.stats.add("consume_timeouts", len(inflight.batch))
+            self.settle(pq, inflight.batch, ok=False)
+            self.dispatch(pq)
+
+    def shutdown(self, timeout_s: float) -> bool:
+        """Start no new batch; wait up to ``timeout_s`` for the running ones."""
+        self._stopping = True
+        deadline = time.monotonic() + timeout_s
+        with self._idle:
+            while self._running and time.monotonic() < deadline:
+                self._idle.wait(max(0.0, deadline - time.monotonic()))
+            clean = not self._running
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if not clean:
+            log.warning(
+                "group %s: %d consume task(s) still running after %ss",
+                self.c.group,
+                self._running,
+                timeout_s,
+            )
+        return clean

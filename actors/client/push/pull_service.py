@@ -1,0 +1,288 @@
+"""The push consumer's pulling (RocketMQ's ``PullMessageService``).
+
+One thread drives every assigned queue: it keeps one long-polling pull in
+flight per queue and is woken by an event queue, never by polling: a pull's
+answer arrives through its ObjectRef's future, a rebalance or a consume task
+asks for a pull by putting an event. A queue whose buffer passes the
+threshold (``pull_threshold_for_queue`` messages or
+``pull_threshold_size_for_queue_mib``) is paused until consumption brings it
+back under; a failed pull is retried after ``pull_retry_delay_s``.
+
+Pulls that are due together leave together: the thread takes every event
+waiting, and the queues to pull on one broker (with one subscription
+expression) go as one ``pull_packed`` call, which the broker holds until any of
+them has a message. RocketMQ sends a request per queue, which costs little on
+its own transport; a Ray call costs each side ~1 ms of CPU here, which at the
+default pull batch of 32 held push consumption to half of what ``pull_many``
+read. A broker refusing one queue of a shared call (a perm or topic change)
+fails the call: each of its queues is then pulled alone until it is answered
+again, so one queue's trouble never stalls the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+from actors.client.pull_consumer import PullResult, PullStatus
+from actors.client.push.process_queue import ProcessQueue, PullState
+from actors.protocol import rpc as _rpc
+from actors.protocol.wire import pull_request_to_wire, pulls_from_wire
+from storage.errors import RayMQError
+
+if TYPE_CHECKING:
+    from actors.client.push.consumer import PushConsumer
+    from rebalance import MessageQueue
+
+log = logging.getLogger("raymq.actors.push_consumer")
+
+_PULL, _RETRY, _DONE, _EXPIRE = range(4)
+_SPIN_GUARD_S = 0.1  # a pull that comes back empty this fast was not held: wait a little
+
+Due = list[tuple[ProcessQueue, tuple[PullState, ...]]]  # queues to pull, from which states
+
+
+class PullMessageService:
+    def __init__(self, consumer: PushConsumer) -> None:
+        self.c = consumer
+        cfg = consumer.config
+        self._events: queue.SimpleQueue[tuple[int, Any, Any] | None] = queue.SimpleQueue()
+        self._stopped = False
+        self._max_buffer = cfg.pull_threshold_for_queue
+        self._max_bytes = cfg.pull_threshold_size_for_queue_mib << 20
+        self._alone: set[MessageQueue] = set()  # refused in a shared call: pulled by itself
+        self._thread = threading.Thread(
+            target=self._loop, name=f"raymq-pull-{consumer.group}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._events.put(None)
+        self._thread.join(timeout=10.0)
+
+    def request(self, pq: ProcessQueue) -> None:
+        """Pull ``pq`` now if it is idle or paused (any thread)."""
+        self._events.put((_PULL, pq, None))
+
+    def check_stuck(self, now: float) -> None:
+        """Give up pulls that outlived the long-polling time plus the timeout."""
+        limit = self.c.config.pull_suspend_s + self.c.config.pull_timeout_s
+        for pq in self.c.process_queues():
+            if pq.state is PullState.PULLING and now - pq.pull_started > limit:
+                self._events.put((_EXPIRE, pq, pq.pull_gen))
+
+    # ------------------------------------------------------------ the loop
+    def _loop(self) -> None:
+        while True:
+            events = [self._events.get()]
+            while True:  # everything else already waiting goes in this round
+                try:
+                    events.append(self._events.get_nowait())
+                except queue.Empty:
+                    break
+            due: Due = []
+            for ev in events:
+                if ev is None or self._stopped:
+                    return
+                try:
+                    self._handle(ev, due)
+                except Exception:  # noqa: BLE001 - keep pulling the other queues
+                    log.exception("pull service: handling %s failed", ev[0])
+                    for pq in _queues_of(ev):
+                        self._retry_later(pq, None)
+            try:
+                self._issue(due)
+            except Exception:  # noqa: BLE001 - the thread must survive a bad round
+                log.exception("pull service: issuing %d pulls failed", len(due))
+                for pq, _ in due:
+                    self._retry_later(pq, None)
+
+    def _handle(self, ev: tuple[int, Any, Any], due: Due) -> None:
+        kind, pq, payload = ev
+        if kind == _DONE:
+            self._on_done(*payload, due)
+        elif kind == _PULL:
+            due.append((pq, (PullState.IDLE, PullState.PAUSED)))
+        elif kind == _RETRY:
+            due.append((pq, (PullState.WAITING,)))
+        elif kind == _EXPIRE:
+            with pq.lock:
+                if pq.pull_gen != payload or pq.state is not PullState.PULLING:
+                    return
+                pq.state = PullState.IDLE
+                pq.pull_gen += 1
+            log.warning("%s: a pull got no answer in time; pulling again", pq)
+            due.append((pq, (PullState.IDLE,)))
+
+    def _issue(self, due: Due) -> None:
+        """One ``pull_packed`` call per broker and subscription for the queues in ``due``
+        that are still in one of the states they were due from."""
+        c = self.c
+        calls: dict[tuple[Any, ...], list[tuple[ProcessQueue, int, int]]] = {}
+        for pq, from_states in due:
+            with pq.lock:
+                if pq.dropped or self._stopped or pq.state not in from_states:
+                    continue
+                if pq.over_threshold(self._max_buffer, self._max_bytes):
+                    if pq.state is not PullState.PAUSED:
+                        c.stats.add("flow_control_pauses")
+                    pq.state = PullState.PAUSED
+                    continue
+                pq.state = PullState.PULLING
+                pq.pull_gen += 1
+                gen, offset = pq.pull_gen, pq.next_offset
+            mq = pq.mq
+            expression, tags = c.subscription_of(mq.topic)
+            key = (
+                mq.broker_name,
+                None if tags is None else expression,
+                mq if mq in self._alone else None,
+            )
+            calls.setdefault(key, []).append((pq, gen, offset))
+        for (_, expression, _), members in calls.items():
+            try:
+                ref = c.broker_for(members[0][0].mq).pull_packed.remote(
+                    pull_request_to_wire(
+                        c.group,
+                        [(pq.mq.topic, pq.mq.queue_id, offset) for pq, _, offset in members],
+                        c.config.pull_batch_size,
+                        expression,
+                        c.config.pull_suspend_s,
+                        c.client_id,
+                    )
+                )
+            except Exception as exc:  # noqa: BLE001 - no route or handle now
+                for pq, gen, _ in members:
+                    self._failed(pq, gen, exc)
+                continue
+            started = time.monotonic()
+            for pq, _, _ in members:
+                pq.pull_started = started
+            c.stats.add("pulls")
+            out = [(pq, gen) for pq, gen, _ in members]
+            ref.future().add_done_callback(
+                lambda fut, out=out, started=started: self._events.put(
+                    (_DONE, None, (out, started, fut))
+                )
+            )
+
+    def _on_done(
+        self,
+        members: list[tuple[ProcessQueue, int]],
+        started: float,
+        fut: Future[Any],
+        due: Due,
+    ) -> None:
+        try:
+            raws = pulls_from_wire(fut.result())
+        except Exception as exc:  # noqa: BLE001
+            cause = _rpc.cause_of(exc)
+            if len(members) > 1 and not _rpc.is_retriable(cause):
+                # one queue's refusal failed them all: each asks again by itself
+                log.debug(
+                    "a shared pull was refused (%s): its %d queues go alone", cause, len(members)
+                )
+                for pq, gen in members:
+                    self._alone.add(pq.mq)
+                    with pq.lock:
+                        if pq.dropped or gen != pq.pull_gen or pq.state is not PullState.PULLING:
+                            continue
+                        pq.state = PullState.IDLE
+                    due.append((pq, (PullState.IDLE,)))
+                return
+            for pq, gen in members:
+                self._failed(pq, gen, cause)
+            return
+        # an empty answer that came fast was not held, unless a sibling's message ended it
+        spun = time.monotonic() - started < _SPIN_GUARD_S
+        answers = []
+        for (pq, gen), raw in zip(members, raws):
+            self._alone.discard(pq.mq)
+            spun = spun and not raw.count
+            answers.append((pq, gen, raw))
+        for pq, gen, raw in answers:
+            self._take(pq, gen, raw, spun, due)
+
+    def _take(self, pq: ProcessQueue, gen: int, raw: Any, spun: bool, due: Due) -> None:
+        """One queue's answer: buffer its messages and pull it again."""
+        with pq.lock:
+            if pq.dropped or gen != pq.pull_gen or pq.state is not PullState.PULLING:
+                return
+        _, tags = self.c.subscription_of(pq.mq.topic)
+        result = PullResult(pq.mq, raw, tags, self.c.config.check_crc)
+        status = result.status
+        messages = result.messages if status is PullStatus.FOUND else []
+        added = 0
+        with pq.lock:
+            if pq.dropped or gen != pq.pull_gen:
+                return
+            pq.state = PullState.IDLE
+            pq.last_pull = time.monotonic()
+            if status is PullStatus.FOUND:
+                added = pq.add(messages, result.next_offset)
+            elif status is PullStatus.NO_MATCHED_MSG:
+                pq.next_offset = max(pq.next_offset, result.next_offset)
+            elif status is PullStatus.OFFSET_ILLEGAL:
+                log.warning(
+                    "%s: offset %d is illegal (queue holds [%d, %d]); going on from %d",
+                    pq,
+                    pq.next_offset,
+                    result.min_offset,
+                    result.max_offset,
+                    result.next_offset,
+                )
+                pq.next_offset = result.next_offset
+        if added:
+            self.c.stats.add("pulled", added)
+            self.c.consume.dispatch(pq)
+        if status is PullStatus.NO_NEW_MSG and spun:
+            with pq.lock:
+                if pq.state is PullState.IDLE:
+                    pq.state = PullState.WAITING
+            self.c.scheduler.call_later(_SPIN_GUARD_S, self._events.put, (_RETRY, pq, None))
+            return
+        due.append((pq, (PullState.IDLE,)))
+
+    def _failed(self, pq: ProcessQueue, gen: int, exc: BaseException) -> None:
+        c = self.c
+        c.stats.add("pull_errors")
+        if _rpc.is_retriable(exc):
+            c.forget_route(pq.mq.topic, pq.mq.broker_name)
+        elif not isinstance(exc, RayMQError):
+            c.forget_route(pq.mq.topic)
+        log.log(
+            logging.DEBUG if _rpc.is_retriable(exc) else logging.WARNING,
+            "%s: pull failed (%s: %s); again in %.1fs",
+            pq,
+            type(exc).__name__,
+            exc,
+            c.config.pull_retry_delay_s,
+        )
+        with pq.lock:
+            if pq.dropped or gen != pq.pull_gen:
+                return
+        self._retry_later(pq, gen)
+
+    def _retry_later(self, pq: ProcessQueue, gen: int | None) -> None:
+        with pq.lock:
+            if pq.dropped or (gen is not None and gen != pq.pull_gen):
+                return
+            pq.state = PullState.WAITING
+        self.c.scheduler.call_later(
+            self.c.config.pull_retry_delay_s, self._events.put, (_RETRY, pq, None)
+        )
+
+
+def _queues_of(ev: tuple[int, Any, Any]) -> list[ProcessQueue]:
+    """The queues an event is about (a pull's answer may be several queues')."""
+    kind, pq, payload = ev
+    if kind == _DONE:
+        return [member for member, _ in payload[0]]
+    return [pq]

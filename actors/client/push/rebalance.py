@@ -1,0 +1,182 @@
+"""Which queues a push consumer owns (RocketMQ's client-side ``RebalanceImpl``).
+
+CLUSTERING groups are coordinated by default: their consumers take queues from
+the group's ``GroupCoordinator`` (``actors._push_coordinated``). This module is
+the uncoordinated way, kept for ``coordinated=False`` and BROADCASTING.
+
+CLUSTERING, uncoordinated: every consumer of the group reads the group's member list from the
+same broker (the first live master, by name, holding the topic) and runs the
+averagely strategy over the same sorted queues and ids, so the shares are
+disjoint and cover every queue once the members agree. BROADCASTING: every
+consumer owns every queue. The group's consumers subscribe to
+``%RETRY%<group>`` too, which is rebalanced the same way.
+
+A queue given up is committed first, so its next owner starts where this one
+stopped; a queue taken starts at the group's committed offset, or else where
+``consume_from`` says (retry queues always from their first message), and
+that starting point is committed at once so a consumer dying before its first
+commit cannot make the group skip messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from actors.client.push.config import ConsumeFromWhere
+from actors.client.push.process_queue import ProcessQueue
+from actors.protocol import rpc as _rpc
+from actors.protocol.topic import is_readable, is_retry_topic
+from rebalance import MessageQueue
+from rebalance.averagely import AveragelyStrategy
+from storage.errors import TopicNotFoundError
+
+if TYPE_CHECKING:
+    from actors.client.push.consumer import PushConsumer
+
+log = logging.getLogger("raymq.actors.push_consumer")
+
+CALL_TIMEOUT_S = 10.0
+DEFAULT_TIMESTAMP_AGO_S = 1800.0  # RocketMQ's consumeTimestamp default: half an hour ago
+
+
+class RebalanceService:
+    """Each consumer on its own (``coordinated=False``, and BROADCASTING)."""
+
+    def __init__(self, consumer: PushConsumer) -> None:
+        self.c = consumer
+        self.strategy = AveragelyStrategy()
+        self._missing_warned: set[str] = set()
+
+    def stop(self) -> None:
+        """Nothing runs in the background here: the consumer's service loop drives it."""
+
+    def leave(self) -> None:
+        """Nothing to tell: the brokers' member lists drop this consumer."""
+
+    # ------------------------------------------------------------ inputs
+    def readable_queues(self, topic: str) -> list[MessageQueue]:
+        route = self.c.ns.require_route(topic, refresh=True)
+        live = {bd.broker_name for bd in route.broker_datas if bd.master_actor_name()}
+        return sorted(
+            MessageQueue(topic, qd.broker_name, q)
+            for qd in route.queue_datas
+            if is_readable(qd.perm) and qd.broker_name in live
+            for q in range(qd.read_queue_nums)
+        )
+
+    def consumer_ids(self) -> list[str]:
+        """The group's members as the first live broker of the main topic lists them."""
+        c = self.c
+        route = c.ns.require_route(c.topic)
+        names = sorted(
+            {bd.broker_name for bd in route.broker_datas if bd.master_actor_name()}
+            & {qd.broker_name for qd in route.queue_datas}
+        )
+        last: BaseException | None = None
+        for name in names:
+            try:
+                handle = c.ns.broker(route, name)
+                return list(_rpc.get(handle.consumer_list.remote(c.group), CALL_TIMEOUT_S))
+            except Exception as exc:  # noqa: BLE001 - ask the next broker
+                last = exc
+        if last is not None:
+            log.warning("group %s: no broker listed the consumers: %s", c.group, last)
+        return []
+
+    # ------------------------------------------------------------ one round
+    def rebalance(self) -> bool:
+        """Recompute this consumer's queues; True when the assignment changed."""
+        c = self.c
+        cids: list[str] = []
+        if c.config.clustering:
+            cids = self.consumer_ids()
+            if c.client_id not in cids:
+                # our heartbeat has not reached the broker yet (or it restarted): keep
+                # what we own and tell it we are here
+                c.heartbeat()
+                return False
+        changed = False
+        for topic in c.topics():
+            try:
+                queues = self.readable_queues(topic)
+            except TopicNotFoundError:
+                if not is_retry_topic(topic) and topic not in self._missing_warned:
+                    self._missing_warned.add(topic)
+                    log.warning("group %s: topic %s has no route yet", c.group, topic)
+                queues = []
+            if c.config.clustering and queues:
+                mine = set(self.strategy.allocate(c.group, c.client_id, queues, cids))
+            else:
+                mine = set(queues)
+            changed |= self._apply(topic, mine)
+        if changed:
+            c.stats.add("rebalances")
+            log.info(
+                "group %s: %s owns %s",
+                c.group,
+                c.client_id,
+                sorted(f"{mq.topic}:{mq.broker_name}:{mq.queue_id}" for mq in c.assigned_queues()),
+            )
+        return changed
+
+    def _apply(self, topic: str, mine: set[MessageQueue]) -> bool:
+        c = self.c
+        current = {mq: pq for mq, pq in c.table_items() if mq.topic == topic}
+        changed = False
+        for mq, pq in current.items():
+            if mq not in mine:
+                self.drop(pq)
+                changed = True
+        for mq in sorted(mine - current.keys()):
+            try:
+                offset, stored = self.start_offset(mq)
+            except Exception as exc:  # noqa: BLE001 - taken on a later round
+                log.warning("group %s: cannot start %s yet: %s", c.group, mq, exc)
+                continue
+            pq = ProcessQueue(mq, offset, retry=is_retry_topic(mq.topic))
+            if not stored:
+                try:
+                    c.offset_store.commit({mq: offset}, wait=False)
+                except Exception as exc:  # noqa: BLE001 - committed again next round
+                    log.warning("group %s: committing the start of %s failed: %s", c.group, mq, exc)
+            c.table_put(mq, pq)
+            c.pull.request(pq)
+            changed = True
+        return changed
+
+    def drop(self, pq: ProcessQueue) -> None:
+        """Stop consuming ``pq``: nothing more is dispatched, its offset is committed."""
+        c = self.c
+        offset = pq.commit_offset()
+        with pq.lock:
+            pq.dropped = True
+            pq.ready.clear()
+        c.table_remove(pq.mq)
+        try:  # not waited for: a dead broker must not stall heartbeats
+            c.offset_store.commit({pq.mq: offset}, wait=False)
+        except Exception as exc:  # noqa: BLE001 - the next owner re-reads a little more
+            log.warning("group %s: committing %s on release failed: %s", c.group, pq.mq, exc)
+
+    def start_offset(self, mq: MessageQueue, stored: int | None = None) -> tuple[int, bool]:
+        """Where to start ``mq``, and whether that was the stored offset (``stored``:
+        the group's committed offset when the caller read it already)."""
+        c = self.c
+        if stored is None:
+            stored = c.offset_store.read(mq)
+        if stored >= 0:
+            return stored, True
+        where = c.config.consume_from
+        handle = c.broker_for(mq)
+        if is_retry_topic(mq.topic) or where is ConsumeFromWhere.FIRST:
+            low, _ = _rpc.get(handle.min_max_offset.remote(mq.topic, mq.queue_id), CALL_TIMEOUT_S)
+            return int(low), False
+        if where is ConsumeFromWhere.LAST:
+            _, high = _rpc.get(handle.min_max_offset.remote(mq.topic, mq.queue_id), CALL_TIMEOUT_S)
+            return int(high), False
+        ts = c.config.consume_timestamp
+        if ts is None:
+            ts = time.time() - DEFAULT_TIMESTAMP_AGO_S
+        ref = handle.offset_by_time.remote(mq.topic, mq.queue_id, int(ts * 1000))
+        return int(_rpc.get(ref, CALL_TIMEOUT_S)), False

@@ -1,0 +1,156 @@
+"""Asynchronous batch sends, merged per broker while its calls are in flight.
+
+``send_async(batch)`` called faster than a broker answers would cost one Ray call
+per batch, and a call costs the producer and the broker ~1 ms of CPU each here,
+whatever the batch holds. So each broker gets a lane: at most
+``max_in_flight`` calls on the wire; batches that come meanwhile wait, and the
+moment a call is answered everything waiting for that broker leaves as one call
+(``EncodedBatch.wire_of``: each record keeps its own topic and queue). At a low
+rate a batch leaves at once; at a high rate calls grow by themselves, as
+Kafka's producer accumulator does.
+
+Each waiting batch keeps the queue it was given, so per-queue order and
+RocketMQ's queue selection are unchanged, and each caller still gets its own
+acknowledgement (the merged answer is cut back into parts). A merged call that
+Ray could not deliver fails each part, which the producer retries on its own as
+before. A merged call the broker refused (it checks a whole call before writing
+any of it) is split: each part goes again alone, so an error reaches only the
+batch it is about.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from actors.protocol import rpc as _rpc
+from actors.protocol.wire import SendAck
+from storage.codec import EncodedBatch
+
+log = logging.getLogger("raymq.actors.producer")
+
+Submit = Callable[..., Any]  # sends its batches as one call to the lane's broker: an ObjectRef
+OnAck = Callable[[SendAck | None, BaseException | None], None]
+
+
+@dataclass
+class _Waiting:
+    batch: EncodedBatch  # bound for its queue (``with_queue``)
+    submit: Submit
+    on_done: OnAck
+    alone: bool = False  # part of a refused merged call: goes by itself
+
+
+class _Lane:
+    __slots__ = ("in_flight", "waiting")
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.waiting: list[_Waiting] = []
+
+
+class SendLanes:
+    """One lane per broker name; see the module docstring."""
+
+    def __init__(
+        self, max_in_flight: int = 2, max_messages: int = 16384, max_bytes: int = 8 << 20
+    ) -> None:
+        self._max_in_flight = max_in_flight
+        self._max_messages = max_messages
+        self._max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._lanes: dict[str, _Lane] = {}
+
+    def send(self, broker: str, batch: EncodedBatch, submit: Submit, on_done: OnAck) -> None:
+        """Send ``batch`` (bound for its queue) to ``broker`` now, or with the next call
+        when the broker has ``max_in_flight`` calls unanswered. ``submit`` raising
+        (no handle) fails this batch alone."""
+        with self._lock:
+            lane = self._lanes.setdefault(broker, _Lane())
+            lane.waiting.append(_Waiting(batch, submit, on_done))
+        self._pump(broker)
+
+    def _pump(self, broker: str) -> None:
+        while True:
+            with self._lock:
+                lane = self._lanes[broker]
+                if not lane.waiting or lane.in_flight >= self._max_in_flight:
+                    return
+                group = self._take(lane)
+                lane.in_flight += 1
+            self._start(broker, group)
+
+    def _take(self, lane: _Lane) -> list[_Waiting]:
+        """The longest run of waiting batches within the call limits (at least one)."""
+        count = size = 0
+        for n, w in enumerate(lane.waiting):
+            count += len(w.batch)
+            size += len(w.batch.data)
+            if n and (w.alone or count > self._max_messages or size > self._max_bytes):
+                break
+            if w.alone:
+                n = 1
+                break
+        else:
+            n = len(lane.waiting)
+        group, lane.waiting = lane.waiting[:n], lane.waiting[n:]
+        return group
+
+    def _start(self, broker: str, group: list[_Waiting]) -> None:
+        try:
+            ref = group[0].submit(*(w.batch for w in group))
+        except BaseException as exc:  # noqa: BLE001 - each part hears of it
+            self._finish(broker, group, None, exc)
+            return
+
+        def answered(fut: Any) -> None:
+            try:
+                ack = SendAck.from_wire(fut.result())
+            except BaseException as exc:  # noqa: BLE001 - each part hears of it
+                self._finish(broker, group, None, exc)
+                return
+            self._finish(broker, group, ack, None)
+
+        ref.future().add_done_callback(answered)
+
+    def _finish(
+        self,
+        broker: str,
+        group: list[_Waiting],
+        ack: SendAck | None,
+        exc: BaseException | None,
+    ) -> None:
+        refused = exc is not None and len(group) > 1 and not _rpc.send_may_retry(exc)
+        with self._lock:
+            lane = self._lanes[broker]
+            lane.in_flight -= 1
+            if refused:
+                lane.waiting[:0] = [dataclasses.replace(w, alone=True) for w in group]
+        if refused:
+            log.debug(
+                "%s refused a merged call (%s): its %d parts go alone", broker, exc, len(group)
+            )
+            self._pump(broker)
+            return
+        first = 0
+        for w in group:
+            part = None
+            if ack is not None:
+                last = first + len(w.batch)
+                part = SendAck(
+                    ack.status,
+                    ack.broker_name,
+                    ack.store_host,
+                    ack.queue_offsets[first:last],
+                    ack.commitlog_offsets[first:last],
+                )
+                first = last
+            try:
+                w.on_done(part, exc)
+            except Exception:  # noqa: BLE001 - one caller's callback must not stall the lane
+                log.exception("send_async completion failed")
+        self._pump(broker)

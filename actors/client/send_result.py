@@ -1,0 +1,118 @@
+"""What a send returns, and the encoded batch it is built from.
+
+A batch's results stay as arrays (one :class:`SendAck` per Ray call) until a
+caller looks at a message's :class:`SendResult`.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from actors.protocol.wire import OUT_OF_BAND_BYTES, SendAck
+from rebalance import MessageQueue
+from storage import codec
+from storage.codec import EncodedBatch
+from storage.message import PutStatus
+
+
+class SendStatus(enum.Enum):
+    SEND_OK = "SEND_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+    SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
+
+
+_SEND_STATUS = {
+    s: SendStatus[s.value if s is not PutStatus.PUT_OK else "SEND_OK"] for s in PutStatus
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    status: SendStatus
+    msg_id: str
+    offset_msg_id: str
+    message_queue: MessageQueue
+    queue_offset: int
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """Messages of one topic encoded once; ``positions`` are their indexes in the caller's list."""
+
+    topic: str
+    batch: EncodedBatch
+    positions: np.ndarray
+
+
+class BatchSendResult(Sequence[SendResult]):
+    """The outcome of ``send_batch``: one entry per message, in the caller's order,
+    kept as arrays and expanded to :class:`SendResult` on access."""
+
+    def __init__(self, parts: list[tuple[_Chunk, MessageQueue, SendAck]], total: int) -> None:
+        # of each chunk only what the results are made of: a result outlives its send (a
+        # caller may keep thousands of them), and the chunk's records are ~10x its keys
+        self._parts = [(c.positions, c.batch.uniq_keys, mq, ack) for c, mq, ack in parts]
+        self._total = total
+        self._results: list[SendResult] | None = None
+
+    def __len__(self) -> int:
+        return self._total
+
+    def _expand(self) -> list[SendResult]:
+        if self._results is None:
+            out: list[Any] = [None] * self._total
+            for positions, uniq_keys, mq, ack in self._parts:
+                status = _SEND_STATUS[ack.status]
+                prefix = codec.host_to_bytes(ack.store_host).hex().upper()
+                for pos, uk, qoff, phys in zip(
+                    positions.tolist(),
+                    uniq_keys,
+                    ack.queue_offsets.tolist(),
+                    ack.commitlog_offsets.tolist(),
+                ):
+                    out[pos] = SendResult(status, uk, f"{prefix}{phys:016X}", mq, qoff)
+            self._results = out
+        return self._results
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._expand()[index]
+
+    def __iter__(self) -> Iterator[SendResult]:
+        return iter(self._expand())
+
+    @property
+    def queues(self) -> list[tuple[MessageQueue, int, int]]:
+        """Per batch sent: (queue, first queue offset, message count)."""
+        return [
+            (mq, int(ack.queue_offsets[0]), len(ack.queue_offsets)) for _, _, mq, ack in self._parts
+        ]
+
+
+_QUEUE_ID = struct.Struct(">i")
+
+
+def _with_queue(batch: EncodedBatch, queue_id: int) -> bytes | np.ndarray:
+    """The batch's wire blob bound for ``queue_id`` (the store writes each record's QUEUEID)."""
+    return _wire(batch.with_queue(queue_id))
+
+
+def _wire(*batches: EncodedBatch) -> bytes | np.ndarray:
+    """What ``Broker.send`` takes for ``batches`` as one call: the blob, as a ``uint8``
+    array when it is large."""
+    return _arg(EncodedBatch.wire_of(batches))
+
+
+def _arg(wire: bytes) -> bytes | np.ndarray:
+    """``wire`` as ``Broker.send``'s argument: a ``uint8`` array (read in place on the
+    broker) when it is large."""
+    if len(wire) >= OUT_OF_BAND_BYTES:
+        return np.frombuffer(wire, dtype=np.uint8)
+    return wire

@@ -1,0 +1,272 @@
+"""A broker's settings, RocketMQ's defaults; a RocketMQ ``broker.conf`` loads into them.
+
+``BrokerConfig`` holds the broker's own keys and, in ``store``, keyword
+arguments for :class:`storage.StoreConfig` (all but ``store_dir`` and
+``store_host``, which the broker works out on its node). A RocketMQ
+``broker.conf`` loads into both (:meth:`BrokerConfig.from_broker_conf`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from actors.config.options import check_name, check_positive
+from actors.protocol.names import (
+    DEFAULT_CLUSTER,
+    DEFAULT_NAMESPACE,
+    MASTER_ID,
+    broker_actor_name,
+    nameserver_actor_name,
+)
+from storage.config import _CONF_KEYS as _STORE_CONF_KEYS
+from storage.config import StoreConfig, parse_broker_conf
+from storage.errors import InvalidConfigError
+
+_STORE_FIELDS = {f.name for f in dataclasses.fields(StoreConfig)} - {"store_dir", "store_host"}
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """One broker's settings. ``store_dir=None`` means ``~/raymq/store/<namespace>/<actor name>``
+    on the broker's node; ``broker_ip=None`` means the node's IP address."""
+
+    broker_name: str = "broker-a"
+    broker_id: int = MASTER_ID
+    cluster_name: str = DEFAULT_CLUSTER
+    namespace: str = DEFAULT_NAMESPACE
+    nameservers: tuple[str, ...] = (nameserver_actor_name(0),)
+    store_dir: str | None = None
+    broker_ip: str | None = None
+    listen_port: int = 10911
+    store: Mapping[str, Any] = field(default_factory=dict)
+    auto_create_topic_enable: bool = True
+    default_topic_queue_nums: int = 8
+    heartbeat_interval_s: float = 30.0
+    register_timeout_s: float = 6.0
+    flush_consumer_offset_interval_s: float = 5.0
+    long_polling_enable: bool = True
+    max_pull_suspend_s: float = 30.0
+    channel_expired_s: float = 120.0
+    io_threads: int = 8
+    inline_async_puts: bool = True
+    inline_reads: bool = True
+    malloc_trim_threshold: int = 256 << 20
+    """Freed memory the broker's process keeps for its next calls instead of giving it
+    back to the kernel (glibc's ``M_TRIM_THRESHOLD``, see ``actors/_malloc.py``); 0 keeps
+    glibc's defaults, under which every large pull faults its buffers in anew."""
+    metrics_enable: bool = True
+    """Export ``raymq_*`` metrics through ``ray.util.metrics`` (``actors/metrics.py``)."""
+    metrics_export_interval_s: float = 1.0
+    metrics_lag_interval_s: float = 5.0
+    # --- high availability (actors/_ha.py, actors/dledger.py): RocketMQ's names
+    broker_role: str = "ASYNC_MASTER"
+    """The group's master role, ``ASYNC_MASTER`` or ``SYNC_MASTER``; a broker with id >= 1
+    is a slave of it (``SLAVE`` is accepted there, as in a RocketMQ broker.conf)."""
+    sync_replication_timeout_s: float = 2.0
+    """SYNC_MASTER (and DLedger): how long a put waits for a slave (a majority)."""
+    ha_transfer_batch_bytes: int = 4 << 20
+    ha_max_gap_not_in_sync: int = 256 << 20
+    ha_slave_timeout_s: float = 5.0
+    ha_poll_s: float = 1.0
+    slave_sync_interval_s: float = 2.0
+    slave_read_enable: bool = False
+    slave_read_window_bytes: int | None = None
+    """A pull this far behind the CommitLog's end is sent to a slave (``slave_read_enable``);
+    None: RocketMQ's 40% of the node's memory."""
+    enable_dledger: bool = False
+    dledger_peers: tuple[int, ...] = ()
+    """Broker ids of the DLedger group's members (``start_cluster`` fills it in)."""
+    dledger_tick_ms: int = 100
+    dledger_heartbeat_ms: int = 300
+    dledger_election_timeout_ms: int = 1000
+
+    def __post_init__(self) -> None:
+        check_name("BrokerConfig", "broker_name", self.broker_name)
+        check_name("BrokerConfig", "cluster_name", self.cluster_name)
+        check_name("BrokerConfig", "namespace", self.namespace)
+        if not isinstance(self.broker_id, int) or self.broker_id < 0:
+            raise InvalidConfigError(
+                f"BrokerConfig.broker_id={self.broker_id!r}: must be an int >= 0"
+            )
+        if not 0 < self.listen_port < 65536:
+            raise InvalidConfigError(
+                f"BrokerConfig.listen_port={self.listen_port}: must be in 1..65535"
+            )
+        if not 1 <= self.default_topic_queue_nums <= 1024:
+            raise InvalidConfigError(
+                f"BrokerConfig.default_topic_queue_nums={self.default_topic_queue_nums}: "
+                "must be in 1..1024"
+            )
+        check_positive(
+            "BrokerConfig",
+            heartbeat_interval_s=self.heartbeat_interval_s,
+            register_timeout_s=self.register_timeout_s,
+            flush_consumer_offset_interval_s=self.flush_consumer_offset_interval_s,
+            max_pull_suspend_s=self.max_pull_suspend_s,
+            channel_expired_s=self.channel_expired_s,
+            io_threads=self.io_threads,
+            metrics_export_interval_s=self.metrics_export_interval_s,
+            metrics_lag_interval_s=self.metrics_lag_interval_s,
+        )
+        if not isinstance(self.malloc_trim_threshold, int) or self.malloc_trim_threshold < 0:
+            raise InvalidConfigError(
+                f"BrokerConfig.malloc_trim_threshold={self.malloc_trim_threshold!r}: "
+                "must be an int >= 0"
+            )
+        unknown = set(self.store) - _STORE_FIELDS
+        if unknown:
+            raise InvalidConfigError(
+                f"BrokerConfig.store: unknown StoreConfig field(s) {sorted(unknown)}; "
+                f"known: {sorted(_STORE_FIELDS)}"
+            )
+        # fail here, in the caller's process, rather than in the actor
+        StoreConfig(store_dir="/nonexistent", **self.store)
+        object.__setattr__(self, "nameservers", tuple(self.nameservers))
+        object.__setattr__(self, "store", dict(self.store))
+        object.__setattr__(self, "dledger_peers", tuple(sorted(set(self.dledger_peers))))
+        _check_ha(self)
+
+    @property
+    def actor_name(self) -> str:
+        return broker_actor_name(self.broker_name, self.broker_id)
+
+    @property
+    def is_master(self) -> bool:
+        return self.broker_id == MASTER_ID
+
+    @property
+    def role(self) -> str:
+        """The configured role: ``SLAVE`` for ids >= 1, else the master role (DLedger members
+        start as ``SLAVE`` and the elected leader becomes the master)."""
+        if self.enable_dledger or self.broker_id != MASTER_ID:
+            return "SLAVE"
+        return self.broker_role
+
+    @property
+    def master_role(self) -> str:
+        """The role this broker takes when it is (or becomes) the master."""
+        return "ASYNC_MASTER" if self.broker_role == "SLAVE" else self.broker_role
+
+    def replace(self, **changes: Any) -> BrokerConfig:
+        return dataclasses.replace(self, **changes)
+
+    def store_config(self, store_dir: str, store_host: str) -> StoreConfig:
+        return StoreConfig(store_dir=store_dir, store_host=store_host, **self.store)
+
+    @classmethod
+    def from_broker_conf(cls, path: str | os.PathLike[str], **overrides: Any) -> BrokerConfig:
+        """A RocketMQ ``broker.conf``: broker keys here, store keys into ``store``."""
+        conf = parse_broker_conf(path)
+        values: dict[str, Any] = {}
+        store: dict[str, Any] = {}
+        for key, text in conf.items():
+            try:
+                if key in _BROKER_CONF_KEYS:
+                    name, convert = _BROKER_CONF_KEYS[key]
+                    values[name] = convert(text)
+                elif key in _STORE_CONF_KEYS:
+                    name, convert = _STORE_CONF_KEYS[key]
+                    if name == "store_dir":
+                        values["store_dir"] = convert(text)
+                    else:
+                        store[name] = convert(text)
+            except ValueError as exc:
+                raise InvalidConfigError(f"{path}: {key}={text!r}: {exc}") from exc
+        values["store"] = {**store, **dict(overrides.pop("store", {}))}
+        values.update(overrides)
+        return cls(**values)
+
+
+BROKER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
+
+
+def _check_ha(c: BrokerConfig) -> None:
+    if c.broker_role not in BROKER_ROLES:
+        raise InvalidConfigError(
+            f"BrokerConfig.broker_role={c.broker_role!r}: must be one of {BROKER_ROLES}"
+        )
+    if c.broker_role == "SLAVE" and c.broker_id == MASTER_ID and not c.enable_dledger:
+        raise InvalidConfigError(
+            "BrokerConfig.broker_role='SLAVE' with broker_id=0: id 0 is the master; "
+            "give a slave an id >= 1"
+        )
+    check_positive(
+        "BrokerConfig",
+        sync_replication_timeout_s=c.sync_replication_timeout_s,
+        ha_transfer_batch_bytes=c.ha_transfer_batch_bytes,
+        ha_max_gap_not_in_sync=c.ha_max_gap_not_in_sync,
+        ha_slave_timeout_s=c.ha_slave_timeout_s,
+        ha_poll_s=c.ha_poll_s,
+        slave_sync_interval_s=c.slave_sync_interval_s,
+        dledger_tick_ms=c.dledger_tick_ms,
+        dledger_heartbeat_ms=c.dledger_heartbeat_ms,
+        dledger_election_timeout_ms=c.dledger_election_timeout_ms,
+    )
+    if c.slave_read_window_bytes is not None and c.slave_read_window_bytes < 0:
+        raise InvalidConfigError(
+            f"BrokerConfig.slave_read_window_bytes={c.slave_read_window_bytes}: must be >= 0"
+        )
+    if c.enable_dledger:
+        if not c.dledger_peers:
+            raise InvalidConfigError(
+                "BrokerConfig.dledger_peers: a DLedger member needs its group's broker ids "
+                "(start_cluster fills them in from the brokers of the same name)"
+            )
+        if c.broker_id not in c.dledger_peers:
+            raise InvalidConfigError(
+                f"BrokerConfig.dledger_peers={c.dledger_peers}: must include this broker's "
+                f"id {c.broker_id}"
+            )
+        if any(not isinstance(p, int) or p < 0 for p in c.dledger_peers):
+            raise InvalidConfigError(
+                f"BrokerConfig.dledger_peers={c.dledger_peers}: ids must be ints >= 0"
+            )
+        if c.dledger_heartbeat_ms * 2 > c.dledger_election_timeout_ms:
+            raise InvalidConfigError(
+                f"BrokerConfig.dledger_heartbeat_ms={c.dledger_heartbeat_ms}: must be at most "
+                f"half of dledger_election_timeout_ms={c.dledger_election_timeout_ms}"
+            )
+        if c.dledger_tick_ms > c.dledger_heartbeat_ms:
+            raise InvalidConfigError(
+                f"BrokerConfig.dledger_tick_ms={c.dledger_tick_ms}: must be <= "
+                f"dledger_heartbeat_ms={c.dledger_heartbeat_ms}"
+            )
+
+
+def _bool(text: str) -> bool:
+    return text.strip().lower() == "true"
+
+
+def _dledger_peers(text: str) -> tuple[int, ...]:
+    """RocketMQ's ``dLegerPeers`` (``n0-host:port;n1-host:port``) as member ids."""
+    ids = []
+    for part in text.split(";"):
+        name = part.strip().split("-", 1)[0]
+        if not (name[:1] == "n" and name[1:].isdigit()):
+            raise ValueError(f"member {part!r} is not n<id>-host:port")
+        ids.append(int(name[1:]))
+    return tuple(ids)
+
+
+_BROKER_CONF_KEYS: dict[str, tuple[str, Any]] = {
+    "brokerClusterName": ("cluster_name", str),
+    "brokerName": ("broker_name", str),
+    "brokerId": ("broker_id", int),
+    "brokerIP1": ("broker_ip", str),
+    "listenPort": ("listen_port", int),
+    "autoCreateTopicEnable": ("auto_create_topic_enable", _bool),
+    "defaultTopicQueueNums": ("default_topic_queue_nums", int),
+    "longPollingEnable": ("long_polling_enable", _bool),
+    "flushConsumerOffsetInterval": ("flush_consumer_offset_interval_s", lambda v: int(v) / 1000),
+    "registerNameServerPeriod": ("heartbeat_interval_s", lambda v: int(v) / 1000),
+    "brokerRole": ("broker_role", lambda v: v.strip().upper()),
+    "slaveReadEnable": ("slave_read_enable", _bool),
+    "haTransferBatchSize": ("ha_transfer_batch_bytes", int),
+    "haMaxGapNotInSync": ("ha_max_gap_not_in_sync", int),
+    "enableDLegerCommitLog": ("enable_dledger", _bool),
+    "dLegerPeers": ("dledger_peers", _dledger_peers),
+}

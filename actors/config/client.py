@@ -1,0 +1,73 @@
+"""Client settings: producers and pull consumers (the push consumer's are with it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from actors.config.options import check_positive
+from storage.errors import InvalidConfigError
+
+
+@dataclass(frozen=True)
+class ProducerConfig:
+    """Client settings of a producer (RocketMQ's names and defaults where they exist)."""
+
+    send_timeout_s: float = 3.0
+    retry_times_when_send_failed: int = 2
+    retry_times_when_send_async_failed: int = 2
+    max_message_size: int = 4 << 20
+    max_batch_bytes: int = 4 << 20
+    max_batch_messages: int = 4096
+    default_topic_queue_nums: int = 4
+    route_refresh_s: float = 30.0
+    send_latency_fault_enable: bool = True
+    fault_isolation_s: float = 10.0
+    born_host: str = "127.0.0.1:0"
+    max_in_flight_per_broker: int = 2
+    """``send_async`` calls on the wire to one broker; batches sent meanwhile wait and
+    leave together in the next call (``actors._send_lanes``)."""
+    async_send_max_messages: int = 65536
+    async_send_max_bytes: int = 64 << 20
+    """What ``send_async`` may hold unanswered, in messages and encoded bytes
+    (RocketMQ's ``backPressureForAsyncSendNum`` / ``Size``): past it a send waits for
+    room up to ``send_timeout_s`` and then raises ``ProducerBusyError``."""
+    shared_memory_send: bool = True
+    """Send calls of 256 KiB or more to a broker on this producer's own Ray node go
+    through a shared memory ring instead of Ray's object store (``actors._shared_ring``);
+    brokers on other nodes, and any broker that cannot read the ring, get Ray's path."""
+
+    def __post_init__(self) -> None:
+        check_positive(
+            "ProducerConfig",
+            max_in_flight_per_broker=self.max_in_flight_per_broker,
+            async_send_max_messages=self.async_send_max_messages,
+            async_send_max_bytes=self.async_send_max_bytes,
+            send_timeout_s=self.send_timeout_s,
+            max_message_size=self.max_message_size,
+            max_batch_bytes=self.max_batch_bytes,
+            max_batch_messages=self.max_batch_messages,
+            default_topic_queue_nums=self.default_topic_queue_nums,
+            route_refresh_s=self.route_refresh_s,
+            fault_isolation_s=self.fault_isolation_s,
+        )
+        for name in ("retry_times_when_send_failed", "retry_times_when_send_async_failed"):
+            if getattr(self, name) < 0:
+                raise InvalidConfigError(
+                    f"ProducerConfig.{name}={getattr(self, name)}: must be >= 0"
+                )
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    """Client settings of a pull consumer."""
+
+    pull_timeout_s: float = 10.0
+    route_refresh_s: float = 30.0
+    check_crc: bool = False
+
+    def __post_init__(self) -> None:
+        check_positive(
+            "ConsumerConfig",
+            pull_timeout_s=self.pull_timeout_s,
+            route_refresh_s=self.route_refresh_s,
+        )

@@ -1,0 +1,232 @@
+"""Elastic consumer fleets: a consumer group as a set of Ray actors that scales with lag.
+
+    fleet = ConsumerFleet("my-group", "Orders", listener, min_consumers=1, max_consumers=8,
+                          target_lag_per_consumer=10_000, namespace="raymq",
+                          consumer_options={"consume_batch_size": 32})
+    fleet.status()     # members, per-member queues, lag, consume rates, scaling events
+    fleet.scale(4)     # pin the size by hand (pauses autoscaling) ...
+    fleet.autoscale()  # ... until autoscaling is resumed
+    fleet.shutdown()   # every member leaves gracefully, then the fleet is gone
+
+Each member is a Ray actor hosting one :class:`actors.PushConsumer` (CLUSTERING)
+with ``listener`` and ``consumer_options``, created with ``num_cpus``: on an
+autoscaling cluster a member that fits nowhere makes Ray add a node. The
+control loop is the detached actor ``fleet-<group>`` (see
+:mod:`._fleet_controller` for why an actor rather than a driver thread): the
+fleet outlives the program that started it, and :meth:`ConsumerFleet.attach`
+finds it from any other. Members join the group by starting and leave it by a
+graceful ``PushConsumer.shutdown`` before their actor is killed, so queue moves
+go through the group's rebalance (its coordinator, where there is one) with
+their offsets committed.
+
+``listener`` runs inside the member actors: it is pickled (cloudpickle), and
+state it keeps is per member.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from actors.client.push.consumer import Listener, PushConsumerConfig
+from actors.config.options import with_options
+from actors.fleet.controller import FleetController
+from actors.protocol import rpc as _rpc
+from actors.protocol.names import DEFAULT_NAMESPACE
+from storage.codec import validate_topic
+from storage.errors import InvalidConfigError, InvalidMessageError, RayMQError
+
+log = logging.getLogger("raymq.actors.fleet")
+
+CALL_TIMEOUT_S = 30.0
+CONTROLLER_MAX_CONCURRENCY = 16
+
+
+def fleet_actor_name(group: str) -> str:
+    """The controller actor's name: ``fleet-<group>`` (members: ``fleet-<group>-m<n>``)."""
+    return f"fleet-{group}"
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """How a :class:`ConsumerFleet` sizes itself.
+
+    Autoscaling keeps the size within ``[min_consumers, min(max_consumers, the
+    topic's readable queues)]`` (a consumer beyond the queue count would idle): it
+    grows when the group's lag per consumer stayed above ``target_lag_per_consumer``
+    for ``scale_up_window_s`` and shrinks when it stayed below for
+    ``scale_down_window_s``, reading the lag every ``interval_s``. Lag is counted
+    from committed offsets, so it trails consumption by up to the consumers'
+    ``persist_offset_interval_s``. ``num_cpus`` is each member actor's CPU request;
+    a member gets ``member_shutdown_timeout_s`` to leave gracefully before it is
+    killed.
+    """
+
+    min_consumers: int = 1
+    max_consumers: int = 8
+    target_lag_per_consumer: int = 10_000
+    scale_up_window_s: float = 10.0
+    scale_down_window_s: float = 30.0
+    interval_s: float = 1.0
+    num_cpus: float = 1.0
+    member_shutdown_timeout_s: float = 45.0
+
+    def __post_init__(self) -> None:
+        for name in ("min_consumers", "max_consumers", "target_lag_per_consumer"):
+            value = getattr(self, name)
+            low = 0 if name == "min_consumers" else 1
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise InvalidConfigError(f"FleetConfig.{name}={value!r}: must be an int >= {low}")
+        if self.min_consumers > self.max_consumers:
+            raise InvalidConfigError(
+                f"FleetConfig.min_consumers={self.min_consumers} is above "
+                f"max_consumers={self.max_consumers}"
+            )
+        for name in (
+            "scale_up_window_s",
+            "scale_down_window_s",
+            "interval_s",
+            "member_shutdown_timeout_s",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                raise InvalidConfigError(f"FleetConfig.{name}={value!r}: must be a number > 0")
+        cpus = self.num_cpus
+        if not isinstance(cpus, (int, float)) or isinstance(cpus, bool) or cpus < 0:
+            raise InvalidConfigError(f"FleetConfig.num_cpus={cpus!r}: must be a number >= 0")
+
+
+class ConsumerFleet:
+    """A consumer group run as a fleet of consumer actors (starts on construction).
+
+    ``options`` are :class:`FleetConfig` fields (``min_consumers``,
+    ``max_consumers``, ``target_lag_per_consumer``, ``num_cpus``, windows ...);
+    ``consumer_options`` are :class:`actors.PushConsumerConfig` fields for every
+    member (the model is always CLUSTERING).
+    """
+
+    def __init__(
+        self,
+        group: str,
+        topic: str,
+        listener: Listener,
+        subscription: str = "*",
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        nameservers: Sequence[str] | None = None,
+        consumer_options: dict[str, Any] | None = None,
+        config: FleetConfig | None = None,
+        **options: Any,
+    ) -> None:
+        if not isinstance(group, str) or not group:
+            raise InvalidMessageError(f"consumer group={group!r}: must be a non-empty str")
+        validate_topic(topic)
+        if not callable(listener):
+            raise InvalidConfigError(f"listener={listener!r}: must be callable")
+        consumer_options = dict(consumer_options or {})
+        for name in ("listener", "namespace", "nameservers", "config", "actor_handle"):
+            if name in consumer_options:
+                raise InvalidConfigError(f"consumer_options[{name!r}]: give it to the fleet")
+        consumer = with_options(PushConsumerConfig(), consumer_options)  # fails early
+        if not consumer.clustering:
+            raise InvalidConfigError("consumer_options['model']: a fleet consumes CLUSTERING")
+        self.group, self.topic, self.namespace = group, topic, namespace
+        self.config = with_options(config or FleetConfig(), options)
+        name = fleet_actor_name(group)
+        try:
+            self._controller = (
+                ray.remote(FleetController)
+                .options(
+                    name=name,
+                    namespace=namespace,
+                    lifetime="detached",
+                    num_cpus=0,
+                    max_concurrency=CONTROLLER_MAX_CONCURRENCY,
+                )
+                .remote(
+                    group,
+                    topic,
+                    subscription,
+                    listener,
+                    namespace,
+                    nameservers,
+                    consumer_options,
+                    self.config,
+                )
+            )
+        except ValueError as exc:  # Ray: the name is taken
+            raise RayMQError(
+                f"a fleet for group {group!r} already runs in namespace {namespace!r} "
+                f"(actor {name!r}): use ConsumerFleet.attach"
+            ) from exc
+        _rpc.get(self._controller.ping.remote(), CALL_TIMEOUT_S)
+        log.info("fleet %s started on %s (%s)", name, topic, self.config)
+
+    @classmethod
+    def attach(cls, group: str, namespace: str = DEFAULT_NAMESPACE) -> ConsumerFleet:
+        """A handle on the fleet of ``group`` that some program started."""
+        try:
+            controller = ray.get_actor(fleet_actor_name(group), namespace=namespace)
+        except ValueError as exc:
+            raise RayMQError(f"no fleet for group {group!r} in namespace {namespace!r}") from exc
+        fleet = cls.__new__(cls)
+        fleet._controller = controller
+        fleet.group, fleet.namespace = group, namespace
+        st = _rpc.get(controller.status.remote(), CALL_TIMEOUT_S)
+        fleet.topic = st["topic"]
+        fleet.config = FleetConfig(
+            min_consumers=st["min_consumers"], max_consumers=st["max_consumers"]
+        )
+        return fleet
+
+    # ------------------------------------------------------------ control
+    def status(self) -> dict[str, Any]:
+        """``members`` (name, state, client id, queues, consumed, rate), ``assignment``
+        (member → queues), ``lag`` and ``lag_per_consumer``, ``consume_rate`` (msg/s),
+        ``size``, ``target_size``, ``autoscale`` and the recent scaling ``events``."""
+        return dict(_rpc.get(self._controller.status.remote(), CALL_TIMEOUT_S))
+
+    def scale(self, n: int, *, wait: bool = True, timeout_s: float = 60.0) -> int:
+        """Pin the fleet at ``n`` members (0..``max_consumers``, at most one per readable
+        queue) and pause autoscaling until :meth:`autoscale`; with ``wait``, return once
+        the members run. Returns the size set."""
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= self.config.max_consumers:
+            raise InvalidConfigError(
+                f"scale(n={n!r}): must be an int in 0..max_consumers={self.config.max_consumers}"
+            )
+        size = int(_rpc.get(self._controller.scale.remote(n), CALL_TIMEOUT_S))
+        if wait:
+            self.wait_stable(size, timeout_s)
+        return size
+
+    def autoscale(self, enabled: bool = True) -> None:
+        """Resume lag-driven sizing (or pause it, keeping the current size)."""
+        _rpc.get(self._controller.autoscale.remote(enabled), CALL_TIMEOUT_S)
+
+    def wait_stable(self, n: int | None = None, timeout_s: float = 60.0) -> None:
+        """Wait until every member runs (and there are ``n``); raises on timeout."""
+        ok = _rpc.get(self._controller.wait_stable.remote(n, timeout_s), timeout_s + CALL_TIMEOUT_S)
+        if not ok:
+            raise RayMQError(
+                f"fleet {self.group}: not stable at {n if n is not None else 'its size'} "
+                f"after {timeout_s}s: {self.status()['members']}"
+            )
+
+    def shutdown(self, timeout_s: float = 120.0) -> dict[str, Any]:
+        """Every member leaves gracefully, then the controller goes; the final status."""
+        try:
+            final = dict(_rpc.get(self._controller.shutdown.remote(), timeout_s))
+        finally:
+            ray.kill(self._controller, no_restart=True)
+        log.info("fleet %s shut down", fleet_actor_name(self.group))
+        return final
+
+    def __enter__(self) -> ConsumerFleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

@@ -1,0 +1,108 @@
+"""One member of a consumer fleet: a Ray actor hosting one PushConsumer.
+
+Created by the fleet's controller as ``fleet-<group>-m<n>`` with the fleet's
+``num_cpus`` (on an autoscaling cluster a member that fits nowhere makes Ray add
+a node). It joins the group when :meth:`FleetMember.start` starts its consumer
+and leaves it by :meth:`FleetMember.shutdown`, a graceful
+``PushConsumer.shutdown`` (running batches finish, offsets are committed, the
+group hands its queues over) before the controller kills the actor.
+:meth:`FleetMember.wait_closed` stays pending while the member lives, so a
+watcher (the controller, the group's coordinator) learns of its end at once:
+the call returns on a clean stop and Ray fails it when the actor dies.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+
+from actors.client.push.consumer import Listener, PushConsumer
+
+log = logging.getLogger("raymq.actors.fleet")
+
+# calls a member must answer while wait_closed calls (the controller's, the
+# coordinator's) stay pending
+MEMBER_MAX_CONCURRENCY = 8
+
+
+class FleetMember:
+    """Ray actor class: ``ray.remote(FleetMember)``, created by the fleet controller."""
+
+    def __init__(
+        self,
+        group: str,
+        topic: str,
+        subscription: str,
+        listener: Listener,
+        namespace: str,
+        nameservers: Sequence[str] | None,
+        consumer_options: dict[str, Any],
+    ) -> None:
+        self.group = group
+        self.topic = topic
+        self._args = (group, topic, subscription, listener, namespace, nameservers)
+        self._options = dict(consumer_options)
+        self._consumer: PushConsumer | None = None
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._started_at = 0.0
+
+    def start(self) -> str:
+        """Start the consumer (it joins the group); returns its client id."""
+        group, topic, subscription, listener, namespace, nameservers = self._args
+        with self._lock:
+            if self._consumer is not None:
+                return self._consumer.client_id
+            consumer = PushConsumer(
+                group,
+                topic,
+                subscription,
+                listener,
+                namespace=namespace,
+                nameservers=nameservers,
+                # the group's coordinator keeps a wait_closed call pending on this actor
+                actor_handle=ray.get_runtime_context().current_actor,
+                **self._options,
+            )
+            consumer.start()
+            self._consumer = consumer
+            self._started_at = time.monotonic()
+        log.info("fleet member of %s started: %s", group, consumer.client_id)
+        return consumer.client_id
+
+    def status(self) -> dict[str, Any]:
+        """The consumer's counters plus the queues it owns (``topic:broker:queue``)."""
+        consumer = self._consumer
+        if consumer is None:
+            return {"client_id": None, "queues": [], "assigned": []}
+        out = consumer.status()
+        out["assigned"] = [
+            f"{mq.topic}:{mq.broker_name}:{mq.queue_id}" for mq in consumer.assigned_queues()
+        ]
+        out["uptime_s"] = round(time.monotonic() - self._started_at, 3)
+        return out
+
+    def shutdown(self) -> dict[str, Any]:
+        """Leave the group gracefully; returns the consumer's final counters."""
+        with self._lock:
+            consumer, self._consumer = self._consumer, None
+        stats: dict[str, Any] = {}
+        try:
+            if consumer is not None:
+                consumer.shutdown()
+                stats = consumer.stats.snapshot()
+        finally:
+            self._closed.set()
+        return stats
+
+    def wait_closed(self) -> None:
+        """Returns when the member shuts down; Ray fails the call if the actor dies."""
+        self._closed.wait()
+
+    def ping(self) -> bool:
+        return True

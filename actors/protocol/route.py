@@ -1,0 +1,74 @@
+"""Route data: what a NameServer answers about a topic and what a broker registers.
+
+Plain values, no Ray; the NameServer's table of them is ``actors.namesrv.route_info``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from actors.protocol.topic import TopicConfig
+
+
+@dataclass(frozen=True)
+class QueueData:
+    """A topic's queues on one broker group."""
+
+    broker_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+
+
+@dataclass(frozen=True)
+class BrokerData:
+    """One broker group: addresses and Ray actor names by broker id (0 = master)."""
+
+    cluster: str
+    broker_name: str
+    broker_addrs: Mapping[int, str]
+    actor_names: Mapping[int, str]
+    namespace: str
+    node_ids: Mapping[int, str] = field(default_factory=dict)
+
+    def master_actor_name(self) -> str | None:
+        return self.actor_names.get(0)
+
+    def master_addr(self) -> str | None:
+        return self.broker_addrs.get(0)
+
+
+@dataclass(frozen=True)
+class TopicRouteData:
+    topic: str
+    queue_datas: tuple[QueueData, ...]
+    broker_datas: tuple[BrokerData, ...]
+
+    def broker(self, broker_name: str) -> BrokerData | None:
+        for bd in self.broker_datas:
+            if bd.broker_name == broker_name:
+                return bd
+        return None
+
+
+@dataclass(frozen=True)
+class BrokerRegistration:
+    """What a broker tells every NameServer on start and on each heartbeat.
+
+    ``incarnation`` changes each time the broker actor starts (or Ray restarts
+    it), so a death notice about an old incarnation never removes a new one.
+    """
+
+    cluster: str
+    broker_name: str
+    broker_id: int
+    broker_addr: str
+    actor_name: str
+    namespace: str
+    node_id: str
+    incarnation: str
+    topic_configs: Mapping[str, TopicConfig]
+    handle: Any = None  # the broker's ActorHandle, for Ray death notices
+    master_epoch: int = 0  # with broker_id 0: the promotion epoch or Raft term it masters in

@@ -1,0 +1,144 @@
+"""Topic configuration and permissions, as RocketMQ defines them.
+
+``perm`` is a bit set: 4 = readable, 2 = writable, 6 = both (1 = inherit, only
+on the auto-create template topic ``TBW102``). A topic has ``write_queue_nums``
+queues producers may pick and ``read_queue_nums`` queues consumers read; a
+broker keeps its topics' configs in ``config/topics.json`` under RocketMQ's
+field names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from storage import codec
+from storage.codec import validate_topic
+from storage.errors import InvalidConfigError
+from storage.message import MessageExt
+
+PERM_PRIORITY = 8
+PERM_READ = 4
+PERM_WRITE = 2
+PERM_INHERIT = 1
+USER_PERMS = (PERM_WRITE, PERM_READ, PERM_READ | PERM_WRITE)
+MAX_QUEUE_NUMS = 1024
+
+AUTO_CREATE_TOPIC_KEY = "TBW102"
+"""The template topic a broker with auto-create on advertises (RocketMQ's name)."""
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
+SYSTEM_TOPICS = frozenset({AUTO_CREATE_TOPIC_KEY, "SCHEDULE_TOPIC_XXXX"})
+
+
+def perm_to_string(perm: int) -> str:
+    return (
+        ("R" if perm & PERM_READ else "-")
+        + ("W" if perm & PERM_WRITE else "-")
+        + ("X" if perm & PERM_INHERIT else "-")
+    )
+
+
+def is_readable(perm: int) -> bool:
+    return bool(perm & PERM_READ)
+
+
+def is_writeable(perm: int) -> bool:
+    return bool(perm & PERM_WRITE)
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    """One topic on one broker."""
+
+    topic_name: str
+    read_queue_nums: int = 8
+    write_queue_nums: int = 8
+    perm: int = PERM_READ | PERM_WRITE
+    order: bool = False
+
+    def __post_init__(self) -> None:
+        validate_topic(self.topic_name)
+        for name in ("read_queue_nums", "write_queue_nums"):
+            value = getattr(self, name)
+            if (
+                not isinstance(value, int)
+                or isinstance(value, bool)
+                or not 1 <= value <= MAX_QUEUE_NUMS
+            ):
+                raise InvalidConfigError(
+                    f"{name}={value!r} for topic {self.topic_name!r}: must be an int in 1..{MAX_QUEUE_NUMS}"
+                )
+        allowed = USER_PERMS + (
+            (PERM_READ | PERM_WRITE | PERM_INHERIT,)
+            if self.topic_name == AUTO_CREATE_TOPIC_KEY
+            else ()
+        )
+        if self.perm not in allowed:
+            raise InvalidConfigError(
+                f"perm={self.perm!r} for topic {self.topic_name!r}: must be one of {allowed} "
+                "(2 = write only, 4 = read only, 6 = read and write)"
+            )
+
+    @property
+    def readable(self) -> bool:
+        return is_readable(self.perm)
+
+    @property
+    def writeable(self) -> bool:
+        return is_writeable(self.perm)
+
+    def to_dict(self) -> dict[str, Any]:
+        """RocketMQ's ``topics.json`` field names."""
+        return {
+            "topicName": self.topic_name,
+            "readQueueNums": self.read_queue_nums,
+            "writeQueueNums": self.write_queue_nums,
+            "perm": self.perm,
+            "topicFilterType": "SINGLE_TAG",
+            "topicSysFlag": 0,
+            "order": self.order,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TopicConfig:
+        """From RocketMQ's camelCase fields or this class's snake_case ones."""
+
+        def pick(snake: str, camel: str, default: Any) -> Any:
+            return data.get(snake, data.get(camel, default))
+
+        name = pick("topic_name", "topicName", None) or data.get("name")
+        if name is None:
+            raise InvalidConfigError(f"topic config {dict(data)!r}: needs topic_name")
+        try:
+            return cls(
+                topic_name=name,
+                read_queue_nums=int(pick("read_queue_nums", "readQueueNums", 8)),
+                write_queue_nums=int(pick("write_queue_nums", "writeQueueNums", 8)),
+                perm=int(pick("perm", "perm", PERM_READ | PERM_WRITE)),
+                order=bool(pick("order", "order", False)),
+            )
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, InvalidConfigError):
+                raise
+            raise InvalidConfigError(f"topic config {dict(data)!r}: {exc}") from exc
+
+
+def retry_topic(group: str) -> str:
+    """``%RETRY%<group>``, validated as a topic name."""
+    return codec.validate_topic(f"{RETRY_GROUP_TOPIC_PREFIX}{group}")
+
+
+def dlq_topic(group: str) -> str:
+    """``%DLQ%<group>``, validated as a topic name."""
+    return codec.validate_topic(f"{DLQ_GROUP_TOPIC_PREFIX}{group}")
+
+
+def is_retry_topic(topic: str) -> bool:
+    return topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
+
+
+def origin_topic(m: MessageExt) -> str:
+    """The topic a message was first consumed from (its own unless it is a retry copy)."""
+    return m.properties.get(codec.PROP_RETRY_TOPIC) or m.topic

@@ -1,0 +1,687 @@
+"""``raymq``: start, inspect and use a RayMQ cluster from the shell.
+
+    raymq up [--config cluster.yaml] [--nameservers 2] [--brokers 2] [--local] ...
+    raymq status | down | topic create|update|delete|list|status | send | consume
+    raymq query --key K --topic T | --id ID     raymq lag --group G
+    raymq broker promote BROKER [--id N] [--role SYNC_MASTER] [--force]
+    raymq dlq list|resend --group G [--id ID]   (perms: raymq topic update T --perm 6)
+    raymq group status GROUP [--log N]           (a consumer group's coordinator)
+    raymq bench [--topic T] [--body-size 128] [--producers 1] [--duration 10] [--no-consume]
+
+Every command takes ``--address`` (a Ray cluster; default: ``RAY_ADDRESS`` or
+the one running on this machine), ``--namespace`` (default ``raymq``) and
+``--json`` (machine-readable output; tables otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+
+from actors.client.pull_consumer import PullStatus
+from actors.cluster import Cluster, connect, start_cluster
+from actors.config.cluster import BrokerSpec, ClusterConfig
+from actors.protocol.names import DEFAULT_NAMESPACE
+from actors.protocol.topic import PERM_READ, PERM_WRITE, TopicConfig, perm_to_string
+from actors.tools.bench import BenchSummary, run_bench, summary_dict
+from storage import Message
+from storage.errors import RayMQError
+
+log = logging.getLogger("raymq.actors.cli")
+
+
+# ------------------------------------------------------------ output
+def _table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    if not rows:
+        return "(none)"
+    cells = [[str(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def _emit(args: argparse.Namespace, data: Any, human: str) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True, default=str) if args.json else human)
+
+
+def _message_row(m: Any) -> dict[str, Any]:
+    return {
+        "topic": m.topic,
+        "queue_id": m.queue_id,
+        "queue_offset": m.queue_offset,
+        "msg_id": m.msg_id,
+        "offset_msg_id": m.offset_msg_id,
+        "tags": m.tags or "",
+        "keys": " ".join(m.keys),
+        "store_timestamp": m.store_timestamp,
+        "body": m.body.decode("utf-8", "replace"),
+    }
+
+
+# ------------------------------------------------------------ Ray
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ensure_ray(args: argparse.Namespace, *, start_if_missing: bool = False) -> None:
+    if ray.is_initialized():
+        return
+    common: dict[str, Any] = dict(logging_level="WARNING", log_to_driver=False)
+    address = args.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, **common)
+        return
+    if not getattr(args, "local", False):
+        try:
+            ray.init(address="auto", **common)
+            return
+        except ConnectionError:
+            if not start_if_missing:
+                raise RayMQError(
+                    "no Ray cluster is running here: start one with 'raymq up' "
+                    "or 'ray start --head', or pass --address"
+                ) from None
+    _start_local_ray(args)
+    _use_local_auth_token()
+    ray.init(address=args.address, **common)
+
+
+def _use_local_auth_token() -> None:
+    """``ray start`` turns token authentication on when this machine has a token; a
+    client given an explicit address must then turn it on too (Ray does that only
+    for ``address="auto"``)."""
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+    except ImportError:  # a Ray without token authentication
+        return
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+def _start_local_ray(args: argparse.Namespace) -> None:
+    """``ray start --head`` on a free port; the head outlives this command, so the
+    cluster's detached actors do too. Stop it later with ``ray stop``."""
+    port = _free_port()
+    cmd = ["ray", "start", "--head", f"--port={port}", "--include-dashboard=false"]
+    if args.num_cpus:
+        cmd.append(f"--num-cpus={args.num_cpus}")
+    if args.ray_temp_dir:
+        cmd.append(f"--temp-dir={args.ray_temp_dir}")
+    print(f"starting a local Ray: {' '.join(cmd)}", file=sys.stderr)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    args.address = f"{ray.util.get_node_ip_address()}:{port}"
+
+
+def _cluster(args: argparse.Namespace) -> Cluster:
+    _ensure_ray(args)
+    return connect(args.namespace)
+
+
+# ------------------------------------------------------------ commands
+def cmd_up(args: argparse.Namespace) -> int:
+    cfg = ClusterConfig.from_file(args.config) if args.config else ClusterConfig()
+    changes: dict[str, Any] = {}
+    if args.namespace != DEFAULT_NAMESPACE or not args.config:
+        changes["namespace"] = args.namespace
+    if args.nameservers is not None:
+        changes["nameservers"] = args.nameservers
+    if args.brokers is not None:
+        changes["brokers"] = tuple(
+            BrokerSpec(f"broker-{chr(ord('a') + i)}") for i in range(args.brokers)
+        )
+    broker = dict(cfg.broker)
+    if args.flush_disk_type:
+        broker["store"] = {**broker.get("store", {}), "flush_disk_type": args.flush_disk_type}
+    if args.auto_create is not None:
+        broker["auto_create_topic_enable"] = args.auto_create
+    elif not args.config:
+        broker.setdefault("auto_create_topic_enable", True)  # local quickstart default
+    changes["broker"] = broker
+    if args.store_root:
+        changes["store_root"] = args.store_root
+    if args.topic:
+        changes["topics"] = cfg.topics + tuple(TopicConfig(t) for t in args.topic)
+    cfg = dataclasses.replace(cfg, **changes)
+    _ensure_ray(args, start_if_missing=True)
+    cluster = start_cluster(cfg)
+    status = cluster.admin.cluster_status()
+    _emit(args, status, f"RayMQ cluster up in namespace {cfg.namespace!r}\n" + _status_text(status))
+    return 0
+
+
+def _status_text(status: dict[str, Any]) -> str:
+    ns_rows = [
+        {
+            "nameserver": n["name"],
+            "alive": n["alive"],
+            "brokers": ",".join(n.get("brokers", [])) or n.get("error", ""),
+        }
+        for n in status["nameservers"]
+    ]
+    rows = []
+    for b in status["brokers"]:
+        if "error" in b:
+            rows.append(
+                {"broker": b["broker_name"], "id": b["broker_id"], "role": "?", "addr": b["error"]}
+            )
+            continue
+        rows.append(
+            {
+                "broker": b["broker_name"],
+                "id": b["broker_id"],
+                "role": b["role"],
+                "addr": b["addr"],
+                "node": b["node_id"][:12],
+                "disk": f"{100 * b['disk_used_ratio']:.0f}%",
+                "commitlog": b["commitlog_max_offset"],
+                "topics": b["topics"],
+                "put_msgs": b["put_msgs"],
+                "store_dir": b["store_dir"],
+            }
+        )
+    return (
+        _table(ns_rows, ["nameserver", "alive", "brokers"])
+        + "\n\n"
+        + _table(
+            rows,
+            [
+                "broker",
+                "id",
+                "role",
+                "addr",
+                "node",
+                "disk",
+                "commitlog",
+                "topics",
+                "put_msgs",
+                "store_dir",
+            ],
+        )
+    )
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = _cluster(args).admin.cluster_status()
+    _emit(args, status, _status_text(status))
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    cluster = _cluster(args)
+    names = cluster.actor_names()
+    cluster.shutdown()
+    _emit(
+        args,
+        {"namespace": args.namespace, "stopped": names},
+        f"stopped {len(names)} actor(s) in namespace {args.namespace!r}: {', '.join(names)}",
+    )
+    return 0
+
+
+def cmd_topic(args: argparse.Namespace) -> int:
+    admin = _cluster(args).admin
+    if args.topic_cmd == "create":
+        brokers = args.brokers.split(",") if args.brokers else None
+        tc = admin.create_topic(
+            args.name, args.read_queues, args.write_queues, args.perm, brokers=brokers
+        )
+        _emit(
+            args,
+            tc.to_dict(),
+            f"created {tc.topic_name}: read {tc.read_queue_nums} "
+            f"write {tc.write_queue_nums} perm {perm_to_string(tc.perm)}",
+        )
+    elif args.topic_cmd == "update":
+        done = admin.update_topic(
+            args.name,
+            read_queue_nums=args.read_queues,
+            write_queue_nums=args.write_queues,
+            perm=args.perm,
+        )
+        _emit(
+            args,
+            {b: tc.to_dict() for b, tc in done.items()},
+            _table(
+                [
+                    {
+                        "broker": b,
+                        "read": tc.read_queue_nums,
+                        "write": tc.write_queue_nums,
+                        "perm": perm_to_string(tc.perm),
+                    }
+                    for b, tc in sorted(done.items())
+                ],
+                ["broker", "read", "write", "perm"],
+            ),
+        )
+    elif args.topic_cmd == "delete":
+        brokers = admin.delete_topic(args.name)
+        _emit(
+            args, {"topic": args.name, "deleted_on": brokers}, f"deleted {args.name} on {brokers}"
+        )
+    elif args.topic_cmd == "list":
+        topics = admin.list_topics(include_system=args.all)
+        _emit(args, topics, "\n".join(topics) or "(no topics)")
+    else:
+        rows = admin.topic_status(args.name)
+        _emit(
+            args,
+            rows,
+            _table(rows, ["broker", "queue_id", "min_offset", "max_offset", "last_update_ms"]),
+        )
+    return 0
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    if args.body is not None:
+        bodies = [args.body.encode()] * args.count
+    elif args.file:
+        with open(args.file, "rb") as fh:
+            bodies = [fh.read()] * args.count
+    else:
+        bodies = [line.rstrip(b"\n") for line in sys.stdin.buffer if line.strip()]
+    keys = args.keys.split(",") if args.keys else ()
+    msgs = [Message(args.topic, body, tags=args.tags, keys=keys) for body in bodies]
+    producer = _cluster(args).producer(args.group)
+    results = list(producer.send_batch(msgs, sharding_key=args.sharding_key))
+    producer.close()
+    rows = [
+        {
+            "msg_id": r.msg_id,
+            "offset_msg_id": r.offset_msg_id,
+            "status": r.status.value,
+            "broker": r.message_queue.broker_name,
+            "queue_id": r.message_queue.queue_id,
+            "queue_offset": r.queue_offset,
+        }
+        for r in results
+    ]
+    _emit(args, rows, _table(rows, ["msg_id", "status", "broker", "queue_id", "queue_offset"]))
+    return 0
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    consumer = _cluster(args).pull_consumer(args.group)
+    queues = consumer.fetch_subscribe_queues(args.topic)
+    offsets = {}
+    for q in queues:
+        committed = consumer.fetch_offset(q) if args.start == "committed" else -1
+        offsets[q] = (
+            committed
+            if committed >= 0
+            else (consumer.max_offset(q) if args.start == "latest" else consumer.min_offset(q))
+        )
+    rows: list[dict[str, Any]] = []
+    deadline = time.monotonic() + args.wait
+    active = dict(offsets)
+    while active and len(rows) < args.max:
+        results = consumer.pull_many(
+            list(active.items()), min(args.max - len(rows), 1024), tags=args.tags, long_poll_s=0.0
+        )
+        progressed = False
+        for r in results:
+            if r.status in (PullStatus.FOUND, PullStatus.NO_MATCHED_MSG):
+                rows.extend(_message_row(m) for m in r.messages)
+                offsets[r.queue] = active[r.queue] = r.next_offset
+                progressed = True
+            elif r.status is PullStatus.OFFSET_ILLEGAL:
+                offsets[r.queue] = active[r.queue] = r.next_offset
+        if not progressed:
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+    rows = rows[: args.max]
+    if args.commit:
+        consumer.commit_offsets(offsets)
+    _emit(args, rows, _table(rows, ["queue_id", "queue_offset", "tags", "keys", "msg_id", "body"]))
+    return 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    admin = _cluster(args).admin
+    if args.key is not None:
+        if not args.topic:
+            raise RayMQError("query --key needs --topic")
+        found = admin.query_by_key(args.topic, args.key, args.max)
+    else:
+        found = [admin.query_by_id(args.id, args.topic)]
+    rows = [_message_row(m) for m in found]
+    _emit(
+        args,
+        rows,
+        _table(rows, ["topic", "queue_id", "queue_offset", "tags", "keys", "msg_id", "body"]),
+    )
+    return 0
+
+
+def cmd_lag(args: argparse.Namespace) -> int:
+    rows = _cluster(args).admin.consumer_lag(args.group, args.topic)
+    total = sum(r["lag"] for r in rows)
+    _emit(
+        args,
+        {"group": args.group, "total_lag": total, "queues": rows},
+        _table(rows, ["topic", "broker", "queue_id", "broker_offset", "consumer_offset", "lag"])
+        + f"\ntotal lag: {total}",
+    )
+    return 0
+
+
+def cmd_dlq(args: argparse.Namespace) -> int:
+    admin = _cluster(args).admin
+    if args.dlq_cmd == "list":
+        rows = [
+            {
+                **_message_row(m),
+                "origin_topic": m.properties.get("RETRY_TOPIC", ""),
+                "reconsume_times": m.reconsume_times,
+            }
+            for m in admin.dlq_messages(args.group, args.max)
+        ]
+        _emit(
+            args,
+            rows,
+            _table(rows, ["msg_id", "origin_topic", "reconsume_times", "tags", "keys", "body"]),
+        )
+    else:
+        results = admin.resend_dlq(args.group, args.id or None)
+        rows = [
+            {
+                "msg_id": r.msg_id,
+                "topic": r.message_queue.topic,
+                "broker": r.message_queue.broker_name,
+                "queue_id": r.message_queue.queue_id,
+                "status": r.status.value,
+            }
+            for r in results
+        ]
+        _emit(args, rows, _table(rows, ["msg_id", "topic", "broker", "queue_id", "status"]))
+    return 0
+
+
+def _queue_name(q: Any) -> str:
+    return f"{q.topic}:{q.broker_name}:{q.queue_id}"
+
+
+def cmd_group(args: argparse.Namespace) -> int:
+    """``group status``: members, owners and the recent generation log of a group."""
+    status = _cluster(args).admin.group_status(args.group)
+    members = [
+        {"client_id": cid, "queues": len(m["owned"]), "room": m["room"] or "", **m}
+        for cid, m in status["members"].items()
+    ]
+    owners = [
+        {
+            "queue": _queue_name(q),
+            "owner": owner,
+            "token": f"{token[0]}/{token[1]}",
+            "target": status["target"].get(q, ""),
+        }
+        for q, (owner, token) in sorted(status["assignment"].items())
+    ]
+    log_rows = [
+        {
+            "t": round(ev.time, 3),
+            "generation": ev.generation,
+            "event": ev.event,
+            "queue": _queue_name(ev.queue) if ev.queue is not None else "",
+            "from": ev.from_id or "",
+            "to": ev.to_id or "",
+        }
+        for ev in status["log"][-args.log :]
+    ]
+    data = {
+        "group": args.group,
+        "generation": status["generation"],
+        "strategy": status["strategy"],
+        "members": status["members"],
+        "assignment": owners,
+        "pending_revokes": {_queue_name(q): v for q, v in status["pending_revokes"].items()},
+        "log": log_rows,
+    }
+    human = (
+        f"group {args.group}: generation {status['generation']}, strategy {status['strategy']}\n"
+        + _table(members, ["client_id", "queues", "room", "session_timeout_s", "last_seen_age_s"])
+        + "\n\n"
+        + _table(owners, ["queue", "owner", "token", "target"])
+        + f"\n\npending revokes: {len(status['pending_revokes'])}\n"
+        + _table(log_rows, ["t", "generation", "event", "queue", "from", "to"])
+    )
+    _emit(args, data, human)
+    return 0
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    """``broker promote``: a slave of a group whose master is gone becomes its master."""
+    done = _cluster(args).admin.promote(args.broker_name, args.id, role=args.role, force=args.force)
+    _emit(
+        args,
+        done,
+        f"{done['broker']} is now {done['role']} of {args.broker_name} "
+        f"(epoch {done['epoch']}, commitlog offset {done['commitlog_offset']})",
+    )
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """RocketMQ's benchmark: a line per second while it runs, then a summary."""
+    for option in ("duration", "producers", "body_size", "batch", "queues"):
+        if getattr(args, option) <= 0:
+            raise ValueError(f"--{option.replace('_', '-')}={getattr(args, option)}: must be > 0")
+    cluster = _cluster(args)
+    admin = cluster.admin
+    if args.topic not in admin.list_topics(include_system=True):
+        admin.create_topic(args.topic, args.queues, args.queues)
+        if not args.json:
+            print(f"created topic {args.topic} ({args.queues} queues)", file=sys.stderr)
+    live = None if args.json else (lambda line: print(line, flush=True))
+    summary = run_bench(
+        cluster,
+        args.topic,
+        seconds=args.duration,
+        producers=args.producers,
+        body_size=args.body_size,
+        batch=args.batch,
+        consume=args.consume,
+        report=live,
+    )
+    settings = {
+        "topic": args.topic,
+        "body_size": args.body_size,
+        "producers": args.producers,
+        "batch": args.batch,
+        "consume": args.consume,
+    }
+    _emit(args, {**settings, **summary_dict(summary)}, _bench_summary_text(summary, args.consume))
+    return 0
+
+
+def _bench_summary_text(s: BenchSummary, consume: bool) -> str:
+    return (
+        f"Summary: {s.seconds:.1f} s, sent {s.sent:,} (failed {s.failed:,})"
+        + (f", consumed {s.consumed:,}" if consume else "")
+        + f"\nSend TPS: {s.send_tps:,.0f}  Max RT(ms): {s.max_rt_ms:.1f}  "
+        f"Average RT(ms): {s.avg_rt_ms:.2f}  Send Failed: {s.failed}"
+        + (f"  Consume TPS: {s.consume_tps:,.0f}" if consume else "")
+    )
+
+
+# ------------------------------------------------------------ parser
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--address", default=argparse.SUPPRESS, help="Ray cluster address")
+    common.add_argument(
+        "--namespace", default=argparse.SUPPRESS, help="Ray namespace of the cluster"
+    )
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+    )
+    p = argparse.ArgumentParser(prog="raymq", description="RayMQ: RocketMQ on Ray")
+    p.add_argument("--address", default=None)
+    p.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+    p.add_argument("--json", action="store_true", default=False)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser(
+        "up", parents=[common], help="start a cluster (and a local Ray if none runs)"
+    )
+    up.add_argument("--config", help="cluster YAML or TOML file")
+    up.add_argument("--nameservers", type=int)
+    up.add_argument("--brokers", type=int)
+    up.add_argument("--store-root")
+    up.add_argument("--flush-disk-type", choices=["ASYNC_FLUSH", "SYNC_FLUSH"])
+    up.add_argument("--auto-create", dest="auto_create", action="store_true", default=None)
+    up.add_argument("--no-auto-create", dest="auto_create", action="store_false")
+    up.add_argument("--topic", action="append", help="create this topic (repeatable)")
+    up.add_argument("--local", action="store_true", help="start a new local Ray even if one runs")
+    up.add_argument("--num-cpus", type=int, help="CPUs of a local Ray this command starts")
+    up.add_argument("--ray-temp-dir", help="--temp-dir of a local Ray this command starts")
+    up.set_defaults(fn=cmd_up)
+
+    sub.add_parser("status", parents=[common], help="NameServers and brokers").set_defaults(
+        fn=cmd_status
+    )
+    down = sub.add_parser(
+        "down", parents=[common], help="stop the cluster's actors (Ray keeps running)"
+    )
+    down.set_defaults(fn=cmd_down)
+
+    topic = sub.add_parser("topic", help="create, update, delete, list, status")
+    tsub = topic.add_subparsers(dest="topic_cmd", required=True)
+    for name in ("create", "update"):
+        t = tsub.add_parser(name, parents=[common])
+        t.add_argument("name")
+        default = 8 if name == "create" else None
+        t.add_argument("--read-queues", type=int, default=default)
+        t.add_argument("--write-queues", type=int, default=default)
+        t.add_argument(
+            "--perm",
+            type=int,
+            default=PERM_READ | PERM_WRITE if name == "create" else None,
+            help="2 write, 4 read, 6 both",
+        )
+        if name == "create":
+            t.add_argument("--brokers", help="comma-separated broker names (default: all)")
+        t.set_defaults(fn=cmd_topic)
+    t = tsub.add_parser("delete", parents=[common])
+    t.add_argument("name")
+    t.set_defaults(fn=cmd_topic)
+    t = tsub.add_parser("list", parents=[common])
+    t.add_argument("--all", action="store_true", help="include system topics")
+    t.set_defaults(fn=cmd_topic)
+    t = tsub.add_parser("status", parents=[common])
+    t.add_argument("name")
+    t.set_defaults(fn=cmd_topic)
+
+    send = sub.add_parser(
+        "send", parents=[common], help="send messages (body, file or stdin lines)"
+    )
+    send.add_argument("topic")
+    send.add_argument("--body")
+    send.add_argument("--file")
+    send.add_argument("--count", type=int, default=1)
+    send.add_argument("--tags")
+    send.add_argument("--keys", help="comma-separated keys")
+    send.add_argument("--sharding-key")
+    send.add_argument("--group", default="raymq-cli-producer")
+    send.set_defaults(fn=cmd_send)
+
+    consume = sub.add_parser("consume", parents=[common], help="pull messages of a topic")
+    consume.add_argument("topic")
+    consume.add_argument("--group", default="raymq-cli-consumer")
+    consume.add_argument("--tags")
+    consume.add_argument("--max", type=int, default=100)
+    consume.add_argument(
+        "--start", choices=["committed", "earliest", "latest"], default="committed"
+    )
+    consume.add_argument("--wait", type=float, default=0.0, help="seconds to wait for new messages")
+    consume.add_argument("--no-commit", dest="commit", action="store_false")
+    consume.set_defaults(fn=cmd_consume)
+
+    query = sub.add_parser("query", parents=[common], help="find messages by key or id")
+    which = query.add_mutually_exclusive_group(required=True)
+    which.add_argument("--key")
+    which.add_argument("--id")
+    query.add_argument("--topic")
+    query.add_argument("--max", type=int, default=32)
+    query.set_defaults(fn=cmd_query)
+
+    lag = sub.add_parser("lag", parents=[common], help="consumer lag of a group")
+    lag.add_argument("--group", required=True)
+    lag.add_argument("--topic")
+    lag.set_defaults(fn=cmd_lag)
+
+    broker = sub.add_parser("broker", help="broker groups: promote a slave")
+    bsub = broker.add_subparsers(dest="broker_cmd", required=True)
+    b = bsub.add_parser(
+        "promote",
+        parents=[common],
+        help="make a slave the master of a group whose master is gone",
+    )
+    b.add_argument("broker_name")
+    b.add_argument("--id", type=int, help="the slave's broker id (default: the most complete)")
+    b.add_argument("--role", choices=["ASYNC_MASTER", "SYNC_MASTER"])
+    b.add_argument("--force", action="store_true", help="even if the master looks alive")
+    b.set_defaults(fn=cmd_broker)
+
+    dlq = sub.add_parser("dlq", help="dead letters of a consumer group: list, resend")
+    dsub = dlq.add_subparsers(dest="dlq_cmd", required=True)
+    d = dsub.add_parser("list", parents=[common], help="messages in %%DLQ%%<group>")
+    d.add_argument("--group", required=True)
+    d.add_argument("--max", type=int, default=100)
+    d.set_defaults(fn=cmd_dlq)
+    d = dsub.add_parser("resend", parents=[common], help="send dead letters to their topic")
+    d.add_argument("--group", required=True)
+    d.add_argument("--id", action="append", help="only this message id (repeatable)")
+    d.set_defaults(fn=cmd_dlq)
+
+    grp = sub.add_parser("group", help="consumer groups: their coordinator's view")
+    gsub = grp.add_subparsers(dest="group_cmd", required=True)
+    g = gsub.add_parser("status", parents=[common], help="members, owners, generation log")
+    g.add_argument("group")
+    g.add_argument("--log", type=int, default=20, help="last N events of the generation log")
+    g.set_defaults(fn=cmd_group)
+
+    bench = sub.add_parser(
+        "bench", parents=[common], help="producer/consumer benchmark against the cluster"
+    )
+    bench.add_argument("--topic", default="BenchmarkTest", help="created if absent")
+    bench.add_argument("--queues", type=int, default=8, help="queues of a topic it creates")
+    bench.add_argument("--body-size", type=int, default=128, help="bytes per message")
+    bench.add_argument("--producers", type=int, default=1, help="producer threads")
+    bench.add_argument("--duration", type=float, default=10.0, help="seconds to run")
+    bench.add_argument("--batch", type=int, default=32, help="messages per send")
+    bench.add_argument("--consume", action=argparse.BooleanOptionalAction, default=True)
+    bench.set_defaults(fn=cmd_bench)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.fn(args)
+    except (RayMQError, ValueError, OSError) as exc:
+        if args.json:
+            print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
+        else:
+            print(f"raymq: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

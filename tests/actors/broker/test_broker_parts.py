@@ -1,0 +1,169 @@
+"""The broker's parts that need no Ray: topics, offsets, consumers, held pulls, fault table."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from actors.broker.consumer_manager import ConsumerManager
+from actors.broker.consumer_offset_manager import ConsumerOffsetManager
+from actors.broker.pull_hold_service import PullRequestHoldService
+from actors.broker.topic_config_manager import TopicConfigManager
+from actors.client.fault import LatencyFaultTolerance
+from actors.protocol.topic import AUTO_CREATE_TOPIC_KEY, TopicConfig
+from storage.config_files import JsonConfigFile
+from storage.errors import InvalidMessageError, PermissionDeniedError, TopicNotFoundError
+
+
+def test_topics_persist_in_rocketmq_layout(tmp_path: Path) -> None:
+    file = JsonConfigFile(tmp_path / "topics.json")
+    topics = TopicConfigManager(file, "broker-a", auto_create=False, default_queue_nums=8)
+    topics.put(TopicConfig("T", 2, 3, 6))
+    data = json.loads((tmp_path / "topics.json").read_text())
+    assert data["topicConfigTable"]["T"]["writeQueueNums"] == 3
+    again = TopicConfigManager(file, "broker-a", auto_create=False, default_queue_nums=8)
+    assert again.get("T") == TopicConfig("T", 2, 3, 6)
+    assert again.get(AUTO_CREATE_TOPIC_KEY) is None
+
+
+def test_topic_checks_for_write_and_read(tmp_path: Path) -> None:
+    topics = TopicConfigManager(
+        JsonConfigFile(tmp_path / "t.json"), "b", auto_create=False, default_queue_nums=8
+    )
+    with pytest.raises(TopicNotFoundError, match="auto_create_topic_enable is off"):
+        topics.for_write("T", 0)
+    topics.put(TopicConfig("R", perm=4))
+    topics.put(TopicConfig("W", 2, 2, perm=2))
+    with pytest.raises(PermissionDeniedError, match="writing is forbidden"):
+        topics.for_write("R", 0)
+    with pytest.raises(PermissionDeniedError, match="reading is forbidden"):
+        topics.for_read("W", 0)
+    with pytest.raises(InvalidMessageError, match="write_queue_nums=2"):
+        topics.for_write("W", 2)
+
+
+def test_auto_create_uses_the_smaller_queue_count(tmp_path: Path) -> None:
+    topics = TopicConfigManager(
+        JsonConfigFile(tmp_path / "t.json"), "b", auto_create=True, default_queue_nums=8
+    )
+    assert topics.get(AUTO_CREATE_TOPIC_KEY) is not None
+    tc, created = topics.for_write("New", 1, auto_create_queue_nums=4)
+    assert created and tc.write_queue_nums == 4
+    assert topics.for_write("New", 0)[1] is False
+
+
+def test_offsets_persist_as_topic_at_group(tmp_path: Path) -> None:
+    file = JsonConfigFile(tmp_path / "consumerOffset.json")
+    offsets = ConsumerOffsetManager(file)
+    assert offsets.query("g", "T", 0) == -1
+    offsets.commit("g", "T", 0, 42)
+    offsets.commit("g", "T", 3, 7)
+    assert offsets.persist()
+    assert not offsets.persist()  # nothing changed since
+    data = json.loads((tmp_path / "consumerOffset.json").read_text())
+    assert data == {"offsetTable": {"T@g": {"0": 42, "3": 7}}}
+    again = ConsumerOffsetManager(file)
+    assert again.query_topic("g", "T") == {0: 42, 3: 7}
+    assert again.topics_of("g") == ["T"]
+
+
+def test_consumers_expire() -> None:
+    now = [0.0]
+    consumers = ConsumerManager(120.0, clock=lambda: now[0])
+    consumers.touch("g", "c1")
+    now[0] = 100.0
+    consumers.touch("g", "c2")
+    assert consumers.members("g") == ["c1", "c2"]
+    now[0] = 150.0
+    assert consumers.members("g") == ["c2"]
+
+
+def test_held_pull_is_woken_from_another_thread() -> None:
+    async def scenario() -> float:
+        holds = PullRequestHoldService(asyncio.get_running_loop())
+        fut = holds.register("T", 0)
+        holds.on_dispatch("T", 1, 5)  # another queue: no wake-up
+        threading.Timer(0.05, holds.on_dispatch, ("T", 0, 1)).start()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await holds.wait("T", 0, fut, 5.0)
+        assert holds.held == 0 and holds.woken == 1
+        return loop.time() - started
+
+    assert asyncio.run(scenario()) < 2.0
+
+
+def test_held_pull_is_woken_at_once_by_a_put_on_the_loop_itself() -> None:
+    async def scenario() -> None:
+        holds = PullRequestHoldService(asyncio.get_running_loop())
+        fut = holds.register("T", 0)
+        holds.on_dispatch("T", 0, 1)  # an inline put: no hand-over through the loop
+        assert fut.done() and holds.woken == 1 and holds.held == 0
+
+    asyncio.run(scenario())
+
+
+def test_one_held_pull_of_several_queues_is_woken_by_any_and_leaves_them_all() -> None:
+    async def scenario() -> None:
+        holds = PullRequestHoldService(asyncio.get_running_loop())
+        keys = [("T", 0), ("T", 1), ("U", 0)]
+        fut = holds.register_many(keys)
+        assert holds.held == 3  # one waiter, listed under each queue
+        holds.on_dispatch("U", 1, 1)  # a queue it does not wait on
+        assert not fut.done()
+        holds.on_dispatch("T", 1, 1)
+        await holds.wait_many(keys, fut, 5.0)
+        assert fut.done() and holds.woken == 1 and holds.held == 0
+        # timed out: gone from every queue too
+        fut = holds.register_many(keys)
+        await holds.wait_many(keys, fut, 0.01)
+        assert holds.held == 0 and holds.woken == 1
+
+    asyncio.run(scenario())
+
+
+def test_held_pull_times_out() -> None:
+    async def scenario() -> None:
+        holds = PullRequestHoldService(asyncio.get_running_loop())
+        fut = holds.register("T", 0)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await holds.wait("T", 0, fut, 0.05)
+        assert loop.time() - started >= 0.05
+        assert holds.held == 0 and holds.woken == 0  # timed out, not woken
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_held_pull_leaves_nothing_behind() -> None:
+    async def scenario() -> None:
+        holds = PullRequestHoldService(asyncio.get_running_loop())
+        fut = holds.register("T", 0)
+        task = asyncio.ensure_future(holds.wait("T", 0, fut, 30.0))
+        await asyncio.sleep(0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert holds.held == 0
+        holds.on_dispatch("T", 0, 1)  # nobody waits: nothing to wake
+        assert holds.woken == 0
+
+    asyncio.run(scenario())
+
+
+def test_latency_fault_tolerance() -> None:
+    now = [0.0]
+    fault = LatencyFaultTolerance(isolation_s=10.0, clock=lambda: now[0])
+    fault.update("a", 0.01)
+    assert fault.is_available("a")
+    fault.update("a", 0.6)  # >= 550 ms: out for 30 s
+    assert not fault.is_available("a")
+    fault.update("b", 0.0, failed=True)
+    now[0] = 11.0
+    assert fault.is_available("b") and not fault.is_available("a")
+    assert fault.least_bad(["a"]) == "a"

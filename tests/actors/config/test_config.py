@@ -1,0 +1,133 @@
+"""Configuration values: RocketMQ's defaults, clear errors, files that load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from actors import (
+    BrokerConfig,
+    BrokerSpec,
+    ClusterConfig,
+    NameServerConfig,
+    ProducerConfig,
+    TopicConfig,
+)
+from actors.protocol.topic import AUTO_CREATE_TOPIC_KEY, perm_to_string
+from storage.errors import InvalidConfigError, InvalidMessageError
+
+
+def test_topic_config_defaults_and_rocketmq_fields_round_trip() -> None:
+    tc = TopicConfig("Orders", 4, 2, 6)
+    assert tc.readable and tc.writeable
+    data = tc.to_dict()
+    assert (
+        data["topicName"] == "Orders" and data["readQueueNums"] == 4 and data["writeQueueNums"] == 2
+    )
+    assert TopicConfig.from_dict(data) == tc
+    assert (
+        TopicConfig.from_dict({"topic_name": "Orders", "read_queue_nums": 4, "write_queue_nums": 2})
+        == tc
+    )
+    assert perm_to_string(6) == "RW-" and perm_to_string(4) == "R--"
+
+
+@pytest.mark.parametrize("perm", [0, 1, 3, 5, 7, 8, 99])
+def test_topic_perm_must_be_2_4_or_6(perm: int) -> None:
+    with pytest.raises(InvalidConfigError, match="perm"):
+        TopicConfig("T", perm=perm)
+
+
+def test_only_the_template_topic_may_inherit() -> None:
+    assert TopicConfig(AUTO_CREATE_TOPIC_KEY, perm=7).perm == 7
+
+
+@pytest.mark.parametrize("nums", [0, -1, 1025, 2.5, True])
+def test_queue_nums_are_bounded(nums: object) -> None:
+    with pytest.raises(InvalidConfigError, match="read_queue_nums"):
+        TopicConfig("T", read_queue_nums=nums)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "../x", "x" * 128, "sp ace", None])
+def test_bad_topic_names(name: object) -> None:
+    with pytest.raises(InvalidMessageError, match="topic"):
+        TopicConfig(name)  # type: ignore[arg-type]
+
+
+def test_broker_config_checks_store_fields_in_the_callers_process() -> None:
+    with pytest.raises(InvalidConfigError, match="unknown StoreConfig field"):
+        BrokerConfig(store={"no_such": 1})
+    with pytest.raises(InvalidConfigError, match="flush_disk_type"):
+        BrokerConfig(store={"flush_disk_type": "SOMETIMES"})
+    with pytest.raises(InvalidConfigError, match="broker_name"):
+        BrokerConfig(broker_name="a b")
+    with pytest.raises(InvalidConfigError, match="malloc_trim_threshold"):
+        BrokerConfig(malloc_trim_threshold=-1)
+    assert BrokerConfig(broker_name="broker-x", broker_id=1).actor_name == "broker-x-1"
+
+
+def test_broker_conf_file_loads(tmp_path: Path) -> None:
+    conf = tmp_path / "broker.conf"
+    conf.write_text(
+        "brokerClusterName=C1\nbrokerName=broker-z\nbrokerId=0\nautoCreateTopicEnable=false\n"
+        "flushDiskType=SYNC_FLUSH\nmappedFileSizeCommitLog=1048576\nmaxMessageSize=65536\ndeleteWhen=04\n"
+        "storePathRootDir=/data/z\nbrokerRole=SYNC_MASTER\n"
+    )
+    bc = BrokerConfig.from_broker_conf(conf, namespace="ns1")
+    assert (bc.cluster_name, bc.broker_name, bc.auto_create_topic_enable) == (
+        "C1",
+        "broker-z",
+        False,
+    )
+    assert bc.store["flush_disk_type"] == "SYNC_FLUSH"
+    assert bc.store["commitlog_file_size"] == 1 << 20
+    assert bc.store_dir == "/data/z" and bc.namespace == "ns1"
+    assert bc.store_config("/tmp/x", "10.0.0.1:10911").sync_flush
+
+
+def test_cluster_config_from_yaml_and_toml(tmp_path: Path) -> None:
+    yml = tmp_path / "cluster.yaml"
+    yml.write_text(
+        "namespace: prod\nnameservers: 3\n"
+        "nameserver: {broker_expired_s: 60}\n"
+        "broker: {auto_create_topic_enable: false, store: {flush_disk_type: SYNC_FLUSH}}\n"
+        "brokers:\n  - broker-a\n  - {broker_name: broker-b, node: 10.0.0.2, heartbeat_interval_s: 10}\n"
+        "topics:\n  - {topic_name: Orders, read_queue_nums: 8, write_queue_nums: 8}\n  - Audit\n"
+    )
+    cfg = ClusterConfig.from_file(yml)
+    assert cfg.namespace == "prod" and cfg.nameservers == 3
+    assert cfg.nameserver == NameServerConfig(broker_expired_s=60)
+    assert cfg.brokers[1] == BrokerSpec(
+        "broker-b", node="10.0.0.2", overrides={"heartbeat_interval_s": 10}
+    )
+    assert [t.topic_name for t in cfg.topics] == ["Orders", "Audit"]
+    toml = tmp_path / "cluster.toml"
+    toml.write_text('namespace = "t"\nnameservers = 1\n[[brokers]]\nbroker_name = "broker-q"\n')
+    cfg = ClusterConfig.from_file(toml)
+    assert [b.broker_name for b in cfg.brokers] == ["broker-q"]
+    assert cfg.broker["auto_create_topic_enable"] is False  # deployments create topics explicitly
+
+
+def test_cluster_config_rejects_unknown_keys_and_duplicates() -> None:
+    with pytest.raises(InvalidConfigError, match="unknown key"):
+        ClusterConfig.from_dict({"namespaces": "x"})
+    with pytest.raises(InvalidConfigError, match="twice"):
+        ClusterConfig(brokers=(BrokerSpec("broker-a"), BrokerSpec("broker-a")))
+    with pytest.raises(InvalidConfigError, match="nameservers"):
+        ClusterConfig(nameservers=0)
+
+
+def test_producer_config_limits() -> None:
+    with pytest.raises(InvalidConfigError, match="send_timeout_s"):
+        ProducerConfig(send_timeout_s=0)
+    with pytest.raises(InvalidConfigError, match="retry_times_when_send_failed"):
+        ProducerConfig(retry_times_when_send_failed=-1)
+
+
+def test_client_options_are_checked_by_name() -> None:
+    from actors.config.options import with_options
+
+    assert with_options(ProducerConfig(), {"send_timeout_s": 1.0}).send_timeout_s == 1.0
+    with pytest.raises(InvalidConfigError, match=r"unknown option\(s\) \['sendtimeout'\]"):
+        with_options(ProducerConfig(), {"sendtimeout": 1.0})

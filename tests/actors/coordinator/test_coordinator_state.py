@@ -1,0 +1,123 @@
+"""The coordinator's bookkeeping without Ray: machine rooms, revoke deadlines, fencing
+order and growing tokens, on a hand-driven clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.coordinator.state import GroupState, StrategySpec
+from rebalance import MessageQueue, assign, get_strategy
+from storage.errors import InvalidConfigError
+
+AVG = StrategySpec("averagely")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def fresh(queues: list[MessageQueue], revoke_timeout_s: float = 1.0) -> tuple[GroupState, Clock]:
+    clock = Clock()
+    state = GroupState("g", epoch=7, revoke_timeout_s=revoke_timeout_s, clock=clock)
+    state.set_queues({queues[0].topic: queues})
+    return state, clock
+
+
+def settle_fences(state: GroupState) -> None:
+    state.fence_done(state.pending_fences())
+
+
+def test_machine_room_nearby_uses_each_member_s_room() -> None:
+    queues = [
+        MessageQueue("T", f"{room}@b{room}", q) for room in ("r1", "r2", "r3") for q in range(4)
+    ]
+    state, _ = fresh(queues)
+    spec = StrategySpec("machine_room_nearby", {"inner": "averagely"})
+    rooms = {"c1": "r1", "c2": "r1", "c3": "r2"}
+    for cid, room in rooms.items():
+        state.join(cid, ["T"], spec, room=room)
+    with pytest.raises(InvalidConfigError, match="machine_room"):
+        state.join("c4", ["T"], spec)  # no room
+    state.rebalance()
+    settle_fences(state)
+    expected = assign(
+        get_strategy(
+            "machine_room_nearby",
+            inner="averagely",
+            broker_room=lambda mq: mq.broker_name.partition("@")[0],
+            consumer_room=rooms.__getitem__,
+        ),
+        "g",
+        queues,
+        list(rooms),
+    )
+    assert {cid: sorted(state.view(cid).owned) for cid in rooms} == {
+        cid: sorted(qs) for cid, qs in expected.items()
+    }
+    # the r3 queues have no consumer in their room: shared by all
+    assert {q.broker_name for q in state.view("c3").owned} == {"r2@br2", "r3@br3"}
+
+
+def test_machine_room_takes_the_members_rooms_as_its_consumer_idcs() -> None:
+    queues = [MessageQueue("T", f"{room}@b", q) for room in ("r1", "r2") for q in range(2)]
+    state, _ = fresh(queues)
+    state.join("c1", ["T"], StrategySpec("machine_room"), room="r1")
+    state.rebalance()
+    settle_fences(state)
+    assert sorted(state.view("c1").owned) == [q for q in queues if q.broker_name == "r1@b"]
+
+
+def test_a_silent_owner_is_fenced_after_the_revoke_timeout_and_tokens_grow() -> None:
+    queues = [MessageQueue("T", "b", q) for q in range(4)]
+    state, clock = fresh(queues, revoke_timeout_s=2.0)
+    state.join("a", ["T"], AVG)
+    state.rebalance()
+    assert state.pending_fences() and not state.view("a").owned  # first owners: fenced first
+    settle_fences(state)
+    first = state.view("a").owned
+    assert len(first) == 4 and set(first.values()) == {(7, 1)}
+    state.join("b", ["T"], AVG)
+    state.rebalance()
+    revoking = state.view("a").revoke
+    assert len(revoking) == 2 and not state.view("b").owned
+    clock.now = 1.9
+    state.reconcile()
+    assert not state.to_fence
+    clock.now = 2.0
+    state.reconcile()
+    assert set(state.to_fence) == set(revoking) and not state.view("a").revoke
+    fences = state.pending_fences()
+    settle_fences(state)
+    owned_b = state.view("b").owned
+    assert set(owned_b) == set(revoking)
+    assert all(owned_b[q] >= fences[q] > first[q] for q in owned_b)
+    events = [(e.event, e.queue) for e in state.log if e.queue in revoking]
+    for q in revoking:
+        mine = [ev for ev, queue in events if queue == q]
+        assert mine[-3:] == ["revoke", "fence", "assign"]
+
+
+def test_a_dead_owner_s_queues_are_fenced_before_they_move_and_a_leaver_s_are_not() -> None:
+    queues = [MessageQueue("T", "b", q) for q in range(4)]
+    state, _ = fresh(queues)
+    for cid in ("a", "b", "c"):
+        state.join(cid, ["T"], AVG)
+    state.rebalance()
+    settle_fences(state)
+    of_b = set(state.view("b").owned)
+    of_c = set(state.view("c").owned)
+    state.remove("b", "dead")
+    state.remove("c", "leave", released=of_c)
+    state.rebalance()
+    assert set(state.to_fence) == of_b
+    assert of_c <= set(state.view("a").owned)  # released: handed on at once
+    settle_fences(state)
+    assert set(state.view("a").owned) == set(queues)
+    assert not state.view("b").member
+    assert state.strategy == AVG
+    state.remove("a", "leave", released=queues)
+    assert state.strategy is None  # an empty group may change its strategy

@@ -1,0 +1,99 @@
+"""The ``raymq`` console script, run in-process against the test Ray cluster."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from raymq_testkit import SMALL_STORE, unique_namespace
+
+from actors.tools.cli import main
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
+    code = main([*argv, "--json"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    return json.loads(out)
+
+
+def test_cli_round_trip(
+    ray_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ns = unique_namespace("cli")
+    config = tmp_path / "cluster.yaml"
+    store = ", ".join(f"{k}: {v}" for k, v in SMALL_STORE.items())
+    config.write_text(
+        f"namespace: {ns}\nnameservers: 1\nbrokers: [broker-a]\n"
+        f"store_root: {tmp_path / 'stores'}\n"
+        f"broker: {{auto_create_topic_enable: false, store: {{{store}}}}}\n"
+        "topics: [{topic_name: Cli, read_queue_nums: 2, write_queue_nums: 2}]\n"
+    )
+    try:
+        up = run(capsys, "up", "--config", str(config))
+        assert [b["broker_name"] for b in up["brokers"]] == ["broker-a"]
+        status = run(capsys, "status", "--namespace", ns)
+        assert status["nameservers"][0]["alive"] and status["brokers"][0]["role"] == "MASTER"
+
+        assert (
+            run(
+                capsys,
+                "topic",
+                "create",
+                "Extra",
+                "--read-queues",
+                "1",
+                "--write-queues",
+                "1",
+                "--namespace",
+                ns,
+            )["writeQueueNums"]
+            == 1
+        )
+        assert run(capsys, "topic", "list", "--namespace", ns) == ["Cli", "Extra"]
+        run(capsys, "topic", "update", "Extra", "--perm", "4", "--namespace", ns)
+        assert main(["send", "Extra", "--body", "x", "--namespace", ns]) == 1  # read-only now
+        assert "forbids write" in capsys.readouterr().err
+
+        sent = run(
+            capsys,
+            "send",
+            "Cli",
+            "--body",
+            "hello",
+            "--count",
+            "3",
+            "--tags",
+            "T1",
+            "--keys",
+            "order-9",
+            "--namespace",
+            ns,
+        )
+        assert len(sent) == 3 and {r["status"] for r in sent} == {"SEND_OK"}
+        rows = run(capsys, "topic", "status", "Cli", "--namespace", ns)
+        assert sum(r["max_offset"] for r in rows) == 3
+
+        lag = run(capsys, "lag", "--group", "cli-g", "--topic", "Cli", "--namespace", ns)
+        assert lag["total_lag"] == 3
+        got = run(capsys, "consume", "Cli", "--group", "cli-g", "--namespace", ns)
+        assert [m["body"] for m in got] == ["hello"] * 3 and got[0]["tags"] == "T1"
+        assert run(capsys, "lag", "--group", "cli-g", "--namespace", ns)["total_lag"] == 0
+        assert run(capsys, "consume", "Cli", "--group", "cli-g", "--namespace", ns) == []
+
+        by_key = run(capsys, "query", "--key", "order-9", "--topic", "Cli", "--namespace", ns)
+        assert len(by_key) == 3
+        by_id = run(capsys, "query", "--id", sent[0]["offset_msg_id"], "--namespace", ns)
+        assert by_id[0]["msg_id"] == sent[0]["msg_id"]
+
+        assert main(["topic", "status", "Nope", "--namespace", ns, "--json"]) == 1
+        assert json.loads(capsys.readouterr().out)["error"] == "TopicNotFoundError"
+        human = main(["status", "--namespace", ns])
+        assert human == 0 and "broker-a" in capsys.readouterr().out
+    finally:
+        down = run(capsys, "down", "--namespace", ns)
+    assert down["stopped"] == ["broker-a-0", "nameserver-0"]
+    assert main(["status", "--namespace", ns]) == 1
+    assert "no RayMQ NameServer" in capsys.readouterr().err
