@@ -9,7 +9,7 @@ Actors are detached and named in a Ray namespace (default ``raymq``):
 """
 
 from actors import _compat
-from actors.broker import Broker
+from actors.broker.broker import Broker
 from actors.client import (
     Admin,
     BatchSendResult,
@@ -36,8 +36,8 @@ from actors.config import (
     NameServerConfig,
     ProducerConfig,
 )
-from actors.coordinator import GroupCoordinator, coordinator_for
-from actors.fleet import ConsumerFleet, FleetConfig, fleet_actor_name
+from actors.coordinator.coordinator import GroupCoordinator, coordinator_for
+from actors.fleet.fleet import ConsumerFleet, FleetConfig, fleet_actor_name
 from actors.namesrv import NameServer, discover_nameservers
 from actors.protocol import (
     DEFAULT_NAMESPACE,
@@ -54,7 +54,7 @@ from actors.protocol import (
     nameserver_actor_name,
 )
 
-_compat.install()  # the 0.1 flat paths (actors.producer, ...) for one more release
+_compat.install()  # the 0.1 flat paths (actors.client.producer, ...) for one more release
 
 __all__ = [
     "DEFAULT_NAMESPACE",

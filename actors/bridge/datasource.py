@@ -6,7 +6,7 @@ queue, and has it pull raw record blobs from the broker in large batches and
 decode them straight into Arrow columns (``TOPIC_SCHEMA``). Records travel
 broker -> read task; the driver only plans. ``write_to_topic`` is the other
 direction: Ray Data write tasks encode Arrow rows into record batches and send
-them with a Producer of their own (see ``actors._datasource_write``).
+them with a Producer of their own (see ``actors.bridge.write``).
 
 A read is bounded: its ranges are fixed when it is planned, from given
 offsets, a consumer group's committed offsets or the queues' ends, up to the

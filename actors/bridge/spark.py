@@ -5,12 +5,12 @@ executors are Ray actors), so a topic read into a ``ray.data.Dataset`` becomes a
 Spark DataFrame without leaving the object store, and a DataFrame comes back as
 a Dataset the same way. ``dataset_to_spark`` and ``spark_to_dataset`` wrap the
 two conversions with the fixes this stack needs; ``topic_to_spark`` reads a
-topic into a DataFrame (``actors.datasource.read_topic`` underneath) and
+topic into a DataFrame (``actors.bridge.datasource.read_topic`` underneath) and
 ``write_to_topic`` produces a DataFrame's rows into a topic from Spark's own
 Python workers (``mapInArrow``; they join the Ray cluster once, as RayDP's Ray ->
 Spark path does): converting the DataFrame to a Ray Dataset first through
 ``from_spark`` took longer than the whole send.
-Micro-batch streaming is ``actors.streaming.stream_to_spark``.
+Micro-batch streaming is ``actors.bridge.streaming.stream_to_spark``.
 
 What was checked on ray 2.60.0, raydp 1.6.5, pyspark 3.5.7, pyarrow 26, Java 17
 (tests/spark holds the evidence):
@@ -31,7 +31,7 @@ What was checked on ray 2.60.0, raydp 1.6.5, pyspark 3.5.7, pyarrow 26, Java 17
   objects twice (``to_pandas``, then back to Arrow), ~17 s to count a million
   100-byte messages on one executor core. ``dataset_to_spark`` therefore keeps
   RayDP's idea (executors ``ray.get`` the blocks) but uses ``mapInArrow``
-  (``actors._datasource_spark``): no per-row Python, maps and binary columns
+  (``actors.bridge.spark_blocks``): no per-row Python, maps and binary columns
   as they are, pandas blocks turned to Arrow in Ray, and partitions cut to
   even row counts whatever the blocks: the same count takes ~4 s.
 * ``ray.data.from_spark(df)`` (for any DataFrame of a RayDP session) works,

@@ -4,6 +4,7 @@ holds its place in a broker group (master/slave or DLedger)."""
 
 from __future__ import annotations
 
-from actors.broker.broker import Broker, default_store_dir
+from actors.broker.broker import Broker
+from actors.broker.runtime import default_store_dir
 
 __all__ = ["Broker", "default_store_dir"]

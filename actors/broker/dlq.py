@@ -14,11 +14,11 @@ from storage.errors import InvalidMessageError
 from storage.message import MessageExt
 
 if TYPE_CHECKING:
-    from actors.broker.broker import Broker
+    from actors.broker.runtime import BrokerRuntime
 
 
 async def read_dlq(
-    broker: Broker, group: str, offset: int = 0, max_count: int = 256
+    broker: BrokerRuntime, group: str, offset: int = 0, max_count: int = 256
 ) -> tuple[list[MessageExt], int]:
     """Dead letters of ``group`` on ``broker`` from queue offset ``offset``, whatever the
     DLQ's perm; and the offset to read on from."""
@@ -27,5 +27,5 @@ async def read_dlq(
         raise InvalidMessageError(f"max_count={max_count!r}: must be an int in 1..{MAX_READ}")
     if broker.topics.get(topic) is None:
         return [], offset
-    got = await broker._run(broker.store.get, "", topic, 0, max(offset, 0), max_count, None)
+    got = await broker.run(broker.store.get, "", topic, 0, max(offset, 0), max_count, None)
     return got.messages, max(got.next_offset, offset)

@@ -12,7 +12,7 @@ The table is kept in memory, not persisted with ``consumerOffset.json``: that
 file is written every few seconds and would not hold a fence set just before a
 crash anyway, and the coordinator is the authority on fences: it keeps every
 fence it set and pushes them again to a broker that comes back under a new
-incarnation (see ``actors.coordinator``). A stale commit can slip in only in
+incarnation (see ``actors.coordinator.coordinator``). A stale commit can slip in only in
 the moment between a broker's restart and that push, and then at worst
 redelivers or skips what the stale owner itself consumed: the offset file stays
 in RocketMQ's layout.

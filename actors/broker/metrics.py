@@ -38,9 +38,9 @@ from ray.util import metrics
 from storage.codec import EncodedBatch
 
 if TYPE_CHECKING:
-    from actors.broker.broker import Broker
+    from actors.broker.runtime import BrokerRuntime
 
-log = logging.getLogger("raymq.actors.metrics")
+log = logging.getLogger("raymq.actors.broker.metrics")
 
 _OBSERVE_CHUNK = 256  # histogram observations per turn of the event loop (~1 ms)
 _LATENCY_BOUNDS = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0]
@@ -183,7 +183,7 @@ class BrokerMetrics:
         self.commitlog_bytes.set(commitlog_bytes)
 
 
-def consumer_lags(broker: Broker) -> dict[tuple[str, str], int]:
+def consumer_lags(broker: BrokerRuntime) -> dict[tuple[str, str], int]:
     """``{(group, topic): messages not yet consumed}`` over every committed offset on
     ``broker`` (a queue the group never committed counts from its min offset, as
     ``raymq lag`` does). Only in-memory lookups: offsets table and queue offsets."""
@@ -206,7 +206,9 @@ class BrokerMetricsService:
     """The broker's metrics loop: export every ``export_interval_s``, lag and store
     gauges every ``lag_interval_s``. Runs on the broker's event loop."""
 
-    def __init__(self, broker: Broker, export_interval_s: float, lag_interval_s: float) -> None:
+    def __init__(
+        self, broker: BrokerRuntime, export_interval_s: float, lag_interval_s: float
+    ) -> None:
         self.broker = broker
         self.metrics = BrokerMetrics(broker.config.broker_name, broker.config.broker_id)
         self.export_interval_s = export_interval_s

@@ -19,7 +19,7 @@ and ``RECONSUME_TIME``. The whole call is one put: all stored or none.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from actors.protocol.topic import (
@@ -35,8 +35,8 @@ from storage.errors import InvalidMessageError, OffsetOutOfRangeError, StoreCorr
 from storage.message import Message, MessageExt
 
 if TYPE_CHECKING:
-    from actors.broker.broker import Broker
-    from storage.store import MessageStore
+    from actors.broker.runtime import BrokerRuntime
+    from storage.store import MessageStore, PutBatchResult
 
 log = logging.getLogger("raymq.actors.retry")
 
@@ -76,7 +76,7 @@ def send_back_copy(
     return copy, (m.born_timestamp, m.born_host, times + 1), where
 
 
-async def ensure_topic(broker: Broker, config: TopicConfig) -> bool:
+async def ensure_topic(broker: BrokerRuntime, config: TopicConfig) -> bool:
     """Create ``config`` on ``broker`` unless it exists (an operator's perm change
     stays); True when created, and then every NameServer knows it on return."""
     if broker.topics.get(config.topic_name) is not None:
@@ -93,7 +93,7 @@ async def ensure_topic(broker: Broker, config: TopicConfig) -> bool:
     return True
 
 
-async def create_retry_topic(broker: Broker, group: str) -> bool:
+async def create_retry_topic(broker: BrokerRuntime, group: str) -> bool:
     return await ensure_topic(
         broker,
         TopicConfig(retry_topic(group), RETRY_QUEUE_NUMS, RETRY_QUEUE_NUMS, PERM_READ | PERM_WRITE),
@@ -135,7 +135,8 @@ def build_send_back(
 
 
 async def consumer_send_msg_back(
-    broker: Broker,
+    broker: BrokerRuntime,
+    put: Callable[[codec.EncodedBatch], Awaitable[PutBatchResult]],
     group: str,
     commitlog_offsets: Sequence[int],
     max_reconsume_times: int,
@@ -156,7 +157,7 @@ async def consumer_send_msg_back(
             f"({len(commitlog_offsets)})"
         )
     retry, dlq = retry_topic(group), dlq_topic(group)
-    batch, outcome = await broker._run(
+    batch, outcome = await broker.run(
         build_send_back,
         broker.store,
         group,
@@ -172,8 +173,8 @@ async def consumer_send_msg_back(
     if SENT_TO_DLQ in outcome:
         await ensure_topic(broker, TopicConfig(dlq, DLQ_QUEUE_NUMS, DLQ_QUEUE_NUMS, DLQ_PERM))
         broker.topics.for_write(dlq, 0)
-    await broker._put(batch)
-    stats: dict[str, Any] = broker._stats
+    await put(batch)  # through the broker's role, as every write
+    stats: dict[str, Any] = broker.stats
     stats["send_back_calls"] = stats.get("send_back_calls", 0) + 1
     stats["send_back_msgs"] = stats.get("send_back_msgs", 0) + len(batch)
     dead = outcome.count(SENT_TO_DLQ)

@@ -1,4 +1,4 @@
-"""Micro-batch stream checkpoints a broker keeps for ``actors.streaming`` (pure Python, no Ray).
+"""Micro-batch stream checkpoints a broker keeps for ``actors.bridge.streaming`` (pure Python, no Ray).
 
 One entry per (group, topic): the stream's latest batch — its id, its planned
 offset ranges and whether it finished — in the broker's

@@ -56,13 +56,13 @@ class BrokerConfig:
     inline_reads: bool = True
     malloc_trim_threshold: int = 256 << 20
     """Freed memory the broker's process keeps for its next calls instead of giving it
-    back to the kernel (glibc's ``M_TRIM_THRESHOLD``, see ``actors/_malloc.py``); 0 keeps
+    back to the kernel (glibc's ``M_TRIM_THRESHOLD``, see ``actors/broker/memory.py``); 0 keeps
     glibc's defaults, under which every large pull faults its buffers in anew."""
     metrics_enable: bool = True
-    """Export ``raymq_*`` metrics through ``ray.util.metrics`` (``actors/metrics.py``)."""
+    """Export ``raymq_*`` metrics through ``ray.util.metrics`` (``actors/broker/metrics.py``)."""
     metrics_export_interval_s: float = 1.0
     metrics_lag_interval_s: float = 5.0
-    # --- high availability (actors/_ha.py, actors/dledger.py): RocketMQ's names
+    # --- high availability (actors/broker/ha/master_slave.py, actors/broker/ha/dledger.py): RocketMQ's names
     broker_role: str = "ASYNC_MASTER"
     """The group's master role, ``ASYNC_MASTER`` or ``SYNC_MASTER``; a broker with id >= 1
     is a slave of it (``SLAVE`` is accepted there, as in a RocketMQ broker.conf)."""

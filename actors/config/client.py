@@ -25,7 +25,7 @@ class ProducerConfig:
     born_host: str = "127.0.0.1:0"
     max_in_flight_per_broker: int = 2
     """``send_async`` calls on the wire to one broker; batches sent meanwhile wait and
-    leave together in the next call (``actors._send_lanes``)."""
+    leave together in the next call (``actors.client.send_lanes``)."""
     async_send_max_messages: int = 65536
     async_send_max_bytes: int = 64 << 20
     """What ``send_async`` may hold unanswered, in messages and encoded bytes
@@ -33,7 +33,7 @@ class ProducerConfig:
     room up to ``send_timeout_s`` and then raises ``ProducerBusyError``."""
     shared_memory_send: bool = True
     """Send calls of 256 KiB or more to a broker on this producer's own Ray node go
-    through a shared memory ring instead of Ray's object store (``actors._shared_ring``);
+    through a shared memory ring instead of Ray's object store (``actors.protocol.shared_ring``);
     brokers on other nodes, and any broker that cannot read the ring, get Ray's path."""
 
     def __post_init__(self) -> None:

@@ -4,7 +4,7 @@ RocketMQ's clients rebalance on their own, each from the member list a broker
 gives it; while their views differ two consumers can own one queue. Here a
 detached actor named ``coordinator-<group>`` holds the members and the
 queues, runs the group's strategy (``rebalance``) and hands queues out so that
-a queue has one owner at a time (the rules are in ``actors._coordinator_state``):
+a queue has one owner at a time (the rules are in ``actors.coordinator.state``):
 
 * a queue whose owner must change is first revoked: the owner stops pulling
   it, lets its batch in flight finish, commits its offset and confirms; only
@@ -53,7 +53,7 @@ from rebalance import MessageQueue
 from storage.codec import validate_topic
 from storage.errors import InvalidConfigError, TopicNotFoundError
 
-log = logging.getLogger("raymq.actors.coordinator")
+log = logging.getLogger("raymq.actors.coordinator.coordinator")
 
 ACTOR_MAX_CONCURRENCY = 1000
 FENCE_RETRY_S = 0.2

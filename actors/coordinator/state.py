@@ -1,6 +1,6 @@
 """One consumer group's membership and queue ownership, as its coordinator holds them.
 
-Pure Python, no Ray: :class:`actors.coordinator.GroupCoordinator` wraps one
+Pure Python, no Ray: :class:`actors.coordinator.coordinator.GroupCoordinator` wraps one
 :class:`GroupState` and does the I/O (routes, fencing calls on brokers, the
 members' long polls). Every change of members, subscriptions or queues is a
 new ``generation``; the group's strategy then gives a ``target`` owner to
@@ -37,7 +37,7 @@ from actors.protocol.fencing import FencingToken
 from rebalance import STRATEGY_NAMES, AllocateStrategy, MessageQueue, assign, get_strategy
 from storage.errors import InvalidConfigError
 
-log = logging.getLogger("raymq.actors.coordinator")
+log = logging.getLogger("raymq.actors.coordinator.coordinator")
 
 MACHINE_ROOM_STRATEGIES = ("machine_room", "machine_room_nearby")
 DEFAULT_ROOM = "DEFAULT"

@@ -23,7 +23,7 @@ from actors.config.namesrv import NameServerConfig
 from actors.namesrv.route_info import RouteInfoManager
 from actors.protocol.route import BrokerRegistration, TopicRouteData
 
-log = logging.getLogger("raymq.actors.nameserver")
+log = logging.getLogger("raymq.actors.namesrv.nameserver")
 
 
 class NameServer:

@@ -28,7 +28,7 @@ from typing import Any
 from actors.protocol.route import BrokerData, BrokerRegistration, QueueData, TopicRouteData
 from actors.protocol.topic import TopicConfig
 
-log = logging.getLogger("raymq.actors.route")
+log = logging.getLogger("raymq.actors.protocol.route")
 
 
 @dataclass

@@ -108,7 +108,7 @@ class SharedRing:
 
 class SharedCall:
     """A send through a ring, waited on as an ObjectRef is: ``future()`` (a lane, a
-    callback) or ``result(timeout)`` (``actors._rpc.get``)."""
+    callback) or ``result(timeout)`` (``actors.protocol.rpc.get``)."""
 
     __slots__ = ("_future",)
 

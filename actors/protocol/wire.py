@@ -194,6 +194,7 @@ def pulls_from_wire(wire: bytes | list[Any], *, copy: bool = True) -> list[RawGe
         raise InvalidMessageError(f"{len(heads)} pull answers with {len(parts)} record parts")
     out, pos = [], 4 + n
     for i, (status, length, *rest) in enumerate(heads):
+        data: bytes | memoryview
         if parts is None:
             data = bytes(prefix[pos : pos + length])
             pos += length

@@ -38,7 +38,7 @@ from actors.tools.bench import BenchSummary, run_bench, summary_dict
 from storage import Message
 from storage.errors import RayMQError
 
-log = logging.getLogger("raymq.actors.cli")
+log = logging.getLogger("raymq.actors.tools.cli")
 
 
 # ------------------------------------------------------------ output

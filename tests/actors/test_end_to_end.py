@@ -137,7 +137,7 @@ def test_pull_batch_and_the_packed_pull_answer_alike(cluster: actors.Cluster) ->
 
 def test_a_broker_keeps_the_memory_it_frees(cluster: actors.Cluster) -> None:
     # a pull of 4 x 4096 records allocates and frees ~10 MB; glibc would give it back
-    # and fault it in again on the next pull (actors/_malloc.py, tests/actors/test_malloc.py)
+    # and fault it in again on the next pull (actors/broker/memory.py, tests/actors/test_malloc.py)
     def churn(_: Any, source: str = CHURN) -> list[int]:  # defined here, sent by value
         namespace: dict[str, Any] = {}
         exec(source, namespace)

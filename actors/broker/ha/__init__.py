@@ -10,12 +10,12 @@ from actors.broker.ha.master_slave import MasterSlaveReplication
 from actors.broker.ha.replication import Replication
 
 if TYPE_CHECKING:
-    from actors.broker.broker import Broker
+    from actors.broker.runtime import BrokerRuntime
 
 __all__ = ["DLedgerReplication", "MasterSlaveReplication", "Replication", "create_replication"]
 
 
-def create_replication(broker: Broker) -> Replication:
+def create_replication(broker: BrokerRuntime) -> Replication:
     """The broker's role object, by its configuration."""
     if broker.config.enable_dledger:
         return DLedgerReplication(broker)

@@ -6,7 +6,7 @@ its messages to the other members as Ray actor calls (one call per member per
 drain, so every message produced in one loop iteration shares it), persists
 what the node asks before anything is sent, and applies commits.
 
-The log is the CommitLog itself (``actors._raft_log``). The leader puts a batch
+The log is the CommitLog itself (``actors.broker.ha.raft_log``). The leader puts a batch
 into its store as usual (offsets, store timestamps, its host), proposes that
 CommitLog range as one entry, and acknowledges the put once a majority holds
 it; followers append the leader's exact bytes at the same offsets and build
@@ -67,9 +67,9 @@ from storage.schedule import ScheduleMessageService
 from storage.store import PutBatchResult
 
 if TYPE_CHECKING:
-    from actors.broker.broker import Broker
+    from actors.broker.runtime import BrokerRuntime
 
-log = logging.getLogger("raymq.actors.dledger")
+log = logging.getLogger("raymq.actors.broker.ha.dledger")
 
 STAGGER_MS = 150
 _OFF_QUEUEOFFSET = 20
@@ -94,8 +94,8 @@ class _LeaderStore:
 
 
 class DLedgerReplication(Replication):
-    def __init__(self, broker: Broker) -> None:
-        self.loop = broker._loop
+    def __init__(self, broker: BrokerRuntime) -> None:
+        self.loop = broker.loop
         self.closed = False
         super().__init__(broker)
         cfg = self.config
@@ -168,7 +168,7 @@ class DLedgerReplication(Replication):
         await asyncio.gather(*tasks, return_exceptions=True)
         self._fail_waiters(BrokerUnavailableError(f"{self.name} is shutting down"))
         self.services.stop()
-        await self.broker._run(self.raft_log.close)
+        await self.broker.run(self.raft_log.close)
 
     async def _tick_loop(self) -> None:
         tick_s = self.config.dledger_tick_ms / 1000
@@ -212,12 +212,10 @@ class DLedgerReplication(Replication):
         # 1. persist what the messages promise, 2. send, 3. apply
         if ready.hard_state is not None:
             hs = ready.hard_state
-            await self.broker._run(
-                self._hard_file.save, {"term": hs.term, "votedFor": hs.voted_for}
-            )
+            await self.broker.run(self._hard_file.save, {"term": hs.term, "votedFor": hs.voted_for})
         if ready.log_truncated_from is not None or len(ready.log_appended):
             if self.raft_log.fsync:
-                await self.broker._run(self.raft_log.sync)
+                await self.broker.run(self.raft_log.sync)
             else:
                 self.raft_log.sync()
         if ready.messages:
@@ -230,7 +228,7 @@ class DLedgerReplication(Replication):
                 self._links[peer].send(msgs, run_ref)
         if len(ready.log_appended) and not self.node.is_leader:
             # a follower's entries: acknowledged above, dispatched to its queues now
-            await self.broker._run(self.store.dispatch_replicated)
+            await self.broker.run(self.store.dispatch_replicated)
         if len(ready.committed):
             self._apply(ready.committed)
         if ready.soft_state is not None:

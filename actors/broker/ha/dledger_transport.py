@@ -1,4 +1,4 @@
-"""How the members of a DLedger group reach each other (``actors.dledger``).
+"""How the members of a DLedger group reach each other (``actors.broker.ha.dledger``).
 
 * :class:`PeerLink`: another member's actor handle, found by name, and one
   ``wait_closed`` call kept pending on it, which Ray fails the moment the actor
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import ray
@@ -22,7 +22,24 @@ from actors.broker.ha.raft_log import CommitLogRaftLog
 from storage.raft import AppendEntries, Entry, Message
 
 if TYPE_CHECKING:
-    from actors.broker.ha.dledger import DLedgerReplication
+    import asyncio
+
+    from actors.broker.runtime import BrokerRuntime
+    from actors.config.broker import BrokerConfig
+
+
+class LinkOwner(Protocol):
+    """What a :class:`PeerLink` needs of the DLedger role that owns it."""
+
+    broker: BrokerRuntime
+    config: BrokerConfig
+    loop: asyncio.AbstractEventLoop
+    closed: bool
+
+    def kick(self) -> None: ...
+
+    def on_peer_dead(self, peer: str) -> None: ...
+
 
 _RESOLVE_RETRY_S = 0.3
 
@@ -90,7 +107,7 @@ def from_wire(wire: list[Any], run: EntryRun | None) -> list[Message]:
 class PeerLink:
     """Another member: its handle, and a pending ``wait_closed`` that tells of its death."""
 
-    def __init__(self, shell: DLedgerReplication, name: str) -> None:
+    def __init__(self, shell: LinkOwner, name: str) -> None:
         self.shell = shell
         self.name = name
         self.handle: Any = None
@@ -110,7 +127,7 @@ class PeerLink:
         b = self.shell.broker
         while not self.shell.closed:
             try:
-                handle = await b._run(ray.get_actor, self.name, self.shell.config.namespace)
+                handle = await b.run(ray.get_actor, self.name, self.shell.config.namespace)
                 await asyncio.wait_for(handle.ping.remote(), 10.0)
             except asyncio.CancelledError:
                 raise

@@ -9,7 +9,7 @@ are its own. When the master says the slave's tail diverges (a deposed master
 rejoining), the slave cuts its CommitLog back first.
 
 Invariant: the slave's CommitLog is always a prefix of its master's, up to the
-consistent point of their epochs (``actors._epochs``).
+consistent point of their epochs (``actors.broker.ha.epochs``).
 """
 
 from __future__ import annotations
@@ -18,10 +18,28 @@ import asyncio
 import functools
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from actors.broker.ha.master_slave import MasterSlaveReplication
+    from actors.broker.ha.epochs import HAState
+    from actors.broker.runtime import BrokerRuntime
+    from storage.store import MessageStore
+
+
+class SlaveSide(Protocol):
+    """What an :class:`HAClient` needs of the slave role that runs it."""
+
+    broker: BrokerRuntime
+    store: MessageStore
+    state: HAState
+
+    @property
+    def registered_id(self) -> int: ...
+
+    async def master_handle(self) -> Any: ...
+
+    async def forget_master(self) -> None: ...
+
 
 log = logging.getLogger("raymq.actors.ha")
 
@@ -45,7 +63,7 @@ class TransferReply:
 
 
 class HAClient:
-    def __init__(self, repl: MasterSlaveReplication) -> None:
+    def __init__(self, repl: SlaveSide) -> None:
         self.repl = repl
         self.broker = repl.broker
         self.store = repl.store
@@ -114,11 +132,11 @@ class HAClient:
             await self._apply(reply)
             if reply.chunks:
                 self._fetch(handle, upto, 0, 0.0)  # the acknowledgement: no answer awaited
-                await self.broker._run(self.store.dispatch_replicated)  # entries after the ack
+                await self.broker.run(self.store.dispatch_replicated)  # entries after the ack
 
     async def _apply(self, reply: TransferReply) -> None:
         store = self.store
-        run = self.broker._run
+        run = self.broker.run
         if reply.file_size != store.config.commitlog_file_size:
             raise ValueError(
                 f"master {reply.master} has commitlog_file_size={reply.file_size}, this slave "

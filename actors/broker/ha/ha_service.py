@@ -21,7 +21,7 @@ import heapq
 import itertools
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -31,7 +31,22 @@ from storage.errors import BrokerUnavailableError
 from storage.message import PutStatus
 
 if TYPE_CHECKING:
-    from actors.broker.ha.master_slave import MasterSlaveReplication
+    from actors.broker.ha.epochs import HAState
+    from actors.config.broker import BrokerConfig
+    from storage.store import MessageStore
+
+
+class MasterSide(Protocol):
+    """What the :class:`HAService` needs of the master role that runs it."""
+
+    config: BrokerConfig
+    store: MessageStore
+    loop: asyncio.AbstractEventLoop
+    state: HAState
+
+    @property
+    def is_master(self) -> bool: ...
+
 
 log = logging.getLogger("raymq.actors.ha")
 
@@ -44,7 +59,7 @@ class SlaveState:
 
 
 class HAService:
-    def __init__(self, repl: MasterSlaveReplication) -> None:
+    def __init__(self, repl: MasterSide) -> None:
         self.repl = repl
         self.config = repl.config
         self.store = repl.store

@@ -1,11 +1,11 @@
 """Master/slave replication (RocketMQ 4's HAService), one side or the other of it.
 
 A group is a master (broker id 0) and slaves (ids >= 1), each a Broker actor
-on its own node and disk. Every slave runs an :class:`~actors._ha_client.HAClient`
+on its own node and disk. Every slave runs an :class:`~actors.broker.ha.ha_client.HAClient`
 (pulling the master's CommitLog byte for byte) and a
-:class:`~actors._slave_sync.SlaveSynchronize` (topics, consumer offsets,
+:class:`~actors.broker.ha.slave_sync.SlaveSynchronize` (topics, consumer offsets,
 delay progress); the master answers them with its
-:class:`~actors._ha_service.HAService`. This module is the role a broker plays
+:class:`~actors.broker.ha.ha_service.HAService`. This module is the role a broker plays
 and how it changes: promotion, demotion, where a slave finds its master.
 
 ``broker_role``:
@@ -21,7 +21,7 @@ and how it changes: promotion, demotion, where a slave finds its master.
 
 Without Raft a group whose master is gone is read-only until an operator
 promotes a slave (:meth:`MasterSlaveReplication.promote`): the slave starts a
-new master epoch (``actors._epochs``) and registers as id 0; the NameServers
+new master epoch (``actors.broker.ha.epochs``) and registers as id 0; the NameServers
 refuse the old master from then on, and when it returns it becomes a slave
 that first cuts off whatever it wrote that the new master never had.
 
@@ -60,7 +60,7 @@ from storage.message import GetStatus, RawGetResult
 from storage.store import PutBatchResult
 
 if TYPE_CHECKING:
-    from actors.broker.broker import Broker
+    from actors.broker.runtime import BrokerRuntime
 
 log = logging.getLogger("raymq.actors.ha")
 
@@ -72,9 +72,9 @@ GATHER_TIMEOUT_S = 3.0
 
 
 class MasterSlaveReplication(Replication):
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerRuntime) -> None:
         super().__init__(broker)
-        self.loop = broker._loop
+        self.loop = broker.loop
         self.state = HAState(self.store.config_file("haState"))
         self.role = self.state.role or self.config.role  # a promotion outlives restarts
         self.service = HAService(self)  # the master's side: slaves, acks, waiting puts
@@ -138,7 +138,7 @@ class MasterSlaveReplication(Replication):
             if actor_name == self.config.actor_name or bid == MASTER_ID:
                 continue
             try:
-                handle = await self.broker._run(self._get_actor, actor_name)
+                handle = await self.broker.run(self._get_actor, actor_name)
                 table = await asyncio.wait_for(handle.ha_local_offsets.remote(), 2.0)
             except Exception:  # noqa: BLE001
                 continue
@@ -190,7 +190,7 @@ class MasterSlaveReplication(Replication):
         b = self.broker
         for name in b.config.nameservers:
             try:
-                handle = await b._run(b._nameserver, name)
+                handle = await b.run(b.nameserver, name)
                 info = await asyncio.wait_for(handle.get_cluster_info.remote(), 2.0)
             except Exception:  # noqa: BLE001 - try the next NameServer
                 continue
@@ -209,7 +209,7 @@ class MasterSlaveReplication(Replication):
         if name == self.config.actor_name or self.role != SLAVE:
             return None
         try:
-            self._master_handle = await self.broker._run(self._get_actor, name)
+            self._master_handle = await self.broker.run(self._get_actor, name)
         except ValueError:
             await self.forget_master()
         return self._master_handle
@@ -294,7 +294,7 @@ class MasterSlaveReplication(Replication):
                 f"broker {name} still replicates from master {client.master}: a live master "
                 "is not replaced (force=True overrides)"
             )
-        await self.broker._run(self.store.dispatch_replicated)  # what arrived is whole records
+        await self.broker.run(self.store.dispatch_replicated)  # what arrived is whole records
         end = self.store.dispatched_offset  # the last whole record
         needed = max(min_offset, client.confirmed if client is not None else 0)
         if end < needed:
@@ -304,13 +304,13 @@ class MasterSlaveReplication(Replication):
                 "acknowledged messages; promote a slave that has them"
             )
         await self._stop_tasks()
-        await self.broker._run(self.store.dispatch_replicated)  # bytes that came meanwhile
+        await self.broker.run(self.store.dispatch_replicated)  # bytes that came meanwhile
         end = self.store.dispatched_offset
         if self.sync is not None:  # commits consumers made here now belong to the master
             self.broker.offsets.merge_max(self.sync.local)
         self.client = self.sync = None
         if self.store.commitlog.max_offset > end:
-            await self.broker._run(self.store.truncate_commitlog, end)
+            await self.broker.run(self.store.truncate_commitlog, end)
         old_id = self.registered_id
         epoch = self.state.begin_epoch(end)
         self.state.set_role(new_role)
@@ -357,7 +357,7 @@ class MasterSlaveReplication(Replication):
         self._master_handle = None
         await self._unregister(MASTER_ID)
         self._start_slave()
-        self.broker._register_wakeup.set()
+        self.broker.request_registration()
 
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -29,7 +29,7 @@ from storage.errors import OffsetOutOfRangeError, StoreCorruptedError
 from storage.raft import Entry
 from storage.store import MessageStore
 
-log = logging.getLogger("raymq.actors.dledger")
+log = logging.getLogger("raymq.actors.broker.ha.dledger")
 
 _HEADER = struct.Struct(">4sIq")  # magic, version, base offset
 _RECORD = struct.Struct(">qq")  # term, end offset

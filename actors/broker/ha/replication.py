@@ -1,7 +1,7 @@
 """The part of a Broker that makes it one member of a broker group.
 
-A RocketMQ broker group is a master with slaves (``actors._ha``) or a DLedger
-Raft group that elects its master (``actors.dledger``). Either way the Broker
+A RocketMQ broker group is a master with slaves (``actors.broker.ha.master_slave``) or a DLedger
+Raft group that elects its master (``actors.broker.ha.dledger``). Either way the Broker
 actor owns one :class:`Replication` and routes through it everything whose
 meaning depends on the broker's place in the group:
 
@@ -48,7 +48,7 @@ from storage.services import (
 from storage.store import MessageStore, PutBatchResult
 
 if TYPE_CHECKING:
-    from actors.broker.broker import Broker
+    from actors.broker.runtime import BrokerRuntime
 
 log = logging.getLogger("raymq.actors.ha")
 
@@ -137,7 +137,7 @@ class Replication:
 
     role = "ASYNC_MASTER"
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerRuntime) -> None:
         self.broker = broker
         self.store = broker.store
         self.config = broker.config
@@ -169,7 +169,7 @@ class Replication:
         b = self.broker
         for name in b.config.nameservers:
             try:
-                handle = await b._run(b._nameserver, name)
+                handle = await b.run(b.nameserver, name)
                 await asyncio.wait_for(
                     handle.unregister_broker.remote(
                         self.config.broker_name, registered_id, b.incarnation

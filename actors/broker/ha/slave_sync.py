@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from actors.broker.ha.replication import OffsetTable
 
 if TYPE_CHECKING:
-    from actors.broker.broker import Broker
+    from actors.broker.runtime import BrokerRuntime
 
 log = logging.getLogger("raymq.actors.ha")
 
@@ -37,7 +37,7 @@ def merge_into(table: OffsetTable, other: OffsetTable) -> None:
 
 
 class SlaveSynchronize:
-    def __init__(self, broker: Broker, master: MasterLookup, interval_s: float) -> None:
+    def __init__(self, broker: BrokerRuntime, master: MasterLookup, interval_s: float) -> None:
         self.broker = broker
         self._master = master
         self.interval_s = interval_s
@@ -79,7 +79,7 @@ class SlaveSynchronize:
                 merge_into(self.local, pushed)
                 raise
         snapshot = await asyncio.wait_for(handle.ha_config_snapshot.remote(), CALL_TIMEOUT_S)
-        await self.broker._run(self.apply, snapshot)
+        await self.broker.run(self.apply, snapshot)
         self.last_sync = asyncio.get_running_loop().time()
         return True
 
@@ -104,4 +104,4 @@ class SlaveSynchronize:
             )
             self._delay = delay
         if changed:  # the NameServers route to this slave's topics when the master is gone
-            b._loop.call_soon_threadsafe(b._register_wakeup.set)
+            b.loop.call_soon_threadsafe(b.request_registration)

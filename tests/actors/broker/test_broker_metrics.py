@@ -22,7 +22,8 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
+TESTKIT = Path(__file__).resolve().parents[1]  # tests/actors: raymq_testkit
 BROKER = {"broker": "broker-a", "broker_id": "0"}
 
 
@@ -108,7 +109,9 @@ def _value(samples: dict[str, Any], name: str, **tags: str) -> float | None:
 
 def _start_child(tmp_path: Path) -> tuple[subprocess.Popen[str], dict[str, Any]]:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(REPO), str(TESTKIT), env.get("PYTHONPATH")])
+    )
     stderr = open(tmp_path / "child.err", "w")  # noqa: SIM115 - the child writes it
     proc = subprocess.Popen(
         [sys.executable, __file__, str(tmp_path / "stores")],

@@ -1,4 +1,4 @@
-"""actors/_malloc.py: a process that frees large buffers keeps their pages."""
+"""actors/broker/memory.py: a process that frees large buffers keeps their pages."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from actors.broker.memory import retain_freed_memory
 _IN_A_THREAD = """
 import sys, threading
 sys.path[:0] = {paths!r}
-from actors._malloc import retain_freed_memory
+from actors.broker.memory import retain_freed_memory
 exec({churn!r})
 if {retain}:
     assert retain_freed_memory(256 << 20)

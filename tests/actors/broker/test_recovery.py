@@ -135,7 +135,7 @@ def test_dead_broker_leaves_every_route_at_once(make_cluster: Any) -> None:
 
         wait_until(gone, timeout_s=5, what=f"nameserver-{i} drops broker-b")
     assert time.monotonic() - killed < 1.5
-    # the NameServers push the change (actors._nameserver_client), so the producer drops its
+    # the NameServers push the change (actors.namesrv.client), so the producer drops its
     # cached route at once; if a send still went out on it, it failed and was retried
     futures = [
         producer.send_async([Message("Dead", b"a%d-%d" % (i, k)) for k in range(5)])

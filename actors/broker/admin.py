@@ -1,0 +1,140 @@
+"""Topics, lookups and status on a broker (RocketMQ's ``AdminBrokerProcessor``).
+
+Control plane only: none of these is on a message's path. Creating or deleting a
+topic registers with every NameServer before it returns, so the change is
+routable everywhere once the caller hears back.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from typing import Any
+
+from actors.broker.dlq import read_dlq as read_dead_letters
+from actors.broker.ha import Replication
+from actors.broker.runtime import BrokerRuntime
+from actors.protocol.topic import TopicConfig
+from storage.codec import decode_records
+from storage.errors import TopicNotFoundError
+from storage.message import MessageExt
+
+
+class AdminBrokerProcessor:
+    """Topic admin, lookups by key, id and time, dead letters and the broker's status."""
+
+    def __init__(self, runtime: BrokerRuntime, role: Replication) -> None:
+        self.rt = runtime
+        self.role = role
+
+    # ------------------------------------------------------------ topics (admin)
+    async def create_topic(self, config: TopicConfig) -> TopicConfig:
+        """Create or update a topic and tell every NameServer before returning."""
+        self.rt.topics.put(config)
+        await self.rt.register_all()
+        return config
+
+    async def delete_topic(self, topic: str) -> bool:
+        removed = self.rt.topics.delete(topic)
+        if removed:
+            self.rt.offsets.remove_topic(topic)
+            await self.rt.register_all()
+        return removed
+
+    async def get_topic_config(self, topic: str) -> TopicConfig | None:
+        return self.rt.topics.get(topic)
+
+    async def topic_configs(self) -> dict[str, TopicConfig]:
+        return self.rt.topics.snapshot()
+
+    async def topic_status(self, topic: str) -> list[dict[str, Any]]:
+        """Per queue: min and max offset and when its last message was stored."""
+        tc = self.rt.topics.get(topic)
+        if tc is None:
+            raise TopicNotFoundError(
+                f"topic={topic!r} does not exist on broker {self.rt.config.broker_name}"
+            )
+        rows = []
+        for q in range(max(tc.read_queue_nums, tc.write_queue_nums)):
+            min_off, max_off = (
+                self.rt.store.min_offset(topic, q),
+                self.rt.store.max_offset(topic, q),
+            )
+            last = 0
+            if max_off > min_off:
+                raw = await self.rt.run(self.rt.store.get_raw, "", topic, q, max_off - 1, 1, None)
+                if raw.count:
+                    last = decode_records(raw.data, check_crc=False)[0].store_timestamp
+            rows.append(
+                {
+                    "topic": topic,
+                    "broker": self.rt.config.broker_name,
+                    "queue_id": q,
+                    "min_offset": min_off,
+                    "max_offset": max_off,
+                    "last_update_ms": last,
+                }
+            )
+        return rows
+
+    # ------------------------------------------------------------ lookups (admin)
+    async def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        return await self.rt.run(self.rt.store.offset_by_time, topic, queue_id, timestamp_ms)
+
+    async def min_max_offset(self, topic: str, queue_id: int) -> tuple[int, int]:
+        return self.rt.store.min_offset(topic, queue_id), self.rt.store.max_offset(topic, queue_id)
+
+    async def query_by_key(
+        self,
+        topic: str,
+        key: str,
+        max_count: int = 64,
+        begin_ms: int = 0,
+        end_ms: int | None = None,
+    ) -> list[MessageExt]:
+        return await self.rt.run(
+            self.rt.store.query_by_key, topic, key, max_count, begin_ms, end_ms
+        )
+
+    async def message_by_id(self, msg_id: str, topic: str | None = None) -> MessageExt:
+        return await self.rt.run(self.rt.store.message_by_id, msg_id, topic)
+
+    async def read_dlq(
+        self, group: str, offset: int = 0, max_count: int = 256
+    ) -> tuple[list[MessageExt], int]:
+        """Dead letters of ``group`` from ``offset``, whatever the DLQ's perm (admin)."""
+        return await read_dead_letters(self.rt, group, offset, max_count)
+
+    async def delay_levels(self) -> tuple[int, ...]:
+        """The delay of each level in ms (``message_delay_level``)."""
+        return self.rt.store.config.delay_levels_ms
+
+    async def status(self) -> dict[str, Any]:
+        c = self.rt.config
+        disk = shutil.disk_usage(self.rt.store_dir)
+        return {
+            "cluster": c.cluster_name,
+            "broker_name": c.broker_name,
+            "broker_id": c.broker_id,
+            **self.role.status(),  # role, registered id, replication progress
+            "addr": self.rt.addr,
+            "actor_name": c.actor_name,
+            "namespace": c.namespace,
+            "node_id": self.rt.node_id,
+            "node_ip": self.rt.node_ip,
+            "pid": os.getpid(),
+            "store_dir": self.rt.store_dir,
+            "flush_disk_type": self.rt.store.config.flush_disk_type,
+            "disk_total": disk.total,
+            "disk_used": disk.used,
+            "disk_used_ratio": round(disk.used / disk.total, 4) if disk.total else 0.0,
+            "commitlog_min_offset": self.rt.store.commitlog.min_offset,
+            "commitlog_max_offset": self.rt.store.commitlog.max_offset,
+            "topics": len(self.rt.topics.snapshot()),
+            "held_pulls": self.rt.holds.held,
+            "abnormal_start": self.rt.store.abnormal_start,
+            "incarnation": self.rt.incarnation,
+            "uptime_s": round(time.time() - self.rt.started, 1),
+            **self.rt.stats,
+        }

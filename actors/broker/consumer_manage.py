@@ -1,0 +1,153 @@
+"""Consumer groups on a broker (RocketMQ's ``ConsumerManageProcessor``): offsets,
+fences, members, lag, resets and stream checkpoints.
+
+Offset commits are all or nothing: every queue's offset is checked (topic known,
+0 <= offset <= the queue's max offset) and every fencing token compared with its
+queue's fence before any is applied (``actors.broker.fence_table``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.broker.ha import Replication
+from actors.broker.runtime import BrokerRuntime
+from actors.protocol.fencing import FencingToken
+from storage.codec import validate_queue_id, validate_topic
+from storage.errors import InvalidMessageError, OffsetOutOfRangeError, TopicNotFoundError
+
+
+class ConsumerManageProcessor:
+    """Offsets, fences and members of the consumer groups that read from one broker."""
+
+    def __init__(self, runtime: BrokerRuntime, role: Replication) -> None:
+        self.rt = runtime
+        self.role = role
+
+    def _check_offset(self, topic: str, queue_id: int, offset: int) -> None:
+        validate_topic(topic)
+        validate_queue_id(queue_id)
+        if self.rt.topics.get(topic) is None:
+            raise TopicNotFoundError(
+                f"topic={topic!r} does not exist on broker {self.rt.config.broker_name}"
+            )
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise OffsetOutOfRangeError(
+                f"offset={offset!r} for {topic}:{queue_id}: must be an int >= 0"
+            )
+        max_off = self.rt.store.max_offset(topic, queue_id)
+        if offset > max_off:
+            raise OffsetOutOfRangeError(
+                f"offset={offset} for {topic}:{queue_id} on {self.rt.config.broker_name}: "
+                f"beyond the queue's max offset {max_off}"
+            )
+
+    async def commit_offsets(
+        self,
+        group: str,
+        offsets: dict[tuple[str, int], int],
+        client_id: str = "",
+        tokens: dict[tuple[str, int], FencingToken] | None = None,
+    ) -> int:
+        """Commit ``{(topic, queue_id): next offset to consume}`` for ``group``; all or nothing.
+        ``tokens``: the committer's fencing token per queue; one below the queue's fence
+        (``fence_offsets``) refuses the whole commit with OffsetFencedError."""
+        if not group:
+            raise InvalidMessageError("group must be a non-empty str")
+        for (topic, qid), off in offsets.items():
+            self._check_offset(topic, qid, off)
+        self.rt.fences.check(group, offsets, tokens)
+        for (topic, qid), off in offsets.items():
+            self.rt.offsets.commit(group, topic, qid, off)
+        self.role.on_commit_offsets(group, offsets)
+        self.rt.consumers.touch(group, client_id, frozenset(t for t, _ in offsets))
+        return len(offsets)
+
+    async def fence_offsets(self, group: str, fences: dict[tuple[str, int], FencingToken]) -> int:
+        """Refuse from now on commits of ``group`` on these ``(topic, queue_id)`` whose
+        token is below the given one (a group coordinator taking queues from an owner
+        that did not hand them over); fences only rise. Returns how many rose."""
+        if not group:
+            raise InvalidMessageError("group must be a non-empty str")
+        return self.rt.fences.raise_fences(group, fences)
+
+    async def offset_fences(self, group: str) -> dict[tuple[str, int], FencingToken]:
+        return self.rt.fences.snapshot(group)
+
+    async def query_offsets(self, group: str, topic: str) -> dict[int, int]:
+        return self.rt.offsets.query_topic(group, topic)
+
+    async def query_offset(self, group: str, topic: str, queue_id: int) -> int:
+        return self.rt.offsets.query(group, topic, queue_id)
+
+    async def save_stream_checkpoint(
+        self, group: str, topic: str, checkpoint: dict[str, Any]
+    ) -> None:
+        """Persist (fsynced) a micro-batch stream's checkpoint (``actors.bridge.streaming``)."""
+        await self.rt.run(self.rt.stream_checkpoints.save, group, topic, checkpoint)
+
+    async def load_stream_checkpoint(self, group: str, topic: str) -> dict[str, Any] | None:
+        return self.rt.stream_checkpoints.load(group, topic)
+
+    async def reset_offsets(
+        self,
+        group: str,
+        topic: str,
+        timestamp_ms: int | None = None,
+        offsets: dict[int, int] | None = None,
+    ) -> dict[int, int]:
+        """Move ``group`` on ``topic`` to the first message stored at or after
+        ``timestamp_ms``, or to explicit ``offsets`` by queue id."""
+        tc = self.rt.topics.get(topic)
+        if tc is None:
+            raise TopicNotFoundError(
+                f"topic={topic!r} does not exist on broker {self.rt.config.broker_name}"
+            )
+        if offsets is None:
+            if timestamp_ms is None:
+                raise InvalidMessageError("reset_offsets needs timestamp_ms or offsets")
+            offsets = {
+                q: await self.rt.run(self.rt.store.offset_by_time, topic, q, timestamp_ms)
+                for q in range(tc.read_queue_nums)
+            }
+        await self.commit_offsets(group, {(topic, q): o for q, o in offsets.items()})
+        return dict(offsets)
+
+    async def consumer_list(self, group: str) -> list[str]:
+        return self.rt.consumers.members(group)
+
+    async def heartbeat(
+        self, group: str, client_id: str, topics: list[str], ttl_s: float | None = None
+    ) -> None:
+        """``ttl_s``: drop the client this long after its last sign of life (at most
+        ``channel_expired_s``), so a dead consumer's queues move on soon."""
+        self.rt.consumers.touch(group, client_id, frozenset(topics), ttl_s)
+
+    async def unregister_consumer(self, group: str, client_id: str) -> None:
+        """A consumer leaving cleanly: off the group's list at once, so the others rebalance."""
+        self.rt.consumers.unregister(group, client_id)
+
+    async def consumer_lag(self, group: str, topic: str | None = None) -> list[dict[str, Any]]:
+        rows = []
+        topics = [topic] if topic else self.rt.offsets.topics_of(group)
+        for t in topics:
+            tc = self.rt.topics.get(t)
+            if tc is None:
+                continue
+            committed = self.rt.offsets.query_topic(group, t)
+            for q in range(tc.read_queue_nums):
+                max_off = self.rt.store.max_offset(t, q)
+                min_off = self.rt.store.min_offset(t, q)
+                mine = committed.get(q, -1)
+                lag = max_off - max(mine, min_off) if mine >= 0 else max_off - min_off
+                rows.append(
+                    {
+                        "topic": t,
+                        "broker": self.rt.config.broker_name,
+                        "queue_id": q,
+                        "broker_offset": max_off,
+                        "consumer_offset": mine,
+                        "lag": max(lag, 0),
+                    }
+                )
+        return rows

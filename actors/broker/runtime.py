@@ -1,0 +1,114 @@
+"""What every part of a broker shares: its store, managers, event loop and I/O threads.
+
+RocketMQ's processors and services each hold the ``BrokerController`` and reach
+the managers through it; here they hold a :class:`BrokerRuntime`, which is that
+controller as the parts see it: plain parts (the store, topic config, consumer
+offsets, consumers, offset fences, held pulls, stream checkpoints), the loop the
+actor runs on and its I/O pool, and the NameServer handles. It knows neither the
+Ray methods (``actors.broker.broker``) nor the broker's role in its group
+(``actors.broker.ha``), so both can depend on it without a circle.
+
+Registration with the NameServers belongs to ``actors.broker.registration``; a part
+that changed what the NameServers must know (a topic created, a role taken) calls
+:meth:`BrokerRuntime.register_all`, which the Broker wires to it at start, or
+:meth:`BrokerRuntime.request_registration` to have the heartbeat loop run early.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import ray
+
+from actors.broker.consumer_manager import ConsumerManager
+from actors.broker.consumer_offset_manager import ConsumerOffsetManager
+from actors.broker.fence_table import OffsetFenceTable
+from actors.broker.pull_hold_service import PullRequestHoldService
+from actors.broker.stream_checkpoints import StreamCheckpoints
+from actors.broker.topic_config_manager import TopicConfigManager
+from actors.config.broker import BrokerConfig
+from storage import MessageStore
+
+log = logging.getLogger("raymq.actors.broker.broker")
+T = TypeVar("T")
+
+
+def default_store_dir(namespace: str, actor_name: str) -> str:
+    """``~/raymq/store/<namespace>/<actor name>`` on the broker's node."""
+    return str(Path.home() / "raymq" / "store" / namespace / actor_name)
+
+
+async def _not_wired() -> int:
+    raise RuntimeError("BrokerRuntime.register_all used before the broker wired it")
+
+
+class BrokerRuntime:
+    """The shared parts of one broker; built on the actor's event loop, in ``__init__``."""
+
+    def __init__(self, config: BrokerConfig, loop: asyncio.AbstractEventLoop) -> None:
+        self.config = config
+        self.loop = loop
+        self.incarnation = uuid.uuid4().hex
+        ctx = ray.get_runtime_context()
+        self.node_id: str = ctx.get_node_id()
+        self.node_ip = config.broker_ip or ray.util.get_node_ip_address()
+        self.addr = f"{self.node_ip}:{config.listen_port}"
+        self.store_dir = config.store_dir or default_store_dir(config.namespace, config.actor_name)
+        self.io = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="broker-io")
+        # the store's services run by the broker's role (a slave's schedule service must not)
+        self.store = MessageStore(
+            config.store_config(self.store_dir, self.addr), start_services=False
+        )
+        self.topics = TopicConfigManager(
+            self.store.config_file("topics"),
+            config.broker_name,
+            auto_create=config.auto_create_topic_enable,
+            default_queue_nums=config.default_topic_queue_nums,
+        )
+        self.offsets = ConsumerOffsetManager(self.store.config_file("consumerOffset"))
+        self.stream_checkpoints = StreamCheckpoints(self.store.config_file("streamCheckpoint"))
+        self.consumers = ConsumerManager(config.channel_expired_s)
+        self.fences = OffsetFenceTable()  # set by group coordinators, see actors.protocol.fencing
+        self.holds = PullRequestHoldService(loop)
+        self.store.add_dispatch_listener(self.holds.on_dispatch)
+        self.closing = False
+        self.started = time.time()
+        self.stats: dict[str, int] = {
+            "put_msgs": 0,
+            "put_bytes": 0,
+            "put_batches": 0,
+            "shared_batches": 0,  # of put_batches: read from a producer's shared ring
+            "get_msgs": 0,
+            "pulls": 0,
+        }
+        self.registration_due = asyncio.Event()
+        self.register_all: Callable[[], Awaitable[int]] = _not_wired
+        """Register with every NameServer now (``actors.broker.registration``)."""
+        self._nameservers: dict[str, Any] = {}
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the broker's I/O threads, off its event loop."""
+        return await self.loop.run_in_executor(self.io, fn, *args)
+
+    def request_registration(self) -> None:
+        """Have the heartbeat loop register with the NameServers now, not at its next beat."""
+        self.registration_due.set()
+
+    def nameserver(self, name: str) -> Any:
+        """The NameServer actor ``name`` (cached; blocking: call through :meth:`run`)."""
+        handle = self._nameservers.get(name)
+        if handle is None:
+            handle = ray.get_actor(name, namespace=self.config.namespace)
+            self._nameservers[name] = handle
+        return handle
+
+    def forget_nameserver(self, name: str) -> None:
+        """A call to ``name`` failed: look it up anew next time (it may have restarted)."""
+        self._nameservers.pop(name, None)
