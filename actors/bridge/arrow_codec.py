@@ -435,7 +435,7 @@ def encode_arrow(
             f"body of row {first_row + row} is {body_len[row]} bytes: "
             f"over max_message_size={max_message_size}"
         )
-    parts: list[pa.Array | str] = []
+    parts: list[pa.Array] = []
     tags = None
     if messages.tags is not None:
         tags = _as_string("tags", messages.tags)

@@ -15,10 +15,14 @@ from typing import Any
 from actors.broker.dlq import read_dlq as read_dead_letters
 from actors.broker.ha import Replication
 from actors.broker.runtime import BrokerRuntime
-from actors.protocol.topic import TopicConfig
-from storage.codec import decode_records
-from storage.errors import TopicNotFoundError
+from actors.protocol.checks import check_int, check_str, validate_group
+from actors.protocol.topic import TopicConfig, is_system_topic
+from storage.codec import decode_records, validate_queue_id, validate_topic
+from storage.errors import PermissionDeniedError, TopicNotFoundError
 from storage.message import MessageExt
+
+MAX_QUERY = 4096
+"""The most messages one lookup by key returns."""
 
 
 class AdminBrokerProcessor:
@@ -28,14 +32,26 @@ class AdminBrokerProcessor:
         self.rt = runtime
         self.role = role
 
+    def _refuse_system(self, topic: str, what: str) -> None:
+        c = self.rt.config
+        if is_system_topic(topic, c.cluster_name, c.broker_name):
+            raise PermissionDeniedError(
+                f"topic={topic!r} is a system topic of broker {c.broker_name}: it cannot be {what}"
+            )
+
     # ------------------------------------------------------------ topics (admin)
     async def create_topic(self, config: TopicConfig) -> TopicConfig:
-        """Create or update a topic and tell every NameServer before returning."""
+        """Create or update a topic and tell every NameServer before returning. The
+        config is validated anew here, whatever the caller built; system topics refuse."""
+        config = TopicConfig.checked(config)
+        self._refuse_system(config.topic_name, "created or changed")
         self.rt.topics.put(config)
         await self.rt.register_all()
         return config
 
     async def delete_topic(self, topic: str) -> bool:
+        validate_topic(topic)
+        self._refuse_system(topic, "deleted")
         removed = self.rt.topics.delete(topic)
         if removed:
             self.rt.offsets.remove_topic(topic)
@@ -43,6 +59,7 @@ class AdminBrokerProcessor:
         return removed
 
     async def get_topic_config(self, topic: str) -> TopicConfig | None:
+        validate_topic(topic)
         return self.rt.topics.get(topic)
 
     async def topic_configs(self) -> dict[str, TopicConfig]:
@@ -50,6 +67,7 @@ class AdminBrokerProcessor:
 
     async def topic_status(self, topic: str) -> list[dict[str, Any]]:
         """Per queue: min and max offset and when its last message was stored."""
+        validate_topic(topic)
         tc = self.rt.topics.get(topic)
         if tc is None:
             raise TopicNotFoundError(
@@ -80,9 +98,14 @@ class AdminBrokerProcessor:
 
     # ------------------------------------------------------------ lookups (admin)
     async def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        validate_topic(topic)
+        validate_queue_id(queue_id)
+        check_int("timestamp_ms", timestamp_ms, 0)
         return await self.rt.run(self.rt.store.offset_by_time, topic, queue_id, timestamp_ms)
 
     async def min_max_offset(self, topic: str, queue_id: int) -> tuple[int, int]:
+        validate_topic(topic)
+        validate_queue_id(queue_id)
         return self.rt.store.min_offset(topic, queue_id), self.rt.store.max_offset(topic, queue_id)
 
     async def query_by_key(
@@ -93,17 +116,28 @@ class AdminBrokerProcessor:
         begin_ms: int = 0,
         end_ms: int | None = None,
     ) -> list[MessageExt]:
+        validate_topic(topic)
+        check_str("key", key)
+        check_int("max_count", max_count, 1, MAX_QUERY)
+        check_int("begin_ms", begin_ms, 0)
+        if end_ms is not None:
+            check_int("end_ms", end_ms, 0)
         return await self.rt.run(
             self.rt.store.query_by_key, topic, key, max_count, begin_ms, end_ms
         )
 
     async def message_by_id(self, msg_id: str, topic: str | None = None) -> MessageExt:
+        check_str("msg_id", msg_id, 64)
+        if topic is not None:
+            validate_topic(topic)
         return await self.rt.run(self.rt.store.message_by_id, msg_id, topic)
 
     async def read_dlq(
         self, group: str, offset: int = 0, max_count: int = 256
     ) -> tuple[list[MessageExt], int]:
         """Dead letters of ``group`` from ``offset``, whatever the DLQ's perm (admin)."""
+        validate_group(group)
+        check_int("offset", offset, 0)
         return await read_dead_letters(self.rt, group, offset, max_count)
 
     async def delay_levels(self) -> tuple[int, ...]:

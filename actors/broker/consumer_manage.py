@@ -12,6 +12,13 @@ from typing import Any
 
 from actors.broker.ha import Replication
 from actors.broker.runtime import BrokerRuntime
+from actors.protocol.checks import (
+    check_int,
+    check_number,
+    check_queue_offsets,
+    check_str,
+    validate_group,
+)
 from actors.protocol.fencing import FencingToken
 from storage.codec import validate_queue_id, validate_topic
 from storage.errors import InvalidMessageError, OffsetOutOfRangeError, TopicNotFoundError
@@ -52,10 +59,13 @@ class ConsumerManageProcessor:
         """Commit ``{(topic, queue_id): next offset to consume}`` for ``group``; all or nothing.
         ``tokens``: the committer's fencing token per queue; one below the queue's fence
         (``fence_offsets``) refuses the whole commit with OffsetFencedError."""
-        if not group:
-            raise InvalidMessageError("group must be a non-empty str")
+        validate_group(group)
+        check_str("client_id", client_id, empty=True)
+        offsets = check_queue_offsets("offsets", offsets)
         for (topic, qid), off in offsets.items():
             self._check_offset(topic, qid, off)
+        if tokens is not None:
+            tokens = check_queue_offsets("tokens", tokens)
         self.rt.fences.check(group, offsets, tokens)
         for (topic, qid), off in offsets.items():
             self.rt.offsets.commit(group, topic, qid, off)
@@ -67,26 +77,39 @@ class ConsumerManageProcessor:
         """Refuse from now on commits of ``group`` on these ``(topic, queue_id)`` whose
         token is below the given one (a group coordinator taking queues from an owner
         that did not hand them over); fences only rise. Returns how many rose."""
-        if not group:
-            raise InvalidMessageError("group must be a non-empty str")
-        return self.rt.fences.raise_fences(group, fences)
+        validate_group(group)
+        return self.rt.fences.raise_fences(group, check_queue_offsets("fences", fences))
 
     async def offset_fences(self, group: str) -> dict[tuple[str, int], FencingToken]:
+        validate_group(group)
         return self.rt.fences.snapshot(group)
 
     async def query_offsets(self, group: str, topic: str) -> dict[int, int]:
+        validate_group(group)
+        validate_topic(topic)
         return self.rt.offsets.query_topic(group, topic)
 
     async def query_offset(self, group: str, topic: str, queue_id: int) -> int:
+        validate_group(group)
+        validate_topic(topic)
+        validate_queue_id(queue_id)
         return self.rt.offsets.query(group, topic, queue_id)
 
     async def save_stream_checkpoint(
         self, group: str, topic: str, checkpoint: dict[str, Any]
     ) -> None:
         """Persist (fsynced) a micro-batch stream's checkpoint (``actors.bridge.streaming``)."""
+        validate_group(group)
+        validate_topic(topic)
+        if not isinstance(checkpoint, dict):
+            raise InvalidMessageError(
+                f"checkpoint: expected a dict, got {type(checkpoint).__name__}"
+            )
         await self.rt.run(self.rt.stream_checkpoints.save, group, topic, checkpoint)
 
     async def load_stream_checkpoint(self, group: str, topic: str) -> dict[str, Any] | None:
+        validate_group(group)
+        validate_topic(topic)
         return self.rt.stream_checkpoints.load(group, topic)
 
     async def reset_offsets(
@@ -98,6 +121,12 @@ class ConsumerManageProcessor:
     ) -> dict[int, int]:
         """Move ``group`` on ``topic`` to the first message stored at or after
         ``timestamp_ms``, or to explicit ``offsets`` by queue id."""
+        validate_group(group)
+        validate_topic(topic)
+        if timestamp_ms is not None:
+            check_int("timestamp_ms", timestamp_ms, 0)
+        if offsets is not None and not isinstance(offsets, dict):
+            raise InvalidMessageError(f"offsets: expected a dict, got {type(offsets).__name__}")
         tc = self.rt.topics.get(topic)
         if tc is None:
             raise TopicNotFoundError(
@@ -114,6 +143,7 @@ class ConsumerManageProcessor:
         return dict(offsets)
 
     async def consumer_list(self, group: str) -> list[str]:
+        validate_group(group)
         return self.rt.consumers.members(group)
 
     async def heartbeat(
@@ -121,13 +151,25 @@ class ConsumerManageProcessor:
     ) -> None:
         """``ttl_s``: drop the client this long after its last sign of life (at most
         ``channel_expired_s``), so a dead consumer's queues move on soon."""
-        self.rt.consumers.touch(group, client_id, frozenset(topics), ttl_s)
+        validate_group(group)
+        check_str("client_id", client_id)
+        if not isinstance(topics, (list, tuple, set, frozenset)):
+            raise InvalidMessageError(f"topics: expected a list, got {type(topics).__name__}")
+        names = frozenset(validate_topic(t) for t in topics)
+        if ttl_s is not None:
+            check_number("ttl_s", ttl_s)
+        self.rt.consumers.touch(group, client_id, names, ttl_s)
 
     async def unregister_consumer(self, group: str, client_id: str) -> None:
         """A consumer leaving cleanly: off the group's list at once, so the others rebalance."""
+        validate_group(group)
+        check_str("client_id", client_id)
         self.rt.consumers.unregister(group, client_id)
 
     async def consumer_lag(self, group: str, topic: str | None = None) -> list[dict[str, Any]]:
+        validate_group(group)
+        if topic is not None:
+            validate_topic(topic)
         rows = []
         topics = [topic] if topic else self.rt.offsets.topics_of(group)
         for t in topics:

@@ -22,6 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from actors.protocol.checks import validate_group
 from actors.protocol.topic import (
     PERM_READ,
     PERM_WRITE,
@@ -145,8 +146,11 @@ async def consumer_send_msg_back(
     """Store the retry or dead-letter copy of each message; per message ``"RETRY"``,
     ``"DLQ"`` or ``"NOT_FOUND"`` (the original expired: the consumer must retry it
     locally). Raises when the put fails: nothing was stored then."""
-    if not isinstance(group, str) or not group:
-        raise InvalidMessageError(f"group={group!r}: must be a non-empty str")
+    validate_group(group)
+    if not isinstance(commitlog_offsets, (list, tuple)):
+        raise InvalidMessageError(
+            f"commitlog_offsets: expected a list, got {type(commitlog_offsets).__name__}"
+        )
     if not isinstance(max_reconsume_times, int) or max_reconsume_times < 0:
         raise InvalidMessageError(
             f"max_reconsume_times={max_reconsume_times!r}: must be an int >= 0"

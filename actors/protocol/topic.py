@@ -30,6 +30,20 @@ AUTO_CREATE_TOPIC_KEY = "TBW102"
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 SYSTEM_TOPICS = frozenset({AUTO_CREATE_TOPIC_KEY, "SCHEDULE_TOPIC_XXXX"})
+"""Topics producers may not send to (clients check; brokers write them themselves)."""
+SYSTEM_TOPIC_PREFIX = "RMQ_SYS_"
+"""RocketMQ's system topics (``RMQ_SYS_TRANS_HALF_TOPIC``, ``RMQ_SYS_TRACE_TOPIC``, ...)."""
+
+
+def is_system_topic(topic: str, *names: str) -> bool:
+    """A topic nobody may delete or re-perm: ``TBW102``, ``SCHEDULE_TOPIC_XXXX``,
+    ``RMQ_SYS_*`` (in any case, as RocketMQ's ``TopicValidator``), and ``names``
+    (a broker passes its cluster and broker names: RocketMQ creates topics named so)."""
+    return (
+        topic in SYSTEM_TOPICS
+        or topic.upper().startswith(SYSTEM_TOPIC_PREFIX)
+        or topic in names
+    )
 
 
 def perm_to_string(perm: int) -> str:
@@ -80,6 +94,24 @@ class TopicConfig:
                 f"perm={self.perm!r} for topic {self.topic_name!r}: must be one of {allowed} "
                 "(2 = write only, 4 = read only, 6 = read and write)"
             )
+
+    @classmethod
+    def checked(cls, value: object) -> TopicConfig:
+        """A fresh, validated copy of ``value`` (a TopicConfig or a mapping of its fields):
+        what a broker takes from a caller, whatever the caller built around the checks."""
+        if isinstance(value, TopicConfig):
+            fields = {f: getattr(value, f) for f in _FIELDS}
+        elif isinstance(value, Mapping):
+            return cls.from_dict(value)
+        else:
+            raise InvalidConfigError(
+                f"topic config: expected a TopicConfig, got {type(value).__name__}"
+            )
+        if not isinstance(fields["order"], bool):
+            raise InvalidConfigError(f"order={fields['order']!r} for a topic: must be a bool")
+        if not isinstance(fields["perm"], int) or isinstance(fields["perm"], bool):
+            raise InvalidConfigError(f"perm={fields['perm']!r} for a topic: must be an int")
+        return cls(**fields)
 
     @property
     def readable(self) -> bool:
@@ -142,3 +174,6 @@ def is_retry_topic(topic: str) -> bool:
 def origin_topic(m: MessageExt) -> str:
     """The topic a message was first consumed from (its own unless it is a retry copy)."""
     return m.properties.get(codec.PROP_RETRY_TOPIC) or m.topic
+
+
+_FIELDS = ("topic_name", "read_queue_nums", "write_queue_nums", "perm", "order")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -154,3 +156,80 @@ def test_offsets_out_of_range(cluster: actors.Cluster, producer: actors.Producer
 def test_a_second_cluster_in_the_same_namespace_is_refused(cluster: actors.Cluster) -> None:
     with pytest.raises(RayMQError, match="already runs"):
         actors.start_cluster(namespace=cluster.namespace, nameservers=1, brokers=1)
+
+
+def _around_its_checks(**fields: Any) -> actors.TopicConfig:
+    """A TopicConfig whose fields were set past ``__post_init__``, as a hostile caller can."""
+    tc = actors.TopicConfig("Sneaky", 1, 1)
+    for name, value in fields.items():
+        object.__setattr__(tc, name, value)
+    return tc
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"topic_name": "../x"},
+        {"topic_name": "a/b"},
+        {"read_queue_nums": 1_000_000},
+        {"write_queue_nums": 0},
+        {"perm": 7},
+        {"order": "yes"},
+    ],
+)
+def test_the_broker_checks_a_topic_config_whatever_the_caller_built(
+    cluster: actors.Cluster, fields: dict[str, Any]
+) -> None:
+    broker = cluster.broker("broker-a")
+    before = ray.get(broker.topic_configs.remote())
+    with pytest.raises((InvalidMessageError, InvalidConfigError)):
+        ray.get(broker.create_topic.remote(_around_its_checks(**fields)))
+    assert ray.get(broker.topic_configs.remote()) == before
+    store = ray.get(broker.status.remote())["store_dir"]
+    topics = json.loads((Path(store) / "config" / "topics.json").read_text())
+    assert set(topics["topicConfigTable"]) == set(before)
+
+
+@pytest.mark.parametrize(
+    ("call", "args"),
+    [
+        ("commit_offsets", ("../g", {("Good", 0): 0})),
+        ("commit_offsets", ("g", [("Good", 0, 0)])),
+        ("commit_offsets", ("g", {("../x", 0): 0})),
+        ("fence_offsets", ("g", {("Good", -1): (1, 1)})),
+        ("heartbeat", ("g", "c1", ["../x"])),
+        ("reset_offsets", ("g", "Good", -5)),
+        ("query_by_key", ("Good", "k", 0)),
+        ("query_by_key", ("Good", 7)),
+        ("offset_by_time", ("Good", 0, "now")),
+        ("message_by_id", ("x" * 1000,)),
+        ("read_dlq", ("g", -1)),
+        ("delete_topic", ("../Good",)),
+    ],
+)
+def test_every_broker_method_checks_its_arguments(
+    cluster: actors.Cluster, call: str, args: tuple[Any, ...]
+) -> None:
+    broker = cluster.broker("broker-a")
+    with pytest.raises(InvalidMessageError):
+        ray.get(getattr(broker, call).remote(*args))
+    assert ray.get(broker.ping.remote())  # still serving
+
+
+@pytest.mark.parametrize(
+    "topic", ["TBW102", "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC", "rmq_sys_trace"]
+)
+def test_system_topics_cannot_be_deleted_nor_changed(cluster: actors.Cluster, topic: str) -> None:
+    broker = cluster.broker("broker-a")
+    with pytest.raises(PermissionDeniedError, match="system topic"):
+        ray.get(broker.delete_topic.remote(topic))
+    with pytest.raises(PermissionDeniedError, match="system topic"):
+        ray.get(broker.create_topic.remote(actors.TopicConfig(topic, 1, 1, perm=4)))
+
+
+def test_the_cluster_and_broker_name_topics_are_system_topics(cluster: actors.Cluster) -> None:
+    broker = cluster.broker("broker-a")
+    status = ray.get(broker.status.remote())
+    for name in (status["cluster"], status["broker_name"]):
+        with pytest.raises(PermissionDeniedError, match="system topic"):
+            ray.get(broker.delete_topic.remote(name))
