@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import numpy as np
 import ray
 
+from actors.broker import dlq as _dlq
 from actors.broker import send_back as _retry
 from actors.broker.consumer_manager import ConsumerManager
 from actors.broker.consumer_offset_manager import ConsumerOffsetManager
@@ -39,7 +40,6 @@ from actors.broker.metrics import BrokerMetrics, BrokerMetricsService
 from actors.broker.pull_hold_service import PullRequestHoldService
 from actors.broker.stream_checkpoints import StreamCheckpoints
 from actors.broker.topic_config_manager import TopicConfigManager
-from actors.client import dlq as _dlq
 from actors.config.broker import BrokerConfig
 from actors.protocol.fencing import FencingToken
 from actors.protocol.route import BrokerRegistration
