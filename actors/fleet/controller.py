@@ -277,7 +277,7 @@ class FleetController:
         with self._lock:
             self._seq += 1
             name = f"fleet-{self.group}-m{self._seq}"
-        handle = (
+        handle: Any = (  # an ActorHandle (Ray's typing of its methods knows no ``.remote``)
             ray.remote(FleetMember)
             .options(
                 name=name,

@@ -89,7 +89,8 @@ class ConsumerFleet:
         self.config = with_options(config or FleetConfig(), options)
         name = fleet_actor_name(group)
         try:
-            self._controller = (
+            # an ActorHandle; Any, as Ray's typing of a class's methods knows no ``.remote``
+            controller: Any = (
                 ray.remote(FleetController)
                 .options(
                     name=name,
@@ -114,7 +115,8 @@ class ConsumerFleet:
                 f"a fleet for group {group!r} already runs in namespace {namespace!r} "
                 f"(actor {name!r}): use ConsumerFleet.attach"
             ) from exc
-        _rpc.get(self._controller.ping.remote(), CALL_TIMEOUT_S)
+        self._controller = controller
+        _rpc.get(controller.ping.remote(), CALL_TIMEOUT_S)
         log.info("fleet %s started on %s (%s)", name, topic, self.config)
 
     @classmethod

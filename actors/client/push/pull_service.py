@@ -105,7 +105,8 @@ class PullMessageService:
     def _handle(self, ev: tuple[int, Any, Any], due: Due) -> None:
         kind, pq, payload = ev
         if kind == _DONE:
-            self._on_done(*payload, due)
+            members, started, fut = payload
+            self._on_done(members, started, fut, due)
         elif kind == _PULL:
             due.append((pq, (PullState.IDLE, PullState.PAUSED)))
         elif kind == _RETRY:
