@@ -10,12 +10,14 @@ from typing import Any
 
 import ray
 
+from actors.client import dlq as _dlq
+from actors.client.send_result import SendResult
 from actors.namesrv.client import NameServerClient
 from actors.protocol import rpc as _rpc
 from actors.protocol.errors import PromotionRefusedError
 from actors.protocol.names import DEFAULT_NAMESPACE, coordinator_actor_name
 from actors.protocol.route import TopicRouteData
-from actors.protocol.topic import PERM_READ, PERM_WRITE, SYSTEM_TOPICS, TopicConfig
+from actors.protocol.topic import PERM_READ, PERM_WRITE, SYSTEM_TOPICS, TopicConfig, dlq_topic
 from rebalance import MessageQueue
 from storage import codec
 from storage.errors import (
@@ -211,18 +213,28 @@ class Admin:
     # ------------------------------------------------------------ dead letters and perms
     def dlq_messages(self, group: str, max_count: int = 1000) -> list[MessageExt]:
         """The dead letters of ``group`` (``%DLQ%<group>`` on every broker), oldest first."""
-        from actors.client.dlq import dlq_messages
-
-        return dlq_messages(self, group, max_count)
+        return _dlq.dlq_messages(self._dlq_brokers(group), group, max_count, ADMIN_TIMEOUT_S)
 
     def resend_dlq(
         self, group: str, msg_ids: Sequence[str] | None = None, max_count: int = 10_000
-    ) -> list[Any]:
+    ) -> list[SendResult]:
         """Send dead letters of ``group`` (all, or those with the given message ids) back
         to their original topics; one ``SendResult`` per message resent."""
-        from actors.client.dlq import resend_dlq
+        return _dlq.resend_dlq(
+            self._dlq_brokers(group),
+            group,
+            msg_ids,
+            max_count,
+            ADMIN_TIMEOUT_S,
+            namespace=self.namespace,
+            nameservers=self.ns.nameservers,
+        )
 
-        return resend_dlq(self, group, msg_ids, max_count)
+    def _dlq_brokers(self, group: str) -> dict[str, Any]:
+        try:
+            return self._topic_brokers(dlq_topic(group))
+        except TopicNotFoundError:
+            return {}
 
     def set_topic_perm(self, topic: str, perm: int) -> dict[str, TopicConfig]:
         """Change ``topic``'s perm (2 write only, 4 read only, 6 both) on every broker

@@ -1,29 +1,31 @@
 """Dead letters: reading a group's ``%DLQ%<group>`` and resending its messages.
 
 The DLQ is write-only for consumers (perm 2), so operators read it through the
-broker's store directly (``Broker.read_dlq``) rather than by pulling. A resend
-stores each dead letter again in the topic it was first consumed from, with the
-same message id and keys and its reconsume count back at 0, so the group
-consumes it (and may retry it) as if new. RocketMQ's console does the same.
+broker's store directly (``Broker.read_dlq``) rather than by pulling; the admin
+client hands these functions the brokers holding the DLQ. A resend stores each
+dead letter again in the topic it was first consumed from, with the same message
+id and keys and its reconsume count back at 0, so the group consumes it (and may
+retry it) as if new. RocketMQ's console does the same.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
-from actors.protocol.topic import dlq_topic, origin_topic
+from actors.client.producer import Producer
+from actors.client.send_result import SendResult
+from actors.protocol import rpc as _rpc
+from actors.protocol.topic import origin_topic
 from actors.protocol.wire import DLQ_MAX_READ as MAX_READ
 from storage import codec
-from storage.errors import TopicNotFoundError
 from storage.message import Message, MessageExt
 
-if TYPE_CHECKING:
-    from actors.client.admin import Admin
-    from actors.client.send_result import SendResult
-
 log = logging.getLogger("raymq.actors.dlq")
+
+RESEND_GROUP = "raymq-dlq-resend"
+"""The producer group dead letters are resent under."""
 
 _NOT_RESENT = frozenset(
     {
@@ -38,24 +40,18 @@ _NOT_RESENT = frozenset(
 )
 
 
-def _dlq_brokers(admin: Admin, group: str) -> dict[str, object]:
-    try:
-        return admin._topic_brokers(dlq_topic(group))
-    except TopicNotFoundError:
-        return {}
-
-
-def dlq_messages(admin: Admin, group: str, max_count: int = 1000) -> list[MessageExt]:
-    """Every dead letter of ``group`` on every broker (up to ``max_count``), oldest first."""
-    from actors.client.admin import ADMIN_TIMEOUT_S
-    from actors.protocol import rpc as _rpc
-
+def dlq_messages(
+    brokers: Mapping[str, Any], group: str, max_count: int, timeout_s: float
+) -> list[MessageExt]:
+    """Every dead letter of ``group`` (up to ``max_count``), oldest first, read from
+    ``brokers`` (the handles of the brokers holding ``%DLQ%<group>``, by broker name),
+    each call waited for up to ``timeout_s``."""
     found: list[MessageExt] = []
-    for _, handle in sorted(_dlq_brokers(admin, group).items()):
+    for _, handle in sorted(brokers.items()):
         offset = 0
         while len(found) < max_count:
-            ref = handle.read_dlq.remote(group, offset, min(MAX_READ, max_count - len(found)))  # type: ignore[attr-defined]
-            msgs, nxt = _rpc.get(ref, ADMIN_TIMEOUT_S)
+            ref = handle.read_dlq.remote(group, offset, min(MAX_READ, max_count - len(found)))
+            msgs, nxt = _rpc.get(ref, timeout_s)
             found.extend(msgs)
             if not msgs or nxt <= offset:
                 break
@@ -78,21 +74,26 @@ def matches_id(m: MessageExt, ids: Collection[str]) -> bool:
 
 
 def resend_dlq(
-    admin: Admin, group: str, msg_ids: Collection[str] | None = None, max_count: int = 10_000
+    brokers: Mapping[str, Any],
+    group: str,
+    msg_ids: Collection[str] | None,
+    max_count: int,
+    timeout_s: float,
+    *,
+    namespace: str,
+    nameservers: Sequence[str],
 ) -> list[SendResult]:
     """Send dead letters of ``group`` (all, or those named by message id, unique key or
-    offset id) back to their original topics; one result per message resent."""
-    from actors.client.producer import Producer
-
-    letters = dlq_messages(admin, group, max_count)
+    offset id) back to their original topics; one result per message resent. They are
+    read from ``brokers`` as :func:`dlq_messages` reads them and sent by a producer of
+    the cluster at ``namespace`` / ``nameservers``."""
+    letters = dlq_messages(brokers, group, max_count, timeout_s)
     if msg_ids is not None:
         wanted = set(msg_ids)
         letters = [m for m in letters if matches_id(m, wanted)]
     if not letters:
         return []
-    producer = Producer(
-        "raymq-dlq-resend", namespace=admin.namespace, nameservers=admin.ns.nameservers
-    )
+    producer = Producer(RESEND_GROUP, namespace=namespace, nameservers=nameservers)
     try:
         results = list(producer.send_batch([resend_copy(m) for m in letters]))
     finally:

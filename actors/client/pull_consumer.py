@@ -14,7 +14,7 @@ import logging
 import struct
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from actors.config.client import ConsumerConfig
 from actors.config.options import with_options
@@ -131,7 +131,8 @@ class PullResult:
         if self._tags is not None or self._messages is not None:
             return [m.body for m in self.messages]
         if self._starts is not None and self.count:
-            return body_slices(self._data, self._starts)  # copies the bodies out
+            # copies the bodies out; any buffer does, though storage annotates bytes
+            return body_slices(cast(bytes, self._data), self._starts)
         data, out, pos, end = self.data, [], 0, len(self.data)
         unpack = _SIZE_MAGIC_BODYLEN.unpack_from
         while pos < end:
@@ -356,7 +357,7 @@ class PullConsumer:
             answers = pulls_from_wire(wire, copy=False)  # PullResult copies when asked to
             for i, raw in zip(indexes, answers):
                 mq = requests[i][0]
-                suggested = getattr(raw, "suggest_broker_id", -1)  # see actors._ha.PullAnswer
+                suggested = getattr(raw, "suggest_broker_id", -1)  # see protocol.wire.PullAnswer
                 if suggested > 0:
                     self._read_from[mq] = suggested
                 elif suggested == 0:

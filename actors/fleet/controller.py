@@ -25,16 +25,14 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 
 from actors.client.admin import Admin
 from actors.client.push.consumer import Listener
+from actors.fleet.config import FleetConfig
 from actors.protocol.topic import is_readable
-
-if TYPE_CHECKING:
-    from actors.fleet.fleet import FleetConfig
 
 log = logging.getLogger("raymq.actors.fleet")
 
@@ -279,7 +277,7 @@ class FleetController:
         with self._lock:
             self._seq += 1
             name = f"fleet-{self.group}-m{self._seq}"
-        handle = (
+        handle: Any = (  # an ActorHandle (Ray's typing of its methods knows no ``.remote``)
             ray.remote(FleetMember)
             .options(
                 name=name,

@@ -12,7 +12,7 @@ Each member is a Ray actor hosting one :class:`actors.PushConsumer` (CLUSTERING)
 with ``listener`` and ``consumer_options``, created with ``num_cpus``: on an
 autoscaling cluster a member that fits nowhere makes Ray add a node. The
 control loop is the detached actor ``fleet-<group>`` (see
-:mod:`._fleet_controller` for why an actor rather than a driver thread): the
+:mod:`.controller` for why an actor rather than a driver thread): the
 fleet outlives the program that started it, and :meth:`ConsumerFleet.attach`
 finds it from any other. Members join the group by starting and leave it by a
 graceful ``PushConsumer.shutdown`` before their actor is killed, so queue moves
@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import ray
 
 from actors.client.push.consumer import Listener, PushConsumerConfig
 from actors.config.options import with_options
+from actors.fleet.config import FleetConfig
 from actors.fleet.controller import FleetController
 from actors.protocol import rpc as _rpc
 from actors.protocol.names import DEFAULT_NAMESPACE
@@ -49,55 +49,6 @@ CONTROLLER_MAX_CONCURRENCY = 16
 def fleet_actor_name(group: str) -> str:
     """The controller actor's name: ``fleet-<group>`` (members: ``fleet-<group>-m<n>``)."""
     return f"fleet-{group}"
-
-
-@dataclass(frozen=True)
-class FleetConfig:
-    """How a :class:`ConsumerFleet` sizes itself.
-
-    Autoscaling keeps the size within ``[min_consumers, min(max_consumers, the
-    topic's readable queues)]`` (a consumer beyond the queue count would idle): it
-    grows when the group's lag per consumer stayed above ``target_lag_per_consumer``
-    for ``scale_up_window_s`` and shrinks when it stayed below for
-    ``scale_down_window_s``, reading the lag every ``interval_s``. Lag is counted
-    from committed offsets, so it trails consumption by up to the consumers'
-    ``persist_offset_interval_s``. ``num_cpus`` is each member actor's CPU request;
-    a member gets ``member_shutdown_timeout_s`` to leave gracefully before it is
-    killed.
-    """
-
-    min_consumers: int = 1
-    max_consumers: int = 8
-    target_lag_per_consumer: int = 10_000
-    scale_up_window_s: float = 10.0
-    scale_down_window_s: float = 30.0
-    interval_s: float = 1.0
-    num_cpus: float = 1.0
-    member_shutdown_timeout_s: float = 45.0
-
-    def __post_init__(self) -> None:
-        for name in ("min_consumers", "max_consumers", "target_lag_per_consumer"):
-            value = getattr(self, name)
-            low = 0 if name == "min_consumers" else 1
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise InvalidConfigError(f"FleetConfig.{name}={value!r}: must be an int >= {low}")
-        if self.min_consumers > self.max_consumers:
-            raise InvalidConfigError(
-                f"FleetConfig.min_consumers={self.min_consumers} is above "
-                f"max_consumers={self.max_consumers}"
-            )
-        for name in (
-            "scale_up_window_s",
-            "scale_down_window_s",
-            "interval_s",
-            "member_shutdown_timeout_s",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-                raise InvalidConfigError(f"FleetConfig.{name}={value!r}: must be a number > 0")
-        cpus = self.num_cpus
-        if not isinstance(cpus, (int, float)) or isinstance(cpus, bool) or cpus < 0:
-            raise InvalidConfigError(f"FleetConfig.num_cpus={cpus!r}: must be a number >= 0")
 
 
 class ConsumerFleet:
@@ -138,7 +89,8 @@ class ConsumerFleet:
         self.config = with_options(config or FleetConfig(), options)
         name = fleet_actor_name(group)
         try:
-            self._controller = (
+            # an ActorHandle; Any, as Ray's typing of a class's methods knows no ``.remote``
+            controller: Any = (
                 ray.remote(FleetController)
                 .options(
                     name=name,
@@ -163,7 +115,8 @@ class ConsumerFleet:
                 f"a fleet for group {group!r} already runs in namespace {namespace!r} "
                 f"(actor {name!r}): use ConsumerFleet.attach"
             ) from exc
-        _rpc.get(self._controller.ping.remote(), CALL_TIMEOUT_S)
+        self._controller = controller
+        _rpc.get(controller.ping.remote(), CALL_TIMEOUT_S)
         log.info("fleet %s started on %s (%s)", name, topic, self.config)
 
     @classmethod

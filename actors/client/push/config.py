@@ -9,12 +9,13 @@ offsets persisted every 5 s); intervals are configurable so tests run them short
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from actors.config.coordinator import CoordinatorConfig
 from storage.errors import InvalidConfigError
+from storage.message import MessageExt
 
 
 class ConsumeStatus(enum.Enum):
@@ -23,6 +24,10 @@ class ConsumeStatus(enum.Enum):
 
     SUCCESS = "SUCCESS"
     RECONSUME_LATER = "RECONSUME_LATER"
+
+
+Listener = Callable[[list[MessageExt]], ConsumeStatus]
+"""What a push consumer calls with each batch of messages."""
 
 
 class MessageModel(enum.Enum):
@@ -65,7 +70,7 @@ class PushConsumerConfig:
     ``orderly``: RocketMQ's ``MessageListenerOrderly``: one batch of a queue at a time,
     in offset order; a failed batch is retried in place after
     ``suspend_current_queue_time_s`` (RocketMQ's 1 s) while the queue waits, and goes to
-    the DLQ after ``max_reconsume_times`` (see :mod:`._push_orderly`).
+    the DLQ after ``max_reconsume_times`` (see :mod:`.consume_orderly`).
     ``session_timeout_s``: brokers drop a consumer they have not heard from for this
     long, so the group takes over a dead consumer's queues (default three
     heartbeats, at least 3 s; capped by the broker's ``channel_expired_s``).

@@ -22,15 +22,13 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from actors.client.push.config import ConsumeStatus
+from actors.client.push.context import ConsumeContext
 from actors.client.push.process_queue import Inflight, ProcessQueue, PullState
 from actors.protocol.topic import origin_topic
 from storage.message import MessageExt
-
-if TYPE_CHECKING:
-    from actors.client.push.consumer import PushConsumer
 
 log = logging.getLogger("raymq.actors.push_consumer")
 
@@ -50,7 +48,7 @@ def replaced(m: MessageExt, **changes: Any) -> MessageExt:
 
 
 class ConsumeMessageService:
-    def __init__(self, consumer: PushConsumer) -> None:
+    def __init__(self, consumer: ConsumeContext) -> None:
         self.c = consumer
         cfg = consumer.config
         self._pool = ThreadPoolExecutor(

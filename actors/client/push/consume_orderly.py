@@ -16,7 +16,7 @@ Chosen with ``PushConsumerConfig(orderly=True)``. Invariants, per queue:
   (the rebalance waits for it with ``ProcessQueue.wait_idle`` before it commits
   and lets the queue go), so a queue is never consumed by two owners at once
   when the group's coordinator hands it over (unless a batch outlives the
-  bound a coordinated revoke waits, see ``_push_coordinated``; and not with
+  bound a coordinated revoke waits, see ``coordinated``; and not with
   ``coordinated=False``, where members rebalance on their own).
 
 Unlike the concurrent service, no watchdog takes a batch from a stuck listener:
@@ -29,16 +29,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from actors.client.push.consume_concurrently import TIME_SLICE_S, ConsumeMessageService, replaced
+from actors.client.push.context import ConsumeContext
 from actors.client.push.process_queue import Inflight, ProcessQueue
 from actors.protocol import rpc as _rpc
 from actors.protocol.wire import SENT_TO_DLQ, SENT_TO_RETRY
 from storage.message import MessageExt
-
-if TYPE_CHECKING:
-    from actors.client.push.consumer import PushConsumer
 
 log = logging.getLogger("raymq.actors.push_orderly")
 
@@ -48,7 +45,7 @@ DLQ_CALL_TIMEOUT_S = 10.0
 class ConsumeMessageOrderlyService(ConsumeMessageService):
     """One consume task per queue at a time; failures retried in place after a pause."""
 
-    def __init__(self, consumer: PushConsumer) -> None:
+    def __init__(self, consumer: ConsumeContext) -> None:
         super().__init__(consumer)
         self._suspend_s = float(consumer.config.suspend_current_queue_time_s)
         self._suspended: set[ProcessQueue] = set()  # each entry changed under its pq.lock

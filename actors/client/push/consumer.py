@@ -10,14 +10,16 @@
     consumer.shutdown()   # commits offsets and leaves the group
 
 Usable from a driver, a Ray task or a Ray actor (it runs its own threads).
-Parts, each in its own module: :mod:`._push_coordinated` (which queues this
+Parts, each in its own module: :mod:`.coordinated` (which queues this
 consumer owns, as the group's ``GroupCoordinator`` hands them out; the
-uncoordinated way is :mod:`._push_rebalance`), :mod:`._push_pull` (long-polling pulls, flow control),
-:mod:`._push_consume` (the listener's thread pool, per-queue order, outcomes),
-:mod:`._push_orderly` (``orderly=True``: one batch per queue at a time, failures
-retried in place, RocketMQ's ``MessageListenerOrderly``),
-:mod:`._push_send_back` (failed messages back to the broker, batched),
-:mod:`._push_offset_store` (offsets on the brokers or in a local file).
+uncoordinated way is :mod:`.rebalance`), :mod:`.pull_service` (long-polling pulls,
+flow control), :mod:`.consume_concurrently` (the listener's thread pool, per-queue
+order, outcomes), :mod:`.consume_orderly` (``orderly=True``: one batch per queue at
+a time, failures retried in place, RocketMQ's ``MessageListenerOrderly``),
+:mod:`.send_back` (failed messages back to the broker, batched),
+:mod:`.offset_store` (offsets on the brokers or in a local file). This class wires
+them: each gets the consumer as the small protocol of :mod:`.context` it needs,
+so none of them imports this module back.
 
 Delivery is at least once: a message is redelivered when its consumer dies
 before committing it or when queues move between consumers.
@@ -31,12 +33,13 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from actors.client.push.config import (
     ConsumeFromWhere,
     ConsumeStatus,
+    Listener,
     MessageModel,
     PushConsumerConfig,
 )
@@ -61,12 +64,10 @@ from actors.protocol.topic import retry_topic
 from rebalance import MessageQueue
 from storage.codec import validate_topic
 from storage.errors import InvalidConfigError, InvalidMessageError, RayMQError
-from storage.message import MessageExt
 from storage.subscription import parse_subscription
 
 log = logging.getLogger("raymq.actors.push_consumer")
 
-Listener = Callable[[list[MessageExt]], ConsumeStatus]
 CALL_TIMEOUT_S = 10.0
 SERVICE_TICK_S = 0.05
 

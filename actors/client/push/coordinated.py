@@ -28,10 +28,12 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ray.exceptions import ActorDiedError
 
+from actors.client.push.context import CoordinatedContext
+from actors.client.push.offset_store import RemoteBrokerOffsetStore
 from actors.client.push.process_queue import ProcessQueue
 from actors.client.push.rebalance import RebalanceService
 from actors.coordinator.coordinator import coordinator_for
@@ -41,10 +43,6 @@ from actors.protocol.fencing import FencingToken
 from actors.protocol.topic import is_retry_topic
 from rebalance import MessageQueue
 from storage.errors import RayMQError
-
-if TYPE_CHECKING:
-    from actors.client.push.consumer import PushConsumer
-    from actors.client.push.offset_store import RemoteBrokerOffsetStore
 
 log = logging.getLogger("raymq.actors.coordinator")
 
@@ -60,7 +58,7 @@ def _name(mq: MessageQueue) -> str:
 class CoordinatedRebalanceService:
     """Takes and gives up queues as the group's coordinator says."""
 
-    def __init__(self, consumer: PushConsumer) -> None:
+    def __init__(self, consumer: CoordinatedContext) -> None:
         self.c = consumer
         self.helper = RebalanceService(consumer)  # where a never-committed queue starts
         self.store: RemoteBrokerOffsetStore = consumer.offset_store  # type: ignore[assignment]

@@ -4,7 +4,7 @@
   broker holding each queue. Commits are asynchronous (one call per broker per
   round, answers checked on the next round); reads and the final commit at
   shutdown or when a queue is given up wait. In a coordinated group every
-  commit carries the queue's fencing token (``actors._fencing``) and only
+  commit carries the queue's fencing token (``actors.protocol.fencing``) and only
   queues the coordinator gave this consumer are committed.
 * :class:`LocalFileOffsetStore` (BROADCASTING): each consumer keeps its own
   offsets in ``<dir>/<group>/<instance name>.json``, written atomically (a

@@ -26,17 +26,15 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from actors.client.pull_consumer import PullResult, PullStatus
+from actors.client.push.context import PullContext
 from actors.client.push.process_queue import ProcessQueue, PullState
 from actors.protocol import rpc as _rpc
 from actors.protocol.wire import pull_request_to_wire, pulls_from_wire
+from rebalance import MessageQueue
 from storage.errors import RayMQError
-
-if TYPE_CHECKING:
-    from actors.client.push.consumer import PushConsumer
-    from rebalance import MessageQueue
 
 log = logging.getLogger("raymq.actors.push_consumer")
 
@@ -47,7 +45,7 @@ Due = list[tuple[ProcessQueue, tuple[PullState, ...]]]  # queues to pull, from w
 
 
 class PullMessageService:
-    def __init__(self, consumer: PushConsumer) -> None:
+    def __init__(self, consumer: PullContext) -> None:
         self.c = consumer
         cfg = consumer.config
         self._events: queue.SimpleQueue[tuple[int, Any, Any] | None] = queue.SimpleQueue()
@@ -107,7 +105,8 @@ class PullMessageService:
     def _handle(self, ev: tuple[int, Any, Any], due: Due) -> None:
         kind, pq, payload = ev
         if kind == _DONE:
-            self._on_done(*payload, due)
+            members, started, fut = payload
+            self._on_done(members, started, fut, due)
         elif kind == _PULL:
             due.append((pq, (PullState.IDLE, PullState.PAUSED)))
         elif kind == _RETRY:

@@ -1,7 +1,7 @@
 """Which queues a push consumer owns (RocketMQ's client-side ``RebalanceImpl``).
 
 CLUSTERING groups are coordinated by default: their consumers take queues from
-the group's ``GroupCoordinator`` (``actors._push_coordinated``). This module is
+the group's ``GroupCoordinator`` (``actors.client.push.coordinated``). This module is
 the uncoordinated way, kept for ``coordinated=False`` and BROADCASTING.
 
 CLUSTERING, uncoordinated: every consumer of the group reads the group's member list from the
@@ -22,18 +22,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from actors.client.push.config import ConsumeFromWhere
+from actors.client.push.context import RebalanceContext
 from actors.client.push.process_queue import ProcessQueue
 from actors.protocol import rpc as _rpc
 from actors.protocol.topic import is_readable, is_retry_topic
 from rebalance import MessageQueue
 from rebalance.averagely import AveragelyStrategy
 from storage.errors import TopicNotFoundError
-
-if TYPE_CHECKING:
-    from actors.client.push.consumer import PushConsumer
 
 log = logging.getLogger("raymq.actors.push_consumer")
 
@@ -44,7 +41,7 @@ DEFAULT_TIMESTAMP_AGO_S = 1800.0  # RocketMQ's consumeTimestamp default: half an
 class RebalanceService:
     """Each consumer on its own (``coordinated=False``, and BROADCASTING)."""
 
-    def __init__(self, consumer: PushConsumer) -> None:
+    def __init__(self, consumer: RebalanceContext) -> None:
         self.c = consumer
         self.strategy = AveragelyStrategy()
         self._missing_warned: set[str] = set()

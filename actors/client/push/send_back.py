@@ -14,17 +14,15 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 
+from actors.client.push.context import SendBackContext
 from actors.client.push.process_queue import ProcessQueue
 from actors.protocol import rpc as _rpc
 from actors.protocol.wire import SENT_TO_DLQ, SENT_TO_RETRY
 from storage.message import MessageExt
-
-if TYPE_CHECKING:
-    from actors.client.push.consumer import PushConsumer
 
 log = logging.getLogger("raymq.actors.push_consumer")
 
@@ -34,7 +32,7 @@ CALL_TIMEOUT_S = 10.0
 
 
 class SendBackService:
-    def __init__(self, consumer: PushConsumer) -> None:
+    def __init__(self, consumer: SendBackContext) -> None:
         self.c = consumer
         self._items: list[tuple[ProcessQueue, MessageExt]] = []
         self._cond = threading.Condition()

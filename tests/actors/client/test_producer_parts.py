@@ -7,61 +7,52 @@ import weakref
 
 import numpy as np
 
-from actors.client.producer import Producer
+from actors.client.encoder import MessageEncoder
 from actors.client.send_result import BatchSendResult, SendStatus, _Chunk, _with_queue
 from actors.config.client import ProducerConfig
 from actors.protocol.wire import SendAck
 from rebalance import MessageQueue
 from storage import Message, encode_batch
-from storage.codec import EncodedBatch, UniqueKeyGenerator, decode_records, host_to_bytes
+from storage.codec import EncodedBatch, decode_records
 from storage.message import PutStatus
 
 
-def cutter(**options: int) -> Producer:
-    p = Producer.__new__(Producer)  # only the batching logic, no cluster
-    p.config = ProducerConfig(**options)  # type: ignore[arg-type]
-    return p
+def encoder(**options: int) -> MessageEncoder:
+    return MessageEncoder(ProducerConfig(**options))  # type: ignore[arg-type]  # no cluster
 
 
 def test_batches_respect_count_and_bytes() -> None:
     msgs = [Message("T", b"x" * 300) for _ in range(7)]
-    assert cutter(max_batch_messages=3, max_batch_bytes=10_000)._cut(msgs, list(range(7))) == [
+    assert encoder(max_batch_messages=3, max_batch_bytes=10_000)._cut(msgs, list(range(7))) == [
         [0, 1, 2],
         [3, 4, 5],
         [6],
     ]
-    assert cutter(max_batch_messages=100, max_batch_bytes=1000)._cut(msgs, list(range(7))) == [
+    assert encoder(max_batch_messages=100, max_batch_bytes=1000)._cut(msgs, list(range(7))) == [
         [0, 1],
         [2, 3],
         [4, 5],
         [6],
     ]
     big = [Message("T", b"x" * 5000) for _ in range(2)]
-    assert cutter(max_batch_bytes=1000)._cut(big, [0, 1]) == [[0], [1]]
-
-
-def encoder(**options: int) -> Producer:
-    p = cutter(**options)
-    p._uniq = UniqueKeyGenerator()
-    p._born = host_to_bytes(p.config.born_host)
-    return p
+    assert encoder(max_batch_bytes=1000)._cut(big, [0, 1]) == [[0], [1]]
 
 
 def test_encode_takes_a_plain_batch_whole_and_cuts_the_rest() -> None:
     plain = [Message("T", b"p%03d" % i) for i in range(40)]
-    (chunk,) = encoder()._encode(plain)  # one pass, one chunk
+    (chunk,) = encoder().encode(plain)  # one pass, one chunk
     assert chunk.positions.tolist() == list(range(40))
     assert [m.body for m in decode_records(chunk.batch.data)] == [m.body for m in plain]
     # over max_batch_bytes once encoded, or over max_batch_messages: cut in order
     for options in ({"max_batch_bytes": 2_000}, {"max_batch_messages": 16}):
-        chunks = encoder(**options)._encode(plain)
+        chunks = encoder(**options).encode(plain)
         assert len(chunks) > 1
         assert np.concatenate([c.positions for c in chunks]).tolist() == list(range(40))
         got = [m.body for c in chunks for m in decode_records(c.batch.data)]
         assert got == [m.body for m in plain]
     # two topics: one chunk each, every message where it was
     mixed = [Message("A" if i % 3 else "B", b"m%d" % i) for i in range(30)]
-    chunks = encoder()._encode(mixed)
+    chunks = encoder().encode(mixed)
     assert sorted(c.topic for c in chunks) == ["A", "B"]
     for c in chunks:
         assert {mixed[i].topic for i in c.positions.tolist()} == {c.topic}

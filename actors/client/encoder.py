@@ -1,0 +1,134 @@
+"""Validating and encoding a send's messages into chunks, on the client.
+
+Messages are validated and encoded here with the store's own rules and errors
+(``storage.codec.encode_batch``), so a bad message raises before anything is
+sent, and the broker copies the records as they are. What comes out is a list
+of :class:`~actors.client.send_result._Chunk`, each one call's worth:
+
+* one topic per chunk (a send of several topics is split by topic), never a
+  system topic;
+* at most ``max_batch_messages`` messages and about ``max_batch_bytes`` encoded
+  bytes per chunk (a single message larger than that goes alone);
+* every message of the caller's list in exactly one chunk, and ``positions``
+  maps each chunk's records back to their indexes in that list, so results come
+  back in the caller's order.
+
+No Ray and no cluster here: an encoder needs only a :class:`ProducerConfig`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from actors.client.send_result import _Chunk
+from actors.config.client import ProducerConfig
+from actors.protocol.topic import SYSTEM_TOPICS
+from storage import codec
+from storage._fast_encode import encode_plain
+from storage.codec import EncodedBatch, encode_batch
+from storage.errors import InvalidMessageError
+from storage.message import Message
+
+
+class MessageEncoder:
+    """Turns a send's messages (or batches encoded already) into chunks; see the module doc."""
+
+    def __init__(self, config: ProducerConfig) -> None:
+        self.config = config
+        self._uniq = codec.UniqueKeyGenerator()
+        self._born = codec.host_to_bytes(config.born_host)
+
+    def encode(self, messages: Sequence[Message]) -> list[_Chunk]:
+        """Validate and encode: one chunk per topic and size limit, in the caller's order."""
+        if not messages:
+            raise InvalidMessageError("send needs at least one message")
+        cfg = self.config
+        first = messages[0]
+        if (
+            len(messages) <= cfg.max_batch_messages
+            and first.__class__ is Message
+            and first.topic.__class__ is str
+            and first.topic not in SYSTEM_TOPICS
+        ):
+            # the usual batch (one topic, plain, one call's worth) in one pass: the plain
+            # encoder checks every message is a Message of the first one's topic
+            batch = encode_plain(
+                messages, cfg.max_message_size, int(time.time() * 1000), self._born, self._uniq
+            )
+            if batch is not None and len(batch.data) <= cfg.max_batch_bytes:
+                return [_Chunk(first.topic, batch, np.arange(len(messages)))]
+        for i, m in enumerate(messages):
+            if m.__class__ is not Message and not isinstance(m, Message):
+                raise InvalidMessageError(
+                    f"message {i}: expected storage.Message, got {type(m).__name__}"
+                )
+        topics = [m.topic for m in messages]
+        by_topic: dict[str, list[int]]
+        if len(set(topics)) == 1:
+            by_topic = {topics[0]: list(range(len(messages)))}
+        else:
+            by_topic = {}
+            for i, t in enumerate(topics):
+                by_topic.setdefault(t, []).append(i)
+        chunks = []
+        for topic, positions in by_topic.items():
+            codec.validate_topic(topic)
+            if topic in SYSTEM_TOPICS:
+                raise InvalidMessageError(f"topic={topic!r} is reserved for the system")
+            for picked in self._cut(messages, positions):
+                whole = len(picked) == len(messages)
+                batch = encode_batch(
+                    messages if whole else [messages[i] for i in picked],
+                    max_message_size=cfg.max_message_size,
+                    born_host=cfg.born_host,
+                    uniq=self._uniq,
+                )
+                where = np.arange(len(picked)) if whole else np.array(picked, dtype=np.int64)
+                chunks.append(_Chunk(topic, batch, where))
+        return chunks
+
+    def encoded(self, batches: Sequence[EncodedBatch]) -> list[_Chunk]:
+        """Batches encoded already (one topic each, e.g. by ``actors.bridge.arrow_codec``)
+        checked and taken as chunks, one per batch, positions running on from one batch
+        to the next."""
+        chunks, first = [], 0
+        for batch in batches:
+            if len(batch.topics) != 1:
+                raise InvalidMessageError(f"an encoded batch has topics {batch.topics}: need one")
+            codec.validate_topic(batch.topics[0])
+            if batch.topics[0] in SYSTEM_TOPICS:
+                raise InvalidMessageError(f"topic={batch.topics[0]!r} is reserved for the system")
+            batch.check_structure()
+            chunks.append(_Chunk(batch.topics[0], batch, np.arange(first, first + len(batch))))
+            first += len(batch)
+        if not chunks:
+            raise InvalidMessageError("send needs at least one message")
+        return chunks
+
+    def _cut(self, messages: Sequence[Message], positions: list[int]) -> list[list[int]]:
+        """Split into runs of at most ``max_batch_messages`` and about ``max_batch_bytes``."""
+        cfg = self.config
+        n = len(positions)
+        if n <= cfg.max_batch_messages and n == len(messages):
+            try:  # the usual batch fits whole: one sum instead of a running total
+                if sum(map(len, [m.body for m in messages])) + 160 * n <= cfg.max_batch_bytes:
+                    return [positions]
+            except TypeError:
+                pass
+        try:
+            cum = list(itertools.accumulate(len(messages[i].body) + 160 for i in positions))
+        except TypeError:  # a body without a length: encode_batch names it
+            cum = list(range(1, len(positions) + 1))
+        out, start = [], 0
+        while start < n:
+            base = cum[start - 1] if start else 0
+            stop = bisect.bisect_right(cum, base + cfg.max_batch_bytes, start, n)
+            stop = max(start + 1, min(stop, start + cfg.max_batch_messages))
+            out.append(positions[start:stop])
+            start = stop
+        return out

@@ -1,0 +1,325 @@
+"""Sending encoded chunks with retries, waited on (sync) or answered through futures (async).
+
+Each chunk goes to the queue the :class:`~actors.client.queue_selector.QueueSelector`
+picks, as one call through the :class:`~actors.client.transport.Transport`. What
+holds for every send:
+
+* A send that failed on the way (Ray could not deliver or answer it, no live
+  broker: ``actors.protocol.rpc.send_may_retry``) is retried on another broker
+  with the route re-read (``retry_times_when_send_failed``, default 2, for sync
+  sends; ``retry_times_when_send_async_failed`` for async ones); the failed broker
+  is held unavailable by the latency fault tolerance for a while. A send the
+  broker refused for what it carries raises at once and is never retried. A
+  retry after a timeout may store a message twice: delivery is at least once, as
+  in RocketMQ.
+* Every answer's latency is reported to the fault tolerance, so slow brokers are
+  avoided too.
+* Sync (:meth:`Sender.send_chunks`): the chunks are in flight together, but only
+  one per queue, so chunks to the same queue are stored in the caller's order.
+* Async (:meth:`Sender.send_chunks_async`): chunks go through the per-broker send
+  lanes (``send_lanes``), which merge what waits behind a broker's calls; retries
+  run on the sender's small thread pool, never on the thread that delivered the
+  failure. A call that auto-creates its topic goes alone, outside the lanes. The
+  caller's future is settled once: with every chunk's result, or with the first
+  error; callbacks run inside ``AsyncSendBudget.delivering`` (they may send).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from actors.client.backpressure import AsyncSendBudget
+from actors.client.fault import LatencyFaultTolerance
+from actors.client.queue_selector import QueueSelector
+from actors.client.send_lanes import SendLanes
+from actors.client.send_result import BatchSendResult, _Chunk
+from actors.client.transport import Reply, Transport
+from actors.config.client import ProducerConfig
+from actors.protocol import rpc as _rpc
+from actors.protocol.route import TopicRouteData
+from actors.protocol.wire import SendAck
+from rebalance import MessageQueue
+from storage.codec import EncodedBatch
+from storage.errors import BrokerUnavailableError
+
+log = logging.getLogger("raymq.actors.producer")
+
+Sent = tuple[_Chunk, MessageQueue, SendAck]
+"""One chunk's outcome: where it went and the broker's answer."""
+
+
+class Sender:
+    """Sends chunks, sync or async, with retries on another broker; see the module doc."""
+
+    def __init__(
+        self,
+        config: ProducerConfig,
+        selector: QueueSelector,
+        transport: Transport,
+        fault: LatencyFaultTolerance,
+        budget: AsyncSendBudget,
+    ) -> None:
+        self.config = config
+        self.selector = selector
+        self.transport = transport
+        self.fault = fault
+        self.budget = budget
+        self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="raymq-producer")
+        self._lanes = SendLanes(
+            config.max_in_flight_per_broker,
+            max_messages=4 * config.max_batch_messages,
+            max_bytes=2 * config.max_batch_bytes,
+        )
+
+    def close(self) -> None:
+        """Let the retry threads finish and stop them (answers still out are not waited)."""
+        self._pool.shutdown(wait=True)
+
+    # ------------------------------------------------------------ sync
+    def send_chunks(
+        self,
+        chunks: list[_Chunk],
+        total: int,
+        sharding_key: str | None,
+        timeout_s: float | None,
+    ) -> BatchSendResult:
+        """Send ``chunks`` (``total`` messages) and wait for every answer."""
+        selector = self.selector
+        for topic in {c.topic for c in chunks}:  # route errors before anything is sent
+            selector.write_queues(selector.route(topic)[0])
+        timeout = timeout_s or self.config.send_timeout_s
+        parts: list[Any] = [None] * len(chunks)
+        # one chunk in flight per queue, so chunks to the same queue are stored in order
+        inflight: dict[MessageQueue, tuple[int, Reply, float]] = {}
+        for i, chunk in enumerate(chunks):
+            try:
+                mq, route, auto_n = selector.select(chunk.topic, None, sharding_key)
+            except Exception as exc:  # noqa: BLE001 - retried in _finish
+                if not _rpc.is_retriable(exc):
+                    raise
+                parts[i] = self._finish(chunk, None, exc, timeout, sharding_key)
+                continue
+            prev = inflight.pop(mq, None)
+            if prev is not None:
+                j, ref, started = prev
+                parts[j] = self._finish(chunks[j], mq, (ref, started), timeout, sharding_key)
+            try:
+                inflight[mq] = (i, *self._send(chunk, mq, route, auto_n))
+            except Exception as exc:  # noqa: BLE001
+                if not _rpc.send_may_retry(exc):
+                    raise
+                parts[i] = self._finish(chunk, mq, exc, timeout, sharding_key)
+        for mq, (j, ref, started) in inflight.items():
+            parts[j] = self._finish(chunks[j], mq, (ref, started), timeout, sharding_key)
+        return BatchSendResult(parts, total)
+
+    def send_oneway(self, chunks: Sequence[_Chunk]) -> None:
+        """Send each chunk once; no answer is awaited and no failure is reported."""
+        for chunk in chunks:
+            try:
+                self._submit(chunk, None, None)
+            except Exception as exc:  # noqa: BLE001 - oneway never reports
+                log.debug("oneway send failed: %s", exc)
+
+    def _send(
+        self, chunk: _Chunk, mq: MessageQueue, route: TopicRouteData, auto_n: int
+    ) -> tuple[Reply, float]:
+        ref = self._call(route, mq.broker_name, [chunk.batch.with_queue(mq.queue_id)], auto_n)
+        if auto_n:
+            self.selector.created(chunk.topic)  # next time ask for the real route
+        return ref, time.monotonic()
+
+    def _submit(
+        self, chunk: _Chunk, avoid: str | None, sharding_key: str | None, refresh: bool = False
+    ) -> tuple[MessageQueue, Reply, float]:
+        mq, route, auto_n = self.selector.select(chunk.topic, avoid, sharding_key, refresh)
+        return (mq, *self._send(chunk, mq, route, auto_n))
+
+    def _finish(
+        self,
+        chunk: _Chunk,
+        mq: MessageQueue | None,
+        first: tuple[Reply, float] | BaseException,
+        timeout: float,
+        sharding_key: str | None,
+    ) -> Sent:
+        """Wait for a submitted chunk (``first`` is its ref and start time, or the error
+        that kept it from being sent); on a Ray failure resend it to another broker."""
+        retries = self.config.retry_times_when_send_failed
+        last_exc: BaseException | None = None
+        ref: Reply | None = None
+        started = 0.0
+        if isinstance(first, BaseException):
+            last_exc = first
+        else:
+            ref, started = first
+        for attempt in range(retries + 1):
+            if ref is None:
+                avoid = mq.broker_name if mq is not None and sharding_key is None else None
+                try:
+                    mq, ref, started = self._submit(chunk, avoid, sharding_key, refresh=True)
+                except Exception as exc:  # noqa: BLE001
+                    if not _rpc.send_may_retry(exc):
+                        raise
+                    last_exc = exc
+                    continue
+            assert mq is not None
+            try:
+                ack = SendAck.from_wire(_rpc.get(ref, timeout))
+            except Exception as exc:  # noqa: BLE001
+                if not _rpc.send_may_retry(exc):
+                    raise
+                last_exc = exc
+                ref = None
+                self.fault.update(mq.broker_name, timeout, failed=True)
+                self.selector.invalidate(chunk.topic)
+                log.warning(
+                    "send to %s failed (%s); attempt %d of %d",
+                    mq,
+                    type(exc).__name__,
+                    attempt + 1,
+                    retries + 1,
+                )
+                continue
+            self.fault.update(mq.broker_name, time.monotonic() - started)
+            return chunk, mq, ack
+        raise BrokerUnavailableError(
+            f"send of {len(chunk.batch)} message(s) to topic {chunk.topic!r} failed after "
+            f"{retries + 1} attempt(s): {type(last_exc).__name__}: {last_exc}"
+        ) from last_exc
+
+    # ------------------------------------------------------------ async
+    def send_chunks_async(
+        self,
+        chunks: list[_Chunk],
+        total: int,
+        single: bool = False,
+        sharding_key: str | None = None,
+        budgeted: bool = False,
+    ) -> concurrent.futures.Future[Any]:
+        """Send ``chunks`` (``total`` messages) without waiting: a future of their
+        :class:`BatchSendResult` (of its one :class:`SendResult` when ``single``).
+        ``budgeted``: the caller's own send, which waits for room in the budget."""
+        out: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        if budgeted:  # the caller's own send, not the coalescer's: it waits for room
+            count, nbytes = total, sum(len(c.batch.data) for c in chunks)
+            self.budget.acquire(count, nbytes, self.config.send_timeout_s)
+            # the callback stays on the future as long as the caller keeps it: not chunks
+            out.add_done_callback(lambda _: self.budget.release(count, nbytes))
+        parts: list[Any] = [None] * len(chunks)
+        remaining = [len(chunks)]  # parts to come; -1 once ``out`` is being settled
+        lock = threading.Lock()
+
+        def done(i: int, part: Any, exc: BaseException | None) -> None:
+            with lock:
+                if remaining[0] < 0:
+                    return
+                if exc is None:
+                    parts[i] = part
+                    remaining[0] -= 1
+                    if remaining[0]:
+                        return
+                remaining[0] = -1
+            with self.budget.delivering():  # callers' callbacks run here and may send
+                if exc is not None:
+                    out.set_exception(exc)
+                else:
+                    result = BatchSendResult(parts, total)
+                    out.set_result(result[0] if single else result)
+
+        for i, chunk in enumerate(chunks):
+            self._send_chunk_async(chunk, 0, None, sharding_key, functools.partial(done, i))
+        return out
+
+    def _send_chunk_async(
+        self,
+        chunk: _Chunk,
+        attempt: int,
+        avoid: str | None,
+        sharding_key: str | None,
+        done: Callable[[Any, BaseException | None], None],
+    ) -> None:
+        retries = self.config.retry_times_when_send_async_failed
+
+        def retry(exc: BaseException, mq: MessageQueue | None) -> None:
+            if attempt < retries and _rpc.send_may_retry(exc):
+                if mq is not None:
+                    self.fault.update(mq.broker_name, 0.0, failed=True)
+                self.selector.invalidate(chunk.topic)
+                nxt = mq.broker_name if mq is not None and sharding_key is None else avoid
+                try:
+                    self._pool.submit(
+                        self._send_chunk_async, chunk, attempt + 1, nxt, sharding_key, done
+                    )
+                except RuntimeError:  # closed meanwhile: no retry, the caller hears of it
+                    done(None, exc)
+            else:
+                done(None, exc)
+
+        try:
+            mq, route, auto_n = self.selector.select(chunk.topic, avoid, sharding_key, attempt > 0)
+        except Exception as exc:  # noqa: BLE001
+            retry(exc, None)
+            return
+        started = time.monotonic()
+
+        def answered(ack: SendAck | None, exc: BaseException | None) -> None:
+            if exc is not None or ack is None:
+                retry(_rpc.cause_of(exc) if exc is not None else RuntimeError("no ack"), mq)
+                return
+            self.fault.update(mq.broker_name, time.monotonic() - started)
+            done((chunk, mq, ack), None)
+
+        if auto_n:  # this call creates the topic's queues: it goes alone
+            try:
+                ref, started = self._send(chunk, mq, route, auto_n)
+            except Exception as exc:  # noqa: BLE001
+                retry(exc, mq)
+                return
+            ref.future().add_done_callback(
+                lambda fut: _answer_from(fut, answered)  # same path as a lane's answer
+            )
+            return
+        self._lanes.send(
+            mq.broker_name,
+            chunk.batch.with_queue(mq.queue_id),
+            functools.partial(self._send_wire, route, mq.broker_name),
+            answered,
+        )
+
+    def _send_wire(self, route: TopicRouteData, broker_name: str, *batches: EncodedBatch) -> Reply:
+        """A lane's call: ``batches`` (bound for their queues already) to ``broker_name``,
+        through the broker's shared ring when it runs on this node."""
+        return self._call(route, broker_name, batches, 0)
+
+    def _call(
+        self,
+        route: TopicRouteData,
+        broker_name: str,
+        batches: Sequence[EncodedBatch],
+        auto_n: int,
+    ) -> Reply:
+        """The transport's call; a broker it cannot reach is marked failed first."""
+        try:
+            return self.transport.call(route, broker_name, batches, auto_n)
+        except BrokerUnavailableError:
+            self.fault.update(broker_name, 0.0, failed=True)
+            raise
+
+
+def _answer_from(
+    fut: concurrent.futures.Future[Any],
+    answered: Callable[[SendAck | None, BaseException | None], None],
+) -> None:
+    try:
+        ack = SendAck.from_wire(fut.result())
+    except Exception as exc:  # noqa: BLE001 - retried by ``answered``
+        answered(None, exc)
+        return
+    answered(ack, None)
