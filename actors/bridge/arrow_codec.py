@@ -6,7 +6,7 @@ a write task turns Arrow columns into the store's record layout
 (``encode_arrow``), so neither direction builds a ``MessageExt`` or a
 ``Message`` per row. The layout is ``storage.codec``'s (RocketMQ's V1 record);
 this module reads and writes the same bytes and applies the same rules, and is
-tested against it (tests/spark/test_datasource_codec.py).
+tested against it (tests/actors/bridge/test_datasource_codec.py).
 
 Invariants: ``records_to_arrow`` returns one row per record in blob order or
 raises ``StoreCorruptedError``; ``encode_arrow`` returns a batch the store
