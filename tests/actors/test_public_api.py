@@ -1,0 +1,80 @@
+"""The public API stays what it was before ``actors/`` moved into rooms, and the old
+flat module paths still import, each with a DeprecationWarning naming its new home."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+import actors
+from actors._compat import MOVED
+
+PUBLIC_0_1 = {
+    "DEFAULT_NAMESPACE", "PERM_READ", "PERM_WRITE", "Admin", "BatchSendResult", "Broker",
+    "BrokerConfig", "BrokerData", "BrokerSpec", "Cluster", "ClusterConfig", "ConsumeFromWhere",
+    "ConsumeStatus", "ConsumerConfig", "ConsumerFleet", "CoordinatorConfig", "FleetConfig",
+    "GroupCoordinator", "MessageModel", "NameServer", "NameServerConfig", "OffsetFencedError",
+    "Producer", "ProducerBusyError", "ProducerConfig", "PromotionRefusedError", "PullConsumer",
+    "PullResult", "PullStatus", "PushConsumer", "PushConsumerConfig", "QueueData", "SendResult",
+    "SendStatus", "TopicConfig", "TopicRouteData", "broker_actor_name", "connect",
+    "coordinator_actor_name", "coordinator_for", "discover_nameservers", "fleet_actor_name",
+    "nameserver_actor_name", "start_cluster",
+}  # fmt: skip
+
+
+def test_the_top_level_api_is_what_it_was() -> None:
+    assert set(actors.__all__) == PUBLIC_0_1
+    for name in PUBLIC_0_1:
+        assert getattr(actors, name) is not None
+    # nothing else public leaks out of the package's namespace but the rooms themselves
+    rooms = {"bridge", "broker", "client", "cluster", "config", "coordinator", "fleet"}
+    rooms |= {"namesrv", "protocol", "tools"}
+    extra = {
+        n
+        for n, v in vars(actors).items()
+        if not n.startswith("_") and n not in PUBLIC_0_1 and not inspect.ismodule(v)
+    }
+    assert extra == set()
+    assert {n for n, v in vars(actors).items() if inspect.ismodule(v) and n[0] != "_"} <= rooms
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_an_old_path_still_imports_with_a_deprecation_warning(old: str) -> None:
+    # in a fresh interpreter: this one may have imported the old path already
+    code = (
+        "import warnings\n"
+        "warnings.simplefilter('error', DeprecationWarning)\n"
+        "try:\n"
+        f"    import actors.{old}\n"
+        "except DeprecationWarning as w:\n"
+        "    print(w)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert f"actors.{old} moved to {MOVED[old]}" in out.stdout
+
+
+def test_an_old_path_gives_the_same_objects_as_the_new_one() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from actors.producer import Producer  # type: ignore[import-not-found]
+        from actors.route import RouteInfoManager, TopicRouteData  # type: ignore[import-not-found]
+        from actors.spark import write_to_topic  # type: ignore[import-not-found]
+
+    assert Producer is actors.Producer
+    assert TopicRouteData is actors.TopicRouteData
+    assert RouteInfoManager is importlib.import_module("actors.namesrv").RouteInfoManager
+    assert write_to_topic is importlib.import_module("actors.bridge.spark").write_to_topic
+    with pytest.raises(AttributeError):
+        importlib.import_module("actors.producer").NoSuchThing  # noqa: B018
+
+
+def test_the_bridge_loads_spark_only_when_asked() -> None:
+    code = "import actors, actors.bridge, sys; print('pyspark' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    assert callable(importlib.import_module("actors.bridge").read_topic)
