@@ -39,11 +39,7 @@ def is_system_topic(topic: str, *names: str) -> bool:
     """A topic nobody may delete or re-perm: ``TBW102``, ``SCHEDULE_TOPIC_XXXX``,
     ``RMQ_SYS_*`` (in any case, as RocketMQ's ``TopicValidator``), and ``names``
     (a broker passes its cluster and broker names: RocketMQ creates topics named so)."""
-    return (
-        topic in SYSTEM_TOPICS
-        or topic.upper().startswith(SYSTEM_TOPIC_PREFIX)
-        or topic in names
-    )
+    return topic in SYSTEM_TOPICS or topic.upper().startswith(SYSTEM_TOPIC_PREFIX) or topic in names
 
 
 def perm_to_string(perm: int) -> str:

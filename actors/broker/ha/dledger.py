@@ -135,7 +135,9 @@ class DLedgerReplication(Replication):
         self._tasks: list[asyncio.Task[Any]] = []
         self._registered_as: int | None = None
         self._reregister = asyncio.Lock()
-        self.sync = SlaveSynchronize(broker, self._leader_handle, cfg.slave_sync_interval_s)
+        self.sync = SlaveSynchronize(
+            broker, self._leader_handle, cfg.slave_sync_interval_s, self.learned
+        )
         self._leader_handle_cache: tuple[str, Any] | None = None
         self.leader_changes = 0
         self.death_notices: dict[str, float] = {}  # peer -> time.monotonic() of the last

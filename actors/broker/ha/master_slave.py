@@ -117,7 +117,7 @@ class MasterSlaveReplication(Replication):
     def _start_slave(self) -> None:
         self.client = HAClient(self)
         self.sync = SlaveSynchronize(
-            self.broker, self.master_handle, self.config.slave_sync_interval_s
+            self.broker, self.master_handle, self.config.slave_sync_interval_s, self.learned
         )
         self._tasks.append(self.loop.create_task(self.client.run()))
         self._tasks.append(self.loop.create_task(self.sync.run()))

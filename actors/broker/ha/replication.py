@@ -34,11 +34,18 @@ from typing import TYPE_CHECKING, Any
 
 from actors.protocol.errors import PromotionRefusedError
 from actors.protocol.names import MASTER_ID
+from actors.protocol.topic import (
+    DLQ_GROUP_TOPIC_PREFIX,
+    PERM_READ,
+    PERM_WRITE,
+    TopicConfig,
+    is_retry_topic,
+)
 from actors.protocol.wire import PullAnswer
 from storage.codec import EncodedBatch
 from storage.errors import BrokerUnavailableError
 from storage.message import GetStatus, RawGetResult
-from storage.schedule import ScheduleMessageService
+from storage.schedule import SCHEDULE_TOPIC, ScheduleMessageService
 from storage.services import (
     CleanCommitLogService,
     FlushConsumeQueueService,
@@ -142,6 +149,42 @@ class Replication:
         self.store = broker.store
         self.config = broker.config
         self.services = StoreServices(broker.store, self._schedule_factory())
+        self.learned: set[str] = set()
+        """Topics this replica learned from replicated records, not yet from its master's
+        metadata (SlaveSynchronize keeps them until the master's snapshot names them)."""
+        broker.store.add_dispatch_listener(self._learn_topic)
+
+    def _learn_topic(self, topic: str, queue_id: int, max_offset: int) -> None:
+        """A replica (slave, DLedger follower) dispatched records of a topic it has no
+        config for, or of a queue beyond it: the master created the topic after the last
+        metadata sync. Adopt a config from the data at once (read and write queues to cover
+        it; retry and DLQ topics as the broker makes them), so that the records are
+        readable here, and routable, even if the master dies before the next sync.
+        SlaveSynchronize replaces it with the master's own config when it next runs."""
+        if self.is_master or topic == SCHEDULE_TOPIC:
+            return
+        topics = self.broker.topics
+        known = topics.get(topic)
+        if known is not None and queue_id < known.read_queue_nums:
+            return
+        if topic.startswith(DLQ_GROUP_TOPIC_PREFIX):
+            config = TopicConfig(topic, queue_id + 1, queue_id + 1, PERM_WRITE)
+        else:
+            nums = max(
+                queue_id + 1, 1 if is_retry_topic(topic) else self.config.default_topic_queue_nums
+            )
+            if known is not None:
+                nums = max(nums, known.read_queue_nums, known.write_queue_nums)
+            config = TopicConfig(topic, nums, nums, known.perm if known else PERM_READ | PERM_WRITE)
+        topics.put(config)
+        self.learned.add(topic)
+        log.info(
+            "%s: learned topic %s (%d queues) from replicated records",
+            self.config.actor_name,
+            topic,
+            config.read_queue_nums,
+        )
+        self.broker.loop.call_soon_threadsafe(self.broker.request_registration)
 
     def _schedule_factory(self) -> Callable[[], Any] | None:
         return None

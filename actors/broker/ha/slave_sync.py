@@ -4,7 +4,8 @@ Every ``slave_sync_interval_s`` the slave pushes the consumer offsets it took
 itself (consumers commit to a slave while the master is gone), then fetches
 the master's topics, consumer offsets and delay progress and adopts them.
 
-Invariant: after a round, the slave's topics equal the master's, and its
+Invariant: after a round, the slave's topics equal the master's (plus any it
+learned from replicated records since the master's snapshot was taken), and its
 consumer offsets equal the master's except for queues a consumer committed to
 the slave since, which keep the larger offset; a consumer's committed offset
 never goes backwards when the master comes back.
@@ -37,8 +38,18 @@ def merge_into(table: OffsetTable, other: OffsetTable) -> None:
 
 
 class SlaveSynchronize:
-    def __init__(self, broker: BrokerRuntime, master: MasterLookup, interval_s: float) -> None:
+    def __init__(
+        self,
+        broker: BrokerRuntime,
+        master: MasterLookup,
+        interval_s: float,
+        learned: set[str] | None = None,
+    ) -> None:
         self.broker = broker
+        self.learned = learned if learned is not None else set()
+        """Topics learned from replicated records (``Replication.learned``): kept until the
+        master's snapshot names them, since a snapshot taken just before the master created
+        one must not delete it."""
         self._master = master
         self.interval_s = interval_s
         self.local: OffsetTable = {}  # commits taken here, not yet merged by the master
@@ -89,10 +100,11 @@ class SlaveSynchronize:
         mine = b.topics.snapshot()
         changed = False
         for name, tc in theirs.items():
+            self.learned.discard(name)
             if mine.get(name) != tc:
                 b.topics.put(tc)
                 changed = True
-        for name in mine.keys() - theirs.keys():
+        for name in mine.keys() - theirs.keys() - self.learned:
             changed |= b.topics.delete(name)
         offsets: OffsetTable = {k: dict(v) for k, v in snapshot["offsets"].items()}
         merge_into(offsets, self.local)

@@ -243,3 +243,31 @@ def test_a_consumer_far_behind_is_sent_to_the_slave(make_cluster: Any) -> None:
     before = status_of(master)["pulls"]
     consumer.pull(mq, 1000, 10)
     assert status_of(master)["pulls"] == before + 1
+
+
+def test_a_topic_created_just_before_the_master_dies_is_read_from_the_slave(
+    make_cluster: Any,
+) -> None:
+    # the slave's metadata sync never runs again after its first round: whatever it knows
+    # of the new topic, it learned with the topic's records
+    cluster = make_cluster(
+        nameservers=1,
+        brokers=GROUP,
+        broker_options={
+            "broker_role": "SYNC_MASTER",
+            "slave_sync_interval_s": 3600.0,
+            "ha_slave_timeout_s": 1.5,
+        },
+    )
+    master, slave = cluster.broker("broker-a", 0), cluster.broker("broker-a", 1)
+    producer = cluster.producer("p-late")
+    sent = [b"late-%03d" % i for i in range(60)]
+    results = producer.send_batch([Message("LateTopic", b) for b in sent])  # auto-created now
+    assert {r.status for r in results} == {SendStatus.SEND_OK}
+    wait_until(lambda: caught_up(master, slave), what="slave caught up")
+
+    kill(master)
+    wait_until(lambda: 0 not in members(cluster, "broker-a"), what="master out of the routes")
+    consumer = cluster.pull_consumer("g-late")
+    queues = consumer.fetch_subscribe_queues("LateTopic")
+    assert sorted(read_all(consumer, "LateTopic", queues)) == sorted(sent)
