@@ -26,7 +26,7 @@ from actors.protocol.wire import pull_from_wire
 from rebalance import MessageQueue
 from storage import Message
 from storage.codec import encode_batch
-from storage.errors import BrokerUnavailableError
+from storage.errors import BrokerUnavailableError, TopicNotFoundError
 
 GROUP = [BrokerSpec("broker-a", 0), BrokerSpec("broker-a", 1)]
 FAST = {"slave_sync_interval_s": 0.2, "ha_slave_timeout_s": 1.5}
@@ -269,5 +269,12 @@ def test_a_topic_created_just_before_the_master_dies_is_read_from_the_slave(
     kill(master)
     wait_until(lambda: 0 not in members(cluster, "broker-a"), what="master out of the routes")
     consumer = cluster.pull_consumer("g-late")
-    queues = consumer.fetch_subscribe_queues("LateTopic")
+
+    def routed() -> list[MessageQueue] | None:
+        try:
+            return consumer.fetch_subscribe_queues("LateTopic")
+        except TopicNotFoundError:  # the slave registers what it learned a moment later
+            return None
+
+    queues = wait_until(routed, timeout_s=15, what="the slave's route for the new topic")
     assert sorted(read_all(consumer, "LateTopic", queues)) == sorted(sent)
