@@ -95,12 +95,17 @@ class Figures:
     latency: dict[str, dict[str, float]] = field(default_factory=dict)
     latency_samples: dict[str, list[float]] = field(default_factory=dict)
     skipped: str = ""
+    work: str = ""  # what its consume does to mark messages consumed
 
 
 class Peer:
     """One system under test. Subclasses run the produce/consume loops."""
 
     name = "peer"
+    work = ""
+    """What this peer's consume does per message or batch to mark it consumed: every
+    peer's consume does that work (an acknowledgement or an offset commit), so their
+    consume figures compare like with like."""
 
     def start(self) -> None: ...
 
@@ -158,6 +163,8 @@ def _redis_producer(port: int, body: bytes, seconds: float, out: Any) -> None:
 
 
 class RedisPeer(Peer):
+    work = "XREADGROUP, then XACK of every entry read (pipelined per read)"
+
     def __init__(self, aof: bool) -> None:
         self.aof = aof
         self.name = "redis-aof" if aof else "redis"
@@ -303,6 +310,7 @@ async def _nats_produce(port: int, body: bytes, seconds: float) -> int:
 
 class NatsPeer(Peer):
     name = "nats"
+    work = "pull fetch of up to 1000, then one ack of the last (AckPolicy.ALL acks all before it)"
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
@@ -430,6 +438,7 @@ class RayQueuePeer(Peer):
     """The naive Ray answer: one ``ray.util.queue.Queue`` actor, batch put/get."""
 
     name = "ray-queue"
+    work = "get_nowait_batch: a queue item is gone once taken (nothing to acknowledge)"
 
     def start(self) -> None:
         ensure_ray()
@@ -538,6 +547,11 @@ def _raymq_producer(namespace: str, topic: str, body: bytes, seconds: float) -> 
 class RayMQPeer(Peer):
     """This repository: producers -> one broker actor (its store on local disk) -> pulls."""
 
+    work = (
+        "pull_many of all 16 queues, then commit_offsets of every queue that moved "
+        "(one broker call per round); 'consume ... no commit' is the same loop without it"
+    )
+
     def __init__(self, flush: str) -> None:
         self.flush = flush
         self.name = "raymq-sync" if flush == "SYNC_FLUSH" else "raymq-async"
@@ -585,17 +599,29 @@ class RayMQPeer(Peer):
         refs = [task.remote(self.namespace, self.topic, body, seconds) for _ in range(producers)]
         return sum(ray.get(refs))
 
-    def consume(self, expected: int, seconds: float) -> int:
+    def consume(self, expected: int, seconds: float, commit: bool = True) -> int:
+        """Pull every queue in rounds; after each round commit the offsets of the queues
+        that moved, as a consumer group does (``commit=False``: the bare pull loop)."""
         got = 0
         stop = time.monotonic() + seconds
         while got < expected and time.monotonic() < stop:
             results = self.consumer.pull_many(
                 [(q, self.offsets[q]) for q in self.queues], BATCH * 4, long_poll_s=0.05
             )
+            moved = {}
             for q, r in zip(self.queues, results):
-                got += len(r.bodies) if r.count else 0
+                if r.count:
+                    got += len(r.bodies)
+                    moved[q] = r.next_offset
                 self.offsets[q] = r.next_offset
+            if commit and moved:
+                self.consumer.commit_offsets(moved)
         return got
+
+    def consume_again_without_commit(self, expected: int, seconds: float) -> int:
+        """The same messages once more, from offset 0, without committing."""
+        self.offsets = dict.fromkeys(self.queues, 0)
+        return self.consume(expected, seconds, commit=False)
 
     def latency(self, body: bytes, rate: int, seconds: float) -> list[float]:
         import ray
@@ -639,10 +665,14 @@ class _RayMQLatencyConsumer:
             results = self.consumer.pull_many(
                 [(q, self.offsets[q]) for q in self.queues], 256, long_poll_s=0.2
             )
+            moved = {}
             for q, r in zip(self.queues, results):
                 if r.count:
                     samples.extend(age_ms(b) for b in r.bodies)
+                    moved[q] = r.next_offset
                 self.offsets[q] = r.next_offset
+            if moved:  # as the throughput consume does: the group's offsets move too
+                self.consumer.commit_offsets(moved)
         return samples
 
 
@@ -654,7 +684,7 @@ def raymq_peer(flush: str) -> Peer:
 
 
 def run_peer(peer: Peer, args: argparse.Namespace) -> Figures:
-    fig = Figures(peer.name)
+    fig = Figures(peer.name, work=peer.work)
     try:
         peer.start()
     except Missing as exc:
@@ -673,6 +703,13 @@ def run_peer(peer: Peer, args: argparse.Namespace) -> Figures:
                 consumed = peer.consume(produced, args.seconds * 4)
                 elapsed = time.perf_counter() - started
                 fig.throughput[f"consume {key}"] = consumed / elapsed
+                again = getattr(peer, "consume_again_without_commit", None)
+                if again is not None:  # the figure before consumes did the same work
+                    started = time.perf_counter()
+                    bare = again(produced, args.seconds * 4)
+                    fig.throughput[f"consume {key} no commit"] = bare / (
+                        time.perf_counter() - started
+                    )
                 peer.reset()
                 p, c = peer.together(body, producers, args.seconds)
                 fig.throughput[f"together {key}"] = c / args.seconds  # delivered end to end
@@ -778,15 +815,18 @@ def write_report(path: Path, results: list[Figures], info: dict[str, str], comma
     fig.savefig(bars, dpi=110)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(8, 5))
-    for f in live:
-        for key, samples in f.latency_samples.items():
-            if samples:
-                ordered = sorted(samples)
-                ax.plot(
-                    ordered,
-                    [i / len(ordered) for i in range(len(ordered))],
-                    label=f"{f.peer} {key}",
-                )
+    series = [(f.peer, key, s) for f in live for key, s in f.latency_samples.items() if s]
+    colours = plt.get_cmap("tab10").colors
+    styles = ("-", "--", "-.", ":")
+    for i, (peer_name, key, samples) in enumerate(series):  # a colour and a style each
+        ordered = sorted(samples)
+        ax.plot(
+            ordered,
+            [j / len(ordered) for j in range(len(ordered))],
+            label=f"{peer_name} {key}",
+            color=colours[i % len(colours)],
+            linestyle=styles[(i // len(colours) + i) % len(styles)],
+        )
     ax.set_xscale("log")
     ax.set_xlabel("produce -> consume latency (ms)")
     ax.set_ylabel("fraction of messages")
@@ -820,6 +860,15 @@ def write_report(path: Path, results: list[Figures], info: dict[str, str], comma
         lines.append(
             f"| {w} | " + " | ".join(f"{f.throughput.get(w, 0):,.0f}" for f in live) + " |"
         )
+    lines += [
+        "",
+        "## What each peer's consume does",
+        "",
+        "Every consume marks what it read as consumed, so the consume figures compare the "
+        "same work:",
+        "",
+    ]
+    lines += [f"- **{f.peer}**: {f.work}" for f in live if f.work]
     lines += ["", "## RayMQ / peer", ""]
     for peer, table in ratios(results).items():
         lines.append(
