@@ -2,7 +2,10 @@
 
 "Plain" is what most batches are: one topic, no user properties, keys or
 delay, tags shared by the whole batch (or absent). Anything else goes through
-:func:`storage.codec.encode_batch`'s general loop.
+:func:`storage.codec.encode_batch`'s general loop. This module builds on
+``storage.codec`` and registers :func:`encode_plain` with it when imported
+(``codec.use_plain_encoder``), so ``encode_batch`` takes this path for plain
+batches; the producer calls :func:`encode_plain` directly.
 
 Two encoders give the same bytes. ``storage._native`` (C, built at install
 where a compiler is) reads each message's slots and writes its record in one
@@ -19,17 +22,15 @@ import logging
 import struct
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import codec
 from ._crc import crc32, crc32_address
+from .codec import EncodedBatch
 from .errors import InvalidMessageError
 from .message import Message
-
-if TYPE_CHECKING:
-    from .codec import EncodedBatch, UniqueKeyGenerator
+from .message_id import UniqueKeyGenerator
 
 _native = codec._native
 if _native is not None:
@@ -268,3 +269,6 @@ def encode_plain_numpy(
         uniq_keys=codec.PackedKeys(uniq_raw),
         checked=True,
     )
+
+
+codec.use_plain_encoder(encode_plain)

@@ -24,16 +24,12 @@ store patches those in place and writes the batch with one copy.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import mmap
-import os
-import random
 import re
 import socket
 import struct
-import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +39,38 @@ from ._crc import crc32
 from .errors import InvalidMessageError, StoreCorruptedError
 from .message import Message, MessageExt
 
-try:  # the hot loops in C, built by setup.py where a compiler is (storage/_native.c)
+# ids and properties live in their own modules (the message values need them too);
+# they stay importable from here, where callers have always found them
+from .message_id import UniqueKeyGenerator as UniqueKeyGenerator
+from .message_id import bytes_to_host as bytes_to_host
+from .message_id import default_generator
+from .message_id import host_to_bytes as host_to_bytes
+from .message_id import make_offset_msg_id as make_offset_msg_id
+from .message_id import new_unique_key as new_unique_key
+from .message_id import parse_offset_msg_id as parse_offset_msg_id
+from .properties import KEY_SEP as KEY_SEP
+from .properties import MAX_PROPERTIES_LEN as MAX_PROPERTIES_LEN
+from .properties import NAME_VALUE_SEP as NAME_VALUE_SEP
+from .properties import PROP_DELAY as PROP_DELAY
+from .properties import PROP_KEYS as PROP_KEYS
+from .properties import PROP_MAX_RECONSUME_TIMES as PROP_MAX_RECONSUME_TIMES
+from .properties import PROP_ORIGIN_MESSAGE_ID as PROP_ORIGIN_MESSAGE_ID
+from .properties import PROP_PRODUCER_GROUP as PROP_PRODUCER_GROUP
+from .properties import PROP_REAL_QID as PROP_REAL_QID
+from .properties import PROP_REAL_TOPIC as PROP_REAL_TOPIC
+from .properties import PROP_RECONSUME_TIME as PROP_RECONSUME_TIME
+from .properties import PROP_RETRY_TOPIC as PROP_RETRY_TOPIC
+from .properties import PROP_TAGS as PROP_TAGS
+from .properties import PROP_TRAN_MSG as PROP_TRAN_MSG
+from .properties import PROP_UNIQ_KEY as PROP_UNIQ_KEY
+from .properties import PROPERTY_SEP as PROPERTY_SEP
+from .properties import SYSTEM_PROPS, check_property_text, normalize_keys
+from .properties import decode_properties as decode_properties
+from .properties import encode_properties as encode_properties
+
+# the hot loops in C, built by setup.py where a compiler is (storage/_native.c); import
+# graphs that read only .py files see this as an import of the package itself
+try:
     from . import _native
 except ImportError:  # pragma: no cover - installed without a compiler: numpy does it all
     _native = None  # type: ignore[assignment]
@@ -66,26 +93,7 @@ OFF_STORETIMESTAMP = 56
 OFF_STOREHOST = 64
 OFF_BODYLEN = 84
 
-NAME_VALUE_SEP = "\x01"
-PROPERTY_SEP = "\x02"
-KEY_SEP = " "
-
-# property names, as RocketMQ's MessageConst spells them
-PROP_KEYS = "KEYS"
-PROP_TAGS = "TAGS"
-PROP_DELAY = "DELAY"
-PROP_UNIQ_KEY = "UNIQ_KEY"
-PROP_REAL_TOPIC = "REAL_TOPIC"
-PROP_REAL_QID = "REAL_QID"
-PROP_RETRY_TOPIC = "RETRY_TOPIC"
-PROP_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
-PROP_RECONSUME_TIME = "RECONSUME_TIME"
-PROP_MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
-PROP_TRAN_MSG = "TRAN_MSG"
-PROP_PRODUCER_GROUP = "PGROUP"
-
 MAX_TOPIC_LEN = 127
-MAX_PROPERTIES_LEN = 32767
 TOPIC_RE = re.compile(r"[A-Za-z0-9_%|-]{1,127}")
 
 _MASK32 = 0xFFFFFFFF
@@ -96,8 +104,6 @@ SMALL_BATCH = 16
 # :func:`java_hashes` hashes in a Python loop up to this many characters in all
 # (0.15 us a character against ~25 us of fixed cost for the vectorised path)
 _SCALAR_HASH_CHARS = 160
-# set by the encoder from Message fields; in ``Message.properties`` they are ignored
-_SYSTEM_PROPS = frozenset({"TAGS", "KEYS", "DELAY", "UNIQ_KEY"})
 _I32 = struct.Struct(">i")
 _SIZE_MAGIC = struct.Struct(">iI")
 _LE_I2, _LE_I4, _LE_I8 = np.dtype("<i2"), np.dtype("<i4"), np.dtype("<i8")
@@ -186,71 +192,6 @@ def index_key_hash(h: int) -> int:
     return 0 if h == -(1 << 31) else abs(h)
 
 
-# ---------------------------------------------------------------- hosts and ids
-
-
-def host_to_bytes(host: str) -> bytes:
-    """``"a.b.c.d:port"`` -> 4 bytes of IPv4 + 4 bytes of port (RocketMQ's layout)."""
-    ip, _, port = host.rpartition(":")
-    try:
-        return socket.inet_aton(ip) + int(port).to_bytes(4, "big")
-    except (OSError, ValueError) as exc:
-        raise InvalidMessageError(f"host={host!r}: must be 'a.b.c.d:port'") from exc
-
-
-def bytes_to_host(raw: bytes) -> str:
-    return f"{socket.inet_ntoa(raw[:4])}:{int.from_bytes(raw[4:8], 'big')}"
-
-
-def make_offset_msg_id(store_host: str, commitlog_offset: int) -> str:
-    """Store ip (4) + port (4) + commitlog offset (8) as 32 upper-case hex chars."""
-    return (host_to_bytes(store_host) + commitlog_offset.to_bytes(8, "big")).hex().upper()
-
-
-def parse_offset_msg_id(msg_id: str) -> tuple[str, int]:
-    """Inverse of :func:`make_offset_msg_id`; raises ``InvalidMessageError``."""
-    if len(msg_id) != 32:
-        raise InvalidMessageError(f"msg_id={msg_id!r}: must be 32 hex chars")
-    try:
-        raw = bytes.fromhex(msg_id)
-    except ValueError as exc:
-        raise InvalidMessageError(f"msg_id={msg_id!r}: not hex") from exc
-    return bytes_to_host(raw[:8]), int.from_bytes(raw[8:], "big")
-
-
-class UniqueKeyGenerator:
-    """Client-side message ids, 32 hex chars: ip, pid and a random salt, then a counter."""
-
-    def __init__(self, ip: str = "127.0.0.1") -> None:
-        try:
-            ip_bytes = socket.inet_aton(ip)
-        except OSError:
-            ip_bytes = b"\x7f\x00\x00\x01"
-        salt = ip_bytes + (os.getpid() & 0xFFFF).to_bytes(2, "big") + random.randbytes(4)
-        self.prefix = salt.hex().upper()
-        start = (int(time.time() * 1000) & 0xFFFFFF) << 24
-        self._counter = itertools.count(start)
-        self._lock = threading.Lock()
-
-    def next(self) -> str:
-        return f"{self.prefix}{next(self._counter) & 0xFFFFFFFFFFFF:012X}"
-
-    def take(self, n: int) -> int:
-        """Reserve ``n`` consecutive counter values; return the first (48-bit wrap)."""
-        with self._lock:
-            first = next(self._counter)
-            if n > 1:
-                self._counter = itertools.count(first + n)
-        return first
-
-
-_default_uniq = UniqueKeyGenerator()
-
-
-def new_unique_key() -> str:
-    return _default_uniq.next()
-
-
 # ---------------------------------------------------------------- validation
 
 
@@ -268,57 +209,6 @@ def validate_queue_id(queue_id: object) -> int:
     if queue_id > 0x7FFFFFFF:
         raise InvalidMessageError(f"queue_id={queue_id}: must fit in int32")
     return queue_id
-
-
-def _check_property_text(what: str, text: object) -> str:
-    if not isinstance(text, str):
-        raise InvalidMessageError(f"{what}={text!r}: must be a str")
-    if NAME_VALUE_SEP in text or PROPERTY_SEP in text:
-        raise InvalidMessageError(
-            f"{what}={text!r}: must not contain the separators \\x01 or \\x02"
-        )
-    return text
-
-
-def _normalize_keys(keys: Sequence[str] | str) -> tuple[str, ...]:
-    if isinstance(keys, str):
-        keys = (keys,)
-    out = []
-    for key in keys:
-        _check_property_text("key", key)
-        if not key or KEY_SEP in key:
-            raise InvalidMessageError(f"key={key!r}: must be non-empty and contain no space")
-        out.append(key)
-    return tuple(out)
-
-
-def encode_properties(props: Mapping[str, str]) -> bytes:
-    parts = []
-    for name, value in props.items():
-        _check_property_text("property name", name)
-        _check_property_text(f"property {name!r}", value)
-        if not name:
-            raise InvalidMessageError("property name must be non-empty")
-        parts.append(f"{name}\x01{value}\x02")
-    return "".join(parts).encode("utf-8")
-
-
-def decode_properties(raw: bytes) -> dict[str, str]:
-    if not raw:
-        return {}
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise StoreCorruptedError(f"properties are not UTF-8: {exc}") from exc
-    props: dict[str, str] = {}
-    for pair in text.split(PROPERTY_SEP):
-        if not pair:
-            continue
-        name, sep, value = pair.partition(NAME_VALUE_SEP)
-        if not sep:
-            raise StoreCorruptedError(f"property {pair[:40]!r} has no name/value separator")
-        props[name] = value
-    return props
 
 
 # ---------------------------------------------------------------- encoding
@@ -659,6 +549,25 @@ def body_length_range(data: bytes | memoryview, sizes: np.ndarray) -> tuple[int,
     return int(lengths.min()), int(lengths.max())
 
 
+PlainEncoder = Callable[
+    [Sequence[Message], int, int, bytes, UniqueKeyGenerator], "EncodedBatch | None"
+]
+"""``(messages, max_message_size, born_ts, born_raw, gen)`` -> the batch encoded, or
+``None`` when it is not plain: :func:`storage._fast_encode.encode_plain`."""
+_plain_encoder: PlainEncoder | None = None
+
+
+def use_plain_encoder(encoder: PlainEncoder | None) -> None:
+    """Let :func:`encode_batch` hand plain batches of more than ``SMALL_BATCH`` messages
+    to ``encoder`` (``None``: every batch takes the general loop, same bytes).
+
+    ``storage._fast_encode`` registers itself when imported, which the package's
+    ``__init__`` does: it builds on this module, so this module cannot import it.
+    """
+    global _plain_encoder
+    _plain_encoder = encoder
+
+
 def encode_batch(
     messages: Iterable[Message],
     *,
@@ -678,15 +587,13 @@ def encode_batch(
     """
     born_ts = int(time.time() * 1000) if born_timestamp is None else born_timestamp
     born_raw = host_to_bytes(born_host)
-    gen = uniq or _default_uniq
+    gen = uniq or default_generator
     if born is None and reconsume_times == 0:
         if not isinstance(messages, (list, tuple)):
             messages = list(messages)
         # the vectorised encoder's fixed cost (~70 us) pays off only past SMALL_BATCH
-        if len(messages) > SMALL_BATCH:
-            from ._fast_encode import encode_plain
-
-            fast = encode_plain(messages, max_message_size, born_ts, born_raw, gen)
+        if len(messages) > SMALL_BATCH and _plain_encoder is not None:
+            fast = _plain_encoder(messages, max_message_size, born_ts, born_raw, gen)
             if fast is not None:
                 return fast
     pack = HEADER.pack
@@ -738,7 +645,7 @@ def encode_batch(
         prop_text = tag_text.get(tags)
         if prop_text is None:
             if tags is not None:
-                _check_property_text("tags", tags)
+                check_property_text("tags", tags)
                 if not tags:
                     raise InvalidMessageError("tags must be None or a non-empty str")
                 tag_cache[tags] = java_hash(tags)
@@ -747,10 +654,10 @@ def encode_batch(
                 prop_text = tag_text[tags] = ""
         if user:
             prop_text += encode_properties(
-                {k: v for k, v in user.items() if k not in _SYSTEM_PROPS}
+                {k: v for k, v in user.items() if k not in SYSTEM_PROPS}
             ).decode("utf-8")
         if m.keys:
-            keys = _normalize_keys(m.keys)
+            keys = normalize_keys(m.keys)
             prop_text += f"KEYS\x01{KEY_SEP.join(keys)}\x02"
             for key in keys:
                 index_keys.append(f"{topic}#{key}")

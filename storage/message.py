@@ -13,6 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from .message_id import make_offset_msg_id
+from .properties import decode_properties
+
 
 class PutStatus(enum.Enum):
     PUT_OK = "PUT_OK"
@@ -83,8 +86,6 @@ class MessageExt(_MessageExtFields):
         cache = self.__dict__
         props: dict[str, str] | None = cache.get("_props")
         if props is None:
-            from .codec import decode_properties
-
             props = cache["_props"] = decode_properties(self.raw_properties)
         return props
 
@@ -107,8 +108,6 @@ class MessageExt(_MessageExtFields):
     @property
     def offset_msg_id(self) -> str:
         """Store host + port + commitlog offset, 32 hex chars: where the bytes are."""
-        from .codec import make_offset_msg_id
-
         return make_offset_msg_id(self.store_host, self.commitlog_offset)
 
     @property

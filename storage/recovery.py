@@ -15,17 +15,18 @@ import logging
 import struct
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import codec
-from .consume_queue import ConsumeQueue
+from .checkpoint import Checkpoint
+from .commitlog import CommitLog
+from .config import StoreConfig
+from .consume_queue_store import ConsumeQueueStore
 from .errors import StoreCorruptedError
+from .index_file import IndexService
+from .message import MessageExt
 from .schedule import SCHEDULE_TOPIC
-
-if TYPE_CHECKING:
-    from .store import MessageStore
 
 log = logging.getLogger("raymq.storage.recovery")
 
@@ -33,15 +34,24 @@ _SIZE_MAGIC = struct.Struct(">iI")
 _PROGRESS_BYTES = 256 << 20
 
 
-def recover(store: MessageStore) -> None:
-    cl = store.commitlog
+def recover(
+    *,
+    commitlog: CommitLog,
+    queues: ConsumeQueueStore,
+    index: IndexService,
+    config: StoreConfig,
+    checkpoint: Checkpoint | None,
+    abnormal_start: bool,
+) -> None:
+    """Load the files and restore the invariants; ``checkpoint`` is the last valid one."""
+    cl = commitlog
     cl.files.load()
-    _load_consume_queues(store)
-    store.index.load()
-    cp = store._checkpoint.value if store._checkpoint and store._checkpoint.valid else None
+    queues.load(cl.min_offset)
+    index.load()
+    cp = checkpoint
     end: int | None = None
-    if not store.abnormal_start and cp is not None and cp.clean_end >= 0:
-        end = _verified_clean_end(store, cp.clean_end)
+    if not abnormal_start and cp is not None and cp.clean_end >= 0:
+        end = _verified_clean_end(cl, cp.clean_end)
         if end is None:
             log.warning(
                 "checkpoint's clean end %d does not match the commitlog: full recovery",
@@ -52,51 +62,22 @@ def recover(store: MessageStore) -> None:
     if end is None:
         start = max(cp.recovery_start, cl.min_offset) if cp is not None else cl.min_offset
         redispatch_from = max(cp.logics_offset, cl.min_offset) if cp is not None else cl.min_offset
-        end = _scan(store, start)
-    if cl.files.files and not (store.root / "consumequeue").exists():
+        end = _scan(cl, config, start)
+    if cl.files.files and not queues.root.exists():
         log.warning("no consumequeue directory: rebuilding every queue from the commitlog")
         abnormal, redispatch_from = True, cl.min_offset
     max_record = (
-        store.config.max_message_size
-        + codec.FIXED_LEN
-        + codec.MAX_TOPIC_LEN
-        + codec.MAX_PROPERTIES_LEN
+        config.max_message_size + codec.FIXED_LEN + codec.MAX_TOPIC_LEN + codec.MAX_PROPERTIES_LEN
     )
     if cl.files.files:
         cl.truncate(end, max_record)
-    for cq in store._cqs.values():
-        cq.truncate_to_commitlog(end)
+    queues.truncate_to_commitlog(end)
     if abnormal and redispatch_from < end:
-        _redispatch(store, redispatch_from, end)
-    for cq in store._cqs.values():
-        cq.correct_min_offset(cl.min_offset)
+        _redispatch(cl, queues, index, config, redispatch_from, end)
+    queues.correct_min_offset(cl.min_offset)
 
 
-def _load_consume_queues(store: MessageStore) -> None:
-    root = store.root / "consumequeue"
-    if not root.exists():
-        return
-    for topic_dir in sorted(root.iterdir()):
-        if not topic_dir.is_dir() or not codec.TOPIC_RE.fullmatch(topic_dir.name):
-            log.warning("ignoring %s: not a topic directory", topic_dir)
-            continue
-        for qdir in sorted(topic_dir.iterdir()):
-            if not qdir.is_dir() or not qdir.name.isdigit():
-                log.warning("ignoring %s: not a queue directory", qdir)
-                continue
-            cq = ConsumeQueue(
-                root,
-                topic_dir.name,
-                int(qdir.name),
-                store.config.consume_queue_file_entries,
-                preallocate=store.config.preallocate,
-            )
-            cq.load(store.commitlog.min_offset)
-            store._cqs[(topic_dir.name, int(qdir.name))] = cq
-
-
-def _verified_clean_end(store: MessageStore, end: int) -> int | None:
-    cl = store.commitlog
+def _verified_clean_end(cl: CommitLog, end: int) -> int | None:
     if not cl.files.files:
         return end if end == 0 else None
     if end == cl.files.max_offset:
@@ -113,8 +94,7 @@ def _verified_clean_end(store: MessageStore, end: int) -> int | None:
     return None
 
 
-def _scan(store: MessageStore, start: int) -> int:
-    cl = store.commitlog
+def _scan(cl: CommitLog, config: StoreConfig, start: int) -> int:
     if not cl.files.files:
         return 0
     start_file = cl.files.find(start) or cl.files.files[0]
@@ -133,7 +113,7 @@ def _scan(store: MessageStore, start: int) -> int:
                 done / 1e6 / max(time.monotonic() - began, 1e-9),
             )
 
-    end = cl.scan(start_file, store.config.check_crc_on_recover, progress=progress)
+    end = cl.scan(start_file, config.check_crc_on_recover, progress=progress)
     log.info(
         "recovery: commitlog valid up to %d (scanned from %d in %.2fs)",
         end,
@@ -148,8 +128,10 @@ class _Dispatcher:
 
     CHUNK = 65536
 
-    def __init__(self, store: MessageStore) -> None:
-        self.store = store
+    def __init__(self, queues: ConsumeQueueStore, index: IndexService, config: StoreConfig) -> None:
+        self.consume_queues = queues
+        self.index = index
+        self.config = config
         self.queues: dict[tuple[str, int], list[tuple[int, int, int, int]]] = defaultdict(list)
         self.keys: list[str] = []
         self.key_offsets: list[int] = []
@@ -157,14 +139,14 @@ class _Dispatcher:
         self.count = 0
         self._tag_cache: dict[str | None, int] = {None: 0}
 
-    def add(self, m: codec.MessageExt, cq: bool = True, index: bool = True) -> None:
+    def add(self, m: MessageExt, cq: bool = True, index: bool = True) -> None:
         if cq:
             tags = m.tags
             code = self._tag_cache.get(tags)
             if code is None:
                 code = self._tag_cache[tags] = codec.java_hash(tags) if tags else 0
             if m.topic == SCHEDULE_TOPIC:  # the tag field holds the delivery time
-                levels = self.store.config.delay_levels_ms
+                levels = self.config.delay_levels_ms
                 code = m.store_timestamp + levels[min(max(m.delay_level, 1), len(levels)) - 1]
             self.queues[(m.topic, m.queue_id)].append(
                 (m.queue_offset, m.commitlog_offset, m.store_size, code)
@@ -182,9 +164,11 @@ class _Dispatcher:
     def flush(self) -> None:
         for (topic, qid), rows in self.queues.items():
             arr = np.array(rows, dtype=np.int64)
-            self.store._cq(topic, qid).append(int(arr[0, 0]), arr[:, 1], arr[:, 2], arr[:, 3])
+            self.consume_queues.find_or_create(topic, qid).append(
+                int(arr[0, 0]), arr[:, 1], arr[:, 2], arr[:, 3]
+            )
         self.queues.clear()
-        if self.keys and self.store.config.message_index_enable:
+        if self.keys and self.config.message_index_enable:
             hashes = np.abs(codec.java_hashes(self.keys).astype(np.int64))
             hashes[hashes > 0x7FFFFFFF] = 0
             offsets = np.array(self.key_offsets, dtype=np.int64)
@@ -192,23 +176,29 @@ class _Dispatcher:
             # one index put per distinct store timestamp keeps time diffs right
             for value in np.unique(ts).tolist():
                 sel = ts == value
-                self.store.index.put(hashes[sel], offsets[sel], int(value))
+                self.index.put(hashes[sel], offsets[sel], int(value))
         self.keys, self.key_offsets, self.key_ts = [], [], []
 
 
 _PREFIX = struct.Struct(">iIiiiq")  # size, magic, crc, queue id, flag, queue offset
 
 
-def _redispatch(store: MessageStore, start: int, end: int) -> None:
+def _redispatch(
+    cl: CommitLog,
+    queues: ConsumeQueueStore,
+    index: IndexService,
+    config: StoreConfig,
+    start: int,
+    end: int,
+) -> None:
     """Re-add ConsumeQueue and index entries for records from ``start`` that lack them.
 
     Only the header is parsed for records already dispatched; a record is
     decoded in full only when its queue or the index is missing it.
     """
-    cl = store.commitlog
-    dispatcher = _Dispatcher(store)
-    index_end = store.index.files[-1].end_offset if store.index.files else -1
-    cq_max: dict[tuple[str, int], int] = {k: cq.max_offset for k, cq in store._cqs.items()}
+    dispatcher = _Dispatcher(queues, index, config)
+    index_end = index.files[-1].end_offset if index.files else -1
+    cq_max: dict[tuple[str, int], int] = {k: cq.max_offset for k, cq in queues.items()}
     skipped = 0
     pos = start
     while pos < end:

@@ -6,12 +6,15 @@ never span two files; they may end inside a record, which the slave
 dispatches once the rest arrives.
 
 A slave may append (:func:`append_bytes`), acknowledge, and only then
-dispatch (:func:`dispatch_appended`), so a SYNC_MASTER put waits for the copy,
+dispatch (:func:`dispatch`), so a SYNC_MASTER put waits for the copy,
 not for the slave's indexing. The dispatch reads only the header fields, the
 topic and the four properties the entries need (TAGS, KEYS, UNIQ_KEY, DELAY)
 and writes the entries in vectorised runs, as a put does: decoding each record
 into a ``MessageExt`` cost about 14 times the master's own put and made the
 slave the bottleneck of synchronous replication.
+
+These functions work on the parts they are given; the store's methods
+(``MessageStore.append_commitlog`` ...) call them under its put lock.
 
 Invariants: ``dispatched_offset <= commitlog.max_offset``; everything below
 ``dispatched_offset`` is in the ConsumeQueues; the bytes between the two are
@@ -24,16 +27,16 @@ from __future__ import annotations
 import logging
 import struct
 from collections import defaultdict
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import codec
+from .commitlog import CommitLog
+from .config import StoreConfig
+from .consume_queue_store import ConsumeQueueStore
 from .errors import OffsetOutOfRangeError, StoreCorruptedError
+from .index_file import IndexService
 from .schedule import SCHEDULE_TOPIC
-
-if TYPE_CHECKING:
-    from .store import MessageStore
 
 log = logging.getLogger("raymq.storage.replica")
 
@@ -49,9 +52,8 @@ _PAIR = codec.PROPERTY_SEP.encode()
 _NAME_VALUE = codec.NAME_VALUE_SEP.encode()
 
 
-def read_chunk(store: MessageStore, offset: int, max_bytes: int) -> bytes:
+def read_chunk(cl: CommitLog, offset: int, max_bytes: int) -> bytes:
     """Up to ``max_bytes`` of the CommitLog from ``offset``, within one file."""
-    cl = store.commitlog
     if offset == cl.max_offset:
         return b""
     if not cl.min_offset <= offset < cl.max_offset:
@@ -64,55 +66,33 @@ def read_chunk(store: MessageStore, offset: int, max_bytes: int) -> bytes:
     return mf.read(rel, min(max_bytes, mf.wrote_position - rel))
 
 
-def append_chunk(store: MessageStore, offset: int, data: bytes | memoryview) -> int:
-    """Append master bytes at ``offset`` (= this store's end) and dispatch every whole
-    record; return the new end offset (what a slave acknowledges)."""
-    end = append_bytes(store, offset, data)
-    dispatch_appended(store)
-    return end
-
-
-def append_bytes(store: MessageStore, offset: int, data: bytes | memoryview) -> int:
-    """Append master bytes at ``offset`` (this store's end) without dispatching them (what
-    a slave acknowledges); :func:`dispatch_appended` builds their entries later."""
-    with store._put_lock:
-        store._check_open()
-        cl = store.commitlog
-        if offset != cl.max_offset:
-            raise OffsetOutOfRangeError(
-                f"replica ends at {cl.max_offset}; a chunk starting at {offset} does not follow"
-            )
-        if not data:
-            return offset
-        if offset == 0 and not cl.files.files:
-            mf = cl.files.create(0)
+def append_bytes(cl: CommitLog, offset: int, data: bytes | memoryview) -> int:
+    """Append master bytes at ``offset`` (this log's end) without dispatching them; return
+    the new end offset (what a slave acknowledges). An empty log joins at ``offset``: its
+    first file starts where the master's file holding ``offset`` does."""
+    if offset != cl.max_offset:
+        raise OffsetOutOfRangeError(
+            f"replica ends at {cl.max_offset}; a chunk starting at {offset} does not follow"
+        )
+    if not data:
+        return offset
+    if offset == 0 and not cl.files.files:
+        mf = cl.files.create(0)
+    else:
+        last = cl.files.last()
+        if last is None:  # an empty replica joining a master whose early files expired
+            mf = cl.files.create(offset - offset % cl.file_size)
+            mf.wrote_position = mf.flushed_position = offset % cl.file_size
+        elif last.is_full:
+            mf = cl.files.create(last.from_offset + cl.file_size)
         else:
-            last = cl.files.last()
-            if last is None:  # an empty replica joining a master whose early files expired
-                mf = cl.files.create(offset - offset % cl.file_size)
-                mf.wrote_position = mf.flushed_position = offset % cl.file_size
-                store._dispatched = offset
-            elif last.is_full:
-                mf = cl.files.create(last.from_offset + cl.file_size)
-            else:
-                mf = last
-        if len(data) > mf.remaining:
-            raise StoreCorruptedError(
-                f"a chunk of {len(data)} bytes at {offset} crosses the end of {mf.path.name}"
-            )
-        mf.append(data)
-        end = cl.max_offset
-    if store.config.sync_flush:
-        cl.flush_until(end)
-    return end
-
-
-def dispatch_appended(store: MessageStore) -> None:
-    """ConsumeQueue and index entries for the whole records appended since the last call."""
-    with store._put_lock:
-        store._check_open()
-        notes = _dispatch(store)
-    store._notify(notes)
+            mf = last
+    if len(data) > mf.remaining:
+        raise StoreCorruptedError(
+            f"a chunk of {len(data)} bytes at {offset} crosses the end of {mf.path.name}"
+        )
+    mf.append(data)
+    return cl.max_offset
 
 
 _UNIQ_ONLY = _UNIQ + _NAME_VALUE
@@ -136,18 +116,24 @@ def _properties(raw: bytes) -> tuple[bytes | None, bytes | None, bytes | None, b
     return tags, keys, uniq, delay
 
 
-def _dispatch(store: MessageStore) -> list[tuple[str, int, int]]:
-    """ConsumeQueue and index entries of every whole record past the dispatched offset."""
-    cl = store.commitlog
+def dispatch(
+    cl: CommitLog,
+    queues: ConsumeQueueStore,
+    index: IndexService,
+    config: StoreConfig,
+    dispatched: int,
+) -> tuple[int, list[tuple[str, int, int]]]:
+    """ConsumeQueue and index entries of every whole record from ``dispatched`` on; return
+    the new dispatched offset and ``(topic, queue id, max offset)`` of each queue fed."""
     end = cl.max_offset
-    pos = store._dispatched
-    queues: dict[tuple[str, int], list[tuple[int, int, int, int]]] = defaultdict(list)
+    pos = dispatched
+    rows: dict[tuple[str, int], list[tuple[int, int, int, int]]] = defaultdict(list)
     keys: list[str] = []
     key_offsets: list[int] = []
     key_ts: list[int] = []
     topics: dict[bytes, str] = {}
     tag_codes: dict[bytes | None, int] = {None: 0}
-    levels = store.config.delay_levels_ms
+    levels = config.delay_levels_ms
     unpack_head = _HEAD.unpack_from
     unpack_size = _SIZE_MAGIC.unpack_from
     while pos + 8 <= end:
@@ -189,7 +175,7 @@ def _dispatch(store: MessageStore) -> list[tuple[str, int, int]]:
                 code = tag_codes[tags] = codec.java_hash(tags.decode("utf-8")) if tags else 0
             if topic == SCHEDULE_TOPIC:  # the tag field holds the delivery time
                 code = store_ts + levels[min(max(int(delay or 0), 1), len(levels)) - 1]
-            queues[(topic, qid)].append((qoff, phys, size, code))
+            rows[(topic, qid)].append((qoff, phys, size, code))
             if uniq:
                 keys.append(f"{topic}#{uniq.decode('utf-8')}")
                 key_offsets.append(phys)
@@ -206,39 +192,33 @@ def _dispatch(store: MessageStore) -> list[tuple[str, int, int]]:
         pos = base + rel
         if rel < file_size:
             break  # waiting for the rest of this file (or of a record)
-    for (topic, qid), rows in queues.items():
-        arr = np.array(rows, dtype=np.int64)
-        store._cq(topic, qid).append(int(arr[0, 0]), arr[:, 1], arr[:, 2], arr[:, 3])
-    if keys and store.config.message_index_enable:
+    for (topic, qid), queue_rows in rows.items():
+        arr = np.array(queue_rows, dtype=np.int64)
+        queues.find_or_create(topic, qid).append(int(arr[0, 0]), arr[:, 1], arr[:, 2], arr[:, 3])
+    if keys and config.message_index_enable:
         hashes = np.abs(codec.java_hashes(keys).astype(np.int64))
         hashes[hashes > 0x7FFFFFFF] = 0
         offsets = np.array(key_offsets, dtype=np.int64)
         ts = np.array(key_ts, dtype=np.int64)
         for value in np.unique(ts).tolist():  # one put per store timestamp: right time diffs
             sel = ts == value
-            store.index.put(hashes[sel], offsets[sel], int(value))
-    store._dispatched = pos
-    return [(t, q, store._cqs[(t, q)].max_offset) for t, q in sorted(queues)]
+            index.put(hashes[sel], offsets[sel], int(value))
+    return pos, [(t, q, queues[(t, q)].max_offset) for t, q in sorted(rows)]
 
 
-def truncate(store: MessageStore, offset: int) -> None:
+def truncate(cl: CommitLog, queues: ConsumeQueueStore, config: StoreConfig, offset: int) -> None:
     """Cut the CommitLog (and the queue entries pointing past it) back to ``offset``.
 
     For a Raft follower dropping an uncommitted divergent tail, and for a slave
     promoted to master (cut to its last whole record).
     """
-    with store._put_lock:
-        store._check_open()
-        cl = store.commitlog
-        if not cl.min_offset <= offset <= cl.max_offset:
-            raise OffsetOutOfRangeError(
-                f"truncation point {offset} outside [{cl.min_offset}, {cl.max_offset}]"
-            )
-        if offset == cl.max_offset:
-            return
-        log.warning("truncating commitlog %s from %d to %d", store.root, cl.max_offset, offset)
-        max_record = store.config.max_message_size + codec.FIXED_LEN + codec.MAX_TOPIC_LEN
-        cl.truncate(offset, max_record + codec.MAX_PROPERTIES_LEN)
-        for cq in store._cqs.values():
-            cq.truncate_to_commitlog(offset)
-        store._dispatched = min(store._dispatched, offset)
+    if not cl.min_offset <= offset <= cl.max_offset:
+        raise OffsetOutOfRangeError(
+            f"truncation point {offset} outside [{cl.min_offset}, {cl.max_offset}]"
+        )
+    if offset == cl.max_offset:
+        return
+    log.warning("truncating commitlog %s from %d to %d", cl.files.directory, cl.max_offset, offset)
+    max_record = config.max_message_size + codec.FIXED_LEN + codec.MAX_TOPIC_LEN
+    cl.truncate(offset, max_record + codec.MAX_PROPERTIES_LEN)
+    queues.truncate_to_commitlog(offset)

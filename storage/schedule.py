@@ -19,22 +19,53 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from . import codec
+from .codec import EncodedBatch
+from .commitlog import CommitLog
+from .config import StoreConfig
+from .config_files import JsonConfigFile
+from .consume_queue import ConsumeQueue
 from .message import Message, MessageExt
 from .services import ServiceThread
-
-if TYPE_CHECKING:
-    from .store import MessageStore
 
 log = logging.getLogger("raymq.storage.schedule")
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 _HIDDEN = (codec.PROP_DELAY, codec.PROP_REAL_TOPIC, codec.PROP_REAL_QID)
 _BATCH = 256
+
+
+class ScheduleStore(Protocol):
+    """What delivery uses of a store: ``MessageStore``, or a DLedger leader's wrapper
+    whose ``_put_encoded`` (the put of a batch the store itself encoded, past the
+    checks for clients' batches) goes through the Raft log."""
+
+    @property
+    def config(self) -> StoreConfig: ...
+
+    @property
+    def commitlog(self) -> CommitLog: ...
+
+    def find_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue | None: ...
+
+    def query_by_key(
+        self,
+        topic: str,
+        key: str,
+        max_count: int = 64,
+        begin_ms: int = 0,
+        end_ms: int | None = None,
+    ) -> list[MessageExt]: ...
+
+    def config_file(self, name: str) -> JsonConfigFile: ...
+
+    def now_ms(self) -> int: ...
+
+    def _put_encoded(self, batch: EncodedBatch) -> object: ...
 
 
 def level_for_delay(seconds: float, levels_ms: Sequence[int]) -> int:
@@ -99,7 +130,7 @@ def born_of(messages: Sequence[MessageExt]) -> list[tuple[int, str, int]]:
 class ScheduleMessageService(ServiceThread):
     name = "schedule"
 
-    def __init__(self, store: MessageStore, interval_s: float = 0.05) -> None:
+    def __init__(self, store: ScheduleStore, interval_s: float = 0.05) -> None:
         super().__init__(interval_s)
         self.store = store
         self.levels_ms = store.config.delay_levels_ms
@@ -115,7 +146,7 @@ class ScheduleMessageService(ServiceThread):
         """Advance past entries already delivered before a crash (found by unique key)."""
         changed = False
         for level in range(1, len(self.levels_ms) + 1):
-            cq = self.store._cqs.get((SCHEDULE_TOPIC, level - 1))
+            cq = self.store.find_consume_queue(SCHEDULE_TOPIC, level - 1)
             if cq is None:
                 continue
             offset = max(self.offsets.get(level, 0), cq.min_offset)
@@ -146,11 +177,11 @@ class ScheduleMessageService(ServiceThread):
 
     def run_once(self) -> int:
         """Deliver every due message; return how many were delivered."""
-        now = int(self.store._clock() * 1000)
+        now = self.store.now_ms()
         return sum(self._deliver(level, now) for level in range(1, len(self.levels_ms) + 1))
 
     def _deliver(self, level: int, now_ms: int) -> int:
-        cq = self.store._cqs.get((SCHEDULE_TOPIC, level - 1))
+        cq = self.store.find_consume_queue(SCHEDULE_TOPIC, level - 1)
         if cq is None:
             return 0
         offset = max(self.offsets.get(level, 0), cq.min_offset)
@@ -183,7 +214,7 @@ class ScheduleMessageService(ServiceThread):
         """Messages waiting per level."""
         out = {}
         for level in range(1, len(self.levels_ms) + 1):
-            cq = self.store._cqs.get((SCHEDULE_TOPIC, level - 1))
+            cq = self.store.find_consume_queue(SCHEDULE_TOPIC, level - 1)
             if cq is not None:
                 out[level] = cq.max_offset - max(self.offsets.get(level, 0), cq.min_offset)
         return out

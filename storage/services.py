@@ -4,6 +4,9 @@
 (ConsumeQueues, index, checkpoint) and ``CleanCommitLogService`` (expiry), as
 RocketMQ names them. Each logs failures and keeps going; none holds the put
 lock for longer than it takes to read an offset.
+
+They take the store as :class:`ServicedStore`, the part of it they use, so this
+module sits below the facade that starts them.
 """
 
 from __future__ import annotations
@@ -11,12 +14,26 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .store import MessageStore
+from .commitlog import CommitLog
+from .config import StoreConfig
 
 log = logging.getLogger("raymq.storage.services")
+
+
+class ServicedStore(Protocol):
+    """What the services use of a store (``MessageStore`` has it)."""
+
+    @property
+    def config(self) -> StoreConfig: ...
+
+    @property
+    def commitlog(self) -> CommitLog: ...
+
+    def checkpoint_now(self) -> None: ...
+
+    def clean_expired_files(self) -> int: ...
 
 
 class ServiceThread:
@@ -63,7 +80,7 @@ class FlushRealTimeService(ServiceThread):
 
     name = "flush-commitlog"
 
-    def __init__(self, store: MessageStore) -> None:
+    def __init__(self, store: ServicedStore) -> None:
         cfg = store.config
         super().__init__(cfg.flush_interval_commitlog_ms / 1000)
         self.store = store
@@ -85,7 +102,7 @@ class FlushConsumeQueueService(ServiceThread):
 
     name = "flush-consumequeue"
 
-    def __init__(self, store: MessageStore) -> None:
+    def __init__(self, store: ServicedStore) -> None:
         cfg = store.config
         super().__init__(cfg.flush_interval_consume_queue_ms / 1000)
         self.store = store
@@ -99,7 +116,7 @@ class CleanCommitLogService(ServiceThread):
 
     name = "clean-commitlog"
 
-    def __init__(self, store: MessageStore) -> None:
+    def __init__(self, store: ServicedStore) -> None:
         super().__init__(store.config.clean_resource_interval_ms / 1000)
         self.store = store
 

@@ -32,6 +32,7 @@ from .commitlog import CommitLog
 from .config import StoreConfig
 from .config_files import JsonConfigFile
 from .consume_queue import ConsumeQueue
+from .consume_queue_store import ConsumeQueueStore
 from .errors import (
     InvalidMessageError,
     OffsetOutOfRangeError,
@@ -41,6 +42,7 @@ from .errors import (
 )
 from .index_file import IndexService
 from .message import GetResult, GetStatus, Message, MessageExt, PutResult, PutStatus, RawGetResult
+from .recovery import recover
 from .schedule import (
     SCHEDULE_TOPIC,
     ScheduleMessageService,
@@ -132,7 +134,11 @@ class MessageStore:
         self._store_host = codec.host_to_bytes(config.store_host)
         self._put_lock = threading.Lock()
         self._listeners: list[DispatchListener] = []
-        self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
+        self._cqs = ConsumeQueueStore(
+            self.root / "consumequeue",
+            config.consume_queue_file_entries,
+            preallocate=config.preallocate,
+        )
         self._closed = False
         self._dispatched = 0  # commitlog offset below which every record is dispatched
         self._services: list = []
@@ -216,8 +222,7 @@ class MessageStore:
             self._closed = True
             end = self.commitlog.max_offset
             self.commitlog.flush()
-            for cq in self._cqs.values():
-                cq.flush()
+            self._cqs.flush()
             self.index.flush()
             assert self._checkpoint is not None
             now = int(self._clock() * 1000)
@@ -228,8 +233,7 @@ class MessageStore:
 
     def _release_files(self) -> None:
         self.commitlog.close()
-        for cq in self._cqs.values():
-            cq.close()
+        self._cqs.close()
         self.index.close()
         if self._checkpoint is not None:
             self._checkpoint.close()
@@ -244,10 +248,16 @@ class MessageStore:
 
     # ------------------------------------------------------------ recovery
     def _recover(self) -> None:
-        from .recovery import recover
-
         started = time.monotonic()
-        recover(self)
+        assert self._checkpoint is not None
+        recover(
+            commitlog=self.commitlog,
+            queues=self._cqs,
+            index=self.index,
+            config=self.config,
+            checkpoint=self._checkpoint.value if self._checkpoint.valid else None,
+            abnormal_start=self.abnormal_start,
+        )
         log.info(
             "store %s recovered (%s start) in %.2fs: commitlog [%d, %d), %d queues",
             self.root,
@@ -260,17 +270,11 @@ class MessageStore:
 
     # ------------------------------------------------------------ queues
     def _cq(self, topic: str, queue_id: int) -> ConsumeQueue:
-        cq = self._cqs.get((topic, queue_id))
-        if cq is None:
-            cq = ConsumeQueue(
-                self.root / "consumequeue",
-                topic,
-                queue_id,
-                self.config.consume_queue_file_entries,
-                preallocate=self.config.preallocate,
-            )
-            self._cqs[(topic, queue_id)] = cq
-        return cq
+        return self._cqs.find_or_create(topic, queue_id)
+
+    def find_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        """The queue's ConsumeQueue, or None when nothing was ever put to it."""
+        return self._cqs.find(topic, queue_id)
 
     def queues(self) -> list[tuple[str, int]]:
         return sorted(self._cqs)
@@ -409,7 +413,7 @@ class MessageStore:
 
     def read_commitlog(self, offset: int, max_bytes: int = 1 << 20) -> bytes:
         """Master side: raw CommitLog bytes from ``offset`` (within one file)."""
-        return replica.read_chunk(self, offset, max_bytes)
+        return replica.read_chunk(self.commitlog, offset, max_bytes)
 
     def append_commitlog(
         self, offset: int, data: bytes | memoryview, *, dispatch: bool = True
@@ -419,17 +423,33 @@ class MessageStore:
         With ``dispatch=False`` the records get their ConsumeQueue and index entries
         only at the next :meth:`dispatch_replicated` (acknowledge first, index after).
         """
+        with self._put_lock:
+            self._check_open()
+            joining = self.commitlog.files.last() is None and len(data) > 0
+            end = replica.append_bytes(self.commitlog, offset, data)
+            if joining:  # its first file starts at offset: nothing before it to dispatch
+                self._dispatched = offset
+        if self.config.sync_flush:
+            self.commitlog.flush_until(end)
         if dispatch:
-            return replica.append_chunk(self, offset, data)
-        return replica.append_bytes(self, offset, data)
+            self.dispatch_replicated()
+        return end
 
     def dispatch_replicated(self) -> None:
         """Queue and index entries for every whole record appended but not yet dispatched."""
-        replica.dispatch_appended(self)
+        with self._put_lock:
+            self._check_open()
+            self._dispatched, notes = replica.dispatch(
+                self.commitlog, self._cqs, self.index, self.config, self._dispatched
+            )
+        self._notify(notes)
 
     def truncate_commitlog(self, offset: int) -> None:
         """Drop the CommitLog past ``offset`` and every queue entry pointing there."""
-        replica.truncate(self, offset)
+        with self._put_lock:
+            self._check_open()
+            replica.truncate(self.commitlog, self._cqs, self.config, offset)
+            self._dispatched = min(self._dispatched, offset)
 
     # ------------------------------------------------------------ get
     def get_raw(
@@ -667,8 +687,7 @@ class MessageStore:
         if deleted:
             min_offset = self.commitlog.min_offset
             with self._put_lock:
-                for cq in self._cqs.values():
-                    cq.delete_expired(min_offset)
+                self._cqs.delete_expired(min_offset)
                 self.index.delete_expired(min_offset)
         return deleted
 
@@ -681,3 +700,7 @@ class MessageStore:
     @property
     def store_host(self) -> str:
         return self.config.store_host
+
+    def now_ms(self) -> int:
+        """The store's clock (``clock`` given at open) in milliseconds."""
+        return int(self._clock() * 1000)

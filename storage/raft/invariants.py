@@ -16,16 +16,13 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Mapping, Sequence
+from typing import Protocol
 
 from .log import InMemoryRaftLog
 from .messages import Entry, NodeId
 from .node import RaftNode
 from .ready import HardState, Proposal, Role
-
-if TYPE_CHECKING:
-    from .sim import SimCluster
 
 
 class SafetyViolation(AssertionError):
@@ -57,6 +54,34 @@ class SimLog(InMemoryRaftLog):
         return low
 
 
+class CheckedCluster(Protocol):
+    """What the checker reads of a cluster (``sim.SimCluster`` has it), named here so the
+    simulator builds on this module and not the other way round."""
+
+    @property
+    def ids(self) -> Sequence[NodeId]: ...
+
+    @property
+    def logs(self) -> Mapping[NodeId, SimLog]: ...
+
+    @property
+    def nodes(self) -> Mapping[NodeId, RaftNode]: ...
+
+    @property
+    def disk(self) -> Mapping[NodeId, HardState]: ...
+
+    @property
+    def alive(self) -> Collection[NodeId]: ...
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def now(self) -> int: ...
+
+    def describe(self) -> str: ...
+
+
 class SafetyChecker:
     """Raft's invariants over a ``SimCluster``; ``check`` after every step.
 
@@ -65,7 +90,7 @@ class SafetyChecker:
     until the log is truncated below it, which ``SimLog`` reports.
     """
 
-    def __init__(self, cluster: SimCluster) -> None:
+    def __init__(self, cluster: CheckedCluster) -> None:
         self._cluster = cluster
         self.leaders: dict[int, NodeId] = {}
         self.committed: list[Entry] = []

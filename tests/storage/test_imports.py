@@ -1,0 +1,52 @@
+"""The storage package's modules import one another one way: no cycle, and in layers.
+
+Counted as imports: TYPE_CHECKING blocks and imports inside functions too (a cycle
+hidden in a function is still a cycle). ``storage.codec`` imports the C module
+``storage._native``, which an import graph of .py files reads as an import of the
+package itself; that one edge is dropped.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+grimp = pytest.importorskip("grimp")
+
+LAYERS = [  # from the facade down to the values and errors
+    "store",
+    {"recovery", "replica"},
+    "schedule",
+    "services",
+    {"commitlog", "consume_queue_store", "index_file", "subscription", "_fast_encode"},
+    "consume_queue",
+    {"mapped_file", "codec"},
+    "message",
+    {"message_id", "properties"},
+    {"checkpoint", "config", "config_files", "_crc", "raft"},
+    "errors",
+]
+
+
+@pytest.fixture(scope="module")
+def graph():
+    g = grimp.build_graph("storage", exclude_type_checking_imports=False, cache_dir=None)
+    g.remove_import(importer="storage.codec", imported="storage")
+    return g
+
+
+def test_no_two_modules_of_storage_import_each_other(graph) -> None:
+    cycles = [
+        (a, b)
+        for a, b in itertools.combinations(sorted(graph.modules), 2)
+        if graph.find_shortest_chain(a, b) and graph.find_shortest_chain(b, a)
+    ]
+    assert cycles == []
+
+
+def test_each_module_imports_only_the_layers_below_it(graph) -> None:
+    named = set().union(*({x} if isinstance(x, str) else x for x in LAYERS))
+    children = {m.rpartition(".")[2] for m in graph.find_children("storage")}
+    assert children == named, "a module of storage is missing from LAYERS"
+    assert graph.find_illegal_dependencies_for_layers(LAYERS, containers={"storage"}) == set()
