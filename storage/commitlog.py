@@ -4,7 +4,9 @@ Invariants: records are contiguous from ``min_offset`` to ``max_offset``; a
 record never straddles two files (a file's unused tail starts with a blank
 marker); each record's PHYSICALOFFSET field equals its offset in the log;
 ``flushed_offset <= max_offset``. Appends happen under the store's put lock;
-reads take no lock and copy what they return.
+reads take no lock and copy what they return. Recovery may have replaced damaged
+bytes by a filler record of ``storage.quarantine.QUARANTINE_TOPIC``: a record
+like any other to whoever walks the log, served by no queue.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import mmap
 import struct
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import overload
 
@@ -308,33 +309,16 @@ class CommitLog:
         return int(struct.unpack(">q", self.read(offset + codec.OFF_STORETIMESTAMP, 8))[0])
 
     # -- recovery
-    def scan(
-        self, start_file: MappedFile, check_crc: bool, progress: Callable[[int], None] | None = None
-    ) -> int:
-        """Walk records from the start of ``start_file``; return the valid end offset.
-
-        A record is valid when its size and magic are right, its PHYSICALOFFSET
-        is its own offset and (with ``check_crc``) its body matches its CRC. The
-        walk stops at the first invalid record or an all-zero header.
-        """
-        idx = self.files.files.index(start_file)
-        end = start_file.from_offset
-        for mf in self.files.files[idx:]:
-            pos, sealed = self._scan_file(mf, check_crc)
-            end = mf.from_offset + pos
-            if progress is not None:
-                progress(end)
-            if not sealed:
-                return end
-            end = mf.from_offset + mf.file_size
-        return end
-
     @staticmethod
-    def _scan_file(mf: MappedFile, check_crc: bool) -> tuple[int, bool]:
-        """(valid end position in the file, whether the file ends with its blank marker).
+    def scan_file(mf: MappedFile, check_crc: bool, start: int = 0) -> tuple[int, bool]:
+        """Walk the records of ``mf`` from ``start``: (where the valid chain ends, whether
+        it ends with the file's blank marker).
 
-        Three passes: walk the size chain (one unpack per record), check magic,
-        physical offset and lengths vectorised, then the body CRCs.
+        A record is valid when its size and magic are right, its PHYSICALOFFSET is
+        its own offset, its lengths add up and (with ``check_crc``) its body matches
+        its CRC (:func:`codec.stored_record_fault`, vectorised). The chain ends at
+        the first invalid record or an all-zero header. Three passes: walk the size
+        chain (one unpack per record), check the headers vectorised, then the CRCs.
         """
         mv = memoryview(mf.buffer)
         try:
@@ -342,7 +326,7 @@ class CommitLog:
             unpack = _I32.unpack_from
             starts: list[int] = []
             append = starts.append
-            pos = 0
+            pos = start
             while pos + 8 <= limit:
                 size = unpack(mv, pos)[0]
                 if size < 8 or pos + size > limit:
@@ -350,9 +334,10 @@ class CommitLog:
                 append(pos)
                 pos += size
             if not starts:
-                return 0, False
+                return start, False
             words = codec.windows(mf.buffer, ">u4")
             longs = codec.windows(mf.buffer, ">i8")
+            octets = np.frombuffer(mf.buffer, dtype=np.uint8)
             st = np.array(starts, dtype=np.int64)
             sizes = np.diff(np.append(st, pos))
             magic = words[st + codec.OFF_MAGIC]
@@ -362,33 +347,32 @@ class CommitLog:
             records = n - 1 if sealed else n
             ok = (magic[:records] == codec.MAGIC) & (sizes[:records] >= codec.FIXED_LEN)
             head = st[:records]
+            ends = head + sizes[:records]
             tail = np.minimum(head + codec.HEADER.size, limit - 8)
             phys = longs[np.minimum(head, limit - 36) + codec.OFF_PHYSICALOFFSET]
             body_len = words[tail - 4].view(">i4").astype(np.int64)
             ok &= phys == mf.from_offset + head
-            ok &= (body_len >= 0) & (
-                head + codec.HEADER.size + body_len + 3 <= head + sizes[:records]
-            )
+            ok &= (body_len >= 0) & (head + codec.HEADER.size + body_len + 3 <= ends)
+            # TOPICLEN and PROPERTIESLEN add up (read where the record holds them)
+            topic_at = np.where(ok, head + codec.HEADER.size + body_len, head)
+            topic_len = octets[topic_at].astype(np.int64)
+            ok &= topic_at + 3 + topic_len <= ends
+            prop_at = np.where(ok, topic_at + 1 + topic_len, head)
+            prop_len = (octets[prop_at].astype(np.int64) << 8) | octets[prop_at + 1]
+            ok &= prop_at + 2 + prop_len == ends
             bad = np.flatnonzero(~ok)
             good = int(bad[0]) if len(bad) else records
-            del words, longs, magic, phys
+            del words, longs, octets, magic, phys
             if check_crc and good:
                 body_at = (head[:good] + codec.HEADER.size).tolist()
                 body_end = (head[:good] + codec.HEADER.size + body_len[:good]).tolist()
                 crcs = [unpack(mv, a + 8)[0] for a in head[:good].tolist()]
                 for i, (a, b, c) in enumerate(zip(body_at, body_end, crcs)):
                     if (crc32(mv[a:b]) & 0x7FFFFFFF) != c:
-                        log.warning(
-                            "%s: record at %d fails its body CRC",
-                            mf.path.name,
-                            a - codec.HEADER.size,
-                        )
                         good = i
                         break
             if good < records:
-                at = int(head[good])
-                log.warning("%s: invalid record at %d; the commitlog ends there", mf.path.name, at)
-                return at, False
+                return int(head[good]), False
             if sealed:
                 return int(st[-1]), True
             return pos, False

@@ -42,6 +42,7 @@ from .errors import (
 )
 from .index_file import IndexService
 from .message import GetResult, GetStatus, Message, MessageExt, PutResult, PutStatus, RawGetResult
+from .quarantine import QUARANTINE_TOPIC
 from .recovery import recover
 from .schedule import (
     SCHEDULE_TOPIC,
@@ -308,6 +309,8 @@ class MessageStore:
         for topic in batch.topics:
             if topic == SCHEDULE_TOPIC:
                 raise InvalidMessageError(f"topic={topic!r} is reserved for delayed messages")
+            if topic == QUARANTINE_TOPIC:
+                raise InvalidMessageError(f"topic={topic!r} is reserved for damaged records")
         if batch.delay_levels is not None and batch.delay_levels.any():
             batch = self._to_schedule(batch)
         return self._put_encoded(batch)
@@ -493,7 +496,7 @@ class MessageStore:
         if not len(entries):
             return RawGetResult(GetStatus.OFFSET_FOUND_NULL, b"", 0, offset, min_off, max_off)
         phys = entries["offset"].astype(np.int64)
-        keep = phys >= self.commitlog.min_offset
+        keep = (phys >= self.commitlog.min_offset) & (entries["size"] > 0)  # not holes
         if subscribed is not None:
             keep &= np.isin(entries["tag"], tag_codes(subscribed))
         picked = np.flatnonzero(keep)[:max_count]
@@ -561,7 +564,7 @@ class MessageStore:
         while lo < hi:
             mid = (lo + hi) // 2
             entry = cq.entry(mid)
-            if entry is None or entry[0] < self.commitlog.min_offset:
+            if entry is None or entry[0] < self.commitlog.min_offset or entry[1] == 0:
                 lo = mid + 1
                 continue
             if self.commitlog.store_timestamp_at(entry[0]) < timestamp_ms:
