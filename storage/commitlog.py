@@ -57,8 +57,10 @@ class CommitLog:
         self.file_size = file_size
         self._flush_lock = threading.Lock()
         self._flushed = 0  # commitlog offset known durable
+        self._durable = threading.Condition()  # notified after every flush
         # recent fsync times (seconds), for whoever exports metrics to drain
         self.flush_durations: collections.deque[float] = collections.deque(maxlen=4096)
+        self.flush_count = 0  # flushes that synced something, since open
 
     # -- offsets
     @property
@@ -217,20 +219,40 @@ class CommitLog:
 
     # -- flush
     def flush(self) -> int:
-        """Flush everything written; concurrent callers share one fsync (group commit)."""
+        """Flush everything written; return the flushed offset."""
         with self._flush_lock:
-            target = self.max_offset
-            if target > self._flushed:
-                started = time.perf_counter()
-                self.files.flush()
-                self.flush_durations.append(time.perf_counter() - started)
-                self._flushed = target
-            return self._flushed
+            flushed = self._flush_locked()
+        with self._durable:
+            self._durable.notify_all()
+        return flushed
 
     def flush_until(self, offset: int) -> int:
+        """Make ``offset`` durable: flush everything written, unless another caller's
+        flush (waited for on the lock) covered ``offset`` already."""
+        if self._flushed < offset:
+            with self._flush_lock:
+                if self._flushed < offset:
+                    self._flush_locked()
+            with self._durable:
+                self._durable.notify_all()
+        return self._flushed
+
+    def _flush_locked(self) -> int:
+        target = self.max_offset
+        if target > self._flushed:
+            started = time.perf_counter()
+            self.files.flush()
+            self.flush_durations.append(time.perf_counter() - started)
+            self.flush_count += 1
+            self._flushed = target
+        return self._flushed
+
+    def wait_flushed(self, offset: int, timeout_s: float | None) -> bool:
+        """Wait until a flush made ``offset`` durable; False if ``timeout_s`` ran out first."""
         if self._flushed >= offset:
-            return self._flushed
-        return self.flush()
+            return True
+        with self._durable:
+            return self._durable.wait_for(lambda: self._flushed >= offset, timeout_s)
 
     def dirty_pages(self) -> int:
         return self.files.dirty_pages()

@@ -51,7 +51,12 @@ from .schedule import (
     born_of,
     to_schedule,
 )
-from .services import CleanCommitLogService, FlushConsumeQueueService, FlushRealTimeService
+from .services import (
+    CleanCommitLogService,
+    FlushConsumeQueueService,
+    FlushRealTimeService,
+    GroupCommitService,
+)
 from .subscription import matches, parse_subscription, tag_codes
 
 log = logging.getLogger("raymq.storage.store")
@@ -175,6 +180,11 @@ class MessageStore:
         except BaseException:
             self._release_files()
             raise
+        # part of the put path, not upkeep: runs whether or not the services do
+        self._group_commit: GroupCommitService | None = None
+        if config.sync_flush:
+            self._group_commit = GroupCommitService(self.commitlog)
+            self._group_commit.start()
         self.schedule = ScheduleMessageService(self)
         if start_services:
             self._services.append(self.schedule)
@@ -219,6 +229,8 @@ class MessageStore:
             return
         for service in self._services:
             service.stop()
+        if self._group_commit is not None:
+            self._group_commit.stop()  # the flush below serves whoever still waits
         with self._put_lock:
             self._closed = True
             end = self.commitlog.max_offset
@@ -233,6 +245,9 @@ class MessageStore:
         log.info("store %s closed cleanly at commitlog offset %d", self.root, end)
 
     def _release_files(self) -> None:
+        group_commit = getattr(self, "_group_commit", None)
+        if group_commit is not None:
+            group_commit.stop()
         self.commitlog.close()
         self._cqs.close()
         self.index.close()
@@ -387,10 +402,11 @@ class MessageStore:
             end = self._dispatched = self.commitlog.max_offset
             notes = [(topic, qid, self._cqs[(topic, qid)].max_offset) for (topic, qid), _ in groups]
         self._notify(notes)
+        status = PutStatus.PUT_OK
         if self.config.sync_flush:
-            self.commitlog.flush_until(end)
+            self._wait_durable(end)
         return PutBatchResult(
-            PutStatus.PUT_OK,
+            status,
             batch.topics,
             batch.topic_idx,
             batch.queue_ids,
@@ -399,6 +415,11 @@ class MessageStore:
             batch.uniq_keys,
             self.config.store_host,
         )
+
+    def _wait_durable(self, end: int) -> bool:
+        """SYNC_FLUSH: wait for the group commit to flush up to ``end``."""
+        assert self._group_commit is not None
+        return self._group_commit.wait(end, None)
 
     def _notify(self, notes: list[tuple[str, int, int]]) -> None:
         for listener in self._listeners:
@@ -703,6 +724,18 @@ class MessageStore:
     @property
     def store_host(self) -> str:
         return self.config.store_host
+
+    def stats(self) -> dict[str, int | float | bool]:
+        """What a broker shows of its store: CommitLog offsets and flushes since open."""
+        cl = self.commitlog
+        return {
+            "commitlog_min_offset": cl.min_offset,
+            "commitlog_max_offset": cl.max_offset,
+            "commitlog_flushed_offset": cl.flushed_offset,
+            "commitlog_flushes": cl.flush_count,
+            "dispatched_offset": self._dispatched,
+            "queues": len(self._cqs),
+        }
 
     def now_ms(self) -> int:
         """The store's clock (``clock`` given at open) in milliseconds."""
