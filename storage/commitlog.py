@@ -19,6 +19,7 @@ import mmap
 import struct
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import overload
 
@@ -61,6 +62,9 @@ class CommitLog:
         # recent fsync times (seconds), for whoever exports metrics to drain
         self.flush_durations: collections.deque[float] = collections.deque(maxlen=4096)
         self.flush_count = 0  # flushes that synced something, since open
+        self.before_sync: Callable[[], object] | None = None
+        """Tests only: called by the flushing thread before each sync (a slow disk on
+        purpose, e.g. ``threading.Event().wait``); None otherwise."""
 
     # -- offsets
     @property
@@ -241,6 +245,8 @@ class CommitLog:
         target = self.max_offset
         if target > self._flushed:
             started = time.perf_counter()
+            if self.before_sync is not None:
+                self.before_sync()
             self.files.flush()
             self.flush_durations.append(time.perf_counter() - started)
             self.flush_count += 1

@@ -3,11 +3,17 @@
 A RocketMQ ``broker.conf`` loads into it (``StoreConfig.from_broker_conf``) so
 an existing deployment's file works unchanged; keys the store does not own
 (``brokerName``, ``brokerRole`` ...) are left for the broker's own config.
+:func:`parse_broker_conf` reads the file for both and logs a warning for each
+key that neither reads (a typo, or a RocketMQ setting RayMQ has no use for),
+and for each old spelling it reads as the current one: a setting is never
+dropped in silence.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import logging
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -43,6 +49,44 @@ _CONF_KEYS: dict[str, tuple[str, Any]] = {
     "messageDelayLevel": ("message_delay_level", str),
 }
 
+# keys read by RayMQ's broker (actors.config.BrokerConfig.from_broker_conf), named here
+# so that the file's reader knows every key RayMQ reads and can warn about the others
+_BROKER_KEYS = frozenset(
+    {
+        "brokerClusterName",
+        "brokerName",
+        "brokerId",
+        "brokerIP1",
+        "listenPort",
+        "autoCreateTopicEnable",
+        "defaultTopicQueueNums",
+        "longPollingEnable",
+        "flushConsumerOffsetInterval",
+        "registerNameServerPeriod",
+        "brokerRole",
+        "slaveReadEnable",
+        "haTransferBatchSize",
+        "haMaxGapNotInSync",
+        "enableDLegerCommitLog",
+        "dLegerPeers",
+    }
+)
+# old spellings RocketMQ still reads -> the key they stand for
+_SYNONYMS = {
+    "mapedFileSizeCommitLog": "mappedFileSizeCommitLog",
+    "mapedFileSizeConsumeQueue": "mappedFileSizeConsumeQueue",
+}
+# RocketMQ keys RayMQ leaves alone on purpose, and why
+_NOT_READ = {
+    "namesrvAddr": "brokers find their NameServers through Ray",
+    "storePathCommitLog": "the CommitLog is always <storePathRootDir>/commitlog",
+    "storePathConsumeQueue": "ConsumeQueues are always <storePathRootDir>/consumequeue",
+    "storePathIndex": "index files are always <storePathRootDir>/index",
+    "brokerIP2": "a slave reaches its master through Ray",
+}
+
+log = logging.getLogger("raymq.storage.config")
+
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
@@ -69,8 +113,14 @@ def parse_delay_levels(text: str) -> tuple[int, ...]:
 
 
 def parse_broker_conf(path: str | os.PathLike[str]) -> dict[str, str]:
-    """Read a Java-properties style ``broker.conf`` into a dict of strings."""
+    """Read a Java-properties style ``broker.conf`` into a dict of strings.
+
+    An old spelling (``mapedFileSizeCommitLog``) comes back as the key it stands for,
+    with a warning; a key RayMQ does not read stays in the dict, with a warning
+    naming it (and what it may have meant to be).
+    """
     result: dict[str, str] = {}
+    known = _CONF_KEYS.keys() | _BROKER_KEYS
     for lineno, raw in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         line = raw.strip()
         if not line or line[0] in "#!":
@@ -78,7 +128,29 @@ def parse_broker_conf(path: str | os.PathLike[str]) -> dict[str, str]:
         sep = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
         if sep < 0:
             raise InvalidConfigError(f"{path}:{lineno}: expected key=value, got {raw!r}")
-        result[line[:sep].strip()] = line[sep + 1 :].strip()
+        key = line[:sep].strip()
+        if key in _SYNONYMS:
+            log.warning(
+                "%s:%d: %s is the old spelling of %s: read as %s",
+                path,
+                lineno,
+                key,
+                _SYNONYMS[key],
+                _SYNONYMS[key],
+            )
+            key = _SYNONYMS[key]
+        elif key in _NOT_READ:
+            log.warning("%s:%d: %s is not read by RayMQ (%s)", path, lineno, key, _NOT_READ[key])
+        elif key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            log.warning(
+                "%s:%d: %s is not a key RayMQ reads: ignored%s",
+                path,
+                lineno,
+                key,
+                f" (did you mean {close[0]}?)" if close else "",
+            )
+        result[key] = line[sep + 1 :].strip()
     return result
 
 

@@ -263,8 +263,16 @@ class ConsumeQueue:
         return int(e["offset"][0]), int(e["size"][0]), int(e["tag"][0])
 
     # -- upkeep
-    def flush(self) -> None:
-        self.files.flush()
+    def flush(self, least_pages: int = 0) -> int | None:
+        """Flush the files with at least ``least_pages`` dirty pages (0: every file with
+        unflushed entries). Returns the commitlog offset named by the first entry still
+        unflushed (what a checkpoint may not claim), or None when all are durable."""
+        self.files.flush(least_pages)
+        for mf in self.files.files:
+            if mf.wrote_position > mf.flushed_position:
+                entry = self._entries_of(mf, mf.flushed_position // UNIT, 1)
+                return int(entry["offset"][0])
+        return None
 
     def delete_expired(self, commitlog_min: int) -> int:
         """Delete files whose every entry points below ``commitlog_min``."""

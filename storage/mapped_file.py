@@ -408,10 +408,11 @@ class MappedFileQueue:
         return last
 
     # -- flush, truncate, delete
-    def flush(self) -> int:
-        """Flush every file with unflushed bytes; return the flushed offset."""
+    def flush(self, least_pages: int = 0) -> int:
+        """Flush every file with unflushed bytes (with ``least_pages``, only those with
+        at least that many dirty pages); return the flushed offset."""
         for mf in self.files:
-            if mf.wrote_position > mf.flushed_position:
+            if mf.wrote_position > mf.flushed_position and mf.dirty_pages() >= least_pages:
                 mf.flush()
         return self.flushed_offset
 

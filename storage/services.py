@@ -34,7 +34,7 @@ class ServicedStore(Protocol):
     @property
     def commitlog(self) -> CommitLog: ...
 
-    def checkpoint_now(self) -> None: ...
+    def checkpoint_now(self, least_pages: int = 0) -> None: ...
 
     def clean_expired_files(self) -> int: ...
 
@@ -165,7 +165,9 @@ class FlushRealTimeService(ServiceThread):
 
 
 class FlushConsumeQueueService(ServiceThread):
-    """Flush ConsumeQueues and the index, then record the checkpoint."""
+    """Flush ConsumeQueues and the index, then record the checkpoint: every interval the
+    queues with at least ``flush_consume_queue_least_pages`` dirty pages, every queue at
+    least every ``flush_consume_queue_thorough_interval_ms`` (RocketMQ's)."""
 
     name = "flush-consumequeue"
 
@@ -173,9 +175,16 @@ class FlushConsumeQueueService(ServiceThread):
         cfg = store.config
         super().__init__(cfg.flush_interval_consume_queue_ms / 1000)
         self.store = store
+        self.least_pages = cfg.flush_consume_queue_least_pages
+        self.thorough_s = cfg.flush_consume_queue_thorough_interval_ms / 1000
+        self._last_thorough = time.monotonic()
 
     def run_once(self) -> None:
-        self.store.checkpoint_now()
+        now = time.monotonic()
+        thorough = now - self._last_thorough >= self.thorough_s
+        self.store.checkpoint_now(0 if thorough else self.least_pages)
+        if thorough:
+            self._last_thorough = now
 
 
 class CleanCommitLogService(ServiceThread):

@@ -403,8 +403,8 @@ class MessageStore:
             notes = [(topic, qid, self._cqs[(topic, qid)].max_offset) for (topic, qid), _ in groups]
         self._notify(notes)
         status = PutStatus.PUT_OK
-        if self.config.sync_flush:
-            self._wait_durable(end)
+        if self.config.sync_flush and not self._wait_durable(end):
+            status = PutStatus.FLUSH_DISK_TIMEOUT
         return PutBatchResult(
             status,
             batch.topics,
@@ -417,9 +417,20 @@ class MessageStore:
         )
 
     def _wait_durable(self, end: int) -> bool:
-        """SYNC_FLUSH: wait for the group commit to flush up to ``end``."""
+        """SYNC_FLUSH: wait for the group commit to flush up to ``end``, at most
+        ``sync_flush_timeout_ms``; False when it did not (RocketMQ's FLUSH_DISK_TIMEOUT:
+        the message is stored and will be flushed, but not yet)."""
         assert self._group_commit is not None
-        return self._group_commit.wait(end, None)
+        timeout_ms = self.config.sync_flush_timeout_ms
+        if self._group_commit.wait(end, timeout_ms / 1000):
+            return True
+        log.warning(
+            "commitlog not flushed up to %d within sync_flush_timeout_ms=%d: FLUSH_DISK_TIMEOUT "
+            "(stored; the flush goes on)",
+            end,
+            timeout_ms,
+        )
+        return False
 
     def _notify(self, notes: list[tuple[str, int, int]]) -> None:
         for listener in self._listeners:
@@ -654,14 +665,18 @@ class MessageStore:
         self.commitlog.flush()
         self.checkpoint_now()
 
-    def checkpoint_now(self) -> None:
+    def checkpoint_now(self, least_pages: int = 0) -> None:
+        """Flush the ConsumeQueues (those with at least ``least_pages`` dirty pages; 0:
+        all) and the index, then record how far both are durable."""
         with self._put_lock:
             if self._closed:
                 return
             logics = self.commitlog.max_offset
             cqs = list(self._cqs.values())
         for cq in cqs:
-            cq.flush()
+            pending = cq.flush(least_pages)
+            if pending is not None:  # entries from there on may not survive a crash yet
+                logics = min(logics, pending)
         self.index.flush()
         now = int(self._clock() * 1000)
         with self._put_lock:
