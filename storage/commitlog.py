@@ -91,8 +91,8 @@ class CommitLog:
     ) -> np.ndarray:
         """Append a batch of encoded records; patch store fields; return their offsets.
 
-        The whole placement is computed before any byte is written, so a batch
-        that cannot be placed changes nothing.
+        The whole placement is computed, and the files it needs allocated, before
+        any byte is written, so a batch that cannot be placed changes nothing.
         """
         n = len(sizes)
         few = n <= codec.SMALL_BATCH
@@ -126,6 +126,8 @@ class CommitLog:
             cur += used
             room -= used
             i = j
+        # the files it needs, allocated before a byte is written (DiskFullError if not)
+        self.files.reserve(self.max_offset, cur)
         # copy each segment into its file once, patch the store fields in place, then
         # publish it (move the write position): a reader bounded by the write position
         # (replication, on the broker's loop, while a service thread puts delayed

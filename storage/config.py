@@ -43,6 +43,8 @@ _CONF_KEYS: dict[str, tuple[str, Any]] = {
     "fileReservedTime": ("file_reserved_hours", float),
     "deleteWhen": ("delete_when", str),
     "diskMaxUsedSpaceRatio": ("disk_max_used_ratio", lambda v: int(v) / 100.0),
+    # RocketMQ 4 reads it as a ratio (0.90), RocketMQ 5 as a percentage (90): either works
+    "diskSpaceWarningLevelRatio": ("disk_space_warning_level_ratio", lambda v: _ratio(v)),
     "cleanResourceInterval": ("clean_resource_interval_ms", int),
     "messageIndexEnable": ("message_index_enable", lambda v: v.strip().lower() == "true"),
     "checkCRCOnRecover": ("check_crc_on_recover", lambda v: v.strip().lower() == "true"),
@@ -86,6 +88,12 @@ _NOT_READ = {
 }
 
 log = logging.getLogger("raymq.storage.config")
+
+
+def _ratio(text: str) -> float:
+    value = float(text)
+    return value / 100.0 if value > 1 else value
+
 
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -178,6 +186,8 @@ class StoreConfig:
     file_reserved_hours: float = 72.0
     delete_when: str = "04"
     disk_max_used_ratio: float = 0.75
+    # writes: refused (DiskFullError) while the disk is used over this ratio
+    disk_space_warning_level_ratio: float = 0.90
     clean_resource_interval_ms: int = 10_000
     delete_files_batch_max: int = 10
     # identity and recovery
@@ -207,10 +217,9 @@ class StoreConfig:
         for name in ("consume_queue_file_entries", "index_hash_slots", "index_max_entries"):
             if getattr(self, name) < 1:
                 raise InvalidConfigError(f"{name}={getattr(self, name)}: must be >= 1")
-        if not 0.0 < self.disk_max_used_ratio <= 1.0:
-            raise InvalidConfigError(
-                f"disk_max_used_ratio={self.disk_max_used_ratio}: must be in (0, 1]"
-            )
+        for name in ("disk_max_used_ratio", "disk_space_warning_level_ratio"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise InvalidConfigError(f"{name}={getattr(self, name)}: must be in (0, 1]")
         host, _, port = self.store_host.rpartition(":")
         parts = host.split(".")
         if (

@@ -159,6 +159,11 @@ class ConsumeQueue:
             mf.append(raw[pos : pos + take])
             pos += take
 
+    def reserve(self, queue_offset: int, count: int) -> None:
+        """Allocate now the files ``count`` entries from ``queue_offset`` need (see
+        ``MappedFileQueue.reserve``): a put reserves before it writes anything."""
+        self.files.reserve(queue_offset * UNIT, (queue_offset + count) * UNIT)
+
     def append_dispatched(
         self, queue_offsets: np.ndarray, phys: np.ndarray, sizes: np.ndarray, tags: np.ndarray
     ) -> int:

@@ -72,12 +72,17 @@ def set_aside(directory: Path, offset: int, data: bytes) -> Path | None:
     kept = data.rstrip(b"\x00")
     if not kept:
         return None
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{offset:020d}.damaged"
-    with open(path, "wb") as fh:
-        fh.write(kept)
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as fh:
+            fh.write(kept)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:  # a full disk must not keep the store from opening
+        log.error("could not keep %d damaged bytes from %d in %s: %s", len(kept), offset, path, exc)
+        path.unlink(missing_ok=True)
+        return None
     return path
 
 

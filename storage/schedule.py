@@ -176,7 +176,10 @@ class ScheduleMessageService(ServiceThread):
                 self.offsets[level] = offset
                 changed = True
         if changed:
-            self._persist()
+            try:
+                self._persist()
+            except OSError as exc:  # a full disk: found again at the next start
+                log.warning("could not record the delivered offsets: %s", exc)
 
     def run_once(self) -> int:
         """Deliver every due message; return how many were delivered."""

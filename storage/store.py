@@ -9,7 +9,11 @@ Invariants kept here:
 * under SYNC_FLUSH a put returns only after its bytes were fsynced (puts that
   race share one fsync);
 * after recovery no ConsumeQueue entry points past the CommitLog's end and
-  every record in the CommitLog has its ConsumeQueue entry.
+  every record in the CommitLog has its ConsumeQueue entry;
+* a put that cannot get disk space (over ``disk_space_warning_level_ratio``, or
+  a file that cannot be allocated) raises ``DiskFullError`` having written
+  nothing: the files a put needs are allocated before its first byte is written.
+  Reads never need space: a store on a full disk opens and serves what it holds.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from .config_files import JsonConfigFile
 from .consume_queue import ConsumeQueue
 from .consume_queue_store import ConsumeQueueStore
 from .errors import (
+    DiskFullError,
     InvalidMessageError,
     OffsetOutOfRangeError,
     StoreClosedError,
@@ -62,6 +67,7 @@ from .subscription import matches, parse_subscription, tag_codes
 log = logging.getLogger("raymq.storage.store")
 
 DispatchListener = Callable[[str, int, int], None]
+_DISK_CHECK_S = 0.1  # while writes are taken, the disk's use is looked at this often
 MAX_SCAN_ENTRIES = 800  # ConsumeQueue entries one filtered pull may look at
 
 
@@ -120,8 +126,8 @@ class PutBatchResult:
 class MessageStore:
     """A RocketMQ-style message store in one directory of the local disk.
 
-    ``clock`` (seconds, like ``time.time``) stamps messages and drives expiry;
-    ``disk_usage`` returns the used ratio of the store's disk. Both are
+    ``clock`` (seconds, like ``time.time``) stamps messages, drives expiry and paces
+    the disk checks; ``disk_usage`` returns the used ratio of the store's disk. Both are
     injectable for tests; the defaults are the real ones.
     """
 
@@ -147,6 +153,10 @@ class MessageStore:
         )
         self._closed = False
         self._dispatched = 0  # commitlog offset below which every record is dispatched
+        self._disk_ratio = 0.0  # the disk's used share, when last looked at
+        self._disk_checked = float("-inf")  # when, by ``clock``
+        self._over_warning_level = False
+        self._allocation_failed = False  # the last put found no room for a file
         self._services: list = []
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock_fd = self._acquire_lock()
@@ -345,6 +355,7 @@ class MessageStore:
         )
 
     def _put_encoded(self, batch: codec.EncodedBatch) -> PutBatchResult:
+        self._refuse_if_disk_full()
         n = len(batch)
         uniform = batch.uniform
         tag_codes = batch.tag_codes
@@ -379,14 +390,23 @@ class MessageStore:
                 for base, (_, members) in zip(bases, groups):
                     assert members is not None  # set for every group of a mixed batch
                     queue_offsets[members] = base + np.arange(len(members), dtype=np.int64)
-            phys = self.commitlog.append(
-                batch.data,
-                batch.sizes,
-                batch.queue_ids,
-                queue_offsets,
-                store_ts,
-                self._store_host,
-            )
+            try:  # every file this put needs, then the bytes
+                for base, ((topic, qid), members) in zip(bases, groups):
+                    self._cq(topic, qid).reserve(base, n if members is None else len(members))
+                phys = self.commitlog.append(
+                    batch.data,
+                    batch.sizes,
+                    batch.queue_ids,
+                    queue_offsets,
+                    store_ts,
+                    self._store_host,
+                )
+            except DiskFullError as exc:
+                if not self._allocation_failed:
+                    log.error("store %s: refusing writes: %s", self.root, exc)
+                self._allocation_failed = True
+                raise
+            self._allocation_failed = False
             for base, ((topic, qid), members) in zip(bases, groups):
                 if members is None:
                     self._cq(topic, qid).append(base, phys, batch.sizes, tag_codes)
@@ -415,6 +435,52 @@ class MessageStore:
             batch.uniq_keys,
             self.config.store_host,
         )
+
+    # ------------------------------------------------------------ disk space
+    def _refuse_if_disk_full(self) -> None:
+        """Raise ``DiskFullError`` while the disk is used over
+        ``disk_space_warning_level_ratio`` (RocketMQ's diskSpaceWarningLevelRatio)."""
+        self._look_at_disk()
+        if self._over_warning_level:
+            limit = self.config.disk_space_warning_level_ratio
+            raise DiskFullError(
+                f"store {self.root}: disk_used_ratio={self._disk_ratio:.3f} is over "
+                f"disk_space_warning_level_ratio={limit}: writes are refused until it is below"
+            )
+
+    def _look_at_disk(self) -> None:
+        """Measure the disk's use: at most every 100 ms while writes are taken, at every
+        call once they are not (so they resume at the first put after room is made)."""
+        now = self._clock()
+        if not self.disk_full and abs(now - self._disk_checked) < _DISK_CHECK_S:
+            return
+        self._disk_checked = now
+        ratio = self._disk_ratio = self._disk_usage()
+        limit = self.config.disk_space_warning_level_ratio
+        over = ratio > limit
+        if over != self._over_warning_level:
+            self._over_warning_level = over
+            if over:
+                log.error(
+                    "store %s: disk %.1f%% used, over disk_space_warning_level_ratio=%.2f: "
+                    "refusing writes until it is below",
+                    self.root,
+                    100 * ratio,
+                    limit,
+                )
+            else:
+                log.warning(
+                    "store %s: disk %.1f%% used, below disk_space_warning_level_ratio=%.2f: "
+                    "taking writes again",
+                    self.root,
+                    100 * ratio,
+                    limit,
+                )
+
+    @property
+    def disk_full(self) -> bool:
+        """Whether writes are refused for want of disk space (reads go on)."""
+        return self._over_warning_level or self._allocation_failed
 
     def _wait_durable(self, end: int) -> bool:
         """SYNC_FLUSH: wait for the group commit to flush up to ``end``, at most
@@ -741,8 +807,10 @@ class MessageStore:
         return self.config.store_host
 
     def stats(self) -> dict[str, int | float | bool]:
-        """What a broker shows of its store: CommitLog offsets and flushes since open."""
+        """What a broker shows of its store: CommitLog offsets, flushes since open, and
+        its disk (``disk_full``: writes refused for want of space)."""
         cl = self.commitlog
+        self._look_at_disk()
         return {
             "commitlog_min_offset": cl.min_offset,
             "commitlog_max_offset": cl.max_offset,
@@ -750,6 +818,8 @@ class MessageStore:
             "commitlog_flushes": cl.flush_count,
             "dispatched_offset": self._dispatched,
             "queues": len(self._cqs),
+            "disk_used_ratio": round(self._disk_ratio, 4),
+            "disk_full": self.disk_full,
         }
 
     def now_ms(self) -> int:
