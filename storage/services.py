@@ -2,8 +2,9 @@
 
 ``GroupCommitService`` (SYNC_FLUSH), ``FlushRealTimeService`` (ASYNC_FLUSH),
 ``FlushConsumeQueueService`` (ConsumeQueues, index, checkpoint) and
-``CleanCommitLogService`` (expiry), as RocketMQ names them. Each logs failures and keeps going; none holds the put
-lock for longer than it takes to read an offset.
+``CleanCommitLogService`` (expiry), as RocketMQ names them. Each logs failures
+and keeps going; none holds the put lock for longer than it takes to read an
+offset.
 
 They take the store as :class:`ServicedStore`, the part of it they use, so this
 module sits below the facade that starts them.
