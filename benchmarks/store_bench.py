@@ -3,7 +3,8 @@
     python benchmarks/store_bench.py [--dir PATH] [--seconds S] [--json FILE]
 
 Prints put throughput (100 B and 1 KiB bodies; ASYNC_FLUSH; SYNC_FLUSH with 1
-and 8 writers), get throughput and abnormal-recovery scan rate, each beside
+and 8 writers; batches as the broker gets them off the wire, whose every record
+the store verifies), get throughput and abnormal-recovery scan rate, each beside
 the raw figure it is bounded by (plain sequential ``os.write`` of the same
 bytes, the fsync rate) as a ratio. Not a test: figures drift on shared machines,
 ratios much less.
@@ -84,11 +85,15 @@ def fsync_rate(root: Path, seconds: float) -> float:
 
 
 def put_rate(
-    root: Path, flush: str, body: int, writers: int, seconds: float, encoded: bool = True
+    root: Path, flush: str, body: int, writers: int, seconds: float, source: str = "encoded"
 ) -> tuple[float, float]:
-    """(msg/s, MB/s of records) putting pre-encoded batches (or Message lists)."""
+    """(msg/s, MB/s of records) putting batches from ``source``: "encoded" (built by
+    ``encode_batch`` in this process, trusted), "wire" (``EncodedBatch.from_bytes`` of a
+    producer's blob per put, as a broker receives it: checked record by record) or
+    "messages" (``put_batch`` of Message lists, encoding included)."""
     shutil.rmtree(root, ignore_errors=True)
     pool = batches(body, 8)
+    wires = [b.to_bytes() for b in pool]
     record_bytes = len(pool[0].data) / BATCH
     msgs = [Message("Bench", os.urandom(body), tags="T", queue_id=i % 16) for i in range(BATCH)]
     with MessageStore(config(root, flush)) as store:
@@ -98,8 +103,10 @@ def put_rate(
         def work(w: int) -> None:
             i = w
             while time.perf_counter() < stop:
-                if encoded:
+                if source == "encoded":
                     store.put_encoded(pool[i % len(pool)])
+                elif source == "wire":
+                    store.put_encoded(codec.EncodedBatch.from_bytes(wires[i % len(wires)]))
                 else:
                     store.put_batch(msgs)
                 counts[w] += BATCH
@@ -176,7 +183,11 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--recovery-mb", type=int, default=512)
     parser.add_argument("--json", default=None, help="also write every figure here")
+    parser.add_argument(
+        "--workloads", default="put,get,recovery", help="which of put, get, recovery to run"
+    )
     args = parser.parse_args()
+    workloads = set(args.workloads.split(","))
     root = Path(args.dir or tempfile.mkdtemp(prefix="raymq-bench-", dir=os.getcwd()))
     root.mkdir(parents=True, exist_ok=True)
     s = args.seconds
@@ -191,30 +202,34 @@ def main() -> int:
             raw = raw_write_rate(root, chunk, s) / 1e6
             out[f"raw_write_mb_s_{body}"] = raw
             rows = [
-                (f"put encoded batch {body}B ASYNC", "ASYNC_FLUSH", 1, True),
-                (f"put Message list {body}B ASYNC (encode incl.)", "ASYNC_FLUSH", 1, False),
-                (f"put encoded batch {body}B SYNC, 1 writer", "SYNC_FLUSH", 1, True),
-                (f"put encoded batch {body}B SYNC, 8 writers", "SYNC_FLUSH", 8, True),
+                (f"put encoded batch {body}B ASYNC", "ASYNC_FLUSH", 1, "encoded"),
+                (f"put wire batch {body}B ASYNC (checked)", "ASYNC_FLUSH", 1, "wire"),
+                (f"put Message list {body}B ASYNC (encode incl.)", "ASYNC_FLUSH", 1, "messages"),
+                (f"put encoded batch {body}B SYNC, 1 writer", "SYNC_FLUSH", 1, "encoded"),
+                (f"put encoded batch {body}B SYNC, 8 writers", "SYNC_FLUSH", 8, "encoded"),
             ]
-            for label, flush, writers, encoded in rows:
-                rate, mb = put_rate(root / "store", flush, body, writers, s, encoded)
+            for label, flush, writers, source in rows if "put" in workloads else []:
+                rate, mb = put_rate(root / "store", flush, body, writers, s, source)
                 key = label.replace(" ", "_").replace(",", "")
                 out[key] = rate
                 print(f"{label:44s} {rate:12,.0f} {mb:9.1f} {raw:9.1f} {mb / raw:7.2f}")
-        async100 = out["put_encoded_batch_100B_ASYNC"]
-        sync8 = out["put_encoded_batch_100B_SYNC_8_writers"]
-        print(f"SYNC 8 writers / ASYNC at 100 B: {sync8 / async100:.2f}")
-        raw_get, decoded, mb = get_rates(root / "get", s)
-        out.update(get_raw_msg_s=raw_get, get_decoded_msg_s=decoded)
-        print(f"{'get (raw blob, 1000/pull)':44s} {raw_get:12,.0f} {mb:9.1f}")
-        print(f"{'get + decode to MessageExt':44s} {decoded:12,.0f}")
-        rate, size = recovery_rate(root / "recovery", args.recovery_mb)
-        out["recovery_mb_s"] = rate
-        raw = out["raw_write_mb_s_1024"]
-        print(
-            f"abnormal recovery scan of {size:.0f} MB: {rate:,.0f} MB/s "
-            f"(raw sequential write {raw:,.0f} MB/s, ratio {rate / raw:.2f})"
-        )
+        if "put" in workloads:
+            async100 = out["put_encoded_batch_100B_ASYNC"]
+            sync8 = out["put_encoded_batch_100B_SYNC_8_writers"]
+            print(f"SYNC 8 writers / ASYNC at 100 B: {sync8 / async100:.2f}")
+        if "get" in workloads:
+            raw_get, decoded, mb = get_rates(root / "get", s)
+            out.update(get_raw_msg_s=raw_get, get_decoded_msg_s=decoded)
+            print(f"{'get (raw blob, 1000/pull)':44s} {raw_get:12,.0f} {mb:9.1f}")
+            print(f"{'get + decode to MessageExt':44s} {decoded:12,.0f}")
+        if "recovery" in workloads:
+            rate, size = recovery_rate(root / "recovery", args.recovery_mb)
+            out["recovery_mb_s"] = rate
+            raw = out["raw_write_mb_s_1024"]
+            print(
+                f"abnormal recovery scan of {size:.0f} MB: {rate:,.0f} MB/s "
+                f"(raw sequential write {raw:,.0f} MB/s, ratio {rate / raw:.2f})"
+            )
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if args.json:

@@ -8,6 +8,7 @@ from .codec import EncodedBatch, encode_batch
 from .config import StoreConfig
 from .errors import (
     BrokerUnavailableError,
+    DiskFullError,
     InvalidConfigError,
     InvalidMessageError,
     OffsetOutOfRangeError,
@@ -23,6 +24,7 @@ from .store import MessageStore, PutBatchResult
 
 __all__ = [
     "BrokerUnavailableError",
+    "DiskFullError",
     "EncodedBatch",
     "GetResult",
     "GetStatus",

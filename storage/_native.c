@@ -4,6 +4,7 @@
  * module is not built, and as its reference in the tests):
  *   encode_plain   storage/_fast_encode.py   a producer's plain batch
  *   scan_records   storage/codec.py          _headers_match, body_length_range
+ *   verify_records storage/codec.py          EncodedBatch.check_structure (a client's batch)
  *   patch_records  storage/commitlog.py      the store fields of appended records
  *   link_index     storage/index_file.py     IndexFile._link_many
  *   body_slices    storage/codec.py          body_slices (a consumer's bodies)
@@ -138,6 +139,7 @@ static inline int same_text(PyObject *a, PyObject *b) {
 static const char HEX[] = "0123456789ABCDEF";
 
 #define HDR_LEN 88
+#define FIXED_LEN 91 /* HDR_LEN + TOPICLEN (1) + PROPERTIESLEN (2) */
 #define UNIQ_LEN 32
 #define PREFIX_LEN 20
 
@@ -382,6 +384,211 @@ static PyObject *scan_records(PyObject *self, PyObject *args) {
     return Py_BuildValue("ii", lo, hi);
 }
 
+/* Python's strict UTF-8 (no overlongs, no surrogates, nothing past U+10FFFF):
+ * the offset of the first byte that breaks it, or -1. ASCII runs go 8 bytes a step. */
+static Py_ssize_t utf8_fault(const unsigned char *p, Py_ssize_t len) {
+    Py_ssize_t i = 0;
+    while (i < len) {
+        if (i + 8 <= len) {
+            uint64_t w;
+            memcpy(&w, p + i, 8);
+            if (!(w & 0x8080808080808080ull)) {
+                i += 8;
+                continue;
+            }
+        }
+        const unsigned char c = p[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        Py_ssize_t need;
+        unsigned char lo = 0x80, hi = 0xBF; /* the range of the second byte */
+        if (c >= 0xC2 && c <= 0xDF) {
+            need = 1;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            need = 2;
+            if (c == 0xE0) lo = 0xA0;
+            if (c == 0xED) hi = 0x9F;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            need = 3;
+            if (c == 0xF0) lo = 0x90;
+            if (c == 0xF4) hi = 0x8F;
+        } else {
+            return i;
+        }
+        if (i + need >= len) return i; /* cut short */
+        if (p[i + 1] < lo || p[i + 1] > hi) return i;
+        for (Py_ssize_t k = 2; k <= need; k++)
+            if ((p[i + k] & 0xC0) != 0x80) return i;
+        i += need + 1;
+    }
+    return -1;
+}
+
+/* properties as decode_properties reads them: UTF-8, each non-empty pair (pairs end
+ * with \x02) holding a \x01; the offset of the fault, or -1 */
+static Py_ssize_t properties_fault(const unsigned char *p, Py_ssize_t len) {
+    Py_ssize_t bad = utf8_fault(p, len);
+    if (bad >= 0) return bad;
+    Py_ssize_t pair = 0;
+    while (pair < len) {
+        const unsigned char *end = memchr(p + pair, 2, len - pair);
+        const Py_ssize_t stop = end ? end - p : len;
+        if (stop > pair && !memchr(p + pair, 1, stop - pair)) return pair;
+        pair = stop + 1;
+    }
+    return -1;
+}
+
+enum {
+    V_OK = -1,
+    V_TOTALSIZE,
+    V_MAGIC,
+    V_BODYLEN,
+    V_TOPICLEN,
+    V_PROPERTIESLEN,
+    V_TOPIC,
+    V_SYSFLAG,
+    V_PROPERTIES,
+    V_BODYCRC,
+};
+static const char *verify_fields[] = {"TOTALSIZE", "MAGIC",      "BODYLEN",    "TOPICLEN", "PROPERTIESLEN",
+                                      "TOPIC",     "SYSFLAG",    "PROPERTIES", "BODYCRC"};
+
+PyDoc_STRVAR(verify_records_doc,
+             "verify_records(data, sizes, topic_idx, topics, sysflags, crc_address)\n"
+             "    -> (bad, field, value, expected, min_body, max_body)\n\n"
+             "Check each record laid back to back with ``sizes`` (native int32) as the store\n"
+             "will trust it: TOTALSIZE and MAGIC, BODYLEN, TOPICLEN and PROPERTIESLEN adding\n"
+             "up to TOTALSIZE, the topic equal to ``topics[topic_idx[i]]`` (bytes; int16\n"
+             "indexes), no SYSFLAG bit outside ``sysflags``, the properties as\n"
+             "decode_properties reads them, BODYCRC (zlib-ng's zng_crc32 at ``crc_address``,\n"
+             "or 0 for the built-in table). ``bad`` is -1 when every record holds, else the\n"
+             "first record that does not, ``field`` what broke, ``value`` and ``expected``\n"
+             "what it held and should have (TOPIC: 0, 0; PROPERTIES: the offset in them).\n"
+             "``min_body``/``max_body``: the range of BODYLEN of the records checked.");
+
+static PyObject *verify_records(PyObject *self, PyObject *args) {
+    PyObject *data_obj, *sizes_obj, *idx_obj, *topics;
+    unsigned long sysflags;
+    unsigned long long crc_address;
+    if (!PyArg_ParseTuple(args, "OOOO!kK", &data_obj, &sizes_obj, &idx_obj, &PyTuple_Type,
+                          &topics, &sysflags, &crc_address))
+        return NULL;
+    Py_buffer data = {0}, sizes = {0}, idx = {0};
+    PyObject *result = NULL;
+    const unsigned char **names = NULL;
+    Py_ssize_t *name_lens = NULL;
+    if (get_array(data_obj, &data, 1, 0, "data") < 0) return NULL;
+    if (get_array(sizes_obj, &sizes, 4, 0, "sizes") < 0) goto done;
+    if (get_array(idx_obj, &idx, 2, 0, "topic_idx") < 0) goto done;
+    const Py_ssize_t n = sizes.len / 4, ntopics = PyTuple_GET_SIZE(topics);
+    if (idx.len / 2 != n) {
+        PyErr_SetString(PyExc_ValueError, "sizes and topic_idx differ in length");
+        goto done;
+    }
+    names = PyMem_Malloc((ntopics + 1) * sizeof *names);
+    name_lens = PyMem_Malloc((ntopics + 1) * sizeof *name_lens);
+    if (!names || !name_lens) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t t = 0; t < ntopics; t++) {
+        PyObject *name = PyTuple_GET_ITEM(topics, t);
+        if (!PyBytes_Check(name)) {
+            PyErr_SetString(PyExc_TypeError, "topics must be a tuple of bytes");
+            goto done;
+        }
+        names[t] = (const unsigned char *)PyBytes_AS_STRING(name);
+        name_lens[t] = PyBytes_GET_SIZE(name);
+    }
+    const unsigned char *buf = data.buf, *sz = sizes.buf, *ix = idx.buf;
+    const Py_ssize_t len = data.len;
+    crc_fn crc = crc_address ? (crc_fn)(uintptr_t)crc_address : crc_builtin;
+    Py_ssize_t bad = -1;
+    int field = V_OK;
+    long long value = 0, expected = 0;
+    int32_t lo = INT32_MAX, hi = INT32_MIN;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t pos = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t size;
+        int16_t t;
+        memcpy(&size, sz + 4 * i, 4);
+        memcpy(&t, ix + 2 * i, 2);
+        const unsigned char *r = buf + pos;
+        bad = i;
+        if (size < FIXED_LEN || size > len - pos) {
+            field = V_TOTALSIZE, value = size, expected = len - pos;
+            break;
+        }
+        if ((int32_t)get_be32(r) != size) {
+            field = V_TOTALSIZE, value = (int32_t)get_be32(r), expected = size;
+            break;
+        }
+        if (get_be32(r + 4) != 0xDAA320A7u) {
+            field = V_MAGIC, value = get_be32(r + 4), expected = 0xDAA320A7u;
+            break;
+        }
+        const int32_t body = (int32_t)get_be32(r + 84);
+        if (body < 0 || body > size - FIXED_LEN) {
+            field = V_BODYLEN, value = body, expected = size - FIXED_LEN;
+            break;
+        }
+        const unsigned char *tp = r + HDR_LEN + body;
+        const int32_t topic_len = tp[0];
+        if (t < 0 || t >= ntopics || topic_len != name_lens[t]) {
+            field = V_TOPICLEN, value = topic_len;
+            expected = (t >= 0 && t < ntopics) ? name_lens[t] : -1;
+            break;
+        }
+        const unsigned char *pp = tp + 1 + topic_len;
+        const int32_t prop_len = (pp[0] << 8) | pp[1];
+        if (FIXED_LEN + body + topic_len + prop_len != size) {
+            field = V_PROPERTIESLEN, value = prop_len;
+            expected = size - FIXED_LEN - body - topic_len;
+            break;
+        }
+        if (memcmp(tp + 1, names[t], topic_len) != 0) {
+            field = V_TOPIC;
+            break;
+        }
+        const uint32_t flags = get_be32(r + 36);
+        if (flags & ~(uint32_t)sysflags) {
+            field = V_SYSFLAG, value = flags, expected = flags & (uint32_t)sysflags;
+            break;
+        }
+        const Py_ssize_t fault = properties_fault(pp + 2, prop_len);
+        if (fault >= 0) {
+            field = V_PROPERTIES, value = fault, expected = prop_len;
+            break;
+        }
+        const uint32_t want = crc(0, r + HDR_LEN, (uint32_t)body) & 0x7FFFFFFFu;
+        if (get_be32(r + 8) != want) {
+            field = V_BODYCRC, value = (int32_t)get_be32(r + 8), expected = want;
+            break;
+        }
+        if (body < lo) lo = body;
+        if (body > hi) hi = body;
+        pos += size;
+        bad = -1;
+    }
+    if (bad < 0 && pos != len) field = V_TOTALSIZE, bad = n, value = pos, expected = len;
+    Py_END_ALLOW_THREADS
+    if (bad < 0)
+        result = Py_BuildValue("nOLLii", bad, Py_None, value, expected, lo, hi);
+    else
+        result = Py_BuildValue("nsLLii", bad, verify_fields[field], value, expected, lo, hi);
+done:
+    PyMem_Free(names);
+    PyMem_Free(name_lens);
+    PyBuffer_Release(&data);
+    if (sizes.obj) PyBuffer_Release(&sizes);
+    if (idx.obj) PyBuffer_Release(&idx);
+    return result;
+}
+
 PyDoc_STRVAR(patch_records_doc,
              "patch_records(buffer, at, sizes, queue_ids, queue_offsets, phys, stored)\n\n"
              "Write QUEUEID, QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP + STOREHOST\n"
@@ -616,6 +823,7 @@ static PyMethodDef methods[] = {
     {"encode_plain", encode_plain, METH_VARARGS, encode_plain_doc},
     {"crc32_builtin", crc32_builtin, METH_O, "The fallback CRC-32 of a buffer (tests)."},
     {"scan_records", scan_records, METH_VARARGS, scan_records_doc},
+    {"verify_records", verify_records, METH_VARARGS, verify_records_doc},
     {"patch_records", patch_records, METH_VARARGS, patch_records_doc},
     {"link_index", link_index, METH_VARARGS, link_index_doc},
     {"body_slices", body_slices, METH_VARARGS, body_slices_doc},

@@ -18,6 +18,15 @@ def encode_plain(
 ) -> tuple[bytes, bytes, bytes, bytes, bytes] | None: ...
 def crc32_builtin(data: Any, /) -> int: ...
 def scan_records(data: Any, sizes: Any, /) -> tuple[int, int] | None: ...
+def verify_records(
+    data: Any,
+    sizes: Any,
+    topic_idx: Any,
+    topics: tuple[bytes, ...],
+    sysflags: int,
+    crc_address: int,
+    /,
+) -> tuple[int, str | None, int, int, int, int]: ...
 def patch_records(
     buffer: Any,
     at: int,

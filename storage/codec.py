@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ._crc import crc32
+from ._crc import crc32, crc32_address
 from .errors import InvalidMessageError, StoreCorruptedError
 from .message import Message, MessageExt
 
@@ -429,7 +429,8 @@ class EncodedBatch:
         return batch
 
     def check_structure(self) -> None:
-        """Cheap consistency checks before the store trusts the batch (once per batch)."""
+        """Check the batch as the store trusts it, once: arrays that agree, and every
+        record as :func:`verify_records` checks it. Raises ``InvalidMessageError``."""
         if self.checked:
             return
         n = len(self.sizes)
@@ -443,11 +444,6 @@ class EncodedBatch:
             len(self.delay_levels) != n or _min_max(self.delay_levels)[0] < 0
         ):
             raise InvalidMessageError("encoded batch: bad delay levels")
-        if _min_max(self.sizes)[0] < FIXED_LEN or _total(self.sizes) != len(self.data):
-            raise InvalidMessageError("encoded batch: record sizes do not add up to the data")
-        low, high = _min_max(self.topic_idx)
-        if low < 0 or high >= len(self.topics):
-            raise InvalidMessageError("encoded batch: topic index out of range")
         if _min_max(self.queue_ids)[0] < 0:
             raise InvalidMessageError("encoded batch: negative queue id")
         for topic in self.topics:
@@ -456,13 +452,9 @@ class EncodedBatch:
             low, high = _min_max(self.key_owner)
             if low < 0 or high >= n:
                 raise InvalidMessageError("encoded batch: key owner out of range")
-        if _native is not None and n > SMALL_BATCH:  # one C walk: headers and body range
-            found = _native.scan_records(self.data, np.ascontiguousarray(self.sizes, np.int32))
-            if found is None:
-                raise InvalidMessageError("encoded batch: a record's size or magic is wrong")
-            object.__setattr__(self, "_body_range", found)
-        elif not _headers_match(self.data, self.sizes):
-            raise InvalidMessageError("encoded batch: a record's size or magic is wrong")
+        # record sizes adding up to the data and topic indexes in range: checked there
+        found = verify_records(self.data, self.sizes, self.topics, self.topic_idx)
+        object.__setattr__(self, "_body_range", found)
         object.__setattr__(self, "checked", True)
 
     def body_range(self) -> tuple[int, int]:
@@ -502,10 +494,138 @@ def _min_max(values: np.ndarray) -> tuple[int, int]:
     return int(values.min()), int(values.max())
 
 
-def _total(values: np.ndarray) -> int:
-    if len(values) <= SMALL_BATCH:
-        return sum(values.tolist())
-    return int(values.sum(dtype=np.int64))
+# SYSFLAG bits, as RocketMQ's MessageSysFlag names them
+SYSFLAG_COMPRESSED = 0x1
+SYSFLAG_MULTI_TAGS = 0x2
+CLIENT_SYSFLAGS = SYSFLAG_COMPRESSED | SYSFLAG_MULTI_TAGS
+"""The SYSFLAG bits a producer may set. The others are the broker's: the transaction
+state (RayMQ has no transactional messages) and the IPv6 host flags (records here
+hold IPv4 hosts; :func:`decode_record` refuses the flags)."""
+
+_FIELD_RULES = {
+    "TOTALSIZE": "must be the record's size in the batch: >= 91, within the data",
+    "MAGIC": f"must be {MAGIC:#x}",
+    "BODYLEN": "must be in [0, TOTALSIZE - 91]",
+    "TOPICLEN": "must be the length of the batch's topic for the record",
+    "PROPERTIESLEN": "91 + BODYLEN + TOPICLEN + PROPERTIESLEN must be TOTALSIZE",
+    "TOPIC": "must be the batch's topic for the record",
+    "SYSFLAG": f"a producer may set only the bits {CLIENT_SYSFLAGS:#x}",
+    "PROPERTIES": "must be UTF-8 name\\x01value\\x02 pairs",
+    "BODYCRC": "must be crc32(body) & 0x7fffffff",
+}
+
+
+def verify_records(
+    data: bytes | memoryview, sizes: np.ndarray, topics: Sequence[str], topic_idx: np.ndarray
+) -> tuple[int, int]:
+    """Check every record laid back to back with ``sizes`` as the store will trust it,
+    and return the (min, max) BODYLEN.
+
+    Per record: TOTALSIZE is its size in the batch and MAGIC is right; BODYLEN,
+    TOPICLEN and PROPERTIESLEN add up to TOTALSIZE; the topic is ``topics[topic_idx[i]]``;
+    SYSFLAG holds only :data:`CLIENT_SYSFLAGS`; the properties read as
+    :func:`decode_properties` reads them; BODYCRC matches the body. Recovery, a slave
+    and a consumer check the same, so a record stored past this check is one they
+    accept. Raises ``InvalidMessageError`` naming the first record that fails, the
+    field, its value and what it must be. ``topics`` must be valid topic names.
+    """
+    raw_topics = tuple(t.encode("ascii") for t in topics)
+    if sizes.dtype != np.int32 or topic_idx.dtype != np.int16:  # not as the wire has them
+        low, high = _min_max(topic_idx) if len(topic_idx) else (0, 0)
+        if low < 0 or high >= len(topics) or _min_max(sizes)[1] > (1 << 31) - 1:
+            raise InvalidMessageError("encoded batch: a topic index or record size is out of range")
+    if _native is not None:
+        sizes32 = np.ascontiguousarray(sizes, dtype=np.int32)
+        idx16 = np.ascontiguousarray(topic_idx, dtype=np.int16)
+        found = _native.verify_records(
+            data, sizes32, idx16, raw_topics, CLIENT_SYSFLAGS, crc32_address
+        )
+    else:
+        found = _verify_records_py(data, sizes.tolist(), topic_idx.tolist(), raw_topics)
+    bad, field, value, expected, low, high = found
+    if bad < 0:
+        return low, high
+    assert field is not None
+    shown: object = value
+    want: object = expected
+    if field == "TOPIC":
+        start = int(sizes[:bad].sum(dtype=np.int64))
+        at = start + HEADER.size + _I32.unpack_from(data, start + OFF_BODYLEN)[0]
+        shown, want = bytes(data[at + 1 : at + 1 + data[at]]), raw_topics[int(topic_idx[bad])]
+    elif field == "PROPERTIES":
+        shown, want = f"<bad byte at {value} of {expected}>", "UTF-8 pairs"
+    elif field in ("MAGIC", "SYSFLAG"):
+        shown, want = f"{value:#x}", f"{expected:#x}"
+    raise InvalidMessageError(
+        f"encoded batch: record {bad} of {len(sizes)}: {field}={shown} "
+        f"(expected {want}): {_FIELD_RULES[field]}"
+    )
+
+
+def _verify_records_py(
+    data: bytes | memoryview, sizes: list[int], topic_idx: list[int], topics: tuple[bytes, ...]
+) -> tuple[int, str | None, int, int, int, int]:
+    """``storage._native.verify_records`` in Python, for where it is not built."""
+    n_bytes = len(data)
+    low, high = (1 << 31) - 1, -(1 << 31)
+    pos = 0
+    for i, (size, t) in enumerate(zip(sizes, topic_idx)):
+        if size < FIXED_LEN or size > n_bytes - pos:
+            return i, "TOTALSIZE", size, n_bytes - pos, low, high
+        (total, magic, crc, _q, _f, _qo, _po, sysflag, *_rest, body_len) = HEADER.unpack_from(
+            data, pos
+        )
+        if total != size:
+            return i, "TOTALSIZE", total, size, low, high
+        if magic != MAGIC:
+            return i, "MAGIC", magic, MAGIC, low, high
+        if body_len < 0 or body_len > size - FIXED_LEN:
+            return i, "BODYLEN", body_len, size - FIXED_LEN, low, high
+        at = pos + HEADER.size + body_len
+        topic_len = data[at]
+        if not 0 <= t < len(topics) or topic_len != len(topics[t]):
+            return (
+                i,
+                "TOPICLEN",
+                topic_len,
+                len(topics[t]) if 0 <= t < len(topics) else -1,
+                low,
+                high,
+            )
+        p = at + 1 + topic_len
+        prop_len = (data[p] << 8) | data[p + 1]
+        if FIXED_LEN + body_len + topic_len + prop_len != size:
+            return i, "PROPERTIESLEN", prop_len, size - FIXED_LEN - body_len - topic_len, low, high
+        if bytes(data[at + 1 : p]) != topics[t]:
+            return i, "TOPIC", 0, 0, low, high
+        if sysflag & ~CLIENT_SYSFLAGS:
+            flags = sysflag & 0xFFFFFFFF
+            return i, "SYSFLAG", flags, flags & CLIENT_SYSFLAGS, low, high
+        fault = _properties_fault(bytes(data[p + 2 : p + 2 + prop_len]))
+        if fault >= 0:
+            return i, "PROPERTIES", fault, prop_len, low, high
+        want = crc32(data[pos + HEADER.size : at]) & 0x7FFFFFFF
+        if crc != want:
+            return i, "BODYCRC", crc, want, low, high
+        low, high = min(low, body_len), max(high, body_len)
+        pos += size
+    if pos != n_bytes:
+        return len(sizes), "TOTALSIZE", pos, n_bytes, low, high
+    return -1, None, 0, 0, low, high
+
+
+def _properties_fault(raw: bytes) -> int:
+    """Where ``raw`` stops reading as :func:`decode_properties` reads it, or -1."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.start
+    pair = 0
+    for segment in raw.split(b"\x02"):
+        if segment and b"\x01" not in segment:
+            return pair
+        pair += len(segment) + 1
+    return -1
 
 
 def _headers_match(data: bytes | memoryview, sizes: np.ndarray) -> bool:
@@ -818,6 +938,36 @@ def decode_record(
     )
     message.__dict__["_props"] = props
     return message, end
+
+
+def stored_record_fault(
+    buf: bytes | memoryview | mmap.mmap, pos: int, phys: int, limit: int, check_crc: bool
+) -> str | None:
+    """Why the bytes at ``pos`` (of ``limit``) are not a valid record stored at CommitLog
+    offset ``phys``, or None when they are: TOTALSIZE, MAGIC, PHYSICALOFFSET, lengths
+    that add up, and (with ``check_crc``) BODYCRC. What recovery checks of a record."""
+    if pos < 0 or pos + HEADER.size > limit:
+        return f"a header at {pos} runs past the end ({limit})"
+    size, magic, body_crc, *_, body_len = HEADER.unpack_from(buf, pos)
+    if magic != MAGIC:
+        return f"MAGIC={magic:#x}"
+    if size < FIXED_LEN or pos + size > limit:
+        return f"TOTALSIZE={size} ({limit - pos} bytes left)"
+    (physical,) = struct.unpack_from(">q", buf, pos + OFF_PHYSICALOFFSET)
+    if physical != phys:
+        return f"PHYSICALOFFSET={physical}, the record is at {phys}"
+    if body_len < 0 or body_len > size - FIXED_LEN:
+        return f"BODYLEN={body_len} (TOTALSIZE={size})"
+    at = pos + HEADER.size + body_len
+    topic_len = buf[at]
+    if topic_len > size - FIXED_LEN - body_len:
+        return f"TOPICLEN={topic_len} (TOTALSIZE={size}, BODYLEN={body_len})"
+    prop_len = (buf[at + 1 + topic_len] << 8) | buf[at + 2 + topic_len]
+    if FIXED_LEN + body_len + topic_len + prop_len != size:
+        return f"PROPERTIESLEN={prop_len}: the lengths do not add up to TOTALSIZE={size}"
+    if check_crc and crc32(buf[pos + HEADER.size : at]) & 0x7FFFFFFF != body_crc:
+        return f"BODYCRC={body_crc} does not match the body"
+    return None
 
 
 _HDR = np.dtype(

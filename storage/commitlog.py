@@ -4,7 +4,9 @@ Invariants: records are contiguous from ``min_offset`` to ``max_offset``; a
 record never straddles two files (a file's unused tail starts with a blank
 marker); each record's PHYSICALOFFSET field equals its offset in the log;
 ``flushed_offset <= max_offset``. Appends happen under the store's put lock;
-reads take no lock and copy what they return.
+reads take no lock and copy what they return. Recovery may have replaced damaged
+bytes by a filler record of ``storage.quarantine.QUARANTINE_TOPIC``: a record
+like any other to whoever walks the log, served by no queue.
 """
 
 from __future__ import annotations
@@ -56,8 +58,13 @@ class CommitLog:
         self.file_size = file_size
         self._flush_lock = threading.Lock()
         self._flushed = 0  # commitlog offset known durable
+        self._durable = threading.Condition()  # notified after every flush
         # recent fsync times (seconds), for whoever exports metrics to drain
         self.flush_durations: collections.deque[float] = collections.deque(maxlen=4096)
+        self.flush_count = 0  # flushes that synced something, since open
+        self.before_sync: Callable[[], object] | None = None
+        """Tests only: called by the flushing thread before each sync (a slow disk on
+        purpose, e.g. ``threading.Event().wait``); None otherwise."""
 
     # -- offsets
     @property
@@ -84,8 +91,8 @@ class CommitLog:
     ) -> np.ndarray:
         """Append a batch of encoded records; patch store fields; return their offsets.
 
-        The whole placement is computed before any byte is written, so a batch
-        that cannot be placed changes nothing.
+        The whole placement is computed, and the files it needs allocated, before
+        any byte is written, so a batch that cannot be placed changes nothing.
         """
         n = len(sizes)
         few = n <= codec.SMALL_BATCH
@@ -119,6 +126,8 @@ class CommitLog:
             cur += used
             room -= used
             i = j
+        # the files it needs, allocated before a byte is written (DiskFullError if not)
+        self.files.reserve(self.max_offset, cur)
         # copy each segment into its file once, patch the store fields in place, then
         # publish it (move the write position): a reader bounded by the write position
         # (replication, on the broker's loop, while a service thread puts delayed
@@ -216,20 +225,42 @@ class CommitLog:
 
     # -- flush
     def flush(self) -> int:
-        """Flush everything written; concurrent callers share one fsync (group commit)."""
+        """Flush everything written; return the flushed offset."""
         with self._flush_lock:
-            target = self.max_offset
-            if target > self._flushed:
-                started = time.perf_counter()
-                self.files.flush()
-                self.flush_durations.append(time.perf_counter() - started)
-                self._flushed = target
-            return self._flushed
+            flushed = self._flush_locked()
+        with self._durable:
+            self._durable.notify_all()
+        return flushed
 
     def flush_until(self, offset: int) -> int:
+        """Make ``offset`` durable: flush everything written, unless another caller's
+        flush (waited for on the lock) covered ``offset`` already."""
+        if self._flushed < offset:
+            with self._flush_lock:
+                if self._flushed < offset:
+                    self._flush_locked()
+            with self._durable:
+                self._durable.notify_all()
+        return self._flushed
+
+    def _flush_locked(self) -> int:
+        target = self.max_offset
+        if target > self._flushed:
+            started = time.perf_counter()
+            if self.before_sync is not None:
+                self.before_sync()
+            self.files.flush()
+            self.flush_durations.append(time.perf_counter() - started)
+            self.flush_count += 1
+            self._flushed = target
+        return self._flushed
+
+    def wait_flushed(self, offset: int, timeout_s: float | None) -> bool:
+        """Wait until a flush made ``offset`` durable; False if ``timeout_s`` ran out first."""
         if self._flushed >= offset:
-            return self._flushed
-        return self.flush()
+            return True
+        with self._durable:
+            return self._durable.wait_for(lambda: self._flushed >= offset, timeout_s)
 
     def dirty_pages(self) -> int:
         return self.files.dirty_pages()
@@ -308,33 +339,16 @@ class CommitLog:
         return int(struct.unpack(">q", self.read(offset + codec.OFF_STORETIMESTAMP, 8))[0])
 
     # -- recovery
-    def scan(
-        self, start_file: MappedFile, check_crc: bool, progress: Callable[[int], None] | None = None
-    ) -> int:
-        """Walk records from the start of ``start_file``; return the valid end offset.
-
-        A record is valid when its size and magic are right, its PHYSICALOFFSET
-        is its own offset and (with ``check_crc``) its body matches its CRC. The
-        walk stops at the first invalid record or an all-zero header.
-        """
-        idx = self.files.files.index(start_file)
-        end = start_file.from_offset
-        for mf in self.files.files[idx:]:
-            pos, sealed = self._scan_file(mf, check_crc)
-            end = mf.from_offset + pos
-            if progress is not None:
-                progress(end)
-            if not sealed:
-                return end
-            end = mf.from_offset + mf.file_size
-        return end
-
     @staticmethod
-    def _scan_file(mf: MappedFile, check_crc: bool) -> tuple[int, bool]:
-        """(valid end position in the file, whether the file ends with its blank marker).
+    def scan_file(mf: MappedFile, check_crc: bool, start: int = 0) -> tuple[int, bool]:
+        """Walk the records of ``mf`` from ``start``: (where the valid chain ends, whether
+        it ends with the file's blank marker).
 
-        Three passes: walk the size chain (one unpack per record), check magic,
-        physical offset and lengths vectorised, then the body CRCs.
+        A record is valid when its size and magic are right, its PHYSICALOFFSET is
+        its own offset, its lengths add up and (with ``check_crc``) its body matches
+        its CRC (:func:`codec.stored_record_fault`, vectorised). The chain ends at
+        the first invalid record or an all-zero header. Three passes: walk the size
+        chain (one unpack per record), check the headers vectorised, then the CRCs.
         """
         mv = memoryview(mf.buffer)
         try:
@@ -342,7 +356,7 @@ class CommitLog:
             unpack = _I32.unpack_from
             starts: list[int] = []
             append = starts.append
-            pos = 0
+            pos = start
             while pos + 8 <= limit:
                 size = unpack(mv, pos)[0]
                 if size < 8 or pos + size > limit:
@@ -350,9 +364,10 @@ class CommitLog:
                 append(pos)
                 pos += size
             if not starts:
-                return 0, False
+                return start, False
             words = codec.windows(mf.buffer, ">u4")
             longs = codec.windows(mf.buffer, ">i8")
+            octets = np.frombuffer(mf.buffer, dtype=np.uint8)
             st = np.array(starts, dtype=np.int64)
             sizes = np.diff(np.append(st, pos))
             magic = words[st + codec.OFF_MAGIC]
@@ -362,33 +377,32 @@ class CommitLog:
             records = n - 1 if sealed else n
             ok = (magic[:records] == codec.MAGIC) & (sizes[:records] >= codec.FIXED_LEN)
             head = st[:records]
+            ends = head + sizes[:records]
             tail = np.minimum(head + codec.HEADER.size, limit - 8)
             phys = longs[np.minimum(head, limit - 36) + codec.OFF_PHYSICALOFFSET]
             body_len = words[tail - 4].view(">i4").astype(np.int64)
             ok &= phys == mf.from_offset + head
-            ok &= (body_len >= 0) & (
-                head + codec.HEADER.size + body_len + 3 <= head + sizes[:records]
-            )
+            ok &= (body_len >= 0) & (head + codec.HEADER.size + body_len + 3 <= ends)
+            # TOPICLEN and PROPERTIESLEN add up (read where the record holds them)
+            topic_at = np.where(ok, head + codec.HEADER.size + body_len, head)
+            topic_len = octets[topic_at].astype(np.int64)
+            ok &= topic_at + 3 + topic_len <= ends
+            prop_at = np.where(ok, topic_at + 1 + topic_len, head)
+            prop_len = (octets[prop_at].astype(np.int64) << 8) | octets[prop_at + 1]
+            ok &= prop_at + 2 + prop_len == ends
             bad = np.flatnonzero(~ok)
             good = int(bad[0]) if len(bad) else records
-            del words, longs, magic, phys
+            del words, longs, octets, magic, phys
             if check_crc and good:
                 body_at = (head[:good] + codec.HEADER.size).tolist()
                 body_end = (head[:good] + codec.HEADER.size + body_len[:good]).tolist()
                 crcs = [unpack(mv, a + 8)[0] for a in head[:good].tolist()]
                 for i, (a, b, c) in enumerate(zip(body_at, body_end, crcs)):
                     if (crc32(mv[a:b]) & 0x7FFFFFFF) != c:
-                        log.warning(
-                            "%s: record at %d fails its body CRC",
-                            mf.path.name,
-                            a - codec.HEADER.size,
-                        )
                         good = i
                         break
             if good < records:
-                at = int(head[good])
-                log.warning("%s: invalid record at %d; the commitlog ends there", mf.path.name, at)
-                return at, False
+                return int(head[good]), False
             if sealed:
                 return int(st[-1]), True
             return pos, False

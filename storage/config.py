@@ -3,11 +3,17 @@
 A RocketMQ ``broker.conf`` loads into it (``StoreConfig.from_broker_conf``) so
 an existing deployment's file works unchanged; keys the store does not own
 (``brokerName``, ``brokerRole`` ...) are left for the broker's own config.
+:func:`parse_broker_conf` reads the file for both and logs a warning for each
+key that neither reads (a typo, or a RocketMQ setting RayMQ has no use for),
+and for each old spelling it reads as the current one: a setting is never
+dropped in silence.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import logging
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -37,11 +43,57 @@ _CONF_KEYS: dict[str, tuple[str, Any]] = {
     "fileReservedTime": ("file_reserved_hours", float),
     "deleteWhen": ("delete_when", str),
     "diskMaxUsedSpaceRatio": ("disk_max_used_ratio", lambda v: int(v) / 100.0),
+    # RocketMQ 4 reads it as a ratio (0.90), RocketMQ 5 as a percentage (90): either works
+    "diskSpaceWarningLevelRatio": ("disk_space_warning_level_ratio", lambda v: _ratio(v)),
     "cleanResourceInterval": ("clean_resource_interval_ms", int),
     "messageIndexEnable": ("message_index_enable", lambda v: v.strip().lower() == "true"),
     "checkCRCOnRecover": ("check_crc_on_recover", lambda v: v.strip().lower() == "true"),
     "messageDelayLevel": ("message_delay_level", str),
 }
+
+# keys read by RayMQ's broker (actors.config.BrokerConfig.from_broker_conf), named here
+# so that the file's reader knows every key RayMQ reads and can warn about the others
+_BROKER_KEYS = frozenset(
+    {
+        "brokerClusterName",
+        "brokerName",
+        "brokerId",
+        "brokerIP1",
+        "listenPort",
+        "autoCreateTopicEnable",
+        "defaultTopicQueueNums",
+        "longPollingEnable",
+        "flushConsumerOffsetInterval",
+        "registerNameServerPeriod",
+        "brokerRole",
+        "slaveReadEnable",
+        "haTransferBatchSize",
+        "haMaxGapNotInSync",
+        "enableDLegerCommitLog",
+        "dLegerPeers",
+    }
+)
+# old spellings RocketMQ still reads -> the key they stand for
+_SYNONYMS = {
+    "mapedFileSizeCommitLog": "mappedFileSizeCommitLog",
+    "mapedFileSizeConsumeQueue": "mappedFileSizeConsumeQueue",
+}
+# RocketMQ keys RayMQ leaves alone on purpose, and why
+_NOT_READ = {
+    "namesrvAddr": "brokers find their NameServers through Ray",
+    "storePathCommitLog": "the CommitLog is always <storePathRootDir>/commitlog",
+    "storePathConsumeQueue": "ConsumeQueues are always <storePathRootDir>/consumequeue",
+    "storePathIndex": "index files are always <storePathRootDir>/index",
+    "brokerIP2": "a slave reaches its master through Ray",
+}
+
+log = logging.getLogger("raymq.storage.config")
+
+
+def _ratio(text: str) -> float:
+    value = float(text)
+    return value / 100.0 if value > 1 else value
+
 
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -69,8 +121,14 @@ def parse_delay_levels(text: str) -> tuple[int, ...]:
 
 
 def parse_broker_conf(path: str | os.PathLike[str]) -> dict[str, str]:
-    """Read a Java-properties style ``broker.conf`` into a dict of strings."""
+    """Read a Java-properties style ``broker.conf`` into a dict of strings.
+
+    An old spelling (``mapedFileSizeCommitLog``) comes back as the key it stands for,
+    with a warning; a key RayMQ does not read stays in the dict, with a warning
+    naming it (and what it may have meant to be).
+    """
     result: dict[str, str] = {}
+    known = _CONF_KEYS.keys() | _BROKER_KEYS
     for lineno, raw in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         line = raw.strip()
         if not line or line[0] in "#!":
@@ -78,7 +136,29 @@ def parse_broker_conf(path: str | os.PathLike[str]) -> dict[str, str]:
         sep = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
         if sep < 0:
             raise InvalidConfigError(f"{path}:{lineno}: expected key=value, got {raw!r}")
-        result[line[:sep].strip()] = line[sep + 1 :].strip()
+        key = line[:sep].strip()
+        if key in _SYNONYMS:
+            log.warning(
+                "%s:%d: %s is the old spelling of %s: read as %s",
+                path,
+                lineno,
+                key,
+                _SYNONYMS[key],
+                _SYNONYMS[key],
+            )
+            key = _SYNONYMS[key]
+        elif key in _NOT_READ:
+            log.warning("%s:%d: %s is not read by RayMQ (%s)", path, lineno, key, _NOT_READ[key])
+        elif key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            log.warning(
+                "%s:%d: %s is not a key RayMQ reads: ignored%s",
+                path,
+                lineno,
+                key,
+                f" (did you mean {close[0]}?)" if close else "",
+            )
+        result[key] = line[sep + 1 :].strip()
     return result
 
 
@@ -106,6 +186,8 @@ class StoreConfig:
     file_reserved_hours: float = 72.0
     delete_when: str = "04"
     disk_max_used_ratio: float = 0.75
+    # writes: refused (DiskFullError) while the disk is used over this ratio
+    disk_space_warning_level_ratio: float = 0.90
     clean_resource_interval_ms: int = 10_000
     delete_files_batch_max: int = 10
     # identity and recovery
@@ -135,10 +217,9 @@ class StoreConfig:
         for name in ("consume_queue_file_entries", "index_hash_slots", "index_max_entries"):
             if getattr(self, name) < 1:
                 raise InvalidConfigError(f"{name}={getattr(self, name)}: must be >= 1")
-        if not 0.0 < self.disk_max_used_ratio <= 1.0:
-            raise InvalidConfigError(
-                f"disk_max_used_ratio={self.disk_max_used_ratio}: must be in (0, 1]"
-            )
+        for name in ("disk_max_used_ratio", "disk_space_warning_level_ratio"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise InvalidConfigError(f"{name}={getattr(self, name)}: must be in (0, 1]")
         host, _, port = self.store_host.rpartition(":")
         parts = host.split(".")
         if (

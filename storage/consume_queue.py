@@ -5,8 +5,14 @@ bytes, ``commitlog offset i8 | size i4 | tags hash i8``, and entry ``n`` (the
 message at queue offset ``n``) lives at byte ``20 * n``.
 
 Invariants: entries are dense from ``min_offset`` to ``max_offset`` (the next
-queue offset); commitlog offsets strictly increase along the queue; no entry
+queue offset); commitlog offsets never decrease along the queue; no entry
 points past the CommitLog's end (recovery drops those, :meth:`truncate_to_commitlog`).
+
+A *hole* is an entry of size 0 (tag :data:`HOLE_TAG`): its record was damaged
+on disk and set aside by recovery (``storage.quarantine``), so it keeps its
+queue offset (consumers' offsets keep their meaning) and is never served. A
+hole's commitlog offset is the damaged record's, or, for a record whose entry
+was lost too, the offset of the entry after it.
 """
 
 from __future__ import annotations
@@ -27,6 +33,12 @@ ENTRY = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tag", ">i8")])
 UNIT = ENTRY.itemsize
 _ENTRY = struct.Struct(">qiq")
 assert UNIT == 20
+HOLE_TAG = -1  # with size 0: never all zeros, so a trailing hole is still an entry
+
+
+def _used(entries: np.ndarray) -> np.ndarray:
+    """Which entries were written: a never-written one is all zeros."""
+    return (entries["size"] != 0) | (entries["tag"] != 0) | (entries["offset"] != 0)
 
 
 class ConsumeQueue:
@@ -61,10 +73,9 @@ class ConsumeQueue:
         self.files.load()
         if not self.files.files:
             return
-        # the write position: just past the last non-empty entry (size > 0)
+        # the write position: just past the last written entry
         for mf in reversed(self.files.files):
-            sizes = self._entries_of(mf, 0, mf.file_size // UNIT)["size"]
-            used_idx = np.flatnonzero(sizes > 0)
+            used_idx = np.flatnonzero(_used(self._entries_of(mf, 0, mf.file_size // UNIT)))
             used = int(used_idx[-1]) + 1 if len(used_idx) else 0
             mf.wrote_position = mf.flushed_position = used * UNIT
             if used > 0 or mf is self.files.files[0]:
@@ -148,6 +159,88 @@ class ConsumeQueue:
             mf.append(raw[pos : pos + take])
             pos += take
 
+    def reserve(self, queue_offset: int, count: int) -> None:
+        """Allocate now the files ``count`` entries from ``queue_offset`` need (see
+        ``MappedFileQueue.reserve``): a put reserves before it writes anything."""
+        self.files.reserve(queue_offset * UNIT, (queue_offset + count) * UNIT)
+
+    def append_dispatched(
+        self, queue_offsets: np.ndarray, phys: np.ndarray, sizes: np.ndarray, tags: np.ndarray
+    ) -> int:
+        """Entries for records found walking the CommitLog (recovery, a slave), in
+        CommitLog order. Those already here are kept; queue offsets the walk did not
+        find (their records were set aside as damaged) become holes. Returns how
+        many holes were written."""
+        cur = self.max_offset
+        keep = queue_offsets >= cur
+        if not keep.all():
+            queue_offsets, phys, sizes, tags = (
+                queue_offsets[keep],
+                phys[keep],
+                sizes[keep],
+                tags[keep],
+            )
+        if not len(queue_offsets):
+            return 0
+        first = int(queue_offsets[0])
+        if first > cur and (not self.files.files or cur <= self.min_offset):
+            cur = first  # an empty queue (or one whose entries all expired) starts here
+        span = int(queue_offsets[-1]) - cur + 1
+        if span == len(queue_offsets):
+            self.append(cur, phys, sizes, tags)
+            return 0
+        if span < len(queue_offsets) or bool((np.diff(queue_offsets) <= 0).any()):
+            raise StoreCorruptedError(
+                f"consume queue {self.topic}/{self.queue_id}: queue offsets out of order "
+                f"in the commitlog ({queue_offsets[:8].tolist()} ...)"
+            )
+        at = queue_offsets - cur
+        full_phys = np.empty(span, dtype=np.int64)
+        full_phys[at] = phys
+        present = np.zeros(span, dtype=bool)
+        present[at] = True
+        # a hole takes the commitlog offset of the entry after it: offsets never decrease
+        nxt = np.minimum.accumulate(np.where(present, full_phys, np.iinfo(np.int64).max)[::-1])
+        full_phys = np.where(present, full_phys, nxt[::-1])
+        full_sizes = np.zeros(span, dtype=np.int64)
+        full_sizes[at] = sizes
+        full_tags = np.full(span, HOLE_TAG, dtype=np.int64)
+        full_tags[at] = tags
+        holes = span - len(queue_offsets)
+        log.error(
+            "%s/%d: %d queue offsets in [%d, %d] have no record in the commitlog (set aside "
+            "as damaged): kept as holes, never served",
+            self.topic,
+            self.queue_id,
+            holes,
+            cur,
+            cur + span - 1,
+        )
+        self.append(cur, full_phys, full_sizes, full_tags)
+        return holes
+
+    def mark_holes(self, spans: list[tuple[int, int]]) -> int:
+        """Turn entries whose record starts in one of ``spans`` (commitlog offsets
+        ``[start, end)`` set aside as damaged) into holes; return how many."""
+        marked = 0
+        for mf in self.files.files:
+            count = mf.wrote_position // UNIT
+            if not count:
+                continue
+            entries = np.frombuffer(mf.buffer, dtype=ENTRY, count=count)
+            hit = np.zeros(count, dtype=bool)
+            for start, end in spans:
+                hit |= (entries["offset"] >= start) & (entries["offset"] < end)
+            hit &= entries["size"] != 0
+            rows = np.flatnonzero(hit).tolist()
+            for i in rows:
+                mf.write_at(i * UNIT, _ENTRY.pack(int(entries["offset"][i]), 0, HOLE_TAG))
+            del entries
+            if rows:
+                mf.sync(0, count * UNIT)
+                marked += len(rows)
+        return marked
+
     # -- read
     def _entries_of(self, mf: object, first: int, count: int) -> np.ndarray:
         buf = mf.buffer  # type: ignore[attr-defined]
@@ -175,8 +268,16 @@ class ConsumeQueue:
         return int(e["offset"][0]), int(e["size"][0]), int(e["tag"][0])
 
     # -- upkeep
-    def flush(self) -> None:
-        self.files.flush()
+    def flush(self, least_pages: int = 0) -> int | None:
+        """Flush the files with at least ``least_pages`` dirty pages (0: every file with
+        unflushed entries). Returns the commitlog offset named by the first entry still
+        unflushed (what a checkpoint may not claim), or None when all are durable."""
+        self.files.flush(least_pages)
+        for mf in self.files.files:
+            if mf.wrote_position > mf.flushed_position:
+                entry = self._entries_of(mf, mf.flushed_position // UNIT, 1)
+                return int(entry["offset"][0])
+        return None
 
     def delete_expired(self, commitlog_min: int) -> int:
         """Delete files whose every entry points below ``commitlog_min``."""

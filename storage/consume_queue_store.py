@@ -73,6 +73,10 @@ class ConsumeQueueStore(Mapping[QueueKey, ConsumeQueue]):
         for cq in self._queues.values():
             cq.truncate_to_commitlog(commitlog_end)
 
+    def mark_holes(self, spans: list[tuple[int, int]]) -> int:
+        """Make every entry pointing into a damaged span a hole; return how many."""
+        return sum(cq.mark_holes(spans) for cq in self._queues.values())
+
     def correct_min_offset(self, commitlog_min: int) -> None:
         for cq in self._queues.values():
             cq.correct_min_offset(commitlog_min)

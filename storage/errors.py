@@ -44,5 +44,12 @@ class BrokerUnavailableError(RayMQError):
     """No broker could take the request (dead, fenced or unreachable)."""
 
 
+class DiskFullError(BrokerUnavailableError):
+    """The store's disk is too full to take writes: over ``disk_space_warning_level_ratio``,
+    or a file could not be allocated. Nothing was written; reads go on, and writes
+    resume once there is room. A ``BrokerUnavailableError``: a producer sends to
+    another broker (RocketMQ answers such a send SERVICE_NOT_AVAILABLE)."""
+
+
 class PermissionDeniedError(RayMQError):
     """The topic's permission forbids the operation (read or write)."""

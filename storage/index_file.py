@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from . import codec
-from .mapped_file import MappedFile
+from .errors import DiskFullError
+from .mapped_file import MappedFile, drop_if_empty
 
 log = logging.getLogger("raymq.storage.index_file")
 
@@ -267,7 +268,11 @@ class IndexService:
         if not self.directory.exists():
             return
         for path in sorted(p for p in self.directory.iterdir() if p.is_file()):
-            if not path.name.isdigit():
+            if path.name.endswith(".tmp"):  # an allocation cut short
+                path.unlink()
+                continue
+            size = HEADER_SIZE + self.slots * 4 + self.max_entries * ENTRY_SIZE
+            if not path.name.isdigit() or drop_if_empty(path, size):
                 continue
             self.files.append(
                 IndexFile(
@@ -292,9 +297,19 @@ class IndexService:
         return f
 
     def put(self, hashes: np.ndarray, offsets: np.ndarray, store_ts: int) -> None:
+        """Index the keys; with no room on the disk for a new file, the keys that do not
+        fit are dropped with an error (the records stay stored and served: only their
+        lookup by key misses them, as RocketMQ's IndexService does)."""
         pos = 0
         while pos < len(hashes):
-            f = self.files[-1] if self.files and not self.files[-1].is_full else self._new_file()
+            if self.files and not self.files[-1].is_full:
+                f = self.files[-1]
+            else:
+                try:
+                    f = self._new_file()
+                except DiskFullError as exc:
+                    log.error("%d index keys not indexed: %s", len(hashes) - pos, exc)
+                    return
             pos += f.put(hashes[pos:], offsets[pos:], store_ts)
 
     def query(self, key_hash: int, max_count: int, begin: int, end: int) -> list[int]:

@@ -6,13 +6,18 @@ Invariants of a :class:`MappedFileQueue`:
   same size, and each starts where the previous one ends;
 * only the last file is written to; every file before it is full (its unused
   tail, if any, starts with a blank marker written by the owner);
-* ``flushed_offset <= committed (written) offset`` at all times.
+* ``flushed_offset <= committed (written) offset`` at all times;
+* a file appears whole or not at all: it is allocated under a ``.tmp`` name and
+  renamed once its blocks are (``posix_fallocate``), so a full disk leaves no
+  short or empty file behind; ``load`` drops a trailing empty one left by older
+  versions instead of allocating it again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import logging
 import mmap
 import os
@@ -22,7 +27,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from .errors import StoreCorruptedError
+from .errors import DiskFullError, StoreCorruptedError
 
 log = logging.getLogger("raymq.storage.mapped_file")
 
@@ -49,6 +54,55 @@ def offset_to_name(offset: int) -> str:
     return f"{offset:020d}"
 
 
+def _allocate(path: Path, size: int, preallocate: bool) -> int:
+    """A new file of ``size`` bytes at ``path``, open read-write: allocated under a
+    ``.tmp`` name and renamed, so it never exists short or empty."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _extend(fd, path, size, preallocate)
+        os.rename(tmp, path)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    return fd
+
+
+def _extend(fd: int, path: Path, size: int, preallocate: bool) -> None:
+    """Make the file ``size`` bytes, its blocks allocated when ``preallocate`` (a write
+    into the mapping of an unallocated block on a full disk would kill the process)."""
+    try:
+        if preallocate and hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, 0, size)
+        else:
+            os.ftruncate(fd, size)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(
+                f"{path.name}: allocating {size} bytes in {path.parent}: "
+                f"{exc.strerror} (the disk is full)"
+            ) from exc
+        raise
+
+
+def drop_if_empty(path: Path, file_size: int) -> bool:
+    """Delete ``path`` if it is shorter than ``file_size`` and holds only zeros (an
+    allocation that failed, in versions that allocated in place); True if it did."""
+    size = path.stat().st_size
+    if size >= file_size:
+        return False
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            if chunk.count(0) != len(chunk):
+                return False
+    log.warning(
+        "%s: %d of %d bytes, all zero (a failed allocation): deleted", path, size, file_size
+    )
+    path.unlink()
+    return True
+
+
 def _closed_mmap() -> mmap.mmap:
     """A stand-in for a mapping closed while views of it were out: every use of it
     raises ValueError, as a closed mmap's does."""
@@ -64,17 +118,15 @@ class MappedFile:
         self.path = path
         self.file_size = file_size
         self.from_offset = int(path.name)
-        flags = os.O_RDWR | (os.O_CREAT if create else 0)
-        self._fd = os.open(path, flags, 0o644)
+        if create and not path.exists():
+            self._fd = _allocate(path, file_size, preallocate)
+        else:
+            self._fd = os.open(path, os.O_RDWR)
         try:
             actual = os.fstat(self._fd).st_size
             if actual < file_size:
-                if not create and actual > 0:
-                    log.warning("%s is %d bytes, expected %d: extending", path, actual, file_size)
-                if preallocate and hasattr(os, "posix_fallocate"):
-                    os.posix_fallocate(self._fd, 0, file_size)
-                else:
-                    os.ftruncate(self._fd, file_size)
+                log.warning("%s is %d bytes, expected %d: extending", path, actual, file_size)
+                _extend(self._fd, path, file_size, preallocate)
             elif actual > file_size:
                 raise StoreCorruptedError(
                     f"{path} is {actual} bytes, larger than the configured {file_size}"
@@ -261,6 +313,8 @@ class MappedFileQueue:
         self.files: list[MappedFile] = []
         # the next file, created and warmed in the background (AllocateMappedFileService)
         self._next: Future[MappedFile] | None = None
+        # files allocated ahead of a write (reserve), by start offset, not yet in ``files``
+        self._ready: dict[int, MappedFile] = {}
         self._allocator: ThreadPoolExecutor | None = None
         # with ``warm_new``, the warming of a file created with nothing prepared (its first
         # writes fault pages in: a 4 MiB put took 4.1 ms into a cold file, 2.2-2.8 ms warm)
@@ -271,6 +325,8 @@ class MappedFileQueue:
         if not self.directory.exists():
             return
         names = sorted(p for p in self.directory.iterdir() if p.is_file())
+        while names and names[-1].name.isdigit() and drop_if_empty(names[-1], self.file_size):
+            names.pop()
         expected: int | None = None
         for path in names:
             if len(path.name) != 20 or not path.name.isdigit():
@@ -339,7 +395,7 @@ class MappedFileQueue:
         last = self.last()
         if last is not None and start_offset != last.from_offset + self.file_size:
             raise ValueError(f"new file at {start_offset} would not follow {last.path.name}")
-        mf = self._take_next(start_offset)
+        mf = self._ready.pop(start_offset, None) or self._take_next(start_offset)
         if mf is None:  # nothing prepared (the first file)
             mf = self._new_file(start_offset)
             if self.warm_new:  # warm it while it is written
@@ -375,12 +431,35 @@ class MappedFileQueue:
 
         self._next = self._background().submit(allocate)
 
+    def reserve(self, start_offset: int, end_offset: int) -> None:
+        """Allocate now every file a write of ``[start_offset, end_offset)`` will need
+        beyond the last one, so that a failed allocation (``DiskFullError``) fails the
+        write before any byte of it is written. ``create`` then takes them."""
+        last = self.last()
+        first = (
+            last.from_offset + self.file_size
+            if last is not None
+            else start_offset - start_offset % self.file_size
+        )
+        for start in range(first, end_offset, self.file_size):
+            if start in self._ready:
+                continue
+            mf = self._take_next(start)  # prepared and warmed in the background
+            if mf is None:
+                mf = self._new_file(start)
+                if self.warm_new:  # warm it while it is written
+                    self.warming = self._background().submit(mf.warm)
+            self._ready[start] = mf
+
     def _take_next(self, start_offset: int) -> MappedFile | None:
         if self._next is None:
             return None
         future, self._next = self._next, None
         try:
             mf = future.result()
+        except DiskFullError as exc:
+            log.warning("preparing the next mapped file: %s", exc)
+            return None
         except Exception:
             log.exception("preparing the next mapped file failed")
             return None
@@ -390,7 +469,10 @@ class MappedFileQueue:
         return None
 
     def discard_next(self) -> None:
-        """Drop a prepared file (before truncation, deletion or close)."""
+        """Drop the prepared files (before truncation, deletion or close)."""
+        for mf in self._ready.values():
+            mf.destroy()
+        self._ready.clear()
         if self._next is not None:
             future, self._next = self._next, None
             try:
@@ -408,10 +490,11 @@ class MappedFileQueue:
         return last
 
     # -- flush, truncate, delete
-    def flush(self) -> int:
-        """Flush every file with unflushed bytes; return the flushed offset."""
+    def flush(self, least_pages: int = 0) -> int:
+        """Flush every file with unflushed bytes (with ``least_pages``, only those with
+        at least that many dirty pages); return the flushed offset."""
         for mf in self.files:
-            if mf.wrote_position > mf.flushed_position:
+            if mf.wrote_position > mf.flushed_position and mf.dirty_pages() >= least_pages:
                 mf.flush()
         return self.flushed_offset
 

@@ -4,9 +4,18 @@
   that nothing but zeros or a blank marker follows that end).
 * Otherwise (a crash): scan the CommitLog from the start of the file holding the
   checkpoint's ``min(physic, logics)`` offset, checking size, magic, physical
-  offset and body CRC of every record; truncate at the first bad one; drop
-  ConsumeQueue entries that point past the end; re-dispatch every record from
-  the checkpoint's ``logics`` offset (entries already present are kept).
+  offset, lengths and body CRC of every record. Where the chain breaks:
+
+  - if a valid record follows (in the same file, or in the next one), the
+    damaged bytes are set aside (``storage.quarantine``: copied to
+    ``quarantine/``, replaced by a filler record or the file's blank marker),
+    logged as an error, and the scan goes on: good records are never dropped
+    for a bad one before them; queue entries of the damaged records become holes;
+  - if nothing valid follows (a crash's torn last write), the log ends there.
+
+  Then drop ConsumeQueue entries that point past the end, and re-dispatch every
+  record from the checkpoint's ``logics`` offset (entries already present are
+  kept, filler records get none), and flush what was rebuilt.
 """
 
 from __future__ import annotations
@@ -15,16 +24,18 @@ import logging
 import struct
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 
-from . import codec
+from . import codec, quarantine
 from .checkpoint import Checkpoint
 from .commitlog import CommitLog
 from .config import StoreConfig
 from .consume_queue_store import ConsumeQueueStore
 from .errors import StoreCorruptedError
 from .index_file import IndexService
+from .mapped_file import MappedFile
 from .message import MessageExt
 from .schedule import SCHEDULE_TOPIC
 
@@ -59,22 +70,32 @@ def recover(
             )
     abnormal = end is None
     redispatch_from = cl.min_offset
+    damaged: list[tuple[int, int]] = []
     if end is None:
         start = max(cp.recovery_start, cl.min_offset) if cp is not None else cl.min_offset
         redispatch_from = max(cp.logics_offset, cl.min_offset) if cp is not None else cl.min_offset
-        end = _scan(cl, config, start)
+        end, damaged = _scan(cl, config, start)
     if cl.files.files and not queues.root.exists():
         log.warning("no consumequeue directory: rebuilding every queue from the commitlog")
         abnormal, redispatch_from = True, cl.min_offset
-    max_record = (
-        config.max_message_size + codec.FIXED_LEN + codec.MAX_TOPIC_LEN + codec.MAX_PROPERTIES_LEN
-    )
     if cl.files.files:
-        cl.truncate(end, max_record)
+        cl.truncate(end, _max_record(config))
     queues.truncate_to_commitlog(end)
+    if damaged:
+        holes = queues.mark_holes(damaged)
+        log.error("recovery: %d queue entries named damaged records: now holes", holes)
     if abnormal and redispatch_from < end:
         _redispatch(cl, queues, index, config, redispatch_from, end)
     queues.correct_min_offset(cl.min_offset)
+    if abnormal:  # what was rebuilt is durable before a checkpoint says so
+        queues.flush()
+        index.flush()
+
+
+def _max_record(config: StoreConfig) -> int:
+    return (
+        config.max_message_size + codec.FIXED_LEN + codec.MAX_TOPIC_LEN + codec.MAX_PROPERTIES_LEN
+    )
 
 
 def _verified_clean_end(cl: CommitLog, end: int) -> int | None:
@@ -94,33 +115,90 @@ def _verified_clean_end(cl: CommitLog, end: int) -> int | None:
     return None
 
 
-def _scan(cl: CommitLog, config: StoreConfig, start: int) -> int:
-    if not cl.files.files:
-        return 0
-    start_file = cl.files.find(start) or cl.files.files[0]
+def _scan(cl: CommitLog, config: StoreConfig, start: int) -> tuple[int, list[tuple[int, int]]]:
+    """Walk the records from the file holding ``start``: (the valid end, the damaged
+    spans set aside on the way)."""
+    files = cl.files.files
+    if not files:
+        return 0, []
+    start_file = cl.files.find(start) or files[0]
     total = cl.files.max_offset - start_file.from_offset
     began = time.monotonic()
-    last_report = [start_file.from_offset]
-
-    def progress(offset: int) -> None:
-        if offset - last_report[0] >= _PROGRESS_BYTES:
-            last_report[0] = offset
-            done = offset - start_file.from_offset
+    last_report = start_file.from_offset
+    check_crc = config.check_crc_on_recover
+    zero_run = _max_record(config) + (1 << 20)
+    directory = Path(config.store_dir) / "quarantine"
+    host = codec.host_to_bytes(config.store_host)
+    damaged: list[tuple[int, int]] = []
+    k, pos = files.index(start_file), 0
+    while True:
+        mf = files[k]
+        pos, sealed = CommitLog.scan_file(mf, check_crc, pos)
+        end = mf.from_offset + pos
+        if end - last_report >= _PROGRESS_BYTES:
+            last_report = end
+            done = end - start_file.from_offset
             log.info(
                 "recovery: scanned %d of %d MiB of commitlog (%.0f MB/s)",
                 done >> 20,
                 total >> 20,
                 done / 1e6 / max(time.monotonic() - began, 1e-9),
             )
-
-    end = cl.scan(start_file, config.check_crc_on_recover, progress=progress)
+        if sealed:
+            if k + 1 == len(files):
+                end = mf.from_offset + mf.file_size
+                break
+            k, pos = k + 1, 0
+            continue
+        # the chain breaks at pos: the log's end, or damage with good records after it
+        why = codec.stored_record_fault(mf.buffer, pos, end, mf.file_size, check_crc)
+        valid = quarantine.next_valid(mf, pos + 1, check_crc, zero_run)
+        while valid is not None and valid - pos < quarantine.MIN_FILLER and not _blank(mf, valid):
+            valid = quarantine.next_valid(mf, valid + 1, check_crc, zero_run)  # too short
+        if valid is not None and not _blank(mf, valid):
+            saved = quarantine.replace_span(mf, pos, valid, directory, host)
+            _report(mf, pos, valid, why, saved)
+            damaged.append((end, mf.from_offset + valid))
+            pos = valid
+            continue
+        later = k + 1 < len(files) and (
+            quarantine.next_valid(files[k + 1], 0, check_crc, zero_run) is not None
+        )
+        if valid is not None or later:  # damage up to the file's end, records after it
+            saved = quarantine.seal_at(mf, pos, directory, zero_run)
+            _report(mf, pos, mf.file_size, why, saved)
+            damaged.append((end, mf.from_offset + mf.file_size))
+            if k + 1 == len(files):
+                end = mf.from_offset + mf.file_size
+                break
+            k, pos = k + 1, 0
+            continue
+        if why is not None and not why.startswith("MAGIC=0x0"):
+            log.warning("%s: the commitlog ends at %d: %s", mf.path.name, end, why)
+        break
     log.info(
         "recovery: commitlog valid up to %d (scanned from %d in %.2fs)",
         end,
         start_file.from_offset,
         time.monotonic() - began,
     )
-    return end
+    return end, damaged
+
+
+def _blank(mf: MappedFile, pos: int) -> bool:
+    return bool(_SIZE_MAGIC.unpack_from(mf.buffer, pos)[1] == codec.BLANK_MAGIC)
+
+
+def _report(mf: MappedFile, pos: int, stop: int, why: str | None, saved: Path | None) -> None:
+    base = mf.from_offset
+    log.error(
+        "recovery: commitlog bytes [%d, %d) are damaged (%s): set aside in %s; "
+        "the records after them are kept",
+        base + pos,
+        base + stop,
+        why or "zeros",
+        saved if saved is not None else "nowhere (they were zeros)",
+    )
 
 
 class _Dispatcher:
@@ -161,11 +239,16 @@ class _Dispatcher:
         if self.count % self.CHUNK == 0:
             self.flush()
 
+    def add_entry_only(self, topic: str, queue_id: int, qoff: int, phys: int, size: int) -> None:
+        """A queue entry (no tag, no keys) for a record whose properties do not decode."""
+        self.queues[(topic, queue_id)].append((qoff, phys, size, 0))
+        self.count += 1
+
     def flush(self) -> None:
         for (topic, qid), rows in self.queues.items():
             arr = np.array(rows, dtype=np.int64)
-            self.consume_queues.find_or_create(topic, qid).append(
-                int(arr[0, 0]), arr[:, 1], arr[:, 2], arr[:, 3]
+            self.consume_queues.find_or_create(topic, qid).append_dispatched(
+                arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3]
             )
         self.queues.clear()
         if self.keys and self.config.message_index_enable:
@@ -217,12 +300,27 @@ def _redispatch(
         size, magic, _crc, qid, _flag, qoff = _PREFIX.unpack_from(buf, rel)
         body_len = int.from_bytes(buf[rel + codec.OFF_BODYLEN : rel + codec.HEADER.size], "big")
         t = rel + codec.HEADER.size + body_len
-        topic = buf[t + 1 : t + 1 + buf[t]].decode("ascii")
+        topic = buf[t + 1 : t + 1 + buf[t]].decode("ascii", "replace")
+        if topic == quarantine.QUARANTINE_TOPIC:  # damaged bytes set aside: no entries
+            pos += size
+            continue
+        if not codec.TOPIC_RE.fullmatch(topic) or qid < 0:
+            log.error(
+                "recovery: record at %d names topic %r queue %d: not dispatched", pos, topic, qid
+            )
+            pos += size
+            continue
         need_cq = qoff >= cq_max.get((topic, qid), 0)
         need_index = pos > index_end
         if need_cq or need_index:
-            m, _ = codec.decode_record(buf, rel, check_crc=False)  # type: ignore[arg-type]
-            dispatcher.add(m, need_cq, need_index)
+            try:
+                m, _ = codec.decode_record(buf, rel, check_crc=False)  # type: ignore[arg-type]
+            except StoreCorruptedError as exc:  # properties the body CRC does not cover
+                log.error("recovery: record at %d: %s: queued without tags or keys", pos, exc)
+                if need_cq:
+                    dispatcher.add_entry_only(topic, qid, qoff, pos, size)
+            else:
+                dispatcher.add(m, need_cq, need_index)
             if need_cq:
                 cq_max[(topic, qid)] = qoff + 1
         else:

@@ -36,6 +36,7 @@ from .config import StoreConfig
 from .consume_queue_store import ConsumeQueueStore
 from .errors import OffsetOutOfRangeError, StoreCorruptedError
 from .index_file import IndexService
+from .quarantine import QUARANTINE_TOPIC
 from .schedule import SCHEDULE_TOPIC
 
 log = logging.getLogger("raymq.storage.replica")
@@ -166,6 +167,9 @@ def dispatch(
             topic = topics.get(raw_topic)
             if topic is None:
                 topic = topics[raw_topic] = raw_topic.decode("utf-8")
+            if topic == QUARANTINE_TOPIC:  # damaged bytes the master set aside: no entries
+                rel += size
+                continue
             prop_len = (buf[p] << 8) | buf[p + 1]
             tags = key_list = uniq = delay = None
             if prop_len:
@@ -194,7 +198,9 @@ def dispatch(
             break  # waiting for the rest of this file (or of a record)
     for (topic, qid), queue_rows in rows.items():
         arr = np.array(queue_rows, dtype=np.int64)
-        queues.find_or_create(topic, qid).append(int(arr[0, 0]), arr[:, 1], arr[:, 2], arr[:, 3])
+        queues.find_or_create(topic, qid).append_dispatched(
+            arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3]
+        )
     if keys and config.message_index_enable:
         hashes = np.abs(codec.java_hashes(keys).astype(np.int64))
         hashes[hashes > 0x7FFFFFFF] = 0

@@ -151,6 +151,9 @@ class ScheduleMessageService(ServiceThread):
                 continue
             offset = max(self.offsets.get(level, 0), cq.min_offset)
             while (entry := cq.entry(offset)) is not None:
+                if entry[1] == 0:  # a hole: its record was damaged and set aside
+                    offset += 1
+                    continue
                 m = self.store.commitlog.message_at(entry[0])
                 uk = m.properties.get(codec.PROP_UNIQ_KEY)
                 real = m.properties.get(codec.PROP_REAL_TOPIC)
@@ -173,7 +176,10 @@ class ScheduleMessageService(ServiceThread):
                 self.offsets[level] = offset
                 changed = True
         if changed:
-            self._persist()
+            try:
+                self._persist()
+            except OSError as exc:  # a full disk: found again at the next start
+                log.warning("could not record the delivered offsets: %s", exc)
 
     def run_once(self) -> int:
         """Deliver every due message; return how many were delivered."""
@@ -194,16 +200,16 @@ class ScheduleMessageService(ServiceThread):
             count = len(due) if due.all() else int(np.argmin(due))
             if count == 0:
                 break
-            data = self.store.commitlog.read_runs(
-                entries["offset"][:count], entries["size"][:count]
-            )
+            due_entries = entries[:count][entries["size"][:count] > 0]  # holes: nothing to send
+            data = self.store.commitlog.read_runs(due_entries["offset"], due_entries["size"])
             originals = codec.decode_records(data, check_crc=False)
-            batch = codec.encode_batch(
-                [restore(m) for m in originals],
-                max_message_size=self.store.config.max_message_size,
-                born=born_of(originals),
-            )
-            self.store._put_encoded(batch)
+            if originals:
+                batch = codec.encode_batch(
+                    [restore(m) for m in originals],
+                    max_message_size=self.store.config.max_message_size,
+                    born=born_of(originals),
+                )
+                self.store._put_encoded(batch)
             offset += count
             delivered += count
             self.offsets[level] = offset

@@ -1,9 +1,10 @@
 """The store's background services: each a small thread with one loop.
 
-``FlushRealTimeService`` (ASYNC_FLUSH), ``FlushConsumeQueueService``
-(ConsumeQueues, index, checkpoint) and ``CleanCommitLogService`` (expiry), as
-RocketMQ names them. Each logs failures and keeps going; none holds the put
-lock for longer than it takes to read an offset.
+``GroupCommitService`` (SYNC_FLUSH), ``FlushRealTimeService`` (ASYNC_FLUSH),
+``FlushConsumeQueueService`` (ConsumeQueues, index, checkpoint) and
+``CleanCommitLogService`` (expiry), as RocketMQ names them. Each logs failures
+and keeps going; none holds the put lock for longer than it takes to read an
+offset.
 
 They take the store as :class:`ServicedStore`, the part of it they use, so this
 module sits below the facade that starts them.
@@ -21,6 +22,9 @@ from .config import StoreConfig
 
 log = logging.getLogger("raymq.storage.services")
 
+_MIN_GATHER_S = 0.001
+_MAX_GATHER_S = 0.01
+
 
 class ServicedStore(Protocol):
     """What the services use of a store (``MessageStore`` has it)."""
@@ -31,7 +35,7 @@ class ServicedStore(Protocol):
     @property
     def commitlog(self) -> CommitLog: ...
 
-    def checkpoint_now(self) -> None: ...
+    def checkpoint_now(self, least_pages: int = 0) -> None: ...
 
     def clean_expired_files(self) -> int: ...
 
@@ -74,6 +78,70 @@ class ServiceThread:
         raise NotImplementedError
 
 
+class GroupCommitService(ServiceThread):
+    """SYNC_FLUSH: one thread flushes the CommitLog for every put waiting on it.
+
+    A put appends, then waits (:meth:`wait`) for a flush to cover its end. Each
+    flush syncs everything written when it starts, so it serves every put that
+    appended before it. Before a flush the thread lets the puts the last flush
+    released append again: it waits until as many puts wait as waited when the
+    last flush ended (the writers under the current load), or for the last flush's
+    duration (1 to 10 ms), whichever comes first. Under sustained load one flush
+    then serves every writer, not the few that were quick to come back (RocketMQ's
+    ``GroupCommitService`` swaps request lists, which batches as well only while an
+    fsync is much slower than a put).
+    """
+
+    name = "group-commit"
+
+    def __init__(self, commitlog: CommitLog) -> None:
+        super().__init__(0.01)
+        self.commitlog = commitlog
+        self._waiters = threading.Condition()
+        self._pending: list[int] = []  # end offsets of the puts waiting, not yet flushed
+        self._writers = 1  # puts that wait at once under the current load
+        self._last_flush_s = 0.0
+
+    def wait(self, offset: int, timeout_s: float | None) -> bool:
+        """Wait until the CommitLog is durable up to ``offset``; False when ``timeout_s``
+        ran out first (the flush goes on)."""
+        cl = self.commitlog
+        if cl.flushed_offset >= offset:
+            return True
+        with self._waiters:
+            self._pending.append(offset)
+            self._waiters.notify_all()
+        self.wakeup()
+        if cl.wait_flushed(offset, timeout_s):
+            return True
+        with self._waiters:
+            if offset in self._pending:
+                self._pending.remove(offset)
+        return False
+
+    def run_once(self) -> None:
+        cl = self.commitlog
+        if cl.flushed_offset >= cl.max_offset:
+            return
+        # gather: while puts keep coming (one at least every gap), until every writer
+        # waits; never longer than a few times the last flush took (1 to 10 ms)
+        gap_s = max(self._last_flush_s, _MIN_GATHER_S)
+        deadline = time.monotonic() + min(gap_s * 4, _MAX_GATHER_S)
+        with self._waiters:
+            while len(self._pending) < self._writers:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._waiters.wait(min(gap_s, left)):
+                    self._writers = max(len(self._pending), 1)  # fewer writers now
+                    break
+        started = time.perf_counter()
+        flushed = cl.flush()
+        self._last_flush_s = time.perf_counter() - started
+        with self._waiters:  # the puts served, and those that came meanwhile: the writers
+            waiting = len(self._pending)
+            self._pending = [o for o in self._pending if o > flushed]
+            self._writers = max(waiting, self._writers, 1)
+
+
 class FlushRealTimeService(ServiceThread):
     """ASYNC_FLUSH: flush the CommitLog every interval once enough pages are dirty,
     and everything at least every thorough interval."""
@@ -98,7 +166,9 @@ class FlushRealTimeService(ServiceThread):
 
 
 class FlushConsumeQueueService(ServiceThread):
-    """Flush ConsumeQueues and the index, then record the checkpoint."""
+    """Flush ConsumeQueues and the index, then record the checkpoint: every interval the
+    queues with at least ``flush_consume_queue_least_pages`` dirty pages, every queue at
+    least every ``flush_consume_queue_thorough_interval_ms`` (RocketMQ's)."""
 
     name = "flush-consumequeue"
 
@@ -106,9 +176,16 @@ class FlushConsumeQueueService(ServiceThread):
         cfg = store.config
         super().__init__(cfg.flush_interval_consume_queue_ms / 1000)
         self.store = store
+        self.least_pages = cfg.flush_consume_queue_least_pages
+        self.thorough_s = cfg.flush_consume_queue_thorough_interval_ms / 1000
+        self._last_thorough = time.monotonic()
 
     def run_once(self) -> None:
-        self.store.checkpoint_now()
+        now = time.monotonic()
+        thorough = now - self._last_thorough >= self.thorough_s
+        self.store.checkpoint_now(0 if thorough else self.least_pages)
+        if thorough:
+            self._last_thorough = now
 
 
 class CleanCommitLogService(ServiceThread):

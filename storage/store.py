@@ -9,7 +9,11 @@ Invariants kept here:
 * under SYNC_FLUSH a put returns only after its bytes were fsynced (puts that
   race share one fsync);
 * after recovery no ConsumeQueue entry points past the CommitLog's end and
-  every record in the CommitLog has its ConsumeQueue entry.
+  every record in the CommitLog has its ConsumeQueue entry;
+* a put that cannot get disk space (over ``disk_space_warning_level_ratio``, or
+  a file that cannot be allocated) raises ``DiskFullError`` having written
+  nothing: the files a put needs are allocated before its first byte is written.
+  Reads never need space: a store on a full disk opens and serves what it holds.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from .config_files import JsonConfigFile
 from .consume_queue import ConsumeQueue
 from .consume_queue_store import ConsumeQueueStore
 from .errors import (
+    DiskFullError,
     InvalidMessageError,
     OffsetOutOfRangeError,
     StoreClosedError,
@@ -42,6 +47,7 @@ from .errors import (
 )
 from .index_file import IndexService
 from .message import GetResult, GetStatus, Message, MessageExt, PutResult, PutStatus, RawGetResult
+from .quarantine import QUARANTINE_TOPIC
 from .recovery import recover
 from .schedule import (
     SCHEDULE_TOPIC,
@@ -50,12 +56,18 @@ from .schedule import (
     born_of,
     to_schedule,
 )
-from .services import CleanCommitLogService, FlushConsumeQueueService, FlushRealTimeService
+from .services import (
+    CleanCommitLogService,
+    FlushConsumeQueueService,
+    FlushRealTimeService,
+    GroupCommitService,
+)
 from .subscription import matches, parse_subscription, tag_codes
 
 log = logging.getLogger("raymq.storage.store")
 
 DispatchListener = Callable[[str, int, int], None]
+_DISK_CHECK_S = 0.1  # while writes are taken, the disk's use is looked at this often
 MAX_SCAN_ENTRIES = 800  # ConsumeQueue entries one filtered pull may look at
 
 
@@ -114,8 +126,8 @@ class PutBatchResult:
 class MessageStore:
     """A RocketMQ-style message store in one directory of the local disk.
 
-    ``clock`` (seconds, like ``time.time``) stamps messages and drives expiry;
-    ``disk_usage`` returns the used ratio of the store's disk. Both are
+    ``clock`` (seconds, like ``time.time``) stamps messages, drives expiry and paces
+    the disk checks; ``disk_usage`` returns the used ratio of the store's disk. Both are
     injectable for tests; the defaults are the real ones.
     """
 
@@ -141,6 +153,10 @@ class MessageStore:
         )
         self._closed = False
         self._dispatched = 0  # commitlog offset below which every record is dispatched
+        self._disk_ratio = 0.0  # the disk's used share, when last looked at
+        self._disk_checked = float("-inf")  # when, by ``clock``
+        self._over_warning_level = False
+        self._allocation_failed = False  # the last put found no room for a file
         self._services: list = []
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock_fd = self._acquire_lock()
@@ -174,6 +190,11 @@ class MessageStore:
         except BaseException:
             self._release_files()
             raise
+        # part of the put path, not upkeep: runs whether or not the services do
+        self._group_commit: GroupCommitService | None = None
+        if config.sync_flush:
+            self._group_commit = GroupCommitService(self.commitlog)
+            self._group_commit.start()
         self.schedule = ScheduleMessageService(self)
         if start_services:
             self._services.append(self.schedule)
@@ -218,6 +239,8 @@ class MessageStore:
             return
         for service in self._services:
             service.stop()
+        if self._group_commit is not None:
+            self._group_commit.stop()  # the flush below serves whoever still waits
         with self._put_lock:
             self._closed = True
             end = self.commitlog.max_offset
@@ -232,6 +255,9 @@ class MessageStore:
         log.info("store %s closed cleanly at commitlog offset %d", self.root, end)
 
     def _release_files(self) -> None:
+        group_commit = getattr(self, "_group_commit", None)
+        if group_commit is not None:
+            group_commit.stop()
         self.commitlog.close()
         self._cqs.close()
         self.index.close()
@@ -308,6 +334,8 @@ class MessageStore:
         for topic in batch.topics:
             if topic == SCHEDULE_TOPIC:
                 raise InvalidMessageError(f"topic={topic!r} is reserved for delayed messages")
+            if topic == QUARANTINE_TOPIC:
+                raise InvalidMessageError(f"topic={topic!r} is reserved for damaged records")
         if batch.delay_levels is not None and batch.delay_levels.any():
             batch = self._to_schedule(batch)
         return self._put_encoded(batch)
@@ -327,6 +355,7 @@ class MessageStore:
         )
 
     def _put_encoded(self, batch: codec.EncodedBatch) -> PutBatchResult:
+        self._refuse_if_disk_full()
         n = len(batch)
         uniform = batch.uniform
         tag_codes = batch.tag_codes
@@ -361,14 +390,23 @@ class MessageStore:
                 for base, (_, members) in zip(bases, groups):
                     assert members is not None  # set for every group of a mixed batch
                     queue_offsets[members] = base + np.arange(len(members), dtype=np.int64)
-            phys = self.commitlog.append(
-                batch.data,
-                batch.sizes,
-                batch.queue_ids,
-                queue_offsets,
-                store_ts,
-                self._store_host,
-            )
+            try:  # every file this put needs, then the bytes
+                for base, ((topic, qid), members) in zip(bases, groups):
+                    self._cq(topic, qid).reserve(base, n if members is None else len(members))
+                phys = self.commitlog.append(
+                    batch.data,
+                    batch.sizes,
+                    batch.queue_ids,
+                    queue_offsets,
+                    store_ts,
+                    self._store_host,
+                )
+            except DiskFullError as exc:
+                if not self._allocation_failed:
+                    log.error("store %s: refusing writes: %s", self.root, exc)
+                self._allocation_failed = True
+                raise
+            self._allocation_failed = False
             for base, ((topic, qid), members) in zip(bases, groups):
                 if members is None:
                     self._cq(topic, qid).append(base, phys, batch.sizes, tag_codes)
@@ -384,10 +422,11 @@ class MessageStore:
             end = self._dispatched = self.commitlog.max_offset
             notes = [(topic, qid, self._cqs[(topic, qid)].max_offset) for (topic, qid), _ in groups]
         self._notify(notes)
-        if self.config.sync_flush:
-            self.commitlog.flush_until(end)
+        status = PutStatus.PUT_OK
+        if self.config.sync_flush and not self._wait_durable(end):
+            status = PutStatus.FLUSH_DISK_TIMEOUT
         return PutBatchResult(
-            PutStatus.PUT_OK,
+            status,
             batch.topics,
             batch.topic_idx,
             batch.queue_ids,
@@ -396,6 +435,68 @@ class MessageStore:
             batch.uniq_keys,
             self.config.store_host,
         )
+
+    # ------------------------------------------------------------ disk space
+    def _refuse_if_disk_full(self) -> None:
+        """Raise ``DiskFullError`` while the disk is used over
+        ``disk_space_warning_level_ratio`` (RocketMQ's diskSpaceWarningLevelRatio)."""
+        self._look_at_disk()
+        if self._over_warning_level:
+            limit = self.config.disk_space_warning_level_ratio
+            raise DiskFullError(
+                f"store {self.root}: disk_used_ratio={self._disk_ratio:.3f} is over "
+                f"disk_space_warning_level_ratio={limit}: writes are refused until it is below"
+            )
+
+    def _look_at_disk(self) -> None:
+        """Measure the disk's use: at most every 100 ms while writes are taken, at every
+        call once they are not (so they resume at the first put after room is made)."""
+        now = self._clock()
+        if not self.disk_full and abs(now - self._disk_checked) < _DISK_CHECK_S:
+            return
+        self._disk_checked = now
+        ratio = self._disk_ratio = self._disk_usage()
+        limit = self.config.disk_space_warning_level_ratio
+        over = ratio > limit
+        if over != self._over_warning_level:
+            self._over_warning_level = over
+            if over:
+                log.error(
+                    "store %s: disk %.1f%% used, over disk_space_warning_level_ratio=%.2f: "
+                    "refusing writes until it is below",
+                    self.root,
+                    100 * ratio,
+                    limit,
+                )
+            else:
+                log.warning(
+                    "store %s: disk %.1f%% used, below disk_space_warning_level_ratio=%.2f: "
+                    "taking writes again",
+                    self.root,
+                    100 * ratio,
+                    limit,
+                )
+
+    @property
+    def disk_full(self) -> bool:
+        """Whether writes are refused for want of disk space (reads go on)."""
+        return self._over_warning_level or self._allocation_failed
+
+    def _wait_durable(self, end: int) -> bool:
+        """SYNC_FLUSH: wait for the group commit to flush up to ``end``, at most
+        ``sync_flush_timeout_ms``; False when it did not (RocketMQ's FLUSH_DISK_TIMEOUT:
+        the message is stored and will be flushed, but not yet)."""
+        assert self._group_commit is not None
+        timeout_ms = self.config.sync_flush_timeout_ms
+        if self._group_commit.wait(end, timeout_ms / 1000):
+            return True
+        log.warning(
+            "commitlog not flushed up to %d within sync_flush_timeout_ms=%d: FLUSH_DISK_TIMEOUT "
+            "(stored; the flush goes on)",
+            end,
+            timeout_ms,
+        )
+        return False
 
     def _notify(self, notes: list[tuple[str, int, int]]) -> None:
         for listener in self._listeners:
@@ -493,7 +594,7 @@ class MessageStore:
         if not len(entries):
             return RawGetResult(GetStatus.OFFSET_FOUND_NULL, b"", 0, offset, min_off, max_off)
         phys = entries["offset"].astype(np.int64)
-        keep = phys >= self.commitlog.min_offset
+        keep = (phys >= self.commitlog.min_offset) & (entries["size"] > 0)  # not holes
         if subscribed is not None:
             keep &= np.isin(entries["tag"], tag_codes(subscribed))
         picked = np.flatnonzero(keep)[:max_count]
@@ -561,7 +662,7 @@ class MessageStore:
         while lo < hi:
             mid = (lo + hi) // 2
             entry = cq.entry(mid)
-            if entry is None or entry[0] < self.commitlog.min_offset:
+            if entry is None or entry[0] < self.commitlog.min_offset or entry[1] == 0:
                 lo = mid + 1
                 continue
             if self.commitlog.store_timestamp_at(entry[0]) < timestamp_ms:
@@ -630,14 +731,18 @@ class MessageStore:
         self.commitlog.flush()
         self.checkpoint_now()
 
-    def checkpoint_now(self) -> None:
+    def checkpoint_now(self, least_pages: int = 0) -> None:
+        """Flush the ConsumeQueues (those with at least ``least_pages`` dirty pages; 0:
+        all) and the index, then record how far both are durable."""
         with self._put_lock:
             if self._closed:
                 return
             logics = self.commitlog.max_offset
             cqs = list(self._cqs.values())
         for cq in cqs:
-            cq.flush()
+            pending = cq.flush(least_pages)
+            if pending is not None:  # entries from there on may not survive a crash yet
+                logics = min(logics, pending)
         self.index.flush()
         now = int(self._clock() * 1000)
         with self._put_lock:
@@ -700,6 +805,22 @@ class MessageStore:
     @property
     def store_host(self) -> str:
         return self.config.store_host
+
+    def stats(self) -> dict[str, int | float | bool]:
+        """What a broker shows of its store: CommitLog offsets, flushes since open, and
+        its disk (``disk_full``: writes refused for want of space)."""
+        cl = self.commitlog
+        self._look_at_disk()
+        return {
+            "commitlog_min_offset": cl.min_offset,
+            "commitlog_max_offset": cl.max_offset,
+            "commitlog_flushed_offset": cl.flushed_offset,
+            "commitlog_flushes": cl.flush_count,
+            "dispatched_offset": self._dispatched,
+            "queues": len(self._cqs),
+            "disk_used_ratio": round(self._disk_ratio, 4),
+            "disk_full": self.disk_full,
+        }
 
     def now_ms(self) -> int:
         """The store's clock (``clock`` given at open) in milliseconds."""

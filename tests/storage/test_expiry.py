@@ -69,6 +69,7 @@ def test_disk_pressure_deletes_at_once_whatever_the_age(tmp_path: Path, make_con
         delete_when=f"{(HOUR + 3) % 24:02d}",
         disk_max_used_ratio=0.75,
         delete_files_batch_max=100,
+        disk_space_warning_level_ratio=1.0,  # writes go on at 95% here: expiry is tested
     )
     usage = [0.95]
 

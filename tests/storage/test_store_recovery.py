@@ -124,7 +124,9 @@ def test_torn_tail_record_is_never_served(tmp_path: Path, make_config) -> None:
         assert r.commitlog_offset == end and r.queue_offset == counts[0]
 
 
-def test_flipped_byte_drops_that_record_and_what_follows(tmp_path: Path, make_config) -> None:
+def test_a_flipped_byte_sets_that_record_aside_and_keeps_what_follows(
+    tmp_path: Path, make_config, caplog: pytest.LogCaptureFixture
+) -> None:
     cfg = make_config(tmp_path / "s", flush_disk_type="SYNC_FLUSH")
     acked = run_and_kill(cfg, 700)
     acked.sort(key=lambda row: row[2])
@@ -133,17 +135,22 @@ def test_flipped_byte_drops_that_record_and_what_follows(tmp_path: Path, make_co
     victim = in_last[len(in_last) // 2]
     path = tmp_path / "s" / "commitlog" / f"{last_file_start:020d}"
     raw = bytearray(path.read_bytes())
-    raw[victim[2] - last_file_start + codec.HEADER.size] ^= 0x55  # first body byte
+    at = victim[2] - last_file_start
+    size = int.from_bytes(raw[at : at + 4], "big")
+    damaged = bytes(raw[at : at + size])
+    raw[at + codec.HEADER.size] ^= 0x55  # first body byte
     path.write_bytes(bytes(raw))
-    kept = [row for row in acked if row[2] < victim[2]]
-    with MessageStore(cfg) as store:
-        assert store.commitlog.max_offset == victim[2]
-        check_all_acked(store, kept)
-        for _uniq, _oid, _phys, qid, qoff in (row for row in acked if row[2] >= victim[2]):
-            assert store.max_offset("Crash", qid) <= qoff
-        assert (
-            store.get("g", "Crash", victim[3], victim[4], 1).status is GetStatus.OFFSET_OVERFLOW_ONE
-        )
+    with caplog.at_level("ERROR", logger="raymq.storage"), MessageStore(cfg) as store:
+        check_all_acked(store, [row for row in acked if row != victim])
+        got = store.get("g", "Crash", victim[3], victim[4], 1)
+        assert got.status is GetStatus.NO_MATCHED_MESSAGE and got.next_offset == victim[4] + 1
+        original = codec.decode_record(damaged)[0]
+        assert original.msg_id == victim[0]
+        assert store.query_by_key("Crash", original.keys[0]) == []
+    saved = tmp_path / "s" / "quarantine" / f"{victim[2]:020d}.damaged"
+    assert saved.read_bytes()[codec.HEADER.size + 1 :] == damaged[codec.HEADER.size + 1 :]
+    assert f"[{victim[2]}, {victim[2] + size}) are damaged (BODYCRC=" in caplog.text
+    assert str(saved) in caplog.text
 
 
 def test_queues_and_index_are_rebuilt_from_the_commitlog(tmp_path: Path, make_config) -> None:

@@ -55,12 +55,13 @@ def test_bad_config_is_refused(tmp_path: Path) -> None:
         StoreConfig(str(tmp_path), store_host="localhost")
 
 
-def test_reserved_topic_is_refused(tmp_path: Path, make_config) -> None:
+@pytest.mark.parametrize("topic", ["SCHEDULE_TOPIC_XXXX", "RMQ_SYS_QUARANTINE"])
+def test_reserved_topic_is_refused(tmp_path: Path, make_config, topic: str) -> None:
     with (
         MessageStore(make_config(tmp_path / "s"), start_services=False) as store,
         pytest.raises(InvalidMessageError, match="reserved"),
     ):
-        store.put(Message("SCHEDULE_TOPIC_XXXX", b"x"))
+        store.put(Message(topic, b"x"))
 
 
 def test_corrupt_file_names_give_a_clear_error(tmp_path: Path, make_config) -> None:

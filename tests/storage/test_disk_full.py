@@ -1,0 +1,111 @@
+"""A full disk: writes are refused with a clear error and resume once there is room;
+nothing is left half-allocated; a store on a full disk opens and serves all it holds.
+
+RocketMQ refuses writes over ``diskSpaceWarningLevelRatio`` (0.90). Here the issue
+was worse: a raw ``OSError``, a 0-byte CommitLog file left by the failed allocation,
+and a store that then never opened again (``posix_fallocate`` on that file, ENOSPC).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from storage import DiskFullError, GetStatus, Message, MessageStore, PutResult
+from storage.mapped_file import offset_to_name
+
+
+def test_writes_are_refused_over_the_warning_level_and_resume_below_it(
+    tmp_path: Path, make_config
+) -> None:
+    usage, now = [0.5], [1_000.0]
+    cfg = make_config(tmp_path / "s")  # disk_space_warning_level_ratio: 0.90
+    with MessageStore(
+        cfg, disk_usage=lambda: usage[0], clock=lambda: now[0], start_services=False
+    ) as store:
+        first = store.put(Message("D", b"before"))
+        usage[0] = 0.93
+        now[0] += 1  # past the 100 ms between two looks at the disk
+        with pytest.raises(
+            DiskFullError,
+            match=r"disk_used_ratio=0\.930 is over "
+            r"disk_space_warning_level_ratio=0\.9",
+        ):
+            store.put(Message("D", b"refused"))
+        assert store.disk_full and store.stats()["disk_full"] is True
+        assert store.stats()["disk_used_ratio"] == 0.93
+        assert store.max_offset("D", 0) == 1  # nothing of it written
+        assert store.get("g", "D", 0, 0, 8).messages[0].msg_id == first.msg_id  # reads go on
+        usage[0] = 0.89  # room again: the next put looks at once
+        assert store.put(Message("D", b"after")).queue_offset == 1
+        assert not store.disk_full
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """An 8 MiB tmpfs, unmounted afterwards (skipped where mounting is not allowed)."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(where)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def files_of(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
+
+
+def test_a_full_disk_refuses_writes_leaves_no_partial_file_and_the_store_reopens(
+    small_disk: Path, make_config
+) -> None:
+    ballast = small_disk / "ballast"
+    ballast.write_bytes(bytes(3 << 20))  # someone else's 3 MiB on the same disk
+    cfg = make_config(
+        small_disk / "store",
+        commitlog_file_size=1 << 20,
+        max_message_size=200_000,
+        consume_queue_file_entries=64,
+        index_hash_slots=97,
+        index_max_entries=400,
+    )
+    acked: list[PutResult] = []
+    with MessageStore(cfg) as store, pytest.raises(DiskFullError) as refused:
+        for i in range(200):
+            acked.append(store.put(Message("Full", os.urandom(100_000), keys=[f"k{i}"])))
+    assert 20 < len(acked) < 60
+    assert "disk" in str(refused.value)  # over the warning level, or no room for a file
+    # every file is whole: no short, empty or half-allocated (.tmp) file
+    sizes = files_of(small_disk / "store")
+    assert not [name for name in sizes if name.endswith(".tmp")]
+    assert {s for n, s in sizes.items() if n.startswith("commitlog/")} == {1 << 20}
+
+    # an older version left the next CommitLog file at 0 bytes when its allocation failed
+    last = max(int(n.split("/")[1]) for n in sizes if n.startswith("commitlog/"))
+    (small_disk / "store" / "commitlog" / offset_to_name(last + (1 << 20))).touch()
+    with MessageStore(cfg) as store:  # on the full disk: opens, serves every message
+        for r in acked:
+            got = store.get("g", "Full", 0, r.queue_offset, 1)
+            assert got.status is GetStatus.FOUND and got.messages[0].msg_id == r.msg_id
+            assert [m.msg_id for m in store.query_by_key("Full", f"k{r.queue_offset}")] == [
+                r.msg_id
+            ]
+        with pytest.raises(DiskFullError):
+            store.put(Message("Full", os.urandom(100_000)))
+        assert store.stats()["disk_full"] is True  # what a broker's status shows
+        assert store.max_offset("Full", 0) == len(acked)
+        ballast.unlink()  # room again: writes resume
+        r = store.put(Message("Full", os.urandom(100_000)))
+        assert r.queue_offset == len(acked) and not store.disk_full
+    sizes = files_of(small_disk / "store")
+    assert {s for n, s in sizes.items() if n.startswith("commitlog/")} == {1 << 20}
