@@ -4,6 +4,7 @@ a cluster stops and starts again on the same stores."""
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -13,8 +14,10 @@ import pytest
 import ray
 from raymq_testkit import unique_namespace, wait_until
 
-from actors import PullStatus
-from storage import Message
+from actors import BrokerSpec, PullStatus
+from actors.protocol.wire import SendAck
+from storage import Message, encode_batch
+from storage.errors import DiskFullError, InvalidMessageError
 
 
 def route_brokers(cluster: Any, topic: str) -> list[str]:
@@ -203,3 +206,98 @@ def test_offsets_and_messages_survive_a_clean_restart(make_cluster: Any, tmp_pat
     assert consumer.fetch_offsets("Keep") == committed
     assert sum(consumer.max_offset(q) for q in queues) == 100
     assert not ray.get(again.broker("broker-a").status.remote())["abnormal_start"]
+
+
+def test_a_bad_record_from_one_client_costs_nobody_a_message_at_the_next_crash(
+    make_cluster: Any,
+) -> None:
+    cluster = make_cluster(
+        nameservers=1,
+        brokers=1,
+        topics=["OneBad"],
+        broker_options={"store": {"flush_disk_type": "SYNC_FLUSH"}},
+    )
+    broker = cluster.broker("broker-a")
+    before = ray.get(broker.status.remote())
+    batch = encode_batch([Message("OneBad", b"fine"), Message("OneBad", b"flipped")])
+    blob = bytearray(batch.to_bytes())
+    second = len(blob) - len(batch.data) + int(batch.sizes[0])  # the second record
+    blob[second + 8] ^= 0x01  # one bit of its BODYCRC, as a buggy client or a bad link
+    with pytest.raises(InvalidMessageError, match="record 1"):
+        ray.get(broker.send.remote(bytes(blob)))
+    assert ray.get(broker.status.remote())["put_msgs"] == before["put_msgs"]  # nothing of it
+
+    producer = cluster.producer("p-one-bad")
+    acked = [producer.send(Message("OneBad", b"good-%d" % i)).msg_id for i in range(50)]
+    ray.kill(broker, no_restart=False)  # SIGKILL: the next start recovers from the abort file
+    wait_until(
+        lambda: incarnation(broker) not in (None, before["incarnation"]),
+        timeout_s=60,
+        what="broker-a restarted",
+    )
+    assert ray.get(broker.status.remote())["abnormal_start"]
+    assert sorted(all_msg_ids(cluster.pull_consumer("g-one-bad"), "OneBad")) == sorted(acked)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Any:
+    """A 16 MiB tmpfs for one broker's store, unmounted afterwards (the test skips only
+    where this machine forbids mounting one: not root, no CAP_SYS_ADMIN)."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(where)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_a_broker_on_a_full_disk_refuses_writes_clearly_restarts_and_serves_every_message(
+    make_cluster: Any, small_disk: Path
+) -> None:
+    small = {"commitlog_file_size": 1 << 20, "max_message_size": 512 << 10}
+    small |= {"consume_queue_file_entries": 5000}
+    small |= {"index_hash_slots": 1009, "index_max_entries": 8000}
+    cluster = make_cluster(
+        nameservers=1,
+        brokers=[BrokerSpec("broker-a", store_dir=str(small_disk / "a")), "broker-b"],
+        topics=["Full"],
+        broker_options={"store": {"flush_disk_type": "SYNC_FLUSH", **small}},
+    )
+    a = cluster.broker("broker-a")
+    to_a = cluster.producer("p-full", send_latency_fault_enable=False)
+    mq = next(q for q in to_a.fetch_publish_queues("Full") if q.broker_name == "broker-a")
+    acked: list[str] = []
+    with pytest.raises(DiskFullError, match="disk"):
+        for i in range(1000):  # 100 KB each: the 16 MiB disk is over 90% well before
+            batch = encode_batch([Message("Full", b"%06d" % i + b"." * 100_000)])
+            ack = SendAck.from_wire(
+                ray.get(a.send.remote(batch.with_queue(mq.queue_id).to_bytes()))
+            )
+            acked.append(f"{mq.queue_id}:{int(ack.queue_offsets[0])}")
+    status = ray.get(a.status.remote())
+    assert status["disk_full"] and status["disk_used_ratio"] > 0.9
+    assert len(acked) > 50
+    # a producer's sends go to the broker that has room
+    others = {r.message_queue.broker_name for r in to_a.send_batch([Message("Full", b"x")] * 20)}
+    assert others == {"broker-b"}
+
+    before = ray.get(a.ping.remote())
+    ray.kill(a, no_restart=False)  # it must start again on the full disk, read-only
+    wait_until(lambda: incarnation(a) not in (None, before), timeout_s=60, what="broker-a back")
+    assert ray.get(a.status.remote())["disk_full"]
+    consumer = cluster.pull_consumer("g-full")
+    stored = []
+    offset = 0
+    while True:
+        r = consumer.pull(mq, offset, 64)
+        if r.status is not PullStatus.FOUND:
+            break
+        stored.extend(f"{mq.queue_id}:{m.queue_offset}" for m in r.messages)
+        offset = r.next_offset
+    assert stored == acked
