@@ -43,7 +43,8 @@ import ray
 from ray.exceptions import ActorDiedError, RayActorError
 
 from actors.config.coordinator import CoordinatorConfig
-from actors.coordinator.state import GroupEvent, GroupState, MemberView, StrategySpec
+from actors.coordinator.state import GroupEvent, GroupState, MemberView
+from actors.coordinator.strategies import StrategySpec
 from actors.namesrv.client import NameServerClient
 from actors.protocol.fencing import FencingToken
 from actors.protocol.names import DEFAULT_NAMESPACE, coordinator_actor_name
@@ -216,7 +217,7 @@ class GroupCoordinator:
                 f"actor_handle of {client_id}: the actor has no wait_closed() method to watch"
             )
         spec = StrategySpec(strategy, dict(strategy_options or {}))
-        self.state.check_join(spec, machine_room)
+        self.state.check_join(spec, machine_room, client_id)
         await self._ensure_ready()
         new_topics = set(topics) - set(self.state.queues)
         if new_topics:

@@ -57,6 +57,7 @@ from actors.client.push.rebalance import RebalanceService
 from actors.client.push.send_back import SendBackService
 from actors.client.push.timer import Counters, Scheduler
 from actors.config.options import with_options
+from actors.coordinator.strategies import client_id_with_room
 from actors.namesrv.client import NameServerClient
 from actors.protocol import rpc as _rpc
 from actors.protocol.names import DEFAULT_NAMESPACE
@@ -122,9 +123,11 @@ class PushConsumer:
         self.config = with_options(config or PushConsumerConfig(), options)
         self.namespace = namespace
         self.listener: Listener | None = listener
-        self.client_id = (
+        # a room in the id: the members of an uncoordinated group read each other's there
+        self.client_id = client_id_with_room(
             f"{socket.gethostname()}@{os.getpid()}@{self.config.instance_name}@"
-            f"{uuid.uuid4().hex[:8]}"
+            f"{uuid.uuid4().hex[:8]}",
+            self.config.machine_room,
         )
         self._subscriptions: dict[str, tuple[str, frozenset[str] | None]] = {}
         self.subscribe(topic, subscription)

@@ -6,10 +6,12 @@ the uncoordinated way, kept for ``coordinated=False`` and BROADCASTING.
 
 CLUSTERING, uncoordinated: every consumer of the group reads the group's member list from the
 same broker (the first live master, by name, holding the topic) and runs the
-averagely strategy over the same sorted queues and ids, so the shares are
-disjoint and cover every queue once the members agree. BROADCASTING: every
-consumer owns every queue. The group's consumers subscribe to
-``%RETRY%<group>`` too, which is rebalanced the same way.
+group's ``rebalance_strategy`` over the same sorted queues and ids, so the shares
+are disjoint and cover every queue once the members agree. The strategy is built
+as a coordinator builds it (``actors.coordinator.strategies``): the members' machine
+rooms come from their client ids, and under 'config' each consumer takes the queues
+it lists. BROADCASTING: every consumer owns every queue. The group's consumers
+subscribe to ``%RETRY%<group>`` too, which is rebalanced the same way.
 
 A queue given up is committed first, so its next owner starts where this one
 stopped; a queue taken starts at the group's committed offset, or else where
@@ -26,10 +28,19 @@ import time
 from actors.client.push.config import ConsumeFromWhere
 from actors.client.push.context import RebalanceContext
 from actors.client.push.process_queue import ProcessQueue
+from actors.coordinator.strategies import (
+    DEFAULT_ROOM,
+    MACHINE_ROOM_STRATEGIES,
+    StrategySpec,
+    build_strategy,
+    client_id_room,
+    config_shares,
+    configured_queues,
+    warn_roomless,
+)
 from actors.protocol import rpc as _rpc
 from actors.protocol.topic import is_readable, is_retry_topic
 from rebalance import MessageQueue
-from rebalance.averagely import AveragelyStrategy
 from storage.errors import TopicNotFoundError
 
 log = logging.getLogger("raymq.actors.push_consumer")
@@ -43,8 +54,11 @@ class RebalanceService:
 
     def __init__(self, consumer: RebalanceContext) -> None:
         self.c = consumer
-        self.strategy = AveragelyStrategy()
+        cfg = consumer.config
+        self.spec = StrategySpec(cfg.rebalance_strategy, dict(cfg.rebalance_options or {}))
+        self._listed = configured_queues(self.spec) if self.spec.name == "config" else frozenset()
         self._missing_warned: set[str] = set()
+        self._warned_rooms: set[str] = set()  # members and brokers named without a room
 
     def stop(self) -> None:
         """Nothing runs in the background here: the consumer's service loop drives it."""
@@ -82,6 +96,29 @@ class RebalanceService:
             log.warning("group %s: no broker listed the consumers: %s", c.group, last)
         return []
 
+    def share(self, topic: str, queues: list[MessageQueue], cids: list[str]) -> set[MessageQueue]:
+        """This consumer's queues of ``topic`` under the group's strategy."""
+        c = self.c
+        if self.spec.name == "config":
+            listed = {cid: self._listed if cid == c.client_id else frozenset() for cid in cids}
+            return set(config_shares(c.group, topic, queues, listed)[c.client_id])
+        rooms: dict[str, str | None] = {}
+        if self.spec.name in MACHINE_ROOM_STRATEGIES:
+            for cid in cids:
+                rooms[cid] = client_id_room(cid)
+                if rooms[cid] is None and cid not in self._warned_rooms:
+                    self._warned_rooms.add(cid)
+                    log.warning(
+                        "group %s: member %s names no machine room: counted in room %s",
+                        c.group,
+                        cid,
+                        DEFAULT_ROOM,
+                    )
+                rooms[cid] = rooms[cid] or DEFAULT_ROOM
+            warn_roomless(c.group, self.spec.name, queues, self._warned_rooms)
+        strategy = build_strategy(self.spec, rooms)
+        return set(strategy.allocate(c.group, c.client_id, queues, cids))
+
     # ------------------------------------------------------------ one round
     def rebalance(self) -> bool:
         """Recompute this consumer's queues; True when the assignment changed."""
@@ -104,7 +141,7 @@ class RebalanceService:
                     log.warning("group %s: topic %s has no route yet", c.group, topic)
                 queues = []
             if c.config.clustering and queues:
-                mine = set(self.strategy.allocate(c.group, c.client_id, queues, cids))
+                mine = self.share(topic, queues, cids)
             else:
                 mine = set(queues)
             changed |= self._apply(topic, mine)
