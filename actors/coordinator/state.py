@@ -22,6 +22,11 @@ Invariants:
   a fenced owner's commits are refused by the broker and the new owner's pass.
 * a queue this coordinator never assigned is fenced before its first
   assignment: after a coordinator restart its old owner is unknown.
+* an offset reset of a topic (``begin_reset`` .. ``end_reset``) fences the topic's
+  queues at a token above every token handed out before it, and assigns none of them
+  while the brokers write the new offsets; then each owner gets its queues again under
+  a newer token, so it drops what it held in memory and starts from the reset offsets,
+  and nothing it commits from before the reset can land.
 """
 
 from __future__ import annotations
@@ -50,7 +55,8 @@ log = logging.getLogger("raymq.actors.coordinator.coordinator")
 class GroupEvent(NamedTuple):
     """One line of the generation log. ``event`` is one of join, leave, dead (Ray
     reported the member's actor gone or closed), expired (silent past its session
-    timeout), routes (the queues changed), revoke, confirm, fence, assign."""
+    timeout), routes (the queues changed), revoke, confirm, fence, assign, reset (the
+    group's offsets of a topic were reset; on a queue: its owner was given it again)."""
 
     time: float  # time.monotonic() of the coordinator's host
     generation: int
@@ -64,8 +70,10 @@ class GroupEvent(NamedTuple):
 class MemberView:
     """What one member is to do: consume ``owned``, give up ``revoke`` (stop, let the
     batch in flight finish, commit with the token, then ``confirm``). Any queue it
-    holds that is in neither was fenced: drop it without committing. ``member``
-    False: the coordinator does not know this client (join again)."""
+    holds that is in neither was fenced: drop it without committing; a queue ``owned``
+    under another token than the one it holds it with was fenced too (its offset was
+    reset): drop it without committing and start it again from the committed offset.
+    ``member`` False: the coordinator does not know this client (join again)."""
 
     client_id: str
     member: bool
@@ -113,6 +121,7 @@ class GroupState:
         self.to_fence: dict[MessageQueue, str | None] = {}  # queue -> the owner fenced off
         self.fences: dict[MessageQueue, FencingToken] = {}  # every fence set, to set again
         self.assigned_once: set[MessageQueue] = set()
+        self.resetting: dict[str, FencingToken] = {}  # topic -> its reset's fence
         self._roomless_warned: set[str] = set()
         self.changed: set[str] = set()  # members whose view changed since take_changed()
         self.log: deque[GroupEvent] = deque(maxlen=log_size)
@@ -324,7 +333,7 @@ class GroupState:
                 self.to_fence[q] = owner
                 self._touch(owner)
         for q, cid in self.target.items():
-            if q in self.owners or q in self.to_fence:
+            if q in self.owners or q in self.to_fence or q.topic in self.resetting:
                 continue
             if q not in self.assigned_once:
                 self.to_fence[q] = None  # an owner from before this coordinator may live on
@@ -332,6 +341,38 @@ class GroupState:
             self.owners[q] = (cid, self.token())
             self._event("assign", q, None, cid)
             self._touch(cid)
+
+    # ------------------------------------------------------------ offset resets
+    def begin_reset(self, topic: str) -> FencingToken:
+        """A reset of ``topic``'s offsets starts: the fence to set with the new offsets,
+        above every token handed out so far. None of its queues is assigned until
+        :meth:`end_reset`."""
+        self.generation += 1
+        self._event("reset")
+        token = self.token()
+        self.resetting[topic] = token
+        return token
+
+    def end_reset(self, topic: str, reset: Iterable[MessageQueue]) -> list[str]:
+        """The brokers hold the new offsets of ``reset`` (queues of ``topic``), fenced at
+        the token :meth:`begin_reset` gave: each owner gets those queues again under the
+        current token, so it drops them without a commit and starts from the reset
+        offsets. Returns the owners told."""
+        fence = self.resetting.pop(topic)
+        told: set[str] = set()
+        for q in reset:
+            self.fences[q] = max(fence, self.fences.get(q, fence))
+            owner = self.owners.get(q)
+            if owner is None or q in self.revoking or q in self.to_fence:
+                continue  # its owner is leaving it: any commit of its old token is refused
+            cid, tok = owner
+            if tok < fence:
+                self.owners[q] = (cid, self.token())
+                self._event("reset", q, cid, cid)
+                self._touch(cid)
+                told.add(cid)
+        self.reconcile()
+        return sorted(told)
 
     # ------------------------------------------------------------ fencing
     def pending_fences(self) -> dict[MessageQueue, FencingToken]:
@@ -404,6 +445,7 @@ class GroupState:
                 for q, deadline in self.revoking.items()
             },
             "pending_fences": dict(self.to_fence),
+            "resetting": dict(self.resetting),
             "fences": dict(self.fences),
             "log": list(self.log),
         }

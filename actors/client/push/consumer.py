@@ -197,6 +197,12 @@ class PushConsumer:
                 if self.config.clustering and self.config.coordinated
                 else RebalanceService(self)
             )
+            if isinstance(self.rebalancer, RebalanceService) and isinstance(
+                self.offset_store, RemoteBrokerOffsetStore
+            ):
+                # a refused commit: the group's offsets were reset, take the queues again
+                self.offset_store.use_tokens()
+                self.offset_store.on_fenced = self.rebalance_now
             self._started = True
         try:
             self.pull.start()
@@ -348,9 +354,11 @@ class PushConsumer:
 
     def persist_offsets(self, wait: bool = True) -> dict[MessageQueue, int]:
         """Commit every owned queue's lowest unconsumed offset now."""
+        grants = self.offset_store.grants()  # before the table is read: see the store
         offsets = {pq.mq: pq.commit_offset() for pq in self.process_queues() if not pq.dropped}
         if offsets:
-            self.offset_store.commit(offsets, wait=wait)
+            self.offset_store.commit(offsets, wait=wait, grants=grants)
+            self.stats.add("commit_rounds")
         return offsets
 
     # ------------------------------------------------------------ introspection
