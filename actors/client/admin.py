@@ -33,6 +33,7 @@ from storage.message import MessageExt
 log = logging.getLogger("raymq.actors.admin")
 
 ADMIN_TIMEOUT_S = 30.0
+INDEX_TIME_RESOLUTION_MS = 1000  # an IndexFile entry keeps its store time in seconds
 RESET_POSITIONS = ("earliest", "latest")
 
 
@@ -142,12 +143,39 @@ class Admin:
         return rows
 
     # ------------------------------------------------------------ lookups
-    def query_by_key(self, topic: str, key: str, max_count: int = 64) -> list[MessageExt]:
+    def query_by_key(
+        self,
+        topic: str,
+        key: str,
+        max_count: int = 64,
+        begin: int | datetime | None = None,
+        end: int | datetime | None = None,
+    ) -> list[MessageExt]:
+        """Messages of ``topic`` with ``key`` (or unique key ``key``) stored between
+        ``begin`` and ``end`` (inclusive; epoch ms or datetimes; open when ``None``),
+        oldest first. The index keeps store times to the second, so the brokers are asked
+        from a second before ``begin`` and their answers cut at the exact store times."""
+        begin_ms = epoch_ms(begin, "begin") if begin is not None else 0
+        end_ms = epoch_ms(end, "end") if end is not None else None
+        if end_ms is not None and end_ms < begin_ms:
+            raise InvalidMessageError(f"query_by_key: end={end_ms} is before begin={begin_ms}")
         found: list[MessageExt] = []
         for _, msgs in sorted(
-            self._on_all(self._topic_brokers(topic), "query_by_key", topic, key, max_count).items()
+            self._on_all(
+                self._topic_brokers(topic),
+                "query_by_key",
+                topic,
+                key,
+                max_count,
+                max(begin_ms - INDEX_TIME_RESOLUTION_MS, 0),
+                end_ms,
+            ).items()
         ):
-            found.extend(msgs)
+            found.extend(
+                m
+                for m in msgs
+                if begin_ms <= m.store_timestamp and (end_ms is None or m.store_timestamp <= end_ms)
+            )
         return sorted(found, key=lambda m: m.store_timestamp)[:max_count]
 
     def query_by_id(self, msg_id: str, topic: str | None = None) -> MessageExt:
