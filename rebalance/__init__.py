@@ -8,6 +8,7 @@ client strategies for the same inputs.
 """
 
 from rebalance.assignment import assign
+from rebalance.machine_room import room_of_broker
 from rebalance.message_queue import MessageQueue
 from rebalance.registry import STRATEGY_NAMES, get_strategy
 from rebalance.strategy import AllocateStrategy
@@ -18,4 +19,5 @@ __all__ = [
     "MessageQueue",
     "assign",
     "get_strategy",
+    "room_of_broker",
 ]

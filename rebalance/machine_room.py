@@ -6,6 +6,9 @@ Java's ``String.split("@")``, exactly two parts) and ``<room>`` is one of
 ``e // c`` queues per consumer (in order), and the ``e % c`` left at the end go
 one each to the first consumers. Every eligible queue is owned exactly once;
 no other queue is owned by anyone.
+
+``room_of_broker`` is that reading of a broker name on its own, for the other
+parts that need a queue's room (``machine_room_nearby``'s room resolvers).
 """
 
 from __future__ import annotations
@@ -16,6 +19,15 @@ from typing import ClassVar
 from rebalance._java import java_split
 from rebalance.message_queue import MessageQueue
 from rebalance.strategy import BaseStrategy
+
+ROOM_SEPARATOR = "@"
+
+
+def room_of_broker(broker_name: str) -> str | None:
+    """The room of a ``<room>@<broker>`` name, as RocketMQ splits it (exactly two
+    parts); ``None`` for a name without one."""
+    parts = java_split(broker_name, ROOM_SEPARATOR)
+    return parts[0] if len(parts) == 2 else None
 
 
 class MachineRoomStrategy(BaseStrategy):
@@ -43,8 +55,7 @@ class MachineRoomStrategy(BaseStrategy):
 
     def is_eligible(self, mq: MessageQueue) -> bool:
         """Whether ``mq``'s broker is ``<room>@<broker>`` with a listed room."""
-        parts = java_split(mq.broker_name, "@")
-        return len(parts) == 2 and parts[0] in self.consumer_idcs
+        return room_of_broker(mq.broker_name) in self.consumer_idcs
 
     def _allocate(
         self,

@@ -195,10 +195,12 @@ class Broker:
         topic: str,
         timestamp_ms: int | None = None,
         offsets: dict[int, int] | None = None,
+        fence: FencingToken | None = None,
     ) -> dict[int, int]:
         """Move ``group`` on ``topic`` to the first message stored at or after
-        ``timestamp_ms``, or to explicit ``offsets`` by queue id."""
-        return await self.groups.reset_offsets(group, topic, timestamp_ms, offsets)
+        ``timestamp_ms``, or to explicit ``offsets`` by queue id, and fence the queues in
+        the same step (``fence``: the group coordinator's token)."""
+        return await self.groups.reset_offsets(group, topic, timestamp_ms, offsets, fence)
 
     async def consumer_list(self, group: str) -> list[str]:
         return await self.groups.consumer_list(group)

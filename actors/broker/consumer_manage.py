@@ -4,6 +4,13 @@ fences, members, lag, resets and stream checkpoints.
 Offset commits are all or nothing: every queue's offset is checked (topic known,
 0 <= offset <= the queue's max offset) and every fencing token compared with its
 queue's fence before any is applied (``actors.broker.fence_table``).
+
+An offset reset writes the new offsets and raises the queues' fences in one step (no
+await between), so a commit a consumer sends from before the reset is refused: the
+consumer learns of the reset from the fence (a coordinated one from its coordinator,
+which chose the fence; an uncoordinated one from the fences it reads every rebalance)
+and starts again from the reset offsets, where RocketMQ's broker tells its clients
+(``RESET_CONSUMER_CLIENT_OFFSET``).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from actors.protocol.checks import (
     check_str,
     validate_group,
 )
-from actors.protocol.fencing import FencingToken
+from actors.protocol.fencing import FencingToken, OffsetFencedError, check_token
 from storage.codec import validate_queue_id, validate_topic
 from storage.errors import InvalidMessageError, OffsetOutOfRangeError, TopicNotFoundError
 
@@ -118,15 +125,23 @@ class ConsumerManageProcessor:
         topic: str,
         timestamp_ms: int | None = None,
         offsets: dict[int, int] | None = None,
+        fence: FencingToken | None = None,
     ) -> dict[int, int]:
         """Move ``group`` on ``topic`` to the first message stored at or after
-        ``timestamp_ms``, or to explicit ``offsets`` by queue id."""
+        ``timestamp_ms``, or to explicit ``offsets`` by queue id, fencing the queues in the
+        same step. ``fence``: the token of the group's coordinator, which gives the queues
+        to their owners again above it (refused with OffsetFencedError if a queue is
+        fenced higher already: a newer coordinator runs the group). Without one (a group
+        with no coordinator) each queue's fence rises one generation. A group with a live
+        coordinator must be reset through it, or its owners' commits stay refused."""
         validate_group(group)
         validate_topic(topic)
         if timestamp_ms is not None:
             check_int("timestamp_ms", timestamp_ms, 0)
         if offsets is not None and not isinstance(offsets, dict):
             raise InvalidMessageError(f"offsets: expected a dict, got {type(offsets).__name__}")
+        if fence is not None:
+            fence = check_token(fence, f"{group}:{topic} reset")
         tc = self.rt.topics.get(topic)
         if tc is None:
             raise TopicNotFoundError(
@@ -139,8 +154,30 @@ class ConsumerManageProcessor:
                 q: await self.rt.run(self.rt.store.offset_by_time, topic, q, timestamp_ms)
                 for q in range(tc.read_queue_nums)
             }
-        await self.commit_offsets(group, {(topic, q): o for q, o in offsets.items()})
-        return dict(offsets)
+        table = check_queue_offsets("offsets", {(topic, q): o for q, o in offsets.items()})
+        for (t, qid), off in table.items():
+            self._check_offset(t, qid, off)
+        # from here to the commit nothing awaits: no commit can slip in between
+        current = self.rt.fences.snapshot(group)
+        if fence is not None:
+            newer = sorted(
+                f"{t}:{q} at {current[(t, q)]}"
+                for t, q in table
+                if current.get((t, q), fence) > fence
+            )
+            if newer:
+                raise OffsetFencedError(
+                    f"group {group!r}: reset at fence {fence} refused, a newer coordinator "
+                    f"fenced {'; '.join(newer[:8])}"
+                )
+            fences = dict.fromkeys(table, fence)
+        else:
+            fences = {key: _above(current.get(key)) for key in table}
+        self.rt.fences.raise_fences(group, fences)
+        for (t, qid), off in table.items():
+            self.rt.offsets.commit(group, t, qid, off)
+        self.role.on_commit_offsets(group, table)
+        return {qid: off for (_, qid), off in table.items()}
 
     async def consumer_list(self, group: str) -> list[str]:
         validate_group(group)
@@ -193,3 +230,10 @@ class ConsumerManageProcessor:
                     }
                 )
         return rows
+
+
+def _above(fence: FencingToken | None) -> FencingToken:
+    """The next generation's fence: a broker's own, for a reset of a group with no
+    coordinator (a coordinator starts at an epoch above every fence it finds)."""
+    epoch, generation = fence if fence is not None else (0, 0)
+    return (epoch, generation + 1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import ray
@@ -22,6 +23,7 @@ from rebalance import MessageQueue
 from storage import codec
 from storage.errors import (
     BrokerUnavailableError,
+    InvalidMessageError,
     OffsetOutOfRangeError,
     RayMQError,
     TopicNotFoundError,
@@ -31,6 +33,8 @@ from storage.message import MessageExt
 log = logging.getLogger("raymq.actors.admin")
 
 ADMIN_TIMEOUT_S = 30.0
+INDEX_TIME_RESOLUTION_MS = 1000  # an IndexFile entry keeps its store time in seconds
+RESET_POSITIONS = ("earliest", "latest")
 
 
 class Admin:
@@ -139,12 +143,39 @@ class Admin:
         return rows
 
     # ------------------------------------------------------------ lookups
-    def query_by_key(self, topic: str, key: str, max_count: int = 64) -> list[MessageExt]:
+    def query_by_key(
+        self,
+        topic: str,
+        key: str,
+        max_count: int = 64,
+        begin: int | datetime | None = None,
+        end: int | datetime | None = None,
+    ) -> list[MessageExt]:
+        """Messages of ``topic`` with ``key`` (or unique key ``key``) stored between
+        ``begin`` and ``end`` (inclusive; epoch ms or datetimes; open when ``None``),
+        oldest first. The index keeps store times to the second, so the brokers are asked
+        from a second before ``begin`` and their answers cut at the exact store times."""
+        begin_ms = epoch_ms(begin, "begin") if begin is not None else 0
+        end_ms = epoch_ms(end, "end") if end is not None else None
+        if end_ms is not None and end_ms < begin_ms:
+            raise InvalidMessageError(f"query_by_key: end={end_ms} is before begin={begin_ms}")
         found: list[MessageExt] = []
         for _, msgs in sorted(
-            self._on_all(self._topic_brokers(topic), "query_by_key", topic, key, max_count).items()
+            self._on_all(
+                self._topic_brokers(topic),
+                "query_by_key",
+                topic,
+                key,
+                max_count,
+                max(begin_ms - INDEX_TIME_RESOLUTION_MS, 0),
+                end_ms,
+            ).items()
         ):
-            found.extend(msgs)
+            found.extend(
+                m
+                for m in msgs
+                if begin_ms <= m.store_timestamp and (end_ms is None or m.store_timestamp <= end_ms)
+            )
         return sorted(found, key=lambda m: m.store_timestamp)[:max_count]
 
     def query_by_id(self, msg_id: str, topic: str | None = None) -> MessageExt:
@@ -190,25 +221,67 @@ class Admin:
     def group_status(self, group: str) -> dict[str, Any]:
         """What ``group``'s coordinator holds: members, generation, strategy, target and
         current owners, pending revokes and fences, and the generation log."""
-        try:
-            handle = ray.get_actor(coordinator_actor_name(group), namespace=self.namespace)
-        except ValueError:
+        handle = self._coordinator(group)
+        if handle is None:
             raise RayMQError(
                 f"group={group!r} has no coordinator in namespace {self.namespace!r} "
                 "(no coordinated consumer joined it)"
-            ) from None
+            )
         status: dict[str, Any] = _rpc.get(handle.status.remote(), ADMIN_TIMEOUT_S)
         return status
 
-    def reset_offset(self, group: str, topic: str, timestamp_ms: int) -> dict[MessageQueue, int]:
-        """Move ``group`` on ``topic`` to the first message stored at or after ``timestamp_ms``."""
+    def reset_offset(
+        self, group: str, topic: str, to: int | str | datetime
+    ) -> dict[MessageQueue, int]:
+        """Move ``group`` on ``topic`` to ``to``: the first message stored at or after a
+        time (epoch ms or a datetime), or ``"earliest"`` / ``"latest"``; its running
+        consumers drop their offsets in memory and go on from there. A group with a
+        coordinator is reset through it, which restarts the owners at once; otherwise the
+        brokers fence the queues, and each consumer sees it on its next rebalance (or its
+        next refused commit) and starts again from the new offsets. Returns the offsets."""
+        timestamp_ms, offsets = self._reset_target(topic, to)
+        coordinator = self._coordinator(group)
+        if coordinator is not None:
+            done: dict[MessageQueue, int] = _rpc.get(
+                coordinator.reset_offsets.remote(topic, timestamp_ms, offsets), ADMIN_TIMEOUT_S
+            )
+            return done
+        brokers = self._topic_brokers(topic)
+        refs = {}
+        for name, handle in brokers.items():
+            mine = None
+            if offsets is not None:
+                mine = {mq.queue_id: off for mq, off in offsets.items() if mq.broker_name == name}
+            refs[name] = handle.reset_offsets.remote(group, topic, timestamp_ms, mine)
         out = {}
-        for broker, table in self._on_all(
-            self._topic_brokers(topic), "reset_offsets", group, topic, timestamp_ms
-        ).items():
-            for qid, off in table.items():
-                out[MessageQueue(topic, broker, qid)] = off
+        for name, ref in refs.items():
+            for qid, off in _rpc.get(ref, ADMIN_TIMEOUT_S).items():
+                out[MessageQueue(topic, name, qid)] = off
         return out
+
+    def _reset_target(
+        self, topic: str, to: int | str | datetime
+    ) -> tuple[int | None, dict[MessageQueue, int] | None]:
+        """``to`` as a time in ms, or as explicit offsets for earliest / latest."""
+        if isinstance(to, str) and to in RESET_POSITIONS:
+            column = "min_offset" if to == "earliest" else "max_offset"
+            offsets = {
+                MessageQueue(topic, row["broker"], row["queue_id"]): row[column]
+                for row in self.topic_status(topic)
+            }
+            return None, offsets
+        if isinstance(to, str):
+            raise InvalidMessageError(
+                f"reset to={to!r}: a time (epoch ms or a datetime) or one of {RESET_POSITIONS}"
+            )
+        return epoch_ms(to, "to"), None
+
+    def _coordinator(self, group: str) -> Any:
+        """``group``'s coordinator, or None when it has none."""
+        try:
+            return ray.get_actor(coordinator_actor_name(group), namespace=self.namespace)
+        except ValueError:
+            return None
 
     # ------------------------------------------------------------ dead letters and perms
     def dlq_messages(self, group: str, max_count: int = 1000) -> list[MessageExt]:
@@ -327,3 +400,16 @@ class Admin:
                         }
                     )
         return {"namespace": self.namespace, "nameservers": nameservers, "brokers": brokers}
+
+
+def epoch_ms(value: int | datetime, what: str = "time") -> int:
+    """Epoch milliseconds from an int (ms) or a datetime (naive: local time), exactly."""
+    if isinstance(value, datetime):
+        aware = value if value.tzinfo is not None else value.astimezone()
+        return (aware - _EPOCH) // timedelta(milliseconds=1)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise InvalidMessageError(f"{what}={value!r}: epoch milliseconds (an int >= 0) or a datetime")
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.config.options import check_name, check_positive
+from actors.config.options import check_broker_name, check_name, check_positive
 from actors.protocol.names import (
     DEFAULT_CLUSTER,
     DEFAULT_NAMESPACE,
@@ -32,7 +32,10 @@ _STORE_FIELDS = {f.name for f in dataclasses.fields(StoreConfig)} - {"store_dir"
 @dataclass(frozen=True)
 class BrokerConfig:
     """One broker's settings. ``store_dir=None`` means ``~/raymq/store/<namespace>/<actor name>``
-    on the broker's node; ``broker_ip=None`` means the node's IP address."""
+    on the broker's node; ``broker_ip=None`` means the node's IP address.
+    ``broker_name`` may name the broker's machine room, ``<room>@<name>`` (RocketMQ's
+    convention, read by the machine-room rebalance strategies; see
+    :func:`actors.config.options.check_broker_name` for why it is in the name)."""
 
     broker_name: str = "broker-a"
     broker_id: int = MASTER_ID
@@ -85,7 +88,7 @@ class BrokerConfig:
     dledger_election_timeout_ms: int = 1000
 
     def __post_init__(self) -> None:
-        check_name("BrokerConfig", "broker_name", self.broker_name)
+        check_broker_name("BrokerConfig", "broker_name", self.broker_name)
         check_name("BrokerConfig", "cluster_name", self.cluster_name)
         check_name("BrokerConfig", "namespace", self.namespace)
         if not isinstance(self.broker_id, int) or self.broker_id < 0:

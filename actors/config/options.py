@@ -29,7 +29,35 @@ def check_positive(owner: str, **values: float) -> None:
 
 
 def check_name(owner: str, name: str, value: object) -> None:
-    if not isinstance(value, str) or not value or not all(c.isalnum() or c in "_-" for c in value):
+    if not _plain(value):
         raise InvalidConfigError(
             f"{owner}.{name}={value!r}: must be non-empty letters, digits, '_' or '-'"
         )
+
+
+def check_broker_name(owner: str, name: str, value: object) -> None:
+    """A broker name: a plain name, or ``<room>@<name>`` with both parts plain names.
+
+    A broker's machine room is part of its name, as RocketMQ's machine-room strategies
+    read it (``AllocateMessageQueueByMachineRoom``, the resolvers of
+    ``AllocateMachineRoomNearby``), rather than a separate setting: the name travels
+    with every queue (routes, ``MessageQueue``, offsets, fences), so a strategy stays a
+    pure function of queues and consumers and needs no second lookup that could
+    disagree with the routes; and a RocketMQ ``broker.conf`` with
+    ``brokerName=hz@broker-a`` means here what it means there. ``@`` is safe wherever
+    the name goes: Ray actor names, store directories and metrics labels.
+    """
+    if isinstance(value, str) and value.count("@") == 1:
+        room, _, plain = value.partition("@")
+        if _plain(room) and _plain(plain):
+            return
+    elif _plain(value):
+        return
+    raise InvalidConfigError(
+        f"{owner}.{name}={value!r}: must be a name of letters, digits, '_' or '-', "
+        "optionally after its machine room and '@' (room@name)"
+    )
+
+
+def _plain(value: object) -> bool:
+    return isinstance(value, str) and bool(value) and all(c.isalnum() or c in "_-" for c in value)

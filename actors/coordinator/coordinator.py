@@ -14,6 +14,12 @@ a queue has one owner at a time (the rules are in ``actors.coordinator.state``):
   the brokers holding its queues refuse its commits from then on
   (``Broker.fence_offsets``), then its queues are handed on.
 
+An offset reset of the group (``reset_offsets``, what ``Admin.reset_offset`` calls for a
+group that has a coordinator) goes through it, as RocketMQ's broker tells every client
+(``RESET_CONSUMER_CLIENT_OFFSET``): the brokers write the new offsets and fence the
+queues in one step, then every owner is given its queues again under a newer token and
+starts from the reset offsets (``actors.coordinator.offset_reset``).
+
 Members talk to it with a handful of calls, never one per message:
 ``join`` once, ``poll`` held open as a long poll that doubles as the
 heartbeat (it returns as soon as the member's view changes), ``confirm`` after
@@ -35,7 +41,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -43,7 +49,9 @@ import ray
 from ray.exceptions import ActorDiedError, RayActorError
 
 from actors.config.coordinator import CoordinatorConfig
-from actors.coordinator.state import GroupEvent, GroupState, MemberView, StrategySpec
+from actors.coordinator.offset_reset import reset_topic
+from actors.coordinator.state import GroupEvent, GroupState, MemberView
+from actors.coordinator.strategies import StrategySpec
 from actors.namesrv.client import NameServerClient
 from actors.protocol.fencing import FencingToken
 from actors.protocol.names import DEFAULT_NAMESPACE, coordinator_actor_name
@@ -216,7 +224,7 @@ class GroupCoordinator:
                 f"actor_handle of {client_id}: the actor has no wait_closed() method to watch"
             )
         spec = StrategySpec(strategy, dict(strategy_options or {}))
-        self.state.check_join(spec, machine_room)
+        self.state.check_join(spec, machine_room, client_id)
         await self._ensure_ready()
         new_topics = set(topics) - set(self.state.queues)
         if new_topics:
@@ -274,6 +282,40 @@ class GroupCoordinator:
             self.state.rebalance()
         self._after()
         return removed
+
+    # ------------------------------------------------------------ offset resets
+    async def reset_offsets(
+        self,
+        topic: str,
+        timestamp_ms: int | None = None,
+        offsets: Mapping[MessageQueue, int] | None = None,
+    ) -> dict[MessageQueue, int]:
+        """Move the group on ``topic`` to the first message stored at or after
+        ``timestamp_ms``, or to explicit ``offsets``, on every broker holding the topic,
+        and restart its owners from there (see the module's docstring). Returns the
+        offsets written."""
+        validate_topic(topic)
+        if (timestamp_ms is None) == (offsets is None):
+            raise InvalidConfigError("reset_offsets: give timestamp_ms or offsets (one of them)")
+        await self._ensure_ready()
+        brokers = await self._io_call(self._topic_brokers, topic)
+        try:
+            return await reset_topic(
+                self.state, brokers, topic, timestamp_ms, offsets, self.config.fence_timeout_s
+            )
+        finally:
+            self._after()  # the owners told to start again
+
+    def _topic_brokers(self, topic: str) -> dict[str, Any]:
+        """The live masters holding ``topic``'s queues, by broker name."""
+        assert self.ns is not None
+        route = self.ns.require_route(topic, refresh=True)
+        names = {qd.broker_name for qd in route.queue_datas}
+        return {
+            bd.broker_name: self.ns.broker(route, bd.broker_name)
+            for bd in route.broker_datas
+            if bd.broker_name in names and bd.master_actor_name()
+        }
 
     # ------------------------------------------------------------ introspection
     async def status(self) -> dict[str, Any]:

@@ -22,6 +22,11 @@ Invariants:
   a fenced owner's commits are refused by the broker and the new owner's pass.
 * a queue this coordinator never assigned is fenced before its first
   assignment: after a coordinator restart its old owner is unknown.
+* an offset reset of a topic (``begin_reset`` .. ``end_reset``) fences the topic's
+  queues at a token above every token handed out before it, and assigns none of them
+  while the brokers write the new offsets; then each owner gets its queues again under
+  a newer token, so it drops what it held in memory and starts from the reset offsets,
+  and nothing it commits from before the reset can land.
 """
 
 from __future__ import annotations
@@ -33,20 +38,25 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from actors.coordinator.strategies import (
+    StrategySpec,
+    build_strategy,
+    config_shares,
+    configured_queues,
+    warn_roomless,
+)
 from actors.protocol.fencing import FencingToken
-from rebalance import STRATEGY_NAMES, AllocateStrategy, MessageQueue, assign, get_strategy
+from rebalance import MessageQueue, assign
 from storage.errors import InvalidConfigError
 
 log = logging.getLogger("raymq.actors.coordinator.coordinator")
-
-MACHINE_ROOM_STRATEGIES = ("machine_room", "machine_room_nearby")
-DEFAULT_ROOM = "DEFAULT"
 
 
 class GroupEvent(NamedTuple):
     """One line of the generation log. ``event`` is one of join, leave, dead (Ray
     reported the member's actor gone or closed), expired (silent past its session
-    timeout), routes (the queues changed), revoke, confirm, fence, assign."""
+    timeout), routes (the queues changed), revoke, confirm, fence, assign, reset (the
+    group's offsets of a topic were reset; on a queue: its owner was given it again)."""
 
     time: float  # time.monotonic() of the coordinator's host
     generation: int
@@ -60,8 +70,10 @@ class GroupEvent(NamedTuple):
 class MemberView:
     """What one member is to do: consume ``owned``, give up ``revoke`` (stop, let the
     batch in flight finish, commit with the token, then ``confirm``). Any queue it
-    holds that is in neither was fenced: drop it without committing. ``member``
-    False: the coordinator does not know this client (join again)."""
+    holds that is in neither was fenced: drop it without committing; a queue ``owned``
+    under another token than the one it holds it with was fenced too (its offset was
+    reset): drop it without committing and start it again from the committed offset.
+    ``member`` False: the coordinator does not know this client (join again)."""
 
     client_id: str
     member: bool
@@ -81,76 +93,7 @@ class Member:
     last_seen: float
     watched: bool = False
     version: int = 0
-
-
-@dataclass(frozen=True)
-class StrategySpec:
-    """A strategy by name and options, as members give it at join."""
-
-    name: str
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-    def same_as(self, other: StrategySpec) -> bool:
-        return self.name == other.name and _comparable(self.options) == _comparable(other.options)
-
-    def describe(self) -> str:
-        opts = ", ".join(f"{k}={v}" for k, v in sorted(_comparable(self.options).items()))
-        return f"{self.name!r}" + (f" ({opts})" if opts else "")
-
-
-def _comparable(options: Mapping[str, Any]) -> dict[str, Any]:
-    """Options with callables (a room resolver, an inner strategy) named, not compared
-    by identity: the same function pickled to two members is two objects."""
-    out: dict[str, Any] = {}
-    for key, value in options.items():
-        if callable(value) and not isinstance(value, type):
-            value = (
-                f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', repr(value))}"
-            )
-        elif isinstance(value, (set, frozenset, list, tuple)):
-            value = tuple(sorted(map(str, value)))
-        out[key] = value
-    return out
-
-
-def broker_room(mq: MessageQueue) -> str:
-    """A queue's machine room from its broker name, ``<room>@<broker>`` as RocketMQ's
-    machine-room strategies read it (``DEFAULT`` without a room)."""
-    room, sep, _ = mq.broker_name.partition("@")
-    return room if sep and room else DEFAULT_ROOM
-
-
-def build_strategy(spec: StrategySpec, rooms: Mapping[str, str | None]) -> AllocateStrategy:
-    """The strategy object for ``spec``, with members' ``rooms`` filled in where the
-    strategy needs them. Raises InvalidConfigError for a bad name or options."""
-    if spec.name not in STRATEGY_NAMES:
-        raise InvalidConfigError(
-            f"rebalance strategy={spec.name!r}: unknown; one of {', '.join(STRATEGY_NAMES)}"
-        )
-    if spec.name == "config":
-        raise InvalidConfigError(
-            "rebalance strategy='config' gives every member the same queues: a coordinated "
-            "group needs one owner per queue (use it with coordinated=False)"
-        )
-    options = dict(spec.options)
-    if spec.name in MACHINE_ROOM_STRATEGIES:
-        missing = sorted(cid for cid, room in rooms.items() if not room)
-        if missing:
-            raise InvalidConfigError(
-                f"rebalance strategy={spec.name!r} needs each member's machine_room; "
-                f"none given by {missing[:5]}"
-            )
-    if spec.name == "machine_room":
-        options.setdefault("consumer_idcs", sorted({r for r in rooms.values() if r}))
-    elif spec.name == "machine_room_nearby":
-        options.setdefault("inner", "averagely")
-        options.setdefault("broker_room", broker_room)
-        member_rooms = dict(rooms)
-        options["consumer_room"] = lambda cid: member_rooms.get(cid) or DEFAULT_ROOM
-    try:
-        return get_strategy(spec.name, **options)
-    except (TypeError, ValueError) as exc:
-        raise InvalidConfigError(f"rebalance strategy={spec.name!r}: {exc}") from None
+    configured: frozenset[MessageQueue] = frozenset()  # its queues under 'config'
 
 
 class GroupState:
@@ -178,6 +121,8 @@ class GroupState:
         self.to_fence: dict[MessageQueue, str | None] = {}  # queue -> the owner fenced off
         self.fences: dict[MessageQueue, FencingToken] = {}  # every fence set, to set again
         self.assigned_once: set[MessageQueue] = set()
+        self.resetting: dict[str, FencingToken] = {}  # topic -> its reset's fence
+        self._roomless_warned: set[str] = set()
         self.changed: set[str] = set()  # members whose view changed since take_changed()
         self.log: deque[GroupEvent] = deque(maxlen=log_size)
 
@@ -209,16 +154,30 @@ class GroupState:
         return {t for m in self.members.values() for t in m.topics}
 
     # ------------------------------------------------------------ membership
-    def check_join(self, spec: StrategySpec, room: str | None) -> None:
-        """Raise InvalidConfigError unless a member with ``spec`` and ``room`` may join."""
+    def check_join(self, spec: StrategySpec, room: str | None, cid: str = "<joining>") -> None:
+        """Raise InvalidConfigError unless ``cid`` with ``spec`` and ``room`` may join."""
         if self.strategy is not None and self.members and not self.strategy.same_as(spec):
             raise InvalidConfigError(
                 f"group {self.group!r} rebalances with strategy {self.strategy.describe()}; "
                 f"a member cannot join with {spec.describe()} (all members must agree)"
             )
-        rooms = {cid: m.room for cid, m in self.members.items()}
-        rooms["<joining>"] = room
+        rooms = {c: m.room for c, m in self.members.items()}
+        rooms[cid] = room
         build_strategy(spec, rooms)
+        if spec.name == "config":
+            self._check_configured(cid, configured_queues(spec))
+
+    def _check_configured(self, cid: str, listed: frozenset[MessageQueue]) -> None:
+        """Under 'config' a coordinated group still gives a queue one owner."""
+        for other, m in self.members.items():
+            shared = sorted(listed & m.configured) if other != cid else []
+            if shared:
+                raise InvalidConfigError(
+                    f"rebalance strategy='config': {cid} lists {len(shared)} queue(s) "
+                    f"{other} lists too (first {shared[0]}); a coordinated group gives each "
+                    "queue one owner, so give each member its own queues, or consume with "
+                    "coordinated=False, where members may read the same queues"
+                )
 
     def join(
         self,
@@ -231,21 +190,24 @@ class GroupState:
         watched: bool = False,
     ) -> bool:
         """Add or update a member; True when the group changed (a new generation is due)."""
-        self.check_join(spec, room)
+        self.check_join(spec, room, cid)
         now = self.clock()
         self.strategy = self.strategy if self.members else spec
         topics = frozenset(topics)
+        listed = configured_queues(spec) if spec.name == "config" else frozenset()
         old = self.members.get(cid)
         if old is not None:
             old.last_seen = now
             old.session_timeout_s = session_timeout_s
             old.watched = old.watched or watched
-            if old.topics == topics and old.room == room:
+            if old.topics == topics and old.room == room and old.configured == listed:
                 return False
-            old.topics, old.room = topics, room
+            old.topics, old.room, old.configured = topics, room, listed
             self._event("join", from_id=None, to_id=cid)
             return True
-        self.members[cid] = Member(cid, topics, room, session_timeout_s, now, watched)
+        self.members[cid] = Member(
+            cid, topics, room, session_timeout_s, now, watched, configured=listed
+        )
         self._event("join", to_id=cid)
         return True
 
@@ -310,14 +272,21 @@ class GroupState:
     def _compute_target(self) -> dict[MessageQueue, str]:
         if not self.members or self.strategy is None:
             return {}
-        strategy = build_strategy(self.strategy, {cid: m.room for cid, m in self.members.items()})
+        spec = self.strategy
+        strategy = build_strategy(spec, {cid: m.room for cid, m in self.members.items()})
         target: dict[MessageQueue, str] = {}
         for topic in sorted(self.topics()):
             queues = self.queues.get(topic, ())
             cids = [cid for cid, m in self.members.items() if topic in m.topics]
             if not queues or not cids:
                 continue
-            for cid, share in assign(strategy, self.group, queues, cids).items():
+            if spec.name == "config":
+                listed = {cid: self.members[cid].configured for cid in cids}
+                shares = config_shares(self.group, topic, queues, listed)
+            else:
+                warn_roomless(self.group, spec.name, queues, self._roomless_warned)
+                shares = assign(strategy, self.group, queues, cids)
+            for cid, share in shares.items():
                 for q in share:
                     if target.setdefault(q, cid) != cid:
                         log.error("group %s: strategy gave %s to two members", self.group, q)
@@ -364,7 +333,7 @@ class GroupState:
                 self.to_fence[q] = owner
                 self._touch(owner)
         for q, cid in self.target.items():
-            if q in self.owners or q in self.to_fence:
+            if q in self.owners or q in self.to_fence or q.topic in self.resetting:
                 continue
             if q not in self.assigned_once:
                 self.to_fence[q] = None  # an owner from before this coordinator may live on
@@ -372,6 +341,38 @@ class GroupState:
             self.owners[q] = (cid, self.token())
             self._event("assign", q, None, cid)
             self._touch(cid)
+
+    # ------------------------------------------------------------ offset resets
+    def begin_reset(self, topic: str) -> FencingToken:
+        """A reset of ``topic``'s offsets starts: the fence to set with the new offsets,
+        above every token handed out so far. None of its queues is assigned until
+        :meth:`end_reset`."""
+        self.generation += 1
+        self._event("reset")
+        token = self.token()
+        self.resetting[topic] = token
+        return token
+
+    def end_reset(self, topic: str, reset: Iterable[MessageQueue]) -> list[str]:
+        """The brokers hold the new offsets of ``reset`` (queues of ``topic``), fenced at
+        the token :meth:`begin_reset` gave: each owner gets those queues again under the
+        current token, so it drops them without a commit and starts from the reset
+        offsets. Returns the owners told."""
+        fence = self.resetting.pop(topic)
+        told: set[str] = set()
+        for q in reset:
+            self.fences[q] = max(fence, self.fences.get(q, fence))
+            owner = self.owners.get(q)
+            if owner is None or q in self.revoking or q in self.to_fence:
+                continue  # its owner is leaving it: any commit of its old token is refused
+            cid, tok = owner
+            if tok < fence:
+                self.owners[q] = (cid, self.token())
+                self._event("reset", q, cid, cid)
+                self._touch(cid)
+                told.add(cid)
+        self.reconcile()
+        return sorted(told)
 
     # ------------------------------------------------------------ fencing
     def pending_fences(self) -> dict[MessageQueue, FencingToken]:
@@ -444,6 +445,7 @@ class GroupState:
                 for q, deadline in self.revoking.items()
             },
             "pending_fences": dict(self.to_fence),
+            "resetting": dict(self.resetting),
             "fences": dict(self.fences),
             "log": list(self.log),
         }

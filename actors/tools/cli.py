@@ -2,7 +2,8 @@
 
     raymq up [--config cluster.yaml] [--nameservers 2] [--brokers 2] [--local] ...
     raymq status | down | topic create|update|delete|list|status | send | consume
-    raymq query --key K --topic T | --id ID     raymq lag --group G
+    raymq query --key K --topic T [--begin TIME] [--end TIME] | --id ID
+    raymq lag --group G      raymq offset reset --group G --topic T --to TIME|earliest|latest
     raymq broker promote BROKER [--id N] [--role SYNC_MASTER] [--force]
     raymq dlq list|resend --group G [--id ID]   (perms: raymq topic update T --perm 6)
     raymq group status GROUP [--log N]           (a consumer group's coordinator)
@@ -10,7 +11,9 @@
 
 Every command takes ``--address`` (a Ray cluster; default: ``RAY_ADDRESS`` or
 the one running on this machine), ``--namespace`` (default ``raymq``) and
-``--json`` (machine-readable output; tables otherwise).
+``--json`` (machine-readable output; tables otherwise). A TIME is ISO-8601
+(``2024-05-01T12:00:00``, local time without an offset, or ``...Z`` / ``+02:00``) or
+milliseconds since the epoch.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import ray
 
+from actors.client.admin import epoch_ms
 from actors.client.pull_consumer import PullStatus
 from actors.cluster import Cluster, connect, start_cluster
 from actors.config.cluster import BrokerSpec, ClusterConfig
@@ -357,7 +362,15 @@ def cmd_query(args: argparse.Namespace) -> int:
     if args.key is not None:
         if not args.topic:
             raise RayMQError("query --key needs --topic")
-        found = admin.query_by_key(args.topic, args.key, args.max)
+        found = admin.query_by_key(
+            args.topic,
+            args.key,
+            args.max,
+            _parse_time(args.begin, "--begin") if args.begin else None,
+            _parse_time(args.end, "--end") if args.end else None,
+        )
+    elif args.begin or args.end:
+        raise RayMQError("query --begin/--end go with --key (an id names one message)")
     else:
         found = [admin.query_by_id(args.id, args.topic)]
     rows = [_message_row(m) for m in found]
@@ -462,6 +475,39 @@ def cmd_group(args: argparse.Namespace) -> int:
         + _table(log_rows, ["t", "generation", "event", "queue", "from", "to"])
     )
     _emit(args, data, human)
+    return 0
+
+
+def _parse_time(text: str, what: str) -> int:
+    """A TIME argument (ISO-8601, or epoch milliseconds) as epoch milliseconds."""
+    if text.isdigit():
+        return int(text)
+    try:
+        utc = text.endswith(("Z", "z"))  # Python 3.10's fromisoformat does not read it
+        moment = datetime.fromisoformat(text[:-1] + "+00:00" if utc else text)
+    except ValueError:
+        raise ValueError(
+            f"{what} {text!r}: a time as ISO-8601 (2024-05-01T12:00:00, local time unless it "
+            "ends in Z or an offset such as +02:00) or as milliseconds since the epoch"
+        ) from None
+    return epoch_ms(moment, what)
+
+
+def cmd_offset(args: argparse.Namespace) -> int:
+    """``offset reset``: move a group's offsets on a topic to a time, the earliest or the
+    latest message; its running consumers go on from there."""
+    to: int | str = args.to if args.to in ("earliest", "latest") else _parse_time(args.to, "--to")
+    done = _cluster(args).admin.reset_offset(args.group, args.topic, to)
+    rows = [
+        {"topic": mq.topic, "broker": mq.broker_name, "queue_id": mq.queue_id, "offset": off}
+        for mq, off in sorted(done.items())
+    ]
+    _emit(
+        args,
+        {"group": args.group, "topic": args.topic, "to": to, "queues": rows},
+        f"group {args.group} reset on {args.topic} to {args.to}\n"
+        + _table(rows, ["topic", "broker", "queue_id", "offset"]),
+    )
     return 0
 
 
@@ -618,6 +664,8 @@ def _parser() -> argparse.ArgumentParser:
     which.add_argument("--id")
     query.add_argument("--topic")
     query.add_argument("--max", type=int, default=32)
+    query.add_argument("--begin", help="with --key: stored at or after TIME")
+    query.add_argument("--end", help="with --key: stored at or before TIME")
     query.set_defaults(fn=cmd_query)
 
     lag = sub.add_parser("lag", parents=[common], help="consumer lag of a group")
@@ -655,6 +703,18 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("group")
     g.add_argument("--log", type=int, default=20, help="last N events of the generation log")
     g.set_defaults(fn=cmd_group)
+
+    offset = sub.add_parser("offset", help="a consumer group's committed offsets")
+    osub = offset.add_subparsers(dest="offset_cmd", required=True)
+    o = osub.add_parser(
+        "reset",
+        parents=[common],
+        help="move a group on a topic to a time, earliest or latest; its consumers follow",
+    )
+    o.add_argument("--group", required=True)
+    o.add_argument("--topic", required=True)
+    o.add_argument("--to", required=True, help="TIME (ISO-8601 or epoch ms), earliest or latest")
+    o.set_defaults(fn=cmd_offset)
 
     bench = sub.add_parser(
         "bench", parents=[common], help="producer/consumer benchmark against the cluster"

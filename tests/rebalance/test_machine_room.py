@@ -2,7 +2,7 @@
 
 import pytest
 
-from rebalance import MessageQueue, assign, get_strategy
+from rebalance import MessageQueue, assign, get_strategy, room_of_broker
 
 
 def rocketmq_test_queues() -> list[MessageQueue]:
@@ -65,3 +65,13 @@ def test_no_eligible_queue_gives_everyone_nothing() -> None:
 def test_rejects_bad_consumer_idcs(consumer_idcs: object, error: type[Exception]) -> None:
     with pytest.raises(error, match="consumer_idcs"):
         get_strategy("machine_room", consumer_idcs=consumer_idcs)
+
+
+@pytest.mark.parametrize(
+    ("broker_name", "room"),
+    [("room1@broker", "room1"), ("broker", None), ("room1@a@b", None), ("room1@broker@", "room1")],
+)
+def test_room_of_broker_reads_names_as_the_strategy_does(
+    broker_name: str, room: str | None
+) -> None:
+    assert room_of_broker(broker_name) == room

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.config.coordinator import CoordinatorConfig
+from actors.config.options import check_name
+from actors.coordinator.strategies import MACHINE_ROOM_STRATEGIES, StrategySpec, build_strategy
 from storage.errors import InvalidConfigError
 from storage.message import MessageExt
 
@@ -74,13 +76,16 @@ class PushConsumerConfig:
     ``session_timeout_s``: brokers drop a consumer they have not heard from for this
     long, so the group takes over a dead consumer's queues (default three
     heartbeats, at least 3 s; capped by the broker's ``channel_expired_s``).
-    ``coordinated`` (CLUSTERING): queues come from the group's ``GroupCoordinator``
-    (one owner per queue, handed over with a commit in between), which runs
-    ``rebalance_strategy`` (a ``rebalance`` strategy name) with
-    ``rebalance_options``; ``machine_room`` is this consumer's room for the
-    machine-room strategies; ``coordinator_config`` counts when this consumer
-    creates the coordinator. False: each consumer runs averagely on its own over
-    the brokers' member list (RocketMQ's way).
+    ``rebalance_strategy`` (a ``rebalance`` strategy name, with ``rebalance_options``)
+    splits a CLUSTERING group's queues among its consumers, in both modes:
+    ``coordinated`` True: the group's ``GroupCoordinator`` runs it and hands the queues
+    out (one owner per queue, handed over with a commit in between);
+    ``coordinator_config`` counts when this consumer creates the coordinator. False:
+    each consumer runs it on its own over the brokers' member list (RocketMQ's way).
+    ``machine_room``: this consumer's room, which the machine-room strategies need
+    (brokers name theirs, ``<room>@<name>``). 'config': this consumer's queues are
+    ``rebalance_options={"queues": [...]}``; a coordinated group refuses two members
+    listing one queue (see ``actors.coordinator.strategies``).
     """
 
     model: MessageModel | str = MessageModel.CLUSTERING
@@ -204,12 +209,10 @@ class PushConsumerConfig:
                 f"PushConsumerConfig.rebalance_options={self.rebalance_options!r}: "
                 "a mapping of option names to values"
             )
-        if self.machine_room is not None and (
-            not isinstance(self.machine_room, str) or not self.machine_room
-        ):
-            raise InvalidConfigError(
-                f"PushConsumerConfig.machine_room={self.machine_room!r}: a non-empty str"
-            )
+        if self.machine_room is not None:
+            check_name("PushConsumerConfig", "machine_room", self.machine_room)
+        if self.clustering:
+            self._check_strategy()
         if self.coordinator_config is not None and not isinstance(
             self.coordinator_config, CoordinatorConfig
         ):
@@ -217,6 +220,17 @@ class PushConsumerConfig:
                 f"PushConsumerConfig.coordinator_config={self.coordinator_config!r}: "
                 "a CoordinatorConfig"
             )
+
+    def _check_strategy(self) -> None:
+        """The strategy's options, and a room where the strategy needs one."""
+        name = self.rebalance_strategy
+        if name in MACHINE_ROOM_STRATEGIES and self.machine_room is None:
+            raise InvalidConfigError(
+                f"PushConsumerConfig.rebalance_strategy={name!r} needs machine_room, this "
+                "consumer's room (brokers carry theirs in their names: <room>@<name>)"
+            )
+        spec = StrategySpec(name, dict(self.rebalance_options or {}))
+        build_strategy(spec, {"<this consumer>": self.machine_room})
 
     @property
     def session_timeout(self) -> float:

@@ -57,6 +57,7 @@ from actors.client.push.rebalance import RebalanceService
 from actors.client.push.send_back import SendBackService
 from actors.client.push.timer import Counters, Scheduler
 from actors.config.options import with_options
+from actors.coordinator.strategies import client_id_with_room
 from actors.namesrv.client import NameServerClient
 from actors.protocol import rpc as _rpc
 from actors.protocol.names import DEFAULT_NAMESPACE
@@ -122,9 +123,11 @@ class PushConsumer:
         self.config = with_options(config or PushConsumerConfig(), options)
         self.namespace = namespace
         self.listener: Listener | None = listener
-        self.client_id = (
+        # a room in the id: the members of an uncoordinated group read each other's there
+        self.client_id = client_id_with_room(
             f"{socket.gethostname()}@{os.getpid()}@{self.config.instance_name}@"
-            f"{uuid.uuid4().hex[:8]}"
+            f"{uuid.uuid4().hex[:8]}",
+            self.config.machine_room,
         )
         self._subscriptions: dict[str, tuple[str, frozenset[str] | None]] = {}
         self.subscribe(topic, subscription)
@@ -194,6 +197,12 @@ class PushConsumer:
                 if self.config.clustering and self.config.coordinated
                 else RebalanceService(self)
             )
+            if isinstance(self.rebalancer, RebalanceService) and isinstance(
+                self.offset_store, RemoteBrokerOffsetStore
+            ):
+                # a refused commit: the group's offsets were reset, take the queues again
+                self.offset_store.use_tokens()
+                self.offset_store.on_fenced = self.rebalance_now
             self._started = True
         try:
             self.pull.start()
@@ -345,9 +354,11 @@ class PushConsumer:
 
     def persist_offsets(self, wait: bool = True) -> dict[MessageQueue, int]:
         """Commit every owned queue's lowest unconsumed offset now."""
+        grants = self.offset_store.grants()  # before the table is read: see the store
         offsets = {pq.mq: pq.commit_offset() for pq in self.process_queues() if not pq.dropped}
         if offsets:
-            self.offset_store.commit(offsets, wait=wait)
+            self.offset_store.commit(offsets, wait=wait, grants=grants)
+            self.stats.add("commit_rounds")
         return offsets
 
     # ------------------------------------------------------------ introspection

@@ -285,7 +285,8 @@ class CoordinatedRebalanceService:
             return None
 
     def _abandon(self, pq: ProcessQueue) -> None:
-        """A queue fenced off (or re-given with a new token): drop it, commit nothing."""
+        """A queue fenced off, or given again under a new token (its offset was reset):
+        drop it, commit nothing; a queue still ours starts again from the committed offset."""
         c = self.c
         self.store.release([pq.mq])
         self._held.pop(pq.mq, None)
@@ -294,7 +295,12 @@ class CoordinatedRebalanceService:
             pq.ready.clear()
         c.table_remove(pq.mq)
         c.stats.add("fenced")
-        log.warning("group %s: %s lost %s without a handover", c.group, c.client_id, _name(pq.mq))
+        log.warning(
+            "group %s: %s dropped %s without a commit (fenced, or its offset was reset)",
+            c.group,
+            c.client_id,
+            _name(pq.mq),
+        )
 
     def _give_up_all(self) -> None:
         """Drop every queue, committing what was consumed (refused where fenced)."""

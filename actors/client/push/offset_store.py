@@ -3,9 +3,13 @@
 * :class:`RemoteBrokerOffsetStore` (CLUSTERING): the group's offsets live on the
   broker holding each queue. Commits are asynchronous (one call per broker per
   round, answers checked on the next round); reads and the final commit at
-  shutdown or when a queue is given up wait. In a coordinated group every
-  commit carries the queue's fencing token (``actors.protocol.fencing``) and only
-  queues the coordinator gave this consumer are committed.
+  shutdown or when a queue is given up wait. Every commit carries the queue's
+  fencing token (``actors.protocol.fencing``): the coordinator's in a coordinated
+  group, the fence the broker held when the queue was taken in an uncoordinated
+  one (it rises only when the group's offsets are reset). Only queues granted a
+  token are committed, and a round's offsets only for queues still held under
+  the grant they were read under (:meth:`RemoteBrokerOffsetStore.grants`), so an
+  offset read from a queue just dropped can never be sent with its next token.
 * :class:`LocalFileOffsetStore` (BROADCASTING): each consumer keeps its own
   offsets in ``<dir>/<group>/<instance name>.json``, written atomically (a
   temporary file renamed over the old one). The file is locked while the
@@ -22,7 +26,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,7 +34,7 @@ import ray
 
 from actors.namesrv.client import NameServerClient
 from actors.protocol import rpc as _rpc
-from actors.protocol.fencing import FencingToken
+from actors.protocol.fencing import FencingToken, OffsetFencedError
 from rebalance import MessageQueue
 from storage.errors import InvalidConfigError
 
@@ -45,7 +49,20 @@ class OffsetStore(Protocol):
         """The stored offset of ``mq``, or -1 when there is none."""
         ...
 
-    def commit(self, offsets: Mapping[MessageQueue, int], *, wait: bool) -> None: ...
+    def commit(
+        self,
+        offsets: Mapping[MessageQueue, int],
+        *,
+        wait: bool,
+        grants: Mapping[MessageQueue, int] | None = None,
+    ) -> None:
+        """Commit ``offsets``; ``grants`` (from :meth:`grants`, taken before the offsets
+        were read): only queues still held under those grants."""
+        ...
+
+    def grants(self) -> Mapping[MessageQueue, int] | None:
+        """The current grant of each queue holding a fencing token (None: no tokens)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -61,7 +78,12 @@ class RemoteBrokerOffsetStore:
         # Commits are sent under _submit, so a queue released under it has every
         # background commit of it sent (and run by its broker) before the caller's next.
         self._tokens: dict[MessageQueue, FencingToken] | None = None
+        self._grants: dict[MessageQueue, int] = {}  # queue -> serial of its current grant
+        self._serial = 0
         self._submit = threading.Lock()
+        # called (from the committing thread) when the broker refused a background
+        # commit as fenced: the consumer looks at its queues again at once
+        self.on_fenced: Callable[[], None] | None = None
 
     # ------------------------------------------------------------ fencing tokens
     def use_tokens(self) -> None:
@@ -76,12 +98,26 @@ class RemoteBrokerOffsetStore:
             if self._tokens is None:
                 self._tokens = {}
             self._tokens[mq] = token
+            self._serial += 1
+            self._grants[mq] = self._serial
 
     def release(self, mqs: Iterable[MessageQueue]) -> dict[MessageQueue, FencingToken]:
         """Stop committing ``mqs`` in the background; return the tokens they had."""
+        mqs = list(mqs)
         with self._submit:
             tokens = self._tokens or {}
-            return {mq: tokens.pop(mq) for mq in list(mqs) if mq in tokens}
+            for mq in mqs:
+                self._grants.pop(mq, None)
+            return {mq: tokens.pop(mq) for mq in mqs if mq in tokens}
+
+    def token(self, mq: MessageQueue) -> FencingToken | None:
+        """The token ``mq`` is committed with, if it is granted one."""
+        with self._submit:
+            return (self._tokens or {}).get(mq)
+
+    def grants(self) -> dict[MessageQueue, int] | None:
+        with self._submit:
+            return None if self._tokens is None else dict(self._grants)
 
     def commit_sync(
         self, offsets: Mapping[MessageQueue, int], tokens: Mapping[MessageQueue, FencingToken]
@@ -162,12 +198,24 @@ class RemoteBrokerOffsetStore:
                 log.warning(
                     "group %s: committing offsets on %s failed: %s", self.group, broker, exc
                 )
+                if isinstance(exc, OffsetFencedError) and self.on_fenced is not None:
+                    self.on_fenced()
         with self._lock:
             self._pending.extend(still)
 
-    def commit(self, offsets: Mapping[MessageQueue, int], *, wait: bool) -> None:
+    def commit(
+        self,
+        offsets: Mapping[MessageQueue, int],
+        *,
+        wait: bool,
+        grants: Mapping[MessageQueue, int] | None = None,
+    ) -> None:
         self._check_pending(wait=False)
         with self._submit:
+            if grants is not None:
+                offsets = {
+                    mq: off for mq, off in offsets.items() if self._grants.get(mq) == grants.get(mq)
+                }
             sent = self._send(offsets, self._tokens)
             with self._lock:
                 self._pending.extend((broker, ref) for broker, _, ref in sent)
@@ -238,7 +286,16 @@ class LocalFileOffsetStore:
         with self._lock:
             return self._table.get(_key(mq), -1)
 
-    def commit(self, offsets: Mapping[MessageQueue, int], *, wait: bool) -> None:
+    def grants(self) -> None:
+        return None  # offsets of its own: nothing to fence
+
+    def commit(
+        self,
+        offsets: Mapping[MessageQueue, int],
+        *,
+        wait: bool,
+        grants: Mapping[MessageQueue, int] | None = None,
+    ) -> None:
         with self._lock:
             for mq, off in offsets.items():
                 self._table[_key(mq)] = off

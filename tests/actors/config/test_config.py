@@ -67,6 +67,18 @@ def test_broker_config_checks_store_fields_in_the_callers_process() -> None:
     assert BrokerConfig(broker_name="broker-x", broker_id=1).actor_name == "broker-x-1"
 
 
+def test_a_broker_name_may_carry_its_machine_room(tmp_path: Path) -> None:
+    """RocketMQ's room@broker names, which the machine-room strategies read."""
+    cfg = BrokerConfig(broker_name="hz@broker-a")
+    assert cfg.actor_name == "hz@broker-a-0"
+    conf = tmp_path / "broker.conf"
+    conf.write_text("brokerName=hz@broker-b\n")
+    assert BrokerConfig.from_broker_conf(conf).broker_name == "hz@broker-b"
+    for bad in ("a@b@c", "@broker", "hz@", "h z@broker", "hz@bro/ker"):
+        with pytest.raises(InvalidConfigError, match="room@name"):
+            BrokerConfig(broker_name=bad)
+
+
 def test_broker_conf_file_loads(tmp_path: Path) -> None:
     conf = tmp_path / "broker.conf"
     conf.write_text(

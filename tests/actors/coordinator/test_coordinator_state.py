@@ -121,3 +121,57 @@ def test_a_dead_owner_s_queues_are_fenced_before_they_move_and_a_leaver_s_are_no
     assert state.strategy == AVG
     state.remove("a", "leave", released=queues)
     assert state.strategy is None  # an empty group may change its strategy
+
+
+def config(queues: list[MessageQueue]) -> StrategySpec:
+    return StrategySpec("config", {"queues": queues})
+
+
+def test_config_gives_each_member_the_queues_it_lists_and_refuses_a_queue_listed_twice() -> None:
+    queues = [MessageQueue("T", "b", q) for q in range(4)]
+    retry = [MessageQueue("%RETRY%g", "b", 0), MessageQueue("%RETRY%g", "b", 1)]
+    state, _ = fresh(queues)
+    state.set_queues({"%RETRY%g": retry})
+    state.join("a", ["T", "%RETRY%g"], config(queues[:1]))
+    state.join("b", ["T", "%RETRY%g"], config(queues[2:]))
+    with pytest.raises(InvalidConfigError, match="one owner.*coordinated=False"):
+        state.join("c", ["T"], config(queues[1:3]))  # queue 2 is b's
+    state.rebalance()
+    settle_fences(state)
+    assert set(state.view("a").owned) == {queues[0], retry[0]}
+    assert set(state.view("b").owned) == {*queues[2:], retry[1]}  # retry: averagely
+    assert queues[1] not in state.owners, "a queue nobody lists is nobody's"
+    with pytest.raises(InvalidConfigError, match="queues"):
+        state.join("d", ["T"], StrategySpec("config"))
+
+
+def test_a_reset_gives_every_owner_its_queues_again_above_the_reset_fence() -> None:
+    queues = [MessageQueue("T", "b", q) for q in range(4)]
+    state, _ = fresh(queues)
+    for cid in ("a", "b"):
+        state.join(cid, ["T"], AVG)
+    state.rebalance()
+    settle_fences(state)
+    before = {cid: state.view(cid).owned for cid in ("a", "b")}
+    versions = {cid: state.members[cid].version for cid in ("a", "b")}
+
+    fence = state.begin_reset("T")
+    assert all(fence > tok for owned in before.values() for tok in owned.values())
+    state.join("c", ["T"], AVG)  # a member joining mid-reset is given nothing of T yet
+    state.rebalance()
+    for cid in ("a", "b"):
+        for q in state.view(cid).revoke:
+            state.confirm(cid, [q])
+    state.reconcile()
+    assert not state.view("c").owned, "no queue of a topic being reset is handed out"
+
+    told = state.end_reset("T", queues)
+    assert told == sorted(cid for cid in ("a", "b") if state.view(cid).owned)
+    for cid in told:
+        after = state.view(cid).owned
+        assert all(tok >= fence and tok != before[cid].get(q) for q, tok in after.items())
+        assert state.members[cid].version > versions[cid]
+    assert all(state.fences[q] >= fence for q in queues)
+    settle_fences(state)
+    assert set(state.owners) == set(queues)
+    assert [e.event for e in state.log if e.event == "reset" and e.queue is not None]

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
-from raymq_testkit import SMALL_STORE, unique_namespace
+from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
 
 from actors.tools.cli import main
+from storage import Message
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
@@ -97,3 +100,44 @@ def test_cli_round_trip(
     assert down["stopped"] == ["broker-a-0", "nameserver-0"]
     assert main(["status", "--namespace", ns]) == 1
     assert "no RayMQ NameServer" in capsys.readouterr().err
+
+
+def test_offset_reset_to_a_time_earliest_latest_and_query_by_key_in_a_time_range(
+    make_cluster: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = make_cluster(nameservers=1, brokers=1)
+    ns = cluster.namespace
+    cluster.admin.create_topic("CliReset", 2, 2)
+    producer = cluster.producer("p-cli-reset", max_batch_messages=1)
+    first = producer.send_batch([Message("CliReset", b"a%d" % i, keys="k") for i in range(4)])
+    split_ms = time.time_ns() // 1_000_000 + 1
+    wait_until(lambda: time.time_ns() // 1_000_000 > split_ms, what="the split time to pass")
+    producer.send_batch([Message("CliReset", b"b%d" % i, keys="k") for i in range(2)])
+    producer.close()
+    split_iso = datetime.fromtimestamp(split_ms / 1000, tz=timezone.utc).isoformat()
+
+    query = ["query", "--key", "k", "--topic", "CliReset", "--namespace", ns]
+    assert len(run(capsys, *query)) == 6
+    assert sorted(m["body"] for m in run(capsys, *query, "--begin", str(split_ms))) == ["b0", "b1"]
+    older = run(capsys, *query, "--end", split_iso.replace("+00:00", "Z"))
+    assert sorted(m["body"] for m in older) == ["a0", "a1", "a2", "a3"]
+    assert run(capsys, *query, "--begin", str(split_ms), "--end", str(split_ms)) == []
+
+    reset = ["offset", "reset", "--group", "cli-reset", "--topic", "CliReset", "--namespace", ns]
+
+    def offsets(out: Any) -> dict[int, int]:
+        return {q["queue_id"]: q["offset"] for q in out["queues"]}
+
+    latest = run(capsys, *reset, "--to", "latest")
+    assert sum(offsets(latest).values()) == 6 and latest["to"] == "latest"
+    lag = run(capsys, "lag", "--group", "cli-reset", "--topic", "CliReset", "--namespace", ns)
+    assert lag["total_lag"] == 0
+    at_split = run(capsys, *reset, "--to", split_iso)
+    assert at_split["to"] == split_ms and sum(offsets(at_split).values()) == len(first)
+    assert sum(offsets(run(capsys, *reset, "--to", str(split_ms))).values()) == len(first)
+    assert set(offsets(run(capsys, *reset, "--to", "earliest")).values()) == {0}
+    lag = run(capsys, "lag", "--group", "cli-reset", "--topic", "CliReset", "--namespace", ns)
+    assert lag["total_lag"] == 6
+
+    assert main([*reset, "--to", "yesterday", "--json"]) == 1
+    assert "ISO-8601" in json.loads(capsys.readouterr().out)["message"]

@@ -14,6 +14,7 @@ from actors.broker.send_back import send_back_copy
 from actors.client.push.consume_concurrently import replaced
 from actors.client.push.offset_store import LocalFileOffsetStore
 from actors.client.push.process_queue import ProcessQueue
+from actors.coordinator.strategies import client_id_room, client_id_with_room
 from actors.protocol.wire import SENT_TO_DLQ, SENT_TO_RETRY
 from rebalance import MessageQueue
 from storage import Message, MessageExt, codec
@@ -75,6 +76,23 @@ def test_config_accepts_rocketmq_spellings_and_names_bad_fields() -> None:
     ):
         with pytest.raises(InvalidConfigError, match=field):
             PushConsumerConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_strategy_settings_are_checked_and_a_room_travels_in_the_client_id() -> None:
+    with pytest.raises(InvalidConfigError, match="needs machine_room"):
+        PushConsumerConfig(rebalance_strategy="machine_room_nearby")
+    with pytest.raises(InvalidConfigError, match="needs machine_room"):
+        PushConsumerConfig(rebalance_strategy="machine_room", coordinated=False)
+    with pytest.raises(InvalidConfigError, match="machine_room"):
+        PushConsumerConfig(machine_room="r 1")
+    with pytest.raises(InvalidConfigError, match="queues"):
+        PushConsumerConfig(rebalance_strategy="config", coordinated=False)
+    PushConsumerConfig(rebalance_strategy="config", rebalance_options={"queues": [MQ]})
+    PushConsumerConfig(model="BROADCASTING", rebalance_strategy="machine_room")  # unused there
+    cid = client_id_with_room("host@1@DEFAULT@abcd1234", "r1")
+    assert client_id_room(cid) == "r1"
+    assert client_id_room("host@1@DEFAULT@abcd1234") is None
+    assert client_id_with_room("host@1@DEFAULT@abcd1234", None) == "host@1@DEFAULT@abcd1234"
 
 
 def test_broadcasting_offsets_survive_a_restart_and_are_never_shared(tmp_path: Path) -> None:
