@@ -10,6 +10,7 @@ import pytest
 from raymq_testkit import SMALL_STORE, unique_namespace
 
 from actors.tools.cli import main
+from storage.errors import PermissionDeniedError
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
@@ -97,3 +98,28 @@ def test_cli_round_trip(
     assert down["stopped"] == ["broker-a-0", "nameserver-0"]
     assert main(["status", "--namespace", ns]) == 1
     assert "no RayMQ NameServer" in capsys.readouterr().err
+
+
+def test_system_topics_are_refused_and_auto_creation_goes_on(
+    make_cluster: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = make_cluster(brokers=1, broker_options={"auto_create_topic_enable": True})
+    ns = cluster.namespace
+    # the template of auto-created topics, a broker's own topics, and RocketMQ's
+    # RMQ_SYS_* (refused whether it exists or not, before asking where it lives)
+    for topic in ("TBW102", "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRACE_TOPIC", "broker-a"):
+        assert main(["topic", "delete", topic, "--namespace", ns]) == 1
+        err = capsys.readouterr().err
+        assert f"raymq: error: topic={topic!r} is a system topic: it cannot be deleted" in err
+        assert main(["topic", "update", topic, "--perm", "4", "--namespace", ns, "--json"]) == 1
+        assert json.loads(capsys.readouterr().out) == {
+            "error": "PermissionDeniedError",
+            "message": f"topic={topic!r} is a system topic: it cannot be changed",
+        }
+    with pytest.raises(PermissionDeniedError, match="DefaultCluster"):
+        cluster.admin.delete_topic("DefaultCluster")  # the cluster's own topic
+    assert "TBW102" in run(capsys, "topic", "list", "--all", "--namespace", ns)
+    sent = run(capsys, "send", "AutoAfterRefusal", "--body", "x", "--namespace", ns)
+    assert [r["status"] for r in sent] == ["SEND_OK"]  # auto-creation still works
+    got = run(capsys, "consume", "AutoAfterRefusal", "--start", "earliest", "--namespace", ns)
+    assert [m["body"] for m in got] == ["x"]
