@@ -123,3 +123,26 @@ def test_system_topics_are_refused_and_auto_creation_goes_on(
     assert [r["status"] for r in sent] == ["SEND_OK"]  # auto-creation still works
     got = run(capsys, "consume", "AutoAfterRefusal", "--start", "earliest", "--namespace", ns)
     assert [m["body"] for m in got] == ["x"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "complaint"),
+    [
+        (["consume", "T", "--max", "-1"], "argument --max: must be at least 1, got -1"),
+        (["consume", "T", "--max", "0"], "argument --max: must be at least 1, got 0"),
+        (["consume", "T", "--wait", "-1"], "argument --wait: must be a number of seconds >= 0"),
+        (["lag", "--group", ""], "argument --group: '': must be a non-empty name"),
+        (["lag", "--group", "g", "--topic", ""], "argument --topic: '': must be a non-empty"),
+        (["send", "T", "--body", "x", "--count", "0"], "argument --count: must be at least 1"),
+        (["dlq", "list", "--group", " g"], "argument --group: ' g': must be a non-empty name"),
+        (["group", "status", "g", "--log", "0"], "argument --log: must be at least 1"),
+        (["query", "--key", "k", "--topic", "T", "--max", "x"], "argument --max: 'x' is not"),
+    ],
+)
+def test_bad_arguments_are_refused_with_exit_code_2(
+    argv: list[str], complaint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert complaint in capsys.readouterr().err
