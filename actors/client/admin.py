@@ -18,13 +18,21 @@ from actors.protocol import rpc as _rpc
 from actors.protocol.errors import PromotionRefusedError
 from actors.protocol.names import DEFAULT_NAMESPACE, coordinator_actor_name
 from actors.protocol.route import TopicRouteData
-from actors.protocol.topic import PERM_READ, PERM_WRITE, SYSTEM_TOPICS, TopicConfig, dlq_topic
+from actors.protocol.topic import (
+    PERM_READ,
+    PERM_WRITE,
+    SYSTEM_TOPICS,
+    TopicConfig,
+    dlq_topic,
+    is_system_topic,
+)
 from rebalance import MessageQueue
 from storage import codec
 from storage.errors import (
     BrokerUnavailableError,
     InvalidMessageError,
     OffsetOutOfRangeError,
+    PermissionDeniedError,
     RayMQError,
     TopicNotFoundError,
 )
@@ -102,6 +110,7 @@ class Admin:
         brokers: Sequence[str] | None = None,
     ) -> dict[str, TopicConfig]:
         """Change some fields of an existing topic on the brokers that hold it."""
+        self._refuse_system(topic, "changed")
         targets = self._brokers_for(brokers) if brokers else self._topic_brokers(topic)
         current = self._on_all(targets, "get_topic_config", topic)
         out = {}
@@ -122,9 +131,16 @@ class Admin:
 
     def delete_topic(self, topic: str) -> list[str]:
         """Delete ``topic`` (its config and offsets; stored messages expire as usual)."""
+        self._refuse_system(topic, "deleted")
         done = self._on_all(self._topic_brokers(topic), "delete_topic", topic)
         self.ns.invalidate(topic)
         return sorted(name for name, removed in done.items() if removed)
+
+    def _refuse_system(self, topic: str, what: str) -> None:
+        """Refuse a system topic (whether or not it exists) as every broker would."""
+        info = self.ns.call("get_cluster_info")
+        if is_system_topic(topic, *info["clusters"], *info["brokers"]):
+            raise PermissionDeniedError(f"topic={topic!r} is a system topic: it cannot be {what}")
 
     def list_topics(self, *, include_system: bool = False) -> list[str]:
         topics = self.ns.call("get_all_topics")

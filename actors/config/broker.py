@@ -3,12 +3,17 @@
 ``BrokerConfig`` holds the broker's own keys and, in ``store``, keyword
 arguments for :class:`storage.StoreConfig` (all but ``store_dir`` and
 ``store_host``, which the broker works out on its node). A RocketMQ
-``broker.conf`` loads into both (:meth:`BrokerConfig.from_broker_conf`).
+``broker.conf`` loads into both (:meth:`BrokerConfig.from_broker_conf`); a key of
+it that neither reads is named in a warning (logger ``raymq.actors.config``), with
+the reason where RayMQ leaves a RocketMQ key alone on purpose, or the key it may
+have meant.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,6 +32,8 @@ from storage.config import StoreConfig, parse_broker_conf
 from storage.errors import InvalidConfigError
 
 _STORE_FIELDS = {f.name for f in dataclasses.fields(StoreConfig)} - {"store_dir", "store_host"}
+
+log = logging.getLogger("raymq.actors.config")
 
 
 @dataclass(frozen=True)
@@ -167,6 +174,9 @@ class BrokerConfig:
         values: dict[str, Any] = {}
         store: dict[str, Any] = {}
         for key, text in conf.items():
+            if key not in _BROKER_CONF_KEYS and key not in _STORE_CONF_KEYS:
+                _warn_unread(path, key)
+                continue
             try:
                 if key in _BROKER_CONF_KEYS:
                     name, convert = _BROKER_CONF_KEYS[key]
@@ -182,6 +192,15 @@ class BrokerConfig:
         values["store"] = {**store, **dict(overrides.pop("store", {}))}
         values.update(overrides)
         return cls(**values)
+
+
+def _warn_unread(path: str | os.PathLike[str], key: str) -> None:
+    """A ``broker.conf`` key RayMQ does not read: say so, and why or what was meant."""
+    reason = _UNREAD_CONF_KEYS.get(key)
+    if reason is None:
+        close = difflib.get_close_matches(key, [*_BROKER_CONF_KEYS, *_STORE_CONF_KEYS], n=1)
+        reason = f"not a key RayMQ knows{f'; did you mean {close[0]}?' if close else ''}"
+    log.warning("%s: %s is ignored: %s", path, key, reason)
 
 
 BROKER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
@@ -273,3 +292,22 @@ _BROKER_CONF_KEYS: dict[str, tuple[str, Any]] = {
     "enableDLegerCommitLog": ("enable_dledger", _bool),
     "dLegerPeers": ("dledger_peers", _dledger_peers),
 }
+
+_UNREAD_CONF_KEYS: dict[str, str] = {
+    "namesrvAddr": (
+        "a broker finds its NameServers as Ray actors by name in its namespace "
+        "(BrokerConfig.nameservers), not by address"
+    ),
+    "storePathCommitLog": "the CommitLog is always in <storePathRootDir>/commitlog",
+    "storePathConsumeQueue": "ConsumeQueues are always in <storePathRootDir>/consumequeue",
+    "storePathIndex": "index files are always in <storePathRootDir>/index",
+    "brokerIP2": "a slave replicates from its master through Ray actor calls",
+    "haListenPort": "a slave replicates from its master through Ray actor calls",
+    "sendMessageThreadPoolNums": (
+        "the broker actor serves sends on its event loop (blocking store work: io_threads)"
+    ),
+    "pullMessageThreadPoolNums": (
+        "the broker actor serves pulls on its event loop (blocking store work: io_threads)"
+    ),
+}
+"""RocketMQ ``broker.conf`` keys RayMQ leaves alone on purpose, and why."""

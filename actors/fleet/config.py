@@ -6,6 +6,7 @@ Its own module so that both the fleet's handle (``fleet``) and its control loop
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from storage.errors import InvalidConfigError
@@ -21,9 +22,11 @@ class FleetConfig:
     for ``scale_up_window_s`` and shrinks when it stayed below for
     ``scale_down_window_s``, reading the lag every ``interval_s``. Lag is counted
     from committed offsets, so it trails consumption by up to the consumers'
-    ``persist_offset_interval_s``. ``num_cpus`` is each member actor's CPU request;
-    a member gets ``member_shutdown_timeout_s`` to leave gracefully before it is
-    killed.
+    ``persist_offset_interval_s``. ``num_cpus`` and ``resources`` (Ray custom
+    resources, e.g. ``{"GPU": 1}`` or a node's own resource) are each member actor's
+    request: a member no node has room for is pending (in ``status()``) until one
+    has, which on an autoscaling cluster makes Ray add a node. A member gets
+    ``member_shutdown_timeout_s`` to leave gracefully before it is killed.
     """
 
     min_consumers: int = 1
@@ -33,6 +36,7 @@ class FleetConfig:
     scale_down_window_s: float = 30.0
     interval_s: float = 1.0
     num_cpus: float = 1.0
+    resources: Mapping[str, float] | None = None
     member_shutdown_timeout_s: float = 45.0
 
     def __post_init__(self) -> None:
@@ -58,3 +62,25 @@ class FleetConfig:
         cpus = self.num_cpus
         if not isinstance(cpus, (int, float)) or isinstance(cpus, bool) or cpus < 0:
             raise InvalidConfigError(f"FleetConfig.num_cpus={cpus!r}: must be a number >= 0")
+        res = self.resources
+        if res is not None and (
+            not isinstance(res, Mapping)
+            or not all(isinstance(k, str) and k for k in res)
+            or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+                for v in res.values()
+            )
+            or {"CPU", "memory", "object_store_memory"} & set(res)
+        ):
+            raise InvalidConfigError(
+                f"FleetConfig.resources={res!r}: a mapping of Ray resource names to numbers "
+                ">= 0 (CPUs go in num_cpus)"
+            )
+        if res is not None:
+            object.__setattr__(self, "resources", dict(res))
+
+    def request(self) -> dict[str, float]:
+        """What each member asks of a node, as Ray counts it."""
+        out = {"CPU": float(self.num_cpus)} if self.num_cpus else {}
+        out.update((k, float(v)) for k, v in (self.resources or {}).items() if v)
+        return out

@@ -9,6 +9,13 @@ than a thread of the driver: the fleet keeps consuming and scaling when the
 program that started it exits, any program can attach to it by name, and its
 members (owned by it) die with it rather than linger unmanaged.
 
+A member is PENDING until Ray has placed its actor on a node (it asks for
+``num_cpus`` and ``resources``): the controller does not wait for it, reports it
+in :meth:`FleetController.status` with what it waits for (a node that has the
+resources at all, which on an autoscaling cluster Ray adds, or room on one), and
+counts it toward the size, so it starts once a node with room comes. Then it is
+STARTING until its consumer joined the group, RUNNING, and STOPPING on its way out.
+
 Invariants: the size it aims at is within ``[min_consumers, min(max_consumers,
 readable queues)]`` while autoscaling, and exactly the size asked by
 :meth:`FleetController.scale` while paused; a member leaves only through a
@@ -18,12 +25,13 @@ is killed, unless it died on its own.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +47,7 @@ log = logging.getLogger("raymq.actors.fleet")
 STATUS_TIMEOUT_S = 5.0
 MAX_EVENTS = 100
 
-STARTING, RUNNING, STOPPING = "STARTING", "RUNNING", "STOPPING"
+PENDING, STARTING, RUNNING, STOPPING = "PENDING", "STARTING", "RUNNING", "STOPPING"
 
 
 class ScalePolicy:
@@ -91,24 +99,28 @@ class _Member:
     name: str
     handle: Any
     state: str
+    placed: Any  # the ObjectRef of node_id(): its node once Ray placed the actor
     started: Any  # the ObjectRef of start(): its client id once the member joined
     closed: Any  # the ObjectRef of wait_closed(), pending while the member lives
     since: float = field(default_factory=time.monotonic)
+    node: str | None = None
     client_id: str | None = None
     queues: list[str] = field(default_factory=list)
     consumed: int = 0
     rate: float = 0.0
     sampled: tuple[float, int] | None = None
 
-    def row(self) -> dict[str, Any]:
+    def row(self, waiting_for: str | None) -> dict[str, Any]:
         return {
             "name": self.name,
             "state": self.state,
+            "node": self.node,
             "client_id": self.client_id,
             "queues": list(self.queues),
             "consumed": self.consumed,
             "consume_rate": round(self.rate, 1),
             "age_s": round(time.monotonic() - self.since, 3),
+            **({"waiting_for": waiting_for} if self.state == PENDING else {}),
         }
 
 
@@ -150,6 +162,7 @@ class FleetController:
         self._lag_at = 0.0
         self._cap = config.max_consumers
         self._events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS)
+        self._no_node: str | None = None  # set while no node has what a member asks
         self._thread = threading.Thread(target=self._loop, name=f"fleet-{group}", daemon=True)
         self._thread.start()
 
@@ -177,20 +190,32 @@ class FleetController:
         self._wake.set()
 
     def wait_stable(self, n: int | None, timeout_s: float) -> bool:
-        """Wait until every member runs (none starting or stopping), and there are ``n``
-        of them when given; False on timeout."""
+        """Wait until every member runs (none pending, starting or stopping), and there
+        are ``n`` of them when given; False on timeout."""
+        return self._wait(lambda: self._stable(n), timeout_s)
+
+    def wait_settled(self, n: int, timeout_s: float) -> bool:
+        """Wait until there are ``n`` members and each runs or is pending because no node
+        has what it asks (it starts when one comes); False on timeout."""
+        return self._wait(lambda: self._settled(n), timeout_s)
+
+    def _wait(self, done: Callable[[], bool], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         with self._lock:
-            while not self._stable(n):
+            while not done():
                 left = deadline - time.monotonic()
                 if left <= 0 or self._stopped:
-                    return self._stable(n)
+                    return done()
                 self._lock.wait(min(left, 0.5))
             return True
 
     def status(self) -> dict[str, Any]:
         with self._lock:
-            members = [m.row() for m in self._members.values()]
+            waiting_for = self._no_node or (
+                f"room for {self.config.request()} on a node: some node has that much, in "
+                "use for now (or Ray is placing the member there)"
+            )
+            members = [m.row(waiting_for) for m in self._members.values()]
             running = [m for m in self._members.values() if m.state == RUNNING]
             lag = self._lag
             return {
@@ -200,6 +225,7 @@ class FleetController:
                 "target_size": self._size,
                 "size": sum(1 for m in self._members.values() if m.state != STOPPING),
                 "running": len(running),
+                "pending": sum(1 for m in self._members.values() if m.state == PENDING),
                 "min_consumers": self.config.min_consumers,
                 "max_consumers": self.config.max_consumers,
                 "queue_cap": self._cap,
@@ -257,6 +283,7 @@ class FleetController:
                     self._size = to
             target = self._size
         self._reconcile(target)
+        self._check_room()
         with self._lock:
             self._lock.notify_all()
 
@@ -267,8 +294,9 @@ class FleetController:
             for _ in range(target - len(live)):
                 self._start_member()
         elif len(live) > target:
-            # members still starting hold no queues: they go first, then the newest
-            order = sorted(live, key=lambda m: (m.state == RUNNING, -m.since))
+            # members pending or starting hold no queues: they go first, then the newest
+            rank = {PENDING: 0, STARTING: 1, RUNNING: 2}
+            order = sorted(live, key=lambda m: (rank[m.state], -m.since))
             self._stop_members(order[: len(live) - target])
 
     def _start_member(self) -> None:
@@ -283,12 +311,20 @@ class FleetController:
                 name=name,
                 namespace=self.namespace,
                 num_cpus=self.config.num_cpus,
+                resources=dict(self.config.resources or {}),
                 max_concurrency=MEMBER_MAX_CONCURRENCY,
                 max_restarts=0,
             )
             .remote(*self._member_args)
         )
-        member = _Member(name, handle, STARTING, handle.start.remote(), handle.wait_closed.remote())
+        member = _Member(
+            name,
+            handle,
+            PENDING,
+            handle.node_id.remote(),
+            handle.start.remote(),
+            handle.wait_closed.remote(),
+        )
         with self._lock:
             self._members[name] = member
             self._event("join", name)
@@ -321,8 +357,35 @@ class FleetController:
             log.info("fleet %s: member %s left", self.group, m.name)
 
     # ------------------------------------------------------------ observing
+    def _check_room(self) -> None:
+        """While a member waits to be placed: whether any live node has what it asks at
+        all (if none has, only a new node brings it up)."""
+        with self._lock:
+            if not any(m.state == PENDING for m in self._members.values()):
+                self._no_node = None
+                return
+        ask = self.config.request()
+        try:
+            nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+        except Exception as exc:  # noqa: BLE001 - the GCS busy: judged next round
+            log.debug("fleet %s: no node list: %s", self.group, exc)
+            return
+        fits = any(all(res.get(k, 0.0) >= v for k, v in ask.items()) for res in nodes)
+        no_node = None
+        if not fits:
+            no_node = (
+                f"a node with {ask}: no node has that much; the member starts when the "
+                "autoscaler (or anyone) adds one"
+            )
+        with self._lock:
+            if no_node != self._no_node and no_node is not None:
+                self._event("pending", no_node)
+            self._no_node = no_node
+            self._lock.notify_all()
+
     def _reap(self) -> None:
-        """Members that joined (start returned) or ended (wait_closed returned or failed)."""
+        """Members placed (node_id returned), joined (start returned) or ended
+        (wait_closed returned or failed)."""
         with self._lock:
             members = [m for m in self._members.values() if m.state != STOPPING]
         closed = {m.closed: m for m in members}
@@ -341,8 +404,25 @@ class FleetController:
                 log.warning("fleet %s: member %s %s", self.group, m.name, why)
                 ray.kill(m.handle, no_restart=True)
         with self._lock:
+            pending = {
+                m.placed: m for m in members if m.state == PENDING and m.name in self._members
+            }
+        if pending:
+            done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
+            for ref in done:
+                m = pending[ref]
+                try:
+                    node = ray.get(ref, timeout=0.01)
+                except Exception:  # noqa: BLE001 - its start fails too: handled below
+                    continue
+                with self._lock:
+                    if m.state == PENDING:
+                        m.state, m.node, m.since = STARTING, node, time.monotonic()
+        with self._lock:
             starting = {
-                m.started: m for m in members if m.state == STARTING and m.name in self._members
+                m.started: m
+                for m in members
+                if m.state in (PENDING, STARTING) and m.name in self._members
             }
         if starting:
             done, _ = ray.wait(list(starting), num_returns=len(starting), timeout=0)
@@ -359,6 +439,9 @@ class FleetController:
                     continue
                 with self._lock:
                     m.state, m.client_id, m.since = RUNNING, client_id, time.monotonic()
+                    if m.node is None:  # started before its placement was read
+                        with contextlib.suppress(Exception):
+                            m.node = ray.get(m.placed, timeout=0.01)
                     self._event("running", m.name)
 
     def _poll(self) -> None:
@@ -408,6 +491,11 @@ class FleetController:
         if any(s != RUNNING for s in states):
             return False
         return (n is None and len(states) == self._size) or len(states) == n
+
+    def _settled(self, n: int) -> bool:
+        states = [m.state for m in self._members.values()]
+        waiting = PENDING if self._no_node is not None else RUNNING
+        return len(states) == n and all(s in (RUNNING, waiting) for s in states)
 
     def _event(self, kind: str, detail: str) -> None:
         self._events.append({"time": time.time(), "kind": kind, "detail": detail})

@@ -9,8 +9,10 @@
     fleet.shutdown()   # every member leaves gracefully, then the fleet is gone
 
 Each member is a Ray actor hosting one :class:`actors.PushConsumer` (CLUSTERING)
-with ``listener`` and ``consumer_options``, created with ``num_cpus``: on an
-autoscaling cluster a member that fits nowhere makes Ray add a node. The
+with ``listener`` and ``consumer_options``, created with ``num_cpus`` and
+``resources``: a member no node has room for is PENDING in :meth:`ConsumerFleet.status`
+(with what it waits for) and starts when a node with room comes; on an
+autoscaling cluster it makes Ray add one. The
 control loop is the detached actor ``fleet-<group>`` (see
 :mod:`.controller` for why an actor rather than a driver thread): the
 fleet outlives the program that started it, and :meth:`ConsumerFleet.attach`
@@ -138,22 +140,43 @@ class ConsumerFleet:
 
     # ------------------------------------------------------------ control
     def status(self) -> dict[str, Any]:
-        """``members`` (name, state, client id, queues, consumed, rate), ``assignment``
-        (member → queues), ``lag`` and ``lag_per_consumer``, ``consume_rate`` (msg/s),
-        ``size``, ``target_size``, ``autoscale`` and the recent scaling ``events``."""
+        """``members`` (name, state: PENDING, STARTING, RUNNING or STOPPING, node, client
+        id, queues, consumed, rate; a PENDING one says what it is ``waiting_for``),
+        ``assignment`` (member → queues), ``lag`` and ``lag_per_consumer``,
+        ``consume_rate`` (msg/s), ``size``, ``running``, ``pending``, ``target_size``,
+        ``autoscale`` and the recent scaling ``events``."""
         return dict(_rpc.get(self._controller.status.remote(), CALL_TIMEOUT_S))
 
     def scale(self, n: int, *, wait: bool = True, timeout_s: float = 60.0) -> int:
         """Pin the fleet at ``n`` members (0..``max_consumers``, at most one per readable
         queue) and pause autoscaling until :meth:`autoscale`; with ``wait``, return once
-        the members run. Returns the size set."""
+        every member runs or is pending for want of a node with room (``status()``
+        shows it; it starts when such a node comes). Members still pending after
+        ``timeout_s`` are logged, not raised; a member placed but not started by then
+        raises. Returns the size set."""
         if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= self.config.max_consumers:
             raise InvalidConfigError(
                 f"scale(n={n!r}): must be an int in 0..max_consumers={self.config.max_consumers}"
             )
         size = int(_rpc.get(self._controller.scale.remote(n), CALL_TIMEOUT_S))
-        if wait:
-            self.wait_stable(size, timeout_s)
+        if not wait:
+            return size
+        ref = self._controller.wait_settled.remote(size, timeout_s)
+        settled = _rpc.get(ref, timeout_s + CALL_TIMEOUT_S)
+        members = self.status()["members"]
+        pending = [m for m in members if m["state"] == "PENDING"]
+        if pending:
+            log.warning(
+                "fleet %s: %d of %d member(s) pending, waiting for %s",
+                self.group,
+                len(pending),
+                len(members),
+                pending[0]["waiting_for"],
+            )
+        if not settled and any(m["state"] in ("STARTING", "STOPPING") for m in members):
+            raise RayMQError(
+                f"fleet {self.group}: not settled at {size} after {timeout_s}s: {members}"
+            )
         return size
 
     def autoscale(self, enabled: bool = True) -> None:
@@ -161,7 +184,8 @@ class ConsumerFleet:
         _rpc.get(self._controller.autoscale.remote(enabled), CALL_TIMEOUT_S)
 
     def wait_stable(self, n: int | None = None, timeout_s: float = 60.0) -> None:
-        """Wait until every member runs (and there are ``n``); raises on timeout."""
+        """Wait until every member runs (and there are ``n``); raises on timeout (the
+        status in the message says what pending members wait for)."""
         ok = _rpc.get(self._controller.wait_stable.remote(n, timeout_s), timeout_s + CALL_TIMEOUT_S)
         if not ok:
             raise RayMQError(

@@ -106,3 +106,7 @@ class FleetMember:
 
     def ping(self) -> bool:
         return True
+
+    def node_id(self) -> str:
+        """The node this member runs on (answered as soon as Ray has placed it)."""
+        return ray.get_runtime_context().get_node_id()

@@ -10,10 +10,17 @@
     raymq bench [--topic T] [--body-size 128] [--producers 1] [--duration 10] [--no-consume]
 
 Every command takes ``--address`` (a Ray cluster; default: ``RAY_ADDRESS`` or
-the one running on this machine), ``--namespace`` (default ``raymq``) and
-``--json`` (machine-readable output; tables otherwise). A TIME is ISO-8601
+the one running on this machine), ``--namespace`` (default ``raymq``),
+``--json`` (machine-readable output; tables otherwise) and ``--verbose`` (Ray's
+own log lines, quiet otherwise). Bad arguments exit with code 2, as argparse
+does; a command that fails exits with 1. A TIME is ISO-8601
 (``2024-05-01T12:00:00``, local time without an offset, or ``...Z`` / ``+02:00``) or
 milliseconds since the epoch.
+
+``raymq up --local`` starts a Ray head on this machine (with the ``ray`` of this
+Python environment, activated or not) and marks it with the node resource
+``raymq_up_local``; ``raymq down`` stops such a Ray once no other namespace has
+named actors in it (``--keep-ray`` keeps it).
 """
 
 from __future__ import annotations
@@ -22,9 +29,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import os
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -40,6 +44,7 @@ from actors.config.cluster import BrokerSpec, ClusterConfig
 from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.topic import PERM_READ, PERM_WRITE, TopicConfig, perm_to_string
 from actors.tools.bench import BenchSummary, run_bench, summary_dict
+from actors.tools.local_ray import ensure_ray, stop_local_ray
 from storage import Message
 from storage.errors import RayMQError
 
@@ -76,64 +81,8 @@ def _message_row(m: Any) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------ Ray
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ensure_ray(args: argparse.Namespace, *, start_if_missing: bool = False) -> None:
-    if ray.is_initialized():
-        return
-    common: dict[str, Any] = dict(logging_level="WARNING", log_to_driver=False)
-    address = args.address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, **common)
-        return
-    if not getattr(args, "local", False):
-        try:
-            ray.init(address="auto", **common)
-            return
-        except ConnectionError:
-            if not start_if_missing:
-                raise RayMQError(
-                    "no Ray cluster is running here: start one with 'raymq up' "
-                    "or 'ray start --head', or pass --address"
-                ) from None
-    _start_local_ray(args)
-    _use_local_auth_token()
-    ray.init(address=args.address, **common)
-
-
-def _use_local_auth_token() -> None:
-    """``ray start`` turns token authentication on when this machine has a token; a
-    client given an explicit address must then turn it on too (Ray does that only
-    for ``address="auto"``)."""
-    try:
-        from ray._private.authentication.authentication_token_setup import (
-            maybe_enable_token_auth_if_token_available,
-        )
-    except ImportError:  # a Ray without token authentication
-        return
-    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
-
-
-def _start_local_ray(args: argparse.Namespace) -> None:
-    """``ray start --head`` on a free port; the head outlives this command, so the
-    cluster's detached actors do too. Stop it later with ``ray stop``."""
-    port = _free_port()
-    cmd = ["ray", "start", "--head", f"--port={port}", "--include-dashboard=false"]
-    if args.num_cpus:
-        cmd.append(f"--num-cpus={args.num_cpus}")
-    if args.ray_temp_dir:
-        cmd.append(f"--temp-dir={args.ray_temp_dir}")
-    print(f"starting a local Ray: {' '.join(cmd)}", file=sys.stderr)
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    args.address = f"{ray.util.get_node_ip_address()}:{port}"
-
-
 def _cluster(args: argparse.Namespace) -> Cluster:
-    _ensure_ray(args)
+    ensure_ray(args)
     return connect(args.namespace)
 
 
@@ -162,10 +111,18 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.topic:
         changes["topics"] = cfg.topics + tuple(TopicConfig(t) for t in args.topic)
     cfg = dataclasses.replace(cfg, **changes)
-    _ensure_ray(args, start_if_missing=True)
+    ensure_ray(args, start_if_missing=True)
     cluster = start_cluster(cfg)
-    status = cluster.admin.cluster_status()
-    _emit(args, status, f"RayMQ cluster up in namespace {cfg.namespace!r}\n" + _status_text(status))
+    status = {
+        **cluster.admin.cluster_status(),
+        "ray_address": ray.get_runtime_context().gcs_address,
+    }
+    _emit(
+        args,
+        status,
+        f"RayMQ cluster up in namespace {cfg.namespace!r} on the Ray at {status['ray_address']}\n"
+        + _status_text(status),
+    )
     return 0
 
 
@@ -230,10 +187,15 @@ def cmd_down(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     names = cluster.actor_names()
     cluster.shutdown()
+    if args.keep_ray:
+        ray_note = "Ray keeps running (--keep-ray)"
+    else:
+        ray_note = stop_local_ray(args.namespace)
     _emit(
         args,
-        {"namespace": args.namespace, "stopped": names},
-        f"stopped {len(names)} actor(s) in namespace {args.namespace!r}: {', '.join(names)}",
+        {"namespace": args.namespace, "stopped": names, "ray": ray_note},
+        f"stopped {len(names)} actor(s) in namespace {args.namespace!r}: {', '.join(names)}\n"
+        + ray_note,
     )
     return 0
 
@@ -567,34 +529,67 @@ def _bench_summary_text(s: BenchSummary, consume: bool) -> str:
 
 
 # ------------------------------------------------------------ parser
+def _count(text: str) -> int:
+    """An argument that counts something: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A duration: a number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text}")
+    return value
+
+
+def _name(text: str) -> str:
+    """A group, topic or broker name: not empty, no blanks."""
+    if not text or text != text.strip() or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a non-empty name without blanks")
+    return text
+
+
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--address", default=argparse.SUPPRESS, help="Ray cluster address")
     common.add_argument(
-        "--namespace", default=argparse.SUPPRESS, help="Ray namespace of the cluster"
+        "--namespace", type=_name, default=argparse.SUPPRESS, help="Ray namespace of the cluster"
     )
     common.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
     )
+    common.add_argument(
+        "--verbose", action="store_true", default=argparse.SUPPRESS, help="Ray's own log lines too"
+    )
     p = argparse.ArgumentParser(prog="raymq", description="RayMQ: RocketMQ on Ray")
     p.add_argument("--address", default=None)
-    p.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+    p.add_argument("--namespace", type=_name, default=DEFAULT_NAMESPACE)
     p.add_argument("--json", action="store_true", default=False)
+    p.add_argument("--verbose", action="store_true", default=False)
     sub = p.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser(
         "up", parents=[common], help="start a cluster (and a local Ray if none runs)"
     )
     up.add_argument("--config", help="cluster YAML or TOML file")
-    up.add_argument("--nameservers", type=int)
-    up.add_argument("--brokers", type=int)
+    up.add_argument("--nameservers", type=_count)
+    up.add_argument("--brokers", type=_count)
     up.add_argument("--store-root")
     up.add_argument("--flush-disk-type", choices=["ASYNC_FLUSH", "SYNC_FLUSH"])
     up.add_argument("--auto-create", dest="auto_create", action="store_true", default=None)
     up.add_argument("--no-auto-create", dest="auto_create", action="store_false")
     up.add_argument("--topic", action="append", help="create this topic (repeatable)")
     up.add_argument("--local", action="store_true", help="start a new local Ray even if one runs")
-    up.add_argument("--num-cpus", type=int, help="CPUs of a local Ray this command starts")
+    up.add_argument("--num-cpus", type=_count, help="CPUs of a local Ray this command starts")
     up.add_argument("--ray-temp-dir", help="--temp-dir of a local Ray this command starts")
     up.set_defaults(fn=cmd_up)
 
@@ -604,13 +599,18 @@ def _parser() -> argparse.ArgumentParser:
     down = sub.add_parser(
         "down", parents=[common], help="stop the cluster's actors (Ray keeps running)"
     )
+    down.add_argument(
+        "--keep-ray",
+        action="store_true",
+        help="keep the local Ray that raymq up --local started (stopped by default)",
+    )
     down.set_defaults(fn=cmd_down)
 
     topic = sub.add_parser("topic", help="create, update, delete, list, status")
     tsub = topic.add_subparsers(dest="topic_cmd", required=True)
     for name in ("create", "update"):
         t = tsub.add_parser(name, parents=[common])
-        t.add_argument("name")
+        t.add_argument("name", type=_name)
         default = 8 if name == "create" else None
         t.add_argument("--read-queues", type=int, default=default)
         t.add_argument("--write-queues", type=int, default=default)
@@ -624,37 +624,39 @@ def _parser() -> argparse.ArgumentParser:
             t.add_argument("--brokers", help="comma-separated broker names (default: all)")
         t.set_defaults(fn=cmd_topic)
     t = tsub.add_parser("delete", parents=[common])
-    t.add_argument("name")
+    t.add_argument("name", type=_name)
     t.set_defaults(fn=cmd_topic)
     t = tsub.add_parser("list", parents=[common])
     t.add_argument("--all", action="store_true", help="include system topics")
     t.set_defaults(fn=cmd_topic)
     t = tsub.add_parser("status", parents=[common])
-    t.add_argument("name")
+    t.add_argument("name", type=_name)
     t.set_defaults(fn=cmd_topic)
 
     send = sub.add_parser(
         "send", parents=[common], help="send messages (body, file or stdin lines)"
     )
-    send.add_argument("topic")
+    send.add_argument("topic", type=_name)
     send.add_argument("--body")
     send.add_argument("--file")
-    send.add_argument("--count", type=int, default=1)
+    send.add_argument("--count", type=_count, default=1)
     send.add_argument("--tags")
     send.add_argument("--keys", help="comma-separated keys")
     send.add_argument("--sharding-key")
-    send.add_argument("--group", default="raymq-cli-producer")
+    send.add_argument("--group", type=_name, default="raymq-cli-producer")
     send.set_defaults(fn=cmd_send)
 
     consume = sub.add_parser("consume", parents=[common], help="pull messages of a topic")
-    consume.add_argument("topic")
-    consume.add_argument("--group", default="raymq-cli-consumer")
+    consume.add_argument("topic", type=_name)
+    consume.add_argument("--group", type=_name, default="raymq-cli-consumer")
     consume.add_argument("--tags")
-    consume.add_argument("--max", type=int, default=100)
+    consume.add_argument("--max", type=_count, default=100)
     consume.add_argument(
         "--start", choices=["committed", "earliest", "latest"], default="committed"
     )
-    consume.add_argument("--wait", type=float, default=0.0, help="seconds to wait for new messages")
+    consume.add_argument(
+        "--wait", type=_seconds, default=0.0, help="seconds to wait for new messages"
+    )
     consume.add_argument("--no-commit", dest="commit", action="store_false")
     consume.set_defaults(fn=cmd_consume)
 
@@ -662,15 +664,15 @@ def _parser() -> argparse.ArgumentParser:
     which = query.add_mutually_exclusive_group(required=True)
     which.add_argument("--key")
     which.add_argument("--id")
-    query.add_argument("--topic")
-    query.add_argument("--max", type=int, default=32)
+    query.add_argument("--topic", type=_name)
+    query.add_argument("--max", type=_count, default=32)
     query.add_argument("--begin", help="with --key: stored at or after TIME")
     query.add_argument("--end", help="with --key: stored at or before TIME")
     query.set_defaults(fn=cmd_query)
 
     lag = sub.add_parser("lag", parents=[common], help="consumer lag of a group")
-    lag.add_argument("--group", required=True)
-    lag.add_argument("--topic")
+    lag.add_argument("--group", type=_name, required=True)
+    lag.add_argument("--topic", type=_name)
     lag.set_defaults(fn=cmd_lag)
 
     broker = sub.add_parser("broker", help="broker groups: promote a slave")
@@ -680,7 +682,7 @@ def _parser() -> argparse.ArgumentParser:
         parents=[common],
         help="make a slave the master of a group whose master is gone",
     )
-    b.add_argument("broker_name")
+    b.add_argument("broker_name", type=_name)
     b.add_argument("--id", type=int, help="the slave's broker id (default: the most complete)")
     b.add_argument("--role", choices=["ASYNC_MASTER", "SYNC_MASTER"])
     b.add_argument("--force", action="store_true", help="even if the master looks alive")
@@ -689,19 +691,19 @@ def _parser() -> argparse.ArgumentParser:
     dlq = sub.add_parser("dlq", help="dead letters of a consumer group: list, resend")
     dsub = dlq.add_subparsers(dest="dlq_cmd", required=True)
     d = dsub.add_parser("list", parents=[common], help="messages in %%DLQ%%<group>")
-    d.add_argument("--group", required=True)
-    d.add_argument("--max", type=int, default=100)
+    d.add_argument("--group", type=_name, required=True)
+    d.add_argument("--max", type=_count, default=100)
     d.set_defaults(fn=cmd_dlq)
     d = dsub.add_parser("resend", parents=[common], help="send dead letters to their topic")
-    d.add_argument("--group", required=True)
+    d.add_argument("--group", type=_name, required=True)
     d.add_argument("--id", action="append", help="only this message id (repeatable)")
     d.set_defaults(fn=cmd_dlq)
 
     grp = sub.add_parser("group", help="consumer groups: their coordinator's view")
     gsub = grp.add_subparsers(dest="group_cmd", required=True)
     g = gsub.add_parser("status", parents=[common], help="members, owners, generation log")
-    g.add_argument("group")
-    g.add_argument("--log", type=int, default=20, help="last N events of the generation log")
+    g.add_argument("group", type=_name)
+    g.add_argument("--log", type=_count, default=20, help="last N events of the generation log")
     g.set_defaults(fn=cmd_group)
 
     offset = sub.add_parser("offset", help="a consumer group's committed offsets")
@@ -711,8 +713,8 @@ def _parser() -> argparse.ArgumentParser:
         parents=[common],
         help="move a group on a topic to a time, earliest or latest; its consumers follow",
     )
-    o.add_argument("--group", required=True)
-    o.add_argument("--topic", required=True)
+    o.add_argument("--group", type=_name, required=True)
+    o.add_argument("--topic", type=_name, required=True)
     o.add_argument("--to", required=True, help="TIME (ISO-8601 or epoch ms), earliest or latest")
     o.set_defaults(fn=cmd_offset)
 
@@ -732,7 +734,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
     try:
         return args.fn(args)
     except (RayMQError, ValueError, OSError) as exc:

@@ -1,9 +1,15 @@
 """Handing messages to the listener (RocketMQ's ``ConsumeMessageConcurrentlyService``).
 
-A thread pool of ``consume_threads`` runs the listener. Each queue has at most
-one consume task at a time, which takes up to ``consume_batch_size`` messages
-in offset order per listener call and keeps going for a short time slice
-before yielding its thread: queues run in parallel, each queue in order.
+A thread pool of ``consume_threads`` runs the listener. As in RocketMQ, every
+batch of a queue may go to the pool: a queue gets as many consume tasks as its
+ready messages fill batches of ``consume_batch_size``, up to ``consume_threads``,
+so one hot queue keeps every thread busy. Each task takes a batch at a time, in
+offset order, and keeps going for a short time slice before yielding its thread
+so that other queues get their turn. Batches of one queue thus run side by side
+and finish in any order: the ProcessQueue keeps every message not yet done, and
+the offset committed is the lowest of them, never past an unfinished message;
+pulling a queue pauses past its thresholds (messages, bytes, and the span of
+offsets buffered, RocketMQ's ``consumeConcurrentlyMaxSpan``).
 
 Outcomes: SUCCESS forgets the batch (its offsets may be committed). Anything
 else (RECONSUME_LATER, an exception, a call that ran past
@@ -26,7 +32,12 @@ from typing import Any
 
 from actors.client.push.config import ConsumeStatus
 from actors.client.push.context import ConsumeContext
-from actors.client.push.process_queue import Inflight, ProcessQueue, PullState
+from actors.client.push.process_queue import (
+    CONSUME_CONCURRENTLY_MAX_SPAN,
+    Inflight,
+    ProcessQueue,
+    PullState,
+)
 from actors.protocol.topic import origin_topic
 from storage.message import MessageExt
 
@@ -62,20 +73,39 @@ class ConsumeMessageService:
         self._warned_status = False
 
     # ------------------------------------------------------------ dispatch
+    def _max_tasks(self) -> int:
+        """How many consume tasks one queue may run at once."""
+        return self.c.config.consume_threads
+
+    def _max_span(self) -> int | None:
+        """The span of buffered offsets past which pulling a queue pauses."""
+        return CONSUME_CONCURRENTLY_MAX_SPAN
+
     def dispatch(self, pq: ProcessQueue) -> None:
-        """Start a consume task for ``pq`` unless one runs or nothing is ready."""
+        """Start consume tasks for ``pq``: one per batch its ready messages fill that no
+        task is about to take, within :meth:`_max_tasks`."""
+        size = self.c.config.consume_batch_size
         with pq.lock:
-            if pq.busy or pq.dropped or not pq.ready or self._stopping or self._held(pq):
+            if pq.dropped or not pq.ready or self._stopping or self._held(pq):
                 return
-            pq.busy = True
+            wanted = -(-len(pq.ready) // size) - pq.takers
+            n = min(wanted, self._max_tasks() - pq.tasks)
+            if n <= 0:
+                return
+            pq.tasks_started(n)
         with self._idle:
-            self._running += 1
-        try:
-            self._pool.submit(self._run, pq)
-        except RuntimeError:  # the pool shut down under us
-            with pq.lock:
-                pq.busy = False
-            self._task_done()
+            self._running += n
+        for submitted in range(n):
+            try:
+                self._pool.submit(self._run, pq)
+            except RuntimeError:  # the pool shut down under us
+                with pq.lock:
+                    for _ in range(n - submitted):
+                        pq.takers -= 1
+                        pq.task_ended()
+                for _ in range(n - submitted):
+                    self._task_done()
+                return
 
     def _held(self, pq: ProcessQueue) -> bool:
         """True while ``pq`` must not start a batch for a reason of the subclass's."""
@@ -88,37 +118,41 @@ class ConsumeMessageService:
                 self._idle.notify_all()
 
     def _run(self, pq: ProcessQueue) -> None:
+        with pq.lock:
+            pq.takers -= 1
+        owned = True
         try:
-            self._consume(pq)
+            owned = self._consume(pq)
         except Exception:  # noqa: BLE001 - the queue must not stay busy forever
             log.exception("consume task of %s failed", pq)
-            with pq.lock:
-                pq.busy = False
         finally:
+            if owned:
+                with pq.lock:
+                    pq.task_ended()
             self._task_done()
         self.dispatch(pq)
 
-    def _consume(self, pq: ProcessQueue) -> None:
+    def _consume(self, pq: ProcessQueue) -> bool:
+        """Run batches of ``pq`` until none is ready or the time slice is over; False when
+        the watchdog took the task's batch (and ended the task for it)."""
         size = self.c.config.consume_batch_size
         slice_end = time.monotonic() + TIME_SLICE_S
         while True:
             with pq.lock:
                 if pq.dropped or not pq.ready or self._stopping:
-                    pq.busy = False
-                    return
+                    return True
                 ready = pq.ready
                 batch = [ready.popleft() for _ in range(min(size, len(ready)))]
-                inflight = pq.inflight = Inflight(batch)
+                inflight = Inflight(batch)
+                pq.inflight.add(inflight)
             ok = self._call_listener(pq, batch)
             with pq.lock:
-                if inflight.abandoned:  # the watchdog settled it and freed the queue
-                    return
-                pq.inflight = None
+                if inflight.abandoned:  # the watchdog settled it and ended this task
+                    return False
+                pq.inflight.discard(inflight)
             self.settle(pq, batch, ok)
             if time.monotonic() > slice_end:
-                with pq.lock:
-                    pq.busy = False
-                return
+                return True
 
     def _call_listener(self, pq: ProcessQueue, batch: list[MessageExt]) -> bool:
         if pq.retry:  # listeners see the topic the message was first sent to
@@ -178,7 +212,7 @@ class ConsumeMessageService:
         with pq.lock:
             pq.remove(batch)
             resume = pq.state is PullState.PAUSED and not pq.over_threshold(
-                self._max_buffer, self._max_bytes
+                self._max_buffer, self._max_bytes, self._max_span()
             )
         if resume:
             self.c.pull.request(pq)
@@ -223,22 +257,23 @@ class ConsumeMessageService:
         limit = self.c.config.consume_timeout_s
         for pq in self.c.process_queues():
             with pq.lock:
-                inflight = pq.inflight
-                if inflight is None or now - inflight.started <= limit:
-                    continue
-                inflight.abandoned = True
-                pq.inflight = None
-                pq.busy = False
-            log.warning(
-                "group %s: listener stuck for over %ss on %s: retrying its batch of %d",
-                self.c.group,
-                limit,
-                pq,
-                len(inflight.batch),
-            )
-            self.c.stats.add("consume_timeouts", len(inflight.batch))
-            self.settle(pq, inflight.batch, ok=False)
-            self.dispatch(pq)
+                stuck = [i for i in pq.inflight if now - i.started > limit]
+                for inflight in stuck:
+                    inflight.abandoned = True
+                    pq.inflight.discard(inflight)
+                    pq.task_ended()  # its thread stays with the listener; the queue goes on
+            for inflight in stuck:
+                log.warning(
+                    "group %s: listener stuck for over %ss on %s: retrying its batch of %d",
+                    self.c.group,
+                    limit,
+                    pq,
+                    len(inflight.batch),
+                )
+                self.c.stats.add("consume_timeouts", len(inflight.batch))
+                self.settle(pq, inflight.batch, ok=False)
+            if stuck:
+                self.dispatch(pq)
 
     def shutdown(self, timeout_s: float) -> bool:
         """Start no new batch; wait up to ``timeout_s`` for the running ones."""

@@ -3,8 +3,9 @@
 Chosen with ``PushConsumerConfig(orderly=True)``. Invariants, per queue:
 
 * the listener gets the queue's messages one batch at a time, never two batches
-  at once, in queue-offset order (the pool runs queues in parallel, each queue
-  under its ``busy`` flag, as the concurrent service does);
+  at once, in queue-offset order (the pool runs queues in parallel, but each
+  queue gets one consume task at a time, where the concurrent service gives a
+  queue up to ``consume_threads``);
 * a failed batch (RECONSUME_LATER, an exception, a call longer than
   ``consume_timeout_s``) goes back to the front of the queue with its
   ``reconsume_times`` counted up, and the whole queue is suspended for
@@ -59,37 +60,42 @@ class ConsumeMessageOrderlyService(ConsumeMessageService):
             )
 
     # ------------------------------------------------------------ dispatch
+    def _max_tasks(self) -> int:
+        return 1  # one batch of a queue at a time: the listener sees it in order
+
+    def _max_span(self) -> int | None:
+        return None  # consumed in order: the span never outgrows the buffer
+
     def _held(self, pq: ProcessQueue) -> bool:
         return pq in self._suspended  # a failed batch waits out its suspension first
 
-    def _consume(self, pq: ProcessQueue) -> None:
+    def _consume(self, pq: ProcessQueue) -> bool:
         size = self.c.config.consume_batch_size
         slice_end = time.monotonic() + TIME_SLICE_S
         while True:
             with pq.lock:
                 if pq.dropped or not pq.ready or self._stopping or pq in self._suspended:
-                    pq.busy = False
-                    return
+                    return True
                 ready = pq.ready
                 batch = [ready.popleft() for _ in range(min(size, len(ready)))]
-                pq.inflight = Inflight(batch)
+                inflight = Inflight(batch)
+                pq.inflight.add(inflight)
             ok = self._call_listener(pq, batch)
             if ok:
                 self.c.stats.add("consumed", len(batch))
                 self.forget(pq, batch)  # before the queue counts as idle: commit sees it
                 with pq.lock:
-                    pq.inflight = None
-            elif not self._failed(pq, batch):
-                return  # suspended (or dropped): the task ends, the queue waits
+                    pq.inflight.discard(inflight)
+            elif not self._failed(pq, inflight):
+                return True  # suspended (or dropped): the task ends, the queue waits
             if time.monotonic() > slice_end:
-                with pq.lock:
-                    pq.busy = False
-                return
+                return True
 
     # ------------------------------------------------------------ failures
-    def _failed(self, pq: ProcessQueue, batch: list[MessageExt]) -> bool:
+    def _failed(self, pq: ProcessQueue, inflight: Inflight) -> bool:
         """Handle a failed batch; True when the queue goes on at once (every message of
         the batch is dead-lettered), False when it is suspended or was dropped."""
+        batch = inflight.batch
         self.c.stats.add("reconsume_later", len(batch))
         limit = self.c.config.max_reconsume_times
         dead = [m for m in batch if m.reconsume_times >= limit]
@@ -104,18 +110,16 @@ class ConsumeMessageOrderlyService(ConsumeMessageService):
             if m.queue_offset not in done
         ]
         with pq.lock:
-            pq.inflight = None
+            pq.inflight.discard(inflight)
             if not again:
                 return True
             if pq.dropped:  # the next owner starts from the committed offset: before these
-                pq.busy = False
                 return False
             for m in reversed(again):
                 if m.queue_offset in pq.msgs:
                     pq.msgs[m.queue_offset] = m
                     pq.ready.appendleft(m)
             self._suspended.add(pq)
-            pq.busy = False
         self.c.stats.add("suspended")
         log.info(
             "group %s: %s suspended for %.2fs: %d message(s) failed (reconsume times %d)",
@@ -198,19 +202,19 @@ class ConsumeMessageOrderlyService(ConsumeMessageService):
         (the queue's next batch would then run beside it)."""
         limit = self.c.config.consume_timeout_s
         for pq in self.c.process_queues():
-            inflight = pq.inflight
-            if inflight is None or now - inflight.started <= limit:
-                continue
-            if id(inflight) in self._slow_warned:
-                continue
-            if len(self._slow_warned) > 1024:
-                self._slow_warned.clear()
-            self._slow_warned.add(id(inflight))
-            log.warning(
-                "group %s: orderly listener has run %.1fs on %s (consume_timeout_s=%s); "
-                "its batch counts as failed when it returns",
-                self.c.group,
-                now - inflight.started,
-                pq,
-                limit,
-            )
+            with pq.lock:
+                slow = [i for i in pq.inflight if now - i.started > limit]
+            for inflight in slow:
+                if id(inflight) in self._slow_warned:
+                    continue
+                if len(self._slow_warned) > 1024:
+                    self._slow_warned.clear()
+                self._slow_warned.add(id(inflight))
+                log.warning(
+                    "group %s: orderly listener has run %.1fs on %s (consume_timeout_s=%s); "
+                    "its batch counts as failed when it returns",
+                    self.c.group,
+                    now - inflight.started,
+                    pq,
+                    limit,
+                )

@@ -10,14 +10,24 @@ Invariants, all under ``lock``:
   ``msgs`` (or the pull position when it is empty), is the lowest offset not
   yet consumed: a slow message holds it back and a restart skips nothing.
 * ``ready`` holds the messages to hand to the listener next, in offset order
-  (local retries are appended when due); at most one consume task per queue
-  runs at a time (``busy``), so the listener sees a queue's messages in
-  offset order.
+  (local retries are appended when due). ``tasks`` consume tasks run for the
+  queue (``takers`` of them not yet at their first batch), each taking its
+  batches from ``ready``, one batch at a time, under ``lock``: the
+  concurrent service runs up to ``consume_threads`` of them, so a hot queue's
+  batches run side by side (and finish out of order, which ``msgs`` absorbs);
+  the orderly service runs one, so its listener sees the queue in offset order.
+  ``inflight`` holds the batches in the listener now, for the watchdog.
+* :meth:`span` (``next_offset`` minus the first key of ``msgs``) is how far
+  pulling ran ahead of the lowest message not yet consumed: a concurrent
+  consumer stops pulling a queue past ``CONSUME_CONCURRENTLY_MAX_SPAN``
+  (RocketMQ's ``consumeConcurrentlyMaxSpan``), so one stuck message bounds what
+  a restart consumes again. RocketMQ measures the buffer's last key instead,
+  which lets pulling creep on once the messages after a stuck one are consumed.
 * one pull per queue is in flight at a time; ``next_offset`` moves only when a
   pull's answer has been buffered.
 * once ``dropped`` is set (under ``lock``) no pull is issued and no consume
-  batch starts; ``busy`` means a batch is running, so after dropping,
-  :meth:`wait_idle` returns once the batch in flight is done and the queue
+  batch starts; ``busy`` means a consume task runs, so after dropping,
+  :meth:`wait_idle` returns once the batches in flight are done and the queue
   stays idle (a rebalance then commits and hands the queue over).
 """
 
@@ -41,9 +51,14 @@ class PullState(enum.Enum):
     PAUSED = "PAUSED"  # flow control: the buffer is over its threshold
 
 
-@dataclass
+CONSUME_CONCURRENTLY_MAX_SPAN = 2000
+"""RocketMQ's ``consumeConcurrentlyMaxSpan``: a concurrent consumer pauses pulling a
+queue that ran this far ahead of its lowest unconsumed message (:meth:`ProcessQueue.span`)."""
+
+
+@dataclass(eq=False)  # hashed by identity: a queue's set of batches in the listener
 class Inflight:
-    """The batch a consume task is running, so a watchdog can time it out."""
+    """A batch a consume task is running, so a watchdog can time it out."""
 
     batch: list[MessageExt]
     started: float = field(default_factory=time.monotonic)
@@ -63,8 +78,10 @@ class ProcessQueue:
         self.pull_gen = 0
         self.pull_started = 0.0
         self._idle = threading.Event()
-        self.busy = False
-        self.inflight: Inflight | None = None
+        self._idle.set()
+        self.tasks = 0  # consume tasks submitted for this queue and not yet ended
+        self.takers = 0  # of them, those that have not taken their first batch yet
+        self.inflight: set[Inflight] = set()
         self.dropped = False
         self.committed = -1  # last offset the offset store acknowledged
         self.last_pull = time.monotonic()
@@ -102,26 +119,43 @@ class ProcessQueue:
                 removed += 1
         return removed
 
-    def over_threshold(self, count: int, size_bytes: int) -> bool:
-        return len(self.msgs) > count or self.size_bytes > size_bytes
+    def span(self) -> int:
+        """How far pulling ran ahead of the lowest message not yet consumed (0 when
+        every pulled message is done)."""
+        for first in self.msgs:
+            return self.next_offset - first
+        return 0
 
-    # ------------------------------------------------------------ the consume task
+    def over_threshold(self, count: int, size_bytes: int, max_span: int | None = None) -> bool:
+        """Over a flow-control limit: buffered messages, bytes, or (concurrent) span."""
+        return (
+            len(self.msgs) > count
+            or self.size_bytes > size_bytes
+            or (max_span is not None and self.span() > max_span)
+        )
+
+    # ------------------------------------------------------------ the consume tasks
+    def tasks_started(self, n: int) -> None:
+        """``n`` consume tasks were submitted for this queue (lock held)."""
+        self.tasks += n
+        self.takers += n
+        self._idle.clear()
+
+    def task_ended(self) -> None:
+        """A consume task of this queue is over, or was taken from its stuck listener
+        (lock held)."""
+        self.tasks -= 1
+        if not self.tasks:
+            self._idle.set()
+
     @property
     def busy(self) -> bool:
-        """A consume task runs for this queue (set and cleared under ``lock``)."""
-        return self._busy
-
-    @busy.setter
-    def busy(self, value: bool) -> None:
-        self._busy = value
-        if value:
-            self._idle.clear()
-        else:
-            self._idle.set()
+        """A consume task runs for this queue."""
+        return self.tasks > 0
 
     def wait_idle(self, timeout: float | None) -> bool:
         """Wait up to ``timeout`` until no consume task runs; True when idle. Meant for a
-        dropped queue, where no new task can start once the running one ends."""
+        dropped queue, where no new task can start once the running ones end."""
         return self._idle.wait(timeout)
 
     # ------------------------------------------------------------ snapshots

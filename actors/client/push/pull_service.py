@@ -5,8 +5,10 @@ flight per queue and is woken by an event queue, never by polling: a pull's
 answer arrives through its ObjectRef's future, a rebalance or a consume task
 asks for a pull by putting an event. A queue whose buffer passes the
 threshold (``pull_threshold_for_queue`` messages or
-``pull_threshold_size_for_queue_mib``) is paused until consumption brings it
-back under; a failed pull is retried after ``pull_retry_delay_s``.
+``pull_threshold_size_for_queue_mib``, or for a concurrent consumer buffered
+offsets spanning more than ``CONSUME_CONCURRENTLY_MAX_SPAN``) is paused until
+consumption brings it back under; a failed pull is retried after
+``pull_retry_delay_s``.
 
 Pulls that are due together leave together: the thread takes every event
 waiting, and the queues to pull on one broker (with one subscription
@@ -30,7 +32,11 @@ from typing import Any
 
 from actors.client.pull_consumer import PullResult, PullStatus
 from actors.client.push.context import PullContext
-from actors.client.push.process_queue import ProcessQueue, PullState
+from actors.client.push.process_queue import (
+    CONSUME_CONCURRENTLY_MAX_SPAN,
+    ProcessQueue,
+    PullState,
+)
 from actors.protocol import rpc as _rpc
 from actors.protocol.wire import pull_request_to_wire, pulls_from_wire
 from rebalance import MessageQueue
@@ -52,6 +58,8 @@ class PullMessageService:
         self._stopped = False
         self._max_buffer = cfg.pull_threshold_for_queue
         self._max_bytes = cfg.pull_threshold_size_for_queue_mib << 20
+        # an orderly queue is consumed in order: its span never outgrows its buffer
+        self._max_span = None if cfg.orderly else CONSUME_CONCURRENTLY_MAX_SPAN
         self._alone: set[MessageQueue] = set()  # refused in a shared call: pulled by itself
         self._thread = threading.Thread(
             target=self._loop, name=f"raymq-pull-{consumer.group}", daemon=True
@@ -129,7 +137,7 @@ class PullMessageService:
             with pq.lock:
                 if pq.dropped or self._stopped or pq.state not in from_states:
                     continue
-                if pq.over_threshold(self._max_buffer, self._max_bytes):
+                if pq.over_threshold(self._max_buffer, self._max_bytes, self._max_span):
                     if pq.state is not PullState.PAUSED:
                         c.stats.add("flow_control_pauses")
                     pq.state = PullState.PAUSED

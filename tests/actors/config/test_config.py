@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,45 @@ def test_client_options_are_checked_by_name() -> None:
     assert with_options(ProducerConfig(), {"send_timeout_s": 1.0}).send_timeout_s == 1.0
     with pytest.raises(InvalidConfigError, match=r"unknown option\(s\) \['sendtimeout'\]"):
         with_options(ProducerConfig(), {"sendtimeout": 1.0})
+
+
+def test_broker_conf_keys_raymq_does_not_read_are_each_named_in_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    conf = tmp_path / "broker-a.properties"
+    conf.write_text(  # RocketMQ's conf/2m-2s-sync/broker-a.properties, plus a few more
+        "# Licensed to the Apache Software Foundation (ASF) ...\n"
+        "brokerClusterName=DefaultCluster\n"
+        "brokerName=broker-a\n"
+        "brokerId=0\n"
+        "deleteWhen=04\n"
+        "fileReservedTime=48\n"
+        "brokerRole=SYNC_MASTER\n"
+        "flushDiskType=ASYNC_FLUSH\n"
+        "namesrvAddr=10.0.0.1:9876;10.0.0.2:9876\n"
+        f"storePathRootDir={tmp_path / 'store'}\n"
+        f"storePathCommitLog={tmp_path / 'store' / 'commitlog-elsewhere'}\n"
+        "sendMessageThreadPoolNums=128\n"
+        "flushDiskTyp=SYNC_FLUSH\n"
+    )
+    with caplog.at_level(logging.WARNING, logger="raymq"):
+        bc = BrokerConfig.from_broker_conf(conf)
+    assert (bc.broker_name, bc.broker_role, bc.store_dir) == (
+        "broker-a",
+        "SYNC_MASTER",
+        str(tmp_path / "store"),
+    )
+    assert bc.store["flush_disk_type"] == "ASYNC_FLUSH"  # the misspelt key changed nothing
+    warned = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name.startswith("raymq.") and r.levelno == logging.WARNING
+    ]
+    unread = ("namesrvAddr", "storePathCommitLog", "sendMessageThreadPoolNums", "flushDiskTyp")
+    for key in unread:  # each named once, never silence
+        assert sum(f" {key} " in w for w in warned) == 1, (key, warned)
+    assert len(warned) == len(unread), warned  # the keys RayMQ reads are not warned about
+    text = "\n".join(warned)
+    assert "namesrvAddr is ignored: a broker finds its NameServers as Ray actors" in text
+    assert "storePathCommitLog is ignored: the CommitLog is always in <storePathRootDir>" in text
+    assert "did you mean flushDiskType?" in text

@@ -205,6 +205,53 @@ def test_a_fleet_sized_by_hand_reports_its_members_and_replaces_a_crashed_one(
     wait_until(lambda: cluster.admin.consumer_list(group) == [], what="an empty group")
 
 
+def test_members_no_node_has_room_for_are_pending_until_a_node_with_room_comes(
+    cluster: actors.Cluster, ray_cluster: Any
+) -> None:
+    topic, group = "FleetPending", "g-fleet-pending"
+    cluster.admin.create_topic(topic, 2, 2)
+    sink = Sink.remote(1)
+    room = "fleet_test_room"  # a resource no node of the cluster has
+    fleet = ConsumerFleet(
+        group,
+        topic,
+        Listener(sink, work_s=0.0),
+        namespace=cluster.namespace,
+        min_consumers=1,
+        max_consumers=2,
+        interval_s=0.2,
+        num_cpus=0,
+        resources={room: 1},
+        consumer_options=MEMBER,
+    )
+    node = None
+    try:
+        started = time.monotonic()
+        assert fleet.scale(2) == 2  # returns: the members are pending, not an error
+        assert time.monotonic() - started < 15
+        st = fleet.status()
+        assert (st["size"], st["pending"], st["running"]) == (2, 2, 0)
+        for m in st["members"]:
+            assert m["state"] == "PENDING" and m["node"] is None
+            assert f"'{room}': 1.0" in m["waiting_for"] and "no node has" in m["waiting_for"]
+        assert any(e["kind"] == "pending" for e in st["events"])
+        with pytest.raises(RayMQError, match="waiting_for"):
+            fleet.wait_stable(2, timeout_s=0.5)  # waiting for every member to run says why
+        node = ray_cluster.add_node(num_cpus=1, resources={room: 2})  # a node with room
+        wait_until(
+            lambda: sizes(fleet) == (2, 2), timeout_s=90, what="the members up on the new node"
+        )
+        st = fleet.status()
+        assert st["pending"] == 0
+        assert {m["node"] for m in st["members"]} == {node.node_id}
+        owned = sorted(q for qs in st["assignment"].values() for q in qs)
+        assert len(owned) == 4 and all(st["assignment"].values())
+    finally:
+        fleet.shutdown()
+        if node is not None:
+            ray_cluster.remove_node(node)
+
+
 def test_the_sizing_policy_needs_the_lag_to_stay_past_the_target_for_a_window() -> None:
     cfg = FleetConfig(
         min_consumers=1,

@@ -13,6 +13,7 @@ from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
 
 from actors.tools.cli import main
 from storage import Message
+from storage.errors import PermissionDeniedError
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
@@ -141,3 +142,51 @@ def test_offset_reset_to_a_time_earliest_latest_and_query_by_key_in_a_time_range
 
     assert main([*reset, "--to", "yesterday", "--json"]) == 1
     assert "ISO-8601" in json.loads(capsys.readouterr().out)["message"]
+
+
+def test_system_topics_are_refused_and_auto_creation_goes_on(
+    make_cluster: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = make_cluster(brokers=1, broker_options={"auto_create_topic_enable": True})
+    ns = cluster.namespace
+    # the template of auto-created topics, a broker's own topics, and RocketMQ's
+    # RMQ_SYS_* (refused whether it exists or not, before asking where it lives)
+    for topic in ("TBW102", "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRACE_TOPIC", "broker-a"):
+        assert main(["topic", "delete", topic, "--namespace", ns]) == 1
+        err = capsys.readouterr().err
+        assert f"raymq: error: topic={topic!r} is a system topic: it cannot be deleted" in err
+        assert main(["topic", "update", topic, "--perm", "4", "--namespace", ns, "--json"]) == 1
+        assert json.loads(capsys.readouterr().out) == {
+            "error": "PermissionDeniedError",
+            "message": f"topic={topic!r} is a system topic: it cannot be changed",
+        }
+    with pytest.raises(PermissionDeniedError, match="DefaultCluster"):
+        cluster.admin.delete_topic("DefaultCluster")  # the cluster's own topic
+    assert "TBW102" in run(capsys, "topic", "list", "--all", "--namespace", ns)
+    sent = run(capsys, "send", "AutoAfterRefusal", "--body", "x", "--namespace", ns)
+    assert [r["status"] for r in sent] == ["SEND_OK"]  # auto-creation still works
+    got = run(capsys, "consume", "AutoAfterRefusal", "--start", "earliest", "--namespace", ns)
+    assert [m["body"] for m in got] == ["x"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "complaint"),
+    [
+        (["consume", "T", "--max", "-1"], "argument --max: must be at least 1, got -1"),
+        (["consume", "T", "--max", "0"], "argument --max: must be at least 1, got 0"),
+        (["consume", "T", "--wait", "-1"], "argument --wait: must be a number of seconds >= 0"),
+        (["lag", "--group", ""], "argument --group: '': must be a non-empty name"),
+        (["lag", "--group", "g", "--topic", ""], "argument --topic: '': must be a non-empty"),
+        (["send", "T", "--body", "x", "--count", "0"], "argument --count: must be at least 1"),
+        (["dlq", "list", "--group", " g"], "argument --group: ' g': must be a non-empty name"),
+        (["group", "status", "g", "--log", "0"], "argument --log: must be at least 1"),
+        (["query", "--key", "k", "--topic", "T", "--max", "x"], "argument --max: 'x' is not"),
+    ],
+)
+def test_bad_arguments_are_refused_with_exit_code_2(
+    argv: list[str], complaint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert complaint in capsys.readouterr().err
