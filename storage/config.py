@@ -4,9 +4,9 @@ A RocketMQ ``broker.conf`` loads into it (``StoreConfig.from_broker_conf``) so
 an existing deployment's file works unchanged; keys the store does not own
 (``brokerName``, ``brokerRole`` ...) are left for the broker's own config.
 :func:`parse_broker_conf` reads the file for both and logs a warning for each
-key that neither reads (a typo, or a RocketMQ setting RayMQ has no use for),
-and for each old spelling it reads as the current one: a setting is never
-dropped in silence.
+old spelling it reads as the current one; the reader of the file names every key
+it does not read (a typo, or a RocketMQ setting RayMQ has no use for): a setting
+is never dropped in silence.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import logging
 import os
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -51,28 +52,6 @@ _CONF_KEYS: dict[str, tuple[str, Any]] = {
     "messageDelayLevel": ("message_delay_level", str),
 }
 
-# keys read by RayMQ's broker (actors.config.BrokerConfig.from_broker_conf), named here
-# so that the file's reader knows every key RayMQ reads and can warn about the others
-_BROKER_KEYS = frozenset(
-    {
-        "brokerClusterName",
-        "brokerName",
-        "brokerId",
-        "brokerIP1",
-        "listenPort",
-        "autoCreateTopicEnable",
-        "defaultTopicQueueNums",
-        "longPollingEnable",
-        "flushConsumerOffsetInterval",
-        "registerNameServerPeriod",
-        "brokerRole",
-        "slaveReadEnable",
-        "haTransferBatchSize",
-        "haMaxGapNotInSync",
-        "enableDLegerCommitLog",
-        "dLegerPeers",
-    }
-)
 # old spellings RocketMQ still reads -> the key they stand for
 _SYNONYMS = {
     "mapedFileSizeCommitLog": "mappedFileSizeCommitLog",
@@ -120,15 +99,18 @@ def parse_delay_levels(text: str) -> tuple[int, ...]:
     return tuple(levels)
 
 
-def parse_broker_conf(path: str | os.PathLike[str]) -> dict[str, str]:
+def parse_broker_conf(
+    path: str | os.PathLike[str], known: AbstractSet[str] | None = None
+) -> dict[str, str]:
     """Read a Java-properties style ``broker.conf`` into a dict of strings.
 
     An old spelling (``mapedFileSizeCommitLog``) comes back as the key it stands for,
-    with a warning; a key RayMQ does not read stays in the dict, with a warning
-    naming it (and what it may have meant to be).
+    with a warning. With ``known``, the keys its reader reads, every other key gets a
+    warning naming it (and why it is left alone, or what it may have meant to be); a
+    reader of the whole file (``BrokerConfig.from_broker_conf``) passes every key of
+    the broker and the store, so each unread key is named once.
     """
     result: dict[str, str] = {}
-    known = _CONF_KEYS.keys() | _BROKER_KEYS
     for lineno, raw in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         line = raw.strip()
         if not line or line[0] in "#!":
@@ -147,12 +129,12 @@ def parse_broker_conf(path: str | os.PathLike[str]) -> dict[str, str]:
                 _SYNONYMS[key],
             )
             key = _SYNONYMS[key]
-        elif key in _NOT_READ:
+        elif known is not None and key in _NOT_READ:
             log.warning("%s:%d: %s is not read by RayMQ (%s)", path, lineno, key, _NOT_READ[key])
-        elif key not in known:
+        elif known is not None and key not in known:
             close = difflib.get_close_matches(key, sorted(known), n=1)
             log.warning(
-                "%s:%d: %s is not a key RayMQ reads: ignored%s",
+                "%s:%d: %s is not a store setting: ignored%s",
                 path,
                 lineno,
                 key,
@@ -251,7 +233,7 @@ class StoreConfig:
     def from_broker_conf(cls, path: str | os.PathLike[str], **overrides: Any) -> StoreConfig:
         """Load the store's keys from a RocketMQ ``broker.conf``; ``overrides`` win."""
         values: dict[str, Any] = {}
-        for key, text in parse_broker_conf(path).items():
+        for key, text in parse_broker_conf(path, _CONF_KEYS.keys()).items():
             if key in _CONF_KEYS:
                 field, convert = _CONF_KEYS[key]
                 try:

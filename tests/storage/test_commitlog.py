@@ -105,13 +105,19 @@ def test_a_flush_leaves_the_other_threads_running(tmp_path: Path) -> None:
         done = threading.Event()
         flusher = threading.Thread(target=lambda: (mf.flush(), done.set()))
         longest, last = 0.0, time.perf_counter()
+        started = last
         flusher.start()
         while not done.is_set():
             now = time.perf_counter()
             longest, last = max(longest, now - last), now
         longest = max(longest, time.perf_counter() - last)
+        took = time.perf_counter() - started
         flusher.join()
         assert mf.flushed_position == 64 << 20
-        assert longest < 0.02, f"another thread stalled {longest * 1e3:.0f} ms during a flush"
+        # a flush holding the GIL stalls this thread for all of it; the scheduler of a busy
+        # machine may take it away for a few ms now and then, never for half the flush
+        assert longest < max(0.02, took / 2), (
+            f"another thread stalled {longest * 1e3:.0f} ms of a {took * 1e3:.0f} ms flush"
+        )
     finally:
         mf.destroy()

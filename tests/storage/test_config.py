@@ -21,7 +21,7 @@ def test_keys_raymq_does_not_read_are_named_in_a_warning(
 ) -> None:
     conf = write(
         tmp_path,
-        "brokerName=broker-a\n"  # the broker's: known, no warning
+        "brokerName=broker-a\n"  # the broker's, not the store's: named too
         "namesrvAddr=10.0.0.1:9876\n"
         f"storePathCommitLog={tmp_path}/elsewhere\n"
         "flushDiskTyp=SYNC_FLUSH\n"  # a typo
@@ -30,15 +30,15 @@ def test_keys_raymq_does_not_read_are_named_in_a_warning(
     with caplog.at_level("WARNING", logger="raymq.storage.config"):
         cfg = StoreConfig.from_broker_conf(conf)
     warned = [r.getMessage() for r in caplog.records]
-    assert len(warned) == 3, warned
+    assert len(warned) == 4, warned
+    assert f"{conf}:1: brokerName is not a store setting: ignored" in warned[0]
     assert (
         "namesrvAddr is not read by RayMQ (brokers find their NameServers through Ray)"
-        in (warned[0])
+        in (warned[1])
     )
-    assert f"{conf}:3: storePathCommitLog is not read by RayMQ" in warned[1]
+    assert f"{conf}:3: storePathCommitLog is not read by RayMQ" in warned[2]
     assert (
-        "flushDiskTyp is not a key RayMQ reads: ignored (did you mean flushDiskType?)"
-        in (warned[2])
+        "flushDiskTyp is not a store setting: ignored (did you mean flushDiskType?)" in (warned[3])
     )
     assert cfg.flush_disk_type == "ASYNC_FLUSH"  # the typo set nothing
 
