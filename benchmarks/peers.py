@@ -856,10 +856,9 @@ def write_report(path: Path, results: list[Figures], info: dict[str, str], comma
         "| workload | " + " | ".join(f.peer for f in live) + " |",
         "|---|" + "---|" * len(live),
     ]
-    for w in workloads:
-        lines.append(
-            f"| {w} | " + " | ".join(f"{f.throughput.get(w, 0):,.0f}" for f in live) + " |"
-        )
+    for w in workloads:  # a workload only some peers run shows "–" for the others
+        cells = (f"{f.throughput[w]:,.0f}" if w in f.throughput else "–" for f in live)
+        lines.append(f"| {w} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "## What each peer's consume does",
