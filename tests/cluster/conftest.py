@@ -10,9 +10,13 @@ directory of the test bound there), so cluster.yaml's paths stay as they are. So
 Ray on the machine. ``sentinel_ray`` is such another Ray, started beforehand, to
 prove it.
 
-The nodes share the machine's network namespace; both sshds listen on free ports, and
-one ssh ``ProxyCommand`` (the launcher has a single ``auth`` section for all nodes)
-sends each connection to the sshd of the address ssh was asked for.
+The nodes share the machine's network namespace and their sshds listen on free ports,
+so each ssh client is told where a node's sshd is, as a real network would have it at
+port 22 of the node's address. The launcher on this machine gets one ``ProxyCommand``
+(its single ``auth`` section serves every node) that sends each connection to the sshd
+of the address ssh was asked for. Ray drops the proxy from the config it gives the head
+(a head reaches its workers directly), so the head's autoscaler finds the worker's port
+in the ``~/.ssh/config`` of the head's sandboxed home.
 """
 
 from __future__ import annotations
@@ -159,12 +163,14 @@ class LoopbackCluster:
         return free_port()
 
 
-def _start_namespace(tmp: Path, ip: str, port: int) -> tuple[subprocess.Popen[bytes], Path]:
+def _start_namespace(
+    tmp: Path, ip: str, ports: dict[str, int]
+) -> tuple[subprocess.Popen[bytes], Path]:
     home = Path(pwd.getpwuid(os.geteuid()).pw_dir)  # where sshd logs the user in
     sshd = shutil.which("sshd", path=os.environ["PATH"] + ":/usr/sbin:/sbin")
     (tmp / "sshd_config").write_text(
         textwrap.dedent(f"""\
-        Port {port}
+        Port {ports[ip]}
         ListenAddress {ip}
         HostKey {tmp}/host_key
         PidFile none
@@ -180,9 +186,12 @@ def _start_namespace(tmp: Path, ip: str, port: int) -> tuple[subprocess.Popen[by
     )
     # Inside the new namespaces: the home directory becomes an overlay on a tmpfs (so
     # `pip install -e`, the rsync'ed checkout and ~/ray_bootstrap_config.yaml vanish
-    # with the namespace), /tmp/ray becomes the test's own directory, /data/raymq the
-    # node's own disk, then sshd becomes PID 1: when it dies, the kernel kills
-    # everything the test started in there.
+    # with the namespace), ssh from the node finds every node's sshd, /tmp/ray becomes
+    # the test's own directory, /data/raymq the node's own disk, then sshd becomes PID 1:
+    # when it dies, the kernel kills everything the test started in there.
+    (tmp / "ssh_config").write_text(
+        "".join(f"Host {host}\n    Port {port}\n" for host, port in ports.items())
+    )
     (tmp / "init.sh").write_text(
         textwrap.dedent(f"""\
         set -eu
@@ -191,6 +200,9 @@ def _start_namespace(tmp: Path, ip: str, port: int) -> tuple[subprocess.Popen[by
         mkdir {tmp}/overlay/upper {tmp}/overlay/work
         mount -t overlay raymq-test \\
             -o lowerdir={home},upperdir={tmp}/overlay/upper,workdir={tmp}/overlay/work {home}
+        mkdir -p {home}/.ssh && touch {home}/.ssh/config
+        cat {tmp}/ssh_config {home}/.ssh/config > {tmp}/ssh_config.merged
+        install -m 600 {tmp}/ssh_config.merged {home}/.ssh/config
         mount --bind {tmp}/ray-tmp /tmp/ray
         mount --bind {tmp}/data {DATA_DIR}
         exec {sshd} -D -e -f {tmp}/sshd_config
@@ -260,7 +272,7 @@ def _node(tmp: Path, ip: str, ports: dict[str, int]) -> Iterator[LoopbackNode]:
     subprocess.run(
         ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / "host_key")], check=True
     )
-    proc, log = _start_namespace(tmp, ip, ports[ip])
+    proc, log = _start_namespace(tmp, ip, ports)
     node = None
     try:
         _wait_for_ssh(proc, ip, ports[ip], log)
