@@ -146,6 +146,15 @@ class LoopbackNode:
                 continue
         return found
 
+    def command_lines(self) -> dict[int, str]:
+        """pid -> command line of every process inside the node's PID namespace."""
+        found = {}
+        for pid in self.processes():
+            with contextlib.suppress(OSError):
+                raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+                found[pid] = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+        return found
+
 
 @dataclass
 class LoopbackCluster:

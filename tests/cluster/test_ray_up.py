@@ -2,18 +2,19 @@
 
 The cluster is a head and one worker, each a sandboxed node (see conftest.py) with its
 own SSH daemon, loopback address (127.0.0.1, 127.0.0.2), processes, home and
-``/data/raymq`` disk. Of the designs for two SSH targets behind the launcher's one
-``auth`` section, this keeps the ``ProxyCommand`` and lets it pick the node's sshd from
-the address ssh was given: two sshds on port 22 would need a port this machine's own
-sshd may hold, and network namespaces with veth pairs would need routing between them
-for Ray's many ports, where sharing the machine's network costs only that every Ray
-port is a free one.
+``/data/raymq`` disk. Two SSH targets behind the launcher's one ``auth`` section: the
+launcher's ``ProxyCommand`` picks the node's sshd from the address ssh was given, and
+the head (to which Ray gives no proxy) finds the worker's port in its sandboxed
+``~/.ssh/config``. Two sshds on port 22 of 127.0.0.1 and 127.0.0.2 would need a port
+this machine's own sshd may hold; network namespaces with veth pairs would need routing
+between them for Ray's many ports and the launcher's connections. Sharing the machine's
+network costs only that every Ray port is a free one.
 
 The test's copy of cluster.yaml changes only what a second cluster on the same machine
 must change: the addresses, the SSH key and proxy, Ray's ports (plus no dashboard), and
 the worker's node IP: Ray takes a node's IP from its route to the head, which on one
-machine is the head's own, and the launcher's autoscaler restarts a worker whose Ray
-does not report the address it was given. Setup commands, file mounts, the store disk
+machine is the head's own, and the head's autoscaler, which keys heartbeats by the
+address in ``worker_ips``, would keep restarting Ray on a worker it never hears from. Setup commands, file mounts, the store disk
 at /data/raymq and the broker resources are the file's own. As docs/cluster.md tells a
 user, the worker's ``node-resources.json`` is written once by hand: ``raymq-broker-b``.
 
@@ -49,7 +50,7 @@ EXEC_COMMAND = (
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER_TIMEOUT_S = 300
 WORKER_UP_TIMEOUT_S = 300  # the head's autoscaler: rsync, setup commands, ray start
-WORKER_DOWN_TIMEOUT_S = 120  # a raylet gives up on a lost GCS after 60 s
+WORKER_DOWN_TIMEOUT_S = 240  # seen: ~115 s (60 s without the GCS, then its agents)
 
 
 def sandboxed_config(cluster) -> Path:
@@ -134,6 +135,17 @@ def monitor_log(node, lines: int = 40) -> str:
     return "\n".join(out)
 
 
+def ray_left(node) -> list[str]:
+    """What still runs on a node but its sshd and Ray's log monitor: the one Ray
+    process that outlives its raylet (it only tails log files; the next `ray stop`,
+    e.g. in the next `ray up`, ends it)."""
+    return [
+        f"{pid} {cmd}"
+        for pid, cmd in node.command_lines().items()
+        if not cmd.startswith("sshd") and "ray/_private/log_monitor.py" not in cmd
+    ]
+
+
 def wait_until(condition, timeout_s: float, what: str, detail=lambda: "") -> float:
     started = time.monotonic()
     while not condition():
@@ -163,11 +175,13 @@ def _up_exec_down(cluster, config, env, sentinel_ray):
     assert sentinel_ray.answers(1)
     # written once by hand on the worker's disk, as docs/cluster.md says
     (worker.data / "node-resources.json").write_text('{"raymq-broker-b": 1}')
+    took, started = {}, time.monotonic()
 
     ray_cli(env, log, "up", "-y", "--no-config-cache", config)
+    took["up"] = time.monotonic() - started
     assert {"raylet", "gcs_server"} <= set(head.processes().values())
     assert (head.data / "node-resources.json").read_text().strip() == '{"raymq-broker-a": 1}'
-    wait_until(
+    took["worker up"] = wait_until(
         lambda: "raylet" in worker.processes().values(),
         WORKER_UP_TIMEOUT_S,
         "the head's autoscaler did not start Ray on the worker",
@@ -175,7 +189,9 @@ def _up_exec_down(cluster, config, env, sentinel_ray):
     )
     assert "gcs_server" not in worker.processes().values()
 
+    started = time.monotonic()
     output = ray_cli(env, log, "exec", config, EXEC_COMMAND)
+    took["exec"] = time.monotonic() - started
     [line] = [x for x in output.splitlines() if x.startswith("RESULT ")]
     result = json.loads(line.removeprefix("RESULT "))
     assert result["problems"] == [], result
@@ -197,17 +213,31 @@ def _up_exec_down(cluster, config, env, sentinel_ray):
     assert after["abnormal_start"] and not b["abnormal_start"], result
     assert result["consumed_after"] == MESSAGES
 
+    started = time.monotonic()
     ray_cli(env, log, "down", "-y", config)
+    took["down"] = time.monotonic() - started
     left = set(head.processes().values())
     assert not left & {"raylet", "gcs_server"}, left
-    # The local provider's `ray down` runs `ray stop` on the head only; the worker's
-    # raylet (and broker-b's worker process with it) exits when it loses the head's GCS.
-    wait_until(
-        lambda: "raylet" not in worker.processes().values(),
+    assert not ray_left(head), ray_left(head)
+    # The local provider's `ray down` runs `ray stop` on the head only. The worker's
+    # raylet gives up on the head's GCS after 60 s; it, its agents and broker-b's
+    # process are gone about a minute after that.
+    took["worker left"] = wait_until(
+        lambda: (
+            "raylet" not in worker.processes().values()
+            and not [p for p in ray_left(worker) if " ray::" in p]
+        ),
         WORKER_DOWN_TIMEOUT_S,
-        "the worker's Ray still runs after `ray down`",
-        lambda: str(worker.processes()),
+        "the worker's raylet or brokers still run after `ray down`",
+        lambda: "\n".join(ray_left(worker)),
     )
+    took["worker down"] = wait_until(
+        lambda: not ray_left(worker),
+        WORKER_DOWN_TIMEOUT_S,
+        "Ray's processes still run on the worker after `ray down`",
+        lambda: "\n".join(ray_left(worker)),
+    )
+    print("ray up test, seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in took.items()))
 
     # `ray stop` ran on the nodes (in up and in down): the other Ray never noticed.
     assert sentinel_ray.answers(41)
