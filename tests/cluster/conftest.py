@@ -1,12 +1,22 @@
-"""A sandboxed "remote" node on this machine for the cluster launcher's end-to-end test.
+"""Sandboxed "remote" nodes on this machine for the cluster launcher's end-to-end test.
 
-``loopback_node`` runs an sshd on a free loopback port inside its own PID and mount
-namespaces (``unshare``): everything started over SSH (``ray stop``, ``ray start``,
-``pip install``) sees only that namespace's processes, writes the user's home into a
-throw-away overlay, and keeps Ray's ``/tmp/ray`` in the test's directory. So
-``ray up``/``ray down``, which run ``ray stop`` on the node, cannot touch any other
+``loopback_cluster`` gives a head and a worker. Each node is an sshd on its own loopback
+address (127.0.0.1, 127.0.0.2) inside its own PID and mount namespaces (``unshare``):
+everything started over SSH (``ray stop``, ``ray start``, ``pip install``) sees only that
+node's processes, writes the user's home into a throw-away overlay, keeps Ray's
+``/tmp/ray`` in the test's directory and has the node's own disk at ``/data/raymq`` (a
+directory of the test bound there), so cluster.yaml's paths stay as they are. So
+``ray up``/``ray down``, which run ``ray stop`` on the nodes, cannot touch any other
 Ray on the machine. ``sentinel_ray`` is such another Ray, started beforehand, to
 prove it.
+
+The nodes share the machine's network namespace and their sshds listen on free ports,
+so each ssh client is told where a node's sshd is, as a real network would have it at
+port 22 of the node's address. The launcher on this machine gets one ``ProxyCommand``
+(its single ``auth`` section serves every node) that sends each connection to the sshd
+of the address ssh was asked for. Ray drops the proxy from the config it gives the head
+(a head reaches its workers directly), so the head's autoscaler finds the worker's port
+in the ``~/.ssh/config`` of the head's sandboxed home.
 """
 
 from __future__ import annotations
@@ -29,12 +39,35 @@ import pytest
 
 TOOLS = ("sshd", "ssh", "ssh-keygen", "rsync", "unshare")
 APT_PACKAGES = ("openssh-server", "openssh-client", "rsync")
+HEAD_IP, WORKER_IP = "127.0.0.1", "127.0.0.2"
+# The store disk every node has in cluster.yaml; each sandboxed node gets its own.
+DATA_DIR = Path("/data/raymq")
 
-# ssh's ProxyCommand: stdin/stdout <-> one TCP connection. Ray's rsync splits its ssh
-# options on spaces, so the command is a script path with no arguments.
+# ssh's ProxyCommand: stdin/stdout <-> one TCP connection to the sshd of the node ssh
+# was asked for. Ray's rsync splits its ssh options on spaces, so the command is a
+# script path with no arguments (not even ssh's %h); the proxy finds the destination in
+# its parent's command line, the ssh that runs it (`sh -c "exec <script>"`, and the
+# script execs this): ssh's first argument that is not an option or an option's value.
 _PROXY = """\
 import os, socket, sys, threading
-conn = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+PORTS = {ports!r}
+WITH_VALUE = set("BbcDEeFIiJLlmOoPpQRSWw")  # ssh's options that take a value
+with open(f"/proc/{{os.getppid()}}/cmdline", "rb") as f:
+    argv = f.read().decode().split("\\0")
+args, dest = iter(argv[1:]), None
+for arg in args:
+    if arg.startswith("-") and len(arg) > 1:
+        for i, letter in enumerate(arg[1:], 1):
+            if letter in WITH_VALUE:
+                if i == len(arg) - 1:
+                    next(args, None)
+                break
+        continue
+    dest = arg.rpartition("@")[2]
+    break
+if dest not in PORTS:
+    sys.exit(f"proxy: ssh to {{dest!r}} is to no sandboxed node {{sorted(PORTS)}}: {{argv}}")
+conn = socket.create_connection((dest, PORTS[dest]))
 def upstream():
     while data := os.read(0, 65536):
         conn.sendall(data)
@@ -81,19 +114,24 @@ def _children(pid: int) -> list[int]:
 
 @dataclass
 class LoopbackNode:
-    """The sandboxed node: where to reach it and what runs in it."""
+    """One sandboxed node: where to reach it, its disk, and what runs in it."""
 
+    ip: str
     dir: Path
     port: int
-    ssh_user: str
-    ssh_private_key: Path
-    proxy_command: Path
+    data: Path  # what the node sees at /data/raymq
     namespace: str
     log: Path
 
-    @staticmethod
-    def free_port() -> int:
-        return free_port()
+    @property
+    def ray_logs(self) -> Path | None:
+        """Ray's logs of the node's current session (its /tmp/ray is ray-tmp, where
+        session_latest links to the node's /tmp/ray/<session>)."""
+        try:
+            session = Path(os.readlink(self.dir / "ray-tmp" / "session_latest")).name
+        except OSError:
+            return None
+        return self.dir / "ray-tmp" / session / "logs"
 
     def processes(self) -> dict[int, str]:
         """pid -> command name of every process inside the node's PID namespace."""
@@ -108,14 +146,41 @@ class LoopbackNode:
                 continue
         return found
 
+    def command_lines(self) -> dict[int, str]:
+        """pid -> command line of every process inside the node's PID namespace."""
+        found = {}
+        for pid in self.processes():
+            with contextlib.suppress(OSError):
+                raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+                found[pid] = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+        return found
 
-def _start_namespace(tmp: Path, port: int) -> tuple[subprocess.Popen[bytes], Path]:
+
+@dataclass
+class LoopbackCluster:
+    """A head and a worker, reached as one SSH user with one key through one proxy."""
+
+    dir: Path
+    head: LoopbackNode
+    worker: LoopbackNode
+    ssh_user: str
+    ssh_private_key: Path
+    proxy_command: Path
+
+    @staticmethod
+    def free_port() -> int:
+        return free_port()
+
+
+def _start_namespace(
+    tmp: Path, ip: str, ports: dict[str, int]
+) -> tuple[subprocess.Popen[bytes], Path]:
     home = Path(pwd.getpwuid(os.geteuid()).pw_dir)  # where sshd logs the user in
     sshd = shutil.which("sshd", path=os.environ["PATH"] + ":/usr/sbin:/sbin")
     (tmp / "sshd_config").write_text(
         textwrap.dedent(f"""\
-        Port {port}
-        ListenAddress 127.0.0.1
+        Port {ports[ip]}
+        ListenAddress {ip}
         HostKey {tmp}/host_key
         PidFile none
         AuthorizedKeysFile {tmp}/authorized_keys
@@ -130,17 +195,25 @@ def _start_namespace(tmp: Path, port: int) -> tuple[subprocess.Popen[bytes], Pat
     )
     # Inside the new namespaces: the home directory becomes an overlay on a tmpfs (so
     # `pip install -e`, the rsync'ed checkout and ~/ray_bootstrap_config.yaml vanish
-    # with the namespace), /tmp/ray becomes the test's own directory, then sshd
-    # becomes PID 1: when it dies, the kernel kills everything the test started in there.
+    # with the namespace), ssh from the node finds every node's sshd, /tmp/ray becomes
+    # the test's own directory, /data/raymq the node's own disk, then sshd becomes PID 1:
+    # when it dies, the kernel kills everything the test started in there.
+    (tmp / "ssh_config").write_text(
+        "".join(f"Host {host}\n    Port {port}\n" for host, port in ports.items())
+    )
     (tmp / "init.sh").write_text(
         textwrap.dedent(f"""\
         set -eu
-        mkdir -p {tmp}/overlay {tmp}/ray-tmp /tmp/ray /run/sshd
+        mkdir -p {tmp}/overlay {tmp}/ray-tmp {tmp}/data /tmp/ray /run/sshd
         mount -t tmpfs -o size=4g raymq-test {tmp}/overlay
         mkdir {tmp}/overlay/upper {tmp}/overlay/work
         mount -t overlay raymq-test \\
             -o lowerdir={home},upperdir={tmp}/overlay/upper,workdir={tmp}/overlay/work {home}
+        mkdir -p {home}/.ssh && touch {home}/.ssh/config
+        cat {tmp}/ssh_config {home}/.ssh/config > {tmp}/ssh_config.merged
+        install -m 600 {tmp}/ssh_config.merged {home}/.ssh/config
         mount --bind {tmp}/ray-tmp /tmp/ray
+        mount --bind {tmp}/data {DATA_DIR}
         exec {sshd} -D -e -f {tmp}/sshd_config
         """)
     )
@@ -157,18 +230,18 @@ def _start_namespace(tmp: Path, port: int) -> tuple[subprocess.Popen[bytes], Pat
     return proc, log
 
 
-def _wait_for_ssh(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+def _wait_for_ssh(proc: subprocess.Popen[bytes], ip: str, port: int, log: Path) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"sshd namespace exited {proc.returncode}:\n{log.read_text()}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+            with socket.create_connection((ip, port), timeout=2) as s:
                 if s.recv(64).startswith(b"SSH-"):
                     return
         except OSError:
             time.sleep(0.2)
-    raise RuntimeError(f"sshd did not answer on port {port}:\n{log.read_text()}")
+    raise RuntimeError(f"sshd did not answer on {ip}:{port}:\n{log.read_text()}")
 
 
 def _stop_namespace(proc: subprocess.Popen[bytes], node: LoopbackNode | None) -> None:
@@ -187,35 +260,37 @@ def _stop_namespace(proc: subprocess.Popen[bytes], node: LoopbackNode | None) ->
     assert not node.processes(), f"processes left in the test's namespace: {node.processes()}"
 
 
-@pytest.fixture
-def loopback_node(tmp_path: Path) -> Iterator[LoopbackNode]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root: PID and mount namespaces, and root login over SSH")
-    _ensure_tools()
-    tmp = tmp_path / "node"
-    tmp.mkdir()
-    for name in ("client_key", "host_key"):
-        subprocess.run(
-            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / name)], check=True
-        )
-    shutil.copy(tmp / "client_key.pub", tmp / "authorized_keys")
-    port = free_port()
-    (tmp / "proxy.py").write_text(_PROXY)
-    proxy = tmp / "proxy.sh"
-    proxy.write_text(f"#!/bin/sh\nexec {sys.executable} {tmp / 'proxy.py'} 127.0.0.1 {port}\n")
-    proxy.chmod(0o755)
+@contextlib.contextmanager
+def _mount_point(path: Path) -> Iterator[None]:
+    """``path`` exists while the nodes bind their disks on it (in their own mount
+    namespaces: the machine's ``path`` and whatever is in it stay untouched); what this
+    created is removed afterwards."""
+    created = [p for p in (path, *path.parents) if not p.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    finally:
+        for p in created:  # deepest first
+            with contextlib.suppress(OSError):
+                p.rmdir()
 
-    proc, log = _start_namespace(tmp, port)
+
+@contextlib.contextmanager
+def _node(tmp: Path, ip: str, ports: dict[str, int]) -> Iterator[LoopbackNode]:
+    shutil.copy(tmp.parent / "client_key.pub", tmp / "authorized_keys")
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / "host_key")], check=True
+    )
+    proc, log = _start_namespace(tmp, ip, ports)
     node = None
     try:
-        _wait_for_ssh(proc, port, log)
+        _wait_for_ssh(proc, ip, ports[ip], log)
         [init] = _children(proc.pid)
         node = LoopbackNode(
+            ip=ip,
             dir=tmp,
-            port=port,
-            ssh_user="root",
-            ssh_private_key=tmp / "client_key",
-            proxy_command=proxy,
+            port=ports[ip],
+            data=tmp / "data",
             namespace=_pid_namespace(init),
             log=log,
         )
@@ -223,6 +298,37 @@ def loopback_node(tmp_path: Path) -> Iterator[LoopbackNode]:
         yield node
     finally:
         _stop_namespace(proc, node)
+
+
+@pytest.fixture
+def loopback_cluster(tmp_path: Path) -> Iterator[LoopbackCluster]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: PID and mount namespaces, and root login over SSH")
+    _ensure_tools()
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "client_key")],
+        check=True,
+    )
+    ports = {HEAD_IP: free_port(), WORKER_IP: free_port()}
+    (tmp_path / "proxy.py").write_text(_PROXY.format(ports=ports))
+    proxy = tmp_path / "proxy.sh"
+    proxy.write_text(f"#!/bin/sh\nexec {sys.executable} {tmp_path / 'proxy.py'}\n")
+    proxy.chmod(0o755)
+    (tmp_path / "head").mkdir()
+    (tmp_path / "worker").mkdir()
+    with (
+        _mount_point(DATA_DIR),
+        _node(tmp_path / "head", HEAD_IP, ports) as head,
+        _node(tmp_path / "worker", WORKER_IP, ports) as worker,
+    ):
+        yield LoopbackCluster(
+            dir=tmp_path,
+            head=head,
+            worker=worker,
+            ssh_user="root",
+            ssh_private_key=tmp_path / "client_key",
+            proxy_command=proxy,
+        )
 
 
 _SENTINEL = """\

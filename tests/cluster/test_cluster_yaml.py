@@ -74,6 +74,17 @@ def test_nodes_declare_broker_resources_from_their_store_disk():
     assert "'{}'" in config["worker_setup_commands"][0]
 
 
+def test_workers_are_started_and_may_join():
+    # test_ray_up.py shows why, in minutes; this says it at once if one goes missing:
+    # Ray's v2 autoscaler never starts a local provider's workers, and `ray start
+    # --address` does not turn token authentication on by itself.
+    config = _cluster_yaml()
+    head, worker = config["head_start_ray_commands"][-1], config["worker_start_ray_commands"][-1]
+
+    assert "RAY_enable_autoscaler_v2=0 ray start --head" in head
+    assert "RAY_AUTH_MODE=token" in head and "RAY_AUTH_MODE=token" in worker
+
+
 def test_aws_variant_pins_each_broker_to_one_nvme_instance():
     node_types = _aws_yaml()["available_node_types"]
     brokers = {k: v for k, v in node_types.items() if k.startswith("broker-")}
