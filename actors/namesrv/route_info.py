@@ -78,7 +78,8 @@ class RouteInfoManager:
                 reg.master_epoch, self._epochs.get(reg.broker_name, 0)
             )
         is_new = old is None or old.registration.incarnation != reg.incarnation
-        changed = self._refresh_topics(reg.broker_name)
+        moved = old is not None and old.registration.data_addr != reg.data_addr
+        changed = self._refresh_topics(reg.broker_name) or moved
         if is_new or changed:
             self.version += 1
         if is_new:
@@ -171,6 +172,7 @@ class RouteInfoManager:
             actor_names={bid: r.actor_name for bid, r in members},
             namespace=first.namespace,
             node_ids={bid: r.node_id for bid, r in members},
+            data_addrs={bid: r.data_addr for bid, r in members if r.data_addr},
         )
 
     def topics(self) -> list[str]:

@@ -32,6 +32,9 @@ class BrokerData:
     actor_names: Mapping[int, str]
     namespace: str
     node_ids: Mapping[int, str] = field(default_factory=dict)
+    data_addrs: Mapping[int, str] = field(default_factory=dict)
+    """Each member's data-path address (``ip:port`` of its own socket), as RocketMQ's
+    ``brokerAddrs``; a member without one is reached through Ray only."""
 
     def master_actor_name(self) -> str | None:
         return self.actor_names.get(0)
@@ -72,3 +75,4 @@ class BrokerRegistration:
     topic_configs: Mapping[str, TopicConfig]
     handle: Any = None  # the broker's ActorHandle, for Ray death notices
     master_epoch: int = 0  # with broker_id 0: the promotion epoch or Raft term it masters in
+    data_addr: str = ""  # its data path's ip:port ("" while it has none)

@@ -41,8 +41,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ray.exceptions import GetTimeoutError
-
+from actors.protocol.rpc import PendingCall
 from storage.errors import InvalidMessageError
 
 log = logging.getLogger("raymq.actors.shared_ring")
@@ -106,23 +105,8 @@ class SharedRing:
             os.close(self._fd)
 
 
-class SharedCall:
-    """A send through a ring, waited on as an ObjectRef is: ``future()`` (a lane, a
-    callback) or ``result(timeout)`` (``actors.protocol.rpc.get``)."""
-
-    __slots__ = ("_future",)
-
-    def __init__(self, future: concurrent.futures.Future[Any]) -> None:
-        self._future = future
-
-    def future(self) -> concurrent.futures.Future[Any]:
-        return self._future
-
-    def result(self, timeout: float | None) -> Any:
-        try:
-            return self._future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            raise GetTimeoutError(f"a shared send was not answered in {timeout} s") from None
+SharedCall = PendingCall
+"""A send through a ring is waited on as any pending call (``actors.protocol.rpc``)."""
 
 
 def pass_on(out: concurrent.futures.Future[Any], fut: concurrent.futures.Future[Any]) -> None:
