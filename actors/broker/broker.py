@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ import numpy as np
 from actors.broker.admin import AdminBrokerProcessor
 from actors.broker.consumer_manage import ConsumerManageProcessor
 from actors.broker.ha import create_replication
+from actors.broker.listener import DataPathListener
 from actors.broker.memory import retain_freed_memory
 from actors.broker.metrics import BrokerMetrics, BrokerMetricsService
 from actors.broker.pull import PullMessageProcessor
@@ -73,8 +75,13 @@ class Broker:
         self.puller = PullMessageProcessor(rt, self.ha, self.metrics)
         self.groups = ConsumerManageProcessor(rt, self.ha)
         self.admin = AdminBrokerProcessor(rt, self.ha)
+        self.listener: DataPathListener | None = None
+        if config.data_path_enable:
+            self.listener = DataPathListener(
+                rt, self.sender, self.puller, self.groups, _tls_context(config)
+            )
         self.ha.start()
-        self.registration.start()
+        self._startup = loop.create_task(self._start())
         self._offset_flush = loop.create_task(self._offset_flush_loop())
         log.info(
             "broker %s up on node %s (%s), store %s, %s start, incarnation %s",
@@ -85,6 +92,35 @@ class Broker:
             "abnormal" if rt.store.abnormal_start else "normal",
             rt.incarnation[:8],
         )
+
+    async def _start(self) -> None:
+        """Open the data path, then register: the first registration carries its address."""
+        if self.listener is not None:
+            try:
+                await self.listener.start()
+                self.rt.data_addr = self.listener.addr
+            except OSError as exc:  # clients fall back to Ray's path
+                log.error(
+                    "broker %s: no data path (%s): serving through Ray only",
+                    self.config.actor_name,
+                    exc,
+                )
+                self.listener = None
+        self.registration.start()
+
+    async def data_path(self) -> dict[str, Any] | None:
+        """Where and how to reach this broker's own socket: its address, this incarnation's
+        secret (a client proves it holds it, ``actors.protocol.frames``) and whether it
+        speaks TLS; None without one. Handed out through Ray: only the cluster gets it."""
+        await asyncio.shield(self._startup)
+        if self.listener is None:
+            return None
+        return {
+            "addr": self.listener.addr,
+            "secret": self.listener.secret,
+            "tls": self.listener.ssl_context is not None,
+            "incarnation": self.rt.incarnation,
+        }
 
     async def _offset_flush_loop(self) -> None:
         rt = self.rt
@@ -326,7 +362,10 @@ class Broker:
 
     # ------------------------------------------------------------ status and lifecycle
     async def status(self) -> dict[str, Any]:
-        return {**await self.admin.status(), **self.sender.status()}
+        data_path: dict[str, Any] = {"data_addr": self.rt.data_addr}
+        if self.listener is not None:
+            data_path.update({f"data_{k}": v for k, v in self.listener.stats.items()})
+        return {**await self.admin.status(), **self.sender.status(), **data_path}
 
     async def ping(self) -> str:
         return self.rt.incarnation
@@ -351,6 +390,8 @@ class Broker:
         self.registration.stop()
         rt.holds.wake_all()
         self._offset_flush.cancel()
+        if self.listener is not None:
+            await self.listener.stop()
         if self._metrics_service is not None:
             self._metrics_service.stop()
         with contextlib.suppress(Exception):
@@ -360,3 +401,11 @@ class Broker:
         await rt.run(rt.store.close)
         rt.io.shutdown(wait=False)
         log.info("broker %s shut down cleanly", self.config.actor_name)
+
+
+def _tls_context(config: BrokerConfig) -> ssl.SSLContext | None:
+    if config.data_tls_cert is None or config.data_tls_key is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(config.data_tls_cert, config.data_tls_key)
+    return context

@@ -49,6 +49,7 @@ class Registration:
             topic_configs=rt.topics.snapshot(),
             handle=ray.get_runtime_context().current_actor,
             master_epoch=self.role.master_epoch,
+            data_addr=rt.data_addr,
         )
 
     async def _register_one(self, name: str, reg: BrokerRegistration) -> dict[str, Any] | None:

@@ -78,6 +78,7 @@ class BrokerRuntime:
         self.fences = OffsetFenceTable()  # set by group coordinators, see actors.protocol.fencing
         self.holds = PullRequestHoldService(loop)
         self.store.add_dispatch_listener(self.holds.on_dispatch)
+        self.data_addr = ""  # the data path's ip:port once it listens (actors/broker/listener.py)
         self.closing = False
         self.started = time.time()
         self.stats: dict[str, int] = {

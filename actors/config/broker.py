@@ -52,6 +52,21 @@ class BrokerConfig:
     store_dir: str | None = None
     broker_ip: str | None = None
     listen_port: int = 10911
+    """RocketMQ's listenPort: with the node's IP, the store host written into every record
+    and message id; a broker's identity, not where it listens (``data_port`` is)."""
+    data_port: int = 0
+    """The TCP port of the broker's data path (``actors/broker/listener.py``) on its node;
+    0: any free port. Clients find it through the NameServers' routes, again after a
+    restart; only connections that prove they belong to the cluster are served."""
+    data_bind: str | None = None
+    """The address the data path listens on; None: the node's IP (Ray's node address)."""
+    data_path_enable: bool = True
+    max_frame_bytes: int = 128 << 20
+    """The largest data-path frame a broker reads; a larger one closes its connection."""
+    data_tls_cert: str | None = None
+    data_tls_key: str | None = None
+    """TLS for the data path (a PEM certificate chain and its key on the broker's node);
+    clients then connect with TLS (``ProducerConfig.data_tls_ca`` to check the chain)."""
     store: Mapping[str, Any] = field(default_factory=dict)
     auto_create_topic_enable: bool = True
     default_topic_queue_nums: int = 8
@@ -105,6 +120,18 @@ class BrokerConfig:
         if not 0 < self.listen_port < 65536:
             raise InvalidConfigError(
                 f"BrokerConfig.listen_port={self.listen_port}: must be in 1..65535"
+            )
+        if not isinstance(self.data_port, int) or not 0 <= self.data_port < 65536:
+            raise InvalidConfigError(
+                f"BrokerConfig.data_port={self.data_port!r}: must be in 0..65535 (0: any free)"
+            )
+        if not isinstance(self.max_frame_bytes, int) or self.max_frame_bytes < 1 << 16:
+            raise InvalidConfigError(
+                f"BrokerConfig.max_frame_bytes={self.max_frame_bytes!r}: must be an int >= 65536"
+            )
+        if (self.data_tls_cert is None) != (self.data_tls_key is None):
+            raise InvalidConfigError(
+                "BrokerConfig.data_tls_cert and data_tls_key: give both or neither"
             )
         if not 1 <= self.default_topic_queue_nums <= 1024:
             raise InvalidConfigError(
