@@ -31,11 +31,12 @@ from ray.data.datasource import Datasource, ReadTask
 
 from actors.bridge.arrow_codec import TOPIC_SCHEMA, records_to_arrow
 from actors.bridge.write import write_to_topic
+from actors.client.data_path import DataPath
 from actors.namesrv.client import NameServerClient
 from actors.protocol import rpc as _rpc
 from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.topic import is_readable
-from actors.protocol.wire import pull_from_wire
+from actors.protocol.wire import pull_request_to_wire, pulls_from_wire
 from rebalance import MessageQueue
 from storage.errors import (
     BrokerUnavailableError,
@@ -221,16 +222,21 @@ class _ReadOptions:
 
 
 def _pull(broker: Any, r: QueueRange, offset: int, opts: _ReadOptions) -> Any:
+    """One pull of ``r`` from ``offset``: over the broker's socket when ``broker`` is a
+    data-path stub (``actors.client.data_path``), else as a Ray call."""
     count = min(opts.pull_batch_size, r.end - offset)
-    return broker.pull.remote("", r.topic, r.queue_id, offset, count, opts.tags)
+    request = pull_request_to_wire("", [(r.topic, r.queue_id, offset)], count, opts.tags, 0.0, "")
+    return broker.pull_packed.remote(request)
 
 
-def _get_pull(r: QueueRange, offset: int, ref: Any, opts: _ReadOptions) -> RawGetResult:
+def _get_pull(
+    r: QueueRange, offset: int, ref: Any, opts: _ReadOptions, data_path: DataPath
+) -> RawGetResult:
     """The pull's answer; when Ray cannot deliver it, the pull again (the broker may be
     restarting in place) a few times before giving up."""
     for attempt in range(_PULL_ATTEMPTS):
         try:
-            return pull_from_wire(_rpc.get(ref, _CALL_TIMEOUT_S))
+            return pulls_from_wire(_rpc.get(ref, _CALL_TIMEOUT_S))[0]
         except Exception as exc:
             if not _rpc.is_retriable(exc) or attempt == _PULL_ATTEMPTS - 1:
                 if _rpc.is_retriable(exc):
@@ -242,7 +248,9 @@ def _get_pull(r: QueueRange, offset: int, ref: Any, opts: _ReadOptions) -> RawGe
                 raise
             log.warning("pull of %s:%d failed (%s); retrying", r.topic, r.queue_id, exc)
             time.sleep(0.5 * 2**attempt)
-            broker = ray.get_actor(r.actor_name, namespace=r.namespace)
+            broker = data_path.wrap(
+                r.actor_name, ray.get_actor(r.actor_name, namespace=r.namespace)
+            )
             ref = _pull(broker, r, offset, opts)
     raise AssertionError("unreachable")
 
@@ -254,11 +262,21 @@ def _read_queue_range(r: QueueRange, opts: _ReadOptions) -> Iterator[pa.Table]:
     """
     subscribed = parse_subscription(opts.tags)
     wanted = None if subscribed is None else pa.array(sorted(subscribed), pa.string())
-    broker = ray.get_actor(r.actor_name, namespace=r.namespace)
+    data_path = DataPath()  # this read task's connections: closed when it is done
+    try:
+        yield from _read_with(r, opts, wanted, data_path)
+    finally:
+        data_path.close()
+
+
+def _read_with(
+    r: QueueRange, opts: _ReadOptions, wanted: pa.Array | None, data_path: DataPath
+) -> Iterator[pa.Table]:
+    broker = data_path.wrap(r.actor_name, ray.get_actor(r.actor_name, namespace=r.namespace))
     offset = r.start
     ref = _pull(broker, r, offset, opts) if offset < r.end else None
     while ref is not None:
-        raw = _get_pull(r, offset, ref, opts)
+        raw = _get_pull(r, offset, ref, opts, data_path)
         status = raw.status
         if status is GetStatus.OFFSET_TOO_SMALL:
             message = (

@@ -26,6 +26,7 @@ from typing import Any
 
 from actors.client.backpressure import AsyncSendBudget
 from actors.client.coalescer import SendCoalescer
+from actors.client.data_path import DataPath
 from actors.client.encoder import MessageEncoder
 from actors.client.fault import LatencyFaultTolerance
 from actors.client.queue_selector import QueueSelector
@@ -64,8 +65,12 @@ class Producer:
         self.group = group
         self.config = with_options(config or ProducerConfig(), options)
         self.client_id = f"{group}@{uuid.uuid4().hex[:12]}"
+        self._data_path = DataPath(self.config.data_path, self.config.data_tls_ca)
         self.ns = NameServerClient(
-            nameservers or discover_nameservers(namespace), namespace, self.config.route_refresh_s
+            nameservers or discover_nameservers(namespace),
+            namespace,
+            self.config.route_refresh_s,
+            wrap=self._data_path.wrap,
         )
         self.fault = LatencyFaultTolerance(self.config.fault_isolation_s)
         self._encoder = MessageEncoder(self.config)
@@ -177,6 +182,7 @@ class Producer:
             )
         self._sender.close()
         self._transport.close()
+        self._data_path.close()
 
     def __enter__(self) -> Producer:
         return self

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, cast
 
+from actors.client.data_path import DataPath
 from actors.config.client import ConsumerConfig
 from actors.config.options import with_options
 from actors.namesrv.client import NameServerClient
@@ -187,8 +188,12 @@ class PullConsumer:
         self.group = group
         self.config = with_options(config or ConsumerConfig(), options)
         self.client_id = f"{group}@{uuid.uuid4().hex[:12]}"
+        self._data_path = DataPath(self.config.data_path, self.config.data_tls_ca)
         self.ns = NameServerClient(
-            nameservers or discover_nameservers(namespace), namespace, self.config.route_refresh_s
+            nameservers or discover_nameservers(namespace),
+            namespace,
+            self.config.route_refresh_s,
+            wrap=self._data_path.wrap,
         )
         self._read_from: dict[MessageQueue, int] = {}  # broker id a broker suggested for pulls
         self._waiter: concurrent.futures.ThreadPoolExecutor | None = None  # async pulls
@@ -415,6 +420,7 @@ class PullConsumer:
         if self._waiter is not None:
             self._waiter.shutdown(wait=True)
             self._waiter = None
+        self._data_path.close()
 
     def __enter__(self) -> PullConsumer:
         return self

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from actors.config.options import check_positive
+from actors.config.options import check_data_path, check_positive
 from storage.errors import InvalidConfigError
 
 
@@ -13,6 +13,12 @@ class ProducerConfig:
     """Client settings of a producer (RocketMQ's names and defaults where they exist)."""
 
     send_timeout_s: float = 3.0
+    data_path: str = "socket"
+    """How sends reach brokers: ``"socket"``, each broker's own port (the data path), or
+    ``"ray"``, Ray actor calls. A broker whose socket cannot be reached gets Ray's path
+    (logged once), so ``"socket"`` never loses a broker that Ray can still reach."""
+    data_tls_ca: str | None = None
+    """With brokers serving TLS: a PEM bundle to check their certificates against."""
     retry_times_when_send_failed: int = 2
     retry_times_when_send_async_failed: int = 2
     max_message_size: int = 4 << 20
@@ -37,6 +43,7 @@ class ProducerConfig:
     brokers on other nodes, and any broker that cannot read the ring, get Ray's path."""
 
     def __post_init__(self) -> None:
+        check_data_path("ProducerConfig", self.data_path)
         check_positive(
             "ProducerConfig",
             max_in_flight_per_broker=self.max_in_flight_per_broker,
@@ -64,8 +71,12 @@ class ConsumerConfig:
     pull_timeout_s: float = 10.0
     route_refresh_s: float = 30.0
     check_crc: bool = False
+    data_path: str = "socket"
+    """``"socket"`` (each broker's own port) or ``"ray"`` (actor calls); see ProducerConfig."""
+    data_tls_ca: str | None = None
 
     def __post_init__(self) -> None:
+        check_data_path("ConsumerConfig", self.data_path)
         check_positive(
             "ConsumerConfig",
             pull_timeout_s=self.pull_timeout_s,

@@ -61,3 +61,11 @@ def check_broker_name(owner: str, name: str, value: object) -> None:
 
 def _plain(value: object) -> bool:
     return isinstance(value, str) and bool(value) and all(c.isalnum() or c in "_-" for c in value)
+
+
+DATA_PATHS = ("socket", "ray")
+
+
+def check_data_path(owner: str, value: object) -> None:
+    if value not in DATA_PATHS:
+        raise InvalidConfigError(f"{owner}.data_path={value!r}: must be one of {DATA_PATHS}")

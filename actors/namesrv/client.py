@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
@@ -46,15 +46,26 @@ def _rearm(client: weakref.ref[NameServerClient], fut: Any) -> None:
         me._on_route_change(fut)
 
 
+BrokerWrap = Callable[[str, Any], Any]
+"""Turns a broker's Ray handle into what a client calls it through (its actor name,
+the handle): a client with a data path wraps it so that per-message calls go over
+the broker's own socket (``actors.client.data_path``)."""
+
+
 class NameServerClient:
     def __init__(
-        self, nameservers: Sequence[str], namespace: str, route_ttl_s: float = 30.0
+        self,
+        nameservers: Sequence[str],
+        namespace: str,
+        route_ttl_s: float = 30.0,
+        wrap: BrokerWrap | None = None,
     ) -> None:
         if not nameservers:
             raise BrokerUnavailableError("no NameServer names given")
         self.nameservers = tuple(nameservers)
         self.namespace = namespace
         self.route_ttl_s = route_ttl_s
+        self._wrap = wrap
         self._handles: dict[str, Any] = {}
         self._current = 0
         self._routes: dict[str, tuple[float, TopicRouteData]] = {}
@@ -183,6 +194,8 @@ class NameServerClient:
                 h = ray.get_actor(actor_name, namespace=namespace or self.namespace)
             except ValueError as exc:
                 raise BrokerUnavailableError(f"broker actor {actor_name!r} not found") from exc
+            if self._wrap is not None:
+                h = self._wrap(actor_name, h)
             self._brokers[actor_name] = h
         return h
 

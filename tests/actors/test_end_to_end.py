@@ -291,7 +291,7 @@ def test_a_large_pull_is_copied_out_of_the_object_store_only_when_read(
         [Message("Lazy", b"%04d" % i + bytes(296), tags="T") for i in range(1200)],
         sharding_key="one queue",
     )
-    consumer = cluster.pull_consumer("g-lazy")
+    consumer = cluster.pull_consumer("g-lazy", data_path="ray")  # what Ray's path does
     mq = next(q for q in consumer.fetch_subscribe_queues("Lazy") if consumer.max_offset(q))
     bodies = [b"%04d" % i + bytes(296) for i in range(1200)]
     first = consumer.pull(mq, 0, 2000)  # ~440 KB: past OUT_OF_BAND_BYTES

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.config.coordinator import CoordinatorConfig
-from actors.config.options import check_name
+from actors.config.options import check_data_path, check_name
 from actors.coordinator.strategies import MACHINE_ROOM_STRATEGIES, StrategySpec, build_strategy
 from storage.errors import InvalidConfigError
 from storage.message import MessageExt
@@ -118,8 +118,13 @@ class PushConsumerConfig:
     rebalance_options: Mapping[str, Any] | None = None
     machine_room: str | None = None
     coordinator_config: CoordinatorConfig | None = None
+    data_path: str = "socket"
+    """Pulls, offset commits, send-back and heartbeats over each broker's own socket
+    (``"socket"``) or as Ray actor calls (``"ray"``); see ``ProducerConfig.data_path``."""
+    data_tls_ca: str | None = None
 
     def __post_init__(self) -> None:
+        check_data_path("PushConsumerConfig", self.data_path)
         object.__setattr__(self, "model", _enum(MessageModel, "model", self.model))
         object.__setattr__(
             self, "consume_from", _enum(ConsumeFromWhere, "consume_from", self.consume_from)

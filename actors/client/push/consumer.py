@@ -36,6 +36,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from actors.client.data_path import DataPath
 from actors.client.push.config import (
     ConsumeFromWhere,
     ConsumeStatus,
@@ -170,10 +171,12 @@ class PushConsumer:
                 raise InvalidConfigError(
                     f"listener={self.listener!r}: register a callable before start()"
                 )
+            self._data_path = DataPath(self.config.data_path, self.config.data_tls_ca)
             self.ns = NameServerClient(
                 self._nameservers or self._discover(self.namespace),
                 self.namespace,
                 self.config.route_refresh_s,
+                wrap=self._data_path.wrap,
             )
             if self.config.clustering:
                 self._subscriptions.setdefault(retry_topic(self.group), ("*", None))
@@ -409,6 +412,7 @@ class PushConsumer:
             self._unregister()
         self.offset_store.close()
         self.scheduler.stop()
+        self._data_path.close()
         self._closed_event.set()
         log.info("push consumer %s shut down: %s", self.client_id, self.stats.snapshot())
 

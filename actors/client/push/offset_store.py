@@ -30,8 +30,6 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-import ray
-
 from actors.namesrv.client import NameServerClient
 from actors.protocol import rpc as _rpc
 from actors.protocol.fencing import FencingToken, OffsetFencedError
@@ -128,7 +126,7 @@ class RemoteBrokerOffsetStore:
         with self._submit, self._lock:
             earlier = [ref for _, ref in self._pending]
         if earlier:
-            ray.wait(earlier, num_returns=len(earlier), timeout=OFFSET_CALL_TIMEOUT_S)
+            _rpc.wait(earlier, OFFSET_CALL_TIMEOUT_S)
         with self._submit:
             sent = self._send(offsets, tokens)
         done: set[MessageQueue] = set()
@@ -180,13 +178,11 @@ class RemoteBrokerOffsetStore:
         if not pending:
             return
         refs = [ref for _, ref in pending]
-        ready, _ = ray.wait(
-            refs, num_returns=len(refs), timeout=OFFSET_CALL_TIMEOUT_S if wait else 0
-        )
-        done = set(ready)
+        ready, _ = _rpc.wait(refs, OFFSET_CALL_TIMEOUT_S if wait else 0)
+        done = {id(r) for r in ready}
         still: list[tuple[str, Any]] = []
         for broker, ref in pending:
-            if ref not in done:
+            if id(ref) not in done:
                 if wait:
                     log.warning("group %s: offset commit on %s timed out", self.group, broker)
                 else:

@@ -16,8 +16,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import ray
-
 from actors.client.push.context import SendBackContext
 from actors.client.push.process_queue import ProcessQueue
 from actors.protocol import rpc as _rpc
@@ -101,7 +99,7 @@ class SendBackService:
                 continue
             calls.append((broker, ref, entries))
         if calls:
-            ray.wait([ref for _, ref, _ in calls], num_returns=len(calls), timeout=CALL_TIMEOUT_S)
+            _rpc.wait([ref for _, ref, _ in calls], CALL_TIMEOUT_S)
         for broker, ref, entries in calls:
             try:
                 outcome = _rpc.get(ref, 0.001)

@@ -1,0 +1,268 @@
+"""One TCP connection from a client to a broker's data path (aiokafka's ``conn.py``).
+
+Every connection of a process runs on one asyncio loop in a daemon thread (the
+client I/O loop); callers on any thread hand it a request and get a
+``concurrent.futures.Future`` of the answer. Requests are multiplexed by id: many
+are in flight on one connection and answered in whatever order the broker
+finishes them (a held pull does not hold up a send behind it).
+
+A connection opens with the cluster's handshake (``actors.protocol.frames``): it
+proves it holds the broker's secret and checks that the broker proves it too.
+When the connection breaks, every request still waiting fails at once with
+``BrokerUnavailableError`` (whoever sent it decides whether to send it again: a
+producer retries on another broker, as it does when Ray cannot deliver); the next
+request opens a new connection.
+
+Invariant: a request's future is completed exactly once, by its own answer, by
+the connection's failure, or by the caller's timeout, never by another's answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import os
+import ssl
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from actors.protocol import frames
+from actors.protocol.frames import Code, Flag
+from storage.errors import BrokerUnavailableError
+
+log = logging.getLogger("raymq.actors.client.connection")
+
+CONNECT_TIMEOUT_S = 5.0
+Answer = tuple[dict[str, Any], bytes]
+"""A response: its header, and its body."""
+
+
+class IOLoop:
+    """The process's client I/O loop: one asyncio loop in a daemon thread."""
+
+    _instance: IOLoop | None = None
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="raymq-client-io", daemon=True
+        )
+        self._thread.start()
+
+    @classmethod
+    def get(cls) -> IOLoop:
+        """The loop of this process (a forked child gets its own: threads do not fork)."""
+        inst = cls._instance
+        if inst is not None and inst.pid == os.getpid():
+            return inst
+        with cls._lock:
+            if cls._instance is None or cls._instance.pid != os.getpid():
+                cls._instance = IOLoop()
+            return cls._instance
+
+    def run(self, coro: Any) -> concurrent.futures.Future[Any]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+
+class BrokerConnection:
+    """A connection to one broker incarnation's data path, shared by every thread."""
+
+    def __init__(
+        self,
+        addr: str,
+        secret: bytes,
+        *,
+        tls: bool = False,
+        tls_ca: str | None = None,
+        max_frame_bytes: int = frames.DEFAULT_MAX_FRAME_BYTES,
+        name: str = "",
+    ) -> None:
+        host, _, port = addr.rpartition(":")
+        self.addr = addr
+        self.name = name or addr
+        self._host, self._port = host, int(port)
+        self._secret = secret
+        self._ssl = _client_tls(tls_ca) if tls else None
+        self._max = max_frame_bytes
+        self._io = IOLoop.get()
+        self._ids = itertools.count(1)
+        self._pending: dict[int, concurrent.futures.Future[Answer]] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._opening: asyncio.Future[None] | None = None
+        self.closed = False
+        self.error: BaseException | None = None
+
+    # ------------------------------------------------------------ from any thread
+    def request(
+        self, header: dict[str, Any], body: Sequence[Any] = (), *, oneway: bool = False
+    ) -> concurrent.futures.Future[Answer]:
+        """Send a request; a future of its answer (``(header, body)``), or of the error
+        the broker raised (the same RayMQError type) or of the connection's failure."""
+        fut: concurrent.futures.Future[Answer] = concurrent.futures.Future()
+        if self.closed:
+            fut.set_exception(BrokerUnavailableError(f"connection to {self.name} is closed"))
+            return fut
+        self._io.loop.call_soon_threadsafe(self._submit, header, body, fut, oneway)
+        return fut
+
+    def open(self, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+        """Connect and prove membership now (raises BrokerUnavailableError if it cannot)."""
+        self._io.run(self._ensure_open()).result(timeout_s)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._io.loop.call_soon_threadsafe(self._fail, BrokerUnavailableError("closed"))
+
+    # ------------------------------------------------------------ on the I/O loop
+    def _submit(
+        self,
+        header: dict[str, Any],
+        body: Sequence[Any],
+        fut: concurrent.futures.Future[Answer],
+        oneway: bool,
+    ) -> None:
+        writer = self._writer
+        if writer is not None and not writer.is_closing():
+            self._write(writer, header, body, fut, oneway)
+            return
+        task = asyncio.ensure_future(self._ensure_open())
+
+        def opened(t: asyncio.Future[None]) -> None:
+            exc = t.exception() if not t.cancelled() else BrokerUnavailableError("cancelled")
+            if exc is not None or self._writer is None:
+                _settle(fut, exc=exc or BrokerUnavailableError(f"{self.name}: not connected"))
+                return
+            self._write(self._writer, header, body, fut, oneway)
+
+        task.add_done_callback(opened)
+
+    def _write(
+        self,
+        writer: asyncio.StreamWriter,
+        header: dict[str, Any],
+        body: Sequence[Any],
+        fut: concurrent.futures.Future[Answer],
+        oneway: bool,
+    ) -> None:
+        if fut.done():  # the caller gave up before it left
+            return
+        opaque = next(self._ids)
+        flags = int(Flag.ONEWAY) if oneway else 0
+        if oneway:
+            fut.set_result(({}, b""))
+        else:
+            self._pending[opaque] = fut
+            fut.add_done_callback(lambda _: self._pending.pop(opaque, None))
+        writer.writelines(frames.encode({**header, "o": opaque, "f": flags}, body))
+
+    async def _ensure_open(self) -> None:
+        if self._writer is not None and not self._writer.is_closing():
+            return
+        if self._opening is None or self._opening.done():
+            self._opening = asyncio.ensure_future(self._connect())
+        await asyncio.shield(self._opening)
+
+    async def _connect(self) -> None:
+        if self.closed:
+            raise BrokerUnavailableError(f"connection to {self.name} is closed")
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(self._host, self._port, ssl=self._ssl, limit=1 << 20),
+                CONNECT_TIMEOUT_S,
+            )
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise BrokerUnavailableError(f"cannot connect to {self.name}: {exc}") from exc
+        try:
+            await asyncio.wait_for(self._handshake(reader, writer), frames.HANDSHAKE_TIMEOUT_S)
+        except BaseException as exc:
+            writer.close()
+            if isinstance(exc, BrokerUnavailableError):
+                raise
+            raise BrokerUnavailableError(f"handshake with {self.name} failed: {exc}") from exc
+        self._writer = writer
+        self.error = None
+        asyncio.ensure_future(self._read_loop(reader, writer))
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hello, _ = await frames.read_frame(reader, frames.HANDSHAKE_MAX_BYTES)
+        theirs = hello.get("n")
+        if hello.get("c") != Code.HELLO or not isinstance(theirs, bytes):
+            raise frames.AuthError(f"{self.name} did not greet as a RayMQ broker")
+        mine = frames.nonce()
+        auth = {"c": int(Code.AUTH), "o": 0, "n": mine}
+        auth["p"] = frames.proof(self._secret, b"client", theirs, mine)
+        writer.writelines(frames.encode(auth))
+        try:
+            reply, _ = await frames.read_frame(reader, frames.HANDSHAKE_MAX_BYTES)
+        except asyncio.IncompleteReadError:
+            raise frames.AuthError(f"{self.name} refused this client's proof") from None
+        if reply.get("c") != Code.OK or not frames.check_proof(
+            self._secret, b"broker", mine, theirs, reply.get("p")
+        ):
+            raise frames.AuthError(f"{self.name} could not prove it holds the cluster's secret")
+
+    async def _read_loop(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        error: BaseException
+        try:
+            while True:
+                header, body = await frames.read_frame(reader, self._max)
+                fut = self._pending.pop(header["o"], None)
+                if fut is None:
+                    continue  # its caller timed out and went away
+                if header["c"] == Code.OK:
+                    _settle(fut, (header, body))
+                else:
+                    _settle(fut, exc=frames.error_from(header))
+        except asyncio.IncompleteReadError:
+            error = BrokerUnavailableError(f"{self.name} closed the connection")
+        except (OSError, frames.FrameError) as exc:
+            error = BrokerUnavailableError(f"connection to {self.name} broke: {exc}")
+        except asyncio.CancelledError:
+            error = BrokerUnavailableError(f"connection to {self.name} closed")
+        finally:
+            writer.close()
+            if self._writer is writer:
+                self._writer = None
+        self._fail(error)
+
+    def _fail(self, error: BaseException) -> None:
+        """Every request still waiting fails with ``error`` (and the writer closes)."""
+        self.error = error
+        if self.closed and self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            _settle(fut, exc=error)
+
+
+def _settle(
+    fut: concurrent.futures.Future[Answer],
+    result: Answer | None = None,
+    *,
+    exc: BaseException | None = None,
+) -> None:
+    if fut.done():
+        return
+    try:
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)  # type: ignore[arg-type]
+    except concurrent.futures.InvalidStateError:  # completed meanwhile by a timeout
+        pass
+
+
+def _client_tls(ca: str | None) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=ca)
+    if ca is None:  # the cluster's secret authenticates the broker; TLS only encrypts
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context

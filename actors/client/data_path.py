@@ -1,0 +1,277 @@
+"""A client's data path: per-message calls to brokers over their own sockets.
+
+Ray is the control plane; what a client does per message (send, pull, commit
+offsets, send back, heartbeat) goes over one connection per broker
+(``actors.client.connection``), as RocketMQ's clients keep to each broker. A
+:class:`BrokerStub` stands where a broker's Ray handle stood
+(``NameServerClient(wrap=...)``): ``stub.send.remote(...)`` goes over the socket
+and answers a :class:`~actors.protocol.rpc.PendingCall` that ``rpc.get``,
+``rpc.wait`` and ``.future()`` take as they take an ObjectRef; any other method
+is the Ray handle's. Callers do not change.
+
+Finding a broker's socket: its address and this incarnation's secret come from the
+broker itself, through Ray (``Broker.data_path``), once per incarnation. A broker
+that restarted (another port, another secret) is found again the same way: the
+connection breaks, the next call asks Ray anew. A broker whose socket cannot be
+reached is called through Ray instead, logged, and its socket tried again after a
+backoff that doubles from ``RETRY_SOCKET_MIN_S`` to ``RETRY_SOCKET_S`` (a broker
+restarting is back on its socket in a second or two; one whose socket is blocked is
+asked every half minute): a socket that does not work never costs a broker Ray can
+reach.
+``data_path="ray"`` keeps every call on Ray.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from actors.client.connection import Answer, BrokerConnection
+from actors.protocol import rpc
+from actors.protocol.frames import Code
+from actors.protocol.rpc import PendingCall
+from storage.errors import BrokerUnavailableError
+
+log = logging.getLogger("raymq.actors.client.data_path")
+
+RETRY_SOCKET_MIN_S = 0.5
+RETRY_SOCKET_S = 30.0
+DATA_PATH_CALL_S = 5.0
+
+
+class DataPath:
+    """One client's connections to brokers, by broker actor name.
+
+    Finding a connection never blocks the caller: a call is made on whatever thread
+    a client runs it (a user's, a Ray callback's, the client I/O loop's), and
+    waiting there for Ray or a handshake could deadlock. A broker without an open
+    connection gets this call through Ray while one opens on the ``opener`` thread;
+    the calls after it take the socket.
+    """
+
+    def __init__(self, mode: str = "socket", tls_ca: str | None = None) -> None:
+        self.mode = mode
+        self.tls_ca = tls_ca
+        self._conns: dict[str, BrokerConnection] = {}
+        # actor name -> (when to try its socket again, the backoff that got it there)
+        self._no_socket: dict[str, tuple[float, float]] = {}
+        self._opening: set[str] = set()
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def wrap(self, actor_name: str, handle: Any) -> Any:
+        """For ``NameServerClient(wrap=...)``: starts opening the broker's connection."""
+        if self.mode != "socket":
+            return handle
+        self._start_open(actor_name, handle)
+        return BrokerStub(self, actor_name, handle)
+
+    def connection(self, actor_name: str, handle: Any) -> BrokerConnection | None:
+        """An open connection to the broker's socket, or None (call it through Ray; a
+        connection is opening meanwhile unless the broker's backoff says not yet)."""
+        conn = self._conns.get(actor_name)
+        if conn is not None and conn.error is None and not conn.closed:
+            return conn
+        self._start_open(actor_name, handle)
+        return None
+
+    def wait_open(self, actor_name: str, timeout_s: float) -> bool:
+        """Wait until the broker's connection is open (True) or ``timeout_s`` passes."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            conn = self._conns.get(actor_name)
+            if conn is not None and conn.error is None and not conn.closed:
+                return True
+            time.sleep(0.005)
+        return False
+
+    def _start_open(self, actor_name: str, handle: Any) -> None:
+        with self._lock:
+            if self.closed or actor_name in self._opening:
+                return
+            conn = self._conns.get(actor_name)
+            if conn is not None and conn.error is None and not conn.closed:
+                return
+            if time.monotonic() < self._no_socket.get(actor_name, (0.0, 0.0))[0]:
+                return
+            self._opening.add(actor_name)
+        _OPENER.submit(self._open_now, actor_name, handle)
+
+    def _open_now(self, actor_name: str, handle: Any) -> None:
+        try:
+            conn = self._open(actor_name, handle)
+        except Exception as exc:  # noqa: BLE001 - Ray's path still works
+            with self._lock:
+                last = self._no_socket.get(actor_name, (0.0, 0.0))[1]
+                backoff = min(RETRY_SOCKET_S, max(RETRY_SOCKET_MIN_S, 2 * last))
+                self._no_socket[actor_name] = (time.monotonic() + backoff, backoff)
+                self._opening.discard(actor_name)
+            log.warning(
+                "broker %s: no data-path connection (%s: %s); calling it through Ray, "
+                "its socket again in %.1f s",
+                actor_name,
+                type(exc).__name__,
+                exc,
+                backoff,
+            )
+            return
+        with self._lock:
+            old = self._conns.get(actor_name)
+            self._opening.discard(actor_name)
+            self._no_socket.pop(actor_name, None)
+            if self.closed:
+                conn.close()
+                return
+            self._conns[actor_name] = conn
+        if old is not None:
+            old.close()
+
+    def _open(self, actor_name: str, handle: Any) -> BrokerConnection:
+        info = rpc.get(handle.data_path.remote(), DATA_PATH_CALL_S)
+        if not info:
+            raise BrokerUnavailableError("the broker serves no data path")
+        conn = BrokerConnection(
+            info["addr"], info["secret"], tls=info["tls"], tls_ca=self.tls_ca, name=actor_name
+        )
+        conn.open()
+        return conn
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            conns, self._conns = self._conns, {}
+        for conn in conns.values():
+            conn.close()
+
+
+_OPENER = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="raymq-data-path-open")
+"""Opens connections off the callers' threads (shared by every client of the process)."""
+
+
+class BrokerStub:
+    """A broker's Ray handle whose per-message methods go over its socket."""
+
+    def __init__(self, data_path: DataPath, actor_name: str, handle: Any) -> None:
+        self._dp = data_path
+        self.actor_name = actor_name
+        self.handle = handle
+
+    def __getattr__(self, method: str) -> Any:
+        encode = _REQUESTS.get(method)
+        if encode is None:
+            return getattr(self.handle, method)
+        return _Method(self, method, encode)
+
+    def __reduce__(self) -> Any:  # a stub handed to a Ray task arrives as the Ray handle
+        return (_identity, (self.handle,))
+
+    def __repr__(self) -> str:
+        return f"BrokerStub({self.actor_name})"
+
+
+class _Method:
+    __slots__ = ("_stub", "_name", "_encode")
+
+    def __init__(self, stub: BrokerStub, name: str, encode: Any) -> None:
+        self._stub, self._name, self._encode = stub, name, encode
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        stub = self._stub
+        conn = stub._dp.connection(stub.actor_name, stub.handle)
+        if conn is None:
+            return getattr(stub.handle, self._name).remote(*args, **kwargs)
+        header, body, decode = self._encode(*args, **kwargs)
+        answer = conn.request(header, body)
+        out: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def done(fut: concurrent.futures.Future[Answer]) -> None:
+            try:
+                out.set_result(decode(*fut.result()))
+            except BaseException as exc:  # noqa: BLE001 - the caller's rpc.get raises it
+                out.set_exception(exc)
+
+        answer.add_done_callback(done)
+        return PendingCall(out)
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+# ------------------------------------------------------------ the requests
+def _body(h: Mapping[str, Any], body: bytes) -> bytes:
+    return body
+
+
+def _result(h: Mapping[str, Any], body: bytes) -> Any:
+    return h.get("r")
+
+
+def _none(h: Mapping[str, Any], body: bytes) -> None:
+    return None
+
+
+def _send(blob: bytes | np.ndarray, auto_create_queue_nums: int = 0) -> Any:
+    return {"c": int(Code.SEND), "n": int(auto_create_queue_nums)}, [blob], _body
+
+
+def _pull_packed(request: bytes) -> Any:
+    return {"c": int(Code.PULL)}, [request], _body
+
+
+def _commit_offsets(
+    group: str,
+    offsets: Mapping[tuple[str, int], int],
+    client_id: str = "",
+    tokens: Mapping[tuple[str, int], tuple[int, int]] | None = None,
+) -> Any:
+    header: dict[str, Any] = {"c": int(Code.COMMIT_OFFSETS), "g": group, "i": client_id}
+    header["q"] = [[t, q, o] for (t, q), o in offsets.items()]
+    if tokens:
+        header["k"] = [[t, q, e, g] for (t, q), (e, g) in tokens.items()]
+    return header, [], _result
+
+
+def _send_back(
+    group: str,
+    commitlog_offsets: Sequence[int],
+    max_reconsume_times: int,
+    reconsume_times: Sequence[int] | None = None,
+) -> Any:
+    header = {
+        "c": int(Code.SEND_BACK),
+        "g": group,
+        "q": [int(o) for o in commitlog_offsets],
+        "x": max_reconsume_times,
+        "t": None if reconsume_times is None else [int(t) for t in reconsume_times],
+    }
+    return header, [], _result
+
+
+def _heartbeat(
+    group: str, client_id: str, topics: Sequence[str], ttl_s: float | None = None
+) -> Any:
+    header = {"c": int(Code.HEARTBEAT), "g": group, "i": client_id, "t": list(topics)}
+    header["l"] = ttl_s
+    return header, [], _none
+
+
+def _unregister(group: str, client_id: str) -> Any:
+    return {"c": int(Code.UNREGISTER), "g": group, "i": client_id}, [], _none
+
+
+_REQUESTS = {
+    "send": _send,
+    "pull_packed": _pull_packed,
+    "commit_offsets": _commit_offsets,
+    "consumer_send_msg_back": _send_back,
+    "heartbeat": _heartbeat,
+    "unregister_consumer": _unregister,
+}
+"""The broker's per-message methods, and how each is framed (header, body, decoder)."""

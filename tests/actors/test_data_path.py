@@ -1,0 +1,258 @@
+"""The data path: clients reach brokers over the brokers' own sockets, Ray stays the
+control plane. Real brokers, real sockets, no mocks: what goes over the socket, what a
+stranger on the port gets, and what a broken connection costs (nothing acknowledged)."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from typing import Any
+
+import msgpack
+import pytest
+import ray
+from raymq_testkit import wait_until
+
+import actors
+from actors import PullStatus
+from actors.protocol import frames
+from rebalance import MessageQueue
+from storage import Message, encode_batch
+from storage.errors import InvalidConfigError
+
+
+def status(cluster: actors.Cluster, name: str = "broker-a") -> dict[str, Any]:
+    return ray.get(cluster.broker(name).status.remote())
+
+
+def drain(consumer: actors.PullConsumer, queues: list[MessageQueue]) -> list[bytes]:
+    out: list[bytes] = []
+    for mq in queues:
+        offset = 0
+        while True:
+            r = consumer.pull(mq, offset, 500)
+            if r.status is not PullStatus.FOUND:
+                break
+            out.extend(r.bodies)
+            offset = r.next_offset
+    return out
+
+
+@pytest.fixture
+def cluster(make_cluster: Any) -> actors.Cluster:
+    return make_cluster(nameservers=1, brokers=1, topics=[actors.TopicConfig("Wire", 4, 4)])
+
+
+def test_routes_carry_the_data_address_and_clients_use_it(cluster: actors.Cluster) -> None:
+    first = status(cluster)
+    host, port = first["data_addr"].rsplit(":", 1)
+    assert host == first["node_ip"] and int(port) > 0
+    route = cluster.admin.topic_route("Wire")
+    assert route.broker_datas[0].data_addrs == {0: first["data_addr"]}
+
+    producer = cluster.producer("p-wire")
+    consumer = cluster.pull_consumer("g-wire")
+    queues = consumer.fetch_subscribe_queues("Wire")
+    # a client's first call to a broker starts its connection (and goes through Ray if
+    # the connection is not open yet): from then on the socket carries everything
+    producer.send(Message("Wire", b"warm-up"))
+    consumer.pull(queues[0], 0, 1)
+    wait_until(lambda: status(cluster)["data_connections"] >= 2, what="both connections")
+    before = status(cluster)
+    sent = [b"w%04d" % i for i in range(300)]
+    producer.send_batch([Message("Wire", b) for b in sent[:100]])  # sync, a batch
+    for b in sent[100:200]:
+        producer.send(Message("Wire", b))  # sync, one at a time
+    futures = [producer.send_async(Message("Wire", b)) for b in sent[200:]]
+    assert all(f.result(30).status is actors.SendStatus.SEND_OK for f in futures)
+
+    assert sorted(drain(consumer, queues)) == sorted([b"warm-up", *sent])
+    consumer.commit_offsets({q: 1 for q in queues})
+    assert {consumer.fetch_offset(q) for q in queues} == {1}
+    after = status(cluster)
+    assert after["put_msgs"] - before["put_msgs"] == 300
+    # every send, pull and commit above went over the socket: at least one request each
+    puts = after["put_batches"] - before["put_batches"]
+    pulls = after["pulls"] - before["pulls"]
+    assert after["data_requests"] - before["data_requests"] >= puts + pulls + 1
+    assert after["data_connections"] == before["data_connections"]  # no new ones
+    producer.close()
+    consumer.close()
+
+
+def test_data_path_ray_keeps_everything_on_ray(cluster: actors.Cluster) -> None:
+    before = status(cluster)["data_requests"]
+    producer = cluster.producer("p-ray", data_path="ray")
+    producer.send_batch([Message("Wire", b"r%d" % i) for i in range(10)])
+    consumer = cluster.pull_consumer("g-ray", data_path="ray")
+    queues = consumer.fetch_subscribe_queues("Wire")
+    assert len(drain(consumer, queues)) == 10
+    assert status(cluster)["data_requests"] == before
+    with pytest.raises(InvalidConfigError, match="data_path"):
+        cluster.producer("p-bad", data_path="carrier-pigeon")
+
+
+def _raw(addr: str) -> socket.socket:
+    host, port = addr.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    return sock
+
+
+def _read_frame(sock: socket.socket) -> tuple[dict[str, Any], bytes] | None:
+    """One frame from a raw socket, or None when the broker closed the connection."""
+    head = b""
+    while len(head) < 8:
+        chunk = sock.recv(8 - len(head))
+        if not chunk:
+            return None
+        head += chunk
+    total, hlen = struct.unpack(">II", head)
+    rest = b""
+    while len(rest) < total - 4:
+        chunk = sock.recv(total - 4 - len(rest))
+        if not chunk:
+            return None
+        rest += chunk
+    return msgpack.unpackb(rest[:hlen]), rest[hlen:]
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+@pytest.mark.parametrize(
+    "first_frame",
+    [
+        None,  # the right shape, a wrong proof
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",  # a stranger speaking another protocol
+        struct.pack(">II", 1 << 30, 4) + b"xxxx",  # a huge declared length
+        struct.pack(">II", 12, 8) + b"\xc1" * 8,  # not msgpack
+    ],
+    ids=["wrong-secret", "http", "oversized", "garbage"],
+)
+def test_a_stranger_is_closed_before_anything_is_read_and_the_broker_goes_on(
+    cluster: actors.Cluster, first_frame: bytes | None
+) -> None:
+    before = status(cluster)
+    sock = _raw(before["data_addr"])
+    hello = _read_frame(sock)
+    assert hello is not None and hello[0]["c"] == frames.Code.HELLO
+    if first_frame is None:
+        mine = frames.nonce()
+        proof = frames.proof(b"not-the-secret" * 2, b"client", hello[0]["n"], mine)
+        first_frame = b"".join(frames.encode({"c": int(frames.Code.AUTH), "n": mine, "p": proof}))
+    sock.sendall(first_frame)
+    # then what a client would send next: a send, which must never be stored
+    batch = encode_batch([Message("Wire", b"sneaked in")]).to_bytes()
+    sock.sendall(b"".join(frames.encode({"c": int(frames.Code.SEND), "o": 1}, [batch])))
+    assert _closed_by_peer(sock)
+    sock.close()
+    after = status(cluster)
+    assert after["data_refused"] == before["data_refused"] + 1
+    assert after["put_msgs"] == before["put_msgs"]
+    producer = cluster.producer("p-after-stranger")
+    assert producer.send(Message("Wire", b"still serving")).status is actors.SendStatus.SEND_OK
+
+
+def test_a_malformed_or_oversized_frame_after_the_handshake_closes_only_that_connection(
+    make_cluster: Any,
+) -> None:
+    cluster = make_cluster(
+        nameservers=1,
+        brokers=1,
+        topics=[actors.TopicConfig("Wire", 2, 2)],
+        broker_options={"max_frame_bytes": 1 << 16},
+    )
+    broker = cluster.broker("broker-a")
+    info = ray.get(broker.data_path.remote())
+    producer = cluster.producer("p-steady")
+    assert producer.send(Message("Wire", b"before")).status is actors.SendStatus.SEND_OK
+    for bad in (
+        struct.pack(">II", (1 << 16) + 1, 4) + b"{}{}",  # over max_frame_bytes
+        struct.pack(">II", 6, 2) + b"\x92\x01",  # a header that is not a map
+        struct.pack(">II", 8, 10) + b"\x80" * 4,  # a header longer than the frame
+    ):
+        sock = _raw(info["addr"])
+        hello = _read_frame(sock)
+        assert hello is not None
+        mine = frames.nonce()
+        proof = frames.proof(info["secret"], b"client", hello[0]["n"], mine)
+        sock.sendall(b"".join(frames.encode({"c": int(frames.Code.AUTH), "n": mine, "p": proof})))
+        ok = _read_frame(sock)
+        assert ok is not None and ok[0]["c"] == frames.Code.OK
+        assert frames.check_proof(info["secret"], b"broker", mine, hello[0]["n"], ok[0]["p"])
+        sock.sendall(bad)
+        assert _closed_by_peer(sock)
+        sock.close()
+    assert status(cluster)["data_bad_frames"] == 3
+    # the producer's own connection never noticed
+    assert producer.send(Message("Wire", b"after")).status is actors.SendStatus.SEND_OK
+
+
+def test_a_broker_restarted_on_a_new_port_is_found_again_and_nothing_acked_is_lost(
+    make_cluster: Any,
+) -> None:
+    cluster = make_cluster(
+        nameservers=1,
+        brokers=2,
+        topics=[actors.TopicConfig("Moves", 2, 2)],
+        broker_options={"store": {"flush_disk_type": "SYNC_FLUSH"}},
+    )
+    producer = cluster.producer("p-moves", send_timeout_s=2.0, fault_isolation_s=1.0)
+    acked: list[str] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def produce() -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                acked.extend(
+                    r.msg_id for r in producer.send_batch([Message("Moves", b"m%d" % i)] * 5)
+                )
+            except BaseException as exc:  # noqa: BLE001 - asserted below
+                errors.append(exc)
+                return
+            i += 1
+
+    broker = cluster.broker("broker-a")
+    old = status(cluster)["data_addr"]
+    thread = threading.Thread(target=produce)
+    thread.start()
+    wait_until(lambda: len(acked) >= 200, what="sends flowing")
+    ray.kill(broker, no_restart=False)
+    wait_until(
+        lambda: _status_of(broker).get("data_addr") not in (None, old),
+        timeout_s=60,
+        what="broker-a back on another port",
+    )
+    count = len(acked)
+
+    def lands_on_a() -> bool:  # over its new socket
+        return _status_of(broker).get("data_requests", 0) > 0
+
+    wait_until(lands_on_a, timeout_s=30, what="sends reaching the restarted broker-a's socket")
+    wait_until(lambda: len(acked) >= count + 200, what="sends after the restart")
+    stop.set()
+    thread.join(30)
+    assert not errors, errors
+    consumer = cluster.pull_consumer("g-moves")
+    stored = set()
+    for mq in consumer.fetch_subscribe_queues("Moves"):
+        offset = 0
+        while (r := consumer.pull(mq, offset, 500)).status is PullStatus.FOUND:
+            stored.update(m.msg_id for m in r.messages)
+            offset = r.next_offset
+    assert set(acked) <= stored
+
+
+def _status_of(handle: Any) -> dict[str, Any]:
+    """A broker's status, or {} while it is dead or restarting."""
+    try:
+        return ray.get(handle.status.remote(), timeout=5)
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        return {}
