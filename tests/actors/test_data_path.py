@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import subprocess
 import threading
 from typing import Any
 
@@ -256,3 +257,133 @@ def _status_of(handle: Any) -> dict[str, Any]:
         return ray.get(handle.status.remote(), timeout=5)
     except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
         return {}
+
+
+def _self_signed(tmp_path: Any, ip: str) -> tuple[str, str]:
+    """A certificate for ``ip`` and its key, made with the system's openssl."""
+    cert, key = tmp_path / "broker.pem", tmp_path / "broker.key"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            "-subj", "/CN=raymq-test", "-addext", f"subjectAltName=IP:{ip}",
+            "-keyout", str(key), "-out", str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return str(cert), str(key)
+
+
+def test_tls_carries_the_data_path_and_a_plain_text_client_gets_nothing(
+    make_cluster: Any, tmp_path: Any
+) -> None:
+    cert, key = _self_signed(tmp_path, ray.util.get_node_ip_address())
+    cluster = make_cluster(
+        nameservers=1,
+        brokers=1,
+        topics=[actors.TopicConfig("Sealed", 2, 2)],
+        broker_options={"data_tls_cert": cert, "data_tls_key": key},
+    )
+    info = ray.get(cluster.broker("broker-a").data_path.remote())
+    assert info["tls"] is True
+    # a client that checks the broker's certificate against the CA it was given
+    producer = cluster.producer("p-tls", data_tls_ca=cert)
+    consumer = cluster.pull_consumer("g-tls", data_tls_ca=cert)
+    queues = consumer.fetch_subscribe_queues("Sealed")
+    producer.send(Message("Sealed", b"warm-up"))
+    consumer.pull(queues[0], 0, 1)
+    wait_until(lambda: status(cluster)["data_connections"] >= 2, what="both TLS connections")
+    before = status(cluster)["data_requests"]
+    sent = [b"t%03d" % i for i in range(50)]
+    producer.send_batch([Message("Sealed", b) for b in sent])
+    assert sorted(drain(consumer, queues)) == sorted([b"warm-up", *sent])
+    assert status(cluster)["data_requests"] > before  # over the sealed socket, not Ray
+
+    # plain text on a TLS port: no greeting, no proof, nothing stored
+    sock = _raw(info["addr"])
+    sock.sendall(b"".join(frames.encode({"c": int(frames.Code.SEND), "o": 1}, [b"x" * 64])))
+    assert _closed_by_peer(sock)
+    sock.close()
+    assert status(cluster)["put_msgs"] == 51
+    producer.close()
+    consumer.close()
+
+
+def test_a_thousand_held_pulls_on_one_broker_all_answer_the_next_message(
+    cluster: actors.Cluster,
+) -> None:
+    cluster.admin.create_topic("Held", 1, 1)
+    consumer = cluster.pull_consumer("g-held")
+    mq = consumer.fetch_subscribe_queues("Held")[0]
+    producer = cluster.producer("p-held")
+    consumer.pull(mq, 0, 1)  # opens the consumer's connection
+    wait_until(lambda: status(cluster)["data_connections"] >= 1, what="the consumer's connection")
+    held = [consumer.pull_async(mq, 0, 1, long_poll_s=30.0) for _ in range(1000)]
+    wait_until(lambda: status(cluster)["held_pulls"] >= 1000, what="1,000 pulls held")
+    assert not any(f.done() for f in held)
+    # one message to the queue answers every one of them, over one connection
+    producer.send(Message("Held", b"the news"))
+    results = [f.result(60) for f in held]
+    assert {r.status for r in results} == {PullStatus.FOUND}
+    assert {tuple(r.bodies) for r in results} == {(b"the news",)}
+    after = status(cluster)
+    assert after["held_pulls"] == 0 and after["data_bad_frames"] == 0
+    assert producer.send(Message("Wire", b"still serving")).status is actors.SendStatus.SEND_OK
+    producer.close()
+    consumer.close()
+
+
+def test_connections_cut_by_the_client_mid_send_lose_nothing_acknowledged(
+    make_cluster: Any,
+) -> None:
+    cluster = make_cluster(
+        nameservers=1,
+        brokers=2,
+        topics=[actors.TopicConfig("Cut", 2, 2)],
+        broker_options={"store": {"flush_disk_type": "SYNC_FLUSH"}},
+    )
+    producer = cluster.producer("p-cut", send_timeout_s=5.0)
+    acked: list[str] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def produce() -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                batch = [Message("Cut", b"c%d-%d" % (i, j)) for j in range(20)]
+                acked.extend(r.msg_id for r in producer.send_batch(batch))
+            except BaseException as exc:  # noqa: BLE001 - asserted below
+                errors.append(exc)
+                return
+            i += 1
+
+    def connections() -> int:
+        return sum(status(cluster, b)["data_connections"] for b in ("broker-a", "broker-b"))
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    wait_until(lambda: len(acked) >= 200, what="sends flowing")
+    opened = connections()
+    cuts = 0
+    for _ in range(10):  # cut whatever connection is open, while batches are on the wire
+        conns = list(producer._data_path._conns.values())
+        for conn in conns:
+            conn.close()
+        cuts += len(conns)
+        wait_until(lambda n=len(acked): len(acked) >= n + 100, what="sends after a cut")
+    stop.set()
+    thread.join(30)
+    assert not errors, errors
+    assert cuts >= 10
+    assert connections() >= opened + 10  # each cut was felt: the producer connected again
+    consumer = cluster.pull_consumer("g-cut")
+    stored: list[str] = []
+    for mq in consumer.fetch_subscribe_queues("Cut"):
+        offset = 0
+        while (r := consumer.pull(mq, offset, 500)).status is PullStatus.FOUND:
+            stored.extend(m.msg_id for m in r.messages)
+            offset = r.next_offset
+    assert set(acked) <= set(stored)  # nothing acknowledged is lost
+    assert len(set(acked)) == len(acked)  # and no message was acknowledged twice
+    producer.close()
