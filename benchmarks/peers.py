@@ -96,6 +96,7 @@ class Figures:
     latency_samples: dict[str, list[float]] = field(default_factory=dict)
     skipped: str = ""
     work: str = ""  # what its consume does to mark messages consumed
+    latency_only: bool = False  # a raw limit, not a queue
 
 
 class Peer:
@@ -103,6 +104,8 @@ class Peer:
 
     name = "peer"
     work = ""
+    latency_only = False
+    """A raw limit rather than a queue: only its latency run means anything."""
     """What this peer's consume does per message or batch to mark it consumed: every
     peer's consume does that work (an acknowledgement or an offset commit), so their
     consume figures compare like with like."""
@@ -522,7 +525,9 @@ def ensure_ray() -> None:
 # ------------------------------------------------------------------ RayMQ
 
 
-def _raymq_producer(namespace: str, topic: str, body: bytes, seconds: float) -> int:
+def _raymq_producer(
+    namespace: str, topic: str, body: bytes, seconds: float, data_path: str = "socket"
+) -> int:
     """A producer process's loop: batches of BATCH sent with ``send_async`` without
     waiting, as an async RocketMQ producer is driven; the producer's own backpressure
     (``async_send_max_messages``) paces it. Counts what was acknowledged in time."""
@@ -530,7 +535,10 @@ def _raymq_producer(namespace: str, topic: str, body: bytes, seconds: float) -> 
     from storage import Message
 
     producer = actors.connect(namespace).producer(
-        f"peers-{os.getpid()}", max_batch_messages=BATCH, max_batch_bytes=8 << 20
+        f"peers-{os.getpid()}",
+        max_batch_messages=BATCH,
+        max_batch_bytes=8 << 20,
+        data_path=data_path,
     )
     msgs = [Message(topic, body) for _ in range(BATCH)]
     futures: list[Any] = []
@@ -552,9 +560,13 @@ class RayMQPeer(Peer):
         "(one broker call per round); 'consume ... no commit' is the same loop without it"
     )
 
-    def __init__(self, flush: str) -> None:
+    def __init__(self, flush: str, data_path: str = "socket") -> None:
         self.flush = flush
+        self.data_path = data_path
         self.name = "raymq-sync" if flush == "SYNC_FLUSH" else "raymq-async"
+        if data_path != "socket":
+            self.name = f"raymq-{data_path}"
+            self.work += f"; every per-message call through {data_path} (data_path={data_path!r})"
         self.round = 0
 
     def start(self) -> None:
@@ -577,7 +589,7 @@ class RayMQPeer(Peer):
                 }
             },
         )
-        self.consumer = self.cluster.pull_consumer("peers")
+        self.consumer = self.cluster.pull_consumer("peers", data_path=self.data_path)
         self.reset()
 
     def stop(self) -> None:
@@ -596,7 +608,10 @@ class RayMQPeer(Peer):
         import ray
 
         task = ray.remote(num_cpus=0)(_raymq_producer)
-        refs = [task.remote(self.namespace, self.topic, body, seconds) for _ in range(producers)]
+        refs = [
+            task.remote(self.namespace, self.topic, body, seconds, self.data_path)
+            for _ in range(producers)
+        ]
         return sum(ray.get(refs))
 
     def consume(self, expected: int, seconds: float, commit: bool = True) -> int:
@@ -624,15 +639,22 @@ class RayMQPeer(Peer):
         return self.consume(expected, seconds, commit=False)
 
     def latency(self, body: bytes, rate: int, seconds: float) -> list[float]:
+        """Single messages sent with ``send_async`` on a schedule, to a long-polling
+        PushConsumer in its own process (a Ray actor), as an online service would."""
         import ray
 
         from storage import Message
 
-        # the consumer long-polls from its own process, as a real one would
-        consumer = ray.remote(num_cpus=0)(_RayMQLatencyConsumer).remote(self.namespace, self.topic)
-        ray.get(consumer.ready.remote())
-        run = consumer.run.remote(seconds + 2.0)
-        producer = self.cluster.producer("peers-latency")
+        consumer = ray.remote(num_cpus=0)(_RayMQPushLatency).remote(
+            self.namespace, self.topic, self.data_path
+        )
+        producer = self.cluster.producer("peers-latency", data_path=self.data_path)
+        # warm up until the consumer owns the queues and both sides' connections are open
+        deadline = time.monotonic() + 60
+        while ray.get(consumer.count.remote()) < 200 and time.monotonic() < deadline:
+            for _ in range(20):
+                producer.send(Message(self.topic, stamp(body)))
+        ray.get(consumer.take.remote())
         futures: list[Any] = []
         paced(
             rate,
@@ -641,50 +663,147 @@ class RayMQPeer(Peer):
         )
         for f in futures:
             f.result()
-        samples: list[float] = ray.get(run)
+        samples: list[float] = ray.get(consumer.take_when.remote(len(futures), 30.0))
         producer.close()
+        ray.get(consumer.close.remote())
         ray.kill(consumer)
         return samples
 
 
-class _RayMQLatencyConsumer:
-    def __init__(self, namespace: str, topic: str) -> None:
-        import actors
+class _RayMQPushLatency:
+    """A PushConsumer in its own process; its listener records each message's age."""
 
-        self.consumer = actors.connect(namespace).pull_consumer("peers-latency")
-        self.queues = self.consumer.fetch_subscribe_queues(topic)
-        self.offsets = {q: self.consumer.max_offset(q) for q in self.queues}
+    def __init__(self, namespace: str, topic: str, data_path: str) -> None:
+        from actors import ConsumeStatus, PushConsumer
 
-    def ready(self) -> bool:
-        return True
+        self.samples: list[float] = []
+        self.arrived = threading.Condition()
+        self.success = ConsumeStatus.SUCCESS
+        self.consumer = PushConsumer(
+            "peers-latency",
+            topic,
+            listener=self._on,
+            namespace=namespace,
+            data_path=data_path,
+            consume_threads=2,
+        )
+        self.consumer.start()
 
-    def run(self, seconds: float) -> list[float]:
-        samples: list[float] = []
-        stop = time.monotonic() + seconds
-        while time.monotonic() < stop:
-            results = self.consumer.pull_many(
-                [(q, self.offsets[q]) for q in self.queues], 256, long_poll_s=0.2
-            )
-            moved = {}
-            for q, r in zip(self.queues, results):
-                if r.count:
-                    samples.extend(age_ms(b) for b in r.bodies)
-                    moved[q] = r.next_offset
-                self.offsets[q] = r.next_offset
-            if moved:  # as the throughput consume does: the group's offsets move too
-                self.consumer.commit_offsets(moved)
+    def _on(self, msgs: list[Any]) -> Any:
+        ages = [age_ms(m.body) for m in msgs]
+        with self.arrived:
+            self.samples.extend(ages)
+            self.arrived.notify_all()
+        return self.success
+
+    def count(self) -> int:
+        return len(self.samples)
+
+    def take(self) -> list[float]:
+        with self.arrived:
+            samples, self.samples = self.samples, []
         return samples
 
+    def take_when(self, n: int, timeout_s: float) -> list[float]:
+        with self.arrived:
+            self.arrived.wait_for(lambda: len(self.samples) >= n, timeout_s)
+        return self.take()
 
-def raymq_peer(flush: str) -> Peer:
-    return RayMQPeer(flush)
+    def close(self) -> None:
+        self.consumer.shutdown()
+
+
+def raymq_peer(flush: str, data_path: str = "socket") -> Peer:
+    return RayMQPeer(flush, data_path)
+
+
+# ------------------------------------------------------------------ raw limits
+
+
+class _Echo:
+    """An asyncio echo server in a Ray actor: what one socket round trip costs here."""
+
+    async def start(self) -> int:
+        import asyncio
+
+        async def serve(reader: Any, writer: Any) -> None:
+            with contextlib.suppress(Exception):
+                while True:
+                    size = int.from_bytes(await reader.readexactly(4), "big")
+                    writer.write(size.to_bytes(4, "big") + await reader.readexactly(size))
+
+        self.server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def noop(self, body: bytes) -> None:
+        return None
+
+
+class RawLimit(Peer):
+    """No queue: one round trip paced at the latency run's rate, over a plain TCP socket
+    to an asyncio server in a Ray actor ('tcp-echo'), or as a Ray no-op actor call
+    ('ray-noop'). The floor under each of RayMQ's two paths, measured in the same run."""
+
+    latency_only = True
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.name = kind
+        self.work = (
+            "no queue: a 100 B round trip over TCP to an asyncio echo server in a Ray actor"
+            if kind == "tcp-echo"
+            else "no queue: a round trip of a no-op call to an async Ray actor"
+        )
+
+    def start(self) -> None:
+        ensure_ray()
+        import ray
+
+        self.actor = ray.remote(num_cpus=0)(_Echo).remote()
+        self.port = ray.get(self.actor.start.remote())
+
+    def stop(self) -> None:
+        import ray
+
+        ray.kill(self.actor)
+
+    def latency(self, body: bytes, rate: int, seconds: float) -> list[float]:
+        import ray
+
+        samples: list[float] = []
+        if self.kind == "ray-noop":
+
+            def call(i: int) -> None:
+                started = time.perf_counter()
+                ray.get(self.actor.noop.remote(body))
+                samples.append((time.perf_counter() - started) * 1e3)
+
+            paced(rate, seconds, call)
+            return samples
+        sock = socket.create_connection(("127.0.0.1", self.port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        frame = len(body).to_bytes(4, "big") + body
+
+        def echo(i: int) -> None:
+            started = time.perf_counter()
+            sock.sendall(frame)
+            left = len(frame)
+            while left:
+                left -= len(sock.recv(left))
+            samples.append((time.perf_counter() - started) * 1e3)
+
+        try:
+            paced(rate, seconds, echo)
+        finally:
+            sock.close()
+        return samples
 
 
 # ------------------------------------------------------------------ the run
 
 
 def run_peer(peer: Peer, args: argparse.Namespace) -> Figures:
-    fig = Figures(peer.name, work=peer.work)
+    fig = Figures(peer.name, work=peer.work, latency_only=peer.latency_only)
     try:
         peer.start()
     except Missing as exc:
@@ -692,7 +811,7 @@ def run_peer(peer: Peer, args: argparse.Namespace) -> Figures:
         print(f"- {peer.name}: skipped, {fig.skipped}", flush=True)
         return fig
     try:
-        for size in args.sizes:
+        for size in [] if peer.latency_only else args.sizes:
             body = os.urandom(size)
             for producers in args.producers:
                 key = f"{size}B x{producers}p"
@@ -778,7 +897,7 @@ def ratios(results: list[Figures]) -> dict[str, dict[str, float]]:
     if ours is None:
         return out
     for f in results:
-        if f is ours or f.skipped:
+        if f is ours or f.skipped or f.latency_only:
             continue
         out[f.peer] = {
             k: ours.throughput[k] / v for k, v in f.throughput.items() if v and k in ours.throughput
@@ -793,7 +912,8 @@ def write_report(path: Path, results: list[Figures], info: dict[str, str], comma
     import matplotlib.pyplot as plt
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    live = [f for f in results if not f.skipped]
+    every = [f for f in results if not f.skipped]
+    live = [f for f in every if not f.latency_only]  # the queues; the raw limits join latency
     workloads = sorted({k for f in live for k in f.throughput})
     fig, ax = plt.subplots(figsize=(max(10, len(workloads) * 0.9), 5))
     width = 0.8 / max(1, len(live))
@@ -815,7 +935,7 @@ def write_report(path: Path, results: list[Figures], info: dict[str, str], comma
     fig.savefig(bars, dpi=110)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(8, 5))
-    series = [(f.peer, key, s) for f in live for key, s in f.latency_samples.items() if s]
+    series = [(f.peer, key, s) for f in every for key, s in f.latency_samples.items() if s]
     colours = plt.get_cmap("tab10").colors
     styles = ("-", "--", "-.", ":")
     for i, (peer_name, key, samples) in enumerate(series):  # a colour and a style each
@@ -867,7 +987,7 @@ def write_report(path: Path, results: list[Figures], info: dict[str, str], comma
         "same work:",
         "",
     ]
-    lines += [f"- **{f.peer}**: {f.work}" for f in live if f.work]
+    lines += [f"- **{f.peer}**: {f.work}" for f in every if f.work]
     lines += ["", "## RayMQ / peer", ""]
     for peer, table in ratios(results).items():
         lines.append(
@@ -880,7 +1000,7 @@ def write_report(path: Path, results: list[Figures], info: dict[str, str], comma
         "| peer | load | p50 | p99 | p99.9 | samples |",
         "|---|---|---|---|---|---|",
     ]
-    for f in live:
+    for f in every:
         for key, lat in f.latency.items():
             lines.append(
                 f"| {f.peer} | {key} | {lat['p50']:.2f} | {lat['p99']:.2f} | "
@@ -897,6 +1017,9 @@ def write_report(path: Path, results: list[Figures], info: dict[str, str], comma
 PEERS: dict[str, Callable[[], Peer]] = {
     "raymq-async": lambda: raymq_peer("ASYNC_FLUSH"),
     "raymq-sync": lambda: raymq_peer("SYNC_FLUSH"),
+    "raymq-ray": lambda: raymq_peer("ASYNC_FLUSH", "ray"),
+    "tcp-echo": lambda: RawLimit("tcp-echo"),
+    "ray-noop": lambda: RawLimit("ray-noop"),
     "redis": lambda: RedisPeer(aof=False),
     "redis-aof": lambda: RedisPeer(aof=True),
     "nats": NatsPeer,
