@@ -93,22 +93,44 @@ class DataPathListener:
                 return
             self.stats["connections"] += 1
             self._conns.add(writer)
-            tasks: set[asyncio.Task[None]] = set()
-            while not self.rt.closing:
-                try:
-                    header, body = await frames.read_frame(reader, self.max_frame_bytes)
-                except frames.FrameError as exc:
-                    self.stats["bad_frames"] += 1
-                    log.warning("%s: closing %s: %s", self._name, peer, exc)
-                    return
-                task = asyncio.ensure_future(self._request(header, body, writer))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+            await self._serve_frames(reader, writer, peer)
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
             return
         finally:
             self._conns.discard(writer)
             writer.close()
+
+    async def _serve_frames(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: Any
+    ) -> None:
+        """A proved connection's requests, parsed as they arrive (``frames.FrameReader``),
+        each run as its own task, until the connection ends."""
+        transport = writer.transport
+        lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        tasks: set[asyncio.Task[None]] = set()
+
+        def on_frame(header: dict[str, Any], body: bytes | memoryview) -> None:
+            if self.rt.closing:
+                transport.close()
+                return
+            task = asyncio.ensure_future(self._request(header, body, transport, proto))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+        def on_error(exc: frames.FrameError) -> None:
+            self.stats["bad_frames"] += 1
+            log.warning("%s: closing %s: %s", self._name, peer, exc)
+
+        def on_lost(exc: Exception | None) -> None:
+            if not lost.done():
+                lost.set_result(None)
+
+        proto = frames.FrameReader(transport, self.max_frame_bytes, on_frame, on_error, on_lost)
+        transport.set_protocol(proto)
+        leftover = bytes(getattr(reader, "_buffer", b""))  # requests sent right behind AUTH
+        if leftover:
+            proto.feed(leftover)
+        await lost
 
     @property
     def _name(self) -> str:
@@ -137,7 +159,11 @@ class DataPathListener:
 
     # ------------------------------------------------------------ a request
     async def _request(
-        self, header: dict[str, Any], body: bytes, writer: asyncio.StreamWriter
+        self,
+        header: dict[str, Any],
+        body: bytes | memoryview,
+        transport: asyncio.WriteTransport,
+        proto: frames.FrameReader,
     ) -> None:
         self.stats["requests"] += 1
         opaque = header["o"]
@@ -149,15 +175,14 @@ class DataPathListener:
         except Exception as exc:  # noqa: BLE001 - the client hears of it; the broker goes on
             log.exception("%s: data-path request %s failed", self._name, header.get("c"))
             reply, parts = frames.error_fields(exc), []
-        if header.get("f", 0) & Flag.ONEWAY or writer.is_closing():
+        if header.get("f", 0) & Flag.ONEWAY or transport.is_closing():
             return
         reply.update(o=opaque, f=int(Flag.RESPONSE))
-        writer.writelines(frames.encode(reply, parts))
-        with contextlib.suppress(ConnectionError):
-            await writer.drain()
+        frames.write_frame(transport, reply, parts)
+        await proto.drain()
 
     async def _dispatch(
-        self, code: int, h: dict[str, Any], body: bytes
+        self, code: int, h: dict[str, Any], body: bytes | memoryview
     ) -> tuple[dict[str, Any], list[Any]]:
         if code == Code.SEND:
             ack = await self.sender.send(body, _int(h.get("n", 0)))

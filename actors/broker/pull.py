@@ -138,7 +138,7 @@ class PullMessageProcessor:
         answers = await self._pull_batch(group, requests, max_count, tags, suspend_s, client_id)
         return [pull_to_wire(raw) for raw in answers]
 
-    async def pull_packed(self, request: bytes) -> bytes | list[Any]:
+    async def pull_packed(self, request: bytes | memoryview) -> bytes | list[Any]:
         """:meth:`pull_batch` with its arguments packed in one blob
         (:func:`~actors.protocol.pull_request_to_wire`) and its answers in another
         (:func:`~actors.protocol.pulls_from_wire` reads them): the consumers' call,

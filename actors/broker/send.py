@@ -63,7 +63,9 @@ class SendMessageProcessor:
             return self.rt.store.put_encoded(batch)
         return await self.rt.run(self.rt.store.put_encoded, batch)
 
-    async def send(self, blob: bytes | np.ndarray, auto_create_queue_nums: int = 0) -> AckWire:
+    async def send(
+        self, blob: bytes | memoryview | np.ndarray, auto_create_queue_nums: int = 0
+    ) -> AckWire:
         self._check_open()
         return await self._send(EncodedBatch.from_bytes(blob), auto_create_queue_nums)
 

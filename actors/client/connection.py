@@ -92,7 +92,9 @@ class BrokerConnection:
         self._io = IOLoop.get()
         self._ids = itertools.count(1)
         self._pending: dict[int, concurrent.futures.Future[Answer]] = {}
-        self._writer: asyncio.StreamWriter | None = None
+        self._writer: asyncio.WriteTransport | None = None  # after the handshake
+        self._broken: BaseException | None = None  # why the broker's frames stopped
+        self._stream: asyncio.StreamWriter | None = None
         self._opening: asyncio.Future[None] | None = None
         self.closed = False
         self.error: BaseException | None = None
@@ -145,7 +147,7 @@ class BrokerConnection:
 
     def _write(
         self,
-        writer: asyncio.StreamWriter,
+        writer: asyncio.WriteTransport,
         header: dict[str, Any],
         body: Sequence[Any],
         fut: concurrent.futures.Future[Answer],
@@ -160,7 +162,7 @@ class BrokerConnection:
         else:
             self._pending[opaque] = fut
             fut.add_done_callback(lambda _: self._pending.pop(opaque, None))
-        writer.writelines(frames.encode({**header, "o": opaque, "f": flags}, body))
+        frames.write_frame(writer, {**header, "o": opaque, "f": flags}, body)
 
     async def _ensure_open(self) -> None:
         if self._writer is not None and not self._writer.is_closing():
@@ -186,9 +188,23 @@ class BrokerConnection:
             if isinstance(exc, BrokerUnavailableError):
                 raise
             raise BrokerUnavailableError(f"handshake with {self.name} failed: {exc}") from exc
-        self._writer = writer
+        # from here the broker's frames are parsed as they arrive (frames.FrameReader)
+        transport = writer.transport
+        leftover = bytes(getattr(reader, "_buffer", b""))  # none: the broker waits for us
+        proto = frames.FrameReader(
+            transport,
+            self._max,
+            self._on_frame,
+            self._on_bad_frame,
+            lambda exc: self._on_lost(transport, exc),
+        )
+        transport.set_protocol(proto)
+        if leftover:
+            proto.feed(leftover)
+        self._writer = transport
+        self._stream = writer  # a StreamWriter that is collected closes its transport
+        self._broken = None
         self.error = None
-        asyncio.ensure_future(self._read_loop(reader, writer))
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         hello, _ = await frames.read_frame(reader, frames.HANDSHAKE_MAX_BYTES)
@@ -208,28 +224,28 @@ class BrokerConnection:
         ):
             raise frames.AuthError(f"{self.name} could not prove it holds the cluster's secret")
 
-    async def _read_loop(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        error: BaseException
-        try:
-            while True:
-                header, body = await frames.read_frame(reader, self._max)
-                fut = self._pending.pop(header["o"], None)
-                if fut is None:
-                    continue  # its caller timed out and went away
-                if header["c"] == Code.OK:
-                    _settle(fut, (header, body))
-                else:
-                    _settle(fut, exc=frames.error_from(header))
-        except asyncio.IncompleteReadError:
-            error = BrokerUnavailableError(f"{self.name} closed the connection")
-        except (OSError, frames.FrameError) as exc:
-            error = BrokerUnavailableError(f"connection to {self.name} broke: {exc}")
-        except asyncio.CancelledError:
-            error = BrokerUnavailableError(f"connection to {self.name} closed")
-        finally:
-            writer.close()
-            if self._writer is writer:
-                self._writer = None
+    def _on_frame(self, header: dict[str, Any], body: bytes | memoryview) -> None:
+        fut = self._pending.pop(header["o"], None)
+        if fut is None:
+            return  # its caller timed out and went away
+        if header["c"] == Code.OK:
+            _settle(fut, (header, body))  # type: ignore[arg-type]
+        else:
+            _settle(fut, exc=frames.error_from(header))
+
+    def _on_bad_frame(self, exc: frames.FrameError) -> None:
+        self._broken = BrokerUnavailableError(f"connection to {self.name} broke: {exc}")
+
+    def _on_lost(self, transport: asyncio.BaseTransport, exc: Exception | None) -> None:
+        error = self._broken
+        if error is None:
+            error = BrokerUnavailableError(
+                f"connection to {self.name} broke: {exc}"
+                if exc is not None
+                else f"{self.name} closed the connection"
+            )
+        if self._writer is transport:
+            self._writer = None
         self._fail(error)
 
     def _fail(self, error: BaseException) -> None:

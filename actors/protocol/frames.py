@@ -166,3 +166,170 @@ def error_from(header: Mapping[str, Any]) -> RayMQError:
     """The error an ERROR response names, as the type the broker raised."""
     cls = _ERRORS.get(str(header.get("e")), BrokerUnavailableError)
     return cls(str(header.get("m", "")))
+
+
+# ------------------------------------------------------------ after the handshake
+SCRATCH_BYTES = 256 << 10
+"""Frames smaller than this are parsed out of one reused receive buffer, many per
+``recv``; a larger one is received straight into a buffer of its own size."""
+
+
+class FrameReader(asyncio.BufferedProtocol):
+    """A connection's frames after its handshake, parsed as the bytes arrive.
+
+    Installed with ``transport.set_protocol`` once a connection has proved itself. Asyncio
+    receives into the buffer this hands out (``recv_into``): small frames, several per
+    receive, are cut out of one reused scratch buffer; a large frame (a batch, a pull
+    answer) gets a buffer of exactly its size and is received into it with no other
+    copy. Each complete frame goes to ``on_frame(header, body)`` at once, from the
+    event loop's read callback: no task wakes up to read it. A frame that breaks the
+    rules calls ``on_error(FrameError)`` and closes the transport, its body unread;
+    ``on_lost(exc)`` is called once when the connection ends.
+
+    ``body`` is ``bytes`` for a frame that fit the scratch buffer and a read-only
+    ``memoryview`` of the frame's own buffer for a larger one.
+    """
+
+    def __init__(
+        self,
+        transport: asyncio.BaseTransport,
+        max_bytes: int,
+        on_frame: Any,
+        on_error: Any,
+        on_lost: Any,
+    ) -> None:
+        self.transport = transport
+        self.max_bytes = max_bytes
+        self.on_frame, self.on_error, self.on_lost = on_frame, on_error, on_lost
+        self._buf = bytearray(SCRATCH_BYTES)
+        self._view = memoryview(self._buf)
+        self._start = self._end = 0
+        self._big: bytearray | None = None  # a large frame being received, and how far
+        self._big_view: memoryview | None = None
+        self._big_pos = 0
+        self._big_hlen = 0
+        self._closed = False
+        self._paused_writing = False
+        self._drained: list[asyncio.Future[None]] = []
+
+    def feed(self, data: bytes) -> None:
+        """Bytes that arrived before this reader took over (none, normally)."""
+        pos = 0
+        while pos < len(data) and not self._closed:
+            buf = self.get_buffer(len(data) - pos)
+            n = min(len(buf), len(data) - pos)
+            buf[:n] = data[pos : pos + n]
+            pos += n
+            self.buffer_updated(n)
+
+    # ------------------------------------------------------------ asyncio's side
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._big_view is not None:
+            return self._big_view[self._big_pos :]
+        if self._start and len(self._buf) - self._end < SCRATCH_BYTES // 4:
+            # room is short at the end: move what is left of a frame to the front
+            left = self._end - self._start
+            self._buf[:left] = self._buf[self._start : self._end]
+            self._start, self._end = 0, left
+        return self._view[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._big is not None:
+            self._big_pos += nbytes
+            if self._big_pos == len(self._big):
+                frame, hlen = self._big, self._big_hlen
+                self._big = self._big_view = None
+                self._deliver(bytes(frame[:hlen]), memoryview(frame)[hlen:].toreadonly())
+            return
+        self._end += nbytes
+        self._parse()
+
+    def _parse(self) -> None:
+        buf, view = self._buf, self._view
+        while not self._closed and self._end - self._start >= _PREFIX.size:
+            total, hlen = _PREFIX.unpack_from(buf, self._start)
+            if total > self.max_bytes:
+                return self._fail(
+                    FrameError(f"frame of {total} bytes: over max_frame_bytes={self.max_bytes}")
+                )
+            if total < 4 or hlen > min(total - 4, MAX_HEADER_BYTES):
+                return self._fail(FrameError(f"frame of {total} bytes with a header of {hlen}"))
+            size = total - 4
+            begin = self._start + _PREFIX.size
+            have = self._end - begin
+            if have >= size:
+                self._start = begin + size
+                head = bytes(view[begin : begin + hlen])
+                self._deliver(head, bytes(view[begin + hlen : begin + size]))
+                continue
+            if size + _PREFIX.size > len(buf) // 2:  # large: a buffer of its own
+                frame = bytearray(size)
+                frame[:have] = view[begin : self._end]
+                self._big, self._big_view = frame, memoryview(frame)
+                self._big_pos, self._big_hlen = have, hlen
+                self._start = self._end = 0
+                return None
+            break
+        if self._start == self._end:
+            self._start = self._end = 0
+        return None
+
+    def _deliver(self, head: bytes, body: bytes | memoryview) -> None:
+        try:
+            header = decode_header(head)
+        except FrameError as exc:
+            self._fail(exc)
+            return
+        self.on_frame(header, body)
+
+    def _fail(self, exc: FrameError) -> None:
+        self._closed = True
+        self.on_error(exc)
+        self.transport.close()
+
+    def eof_received(self) -> bool:
+        return False  # close the transport: connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        for fut in self._drained:
+            if not fut.done():
+                fut.set_result(None)
+        self._drained.clear()
+        self.on_lost(exc)
+
+    # ------------------------------------------------------------ writing
+    def pause_writing(self) -> None:
+        self._paused_writing = True
+
+    def resume_writing(self) -> None:
+        self._paused_writing = False
+        waiters, self._drained = self._drained, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def drain(self) -> None:
+        """Until the transport's write buffer is below its high-water mark."""
+        if not self._paused_writing or self._closed:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._drained.append(fut)
+        await fut
+
+
+def write_frame(
+    transport: asyncio.WriteTransport, header: Mapping[str, Any], body: Sequence[Any] = ()
+) -> None:
+    """Write one frame. A small one is joined and written at once; a large body's parts
+    are handed to the transport one by one, so they are copied only if the socket
+    cannot take them now (asyncio's ``writelines`` joins them all first)."""
+    parts = encode(header, body)
+    if len(parts) <= 2 or sum(memoryview(p).nbytes for p in parts[2:]) < SCRATCH_BYTES:
+        transport.write(b"".join(parts))
+        return
+    transport.write(parts[0] + parts[1])
+    for part in parts[2:]:
+        view = memoryview(part).cast("B")  # numpy arrays too: the transport takes views
+        if view.nbytes:
+            transport.write(view)

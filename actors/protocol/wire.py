@@ -140,7 +140,7 @@ def pull_request_to_wire(
     return msgpack.packb((group, list(requests), max_count, tags, suspend_s, client_id))
 
 
-def pull_request_from_wire(blob: bytes) -> PullRequest:
+def pull_request_from_wire(blob: bytes | memoryview) -> PullRequest:
     """The request :func:`pull_request_to_wire` packed; anything else is refused whole."""
     try:
         group, requests, max_count, tags, suspend_s, client_id = msgpack.unpackb(blob)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from typing import Any
 
 import msgpack
 import pytest
@@ -62,3 +63,63 @@ def test_errors_cross_as_their_own_types() -> None:
     back = frames.error_from(frames.error_fields(KeyError("k")))
     assert type(back) is BrokerUnavailableError
     assert type(frames.error_from({"e": "SystemExit", "m": "x"})) is BrokerUnavailableError
+
+
+class _Transport:
+    """What FrameReader needs of a transport: to be closed."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _reader(max_bytes: int = frames.DEFAULT_MAX_FRAME_BYTES) -> tuple[Any, list[Any], list[Any]]:
+    got: list[Any] = []
+    errors: list[Any] = []
+    reader = frames.FrameReader(
+        _Transport(), max_bytes, lambda h, b: got.append((h, bytes(b))), errors.append, print
+    )
+    return reader, got, errors
+
+
+def _receive(reader: Any, data: bytes, chunk: int) -> None:
+    """Bytes as asyncio hands them over: into the reader's buffer, ``chunk`` at most."""
+    pos = 0
+    while pos < len(data):
+        buf = reader.get_buffer(-1)
+        n = min(len(buf), chunk, len(data) - pos)
+        buf[:n] = data[pos : pos + n]
+        reader.buffer_updated(n)
+        pos += n
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 4096, 1 << 20])
+def test_the_frame_reader_cuts_frames_however_the_bytes_arrive(chunk: int) -> None:
+    big = bytes(range(256)) * 4096  # 1 MiB: received into a buffer of its own
+    sent = [({"c": 10, "o": i}, b"x" * i) for i in range(40)]
+    sent.insert(17, ({"c": 11, "o": 99}, big))
+    stream = b"".join(b"".join(frames.encode(h, [b])) for h, b in sent)
+    reader, got, errors = _reader()
+    _receive(reader, stream, chunk)
+    assert not errors
+    assert got == sent
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        struct.pack(">II", 1 << 20, 4) + b"{}{}",  # over max_frame_bytes
+        struct.pack(">II", 6, 2) + b"\x92\x01",  # a header that is not a map
+        struct.pack(">II", 8, 10) + b"\x80" * 4,  # a header longer than the frame
+    ],
+    ids=["oversized", "not-a-map", "header-too-long"],
+)
+def test_the_frame_reader_refuses_a_bad_frame_and_delivers_nothing_after(bad: bytes) -> None:
+    reader, got, errors = _reader(max_bytes=1 << 16)
+    good = b"".join(frames.encode({"c": 10, "o": 1}, [b"ok"]))
+    _receive(reader, good + bad + good, 1 << 16)
+    assert [h["o"] for h, _ in got] == [1]  # the frame before, not the one after
+    assert len(errors) == 1 and isinstance(errors[0], frames.FrameError)
+    assert reader.transport.closed
