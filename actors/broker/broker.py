@@ -362,10 +362,7 @@ class Broker:
 
     # ------------------------------------------------------------ status and lifecycle
     async def status(self) -> dict[str, Any]:
-        data_path: dict[str, Any] = {
-            "data_addr": self.rt.data_addr,
-            "held_pulls": self.rt.holds.held,
-        }
+        data_path: dict[str, Any] = {"data_addr": self.rt.data_addr}
         if self.listener is not None:
             data_path.update({f"data_{k}": v for k, v in self.listener.stats.items()})
         return {**await self.admin.status(), **self.sender.status(), **data_path}
