@@ -1,7 +1,8 @@
 """The producer's hot path: encode a batch of plain messages.
 
-"Plain" is what most batches are: one topic, no user properties, keys or
-delay, tags shared by the whole batch (or absent). Anything else goes through
+"Plain" is what most batches are: one topic, no user properties or delay, tags
+shared by the whole batch (or absent), and either no keys or one key each (an
+order id: the C encoder writes it and its index hash). Anything else goes through
 :func:`storage.codec.encode_batch`'s general loop. This module builds on
 ``storage.codec`` and registers :func:`encode_plain` with it when imported
 (``codec.use_plain_encoder``), so ``encode_batch`` takes this path for plain
@@ -114,7 +115,8 @@ def encode_plain_c(
     codec.validate_topic(topic)
     if tags is not None and (not tags or "\x01" in tags or "\x02" in tags):
         return None  # the general path names the error
-    head = _tail_head(topic, tags)
+    keyed = first.keys.__class__ is str and bool(first.keys)
+    head = _keyed_head(topic, tags) if keyed else _tail_head(topic, tags)
     if head is None:
         return None
     header = codec.HEADER.pack(
@@ -135,10 +137,14 @@ def encode_plain_c(
         gen.take(n),
         key_base,
         crc32_address,
+        keyed,
+        codec.java_hash(f"{topic}#") & 0xFFFFFFFF,
     )
     if out is None:
         return None
     data, sizes, queue_ids, key_hashes, uniq_raw = out
+    # a keyed record has two index entries, its key's then its unique key's
+    owners = np.repeat(np.arange(n, dtype=np.int32), 2) if keyed else np.arange(n, dtype=np.int32)
     return codec.EncodedBatch(
         data=data,
         sizes=np.frombuffer(sizes, dtype=np.int32),
@@ -147,10 +153,18 @@ def encode_plain_c(
         queue_ids=np.frombuffer(queue_ids, dtype=np.int32),
         tag_codes=np.full(n, codec.java_hash(tags) if tags is not None else 0, dtype=np.int64),
         key_hashes=np.frombuffer(key_hashes, dtype=np.int32),
-        key_owner=np.arange(n, dtype=np.int32),
+        key_owner=owners,
         uniq_keys=codec.PackedKeys(uniq_raw),
         checked=True,
     )
+
+
+def _keyed_head(topic: str, tags: str | None) -> bytes:
+    """A keyed record's tail up to its KEYS property: topic section, a PROPLEN the C
+    encoder writes per record, the tags."""
+    raw_topic = topic.encode("ascii")
+    tag_part = f"TAGS\x01{tags}\x02".encode() if tags is not None else b""
+    return bytes((len(raw_topic),)) + raw_topic + b"\x00\x00" + tag_part
 
 
 def encode_plain_numpy(

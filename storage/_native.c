@@ -154,26 +154,36 @@ PyDoc_STRVAR(encode_plain_doc,
              "first counter; ``key_hash_base``: java_hash(topic + '#' + prefix) as uint32;\n"
              "``crc_address``: zlib-ng's zng_crc32, or 0 for the built-in table. The arrays\n"
              "come back as native int32 bytes, the unique keys as one '\\x00'-separated bytes.\n"
-             "None: the batch is not plain.");
+             "None: the batch is not plain.\n\n"
+             "``keyed`` (optional): every message has one key of its own, an ASCII str with no\n"
+             "space or separator; ``head`` then ends after the tags (its PROPLEN is written\n"
+             "per message), each record gets 'KEYS\\x01<key>\\x02' before its unique key, and\n"
+             "``key_hashes`` holds two hashes a message, its key's (from ``key_topic_base``:\n"
+             "java_hash(topic + '#') as uint32) then its unique key's.");
 
 static PyObject *encode_plain(PyObject *self, PyObject *args) {
     PyObject *messages, *topic, *tags;
     Py_ssize_t max_size;
     Py_buffer header, head, prefix;
     unsigned long long start, crc_address;
-    unsigned long key_hash_base;
-    if (!PyArg_ParseTuple(args, "OOOny*y*y*KkK", &messages, &topic, &tags, &max_size, &header,
-                          &head, &prefix, &start, &key_hash_base, &crc_address))
+    unsigned long key_hash_base, key_topic_base = 0;
+    int keyed = 0;
+    if (!PyArg_ParseTuple(args, "OOOny*y*y*KkK|pk", &messages, &topic, &tags, &max_size, &header,
+                          &head, &prefix, &start, &key_hash_base, &crc_address, &keyed,
+                          &key_topic_base))
         return NULL;
     PyObject *result = NULL;
     PyObject **items = NULL;
     PyObject *seq = NULL;
     const unsigned char **bodies = NULL;
     PyObject **owners = NULL; /* the bodies, held while the GIL is released */
+    PyObject **key_owners = NULL; /* keyed: the keys, held likewise */
+    const unsigned char **keys = NULL;
+    uint32_t *key_lens = NULL;
     uint32_t *lens = NULL;
     int32_t *qids = NULL, *flags = NULL;
     PyObject *data = NULL, *sizes = NULL, *queue_ids = NULL, *key_hashes = NULL, *text = NULL;
-    Py_ssize_t n = 0, held = 0;
+    Py_ssize_t n = 0, held = 0, keys_held = 0;
 
     if (bound_type == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "bind(Message) first");
@@ -200,9 +210,27 @@ static PyObject *encode_plain(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
+    if (keyed) {
+        key_owners = PyMem_Malloc(n * sizeof *key_owners);
+        keys = PyMem_Malloc(n * sizeof *keys);
+        key_lens = PyMem_Malloc(n * sizeof *key_lens);
+        if (!key_owners || !keys || !key_lens) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        /* head: topic section, PROPLEN (written per record), tags part */
+        if (head.len < 3 || ((const unsigned char *)head.buf)[0] + 3 > head.len) {
+            PyErr_SetString(PyExc_ValueError, "keyed: head must be the topic section, "
+                                              "PROPLEN and the tags part");
+            goto done;
+        }
+    }
 
     /* pass 1, with the GIL: is the batch plain, and how long is it */
-    const Py_ssize_t fixed = HDR_LEN + head.len + UNIQ_LEN + 1;
+    /* keyed: 'KEYS' 0x01 key 0x02 'UNIQ_KEY' 0x01 uniq 0x02 after the head */
+    const Py_ssize_t fixed = HDR_LEN + head.len + UNIQ_LEN + 1 + (keyed ? 5 + 1 + 9 : 0);
+    const Py_ssize_t topic_section = keyed ? ((const unsigned char *)head.buf)[0] + 1 : 0;
+    const Py_ssize_t props_base = keyed ? head.len - topic_section - 2 + 5 + 1 + 9 + UNIQ_LEN + 1 : 0;
     Py_ssize_t total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *m = items[i];
@@ -215,8 +243,24 @@ static PyObject *encode_plain(PyObject *self, PyObject *args) {
         if (same_text(v[F_TOPIC], topic) != 1) goto not_plain;
         if (tags == Py_None ? v[F_TAGS] != Py_None : same_text(v[F_TAGS], tags) != 1)
             goto not_plain;
-        if (is_true(v[F_PROPS]) != 0 || is_true(v[F_KEYS]) != 0 || is_true(v[F_DELAY]) != 0)
-            goto not_plain;
+        if (is_true(v[F_PROPS]) != 0 || is_true(v[F_DELAY]) != 0) goto not_plain;
+        Py_ssize_t klen = 0;
+        if (!keyed) {
+            if (is_true(v[F_KEYS]) != 0) goto not_plain;
+        } else {
+            /* one key: an ASCII str, not empty, no space and no separator */
+            PyObject *key = v[F_KEYS];
+            if (!PyUnicode_CheckExact(key) || !PyUnicode_IS_ASCII(key)) goto not_plain;
+            klen = PyUnicode_GET_LENGTH(key);
+            if (klen == 0 || props_base + klen > 32767) goto not_plain;
+            const unsigned char *kc = PyUnicode_1BYTE_DATA(key);
+            for (Py_ssize_t c = 0; c < klen; c++)
+                if (kc[c] == ' ' || kc[c] == 1 || kc[c] == 2) goto not_plain;
+            key_owners[i] = Py_NewRef(key);
+            keys_held = i + 1;
+            keys[i] = kc;
+            key_lens[i] = (uint32_t)klen;
+        }
         PyObject *body = v[F_BODY];
         if (!PyBytes_CheckExact(body)) goto not_plain;
         Py_ssize_t blen = PyBytes_GET_SIZE(body);
@@ -228,20 +272,20 @@ static PyObject *encode_plain(PyObject *self, PyObject *args) {
         if (overflow || qv < 0 || qv > 0x7FFFFFFFL) goto not_plain;
         long fv = PyLong_AsLongAndOverflow(fl, &overflow);
         if (overflow || fv < INT32_MIN || fv > INT32_MAX) goto not_plain;
-        if (fixed + blen > INT32_MAX) goto not_plain;
+        if (fixed + blen + klen > INT32_MAX) goto not_plain;
         owners[i] = Py_NewRef(body);
         held = i + 1;
         bodies[i] = (const unsigned char *)PyBytes_AS_STRING(body);
         lens[i] = (uint32_t)blen;
         qids[i] = (int32_t)qv;
         flags[i] = (int32_t)fv;
-        total += fixed + blen;
+        total += fixed + blen + klen;
     }
 
     data = PyBytes_FromStringAndSize(NULL, total);
     sizes = PyBytes_FromStringAndSize(NULL, n * 4);
     queue_ids = PyBytes_FromStringAndSize(NULL, n * 4);
-    key_hashes = PyBytes_FromStringAndSize(NULL, n * 4);
+    key_hashes = PyBytes_FromStringAndSize(NULL, n * (keyed ? 8 : 4));
     text = PyBytes_FromStringAndSize(NULL, n * (UNIQ_LEN + 1) - 1);
     if (!data || !sizes || !queue_ids || !key_hashes || !text) goto fail;
 
@@ -258,7 +302,8 @@ static PyObject *encode_plain(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < n; i++) {
             const uint32_t blen = lens[i];
-            const uint32_t size = (uint32_t)fixed + blen;
+            const uint32_t klen = keyed ? key_lens[i] : 0;
+            const uint32_t size = (uint32_t)fixed + blen + klen;
             unsigned char *r = out;
             memcpy(r, hdr, HDR_LEN);
             put_be32(r, size);
@@ -270,7 +315,23 @@ static PyObject *encode_plain(PyObject *self, PyObject *args) {
             memcpy(r, bodies[i], blen);
             r += blen;
             memcpy(r, hd, head_len);
+            if (keyed) {
+                const uint32_t props = (uint32_t)props_base + klen;
+                r[topic_section] = (unsigned char)(props >> 8);
+                r[topic_section + 1] = (unsigned char)props;
+            }
             r += head_len;
+            if (keyed) {
+                memcpy(r, "KEYS\x01", 5);
+                memcpy(r + 5, keys[i], klen);
+                r[5 + klen] = 2;
+                memcpy(r + 6 + klen, "UNIQ_KEY\x01", 9);
+                r += 15 + klen;
+                /* java_hash("topic#" + key), from java_hash("topic#") */
+                uint32_t kh = (uint32_t)key_topic_base;
+                for (uint32_t c = 0; c < klen; c++) kh = kh * 31u + keys[i][c];
+                hash_out[2 * i] = (int32_t)kh;
+            }
             /* the unique key: the prefix, then 12 hex digits of the 48-bit counter */
             unsigned char *key = r;
             memcpy(key, pre, PREFIX_LEN);
@@ -283,7 +344,7 @@ static PyObject *encode_plain(PyObject *self, PyObject *args) {
             /* java_hash("topic#" + key) = java_hash("topic#" + prefix) * 31**12 + digits' */
             uint32_t h = (uint32_t)key_hash_base;
             for (int d = 0; d < 12; d++) h = h * 31u + key[PREFIX_LEN + d];
-            hash_out[i] = (int32_t)h;
+            hash_out[keyed ? 2 * i + 1 : i] = (int32_t)h;
             size_out[i] = (int32_t)size;
             memcpy(text_out, key, UNIQ_LEN);
             if (i + 1 < n) text_out[UNIQ_LEN] = 0;
@@ -302,6 +363,10 @@ fail:
     result = NULL;
 done:
     for (Py_ssize_t i = 0; i < held; i++) Py_DECREF(owners[i]);
+    for (Py_ssize_t i = 0; i < keys_held; i++) Py_DECREF(key_owners[i]);
+    PyMem_Free(key_owners);
+    PyMem_Free(keys);
+    PyMem_Free(key_lens);
     Py_XDECREF(data);
     Py_XDECREF(sizes);
     Py_XDECREF(queue_ids);

@@ -430,3 +430,56 @@ def test_windows_gather_and_scatter_fields_at_unaligned_positions() -> None:
     words = codec.windows(bytes(data), ">u4")  # read-only buffers gather too
     assert words[at + 1].tolist() == [struct.unpack_from(">I", data, int(a) + 1)[0] for a in at]
     assert len(codec.windows(b"abc", ">i4")) == 0  # shorter than one field: no window
+
+
+def _keyed_equals_slow(msgs: list[Message]) -> codec.EncodedBatch:
+    """The C encoder's keyed batch is the general loop's, index entries included."""
+    from storage._fast_encode import encode_plain_c
+
+    fast_gen, slow_gen = _same_generators()
+    fast = encode_plain_c(msgs, 4 << 20, 99, codec.host_to_bytes("1.2.3.4:5"), fast_gen)
+    assert fast is not None
+    slow = codec.encode_batch(
+        msgs, born_host="1.2.3.4:5", uniq=slow_gen, born=[(99, "1.2.3.4:5", 0)] * len(msgs)
+    )
+    assert fast.data == slow.data
+    assert fast.key_hashes.tolist() == slow.key_hashes.tolist()
+    assert fast.key_owner.tolist() == slow.key_owner.tolist()
+    assert list(fast.uniq_keys) == list(slow.uniq_keys)
+    assert fast.sizes.tolist() == slow.sizes.tolist()
+    return fast
+
+
+@pytest.mark.parametrize("tags", ["TagA", None])
+def test_c_encoder_writes_a_key_each_as_the_general_loop_does(tags: str | None) -> None:
+    rng = random.Random(11)
+    msgs = [
+        Message("Orders", rng.randbytes(rng.randint(1, 3000)), tags=tags, keys=f"order-{i:07d}")
+        for i in range(500)
+    ]
+    fast = _keyed_equals_slow(msgs)
+    decoded = codec.decode_records(fast.data)
+    assert [m.keys for m in decoded] == [(f"order-{i:07d}",) for i in range(500)]
+    # keys of every length up to what the properties can hold
+    _keyed_equals_slow([Message("K", b"x", keys="k" * n) for n in (1, 2, 100, 30_000)] * 3)
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        lambda m: Message(m.topic, m.body),  # no key in a keyed batch
+        lambda m: Message(m.topic, m.body, keys="two keys"),
+        lambda m: Message(m.topic, m.body, keys=""),
+        lambda m: Message(m.topic, m.body, keys="k\x01"),
+        lambda m: Message(m.topic, m.body, keys="clé"),  # not ASCII
+        lambda m: Message(m.topic, m.body, keys=("a", "b")),
+        lambda m: Message(m.topic, m.body, keys="k" * 40_000),  # over the properties' room
+    ],
+)
+def test_c_encoder_leaves_odd_keys_to_the_general_loop(odd) -> None:
+    from storage._fast_encode import encode_plain_c
+
+    msgs = [Message("Keyed", b"p%d" % i, keys=f"k{i}") for i in range(12)]
+    msgs[5] = odd(msgs[5])
+    gen = codec.UniqueKeyGenerator()
+    assert encode_plain_c(msgs, 100, 1, codec.host_to_bytes("1.2.3.4:5"), gen) is None
