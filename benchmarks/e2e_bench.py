@@ -24,11 +24,14 @@ One run prints, for one producer process and one broker (ASYNC_FLUSH):
   latency, measures the no-op round trip just before and after: this machine's
   speed drifts by 2x within minutes, which a single early baseline turned into
   fake wins and losses;
+* the data path: sync send round trips and produce -> held-pull latency at 1,000
+  msg/s over the broker's socket and over Ray, alternated, beside a TCP echo and a Ray
+  no-op call at the same rate (the raw floor of each path);
 * push-consumer throughput with a no-op listener next to ``pull_many`` reading the
   same messages in the same run (target: 70%), and the retry path's rate
   (RECONSUME_LATER -> ``%RETRY%<group>`` -> redelivery), on a cluster of its own.
 
-    python benchmarks/e2e_bench.py [--quick] [--json out.json] [--push-only]
+    python benchmarks/e2e_bench.py [--quick] [--json out.json] [--push-only] [--data-path-only]
 """
 
 from __future__ import annotations
@@ -227,8 +230,10 @@ def bench_consume(cluster: actors.Cluster, quick: bool) -> list[dict[str, Any]]:
 class _LatencyConsumer:
     """A long-polling consumer in its own process; bodies carry the send time."""
 
-    def __init__(self, namespace: str, topic: str) -> None:
-        self.consumer = actors.PullConsumer("bench-latency", namespace=namespace)
+    def __init__(self, namespace: str, topic: str, data_path: str = "socket") -> None:
+        self.consumer = actors.PullConsumer(
+            f"bench-latency-{data_path}", namespace=namespace, data_path=data_path
+        )
         self.mq = self.consumer.fetch_subscribe_queues(topic)[0]
         self.offset = self.consumer.max_offset(self.mq)
 
@@ -354,6 +359,128 @@ def bench_latency(cluster: actors.Cluster, quick: bool, rate: float = 200.0) -> 
         "p99_ms": 1e3 * pct(lat, 0.99),
         "mean_ms": 1e3 * statistics.fmean(lat),
     }
+
+
+# ------------------------------------------------------------ the data path
+@ray.remote(num_cpus=0)
+class _Echo:
+    """An asyncio echo server in an actor: one socket round trip, the data path's floor."""
+
+    async def start(self) -> int:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                while True:
+                    size = int.from_bytes(await reader.readexactly(4), "big")
+                    writer.write(size.to_bytes(4, "big") + await reader.readexactly(size))
+            except (asyncio.IncompleteReadError, ConnectionError):
+                writer.close()
+
+        self.server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+
+def _echo_rtts(port: int, n: int, rate: float) -> list[float]:
+    import socket
+
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    frame = (100).to_bytes(4, "big") + b"x" * 100
+    out: list[float] = []
+
+    def echo(_: int) -> None:
+        t = time.perf_counter()
+        sock.sendall(frame)
+        left = len(frame)
+        while left:
+            left -= len(sock.recv(left))
+        out.append(time.perf_counter() - t)
+
+    _paced(n, rate, echo)
+    sock.close()
+    return out
+
+
+def _path_point(cluster: actors.Cluster, path: str, n: int, rate: float) -> dict[str, list[float]]:
+    """One path's sync send round trips (at ``rate``) and produce -> held pull latency."""
+    topic = f"DataPath-{path}"
+    producer = cluster.producer(f"bench-{path}", data_path=path)
+    for _ in range(200):  # warm: routes, the connection
+        producer.send(Message(topic, b"0.0"))
+    rtt: list[float] = []
+
+    def send(_: int) -> None:
+        t = time.perf_counter()
+        producer.send(Message(topic, b"0.0"))
+        rtt.append(time.perf_counter() - t)
+
+    _paced(n, rate, send)
+    consumer = _LatencyConsumer.remote(cluster.namespace, topic, path)
+    ray.get(consumer.ready.remote())
+    pending = consumer.run.remote(n, 60.0)
+    time.sleep(0.3)  # let the first pull be held
+    _paced(n, rate, lambda _: producer.send(Message(topic, repr(time.time()).encode())))
+    lat = ray.get(pending)
+    ray.kill(consumer)
+    producer.close()
+    return {"send": rtt, "latency": lat}
+
+
+def bench_data_path(
+    cluster: actors.Cluster, quick: bool, rate: float = 1000.0, reps: int = 2
+) -> dict[str, Any]:
+    """The broker's socket beside Ray's calls, alternated ``reps`` times at ``rate``:
+    sync send round trips and produce -> consume latency through a held pull, with
+    the raw limits of each in the same minutes (a TCP echo, a Ray no-op call)."""
+    n = int(rate * (1 if quick else 3))
+    for path in ("socket", "ray"):
+        cluster.admin.create_topic(f"DataPath-{path}", 1, 1)
+    samples: dict[str, list[float]] = defaultdict(list)
+    echo = _Echo.remote()
+    port = ray.get(echo.start.remote())
+    noop = _Noop.remote()
+    for _ in range(reps):
+        for path in ("socket", "ray"):
+            for kind, values in _path_point(cluster, path, n, rate).items():
+                samples[f"{path}_{kind}"] += values
+        samples["tcp_echo"] += _echo_rtts(port, n, rate)
+
+        def paced_noop(_: int, out: list[float] = samples["ray_noop"]) -> None:
+            t = time.perf_counter()
+            ray.get(noop.noop.remote())
+            out.append(time.perf_counter() - t)
+
+        _paced(min(n, 1000), rate, paced_noop)
+    ray.kill(echo)
+    ray.kill(noop)
+    out: dict[str, Any] = {"rate_msg_s": rate}
+    for key, values in samples.items():
+        for q, name in ((0.5, "p50"), (0.99, "p99"), (0.999, "p999")):
+            out[f"{key}_{name}_ms"] = 1e3 * pct(values, q)
+    return out
+
+
+def report_data_path(d: dict[str, Any]) -> None:
+    print(
+        f"\n== Data path at {d['rate_msg_s']:.0f} msg/s: the broker's socket beside Ray, "
+        "alternated   ms p50 / p99 / p99.9"
+    )
+    rows = [
+        ("sync send round trip, socket", "socket_send"),
+        ("sync send round trip, Ray", "ray_send"),
+        ("produce -> held pull, socket", "socket_latency"),
+        ("produce -> held pull, Ray", "ray_latency"),
+        ("raw limit: TCP echo", "tcp_echo"),
+        ("raw limit: Ray no-op call", "ray_noop"),
+    ]
+    for label, key in rows:
+        print(
+            f"  {label:<32}{d[f'{key}_p50_ms']:>8.3f}{d[f'{key}_p99_ms']:>9.3f}"
+            f"{d[f'{key}_p999_ms']:>9.3f}"
+        )
+    print(
+        f"  sync send over the socket / TCP echo, p50: "
+        f"{d['socket_send_p50_ms'] / d['tcp_echo_p50_ms']:.1f}x (target <= 3x)"
+    )
 
 
 # ------------------------------------------------------------ ray.util.queue
@@ -765,6 +892,8 @@ def report(r: dict[str, Any]) -> None:
             f"{lat['relay_p50_ms']:.2f} ms, p99 {lat['relay_p99_ms']:.2f} ms; no-op round trip "
             f"{lat['noop_paced_rtt_p50_ms']:.2f} ms (back to back {lat['noop_rtt_p50_ms']:.2f} ms)"
         )
+    if "data_path" in r:
+        report_data_path(r["data_path"])
     print("\n== Against ray.util.queue.Queue, 100 B items, same batch, alternated, medians   msg/s")
     for row in r["ray_queue"]:
         print(
@@ -902,6 +1031,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--push-only", action="store_true", help="only the push-consumer and retry section"
     )
+    parser.add_argument(
+        "--data-path-only", action="store_true", help="only the socket-beside-Ray section"
+    )
     args = parser.parse_args(argv)
     ray.init(
         address="local",
@@ -930,6 +1062,19 @@ def main(argv: list[str] | None = None) -> int:
                 "store": {"commitlog_file_size": 256 << 20, "flush_disk_type": "ASYNC_FLUSH"}
             },
         )
+        if args.data_path_only:
+            try:
+                results["data_path"] = timed(
+                    "data path", lambda: bench_data_path(cluster, args.quick)
+                )
+            finally:
+                cluster.shutdown()
+            ray.shutdown()
+            report_data_path(results["data_path"])
+            if args.json:
+                with open(args.json, "w") as fh:
+                    json.dump(results, fh, indent=2)
+            return 0
         try:
             results["floor"] = timed("ray floor", lambda: ray_floor(args.quick))
             results["produce"] = timed("produce", lambda: bench_produce(cluster, args.quick))
@@ -938,6 +1083,7 @@ def main(argv: list[str] | None = None) -> int:
                 "1 KiB vs Ray's arguments", lambda: bench_1kib_vs_ray(cluster, args.quick)
             )
             results["latency"] = timed("latency", lambda: bench_latency(cluster, args.quick))
+            results["data_path"] = timed("data path", lambda: bench_data_path(cluster, args.quick))
             results["ray_queue"] = timed(
                 "ray.util.queue", lambda: bench_ray_queue(cluster, args.quick)
             )

@@ -46,11 +46,24 @@ def timed(fn: Callable[[], int], seconds: float) -> float:
     return done / elapsed
 
 
-def batches(body_size: int, count: int, queues: int = 16) -> list[codec.EncodedBatch]:
+def batches(
+    body_size: int, count: int, queues: int = 16, keyed: bool = False
+) -> list[codec.EncodedBatch]:
+    """``count`` batches of BATCH messages; ``keyed``: each with a key of its own (an
+    order id, the common case), which the store indexes in the IndexFile."""
     body = os.urandom(body_size)
     return [
         codec.encode_batch(
-            [Message("Bench", body, tags="T", queue_id=i % queues) for _ in range(BATCH)]
+            [
+                Message(
+                    "Bench",
+                    body,
+                    tags="T",
+                    keys=f"order-{i}-{j}" if keyed else (),
+                    queue_id=i % queues,
+                )
+                for j in range(BATCH)
+            ]
         )
         for i in range(count)
     ]
@@ -89,10 +102,11 @@ def put_rate(
 ) -> tuple[float, float]:
     """(msg/s, MB/s of records) putting batches from ``source``: "encoded" (built by
     ``encode_batch`` in this process, trusted), "wire" (``EncodedBatch.from_bytes`` of a
-    producer's blob per put, as a broker receives it: checked record by record) or
-    "messages" (``put_batch`` of Message lists, encoding included)."""
+    producer's blob per put, as a broker receives it: checked record by record),
+    "keyed" ("encoded" with a unique key per message) or "messages" (``put_batch`` of
+    Message lists, encoding included)."""
     shutil.rmtree(root, ignore_errors=True)
-    pool = batches(body, 8)
+    pool = batches(body, 64 if source == "keyed" else 8, keyed=source == "keyed")
     wires = [b.to_bytes() for b in pool]
     record_bytes = len(pool[0].data) / BATCH
     msgs = [Message("Bench", os.urandom(body), tags="T", queue_id=i % 16) for i in range(BATCH)]
@@ -103,7 +117,7 @@ def put_rate(
         def work(w: int) -> None:
             i = w
             while time.perf_counter() < stop:
-                if source == "encoded":
+                if source in ("encoded", "keyed"):
                     store.put_encoded(pool[i % len(pool)])
                 elif source == "wire":
                     store.put_encoded(codec.EncodedBatch.from_bytes(wires[i % len(wires)]))
@@ -204,6 +218,7 @@ def main() -> int:
             rows = [
                 (f"put encoded batch {body}B ASYNC", "ASYNC_FLUSH", 1, "encoded"),
                 (f"put wire batch {body}B ASYNC (checked)", "ASYNC_FLUSH", 1, "wire"),
+                (f"put encoded batch {body}B ASYNC, a key each", "ASYNC_FLUSH", 1, "keyed"),
                 (f"put Message list {body}B ASYNC (encode incl.)", "ASYNC_FLUSH", 1, "messages"),
                 (f"put encoded batch {body}B SYNC, 1 writer", "SYNC_FLUSH", 1, "encoded"),
                 (f"put encoded batch {body}B SYNC, 8 writers", "SYNC_FLUSH", 8, "encoded"),
@@ -216,7 +231,9 @@ def main() -> int:
         if "put" in workloads:
             async100 = out["put_encoded_batch_100B_ASYNC"]
             sync8 = out["put_encoded_batch_100B_SYNC_8_writers"]
+            keyed = out["put_encoded_batch_100B_ASYNC_a_key_each"]
             print(f"SYNC 8 writers / ASYNC at 100 B: {sync8 / async100:.2f}")
+            print(f"a key each / no keys at 100 B: {keyed / async100:.2f} (target >= 0.70)")
         if "get" in workloads:
             raw_get, decoded, mb = get_rates(root / "get", s)
             out.update(get_raw_msg_s=raw_get, get_decoded_msg_s=decoded)
