@@ -14,6 +14,8 @@ def encode_plain(
     start: int,
     key_hash_base: int,
     crc_address: int,
+    keyed: bool = False,
+    key_topic_base: int = 0,
     /,
 ) -> tuple[bytes, bytes, bytes, bytes, bytes] | None: ...
 def crc32_builtin(data: Any, /) -> int: ...
