@@ -71,6 +71,17 @@ def test_broker_pinned_to_a_node_restarts_there_and_leaves_with_it(
         total = 64 + 8 * 4096
         assert sum(r["max_offset"] for r in cluster.admin.topic_status("Pinned")) == total
 
+        # the broker on the other node takes single sends over its own socket
+        wait_until(
+            lambda: status_of(broker_b).get("data_connections", 0) >= 1,
+            what="the producer's socket to broker-b",
+        )
+        before = status_of(broker_b)["data_requests"]
+        sent = [producer.send(Message("Pinned", b"s%d" % i)) for i in range(16)]
+        on_b = sum(r.message_queue.broker_name == "broker-b" for r in sent)
+        assert on_b > 0
+        assert status_of(broker_b)["data_requests"] - before >= on_b
+
         ray_cluster.remove_node(node)
         removed = time.monotonic()
         wait_until(
