@@ -81,16 +81,6 @@ class DataPath:
         self._start_open(actor_name, handle)
         return None
 
-    def wait_open(self, actor_name: str, timeout_s: float) -> bool:
-        """Wait until the broker's connection is open (True) or ``timeout_s`` passes."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            conn = self._conns.get(actor_name)
-            if conn is not None and conn.error is None and not conn.closed:
-                return True
-            time.sleep(0.005)
-        return False
-
     def _start_open(self, actor_name: str, handle: Any) -> None:
         with self._lock:
             if self.closed or actor_name in self._opening:
