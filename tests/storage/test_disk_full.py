@@ -9,8 +9,7 @@ and a store that then never opened again (``posix_fallocate`` on that file, ENOS
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -46,20 +45,9 @@ def test_writes_are_refused_over_the_warning_level_and_resume_below_it(
 
 
 @pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """An 8 MiB tmpfs, unmounted afterwards (skipped where mounting is not allowed)."""
-    where = tmp_path / "disk"
-    where.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(where)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
-        yield where
-    finally:
-        if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(where)], capture_output=True)
+def small_disk(tmpfs: Callable[[int], Path]) -> Path:
+    """An 8 MiB tmpfs for the store (``tests/conftest.py``)."""
+    return tmpfs(8)
 
 
 def files_of(root: Path) -> dict[str, int]:

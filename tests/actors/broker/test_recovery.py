@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -241,21 +241,9 @@ def test_a_bad_record_from_one_client_costs_nobody_a_message_at_the_next_crash(
 
 
 @pytest.fixture
-def small_disk(tmp_path: Path) -> Any:
-    """A 16 MiB tmpfs for one broker's store, unmounted afterwards (the test skips only
-    where this machine forbids mounting one: not root, no CAP_SYS_ADMIN)."""
-    where = tmp_path / "disk"
-    where.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(where)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
-        yield where
-    finally:
-        if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(where)], capture_output=True)
+def small_disk(tmpfs: Callable[[int], Path]) -> Path:
+    """A 16 MiB tmpfs for the store (``tests/conftest.py``)."""
+    return tmpfs(16)
 
 
 def test_a_broker_on_a_full_disk_refuses_writes_clearly_restarts_and_serves_every_message(
