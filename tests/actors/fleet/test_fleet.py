@@ -244,8 +244,13 @@ def test_members_no_node_has_room_for_are_pending_until_a_node_with_room_comes(
         st = fleet.status()
         assert st["pending"] == 0
         assert {m["node"] for m in st["members"]} == {node.node_id}
-        owned = sorted(q for qs in st["assignment"].values() for q in qs)
-        assert len(owned) == 4 and all(st["assignment"].values())
+
+        def shared() -> bool:  # the group rebalances once both members have joined
+            assignment = fleet.status()["assignment"]
+            owned = [q for qs in assignment.values() for q in qs]
+            return len(owned) == 4 and all(assignment.values())
+
+        wait_until(shared, timeout_s=30, what="the 4 queues owned, by every member")
     finally:
         fleet.shutdown()
         if node is not None:
