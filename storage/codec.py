@@ -56,6 +56,7 @@ from .properties import PROP_KEYS as PROP_KEYS
 from .properties import PROP_MAX_RECONSUME_TIMES as PROP_MAX_RECONSUME_TIMES
 from .properties import PROP_ORIGIN_MESSAGE_ID as PROP_ORIGIN_MESSAGE_ID
 from .properties import PROP_PRODUCER_GROUP as PROP_PRODUCER_GROUP
+from .properties import PROP_PRODUCER_SEQ as PROP_PRODUCER_SEQ
 from .properties import PROP_REAL_QID as PROP_REAL_QID
 from .properties import PROP_REAL_TOPIC as PROP_REAL_TOPIC
 from .properties import PROP_RECONSUME_TIME as PROP_RECONSUME_TIME
@@ -107,6 +108,36 @@ _SCALAR_HASH_CHARS = 160
 _I32 = struct.Struct(">i")
 _SIZE_MAGIC = struct.Struct(">iI")
 _LE_I2, _LE_I4, _LE_I8 = np.dtype("<i2"), np.dtype("<i4"), np.dtype("<i8")
+# an encoded batch on the wire: records, keys, topics, unique keys and delays counted,
+# the producer id's length, its sequence runs and its epoch
+_WIRE_HEAD = struct.Struct(">iiiiiiii")
+PRODUCER_ID_RE = re.compile(r"[A-Za-z0-9_.:@%|-]{1,160}")
+
+
+def _marked(record: memoryview, value: str) -> bytes:
+    """``record`` with ``PRODUCER_SEQ=value`` added to its properties."""
+    extra = f"{PROP_PRODUCER_SEQ}{NAME_VALUE_SEP}{value}{PROPERTY_SEP}".encode("ascii")
+    out = bytearray(record)
+    at = HEADER.size + _I32.unpack_from(out, OFF_BODYLEN)[0]
+    at += 1 + out[at]  # the topic
+    prop_len = (out[at] << 8) | out[at + 1]
+    if prop_len + len(extra) > MAX_PROPERTIES_LEN:
+        raise InvalidMessageError(
+            f"properties of {prop_len} bytes leave no room for {PROP_PRODUCER_SEQ}"
+        )
+    out[at : at + 2] = (prop_len + len(extra)).to_bytes(2, "big")
+    out += extra
+    _I32.pack_into(out, OFF_TOTALSIZE, len(out))
+    return bytes(out)
+
+
+def validate_producer_id(producer_id: object) -> str:
+    """A producer id as the broker allocates them: ASCII, no separator, at most 160."""
+    if not isinstance(producer_id, str) or not PRODUCER_ID_RE.fullmatch(producer_id):
+        raise InvalidMessageError(
+            f"producer_id={producer_id!r}: must match {PRODUCER_ID_RE.pattern}"
+        )
+    return producer_id
 
 
 # ---------------------------------------------------------------- hashing
@@ -272,6 +303,11 @@ class EncodedBatch:
     key_owner: np.ndarray  # int32 record index of each key
     uniq_keys: Sequence[str]
     delay_levels: np.ndarray | None = None  # int32 per record when any message is delayed
+    # an idempotent producer's batch (storage.producer_state): who sent it, and per run
+    # of records bound for one queue, (index of its first record, its first sequence)
+    producer_id: str | None = None
+    producer_epoch: int = 0
+    seq_runs: np.ndarray | None = None  # int64, shape (runs, 2)
     checked: bool = field(default=False, compare=False)  # structure already verified
     _body_range: tuple[int, int] | None = field(
         default=None, init=False, compare=False, repr=False
@@ -286,6 +322,83 @@ class EncodedBatch:
         validate_queue_id(queue_id)
         return dataclasses.replace(
             self, queue_ids=np.full(len(self.sizes), queue_id, dtype=np.int32)
+        )
+
+    def with_sequence(self, producer_id: str, epoch: int, seq: int) -> EncodedBatch:
+        """The same records as one idempotent run: ``producer_id`` at ``epoch`` numbers
+        them ``seq, seq + 1, ...`` on the queue they are bound for. The first record
+        carries ``PRODUCER_SEQ`` (so recovery and slaves rebuild the producer state
+        from the CommitLog); the rest are shared with this batch, copied once."""
+        return self.with_runs(producer_id, epoch, [(0, len(self.sizes), seq)])
+
+    def with_runs(
+        self, producer_id: str, epoch: int, runs: Sequence[tuple[int, int, int]]
+    ) -> EncodedBatch:
+        """The same records as idempotent runs ``(first record, count, first sequence)``
+        (in order, covering every record), each run's first record marked."""
+        validate_producer_id(producer_id)
+        if not 0 <= epoch <= 0x7FFFFFFF or any(not 0 <= s < 1 << 62 for _, _, s in runs):
+            raise InvalidMessageError(f"producer epoch={epoch} / sequences: out of range")
+        view = memoryview(self.data).cast("B")
+        starts = np.zeros(len(self.sizes) + 1, dtype=np.int64)
+        np.cumsum(self.sizes, out=starts[1:])
+        sizes = self.sizes.astype(np.int32, copy=True)
+        parts: list[bytes | memoryview] = []
+        done = 0
+        for first, count, seq in runs:
+            at, size = int(starts[first]), int(self.sizes[first])
+            parts.append(view[done:at])
+            record = _marked(view[at : at + size], f"{producer_id},{epoch},{seq},{count}")
+            sizes[first] = len(record)
+            parts.append(record)
+            done = at + size
+        parts.append(view[done:])
+        return dataclasses.replace(
+            self,
+            data=b"".join(parts),
+            sizes=sizes,
+            producer_id=producer_id,
+            producer_epoch=epoch,
+            seq_runs=np.array([(a, s) for a, _, s in runs], dtype=np.int64).reshape(-1, 2),
+            checked=False,
+        )
+
+    def runs(self) -> list[tuple[int, int, int]]:
+        """An idempotent batch's runs as ``(first record, record count, first sequence)``."""
+        if self.seq_runs is None:
+            return []
+        starts = self.seq_runs[:, 0].tolist()
+        stops = [*starts[1:], len(self.sizes)]
+        return [(a, b - a, s) for a, b, s in zip(starts, stops, self.seq_runs[:, 1].tolist())]
+
+    def select(self, spans: Sequence[tuple[int, int]]) -> EncodedBatch:
+        """The records in ``spans`` (``(first, count)`` each, in order, not overlapping)
+        as a batch of their own, runs and keys kept with their records."""
+        ends = np.concatenate(([0], np.cumsum(self.sizes, dtype=np.int64)))
+        view = memoryview(self.data).cast("B")
+        pick = np.concatenate([np.arange(a, a + c) for a, c in spans]).astype(np.int64)
+        new_index = np.full(len(self.sizes), -1, dtype=np.int64)
+        new_index[pick] = np.arange(len(pick))
+        owners = new_index[self.key_owner] if len(self.key_owner) else self.key_owner
+        keep_key = owners >= 0
+        runs = None
+        if self.seq_runs is not None:
+            kept = [(int(new_index[a]), s) for a, _, s in self.runs() if new_index[a] >= 0]
+            runs = np.array(kept, dtype=np.int64).reshape(-1, 2)
+        uniq = list(self.uniq_keys)
+        return dataclasses.replace(
+            self,
+            data=b"".join(view[int(ends[a]) : int(ends[a + c])] for a, c in spans),
+            sizes=self.sizes[pick],
+            topic_idx=self.topic_idx[pick],
+            queue_ids=self.queue_ids[pick],
+            tag_codes=self.tag_codes[pick],
+            key_hashes=self.key_hashes[keep_key],
+            key_owner=owners[keep_key].astype(np.int32),
+            uniq_keys=[uniq[i] for i in pick.tolist()] if uniq else uniq,
+            delay_levels=None if self.delay_levels is None else self.delay_levels[pick],
+            seq_runs=runs,
+            checked=False,
         )
 
     @classmethod
@@ -324,8 +437,21 @@ class EncodedBatch:
                     for b in batches
                 ]
             )
+        producers = {b.producer_id for b in batches}
+        if len(producers) > 1:
+            raise InvalidMessageError(f"batches of several producers merged: {producers}")
+        runs = None
+        if batches[0].seq_runs is not None:
+            if any(b.seq_runs is None for b in batches):
+                raise InvalidMessageError("idempotent and other batches merged")
+            runs = np.concatenate(
+                [b.seq_runs + np.array([first, 0]) for b, first in zip(batches, counts.tolist())]  # type: ignore[operator]
+            )
         return cls(
             data=data,
+            producer_id=batches[0].producer_id,
+            producer_epoch=max(b.producer_epoch for b in batches),
+            seq_runs=runs,
             sizes=np.concatenate([b.sizes for b in batches]),
             topics=topics,
             topic_idx=np.concatenate(
@@ -358,18 +484,23 @@ class EncodedBatch:
         topics = "\x00".join(self.topics).encode("utf-8")
         uniq = _keys_raw(self.uniq_keys)
         delays = self.delay_levels
-        head = struct.pack(
-            ">iiiii",
+        producer = (self.producer_id or "").encode("ascii")
+        runs = self.seq_runs
+        head = _WIRE_HEAD.pack(
             len(self.sizes),
             len(self.key_hashes),
             len(topics),
             len(uniq),
             0 if delays is None else len(delays),
+            len(producer),
+            0 if runs is None else len(runs),
+            self.producer_epoch,
         )
         return [
             head,
             topics,
             uniq,
+            producer,
             self.sizes.astype("<i4").tobytes(),
             self.topic_idx.astype("<i2").tobytes(),
             self.queue_ids.astype("<i4").tobytes(),
@@ -377,6 +508,7 @@ class EncodedBatch:
             self.key_hashes.astype("<i4").tobytes(),
             self.key_owner.astype("<i4").tobytes(),
             b"" if delays is None else delays.astype("<i4").tobytes(),
+            b"" if runs is None else runs.astype("<i8").tobytes(),
         ]
 
     @classmethod
@@ -386,14 +518,18 @@ class EncodedBatch:
         is a view of ``blob``."""
         try:
             view = memoryview(blob).cast("B")  # type: ignore[arg-type]  # ndarray is a buffer
-            n, k, lt, lu, d = struct.unpack_from(">iiiii", view, 0)
-            if min(n, k, lt, lu, d) < 0 or d not in (0, n):
+            n, k, lt, lu, d, lp, r, epoch = _WIRE_HEAD.unpack_from(view, 0)
+            if min(n, k, lt, lu, d, lp, r, epoch) < 0 or d not in (0, n) or r > n:
                 raise ValueError("bad counts")
-            pos = 20
+            if (lp == 0) != (r == 0):
+                raise ValueError("sequence runs without a producer, or the reverse")
+            pos = _WIRE_HEAD.size
             topics = tuple(bytes(view[pos : pos + lt]).decode("utf-8").split("\x00"))
             pos += lt
             uniq = PackedKeys(bytes(view[pos : pos + lu]))
             pos += lu
+            producer = bytes(view[pos : pos + lp]).decode("ascii") if lp else None
+            pos += lp
             arrays = []
             for dtype, count in (
                 (_LE_I4, n),
@@ -403,6 +539,7 @@ class EncodedBatch:
                 (_LE_I4, k),
                 (_LE_I4, k),
                 (_LE_I4, d),
+                (_LE_I8, 2 * r),
             ):
                 width = dtype.itemsize * count
                 if pos + width > len(view):
@@ -424,6 +561,9 @@ class EncodedBatch:
             arrays[5],
             uniq,
             arrays[6] if d else None,
+            producer,
+            epoch,
+            arrays[7].reshape(r, 2) if r else None,
         )
         batch.check_structure()
         return batch
@@ -452,10 +592,31 @@ class EncodedBatch:
             low, high = _min_max(self.key_owner)
             if low < 0 or high >= n:
                 raise InvalidMessageError("encoded batch: key owner out of range")
+        if self.seq_runs is not None:
+            self._check_runs(n)
         # record sizes adding up to the data and topic indexes in range: checked there
         found = verify_records(self.data, self.sizes, self.topics, self.topic_idx)
         object.__setattr__(self, "_body_range", found)
         object.__setattr__(self, "checked", True)
+
+    def _check_runs(self, n: int) -> None:
+        """Runs that start at record 0, in order, each on one topic and queue."""
+        runs = self.seq_runs
+        assert runs is not None
+        validate_producer_id(self.producer_id)
+        if runs.ndim != 2 or runs.shape[1] != 2 or not len(runs):
+            raise InvalidMessageError("encoded batch: sequence runs are not (start, seq) pairs")
+        starts = runs[:, 0]
+        if starts[0] != 0 or starts[-1] >= n or (len(starts) > 1 and (np.diff(starts) <= 0).any()):
+            raise InvalidMessageError("encoded batch: sequence runs out of order or range")
+        if (runs[:, 1] < 0).any():
+            raise InvalidMessageError("encoded batch: negative sequence")
+        for a, c, _ in self.runs():
+            if c > 1 and (
+                (self.queue_ids[a : a + c] != self.queue_ids[a]).any()
+                or (self.topic_idx[a : a + c] != self.topic_idx[a]).any()
+            ):
+                raise InvalidMessageError("encoded batch: a sequence run spans two queues")
 
     def body_range(self) -> tuple[int, int]:
         """(min, max) BODYLEN of the records (the structure must be checked)."""

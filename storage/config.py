@@ -179,6 +179,12 @@ class StoreConfig:
     preallocate: bool = True
     # delayed delivery: ScheduleMessageService
     message_delay_level: str = DEFAULT_DELAY_LEVELS
+    # idempotent producers (storage.producer_state): runs remembered per producer and
+    # queue, how long a silent producer is remembered (Kafka: 7 days), and how often at
+    # most the table is snapshotted with a checkpoint (recovery replays what follows)
+    producer_state_keep_runs: int = 5
+    producer_state_expire_ms: int = 7 * 86_400_000
+    producer_snapshot_interval_ms: int = 10_000
 
     def __post_init__(self) -> None:
         if not self.store_dir:
@@ -196,7 +202,13 @@ class StoreConfig:
                 f"max_message_size={self.max_message_size}: must be in "
                 f"(0, commitlog_file_size - 4096 = {self.commitlog_file_size - 4096}]"
             )
-        for name in ("consume_queue_file_entries", "index_hash_slots", "index_max_entries"):
+        for name in (
+            "consume_queue_file_entries",
+            "index_hash_slots",
+            "index_max_entries",
+            "producer_state_keep_runs",
+            "producer_state_expire_ms",
+        ):
             if getattr(self, name) < 1:
                 raise InvalidConfigError(f"{name}={getattr(self, name)}: must be >= 1")
         for name in ("disk_max_used_ratio", "disk_space_warning_level_ratio"):

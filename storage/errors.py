@@ -53,3 +53,23 @@ class DiskFullError(BrokerUnavailableError):
 
 class PermissionDeniedError(RayMQError):
     """The topic's permission forbids the operation (read or write)."""
+
+
+class ProducerSequenceError(RayMQError):
+    """An idempotent producer's batch does not follow what the broker stored of it
+    (``storage.producer_state``). Nothing of the batch was written."""
+
+
+class OutOfOrderSequenceError(ProducerSequenceError):
+    """The batch skips sequence numbers on its queue: one sent before it has not been
+    stored yet. The producer sends it again after the missing one (Kafka's
+    OUT_OF_ORDER_SEQUENCE_NUMBER)."""
+
+
+class DuplicateSequenceError(ProducerSequenceError):
+    """The batch was stored before, too long ago for its offsets to be remembered: it is
+    not written again (Kafka's DUPLICATE_SEQUENCE_NUMBER)."""
+
+
+class ProducerFencedError(ProducerSequenceError):
+    """The batch comes from an older epoch of its producer than one already stored."""

@@ -28,10 +28,13 @@ PROP_RECONSUME_TIME = "RECONSUME_TIME"
 PROP_MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
 PROP_TRAN_MSG = "TRAN_MSG"
 PROP_PRODUCER_GROUP = "PGROUP"
+# RayMQ's own: on the first record of an idempotent producer's batch,
+# "producer id,epoch,first sequence,record count" (storage.producer_state)
+PROP_PRODUCER_SEQ = "PRODUCER_SEQ"
 
 MAX_PROPERTIES_LEN = 32767
 # set by the encoder from Message fields; in ``Message.properties`` they are ignored
-SYSTEM_PROPS = frozenset({PROP_TAGS, PROP_KEYS, PROP_DELAY, PROP_UNIQ_KEY})
+SYSTEM_PROPS = frozenset({PROP_TAGS, PROP_KEYS, PROP_DELAY, PROP_UNIQ_KEY, PROP_PRODUCER_SEQ})
 
 
 def check_property_text(what: str, text: object) -> str:

@@ -36,6 +36,7 @@ from .config import StoreConfig
 from .consume_queue_store import ConsumeQueueStore
 from .errors import OffsetOutOfRangeError, StoreCorruptedError
 from .index_file import IndexService
+from .producer_state import ProducerStateTable
 from .quarantine import QUARANTINE_TOPIC
 from .schedule import SCHEDULE_TOPIC
 
@@ -49,6 +50,7 @@ _TAGS = codec.PROP_TAGS.encode()
 _KEYS = codec.PROP_KEYS.encode()
 _UNIQ = codec.PROP_UNIQ_KEY.encode()
 _DELAY = codec.PROP_DELAY.encode()
+_PSEQ = codec.PROP_PRODUCER_SEQ.encode()
 _PAIR = codec.PROPERTY_SEP.encode()
 _NAME_VALUE = codec.NAME_VALUE_SEP.encode()
 
@@ -99,11 +101,14 @@ def append_bytes(cl: CommitLog, offset: int, data: bytes | memoryview) -> int:
 _UNIQ_ONLY = _UNIQ + _NAME_VALUE
 
 
-def _properties(raw: bytes) -> tuple[bytes | None, bytes | None, bytes | None, bytes | None]:
-    """TAGS, KEYS, UNIQ_KEY and DELAY of a record's properties (None when absent)."""
+def _properties(
+    raw: bytes,
+) -> tuple[bytes | None, bytes | None, bytes | None, bytes | None, bytes | None]:
+    """TAGS, KEYS, UNIQ_KEY, DELAY and PRODUCER_SEQ of a record's properties (None when
+    absent)."""
     if raw.startswith(_UNIQ_ONLY) and raw.count(_PAIR) <= 1:  # most records: the unique key
-        return None, None, raw[len(_UNIQ_ONLY) :].rstrip(_PAIR), None
-    tags = keys = uniq = delay = None
+        return None, None, raw[len(_UNIQ_ONLY) :].rstrip(_PAIR), None, None
+    tags = keys = uniq = delay = pseq = None
     for pair in raw.split(_PAIR):
         name, _, value = pair.partition(_NAME_VALUE)
         if name == _UNIQ:
@@ -114,7 +119,9 @@ def _properties(raw: bytes) -> tuple[bytes | None, bytes | None, bytes | None, b
             keys = value
         elif name == _DELAY:
             delay = value
-    return tags, keys, uniq, delay
+        elif name == _PSEQ:
+            pseq = value
+    return tags, keys, uniq, delay, pseq
 
 
 def dispatch(
@@ -123,9 +130,11 @@ def dispatch(
     index: IndexService,
     config: StoreConfig,
     dispatched: int,
+    producers: ProducerStateTable | None = None,
 ) -> tuple[int, list[tuple[str, int, int]]]:
     """ConsumeQueue and index entries of every whole record from ``dispatched`` on; return
-    the new dispatched offset and ``(topic, queue id, max offset)`` of each queue fed."""
+    the new dispatched offset and ``(topic, queue id, max offset)`` of each queue fed.
+    Runs of idempotent producers (``PRODUCER_SEQ``) go into ``producers``."""
     end = cl.max_offset
     pos = dispatched
     rows: dict[tuple[str, int], list[tuple[int, int, int, int]]] = defaultdict(list)
@@ -171,9 +180,11 @@ def dispatch(
                 rel += size
                 continue
             prop_len = (buf[p] << 8) | buf[p + 1]
-            tags = key_list = uniq = delay = None
+            tags = key_list = uniq = delay = pseq = None
             if prop_len:
-                tags, key_list, uniq, delay = _properties(buf[p + 2 : p + 2 + prop_len])
+                tags, key_list, uniq, delay, pseq = _properties(buf[p + 2 : p + 2 + prop_len])
+                if pseq is not None and producers is not None:
+                    producers.apply_property(pseq, topic, qid, qoff, phys, store_ts)
             code = tag_codes.get(tags)
             if code is None:
                 code = tag_codes[tags] = codec.java_hash(tags.decode("utf-8")) if tags else 0

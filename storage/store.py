@@ -30,7 +30,7 @@ from types import TracebackType
 
 import numpy as np
 
-from . import codec, replica
+from . import codec, producer_state, replica
 from .checkpoint import Checkpoint, CheckpointFile
 from .commitlog import CommitLog
 from .config import StoreConfig
@@ -47,6 +47,7 @@ from .errors import (
 )
 from .index_file import IndexService
 from .message import GetResult, GetStatus, Message, MessageExt, PutResult, PutStatus, RawGetResult
+from .producer_state import ProducerStateTable
 from .quarantine import QUARANTINE_TOPIC
 from .recovery import recover
 from .schedule import (
@@ -67,6 +68,7 @@ from .subscription import matches, parse_subscription, tag_codes
 log = logging.getLogger("raymq.storage.store")
 
 DispatchListener = Callable[[str, int, int], None]
+_PRODUCER_STATE = "producer_state"  # config/producer_state.json: the table's snapshot
 _DISK_CHECK_S = 0.1  # while writes are taken, the disk's use is looked at this often
 MAX_SCAN_ENTRIES = 800  # ConsumeQueue entries one filtered pull may look at
 
@@ -160,6 +162,10 @@ class MessageStore:
         self._services: list = []
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock_fd = self._acquire_lock()
+        self.producers = ProducerStateTable(
+            config.producer_state_keep_runs, config.producer_state_expire_ms
+        )
+        self._producer_snapshot_ms = 0.0  # when last written, by ``clock``
         self.commitlog = CommitLog(
             self.root / "commitlog", config.commitlog_file_size, preallocate=config.preallocate
         )
@@ -175,6 +181,7 @@ class MessageStore:
             self.abnormal_start = (self.root / "abort").exists()
             self._recover()
             self._dispatched = self.commitlog.max_offset
+            self._recover_producers()
             self._create_abort_file()
             cp = self._checkpoint.value
             self._checkpoint.write(
@@ -249,6 +256,7 @@ class MessageStore:
             self.index.flush()
             assert self._checkpoint is not None
             now = int(self._clock() * 1000)
+            self._save_producers(end)
             self._checkpoint.write(Checkpoint(now, now, now, end, end, end))
             (self.root / "abort").unlink(missing_ok=True)
         self._release_files()
@@ -294,6 +302,34 @@ class MessageStore:
             len(self._cqs),
         )
 
+    def _recover_producers(self) -> None:
+        """The idempotent producers' table: its snapshot, then the records after it."""
+        data = self.config_file(_PRODUCER_STATE).load()
+        covered = self.producers.load(data) if data else 0
+        end = self.commitlog.max_offset
+        if covered > end:  # the CommitLog lost a tail the snapshot saw (a crash)
+            self.producers.truncate(end)
+        started = time.monotonic()
+        found = producer_state.replay(self.producers, self.commitlog, covered, end)
+        if found or len(self.producers):
+            log.info(
+                "store %s: %d idempotent producer queue(s) known; %d run(s) replayed from "
+                "commitlog offset %d in %.2fs",
+                self.root,
+                len(self.producers),
+                found,
+                max(covered, self.commitlog.min_offset),
+                time.monotonic() - started,
+            )
+
+    def _save_producers(self, offset: int) -> None:
+        """Snapshot the producers' table as covering the CommitLog up to ``offset``
+        (the caller holds the put lock, so no put is between the two)."""
+        self.producers.expire(int(self._clock() * 1000))
+        self.config_file(_PRODUCER_STATE).save(self.producers.snapshot(offset))
+        self.producers.changed = False
+        self._producer_snapshot_ms = self._clock() * 1000
+
     # ------------------------------------------------------------ queues
     def _cq(self, topic: str, queue_id: int) -> ConsumeQueue:
         return self._cqs.find_or_create(topic, queue_id)
@@ -336,7 +372,11 @@ class MessageStore:
                 raise InvalidMessageError(f"topic={topic!r} is reserved for delayed messages")
             if topic == QUARANTINE_TOPIC:
                 raise InvalidMessageError(f"topic={topic!r} is reserved for damaged records")
-        if batch.delay_levels is not None and batch.delay_levels.any():
+        if (
+            batch.producer_id is None
+            and batch.delay_levels is not None
+            and batch.delay_levels.any()
+        ):
             batch = self._to_schedule(batch)
         return self._put_encoded(batch)
 
@@ -356,74 +396,17 @@ class MessageStore:
 
     def _put_encoded(self, batch: codec.EncodedBatch) -> PutBatchResult:
         self._refuse_if_disk_full()
-        n = len(batch)
-        uniform = batch.uniform
-        tag_codes = batch.tag_codes
-        sched_idx = batch.topics.index(SCHEDULE_TOPIC) if SCHEDULE_TOPIC in batch.topics else -1
+        end = 0
+        notes: list[tuple[str, int, int]] = []
         with self._put_lock:
             self._check_open()
-            store_ts = int(self._clock() * 1000)
-            if sched_idx >= 0 and batch.delay_levels is not None:
-                # a schedule entry's tag field is its delivery time
-                sched = batch.topic_idx == sched_idx
-                delays = np.asarray(self.config.delay_levels_ms, dtype=np.int64)
-                tag_codes = tag_codes.copy()
-                tag_codes[sched] = store_ts + delays[batch.delay_levels[sched] - 1]
-            groups: list[tuple[tuple[str, int], np.ndarray | None]]
-            if uniform:
-                groups = [((batch.topics[0], int(batch.queue_ids[0])), None)]
+            if batch.producer_id is None:
+                queue_offsets, phys, notes, end = self._append(batch)
             else:
-                keys = batch.topic_idx.astype(np.int64) << 32 | batch.queue_ids.astype(np.int64)
-                uniq, inverse = np.unique(keys, return_inverse=True)
-                groups = [
-                    (
-                        (batch.topics[int(k >> 32)], int(k & 0xFFFFFFFF)),
-                        np.flatnonzero(inverse == g),
-                    )
-                    for g, k in enumerate(uniq.tolist())
-                ]
-            bases = [self._cq(topic, qid).max_offset for (topic, qid), _ in groups]
-            if uniform:
-                queue_offsets = np.arange(bases[0], bases[0] + n, dtype=np.int64)
-            else:
-                queue_offsets = np.empty(n, dtype=np.int64)
-                for base, (_, members) in zip(bases, groups):
-                    assert members is not None  # set for every group of a mixed batch
-                    queue_offsets[members] = base + np.arange(len(members), dtype=np.int64)
-            try:  # every file this put needs, then the bytes
-                for base, ((topic, qid), members) in zip(bases, groups):
-                    self._cq(topic, qid).reserve(base, n if members is None else len(members))
-                phys = self.commitlog.append(
-                    batch.data,
-                    batch.sizes,
-                    batch.queue_ids,
-                    queue_offsets,
-                    store_ts,
-                    self._store_host,
-                )
-            except DiskFullError as exc:
-                if not self._allocation_failed:
-                    log.error("store %s: refusing writes: %s", self.root, exc)
-                self._allocation_failed = True
-                raise
-            self._allocation_failed = False
-            for base, ((topic, qid), members) in zip(bases, groups):
-                if members is None:
-                    self._cq(topic, qid).append(base, phys, batch.sizes, tag_codes)
-                else:
-                    self._cq(topic, qid).append(
-                        base, phys[members], batch.sizes[members], tag_codes[members]
-                    )
-            if self.config.message_index_enable and len(batch.key_hashes):
-                # codec.index_key_hash for all: abs wraps MIN_VALUE to itself, the mask
-                # then makes it 0 (two array calls, where a masked store took four)
-                hashes = np.abs(batch.key_hashes) & 0x7FFFFFFF
-                self.index.put(hashes, phys[batch.key_owner], store_ts)
-            end = self._dispatched = self.commitlog.max_offset
-            notes = [(topic, qid, self._cqs[(topic, qid)].max_offset) for (topic, qid), _ in groups]
+                queue_offsets, phys, notes, end = self._append_idempotent(batch)
         self._notify(notes)
         status = PutStatus.PUT_OK
-        if self.config.sync_flush and not self._wait_durable(end):
+        if self.config.sync_flush and end and not self._wait_durable(end):
             status = PutStatus.FLUSH_DISK_TIMEOUT
         return PutBatchResult(
             status,
@@ -435,6 +418,126 @@ class MessageStore:
             batch.uniq_keys,
             self.config.store_host,
         )
+
+    def _append_idempotent(
+        self, batch: codec.EncodedBatch
+    ) -> tuple[np.ndarray, np.ndarray, list[tuple[str, int, int]], int]:
+        """An idempotent producer's batch (put lock held): the runs stored before are
+        answered with the offsets they were stored at and not written again; the others
+        are written and remembered (``storage.producer_state``)."""
+        decided = self.producers.check(batch)  # raises before anything is written
+        runs = batch.runs()
+        fresh = [(a, c) for (a, c, _), hit in zip(runs, decided) if hit is None]
+        n = len(batch)
+        queue_offsets = np.empty(n, dtype=np.int64)
+        phys = np.empty(n, dtype=np.int64)
+        notes: list[tuple[str, int, int]] = []
+        end = 0
+        if fresh:
+            part = batch if len(fresh) == len(runs) else batch.select(fresh)
+            if part.delay_levels is not None and part.delay_levels.any():
+                assert part.producer_id is not None
+                part = self._to_schedule(part).with_runs(
+                    part.producer_id, part.producer_epoch, part.runs()
+                )
+            part_qoffs, part_phys, notes, end = self._append(part)
+        k = 0
+        for (a, c, _), hit in zip(runs, decided):
+            if hit is None:
+                queue_offsets[a : a + c] = part_qoffs[k : k + c]
+                phys[a : a + c] = part_phys[k : k + c]
+                k += c
+            else:  # stored before: where it went, and durable before it is answered
+                queue_offsets[a : a + c] = hit[0] + np.arange(c, dtype=np.int64)
+                phys[a : a + c], stop = self._records_from(hit[1], c)
+                end = max(end, stop)
+        if fresh:
+            now = int(self._clock() * 1000)
+            self.producers.record_batch(batch, decided, queue_offsets, phys, now)
+        return queue_offsets, phys, notes, end
+
+    def _records_from(self, offset: int, count: int) -> tuple[list[int], int]:
+        """The CommitLog offsets of ``count`` records stored back to back from ``offset``,
+        and where the last one ends (they may differ in size from what was sent: a
+        delayed message is stored as its schedule copy)."""
+        out = []
+        for _ in range(count):
+            mf = self.commitlog.files.find(offset)
+            if mf is None:
+                raise StoreCorruptedError(f"no commitlog file holds offset {offset}")
+            out.append(offset)
+            offset += int.from_bytes(mf.buffer[offset - mf.from_offset :][:4], "big")
+        return out, offset
+
+    def _append(
+        self, batch: codec.EncodedBatch
+    ) -> tuple[np.ndarray, np.ndarray, list[tuple[str, int, int]], int]:
+        """Write ``batch`` (put lock held): its queue offsets, CommitLog offsets, the
+        queues fed (for :meth:`_notify`) and the CommitLog's new end."""
+        n = len(batch)
+        uniform = batch.uniform
+        tag_codes = batch.tag_codes
+        sched_idx = batch.topics.index(SCHEDULE_TOPIC) if SCHEDULE_TOPIC in batch.topics else -1
+        store_ts = int(self._clock() * 1000)
+        if sched_idx >= 0 and batch.delay_levels is not None:
+            # a schedule entry's tag field is its delivery time
+            sched = batch.topic_idx == sched_idx
+            delays = np.asarray(self.config.delay_levels_ms, dtype=np.int64)
+            tag_codes = tag_codes.copy()
+            tag_codes[sched] = store_ts + delays[batch.delay_levels[sched] - 1]
+        groups: list[tuple[tuple[str, int], np.ndarray | None]]
+        if uniform:
+            groups = [((batch.topics[0], int(batch.queue_ids[0])), None)]
+        else:
+            keys = batch.topic_idx.astype(np.int64) << 32 | batch.queue_ids.astype(np.int64)
+            uniq, inverse = np.unique(keys, return_inverse=True)
+            groups = [
+                (
+                    (batch.topics[int(k >> 32)], int(k & 0xFFFFFFFF)),
+                    np.flatnonzero(inverse == g),
+                )
+                for g, k in enumerate(uniq.tolist())
+            ]
+        bases = [self._cq(topic, qid).max_offset for (topic, qid), _ in groups]
+        if uniform:
+            queue_offsets = np.arange(bases[0], bases[0] + n, dtype=np.int64)
+        else:
+            queue_offsets = np.empty(n, dtype=np.int64)
+            for base, (_, members) in zip(bases, groups):
+                assert members is not None  # set for every group of a mixed batch
+                queue_offsets[members] = base + np.arange(len(members), dtype=np.int64)
+        try:  # every file this put needs, then the bytes
+            for base, ((topic, qid), members) in zip(bases, groups):
+                self._cq(topic, qid).reserve(base, n if members is None else len(members))
+            phys = self.commitlog.append(
+                batch.data,
+                batch.sizes,
+                batch.queue_ids,
+                queue_offsets,
+                store_ts,
+                self._store_host,
+            )
+        except DiskFullError as exc:
+            if not self._allocation_failed:
+                log.error("store %s: refusing writes: %s", self.root, exc)
+            self._allocation_failed = True
+            raise
+        self._allocation_failed = False
+        for base, ((topic, qid), members) in zip(bases, groups):
+            if members is None:
+                self._cq(topic, qid).append(base, phys, batch.sizes, tag_codes)
+            else:
+                self._cq(topic, qid).append(
+                    base, phys[members], batch.sizes[members], tag_codes[members]
+                )
+        if self.config.message_index_enable and len(batch.key_hashes):
+            # codec.index_key_hash for all: abs wraps MIN_VALUE to itself, the mask
+            # then makes it 0 (two array calls, where a masked store took four)
+            hashes = np.abs(batch.key_hashes) & 0x7FFFFFFF
+            self.index.put(hashes, phys[batch.key_owner], store_ts)
+        end = self._dispatched = self.commitlog.max_offset
+        notes = [(topic, qid, self._cqs[(topic, qid)].max_offset) for (topic, qid), _ in groups]
+        return queue_offsets, phys, notes, end
 
     # ------------------------------------------------------------ disk space
     def _refuse_if_disk_full(self) -> None:
@@ -541,7 +644,7 @@ class MessageStore:
         with self._put_lock:
             self._check_open()
             self._dispatched, notes = replica.dispatch(
-                self.commitlog, self._cqs, self.index, self.config, self._dispatched
+                self.commitlog, self._cqs, self.index, self.config, self._dispatched, self.producers
             )
         self._notify(notes)
 
@@ -550,6 +653,7 @@ class MessageStore:
         with self._put_lock:
             self._check_open()
             replica.truncate(self.commitlog, self._cqs, self.config, offset)
+            self.producers.truncate(offset)
             self._dispatched = min(self._dispatched, offset)
 
     # ------------------------------------------------------------ get
@@ -751,6 +855,9 @@ class MessageStore:
             self._checkpoint.write(
                 Checkpoint(now, now, now, self.commitlog.flushed_offset, logics, -1)
             )
+            since = now - self._producer_snapshot_ms
+            if self.producers.changed and since >= self.config.producer_snapshot_interval_ms:
+                self._save_producers(self._dispatched)
 
     def _real_disk_usage(self) -> float:
         usage = shutil.disk_usage(self.root)

@@ -37,6 +37,7 @@ from actors.broker.ha import create_replication
 from actors.broker.listener import DataPathListener
 from actors.broker.memory import retain_freed_memory
 from actors.broker.metrics import BrokerMetrics, BrokerMetricsService
+from actors.broker.producer_ids import ProducerIdAllocator
 from actors.broker.pull import PullMessageProcessor
 from actors.broker.registration import Registration
 from actors.broker.runtime import BrokerRuntime
@@ -75,6 +76,9 @@ class Broker:
         self.puller = PullMessageProcessor(rt, self.ha, self.metrics)
         self.groups = ConsumerManageProcessor(rt, self.ha)
         self.admin = AdminBrokerProcessor(rt, self.ha)
+        self.producer_ids = ProducerIdAllocator(
+            rt.store.config_file("producerIds"), config.actor_name
+        )
         self.listener: DataPathListener | None = None
         if config.data_path_enable:
             self.listener = DataPathListener(
@@ -135,6 +139,11 @@ class Broker:
     async def register_all(self) -> int:
         """Register with every NameServer now; return how many took it."""
         return await self.registration.register_all()
+
+    async def allocate_producer_id(self) -> str:
+        """An id for an idempotent producer (``actors.broker.producer_ids``): once per
+        producer, through Ray."""
+        return await self.rt.run(self.producer_ids.allocate)
 
     # ------------------------------------------------------------ data path
     async def send(self, blob: bytes | np.ndarray, auto_create_queue_nums: int = 0) -> AckWire:

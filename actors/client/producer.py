@@ -29,6 +29,7 @@ from actors.client.coalescer import SendCoalescer
 from actors.client.data_path import DataPath
 from actors.client.encoder import MessageEncoder
 from actors.client.fault import LatencyFaultTolerance
+from actors.client.idempotence import Sequencer
 from actors.client.queue_selector import QueueSelector
 from actors.client.send_result import BatchSendResult, SendResult
 from actors.client.sender import Sender
@@ -40,7 +41,7 @@ from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.shared_ring import SharedRing
 from rebalance import MessageQueue
 from storage.codec import EncodedBatch
-from storage.errors import InvalidMessageError
+from storage.errors import BrokerUnavailableError, InvalidMessageError
 from storage.message import Message
 
 log = logging.getLogger("raymq.actors.producer")
@@ -79,8 +80,9 @@ class Producer:
         self._budget = AsyncSendBudget(
             self.config.async_send_max_messages, self.config.async_send_max_bytes
         )
+        self.sequencer = Sequencer(self._allocate_id) if self.config.enable_idempotence else None
         self._sender = Sender(
-            self.config, self._selector, self._transport, self.fault, self._budget
+            self.config, self._selector, self._transport, self.fault, self._budget, self.sequencer
         )
         self._coalescer = SendCoalescer(self._send_batch_async)
 
@@ -157,6 +159,21 @@ class Producer:
         """Fire and forget: no answer is awaited and no failure is reported."""
         msgs = [messages] if isinstance(messages, Message) else list(messages)
         self._sender.send_oneway(self._encoder.encode(msgs))
+
+    def _allocate_id(self, mq: MessageQueue) -> str:
+        """A producer id from the master of ``mq``'s broker (the sequencer's first send)."""
+        from actors.protocol import rpc
+
+        try:
+            route = self.ns.route(mq.topic)
+            if route is None:
+                raise BrokerUnavailableError(f"no route for topic {mq.topic!r}")
+            handle = self.ns.broker(route, mq.broker_name)
+            return str(rpc.get(handle.allocate_producer_id.remote(), self.config.send_timeout_s))
+        except Exception as exc:  # noqa: BLE001 - the send fails over as one never sent
+            raise BrokerUnavailableError(
+                f"no producer id from broker {mq.broker_name!r}: {exc}"
+            ) from exc
 
     def fetch_publish_queues(self, topic: str) -> list[MessageQueue]:
         """The queues a send to ``topic`` may go to now."""

@@ -78,7 +78,9 @@ class BatchSendResult(Sequence[SendResult]):
                     ack.queue_offsets.tolist(),
                     ack.commitlog_offsets.tolist(),
                 ):
-                    out[pos] = SendResult(status, uk, f"{prefix}{phys:016X}", mq, qoff)
+                    # phys -1: stored long before a retry asked (idempotence): not known
+                    offset_id = f"{prefix}{phys:016X}" if phys >= 0 else ""
+                    out[pos] = SendResult(status, uk, offset_id, mq, qoff)
             self._results = out
         return self._results
 

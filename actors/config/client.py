@@ -41,6 +41,15 @@ class ProducerConfig:
     """Send calls of 256 KiB or more to a broker on this producer's own Ray node go
     through a shared memory ring instead of Ray's object store (``actors.protocol.shared_ring``);
     brokers on other nodes, and any broker that cannot read the ring, get Ray's path."""
+    enable_idempotence: bool = True
+    """Number each queue's sends so a broker stores a retried send once (Kafka's
+    idempotent producer, ``actors.client.idempotence``); a send that may have been
+    stored is then retried only on its own queue. False: RocketMQ's at-least-once,
+    retries on another broker."""
+    delivery_timeout_s: float = 30.0
+    """Idempotent sends: how long a send that may have been stored keeps being sent
+    again to its own queue (its broker restarting, or its slave taking over) before it
+    fails (Kafka's ``delivery.timeout.ms``). Sends never stored fail over at once."""
 
     def __post_init__(self) -> None:
         check_data_path("ProducerConfig", self.data_path)
@@ -50,6 +59,7 @@ class ProducerConfig:
             async_send_max_messages=self.async_send_max_messages,
             async_send_max_bytes=self.async_send_max_bytes,
             send_timeout_s=self.send_timeout_s,
+            delivery_timeout_s=self.delivery_timeout_s,
             max_message_size=self.max_message_size,
             max_batch_bytes=self.max_batch_bytes,
             max_batch_messages=self.max_batch_messages,

@@ -19,6 +19,7 @@ LAYERS = [  # from the facade down to the values and errors
     {"recovery", "replica"},
     "schedule",
     "services",
+    "producer_state",
     {
         "commitlog",
         "consume_queue_store",
