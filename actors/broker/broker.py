@@ -140,6 +140,10 @@ class Broker:
         """Register with every NameServer now; return how many took it."""
         return await self.registration.register_all()
 
+    async def inject_fault(self, kind: str, count: int = 1) -> None:
+        """Arm a fault for the next ``count`` sends (``actors.broker.faults``)."""
+        self.rt.faults.arm(kind, count)
+
     async def allocate_producer_id(self) -> str:
         """An id for an idempotent producer (``actors.broker.producer_ids``): once per
         producer, through Ray."""

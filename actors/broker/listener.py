@@ -23,6 +23,7 @@ import ssl
 from typing import Any
 
 from actors.broker.consumer_manage import ConsumerManageProcessor
+from actors.broker.faults import AnswerDroppedError
 from actors.broker.pull import PullMessageProcessor
 from actors.broker.runtime import BrokerRuntime
 from actors.broker.send import SendMessageProcessor
@@ -170,6 +171,9 @@ class DataPathListener:
         try:
             fields, parts = await self._dispatch(header["c"], header, body)
             reply = {"c": int(Code.OK), **fields}
+        except AnswerDroppedError:  # an injected fault: the connection goes, unanswered
+            transport.abort()
+            return
         except RayMQError as exc:
             reply, parts = frames.error_fields(exc), []
         except Exception as exc:  # noqa: BLE001 - the client hears of it; the broker goes on

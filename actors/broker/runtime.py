@@ -29,6 +29,7 @@ import ray
 
 from actors.broker.consumer_manager import ConsumerManager
 from actors.broker.consumer_offset_manager import ConsumerOffsetManager
+from actors.broker.faults import Faults
 from actors.broker.fence_table import OffsetFenceTable
 from actors.broker.pull_hold_service import PullRequestHoldService
 from actors.broker.stream_checkpoints import StreamCheckpoints
@@ -76,6 +77,7 @@ class BrokerRuntime:
         self.stream_checkpoints = StreamCheckpoints(self.store.config_file("streamCheckpoint"))
         self.consumers = ConsumerManager(config.channel_expired_s)
         self.fences = OffsetFenceTable()  # set by group coordinators, see actors.protocol.fencing
+        self.faults = Faults(config.actor_name)  # injected by tests and drills
         self.holds = PullRequestHoldService(loop)
         self.store.add_dispatch_listener(self.holds.on_dispatch)
         self.data_addr = ""  # the data path's ip:port once it listens (actors/broker/listener.py)

@@ -94,6 +94,7 @@ class SendMessageProcessor:
             created |= new
         woken = rt.holds.woken
         result = await self.put(batch)
+        rt.faults.after_store()
         if rt.holds.woken != woken:  # let the held pulls it woke answer first
             await asyncio.sleep(0)
         if created:  # routable on every NameServer once the sender hears back

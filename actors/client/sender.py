@@ -55,6 +55,7 @@ from storage.errors import (
     BrokerUnavailableError,
     DuplicateSequenceError,
     OutOfOrderSequenceError,
+    TopicNotFoundError,
 )
 from storage.message import PutStatus
 
@@ -190,8 +191,12 @@ class Sender:
         return (mq, *self._send(chunk, mq, route, auto_n))
 
     def _resend(self, chunk: _Chunk, mq: MessageQueue, pinned: EncodedBatch) -> Reply:
-        """A pinned chunk again, as it was, to its queue's broker group (its master now)."""
-        route, _ = self.selector.route(chunk.topic)
+        """A pinned chunk again, as it was, to its queue's broker group (its master now).
+        A topic with no route (its only broker restarting) is the broker unavailable."""
+        try:
+            route, _ = self.selector.route(chunk.topic)
+        except TopicNotFoundError as exc:
+            raise BrokerUnavailableError(str(exc)) from exc
         return self._call(route, mq.broker_name, [pinned], 0)
 
     def _finish(
@@ -383,6 +388,8 @@ class Sender:
             try:
                 route, _ = self.selector.route(chunk.topic)
             except Exception as exc:  # noqa: BLE001
+                if isinstance(exc, TopicNotFoundError):  # its only broker restarting
+                    exc = BrokerUnavailableError(str(exc))
                 retry(exc, mq, pinned)
                 return
             bound, auto_n = pinned, 0

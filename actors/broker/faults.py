@@ -1,0 +1,60 @@
+"""Faults injected into a live broker, for tests and failure drills.
+
+``Broker.inject_fault(kind, count)`` arms the next ``count`` sends:
+
+* ``"drop_answer"``: the batch is stored, then the answer is lost: the data path
+  closes the client's connection instead of answering (a Ray call fails with
+  :class:`AnswerDroppedError`). What a network cut right after the store does.
+* ``"crash_after_store"``: the batch is stored, then the broker's process exits
+  at once (``os._exit``) without answering: a SIGKILL at the worst moment. Ray
+  restarts the actor, which recovers its store.
+
+Only callers holding the broker's Ray handle (the cluster) can arm them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from storage.errors import BrokerUnavailableError, InvalidConfigError
+
+log = logging.getLogger("raymq.actors.broker.faults")
+
+KINDS = ("drop_answer", "crash_after_store")
+
+
+class AnswerDroppedError(BrokerUnavailableError):
+    """An injected fault lost the answer to a send that was stored."""
+
+
+class Faults:
+    def __init__(self, broker: str) -> None:
+        self.broker = broker
+        self._armed: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def arm(self, kind: str, count: int = 1) -> None:
+        if kind not in KINDS:
+            raise InvalidConfigError(f"fault {kind!r}: must be one of {KINDS}")
+        if not isinstance(count, int) or count < 0:
+            raise InvalidConfigError(f"fault count={count!r}: must be an int >= 0")
+        with self._lock:
+            self._armed[kind] = count
+        log.warning("broker %s: fault %s armed for the next %d send(s)", self.broker, kind, count)
+
+    def after_store(self) -> None:
+        """Called once a send is stored, before it is answered."""
+        if not self._armed:
+            return
+        with self._lock:
+            kind = next((k for k, n in self._armed.items() if n > 0), None)
+            if kind is None:
+                return
+            self._armed[kind] -= 1
+        log.warning("broker %s: injected fault %s", self.broker, kind)
+        if kind == "crash_after_store":
+            logging.shutdown()
+            os._exit(137)
+        raise AnswerDroppedError(f"broker {self.broker}: the answer was dropped (injected)")

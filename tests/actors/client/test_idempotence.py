@@ -1,0 +1,162 @@
+"""The idempotent producer: a send stored once whatever happens to its answer.
+
+Real brokers (over their sockets and over Ray), real stores; the faults are injected
+into the live broker (``actors.broker.faults``): the batch is stored, then the
+answer is lost, or the broker's process exits before answering.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import pytest
+import ray
+from raymq_ha_testkit import members, read_all
+from raymq_testkit import wait_until
+
+import actors
+from actors import BrokerSpec, SendStatus
+from storage import Message, codec
+from storage.errors import (
+    DuplicateSequenceError,
+    OutOfOrderSequenceError,
+    ProducerFencedError,
+)
+
+
+def once_each(bodies: list[bytes]) -> dict[bytes, int]:
+    """The bodies stored more than once (empty when every one is there once)."""
+    return {b: n for b, n in collections.Counter(bodies).items() if n != 1}
+
+
+def check_results_name_the_stored_copy(cluster: actors.Cluster, results: Any, body: bytes) -> None:
+    for r in results:
+        assert r.status is SendStatus.SEND_OK
+        assert cluster.admin.query_by_id(r.offset_msg_id).body == body
+
+
+@pytest.mark.parametrize("data_path", ["socket", "ray"])
+def test_sends_whose_answers_are_lost_are_stored_once(make_cluster: Any, data_path: str) -> None:
+    cluster = make_cluster(nameservers=1, brokers=1, topics=[actors.TopicConfig("Lost", 4, 4)])
+    broker = cluster.broker("broker-a")
+    producer = cluster.producer("p-lost", data_path=data_path)
+    producer.send(Message("Lost", b"warm-up"))  # the producer id, the route, the socket
+    ray.get(broker.inject_fault.remote("drop_answer", 3))
+    single = [producer.send(Message("Lost", b"single-%d" % i)) for i in range(5)]
+    for i, r in enumerate(single):
+        check_results_name_the_stored_copy(cluster, [r], b"single-%d" % i)
+    ray.get(broker.inject_fault.remote("drop_answer", 2))
+    batch = producer.send_batch([Message("Lost", b"batch-%03d" % i) for i in range(300)])
+    assert {r.status for r in batch} == {SendStatus.SEND_OK}
+    ray.get(broker.inject_fault.remote("drop_answer", 4))
+    futures = [producer.send_async(Message("Lost", b"async-%03d" % i)) for i in range(200)]
+    futures += [
+        producer.send_async([Message("Lost", b"alist-%d-%d" % (i, j)) for j in range(5)])
+        for i in range(20)
+    ]
+    for f in futures:
+        f.result(timeout=60)
+    ordered = [
+        producer.send(Message("Lost", b"ordered-%d" % i), sharding_key="order-1") for i in range(5)
+    ]
+    assert len({r.message_queue for r in ordered}) == 1
+    got = read_all(cluster.pull_consumer("g-lost"), "Lost")
+    assert once_each(got) == {}
+    assert len(got) == 1 + 5 + 300 + 200 + 100 + 5
+    assert ray.get(broker.status.remote())["put_msgs"] < len(got) + 100  # retries were sent
+    producer.close()
+
+
+def test_a_broker_that_crashes_after_storing_is_retried_after_its_restart(
+    make_cluster: Any,
+) -> None:
+    cluster = make_cluster(
+        nameservers=1,
+        brokers=1,
+        topics=[actors.TopicConfig("Crash", 2, 2)],
+        broker_options={"store": {"flush_disk_type": "SYNC_FLUSH"}},
+    )
+    broker = cluster.broker("broker-a")
+    producer = cluster.producer("p-crash", delivery_timeout_s=90.0)
+    producer.send(Message("Crash", b"warm-up"))
+    ray.get(broker.inject_fault.remote("crash_after_store", 1))
+    # stored, then the broker's process is gone before it answers; Ray restarts it, its
+    # store recovers the producer's sequences, and the retry is answered from them
+    results = producer.send_batch([Message("Crash", b"c-%d" % i) for i in range(10)])
+    assert [cluster.admin.query_by_id(r.offset_msg_id).body for r in results] == [
+        b"c-%d" % i for i in range(10)
+    ]
+    got = read_all(cluster.pull_consumer("g-crash"), "Crash")
+    assert once_each(got) == {} and len(got) == 11
+    producer.close()
+
+
+RAFT = {
+    "enable_dledger": True,
+    "dledger_peers": (0, 1, 2),
+    "dledger_tick_ms": 50,
+    "dledger_heartbeat_ms": 150,
+    "dledger_election_timeout_ms": 600,
+    "slave_sync_interval_s": 0.3,
+}
+
+
+def test_a_retry_after_the_leader_dies_lands_on_the_new_leader_and_is_stored_once(
+    make_cluster: Any,
+) -> None:
+    cluster = make_cluster(
+        nameservers=1,
+        brokers=[BrokerSpec("broker-a", i) for i in range(3)],
+        topics=[actors.TopicConfig("Elect", 2, 2)],
+        broker_options=RAFT,
+    )
+    old = wait_until(lambda: members(cluster, "broker-a").get(0), timeout_s=30, what="a leader")
+    producer = cluster.producer("p-elect", delivery_timeout_s=60.0)
+    producer.send(Message("Elect", b"warm-up"))
+    leader = ray.get_actor(old, namespace=cluster.namespace)
+    # the batch is committed on a majority, then the leader's process exits unanswered
+    ray.get(leader.inject_fault.remote("crash_after_store", 1))
+    results = producer.send_batch([Message("Elect", b"e-%d" % i) for i in range(20)])
+    assert {r.status for r in results} == {SendStatus.SEND_OK}
+    assert members(cluster, "broker-a").get(0) != old  # answered by another leader
+    got = read_all(cluster.pull_consumer("g-elect"), "Elect")
+    assert once_each(got) == {} and len(got) == 21
+    producer.close()
+
+
+def test_a_broker_refuses_gaps_old_epochs_and_answers_repeats_from_the_record(
+    make_cluster: Any,
+) -> None:
+    cluster = make_cluster(nameservers=1, brokers=1, topics=[actors.TopicConfig("Hand", 2, 2)])
+    broker = cluster.broker("broker-a")
+    pid = ray.get(broker.allocate_producer_id.remote())
+    assert pid.startswith("broker-a-0:") and pid != ray.get(broker.allocate_producer_id.remote())
+
+    def send(seq: int, n: int = 2, epoch: int = 0) -> Any:
+        batch = codec.encode_batch([Message("Hand", b"h%d" % (seq + i)) for i in range(n)])
+        blob = batch.with_queue(0).with_sequence(pid, epoch, seq).to_bytes()
+        return ray.get(broker.send.remote(blob))
+
+    first = send(0)
+    assert send(0) == first  # the same answer, not written again
+    with pytest.raises(OutOfOrderSequenceError):
+        send(5)
+    send(2)
+    with pytest.raises(DuplicateSequenceError):
+        send(1, 1)
+    send(0, 1, epoch=1)
+    with pytest.raises(ProducerFencedError):
+        send(4, 2, epoch=0)
+    consumer = cluster.pull_consumer("g-hand")
+    assert read_all(consumer, "Hand") == [b"h0", b"h1", b"h2", b"h3", b"h0"]
+
+
+def test_without_idempotence_a_retry_stores_twice(make_cluster: Any) -> None:
+    """What idempotence removes (RocketMQ's at-least-once): the lost answer's retry."""
+    cluster = make_cluster(nameservers=1, brokers=1, topics=[actors.TopicConfig("Twice", 1, 1)])
+    producer = cluster.producer("p-twice", enable_idempotence=False)
+    producer.send(Message("Twice", b"warm-up"))
+    ray.get(cluster.broker("broker-a").inject_fault.remote("drop_answer", 1))
+    producer.send(Message("Twice", b"once?"))
+    assert read_all(cluster.pull_consumer("g-twice"), "Twice").count(b"once?") == 2
