@@ -191,6 +191,53 @@ def bench_produce(cluster: actors.Cluster, quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
+def bench_idempotence(cluster: actors.Cluster, quick: bool, reps: int = 3) -> dict[str, Any]:
+    """Produce throughput with ``enable_idempotence`` on and off, in alternated runs:
+    batches of 1,000 (sync and streamed) and single messages (sync, and streamed
+    ``send_async``, which the coalescer batches). Medians of ``reps`` runs."""
+    seconds = 0.6 if quick else 1.5
+    producers = {
+        on: cluster.producer(f"bench-idem-{on}", enable_idempotence=on, max_batch_messages=4096)
+        for on in (True, False)
+    }
+    for p in producers.values():
+        p.send_batch([Message(TOPIC, b"warm-up")])
+    body = b"i" * 100
+    points = {
+        "batch 1000, sync": (1000, "sync"),
+        "batch 1000, streamed": (1000, "stream"),
+        "single, sync": (1, "sync"),
+        "single, streamed send_async": (1, "stream"),
+    }
+    runs: dict[str, dict[bool, list[float]]] = {k: {True: [], False: []} for k in points}
+    for _ in range(reps):
+        for name, (batch, mode) in points.items():
+            for on in (True, False):
+                runs[name][on].append(
+                    produce_point(
+                        producers[on], body, batch, seconds / (2 if batch == 1 else 1), mode
+                    )
+                )
+    for p in producers.values():
+        p.close()
+    return {
+        name: {"on": statistics.median(r[True]), "off": statistics.median(r[False])}
+        for name, r in runs.items()
+    }
+
+
+def report_idempotence(d: dict[str, Any]) -> list[str]:
+    lines = ["== Idempotent producer (100 B, medians of alternated runs)"]
+    for name, row in d.items():
+        ratio = row["on"] / row["off"] if row["off"] else 0.0
+        target = 0.95 if name.startswith("batch") else 0.90
+        lines.append(
+            f"  {name:30s} on {_fmt(row['on'])} msg/s  off {_fmt(row['off'])} msg/s  "
+            f"on/off {ratio:.2f} (target >= {target:.2f}) {'met' if ratio >= target else 'MISSED'}"
+        )
+    return lines
+
+
 # ------------------------------------------------------------ consume
 def bench_consume(cluster: actors.Cluster, quick: bool) -> list[dict[str, Any]]:
     consumer = cluster.pull_consumer("bench-consumer")
@@ -1034,6 +1081,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--data-path-only", action="store_true", help="only the socket-beside-Ray section"
     )
+    parser.add_argument(
+        "--idempotence-only",
+        action="store_true",
+        help="only produce throughput with the idempotent producer on and off",
+    )
     args = parser.parse_args(argv)
     ray.init(
         address="local",
@@ -1062,6 +1114,19 @@ def main(argv: list[str] | None = None) -> int:
                 "store": {"commitlog_file_size": 256 << 20, "flush_disk_type": "ASYNC_FLUSH"}
             },
         )
+        if args.idempotence_only:
+            try:
+                results["idempotence"] = timed(
+                    "idempotence", lambda: bench_idempotence(cluster, args.quick)
+                )
+            finally:
+                cluster.shutdown()
+            ray.shutdown()
+            print("\n".join(report_idempotence(results["idempotence"])))
+            if args.json:
+                with open(args.json, "w") as fh:
+                    json.dump(results, fh, indent=2)
+            return 0
         if args.data_path_only:
             try:
                 results["data_path"] = timed(
@@ -1078,6 +1143,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             results["floor"] = timed("ray floor", lambda: ray_floor(args.quick))
             results["produce"] = timed("produce", lambda: bench_produce(cluster, args.quick))
+            results["idempotence"] = timed(
+                "idempotence", lambda: bench_idempotence(cluster, args.quick)
+            )
             results["consume"] = timed("consume", lambda: bench_consume(cluster, args.quick))
             results["kib_vs_ray"] = timed(
                 "1 KiB vs Ray's arguments", lambda: bench_1kib_vs_ray(cluster, args.quick)
@@ -1095,6 +1163,7 @@ def main(argv: list[str] | None = None) -> int:
     report(results)
     for line in report_push(results["push"]):
         print("  " + line)
+    print("\n".join(report_idempotence(results["idempotence"])))
     print(
         "\n== CPU stolen by the hypervisor (other guests' share of this VM's cores)\n  "
         + ", ".join(f"{name} {pct:.0f}%" for name, pct in STOLEN.items())

@@ -56,7 +56,13 @@ class DataPathListener:
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.StreamWriter] = set()
         self.port = 0
-        self.stats = {"connections": 0, "refused": 0, "requests": 0, "bad_frames": 0}
+        self.stats = {
+            "connections": 0,
+            "refused": 0,
+            "requests": 0,
+            "bad_frames": 0,
+            "paused_reads": 0,
+        }
 
     @property
     def addr(self) -> str:
@@ -107,16 +113,32 @@ class DataPathListener:
         """A proved connection's requests, parsed as they arrive (``frames.FrameReader``),
         each run as its own task, until the connection ends."""
         transport = writer.transport
+        assert isinstance(transport, asyncio.Transport)  # a socket's: it reads and writes
         lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         tasks: set[asyncio.Task[None]] = set()
 
+        cap = self.rt.config.max_requests_per_connection
+        paused = False
+
+        def ended(task: asyncio.Task[None]) -> None:
+            nonlocal paused
+            tasks.discard(task)
+            if paused and len(tasks) < cap and not transport.is_closing():
+                paused = False
+                transport.resume_reading()
+
         def on_frame(header: dict[str, Any], body: bytes | memoryview) -> None:
+            nonlocal paused
             if self.rt.closing:
                 transport.close()
                 return
             task = asyncio.ensure_future(self._request(header, body, transport, proto))
             tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            task.add_done_callback(ended)
+            if len(tasks) >= cap and not paused:  # read no more until some end
+                paused = True
+                self.stats["paused_reads"] += 1
+                transport.pause_reading()
 
         def on_error(exc: frames.FrameError) -> None:
             self.stats["bad_frames"] += 1

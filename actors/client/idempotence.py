@@ -26,6 +26,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from actors.protocol.route import TopicRouteData
 from rebalance import MessageQueue
 from storage.codec import EncodedBatch
 
@@ -35,19 +36,19 @@ log = logging.getLogger("raymq.actors.producer")
 class Sequencer:
     """See the module doc. Thread-safe."""
 
-    def __init__(self, allocate: Callable[[MessageQueue], str]) -> None:
-        self._allocate = allocate  # a producer id from the broker of a queue
+    def __init__(self, allocate: Callable[[TopicRouteData, str], str]) -> None:
+        self._allocate = allocate  # a producer id from a broker (by name) of a route
         self._lock = threading.Lock()
         self.producer_id: str | None = None
         self.epoch = 0
         self._next: dict[tuple[str, str, int], int] = {}
 
-    def bind(self, batch: EncodedBatch, mq: MessageQueue) -> EncodedBatch:
-        """``batch`` bound for ``mq`` with that queue's next sequences."""
+    def bind(self, batch: EncodedBatch, mq: MessageQueue, route: TopicRouteData) -> EncodedBatch:
+        """``batch`` bound for ``mq`` (of ``route``) with that queue's next sequences."""
         bound = batch.with_queue(mq.queue_id)
         with self._lock:
             if self.producer_id is None:  # the first send: one Ray call
-                self.producer_id = self._allocate(mq)
+                self.producer_id = self._allocate(route, mq.broker_name)
                 log.info("idempotent producer id %s", self.producer_id)
             key = (mq.topic, mq.broker_name, mq.queue_id)
             seq = self._next.get(key, 0)

@@ -38,6 +38,7 @@ from actors.config.client import ProducerConfig
 from actors.config.options import with_options
 from actors.namesrv.client import NameServerClient
 from actors.protocol.names import DEFAULT_NAMESPACE
+from actors.protocol.route import TopicRouteData
 from actors.protocol.shared_ring import SharedRing
 from rebalance import MessageQueue
 from storage.codec import EncodedBatch
@@ -160,19 +161,16 @@ class Producer:
         msgs = [messages] if isinstance(messages, Message) else list(messages)
         self._sender.send_oneway(self._encoder.encode(msgs))
 
-    def _allocate_id(self, mq: MessageQueue) -> str:
-        """A producer id from the master of ``mq``'s broker (the sequencer's first send)."""
+    def _allocate_id(self, route: TopicRouteData, broker_name: str) -> str:
+        """A producer id from ``broker_name``'s master (the sequencer's first send)."""
         from actors.protocol import rpc
 
         try:
-            route = self.ns.route(mq.topic)
-            if route is None:
-                raise BrokerUnavailableError(f"no route for topic {mq.topic!r}")
-            handle = self.ns.broker(route, mq.broker_name)
+            handle = self.ns.broker(route, broker_name)
             return str(rpc.get(handle.allocate_producer_id.remote(), self.config.send_timeout_s))
         except Exception as exc:  # noqa: BLE001 - the send fails over as one never sent
             raise BrokerUnavailableError(
-                f"no producer id from broker {mq.broker_name!r}: {exc}"
+                f"no producer id from broker {broker_name!r}: {exc}"
             ) from exc
 
     def fetch_publish_queues(self, topic: str) -> list[MessageQueue]:

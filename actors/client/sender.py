@@ -164,16 +164,16 @@ class Sender:
             except Exception as exc:  # noqa: BLE001 - oneway never reports
                 log.debug("oneway send failed: %s", exc)
 
-    def _bind(self, chunk: _Chunk, mq: MessageQueue) -> EncodedBatch:
+    def _bind(self, chunk: _Chunk, mq: MessageQueue, route: TopicRouteData) -> EncodedBatch:
         """The chunk bound for ``mq`` (numbered, for an idempotent producer)."""
         if self.sequencer is None:
             return chunk.batch.with_queue(mq.queue_id)
-        return self.sequencer.bind(chunk.batch, mq)
+        return self.sequencer.bind(chunk.batch, mq, route)
 
     def _send(
         self, chunk: _Chunk, mq: MessageQueue, route: TopicRouteData, auto_n: int
     ) -> tuple[Reply, float, Pinned]:
-        bound = self._bind(chunk, mq)
+        bound = self._bind(chunk, mq, route)
         try:
             ref = self._call(route, mq.broker_name, [bound], auto_n)
         except BaseException:
@@ -253,6 +253,8 @@ class Sender:
                         raise
                     last_exc = exc
                     ref = None
+                    if self._stale(pinned, exc):
+                        pinned = None  # never stored, and its epoch is over: numbered anew
                     if not isinstance(exc, OutOfOrderSequenceError):
                         self.fault.update(mq.broker_name, timeout, failed=True)
                         self.selector.invalidate(chunk.topic)
@@ -278,6 +280,17 @@ class Sender:
             f"{attempt} attempt(s): {type(last_exc).__name__}: {last_exc}"
             + (" (it may have been stored, once)" if pinned is not None else "")
         ) from last_exc
+
+    def _stale(self, pinned: Pinned, exc: BaseException) -> bool:
+        """A pinned run refused for a gap before it, from an epoch that is over (a run
+        before it was given up): the gap will never fill. The refusal says it was never
+        stored (a stored run is answered, or refused as a duplicate), so it is free."""
+        return (
+            pinned is not None
+            and self.sequencer is not None
+            and isinstance(exc, OutOfOrderSequenceError)
+            and pinned.producer_epoch != self.sequencer.epoch
+        )
 
     def _give_up(self, pinned: Pinned, mq: MessageQueue | None) -> None:
         if pinned is not None and mq is not None and self.sequencer is not None:
@@ -344,6 +357,14 @@ class Sender:
             )
 
         def retry(exc: BaseException, mq: MessageQueue | None, sent: Pinned) -> None:
+            if self._stale(sent, exc):  # never stored, and its epoch is over: anew, anywhere
+                try:
+                    self._pool.submit(
+                        self._send_chunk_async, chunk, attempt + 1, None, sharding_key, done
+                    )
+                except RuntimeError:  # closed meanwhile
+                    done(None, exc)
+                return
             if sent is not None and mq is not None:  # it may be stored: same queue, or nothing
                 if _may_retry(exc) and (attempt < retries or time.monotonic() < deadline):
                     if not isinstance(exc, OutOfOrderSequenceError):
@@ -430,7 +451,7 @@ class Sender:
             return
         if bound is None:
             try:
-                bound = self._bind(chunk, mq)
+                bound = self._bind(chunk, mq, route)
             except Exception as exc:  # noqa: BLE001 - no producer id: not sent
                 retry(exc, mq, None)
                 return

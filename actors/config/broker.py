@@ -63,6 +63,10 @@ class BrokerConfig:
     data_path_enable: bool = True
     max_frame_bytes: int = 128 << 20
     """The largest data-path frame a broker reads; a larger one closes its connection."""
+    max_requests_per_connection: int = 4096
+    """Requests one data-path connection may have in flight (held pulls included); past
+    it the broker reads that connection no further until some end, so TCP pushes back
+    on a client that floods it (RocketMQ bounds its request pools the same way)."""
     data_tls_cert: str | None = None
     data_tls_key: str | None = None
     """TLS for the data path (a PEM certificate chain and its key on the broker's node);
@@ -124,6 +128,14 @@ class BrokerConfig:
         if not isinstance(self.data_port, int) or not 0 <= self.data_port < 65536:
             raise InvalidConfigError(
                 f"BrokerConfig.data_port={self.data_port!r}: must be in 0..65535 (0: any free)"
+            )
+        if (
+            not isinstance(self.max_requests_per_connection, int)
+            or self.max_requests_per_connection < 1
+        ):
+            raise InvalidConfigError(
+                f"BrokerConfig.max_requests_per_connection={self.max_requests_per_connection!r}: "
+                "must be an int >= 1"
             )
         if not isinstance(self.max_frame_bytes, int) or self.max_frame_bytes < 1 << 16:
             raise InvalidConfigError(

@@ -333,6 +333,32 @@ def test_a_thousand_held_pulls_on_one_broker_all_answer_the_next_message(
     consumer.close()
 
 
+def test_a_connection_with_too_many_requests_in_flight_is_read_no_further_until_some_end(
+    make_cluster: Any,
+) -> None:
+    """``max_requests_per_connection``: past it the broker stops reading the connection
+    (TCP pushes back on the client) instead of taking requests without bound."""
+    cluster = make_cluster(
+        nameservers=1,
+        brokers=1,
+        topics=[actors.TopicConfig("Capped", 1, 1)],
+        broker_options={"max_requests_per_connection": 8},
+    )
+    consumer = cluster.pull_consumer("g-capped")
+    mq = consumer.fetch_subscribe_queues("Capped")[0]
+    consumer.pull(mq, 0, 1)  # opens the consumer's connection
+    held = [consumer.pull_async(mq, 0, 1, long_poll_s=30.0) for _ in range(20)]
+    wait_until(lambda: status(cluster)["held_pulls"] >= 8, what="8 pulls held")
+    assert status(cluster)["held_pulls"] == 8  # the other 12 wait in the socket, unread
+    assert status(cluster)["data_paused_reads"] >= 1
+    producer = cluster.producer("p-capped")  # another connection is served meanwhile
+    producer.send(Message("Capped", b"news"))
+    results = [f.result(60) for f in held]  # the 8 answer, the rest are read and answer
+    assert {tuple(r.bodies) for r in results} == {(b"news",)}
+    producer.close()
+    consumer.close()
+
+
 def test_connections_cut_by_the_client_mid_send_lose_nothing_acknowledged(
     make_cluster: Any,
 ) -> None:
@@ -386,4 +412,5 @@ def test_connections_cut_by_the_client_mid_send_lose_nothing_acknowledged(
             offset = r.next_offset
     assert set(acked) <= set(stored)  # nothing acknowledged is lost
     assert len(set(acked)) == len(acked)  # and no message was acknowledged twice
+    assert len(set(stored)) == len(stored)  # nor stored twice: the producer is idempotent
     producer.close()

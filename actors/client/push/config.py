@@ -122,9 +122,22 @@ class PushConsumerConfig:
     """Pulls, offset commits, send-back and heartbeats over each broker's own socket
     (``"socket"``) or as Ray actor calls (``"ray"``); see ``ProducerConfig.data_path``."""
     data_tls_ca: str | None = None
+    dedup_window_s: float | None = None
+    """Drop redeliveries of messages the listener acknowledged within this many seconds
+    (by ``msg_id``; at most ``dedup_max_ids`` remembered): ``actors.client.push.dedup``.
+    None: every delivery reaches the listener (RocketMQ's at-least-once)."""
+    dedup_max_ids: int = 100_000
 
     def __post_init__(self) -> None:
         check_data_path("PushConsumerConfig", self.data_path)
+        if self.dedup_window_s is not None and not self.dedup_window_s > 0:
+            raise InvalidConfigError(
+                f"PushConsumerConfig.dedup_window_s={self.dedup_window_s!r}: must be > 0 or None"
+            )
+        if not isinstance(self.dedup_max_ids, int) or self.dedup_max_ids < 1:
+            raise InvalidConfigError(
+                f"PushConsumerConfig.dedup_max_ids={self.dedup_max_ids!r}: must be an int >= 1"
+            )
         object.__setattr__(self, "model", _enum(MessageModel, "model", self.model))
         object.__setattr__(
             self, "consume_from", _enum(ConsumeFromWhere, "consume_from", self.consume_from)

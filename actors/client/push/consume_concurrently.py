@@ -32,6 +32,7 @@ from typing import Any
 
 from actors.client.push.config import ConsumeStatus
 from actors.client.push.context import ConsumeContext
+from actors.client.push.dedup import DedupWindow
 from actors.client.push.process_queue import (
     CONSUME_CONCURRENTLY_MAX_SPAN,
     Inflight,
@@ -71,6 +72,9 @@ class ConsumeMessageService:
         self._max_buffer = cfg.pull_threshold_for_queue
         self._max_bytes = cfg.pull_threshold_size_for_queue_mib << 20
         self._warned_status = False
+        self._dedup = (
+            DedupWindow(cfg.dedup_window_s, cfg.dedup_max_ids) if cfg.dedup_window_s else None
+        )
 
     # ------------------------------------------------------------ dispatch
     def _max_tasks(self) -> int:
@@ -155,6 +159,14 @@ class ConsumeMessageService:
                 return True
 
     def _call_listener(self, pq: ProcessQueue, batch: list[MessageExt]) -> bool:
+        dedup = self._dedup
+        if dedup is not None:  # redeliveries acknowledged a moment ago: consumed already
+            fresh = [m for m in batch if not dedup.seen(m.msg_id)]
+            if len(fresh) < len(batch):
+                self.c.stats.add("deduplicated", len(batch) - len(fresh))
+                if not fresh:
+                    return True
+                batch = fresh
         if pq.retry:  # listeners see the topic the message was first sent to
             views = [replaced(m, topic=origin_topic(m)) for m in batch]
         else:
@@ -184,6 +196,8 @@ class ConsumeMessageService:
             )
             return False
         if status is ConsumeStatus.SUCCESS:
+            if dedup is not None:
+                dedup.acked(m.msg_id for m in batch)
             return True
         if status is not ConsumeStatus.RECONSUME_LATER and not self._warned_status:
             self._warned_status = True

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import ray
 from raymq_ha_testkit import members, read_all
-from raymq_testkit import wait_until
+from raymq_testkit import PUSH_FAST, wait_until
 
 import actors
 from actors import BrokerSpec, SendStatus
@@ -160,3 +160,51 @@ def test_without_idempotence_a_retry_stores_twice(make_cluster: Any) -> None:
     ray.get(cluster.broker("broker-a").inject_fault.remote("drop_answer", 1))
     producer.send(Message("Twice", b"once?"))
     assert read_all(cluster.pull_consumer("g-twice"), "Twice").count(b"once?") == 2
+
+
+def test_a_push_consumer_with_a_dedup_window_drops_a_redelivered_id(make_cluster: Any) -> None:
+    """A message stored twice under one id (a producer without idempotence, its answer
+    lost): every delivery path shows the id; dedup_window_s hands the copy to
+    "consumed" without calling the listener, a consumer without it sees both."""
+    cluster = make_cluster(nameservers=1, brokers=1, topics=[actors.TopicConfig("Redo", 1, 1)])
+    producer = cluster.producer("p-redo", enable_idempotence=False)
+    ray.get(cluster.broker("broker-a").inject_fault.remote("drop_answer", 1))
+    sent = producer.send(Message("Redo", b"twice"))
+    producer.send_batch([Message("Redo", b"after-%d" % i) for i in range(3)])
+    pulled = cluster.pull_consumer("g-redo-pull").pull(
+        cluster.pull_consumer("g-redo-pull").fetch_subscribe_queues("Redo")[0], 0, 10
+    )
+    assert [m.msg_id for m in pulled.messages if m.body == b"twice"] == [sent.msg_id] * 2
+
+    seen: dict[str, list[tuple[bytes, str]]] = {"dedup": [], "plain": []}
+
+    def recorder(name: str) -> Any:
+        def listener(messages: list[Any]) -> actors.ConsumeStatus:
+            seen[name].extend((m.body, m.msg_id) for m in messages)
+            return actors.ConsumeStatus.SUCCESS
+
+        return listener
+
+    consumers = {
+        name: actors.PushConsumer(
+            f"g-redo-{name}",
+            "Redo",
+            listener=recorder(name),
+            namespace=cluster.namespace,
+            consume_from="FIRST",
+            consume_threads=1,  # in queue order: the copy comes after the first is acked
+            **PUSH_FAST,
+            **({"dedup_window_s": 60.0} if name == "dedup" else {}),
+        ).start()
+        for name in seen
+    }
+    try:
+        for consumer in consumers.values():
+            wait_until(lambda c=consumer: c.status().get("consumed", 0) >= 5, what="all consumed")
+        assert [b for b, _ in seen["plain"]].count(b"twice") == 2
+        assert [b for b, _ in seen["dedup"]].count(b"twice") == 1
+        assert (b"twice", sent.msg_id) in seen["dedup"]
+        assert consumers["dedup"].status()["deduplicated"] == 1
+    finally:
+        for consumer in consumers.values():
+            consumer.shutdown()
