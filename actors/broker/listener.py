@@ -113,7 +113,6 @@ class DataPathListener:
         """A proved connection's requests, parsed as they arrive (``frames.FrameReader``),
         each run as its own task, until the connection ends."""
         transport = writer.transport
-        assert isinstance(transport, asyncio.Transport)  # a socket's: it reads and writes
         lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         tasks: set[asyncio.Task[None]] = set()
 
@@ -125,7 +124,7 @@ class DataPathListener:
             tasks.discard(task)
             if paused and len(tasks) < cap and not transport.is_closing():
                 paused = False
-                transport.resume_reading()
+                proto.resume()
 
         def on_frame(header: dict[str, Any], body: bytes | memoryview) -> None:
             nonlocal paused
@@ -138,7 +137,7 @@ class DataPathListener:
             if len(tasks) >= cap and not paused:  # read no more until some end
                 paused = True
                 self.stats["paused_reads"] += 1
-                transport.pause_reading()
+                proto.pause()
 
         def on_error(exc: frames.FrameError) -> None:
             self.stats["bad_frames"] += 1

@@ -209,6 +209,7 @@ class FrameReader(asyncio.BufferedProtocol):
         self._big_pos = 0
         self._big_hlen = 0
         self._closed = False
+        self._paused_reading = False
         self._paused_writing = False
         self._drained: list[asyncio.Future[None]] = []
 
@@ -244,9 +245,28 @@ class FrameReader(asyncio.BufferedProtocol):
         self._end += nbytes
         self._parse()
 
+    def pause(self) -> None:
+        """Hand out no more frames (those received already wait) and read no more."""
+        if not self._paused_reading:
+            self._paused_reading = True
+            if not self._closed:
+                self.transport.pause_reading()  # type: ignore[attr-defined]
+
+    def resume(self) -> None:
+        """Hand out the frames that waited, then read again."""
+        if self._paused_reading:
+            self._paused_reading = False
+            self._parse()
+            if not self._closed and not self._paused_reading:
+                self.transport.resume_reading()  # type: ignore[attr-defined]
+
     def _parse(self) -> None:
         buf, view = self._buf, self._view
-        while not self._closed and self._end - self._start >= _PREFIX.size:
+        while (
+            not self._closed
+            and not self._paused_reading
+            and self._end - self._start >= _PREFIX.size
+        ):
             total, hlen = _PREFIX.unpack_from(buf, self._start)
             if total > self.max_bytes:
                 return self._fail(
