@@ -165,7 +165,8 @@ class MessageStore:
         self.producers = ProducerStateTable(
             config.producer_state_keep_runs, config.producer_state_expire_ms
         )
-        self._producer_snapshot_ms = 0.0  # when last written, by ``clock``
+        self._producer_snapshot_ms = 0.0  # when last taken, by ``clock``
+        self._snapshot_lock = threading.Lock()
         self.commitlog = CommitLog(
             self.root / "commitlog", config.commitlog_file_size, preallocate=config.preallocate
         )
@@ -256,7 +257,7 @@ class MessageStore:
             self.index.flush()
             assert self._checkpoint is not None
             now = int(self._clock() * 1000)
-            self._save_producers(end)
+            self._write_producers(self._producer_snapshot(end))
             self._checkpoint.write(Checkpoint(now, now, now, end, end, end))
             (self.root / "abort").unlink(missing_ok=True)
         self._release_files()
@@ -322,13 +323,17 @@ class MessageStore:
                 time.monotonic() - started,
             )
 
-    def _save_producers(self, offset: int) -> None:
-        """Snapshot the producers' table as covering the CommitLog up to ``offset``
-        (the caller holds the put lock, so no put is between the two)."""
+    def _producer_snapshot(self, offset: int) -> dict[str, object]:
+        """The producers' table as covering the CommitLog up to ``offset`` (the caller
+        holds the put lock, so no put is between the two)."""
         self.producers.expire(int(self._clock() * 1000))
-        self.config_file(_PRODUCER_STATE).save(self.producers.snapshot(offset))
         self.producers.changed = False
         self._producer_snapshot_ms = self._clock() * 1000
+        return self.producers.snapshot(offset)
+
+    def _write_producers(self, snapshot: dict[str, object]) -> None:
+        with self._snapshot_lock:  # one writer of the file at a time
+            self.config_file(_PRODUCER_STATE).save(snapshot)
 
     # ------------------------------------------------------------ queues
     def _cq(self, topic: str, queue_id: int) -> ConsumeQueue:
@@ -855,9 +860,12 @@ class MessageStore:
             self._checkpoint.write(
                 Checkpoint(now, now, now, self.commitlog.flushed_offset, logics, -1)
             )
+            snapshot = None
             since = now - self._producer_snapshot_ms
             if self.producers.changed and since >= self.config.producer_snapshot_interval_ms:
-                self._save_producers(self._dispatched)
+                snapshot = self._producer_snapshot(self._dispatched)
+        if snapshot is not None:  # written outside the put lock: puts go on meanwhile
+            self._write_producers(snapshot)
 
     def _real_disk_usage(self) -> float:
         usage = shutil.disk_usage(self.root)

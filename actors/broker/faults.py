@@ -8,6 +8,9 @@
 * ``"crash_after_store"``: the batch is stored, then the broker's process exits
   at once (``os._exit``) without answering: a SIGKILL at the worst moment. Ray
   restarts the actor, which recovers its store.
+* ``"hang_after_store"``: the batch is stored, and the answer never comes (the
+  request waits forever): a broker that stops answering while it still holds its
+  connections, for a failover drill.
 
 Only callers holding the broker's Ray handle (the cluster) can arm them.
 """
@@ -22,7 +25,7 @@ from storage.errors import BrokerUnavailableError, InvalidConfigError
 
 log = logging.getLogger("raymq.actors.broker.faults")
 
-KINDS = ("drop_answer", "crash_after_store")
+KINDS = ("drop_answer", "crash_after_store", "hang_after_store")
 
 
 class AnswerDroppedError(BrokerUnavailableError):
@@ -44,17 +47,20 @@ class Faults:
             self._armed[kind] = count
         log.warning("broker %s: fault %s armed for the next %d send(s)", self.broker, kind, count)
 
-    def after_store(self) -> None:
-        """Called once a send is stored, before it is answered."""
+    def after_store(self) -> bool:
+        """Called once a send is stored, before it is answered: True when the answer is
+        to hang (the caller waits forever)."""
         if not self._armed:
-            return
+            return False
         with self._lock:
             kind = next((k for k, n in self._armed.items() if n > 0), None)
             if kind is None:
-                return
+                return False
             self._armed[kind] -= 1
         log.warning("broker %s: injected fault %s", self.broker, kind)
         if kind == "crash_after_store":
             logging.shutdown()
             os._exit(137)
+        if kind == "hang_after_store":
+            return True
         raise AnswerDroppedError(f"broker {self.broker}: the answer was dropped (injected)")

@@ -94,7 +94,8 @@ class SendMessageProcessor:
             created |= new
         woken = rt.holds.woken
         result = await self.put(batch)
-        rt.faults.after_store()
+        if rt.faults.after_store():  # an injected hang: this answer never comes
+            await asyncio.Event().wait()
         if rt.holds.woken != woken:  # let the held pulls it woke answer first
             await asyncio.sleep(0)
         if created:  # routable on every NameServer once the sender hears back

@@ -171,12 +171,13 @@ CHILD = textwrap.dedent(
     cfg = StoreConfig(**json.loads(sys.argv[1]))
     store = MessageStore(cfg)
     seq = [0, 0, 0, 0]
-    for i in range(10_000_000):
+    for i in range(int(sys.argv[2])):
         q = i % 4
         batch = codec.encode_batch([Message("Idem", f"{i}-{j}".encode()) for j in range(3)])
         r = store.put_encoded(batch.with_queue(q).with_sequence("p:1", 0, seq[q]))
         print(json.dumps([i, q, seq[q], r.commitlog_offsets.tolist()]), flush=True)
         seq[q] += 3
+    sys.stdin.read()  # wait for the SIGKILL: no clean close
     """
 )
 
@@ -195,7 +196,8 @@ def test_after_a_sigkill_every_batch_retried_is_stored_once(tmp_path: Path, flus
     )
     args = {k: getattr(cfg, k) for k in cfg.__dataclass_fields__ if k != "message_delay_level"}
     proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, json.dumps(args)],
+        [sys.executable, "-c", CHILD, json.dumps(args), "10000"],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         cwd=Path(__file__).parents[2],
@@ -222,7 +224,8 @@ def test_after_a_sigkill_every_batch_retried_is_stored_once(tmp_path: Path, flus
                 assert got.commitlog_offsets.tolist() == offsets
                 replays["answered"] += 1
         assert [store.max_offset("Idem", q) for q in range(4)] == counts  # 0 stored twice
-        assert replays["answered"] >= 4 * 5 - 4  # the last runs of each queue, with offsets
+        assert replays["answered"] == 4 * 5  # the last 5 runs of each queue, with offsets
+        assert replays["duplicate"] == len(acked) - 4 * 5
         bodies = []
         for q in range(4):
             offset = 0

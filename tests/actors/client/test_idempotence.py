@@ -8,11 +8,12 @@ answer is lost, or the broker's process exits before answering.
 from __future__ import annotations
 
 import collections
+import threading
 from typing import Any
 
 import pytest
 import ray
-from raymq_ha_testkit import members, read_all
+from raymq_ha_testkit import kill, members, read_all, status_of
 from raymq_testkit import PUSH_FAST, wait_until
 
 import actors
@@ -208,3 +209,46 @@ def test_a_push_consumer_with_a_dedup_window_drops_a_redelivered_id(make_cluster
     finally:
         for consumer in consumers.values():
             consumer.shutdown()
+
+
+def test_a_retry_after_the_master_stops_answering_lands_on_the_promoted_slave(
+    make_cluster: Any,
+) -> None:
+    """SYNC_MASTER: the batch is stored and replicated, the master never answers; the
+    operator promotes the slave; the producer's retry reaches it and is answered from
+    the producer state the slave built from the replicated records."""
+    cluster = make_cluster(
+        nameservers=1,
+        brokers=[BrokerSpec("broker-a", 0), BrokerSpec("broker-a", 1)],
+        topics=[actors.TopicConfig("Promo", 2, 2)],
+        broker_options={
+            "broker_role": "SYNC_MASTER",
+            "slave_sync_interval_s": 0.2,
+            "ha_slave_timeout_s": 1.5,
+        },
+    )
+    master, slave = cluster.broker("broker-a", 0), cluster.broker("broker-a", 1)
+    producer = cluster.producer("p-promo", send_timeout_s=1.0, delivery_timeout_s=90.0)
+    producer.send(Message("Promo", b"warm-up"))
+    before = status_of(master)["put_msgs"]
+    ray.get(master.inject_fault.remote("hang_after_store", 1000))  # the retries hang too
+    out: dict[str, Any] = {}
+    sender = threading.Thread(
+        target=lambda: out.update(
+            results=producer.send_batch([Message("Promo", b"p-%d" % i) for i in range(20)])
+        )
+    )
+    sender.start()
+    wait_until(lambda: status_of(master)["put_msgs"] >= before + 20, what="the batch stored")
+    end = status_of(master)["commitlog_max_offset"]
+    wait_until(lambda: status_of(slave)["commitlog_max_offset"] >= end, what="and replicated")
+    kill(master)
+    wait_until(lambda: 0 not in members(cluster, "broker-a"), what="master out of the routes")
+    assert cluster.admin.promote("broker-a")["broker"] == "broker-a-1"
+    sender.join(120)
+    assert [cluster.admin.query_by_id(r.offset_msg_id).body for r in out["results"]] == [
+        b"p-%d" % i for i in range(20)
+    ]
+    got = read_all(cluster.pull_consumer("g-promo"), "Promo")
+    assert once_each(got) == {} and len(got) == 21
+    producer.close()
