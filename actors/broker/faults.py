@@ -21,15 +21,12 @@ import logging
 import os
 import threading
 
-from storage.errors import BrokerUnavailableError, InvalidConfigError
+from actors.protocol.errors import AnswerDroppedError
+from storage.errors import InvalidConfigError
 
 log = logging.getLogger("raymq.actors.broker.faults")
 
 KINDS = ("drop_answer", "crash_after_store", "hang_after_store")
-
-
-class AnswerDroppedError(BrokerUnavailableError):
-    """An injected fault lost the answer to a send that was stored."""
 
 
 class Faults:

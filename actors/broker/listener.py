@@ -23,11 +23,11 @@ import ssl
 from typing import Any
 
 from actors.broker.consumer_manage import ConsumerManageProcessor
-from actors.broker.faults import AnswerDroppedError
 from actors.broker.pull import PullMessageProcessor
 from actors.broker.runtime import BrokerRuntime
 from actors.broker.send import SendMessageProcessor
 from actors.protocol import frames
+from actors.protocol.errors import AnswerDroppedError
 from actors.protocol.frames import Code, Flag
 from storage.errors import RayMQError
 

@@ -12,9 +12,13 @@ with it:
   be stored a second time;
 * a bound chunk that was certainly not sent (the call could not be made) gives its
   sequences back (:meth:`Sequencer.release`) and may go elsewhere;
+* a bound chunk the broker refused (it answered with an error: a broker raises before
+  it writes) was not stored either, unless an earlier attempt may have been;
 * a bound chunk given up after it may have been sent leaves a gap the broker
   would wait for forever: the producer starts a new epoch (:meth:`abandon`), its
-  queues numbered from 0 again, as Kafka's producer bumps its epoch.
+  queues numbered from 0 again, as Kafka's producer bumps its epoch. So does a gap
+  the broker reports when nothing before it is still on its way
+  (:meth:`gap_is_final`: an answered write a failover cut off, FLUSH_SLAVE_TIMEOUT).
 
 The id comes from a broker (``Broker.allocate_producer_id``, one Ray call at the
 first send), unique in the cluster and never handed out twice.
@@ -42,6 +46,8 @@ class Sequencer:
         self.producer_id: str | None = None
         self.epoch = 0
         self._next: dict[tuple[str, str, int], int] = {}
+        # runs of this epoch bound and not yet settled, per queue: their first sequences
+        self._open: dict[tuple[str, str, int], set[int]] = {}
 
     def bind(self, batch: EncodedBatch, mq: MessageQueue, route: TopicRouteData) -> EncodedBatch:
         """``batch`` bound for ``mq`` (of ``route``) with that queue's next sequences."""
@@ -53,8 +59,36 @@ class Sequencer:
             key = (mq.topic, mq.broker_name, mq.queue_id)
             seq = self._next.get(key, 0)
             self._next[key] = seq + len(batch)
+            self._open.setdefault(key, set()).add(seq)
             pid, epoch = self.producer_id, self.epoch
         return bound.with_sequence(pid, epoch, seq)
+
+    def settle(self, bound: EncodedBatch, mq: MessageQueue) -> None:
+        """``bound`` is over: answered, or given up."""
+        with self._lock:
+            self._settle(bound, mq)
+
+    def _settle(self, bound: EncodedBatch, mq: MessageQueue) -> None:
+        if bound.producer_epoch == self.epoch and bound.seq_runs is not None:
+            self._open.get((mq.topic, mq.broker_name, mq.queue_id), set()).discard(
+                int(bound.seq_runs[0, 1])
+            )
+
+    def gap_is_final(self, bound: EncodedBatch, mq: MessageQueue) -> bool:
+        """The broker refused ``bound`` for a gap before it (OutOfOrderSequenceError) and
+        no run before it on its queue is still on its way: what is missing was answered
+        and then lost (an uncommitted write cut off by a failover) or never stored, and
+        will not come. A new epoch begins, so the caller numbers ``bound`` anew."""
+        assert bound.seq_runs is not None
+        seq = int(bound.seq_runs[0, 1])
+        with self._lock:
+            if bound.producer_epoch != self.epoch:
+                return True  # the epoch is over already
+            key = (mq.topic, mq.broker_name, mq.queue_id)
+            if any(s < seq for s in self._open.get(key, ())):
+                return False
+            self._new_epoch(f"sequences before {seq} on {mq} will not arrive")
+            return True
 
     def release(self, bound: EncodedBatch, mq: MessageQueue) -> None:
         """``bound`` was never sent: its sequences are free again (or, when later ones
@@ -65,6 +99,7 @@ class Sequencer:
                 return
             key = (mq.topic, mq.broker_name, mq.queue_id)
             seq = int(bound.seq_runs[0, 1])
+            self._settle(bound, mq)
             if self._next.get(key) == seq + len(bound):
                 self._next[key] = seq
             else:
@@ -74,9 +109,11 @@ class Sequencer:
         """``bound`` may have been sent and will not be sent again."""
         with self._lock:
             if bound.producer_epoch == self.epoch:
+                self._settle(bound, mq)
                 self._new_epoch(f"a send to {mq} was given up")
 
     def _new_epoch(self, why: str) -> None:
         self.epoch += 1
         self._next.clear()
+        self._open.clear()
         log.warning("producer %s: %s: epoch %d begins", self.producer_id, why, self.epoch)

@@ -47,6 +47,7 @@ from actors.client.send_result import BatchSendResult, _Chunk
 from actors.client.transport import Reply, Transport
 from actors.config.client import ProducerConfig
 from actors.protocol import rpc as _rpc
+from actors.protocol.errors import refused
 from actors.protocol.route import TopicRouteData
 from actors.protocol.wire import SendAck
 from rebalance import MessageQueue
@@ -207,94 +208,86 @@ class Sender:
         timeout: float,
         sharding_key: str | None,
     ) -> Sent:
-        """Wait for a submitted chunk (``first`` is its ref, start time and pinned batch,
+        """Wait for a submitted chunk (``first`` is its ref, start time and numbered run,
         or the error that kept it from being sent); when it failed on the way, send it
-        again: to another broker, or, pinned, to the same queue until ``timeout``."""
+        again: to another broker, or, when it may be stored, as it was to the same queue
+        until ``delivery_timeout_s`` (see :class:`_Outcome`)."""
         retries = self.config.retry_times_when_send_failed
-        last_exc: BaseException | None = None
         ref: Reply | None = None
-        pinned: Pinned = None
         started = 0.0
+        run = _Outcome(self.sequencer)
         if isinstance(first, BaseException):
-            last_exc = first
+            run.last_exc = first
         else:
-            ref, started, pinned = first
+            ref, started, run.bound = first
         deadline = time.monotonic() + max(timeout, self.config.delivery_timeout_s)
         attempt = 0
         while True:
-            if ref is None and pinned is not None:
-                assert mq is not None
+            reordered = False  # refused for the order of runs: not a failed attempt
+            if ref is None and run.pinned:
+                assert mq is not None and run.bound is not None
                 try:
-                    ref, started = self._resend(chunk, mq, pinned), time.monotonic()
+                    ref, started = self._resend(chunk, mq, run.bound), time.monotonic()
                 except Exception as exc:  # noqa: BLE001
                     if not _may_retry(exc):
-                        self._give_up(pinned, mq)
+                        run.give_up(mq)
                         raise
-                    last_exc = exc
+                    run.last_exc = exc
             elif ref is None:
                 avoid = mq.broker_name if mq is not None and sharding_key is None else None
                 try:
-                    mq, ref, started, pinned = self._submit(
+                    mq, ref, started, run.bound = self._submit(
                         chunk, avoid, sharding_key, refresh=True
                     )
                 except Exception as exc:  # noqa: BLE001
                     if not _rpc.send_may_retry(exc):
                         raise
-                    last_exc = exc
+                    run.last_exc = exc
             if ref is not None:
                 assert mq is not None
+                ack: SendAck | None = None
                 try:
                     ack = SendAck.from_wire(_rpc.get(ref, timeout))
-                except DuplicateSequenceError:
+                except DuplicateSequenceError:  # stored long ago: offsets no longer known
                     ack = _stored_before(mq, len(chunk.batch))
                 except Exception as exc:  # noqa: BLE001
-                    if not _may_retry(exc):
-                        self._give_up(pinned, mq)
-                        raise
-                    last_exc = exc
                     ref = None
-                    if self._stale(pinned, exc):
-                        pinned = None  # never stored, and its epoch is over: numbered anew
-                    if not isinstance(exc, OutOfOrderSequenceError):
+                    if not run.failed(exc, mq):
+                        raise
+                    reordered = isinstance(exc, OutOfOrderSequenceError)
+                    if run.moved:  # a broker's trouble, not the order of runs
                         self.fault.update(mq.broker_name, timeout, failed=True)
                         self.selector.invalidate(chunk.topic)
                     log.warning(
-                        "send to %s failed (%s); attempt %d of %d%s",
+                        "send to %s failed (%s); attempt %d %s",
                         mq,
                         type(exc).__name__,
                         attempt + 1,
-                        retries + 1,
-                        " (to the same queue: it may be stored)" if pinned is not None else "",
+                        "(it may be stored: again to the same queue, for up to "
+                        f"delivery_timeout_s={self.config.delivery_timeout_s})"
+                        if run.maybe_stored
+                        else f"of {retries + 1}",
                     )
-                else:
+                if ack is not None:
+                    run.settle(mq)
                     self.fault.update(mq.broker_name, time.monotonic() - started)
                     return chunk, mq, ack
-            attempt += 1
-            if attempt > retries and (pinned is None or time.monotonic() >= deadline):
-                break
-            if pinned is not None:
+            if reordered:  # bounded by the deadline, not by the retries
+                if time.monotonic() >= deadline:
+                    break
+            else:
+                attempt += 1
+                if attempt > retries and (not run.pinned or time.monotonic() >= deadline):
+                    break
+            if run.pinned:
                 time.sleep(_backoff(attempt))  # a failover, or the run before it, to come
-        self._give_up(pinned, mq)
+        run.give_up(mq)
+        last_exc = run.last_exc
         raise BrokerUnavailableError(
             f"send of {len(chunk.batch)} message(s) to topic {chunk.topic!r} failed after "
             f"{attempt} attempt(s): {type(last_exc).__name__}: {last_exc}"
-            + (" (it may have been stored, once)" if pinned is not None else "")
+            + (" (it may have been stored, once)" if run.maybe_stored else "")
         ) from last_exc
-
-    def _stale(self, pinned: Pinned, exc: BaseException) -> bool:
-        """A pinned run refused for a gap before it, from an epoch that is over (a run
-        before it was given up): the gap will never fill. The refusal says it was never
-        stored (a stored run is answered, or refused as a duplicate), so it is free."""
-        return (
-            pinned is not None
-            and self.sequencer is not None
-            and isinstance(exc, OutOfOrderSequenceError)
-            and pinned.producer_epoch != self.sequencer.epoch
-        )
-
-    def _give_up(self, pinned: Pinned, mq: MessageQueue | None) -> None:
-        if pinned is not None and mq is not None and self.sequencer is not None:
-            self.sequencer.abandon(pinned, mq)
 
     # ------------------------------------------------------------ async
     def send_chunks_async(
@@ -346,57 +339,62 @@ class Sender:
         avoid: str | None,
         sharding_key: str | None,
         done: Callable[[Any, BaseException | None], None],
-        pinned: Pinned = None,
+        run: _Outcome | None = None,
         pinned_mq: MessageQueue | None = None,
         deadline: float = 0.0,
     ) -> None:
         retries = self.config.retry_times_when_send_async_failed
+        if run is None:
+            run = _Outcome(self.sequencer)
         if not deadline:
             deadline = time.monotonic() + max(
                 self.config.send_timeout_s, self.config.delivery_timeout_s
             )
+        outcome = run
 
-        def retry(exc: BaseException, mq: MessageQueue | None, sent: Pinned) -> None:
-            if self._stale(sent, exc):  # never stored, and its epoch is over: anew, anywhere
-                try:
-                    self._pool.submit(
-                        self._send_chunk_async, chunk, attempt + 1, None, sharding_key, done
-                    )
-                except RuntimeError:  # closed meanwhile
-                    done(None, exc)
+        def retry(exc: BaseException, mq: MessageQueue | None) -> None:
+            if not outcome.failed(exc, mq):
+                done(None, exc)
                 return
-            if sent is not None and mq is not None:  # it may be stored: same queue, or nothing
-                if _may_retry(exc) and (attempt < retries or time.monotonic() < deadline):
-                    if not isinstance(exc, OutOfOrderSequenceError):
-                        self.fault.update(mq.broker_name, 0.0, failed=True)
-                        self.selector.invalidate(chunk.topic)
+            # refused for the order of runs: not a failed attempt (the deadline bounds it)
+            nxt = attempt if isinstance(exc, OutOfOrderSequenceError) else attempt + 1
+            if mq is not None and outcome.moved:
+                self.fault.update(mq.broker_name, 0.0, failed=True)
+                self.selector.invalidate(chunk.topic)
+            if outcome.pinned and mq is not None:  # as it was, to its queue, or nothing
+                if nxt <= retries or time.monotonic() < deadline:
                     self._later.call(
-                        _backoff(attempt + 1),
+                        _backoff(nxt),
                         functools.partial(
                             self._send_chunk_async,
                             chunk,
-                            attempt + 1,
+                            nxt,
                             None,
                             sharding_key,
                             done,
-                            sent,
+                            outcome,
                             mq,
                             deadline,
                         ),
                         functools.partial(done, None, exc),
                     )
                 else:
-                    self._give_up(sent, mq)
+                    outcome.give_up(mq)
                     done(None, exc)
                 return
-            if attempt < retries and _rpc.send_may_retry(exc):
-                if mq is not None:
-                    self.fault.update(mq.broker_name, 0.0, failed=True)
-                self.selector.invalidate(chunk.topic)
-                nxt = mq.broker_name if mq is not None and sharding_key is None else avoid
+            if nxt <= retries or (nxt == attempt and time.monotonic() < deadline):
+                away = mq.broker_name if mq is not None and sharding_key is None else avoid
                 try:
                     self._pool.submit(
-                        self._send_chunk_async, chunk, attempt + 1, nxt, sharding_key, done
+                        self._send_chunk_async,
+                        chunk,
+                        nxt,
+                        away,
+                        sharding_key,
+                        done,
+                        outcome,
+                        None,
+                        deadline,
                     )
                 except RuntimeError:  # closed meanwhile: no retry, the caller hears of it
                     done(None, exc)
@@ -404,60 +402,55 @@ class Sender:
                 done(None, exc)
 
         started = time.monotonic()
-        if pinned is not None and pinned_mq is not None:
+        if outcome.pinned and pinned_mq is not None:
             mq = pinned_mq
             try:
                 route, _ = self.selector.route(chunk.topic)
             except Exception as exc:  # noqa: BLE001
                 if isinstance(exc, TopicNotFoundError):  # its only broker restarting
                     exc = BrokerUnavailableError(str(exc))
-                retry(exc, mq, pinned)
+                retry(exc, mq)
                 return
-            bound, auto_n = pinned, 0
+            auto_n = 0
         else:
             try:
                 mq, route, auto_n = self.selector.select(
                     chunk.topic, avoid, sharding_key, attempt > 0
                 )
             except Exception as exc:  # noqa: BLE001
-                retry(exc, None, None)
+                retry(exc, None)
                 return
-            bound = None
 
         def answered(ack: SendAck | None, exc: BaseException | None) -> None:
             if isinstance(exc, DuplicateSequenceError):
                 ack, exc = _stored_before(mq, len(chunk.batch)), None
             if exc is not None or ack is None:
-                why = _rpc.cause_of(exc) if exc is not None else RuntimeError("no ack")
-                sent = bound if self.sequencer is not None else None
-                if isinstance(why, _NotSent) and sent is not None and pinned is None:
-                    assert self.sequencer is not None
-                    self.sequencer.release(sent, mq)  # never sent: free to go elsewhere
-                    sent = None
-                retry(why, mq, sent)
+                retry(_rpc.cause_of(exc) if exc is not None else RuntimeError("no ack"), mq)
                 return
+            outcome.settle(mq)
             self.fault.update(mq.broker_name, time.monotonic() - started)
             done((chunk, mq, ack), None)
 
         if auto_n:  # this call creates the topic's queues: it goes alone
             try:
-                ref, started, bound = self._send(chunk, mq, route, auto_n)
-            except Exception as exc:  # noqa: BLE001 - not sent
-                retry(exc, mq, None)
+                ref, started, outcome.bound = self._send(chunk, mq, route, auto_n)
+            except Exception as exc:  # noqa: BLE001 - not sent (its numbers are back)
+                retry(exc, mq)
                 return
             ref.future().add_done_callback(
                 lambda fut: _answer_from(fut, answered)  # same path as a lane's answer
             )
             return
-        if bound is None:
+        if not outcome.pinned:
             try:
-                bound = self._bind(chunk, mq, route)
+                outcome.bound = self._bind(chunk, mq, route)
             except Exception as exc:  # noqa: BLE001 - no producer id: not sent
-                retry(exc, mq, None)
+                retry(exc, mq)
                 return
+        assert outcome.bound is not None
         self._lanes.send(
             mq.broker_name,
-            bound,
+            outcome.bound,
             functools.partial(self._send_wire, route, mq.broker_name),
             answered,
         )
@@ -500,6 +493,74 @@ def _answer_from(
 
 class _NotSent(BrokerUnavailableError):
     """A lane's call could not be made: nothing of it reached the broker."""
+
+
+class _Outcome:
+    """What is known of one chunk's numbered run across its attempts, and so where the
+    next attempt may go (``actors.client.idempotence``).
+
+    ``bound``: the run as last numbered (None: numbered afresh by the next attempt);
+    ``maybe_stored``: an attempt's answer was lost, so the broker may hold the run;
+    ``pinned``: the next attempt sends ``bound`` as it is, to the same queue (it may be
+    stored, or it waits for the run before it); ``moved``: the last failure was the
+    broker's trouble (the fault tolerance hears of it), not the order of runs.
+    A producer without idempotence numbers nothing: every failure is judged as
+    RocketMQ's producer does (``send_may_retry``: elsewhere, or raised).
+    """
+
+    def __init__(self, sequencer: Sequencer | None) -> None:
+        self.sequencer = sequencer
+        self.bound: Pinned = None
+        self.maybe_stored = False
+        self.pinned = False
+        self.moved = True
+        self.last_exc: BaseException | None = None
+
+    def failed(self, exc: BaseException, mq: MessageQueue | None) -> bool:
+        """An attempt failed with ``exc``: whether another attempt is worth making."""
+        self.last_exc = exc
+        self.moved = not isinstance(exc, OutOfOrderSequenceError)
+        bound, seq = self.bound, self.sequencer
+        if bound is None or seq is None or bound.seq_runs is None or mq is None:
+            self.pinned = False
+            return _rpc.send_may_retry(exc)
+        if isinstance(exc, OutOfOrderSequenceError):  # refused: the broker lacks the run
+            if seq.gap_is_final(bound, mq):  # what it waits for will not come
+                self.bound, self.pinned, self.maybe_stored = None, False, False
+            else:
+                self.pinned = True  # the run before it is on its way
+            return True
+        if refused(exc) or (isinstance(exc, _NotSent) and not self.maybe_stored):
+            if self.maybe_stored:  # this refusal says nothing of the earlier attempt
+                if _rpc.send_may_retry(exc):
+                    self.pinned = True
+                    return True
+                self.give_up(mq)
+                return False
+            seq.release(bound, mq)  # the broker wrote nothing: the numbers are free
+            self.bound, self.pinned = None, False
+            return _rpc.send_may_retry(exc)
+        if not _may_retry(exc):  # the answer is lost, and it is not worth waiting for
+            self.give_up(mq)
+            return False
+        self.maybe_stored = self.pinned = True
+        return True
+
+    def settle(self, mq: MessageQueue) -> None:
+        """Answered: the run is over."""
+        if self.bound is not None and self.sequencer is not None:
+            self.sequencer.settle(self.bound, mq)
+
+    def give_up(self, mq: MessageQueue | None) -> None:
+        """No more attempts: the numbers go back, or (it may be stored) a new epoch."""
+        bound, seq = self.bound, self.sequencer
+        if bound is None or seq is None or bound.seq_runs is None or mq is None:
+            return
+        if self.maybe_stored:
+            seq.abandon(bound, mq)
+        else:
+            seq.release(bound, mq)
+        self.bound = None
 
 
 class _Delayed:

@@ -2,9 +2,27 @@
 
 from __future__ import annotations
 
-from storage.errors import RayMQError
+from storage.errors import BrokerUnavailableError, RayMQError
 
 
 class PromotionRefusedError(RayMQError):
     """A slave cannot be promoted: the master is alive, or it lacks acknowledged messages
     (or the group elects its master: DLedger)."""
+
+
+class AnswerDroppedError(BrokerUnavailableError):
+    """An injected fault (``actors.broker.faults``) lost the answer to a send that was
+    stored: unlike the broker's other answers, it does not mean nothing was written."""
+
+
+def mark_answered(exc: BaseException) -> BaseException:
+    """``exc`` as the broker's own answer (a processor raised it), not a failure of the
+    way there and back: see :func:`refused`."""
+    exc.raymq_answered = True  # type: ignore[attr-defined]
+    return exc
+
+
+def refused(exc: BaseException) -> bool:
+    """The broker answered ``exc``: a RayMQ broker raises before it writes anything, so
+    nothing of the request was stored (an injected dropped answer excepted)."""
+    return bool(getattr(exc, "raymq_answered", False)) and not isinstance(exc, AnswerDroppedError)

@@ -50,7 +50,7 @@ from typing import Any
 
 import msgpack
 
-from actors.protocol.errors import PromotionRefusedError
+from actors.protocol.errors import AnswerDroppedError, PromotionRefusedError, mark_answered
 from actors.protocol.fencing import OffsetFencedError
 from storage import errors as store_errors
 from storage.errors import BrokerUnavailableError, InvalidMessageError, RayMQError
@@ -149,6 +149,7 @@ _ERRORS: dict[str, type[RayMQError]] = {
         *(v for v in vars(store_errors).values() if isinstance(v, type)),
         OffsetFencedError,
         PromotionRefusedError,
+        AnswerDroppedError,
         FrameError,
         AuthError,
     )
@@ -165,7 +166,10 @@ def error_fields(exc: BaseException) -> dict[str, Any]:
 def error_from(header: Mapping[str, Any]) -> RayMQError:
     """The error an ERROR response names, as the type the broker raised."""
     cls = _ERRORS.get(str(header.get("e")), BrokerUnavailableError)
-    return cls(str(header.get("m", "")))
+    exc = cls(str(header.get("m", "")))
+    if cls is not AnswerDroppedError:  # a broker's refusal: nothing was written
+        mark_answered(exc)
+    return exc
 
 
 # ------------------------------------------------------------ after the handshake

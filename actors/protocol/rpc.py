@@ -12,6 +12,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 
+from actors.protocol.errors import mark_answered
 from storage.errors import BrokerUnavailableError, RayMQError
 
 
@@ -43,7 +44,7 @@ def cause_of(exc: BaseException) -> BaseException:
     if isinstance(exc, RayTaskError):
         cause = getattr(exc, "cause", None)
         if isinstance(cause, RayMQError):
-            return cause
+            return mark_answered(cause)  # the actor ran and raised it
     return exc
 
 
