@@ -7,6 +7,7 @@
     raymq broker promote BROKER [--id N] [--role SYNC_MASTER] [--force]
     raymq dlq list|resend --group G [--id ID]   (perms: raymq topic update T --perm 6)
     raymq group status GROUP [--log N]           (a consumer group's coordinator)
+    raymq console [--port 8280] [--host 127.0.0.1] [--auth TOKEN] | --stop   (the web console)
     raymq bench [--topic T] [--body-size 128] [--producers 1] [--duration 10] [--no-consume]
 
 Every command takes ``--address`` (a Ray cluster; default: ``RAY_ADDRESS`` or
@@ -41,6 +42,8 @@ from actors.client.admin import epoch_ms
 from actors.client.pull_consumer import PullStatus
 from actors.cluster import Cluster, connect, start_cluster
 from actors.config.cluster import BrokerSpec, ClusterConfig
+from actors.config.console import DEFAULT_CONSOLE_PORT, ConsoleConfig
+from actors.console import stop_console
 from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.topic import PERM_READ, PERM_WRITE, TopicConfig, perm_to_string
 from actors.tools.bench import BenchSummary, run_bench, summary_dict
@@ -178,8 +181,35 @@ def _status_text(status: dict[str, Any]) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    status = _cluster(args).admin.cluster_status()
-    _emit(args, status, _status_text(status))
+    cluster = _cluster(args)
+    status = cluster.admin.cluster_status()
+    status["console"] = cluster.console_url()
+    console = f"\n\nconsole: {status['console']}" if status["console"] else ""
+    _emit(args, status, _status_text(status) + console)
+    return 0
+
+
+def cmd_console(args: argparse.Namespace) -> int:
+    """``console``: start the web console on the head node (or show the running one's URL),
+    or stop it."""
+    cluster = _cluster(args)
+    if args.stop:
+        stopped = stop_console(args.namespace)
+        _emit(
+            args,
+            {"namespace": args.namespace, "stopped": stopped},
+            "console stopped" if stopped else "no console runs",
+        )
+        return 0
+    running = cluster.console_url()
+    config = ConsoleConfig(namespace=args.namespace, host=args.host, port=args.port, auth=args.auth)
+    url = running or cluster.start_console(config)
+    _emit(
+        args,
+        {"namespace": args.namespace, "url": url, "already_running": bool(running)},
+        f"console {'already runs' if running else 'up'} at {url}"
+        + ("" if running or not args.auth else " (sign in with the --auth token)"),
+    )
     return 0
 
 
@@ -551,6 +581,17 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _port(text: str) -> int:
+    """A TCP port: 0..65535 (0: any free port)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 0..65535, got {value}")
+    return value
+
+
 def _name(text: str) -> str:
     """A group, topic or broker name: not empty, no blanks."""
     if not text or text != text.strip() or any(c.isspace() for c in text):
@@ -717,6 +758,15 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--topic", type=_name, required=True)
     o.add_argument("--to", required=True, help="TIME (ISO-8601 or epoch ms), earliest or latest")
     o.set_defaults(fn=cmd_offset)
+
+    con = sub.add_parser(
+        "console", parents=[common], help="the web console: start it (or show its URL), stop it"
+    )
+    con.add_argument("--port", type=_port, default=DEFAULT_CONSOLE_PORT, help="0: any free port")
+    con.add_argument("--host", default="127.0.0.1", help="another address needs --auth")
+    con.add_argument("--auth", help="token (8+ characters) a browser signs in with")
+    con.add_argument("--stop", action="store_true", help="stop the running console")
+    con.set_defaults(fn=cmd_console)
 
     bench = sub.add_parser(
         "bench", parents=[common], help="producer/consumer benchmark against the cluster"
