@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -201,8 +202,8 @@ def cmd_console(args: argparse.Namespace) -> int:
             "console stopped" if stopped else "no console runs",
         )
         return 0
-    running = cluster.console_url()
     config = ConsoleConfig(namespace=args.namespace, host=args.host, port=args.port, auth=args.auth)
+    running = cluster.console_url()
     url = running or cluster.start_console(config)
     _emit(
         args,
@@ -764,7 +765,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     con.add_argument("--port", type=_port, default=DEFAULT_CONSOLE_PORT, help="0: any free port")
     con.add_argument("--host", default="127.0.0.1", help="another address needs --auth")
-    con.add_argument("--auth", help="token (8+ characters) a browser signs in with")
+    con.add_argument(
+        "--auth",
+        default=os.environ.get("RAYMQ_CONSOLE_AUTH"),
+        help="token (8+ characters) a browser signs in with (default: $RAYMQ_CONSOLE_AUTH)",
+    )
     con.add_argument("--stop", action="store_true", help="stop the running console")
     con.set_defaults(fn=cmd_console)
 
