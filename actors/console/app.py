@@ -61,6 +61,10 @@ CSP = (
 )
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+CSRF = web.RequestKey("csrf", str)
+"""This request's CSRF token (the browser's cookie, or a new one the response sets)."""
+FLASH = web.RequestKey("flash", str)
+"""What the last action did, told once on the page after its redirect."""
 
 
 class Refused(Exception):
@@ -114,7 +118,7 @@ class Console:
         error: str | None = None,
         status: int = 200,
     ) -> web.Response:
-        notice = request.get("flash")
+        notice = request.get(FLASH)
         html = pages.layout(
             title,
             body,
@@ -143,14 +147,14 @@ class Console:
         """Security headers, the CSRF cookie, the login, and the same-origin POST rule."""
         token = request.cookies.get(CSRF_COOKIE, "")
         fresh = len(token) < 32
-        request["csrf"] = secrets.token_urlsafe(32) if fresh else token
+        request[CSRF] = secrets.token_urlsafe(32) if fresh else token
         flash = request.cookies.get(FLASH_COOKIE)
         if flash:
-            request["flash"] = unquote(flash)
+            request[FLASH] = unquote(flash)
         response = await self._guarded(request, handler)
         if fresh:
             response.set_cookie(
-                CSRF_COOKIE, request["csrf"], path="/", httponly=True, samesite="Strict"
+                CSRF_COOKIE, request[CSRF], path="/", httponly=True, samesite="Strict"
             )
         response.headers["Content-Security-Policy"] = CSP
         response.headers["X-Content-Type-Options"] = "nosniff"
@@ -243,7 +247,8 @@ class Console:
 
     # ------------------------------------------------------------ access
     async def login_form(self, request: web.Request) -> web.Response:
-        return self.render(request, "Sign in", pages.login_page(request["csrf"]), active="")
+        nxt = request.query.get("next", "/")
+        return self.render(request, "Sign in", pages.login_page(request[CSRF], nxt), active="")
 
     async def login(self, request: web.Request) -> web.Response:
         form = await request.post()
@@ -257,7 +262,7 @@ class Console:
             return self.render(
                 request,
                 "Sign in",
-                pages.login_page(request["csrf"]),
+                pages.login_page(request[CSRF], request.query.get("next", "/")),
                 active="",
                 error="wrong token",
                 status=401,
@@ -309,7 +314,7 @@ class Console:
     ) -> web.Response:
         show_system = request.query.get("system") == "1"
         rows = await self.call(self._topic_rows, show_system)
-        body = pages.topics_page(rows, request["csrf"], show_system, form or {})
+        body = pages.topics_page(rows, request[CSRF], show_system, form or {})
         return self.render(
             request, "Topics", body, active="topics", error=error, status=422 if error else 200
         )
@@ -365,7 +370,7 @@ class Console:
         except TopicNotFoundError:
             raise Refused(f"topic {topic!r} does not exist", 404) from None
         body = pages.topic_page(
-            topic, route, queues, request["csrf"], self.config.max_body_bytes, form or {}
+            topic, route, queues, request[CSRF], self.config.max_body_bytes, form or {}
         )
         return self.render(
             request,
@@ -507,7 +512,7 @@ class Console:
                 404,
             )
         letters = await self.call(self.admin.dlq_messages, group, DLQ_LIST_MAX)
-        body = pages.dlq_page(group, letters, request["csrf"])
+        body = pages.dlq_page(group, letters, request[CSRF])
         return self.render(request, f"Dead letters of {group}", body, active="dlq")
 
     async def resend(self, request: web.Request) -> web.Response:
@@ -564,12 +569,15 @@ def _int_field(form: dict[str, str], name: str, lo: int, hi: int) -> int:
     return value
 
 
+CONSOLE_KEY = web.AppKey("console", Console)
+
+
 def build_app(config: ConsoleConfig, admin: Admin) -> web.Application:
     """The console as an aiohttp application over ``admin`` (served by the ``console``
     actor, ``actors.console.server``, or in-process by a test)."""
     console = Console(config, admin)
     app = web.Application(middlewares=[console.guard], client_max_size=MAX_REQUEST_BYTES)
-    app["console"] = console
+    app[CONSOLE_KEY] = console
     r = app.router
     r.add_get("/", console.cluster)
     r.add_get("/topics", console.topics)

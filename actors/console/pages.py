@@ -493,9 +493,9 @@ def dlq_page(group: str, letters: Sequence[Any] | None, csrf: str) -> str:
 
 
 # ------------------------------------------------------------ access
-def login_page(csrf: str) -> str:
+def login_page(csrf: str, next_path: str = "/") -> str:
     return (
-        '<form class="panel" method="post" action="/login" id="login">'
+        f'<form class="panel" method="post" action="{e(url("/login", next=next_path))}" id="login">'
         + csrf_field(csrf)
         + '<label>token <input name="token" type="password" required autofocus></label>'
         '<button type="submit">Sign in</button></form>'
