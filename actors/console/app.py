@@ -18,12 +18,13 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 from aiohttp import web
 
-from actors.client.admin import Admin
+from actors.client.admin import Admin, epoch_ms
 from actors.client.producer import Producer
 from actors.config.console import ConsoleConfig
 from actors.console import assets, pages
@@ -183,6 +184,9 @@ class Console:
             if exc.status < 400:
                 raise
             return self.refusal(request, f"{exc.status} {exc.reason}: {request.path}", exc.status)
+        except RayMQError as exc:  # the cluster refused it (or cannot answer): say so
+            log.info("console: %s %s: %s", request.method, request.path, exc)
+            return self.refusal(request, f"{type(exc).__name__}: {exc}", 422)
         except Exception as exc:  # noqa: BLE001 - a page says what failed; the log has the rest
             log.exception("console: %s %s failed", request.method, request.path)
             return self.refusal(request, f"{type(exc).__name__}: {exc}", 500)
@@ -454,8 +458,32 @@ class Console:
                 "it is online, and it has no coordinator and no dead letters",
                 404,
             )
-        body = pages.group_page(group, lag, members, status, self.config.refresh_ms)
+        body = pages.group_page(group, lag, members, status, self.config.refresh_ms, request[CSRF])
         return self.render(request, f"Group {group}", body, active="groups")
+
+    async def reset(self, request: web.Request) -> web.Response:
+        group = _group_name(request.match_info["group"])
+        form = await request.post()
+        topic = _topic_name(str(form.get("topic", "")))
+        where = str(form.get("to", "")).strip()
+        time_text = str(form.get("time", ""))
+        to: int | str
+        if where in ("earliest", "latest"):
+            to = where
+        elif where == "time":
+            to = _utc_ms(time_text, "time")
+        else:
+            raise Refused(f"reset to {where!r}: earliest, latest or a time")
+        lag = await self.call(self.admin.consumer_lag, group, topic)
+        if not lag:
+            raise Refused(f"group {group!r} has no offsets on {topic!r}: nothing was reset", 404)
+        done = await self.call(self.admin.reset_offset, group, topic, to)
+        log.info("console: reset %s on %s to %s (%d queues)", group, topic, to, len(done))
+        return self.redirect(
+            f"/groups/{pages.seg(group)}",
+            f"reset {group} on {topic} to {where if where != 'time' else time_text} "
+            f"({len(done)} queues)",
+        )
 
     # ------------------------------------------------------------ messages
     async def messages(self, request: web.Request) -> web.Response:
@@ -475,7 +503,12 @@ class Console:
                 if not key:
                     raise Refused("give a key to find by key")
                 check_str("key", key, MAX_KEY_LEN)
-                found = await self.call(self.admin.query_by_key, topic, key, 64)
+                form["begin"], form["end"] = q.get("begin", ""), q.get("end", "")
+                begin = _utc_ms(form["begin"], "from") if form["begin"] else None
+                end = _utc_ms(form["end"], "to") if form["end"] else None
+                if begin is not None and end is not None and end < begin:
+                    raise Refused("the time range ends before it begins")
+                found = await self.call(self.admin.query_by_key, topic, key, 64, begin, end)
         except (Refused, RayMQError, ValueError) as exc:
             error = str(exc)
         body = pages.messages_page(form, found)
@@ -558,6 +591,17 @@ def _msg_id(text: str) -> str:
     return text
 
 
+def _utc_ms(text: str, what: str) -> int:
+    """A form's time (``2024-05-01T12:00[:00]``, UTC) as epoch milliseconds."""
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise Refused(f"{what}={text!r}: a time as 2024-05-01T12:00:00 (UTC)") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return epoch_ms(moment, what)
+
+
 def _int_field(form: dict[str, str], name: str, lo: int, hi: int) -> int:
     text = form.get(name, "").strip()
     try:
@@ -586,6 +630,7 @@ def build_app(config: ConsoleConfig, admin: Admin) -> web.Application:
     r.add_post("/topics/{topic}/send", console.send)
     r.add_get("/groups", console.groups)
     r.add_get("/groups/{group}", console.group)
+    r.add_post("/groups/{group}/reset", console.reset)
     r.add_get("/messages", console.messages)
     r.add_get("/message", console.message)
     r.add_get("/dlq", console.dlq)

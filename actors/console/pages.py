@@ -293,6 +293,7 @@ def group_page(
     members: Sequence[str],
     status: dict[str, Any] | None,
     refresh_ms: int,
+    csrf: str,
 ) -> str:
     total = sum(r["lag"] for r in lag)
     lag_rows = [
@@ -353,6 +354,25 @@ def group_page(
         live
         + f'<p class="muted" id="live-refreshed">refreshes every {refresh_ms / 1000:g} s</p>'
         + f'<p><a href="{url("/dlq", group=group)}">dead letters of {e(group)}</a></p>'
+        + reset_form(group, sorted({r["topic"] for r in lag}), csrf)
+    )
+
+
+def reset_form(group: str, topics: Sequence[str], csrf: str) -> str:
+    """Move the group on a topic to the earliest, the latest or a time (backtrack)."""
+    if not topics:
+        return ""
+    options = "".join(f'<option value="{e(t)}">{e(t)}</option>' for t in topics)
+    return (
+        "<h2>Reset offsets</h2>"
+        f'<form class="panel" method="post" action="/groups/{seg(group)}/reset" id="reset" '
+        f'data-confirm="Move group {e(group)} to the chosen position? Its consumers follow.">'
+        + csrf_field(csrf)
+        + f'<label>topic <select name="topic">{options}</select></label>'
+        '<label>to <select name="to"><option value="earliest">earliest</option>'
+        '<option value="latest">latest</option><option value="time">a time</option></select></label>'
+        '<label>time (UTC, with "a time") <input name="time" type="datetime-local" step="1"></label>'
+        '<button type="submit">Reset</button></form>'
     )
 
 
@@ -383,6 +403,8 @@ def messages_page(form: dict[str, str], found: Sequence[Any] | None) -> str:
         '<form class="panel" method="get" action="/messages" id="by-key">'
         f'<label>topic <input name="topic" value="{e(form.get("topic", ""))}" required></label>'
         f'<label>key <input name="key" value="{e(form.get("key", ""))}" required></label>'
+        f'<label>stored from (UTC) <input name="begin" type="datetime-local" step="1" value="{e(form.get("begin", ""))}"></label>'
+        f'<label>to (UTC) <input name="end" type="datetime-local" step="1" value="{e(form.get("end", ""))}"></label>'
         '<button type="submit">Find by key</button></form>'
         '<form class="panel" method="get" action="/messages" id="by-id">'
         f'<label>message id <input name="id" size="40" value="{e(form.get("id", ""))}" required></label>'

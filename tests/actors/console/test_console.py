@@ -10,6 +10,7 @@ import json
 import shutil
 import threading
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -110,18 +111,23 @@ def open_page(b: WebDriver, url: str, *, ok: bool = True) -> None:
     assert problems(b, http_errors=ok) == [], f"browser errors on {url}"
 
 
-def submit(b: WebDriver, form_id: str, fields: dict[str, str], *, ok: bool = True) -> None:
-    """Fill in and submit a form, and wait for the page it leads to."""
+def submit(
+    b: WebDriver, form_id: str, fields: dict[str, str], *, ok: bool = True, confirm: bool = False
+) -> None:
+    """Fill in and submit a form (accepting its confirmation), and wait for the page it
+    leads to."""
     form = b.find_element(By.ID, form_id)
     for name, value in fields.items():
         field = form.find_element(By.NAME, name)
-        if field.tag_name == "select":
+        if field.tag_name == "select" or field.get_attribute("type") == "datetime-local":
             b.execute_script("arguments[0].value = arguments[1]", field, value)
         else:
             field.clear()
             field.send_keys(value)
     old = b.find_element(By.TAG_NAME, "html")
     form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    if confirm:
+        WebDriverWait(b, WAIT_S).until(ec.alert_is_present()).accept()
     WebDriverWait(b, WAIT_S).until(ec.staleness_of(old))
     wait_loaded(b)
     assert problems(b, http_errors=ok) == []
@@ -285,6 +291,19 @@ def test_a_message_is_found_by_key_and_by_id_and_shown_as_text_and_hex(
     assert not browser.find_element(By.ID, "body-text").is_displayed()
     assert problems(browser, http_errors=True) == []
 
+    hour_ago = datetime.now(timezone.utc) - timedelta(hours=1)
+    for begin, end, expected in [
+        ("2020-01-01T00:00:00", "2020-01-02T00:00:00", []),
+        (hour_ago.strftime("%Y-%m-%dT%H:%M:%S"), "", [sent.msg_id]),
+    ]:
+        open_page(browser, base + "/messages")
+        submit(
+            browser,
+            "by-key",
+            {"topic": "ConsoleMsgs", "key": "order-42", "begin": begin, "end": end},
+        )
+        assert column(rows(browser, "found"), 0) == expected
+
     open_page(browser, base + "/messages")
     submit(browser, "by-id", {"id": sent.offset_msg_id})
     assert column(rows(browser, "found"), 0) == [sent.msg_id]
@@ -296,9 +315,22 @@ def test_a_message_is_found_by_key_and_by_id_and_shown_as_text_and_hex(
         open_page(browser, base + "/messages")
         submit(browser, "by-id", fields, ok=False)
         assert why in text(browser, "error")
-    open_page(browser, base + "/messages")
-    submit(browser, "by-key", {"topic": "../x", "key": "k"}, ok=False)
-    assert "must match" in text(browser, "error")
+    for fields, why in [
+        ({"topic": "../x", "key": "k"}, "must match"),
+        ({"topic": "NoSuchTopic", "key": "k"}, "NoSuchTopic"),
+        (
+            {
+                "topic": "ConsoleMsgs",
+                "key": "k",
+                "begin": "2021-01-02T00:00",
+                "end": "2021-01-01T00:00",
+            },
+            "the time range ends before it begins",
+        ),
+    ]:
+        open_page(browser, base + "/messages")
+        submit(browser, "by-key", fields, ok=False)
+        assert why in text(browser, "error")
 
 
 def test_a_group_s_lag_drops_to_zero_on_its_page_as_it_consumes(
@@ -332,6 +364,14 @@ def test_a_group_s_lag_drops_to_zero_on_its_page_as_it_consumes(
     assert all(r[5] == "0" for r in rows(browser, "lag"))
     assert problems(browser, http_errors=True) == []
     consumer.close()
+
+    # back to the earliest (after a confirmation): the lag is back on the page
+    submit(browser, "reset", {"topic": topic, "to": "earliest"}, confirm=True)
+    assert text(browser, "notice") == f"reset {group} on {topic} to earliest (4 queues)"
+    assert text(browser, "total-lag") == "20"
+    submit(browser, "reset", {"topic": topic, "to": "time", "time": ""}, ok=False, confirm=True)
+    assert "time='': a time as 2024-05-01T12:00:00 (UTC)" in text(browser, "error")
+    assert sum(r["lag"] for r in cluster.admin.consumer_lag(group)) == 20
 
     open_page(browser, base + "/groups")
     submit(browser, "find-group", {"group": "nobody-here"}, ok=False)
