@@ -333,9 +333,7 @@ class Console:
                 raise Refused(f"topic {name!r} is a system name: the brokers make such topics")
             read = _int_field(form, "read_queues", 1, MAX_QUEUES)
             write = _int_field(form, "write_queues", 1, MAX_QUEUES)
-            perm = _int_field(form, "perm", 0, 7)
-            if perm not in (PERM_READ | PERM_WRITE, PERM_READ, PERM_WRITE):
-                raise Refused(f"perm={perm}: 6 (read + write), 4 (read only) or 2 (write only)")
+            perm = _perm_field(form)
             existing = await self.call(self._all_topics)
             if name in existing:
                 raise Refused(f"topic {name!r} exists already: nothing was changed")
@@ -416,6 +414,34 @@ class Console:
             f"sent message {result.msg_id} to {mq.broker_name} queue {mq.queue_id} "
             f"offset {result.queue_offset}",
         )
+
+    async def update_topic(self, request: web.Request) -> web.Response:
+        topic = _topic_name(request.match_info["topic"])
+        form = {k: str(v) for k, v in (await request.post()).items() if k != "csrf"}
+        try:
+            read = _int_field(form, "read_queues", 1, MAX_QUEUES)
+            write = _int_field(form, "write_queues", 1, MAX_QUEUES)
+            perm = _perm_field(form)
+            await self.call(
+                lambda: self.admin.update_topic(
+                    topic, read_queue_nums=read, write_queue_nums=write, perm=perm
+                )
+            )
+        except (Refused, RayMQError, ValueError) as exc:
+            return await self.topic(request, error=str(exc))
+        log.info("console: updated topic %s (%d/%d queues, perm %d)", topic, read, write, perm)
+        return self.redirect(
+            f"/topics/{pages.seg(topic)}",
+            f"updated topic {topic}: {read} read / {write} write queues, perm {perm}",
+        )
+
+    async def delete_topic(self, request: web.Request) -> web.Response:
+        topic = _topic_name(request.match_info["topic"])
+        deleted = await self.call(self.admin.delete_topic, topic)
+        if not deleted:
+            raise Refused(f"topic {topic!r} does not exist: nothing was deleted", 404)
+        log.info("console: deleted topic %s on %s", topic, deleted)
+        return self.redirect("/topics", f"deleted topic {topic} on {', '.join(deleted)}")
 
     # ------------------------------------------------------------ groups
     def _known_groups(self) -> list[dict[str, Any]]:
@@ -591,6 +617,13 @@ def _msg_id(text: str) -> str:
     return text
 
 
+def _perm_field(form: dict[str, str]) -> int:
+    perm = _int_field(form, "perm", 0, 7)
+    if perm not in (PERM_READ | PERM_WRITE, PERM_READ, PERM_WRITE):
+        raise Refused(f"perm={perm}: 6 (read + write), 4 (read only) or 2 (write only)")
+    return perm
+
+
 def _utc_ms(text: str, what: str) -> int:
     """A form's time (``2024-05-01T12:00[:00]``, UTC) as epoch milliseconds."""
     try:
@@ -628,6 +661,8 @@ def build_app(config: ConsoleConfig, admin: Admin) -> web.Application:
     r.add_post("/topics", console.create_topic)
     r.add_get("/topics/{topic}", console.topic)
     r.add_post("/topics/{topic}/send", console.send)
+    r.add_post("/topics/{topic}/update", console.update_topic)
+    r.add_post("/topics/{topic}/delete", console.delete_topic)
     r.add_get("/groups", console.groups)
     r.add_get("/groups/{group}", console.group)
     r.add_post("/groups/{group}/reset", console.reset)

@@ -265,6 +265,30 @@ def topic_page(
         + f'<label>tags <input name="tags" value="{e(form.get("tags", ""))}"></label>'
         + f'<label>keys (comma-separated) <input name="keys" value="{e(form.get("keys", ""))}"></label>'
         + '<button type="submit">Send</button></form>'
+        + change_topic_forms(topic, route, csrf)
+    )
+
+
+def change_topic_forms(topic: str, route: Sequence[dict[str, Any]], csrf: str) -> str:
+    """Update a topic's queue counts and perm on every broker holding it, or delete it."""
+    first = route[0] if route else {"read": 8, "write": 8, "perm": 6}
+    perms = "".join(
+        f'<option value="{v}"{" selected" if first["perm"] == v else ""}>{e(label)}</option>'
+        for v, label in ((6, "read + write (6)"), (4, "read only (4)"), (2, "write only (2)"))
+    )
+    return (
+        "<h2>Change</h2>"
+        f'<form class="panel" method="post" action="/topics/{seg(topic)}/update" id="update-topic">'
+        + csrf_field(csrf)
+        + f'<label>read queues <input name="read_queues" value="{e(first["read"])}" size="4"></label>'
+        + f'<label>write queues <input name="write_queues" value="{e(first["write"])}" size="4"></label>'
+        + f'<label>perm <select name="perm">{perms}</select></label>'
+        '<button type="submit">Update on every broker</button></form>'
+        f'<form class="panel" method="post" action="/topics/{seg(topic)}/delete" id="delete-topic" '
+        f'data-confirm="Delete topic {e(topic)}? Its config and offsets go; stored messages '
+        'expire as usual.">'
+        + csrf_field(csrf)
+        + '<button type="submit">Delete topic</button></form>'
     )
 
 

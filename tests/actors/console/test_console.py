@@ -18,6 +18,7 @@ import ray
 from aiohttp import web
 from raymq_testkit import SMALL_STORE, unique_namespace
 from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -104,6 +105,21 @@ def wait_loaded(b: WebDriver) -> None:
     )
 
 
+def mark_page(b: WebDriver) -> None:
+    """Mark the page shown now, so that ``wait_next_page`` can tell the next one."""
+    b.execute_script("window.__consoleTestOld = true")
+
+
+def wait_next_page(b: WebDriver) -> None:
+    """Wait for the page after the marked one to be loaded. (Chromedriver may answer a
+    call made mid-navigation with an error rather than with a stale element.)"""
+    WebDriverWait(b, WAIT_S, ignored_exceptions=(WebDriverException,)).until(
+        lambda d: d.execute_script(
+            "return !window.__consoleTestOld && document.readyState === 'complete'"
+        )
+    )
+
+
 def open_page(b: WebDriver, url: str, *, ok: bool = True) -> None:
     """Open ``url``; the page (and its script and style) load with no error logged."""
     b.get(url)
@@ -124,12 +140,11 @@ def submit(
         else:
             field.clear()
             field.send_keys(value)
-    old = b.find_element(By.TAG_NAME, "html")
+    mark_page(b)
     form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
     if confirm:
         WebDriverWait(b, WAIT_S).until(ec.alert_is_present()).accept()
-    WebDriverWait(b, WAIT_S).until(ec.staleness_of(old))
-    wait_loaded(b)
+    wait_next_page(b)
     assert problems(b, http_errors=ok) == []
 
 
@@ -211,6 +226,18 @@ def test_a_topic_is_created_with_the_form_and_shows_its_queues(
     listed = rows(browser, "topics")
     assert ["ConsoleOrders", "6", "6", "RW-", "broker-a, broker-b"] in listed
 
+    # change it on every broker, then delete it (after a confirmation)
+    open_page(browser, base + "/topics/ConsoleOrders")
+    submit(browser, "update-topic", {"write_queues": "0"}, ok=False)
+    assert "write queues=0: must be in 1..1024" in text(browser, "error")
+    submit(browser, "update-topic", {"write_queues": "2", "perm": "4"})
+    assert text(browser, "notice") == "updated topic ConsoleOrders: 3 read / 2 write queues, perm 4"
+    assert rows(browser, "route") == [["broker-a", "3", "2", "R--"], ["broker-b", "3", "2", "R--"]]
+    submit(browser, "delete-topic", {}, confirm=True)
+    assert text(browser, "notice") == "deleted topic ConsoleOrders on broker-a, broker-b"
+    assert "ConsoleOrders" not in column(rows(browser, "topics"), 0)
+    assert "ConsoleOrders" not in cluster.admin.list_topics()
+
 
 def test_the_topic_forms_refuse_bad_input_and_change_nothing(
     cluster: actors.Cluster, base: str, browser: WebDriver
@@ -239,10 +266,9 @@ def test_the_topic_forms_refuse_bad_input_and_change_nothing(
     browser.execute_script(
         "document.querySelector('#send-message textarea').value = 'x'.repeat(10 * 1024 * 1024)"
     )
-    old = browser.find_element(By.TAG_NAME, "html")
+    mark_page(browser)
     browser.find_element(By.CSS_SELECTOR, "#send-message button").click()
-    WebDriverWait(browser, WAIT_S).until(ec.staleness_of(old))
-    wait_loaded(browser)
+    wait_next_page(browser)
     assert problems(browser, http_errors=False) == []
     assert "the body is 10,485,760 bytes: the console sends at most 4,194,304" in text(
         browser, "error"
@@ -276,10 +302,9 @@ def test_a_message_is_found_by_key_and_by_id_and_shown_as_text_and_hex(
     [row] = rows(browser, "found")
     assert row[0] == sent.msg_id and row[1] == "ConsoleMsgs" and row[3:5] == ["Paid", "order-42"]
 
-    old = browser.find_element(By.TAG_NAME, "html")
+    mark_page(browser)
     browser.find_element(By.LINK_TEXT, sent.msg_id).click()
-    WebDriverWait(browser, WAIT_S).until(ec.staleness_of(old))
-    wait_loaded(browser)
+    wait_next_page(browser)
     assert problems(browser, http_errors=True) == []
     props = dict((r[0], r[1]) for r in rows(browser, "properties"))
     assert props["KEYS"] == "order-42" and props["TAGS"] == "Paid"
@@ -400,10 +425,9 @@ def test_a_dead_letter_is_listed_resent_and_consumed_again(
     [letter] = rows(browser, "letters")
     assert letter[0] == sent.msg_id and letter[1] == topic and letter[4] == "dead-1"
 
-    old = browser.find_element(By.TAG_NAME, "html")
+    mark_page(browser)
     browser.find_element(By.CSS_SELECTOR, "#letters button[type=submit]").click()
-    WebDriverWait(browser, WAIT_S).until(ec.staleness_of(old))
-    wait_loaded(browser)
+    wait_next_page(browser)
     assert problems(browser, http_errors=True) == []
     assert text(browser, "notice") == f"resent 1 dead letter(s) of {group} to {topic}"
 
