@@ -1,6 +1,6 @@
 """``raymq``: start, inspect and use a RayMQ cluster from the shell.
 
-    raymq up [--config cluster.yaml] [--nameservers 2] [--brokers 2] [--local] ...
+    raymq up [--config cluster.yaml] [--nameservers 2] [--brokers 2] [--local] [--console] ...
     raymq status | down | topic create|update|delete|list|status | send | consume
     raymq query --key K --topic T [--begin TIME] [--end TIME] | --id ID
     raymq lag --group G      raymq offset reset --group G --topic T --to TIME|earliest|latest
@@ -115,17 +115,22 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.topic:
         changes["topics"] = cfg.topics + tuple(TopicConfig(t) for t in args.topic)
     cfg = dataclasses.replace(cfg, **changes)
+    console = (
+        ConsoleConfig(namespace=cfg.namespace, port=args.console_port) if args.console else False
+    )
     ensure_ray(args, start_if_missing=True)
-    cluster = start_cluster(cfg)
+    cluster = start_cluster(cfg, console=console)
     status = {
         **cluster.admin.cluster_status(),
         "ray_address": ray.get_runtime_context().gcs_address,
+        "console": cluster.console_url(),
     }
     _emit(
         args,
         status,
         f"RayMQ cluster up in namespace {cfg.namespace!r} on the Ray at {status['ray_address']}\n"
-        + _status_text(status),
+        + _status_text(status)
+        + (f"\n\nconsole: {status['console']}" if status["console"] else ""),
     )
     return 0
 
@@ -633,6 +638,10 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--local", action="store_true", help="start a new local Ray even if one runs")
     up.add_argument("--num-cpus", type=_count, help="CPUs of a local Ray this command starts")
     up.add_argument("--ray-temp-dir", help="--temp-dir of a local Ray this command starts")
+    up.add_argument("--console", action="store_true", help="start the web console too")
+    up.add_argument(
+        "--console-port", type=_port, default=DEFAULT_CONSOLE_PORT, help="with --console"
+    )
     up.set_defaults(fn=cmd_up)
 
     sub.add_parser("status", parents=[common], help="NameServers and brokers").set_defaults(
