@@ -9,6 +9,9 @@ import asyncio
 import json
 import shutil
 import threading
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -488,6 +491,51 @@ def test_with_a_token_every_page_waits_for_the_sign_in(
     submit(browser, "login", {"token": "s3cret-token"})
     assert browser.current_url == console_with_token + "/topics"
     assert "ConsoleKept" in column(rows(browser, "topics"), 0)
+
+
+def http(
+    url: str, data: dict[str, str] | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """A request as a script (not a browser) makes it: no cookies, no redirects followed."""
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    body = urllib.parse.urlencode(data).encode() if data is not None else None
+    request = urllib.request.Request(url, data=body, headers=headers or {})
+    try:
+        with urllib.request.build_opener(NoRedirect).open(request, timeout=WAIT_S) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_scripts_use_a_bearer_token_and_no_post_passes_without_its_csrf_token(
+    cluster: actors.Cluster, console_with_token: str
+) -> None:
+    bearer = {"Authorization": "Bearer s3cret-token"}
+    assert http(console_with_token + "/topics")[0] == 303  # to the login page
+    assert http(console_with_token + "/topics", headers={"Authorization": "Bearer nope"})[0] == 303
+    status, page = http(console_with_token + "/topics", headers=bearer)
+    assert status == 200 and "ConsoleKept" in page
+
+    create = {"name": "ConsoleByScript", "read_queues": "1", "write_queues": "1", "perm": "6"}
+    assert http(console_with_token + "/topics", create)[0] == 401  # not signed in
+    status, page = http(console_with_token + "/topics", create, bearer)
+    assert status == 403 and "security token is missing or stale" in page
+    script = {**bearer, "Cookie": "raymq_csrf=" + "a" * 43}  # its own double-submit pair
+    status, page = http(
+        console_with_token + "/topics",
+        {**create, "csrf": "a" * 43},
+        {**script, "Origin": "http://evil.example"},
+    )
+    assert status == 403 and "came from another site" in page
+    assert "ConsoleByScript" not in cluster.admin.list_topics()
+
+    status, _ = http(console_with_token + "/topics", {**create, "csrf": "a" * 43}, script)
+    assert status == 303  # token, cookie and form agree: created
+    assert "ConsoleByScript" in cluster.admin.list_topics()
 
 
 def test_raymq_console_and_status_print_the_console_url(
