@@ -24,7 +24,9 @@ from actors.client.producer import Producer
 from actors.client.pull_consumer import PullConsumer
 from actors.config.broker import BrokerConfig
 from actors.config.cluster import BrokerSpec, ClusterConfig
+from actors.config.console import ConsoleConfig
 from actors.config.namesrv import NameServerConfig
+from actors.console.server import console_url, start_console
 from actors.namesrv.client import NAMESERVER_PREFIX, discover_nameservers, named_actors
 from actors.namesrv.nameserver import NameServer
 from actors.protocol import rpc as _rpc
@@ -104,6 +106,19 @@ class Cluster:
     def actor_names(self) -> list[str]:
         return named_actors(self.namespace)
 
+    def console_url(self) -> str | None:
+        """The URL of the web console (the ``console`` actor), or None when none runs."""
+        return console_url(self.namespace)
+
+    def start_console(self, config: ConsoleConfig | None = None) -> str:
+        """Start the web console on the head node (or find the running one); its URL."""
+        cfg = config or ConsoleConfig(namespace=self.namespace)
+        if cfg.namespace != self.namespace:
+            raise InvalidConfigError(
+                f"console namespace {cfg.namespace!r} is not the cluster's {self.namespace!r}"
+            )
+        return start_console(cfg)
+
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Stop brokers cleanly (offsets saved, stores closed), then every RayMQ actor of
         the namespace."""
@@ -153,6 +168,7 @@ def start_cluster(
     broker_options: Mapping[str, Any] | None = None,
     nameserver_config: NameServerConfig | None = None,
     max_restarts: int | None = None,
+    console: bool | ConsoleConfig = False,
 ) -> Cluster:
     """Start NameServers and brokers on the current Ray cluster and return a handle.
 
@@ -161,6 +177,8 @@ def start_cluster(
     example ``{"auto_create_topic_enable": False, "store": {"flush_disk_type":
     "SYNC_FLUSH"}}``). ``store_root`` puts broker stores in ``<store_root>/<actor
     name>`` (default: ``~/raymq/store/<namespace>/<actor name>`` on each node).
+    ``console=True`` (or a :class:`ConsoleConfig`) also starts the web console on the
+    head node (``Cluster.console_url()``; default http://127.0.0.1:8280/).
     """
     cfg = config or ClusterConfig()
     changes: dict[str, Any] = {}
@@ -255,6 +273,12 @@ def start_cluster(
         wait_for_brokers(ns_handles, sorted(expected))
         for tc in cfg.topics:
             _rpc.get([h.create_topic.remote(tc) for h in handles], STARTUP_TIMEOUT_S)
+        if console:
+            cluster.start_console(
+                dataclasses.replace(console, namespace=ns)
+                if isinstance(console, ConsoleConfig)
+                else ConsoleConfig(namespace=ns)
+            )
     except BaseException:
         cluster.shutdown(timeout_s=5.0)
         raise

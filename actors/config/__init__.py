@@ -4,6 +4,7 @@ defaults, each in the file of the room that reads it."""
 from actors.config.broker import BROKER_ROLES, BrokerConfig
 from actors.config.client import ConsumerConfig, ProducerConfig
 from actors.config.cluster import BrokerSpec, ClusterConfig
+from actors.config.console import ConsoleConfig
 from actors.config.coordinator import CoordinatorConfig
 from actors.config.namesrv import NameServerConfig
 from actors.config.options import with_options
@@ -24,6 +25,7 @@ __all__ = [
     "BrokerConfig",
     "BrokerSpec",
     "ClusterConfig",
+    "ConsoleConfig",
     "ConsumerConfig",
     "CoordinatorConfig",
     "NameServerConfig",

@@ -1,12 +1,13 @@
 """``raymq``: start, inspect and use a RayMQ cluster from the shell.
 
-    raymq up [--config cluster.yaml] [--nameservers 2] [--brokers 2] [--local] ...
+    raymq up [--config cluster.yaml] [--nameservers 2] [--brokers 2] [--local] [--console] ...
     raymq status | down | topic create|update|delete|list|status | send | consume
     raymq query --key K --topic T [--begin TIME] [--end TIME] | --id ID
     raymq lag --group G      raymq offset reset --group G --topic T --to TIME|earliest|latest
     raymq broker promote BROKER [--id N] [--role SYNC_MASTER] [--force]
     raymq dlq list|resend --group G [--id ID]   (perms: raymq topic update T --perm 6)
     raymq group status GROUP [--log N]           (a consumer group's coordinator)
+    raymq console [--port 8280] [--host 127.0.0.1] [--auth TOKEN] | --stop   (the web console)
     raymq bench [--topic T] [--body-size 128] [--producers 1] [--duration 10] [--no-consume]
 
 Every command takes ``--address`` (a Ray cluster; default: ``RAY_ADDRESS`` or
@@ -29,6 +30,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -41,6 +43,8 @@ from actors.client.admin import epoch_ms
 from actors.client.pull_consumer import PullStatus
 from actors.cluster import Cluster, connect, start_cluster
 from actors.config.cluster import BrokerSpec, ClusterConfig
+from actors.config.console import DEFAULT_CONSOLE_PORT, ConsoleConfig
+from actors.console import stop_console
 from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.topic import PERM_READ, PERM_WRITE, TopicConfig, perm_to_string
 from actors.tools.bench import BenchSummary, run_bench, summary_dict
@@ -111,17 +115,22 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.topic:
         changes["topics"] = cfg.topics + tuple(TopicConfig(t) for t in args.topic)
     cfg = dataclasses.replace(cfg, **changes)
+    console = (
+        ConsoleConfig(namespace=cfg.namespace, port=args.console_port) if args.console else False
+    )
     ensure_ray(args, start_if_missing=True)
-    cluster = start_cluster(cfg)
+    cluster = start_cluster(cfg, console=console)
     status = {
         **cluster.admin.cluster_status(),
         "ray_address": ray.get_runtime_context().gcs_address,
+        "console": cluster.console_url(),
     }
     _emit(
         args,
         status,
         f"RayMQ cluster up in namespace {cfg.namespace!r} on the Ray at {status['ray_address']}\n"
-        + _status_text(status),
+        + _status_text(status)
+        + (f"\n\nconsole: {status['console']}" if status["console"] else ""),
     )
     return 0
 
@@ -178,8 +187,35 @@ def _status_text(status: dict[str, Any]) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    status = _cluster(args).admin.cluster_status()
-    _emit(args, status, _status_text(status))
+    cluster = _cluster(args)
+    status = cluster.admin.cluster_status()
+    status["console"] = cluster.console_url()
+    console = f"\n\nconsole: {status['console']}" if status["console"] else ""
+    _emit(args, status, _status_text(status) + console)
+    return 0
+
+
+def cmd_console(args: argparse.Namespace) -> int:
+    """``console``: start the web console on the head node (or show the running one's URL),
+    or stop it."""
+    cluster = _cluster(args)
+    if args.stop:
+        stopped = stop_console(args.namespace)
+        _emit(
+            args,
+            {"namespace": args.namespace, "stopped": stopped},
+            "console stopped" if stopped else "no console runs",
+        )
+        return 0
+    config = ConsoleConfig(namespace=args.namespace, host=args.host, port=args.port, auth=args.auth)
+    running = cluster.console_url()
+    url = running or cluster.start_console(config)
+    _emit(
+        args,
+        {"namespace": args.namespace, "url": url, "already_running": bool(running)},
+        f"console {'already runs' if running else 'up'} at {url}"
+        + ("" if running or not args.auth else " (sign in with the --auth token)"),
+    )
     return 0
 
 
@@ -551,6 +587,17 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _port(text: str) -> int:
+    """A TCP port: 0..65535 (0: any free port)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 0..65535, got {value}")
+    return value
+
+
 def _name(text: str) -> str:
     """A group, topic or broker name: not empty, no blanks."""
     if not text or text != text.strip() or any(c.isspace() for c in text):
@@ -591,6 +638,10 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--local", action="store_true", help="start a new local Ray even if one runs")
     up.add_argument("--num-cpus", type=_count, help="CPUs of a local Ray this command starts")
     up.add_argument("--ray-temp-dir", help="--temp-dir of a local Ray this command starts")
+    up.add_argument("--console", action="store_true", help="start the web console too")
+    up.add_argument(
+        "--console-port", type=_port, default=DEFAULT_CONSOLE_PORT, help="with --console"
+    )
     up.set_defaults(fn=cmd_up)
 
     sub.add_parser("status", parents=[common], help="NameServers and brokers").set_defaults(
@@ -717,6 +768,19 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--topic", type=_name, required=True)
     o.add_argument("--to", required=True, help="TIME (ISO-8601 or epoch ms), earliest or latest")
     o.set_defaults(fn=cmd_offset)
+
+    con = sub.add_parser(
+        "console", parents=[common], help="the web console: start it (or show its URL), stop it"
+    )
+    con.add_argument("--port", type=_port, default=DEFAULT_CONSOLE_PORT, help="0: any free port")
+    con.add_argument("--host", default="127.0.0.1", help="another address needs --auth")
+    con.add_argument(
+        "--auth",
+        default=os.environ.get("RAYMQ_CONSOLE_AUTH"),
+        help="token (8+ characters) a browser signs in with (default: $RAYMQ_CONSOLE_AUTH)",
+    )
+    con.add_argument("--stop", action="store_true", help="stop the running console")
+    con.set_defaults(fn=cmd_console)
 
     bench = sub.add_parser(
         "bench", parents=[common], help="producer/consumer benchmark against the cluster"

@@ -1,0 +1,574 @@
+"""The web console in a real headless browser (Debian's chromium and chromium-driver,
+driven by Selenium) against the ``console`` actor of a real local cluster: every page
+loads without a JavaScript error, shows the cluster's real data, and every form
+refuses bad input without changing anything."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+import ray
+from aiohttp import web
+from raymq_testkit import SMALL_STORE, unique_namespace
+from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import WebDriverWait
+
+import actors
+from actors.client.admin import Admin
+from actors.config.console import ConsoleConfig
+from actors.console import build_app
+from actors.tools.cli import main as cli
+from rebalance import MessageQueue
+from storage import Message, codec
+from storage.errors import InvalidConfigError
+
+WAIT_S = 15.0
+REFRESH_MS = 300
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[actors.Cluster]:
+    namespace = unique_namespace("console")
+    c = actors.start_cluster(
+        namespace=namespace,
+        nameservers=1,
+        brokers=2,
+        store_root=str(tmp_path_factory.mktemp("console")),
+        broker_options={"store": SMALL_STORE, "heartbeat_interval_s": 2.0},
+        console=ConsoleConfig(port=0, refresh_ms=REFRESH_MS),
+    )
+    yield c
+    c.shutdown(timeout_s=10.0)
+
+
+@pytest.fixture(scope="module")
+def base(cluster: actors.Cluster) -> str:
+    url = cluster.console_url()
+    assert url is not None and url.startswith("http://127.0.0.1:")
+    return url.rstrip("/")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[WebDriver]:
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if chromium is None or driver is None:
+        pytest.skip(
+            "Debian's chromium and chromium-driver are not installed (.ci/run installs them)"
+        )
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1000",
+    ):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    b = webdriver.Chrome(options=options, service=Service(executable_path=driver))
+    b.set_page_load_timeout(WAIT_S)
+    yield b
+    b.quit()
+
+
+# ------------------------------------------------------------ helpers
+def problems(b: WebDriver, *, http_errors: bool) -> list[dict[str, Any]]:
+    """The browser's log entries since the last call that tell of an error: JavaScript
+    errors, CSP violations, failed loads (a refused form's 4xx page only if
+    ``http_errors``)."""
+    out = []
+    for entry in b.get_log("browser"):
+        if entry["level"] != "SEVERE":
+            continue
+        if entry["source"] == "network" and not http_errors:
+            continue
+        out.append(entry)
+    return out
+
+
+def wait_loaded(b: WebDriver) -> None:
+    WebDriverWait(b, WAIT_S).until(
+        lambda d: d.execute_script("return document.readyState") == "complete"
+    )
+
+
+def mark_page(b: WebDriver) -> None:
+    """Mark the page shown now, so that ``wait_next_page`` can tell the next one."""
+    b.execute_script("window.__consoleTestOld = true")
+
+
+def wait_next_page(b: WebDriver) -> None:
+    """Wait for the page after the marked one to be loaded. (Chromedriver may answer a
+    call made mid-navigation with an error rather than with a stale element.)"""
+    WebDriverWait(b, WAIT_S, ignored_exceptions=(WebDriverException,)).until(
+        lambda d: d.execute_script(
+            "return !window.__consoleTestOld && document.readyState === 'complete'"
+        )
+    )
+
+
+def open_page(b: WebDriver, url: str, *, ok: bool = True) -> None:
+    """Open ``url``; the page (and its script and style) load with no error logged."""
+    b.get(url)
+    wait_loaded(b)
+    assert problems(b, http_errors=ok) == [], f"browser errors on {url}"
+
+
+def submit(
+    b: WebDriver, form_id: str, fields: dict[str, str], *, ok: bool = True, confirm: bool = False
+) -> None:
+    """Fill in and submit a form (accepting its confirmation), and wait for the page it
+    leads to."""
+    form = b.find_element(By.ID, form_id)
+    for name, value in fields.items():
+        field = form.find_element(By.NAME, name)
+        if field.tag_name == "select" or field.get_attribute("type") == "datetime-local":
+            b.execute_script("arguments[0].value = arguments[1]", field, value)
+        else:
+            field.clear()
+            field.send_keys(value)
+    mark_page(b)
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    if confirm:
+        WebDriverWait(b, WAIT_S).until(ec.alert_is_present()).accept()
+    wait_next_page(b)
+    assert problems(b, http_errors=ok) == []
+
+
+def text(b: WebDriver, element_id: str) -> str:
+    """An element's text, read in one step (a refreshing part may be replaced meanwhile)."""
+    value = b.execute_script(
+        "var el = document.getElementById(arguments[0]); return el && el.innerText.trim()",
+        element_id,
+    )
+    assert value is not None, f"no element #{element_id} on {b.current_url}"
+    return str(value)
+
+
+def rows(b: WebDriver, table_id: str) -> list[list[str]]:
+    """A table's body cells, read in one step."""
+    found = b.execute_script(
+        "var t = document.getElementById(arguments[0]);"
+        "return t && Array.from(t.querySelectorAll('tbody tr')).map("
+        "  function (tr) { return Array.from(tr.cells).map("
+        "    function (td) { return td.innerText.trim(); }); });",
+        table_id,
+    )
+    assert found is not None, f"no table #{table_id} on {b.current_url}"
+    return [list(r) for r in found]
+
+
+def column(table: list[list[str]], i: int) -> list[str]:
+    return [r[i] for r in table]
+
+
+# ------------------------------------------------------------ pages
+def test_the_cluster_page_shows_nameservers_and_brokers(
+    cluster: actors.Cluster, base: str, browser: WebDriver
+) -> None:
+    open_page(browser, base + "/")
+    [ns] = rows(browser, "nameservers")
+    assert ns[:2] == ["nameserver-0", "alive"] and "broker-a" in ns[2] and "broker-b" in ns[2]
+    brokers = rows(browser, "brokers")
+    status = {b["broker_name"]: b for b in cluster.admin.cluster_status()["brokers"]}
+    assert column(brokers, 0) == ["broker-a", "broker-b"]
+    for row in brokers:
+        b = status[row[0]]
+        assert row[1] == "0" and row[2].startswith("MASTER")
+        assert row[3] == b["data_addr"] and ":" in row[3]  # the data path's own socket
+        assert row[4] == b["addr"]
+        assert row[6].startswith(f"{100 * b['disk_used_ratio']:.0f}% of ")
+        assert row[10] == b["store_dir"]
+
+
+def test_a_topic_is_created_with_the_form_and_shows_its_queues(
+    cluster: actors.Cluster, base: str, browser: WebDriver
+) -> None:
+    open_page(browser, base + "/topics")
+    submit(
+        browser,
+        "create-topic",
+        {"name": "ConsoleOrders", "read_queues": "3", "write_queues": "3", "perm": "6"},
+    )
+    assert text(browser, "notice") == "created topic ConsoleOrders: 3 read / 3 write queues"
+    assert browser.current_url == base + "/topics/ConsoleOrders"
+    queues = rows(browser, "queues")
+    assert sorted((r[0], r[1], r[2], r[3]) for r in queues) == [
+        (b, str(q), "0", "0") for b in ("broker-a", "broker-b") for q in range(3)
+    ]
+    route = cluster.admin.topic_route("ConsoleOrders")
+    assert sorted((q.broker_name, q.read_queue_nums) for q in route.queue_datas) == [
+        ("broker-a", 3),
+        ("broker-b", 3),
+    ]
+
+    submit(browser, "send-message", {"body": "hello from the console", "keys": "console-1"})
+    assert text(browser, "notice").startswith("sent message ")
+    held = sum(int(r[3]) - int(r[2]) for r in rows(browser, "queues"))
+    assert held == 1
+    [found] = cluster.admin.query_by_key("ConsoleOrders", "console-1")
+    assert found.body == b"hello from the console"
+
+    open_page(browser, base + "/topics")
+    listed = rows(browser, "topics")
+    assert ["ConsoleOrders", "6", "6", "RW-", "broker-a, broker-b"] in listed
+
+    # change it on every broker, then delete it (after a confirmation)
+    open_page(browser, base + "/topics/ConsoleOrders")
+    submit(browser, "update-topic", {"write_queues": "0"}, ok=False)
+    assert "write queues=0: must be in 1..1024" in text(browser, "error")
+    submit(browser, "update-topic", {"write_queues": "2", "perm": "4"})
+    assert text(browser, "notice") == "updated topic ConsoleOrders: 3 read / 2 write queues, perm 4"
+    assert rows(browser, "route") == [["broker-a", "3", "2", "R--"], ["broker-b", "3", "2", "R--"]]
+    submit(browser, "delete-topic", {}, confirm=True)
+    assert text(browser, "notice") == "deleted topic ConsoleOrders on broker-a, broker-b"
+    assert "ConsoleOrders" not in column(rows(browser, "topics"), 0)
+    assert "ConsoleOrders" not in cluster.admin.list_topics()
+
+
+def test_the_topic_forms_refuse_bad_input_and_change_nothing(
+    cluster: actors.Cluster, base: str, browser: WebDriver
+) -> None:
+    cluster.admin.create_topic("ConsoleKept", 1, 1, brokers=["broker-a"])
+    before = set(cluster.admin.list_topics(include_system=True))
+    for fields, why in [
+        ({"name": "../x"}, "topic='../x': must match [A-Za-z0-9_%|-]{1,127}"),
+        ({"name": "Fine", "read_queues": "0"}, "read queues=0: must be in 1..1024"),
+        ({"name": "Fine", "write_queues": "many"}, "write queues='many': a whole number"),
+        ({"name": "ConsoleKept"}, "topic 'ConsoleKept' exists already"),
+        ({"name": "%DLQ%someone"}, "is a system name"),
+    ]:
+        open_page(browser, base + "/topics")
+        submit(browser, "create-topic", fields, ok=False)
+        assert why in text(browser, "error")
+        assert set(cluster.admin.list_topics(include_system=True)) == before
+    assert cluster.admin.topic_route("ConsoleKept").queue_datas[0].read_queue_nums == 1
+
+    # a path that is not a topic name
+    open_page(browser, base + "/topics/..%2Fx", ok=False)
+    assert "must match" in text(browser, "error")
+
+    # a 10 MB body: refused on the page, nothing sent
+    open_page(browser, base + "/topics/ConsoleKept")
+    browser.execute_script(  # hidden first: laying out 10 MB of text takes the browser seconds
+        "var body = document.querySelector('#send-message textarea');"
+        "body.classList.add('hidden'); body.value = 'x'.repeat(10 * 1024 * 1024);"
+    )
+    mark_page(browser)
+    browser.find_element(By.CSS_SELECTOR, "#send-message button").click()
+    wait_next_page(browser)
+    assert problems(browser, http_errors=False) == []
+    assert "the body is 10,485,760 bytes: the console sends at most 4,194,304" in text(
+        browser, "error"
+    )
+    assert [r["max_offset"] for r in cluster.admin.topic_status("ConsoleKept")] == [0]
+
+    # a forged form (no valid CSRF token): refused, nothing created
+    open_page(browser, base + "/topics")
+    browser.execute_script(
+        "document.querySelector('#create-topic input[name=csrf]').value = 'forged'"
+    )
+    submit(browser, "create-topic", {"name": "ConsoleForged"}, ok=False)
+    assert "security token is missing or stale" in text(browser, "error")
+    assert "ConsoleForged" not in cluster.admin.list_topics()
+
+
+def test_a_message_is_found_by_key_and_by_id_and_shown_as_text_and_hex(
+    cluster: actors.Cluster, base: str, browser: WebDriver
+) -> None:
+    cluster.admin.create_topic("ConsoleMsgs", 2, 2)
+    producer = cluster.producer("console-test-producer")
+    try:
+        sent = producer.send(
+            Message("ConsoleMsgs", b"\x00\x01order 42 paid", tags="Paid", keys=["order-42"])
+        )
+    finally:
+        producer.close()
+
+    open_page(browser, base + "/messages")
+    submit(browser, "by-key", {"topic": "ConsoleMsgs", "key": "order-42"})
+    [row] = rows(browser, "found")
+    assert row[0] == sent.msg_id and row[1] == "ConsoleMsgs" and row[3:5] == ["Paid", "order-42"]
+
+    mark_page(browser)
+    browser.find_element(By.LINK_TEXT, sent.msg_id).click()
+    wait_next_page(browser)
+    assert problems(browser, http_errors=True) == []
+    props = dict((r[0], r[1]) for r in rows(browser, "properties"))
+    assert props["KEYS"] == "order-42" and props["TAGS"] == "Paid"
+    assert "order 42 paid" in text(browser, "body-text")
+    assert not browser.find_element(By.ID, "body-hex").is_displayed()
+    browser.find_element(By.CSS_SELECTOR, "[data-tab=body-hex]").click()
+    WebDriverWait(browser, WAIT_S).until(ec.visibility_of_element_located((By.ID, "body-hex")))
+    assert text(browser, "body-hex").startswith("00000000  00 01 6f 72 64 65 72")
+    assert not browser.find_element(By.ID, "body-text").is_displayed()
+    assert problems(browser, http_errors=True) == []
+
+    hour_ago = datetime.now(timezone.utc) - timedelta(hours=1)
+    for begin, end, expected in [
+        ("2020-01-01T00:00:00", "2020-01-02T00:00:00", []),
+        (hour_ago.strftime("%Y-%m-%dT%H:%M:%S"), "", [sent.msg_id]),
+    ]:
+        open_page(browser, base + "/messages")
+        submit(
+            browser,
+            "by-key",
+            {"topic": "ConsoleMsgs", "key": "order-42", "begin": begin, "end": end},
+        )
+        assert column(rows(browser, "found"), 0) == expected
+
+    open_page(browser, base + "/messages")
+    submit(browser, "by-id", {"id": sent.offset_msg_id})
+    assert column(rows(browser, "found"), 0) == [sent.msg_id]
+
+    for fields, why in [
+        ({"id": "../../etc"}, "letters, digits, - and _ only"),
+        ({"id": "0" * 32}, "no live broker has store host"),
+    ]:
+        open_page(browser, base + "/messages")
+        submit(browser, "by-id", fields, ok=False)
+        assert why in text(browser, "error")
+    for fields, why in [
+        ({"topic": "../x", "key": "k"}, "must match"),
+        ({"topic": "NoSuchTopic", "key": "k"}, "NoSuchTopic"),
+        (
+            {
+                "topic": "ConsoleMsgs",
+                "key": "k",
+                "begin": "2021-01-02T00:00",
+                "end": "2021-01-01T00:00",
+            },
+            "the time range ends before it begins",
+        ),
+    ]:
+        open_page(browser, base + "/messages")
+        submit(browser, "by-key", fields, ok=False)
+        assert why in text(browser, "error")
+
+
+def test_a_group_s_lag_drops_to_zero_on_its_page_as_it_consumes(
+    cluster: actors.Cluster, base: str, browser: WebDriver
+) -> None:
+    topic, group = "ConsoleLag", "console-billing"
+    cluster.admin.create_topic(topic, 2, 2)
+    producer = cluster.producer("console-lag-producer")
+    try:
+        producer.send_batch([Message(topic, f"m{i}".encode()) for i in range(20)])
+    finally:
+        producer.close()
+    consumer = cluster.pull_consumer(group)
+    queues = consumer.fetch_subscribe_queues(topic)
+    consumer.commit_offsets({mq: 0 for mq in queues})
+
+    open_page(browser, base + "/groups")
+    submit(browser, "find-group", {"group": group})
+    assert browser.current_url == f"{base}/groups/{group}"
+    assert text(browser, "total-lag") == "20"
+    assert sum(int(r[5]) for r in rows(browser, "lag")) == 20
+
+    next_offsets = {}
+    for mq in queues:
+        result = consumer.pull(mq, 0, max_count=100)
+        next_offsets[mq] = result.next_offset
+    assert sum(next_offsets.values()) == 20
+    consumer.commit_offsets(next_offsets)
+    # the page refreshes its lag itself (every REFRESH_MS): no reload
+    WebDriverWait(browser, WAIT_S).until(lambda b: text(b, "total-lag") == "0")
+    assert all(r[5] == "0" for r in rows(browser, "lag"))
+    assert problems(browser, http_errors=True) == []
+    consumer.close()
+
+    # back to the earliest (after a confirmation): the lag is back on the page
+    submit(browser, "reset", {"topic": topic, "to": "earliest"}, confirm=True)
+    assert text(browser, "notice") == f"reset {group} on {topic} to earliest (4 queues)"
+    assert text(browser, "total-lag") == "20"
+    submit(browser, "reset", {"topic": topic, "to": "time", "time": ""}, ok=False, confirm=True)
+    assert "time='': a time as 2024-05-01T12:00:00 (UTC)" in text(browser, "error")
+    assert sum(r["lag"] for r in cluster.admin.consumer_lag(group)) == 20
+
+    open_page(browser, base + "/groups")
+    submit(browser, "find-group", {"group": "nobody-here"}, ok=False)
+    assert "group 'nobody-here' is unknown" in text(browser, "error")
+    open_page(browser, base + "/groups/..%2Fx", ok=False)
+    assert "group='../x': must match" in text(browser, "error")
+
+
+def test_a_dead_letter_is_listed_resent_and_consumed_again(
+    cluster: actors.Cluster, base: str, browser: WebDriver
+) -> None:
+    topic, group = "ConsoleDead", "console-dlq"
+    cluster.admin.create_topic(topic, 1, 1, brokers=["broker-a"])
+    producer = cluster.producer("console-dlq-producer")
+    try:
+        sent = producer.send(Message(topic, b"poison", tags="bad", keys=["dead-1"]))
+    finally:
+        producer.close()
+    _, offset = codec.parse_offset_msg_id(sent.offset_msg_id)
+    broker = cluster.broker("broker-a")
+    assert ray.get(broker.consumer_send_msg_back.remote(group, [offset], 0)) == ["DLQ"]
+
+    open_page(browser, base + "/dlq")
+    submit(browser, "find-dlq", {"group": group})
+    assert text(browser, "dlq-count") == "1"
+    [letter] = rows(browser, "letters")
+    assert letter[0] == sent.msg_id and letter[1] == topic and letter[4] == "dead-1"
+
+    mark_page(browser)
+    browser.find_element(By.CSS_SELECTOR, "#letters button[type=submit]").click()
+    wait_next_page(browser)
+    assert problems(browser, http_errors=True) == []
+    assert text(browser, "notice") == f"resent 1 dead letter(s) of {group} to {topic}"
+
+    consumer = cluster.pull_consumer(group)
+    try:
+        got = consumer.pull(MessageQueue(topic, "broker-a", 0), 0, max_count=10)
+        assert [m.msg_id for m in got.messages] == [sent.msg_id, sent.msg_id]
+        assert got.messages[1].keys == ("dead-1",) and got.messages[1].reconsume_times == 0
+    finally:
+        consumer.close()
+
+    open_page(browser, base + "/groups")
+    assert [group, "DLQ"] in rows(browser, "groups")
+
+    open_page(browser, base + "/dlq?group=nobody-here", ok=False)
+    assert "group 'nobody-here' has no dead-letter queue" in text(browser, "error")
+
+
+# ------------------------------------------------------------ access and the CLI
+def test_a_console_on_another_address_needs_a_token() -> None:
+    with pytest.raises(InvalidConfigError, match="give a token"):
+        ConsoleConfig(host="0.0.0.0")
+    with pytest.raises(InvalidConfigError, match="at least 8"):
+        ConsoleConfig(host="0.0.0.0", auth="short")
+    assert "s3cret-token" not in repr(ConsoleConfig(host="0.0.0.0", auth="s3cret-token"))
+
+
+@pytest.fixture
+def console_with_token(cluster: actors.Cluster) -> Iterator[str]:
+    """The console application served in this process (as a test may), with a token."""
+    app = build_app(
+        ConsoleConfig(namespace=cluster.namespace, port=0, auth="s3cret-token"),
+        Admin(cluster.namespace),
+    )
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+    loop.close()
+
+
+def test_with_a_token_every_page_waits_for_the_sign_in(
+    console_with_token: str, browser: WebDriver
+) -> None:
+    open_page(browser, console_with_token + "/topics")
+    assert browser.current_url == console_with_token + "/login?next=%2Ftopics"
+    submit(browser, "login", {"token": "wrong-token"}, ok=False)
+    assert text(browser, "error") == "wrong token"
+    open_page(browser, console_with_token + "/topics")
+    submit(browser, "login", {"token": "s3cret-token"})
+    assert browser.current_url == console_with_token + "/topics"
+    assert "ConsoleKept" in column(rows(browser, "topics"), 0)
+
+
+def http(
+    url: str, data: dict[str, str] | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """A request as a script (not a browser) makes it: no cookies, no redirects followed."""
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    body = urllib.parse.urlencode(data).encode() if data is not None else None
+    request = urllib.request.Request(url, data=body, headers=headers or {})
+    try:
+        with urllib.request.build_opener(NoRedirect).open(request, timeout=WAIT_S) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_scripts_use_a_bearer_token_and_no_post_passes_without_its_csrf_token(
+    cluster: actors.Cluster, console_with_token: str
+) -> None:
+    bearer = {"Authorization": "Bearer s3cret-token"}
+    assert http(console_with_token + "/topics")[0] == 303  # to the login page
+    assert http(console_with_token + "/topics", headers={"Authorization": "Bearer nope"})[0] == 303
+    status, page = http(console_with_token + "/topics", headers=bearer)
+    assert status == 200 and "ConsoleKept" in page
+
+    create = {"name": "ConsoleByScript", "read_queues": "1", "write_queues": "1", "perm": "6"}
+    assert http(console_with_token + "/topics", create)[0] == 401  # not signed in
+    status, page = http(console_with_token + "/topics", create, bearer)
+    assert status == 403 and "security token is missing or stale" in page
+    script = {**bearer, "Cookie": "raymq_csrf=" + "a" * 43}  # its own double-submit pair
+    status, page = http(
+        console_with_token + "/topics",
+        {**create, "csrf": "a" * 43},
+        {**script, "Origin": "http://evil.example"},
+    )
+    assert status == 403 and "came from another site" in page
+    assert "ConsoleByScript" not in cluster.admin.list_topics()
+
+    status, _ = http(console_with_token + "/topics", {**create, "csrf": "a" * 43}, script)
+    assert status == 303  # token, cookie and form agree: created
+    assert "ConsoleByScript" in cluster.admin.list_topics()
+
+
+def test_raymq_console_and_status_print_the_console_url(
+    cluster: actors.Cluster, base: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ns = ["--namespace", cluster.namespace]
+    assert cli(["console", *ns, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["url"] == base + "/" and out["already_running"] is True
+    assert cli(["status", *ns]) == 0
+    assert f"console: {base}/" in capsys.readouterr().out
+    assert cli(["console", *ns, "--host", "0.0.0.0"]) == 1
+    assert "give a token (--auth)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        cli(["console", *ns, "--port", "70000"])
+    assert exit_info.value.code == 2
+
+
+def test_raymq_up_console_prints_a_url_that_opens(
+    ray_cluster: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+    browser: WebDriver,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ns = ["--namespace", unique_namespace("console-up")]
+    store = str(tmp_path_factory.mktemp("console-up"))
+    up = ["up", *ns, "--nameservers", "1", "--brokers", "1", "--store-root", store]
+    assert cli([*up, "--console", "--console-port", "0", "--json"]) == 0
+    try:
+        url = json.loads(capsys.readouterr().out)["console"]
+        assert url.startswith("http://127.0.0.1:")
+        open_page(browser, url)
+        assert column(rows(browser, "brokers"), 0) == ["broker-a"]
+    finally:
+        assert cli(["down", *ns, "--keep-ray"]) == 0
+    assert "console" in capsys.readouterr().out  # the console actor was stopped with the rest
