@@ -1114,28 +1114,23 @@ def main(argv: list[str] | None = None) -> int:
                 "store": {"commitlog_file_size": 256 << 20, "flush_disk_type": "ASYNC_FLUSH"}
             },
         )
+        only = None
         if args.idempotence_only:
+            only = (
+                "idempotence",
+                bench_idempotence,
+                lambda d: print(*report_idempotence(d), sep="\n"),
+            )
+        elif args.data_path_only:
+            only = ("data path", bench_data_path, report_data_path)
+        if only is not None:  # one section on its own
+            name, bench, show = only
             try:
-                results["idempotence"] = timed(
-                    "idempotence", lambda: bench_idempotence(cluster, args.quick)
-                )
+                results[name] = timed(name, lambda: bench(cluster, args.quick))
             finally:
                 cluster.shutdown()
             ray.shutdown()
-            print("\n".join(report_idempotence(results["idempotence"])))
-            if args.json:
-                with open(args.json, "w") as fh:
-                    json.dump(results, fh, indent=2)
-            return 0
-        if args.data_path_only:
-            try:
-                results["data_path"] = timed(
-                    "data path", lambda: bench_data_path(cluster, args.quick)
-                )
-            finally:
-                cluster.shutdown()
-            ray.shutdown()
-            report_data_path(results["data_path"])
+            show(results[name])
             if args.json:
                 with open(args.json, "w") as fh:
                     json.dump(results, fh, indent=2)

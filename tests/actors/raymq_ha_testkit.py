@@ -21,6 +21,16 @@ from rebalance import MessageQueue
 from storage import Message
 from storage.codec import decode_records
 
+RAFT = {
+    "enable_dledger": True,
+    "dledger_peers": (0, 1, 2),
+    "dledger_tick_ms": 50,
+    "dledger_heartbeat_ms": 150,
+    "dledger_election_timeout_ms": 600,
+    "slave_sync_interval_s": 0.3,
+}
+"""Broker options of a three-member DLedger group with timings short enough for tests."""
+
 
 def status_of(handle: Any, timeout: float = 10.0) -> dict[str, Any]:
     """A broker's status, or {} while it is dead or restarting."""

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import ray
-from raymq_ha_testkit import kill, members, read_all, status_of
+from raymq_ha_testkit import RAFT, kill, members, read_all, status_of
 from raymq_testkit import PUSH_FAST, wait_until
 
 import actors
@@ -91,16 +91,6 @@ def test_a_broker_that_crashes_after_storing_is_retried_after_its_restart(
     got = read_all(cluster.pull_consumer("g-crash"), "Crash")
     assert once_each(got) == {} and len(got) == 11
     producer.close()
-
-
-RAFT = {
-    "enable_dledger": True,
-    "dledger_peers": (0, 1, 2),
-    "dledger_tick_ms": 50,
-    "dledger_heartbeat_ms": 150,
-    "dledger_election_timeout_ms": 600,
-    "slave_sync_interval_s": 0.3,
-}
 
 
 def test_a_retry_after_the_leader_dies_lands_on_the_new_leader_and_is_stored_once(

@@ -10,6 +10,7 @@ from typing import Any
 
 import ray
 from raymq_ha_testkit import (
+    RAFT,
     Load,
     broker_config,
     commitlog_bytes,
@@ -26,14 +27,6 @@ from actors import BrokerSpec, SendStatus
 from storage import Message
 
 GROUP = [BrokerSpec("broker-a", i) for i in range(3)]
-RAFT = {
-    "enable_dledger": True,
-    "dledger_peers": (0, 1, 2),
-    "dledger_tick_ms": 50,
-    "dledger_heartbeat_ms": 150,
-    "dledger_election_timeout_ms": 600,
-    "slave_sync_interval_s": 0.3,
-}
 
 
 def handles(cluster: actors.Cluster) -> dict[str, Any]:
