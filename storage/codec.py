@@ -111,6 +111,7 @@ _LE_I2, _LE_I4, _LE_I8 = np.dtype("<i2"), np.dtype("<i4"), np.dtype("<i8")
 # an encoded batch on the wire: records, keys, topics, unique keys and delays counted,
 # the producer id's length, its sequence runs and its epoch
 _WIRE_HEAD = struct.Struct(">iiiiiiii")
+_VALID_PRODUCER_IDS: set[str] = set()  # checked already: a broker sees the same few
 PRODUCER_ID_RE = re.compile(r"[A-Za-z0-9_.:@%|-]{1,160}")
 
 
@@ -133,10 +134,15 @@ def _marked(record: memoryview, value: str) -> bytes:
 
 def validate_producer_id(producer_id: object) -> str:
     """A producer id as the broker allocates them: ASCII, no separator, at most 160."""
+    if producer_id.__class__ is str and producer_id in _VALID_PRODUCER_IDS:
+        return producer_id  # type: ignore[return-value]
     if not isinstance(producer_id, str) or not PRODUCER_ID_RE.fullmatch(producer_id):
         raise InvalidMessageError(
             f"producer_id={producer_id!r}: must match {PRODUCER_ID_RE.pattern}"
         )
+    if len(_VALID_PRODUCER_IDS) > 4096:
+        _VALID_PRODUCER_IDS.clear()
+    _VALID_PRODUCER_IDS.add(producer_id)
     return producer_id
 
 
@@ -324,12 +330,37 @@ class EncodedBatch:
             self, queue_ids=np.full(len(self.sizes), queue_id, dtype=np.int32)
         )
 
-    def with_sequence(self, producer_id: str, epoch: int, seq: int) -> EncodedBatch:
+    def with_sequence(
+        self, producer_id: str, epoch: int, seq: int, queue_id: int | None = None
+    ) -> EncodedBatch:
         """The same records as one idempotent run: ``producer_id`` at ``epoch`` numbers
-        them ``seq, seq + 1, ...`` on the queue they are bound for. The first record
-        carries ``PRODUCER_SEQ`` (so recovery and slaves rebuild the producer state
-        from the CommitLog); the rest are shared with this batch, copied once."""
-        return self.with_runs(producer_id, epoch, [(0, len(self.sizes), seq)])
+        them ``seq, seq + 1, ...`` on the queue they are bound for (``queue_id``: bound
+        for it here, as :meth:`with_queue` does). The first record carries
+        ``PRODUCER_SEQ`` (so recovery and slaves rebuild the producer state from the
+        CommitLog); the others are copied once, as they are."""
+        validate_producer_id(producer_id)
+        if not 0 <= epoch <= 0x7FFFFFFF or not 0 <= seq < 1 << 62:
+            raise InvalidMessageError(f"producer epoch={epoch} / sequence={seq}: out of range")
+        n = len(self.sizes)
+        view = memoryview(self.data).cast("B")
+        first = int(self.sizes[0])
+        record = _marked(view[:first], f"{producer_id},{epoch},{seq},{n}")
+        sizes = self.sizes.astype(np.int32)  # a copy
+        sizes[0] = len(record)
+        queue_ids = self.queue_ids
+        if queue_id is not None:
+            validate_queue_id(queue_id)
+            queue_ids = np.full(n, queue_id, dtype=np.int32)
+        return dataclasses.replace(
+            self,
+            data=record + view[first:] if n > 1 else record,
+            sizes=sizes,
+            queue_ids=queue_ids,
+            producer_id=producer_id,
+            producer_epoch=epoch,
+            seq_runs=np.array(((0, seq),), dtype=np.int64),
+            checked=False,
+        )
 
     def with_runs(
         self, producer_id: str, epoch: int, runs: Sequence[tuple[int, int, int]]
@@ -367,6 +398,8 @@ class EncodedBatch:
         """An idempotent batch's runs as ``(first record, record count, first sequence)``."""
         if self.seq_runs is None:
             return []
+        if len(self.seq_runs) == 1:  # the usual batch: one run, of all its records
+            return [(0, len(self.sizes), int(self.seq_runs[0, 1]))]
         starts = self.seq_runs[:, 0].tolist()
         stops = [*starts[1:], len(self.sizes)]
         return [(a, b - a, s) for a, b, s in zip(starts, stops, self.seq_runs[:, 1].tolist())]
@@ -606,6 +639,13 @@ class EncodedBatch:
         validate_producer_id(self.producer_id)
         if runs.ndim != 2 or runs.shape[1] != 2 or not len(runs):
             raise InvalidMessageError("encoded batch: sequence runs are not (start, seq) pairs")
+        if len(runs) == 1:  # the usual batch: one run, of the whole batch
+            start, seq = runs[0].tolist()
+            if start != 0 or seq < 0:
+                raise InvalidMessageError("encoded batch: sequence run out of range")
+            if n > 1 and not self.uniform:
+                raise InvalidMessageError("encoded batch: a sequence run spans two queues")
+            return
         starts = runs[:, 0]
         if starts[0] != 0 or starts[-1] >= n or (len(starts) > 1 and (np.diff(starts) <= 0).any()):
             raise InvalidMessageError("encoded batch: sequence runs out of order or range")

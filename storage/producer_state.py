@@ -77,21 +77,23 @@ class ProducerStateTable:
     def __len__(self) -> int:
         return len(self._queues)
 
-    def check(self, batch: codec.EncodedBatch) -> list[tuple[int, int] | None]:
-        """For each of ``batch``'s runs: ``None`` when it is to be written, or the
+    def check(
+        self, batch: codec.EncodedBatch, runs: list[tuple[int, int, int]]
+    ) -> list[tuple[int, int] | None]:
+        """For each of ``batch``'s ``runs``: ``None`` when it is to be written, or the
         (first queue offset, first CommitLog offset) it was stored at. Raises a
         ``ProducerSequenceError`` when a run may not be written; nothing changes."""
         pid, epoch = batch.producer_id, batch.producer_epoch
         assert pid is not None
         out: list[tuple[int, int] | None] = []
         ahead: dict[tuple[str, str, int], tuple[int, int]] = {}  # earlier runs of this batch
-        for first, count, seq in batch.runs():
+        for first, count, seq in runs:
             topic = batch.topics[int(batch.topic_idx[first])]
             key = (pid, topic, int(batch.queue_ids[first]))
             st = self._queues.get(key)
             known = ahead.get(key) or ((st.epoch, st.next_seq) if st is not None else None)
-            where = f"producer {pid} epoch {epoch} on {topic}:{key[2]}"
-            if known is not None:
+            if known is not None and known != (epoch, seq):  # not simply the next run
+                where = f"producer {pid} epoch {epoch} on {topic}:{key[2]}"
                 known_epoch, next_seq = known
                 if epoch < known_epoch:
                     raise ProducerFencedError(f"{where}: fenced by epoch {known_epoch}")
@@ -155,6 +157,7 @@ class ProducerStateTable:
     def record_batch(
         self,
         batch: codec.EncodedBatch,
+        runs: list[tuple[int, int, int]],
         decided: list[tuple[int, int] | None],
         queue_offsets: Any,
         commitlog_offsets: Any,
@@ -162,7 +165,7 @@ class ProducerStateTable:
     ) -> None:
         """The runs :meth:`check` let through were stored at these offsets."""
         assert batch.producer_id is not None
-        for (first, count, seq), hit in zip(batch.runs(), decided):
+        for (first, count, seq), hit in zip(runs, decided):
             if hit is None:
                 self.record(
                     batch.producer_id,

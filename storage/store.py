@@ -430,8 +430,17 @@ class MessageStore:
         """An idempotent producer's batch (put lock held): the runs stored before are
         answered with the offsets they were stored at and not written again; the others
         are written and remembered (``storage.producer_state``)."""
-        decided = self.producers.check(batch)  # raises before anything is written
         runs = batch.runs()
+        decided = self.producers.check(batch, runs)  # raises before anything is written
+        if (
+            len(runs) == 1
+            and decided[0] is None
+            and not (batch.delay_levels is not None and batch.delay_levels.any())
+        ):  # the usual batch: one new run
+            written = self._append(batch)
+            now = int(self._clock() * 1000)
+            self.producers.record_batch(batch, runs, decided, written[0], written[1], now)
+            return written
         fresh = [(a, c) for (a, c, _), hit in zip(runs, decided) if hit is None]
         n = len(batch)
         queue_offsets = np.empty(n, dtype=np.int64)
@@ -458,7 +467,7 @@ class MessageStore:
                 end = max(end, stop)
         if fresh:
             now = int(self._clock() * 1000)
-            self.producers.record_batch(batch, decided, queue_offsets, phys, now)
+            self.producers.record_batch(batch, runs, decided, queue_offsets, phys, now)
         return queue_offsets, phys, notes, end
 
     def _records_from(self, offset: int, count: int) -> tuple[list[int], int]:

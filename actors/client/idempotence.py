@@ -51,7 +51,6 @@ class Sequencer:
 
     def bind(self, batch: EncodedBatch, mq: MessageQueue, route: TopicRouteData) -> EncodedBatch:
         """``batch`` bound for ``mq`` (of ``route``) with that queue's next sequences."""
-        bound = batch.with_queue(mq.queue_id)
         with self._lock:
             if self.producer_id is None:  # the first send: one Ray call
                 self.producer_id = self._allocate(route, mq.broker_name)
@@ -61,7 +60,7 @@ class Sequencer:
             self._next[key] = seq + len(batch)
             self._open.setdefault(key, set()).add(seq)
             pid, epoch = self.producer_id, self.epoch
-        return bound.with_sequence(pid, epoch, seq)
+        return batch.with_sequence(pid, epoch, seq, mq.queue_id)
 
     def settle(self, bound: EncodedBatch, mq: MessageQueue) -> None:
         """``bound`` is over: answered, or given up."""
