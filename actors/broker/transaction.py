@@ -10,9 +10,9 @@ The store keeps a transactional send as its half copy in ``RMQ_SYS_TRANS_HALF_TO
   the transaction properties cleared) *and* the op message that marks the half message
   done, in one append: both are stored or neither. A rollback writes only the op
   message. A half message with an op message is done: a second end changes nothing.
-* **Done set.** The queue offsets of done half messages are kept in memory, rebuilt
-  from ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` when the broker starts (every op write goes
-  through this processor, under one lock).
+* **Done set.** The queue offsets of done half messages are kept in memory, read
+  from ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` (all of it after a start, then what was added
+  since, before each end and each check round: a slave made master catches up).
 * **Check.** Every ``transaction_check_interval_s`` the half messages older than
   ``transaction_timeout_s`` (by born time, as RocketMQ) that are not done are checked:
   the half message is put back to the half queue with ``TRANSACTION_CHECK_TIMES`` one
@@ -73,12 +73,12 @@ class TransactionProcessor:
             self._task.cancel()
 
     async def ensure_loaded(self) -> None:
-        """Read the op messages written since last read (all of them at the first call)."""
-        if not self._loaded:
-            await self.rt.run(self._read_ops)
-            self._loaded = True
+        """Read the op messages stored since the last call (all of them at the first): this
+        broker's own, and on a slave that became master those its master wrote."""
+        await self.rt.run(self._read_ops)
 
     def _read_ops(self) -> None:
+        before = len(self._done)
         store = self.rt.store
         while True:
             got = store.get(CHECK_GROUP, transaction.OP_HALF_TOPIC, 0, self._ops_read, _READ_BATCH)
@@ -93,7 +93,11 @@ class TransactionProcessor:
                 except ValueError:
                     log.error("op message at %d: body %r is no offset", m.queue_offset, m.body)
             self._ops_read = got.next_offset
-        log.info("%d half messages are done (op messages read)", len(self._done))
+        if not self._loaded:
+            log.info("%d half messages are done (op messages read)", len(self._done))
+            self._loaded = True
+        elif len(self._done) != before:
+            log.debug("%d more half messages are done", len(self._done) - before)
 
     # ------------------------------------------------------------ producers
     def register_producer(self, group: str, client_id: str, handle: Any, ttl_s: float) -> None:
@@ -122,8 +126,8 @@ class TransactionProcessor:
     ) -> bool:
         """Commit or roll back the half message at CommitLog offset ``half_offset``; False
         when it was ended (or discarded) before: nothing is written then."""
-        await self.ensure_loaded()
         async with self._lock:
+            await self.ensure_loaded()
             half = await self._half_at(half_offset)
             if transaction.producer_group(half) != group or half.msg_id != transaction_id:
                 raise InvalidMessageError(
