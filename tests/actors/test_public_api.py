@@ -35,7 +35,7 @@ def test_the_top_level_api_is_what_it_was() -> None:
         assert getattr(actors, name) is not None
     # nothing else public leaks out of the package's namespace but the rooms themselves
     rooms = {"bridge", "broker", "client", "cluster", "config", "coordinator", "fleet"}
-    rooms |= {"namesrv", "protocol", "tools"}
+    rooms |= {"console", "namesrv", "protocol", "tools"}
     extra = {
         n
         for n, v in vars(actors).items()
