@@ -339,6 +339,9 @@ _BROKER_CONF_KEYS: dict[str, tuple[str, Any]] = {
     "haMaxGapNotInSync": ("ha_max_gap_not_in_sync", int),
     "enableDLegerCommitLog": ("enable_dledger", _bool),
     "dLegerPeers": ("dledger_peers", _dledger_peers),
+    "transactionCheckInterval": ("transaction_check_interval_s", lambda v: int(v) / 1000),
+    "transactionTimeOut": ("transaction_timeout_s", lambda v: int(v) / 1000),
+    "transactionCheckMax": ("transaction_check_max", int),
 }
 
 _UNREAD_CONF_KEYS: dict[str, str] = {
