@@ -4,6 +4,8 @@ idempotent producer's paths alike, and a retried idempotent run is not stored tw
 
 from __future__ import annotations
 
+import numpy as np
+
 from storage import Message, MessageStore, codec, transaction
 from storage.message import GetStatus
 from storage.properties import PROP_PRODUCER_GROUP, PROP_TRAN_MSG
@@ -64,3 +66,14 @@ def test_the_committed_copy_clears_the_transaction_properties(store: MessageStor
     props = dict(real.properties or {})
     assert PROP_TRAN_MSG not in props and "REAL_TOPIC" not in props
     assert props["UNIQ_KEY"] == half.msg_id
+
+
+def test_the_mark_is_found_in_every_kind_of_buffer_a_batch_arrives_in() -> None:
+    half = codec.encode_batch([Message("Orders", b"a"), Message("Orders", b"b", properties=TXN)])
+    plain = codec.encode_batch([Message("Orders", b"TRAN_MSG true")])
+    for batch, expected in ((half, True), (plain, False)):
+        blob = batch.to_bytes()
+        for buffer in (blob, memoryview(bytearray(blob)), np.frombuffer(blob, dtype=np.uint8)):
+            got = transaction.may_hold_transactional(codec.EncodedBatch.from_bytes(buffer))
+            assert got is expected, type(buffer)
+        assert transaction.may_hold_transactional(batch) is expected
