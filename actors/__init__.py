@@ -15,6 +15,7 @@ from actors.client import (
     BatchSendResult,
     ConsumeFromWhere,
     ConsumeStatus,
+    LocalTransactionState,
     MessageModel,
     Producer,
     ProducerBusyError,
@@ -25,6 +26,8 @@ from actors.client import (
     PushConsumerConfig,
     SendResult,
     SendStatus,
+    TransactionProducer,
+    TransactionSendResult,
 )
 from actors.cluster import Cluster, connect, start_cluster
 from actors.config import (
@@ -75,6 +78,7 @@ __all__ = [
     "CoordinatorConfig",
     "FleetConfig",
     "GroupCoordinator",
+    "LocalTransactionState",
     "MessageModel",
     "NameServer",
     "NameServerConfig",
@@ -93,6 +97,8 @@ __all__ = [
     "SendStatus",
     "TopicConfig",
     "TopicRouteData",
+    "TransactionProducer",
+    "TransactionSendResult",
     "broker_actor_name",
     "connect",
     "coordinator_actor_name",

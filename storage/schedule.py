@@ -79,11 +79,12 @@ def level_for_delay(seconds: float, levels_ms: Sequence[int]) -> int:
     return len(levels_ms)
 
 
-def to_schedule(m: MessageExt, level: int) -> Message:
-    """The schedule-topic copy of a message put with a delay level."""
+def to_schedule(m: MessageExt, level: int, queue_id: int | None = None) -> Message:
+    """The schedule-topic copy of a message put with a delay level (to ``queue_id``
+    when given: the queue the batch was sent to, which its records' field may not show)."""
     props = {k: v for k, v in m.properties.items() if k not in _HIDDEN}
     props[codec.PROP_REAL_TOPIC] = m.topic
-    props[codec.PROP_REAL_QID] = str(m.queue_id)
+    props[codec.PROP_REAL_QID] = str(m.queue_id if queue_id is None else queue_id)
     return Message(
         SCHEDULE_TOPIC,
         m.body,

@@ -18,6 +18,7 @@ Invariants kept here:
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import logging
 import os
@@ -30,7 +31,7 @@ from types import TracebackType
 
 import numpy as np
 
-from . import codec, producer_state, replica
+from . import codec, producer_state, replica, transaction
 from .checkpoint import Checkpoint, CheckpointFile
 from .commitlog import CommitLog
 from .config import StoreConfig
@@ -71,6 +72,14 @@ DispatchListener = Callable[[str, int, int], None]
 _PRODUCER_STATE = "producer_state"  # config/producer_state.json: the table's snapshot
 _DISK_CHECK_S = 0.1  # while writes are taken, the disk's use is looked at this often
 MAX_SCAN_ENTRIES = 800  # ConsumeQueue entries one filtered pull may look at
+
+
+def _needs_copies(batch: codec.EncodedBatch) -> bool:
+    """Whether a producer's batch holds delayed or transactional messages, which the
+    store keeps as copies in a system topic before they reach their own."""
+    if batch.delay_levels is not None and batch.delay_levels.any():
+        return True
+    return transaction.may_hold_transactional(batch)
 
 
 class PutBatchResult:
@@ -377,27 +386,36 @@ class MessageStore:
                 raise InvalidMessageError(f"topic={topic!r} is reserved for delayed messages")
             if topic == QUARANTINE_TOPIC:
                 raise InvalidMessageError(f"topic={topic!r} is reserved for damaged records")
-        if (
-            batch.producer_id is None
-            and batch.delay_levels is not None
-            and batch.delay_levels.any()
-        ):
-            batch = self._to_schedule(batch)
+        if batch.producer_id is None and _needs_copies(batch):
+            batch = self._to_copies(batch)
         return self._put_encoded(batch)
 
-    def _to_schedule(self, batch: codec.EncodedBatch) -> codec.EncodedBatch:
-        """Re-encode a batch whose delayed messages must go to the schedule topic."""
-        assert batch.delay_levels is not None
+    def _to_copies(self, batch: codec.EncodedBatch) -> codec.EncodedBatch:
+        """Re-encode a batch whose delayed messages must go to the schedule topic and
+        whose transactional ones to the half topic (``storage.transaction``), the others
+        as they came."""
         top = len(self.config.delay_levels_ms)
-        levels = batch.delay_levels.tolist()
         originals = codec.decode_records(batch.data, check_crc=False)
-        messages = [
-            to_schedule(m, min(level, top)) if level else as_message(m)
-            for m, level in zip(originals, levels)
-        ]
-        return codec.encode_batch(
+        levels = [0] * len(originals) if batch.delay_levels is None else batch.delay_levels.tolist()
+        messages: list[Message] = []
+        halves: list[int] = []
+        # a record's QUEUEID is written from ``queue_ids`` at the put (``with_queue``)
+        for i, (m, level, qid) in enumerate(zip(originals, levels, batch.queue_ids.tolist())):
+            if transaction.is_transactional(m):  # a delay does not apply to it
+                messages.append(transaction.to_half(m, qid))
+                halves.append(i)
+            elif level:
+                messages.append(to_schedule(m, min(level, top), qid))
+            else:
+                messages.append(dataclasses.replace(as_message(m), queue_id=qid))
+        out = codec.encode_batch(
             messages, max_message_size=self.config.max_message_size, born=born_of(originals)
         )
+        if halves:
+            out = transaction.with_transaction_type(
+                out, halves, transaction.TRANSACTION_PREPARED_TYPE
+            )
+        return out
 
     def _put_encoded(self, batch: codec.EncodedBatch) -> PutBatchResult:
         self._refuse_if_disk_full()
@@ -432,11 +450,8 @@ class MessageStore:
         are written and remembered (``storage.producer_state``)."""
         runs = batch.runs()
         decided = self.producers.check(batch, runs)  # raises before anything is written
-        if (
-            len(runs) == 1
-            and decided[0] is None
-            and not (batch.delay_levels is not None and batch.delay_levels.any())
-        ):  # the usual batch: one new run
+        if len(runs) == 1 and decided[0] is None and not _needs_copies(batch):
+            # the usual batch: one new run, nothing delayed or transactional
             written = self._append(batch)
             now = int(self._clock() * 1000)
             self.producers.record_batch(batch, runs, decided, written[0], written[1], now)
@@ -449,9 +464,9 @@ class MessageStore:
         end = 0
         if fresh:
             part = batch if len(fresh) == len(runs) else batch.select(fresh)
-            if part.delay_levels is not None and part.delay_levels.any():
+            if _needs_copies(part):
                 assert part.producer_id is not None
-                part = self._to_schedule(part).with_runs(
+                part = self._to_copies(part).with_runs(
                     part.producer_id, part.producer_epoch, part.runs()
                 )
             part_qoffs, part_phys, notes, end = self._append(part)
@@ -473,7 +488,8 @@ class MessageStore:
     def _records_from(self, offset: int, count: int) -> tuple[list[int], int]:
         """The CommitLog offsets of ``count`` records stored back to back from ``offset``,
         and where the last one ends (they may differ in size from what was sent: a
-        delayed message is stored as its schedule copy)."""
+        delayed message is stored as its schedule copy, a transactional one as its half
+        copy)."""
         out = []
         for _ in range(count):
             mf = self.commitlog.files.find(offset)

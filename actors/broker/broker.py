@@ -9,6 +9,8 @@ later a socket listener and a gRPC gateway, are doors onto the same processors:
 * :class:`~actors.broker.consumer_manage.ConsumerManageProcessor`: offsets, fences,
   members, lag;
 * :class:`~actors.broker.admin.AdminBrokerProcessor`: topics, lookups, status;
+* :class:`~actors.broker.transaction.TransactionProcessor`: ends of transactions, the
+  check service and the transactional producers it checks with;
 * the role in its group (``actors.broker.ha``) and the NameServer registration
   (``actors.broker.registration``).
 
@@ -42,6 +44,7 @@ from actors.broker.pull import PullMessageProcessor
 from actors.broker.registration import Registration
 from actors.broker.runtime import BrokerRuntime
 from actors.broker.send import SendMessageProcessor
+from actors.broker.transaction import TransactionProcessor
 from actors.config.broker import BrokerConfig
 from actors.protocol.fencing import FencingToken
 from actors.protocol.shared_ring import RingId
@@ -76,6 +79,7 @@ class Broker:
         self.puller = PullMessageProcessor(rt, self.ha, self.metrics)
         self.groups = ConsumerManageProcessor(rt, self.ha)
         self.admin = AdminBrokerProcessor(rt, self.ha)
+        self.transactions = TransactionProcessor(rt, self.ha)
         self.producer_ids = ProducerIdAllocator(
             rt.store.config_file("producerIds"), config.actor_name
         )
@@ -85,6 +89,7 @@ class Broker:
                 rt, self.sender, self.puller, self.groups, _tls_context(config)
             )
         self.ha.start()
+        self.transactions.start()
         self._startup = loop.create_task(self._start())
         self._offset_flush = loop.create_task(self._offset_flush_loop())
         log.info(
@@ -296,6 +301,36 @@ class Broker:
         """The delay of each level in ms (``message_delay_level``)."""
         return await self.admin.delay_levels()
 
+    # ------------------------------------------------------------ transactions
+    async def end_transaction(
+        self, producer_group: str, half_offset: int, transaction_id: str, commit: bool
+    ) -> bool:
+        """Commit (or roll back) the half message at CommitLog offset ``half_offset``,
+        whose message id is ``transaction_id``; False when it was ended before
+        (``actors.broker.transaction``)."""
+        return await self.transactions.end_transaction(
+            producer_group, half_offset, transaction_id, commit
+        )
+
+    async def register_transaction_producer(
+        self, producer_group: str, client_id: str, relay: Any, ttl_s: float
+    ) -> None:
+        """A transactional producer's check handle (its relay actor), live for ``ttl_s``
+        (at most ``channel_expired_s``) unless registered again."""
+        self.transactions.register_producer(producer_group, client_id, relay, ttl_s)
+
+    async def unregister_transaction_producer(self, producer_group: str, client_id: str) -> None:
+        self.transactions.unregister_producer(producer_group, client_id)
+
+    async def check_transactions(self) -> int:
+        """Run one round of the transaction check service now; how many it handled."""
+        return await self.transactions.check_once()
+
+    async def pending_transactions(self) -> list[dict[str, Any]]:
+        """Half messages not ended yet, with their age and check count."""
+        await self.transactions.ensure_loaded()
+        return await self.rt.run(self.transactions.pending)
+
     # ------------------------------------------------------------ topics and lookups (admin)
     async def create_topic(self, config: TopicConfig) -> TopicConfig:
         """Create or update a topic and tell every NameServer before returning."""
@@ -403,6 +438,7 @@ class Broker:
         self.registration.stop()
         rt.holds.wake_all()
         self._offset_flush.cancel()
+        self.transactions.stop()
         if self.listener is not None:
             await self.listener.stop()
         if self._metrics_service is not None:

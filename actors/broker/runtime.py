@@ -90,6 +90,10 @@ class BrokerRuntime:
             "shared_batches": 0,  # of put_batches: read from a producer's shared ring
             "get_msgs": 0,
             "pulls": 0,
+            "txn_committed": 0,  # transactions (actors/broker/transaction.py)
+            "txn_rolled_back": 0,
+            "txn_checks": 0,
+            "txn_discarded": 0,
         }
         self.registration_due = asyncio.Event()
         self.register_all: Callable[[], Awaitable[int]] = _not_wired

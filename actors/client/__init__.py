@@ -15,12 +15,19 @@ from actors.client.push.consumer import (
     PushConsumerConfig,
 )
 from actors.client.send_result import BatchSendResult, SendResult, SendStatus
+from actors.client.transaction import (
+    LocalTransactionState,
+    TransactionListener,
+    TransactionProducer,
+    TransactionSendResult,
+)
 
 __all__ = [
     "Admin",
     "BatchSendResult",
     "ConsumeFromWhere",
     "ConsumeStatus",
+    "LocalTransactionState",
     "MessageModel",
     "Producer",
     "ProducerBusyError",
@@ -31,4 +38,7 @@ __all__ = [
     "PushConsumerConfig",
     "SendResult",
     "SendStatus",
+    "TransactionListener",
+    "TransactionProducer",
+    "TransactionSendResult",
 ]

@@ -81,6 +81,12 @@ class BrokerConfig:
     max_pull_suspend_s: float = 30.0
     channel_expired_s: float = 120.0
     io_threads: int = 8
+    # transactional messages (actors/broker/transaction.py), RocketMQ's defaults
+    transaction_check_interval_s: float = 60.0
+    transaction_timeout_s: float = 6.0
+    """A half message is checked with its producer once it is this old (born time)."""
+    transaction_check_max: int = 15
+    """Checks without an answer before a half message is discarded."""
     inline_async_puts: bool = True
     inline_reads: bool = True
     malloc_trim_threshold: int = 256 << 20
@@ -158,6 +164,9 @@ class BrokerConfig:
             max_pull_suspend_s=self.max_pull_suspend_s,
             channel_expired_s=self.channel_expired_s,
             io_threads=self.io_threads,
+            transaction_check_interval_s=self.transaction_check_interval_s,
+            transaction_timeout_s=self.transaction_timeout_s,
+            transaction_check_max=self.transaction_check_max,
             metrics_export_interval_s=self.metrics_export_interval_s,
             metrics_lag_interval_s=self.metrics_lag_interval_s,
         )
@@ -330,6 +339,9 @@ _BROKER_CONF_KEYS: dict[str, tuple[str, Any]] = {
     "haMaxGapNotInSync": ("ha_max_gap_not_in_sync", int),
     "enableDLegerCommitLog": ("enable_dledger", _bool),
     "dLegerPeers": ("dledger_peers", _dledger_peers),
+    "transactionCheckInterval": ("transaction_check_interval_s", lambda v: int(v) / 1000),
+    "transactionTimeOut": ("transaction_timeout_s", lambda v: int(v) / 1000),
+    "transactionCheckMax": ("transaction_check_max", int),
 }
 
 _UNREAD_CONF_KEYS: dict[str, str] = {

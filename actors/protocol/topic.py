@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from storage import codec
+from storage import codec, transaction
 from storage.codec import validate_topic
 from storage.errors import InvalidConfigError
 from storage.message import MessageExt
@@ -29,7 +29,15 @@ AUTO_CREATE_TOPIC_KEY = "TBW102"
 """The template topic a broker with auto-create on advertises (RocketMQ's name)."""
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
-SYSTEM_TOPICS = frozenset({AUTO_CREATE_TOPIC_KEY, "SCHEDULE_TOPIC_XXXX"})
+SYSTEM_TOPICS = frozenset(
+    {
+        AUTO_CREATE_TOPIC_KEY,
+        "SCHEDULE_TOPIC_XXXX",
+        transaction.HALF_TOPIC,
+        transaction.OP_HALF_TOPIC,
+        transaction.CHECK_MAX_TOPIC,
+    }
+)
 """Topics producers may not send to (clients check; brokers write them themselves)."""
 SYSTEM_TOPIC_PREFIX = "RMQ_SYS_"
 """RocketMQ's system topics (``RMQ_SYS_TRANS_HALF_TOPIC``, ``RMQ_SYS_TRACE_TOPIC``, ...)."""

@@ -27,6 +27,7 @@ LAYERS = [  # from the facade down to the values and errors
         "subscription",
         "_fast_encode",
         "quarantine",
+        "transaction",
     },
     "consume_queue",
     {"mapped_file", "codec"},

@@ -6,14 +6,16 @@ import gc
 import weakref
 
 import numpy as np
+import pytest
 
 from actors.client.encoder import MessageEncoder
 from actors.client.send_result import BatchSendResult, SendStatus, _Chunk, _with_queue
 from actors.config.client import ProducerConfig
 from actors.protocol.wire import SendAck
 from rebalance import MessageQueue
-from storage import Message, encode_batch
+from storage import Message, encode_batch, transaction
 from storage.codec import EncodedBatch, decode_records
+from storage.errors import InvalidMessageError
 from storage.message import PutStatus
 
 
@@ -100,3 +102,11 @@ def test_a_kept_batch_result_lets_the_records_go() -> None:
     assert records() is None
     assert [r.msg_id for r in result] == keys
     assert [r.queue_offset for r in result] == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    "topic", [transaction.HALF_TOPIC, transaction.OP_HALF_TOPIC, transaction.CHECK_MAX_TOPIC]
+)
+def test_the_transaction_topics_take_no_sends(topic: str) -> None:
+    with pytest.raises(InvalidMessageError, match="reserved for the system"):
+        encoder().encode([Message(topic, b"x")])

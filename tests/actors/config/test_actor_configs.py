@@ -86,6 +86,7 @@ def test_broker_conf_file_loads(tmp_path: Path) -> None:
         "brokerClusterName=C1\nbrokerName=broker-z\nbrokerId=0\nautoCreateTopicEnable=false\n"
         "flushDiskType=SYNC_FLUSH\nmappedFileSizeCommitLog=1048576\nmaxMessageSize=65536\ndeleteWhen=04\n"
         "storePathRootDir=/data/z\nbrokerRole=SYNC_MASTER\n"
+        "transactionCheckInterval=2000\ntransactionTimeOut=500\ntransactionCheckMax=4\n"
     )
     bc = BrokerConfig.from_broker_conf(conf, namespace="ns1")
     assert (bc.cluster_name, bc.broker_name, bc.auto_create_topic_enable) == (
@@ -97,6 +98,8 @@ def test_broker_conf_file_loads(tmp_path: Path) -> None:
     assert bc.store["commitlog_file_size"] == 1 << 20
     assert bc.store_dir == "/data/z" and bc.namespace == "ns1"
     assert bc.store_config("/tmp/x", "10.0.0.1:10911").sync_flush
+    assert (bc.transaction_check_interval_s, bc.transaction_timeout_s) == (2.0, 0.5)
+    assert bc.transaction_check_max == 4
 
 
 def test_cluster_config_from_yaml_and_toml(tmp_path: Path) -> None:

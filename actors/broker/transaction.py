@@ -1,0 +1,292 @@
+"""Transactional messages on the broker: RocketMQ's ``EndTransactionProcessor``,
+``TransactionalMessageServiceImpl`` and ``TransactionalMessageCheckService``.
+
+The store keeps a transactional send as its half copy in ``RMQ_SYS_TRANS_HALF_TOPIC``
+(``storage.transaction``). Here:
+
+* **End.** :meth:`TransactionProcessor.end_transaction` (the producer's answer, or a
+  check's) commits or rolls back the half message at a CommitLog offset. A commit
+  writes the message to its real topic and queue (SYSFLAG ``TRANSACTION_COMMIT_TYPE``,
+  the transaction properties cleared) *and* the op message that marks the half message
+  done, in one append: both are stored or neither. A rollback writes only the op
+  message. A half message with an op message is done: a second end changes nothing.
+* **Done set.** The queue offsets of done half messages are kept in memory, read
+  from ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` (all of it after a start, then what was added
+  since, before each end and each check round: a slave made master catches up).
+* **Check.** Every ``transaction_check_interval_s`` the half messages older than
+  ``transaction_timeout_s`` (by born time, as RocketMQ) that are not done are checked:
+  the half message is put back to the half queue with ``TRANSACTION_CHECK_TIMES`` one
+  higher and the old one marked done, in one append (RocketMQ's
+  ``putBackHalfMsgQueue``: the check count lives in the CommitLog, so it survives a
+  restart), then a live producer of its group is asked about the new copy. After
+  ``transaction_check_max`` checks the half message is discarded: marked done and
+  copied to ``TRANS_CHECK_MAX_TIME_TOPIC``.
+* **Producers.** A transactional producer registers a Ray handle of its own
+  (``actors.client.transaction``: a small relay actor its process takes checks from)
+  with :meth:`register_producer` and renews it; the check calls it without waiting
+  for the answer, which comes back as an :meth:`end_transaction`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import Any
+
+from actors.broker.ha import Replication
+from actors.broker.runtime import BrokerRuntime
+from storage import codec, transaction
+from storage.codec import EncodedBatch
+from storage.errors import BrokerUnavailableError, InvalidMessageError, StoreCorruptedError
+from storage.message import GetStatus, Message, MessageExt
+from storage.store import PutBatchResult
+
+log = logging.getLogger("raymq.actors.broker.transaction")
+
+CHECK_GROUP = "CID_RMQ_SYS_TRANS"  # RocketMQ's consumer group of the check service
+_READ_BATCH = 256
+
+
+class TransactionProcessor:
+    """End of transactions, the check service and the transactional producers of one broker."""
+
+    def __init__(self, runtime: BrokerRuntime, role: Replication) -> None:
+        self.rt = runtime
+        self.role = role
+        self._lock = asyncio.Lock()
+        self._done: set[int] = set()  # half queue offsets with an op message
+        self._ops_read = 0  # op queue offset read up to
+        self._scan_from = 0  # half queue offsets below it are all done
+        # producer group -> client id -> (relay handle, when it expires, monotonic)
+        self._producers: dict[str, dict[str, tuple[Any, float]]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._loaded = False
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._task = self.rt.loop.create_task(self._check_loop())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def ensure_loaded(self) -> None:
+        """Read the op messages stored since the last call (all of them at the first): this
+        broker's own, and on a slave that became master those its master wrote."""
+        await self.rt.run(self._read_ops)
+
+    def _read_ops(self) -> None:
+        before = len(self._done)
+        store = self.rt.store
+        while True:
+            got = store.get(CHECK_GROUP, transaction.OP_HALF_TOPIC, 0, self._ops_read, _READ_BATCH)
+            if got.status is GetStatus.OFFSET_TOO_SMALL:
+                self._ops_read = got.next_offset
+                continue
+            if got.status is not GetStatus.FOUND:
+                break
+            for m in got.messages:
+                try:
+                    self._done.add(int(m.body))
+                except ValueError:
+                    log.error("op message at %d: body %r is no offset", m.queue_offset, m.body)
+            self._ops_read = got.next_offset
+        if not self._loaded:
+            log.info("%d half messages are done (op messages read)", len(self._done))
+            self._loaded = True
+        elif len(self._done) != before:
+            log.debug("%d more half messages are done", len(self._done) - before)
+
+    # ------------------------------------------------------------ producers
+    def register_producer(self, group: str, client_id: str, handle: Any, ttl_s: float) -> None:
+        ttl = min(ttl_s, self.rt.config.channel_expired_s)
+        self._producers.setdefault(group, {})[client_id] = (handle, time.monotonic() + ttl)
+
+    def unregister_producer(self, group: str, client_id: str) -> None:
+        self._producers.get(group, {}).pop(client_id, None)
+
+    def _live_producer(self, group: str) -> Any | None:
+        members = self._producers.get(group)
+        if not members:
+            return None
+        now = time.monotonic()
+        for client_id, (_, expires) in list(members.items()):
+            if expires < now:
+                log.info("transactional producer %s of %s expired", client_id, group)
+                del members[client_id]
+        if not members:
+            return None
+        return random.choice(list(members.values()))[0]
+
+    # ------------------------------------------------------------ end
+    async def end_transaction(
+        self, group: str, half_offset: int, transaction_id: str, commit: bool
+    ) -> bool:
+        """Commit or roll back the half message at CommitLog offset ``half_offset``; False
+        when it was ended (or discarded) before: nothing is written then."""
+        async with self._lock:
+            await self.ensure_loaded()
+            half = await self._half_at(half_offset)
+            if transaction.producer_group(half) != group or half.msg_id != transaction_id:
+                raise InvalidMessageError(
+                    f"the half message at {half_offset} is not transaction {transaction_id!r} "
+                    f"of producer group {group!r}"
+                )
+            if half.queue_offset in self._done:
+                log.info(
+                    "transaction %s of %s was ended before: %s ignored",
+                    transaction_id,
+                    group,
+                    "commit" if commit else "rollback",
+                )
+                return False
+            op = transaction.op_message(half.queue_offset)
+            if commit:
+                batch = self._encode([transaction.committed(half), op], [half, None])
+                batch = transaction.with_transaction_type(
+                    batch, [0], transaction.TRANSACTION_COMMIT_TYPE
+                )
+            else:
+                batch = self._encode([op], [None])
+            await self._write(batch)
+            self._done.add(half.queue_offset)
+            self.rt.stats["txn_committed" if commit else "txn_rolled_back"] += 1
+            return True
+
+    async def _half_at(self, offset: int) -> MessageExt:
+        try:
+            half = await self.rt.run(self.rt.store.commitlog.message_at, offset)
+        except (StoreCorruptedError, ValueError, IndexError) as exc:
+            raise InvalidMessageError(f"no half message at commitlog offset {offset}") from exc
+        if half.topic != transaction.HALF_TOPIC:
+            raise InvalidMessageError(
+                f"the message at commitlog offset {offset} is no half message"
+            )
+        return half
+
+    @staticmethod
+    def _encode(messages: list[Message], born: list[MessageExt | None]) -> EncodedBatch:
+        now = int(time.time() * 1000)
+        return codec.encode_batch(
+            messages,
+            born=[
+                (now, "127.0.0.1:0", 0)
+                if b is None
+                else (b.born_timestamp, b.born_host, b.reconsume_times)
+                for b in born
+            ],
+        )
+
+    async def _write(self, batch: EncodedBatch) -> PutBatchResult:
+        """The broker's own write (system topics, already shaped): through its role."""
+        internal = getattr(self.role, "put_internal", None)  # DLedger: through the Raft log
+        if internal is not None:
+            result: PutBatchResult = await internal(batch)
+            return result
+        return await self.role.put(batch, self._local_put)
+
+    async def _local_put(self, batch: EncodedBatch) -> PutBatchResult:
+        return await self.rt.run(self.rt.store._put_encoded, batch)
+
+    # ------------------------------------------------------------ check
+    async def _check_loop(self) -> None:
+        interval = self.rt.config.transaction_check_interval_s
+        while not self.rt.closing:
+            await asyncio.sleep(interval)
+            try:
+                await self.check_once()
+            except BrokerUnavailableError as exc:  # a slave, or shutting down
+                log.debug("transaction check skipped: %s", exc)
+            except Exception:  # noqa: BLE001 - the next round tries again
+                log.exception("transaction check failed")
+
+    async def check_once(self) -> int:
+        """One round of the check service; returns how many half messages it checked or
+        discarded."""
+        await self.ensure_loaded()
+        config = self.rt.config
+        timeout_ms = int(config.transaction_timeout_s * 1000)
+        handled = 0
+        pending = await self.rt.run(self._pending_halves)
+        now_ms = int(time.time() * 1000)
+        for half in pending:
+            if now_ms - half.born_timestamp < timeout_ms:
+                continue
+            async with self._lock:
+                if half.queue_offset in self._done:  # ended meanwhile
+                    continue
+                group = transaction.producer_group(half)
+                op = transaction.op_message(half.queue_offset)
+                if transaction.check_times(half) >= config.transaction_check_max:
+                    await self._write(self._encode([transaction.discarded(half), op], [half, None]))
+                    self._done.add(half.queue_offset)
+                    self.rt.stats["txn_discarded"] += 1
+                    log.warning(
+                        "half message %s of %s checked %d times without an answer: discarded to %s",
+                        half.msg_id,
+                        group,
+                        config.transaction_check_max,
+                        transaction.CHECK_MAX_TOPIC,
+                    )
+                    handled += 1
+                    continue
+                batch = self._encode([transaction.checked_again(half), op], [half, None])
+                batch = transaction.with_transaction_type(
+                    batch, [0], transaction.TRANSACTION_PREPARED_TYPE
+                )
+                put = await self._write(batch)
+                self._done.add(half.queue_offset)
+            handled += 1
+            self.rt.stats["txn_checks"] += 1
+            relay = self._live_producer(group)
+            if relay is None:
+                log.info("no live producer of %s to check %s with", group, half.msg_id)
+                continue
+            again = int(put.commitlog_offsets[0])
+            try:  # the answer comes back as an end_transaction; not waited for here
+                relay.check.remote(
+                    self.rt.config.actor_name, again, half.msg_id, transaction.committed(half)
+                )
+            except Exception as exc:  # noqa: BLE001 - a dead relay: checked again later
+                log.warning("checking %s with a producer of %s failed: %s", half.msg_id, group, exc)
+        return handled
+
+    def _pending_halves(self) -> list[MessageExt]:
+        """The half messages not done, from the first one that is not."""
+        store = self.rt.store
+        cq = store.find_consume_queue(transaction.HALF_TOPIC, 0)
+        if cq is None:
+            return []
+        end = cq.max_offset
+        offset = max(self._scan_from, cq.min_offset)
+        while offset < end and offset in self._done:
+            offset += 1
+        self._scan_from = offset
+        out: list[MessageExt] = []
+        while offset < end:
+            got = store.get(CHECK_GROUP, transaction.HALF_TOPIC, 0, offset, _READ_BATCH)
+            if got.status is not GetStatus.FOUND:
+                break
+            out.extend(
+                m for m in got.messages if m.queue_offset < end and m.queue_offset not in self._done
+            )
+            offset = got.next_offset
+        return out
+
+    def pending(self) -> list[dict[str, Any]]:
+        """The half messages not ended yet: id, group, real topic, age and check count."""
+        now_ms = int(time.time() * 1000)
+        return [
+            {
+                "msg_id": h.msg_id,
+                "group": transaction.producer_group(h),
+                "topic": h.properties.get("REAL_TOPIC", ""),
+                "commitlog_offset": h.commitlog_offset,
+                "queue_offset": h.queue_offset,
+                "age_s": (now_ms - h.born_timestamp) / 1000,
+                "check_times": transaction.check_times(h),
+            }
+            for h in self._pending_halves()
+        ]

@@ -1,0 +1,248 @@
+"""The transactional producer: RocketMQ's ``TransactionMQProducer``.
+
+``send_message_in_transaction(msg, arg)`` sends ``msg`` as a half message
+(``TRAN_MSG=true``, ``PGROUP=<group>``: the broker keeps it out of its topic,
+``actors.broker.transaction``), runs the listener's
+``execute_local_transaction(msg, arg)``, and ends the transaction with the broker that
+holds the half message: COMMIT_MESSAGE makes it visible, ROLLBACK_MESSAGE drops it,
+UNKNOW (or an exception in the executor) leaves it to the broker's check.
+
+The check comes back to this process: the producer creates a small relay actor
+(:class:`TransactionCheckRelay`, owned by this process, so it dies with it) and
+registers its handle with every master broker, renewing it every
+``check_heartbeat_s``. A broker checking a half message calls the relay, which only
+queues the request; a thread of the producer holds a call on the relay until
+requests arrive, runs ``check_local_transaction(msg)`` here, where the user's local
+state lives (a listener shipped to an actor would check a copy of it), and ends the
+transaction with the broker that asked. No polling: the held call returns as soon as
+a check is queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import ray
+
+from actors.client.producer import Producer
+from actors.client.send_result import SendResult, SendStatus
+from actors.config.client import ProducerConfig
+from actors.protocol import rpc
+from actors.protocol.names import DEFAULT_NAMESPACE
+from storage.errors import InvalidMessageError
+from storage.message import Message
+from storage.message_id import parse_offset_msg_id
+from storage.properties import PROP_PRODUCER_GROUP, PROP_TRAN_MSG
+
+log = logging.getLogger("raymq.actors.client.transaction")
+
+_TAKE_WAIT_S = 5.0  # how long one held call on the relay waits for a check
+
+
+class LocalTransactionState(enum.Enum):
+    COMMIT_MESSAGE = "COMMIT_MESSAGE"
+    ROLLBACK_MESSAGE = "ROLLBACK_MESSAGE"
+    UNKNOW = "UNKNOW"  # RocketMQ's spelling
+
+
+class TransactionListener(Protocol):
+    def execute_local_transaction(self, msg: Message, arg: Any) -> LocalTransactionState: ...
+
+    def check_local_transaction(self, msg: Message) -> LocalTransactionState: ...
+
+
+@dataclass(frozen=True)
+class TransactionSendResult:
+    """The half message's send result and what the local transaction answered."""
+
+    send_result: SendResult
+    local_state: LocalTransactionState
+
+    @property
+    def msg_id(self) -> str:
+        """The transaction's id: the message's id."""
+        return self.send_result.msg_id
+
+
+@ray.remote(num_cpus=0)
+class TransactionCheckRelay:
+    """Where brokers leave check requests for one producer, which takes them with a held
+    call (an async actor: many brokers may call while the producer waits)."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[tuple[str, int, str, Message]] = asyncio.Queue()
+
+    async def check(self, broker: str, commitlog_offset: int, msg_id: str, msg: Message) -> None:
+        self._queue.put_nowait((broker, commitlog_offset, msg_id, msg))
+
+    async def take(self, wait_s: float) -> list[tuple[str, int, str, Message]]:
+        """The queued check requests, waiting up to ``wait_s`` for the first."""
+        try:
+            first = await asyncio.wait_for(self._queue.get(), wait_s)
+        except asyncio.TimeoutError:
+            return []
+        out = [first]
+        while not self._queue.empty():
+            out.append(self._queue.get_nowait())
+        return out
+
+
+class TransactionProducer(Producer):
+    """A Producer that also sends messages in transactions (RocketMQ's semantics)."""
+
+    def __init__(
+        self,
+        group: str,
+        listener: TransactionListener,
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        nameservers: Sequence[str] | None = None,
+        config: ProducerConfig | None = None,
+        check_heartbeat_s: float = 10.0,
+        **options: Any,
+    ) -> None:
+        super().__init__(
+            group, namespace=namespace, nameservers=nameservers, config=config, **options
+        )
+        if check_heartbeat_s <= 0:
+            raise InvalidMessageError(f"check_heartbeat_s={check_heartbeat_s}: must be > 0")
+        self.listener = listener
+        self.namespace = namespace
+        self.check_heartbeat_s = check_heartbeat_s
+        self._relay = TransactionCheckRelay.remote()  # type: ignore[attr-defined]
+        self._stopping = threading.Event()
+        self._registered: dict[str, Any] = {}  # broker actor name -> handle
+        self.register_with_brokers()
+        self._threads = [
+            threading.Thread(target=self._heartbeat_loop, name="txn-heartbeat", daemon=True),
+            threading.Thread(target=self._check_loop, name="txn-check", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    # ------------------------------------------------------------ sending
+    def send_message_in_transaction(self, msg: Message, arg: Any = None) -> TransactionSendResult:
+        """Send ``msg`` as a half message, run the local transaction, end it with the broker."""
+        if not isinstance(msg, Message):
+            raise InvalidMessageError(f"msg: must be a Message, got {type(msg).__name__}")
+        props = dict(msg.properties or {})
+        props[PROP_TRAN_MSG] = "true"
+        props[PROP_PRODUCER_GROUP] = self.group
+        half = dataclasses.replace(msg, properties=props, delay_level=0)
+        result = self.send(half)
+        if result.status is not SendStatus.SEND_OK:
+            state = LocalTransactionState.ROLLBACK_MESSAGE
+        else:
+            try:
+                state = self.listener.execute_local_transaction(msg, arg)
+                if not isinstance(state, LocalTransactionState):
+                    log.warning("execute_local_transaction answered %r: UNKNOW", state)
+                    state = LocalTransactionState.UNKNOW
+            except Exception:  # noqa: BLE001 - the broker's check decides then
+                log.exception("execute_local_transaction raised: UNKNOW")
+                state = LocalTransactionState.UNKNOW
+        if state is not LocalTransactionState.UNKNOW:
+            try:
+                self._end(result, state)
+            except Exception as exc:  # noqa: BLE001 - the broker's check resolves it
+                log.warning("ending transaction %s failed (%s): left to the check", result, exc)
+        return TransactionSendResult(result, state)
+
+    def _end(self, result: SendResult, state: LocalTransactionState) -> None:
+        route, _ = self._selector.route(result.message_queue.topic)
+        handle = self.ns.broker(route, result.message_queue.broker_name)
+        _, offset = parse_offset_msg_id(result.offset_msg_id)
+        commit = state is LocalTransactionState.COMMIT_MESSAGE
+        rpc.get(
+            handle.end_transaction.remote(self.group, offset, result.msg_id, commit),
+            self.config.send_timeout_s,
+        )
+
+    # ------------------------------------------------------------ checks
+    def register_with_brokers(self) -> int:
+        """Register the relay with every master broker now; how many took it."""
+        ttl = 3 * self.check_heartbeat_s
+        try:
+            masters = self.ns.master_brokers()
+        except Exception as exc:  # noqa: BLE001 - the next beat tries again
+            log.warning("producer %s: no broker list (%s)", self.group, exc)
+            return 0
+        refs = [
+            (
+                name,
+                h.register_transaction_producer.remote(
+                    self.group, self.client_id, self._relay, ttl
+                ),
+            )
+            for name, h in masters.items()
+        ]
+        done = 0
+        for name, ref in refs:
+            try:
+                rpc.get(ref, self.config.send_timeout_s)
+                self._registered[name] = masters[name]
+                done += 1
+            except Exception as exc:  # noqa: BLE001 - a broker restarting: the next beat
+                log.info("producer %s: registering with %s failed: %s", self.group, name, exc)
+        return done
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stopping.wait(self.check_heartbeat_s):
+            self.register_with_brokers()
+
+    def _check_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                requests = ray.get(self._relay.take.remote(_TAKE_WAIT_S))
+            except Exception as exc:  # noqa: BLE001
+                if self._stopping.is_set():
+                    return
+                log.warning("producer %s: taking checks failed: %s", self.group, exc)
+                self._stopping.wait(1.0)
+                continue
+            for broker, offset, msg_id, msg in requests:
+                self._answer_check(broker, offset, msg_id, msg)
+
+    def _answer_check(self, broker: str, offset: int, msg_id: str, msg: Message) -> None:
+        try:
+            state = self.listener.check_local_transaction(msg)
+        except Exception:  # noqa: BLE001 - asked again at the next check
+            log.exception("check_local_transaction raised: UNKNOW")
+            return
+        if state not in (
+            LocalTransactionState.COMMIT_MESSAGE,
+            LocalTransactionState.ROLLBACK_MESSAGE,
+        ):
+            return
+        commit = state is LocalTransactionState.COMMIT_MESSAGE
+        try:
+            handle = self.ns.broker_by_name(broker, self.namespace)
+            rpc.get(
+                handle.end_transaction.remote(self.group, offset, msg_id, commit),
+                self.config.send_timeout_s,
+            )
+        except Exception as exc:  # noqa: BLE001 - asked again at the next check
+            log.warning("ending checked transaction %s with %s failed: %s", msg_id, broker, exc)
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Leave the brokers' lists of producers to check with, stop the threads, close."""
+        self._stopping.set()
+        for name, handle in self._registered.items():
+            try:
+                rpc.get(
+                    handle.unregister_transaction_producer.remote(self.group, self.client_id),
+                    self.config.send_timeout_s,
+                )
+            except Exception as exc:  # noqa: BLE001 - it expires there anyway
+                log.info("producer %s: unregistering from %s failed: %s", self.group, name, exc)
+        ray.kill(self._relay)  # ends the check thread's held call
+        for t in self._threads:
+            t.join(timeout=_TAKE_WAIT_S + 1)
+        super().close(timeout_s)

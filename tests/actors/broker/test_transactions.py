@@ -1,0 +1,239 @@
+"""Transactional messages through a real broker (RocketMQ's semantics): a half message is
+never seen by a consumer of its topic; commit makes it visible once, rollback never;
+UNKNOW leaves it to the broker's check, which asks a live producer of its group; a
+second end changes nothing; a half message survives a broker restart and is resolved
+after it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import ray
+from raymq_testkit import SMALL_STORE, drain, unique_namespace, wait_until
+
+import actors
+from actors import LocalTransactionState, TransactionProducer
+from storage import Message, transaction
+from storage.message import MessageExt
+from storage.properties import PROP_TRAN_MSG
+
+COMMIT = LocalTransactionState.COMMIT_MESSAGE
+ROLLBACK = LocalTransactionState.ROLLBACK_MESSAGE
+UNKNOW = LocalTransactionState.UNKNOW
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[actors.Cluster]:
+    c = actors.start_cluster(
+        namespace=unique_namespace("txn"),
+        nameservers=1,
+        brokers=1,
+        store_root=str(tmp_path_factory.mktemp("txn")),
+        broker_options={
+            "store": SMALL_STORE,
+            "heartbeat_interval_s": 1.0,
+            "transaction_check_interval_s": 0.3,
+            "transaction_timeout_s": 1.0,
+            "transaction_check_max": 1000,  # the restart must not outlast the checks
+        },
+        topics=[actors.TopicConfig(t, 2, 2) for t in ("TxA", "TxB", "TxC", "TxD", "TxE")],
+    )
+    yield c
+    c.shutdown()
+
+
+class Listener:
+    """Executes by the ``arg`` it is given; checks by what the test set for the body."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.answers: dict[bytes, LocalTransactionState] = {}
+        self.checked: list[Message] = []
+
+    def execute_local_transaction(self, msg: Message, arg: Any) -> LocalTransactionState:
+        if isinstance(arg, Exception):
+            raise arg
+        assert isinstance(arg, LocalTransactionState)
+        return arg
+
+    def check_local_transaction(self, msg: Message) -> LocalTransactionState:
+        with self.lock:
+            self.checked.append(msg)
+            return self.answers.get(msg.body, UNKNOW)
+
+
+def producer_for(cluster: actors.Cluster, group: str, listener: Listener) -> TransactionProducer:
+    return TransactionProducer(
+        group, listener, namespace=cluster.namespace, check_heartbeat_s=0.5, send_timeout_s=5.0
+    )
+
+
+_readers: dict[str, actors.PullConsumer] = {}
+
+
+def visible(cluster: actors.Cluster, topic: str) -> list[MessageExt]:
+    """Every message a consumer of ``topic`` can read, from offset 0."""
+    consumer = _readers.get(cluster.namespace)
+    if consumer is None:
+        consumer = _readers[cluster.namespace] = cluster.pull_consumer("reader")
+    return [m for msgs in drain(consumer, topic).values() for m in msgs]
+
+
+def pending(cluster: actors.Cluster) -> list[dict[str, Any]]:
+    return list(ray.get(cluster.broker("broker-a").pending_transactions.remote()))
+
+
+def test_commit_is_visible_once_and_rollback_never(cluster: actors.Cluster) -> None:
+    listener = Listener()
+    producer = producer_for(cluster, "pg-a", listener)
+    try:
+        committed = producer.send_message_in_transaction(
+            Message("TxA", b"commit-me", keys="k1"), COMMIT
+        )
+        rolled = producer.send_message_in_transaction(Message("TxA", b"drop-me"), ROLLBACK)
+        assert committed.local_state is COMMIT and rolled.local_state is ROLLBACK
+        got = visible(cluster, "TxA")
+        assert [m.body for m in got] == [b"commit-me"]
+        m = got[0]
+        assert m.msg_id == committed.msg_id
+        assert transaction.transaction_type(m.sys_flag) == transaction.TRANSACTION_COMMIT_TYPE
+        assert PROP_TRAN_MSG not in m.properties and "REAL_TOPIC" not in m.properties
+        assert list(m.keys) == ["k1"]
+        assert not [p for p in pending(cluster) if p["group"] == "pg-a"]
+        assert listener.checked == [], "both were ended before any check"
+    finally:
+        producer.close()
+
+
+def test_unknow_is_checked_back_and_committed_never_seen_before(cluster: actors.Cluster) -> None:
+    listener = Listener()
+    producer = producer_for(cluster, "pg-b", listener)
+    try:
+        sent = producer.send_message_in_transaction(Message("TxB", b"later"), UNKNOW)
+        assert sent.local_state is UNKNOW
+        wait_until(lambda: listener.checked, what="a check of the half message")
+        assert visible(cluster, "TxB") == [], "a half message is never visible"
+        [half] = [p for p in pending(cluster) if p["group"] == "pg-b"]
+        assert half["msg_id"] == sent.msg_id and half["topic"] == "TxB"
+        assert listener.checked[0].topic == "TxB", "the check shows the real topic"
+        with listener.lock:
+            listener.answers[b"later"] = COMMIT
+        got = wait_until(lambda: visible(cluster, "TxB"), interval_s=0.1, what="the checked commit")
+        assert [m.msg_id for m in got] == [sent.msg_id]
+        wait_until(
+            lambda: not [p for p in pending(cluster) if p["group"] == "pg-b"], interval_s=0.1
+        )
+        assert [m.msg_id for m in visible(cluster, "TxB")] == [sent.msg_id], "committed once"
+    finally:
+        producer.close()
+
+
+def test_an_executor_that_raises_is_unknow_and_the_check_rolls_back(
+    cluster: actors.Cluster,
+) -> None:
+    listener = Listener()
+    listener.answers[b"fails"] = ROLLBACK
+    producer = producer_for(cluster, "pg-c", listener)
+    try:
+        sent = producer.send_message_in_transaction(Message("TxC", b"fails"), RuntimeError("db"))
+        assert sent.local_state is UNKNOW
+        wait_until(
+            lambda: not [p for p in pending(cluster) if p["group"] == "pg-c"],
+            interval_s=0.1,
+            what="the check's rollback",
+        )
+        assert listener.checked and visible(cluster, "TxC") == []
+    finally:
+        producer.close()
+
+
+def test_a_second_end_changes_nothing(cluster: actors.Cluster) -> None:
+    listener = Listener()
+    producer = producer_for(cluster, "pg-d", listener)
+    broker = cluster.broker("broker-a")
+    try:
+        sent = producer.send_message_in_transaction(Message("TxD", b"once"), COMMIT)
+        half_offset = int(sent.send_result.offset_msg_id[16:], 16)
+        for commit in (True, False, True):
+            again = broker.end_transaction.remote("pg-d", half_offset, sent.msg_id, commit)
+            assert ray.get(again) is False
+        assert [m.body for m in visible(cluster, "TxD")] == [b"once"]
+        with pytest.raises(Exception, match="not transaction"):
+            ray.get(broker.end_transaction.remote("other-group", half_offset, sent.msg_id, True))
+    finally:
+        producer.close()
+
+
+def test_a_half_message_survives_a_broker_restart_and_is_resolved(
+    cluster: actors.Cluster,
+) -> None:
+    listener = Listener()
+    producer = producer_for(cluster, "pg-e", listener)
+    try:
+        sent = producer.send_message_in_transaction(Message("TxE", b"survivor"), UNKNOW)
+        wait_until(lambda: listener.checked, what="a check before the restart")
+        broker = cluster.broker("broker-a")
+        before = ray.get(broker.ping.remote())
+        ray.kill(broker, no_restart=False)  # Ray restarts it; the store recovers
+        wait_until(
+            lambda: _incarnation(broker) not in (None, before),
+            timeout_s=60,
+            interval_s=0.2,
+            what="the restart",
+        )
+        assert visible(cluster, "TxE") == []
+        with listener.lock:
+            listener.answers[b"survivor"] = COMMIT
+        got = wait_until(
+            lambda: visible(cluster, "TxE"),
+            timeout_s=30,
+            interval_s=0.1,
+            what="the commit after the restart",
+        )
+        assert [m.msg_id for m in got] == [sent.msg_id]
+    finally:
+        producer.close()
+
+
+def _incarnation(broker: Any) -> str | None:
+    try:
+        return str(ray.get(broker.ping.remote(), timeout=5))
+    except Exception:  # noqa: BLE001 - restarting
+        return None
+
+
+def test_without_an_answer_a_half_message_is_discarded_after_the_max_checks(
+    ray_cluster: Any, tmp_path: Any
+) -> None:
+    c = actors.start_cluster(
+        namespace=unique_namespace("txn-max"),
+        nameservers=1,
+        brokers=1,
+        store_root=str(tmp_path),
+        broker_options={
+            "store": SMALL_STORE,
+            "transaction_check_interval_s": 0.2,
+            "transaction_timeout_s": 0.5,
+            "transaction_check_max": 3,
+        },
+        topics=[actors.TopicConfig("TxMax", 1, 1)],
+    )
+    try:
+        listener = Listener()  # answers UNKNOW to every check
+        producer = producer_for(c, "pg-max", listener)
+        sent = producer.send_message_in_transaction(Message("TxMax", b"orphan"), UNKNOW)
+        wait_until(lambda: listener.checked, what="a first check")
+        producer.close()  # no live producer from now on: the checks go on, unanswered
+        wait_until(lambda: not pending(c), timeout_s=30, interval_s=0.1, what="the discard")
+        broker = c.broker("broker-a")
+        status = ray.get(broker.status.remote())
+        assert status["txn_discarded"] == 1
+        assert visible(c, "TxMax") == []
+        [gone] = ray.get(broker.query_by_key.remote(transaction.CHECK_MAX_TOPIC, sent.msg_id))
+        assert gone.body == b"orphan"
+        assert int(gone.properties[transaction.PROP_CHECK_TIMES]) == 3
+    finally:
+        c.shutdown()
