@@ -109,8 +109,9 @@ _I32 = struct.Struct(">i")
 _SIZE_MAGIC = struct.Struct(">iI")
 _LE_I2, _LE_I4, _LE_I8 = np.dtype("<i2"), np.dtype("<i4"), np.dtype("<i8")
 # an encoded batch on the wire: records, keys, topics, unique keys and delays counted,
-# the producer id's length, its sequence runs and its epoch
-_WIRE_HEAD = struct.Struct(">iiiiiiii")
+# the producer id's length, its sequence runs, its epoch, and flags
+_WIRE_HEAD = struct.Struct(">iiiiiiiii")
+_WIRE_TRANSACTIONAL = 1  # a bit of the head's flags
 _VALID_PRODUCER_IDS: set[str] = set()  # checked already: a broker sees the same few
 PRODUCER_ID_RE = re.compile(r"[A-Za-z0-9_.:@%|-]{1,160}")
 
@@ -314,6 +315,9 @@ class EncodedBatch:
     producer_id: str | None = None
     producer_epoch: int = 0
     seq_runs: np.ndarray | None = None  # int64, shape (runs, 2)
+    # a message carries TRAN_MSG=true: the store keeps it as a half message (set by
+    # encode_batch, so the broker does not scan every batch's bytes for it)
+    transactional: bool = False
     checked: bool = field(default=False, compare=False)  # structure already verified
     _body_range: tuple[int, int] | None = field(
         default=None, init=False, compare=False, repr=False
@@ -484,6 +488,7 @@ class EncodedBatch:
             data=data,
             producer_id=batches[0].producer_id,
             producer_epoch=max(b.producer_epoch for b in batches),
+            transactional=any(b.transactional for b in batches),
             seq_runs=runs,
             sizes=np.concatenate([b.sizes for b in batches]),
             topics=topics,
@@ -528,6 +533,7 @@ class EncodedBatch:
             len(producer),
             0 if runs is None else len(runs),
             self.producer_epoch,
+            _WIRE_TRANSACTIONAL if self.transactional else 0,
         )
         return [
             head,
@@ -551,7 +557,7 @@ class EncodedBatch:
         is a view of ``blob``."""
         try:
             view = memoryview(blob).cast("B")  # type: ignore[arg-type]  # ndarray is a buffer
-            n, k, lt, lu, d, lp, r, epoch = _WIRE_HEAD.unpack_from(view, 0)
+            n, k, lt, lu, d, lp, r, epoch, flags = _WIRE_HEAD.unpack_from(view, 0)
             if min(n, k, lt, lu, d, lp, r, epoch) < 0 or d not in (0, n) or r > n:
                 raise ValueError("bad counts")
             if (lp == 0) != (r == 0):
@@ -597,6 +603,7 @@ class EncodedBatch:
             producer,
             epoch,
             arrays[7].reshape(r, 2) if r else None,
+            bool(flags & _WIRE_TRANSACTIONAL),
         )
         batch.check_structure()
         return batch
@@ -932,6 +939,7 @@ def encode_batch(
     uniq_keys: list[str] = []
     tag_text: dict[str | None, str] = {}
     delays: list[int] | None = None
+    transactional = False
     append = parts.append
     fixed = FIXED_LEN - 1
     next_uk = gen.next
@@ -974,6 +982,8 @@ def encode_batch(
             else:
                 prop_text = tag_text[tags] = ""
         if user:
+            if user.get(PROP_TRAN_MSG) == "true":
+                transactional = True
             prop_text += encode_properties(
                 {k: v for k, v in user.items() if k not in SYSTEM_PROPS}
             ).decode("utf-8")
@@ -1046,6 +1056,7 @@ def encode_batch(
         key_owner=np.array(key_owner, dtype=np.int32),
         uniq_keys=tuple(uniq_keys),
         delay_levels=None if delays is None else np.array(delays, dtype=np.int32),
+        transactional=transactional,
         checked=True,  # built here, consistent by construction
     )
 

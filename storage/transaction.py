@@ -19,7 +19,6 @@ shapes both sides agree on; it knows nothing of brokers or Ray.
 from __future__ import annotations
 
 import dataclasses
-import re
 import struct
 
 import numpy as np
@@ -50,8 +49,6 @@ TRANSACTION_ROLLBACK_TYPE = 0xC
 TRANSACTION_MASK = 0xC
 
 _OFF_SYSFLAG = 36  # the record's SYSFLAG field (see codec's layout)
-_MARK_BYTES = f"{PROP_TRAN_MSG}\x01true\x02".encode()
-_MARK = re.compile(re.escape(_MARK_BYTES))
 # what a committed copy no longer carries (RocketMQ clears them in endMessageTransaction)
 _TXN_PROPS = (PROP_TRAN_MSG, PROP_REAL_TOPIC, PROP_REAL_QID, PROP_CHECK_TIMES, PROP_DELAY)
 
@@ -65,17 +62,11 @@ def is_transactional(m: MessageExt) -> bool:
 
 
 def may_hold_transactional(batch: codec.EncodedBatch) -> bool:
-    """Whether any record of ``batch`` may carry ``TRAN_MSG=true``: one scan of its bytes
-    (a body holding the same bytes only costs a decode, :func:`is_transactional` decides).
-
-    Every send pays for it, so the cheapest scan there is: ``bytes.find`` over the wire
-    blob the records are a view of (3x faster than a regex, which is the fallback for
-    buffers that have no ``find``, such as a numpy array Ray handed over)."""
-    data = batch.data
-    base = data.obj if isinstance(data, memoryview) else data
-    if isinstance(base, (bytes, bytearray)):
-        return base.find(_MARK_BYTES) >= 0  # the whole blob: a hit elsewhere only costs a decode
-    return _MARK.search(data) is not None
+    """Whether any record of ``batch`` may carry ``TRAN_MSG=true``: the encoder says so in
+    the batch's head (``EncodedBatch.transactional``), so a send costs no scan of its
+    bytes. A record carrying the property in a batch not flagged (an encoder of its own)
+    is stored as it came, a plain message."""
+    return batch.transactional
 
 
 def to_half(m: MessageExt, queue_id: int) -> Message:

@@ -68,7 +68,9 @@ def test_the_committed_copy_clears_the_transaction_properties(store: MessageStor
     assert props["UNIQ_KEY"] == half.msg_id
 
 
-def test_the_mark_is_found_in_every_kind_of_buffer_a_batch_arrives_in() -> None:
+def test_the_flag_travels_with_the_batch_in_every_kind_of_buffer_it_arrives_in() -> None:
+    """The encoder flags a batch holding a transactional message in its head; merged
+    calls keep it; a body that merely holds the same bytes is not flagged."""
     half = codec.encode_batch([Message("Orders", b"a"), Message("Orders", b"b", properties=TXN)])
     plain = codec.encode_batch([Message("Orders", b"TRAN_MSG true")])
     for batch, expected in ((half, True), (plain, False)):
@@ -77,3 +79,5 @@ def test_the_mark_is_found_in_every_kind_of_buffer_a_batch_arrives_in() -> None:
             got = transaction.may_hold_transactional(codec.EncodedBatch.from_bytes(buffer))
             assert got is expected, type(buffer)
         assert transaction.may_hold_transactional(batch) is expected
+        merged = codec.EncodedBatch.concat([plain, batch])
+        assert transaction.may_hold_transactional(merged) is expected
