@@ -50,7 +50,8 @@ EXEC_COMMAND = (
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER_TIMEOUT_S = 300
 WORKER_UP_TIMEOUT_S = 300  # the head's autoscaler: rsync, setup commands, ray start
-WORKER_DOWN_TIMEOUT_S = 240  # seen: ~115 s (60 s without the GCS, then its agents)
+WORKER_GCS_WAIT_S = 10
+WORKER_DOWN_TIMEOUT_S = 240  # seen: ~115 s with Ray's 60 s wait for the GCS, then its agents
 
 
 def sandboxed_config(cluster) -> Path:
@@ -77,6 +78,13 @@ def sandboxed_config(cluster) -> Path:
         "ssh_private_key": str(cluster.ssh_private_key),
         "ssh_proxy_command": str(cluster.proxy_command),
     }
+    # The worker's raylet waits this long for a GCS that is gone before it exits (Ray's
+    # default 60 s): `ray down` stops only the head, so the test waits that out.
+    [start] = [c for c in config["worker_start_ray_commands"] if "ray start" in c]
+    config["worker_start_ray_commands"] = [
+        f"RAY_gcs_rpc_server_reconnect_timeout_s={WORKER_GCS_WAIT_S} {c}" if c == start else c
+        for c in config["worker_start_ray_commands"]
+    ]
     assert config["file_mounts"]["~/raymq"] == "."
     config["file_mounts"]["~/raymq"] = str(REPO)
     path = cluster.dir / "cluster.yaml"
@@ -220,8 +228,8 @@ def _up_exec_down(cluster, config, env, sentinel_ray):
     assert not left & {"raylet", "gcs_server"}, left
     assert not ray_left(head), ray_left(head)
     # The local provider's `ray down` runs `ray stop` on the head only. The worker's
-    # raylet gives up on the head's GCS after 60 s; it, its agents and broker-b's
-    # process are gone about a minute after that.
+    # raylet gives up on the head's GCS after WORKER_GCS_WAIT_S; it, its agents and
+    # broker-b's process are gone soon after that.
     took["worker left"] = wait_until(
         lambda: (
             "raylet" not in worker.processes().values()

@@ -107,7 +107,14 @@ def _sent_back(cluster: Any, topic: str, futures: list[Any], first: int = 0) -> 
     stored = {
         (mq.queue_id, m.queue_offset): m.body for mq, messages in got.items() for m in messages
     }
-    assert len(stored) == sum(len(r) for r in results) + 4096 * first
+    answered = [
+        (sent.message_queue.queue_id, sent.queue_offset) for result in results for sent in result
+    ]
+    # two sends answered with the same place: one of them was taken for a retry of the other
+    assert len(set(answered)) == len(answered), "two messages answered with one queue offset"
+    missing = sorted(set(answered) - set(stored))
+    assert not missing, f"{len(missing)} answered but not read back, from {missing[0]}"
+    assert len(stored) == len(answered) + 4096 * first
     for b, result in enumerate(results):
         for i, sent in enumerate(result):
             assert stored[(sent.message_queue.queue_id, sent.queue_offset)] == _body(b, i)
