@@ -41,7 +41,12 @@ class Message:
     """A message as a producer builds it.
 
     ``keys`` may be one string or a sequence; each key is indexed as
-    ``topic#key``. ``delay_level`` (1-based, 0 = none) asks for delayed delivery.
+    ``topic#key``. ``delay_level`` (1-based, 0 = none) asks for delayed delivery at
+    one of the broker's levels; ``deliver_at_ms`` (epoch milliseconds, an int) for
+    delivery at that time, within the timer's precision (``storage.timer``; it is
+    sent as the ``TIMER_DELIVER_MS`` property, as RocketMQ 5 does). A time now or
+    past is delivered at once; more than ``timer_max_delay_ms`` ahead is refused.
+    With both, the delay level wins, as in RocketMQ.
     """
 
     topic: str
@@ -52,6 +57,7 @@ class Message:
     queue_id: int = 0
     flag: int = 0
     delay_level: int = 0
+    deliver_at_ms: int | None = None
 
 
 class _MessageExtFields(NamedTuple):
