@@ -188,7 +188,6 @@ def encode_plain_numpy(
             or m.properties
             or m.keys
             or m.delay_level
-            or m.deliver_at_ms is not None
             or m.body.__class__ is not bytes
         ):
             return None

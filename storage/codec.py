@@ -998,18 +998,6 @@ def encode_batch(
             prop_text += encode_properties(
                 {k: v for k, v in user.items() if k not in SYSTEM_PROPS}
             ).decode("utf-8")
-        deliver_at = m.deliver_at_ms
-        if deliver_at is not None:
-            if deliver_at.__class__ is not int or deliver_at < 0:
-                raise InvalidMessageError(
-                    f"deliver_at_ms={deliver_at!r}: must be an int >= 0 (epoch milliseconds)"
-                )
-            if user and (PROP_TIMER_DELIVER_MS in user or PROP_TIMER_DELAY_SEC in user):
-                raise InvalidMessageError(
-                    "deliver_at_ms and a TIMER_DELIVER_MS/TIMER_DELAY_SEC property both given"
-                )
-            prop_text += f"TIMER_DELIVER_MS\x01{deliver_at}\x02"
-            timer = True
         if m.keys:
             keys = normalize_keys(m.keys)
             prop_text += f"KEYS\x01{KEY_SEP.join(keys)}\x02"

@@ -47,6 +47,7 @@ from rebalance import MessageQueue
 from storage.codec import EncodedBatch
 from storage.errors import BrokerUnavailableError, InvalidMessageError
 from storage.message import Message
+from storage.properties import PROP_TIMER_DELAY_SEC, PROP_TIMER_DELIVER_MS
 
 log = logging.getLogger("raymq.actors.producer")
 
@@ -67,7 +68,9 @@ def with_delay(messages: Sequence[Message], delay_s: float) -> list[Message]:
             raise InvalidMessageError(
                 f"message {i}: expected storage.Message, got {type(m).__name__}"
             )
-        out.append(dataclasses.replace(m, deliver_at_ms=at))
+        props = {k: v for k, v in (m.properties or {}).items() if k != PROP_TIMER_DELAY_SEC}
+        props[PROP_TIMER_DELIVER_MS] = str(at)
+        out.append(dataclasses.replace(m, properties=props))
     return out
 
 
