@@ -58,7 +58,6 @@ replicated and skips, by the same lookup, the entries its old master delivered.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import time
@@ -799,8 +798,3 @@ class TimerMessageService(ServiceThread):
                 return 0
             done = len(self._done) if self._cur_time == self.wheel.read_time_ms else 0
             return self.wheel.pending_entries() - done
-
-
-def deliver_at_ms(value: float | int) -> int:
-    """Epoch milliseconds from epoch seconds (a float or int), rounded up."""
-    return int(math.ceil(float(value) * 1000))
