@@ -661,6 +661,13 @@ class TimerMessageService(ServiceThread):
         if cq is None:
             return
         wheel = self.wheel
+        if wheel.enqueue_offset > cq.max_offset:  # the queue lost a tail in a crash
+            log.warning(
+                "timer queue ends at %d, before the wheel's %d: enqueueing from there",
+                cq.max_offset,
+                wheel.enqueue_offset,
+            )
+            wheel.enqueue_offset = cq.max_offset
         offset = max(wheel.enqueue_offset, cq.min_offset)
         cl = self.store.commitlog
         while True:
@@ -748,11 +755,11 @@ class TimerMessageService(ServiceThread):
         cl = self.store.commitlog
         live = []
         for pos, e in due:
-            if int(e["offset"]) >= cl.min_offset:
+            if cl.min_offset <= int(e["offset"]) < cl.max_offset:
                 live.append(e)
             else:
                 log.error(
-                    "timer entry at %d: its record at %d expired from the CommitLog: lost",
+                    "timer entry at %d: its record at %d is not in the CommitLog (expired): lost",
                     pos,
                     int(e["offset"]),
                 )
@@ -767,6 +774,9 @@ class TimerMessageService(ServiceThread):
         fresh = False
         sent = 0
         for e, m in zip(live, originals):
+            if m.topic != TIMER_TOPIC or m.commitlog_offset != int(e["offset"]):
+                log.error("timer entry for %d names no timer record: dropped", int(e["offset"]))
+                continue
             if verify and self._delivered_before(m):
                 continue
             fresh = True
