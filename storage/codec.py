@@ -62,6 +62,8 @@ from .properties import PROP_REAL_TOPIC as PROP_REAL_TOPIC
 from .properties import PROP_RECONSUME_TIME as PROP_RECONSUME_TIME
 from .properties import PROP_RETRY_TOPIC as PROP_RETRY_TOPIC
 from .properties import PROP_TAGS as PROP_TAGS
+from .properties import PROP_TIMER_DELAY_SEC as PROP_TIMER_DELAY_SEC
+from .properties import PROP_TIMER_DELIVER_MS as PROP_TIMER_DELIVER_MS
 from .properties import PROP_TRAN_MSG as PROP_TRAN_MSG
 from .properties import PROP_UNIQ_KEY as PROP_UNIQ_KEY
 from .properties import PROPERTY_SEP as PROPERTY_SEP
@@ -112,6 +114,7 @@ _LE_I2, _LE_I4, _LE_I8 = np.dtype("<i2"), np.dtype("<i4"), np.dtype("<i8")
 # the producer id's length, its sequence runs, its epoch, and flags
 _WIRE_HEAD = struct.Struct(">iiiiiiiii")
 _WIRE_TRANSACTIONAL = 1  # a bit of the head's flags
+_WIRE_TIMER = 2
 _VALID_PRODUCER_IDS: set[str] = set()  # checked already: a broker sees the same few
 PRODUCER_ID_RE = re.compile(r"[A-Za-z0-9_.:@%|-]{1,160}")
 
@@ -318,6 +321,9 @@ class EncodedBatch:
     # a message carries TRAN_MSG=true: the store keeps it as a half message (set by
     # encode_batch, so the broker does not scan every batch's bytes for it)
     transactional: bool = False
+    # a message asks for a delivery time (TIMER_DELIVER_MS / TIMER_DELAY_SEC): the store
+    # keeps it in the timer wheel (storage.timer); set by encode_batch, as above
+    timer: bool = False
     checked: bool = field(default=False, compare=False)  # structure already verified
     _body_range: tuple[int, int] | None = field(
         default=None, init=False, compare=False, repr=False
@@ -489,6 +495,7 @@ class EncodedBatch:
             producer_id=batches[0].producer_id,
             producer_epoch=max(b.producer_epoch for b in batches),
             transactional=any(b.transactional for b in batches),
+            timer=any(b.timer for b in batches),
             seq_runs=runs,
             sizes=np.concatenate([b.sizes for b in batches]),
             topics=topics,
@@ -533,7 +540,7 @@ class EncodedBatch:
             len(producer),
             0 if runs is None else len(runs),
             self.producer_epoch,
-            _WIRE_TRANSACTIONAL if self.transactional else 0,
+            (_WIRE_TRANSACTIONAL if self.transactional else 0) | (_WIRE_TIMER if self.timer else 0),
         )
         return [
             head,
@@ -604,6 +611,7 @@ class EncodedBatch:
             epoch,
             arrays[7].reshape(r, 2) if r else None,
             bool(flags & _WIRE_TRANSACTIONAL),
+            bool(flags & _WIRE_TIMER),
         )
         batch.check_structure()
         return batch
@@ -940,6 +948,7 @@ def encode_batch(
     tag_text: dict[str | None, str] = {}
     delays: list[int] | None = None
     transactional = False
+    timer = False
     append = parts.append
     fixed = FIXED_LEN - 1
     next_uk = gen.next
@@ -984,6 +993,8 @@ def encode_batch(
         if user:
             if user.get(PROP_TRAN_MSG) == "true":
                 transactional = True
+            if PROP_TIMER_DELIVER_MS in user or PROP_TIMER_DELAY_SEC in user:
+                timer = True
             prop_text += encode_properties(
                 {k: v for k, v in user.items() if k not in SYSTEM_PROPS}
             ).decode("utf-8")
@@ -1057,6 +1068,7 @@ def encode_batch(
         uniq_keys=tuple(uniq_keys),
         delay_levels=None if delays is None else np.array(delays, dtype=np.int32),
         transactional=transactional,
+        timer=timer,
         checked=True,  # built here, consistent by construction
     )
 

@@ -50,6 +50,12 @@ _CONF_KEYS: dict[str, tuple[str, Any]] = {
     "messageIndexEnable": ("message_index_enable", lambda v: v.strip().lower() == "true"),
     "checkCRCOnRecover": ("check_crc_on_recover", lambda v: v.strip().lower() == "true"),
     "messageDelayLevel": ("message_delay_level", str),
+    "timerWheelEnable": ("timer_wheel_enable", lambda v: v.strip().lower() == "true"),
+    "timerPrecisionMs": ("timer_precision_ms", int),
+    "timerRollWindowSlot": ("timer_roll_window_slots", int),
+    "timerMaxDelaySec": ("timer_max_delay_ms", lambda v: int(v) * 1000),
+    "timerFlushIntervalMs": ("timer_flush_interval_ms", int),
+    "mappedFileSizeTimerLog": ("timer_log_file_size", int),
 }
 
 # old spellings RocketMQ still reads -> the key they stand for
@@ -179,6 +185,18 @@ class StoreConfig:
     preallocate: bool = True
     # delayed delivery: ScheduleMessageService
     message_delay_level: str = DEFAULT_DELAY_LEVELS
+    # timer messages at any time (storage.timer, RocketMQ 5's timer wheel): a slot per
+    # precision on a ring of timer_wheel_slots (8 days at 1 s); times further than the
+    # roll window (RocketMQ's 2 days, inside file_reserved_hours) are put again when the
+    # window's end comes; later than timer_max_delay_ms from the put is refused
+    timer_wheel_enable: bool = True
+    timer_precision_ms: int = 1_000
+    timer_wheel_slots: int = 8 * 86_400
+    timer_roll_window_slots: int = 2 * 86_400
+    timer_max_delay_ms: int = 30 * 86_400_000
+    timer_interval_ms: int = 100
+    timer_flush_interval_ms: int = 1_000
+    timer_log_file_size: int = 16 << 20
     # idempotent producers (storage.producer_state): runs remembered per producer and
     # queue, how long a silent producer is remembered (Kafka: 7 days), and how often at
     # most the table is snapshotted with a checkpoint (recovery replays what follows)
@@ -208,6 +226,9 @@ class StoreConfig:
             "index_max_entries",
             "producer_state_keep_runs",
             "producer_state_expire_ms",
+            "timer_precision_ms",
+            "timer_interval_ms",
+            "timer_max_delay_ms",
         ):
             if getattr(self, name) < 1:
                 raise InvalidConfigError(f"{name}={getattr(self, name)}: must be >= 1")
@@ -224,6 +245,15 @@ class StoreConfig:
         ):
             raise InvalidConfigError(f"store_host={self.store_host!r}: must be 'a.b.c.d:port'")
         parse_delay_levels(self.message_delay_level)
+        if not 2 <= self.timer_roll_window_slots < self.timer_wheel_slots:
+            raise InvalidConfigError(
+                f"timer_roll_window_slots={self.timer_roll_window_slots}: must be in "
+                f"[2, timer_wheel_slots={self.timer_wheel_slots})"
+            )
+        if self.timer_log_file_size < 4096:
+            raise InvalidConfigError(
+                f"timer_log_file_size={self.timer_log_file_size}: must be >= 4096"
+            )
         for hour in self.delete_when.split(";"):
             if not (hour.strip().isdigit() and 0 <= int(hour) < 24):
                 raise InvalidConfigError(

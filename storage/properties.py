@@ -28,6 +28,11 @@ PROP_RECONSUME_TIME = "RECONSUME_TIME"
 PROP_MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
 PROP_TRAN_MSG = "TRAN_MSG"
 PROP_PRODUCER_GROUP = "PGROUP"
+# timer messages (storage.timer): delivery at an epoch ms, or seconds after the put
+PROP_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+PROP_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
+PROP_TIMER_OUT_MS = "TIMER_OUT_MS"
+PROP_TIMER_ROLL_TIMES = "TIMER_ROLL_TIMES"
 # RayMQ's own: on the first record of an idempotent producer's batch,
 # "producer id,epoch,first sequence,record count" (storage.producer_state)
 PROP_PRODUCER_SEQ = "PRODUCER_SEQ"

@@ -31,7 +31,7 @@ from types import TracebackType
 
 import numpy as np
 
-from . import codec, producer_state, replica, transaction
+from . import codec, producer_state, replica, timer, transaction
 from .checkpoint import Checkpoint, CheckpointFile
 from .commitlog import CommitLog
 from .config import StoreConfig
@@ -79,7 +79,7 @@ def _needs_copies(batch: codec.EncodedBatch) -> bool:
     store keeps as copies in a system topic before they reach their own."""
     if batch.delay_levels is not None and batch.delay_levels.any():
         return True
-    return transaction.may_hold_transactional(batch)
+    return batch.timer or transaction.may_hold_transactional(batch)
 
 
 class PutBatchResult:
@@ -204,6 +204,10 @@ class MessageStore:
                     -1,
                 )
             )
+            # timer messages: the wheel opens with the store (rebuilt if it crashed)
+            self.timer_wheel = timer.TimerWheel(
+                self.root / "timer", config, self.now_ms(), self.abnormal_start
+            )
         except BaseException:
             self._release_files()
             raise
@@ -213,8 +217,13 @@ class MessageStore:
             self._group_commit = GroupCommitService(self.commitlog)
             self._group_commit.start()
         self.schedule = ScheduleMessageService(self)
+        # timer messages (storage.timer): like the schedule service, its service runs
+        # here or, in a broker, on the master only
+        self.timer = timer.TimerMessageService(self, self.timer_wheel)
         if start_services:
             self._services.append(self.schedule)
+            if config.timer_wheel_enable:
+                self._services.append(self.timer)
             if not config.sync_flush:
                 self._services.append(FlushRealTimeService(self))
             self._services.append(FlushConsumeQueueService(self))
@@ -258,6 +267,7 @@ class MessageStore:
             service.stop()
         if self._group_commit is not None:
             self._group_commit.stop()  # the flush below serves whoever still waits
+        self.timer_wheel.close(clean=True)  # timer: after its service stopped
         with self._put_lock:
             self._closed = True
             end = self.commitlog.max_offset
@@ -276,6 +286,9 @@ class MessageStore:
         group_commit = getattr(self, "_group_commit", None)
         if group_commit is not None:
             group_commit.stop()
+        wheel = getattr(self, "timer_wheel", None)
+        if wheel is not None:
+            wheel.close(clean=False)  # timer: closed cleanly by close() before, if at all
         self.commitlog.close()
         self._cqs.close()
         self.index.close()
@@ -386,6 +399,8 @@ class MessageStore:
                 raise InvalidMessageError(f"topic={topic!r} is reserved for delayed messages")
             if topic == QUARANTINE_TOPIC:
                 raise InvalidMessageError(f"topic={topic!r} is reserved for damaged records")
+            if topic == timer.TIMER_TOPIC:
+                raise InvalidMessageError(f"topic={topic!r} is reserved for timer messages")
         if batch.producer_id is None and _needs_copies(batch):
             batch = self._to_copies(batch)
         return self._put_encoded(batch)
@@ -397,6 +412,7 @@ class MessageStore:
         top = len(self.config.delay_levels_ms)
         originals = codec.decode_records(batch.data, check_crc=False)
         levels = [0] * len(originals) if batch.delay_levels is None else batch.delay_levels.tolist()
+        now_ms = self.now_ms()
         messages: list[Message] = []
         halves: list[int] = []
         # a record's QUEUEID is written from ``queue_ids`` at the put (``with_queue``)
@@ -406,6 +422,8 @@ class MessageStore:
                 halves.append(i)
             elif level:
                 messages.append(to_schedule(m, min(level, top), qid))
+            elif batch.timer and (at := timer.for_put(m, qid, now_ms, self.config)) is not None:
+                messages.append(at)  # the timer topic's copy, or its own topic if due
             else:
                 messages.append(dataclasses.replace(as_message(m), queue_id=qid))
         out = codec.encode_batch(

@@ -19,7 +19,10 @@ what ``send_async`` holds unanswered is bounded (:mod:`.backpressure`).
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
+import math
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -44,8 +47,31 @@ from rebalance import MessageQueue
 from storage.codec import EncodedBatch
 from storage.errors import BrokerUnavailableError, InvalidMessageError
 from storage.message import Message
+from storage.properties import PROP_TIMER_DELAY_SEC, PROP_TIMER_DELIVER_MS
 
 log = logging.getLogger("raymq.actors.producer")
+
+
+def with_delay(messages: Sequence[Message], delay_s: float) -> list[Message]:
+    """The messages to be delivered ``delay_s`` seconds from now (``deliver_at_ms``)."""
+    if (
+        not isinstance(delay_s, (int, float))
+        or isinstance(delay_s, bool)
+        or not math.isfinite(delay_s)
+        or delay_s < 0
+    ):
+        raise InvalidMessageError(f"delay_s={delay_s!r}: must be a number of seconds >= 0")
+    at = math.ceil((time.time() + delay_s) * 1000)
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Message):
+            raise InvalidMessageError(
+                f"message {i}: expected storage.Message, got {type(m).__name__}"
+            )
+        props = {k: v for k, v in (m.properties or {}).items() if k != PROP_TIMER_DELAY_SEC}
+        props[PROP_TIMER_DELIVER_MS] = str(at)
+        out.append(dataclasses.replace(m, properties=props))
+    return out
 
 
 class Producer:
@@ -89,10 +115,21 @@ class Producer:
 
     # ------------------------------------------------------------ public API
     def send(
-        self, message: Message, *, sharding_key: str | None = None, timeout_s: float | None = None
+        self,
+        message: Message,
+        *,
+        sharding_key: str | None = None,
+        timeout_s: float | None = None,
+        delay_s: float | None = None,
     ) -> SendResult:
-        """Send one message and wait for the broker's answer."""
-        return self.send_batch([message], sharding_key=sharding_key, timeout_s=timeout_s)[0]
+        """Send one message and wait for the broker's answer.
+
+        ``delay_s``: deliver it that many seconds from now (a timer message: any delay,
+        within about a second, up to the brokers' ``timer_max_delay_ms``; RocketMQ 5's
+        ``TIMER_DELIVER_MS``). ``Message(deliver_at_ms=...)`` names the time instead."""
+        return self.send_batch(
+            [message], sharding_key=sharding_key, timeout_s=timeout_s, delay_s=delay_s
+        )[0]
 
     def send_batch(
         self,
@@ -100,8 +137,12 @@ class Producer:
         *,
         sharding_key: str | None = None,
         timeout_s: float | None = None,
+        delay_s: float | None = None,
     ) -> BatchSendResult:
-        """Send many messages: one Ray call per (topic, chunk), chunks in flight together."""
+        """Send many messages: one Ray call per (topic, chunk), chunks in flight together.
+        ``delay_s`` delays every one of them (see :meth:`send`)."""
+        if delay_s is not None:
+            messages = with_delay(messages, delay_s)
         return self._sender.send_chunks(
             self._encoder.encode(messages), len(messages), sharding_key, timeout_s
         )
@@ -117,15 +158,23 @@ class Producer:
         return self._sender.send_chunks(chunks, total, None, timeout_s)
 
     def send_async(
-        self, messages: Message | Sequence[Message], *, sharding_key: str | None = None
+        self,
+        messages: Message | Sequence[Message],
+        *,
+        sharding_key: str | None = None,
+        delay_s: float | None = None,
     ) -> concurrent.futures.Future[Any]:
         """Send without waiting: a future of a :class:`SendResult` (one message) or a
         :class:`BatchSendResult` (a list). Failed sends are retried on another broker.
+        ``delay_s`` delays delivery (see :meth:`send`).
 
         Invalid messages raise here. So does :class:`ProducerBusyError` when
         ``async_send_max_messages`` / ``_bytes`` stay full for ``send_timeout_s``: the
         call waits for earlier sends to be answered first, as RocketMQ's backpressure does.
         """
+        if delay_s is not None:
+            delayed = with_delay([messages] if isinstance(messages, Message) else messages, delay_s)
+            messages = delayed[0] if isinstance(messages, Message) else delayed
         single = isinstance(messages, Message)
         if isinstance(messages, Message) and sharding_key is None:
             # one message at a time: coalesce with its neighbours into batches

@@ -17,6 +17,7 @@ from storage import codec, transaction
 from storage.codec import validate_topic
 from storage.errors import InvalidConfigError
 from storage.message import MessageExt
+from storage.timer import TIMER_TOPIC
 
 PERM_PRIORITY = 8
 PERM_READ = 4
@@ -36,6 +37,7 @@ SYSTEM_TOPICS = frozenset(
         transaction.HALF_TOPIC,
         transaction.OP_HALF_TOPIC,
         transaction.CHECK_MAX_TOPIC,
+        TIMER_TOPIC,
     }
 )
 """Topics producers may not send to (clients check; brokers write them themselves)."""

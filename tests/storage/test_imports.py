@@ -17,7 +17,7 @@ grimp = pytest.importorskip("grimp")
 LAYERS = [  # from the facade down to the values and errors
     "store",
     {"recovery", "replica"},
-    "schedule",
+    {"schedule", "timer"},
     "services",
     "producer_state",
     {

@@ -65,6 +65,7 @@ from storage.raft import (
 from storage.raft.errors import NotLeaderError, RaftError
 from storage.schedule import ScheduleMessageService
 from storage.store import PutBatchResult
+from storage.timer import TimerMessageService
 
 if TYPE_CHECKING:
     from actors.broker.runtime import BrokerRuntime
@@ -144,6 +145,9 @@ class DLedgerReplication(Replication):
 
     def _schedule_factory(self) -> Callable[[], Any] | None:
         return lambda: ScheduleMessageService(_LeaderStore(self))  # type: ignore[arg-type]
+
+    def _timer_factory(self) -> Callable[[], Any] | None:
+        return lambda: TimerMessageService(_LeaderStore(self), self.store.timer_wheel)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:

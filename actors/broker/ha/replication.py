@@ -53,6 +53,7 @@ from storage.services import (
     ServiceThread,
 )
 from storage.store import MessageStore, PutBatchResult
+from storage.timer import TIMER_TOPIC, TimerMessageService
 
 if TYPE_CHECKING:
     from actors.broker.runtime import BrokerRuntime
@@ -87,14 +88,21 @@ def physical_memory() -> int:
 
 class StoreServices:
     """The store's background services, started by the broker's role: flush, checkpoint
-    and expiry always; the schedule service (which writes) only on a master."""
+    and expiry always; the schedule and timer services (which write) only on a master."""
 
-    def __init__(self, store: MessageStore, schedule_factory: Callable[[], Any] | None = None):
+    def __init__(
+        self,
+        store: MessageStore,
+        schedule_factory: Callable[[], Any] | None = None,
+        timer_factory: Callable[[], Any] | None = None,
+    ):
         self.store = store
         self._always: list[ServiceThread] = []
         self._schedule: ScheduleMessageService | None = None
         self._schedule_factory = schedule_factory
         self._fresh = True  # store.schedule was never started
+        self._timer: TimerMessageService | None = None
+        self._timer_factory = timer_factory
 
     def start(self) -> None:
         store = self.store
@@ -121,11 +129,27 @@ class StoreServices:
         self._fresh = False
         assert self._schedule is not None
         self._schedule.start()
+        if self.store.config.timer_wheel_enable and self._timer is None:
+            # a new service each time (a thread starts once); the wheel is the store's
+            self._timer = (
+                self._timer_factory()
+                if self._timer_factory is not None
+                else TimerMessageService(self.store, self.store.timer_wheel)
+            )
+            self._timer.start()
 
     def stop_schedule(self) -> None:
         svc, self._schedule = self._schedule, None
         if svc is not None:
             svc.stop()
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.stop()
+
+    @property
+    def timer(self) -> TimerMessageService | None:
+        """The running timer service (a master's), or None."""
+        return self._timer
 
     def delay_offsets(self) -> dict[int, int]:
         svc = self._schedule or self.store.schedule
@@ -148,7 +172,7 @@ class Replication:
         self.broker = broker
         self.store = broker.store
         self.config = broker.config
-        self.services = StoreServices(broker.store, self._schedule_factory())
+        self.services = StoreServices(broker.store, self._schedule_factory(), self._timer_factory())
         self.learned: set[str] = set()
         """Topics this replica learned from replicated records, not yet from its master's
         metadata (SlaveSynchronize keeps them until the master's snapshot names them)."""
@@ -161,7 +185,7 @@ class Replication:
         it; retry and DLQ topics as the broker makes them), so that the records are
         readable here, and routable, even if the master dies before the next sync.
         SlaveSynchronize replaces it with the master's own config when it next runs."""
-        if self.is_master or topic == SCHEDULE_TOPIC:
+        if self.is_master or topic in (SCHEDULE_TOPIC, TIMER_TOPIC):
             return
         topics = self.broker.topics
         known = topics.get(topic)
@@ -187,6 +211,9 @@ class Replication:
         self.broker.loop.call_soon_threadsafe(self.broker.request_registration)
 
     def _schedule_factory(self) -> Callable[[], Any] | None:
+        return None
+
+    def _timer_factory(self) -> Callable[[], Any] | None:
         return None
 
     # -- lifecycle
