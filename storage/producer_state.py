@@ -17,8 +17,12 @@ decides for each run:
 * an older epoch than one stored: :class:`ProducerFencedError`; a newer epoch
   starts again at sequence 0.
 
-A producer the table does not know (new, or forgotten after ``expire_ms`` of
-silence) may start at any sequence.
+A producer's first run on a queue the table does not know starts at sequence 0,
+as each epoch's does: a run that overtook it on the way (a retry, a fallback from
+one path to another) is refused as out of order until it has arrived, never taken
+as the start, which would make the first run look stored before. A producer
+forgotten after ``expire_ms`` of silence is refused the same way and begins a new
+epoch (``actors.client.idempotence``).
 
 What survives a crash: the first record of every run carries ``PRODUCER_SEQ =
 "id,epoch,first sequence,count"`` in its properties, so the table is rebuilt
@@ -92,6 +96,11 @@ class ProducerStateTable:
             key = (pid, topic, int(batch.queue_ids[first]))
             st = self._queues.get(key)
             known = ahead.get(key) or ((st.epoch, st.next_seq) if st is not None else None)
+            if known is None and seq != 0:
+                raise OutOfOrderSequenceError(
+                    f"producer {pid} epoch {epoch} on {topic}:{key[2]}: its first run here "
+                    f"starts at sequence 0, not {seq}"
+                )
             if known is not None and known != (epoch, seq):  # not simply the next run
                 where = f"producer {pid} epoch {epoch} on {topic}:{key[2]}"
                 known_epoch, next_seq = known

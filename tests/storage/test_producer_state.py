@@ -78,8 +78,12 @@ def test_gaps_old_sequences_and_old_epochs_are_refused_and_change_nothing(store)
     store.put_encoded(wire(run("T", 1, 1, "p:7", 3, 0)))  # a new epoch from 0
     with pytest.raises(ProducerFencedError):  # and now the old one is fenced
         store.put_encoded(wire(run("T", 1, 3, "p:7", 2, 30)))
-    # another producer, another queue: their own numbering
-    store.put_encoded(wire(run("T", 1, 1, "q:1", 0, 40)))
+    # another producer, another queue: their own numbering, from 0: a later run that
+    # overtook the first is not taken for the start (the first would look stored)
+    with pytest.raises(OutOfOrderSequenceError, match="first run here starts at sequence 0"):
+        store.put_encoded(wire(run("T", 1, 1, "q:1", 0, 40)))
+    assert store.max_offset("T", 1) == 31
+    store.put_encoded(wire(run("T", 1, 1, "q:1", 0, 0)))
     store.put_encoded(wire(run("T", 2, 1, "p:7", 3, 0)))
     assert store.max_offset("T", 1) == 32 and store.max_offset("T", 2) == 1
 
