@@ -57,6 +57,11 @@ _PAIR = codec.PROPERTY_SEP.encode("ascii")
 _HEAD = struct.Struct(">iI4xi4xqq20xq20xi")
 _SIZE_MAGIC = struct.Struct(">iI")
 
+STORED_LONG_AGO = (-1, -1)
+"""What :meth:`ProducerStateTable.check` says of a run of a merged call that was stored
+too long ago to know where: answered with offsets -1, as a ``DuplicateSequenceError``
+is for a call of one run."""
+
 Run = tuple[int, int, int, int]
 """A stored run: (first sequence, record count, first queue offset, first CommitLog offset)."""
 
@@ -85,7 +90,8 @@ class ProducerStateTable:
         self, batch: codec.EncodedBatch, runs: list[tuple[int, int, int]]
     ) -> list[tuple[int, int] | None]:
         """For each of ``batch``'s ``runs``: ``None`` when it is to be written, or the
-        (first queue offset, first CommitLog offset) it was stored at. Raises a
+        (first queue offset, first CommitLog offset) it was stored at
+        (:data:`STORED_LONG_AGO` when no longer known). Raises a
         ``ProducerSequenceError`` when a run may not be written; nothing changes."""
         pid, epoch = batch.producer_id, batch.producer_epoch
         assert pid is not None
@@ -113,6 +119,10 @@ class ProducerStateTable:
                         )
                 elif seq < next_seq:
                     hit = self._stored(st, epoch, seq, count) if key not in ahead else None
+                    if hit is None and len(runs) > 1 and key not in ahead:
+                        # one run of a merged call: the others are still to be written
+                        # (the call's error would reach every run, as if all were stored)
+                        hit = STORED_LONG_AGO
                     if hit is None:
                         raise DuplicateSequenceError(
                             f"{where}: sequences {seq}..{seq + count - 1} were stored before "

@@ -494,6 +494,8 @@ class MessageStore:
                 queue_offsets[a : a + c] = part_qoffs[k : k + c]
                 phys[a : a + c] = part_phys[k : k + c]
                 k += c
+            elif hit == producer_state.STORED_LONG_AGO:  # stored, where no longer known
+                queue_offsets[a : a + c] = phys[a : a + c] = -1
             else:  # stored before: where it went, and durable before it is answered
                 queue_offsets[a : a + c] = hit[0] + np.arange(c, dtype=np.int64)
                 phys[a : a + c], stop = self._records_from(hit[1], c)

@@ -106,6 +106,20 @@ def test_a_merged_call_writes_only_its_new_runs(store) -> None:
     assert store.commitlog.max_offset == end
 
 
+def test_a_merged_call_with_a_run_stored_long_ago_still_writes_its_new_runs(store) -> None:
+    for seq in range(0, 18, 3):  # six runs: the first is no longer remembered where
+        store.put_encoded(wire(run("T", 0, 3, "p:1", 0, seq)))
+    fresh = run("U", 0, 2, "p:1", 0, 0, "u")
+    got = store.put_encoded(wire(codec.EncodedBatch.concat([run("T", 0, 3, "p:1", 0, 0), fresh])))
+    # the old run is answered as stored (where: unknown), the new one is written: were the
+    # whole call refused as a duplicate, its producer would take the new run as stored too
+    assert got.queue_offsets.tolist() == [-1, -1, -1, 0, 1]
+    assert store.max_offset("T", 0) == 18 and store.max_offset("U", 0) == 2
+    assert [store.message_at(int(p)).body for p in got.commitlog_offsets[3:]] == [b"u0-0", b"u0-1"]
+    with pytest.raises(DuplicateSequenceError):  # alone, the old run says so as before
+        store.put_encoded(wire(run("T", 0, 3, "p:1", 0, 0)))
+
+
 def test_delayed_messages_of_an_idempotent_run(store) -> None:
     batch = codec.encode_batch([Message("T", b"later", delay_level=1), Message("T", b"now")])
     marked = batch.with_queue(0).with_sequence("p:1", 0, 0)
