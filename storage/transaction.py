@@ -40,6 +40,8 @@ CHECK_MAX_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
 OP_TAG = "d"  # RocketMQ's TransactionalMessageUtil.REMOVE_TAG
 PROP_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
 PROP_TRANSACTION_ID = "__transactionId__"
+PROP_CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+"""A producer's own wait before the first check of its half message (RocketMQ's name)."""
 
 # the SYSFLAG's bits 2-3, as RocketMQ's MessageSysFlag names them
 TRANSACTION_NOT_TYPE = 0x0
@@ -124,6 +126,15 @@ def check_times(half: MessageExt) -> int:
         return int(half.properties.get(PROP_CHECK_TIMES, "0"))
     except ValueError:
         return 0
+
+
+def check_after_ms(half: MessageExt, timeout_ms: int) -> int:
+    """How old ``half`` must be before it is checked: its ``CHECK_IMMUNITY_TIME_IN_SECONDS``
+    when it carries a whole number of seconds >= 0, else the broker's ``timeout_ms``."""
+    text = half.properties.get(PROP_CHECK_IMMUNITY)
+    if text is None or not text.isdigit():
+        return timeout_ms
+    return int(text) * 1000
 
 
 def producer_group(half: MessageExt) -> str:

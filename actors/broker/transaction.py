@@ -212,8 +212,8 @@ class TransactionProcessor:
         pending = await self.rt.run(self._pending_halves)
         now_ms = int(time.time() * 1000)
         for half in pending:
-            if now_ms - half.born_timestamp < timeout_ms:
-                continue
+            if now_ms - half.born_timestamp < transaction.check_after_ms(half, timeout_ms):
+                continue  # not yet: the broker's timeout, or the producer's immunity
             async with self._lock:
                 if half.queue_offset in self._done:  # ended meanwhile
                     continue

@@ -299,6 +299,18 @@ class Admin:
         except ValueError:
             return None
 
+    # ------------------------------------------------------------ transactions
+    def pending_transactions(self, group: str | None = None) -> list[dict[str, Any]]:
+        """Half messages not committed or rolled back yet, on every live master, oldest
+        first: broker, message id, producer group, real topic, age (s), checks so far."""
+        rows = [
+            {"broker": name, **row}
+            for name, found in self._on_all(self.brokers(), "pending_transactions").items()
+            for row in found
+            if group is None or row["group"] == group
+        ]
+        return sorted(rows, key=lambda r: -r["age_s"])
+
     # ------------------------------------------------------------ dead letters and perms
     def dlq_messages(self, group: str, max_count: int = 1000) -> list[MessageExt]:
         """The dead letters of ``group`` (``%DLQ%<group>`` on every broker), oldest first."""

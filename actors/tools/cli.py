@@ -424,6 +424,16 @@ def cmd_dlq(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_txn(args: argparse.Namespace) -> int:
+    """``txn list``: half messages waiting for their producer's commit or rollback."""
+    rows = _cluster(args).admin.pending_transactions(args.group)
+    for r in rows:
+        r["age_s"] = round(r["age_s"], 1)
+    columns = ["broker", "msg_id", "group", "topic", "age_s", "check_times"]
+    _emit(args, rows, _table(rows, columns) + f"\npending: {len(rows)}")
+    return 0
+
+
 def _queue_name(q: Any) -> str:
     return f"{q.topic}:{q.broker_name}:{q.queue_id}"
 
@@ -749,6 +759,14 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--group", type=_name, required=True)
     d.add_argument("--id", action="append", help="only this message id (repeatable)")
     d.set_defaults(fn=cmd_dlq)
+
+    txn = sub.add_parser("txn", help="transactional messages: what waits for an end")
+    xsub = txn.add_subparsers(dest="txn_cmd", required=True)
+    x = xsub.add_parser(
+        "list", parents=[common], help="pending half messages with age and check count"
+    )
+    x.add_argument("--group", type=_name, help="only this producer group")
+    x.set_defaults(fn=cmd_txn)
 
     grp = sub.add_parser("group", help="consumer groups: their coordinator's view")
     gsub = grp.add_subparsers(dest="group_cmd", required=True)

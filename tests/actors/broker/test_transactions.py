@@ -6,6 +6,7 @@ after it."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +17,7 @@ from raymq_testkit import SMALL_STORE, drain, unique_namespace, wait_until
 
 import actors
 from actors import LocalTransactionState, TransactionProducer
+from actors.tools.cli import main
 from storage import Message, transaction
 from storage.message import MessageExt
 from storage.properties import PROP_TRAN_MSG
@@ -39,7 +41,7 @@ def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
             "transaction_timeout_s": 1.0,
             "transaction_check_max": 1000,  # the restart must not outlast the checks
         },
-        topics=[actors.TopicConfig(t, 2, 2) for t in ("TxA", "TxB", "TxC", "TxD", "TxE")],
+        topics=[actors.TopicConfig(t, 2, 2) for t in ("TxA", "TxB", "TxC", "TxD", "TxE", "TxF")],
     )
     yield c
     c.shutdown()
@@ -237,3 +239,38 @@ def test_without_an_answer_a_half_message_is_discarded_after_the_max_checks(
         assert int(gone.properties[transaction.PROP_CHECK_TIMES]) == 3
     finally:
         c.shutdown()
+
+
+def test_check_immunity_delays_the_check_and_txn_list_shows_what_waits(
+    cluster: actors.Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    listener = Listener()
+    producer = producer_for(cluster, "pg-i", listener)
+    try:
+        immune = Message("TxF", b"immune", properties={transaction.PROP_CHECK_IMMUNITY: "600"})
+        a = producer.send_message_in_transaction(immune, UNKNOW)
+        b = producer.send_message_in_transaction(Message("TxF", b"plain"), UNKNOW)
+
+        def checks() -> dict[str, int]:
+            return {p["msg_id"]: p["check_times"] for p in pending(cluster) if p["group"] == "pg-i"}
+
+        # the plain one is checked at each round past the broker's timeout; the one with
+        # CHECK_IMMUNITY_TIME_IN_SECONDS=600 is not checked at all meanwhile
+        wait_until(lambda: checks().get(b.msg_id, 0) >= 2, what="two checks of the plain one")
+        assert checks()[a.msg_id] == 0
+        assert [m.body for m in listener.checked].count(b"immune") == 0
+        assert (
+            main(["txn", "list", "--group", "pg-i", "--namespace", cluster.namespace, "--json"])
+            == 0
+        )
+        rows = json.loads(capsys.readouterr().out)
+        assert {r["msg_id"] for r in rows} == {a.msg_id, b.msg_id}
+        assert {r["broker"] for r in rows} == {"broker-a"} and {r["topic"] for r in rows} == {"TxF"}
+        assert [r["age_s"] for r in rows] == sorted((r["age_s"] for r in rows), reverse=True)
+        with listener.lock:
+            listener.answers[b"plain"] = ROLLBACK
+        wait_until(lambda: b.msg_id not in checks(), interval_s=0.1, what="the rollback")
+        assert main(["txn", "list", "--namespace", cluster.namespace]) == 0
+        assert "pending:" in capsys.readouterr().out
+    finally:
+        producer.close()
