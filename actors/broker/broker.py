@@ -86,7 +86,7 @@ class Broker:
         self.listener: DataPathListener | None = None
         if config.data_path_enable:
             self.listener = DataPathListener(
-                rt, self.sender, self.puller, self.groups, _tls_context(config)
+                rt, self.sender, self.puller, self.groups, self.transactions, _tls_context(config)
             )
         self.ha.start()
         self.transactions.start()

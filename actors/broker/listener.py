@@ -26,6 +26,7 @@ from actors.broker.consumer_manage import ConsumerManageProcessor
 from actors.broker.pull import PullMessageProcessor
 from actors.broker.runtime import BrokerRuntime
 from actors.broker.send import SendMessageProcessor
+from actors.broker.transaction import TransactionProcessor
 from actors.protocol import frames
 from actors.protocol.errors import AnswerDroppedError
 from actors.protocol.frames import Code, Flag
@@ -43,12 +44,14 @@ class DataPathListener:
         sender: SendMessageProcessor,
         puller: PullMessageProcessor,
         groups: ConsumerManageProcessor,
+        transactions: TransactionProcessor,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.rt = runtime
         self.sender = sender
         self.puller = puller
         self.groups = groups
+        self.transactions = transactions
         self.ssl_context = ssl_context
         self.secret = secrets.token_bytes(32)
         """This incarnation's secret: clients get it through Ray (``Broker.data_path``)."""
@@ -241,6 +244,14 @@ class DataPathListener:
         if code == Code.UNREGISTER:
             await self.groups.unregister_consumer(h.get("g", _MISSING), h.get("i", _MISSING))
             return {}, []
+        if code == Code.END_TRANSACTION:
+            ended = await self.transactions.end_transaction(
+                h.get("g", _MISSING),
+                h.get("q", _MISSING),
+                h.get("i", _MISSING),
+                h.get("m", _MISSING),
+            )
+            return {"r": ended}, []
         raise frames.FrameError(f"unknown request code {code}")
 
 

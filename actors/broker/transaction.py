@@ -37,6 +37,7 @@ from typing import Any
 
 from actors.broker.ha import Replication
 from actors.broker.runtime import BrokerRuntime
+from actors.protocol import checks
 from storage import codec, transaction
 from storage.codec import EncodedBatch
 from storage.errors import BrokerUnavailableError, InvalidMessageError, StoreCorruptedError
@@ -126,6 +127,11 @@ class TransactionProcessor:
     ) -> bool:
         """Commit or roll back the half message at CommitLog offset ``half_offset``; False
         when it was ended (or discarded) before: nothing is written then."""
+        group = checks.validate_group(group, "producer group")
+        half_offset = checks.check_int("half_offset", half_offset, 0)
+        transaction_id = checks.check_str("transaction_id", transaction_id)
+        if not isinstance(commit, bool):
+            raise InvalidMessageError(f"commit={commit!r}: must be True or False")
         async with self._lock:
             await self.ensure_loaded()
             half = await self._half_at(half_offset)
@@ -156,8 +162,9 @@ class TransactionProcessor:
             return True
 
     async def _half_at(self, offset: int) -> MessageExt:
+        read = self.rt.store.commitlog.message_at
         try:
-            half = await self.rt.run(self.rt.store.commitlog.message_at, offset)
+            half = read(offset) if self._inline else await self.rt.run(read, offset)
         except (StoreCorruptedError, ValueError, IndexError) as exc:
             raise InvalidMessageError(f"no half message at commitlog offset {offset}") from exc
         if half.topic != transaction.HALF_TOPIC:
@@ -188,7 +195,15 @@ class TransactionProcessor:
         return await self.role.put(batch, self._local_put)
 
     async def _local_put(self, batch: EncodedBatch) -> PutBatchResult:
+        if self._inline:  # a copy into the mapped file: cheaper than a thread hop
+            return self.rt.store._put_encoded(batch)
         return await self.rt.run(self.rt.store._put_encoded, batch)
+
+    @property
+    def _inline(self) -> bool:
+        """ASYNC_FLUSH: a put or a read of one record stays on the event loop, as the send
+        processor's puts do (``BrokerConfig.inline_async_puts``)."""
+        return self.rt.config.inline_async_puts and not self.rt.store.config.sync_flush
 
     # ------------------------------------------------------------ check
     async def _check_loop(self) -> None:

@@ -1,7 +1,7 @@
 """A client's data path: per-message calls to brokers over their own sockets.
 
 Ray is the control plane; what a client does per message (send, pull, commit
-offsets, send back, heartbeat) goes over one connection per broker
+offsets, send back, heartbeat, end a transaction) goes over one connection per broker
 (``actors.client.connection``), as RocketMQ's clients keep to each broker. A
 :class:`BrokerStub` stands where a broker's Ray handle stood
 (``NameServerClient(wrap=...)``): ``stub.send.remote(...)`` goes over the socket
@@ -256,6 +256,17 @@ def _unregister(group: str, client_id: str) -> Any:
     return {"c": int(Code.UNREGISTER), "g": group, "i": client_id}, [], _none
 
 
+def _end_transaction(group: str, half_offset: int, transaction_id: str, commit: bool) -> Any:
+    header = {
+        "c": int(Code.END_TRANSACTION),
+        "g": group,
+        "q": half_offset,
+        "i": transaction_id,
+        "m": commit,
+    }
+    return header, [], _result
+
+
 _REQUESTS = {
     "send": _send,
     "pull_packed": _pull_packed,
@@ -263,5 +274,6 @@ _REQUESTS = {
     "consumer_send_msg_back": _send_back,
     "heartbeat": _heartbeat,
     "unregister_consumer": _unregister,
+    "end_transaction": _end_transaction,
 }
 """The broker's per-message methods, and how each is framed (header, body, decoder)."""

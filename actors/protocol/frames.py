@@ -77,6 +77,7 @@ class Code(enum.IntEnum):
     SEND_BACK = 13
     HEARTBEAT = 14
     UNREGISTER = 15
+    END_TRANSACTION = 16
 
 
 class Flag(enum.IntFlag):

@@ -17,8 +17,10 @@ from raymq_testkit import SMALL_STORE, drain, unique_namespace, wait_until
 
 import actors
 from actors import LocalTransactionState, TransactionProducer
+from actors.protocol import rpc as _rpc
 from actors.tools.cli import main
 from storage import Message, transaction
+from storage.errors import InvalidMessageError
 from storage.message import MessageExt
 from storage.properties import PROP_TRAN_MSG
 
@@ -165,6 +167,23 @@ def test_a_second_end_changes_nothing(cluster: actors.Cluster) -> None:
         assert [m.body for m in visible(cluster, "TxD")] == [b"once"]
         with pytest.raises(Exception, match="not transaction"):
             ray.get(broker.end_transaction.remote("other-group", half_offset, sent.msg_id, True))
+        # the producer's ends go over the broker's socket, where bad ones are refused too
+        stub = producer.ns.broker(producer._selector.route("TxD")[0], "broker-a")
+        before = ray.get(broker.status.remote())["data_requests"]
+        assert (
+            _rpc.get(stub.end_transaction.remote("pg-d", half_offset, sent.msg_id, True), 10)
+            is False
+        )
+        assert ray.get(broker.status.remote())["data_requests"] == before + 1
+        for bad in (
+            ("pg d", half_offset, sent.msg_id, True),
+            ("pg-d", -1, sent.msg_id, True),
+            ("pg-d", half_offset, 7, True),
+            ("pg-d", half_offset, sent.msg_id, "yes"),
+        ):
+            with pytest.raises(InvalidMessageError):
+                _rpc.get(stub.end_transaction.remote(*bad), 10)
+        assert [m.body for m in visible(cluster, "TxD")] == [b"once"]
     finally:
         producer.close()
 

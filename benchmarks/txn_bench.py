@@ -1,0 +1,179 @@
+"""Transactional messages (RocketMQ's: half message, local transaction, end) beside plain
+sync sends measured in the same run, and how fast the check service resolves a backlog.
+
+    python benchmarks/txn_bench.py [--quick] [--count N] [--pending N] [--json FILE]
+
+A local Ray cluster (started here) with one broker on a temp directory (ASYNC_FLUSH).
+
+* **Throughput**: ``count`` single 100-byte messages sent one after another with
+  ``Producer.send`` (plain) and with ``TransactionProducer.send_message_in_transaction``
+  (a local transaction that commits at once: a half message, then an end), in three
+  alternated rounds; medians and their ratio (issue #24's target: >= 0.5).
+* **Check-back**: ``pending`` transactions left UNKNOW (as if their producer crashed
+  between the half message and the end); the broker's check service asks the producer's
+  ``check_local_transaction``, which commits. Reported: how long after the last of them
+  became old enough to check (``transaction_timeout_s``) every one was committed, in
+  check intervals (target: within 2).
+
+Not a test: figures drift on shared machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import threading
+import time
+from typing import Any
+
+import ray
+
+import actors
+from actors import LocalTransactionState, TransactionProducer
+from storage import Message
+
+TOPIC = "TxnBench"
+CHECK_INTERVAL_S = 2.0
+TIMEOUT_S = 1.0
+
+
+class Committer:
+    """Commits at once, or (``later``) answers UNKNOW and commits when checked."""
+
+    def __init__(self, later: bool = False) -> None:
+        self.later = later
+        self.checked = 0
+        self.lock = threading.Lock()
+
+    def execute_local_transaction(self, msg: Message, arg: Any) -> LocalTransactionState:
+        return LocalTransactionState.UNKNOW if self.later else LocalTransactionState.COMMIT_MESSAGE
+
+    def check_local_transaction(self, msg: Message) -> LocalTransactionState:
+        with self.lock:
+            self.checked += 1
+        return LocalTransactionState.COMMIT_MESSAGE
+
+
+def rate(n: int, send: Any) -> float:
+    body = b"x" * 100
+    started = time.perf_counter()
+    for _ in range(n):
+        send(Message(TOPIC, body))
+    return n / (time.perf_counter() - started)
+
+
+def bench_throughput(cluster: actors.Cluster, count: int) -> dict[str, Any]:
+    plain = cluster.producer("txn-bench-plain")
+    txn = TransactionProducer("txn-bench", Committer(), namespace=cluster.namespace)
+    try:
+        rate(200, plain.send)  # warm: routes, connections, producer ids
+        rate(200, txn.send_message_in_transaction)
+        rounds: dict[str, list[float]] = {"plain": [], "txn": []}
+        for r in range(3):
+            rounds["plain"].append(rate(count, plain.send))
+            rounds["txn"].append(rate(count, txn.send_message_in_transaction))
+            print(
+                f"  round {r + 1}: plain {rounds['plain'][-1]:,.0f} msg/s, "
+                f"transactions {rounds['txn'][-1]:,.0f} txn/s",
+                flush=True,
+            )
+    finally:
+        txn.close()
+        plain.close()
+    out = {k: statistics.median(v) for k, v in rounds.items()}
+    out["ratio"] = out["txn"] / out["plain"]
+    out["rounds"] = rounds
+    return out
+
+
+def pending(cluster: actors.Cluster) -> int:
+    return len(cluster.admin.pending_transactions("txn-bench-later"))
+
+
+def bench_check_back(cluster: actors.Cluster, n: int) -> dict[str, Any]:
+    listener = Committer(later=True)
+    txn = TransactionProducer("txn-bench-later", listener, namespace=cluster.namespace)
+    try:
+        body = b"y" * 100
+        started = time.perf_counter()
+        for i in range(n):
+            txn.send_message_in_transaction(Message(TOPIC, body), None)
+            if (i + 1) % max(1, n // 5) == 0:
+                print(f"  {i + 1:,} of {n:,} half messages left UNKNOW", flush=True)
+        sent_s = time.perf_counter() - started
+        checkable = time.perf_counter() + TIMEOUT_S  # the last one is old enough then
+        left = pending(cluster)
+        while left:
+            time.sleep(0.2)
+            left = pending(cluster)
+            print(f"  {left:,} pending", flush=True) if left else None
+        resolved_s = max(0.0, time.perf_counter() - checkable)
+    finally:
+        txn.close()
+    return {
+        "pending": n,
+        "send_s": sent_s,
+        "resolved_after_s": resolved_s,
+        "check_intervals": resolved_s / CHECK_INTERVAL_S,
+        "checks_answered": listener.checked,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small counts (a smoke run)")
+    parser.add_argument("--count", type=int, default=2000, help="sends per round and kind")
+    parser.add_argument("--pending", type=int, default=10_000, help="UNKNOW transactions")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    count, n_pending = (300, 500) if args.quick else (args.count, args.pending)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        logging_level="WARNING",
+        log_to_driver=False,
+    )
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="raymq-txn-bench-") as root:
+        cluster = actors.start_cluster(
+            namespace="raymq-txn-bench",
+            nameservers=1,
+            brokers=1,
+            store_root=root,
+            topics=[actors.TopicConfig(TOPIC, 4, 4)],
+            broker_options={
+                "store": {"commitlog_file_size": 256 << 20, "flush_disk_type": "ASYNC_FLUSH"},
+                "transaction_check_interval_s": CHECK_INTERVAL_S,
+                "transaction_timeout_s": TIMEOUT_S,
+            },
+        )
+        try:
+            print(f"== throughput: {count:,} single messages per round and kind", flush=True)
+            results["throughput"] = bench_throughput(cluster, count)
+            print(f"== check-back of {n_pending:,} UNKNOW transactions", flush=True)
+            results["check_back"] = bench_check_back(cluster, n_pending)
+        finally:
+            cluster.shutdown()
+    ray.shutdown()
+    t, c = results["throughput"], results["check_back"]
+    print("\n== Against the targets (issue #24)")
+    print(
+        f"  single-message transactions {t['txn']:,.0f} txn/s vs plain sync sends "
+        f"{t['plain']:,.0f} msg/s: {t['ratio']:.2f} (target >= 0.50)"
+    )
+    print(
+        f"  {c['pending']:,} UNKNOW transactions committed by check-back "
+        f"{c['resolved_after_s']:.1f} s after the last was old enough: "
+        f"{c['check_intervals']:.1f} check intervals of {CHECK_INTERVAL_S:.0f} s (target <= 2)"
+    )
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
