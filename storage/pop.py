@@ -497,8 +497,10 @@ class PopStore:
     # ------------------------------------------------------------ revive
     def next_due_ms(self) -> int | None:
         """When the earliest in-flight message's invisibility lapses (or a stale entry's)."""
-        timers = self._timers
-        return timers[0][0] if timers else None
+        try:  # read without the lock (the broker's event loop asks): a race is harmless
+            return self._timers[0][0]
+        except IndexError:
+            return None
 
     def revive(self) -> list[tuple[str, str, int]]:
         """Take back every message whose invisible time lapsed: ready to pop again, or dead

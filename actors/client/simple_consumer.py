@@ -126,6 +126,8 @@ class SimpleConsumer:
             self._start_pops(
                 max_msgs, invisible_ms, int(max(0.0, deadline - time.monotonic()) * 1000)
             )
+            if not self._pending:  # no broker could be asked: not a busy loop
+                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
             got = self._collect(max(0.0, deadline - time.monotonic()) + self.call_timeout_s)
             if got or time.monotonic() >= deadline:
                 return got

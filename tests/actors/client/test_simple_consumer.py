@@ -36,6 +36,7 @@ def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
             "store": SMALL_STORE,
             "heartbeat_interval_s": 1.0,
             "pop_revive_interval_s": 0.05,
+            "pop_max_reconsume_times": 1,  # a second lapse is a dead letter
         },
     )
     yield c
@@ -97,6 +98,16 @@ def test_receive_ack_lapse_and_change(cluster: actors.Cluster) -> None:
         consumer.ack(lapse)
     consumer.ack_many([again[0], change])
     assert consumer.receive(16, 1.0, wait_s=1.2) == []  # nothing else comes back
+
+    # delivered pop_max_reconsume_times + 1 times without an ack: a dead letter
+    dead = send(cluster, topic, "dead", 1)
+    first = receive_all(consumer, 1, invisible_s=0.5)
+    second = receive_all(consumer, 1, invisible_s=0.5)
+    assert [(m.body, m.reconsume_times) for m in first + second] == [(b"dead-0", 0), (b"dead-0", 1)]
+    dlq = wait_until(lambda: cluster.admin.dlq_messages("g-pop"), what="the dead letter")
+    assert {m.body for m in dlq} == dead
+    assert dlq[0].properties["RETRY_TOPIC"] == topic
+    assert consumer.receive(16, 1.0, wait_s=0.8) == []
 
     # another group cannot ack with these handles; bad arguments are refused
     other = cluster.simple_consumer("g-other", topic)
