@@ -494,6 +494,28 @@ class PopStore:
         self.stats["changed"] += 1
         return self._handle(group, topic, h.queue_id, h.offset, new)
 
+    def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
+        """Send the message to ``%DLQ%<group>`` now and mark it done (RocketMQ 5's
+        ``ForwardMessageToDeadLetterQueue``: the consumer gives up on it)."""
+        _check_group(group)
+        with self._lock:
+            self._check_open()
+            h = self._verify(group, topic, receipt_handle, self._now())
+            key = (group, topic, h.queue_id)
+            q = self._queues.get(key)
+            fl = q.out.get(h.offset) if q is not None else None
+            if q is None or fl is None or fl.ck != h.ck:
+                raise InvalidReceiptHandleError(
+                    f"{topic}:{h.queue_id} offset {h.offset} is not in flight under this "
+                    "handle (acked, or superseded)"
+                )
+            m = self._read(topic, h.queue_id, h.offset)
+            if m is None:
+                raise InvalidReceiptHandleError(
+                    f"{topic}:{h.queue_id} offset {h.offset} is gone from the store"
+                )
+            self._bury([(key, h.offset, m._replace(reconsume_times=fl.attempts))], retry=False)
+
     # ------------------------------------------------------------ revive
     def next_due_ms(self) -> int | None:
         """When the earliest in-flight message's invisibility lapses (or a stale entry's)."""
@@ -536,12 +558,14 @@ class PopStore:
             self._bury(dead)
         return sorted(woken)
 
-    def _bury(self, dead: list[tuple[Key, int, MessageExt]]) -> None:
+    def _bury(self, dead: list[tuple[Key, int, MessageExt]], retry: bool = True) -> None:
         """Store the dead-letter copies (one put), then mark them done; a failed put leaves
-        them out, tried again in a second."""
+        them out, tried again in a second (``retry``) or raised."""
         copies, born = [], []
         for (group, _, _), _, m in dead:
-            c, b = self._dead_letter(m, group, self.max_reconsume_times)
+            # a copy for the DLQ, whatever the count (forward_to_dlq may come early)
+            limit = min(self.max_reconsume_times, m.reconsume_times)
+            c, b = self._dead_letter(m, group, limit)
             copies.append(c)
             born.append(b)
         try:
@@ -550,11 +574,13 @@ class PopStore:
             )
             self._put(batch)
         except Exception as exc:  # noqa: BLE001 - a full disk, a slave: later
+            if not retry:
+                raise
             log.error("pop: %d dead letter(s) not stored (%s): trying again", len(dead), exc)
-            retry = self._now() + 1000
+            again = self._now() + 1000
             for key, off, _ in dead:
                 fl = self._queues[key].out[off]
-                self._timers_push(retry, key, off, fl.ck)
+                self._timers_push(again, key, off, fl.ck)
             return
         for key, off, m in dead:
             q = self._queues[key]

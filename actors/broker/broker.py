@@ -374,6 +374,12 @@ class Broker:
         """Re-arm a received message's invisible time from now; its new receipt handle."""
         return await self.popper.change_invisible(group, topic, receipt_handle, invisible_ms)
 
+    async def forward_to_dead_letter_queue(
+        self, group: str, topic: str, receipt_handle: str
+    ) -> None:
+        """Give up on a received message: to ``%DLQ%<group>`` now, and done."""
+        await self.popper.forward_to_dlq(group, topic, receipt_handle)
+
     # ------------------------------------------------------------ topics and lookups (admin)
     async def create_topic(self, config: TopicConfig) -> TopicConfig:
         """Create or update a topic and tell every NameServer before returning."""

@@ -256,6 +256,13 @@ class PopProcessor:
             self.state.change_invisible, group, topic, receipt_handle, invisible_ms
         )
 
+    async def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
+        """Give up on the message: its copy goes to ``%DLQ%<group>`` now, and it is done
+        (RocketMQ 5's ``ForwardMessageToDeadLetterQueue``)."""
+        self._check_handle_call(group, topic)
+        await self.rt.run(self.state.forward_to_dlq, group, topic, receipt_handle)
+        self._woke(receipt_handle, topic)
+
     def _woke(self, handle: str, topic: str) -> None:
         """An ack may unblock a FIFO queue: wake the receives waiting on it."""
         try:

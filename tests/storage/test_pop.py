@@ -184,6 +184,12 @@ def test_dead_letter_after_max_reconsume_times(
     assert dlq.messages[0].reconsume_times == 3
     assert commits[(G, T, 0)] == 1
     assert pop.stats["dead"] == 1
+    # a consumer may give up on a message at once (ForwardMessageToDeadLetterQueue)
+    pop.forward_to_dlq(G, T, nxt[0].receipt_handle)
+    assert [m.body for m in store.get("", f"%DLQ%{G}", 0, 0, 10).messages] == [b"q0-0", b"q0-1"]
+    assert commits[(G, T, 0)] == 2 and pop.in_flight(G, T) == 0
+    with pytest.raises(InvalidReceiptHandleError, match="not in flight"):
+        pop.forward_to_dlq(G, T, nxt[0].receipt_handle)
 
 
 @pytest.mark.parametrize("compact_records", [2, 4096])  # snapshot + journal, journal only
