@@ -64,6 +64,7 @@ from typing import Any, NamedTuple
 from . import codec
 from .config_files import JsonConfigFile
 from .errors import (
+    DiskFullError,
     InvalidMessageError,
     InvalidReceiptHandleError,
     OffsetOutOfRangeError,
@@ -368,6 +369,25 @@ class PopStore:
         if not picks and q.next == next_before:
             return []
         fl_ck = secrets.token_hex(8)
+        try:  # the record first: a failed write hands out nothing and changes nothing
+            self._append(
+                {
+                    "op": "pop",
+                    "k": list(key),
+                    "c": fl_ck,
+                    "t": now,
+                    "i": invisible_ms,
+                    "o": [off for off, _, _ in picks],
+                    "a": [a for _, _, a in picks],
+                    "n": q.next,
+                }
+            )
+        except DiskFullError:
+            q.next = next_before
+            for off, _, attempts in picks:
+                if attempts:  # taken from the lapsed ones
+                    heapq.heappush(q.ready, off)
+            raise
         popped = []
         for off, m, attempts in picks:
             fl = Flight(fl_ck, now, invisible_ms, attempts)
@@ -382,18 +402,6 @@ class PopStore:
                     attempts,
                 )
             )
-        self._append(
-            {
-                "op": "pop",
-                "k": list(key),
-                "c": fl_ck,
-                "t": now,
-                "i": invisible_ms,
-                "o": [off for off, _, _ in picks],
-                "a": [a for _, _, a in picks],
-                "n": q.next,
-            }
-        )
         self._commit(key, q)
         return popped
 
@@ -446,8 +454,8 @@ class PopStore:
                     f"receipt handle of {topic}:{h.queue_id} offset {h.offset} was superseded "
                     "(by a later receive or change of its invisible duration)"
                 )
-            del q.out[h.offset]
             self._append({"op": "ack", "k": list(key), "o": h.offset, "c": h.ck})
+            del q.out[h.offset]
             self._commit(key, q)
             self._maybe_compact()
         self.stats["acked"] += 1
@@ -477,8 +485,6 @@ class PopStore:
                     "(by a later receive or change of its invisible duration)"
                 )
             new = Flight(secrets.token_hex(8), now, invisible_ms, fl.attempts)
-            q.out[h.offset] = new
-            self._arm(key, h.offset, new)
             self._append(
                 {
                     "op": "change",
@@ -490,6 +496,8 @@ class PopStore:
                     "i": invisible_ms,
                 }
             )
+            q.out[h.offset] = new
+            self._arm(key, h.offset, new)
             self._maybe_compact()
         self.stats["changed"] += 1
         return self._handle(group, topic, h.queue_id, h.offset, new)
@@ -645,12 +653,25 @@ class PopStore:
         record["s"] = self._seq
         text = json.dumps(record, separators=(",", ":"))
         line = f"{zlib.crc32(text.encode()):08x} {text}\n".encode()
-        os.write(self._fd, line)  # in the page cache: a process crash keeps it
+        error: OSError | None = None
+        try:
+            written = os.write(self._fd, line)  # in the page cache: a process crash keeps it
+        except OSError as exc:
+            written, error = 0, exc
+        if written != len(line):
+            self._seq -= 1
+            if written:  # a short write: cut it, so the next record starts on its own line
+                os.ftruncate(self._fd, os.fstat(self._fd).st_size - written)
+            raise DiskFullError(f"POP journal {self._journal_path}: write failed ({error})")
         self._records += 1
 
     def _maybe_compact(self) -> None:
         if self._records >= self._compact_records:
-            self._checkpoint()
+            try:
+                self._checkpoint()
+            except OSError as exc:  # the journal still holds everything: later
+                log.error("pop: snapshot failed (%s): the journal grows until one succeeds", exc)
+                self._records = 0
 
     def _checkpoint(self) -> None:
         """Snapshot the state (fsynced, atomically), then start the journal over."""
@@ -772,13 +793,17 @@ def _load_secret(path: Path) -> bytes:
         log.error("%s is too short: making a new one (handles out are refused)", path)
     secret = secrets.token_bytes(32)
     tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, secret)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            if os.write(fd, secret) != len(secret):
+                raise OSError("short write")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:  # a full disk: handles work until the next start
+        log.error("could not keep the receipt handles' secret in %s: %s", path, exc)
     return secret
 
 
