@@ -100,7 +100,10 @@ class SimpleConsumer:
 
     def _forget(self, name: str) -> None:
         self.ns.invalidate(self.topic)
-        route = self.ns.route(self.topic)
+        try:
+            route = self.ns.route(self.topic)
+        except BrokerUnavailableError:  # no NameServer either: the next call finds out
+            return
         bd = route.broker(name) if route is not None else None
         actor = bd.master_actor_name() if bd is not None else None
         if actor is not None:

@@ -157,3 +157,25 @@ def _pinged(cluster: actors.Cluster, before: str) -> bool:
         return ray.get(cluster.broker("broker-a").ping.remote(), timeout=5) != before
     except Exception:  # noqa: BLE001 - still restarting
         return False
+
+
+@ray.remote
+def _consume(namespace: str, nameservers: list[str], topic: str, idle_s: float) -> list[bytes]:
+    """A Ray task of the group: receives and acks until nothing comes for ``idle_s``."""
+    consumer = SimpleConsumer("g-tasks", topic, namespace=namespace, nameservers=nameservers)
+    got: list[bytes] = []
+    while batch := consumer.receive(8, 30.0, wait_s=idle_s):
+        got.extend(m.body for m in batch)
+        consumer.ack_many(batch)
+    consumer.close()
+    return got
+
+
+def test_ray_tasks_share_a_group_without_a_rebalance(cluster: actors.Cluster) -> None:
+    topic = "PopTasks"
+    cluster.admin.create_topic(topic, read_queue_nums=2, write_queue_nums=2)
+    sent = send(cluster, topic, "t", 80)
+    names = list(cluster.nameserver_names)
+    parts = ray.get([_consume.remote(cluster.namespace, names, topic, 1.5) for _ in range(3)])
+    every = [b for part in parts for b in part]
+    assert sorted(every) == sorted(sent), "each message to exactly one task"
