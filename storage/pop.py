@@ -351,25 +351,28 @@ class PopStore:
         if fifo and q.in_flight():
             return []  # one batch in flight per queue: order
         picks: list[tuple[int, MessageExt, int]] = []
-        while q.ready and len(picks) < n:
-            off = heapq.heappop(q.ready)
-            fl = q.out[off]
-            m = self._read(topic, qid, off)
-            if m is None:  # expired from the store meanwhile: nothing to deliver
-                log.warning(
-                    "pop %s: %s:%d offset %d is gone from the store", group, topic, qid, off
-                )
-                del q.out[off]
-                self._append({"op": "dead", "k": list(key), "o": off})
-                continue
-            picks.append((off, m, fl.attempts + 1))
         next_before = q.next
-        if len(picks) < n:
-            picks.extend(self._read_new(group, topic, qid, q, n - len(picks), tags))
-        if not picks and q.next == next_before:
-            return []
         fl_ck = secrets.token_hex(8)
-        try:  # the record first: a failed write hands out nothing and changes nothing
+        try:  # the record before the state: a failed write hands out nothing, changes nothing
+            while q.ready and len(picks) < n:
+                off = heapq.heappop(q.ready)
+                fl = q.out.get(off)
+                if fl is None:  # acked meanwhile (the clock went back)
+                    continue
+                m = self._read(topic, qid, off)
+                if m is None:  # expired from the store meanwhile: nothing to deliver
+                    log.warning(
+                        "pop %s: %s:%d offset %d is gone from the store", group, topic, qid, off
+                    )
+                    self._append({"op": "dead", "k": list(key), "o": off})
+                    del q.out[off]
+                    continue
+                picks.append((off, m, fl.attempts + 1))
+            if len(picks) < n:
+                picks.extend(self._read_new(group, topic, qid, q, n - len(picks), tags))
+            if not picks and q.next == next_before:
+                self._commit(key, q)
+                return []
             self._append(
                 {
                     "op": "pop",
@@ -382,10 +385,10 @@ class PopStore:
                     "n": q.next,
                 }
             )
-        except DiskFullError:
+        except BaseException:
             q.next = next_before
             for off, _, attempts in picks:
-                if attempts:  # taken from the lapsed ones
+                if attempts:  # taken from the lapsed ones: they stay lapsed
                     heapq.heappush(q.ready, off)
             raise
         popped = []
