@@ -54,12 +54,14 @@ def send(cluster: actors.Cluster, topic: str, prefix: str, n: int) -> set[bytes]
     return set(bodies)
 
 
-def receive_all(consumer: SimpleConsumer, want: int, invisible_s: float = 5.0) -> list[Any]:
+def receive_all(
+    consumer: SimpleConsumer, want: int, invisible_s: float = 5.0, max_msgs: int = 16
+) -> list[Any]:
     got: list[Any] = []
     deadline = time.monotonic() + 20
     while len(got) < want:
         assert time.monotonic() < deadline, f"received {len(got)} of {want}"
-        got.extend(consumer.receive(16, invisible_s, wait_s=1.0))
+        got.extend(consumer.receive(max_msgs, invisible_s, wait_s=1.0))
     return got
 
 
@@ -179,3 +181,38 @@ def test_ray_tasks_share_a_group_without_a_rebalance(cluster: actors.Cluster) ->
     parts = ray.get([_consume.remote(cluster.namespace, names, topic, 1.5) for _ in range(3)])
     every = [b for part in parts for b in part]
     assert sorted(every) == sorted(sent), "each message to exactly one task"
+
+
+def test_a_fifo_group_receives_each_queue_in_order(cluster: actors.Cluster) -> None:
+    topic = "PopFifo"
+    cluster.admin.create_topic(topic, read_queue_nums=2, write_queue_nums=2)
+    producer = cluster.producer("p-fifo")
+    try:
+        for i in range(6):
+            producer.send(Message(topic, b"f-%d" % i), sharding_key="order-1")  # one queue
+    finally:
+        producer.close()
+    consumer = cluster.simple_consumer("g-fifo", topic, fifo=True)
+    seen: list[tuple[bytes, int]] = []
+    lapsed = False
+    while (b"f-5", 0) not in seen and len(seen) < 12:
+        batch = receive_all(consumer, 1, invisible_s=1.0, max_msgs=2)  # 1 from each broker
+        # its queue gives nothing more while this batch is in flight
+        assert consumer.receive(2, 1.0, wait_s=0.2) == []
+        seen.extend((m.body, m.reconsume_times) for m in batch)
+        if len(seen) == 2 and not lapsed:
+            lapsed = True  # let the second one lapse: it comes again before the third
+            seen.append((b"", 0))
+            continue
+        consumer.ack_many(batch)
+    assert seen == [
+        (b"f-0", 0),
+        (b"f-1", 0),
+        (b"", 0),
+        (b"f-1", 1),
+        (b"f-2", 0),
+        (b"f-3", 0),
+        (b"f-4", 0),
+        (b"f-5", 0),
+    ]
+    consumer.close()
