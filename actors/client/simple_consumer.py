@@ -77,6 +77,7 @@ class SimpleConsumer:
             nameservers or discover_nameservers(namespace), namespace, route_refresh_s
         )
         self._pending: dict[str, tuple[Any, int]] = {}  # broker name -> (pop call, its share)
+        self._buffer: list[PoppedMessage] = []  # received beyond a receive's max_msgs
         self._turn = 0
         self._closed = False
 
@@ -124,6 +125,9 @@ class SimpleConsumer:
             raise InvalidMessageError(f"max_msgs={max_msgs!r}: must be an int in 1..{MAX_POP_MSGS}")
         invisible_ms = int(check_number("invisible_s", invisible_s) * 1000)
         wait = self.wait_s if wait_s is None else check_number("wait_s", wait_s)
+        if self._buffer:  # received for an earlier call beyond its max_msgs
+            got, self._buffer = self._buffer[:max_msgs], self._buffer[max_msgs:]
+            return got
         deadline = time.monotonic() + wait
         while True:
             self._start_pops(
@@ -133,6 +137,7 @@ class SimpleConsumer:
                 time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
             got = self._collect(max(0.0, deadline - time.monotonic()) + self.call_timeout_s)
             if got or time.monotonic() >= deadline:
+                got, self._buffer = got[:max_msgs], got[max_msgs:]
                 return got
 
     def _start_pops(self, max_msgs: int, invisible_ms: int, wait_ms: int) -> None:
@@ -255,6 +260,7 @@ class SimpleConsumer:
         invisible time (and those of receives still waiting, which are dropped)."""
         self._closed = True
         self._pending.clear()
+        self._buffer.clear()
 
     def __enter__(self) -> SimpleConsumer:
         return self
