@@ -89,7 +89,7 @@ MIN_INVISIBLE_MS = 100
 MAX_INVISIBLE_MS = 12 * 3600 * 1000  # RocketMQ's proxy: 12 h
 _HANDLE_VERSION = "p1"
 _GROUP_RE = re.compile(r"[A-Za-z0-9_%|-]{1,120}")
-_BROKER_RE = re.compile(r"[A-Za-z0-9_.|-]{1,127}")
+_BROKER_RE = re.compile(r"[A-Za-z0-9_.|@-]{1,127}")  # RayMQ's names, room@name too
 _SIG_BYTES = 16
 
 Key = tuple[str, str, int]  # (group, topic, queue id)

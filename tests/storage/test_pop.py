@@ -161,6 +161,8 @@ def test_forged_or_borrowed_handles_change_nothing(store: MessageStore, open_pop
         pop.pop(G, T, [0], 1, 10)
     with pytest.raises(InvalidMessageError, match="group"):
         pop.pop("bad group", T, [0], 1, 5000)
+    with pytest.raises(InvalidMessageError, match="broker_name"):
+        PopStore(store, "a b")
     pop.ack(G, T, q.receipt_handle)
     assert pop.in_flight(G, T) == 1
 
