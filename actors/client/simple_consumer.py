@@ -136,6 +136,10 @@ class SimpleConsumer:
             if not self._pending:  # no broker could be asked: not a busy loop
                 time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
             got = self._collect(max(0.0, deadline - time.monotonic()) + self.call_timeout_s)
+            if not got and time.monotonic() >= deadline:
+                # nothing came: the calls still out end about now (their waits end with
+                # ours), so take their answers rather than leave messages invisible
+                got = self._collect(self.call_timeout_s, every=True)
             if got or time.monotonic() >= deadline:
                 got, self._buffer = got[:max_msgs], got[max_msgs:]
                 return got
@@ -170,13 +174,15 @@ class SimpleConsumer:
                 continue
             self._pending[name] = (ref, share)
 
-    def _collect(self, timeout: float) -> list[PoppedMessage]:
-        """The messages of the pop calls answered: waits for the first, takes whatever
-        else is answered by then, keeps the others for the next receive."""
+    def _collect(self, timeout: float, every: bool = False) -> list[PoppedMessage]:
+        """The messages of the pop calls answered: waits for the first (``every``: for
+        all), takes whatever else is answered by then, keeps the others for the next
+        receive."""
         if not self._pending:
             return []
         refs = {ref: name for name, (ref, _) in self._pending.items()}
-        ready, _ = ray.wait(list(refs), num_returns=1, timeout=timeout)
+        wanted = len(refs) if every else 1
+        ready, _ = ray.wait(list(refs), num_returns=wanted, timeout=timeout)
         if ready:
             ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
         out: list[PoppedMessage] = []
