@@ -65,6 +65,10 @@ def test_broker_config_checks_store_fields_in_the_callers_process() -> None:
         BrokerConfig(broker_name="a b")
     with pytest.raises(InvalidConfigError, match="malloc_trim_threshold"):
         BrokerConfig(malloc_trim_threshold=-1)
+    with pytest.raises(InvalidConfigError, match="pop_max_reconsume_times"):
+        BrokerConfig(pop_max_reconsume_times=-1)
+    with pytest.raises(InvalidConfigError, match="pop_revive_interval_s"):
+        BrokerConfig(pop_revive_interval_s=0)
     assert BrokerConfig(broker_name="broker-x", broker_id=1).actor_name == "broker-x-1"
 
 
