@@ -483,3 +483,36 @@ def test_c_encoder_leaves_odd_keys_to_the_general_loop(odd) -> None:
     msgs[5] = odd(msgs[5])
     gen = codec.UniqueKeyGenerator()
     assert encode_plain_c(msgs, 100, 1, codec.host_to_bytes("1.2.3.4:5"), gen) is None
+
+
+@pytest.mark.parametrize("n", [1, codec._SCALAR_DECODE_MAX, codec._SCALAR_DECODE_MAX + 1, 40])
+def test_few_records_decode_one_by_one_as_many_decode_through_arrays(n: int) -> None:
+    rng = random.Random(n)
+    messages = [
+        Message(
+            rng.choice(["T", "Other"]),
+            rng.randbytes(rng.randrange(1, 300)),
+            tags=rng.choice([None, "a", "bb"]),
+            keys=rng.choice([(), "k1", ("k1", "k2")]),
+            properties=rng.choice([None, {"p": "v", "x": "ü"}]),
+            flag=rng.randrange(0, 9),
+        )
+        for _ in range(n)
+    ]
+    data = bytes(codec.encode_batch(messages).data)
+    got = codec.decode_records(data)
+    starts, at = [], 0
+    while at < len(data):
+        m, at2 = codec.decode_record(data, at)
+        starts.append(m)
+        at = at2
+    assert got == starts
+    assert [(m.topic, m.body, m.tags, list(m.keys)) for m in got] == [
+        (m.topic, m.body, m.tags, [m.keys] if isinstance(m.keys, str) else list(m.keys))
+        for m in messages
+    ]
+    broken = bytearray(data)
+    broken[len(data) - 1] ^= 0x5A  # the last record's properties end: refused either way
+    broken[codec.HEADER.size] ^= 0x5A  # the first record's body: its CRC no longer matches
+    with pytest.raises(StoreCorruptedError):
+        codec.decode_records(bytes(broken))
