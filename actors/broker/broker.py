@@ -127,7 +127,11 @@ class Broker:
             from actors.broker.grpc.service import GrpcEndpoint
 
             endpoint = GrpcEndpoint(
-                self.rt, self.sender, self.transactions, _tls_files(self.config)
+                self.rt,
+                self.sender,
+                self.transactions,
+                _tls_files(self.config),
+                pop=getattr(self, "popper", None),  # POP consumption, once merged
             )
             self.rt.grpc_addr = await endpoint.start()
             self.grpc = endpoint

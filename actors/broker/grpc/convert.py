@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -222,6 +223,8 @@ def to_pb_message(
         sp.keys.extend(k for k in keys.split(" ") if k)
     sp.message_id = ext.msg_id
     sp.body_encoding = pb.Encoding.IDENTITY
+    sp.body_digest.type = pb.DigestType.CRC32  # the clients check it
+    sp.body_digest.checksum = f"{zlib.crc32(ext.body) & 0xFFFFFFFF:08X}"
     group = props.get(PROP_SHARDING_KEY)
     deliver = props.get(PROP_TIMER_DELIVER_MS)
     if group:

@@ -35,6 +35,7 @@ from actors.broker.grpc.convert import (
     raymq_name,
     status,
     status_of,
+    to_pb_message,
     to_store_message,
 )
 from actors.broker.grpc.v2 import definition_pb2 as pb
@@ -47,7 +48,7 @@ from actors.protocol.route import TopicRouteData
 from actors.protocol.topic import is_readable, is_writeable
 from actors.protocol.wire import SendAck
 from storage.codec import encode_batch, java_hash
-from storage.errors import InvalidMessageError
+from storage.errors import InvalidMessageError, RayMQError
 from storage.message import PutStatus
 
 log = logging.getLogger("raymq.actors.broker.grpc")
@@ -71,6 +72,10 @@ _PUT_CODES = {
     PutStatus.SERVICE_NOT_AVAILABLE: pb.Code.INTERNAL_SERVER_ERROR,
 }
 ROUTE_TIMEOUT_S = 3.0
+MAX_RECEIVE_BATCH = 32
+DEFAULT_INVISIBLE_MS = 60_000
+MIN_INVISIBLE_MS = 1_000  # the POP processor's bounds (actors/broker/pop.py)
+MAX_INVISIBLE_MS = 12 * 3600 * 1000
 
 
 def _endpoints(addr: str) -> pb.Endpoints:
@@ -116,11 +121,13 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         sender: SendMessageProcessor,
         transactions: TransactionProcessor,
         auth: Authenticator,
+        pop: Any = None,
     ) -> None:
         self.rt = runtime
         self.sender = sender
         self.transactions = transactions
         self.auth = auth
+        self.pop = pop  # actors.broker.pop.PopProcessor, once the broker has one
         self._round_robin = itertools.count()
         self.stats = {"calls": 0, "refused": 0, "unauthorized": 0}
 
@@ -362,32 +369,150 @@ class MessagingService(sgrpc.MessagingServiceServicer):
             raise StatusError(pb.Code.INVALID_TRANSACTION_ID, str(exc)) from exc
         return spb.EndTransactionResponse(status=status())
 
-    # ------------------------------------------------------------ consuming (POP: next step)
+    # ------------------------------------------------------------ consuming (POP)
+    def _popper(self) -> Any:
+        if self.pop is None:
+            raise StatusError(
+                pb.Code.NOT_IMPLEMENTED, "this broker has no POP consumption (actors/broker/pop.py)"
+            )
+        return self.pop
+
     async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
-        code: int
+        """POP receive from this broker's queues of the topic: the messages, then the
+        status (``MESSAGE_NOT_FOUND`` when the long poll ends empty)."""
         try:
             self.authenticate(context)
-            code, message = pb.Code.NOT_IMPLEMENTED, "ReceiveMessage: POP consumption comes next"
-        except Exception as exc:  # noqa: BLE001
+            found, invisible_ms = await self._receive(request, context)
+        except Exception as exc:  # noqa: BLE001 - every error is an answer
             code, message = status_of(exc)
-        self.refused("ReceiveMessage", code, message, StatusError(code, message))
-        yield spb.ReceiveMessageResponse(status=status(code, message))
+            self.refused("ReceiveMessage", code, message, exc)
+            yield spb.ReceiveMessageResponse(status=status(code, message))
+            return
+        topic = request.message_queue.topic
+        for popped in found:
+            yield spb.ReceiveMessageResponse(
+                message=to_pb_message(
+                    popped.message,
+                    topic,
+                    receipt_handle=popped.receipt_handle,
+                    invisible_ms=invisible_ms,
+                    delivery_attempt=popped.reconsume_times + 1,
+                )
+            )
+        if found:
+            yield spb.ReceiveMessageResponse(status=status())
+        else:
+            yield spb.ReceiveMessageResponse(
+                status=status(pb.Code.MESSAGE_NOT_FOUND, "no new message")
+            )
+
+    async def _receive(self, request: Any, context: Any) -> tuple[list[Any], int]:
+        pop = self._popper()
+        group = raymq_name(request.group, "group")
+        topic = raymq_name(request.message_queue.topic)
+        if not 1 <= request.batch_size <= MAX_RECEIVE_BATCH:
+            raise StatusError(pb.Code.BAD_REQUEST, f"batch_size must be in 1..{MAX_RECEIVE_BATCH}")
+        tag_expr = "*"
+        if request.HasField("filter_expression"):
+            fe = request.filter_expression
+            if fe.type == pb.FilterType.SQL:
+                raise StatusError(pb.Code.UNSUPPORTED, "SQL92 filters are not supported yet")
+            tag_expr = fe.expression or "*"
+        if request.HasField("invisible_duration"):
+            invisible_ms = request.invisible_duration.ToMilliseconds()
+        elif request.auto_renew:  # a push consumer: RocketMQ's default, not renewed yet
+            invisible_ms = DEFAULT_INVISIBLE_MS
+        else:
+            raise StatusError(pb.Code.ILLEGAL_INVISIBLE_TIME, "invisible_duration is required")
+        if not MIN_INVISIBLE_MS <= invisible_ms <= MAX_INVISIBLE_MS:
+            raise StatusError(
+                pb.Code.ILLEGAL_INVISIBLE_TIME,
+                f"invisible_duration must be in {MIN_INVISIBLE_MS}..{MAX_INVISIBLE_MS} ms",
+            )
+        wait_ms = 0
+        if request.HasField("long_polling_timeout"):
+            wait_ms = request.long_polling_timeout.ToMilliseconds()
+            if wait_ms < 0:
+                raise StatusError(pb.Code.ILLEGAL_POLLING_TIME, "long_polling_timeout < 0")
+        # answer before the client's deadline (long polling + its request timeout)
+        remaining = context.time_remaining()
+        if remaining is not None:
+            wait_ms = max(0, min(wait_ms, int((remaining - 0.5) * 1000)))
+        found = await pop.pop(
+            group,
+            topic,
+            request.batch_size,
+            invisible_ms,
+            wait_ms,
+            fifo=False,
+            tag_expr=tag_expr,
+            client_id=self.client_id(context),
+        )
+        return list(found), invisible_ms
 
     @_unary(spb.AckMessageResponse)
     async def AckMessage(self, request: Any, context: Any) -> Any:
-        raise StatusError(pb.Code.NOT_IMPLEMENTED, "AckMessage: POP consumption comes next")
+        pop = self._popper()
+        group = raymq_name(request.group, "group")
+        topic = raymq_name(request.topic)
+        if not request.entries:
+            raise StatusError(pb.Code.BAD_REQUEST, "no entries")
+        entries = []
+        for entry in request.entries:
+            code: int
+            try:
+                await pop.ack(group, topic, entry.receipt_handle)
+                code, message = pb.Code.OK, "OK"
+            except Exception as exc:  # noqa: BLE001 - each entry answers on its own
+                code, message = _handle_status(exc)
+                self.refused("AckMessage", code, message, exc)
+            entries.append(
+                spb.AckMessageResultEntry(
+                    message_id=entry.message_id,
+                    receipt_handle=entry.receipt_handle,
+                    status=status(code, message),
+                )
+            )
+        codes = {e.status.code for e in entries}
+        if codes == {pb.Code.OK}:
+            overall = status()
+        elif len(entries) == 1:
+            overall = entries[0].status
+        else:
+            overall = status(pb.Code.MULTIPLE_RESULTS, "some entries failed")
+        return spb.AckMessageResponse(status=overall, entries=entries)
 
     @_unary(spb.ChangeInvisibleDurationResponse)
     async def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
-        raise StatusError(
-            pb.Code.NOT_IMPLEMENTED, "ChangeInvisibleDuration: POP consumption comes next"
-        )
+        pop = self._popper()
+        group = raymq_name(request.group, "group")
+        topic = raymq_name(request.topic)
+        invisible_ms = request.invisible_duration.ToMilliseconds()
+        if not MIN_INVISIBLE_MS <= invisible_ms <= MAX_INVISIBLE_MS:
+            raise StatusError(
+                pb.Code.ILLEGAL_INVISIBLE_TIME,
+                f"invisible_duration must be in {MIN_INVISIBLE_MS}..{MAX_INVISIBLE_MS} ms",
+            )
+        try:
+            handle = await pop.change_invisible(group, topic, request.receipt_handle, invisible_ms)
+        except Exception as exc:  # noqa: BLE001
+            code, message = _handle_status(exc)
+            raise StatusError(code, message) from exc
+        return spb.ChangeInvisibleDurationResponse(status=status(), receipt_handle=handle)
 
     @_unary(spb.ForwardMessageToDeadLetterQueueResponse)
     async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
         raise StatusError(
-            pb.Code.NOT_IMPLEMENTED, "ForwardMessageToDeadLetterQueue: POP consumption comes next"
+            pb.Code.NOT_IMPLEMENTED, "ForwardMessageToDeadLetterQueue: not yet (docs/rocketmq5.md)"
         )
+
+
+def _handle_status(exc: BaseException) -> tuple[int, str]:
+    """A refused receipt handle is ``INVALID_RECEIPT_HANDLE``, whatever RayMQ calls it."""
+    code, message = status_of(exc)
+    if code in (pb.Code.BAD_REQUEST, pb.Code.INTERNAL_ERROR) and isinstance(exc, RayMQError):
+        return pb.Code.INVALID_RECEIPT_HANDLE, message
+    return code, message
 
 
 def _seconds(s: int) -> Any:
@@ -413,6 +538,7 @@ class GrpcEndpoint:
         sender: SendMessageProcessor,
         transactions: TransactionProcessor,
         tls: tuple[bytes, bytes] | None = None,
+        pop: Any = None,
     ) -> None:
         c = runtime.config
         self.rt = runtime
@@ -421,6 +547,7 @@ class GrpcEndpoint:
             sender,
             transactions,
             Authenticator(c.grpc_access_key, c.grpc_secret_key, c.grpc_auth_window_s),
+            pop,
         )
         self.tls = tls
         self.addr = ""

@@ -25,12 +25,16 @@ from rocketmq import (
     TransactionResolution,
 )
 from rocketmq.grpc_protocol import (
+    ClientType,
     Code,
     EndTransactionRequest,
     MessagingServiceStub,
+    QueryAssignmentRequest,
     QueryRouteRequest,
     Resource,
     SendMessageRequest,
+    Settings,
+    TelemetryCommand,
 )
 from rocketmq.v5.exception import IllegalArgumentException, PayloadTooLargeException
 from rocketmq.v5.util.signature import Signature
@@ -235,3 +239,43 @@ def test_malformed_requests_get_rocketmq_status_codes(
     # the official client refuses an oversized body itself, from the server's settings
     with pytest.raises((IllegalArgumentException, PayloadTooLargeException)):
         producer.send(_message(TOPIC, b"x" * (SMALL_STORE["max_message_size"] + 1)))
+
+
+def test_telemetry_settings_and_assignments(
+    config: Any, stub: MessagingServiceStub, endpoints: dict[str, Any]
+) -> None:
+    """A consumer's start waits for the server's settings on the Telemetry stream; a push
+    consumer then asks which brokers to receive from."""
+    md = _signed(config)
+    producer = Settings(client_type=ClientType.PRODUCER)
+    producer.publishing.topics.add(name=TOPIC)
+    consumer = Settings(client_type=ClientType.PUSH_CONSUMER)
+    consumer.subscription.group.name = "grpc-push"
+    answers = list(
+        stub.Telemetry(
+            iter([TelemetryCommand(settings=producer), TelemetryCommand(settings=consumer)]),
+            metadata=md,
+        )
+    )
+    assert [a.status.code for a in answers] == [Code.OK, Code.OK]
+    pub, sub = answers[0].settings, answers[1].settings
+    assert pub.publishing.max_body_size == SMALL_STORE["max_message_size"]
+    assert pub.backoff_policy.max_attempts >= 1
+    assert sub.subscription.group.name == "grpc-push"
+    assert sub.subscription.receive_batch_size > 0
+    assert sub.backoff_policy.max_attempts == 16
+    unsigned = list(stub.Telemetry(iter([TelemetryCommand(settings=producer)]), metadata=[]))
+    assert [a.status.code for a in unsigned] == [Code.UNAUTHORIZED]
+    assert not unsigned[0].HasField("settings")
+
+    request = QueryAssignmentRequest(topic=Resource(name=TOPIC), group=Resource(name="grpc-push"))
+    got = stub.QueryAssignment(request, metadata=md)
+    assert got.status.code == Code.OK
+    brokers = {a.message_queue.broker.name for a in got.assignments}
+    addrs = {
+        f"{a.message_queue.broker.endpoints.addresses[0].host}:"
+        f"{a.message_queue.broker.endpoints.addresses[0].port}"
+        for a in got.assignments
+    }
+    assert brokers == {"broker-a", "broker-b"}
+    assert addrs == {e["addr"] for e in endpoints.values()}
