@@ -165,7 +165,7 @@ class Broker:
             "tls": self.grpc.tls is not None,
             "access_key": c.grpc_access_key,
             "secret_key": c.grpc_secret_key,
-            "stats": dict(self.grpc.service.stats),
+            "stats": self.grpc.service.status(),
         }
 
     async def _offset_flush_loop(self) -> None:

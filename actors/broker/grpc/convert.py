@@ -251,3 +251,22 @@ def to_pb_message(
         if key not in _SYSTEM_USER_KEYS:
             out.user_properties[key] = value
     return out
+
+
+def transaction_check_message(message: Message, resource: pb.Resource, msg_id: str) -> pb.Message:
+    """A half message as an orphaned-transaction check shows it to its producer."""
+    out = pb.Message(topic=resource, body=message.body)
+    sp = out.system_properties
+    if message.tags:
+        sp.tag = message.tags
+    keys = [message.keys] if isinstance(message.keys, str) else list(message.keys)
+    sp.keys.extend(k for k in keys if k)
+    sp.message_id = msg_id
+    sp.message_type = pb.MessageType.TRANSACTION
+    sp.body_encoding = pb.Encoding.IDENTITY
+    sp.body_digest.type = pb.DigestType.CRC32
+    sp.body_digest.checksum = f"{zlib.crc32(message.body) & 0xFFFFFFFF:08X}"
+    for key, value in (message.properties or {}).items():
+        if key not in _SYSTEM_USER_KEYS:
+            out.user_properties[key] = value
+    return out

@@ -24,6 +24,8 @@ import asyncio
 import functools
 import itertools
 import logging
+import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -37,6 +39,7 @@ from actors.broker.grpc.convert import (
     status_of,
     to_pb_message,
     to_store_message,
+    transaction_check_message,
 )
 from actors.broker.grpc.v2 import definition_pb2 as pb
 from actors.broker.grpc.v2 import service_pb2 as spb
@@ -49,7 +52,7 @@ from actors.protocol.topic import is_readable, is_writeable
 from actors.protocol.wire import SendAck
 from storage.codec import encode_batch, java_hash
 from storage.errors import InvalidMessageError, RayMQError
-from storage.message import PutStatus
+from storage.message import Message, PutStatus
 
 log = logging.getLogger("raymq.actors.broker.grpc")
 
@@ -112,6 +115,27 @@ def _unary(
     return wrap
 
 
+class TelemetryStream:
+    """One client's Telemetry stream, and for the transaction check service the handle of
+    a producer: ``TransactionProcessor`` calls ``handle.check.remote(broker, offset,
+    msg_id, message)`` (as on a native producer's relay actor), which sends the client a
+    ``RecoverOrphanedTransactionCommand``; its answer comes back as an EndTransaction."""
+
+    def __init__(self, client_id: str) -> None:
+        self.client_id = client_id
+        self.out: asyncio.Queue[Any] = asyncio.Queue()
+        self.topics: dict[str, pb.Resource] = {}  # RayMQ topic -> as the client names it
+        self.check = self
+
+    def remote(self, broker: str, offset: int, msg_id: str, message: Message) -> None:
+        resource = self.topics.get(message.topic) or pb.Resource(name=message.topic)
+        command = spb.RecoverOrphanedTransactionCommand(
+            message=transaction_check_message(message, resource, msg_id),
+            transaction_id=str(offset),
+        )
+        self.out.put_nowait(spb.TelemetryCommand(recover_orphaned_transaction_command=command))
+
+
 class MessagingService(sgrpc.MessagingServiceServicer):
     """The RPCs, onto one broker's processors."""
 
@@ -130,6 +154,11 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         self.pop = pop  # actors.broker.pop.PopProcessor, once the broker has one
         self._round_robin = itertools.count()
         self.stats = {"calls": 0, "refused": 0, "unauthorized": 0}
+        self._publishers: dict[str, TelemetryStream] = {}  # client id -> its stream
+
+    def status(self) -> dict[str, int]:
+        """Calls, refusals, and the publishers whose streams take transaction checks."""
+        return {**self.stats, "publishers": len(self._publishers)}
 
     # ------------------------------------------------------------ plumbing
     def authenticate(self, context: Any) -> None:
@@ -231,6 +260,9 @@ class MessagingService(sgrpc.MessagingServiceServicer):
     async def Heartbeat(self, request: Any, context: Any) -> Any:
         if request.HasField("group"):
             raymq_name(request.group, "group")
+        stream = self._publishers.get(self.client_id(context))
+        if stream is not None:  # a publisher stays checkable while it beats
+            self._renew(stream)
         return spb.HeartbeatResponse(status=status())
 
     @_unary(spb.NotifyClientTerminationResponse)
@@ -246,7 +278,8 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         self, request_iterator: AsyncIterator[Any], context: Any
     ) -> AsyncIterator[Any]:
         """The client's settings in, the server's settings out (before a consumer's start
-        completes); later the orphaned-transaction checks go out here too."""
+        completes); a publisher's stream also carries the orphaned-transaction checks of
+        its topics' half messages out to it (``RecoverOrphanedTransactionCommand``)."""
         try:
             self.authenticate(context)
         except Exception as exc:  # noqa: BLE001
@@ -254,12 +287,57 @@ class MessagingService(sgrpc.MessagingServiceServicer):
             self.refused("Telemetry", code, message, exc)
             yield spb.TelemetryCommand(status=status(code, message))
             return
-        async for command in request_iterator:
-            if command.WhichOneof("command") == "settings":
-                yield spb.TelemetryCommand(
-                    status=status(), settings=self.settings(command.settings)
+        stream = TelemetryStream(self.client_id(context) or uuid.uuid4().hex)
+
+        async def read() -> None:
+            try:
+                async for command in request_iterator:
+                    if command.WhichOneof("command") == "settings":
+                        self._register_publisher(stream, command.settings)
+                        stream.out.put_nowait(
+                            spb.TelemetryCommand(
+                                status=status(), settings=self.settings(command.settings)
+                            )
+                        )
+                    # stack traces and message verification answers: nothing to do yet
+            finally:
+                stream.out.put_nowait(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (item := await stream.out.get()) is not None:
+                yield item
+        finally:
+            reader.cancel()
+            self._unregister_publisher(stream)
+
+    def _register_publisher(self, stream: TelemetryStream, settings: pb.Settings) -> None:
+        """A producer's stream checks the half messages of the topics it publishes."""
+        if settings.WhichOneof("pub_sub") != "publishing":
+            return
+        for resource in settings.publishing.topics:
+            try:
+                topic = raymq_name(resource)
+            except StatusError:
+                continue
+            stream.topics[topic] = resource
+        self._publishers[stream.client_id] = stream
+        self._renew(stream)
+
+    def _renew(self, stream: TelemetryStream) -> None:
+        ttl = self.rt.config.channel_expired_s
+        for topic in stream.topics:
+            self.transactions.register_producer(
+                TRANSACTION_GROUP_PREFIX + topic, stream.client_id, stream, ttl
+            )
+
+    def _unregister_publisher(self, stream: TelemetryStream) -> None:
+        if self._publishers.get(stream.client_id) is stream:
+            del self._publishers[stream.client_id]
+            for topic in stream.topics:
+                self.transactions.unregister_producer(
+                    TRANSACTION_GROUP_PREFIX + topic, stream.client_id
                 )
-            # thread stack traces and message verification answers: nothing to do yet
 
     def settings(self, client: pb.Settings) -> pb.Settings:
         """What the server tells a client: its limits and how to retry."""
@@ -321,8 +399,10 @@ class MessagingService(sgrpc.MessagingServiceServicer):
                     transaction_group=TRANSACTION_GROUP_PREFIX + topic if is_txn else None,
                 )
             )
+        now_ms = int(time.time() * 1000)
+        host = _born_host(context)
         born = [
-            (m.system_properties.born_timestamp.ToMilliseconds(), _born_host(context), 0)
+            (m.system_properties.born_timestamp.ToMilliseconds() or now_ms, host, 0)
             for m in request.messages
         ]
         try:

@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 import pytest
+import ray
 from raymq_testkit import SMALL_STORE, drain, unique_namespace, wait_until
 from rocketmq import (
     ClientConfiguration,
@@ -53,12 +54,13 @@ def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
         nameservers=1,
         brokers=2,
         store_root=str(root),
-        topics=[TOPIC, "grpc-txn", "grpc-guarded"],
+        topics=[TOPIC, "grpc-txn", "grpc-orphan", "grpc-guarded"],
         broker_options={
             "store": SMALL_STORE,
             "heartbeat_interval_s": 2.0,
             "grpc_enable": True,
             "grpc_bind": "127.0.0.1",
+            "transaction_timeout_s": 0.5,  # a half message is checked once this old
         },
     )
     yield c
@@ -180,6 +182,52 @@ def test_official_transactions_commit_and_rollback(cluster: Any, config: Any) ->
     assert got[kept.message_id].body == b"kept"
     assert dropped.message_id not in got
     assert len(got) == 1
+
+
+class _CommitChecker(TransactionChecker):
+    def __init__(self) -> None:
+        self.checked: list[str] = []
+
+    def check(self, message: Message) -> TransactionResolution:
+        self.checked.append(message.message_id)
+        return TransactionResolution.COMMIT
+
+
+def _publishers(cluster: Any) -> list[int]:
+    return [e["stats"]["publishers"] for _, e in sorted(cluster.grpc_endpoints().items())]
+
+
+def test_an_orphaned_transaction_is_resolved_by_the_official_checker(
+    cluster: Any, config: Any
+) -> None:
+    """A half message its producer never ends: the broker's check service asks the
+    producer over its Telemetry stream, the checker commits it."""
+    before = _publishers(cluster)
+    checker = _CommitChecker()
+    p = Producer(config, ("grpc-orphan",), checker)
+    p.startup()
+    try:
+        wait_until(
+            lambda: all(n > b for n, b in zip(_publishers(cluster), before)),
+            what="the producer's Telemetry stream on both brokers",
+        )
+        orphan = p.send(_message("grpc-orphan", b"orphan"), p.begin_transaction())
+        assert _by_id(cluster, "grpc-orphan") == {}  # a half message: not readable
+        brokers = [cluster.broker("broker-a"), cluster.broker("broker-b")]
+
+        def checked() -> bool:
+            ray.get([b.check_transactions.remote() for b in brokers])
+            return orphan.message_id in checker.checked
+
+        wait_until(checked, interval_s=0.3, what="the check pushed over Telemetry")
+        got = wait_until(
+            lambda: _by_id(cluster, "grpc-orphan"), what="the message the checker committed"
+        )
+        assert list(got) == [orphan.message_id]
+        assert got[orphan.message_id].body == b"orphan"
+    finally:
+        p.shutdown()
+    wait_until(lambda: _publishers(cluster) == before, what="the stream's end unregistering it")
 
 
 def test_unsigned_and_badly_signed_calls_are_refused_and_change_nothing(
