@@ -26,6 +26,7 @@ from actors.client import (
     PushConsumerConfig,
     SendResult,
     SendStatus,
+    SimpleConsumer,
     TransactionProducer,
     TransactionSendResult,
 )
@@ -95,6 +96,7 @@ __all__ = [
     "QueueData",
     "SendResult",
     "SendStatus",
+    "SimpleConsumer",
     "TopicConfig",
     "TopicRouteData",
     "TransactionProducer",

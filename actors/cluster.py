@@ -23,6 +23,7 @@ from actors.broker.broker import Broker
 from actors.client.admin import Admin
 from actors.client.producer import Producer
 from actors.client.pull_consumer import PullConsumer
+from actors.client.simple_consumer import SimpleConsumer
 from actors.config.broker import BrokerConfig
 from actors.config.cluster import BrokerSpec, ClusterConfig
 from actors.config.console import ConsoleConfig
@@ -90,6 +91,12 @@ class Cluster:
     def pull_consumer(self, group: str, **options: Any) -> PullConsumer:
         return PullConsumer(
             group, namespace=self.namespace, nameservers=self.nameserver_names, **options
+        )
+
+    def simple_consumer(self, group: str, topic: str, **options: Any) -> SimpleConsumer:
+        """A POP consumer of ``topic`` for ``group`` (``actors.client.simple_consumer``)."""
+        return SimpleConsumer(
+            group, topic, namespace=self.namespace, nameservers=self.nameserver_names, **options
         )
 
     @property

@@ -73,3 +73,14 @@ class DuplicateSequenceError(ProducerSequenceError):
 
 class ProducerFencedError(ProducerSequenceError):
     """The batch comes from an older epoch of its producer than one already stored."""
+
+
+class InvalidReceiptHandleError(RayMQError, ValueError):
+    """A receipt handle that is malformed, forged, of another group, topic or broker, or
+    of a message no longer in flight under it (superseded by a later receive or change of
+    its invisible time). Nothing changed."""
+
+
+class ReceiptHandleExpiredError(InvalidReceiptHandleError):
+    """The handle's invisible time lapsed: the message is (or will be) delivered again
+    under a new handle. Nothing changed."""

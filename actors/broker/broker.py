@@ -11,6 +11,8 @@ later a socket listener and a gRPC gateway, are doors onto the same processors:
 * :class:`~actors.broker.admin.AdminBrokerProcessor`: topics, lookups, status;
 * :class:`~actors.broker.transaction.TransactionProcessor`: ends of transactions, the
   check service and the transactional producers it checks with;
+* :class:`~actors.broker.pop.PopProcessor`: POP receive, ack and change of invisible
+  time by receipt handle (RocketMQ 5's SimpleConsumer);
 * the role in its group (``actors.broker.ha``) and the NameServer registration
   (``actors.broker.registration``).
 
@@ -39,6 +41,7 @@ from actors.broker.ha import create_replication
 from actors.broker.listener import DataPathListener
 from actors.broker.memory import retain_freed_memory
 from actors.broker.metrics import BrokerMetrics, BrokerMetricsService
+from actors.broker.pop import PoppedMessage, PopProcessor
 from actors.broker.producer_ids import ProducerIdAllocator
 from actors.broker.pull import PullMessageProcessor
 from actors.broker.registration import Registration
@@ -80,6 +83,7 @@ class Broker:
         self.groups = ConsumerManageProcessor(rt, self.ha)
         self.admin = AdminBrokerProcessor(rt, self.ha)
         self.transactions = TransactionProcessor(rt, self.ha)
+        self.popper = PopProcessor(rt, self.ha)
         self.producer_ids = ProducerIdAllocator(
             rt.store.config_file("producerIds"), config.actor_name
         )
@@ -91,6 +95,7 @@ class Broker:
         self.grpc: Any = None  # actors.broker.grpc.service.GrpcEndpoint, with grpc_enable
         self.ha.start()
         self.transactions.start()
+        self.popper.start()
         self._startup = loop.create_task(self._start())
         self._offset_flush = loop.create_task(self._offset_flush_loop())
         log.info(
@@ -131,7 +136,7 @@ class Broker:
                 self.sender,
                 self.transactions,
                 _tls_files(self.config),
-                pop=getattr(self, "popper", None),  # POP consumption, once merged
+                pop=self.popper,
             )
             self.rt.grpc_addr = await endpoint.start()
             self.grpc = endpoint
@@ -368,6 +373,50 @@ class Broker:
         await self.transactions.ensure_loaded()
         return await self.rt.run(self.transactions.pending)
 
+    # ------------------------------------------------------------ POP (actors/broker/pop.py)
+    async def pop(
+        self,
+        group: str,
+        topic: str,
+        max_msgs: int,
+        invisible_ms: int,
+        wait_ms: int = 0,
+        *,
+        fifo: bool = False,
+        tag_expr: str = "*",
+        client_id: str = "",
+    ) -> list[PoppedMessage]:
+        """Up to ``max_msgs`` messages of ``topic`` invisible to ``group`` for
+        ``invisible_ms``, each with its receipt handle; waits up to ``wait_ms`` for one."""
+        return await self.popper.pop(
+            group,
+            topic,
+            max_msgs,
+            invisible_ms,
+            wait_ms,
+            fifo=fifo,
+            tag_expr=tag_expr,
+            client_id=client_id,
+        )
+
+    async def ack_message(self, group: str, topic: str, receipt_handle: str | list[str]) -> Any:
+        """Ack by receipt handle; a list of handles answers, per handle, None or why not."""
+        if isinstance(receipt_handle, list):
+            return await self.popper.ack_many(group, topic, receipt_handle)
+        return await self.popper.ack(group, topic, receipt_handle)
+
+    async def change_invisible_duration(
+        self, group: str, topic: str, receipt_handle: str, invisible_ms: int
+    ) -> str:
+        """Re-arm a received message's invisible time from now; its new receipt handle."""
+        return await self.popper.change_invisible(group, topic, receipt_handle, invisible_ms)
+
+    async def forward_to_dead_letter_queue(
+        self, group: str, topic: str, receipt_handle: str
+    ) -> None:
+        """Give up on a received message: to ``%DLQ%<group>`` now, and done."""
+        await self.popper.forward_to_dlq(group, topic, receipt_handle)
+
     # ------------------------------------------------------------ topics and lookups (admin)
     async def create_topic(self, config: TopicConfig) -> TopicConfig:
         """Create or update a topic and tell every NameServer before returning."""
@@ -450,7 +499,12 @@ class Broker:
         data_path: dict[str, Any] = {"data_addr": self.rt.data_addr, "grpc_addr": self.rt.grpc_addr}
         if self.listener is not None:
             data_path.update({f"data_{k}": v for k, v in self.listener.stats.items()})
-        return {**await self.admin.status(), **self.sender.status(), **data_path}
+        return {
+            **await self.admin.status(),
+            **self.sender.status(),
+            **self.popper.status(),
+            **data_path,
+        }
 
     async def ping(self) -> str:
         return self.rt.incarnation
@@ -476,6 +530,8 @@ class Broker:
         rt.holds.wake_all()
         self._offset_flush.cancel()
         self.transactions.stop()
+        with contextlib.suppress(Exception):
+            await self.popper.stop()
         if self.listener is not None:
             await self.listener.stop()
         if self.grpc is not None:

@@ -15,6 +15,7 @@ from actors.client.push.consumer import (
     PushConsumerConfig,
 )
 from actors.client.send_result import BatchSendResult, SendResult, SendStatus
+from actors.client.simple_consumer import SimpleConsumer
 from actors.client.transaction import (
     LocalTransactionState,
     TransactionListener,
@@ -38,6 +39,7 @@ __all__ = [
     "PushConsumerConfig",
     "SendResult",
     "SendStatus",
+    "SimpleConsumer",
     "TransactionListener",
     "TransactionProducer",
     "TransactionSendResult",

@@ -104,6 +104,11 @@ class BrokerConfig:
     """A half message is checked with its producer once it is this old (born time)."""
     transaction_check_max: int = 15
     """Checks without an answer before a half message is discarded."""
+    # POP consumption (actors/broker/pop.py, storage/pop.py)
+    pop_max_reconsume_times: int = 16
+    """Deliveries of a POP message after its first before it goes to ``%DLQ%<group>``."""
+    pop_revive_interval_s: float = 0.1
+    """How often the broker looks for POP messages whose invisible time lapsed."""
     inline_async_puts: bool = True
     inline_reads: bool = True
     malloc_trim_threshold: int = 256 << 20
@@ -202,9 +207,19 @@ class BrokerConfig:
             transaction_check_interval_s=self.transaction_check_interval_s,
             transaction_timeout_s=self.transaction_timeout_s,
             transaction_check_max=self.transaction_check_max,
+            pop_revive_interval_s=self.pop_revive_interval_s,
             metrics_export_interval_s=self.metrics_export_interval_s,
             metrics_lag_interval_s=self.metrics_lag_interval_s,
         )
+        if (
+            not isinstance(self.pop_max_reconsume_times, int)
+            or isinstance(self.pop_max_reconsume_times, bool)
+            or self.pop_max_reconsume_times < 0
+        ):
+            raise InvalidConfigError(
+                f"BrokerConfig.pop_max_reconsume_times={self.pop_max_reconsume_times!r}: "
+                "must be an int >= 0"
+            )
         if not isinstance(self.malloc_trim_threshold, int) or self.malloc_trim_threshold < 0:
             raise InvalidConfigError(
                 f"BrokerConfig.malloc_trim_threshold={self.malloc_trim_threshold!r}: "

@@ -25,9 +25,14 @@ PUBLIC_0_1 = {
     "coordinator_actor_name", "coordinator_for", "discover_nameservers", "fleet_actor_name",
     "nameserver_actor_name", "start_cluster",
 }  # fmt: skip
-ADDED_SINCE_0_1 = {"LocalTransactionState", "TransactionProducer", "TransactionSendResult"}
+ADDED_SINCE_0_1 = {
+    "LocalTransactionState",
+    "TransactionProducer",
+    "TransactionSendResult",
+    "SimpleConsumer",
+}
 """Names the top level gained after 0.1, and only these (none may go): transactional
-messages (issue #24)."""
+messages (issue #24), POP consumption (issue #25)."""
 
 
 def test_the_top_level_api_is_what_it_was() -> None:

@@ -28,6 +28,7 @@ LAYERS = [  # from the facade down to the values and errors
         "_fast_encode",
         "quarantine",
         "transaction",
+        "pop",
     },
     "consume_queue",
     {"mapped_file", "codec"},

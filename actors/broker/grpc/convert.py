@@ -33,6 +33,7 @@ from storage.errors import (
     DiskFullError,
     InvalidConfigError,
     InvalidMessageError,
+    InvalidReceiptHandleError,
     OffsetOutOfRangeError,
     PermissionDeniedError,
     RayMQError,
@@ -71,6 +72,7 @@ _ERROR_CODES: tuple[tuple[type[BaseException], int], ...] = (
     # first match wins: subclasses before their bases
     (AuthError, pb.Code.UNAUTHORIZED),
     (TopicNotFoundError, pb.Code.TOPIC_NOT_FOUND),
+    (InvalidReceiptHandleError, pb.Code.INVALID_RECEIPT_HANDLE),
     (PermissionDeniedError, pb.Code.FORBIDDEN),
     (InvalidMessageError, pb.Code.BAD_REQUEST),
     (InvalidConfigError, pb.Code.BAD_REQUEST),

@@ -44,14 +44,16 @@ from actors.broker.grpc.convert import (
 from actors.broker.grpc.v2 import definition_pb2 as pb
 from actors.broker.grpc.v2 import service_pb2 as spb
 from actors.broker.grpc.v2 import service_pb2_grpc as sgrpc
+from actors.broker.pop import PopProcessor
 from actors.broker.runtime import BrokerRuntime
 from actors.broker.send import SendMessageProcessor
 from actors.broker.transaction import TransactionProcessor
+from actors.protocol.pop import MAX_INVISIBLE_MS, MIN_INVISIBLE_MS, PoppedMessage
 from actors.protocol.route import TopicRouteData
 from actors.protocol.topic import is_readable, is_writeable
 from actors.protocol.wire import SendAck
 from storage.codec import encode_batch, java_hash
-from storage.errors import InvalidMessageError, RayMQError
+from storage.errors import InvalidMessageError
 from storage.message import Message, PutStatus
 
 log = logging.getLogger("raymq.actors.broker.grpc")
@@ -77,8 +79,6 @@ _PUT_CODES = {
 ROUTE_TIMEOUT_S = 3.0
 MAX_RECEIVE_BATCH = 32
 DEFAULT_INVISIBLE_MS = 60_000
-MIN_INVISIBLE_MS = 1_000  # the POP processor's bounds (actors/broker/pop.py)
-MAX_INVISIBLE_MS = 12 * 3600 * 1000
 
 
 def _endpoints(addr: str) -> pb.Endpoints:
@@ -145,13 +145,13 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         sender: SendMessageProcessor,
         transactions: TransactionProcessor,
         auth: Authenticator,
-        pop: Any = None,
+        pop: PopProcessor | None = None,
     ) -> None:
         self.rt = runtime
         self.sender = sender
         self.transactions = transactions
         self.auth = auth
-        self.pop = pop  # actors.broker.pop.PopProcessor, once the broker has one
+        self.pop = pop
         self._round_robin = itertools.count()
         self.stats = {"calls": 0, "refused": 0, "unauthorized": 0}
         self._publishers: dict[str, TelemetryStream] = {}  # client id -> its stream
@@ -450,7 +450,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         return spb.EndTransactionResponse(status=status())
 
     # ------------------------------------------------------------ consuming (POP)
-    def _popper(self) -> Any:
+    def _popper(self) -> PopProcessor:
         if self.pop is None:
             raise StatusError(
                 pb.Code.NOT_IMPLEMENTED, "this broker has no POP consumption (actors/broker/pop.py)"
@@ -486,7 +486,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
                 status=status(pb.Code.MESSAGE_NOT_FOUND, "no new message")
             )
 
-    async def _receive(self, request: Any, context: Any) -> tuple[list[Any], int]:
+    async def _receive(self, request: Any, context: Any) -> tuple[list[PoppedMessage], int]:
         pop = self._popper()
         group = raymq_name(request.group, "group")
         topic = raymq_name(request.message_queue.topic)
@@ -582,15 +582,23 @@ class MessagingService(sgrpc.MessagingServiceServicer):
 
     @_unary(spb.ForwardMessageToDeadLetterQueueResponse)
     async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
-        raise StatusError(
-            pb.Code.NOT_IMPLEMENTED, "ForwardMessageToDeadLetterQueue: not yet (docs/rocketmq5.md)"
-        )
+        """A push consumer gave up on a message (its max delivery attempts): its copy goes
+        to ``%DLQ%<group>`` and it is done."""
+        pop = self._popper()
+        group = raymq_name(request.group, "group")
+        topic = raymq_name(request.topic)
+        try:
+            await pop.forward_to_dlq(group, topic, request.receipt_handle)
+        except Exception as exc:  # noqa: BLE001
+            code, message = _handle_status(exc)
+            raise StatusError(code, message) from exc
+        return spb.ForwardMessageToDeadLetterQueueResponse(status=status())
 
 
 def _handle_status(exc: BaseException) -> tuple[int, str]:
-    """A refused receipt handle is ``INVALID_RECEIPT_HANDLE``, whatever RayMQ calls it."""
+    """A refused receipt handle is ``INVALID_RECEIPT_HANDLE``; a malformed one too."""
     code, message = status_of(exc)
-    if code in (pb.Code.BAD_REQUEST, pb.Code.INTERNAL_ERROR) and isinstance(exc, RayMQError):
+    if code == pb.Code.BAD_REQUEST:
         return pb.Code.INVALID_RECEIPT_HANDLE, message
     return code, message
 
@@ -618,7 +626,7 @@ class GrpcEndpoint:
         sender: SendMessageProcessor,
         transactions: TransactionProcessor,
         tls: tuple[bytes, bytes] | None = None,
-        pop: Any = None,
+        pop: PopProcessor | None = None,
     ) -> None:
         c = runtime.config
         self.rt = runtime

@@ -1,0 +1,270 @@
+"""The SimpleConsumer: RocketMQ 5's POP consumption, natively (``actors.broker.pop``).
+
+No rebalance and no queue ownership: any number of processes, Ray tasks or actors of a
+group call :meth:`SimpleConsumer.receive`, and each message goes to one of them,
+invisible to the others for ``invisible_s``. The receiver acks it by its receipt
+handle (:meth:`~SimpleConsumer.ack`, :meth:`~SimpleConsumer.ack_many`), or takes more
+time (:meth:`~SimpleConsumer.change_invisible_duration`); a message not acked in time
+comes again, to whoever receives next, with ``reconsume_times`` + 1, and after the
+broker's ``pop_max_reconsume_times`` it goes to ``%DLQ%<group>``.
+
+A receive asks every master broker of the topic at once (each for its share of
+``max_msgs``) and returns as soon as one answers with messages; a call still waiting on
+another broker is kept, and what it brings is returned by the next receive (it was
+made invisible for this consumer; if never received it comes back after its invisible
+time). Calls are Ray calls: one per broker per receive, one per broker per
+:meth:`ack_many`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import ray
+
+from actors.namesrv.client import NameServerClient, discover_nameservers
+from actors.protocol import rpc as _rpc
+from actors.protocol.checks import check_number, validate_group
+from actors.protocol.names import DEFAULT_NAMESPACE
+from actors.protocol.pop import MAX_POP_MSGS, PoppedMessage
+from actors.protocol.topic import is_readable
+from storage.codec import validate_topic
+from storage.errors import (
+    BrokerUnavailableError,
+    InvalidMessageError,
+    InvalidReceiptHandleError,
+    TopicNotFoundError,
+)
+from storage.pop import ReceiptHandle
+from storage.subscription import parse_subscription
+
+log = logging.getLogger("raymq.actors.simple_consumer")
+
+__all__ = ["PoppedMessage", "SimpleConsumer"]
+
+
+class SimpleConsumer:
+    """Receive, ack and change the invisible duration of messages of one topic for
+    ``group``. ``tag_expr``: ``"*"`` or ``"TagA || TagB"``; ``fifo``: at most one batch
+    in flight per queue, so a queue's messages are received in order."""
+
+    def __init__(
+        self,
+        group: str,
+        topic: str,
+        tag_expr: str = "*",
+        *,
+        fifo: bool = False,
+        wait_s: float = 5.0,
+        namespace: str = DEFAULT_NAMESPACE,
+        nameservers: Sequence[str] | None = None,
+        route_refresh_s: float = 30.0,
+        call_timeout_s: float = 10.0,
+    ) -> None:
+        self.group = validate_group(group)
+        self.topic = validate_topic(topic)
+        parse_subscription(tag_expr)
+        self.tag_expr = tag_expr
+        self.fifo = bool(fifo)
+        self.wait_s = check_number("wait_s", wait_s)
+        self.call_timeout_s = check_number("call_timeout_s", call_timeout_s)
+        self.client_id = f"{group}@{uuid.uuid4().hex[:12]}"
+        self.ns = NameServerClient(
+            nameservers or discover_nameservers(namespace), namespace, route_refresh_s
+        )
+        self._pending: dict[str, tuple[Any, int]] = {}  # broker name -> (pop call, its share)
+        self._turn = 0
+        self._closed = False
+
+    # ------------------------------------------------------------ brokers
+    def _brokers(self) -> list[str]:
+        route = self.ns.require_route(self.topic)
+        names = sorted(
+            {
+                qd.broker_name
+                for qd in route.queue_datas
+                if is_readable(qd.perm) and qd.read_queue_nums
+            }
+        )
+        if not names:
+            raise TopicNotFoundError(f"topic={self.topic!r}: no broker lets it be read")
+        return names
+
+    def _broker(self, name: str, refresh: bool = False) -> Any:
+        route = self.ns.require_route(self.topic, refresh=refresh)
+        return self.ns.broker(route, name)
+
+    def _forget(self, name: str) -> None:
+        self.ns.invalidate(self.topic)
+        try:
+            route = self.ns.route(self.topic)
+        except BrokerUnavailableError:  # no NameServer either: the next call finds out
+            return
+        bd = route.broker(name) if route is not None else None
+        actor = bd.master_actor_name() if bd is not None else None
+        if actor is not None:
+            self.ns.forget_broker(actor)
+
+    # ------------------------------------------------------------ receive
+    def receive(
+        self, max_msgs: int = 16, invisible_s: float = 30.0, wait_s: float | None = None
+    ) -> list[PoppedMessage]:
+        """Up to ``max_msgs`` messages, each invisible to the group for ``invisible_s``
+        unless acked; waits up to ``wait_s`` (the consumer's default) for one."""
+        self._check_open()
+        if (
+            not isinstance(max_msgs, int)
+            or isinstance(max_msgs, bool)
+            or not 0 < max_msgs <= MAX_POP_MSGS
+        ):
+            raise InvalidMessageError(f"max_msgs={max_msgs!r}: must be an int in 1..{MAX_POP_MSGS}")
+        invisible_ms = int(check_number("invisible_s", invisible_s) * 1000)
+        wait = self.wait_s if wait_s is None else check_number("wait_s", wait_s)
+        deadline = time.monotonic() + wait
+        while True:
+            self._start_pops(
+                max_msgs, invisible_ms, int(max(0.0, deadline - time.monotonic()) * 1000)
+            )
+            if not self._pending:  # no broker could be asked: not a busy loop
+                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+            got = self._collect(max(0.0, deadline - time.monotonic()) + self.call_timeout_s)
+            if got or time.monotonic() >= deadline:
+                return got
+
+    def _start_pops(self, max_msgs: int, invisible_ms: int, wait_ms: int) -> None:
+        names = self._brokers()
+        free = [n for n in names if n not in self._pending]
+        room = max_msgs - sum(share for _, share in self._pending.values())
+        if not free or room <= 0:
+            return
+        self._turn += 1
+        start = self._turn % len(free)
+        free = free[start:] + free[:start]
+        shares = [room // len(free) + (1 if i < room % len(free) else 0) for i in range(len(free))]
+        for name, share in zip(free, shares):
+            if share <= 0:
+                continue
+            try:
+                ref = self._broker(name).pop.remote(
+                    self.group,
+                    self.topic,
+                    share,
+                    invisible_ms,
+                    wait_ms,
+                    fifo=self.fifo,
+                    tag_expr=self.tag_expr,
+                    client_id=self.client_id,
+                )
+            except BrokerUnavailableError as exc:
+                log.warning("receive: broker %s unavailable: %s", name, exc)
+                self._forget(name)
+                continue
+            self._pending[name] = (ref, share)
+
+    def _collect(self, timeout: float) -> list[PoppedMessage]:
+        """The messages of the pop calls answered: waits for the first, takes whatever
+        else is answered by then, keeps the others for the next receive."""
+        if not self._pending:
+            return []
+        refs = {ref: name for name, (ref, _) in self._pending.items()}
+        ready, _ = ray.wait(list(refs), num_returns=1, timeout=timeout)
+        if ready:
+            ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+        out: list[PoppedMessage] = []
+        for ref in ready:
+            name = refs[ref]
+            del self._pending[name]
+            try:
+                out.extend(_rpc.get(ref))
+            except Exception as exc:
+                if not _rpc.is_retriable(exc) and not isinstance(exc, BrokerUnavailableError):
+                    raise
+                log.warning("receive: broker %s failed (%s): trying it again", name, exc)
+                self._forget(name)
+        return out
+
+    # ------------------------------------------------------------ ack, change
+    def _on_broker(self, handle: str, method: str, *args: Any) -> Any:
+        """``method`` on the master of the broker that handed out ``handle``: retried
+        while it restarts or fails over, up to ``call_timeout_s``."""
+        name = ReceiptHandle.parse(handle).broker
+        deadline = time.monotonic() + self.call_timeout_s
+        delay = 0.05
+        while True:
+            try:
+                broker = self._broker(name)
+                return _rpc.get(
+                    getattr(broker, method).remote(self.group, self.topic, *args),
+                    self.call_timeout_s,
+                )
+            except Exception as exc:
+                if not _rpc.is_retriable(exc) and not isinstance(exc, BrokerUnavailableError):
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise BrokerUnavailableError(
+                        f"broker {name!r} did not take {method} in {self.call_timeout_s} s: "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from exc
+                self._forget(name)
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    def ack(self, msg: PoppedMessage) -> None:
+        """Done with ``msg``: it is not delivered again."""
+        self._check_open()
+        self._on_broker(_handle_of(msg), "ack_message", _handle_of(msg))
+
+    def ack_many(self, msgs: Iterable[PoppedMessage]) -> None:
+        """:meth:`ack` of many messages, one call per broker; raises after acking all it
+        could when some were refused (expired, superseded), naming them."""
+        self._check_open()
+        by_broker: dict[str, list[str]] = {}
+        for m in msgs:
+            h = _handle_of(m)
+            by_broker.setdefault(ReceiptHandle.parse(h).broker, []).append(h)
+        refused: list[str] = []
+        for handles in by_broker.values():
+            answers = self._on_broker(handles[0], "ack_message", handles)
+            refused.extend(f"{h}: {why}" for h, why in zip(handles, answers) if why)
+        if refused:
+            raise InvalidReceiptHandleError(
+                f"{len(refused)} ack(s) refused: " + "; ".join(refused[:5])
+            )
+
+    def change_invisible_duration(self, msg: PoppedMessage, invisible_s: float) -> PoppedMessage:
+        """Make ``msg`` invisible for ``invisible_s`` from now; returns it with its new
+        receipt handle (the old one is refused from now on)."""
+        self._check_open()
+        invisible_ms = int(check_number("invisible_s", invisible_s) * 1000)
+        h = _handle_of(msg)
+        new = self._on_broker(h, "change_invisible_duration", h, invisible_ms)
+        msg.receipt_handle = new
+        return msg
+
+    # ------------------------------------------------------------ lifecycle
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidMessageError("the SimpleConsumer is closed")
+
+    def close(self) -> None:
+        """Stop receiving; messages received and not acked come back after their
+        invisible time (and those of receives still waiting, which are dropped)."""
+        self._closed = True
+        self._pending.clear()
+
+    def __enter__(self) -> SimpleConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _handle_of(msg: object) -> str:
+    handle = getattr(msg, "receipt_handle", None)
+    if not isinstance(handle, str):
+        raise InvalidMessageError(f"{msg!r:.80}: not a received message (no receipt handle)")
+    return handle
