@@ -20,12 +20,16 @@ from raymq_testkit import SMALL_STORE, drain, unique_namespace, wait_until
 from rocketmq import (
     ClientConfiguration,
     Credentials,
+    FilterExpression,
     Message,
     Producer,
+    SimpleConsumer,
     TransactionChecker,
     TransactionResolution,
 )
 from rocketmq.grpc_protocol import (
+    AckMessageEntry,
+    AckMessageRequest,
     ClientType,
     Code,
     EndTransactionRequest,
@@ -41,8 +45,11 @@ from rocketmq.v5.exception import IllegalArgumentException, PayloadTooLargeExcep
 from rocketmq.v5.util.signature import Signature
 
 import actors
+from actors import TopicConfig
+from storage.message import Message as NativeMessage
 
 TOPIC = "grpc-orders"
+POP_TOPIC = "grpc-pop"
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +61,13 @@ def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
         nameservers=1,
         brokers=2,
         store_root=str(root),
-        topics=[TOPIC, "grpc-txn", "grpc-orphan", "grpc-guarded"],
+        topics=[
+            TOPIC,
+            "grpc-txn",
+            "grpc-orphan",
+            "grpc-guarded",
+            TopicConfig(POP_TOPIC, read_queue_nums=2, write_queue_nums=2),
+        ],
         broker_options={
             "store": SMALL_STORE,
             "heartbeat_interval_s": 2.0,
@@ -327,3 +340,71 @@ def test_telemetry_settings_and_assignments(
     }
     assert brokers == {"broker-a", "broker-b"}
     assert addrs == {e["addr"] for e in endpoints.values()}
+
+
+def test_official_simple_consumer_receives_acks_and_gets_lapsed_messages_again(
+    cluster: Any, config: Any, stub: MessagingServiceStub
+) -> None:
+    """Native producer → official SimpleConsumer (POP): every message once by body and id;
+    one left unacked (its invisible time cut to 1 s) comes back with delivery attempt 2; one
+    whose invisible time was extended does not; forged and other groups' receipt handles
+    are refused."""
+    native = cluster.producer("grpc-native")
+    try:
+        sent = {
+            native.send(NativeMessage(POP_TOPIC, f"pop-{i}".encode())).msg_id: f"pop-{i}".encode()
+            for i in range(6)
+        }
+    finally:
+        native.close()
+    consumer = SimpleConsumer(
+        config, "grpc-simple", {POP_TOPIC: FilterExpression()}, await_duration=1
+    )
+    consumer.startup()
+    try:
+        first: dict[str, Any] = {}
+
+        def receive_all() -> bool:
+            for m in consumer.receive(16, 20):  # invisible for 20 s
+                assert m.message_id not in first, "delivered twice while invisible"
+                first[m.message_id] = m
+            return set(first) >= set(sent)
+
+        wait_until(receive_all, interval_s=0, what="every message received once")
+        assert set(first) == set(sent)
+        assert {i: m.body for i, m in first.items()} == sent
+        assert all(m.delivery_attempt == 1 for m in first.values())
+        lapsed, extended, *done = sorted(first)
+        # a handle forged, or of another group, is refused and changes nothing
+        md = _signed(config)
+        for group, handle in (
+            ("grpc-simple", "forged"),
+            ("other-group", first[done[0]].receipt_handle),
+        ):
+            req = AckMessageRequest(
+                group=Resource(name=group),
+                topic=Resource(name=POP_TOPIC),
+                entries=[AckMessageEntry(message_id=done[0], receipt_handle=handle)],
+            )
+            answer = stub.AckMessage(req, metadata=md)
+            assert answer.status.code == Code.INVALID_RECEIPT_HANDLE
+            assert answer.entries[0].status.code == Code.INVALID_RECEIPT_HANDLE
+        for msg_id in done:
+            consumer.ack(first[msg_id])
+        consumer.change_invisible_duration(first[extended], 30)
+        consumer.change_invisible_duration(first[lapsed], 1)  # and then let it lapse
+        again: dict[str, Any] = {}
+
+        def lapsed_back() -> bool:
+            for m in consumer.receive(16, 30):
+                again[m.message_id] = m
+            return lapsed in again
+
+        wait_until(lapsed_back, interval_s=0, what="the unacked message after its 1 s")
+        assert set(again) == {lapsed}  # acked ones done, the extended one still invisible
+        assert again[lapsed].delivery_attempt == 2
+        assert again[lapsed].body == sent[lapsed]
+        consumer.ack(again[lapsed])
+        consumer.ack(first[extended])  # under the handle its change gave
+    finally:
+        consumer.shutdown()
