@@ -458,8 +458,8 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         return self.pop
 
     async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
-        """POP receive from this broker's queues of the topic: the messages, then the
-        status (``MESSAGE_NOT_FOUND`` when the long poll ends empty)."""
+        """POP receive from this broker's queues of the topic: the delivery time, the
+        messages, then the status (``MESSAGE_NOT_FOUND`` when the long poll ends empty)."""
         try:
             self.authenticate(context)
             found, invisible_ms = await self._receive(request, context)
@@ -469,6 +469,10 @@ class MessagingService(sgrpc.MessagingServiceServicer):
             yield spb.ReceiveMessageResponse(status=status(code, message))
             return
         topic = request.message_queue.topic
+        if found:  # when the broker handed them out (the clients time their delivery by it)
+            delivered = spb.ReceiveMessageResponse()
+            delivered.delivery_timestamp.GetCurrentTime()
+            yield delivered
         for popped in found:
             yield spb.ReceiveMessageResponse(
                 message=to_pb_message(

@@ -19,10 +19,13 @@ import ray
 from raymq_testkit import SMALL_STORE, drain, unique_namespace, wait_until
 from rocketmq import (
     ClientConfiguration,
+    ConsumeResult,
     Credentials,
     FilterExpression,
     Message,
+    MessageListener,
     Producer,
+    PushConsumer,
     SimpleConsumer,
     TransactionChecker,
     TransactionResolution,
@@ -50,6 +53,7 @@ from storage.message import Message as NativeMessage
 
 TOPIC = "grpc-orders"
 POP_TOPIC = "grpc-pop"
+PUSH_TOPIC = "grpc-push"
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +71,7 @@ def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
             "grpc-orphan",
             "grpc-guarded",
             TopicConfig(POP_TOPIC, read_queue_nums=2, write_queue_nums=2),
+            TopicConfig(PUSH_TOPIC, read_queue_nums=2, write_queue_nums=2),
         ],
         broker_options={
             "store": SMALL_STORE,
@@ -408,3 +413,41 @@ def test_official_simple_consumer_receives_acks_and_gets_lapsed_messages_again(
         consumer.ack(first[extended])  # under the handle its change gave
     finally:
         consumer.shutdown()
+
+
+class _Listener(MessageListener):
+    """Fails each message's first delivery, takes the second."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int, bytes]] = []
+
+    def consume(self, message: Message) -> ConsumeResult:
+        self.seen.append((message.message_id, message.delivery_attempt, message.body))
+        return ConsumeResult.FAILURE if message.delivery_attempt == 1 else ConsumeResult.SUCCESS
+
+
+def test_official_push_consumer_retries_a_failed_message(cluster: Any, config: Any) -> None:
+    """The 5.x PushConsumer: its start waits for the server's settings, it asks for its
+    assignments, receives with auto-renew, and a message its listener fails comes again
+    (delivery attempt 2) after RocketMQ's first retry delay."""
+    native = cluster.producer("grpc-native-push")
+    try:
+        sent = {
+            native.send(NativeMessage(PUSH_TOPIC, f"push-{i}".encode())).msg_id: f"push-{i}"
+            for i in range(3)
+        }
+    finally:
+        native.close()
+    listener = _Listener()
+    consumer = PushConsumer(config, "grpc-push-group", listener, {PUSH_TOPIC: FilterExpression()})
+    consumer.startup()
+    try:
+        wait_until(
+            lambda: {(i, a) for i, a, _ in listener.seen} >= {(i, 2) for i in sent},
+            what="every message delivered twice",
+        )
+    finally:
+        consumer.shutdown()
+    assert {(i, a, b) for i, a, b in listener.seen} == {
+        (i, a, body.encode()) for i, body in sent.items() for a in (1, 2)
+    }
