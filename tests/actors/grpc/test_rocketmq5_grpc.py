@@ -8,6 +8,7 @@ are loaded only inside the broker actors (docs/rocketmq5.md)."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -451,3 +452,51 @@ def test_official_push_consumer_retries_a_failed_message(cluster: Any, config: A
     assert {(i, a, b) for i, a, b in listener.seen} == {
         (i, a, body.encode()) for i, body in sent.items() for a in (1, 2)
     }
+
+
+def test_tls_with_the_data_paths_certificate(make_cluster: Any, tmp_path: Path) -> None:
+    """Given a certificate, the endpoint speaks TLS only: a client that trusts it sends;
+    a plain-text client gets nothing."""
+    cert, key = tmp_path / "broker.pem", tmp_path / "broker.key"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            "-subj", "/CN=raymq-test", "-addext", "subjectAltName=IP:127.0.0.1",
+            "-keyout", str(key), "-out", str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    c = make_cluster(
+        nameservers=1,
+        brokers=1,
+        topics=["grpc-sealed"],
+        broker_options={
+            "grpc_enable": True,
+            "grpc_bind": "127.0.0.1",
+            "data_tls_cert": str(cert),
+            "data_tls_key": str(key),
+        },
+    )
+    (info,) = c.grpc_endpoints().values()
+    assert info["tls"] is True
+    config = ClientConfiguration(info["addr"], Credentials(*c.grpc_credentials()))
+    req = SendMessageRequest()
+    m = req.messages.add()
+    m.topic.name = "grpc-sealed"
+    m.body = b"sealed"
+    m.system_properties.message_id = "01SEALED"
+    trusted = grpc.secure_channel(
+        info["addr"], grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+    )
+    plain = grpc.insecure_channel(info["addr"])
+    try:
+        answer = MessagingServiceStub(trusted).SendMessage(req, metadata=_signed(config))
+        assert answer.status.code == Code.OK
+        assert answer.entries[0].message_id == "01SEALED"
+        with pytest.raises(grpc.RpcError) as refused:
+            MessagingServiceStub(plain).SendMessage(req, metadata=_signed(config), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        trusted.close()
+        plain.close()
