@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import secrets
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -112,6 +113,26 @@ class Cluster:
 
     def actor_names(self) -> list[str]:
         return named_actors(self.namespace)
+
+    def grpc_endpoints(self) -> dict[str, dict[str, Any]]:
+        """Each broker's RocketMQ 5 gRPC endpoint (``grpc_enable``) by actor name: its
+        ``addr``, ``tls``, the ``access_key`` and ``secret_key`` calls must be signed with
+        and call ``stats``. A RocketMQ 5 client's ``endpoints`` is any of the addresses."""
+        names = [n for n in named_actors(self.namespace) if not n.startswith(NAMESERVER_PREFIX)]
+        out: dict[str, dict[str, Any]] = {}
+        for name in names:
+            with contextlib.suppress(Exception):  # not a broker, or one without gRPC
+                handle = ray.get_actor(name, namespace=self.namespace)
+                info = _rpc.get(handle.grpc_endpoint.remote(), 10.0)
+                if info is not None:
+                    out[name] = info
+        return out
+
+    def grpc_credentials(self) -> tuple[str, str]:
+        """The access key and secret key of the cluster's gRPC endpoints."""
+        for info in self.grpc_endpoints().values():
+            return info["access_key"], info["secret_key"]
+        raise RayMQError(f"no broker of namespace {self.namespace!r} serves gRPC")
 
     def console_url(self) -> str | None:
         """The URL of the web console (the ``console`` actor), or None when none runs."""
@@ -216,6 +237,17 @@ def start_cluster(
             f"a RayMQ cluster already runs in Ray namespace {ns!r}: use actors.connect()"
         )
 
+    if cfg.broker.get("grpc_enable") and not cfg.broker.get("grpc_secret_key"):
+        # one pair for the whole cluster (a client signs for every broker alike), known
+        # only to the cluster: read it with Cluster.grpc_credentials()
+        cfg = dataclasses.replace(
+            cfg,
+            broker={
+                **cfg.broker,
+                "grpc_access_key": cfg.broker.get("grpc_access_key") or "raymq",
+                "grpc_secret_key": secrets.token_hex(20),
+            },
+        )
     ns_names = [nameserver_actor_name(i) for i in range(cfg.nameservers)]
     broker_cfgs, placements = [], []
     for i, spec in enumerate(cfg.brokers):

@@ -802,6 +802,178 @@ class RawLimit(Peer):
 # ------------------------------------------------------------------ the run
 
 
+# ------------------------------------------------------------------ RayMQ over gRPC
+
+
+GRPC_IN_FLIGHT = 512  # a gRPC producer's sends in flight (send_async futures)
+
+
+def _grpc_config(addr: str, ak: str, sk: str) -> Any:
+    from rocketmq import ClientConfiguration, Credentials
+
+    return ClientConfiguration(addr, Credentials(ak, sk))
+
+
+def _grpc_producer(
+    addr: str, ak: str, sk: str, topic: str, body: bytes, seconds: float, out: Any
+) -> None:
+    """A producer process: the official client's ``send_async`` with at most
+    GRPC_IN_FLIGHT sends in flight; counts what was acknowledged in time."""
+    from rocketmq import Message, Producer
+
+    producer = Producer(_grpc_config(addr, ak, sk), (topic,))
+    producer.startup()
+    acked = 0
+    in_flight: list[Any] = []
+    stop = time.monotonic() + seconds
+    while time.monotonic() < stop:
+        m = Message()
+        m.topic = topic
+        m.body = body
+        in_flight.append(producer.send_async(m))
+        if len(in_flight) >= GRPC_IN_FLIGHT:
+            in_flight.pop(0).result()
+            acked += 1
+    for f in in_flight:
+        f.result()
+    acked += sum(1 for f in in_flight if f.exception() is None)
+    producer.shutdown()
+    out.put(acked)
+
+
+class RayMQGrpcPeer(Peer):
+    """This repository's brokers speaking RocketMQ 5's gRPC protocol, driven by the
+    official Python client (``rocketmq-python-client``): Producer in, SimpleConsumer out."""
+
+    name = "raymq-grpc"
+    work = "SimpleConsumer.receive of up to 32 (POP), then ack of each message (the client's ack_async needs an asyncio loop in the calling thread)"
+
+    def __init__(self) -> None:
+        self.round = 0
+
+    def start(self) -> None:
+        try:
+            import rocketmq  # noqa: F401
+        except ImportError as exc:
+            raise Missing("pip install rocketmq-python-client") from exc
+        ensure_ray()
+        import actors
+
+        self.root = tempfile.mkdtemp(prefix="raymq-peer-grpc-")
+        self.namespace = f"raymq-peers-grpc-{os.getpid()}"
+        self.cluster = actors.start_cluster(
+            namespace=self.namespace,
+            nameservers=1,
+            brokers=1,
+            store_root=self.root,
+            broker_options={
+                "grpc_enable": True,
+                "grpc_bind": "127.0.0.1",
+                "store": {
+                    "commitlog_file_size": 256 << 20,
+                    "index_hash_slots": 1_000_003,
+                    "index_max_entries": 8_000_000,
+                },
+            },
+        )
+        self.ak, self.sk = self.cluster.grpc_credentials()
+        (info,) = self.cluster.grpc_endpoints().values()
+        self.addr = info["addr"]
+        self.reset()
+
+    def stop(self) -> None:
+        self.cluster.shutdown()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def reset(self) -> None:
+        self.round += 1
+        self.topic = f"{TOPIC}{self.round}"
+        self.cluster.admin.create_topic(self.topic, QUEUES, QUEUES)
+
+    def produce(self, body: bytes, producers: int, seconds: float) -> int:
+        ctx = mp.get_context("spawn")
+        out = ctx.Queue()
+        args = (self.addr, self.ak, self.sk, self.topic, body, seconds, out)
+        procs = [ctx.Process(target=_grpc_producer, args=args) for _ in range(producers)]
+        for p in procs:
+            p.start()
+        total = sum(out.get(timeout=seconds + 120) for _ in procs)
+        for p in procs:
+            p.join()
+        return total
+
+    def _consumer(self, group: str) -> Any:
+        from rocketmq import FilterExpression, SimpleConsumer
+
+        consumer = SimpleConsumer(
+            _grpc_config(self.addr, self.ak, self.sk),
+            group,
+            {self.topic: FilterExpression()},
+            await_duration=1,
+        )
+        consumer.startup()
+        return consumer
+
+    def consume(
+        self,
+        expected: int,
+        seconds: float,
+        samples: list[float] | None = None,
+        done: threading.Event | None = None,
+    ) -> int:
+        consumer = self._consumer(f"peers-{self.round}-{'lat' if samples is not None else 'c'}")
+        got = 0
+        stop = time.monotonic() + seconds
+        try:
+            while got < expected and time.monotonic() < stop and not (done and done.is_set()):
+                msgs = consumer.receive(32, 30)
+                if samples is not None:
+                    samples.extend(age_ms(m.body) for m in msgs)
+                for m in msgs:
+                    consumer.ack(m)
+                got += len(msgs)
+        finally:
+            consumer.shutdown()
+        return got
+
+    def latency(self, body: bytes, rate: int, seconds: float) -> list[float]:
+        """Single messages sent with ``send_async`` on a schedule, to a SimpleConsumer
+        long-polling in a thread."""
+        from rocketmq import Message, Producer
+
+        samples: list[float] = []
+        done = threading.Event()
+        t = threading.Thread(target=self.consume, args=(1 << 62, seconds + 30, samples, done))
+        t.start()
+        producer = Producer(_grpc_config(self.addr, self.ak, self.sk), (self.topic,))
+        producer.startup()
+
+        def send(i: int) -> Any:
+            m = Message()
+            m.topic = self.topic
+            m.body = stamp(body)
+            return producer.send_async(m)
+
+        futures: list[Any] = []
+        paced(rate, seconds, lambda i: futures.append(send(i)))
+        failed = 0
+        for f in futures:
+            try:
+                f.result()
+            except Exception as exc:  # noqa: BLE001 - a send that timed out: not a sample
+                failed += 1
+                log.debug("raymq-grpc latency send failed: %s", exc)
+        if failed:
+            print(f"  raymq-grpc   {failed} of {len(futures)} latency sends failed", flush=True)
+        deadline = time.monotonic() + 30
+        while len(samples) < len(futures) - failed and time.monotonic() < deadline:
+            time.sleep(0.05)
+        done.set()
+        t.join()
+        producer.shutdown()
+        return samples
+
+
 def run_peer(peer: Peer, args: argparse.Namespace) -> Figures:
     fig = Figures(peer.name, work=peer.work, latency_only=peer.latency_only)
     try:
@@ -1018,6 +1190,7 @@ PEERS: dict[str, Callable[[], Peer]] = {
     "raymq-async": lambda: raymq_peer("ASYNC_FLUSH"),
     "raymq-sync": lambda: raymq_peer("SYNC_FLUSH"),
     "raymq-ray": lambda: raymq_peer("ASYNC_FLUSH", "ray"),
+    "raymq-grpc": RayMQGrpcPeer,
     "tcp-echo": lambda: RawLimit("tcp-echo"),
     "ray-noop": lambda: RawLimit("ray-noop"),
     "redis": lambda: RedisPeer(aof=False),

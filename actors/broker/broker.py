@@ -92,6 +92,7 @@ class Broker:
             self.listener = DataPathListener(
                 rt, self.sender, self.puller, self.groups, self.transactions, _tls_context(config)
             )
+        self.grpc: Any = None  # actors.broker.grpc.service.GrpcEndpoint, with grpc_enable
         self.ha.start()
         self.transactions.start()
         self.popper.start()
@@ -120,7 +121,27 @@ class Broker:
                     exc,
                 )
                 self.listener = None
+        if self.config.grpc_enable:
+            await self._start_grpc()
         self.registration.start()
+
+    async def _start_grpc(self) -> None:
+        """Serve RocketMQ 5's gRPC protocol (``actors.broker.grpc``); imported here only,
+        so a process that never starts it never loads the generated protocol modules."""
+        try:
+            from actors.broker.grpc.service import GrpcEndpoint
+
+            endpoint = GrpcEndpoint(
+                self.rt,
+                self.sender,
+                self.transactions,
+                _tls_files(self.config),
+                pop=self.popper,
+            )
+            self.rt.grpc_addr = await endpoint.start()
+            self.grpc = endpoint
+        except Exception as exc:  # noqa: BLE001 - the rest of the broker still serves
+            log.error("broker %s: no gRPC endpoint (%s)", self.config.actor_name, exc)
 
     async def data_path(self) -> dict[str, Any] | None:
         """Where and how to reach this broker's own socket: its address, this incarnation's
@@ -134,6 +155,22 @@ class Broker:
             "secret": self.listener.secret,
             "tls": self.listener.ssl_context is not None,
             "incarnation": self.rt.incarnation,
+        }
+
+    async def grpc_endpoint(self) -> dict[str, Any] | None:
+        """This broker's RocketMQ 5 gRPC endpoint (``grpc_enable``): its address, whether it
+        speaks TLS and the credentials calls must be signed with; None without one. Handed
+        out through Ray: only the cluster gets the secret."""
+        await asyncio.shield(self._startup)
+        if self.grpc is None:
+            return None
+        c = self.config
+        return {
+            "addr": self.grpc.addr,
+            "tls": self.grpc.tls is not None,
+            "access_key": c.grpc_access_key,
+            "secret_key": c.grpc_secret_key,
+            "stats": self.grpc.service.status(),
         }
 
     async def _offset_flush_loop(self) -> None:
@@ -459,7 +496,7 @@ class Broker:
 
     # ------------------------------------------------------------ status and lifecycle
     async def status(self) -> dict[str, Any]:
-        data_path: dict[str, Any] = {"data_addr": self.rt.data_addr}
+        data_path: dict[str, Any] = {"data_addr": self.rt.data_addr, "grpc_addr": self.rt.grpc_addr}
         if self.listener is not None:
             data_path.update({f"data_{k}": v for k, v in self.listener.stats.items()})
         return {
@@ -497,6 +534,9 @@ class Broker:
             await self.popper.stop()
         if self.listener is not None:
             await self.listener.stop()
+        if self.grpc is not None:
+            with contextlib.suppress(Exception):
+                await self.grpc.stop()
         if self._metrics_service is not None:
             self._metrics_service.stop()
         with contextlib.suppress(Exception):
@@ -514,3 +554,11 @@ def _tls_context(config: BrokerConfig) -> ssl.SSLContext | None:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(config.data_tls_cert, config.data_tls_key)
     return context
+
+
+def _tls_files(config: BrokerConfig) -> tuple[bytes, bytes] | None:
+    """The data path's certificate and key, for the gRPC endpoint too: (key, chain)."""
+    if config.data_tls_cert is None or config.data_tls_key is None:
+        return None
+    with open(config.data_tls_key, "rb") as key, open(config.data_tls_cert, "rb") as cert:
+        return key.read(), cert.read()

@@ -50,6 +50,7 @@ class Registration:
             handle=ray.get_runtime_context().current_actor,
             master_epoch=self.role.master_epoch,
             data_addr=rt.data_addr,
+            grpc_addr=rt.grpc_addr,
         )
 
     async def _register_one(self, name: str, reg: BrokerRegistration) -> dict[str, Any] | None:

@@ -81,6 +81,7 @@ class BrokerRuntime:
         self.holds = PullRequestHoldService(loop)
         self.store.add_dispatch_listener(self.holds.on_dispatch)
         self.data_addr = ""  # the data path's ip:port once it listens (actors/broker/listener.py)
+        self.grpc_addr = ""  # the gRPC endpoint's ip:port once it listens (actors/broker/grpc)
         self.closing = False
         self.started = time.time()
         self.stats: dict[str, int] = {

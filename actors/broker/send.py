@@ -69,6 +69,12 @@ class SendMessageProcessor:
         self._check_open()
         return await self._send(EncodedBatch.from_bytes(blob), auto_create_queue_nums)
 
+    async def send_batch(self, batch: EncodedBatch, auto_create_queue_nums: int = 0) -> AckWire:
+        """:meth:`send` for a batch encoded in the broker (the gRPC endpoint's sends)."""
+        self._check_open()
+        batch.check_structure()
+        return await self._send(batch, auto_create_queue_nums)
+
     async def send_shared(
         self, ring: RingId, offset: int, length: int, auto_create_queue_nums: int = 0
     ) -> AckWire | None:

@@ -71,6 +71,23 @@ class BrokerConfig:
     data_tls_key: str | None = None
     """TLS for the data path (a PEM certificate chain and its key on the broker's node);
     clients then connect with TLS (``ProducerConfig.data_tls_ca`` to check the chain)."""
+    grpc_enable: bool = False
+    """Serve RocketMQ 5's gRPC protocol (``apache.rocketmq.v2.MessagingService``) so the
+    official clients work unchanged (``actors/broker/grpc``, docs/rocketmq5.md)."""
+    grpc_port: int = 0
+    """The gRPC endpoint's TCP port on the broker's node; 0: any free port (clients find it
+    through ``QueryRoute`` and ``Cluster.grpc_endpoints()``)."""
+    grpc_bind: str | None = None
+    """The address the gRPC endpoint listens on; None: the node's IP (Ray's node address)."""
+    grpc_access_key: str = ""
+    grpc_secret_key: str = field(default="", repr=False)
+    """The credentials every gRPC call must be signed with (RocketMQ's ACL signature,
+    ``MQv2-HMAC-SHA1``); both required with ``grpc_enable``. ``start_cluster`` generates
+    them when not given (read them with ``Cluster.grpc_credentials()``)."""
+    grpc_auth_window_s: float = 900.0
+    """How far a call's signed ``x-mq-date-time`` may be from the broker's clock (UTC)."""
+    grpc_max_receive_bytes: int = 16 << 20
+    """The largest gRPC request the endpoint reads (a larger one is refused by grpcio)."""
     store: Mapping[str, Any] = field(default_factory=dict)
     auto_create_topic_enable: bool = True
     default_topic_queue_nums: int = 8
@@ -156,6 +173,23 @@ class BrokerConfig:
             raise InvalidConfigError(
                 "BrokerConfig.data_tls_cert and data_tls_key: give both or neither"
             )
+        if not isinstance(self.grpc_port, int) or not 0 <= self.grpc_port < 65536:
+            raise InvalidConfigError(
+                f"BrokerConfig.grpc_port={self.grpc_port!r}: must be in 0..65535 (0: any free)"
+            )
+        if self.grpc_enable and not (self.grpc_access_key and self.grpc_secret_key):
+            raise InvalidConfigError(
+                "BrokerConfig.grpc_enable needs grpc_access_key and grpc_secret_key: the "
+                "endpoint serves only signed calls (start_cluster generates a pair)"
+            )
+        if (
+            not isinstance(self.grpc_max_receive_bytes, int)
+            or self.grpc_max_receive_bytes < 1 << 16
+        ):
+            raise InvalidConfigError(
+                f"BrokerConfig.grpc_max_receive_bytes={self.grpc_max_receive_bytes!r}: "
+                "must be an int >= 65536"
+            )
         if not 1 <= self.default_topic_queue_nums <= 1024:
             raise InvalidConfigError(
                 f"BrokerConfig.default_topic_queue_nums={self.default_topic_queue_nums}: "
@@ -168,6 +202,7 @@ class BrokerConfig:
             flush_consumer_offset_interval_s=self.flush_consumer_offset_interval_s,
             max_pull_suspend_s=self.max_pull_suspend_s,
             channel_expired_s=self.channel_expired_s,
+            grpc_auth_window_s=self.grpc_auth_window_s,
             io_threads=self.io_threads,
             transaction_check_interval_s=self.transaction_check_interval_s,
             transaction_timeout_s=self.transaction_timeout_s,

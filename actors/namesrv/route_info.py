@@ -78,7 +78,10 @@ class RouteInfoManager:
                 reg.master_epoch, self._epochs.get(reg.broker_name, 0)
             )
         is_new = old is None or old.registration.incarnation != reg.incarnation
-        moved = old is not None and old.registration.data_addr != reg.data_addr
+        moved = old is not None and (
+            old.registration.data_addr != reg.data_addr
+            or old.registration.grpc_addr != reg.grpc_addr
+        )
         changed = self._refresh_topics(reg.broker_name) or moved
         if is_new or changed:
             self.version += 1
@@ -173,6 +176,7 @@ class RouteInfoManager:
             namespace=first.namespace,
             node_ids={bid: r.node_id for bid, r in members},
             data_addrs={bid: r.data_addr for bid, r in members if r.data_addr},
+            grpc_addrs={bid: r.grpc_addr for bid, r in members if r.grpc_addr},
         )
 
     def topics(self) -> list[str]:

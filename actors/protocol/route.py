@@ -35,6 +35,8 @@ class BrokerData:
     data_addrs: Mapping[int, str] = field(default_factory=dict)
     """Each member's data-path address (``ip:port`` of its own socket), as RocketMQ's
     ``brokerAddrs``; a member without one is reached through Ray only."""
+    grpc_addrs: Mapping[int, str] = field(default_factory=dict)
+    """Each member's RocketMQ 5 gRPC endpoint (``ip:port``), when it serves one."""
 
     def master_actor_name(self) -> str | None:
         return self.actor_names.get(0)
@@ -76,3 +78,4 @@ class BrokerRegistration:
     handle: Any = None  # the broker's ActorHandle, for Ray death notices
     master_epoch: int = 0  # with broker_id 0: the promotion epoch or Raft term it masters in
     data_addr: str = ""  # its data path's ip:port ("" while it has none)
+    grpc_addr: str = ""  # its RocketMQ 5 gRPC endpoint's ip:port ("" without one)

@@ -1,0 +1,502 @@
+"""RocketMQ 5's gRPC protocol served by RayMQ's brokers, driven by the official Python
+client from PyPI (``rocketmq-python-client``): what it sends, a native RayMQ consumer
+reads, with the same bodies and ids; unsigned, badly signed and malformed calls get
+RocketMQ's status codes and change nothing.
+
+The official client's generated protocol modules live in this process; RayMQ's own
+are loaded only inside the broker actors (docs/rocketmq5.md)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import ray
+from raymq_testkit import SMALL_STORE, drain, unique_namespace, wait_until
+from rocketmq import (
+    ClientConfiguration,
+    ConsumeResult,
+    Credentials,
+    FilterExpression,
+    Message,
+    MessageListener,
+    Producer,
+    PushConsumer,
+    SimpleConsumer,
+    TransactionChecker,
+    TransactionResolution,
+)
+from rocketmq.grpc_protocol import (
+    AckMessageEntry,
+    AckMessageRequest,
+    ClientType,
+    Code,
+    EndTransactionRequest,
+    MessagingServiceStub,
+    QueryAssignmentRequest,
+    QueryRouteRequest,
+    Resource,
+    SendMessageRequest,
+    Settings,
+    TelemetryCommand,
+)
+from rocketmq.v5.exception import IllegalArgumentException, PayloadTooLargeException
+from rocketmq.v5.util.signature import Signature
+
+import actors
+from actors import TopicConfig
+from storage.message import Message as NativeMessage
+
+TOPIC = "grpc-orders"
+POP_TOPIC = "grpc-pop"
+PUSH_TOPIC = "grpc-push"
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    ns = unique_namespace("grpc")
+    root: Path = tmp_path_factory.mktemp("grpc")
+    c = actors.start_cluster(
+        namespace=ns,
+        nameservers=1,
+        brokers=2,
+        store_root=str(root),
+        topics=[
+            TOPIC,
+            "grpc-txn",
+            "grpc-orphan",
+            "grpc-guarded",
+            TopicConfig(POP_TOPIC, read_queue_nums=2, write_queue_nums=2),
+            TopicConfig(PUSH_TOPIC, read_queue_nums=2, write_queue_nums=2),
+        ],
+        broker_options={
+            "store": SMALL_STORE,
+            "heartbeat_interval_s": 2.0,
+            "grpc_enable": True,
+            "grpc_bind": "127.0.0.1",
+            "transaction_timeout_s": 0.5,  # a half message is checked once this old
+        },
+    )
+    yield c
+    c.shutdown(timeout_s=10.0)
+
+
+@pytest.fixture(scope="module")
+def endpoints(cluster: Any) -> dict[str, Any]:
+    found = cluster.grpc_endpoints()
+    assert sorted(found) == ["broker-a-0", "broker-b-0"]
+    return found
+
+
+@pytest.fixture(scope="module")
+def config(cluster: Any, endpoints: dict[str, Any]) -> ClientConfiguration:
+    ak, sk = cluster.grpc_credentials()
+    assert ak and len(sk) >= 40
+    return ClientConfiguration(endpoints["broker-a-0"]["addr"], Credentials(ak, sk))
+
+
+@pytest.fixture(scope="module")
+def producer(config: ClientConfiguration) -> Iterator[Producer]:
+    p = Producer(config, (TOPIC,))
+    p.startup()
+    yield p
+    p.shutdown()
+
+
+@pytest.fixture(scope="module")
+def stub(endpoints: dict[str, Any]) -> Iterator[MessagingServiceStub]:
+    """A raw stub of the official client's generated code: for calls the client would
+    refuse to make itself (oversized bodies, bad signatures)."""
+    channel = grpc.insecure_channel(endpoints["broker-a-0"]["addr"])
+    yield MessagingServiceStub(channel)
+    channel.close()
+
+
+def _signed(config: ClientConfiguration) -> list[tuple[str, str]]:
+    return Signature.metadata(config, "raw-stub")
+
+
+def _by_id(cluster: Any, topic: str) -> dict[str, Any]:
+    consumer = cluster.pull_consumer("grpc-reader")
+    try:
+        return {m.msg_id: m for msgs in drain(consumer, topic).values() for m in msgs}
+    finally:
+        consumer.close()
+
+
+def _message(topic: str, body: bytes, **fields: Any) -> Message:
+    m = Message()
+    m.topic = topic
+    m.body = body
+    for key, value in fields.items():
+        setattr(m, key, value)
+    return m
+
+
+def test_official_producer_normal_fifo_and_delayed_reach_native_consumers(
+    cluster: Any, producer: Producer
+) -> None:
+    normal = _message(TOPIC, b"plain", tag="TagA", keys="order-1")
+    normal.add_property("region", "eu")
+    sent = {producer.send(normal).message_id: normal}
+    fifo = []
+    for i in range(6):
+        m = _message(TOPIC, f"step-{i}".encode(), message_group="order-42")
+        fifo.append(producer.send(m).message_id)
+        sent[fifo[-1]] = m
+    at_ms = int(time.time() * 1000) + 1500
+    delayed = _message(TOPIC, b"later", delivery_timestamp=at_ms)  # ms, as the client documents
+    delayed_id = producer.send(delayed).message_id
+    sent[delayed_id] = delayed
+
+    # every id found (the delayed one once due, should the store hold it until then)
+    got = wait_until(
+        lambda: (lambda seen: seen if set(sent) <= set(seen) else None)(_by_id(cluster, TOPIC)),
+        timeout_s=20,
+        what="every message the official producer sent",
+    )
+    for msg_id, m in sent.items():
+        assert got[msg_id].body == m.body
+    plain = got[next(iter(sent))]
+    assert plain.properties["TAGS"] == "TagA"
+    assert plain.properties["KEYS"] == "order-1"
+    assert plain.properties["region"] == "eu"
+    # a message group is one queue of one broker, in send order
+    group = [got[i] for i in fifo]
+    assert len({(m.store_host, m.queue_id) for m in group}) == 1
+    assert [m.queue_offset for m in group] == sorted(m.queue_offset for m in group)
+    assert [m.body for m in group] == [f"step-{i}".encode() for i in range(6)]
+    assert all(m.properties["__SHARDINGKEY"] == "order-42" for m in group)
+    assert got[delayed_id].properties["TIMER_DELIVER_MS"] == str(at_ms)
+
+
+class _Checker(TransactionChecker):
+    def check(self, message: Message) -> TransactionResolution:
+        return TransactionResolution.ROLLBACK
+
+
+def test_official_transactions_commit_and_rollback(cluster: Any, config: Any) -> None:
+    p = Producer(config, ("grpc-txn",), _Checker())
+    p.startup()
+    try:
+        committed = p.begin_transaction()
+        kept = p.send(_message("grpc-txn", b"kept"), committed)
+        committed.commit()
+        dropped_txn = p.begin_transaction()
+        dropped = p.send(_message("grpc-txn", b"dropped"), dropped_txn)
+        dropped_txn.rollback()
+    finally:
+        p.shutdown()
+    got = wait_until(
+        lambda: (lambda seen: seen if kept.message_id in seen else None)(
+            _by_id(cluster, "grpc-txn")
+        ),
+        what="the committed message",
+    )
+    assert got[kept.message_id].body == b"kept"
+    assert dropped.message_id not in got
+    assert len(got) == 1
+
+
+class _CommitChecker(TransactionChecker):
+    def __init__(self) -> None:
+        self.checked: list[str] = []
+
+    def check(self, message: Message) -> TransactionResolution:
+        self.checked.append(message.message_id)
+        return TransactionResolution.COMMIT
+
+
+def _publishers(cluster: Any) -> list[int]:
+    return [e["stats"]["publishers"] for _, e in sorted(cluster.grpc_endpoints().items())]
+
+
+def test_an_orphaned_transaction_is_resolved_by_the_official_checker(
+    cluster: Any, config: Any
+) -> None:
+    """A half message its producer never ends: the broker's check service asks the
+    producer over its Telemetry stream, the checker commits it."""
+    before = _publishers(cluster)
+    checker = _CommitChecker()
+    p = Producer(config, ("grpc-orphan",), checker)
+    p.startup()
+    try:
+        wait_until(
+            lambda: all(n > b for n, b in zip(_publishers(cluster), before)),
+            what="the producer's Telemetry stream on both brokers",
+        )
+        orphan = p.send(_message("grpc-orphan", b"orphan"), p.begin_transaction())
+        assert _by_id(cluster, "grpc-orphan") == {}  # a half message: not readable
+        brokers = [cluster.broker("broker-a"), cluster.broker("broker-b")]
+
+        def checked() -> bool:
+            ray.get([b.check_transactions.remote() for b in brokers])
+            return orphan.message_id in checker.checked
+
+        wait_until(checked, interval_s=0.3, what="the check pushed over Telemetry")
+        got = wait_until(
+            lambda: _by_id(cluster, "grpc-orphan"), what="the message the checker committed"
+        )
+        assert list(got) == [orphan.message_id]
+        assert got[orphan.message_id].body == b"orphan"
+    finally:
+        p.shutdown()
+    wait_until(lambda: _publishers(cluster) == before, what="the stream's end unregistering it")
+
+
+def test_unsigned_and_badly_signed_calls_are_refused_and_change_nothing(
+    cluster: Any, config: Any, stub: MessagingServiceStub
+) -> None:
+    before = _by_id(cluster, "grpc-guarded")
+    route = QueryRouteRequest(topic=Resource(name="grpc-guarded"))
+    forged = ClientConfiguration(
+        "127.0.0.1:1", Credentials(config.credentials.ak, "not-the-secret")
+    )
+    send = SendMessageRequest()
+    m = send.messages.add()
+    m.topic.name = "grpc-guarded"
+    m.body = b"intruder"
+    m.system_properties.message_id = "01INTRUDER"
+    for metadata in ([], _signed(forged)):
+        assert stub.QueryRoute(route, metadata=metadata).status.code == Code.UNAUTHORIZED
+        assert stub.SendMessage(send, metadata=metadata).status.code == Code.UNAUTHORIZED
+    assert stub.QueryRoute(route, metadata=_signed(config)).status.code == Code.OK
+    assert _by_id(cluster, "grpc-guarded") == before == {}
+
+
+def test_malformed_requests_get_rocketmq_status_codes(
+    cluster: Any, config: Any, stub: MessagingServiceStub, producer: Producer
+) -> None:
+    md = _signed(config)
+    unknown = QueryRouteRequest(topic=Resource(name="no-such-topic"))
+    assert stub.QueryRoute(unknown, metadata=md).status.code == Code.TOPIC_NOT_FOUND
+
+    def send(body: bytes, topic: str = TOPIC, **system: Any) -> int:
+        req = SendMessageRequest()
+        m = req.messages.add()
+        m.topic.name = topic
+        m.body = body
+        m.system_properties.message_id = system.pop("message_id", "01RAWSTUB")
+        for key, value in system.items():
+            setattr(m.system_properties, key, value)
+        return int(stub.SendMessage(req, metadata=md).status.code)
+
+    before = _by_id(cluster, TOPIC)
+    assert send(b"x" * (SMALL_STORE["max_message_size"] + 1)) == Code.MESSAGE_BODY_TOO_LARGE
+    assert send(b"") == Code.MESSAGE_BODY_EMPTY
+    assert send(b"x", topic="no-such-topic") == Code.TOPIC_NOT_FOUND
+    assert send(b"x", topic="bad topic!") == Code.ILLEGAL_TOPIC
+    assert send(b"x", message_id="") == Code.ILLEGAL_MESSAGE_ID
+    assert send(b"x", message_group="") == Code.ILLEGAL_MESSAGE_GROUP
+    assert _by_id(cluster, TOPIC).keys() == before.keys()
+    end = EndTransactionRequest(
+        topic=Resource(name="grpc-txn"),
+        message_id="01NOPE",
+        transaction_id="not-an-offset",
+        resolution=TransactionResolution.COMMIT,
+    )
+    assert stub.EndTransaction(end, metadata=md).status.code == Code.INVALID_TRANSACTION_ID
+    end.transaction_id = "0"  # an offset, but not a half message of that topic
+    assert stub.EndTransaction(end, metadata=md).status.code == Code.INVALID_TRANSACTION_ID
+    # the official client refuses an oversized body itself, from the server's settings
+    with pytest.raises((IllegalArgumentException, PayloadTooLargeException)):
+        producer.send(_message(TOPIC, b"x" * (SMALL_STORE["max_message_size"] + 1)))
+
+
+def test_telemetry_settings_and_assignments(
+    config: Any, stub: MessagingServiceStub, endpoints: dict[str, Any]
+) -> None:
+    """A consumer's start waits for the server's settings on the Telemetry stream; a push
+    consumer then asks which brokers to receive from."""
+    md = _signed(config)
+    producer = Settings(client_type=ClientType.PRODUCER)
+    producer.publishing.topics.add(name=TOPIC)
+    consumer = Settings(client_type=ClientType.PUSH_CONSUMER)
+    consumer.subscription.group.name = "grpc-push"
+    answers = list(
+        stub.Telemetry(
+            iter([TelemetryCommand(settings=producer), TelemetryCommand(settings=consumer)]),
+            metadata=md,
+        )
+    )
+    assert [a.status.code for a in answers] == [Code.OK, Code.OK]
+    pub, sub = answers[0].settings, answers[1].settings
+    assert pub.publishing.max_body_size == SMALL_STORE["max_message_size"]
+    assert pub.backoff_policy.max_attempts >= 1
+    assert sub.subscription.group.name == "grpc-push"
+    assert sub.subscription.receive_batch_size > 0
+    assert sub.backoff_policy.max_attempts == 16
+    unsigned = list(stub.Telemetry(iter([TelemetryCommand(settings=producer)]), metadata=[]))
+    assert [a.status.code for a in unsigned] == [Code.UNAUTHORIZED]
+    assert not unsigned[0].HasField("settings")
+
+    request = QueryAssignmentRequest(topic=Resource(name=TOPIC), group=Resource(name="grpc-push"))
+    got = stub.QueryAssignment(request, metadata=md)
+    assert got.status.code == Code.OK
+    brokers = {a.message_queue.broker.name for a in got.assignments}
+    addrs = {
+        f"{a.message_queue.broker.endpoints.addresses[0].host}:"
+        f"{a.message_queue.broker.endpoints.addresses[0].port}"
+        for a in got.assignments
+    }
+    assert brokers == {"broker-a", "broker-b"}
+    assert addrs == {e["addr"] for e in endpoints.values()}
+
+
+def test_official_simple_consumer_receives_acks_and_gets_lapsed_messages_again(
+    cluster: Any, config: Any, stub: MessagingServiceStub
+) -> None:
+    """Native producer → official SimpleConsumer (POP): every message once by body and id;
+    one left unacked (its invisible time cut to 1 s) comes back with delivery attempt 2; one
+    whose invisible time was extended does not; forged and other groups' receipt handles
+    are refused."""
+    native = cluster.producer("grpc-native")
+    try:
+        sent = {
+            native.send(NativeMessage(POP_TOPIC, f"pop-{i}".encode())).msg_id: f"pop-{i}".encode()
+            for i in range(6)
+        }
+    finally:
+        native.close()
+    consumer = SimpleConsumer(
+        config, "grpc-simple", {POP_TOPIC: FilterExpression()}, await_duration=1
+    )
+    consumer.startup()
+    try:
+        first: dict[str, Any] = {}
+
+        def receive_all() -> bool:
+            for m in consumer.receive(16, 20):  # invisible for 20 s
+                assert m.message_id not in first, "delivered twice while invisible"
+                first[m.message_id] = m
+            return set(first) >= set(sent)
+
+        wait_until(receive_all, interval_s=0, what="every message received once")
+        assert set(first) == set(sent)
+        assert {i: m.body for i, m in first.items()} == sent
+        assert all(m.delivery_attempt == 1 for m in first.values())
+        lapsed, extended, *done = sorted(first)
+        # a handle forged, or of another group, is refused and changes nothing
+        md = _signed(config)
+        for group, handle in (
+            ("grpc-simple", "forged"),
+            ("other-group", first[done[0]].receipt_handle),
+        ):
+            req = AckMessageRequest(
+                group=Resource(name=group),
+                topic=Resource(name=POP_TOPIC),
+                entries=[AckMessageEntry(message_id=done[0], receipt_handle=handle)],
+            )
+            answer = stub.AckMessage(req, metadata=md)
+            assert answer.status.code == Code.INVALID_RECEIPT_HANDLE
+            assert answer.entries[0].status.code == Code.INVALID_RECEIPT_HANDLE
+        for msg_id in done:
+            consumer.ack(first[msg_id])
+        consumer.change_invisible_duration(first[extended], 30)
+        consumer.change_invisible_duration(first[lapsed], 1)  # and then let it lapse
+        again: dict[str, Any] = {}
+
+        def lapsed_back() -> bool:
+            for m in consumer.receive(16, 30):
+                again[m.message_id] = m
+            return lapsed in again
+
+        wait_until(lapsed_back, interval_s=0, what="the unacked message after its 1 s")
+        assert set(again) == {lapsed}  # acked ones done, the extended one still invisible
+        assert again[lapsed].delivery_attempt == 2
+        assert again[lapsed].body == sent[lapsed]
+        consumer.ack(again[lapsed])
+        consumer.ack(first[extended])  # under the handle its change gave
+    finally:
+        consumer.shutdown()
+
+
+class _Listener(MessageListener):
+    """Fails each message's first delivery, takes the second."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int, bytes]] = []
+
+    def consume(self, message: Message) -> ConsumeResult:
+        self.seen.append((message.message_id, message.delivery_attempt, message.body))
+        return ConsumeResult.FAILURE if message.delivery_attempt == 1 else ConsumeResult.SUCCESS
+
+
+def test_official_push_consumer_retries_a_failed_message(cluster: Any, config: Any) -> None:
+    """The 5.x PushConsumer: its start waits for the server's settings, it asks for its
+    assignments, receives with auto-renew, and a message its listener fails comes again
+    (delivery attempt 2) after RocketMQ's first retry delay."""
+    native = cluster.producer("grpc-native-push")
+    try:
+        sent = {
+            native.send(NativeMessage(PUSH_TOPIC, f"push-{i}".encode())).msg_id: f"push-{i}"
+            for i in range(3)
+        }
+    finally:
+        native.close()
+    listener = _Listener()
+    consumer = PushConsumer(config, "grpc-push-group", listener, {PUSH_TOPIC: FilterExpression()})
+    consumer.startup()
+    try:
+        wait_until(
+            lambda: {(i, a) for i, a, _ in listener.seen} >= {(i, 2) for i in sent},
+            what="every message delivered twice",
+        )
+    finally:
+        consumer.shutdown()
+    assert {(i, a, b) for i, a, b in listener.seen} == {
+        (i, a, body.encode()) for i, body in sent.items() for a in (1, 2)
+    }
+
+
+def test_tls_with_the_data_paths_certificate(make_cluster: Any, tmp_path: Path) -> None:
+    """Given a certificate, the endpoint speaks TLS only: a client that trusts it sends;
+    a plain-text client gets nothing."""
+    cert, key = tmp_path / "broker.pem", tmp_path / "broker.key"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            "-subj", "/CN=raymq-test", "-addext", "subjectAltName=IP:127.0.0.1",
+            "-keyout", str(key), "-out", str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    c = make_cluster(
+        nameservers=1,
+        brokers=1,
+        topics=["grpc-sealed"],
+        broker_options={
+            "grpc_enable": True,
+            "grpc_bind": "127.0.0.1",
+            "data_tls_cert": str(cert),
+            "data_tls_key": str(key),
+        },
+    )
+    (info,) = c.grpc_endpoints().values()
+    assert info["tls"] is True
+    config = ClientConfiguration(info["addr"], Credentials(*c.grpc_credentials()))
+    req = SendMessageRequest()
+    m = req.messages.add()
+    m.topic.name = "grpc-sealed"
+    m.body = b"sealed"
+    m.system_properties.message_id = "01SEALED"
+    trusted = grpc.secure_channel(
+        info["addr"], grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+    )
+    plain = grpc.insecure_channel(info["addr"])
+    try:
+        answer = MessagingServiceStub(trusted).SendMessage(req, metadata=_signed(config))
+        assert answer.status.code == Code.OK
+        assert answer.entries[0].message_id == "01SEALED"
+        with pytest.raises(grpc.RpcError) as refused:
+            MessagingServiceStub(plain).SendMessage(req, metadata=_signed(config), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        trusted.close()
+        plain.close()
