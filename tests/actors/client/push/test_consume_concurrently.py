@@ -115,7 +115,9 @@ def test_one_hot_queue_is_consumed_by_every_consume_thread(cluster: actors.Clust
     ratio = eight.rate() / one.rate()
     print(f"1 queue, 50 ms per call: {one.rate():.0f} vs {eight.rate():.0f} msg/s, {ratio:.1f}x")
     assert (one.peak, eight.peak) == (1, 8)
-    assert ratio >= 6
+    # 8x when the machine is idle; one call at a time would be 1x. A loaded 2-core CI
+    # machine was seen at 5.4x: the bound says "in parallel", not how fast
+    assert ratio >= 3
 
 
 def test_the_committed_offset_never_passes_a_message_still_being_consumed(
