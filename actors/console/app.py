@@ -592,6 +592,15 @@ class Console:
             f"resent {len(results)} dead letter(s) of {group} to {', '.join(topics_sent)}",
         )
 
+    # ------------------------------------------------------------ transactions
+    async def transactions(self, request: web.Request) -> web.Response:
+        text = request.query.get("group", "").strip()
+        group = _group_name(text) if text else ""
+        pending = await self.call(self.admin.pending_transactions, group or None)
+        title = f"Transactions of {group}" if group else "Transactions"
+        body = pages.transactions_page(pending, group)
+        return self.render(request, title, body, active="transactions")
+
 
 # ------------------------------------------------------------ input
 def _topic_name(text: str) -> str:
@@ -670,6 +679,7 @@ def build_app(config: ConsoleConfig, admin: Admin) -> web.Application:
     r.add_get("/message", console.message)
     r.add_get("/dlq", console.dlq)
     r.add_post("/dlq/resend", console.resend)
+    r.add_get("/transactions", console.transactions)
     r.add_get("/login", console.login_form)
     r.add_post("/login", console.login)
     r.add_get("/healthz", console.healthz)

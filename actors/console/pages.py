@@ -18,6 +18,7 @@ NAV = (
     ("groups", "/groups", "Consumer groups"),
     ("messages", "/messages", "Messages"),
     ("dlq", "/dlq", "Dead letters"),
+    ("transactions", "/transactions", "Transactions"),
 )
 HEX_LIMIT = 64 << 10
 """The hex view shows at most this much of a body."""
@@ -536,6 +537,42 @@ def dlq_page(group: str, letters: Sequence[Any] | None, csrf: str) -> str:
             "RocketMQ.</p>"
         )
     return out
+
+
+# ------------------------------------------------------------ transactions
+def transactions_page(pending: Sequence[dict[str, Any]], group: str) -> str:
+    """Half messages waiting for their producer's commit or rollback (oldest first)."""
+    out = (
+        '<form class="panel" method="get" action="/transactions" id="find-txn">'
+        f'<label>producer group <input name="group" value="{e(group)}" maxlength="120" '
+        'placeholder="all"></label><button type="submit">Filter</button></form>'
+    )
+    rows = [
+        (
+            e(p["broker"]),
+            f'<span class="mono">{e(p["msg_id"])}</span>',
+            e(p["group"]),
+            f'<a href="{url("/topics/" + seg(p["topic"]))}">{e(p["topic"])}</a>',
+            e(f"{p['age_s']:.1f} s"),
+            e(p["check_times"]),
+        )
+        for p in pending
+    ]
+    out += f'<h2><span id="txn-count">{len(pending)}</span> pending transaction(s)</h2>'
+    out += table(
+        rows,
+        ["broker", "message id", "producer group", "topic", "age", "checks"],
+        numeric=(4, 5),
+        id="pending",
+        empty="no transaction waits for an end",
+    )
+    return out + (
+        '<p class="muted">A half message stays invisible to consumers until its producer '
+        "commits or rolls it back; once older than the broker's <code>transaction_timeout_s"
+        "</code> (or its own <code>CHECK_IMMUNITY_TIME_IN_SECONDS</code>) the broker asks a "
+        "live producer of its group, and after <code>transaction_check_max</code> checks "
+        "discards it to <code>TRANS_CHECK_MAX_TIME_TOPIC</code>.</p>"
+    )
 
 
 # ------------------------------------------------------------ access

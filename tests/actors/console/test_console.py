@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import ray
 from aiohttp import web
-from raymq_testkit import SMALL_STORE, unique_namespace
+from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
 from selenium import webdriver
 from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
@@ -29,12 +29,13 @@ from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
 import actors
+from actors import LocalTransactionState, TransactionProducer
 from actors.client.admin import Admin
 from actors.config.console import ConsoleConfig
 from actors.console import build_app
 from actors.tools.cli import main as cli
 from rebalance import MessageQueue
-from storage import Message, codec
+from storage import Message, codec, transaction
 from storage.errors import InvalidConfigError
 
 WAIT_S = 15.0
@@ -448,6 +449,48 @@ def test_a_dead_letter_is_listed_resent_and_consumed_again(
 
     open_page(browser, base + "/dlq?group=nobody-here", ok=False)
     assert "group 'nobody-here' has no dead-letter queue" in text(browser, "error")
+
+
+def test_a_pending_transaction_is_listed_until_its_producer_rolls_it_back(
+    cluster: actors.Cluster, base: str, browser: WebDriver
+) -> None:
+    topic, group = "ConsoleTxn", "console-txn"
+    cluster.admin.create_topic(topic, 1, 1, brokers=["broker-b"])
+
+    class Undecided:
+        def __init__(self) -> None:
+            self.answer = LocalTransactionState.UNKNOW
+
+        def execute_local_transaction(self, msg: Message, arg: Any) -> LocalTransactionState:
+            return LocalTransactionState.UNKNOW
+
+        def check_local_transaction(self, msg: Message) -> LocalTransactionState:
+            return self.answer
+
+    listener = Undecided()
+    producer = TransactionProducer(group, listener, namespace=cluster.namespace)
+    try:
+        # checkable at once (its own immunity: 0 s), not after the broker's 6 s
+        immune = {transaction.PROP_CHECK_IMMUNITY: "0"}
+        sent = producer.send_message_in_transaction(Message(topic, b"maybe", properties=immune))
+        open_page(browser, base + "/transactions")
+        [row] = [r for r in rows(browser, "pending") if r[2] == group]
+        assert row[0] == "broker-b" and row[1] == sent.msg_id and row[3] == topic
+        submit(browser, "find-txn", {"group": group})
+        assert text(browser, "txn-count") == "1"
+        # the broker checks it with its producer, who answers ROLLBACK: the list empties
+        listener.answer = LocalTransactionState.ROLLBACK_MESSAGE
+        assert ray.get(cluster.broker("broker-b").check_transactions.remote()) >= 1
+
+        def emptied() -> bool:
+            open_page(browser, base + "/transactions?group=" + group)
+            return text(browser, "txn-count") == "0"
+
+        wait_until(emptied, what="the rolled back transaction leaves the page")
+    finally:
+        producer.close()
+    open_page(browser, base + "/transactions?group=bad%20group", ok=False)
+    assert "must match" in text(browser, "error")
 
 
 # ------------------------------------------------------------ access and the CLI
