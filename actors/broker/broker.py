@@ -90,7 +90,13 @@ class Broker:
         self.listener: DataPathListener | None = None
         if config.data_path_enable:
             self.listener = DataPathListener(
-                rt, self.sender, self.puller, self.groups, self.transactions, _tls_context(config)
+                rt,
+                self.sender,
+                self.puller,
+                self.groups,
+                self.transactions,
+                _tls_context(config),
+                pop=self.popper,
             )
         self.grpc: Any = None  # actors.broker.grpc.service.GrpcEndpoint, with grpc_enable
         self.ha.start()
