@@ -417,6 +417,11 @@ class Broker:
         """Re-arm a received message's invisible time from now; its new receipt handle."""
         return await self.popper.change_invisible(group, topic, receipt_handle, invisible_ms)
 
+    async def set_group_fifo(self, group: str, fifo: bool) -> None:
+        """Make a consumer group FIFO (RocketMQ's ``consumeMessageOrderly``) or not: its
+        POP receives take one batch per queue at a time, in order; kept across restarts."""
+        await self.popper.set_group_fifo(group, fifo)
+
     async def forward_to_dead_letter_queue(
         self, group: str, topic: str, receipt_handle: str
     ) -> None:
