@@ -186,8 +186,12 @@ class PopProcessor:
             if groups == self.fifo_groups:
                 return
             table = {g: {"groupName": g, "consumeMessageOrderly": True} for g in sorted(groups)}
-            data = {**self._groups_file.load(), "subscriptionGroupTable": table}
-            await self.rt.run(self._groups_file.save, data)  # written before it takes effect
+            file = self._groups_file
+
+            def write() -> None:  # the rest of RocketMQ's file, if any, is kept
+                file.save({**file.load(), "subscriptionGroupTable": table})
+
+            await self.rt.run(write)  # written before it takes effect
             self.fifo_groups = groups
         log.info("group %s consumes %s", group, "in order (FIFO)" if fifo else "concurrently")
 

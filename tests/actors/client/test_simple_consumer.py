@@ -161,6 +161,7 @@ def test_receive_ack_and_change_go_over_the_brokers_socket(cluster: actors.Clust
     assert {m.reconsume_times for m in got} == {0}
     consumer.change_invisible_duration(got[0], 20.0)
     consumer.ack_many(got)
+    assert consumer.receive(16, 5.0, wait_s=0.2) == []  # and its receives still held end
     after = _status(cluster)
     for name in before:  # at least a receive and an ack each, over the socket
         assert after[name]["data_requests"] >= before[name]["data_requests"] + 2, name
@@ -177,6 +178,7 @@ def test_receive_ack_and_change_go_over_the_brokers_socket(cluster: actors.Clust
     before = _status(cluster)
     again = receive_all(by_ray, 1)
     by_ray.ack_many(again)
+    assert by_ray.receive(16, 5.0, wait_s=0.2) == []
     after = _status(cluster)
     assert [m.body for m in again] == [b"by-ray"]
     assert [a["data_requests"] for a in after.values()] == [

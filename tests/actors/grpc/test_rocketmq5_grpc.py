@@ -461,7 +461,8 @@ def test_forward_to_dead_letter_queue_with_a_raw_stub(
     consumer = SimpleConsumer(config, group, {DLQ_TOPIC: FilterExpression()}, await_duration=1)
     consumer.startup()
     try:
-        got = _receive_ids(consumer, set(sent), invisible_s=1)
+        got = _receive_ids(consumer, set(sent), invisible_s=3)
+        lapsed_by = time.monotonic() + 3.5  # both handed out before now, for 3 s
         given_up, kept = sorted(got)
         handle = got[given_up].receipt_handle
         broker = handle.split(" ")[6]  # the broker that handed it out answers for it
@@ -487,10 +488,9 @@ def test_forward_to_dead_letter_queue_with_a_raw_stub(
         dlq = wait_until(lambda: cluster.admin.dlq_messages(group), what="the dead letter")
         assert [(m.msg_id, m.body) for m in dlq] == [(given_up, sent[given_up])]
         assert dlq[0].properties["RETRY_TOPIC"] == DLQ_TOPIC
-        # its 1 s of invisibility passes: it does not come back (nor the acked one)
-        deadline = time.monotonic() + 1.5
-        while time.monotonic() < deadline:
-            assert consumer.receive(16, 1) == []
+        # its invisible time passes: it does not come back (nor the acked one)
+        while time.monotonic() < lapsed_by:
+            assert consumer.receive(16, 3) == []
     finally:
         consumer.shutdown()
     assert [m.msg_id for m in cluster.admin.dlq_messages(group)] == [given_up]
