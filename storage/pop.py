@@ -439,6 +439,24 @@ class PopStore:
         except (OffsetOutOfRangeError, StoreCorruptedError, ValueError):
             return None
 
+    def raw_records(self, popped: Sequence[Popped]) -> tuple[list[Popped], bytes]:
+        """The records of ``popped`` exactly as the CommitLog holds them, back to back (a
+        receive's answer on the data path: nothing re-encoded), and the popped messages
+        they are, in order. One gone from the store meanwhile (expired) is left out: it
+        is in flight, comes back after its invisible time and is then dropped as gone."""
+        kept: list[Popped] = []
+        parts: list[bytes] = []
+        for p in popped:
+            m = p.message
+            try:
+                data = self.store.commitlog.read(m.commitlog_offset, m.store_size)
+            except (OffsetOutOfRangeError, StoreCorruptedError, ValueError):
+                log.warning("pop: %s is gone from the store before its answer", m.msg_id)
+                continue
+            kept.append(p)
+            parts.append(data)
+        return kept, b"".join(parts)
+
     # ------------------------------------------------------------ ack, change
     def ack(self, group: str, topic: str, receipt_handle: str) -> bool:
         """Done with the message: True; False when it was acked before (nothing changes)."""

@@ -90,7 +90,13 @@ class Broker:
         self.listener: DataPathListener | None = None
         if config.data_path_enable:
             self.listener = DataPathListener(
-                rt, self.sender, self.puller, self.groups, self.transactions, _tls_context(config)
+                rt,
+                self.sender,
+                self.puller,
+                self.groups,
+                self.transactions,
+                _tls_context(config),
+                pop=self.popper,
             )
         self.grpc: Any = None  # actors.broker.grpc.service.GrpcEndpoint, with grpc_enable
         self.ha.start()
@@ -410,6 +416,11 @@ class Broker:
     ) -> str:
         """Re-arm a received message's invisible time from now; its new receipt handle."""
         return await self.popper.change_invisible(group, topic, receipt_handle, invisible_ms)
+
+    async def set_group_fifo(self, group: str, fifo: bool) -> None:
+        """Make a consumer group FIFO (RocketMQ's ``consumeMessageOrderly``) or not: its
+        POP receives take one batch per queue at a time, in order; kept across restarts."""
+        await self.popper.set_group_fifo(group, fifo)
 
     async def forward_to_dead_letter_queue(
         self, group: str, topic: str, receipt_handle: str

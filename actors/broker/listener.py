@@ -23,6 +23,7 @@ import ssl
 from typing import Any
 
 from actors.broker.consumer_manage import ConsumerManageProcessor
+from actors.broker.pop import PopProcessor
 from actors.broker.pull import PullMessageProcessor
 from actors.broker.runtime import BrokerRuntime
 from actors.broker.send import SendMessageProcessor
@@ -46,12 +47,14 @@ class DataPathListener:
         groups: ConsumerManageProcessor,
         transactions: TransactionProcessor,
         ssl_context: ssl.SSLContext | None = None,
+        pop: PopProcessor | None = None,
     ) -> None:
         self.rt = runtime
         self.sender = sender
         self.puller = puller
         self.groups = groups
         self.transactions = transactions
+        self.pop = pop
         self.ssl_context = ssl_context
         self.secret = secrets.token_bytes(32)
         """This incarnation's secret: clients get it through Ray (``Broker.data_path``)."""
@@ -252,7 +255,38 @@ class DataPathListener:
                 h.get("m", _MISSING),
             )
             return {"r": ended}, []
+        if code in (Code.POP, Code.ACK, Code.CHANGE_INVISIBLE):
+            return await self._pop_request(code, h)
         raise frames.FrameError(f"unknown request code {code}")
+
+    async def _pop_request(self, code: int, h: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+        """POP receive, ack and change of invisible time (``actors.broker.pop``): every
+        field goes to the processor, whose checks refuse a wrong one before anything
+        changes; a receive answers the records as stored, the handles in the header."""
+        pop = self.pop
+        if pop is None:
+            raise frames.FrameError(f"request code {code}: this broker serves no POP")
+        group, topic = h.get("g", _MISSING), h.get("t", _MISSING)
+        if code == Code.POP:
+            heads, records = await pop.pop_packed(
+                group,
+                topic,
+                h.get("n", _MISSING),
+                h.get("i", _MISSING),
+                h.get("w", 0),
+                fifo=h.get("ff", False),
+                tag_expr=h.get("x", "*"),
+                client_id=h.get("id", ""),
+            )
+            return {"r": heads}, [records] if records else []
+        handle = h.get("h", _MISSING)
+        if code == Code.ACK:
+            if isinstance(handle, list):
+                return {"r": await pop.ack_many(group, topic, handle)}, []
+            await pop.ack(group, topic, handle)
+            return {}, []
+        new = await pop.change_invisible(group, topic, handle, h.get("i", _MISSING))
+        return {"r": new}, []
 
 
 _MISSING: Any = None  # a field a request left out: the processor's own checks name it

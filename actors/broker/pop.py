@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 from actors.broker.ha import Replication
@@ -33,7 +32,13 @@ from actors.broker.pull_hold_service import PullRequestHoldService
 from actors.broker.runtime import BrokerRuntime
 from actors.broker.send_back import DLQ_PERM, DLQ_QUEUE_NUMS, send_back_copy
 from actors.protocol.checks import check_int, check_str, validate_group
-from actors.protocol.pop import MAX_INVISIBLE_MS, MAX_POP_MSGS, MIN_INVISIBLE_MS, PoppedMessage
+from actors.protocol.pop import (
+    MAX_INVISIBLE_MS,
+    MAX_POP_MSGS,
+    MIN_INVISIBLE_MS,
+    PoppedMessage,
+    pops_heads,
+)
 from actors.protocol.topic import TopicConfig
 from storage.codec import EncodedBatch, validate_topic
 from storage.errors import (
@@ -44,7 +49,7 @@ from storage.errors import (
     TopicNotFoundError,
 )
 from storage.message import Message, MessageExt
-from storage.pop import PopStore, ReceiptHandle
+from storage.pop import Popped, PopStore, ReceiptHandle
 from storage.store import PutBatchResult
 from storage.subscription import parse_subscription
 
@@ -76,6 +81,11 @@ class PopProcessor:
             dead_letter=dead_letter,
             max_reconsume_times=rt.config.pop_max_reconsume_times,
         )
+        # RocketMQ 5 decides FIFO per consumer group (its subscription group's
+        # consumeMessageOrderly): kept in config/subscriptionGroup.json, as RocketMQ does
+        self._groups_file = rt.store.config_file("subscriptionGroup")
+        self.fifo_groups: frozenset[str] = _load_fifo_groups(self._groups_file.load())
+        self._groups_lock = asyncio.Lock()  # one change of the file at a time
         self.holds = PullRequestHoldService(rt.loop)  # receives waiting for a message
         rt.store.add_dispatch_listener(self.holds.on_dispatch)
         self._task: asyncio.Task[None] | None = None
@@ -159,6 +169,32 @@ class PopProcessor:
             )
         return list(range(tc.read_queue_nums))
 
+    # ------------------------------------------------------------ FIFO groups
+    def group_fifo(self, group: str) -> bool:
+        """Whether ``group`` consumes in order (every receive of it is a FIFO one)."""
+        return group in self.fifo_groups
+
+    async def set_group_fifo(self, group: str, fifo: bool) -> None:
+        """Make ``group`` a FIFO group (RocketMQ's ``consumeMessageOrderly``) or not: from
+        now on each of its receives takes nothing from a queue with a message in flight,
+        whatever the consumer asks; kept across restarts."""
+        validate_group(group)
+        if not isinstance(fifo, bool):
+            raise InvalidMessageError(f"fifo={fifo!r}: must be a bool")
+        async with self._groups_lock:
+            groups = self.fifo_groups | {group} if fifo else self.fifo_groups - {group}
+            if groups == self.fifo_groups:
+                return
+            table = {g: {"groupName": g, "consumeMessageOrderly": True} for g in sorted(groups)}
+            file = self._groups_file
+
+            def write() -> None:  # the rest of RocketMQ's file, if any, is kept
+                file.save({**file.load(), "subscriptionGroupTable": table})
+
+            await self.rt.run(write)  # written before it takes effect
+            self.fifo_groups = groups
+        log.info("group %s consumes %s", group, "in order (FIFO)" if fifo else "concurrently")
+
     # ------------------------------------------------------------ receive
     async def pop(
         self,
@@ -174,6 +210,42 @@ class PopProcessor:
     ) -> list[PoppedMessage]:
         """Up to ``max_msgs`` messages of ``topic`` from this broker's queues, invisible
         to the group for ``invisible_ms``; waits up to ``wait_ms`` for one."""
+        got, _ = await self._pop(
+            group, topic, max_msgs, invisible_ms, wait_ms, fifo, tag_expr, client_id, False
+        )
+        return [PoppedMessage(p.message, p.receipt_handle, p.reconsume_times) for p in got]
+
+    async def pop_packed(
+        self,
+        group: str,
+        topic: str,
+        max_msgs: int,
+        invisible_ms: int,
+        wait_ms: int = 0,
+        *,
+        fifo: bool = False,
+        tag_expr: str = "*",
+        client_id: str = "",
+    ) -> tuple[list[list[Any]], bytes]:
+        """:meth:`pop` for the data path: ``[receipt handle, reconsume times]`` per
+        message, and their records as stored, back to back (``actors.protocol.pop``)."""
+        got, records = await self._pop(
+            group, topic, max_msgs, invisible_ms, wait_ms, fifo, tag_expr, client_id, True
+        )
+        return pops_heads(got), records
+
+    async def _pop(
+        self,
+        group: str,
+        topic: str,
+        max_msgs: int,
+        invisible_ms: int,
+        wait_ms: int,
+        fifo: bool,
+        tag_expr: str,
+        client_id: str,
+        packed: bool,
+    ) -> tuple[list[Popped], bytes]:
         validate_group(group)
         validate_topic(topic)
         check_int("max_msgs", max_msgs, 1, MAX_POP_MSGS)
@@ -183,6 +255,7 @@ class PopProcessor:
             raise InvalidMessageError(f"fifo={fifo!r}: must be a bool")
         check_str("tag_expr", tag_expr)
         check_str("client_id", client_id, empty=True)
+        fifo = fifo or group in self.fifo_groups
         tags = None if tag_expr.strip() in ("", "*") else tag_expr
         parse_subscription(tags)
         self._check_master()
@@ -190,26 +263,29 @@ class PopProcessor:
         rt = self.rt
         if client_id:
             rt.consumers.touch(group, client_id, frozenset((topic,)))
-        call = partial(
-            self.state.pop, group, topic, qids, max_msgs, invisible_ms, fifo=fifo, tags=tags
-        )
+        state = self.state
+
+        def take() -> tuple[list[Popped], bytes]:
+            got = state.pop(group, topic, qids, max_msgs, invisible_ms, fifo=fifo, tags=tags)
+            return state.raw_records(got) if packed and got else (got, b"")
+
         keys = [(topic, q) for q in qids]
         wait_s = min(wait_ms / 1000, rt.config.max_pull_suspend_s)
         deadline = rt.loop.time() + wait_s
         while True:
             fut = self.holds.register_many(keys)  # before the pop: no wake-up is missed
-            got = await rt.run(call)
+            got, records = await rt.run(take)
             remaining = deadline - rt.loop.time()
             if got or remaining <= 0 or rt.closing or not rt.config.long_polling_enable:
                 self.holds.discard_many(keys, fut)
                 break
-            due = self.state.next_due_ms()
+            due = state.next_due_ms()
             if due is not None:  # a lapse comes back by then, woken or not
                 remaining = min(remaining, max(0.0, (due - rt.store.now_ms()) / 1000) + 0.01)
             await self.holds.wait_many(keys, fut, remaining)
         stats = rt.stats
         stats["pop_msgs"] = stats.get("pop_msgs", 0) + len(got)
-        return [PoppedMessage(p.message, p.receipt_handle, p.reconsume_times) for p in got]
+        return got, records
 
     # ------------------------------------------------------------ ack, change
     def _check_handle_call(self, group: str, topic: str) -> None:
@@ -273,3 +349,17 @@ class PopProcessor:
 
     def status(self) -> dict[str, Any]:
         return {f"pop_{k}": v for k, v in self.state.stats.items()}
+
+
+def _load_fifo_groups(data: dict[str, Any]) -> frozenset[str]:
+    """The FIFO groups of a ``subscriptionGroup.json`` (RocketMQ's layout: a
+    ``subscriptionGroupTable`` of group configs with ``consumeMessageOrderly``)."""
+    table = data.get("subscriptionGroupTable", {})
+    if not isinstance(table, dict):
+        log.error("subscriptionGroup.json: subscriptionGroupTable is not an object: ignored")
+        return frozenset()
+    return frozenset(
+        g
+        for g, conf in table.items()
+        if isinstance(conf, dict) and conf.get("consumeMessageOrderly") is True
+    )

@@ -234,6 +234,15 @@ class Admin:
             members.update(part)
         return sorted(members)
 
+    def set_group_fifo(
+        self, group: str, fifo: bool = True, *, brokers: Sequence[str] | None = None
+    ) -> None:
+        """Make ``group`` a FIFO group on the given brokers (default: every live master):
+        its POP consumers (the SimpleConsumer, RocketMQ 5's clients, told so in their
+        settings) get each queue in order, one batch in flight at a time; kept across
+        restarts (RocketMQ's subscription group ``consumeMessageOrderly``)."""
+        self._on_all(self._brokers_for(brokers), "set_group_fifo", group, fifo)
+
     def group_status(self, group: str) -> dict[str, Any]:
         """What ``group``'s coordinator holds: members, generation, strategy, target and
         current owners, pending revokes and fences, and the generation log."""

@@ -1,8 +1,8 @@
 """A client's data path: per-message calls to brokers over their own sockets.
 
 Ray is the control plane; what a client does per message (send, pull, commit
-offsets, send back, heartbeat, end a transaction) goes over one connection per broker
-(``actors.client.connection``), as RocketMQ's clients keep to each broker. A
+offsets, send back, heartbeat, end a transaction, POP receive, ack and change of
+invisible time) goes over one connection per broker (``actors.client.connection``), as RocketMQ's clients keep to each broker. A
 :class:`BrokerStub` stands where a broker's Ray handle stood
 (``NameServerClient(wrap=...)``): ``stub.send.remote(...)`` goes over the socket
 and answers a :class:`~actors.protocol.rpc.PendingCall` that ``rpc.get``,
@@ -35,6 +35,7 @@ import numpy as np
 from actors.client.connection import Answer, BrokerConnection
 from actors.protocol import rpc
 from actors.protocol.frames import Code
+from actors.protocol.pop import PoppedMessage, pops_from_wire
 from actors.protocol.rpc import PendingCall
 from storage.errors import BrokerUnavailableError
 
@@ -267,6 +268,51 @@ def _end_transaction(group: str, half_offset: int, transaction_id: str, commit: 
     return header, [], _result
 
 
+def _popped(h: Mapping[str, Any], body: bytes) -> list[PoppedMessage]:
+    return pops_from_wire(h.get("r"), body)
+
+
+def _pop(
+    group: str,
+    topic: str,
+    max_msgs: int,
+    invisible_ms: int,
+    wait_ms: int = 0,
+    *,
+    fifo: bool = False,
+    tag_expr: str = "*",
+    client_id: str = "",
+) -> Any:
+    header = {
+        "c": int(Code.POP),
+        "g": group,
+        "t": topic,
+        "n": max_msgs,
+        "i": invisible_ms,
+        "w": wait_ms,
+        "ff": fifo,
+        "x": tag_expr,
+        "id": client_id,
+    }
+    return header, [], _popped
+
+
+def _ack_message(group: str, topic: str, receipt_handle: str | Sequence[str]) -> Any:
+    handles = receipt_handle if isinstance(receipt_handle, str) else list(receipt_handle)
+    return {"c": int(Code.ACK), "g": group, "t": topic, "h": handles}, [], _result
+
+
+def _change_invisible(group: str, topic: str, receipt_handle: str, invisible_ms: int) -> Any:
+    header = {
+        "c": int(Code.CHANGE_INVISIBLE),
+        "g": group,
+        "t": topic,
+        "h": receipt_handle,
+        "i": invisible_ms,
+    }
+    return header, [], _result
+
+
 _REQUESTS = {
     "send": _send,
     "pull_packed": _pull_packed,
@@ -275,5 +321,8 @@ _REQUESTS = {
     "heartbeat": _heartbeat,
     "unregister_consumer": _unregister,
     "end_transaction": _end_transaction,
+    "pop": _pop,
+    "ack_message": _ack_message,
+    "change_invisible_duration": _change_invisible,
 }
 """The broker's per-message methods, and how each is framed (header, body, decoder)."""

@@ -12,20 +12,23 @@ A receive asks every master broker of the topic at once (each for its share of
 ``max_msgs``) and returns as soon as one answers with messages; a call still waiting on
 another broker is kept, and what it brings is returned by the next receive (it was
 made invisible for this consumer; if never received it comes back after its invisible
-time). Calls are Ray calls: one per broker per receive, one per broker per
-:meth:`ack_many`.
+time). One call per broker per receive, one per broker per :meth:`ack_many`, each
+over the broker's own socket (``actors.client.data_path``: the records come as stored,
+with their receipt handles beside them), or through Ray while a broker's socket cannot
+be reached; ``data_path="ray"`` keeps every call on Ray.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import ray
-
+from actors.client.data_path import DataPath
+from actors.config.options import check_data_path
 from actors.namesrv.client import NameServerClient, discover_nameservers
 from actors.protocol import rpc as _rpc
 from actors.protocol.checks import check_number, validate_group
@@ -64,6 +67,8 @@ class SimpleConsumer:
         nameservers: Sequence[str] | None = None,
         route_refresh_s: float = 30.0,
         call_timeout_s: float = 10.0,
+        data_path: str = "socket",
+        data_tls_ca: str | None = None,
     ) -> None:
         self.group = validate_group(group)
         self.topic = validate_topic(topic)
@@ -72,11 +77,17 @@ class SimpleConsumer:
         self.fifo = bool(fifo)
         self.wait_s = check_number("wait_s", wait_s)
         self.call_timeout_s = check_number("call_timeout_s", call_timeout_s)
+        check_data_path("SimpleConsumer", data_path)
         self.client_id = f"{group}@{uuid.uuid4().hex[:12]}"
+        self._data_path = DataPath(data_path, data_tls_ca)
         self.ns = NameServerClient(
-            nameservers or discover_nameservers(namespace), namespace, route_refresh_s
+            nameservers or discover_nameservers(namespace),
+            namespace,
+            route_refresh_s,
+            wrap=self._data_path.wrap,
         )
-        self._pending: dict[str, tuple[Any, int]] = {}  # broker name -> (pop call, its share)
+        # broker name -> (pop call: a socket's PendingCall or an ObjectRef, its share)
+        self._pending: dict[str, tuple[Any, int]] = {}
         self._buffer: list[PoppedMessage] = []  # received beyond a receive's max_msgs
         self._turn = 0
         self._closed = False
@@ -180,17 +191,21 @@ class SimpleConsumer:
         receive."""
         if not self._pending:
             return []
-        refs = {ref: name for name, (ref, _) in self._pending.items()}
-        wanted = len(refs) if every else 1
-        ready, _ = ray.wait(list(refs), num_returns=wanted, timeout=timeout)
-        if ready:
-            ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+        futures = {ref.future(): name for name, (ref, _) in self._pending.items()}
+        concurrent.futures.wait(
+            futures,
+            timeout=timeout,
+            return_when=(
+                concurrent.futures.ALL_COMPLETED if every else concurrent.futures.FIRST_COMPLETED
+            ),
+        )
         out: list[PoppedMessage] = []
-        for ref in ready:
-            name = refs[ref]
-            del self._pending[name]
+        for fut, name in futures.items():
+            if not fut.done():
+                continue
+            ref, _ = self._pending.pop(name)
             try:
-                out.extend(_rpc.get(ref))
+                out.extend(_rpc.get(ref, self.call_timeout_s))
             except Exception as exc:
                 if not _rpc.is_retriable(exc) and not isinstance(exc, BrokerUnavailableError):
                     raise
@@ -267,6 +282,7 @@ class SimpleConsumer:
         self._closed = True
         self._pending.clear()
         self._buffer.clear()
+        self._data_path.close()
 
     def __enter__(self) -> SimpleConsumer:
         return self

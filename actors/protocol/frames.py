@@ -2,9 +2,10 @@
 
 RocketMQ's ``RemotingCommand`` in one module (a length, a header, an opaque body),
 with Kafka's habit of a version in every request. Ray stays the control plane;
-what flows per message (sends, pulls, offset commits, send-back, heartbeats) goes
-over a TCP connection the client keeps to each broker, many requests in flight at
-once and answered out of order by request id.
+what flows per message (sends, pulls, offset commits, send-back, heartbeats, POP
+receives, acks and changes of invisible time) goes over a TCP connection the client
+keeps to each broker, many requests in flight at once and answered out of order by
+request id.
 
 A frame, big-endian::
 
@@ -78,6 +79,9 @@ class Code(enum.IntEnum):
     HEARTBEAT = 14
     UNREGISTER = 15
     END_TRANSACTION = 16
+    POP = 17
+    ACK = 18
+    CHANGE_INVISIBLE = 19
 
 
 class Flag(enum.IntFlag):

@@ -1,13 +1,31 @@
-"""What a POP receive answers (``actors.broker.pop``; ``actors.client.simple_consumer``)."""
+"""What a POP receive answers (``actors.broker.pop``; ``actors.client.simple_consumer``),
+and how it crosses the data path's socket.
+
+Over the socket a receive is answered compactly, as pulls are: the records' bytes exactly
+as the CommitLog holds them (the frame's body, decoded on the client by
+``storage.codec.decode_records``) and, in the frame's msgpack header, one
+``[receipt handle, reconsume times]`` pair per record, in the same order. No message
+object is pickled on the way.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from storage.codec import decode_records
+from storage.errors import InvalidMessageError
 from storage.message import MessageExt
 from storage.pop import MAX_INVISIBLE_MS, MAX_POP_MSGS, MIN_INVISIBLE_MS
 
-__all__ = ["MAX_INVISIBLE_MS", "MAX_POP_MSGS", "MIN_INVISIBLE_MS", "PoppedMessage"]
+__all__ = [
+    "MAX_INVISIBLE_MS",
+    "MAX_POP_MSGS",
+    "MIN_INVISIBLE_MS",
+    "PoppedMessage",
+    "pops_from_wire",
+]
 
 
 @dataclass(slots=True)
@@ -43,3 +61,32 @@ class PoppedMessage:
     @property
     def keys(self) -> tuple[str, ...]:
         return self.message.keys
+
+
+def pops_from_wire(heads: Any, records: bytes | memoryview) -> list[PoppedMessage]:
+    """A receive's socket answer: ``heads`` (the header's ``[handle, reconsume times]``
+    pairs) and ``records`` (the body: the records back to back, as stored)."""
+    if not isinstance(heads, list) or not all(
+        isinstance(h, (list, tuple))
+        and len(h) == 2
+        and isinstance(h[0], str)
+        and isinstance(h[1], int)
+        and not isinstance(h[1], bool)
+        for h in heads
+    ):
+        raise InvalidMessageError(f"a POP answer's heads: {heads!r:.80}")
+    messages = decode_records(records, check_crc=False) if len(records) else []
+    if len(messages) != len(heads):
+        raise InvalidMessageError(
+            f"a POP answer with {len(heads)} receipt handles and {len(messages)} records"
+        )
+    return [
+        PoppedMessage(m._replace(reconsume_times=times), handle, times)
+        for m, (handle, times) in zip(messages, heads)
+    ]
+
+
+def pops_heads(popped: Sequence[Any]) -> list[list[Any]]:
+    """The header's pairs for popped messages (anything with ``receipt_handle`` and
+    ``reconsume_times``)."""
+    return [[p.receipt_handle, int(p.reconsume_times)] for p in popped]

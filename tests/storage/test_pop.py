@@ -242,3 +242,30 @@ def test_the_state_survives_a_crash(
         pop.close()
     finally:
         store.close()
+
+
+def test_raw_records_are_the_records_as_stored(store: MessageStore, open_pop) -> None:
+    """A receive's data-path answer: the records' bytes as the CommitLog holds them, which
+    decode to the very messages the pop handed out."""
+    from storage.codec import decode_records
+
+    put(store, 3, queue_id=0, tags="A")
+    put(store, 2, queue_id=1)
+    pop = open_pop()
+    got = pop.pop(G, T, [0, 1], 5, 2000)
+    kept, raw = pop.raw_records(got)
+    assert kept == got
+    assert len(raw) == sum(p.message.store_size for p in got)
+    decoded = decode_records(raw)
+    assert [(m.msg_id, m.body, m.tags, m.queue_id, m.queue_offset) for m in decoded] == [
+        (
+            p.message.msg_id,
+            p.message.body,
+            p.message.tags,
+            p.message.queue_id,
+            p.message.queue_offset,
+        )
+        for p in got
+    ]
+    assert pop.raw_records([]) == ([], b"")
+    pop.close()

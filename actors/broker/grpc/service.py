@@ -349,8 +349,11 @@ class MessagingService(sgrpc.MessagingServiceServicer):
             sub = out.subscription
             sub.receive_batch_size = 32
             sub.long_polling_timeout.FromSeconds(20)
-            if not sub.HasField("fifo"):
-                sub.fifo = False
+            try:  # FIFO is the group's as the broker keeps it (its receives are FIFO too)
+                fifo = self.pop is not None and self.pop.group_fifo(raymq_name(sub.group, "group"))
+            except StatusError:  # a bad group name: not a FIFO group
+                fifo = False
+            sub.fifo = fifo
             # RocketMQ's retry delays (delay levels 3..18), 16 deliveries before the DLQ
             out.backoff_policy.max_attempts = 16
             out.backoff_policy.customized_backoff.next.extend(

@@ -16,6 +16,8 @@ from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
 
 import actors
 from actors import SimpleConsumer
+from actors.client.connection import BrokerConnection
+from actors.protocol.frames import Code
 from storage import Message
 from storage.errors import (
     InvalidMessageError,
@@ -122,6 +124,118 @@ def test_receive_ack_lapse_and_change(cluster: actors.Cluster) -> None:
     with pytest.raises(TopicNotFoundError):
         ray.get(broker.pop.remote("g-pop", "NoSuchTopic", 1, 1000))
     other.close()
+    consumer.close()
+
+
+def _status(cluster: actors.Cluster) -> dict[str, dict[str, Any]]:
+    names = ("broker-a", "broker-b")
+    return dict(zip(names, ray.get([cluster.broker(n).status.remote() for n in names])))
+
+
+def test_receive_ack_and_change_go_over_the_brokers_socket(cluster: actors.Cluster) -> None:
+    """Per message nothing rides a Ray call: receives (records as stored, handles beside
+    them), acks and changes of invisible time take each broker's socket; a hostile frame
+    (wrong types, missing fields) is answered with an error and changes nothing."""
+    topic = "PopSocket"
+    cluster.admin.create_topic(topic, read_queue_nums=2, write_queue_nums=2)
+    conns = {n: s["data_connections"] for n, s in _status(cluster).items()}
+    consumer = cluster.simple_consumer("g-socket", topic)
+    assert consumer.receive(4, 5.0, wait_s=0.1) == []  # opens a connection to each broker
+    wait_until(
+        lambda: all(s["data_connections"] > conns[n] for n, s in _status(cluster).items()),
+        what="the consumer's connection to each broker",
+    )
+    producer = cluster.producer("p-socket")
+    try:
+        results = [
+            producer.send(Message(topic, f"s-{i}".encode(), tags="T", keys=[f"k{i}"]))
+            for i in range(8)
+        ]
+    finally:
+        producer.close()
+    before = _status(cluster)
+    got = receive_all(consumer, 8)
+    assert sorted((m.msg_id, m.body, m.tags, m.keys) for m in got) == sorted(
+        (r.msg_id, f"s-{i}".encode(), "T", (f"k{i}",)) for i, r in enumerate(results)
+    )
+    assert {m.reconsume_times for m in got} == {0}
+    consumer.change_invisible_duration(got[0], 20.0)
+    consumer.ack_many(got)
+    assert consumer.receive(16, 5.0, wait_s=0.2) == []  # and its receives still held end
+    after = _status(cluster)
+    for name in before:  # at least a receive and an ack each, over the socket
+        assert after[name]["data_requests"] >= before[name]["data_requests"] + 2, name
+        assert after[name]["pop_acked"] > before[name]["pop_acked"], name
+    assert sum(a["pop_changed"] - before[n]["pop_changed"] for n, a in after.items()) == 1
+
+    # Ray stays the fallback: data_path="ray" receives the same way, no socket request
+    producer = cluster.producer("p-socket")
+    try:
+        producer.send(Message(topic, b"by-ray"))
+    finally:
+        producer.close()
+    by_ray = cluster.simple_consumer("g-socket", topic, data_path="ray")
+    before = _status(cluster)
+    again = receive_all(by_ray, 1)
+    by_ray.ack_many(again)
+    assert by_ray.receive(16, 5.0, wait_s=0.2) == []
+    after = _status(cluster)
+    assert [m.body for m in again] == [b"by-ray"]
+    assert [a["data_requests"] for a in after.values()] == [
+        b["data_requests"] for b in before.values()
+    ]
+    by_ray.close()
+
+    # hostile frames: an error answer each, nothing handed out, acked or changed
+    producer = cluster.producer("p-socket")
+    try:
+        producer.send(Message(topic, b"held"))
+    finally:
+        producer.close()
+    (held,) = receive_all(consumer, 1, invisible_s=30.0)
+    name = held.receipt_handle.split(" ")[6]
+    info = ray.get(cluster.broker(name).data_path.remote())
+    conn = BrokerConnection(info["addr"], info["secret"], tls=info["tls"])
+    conn.open()
+    good = {"g": "g-socket", "t": topic}
+    pop = {**good, "c": int(Code.POP), "n": 4, "i": 5000}
+    ack = {**good, "c": int(Code.ACK), "h": held.receipt_handle}
+    change = {**good, "c": int(Code.CHANGE_INVISIBLE), "h": held.receipt_handle, "i": 5000}
+    hostile = [
+        ({**pop, "n": "4"}, "max_msgs"),
+        ({**pop, "n": 1 << 40}, "max_msgs"),
+        ({**pop, "i": None}, "invisible_ms"),
+        ({**pop, "i": 10}, "invisible_ms"),
+        ({**pop, "w": -1}, "wait_ms"),
+        ({**pop, "g": 7}, "group"),
+        ({**pop, "t": "../etc"}, "topic"),
+        ({**pop, "ff": "yes"}, "fifo"),
+        ({**pop, "x": ["*"]}, "tag_expr"),
+        ({**pop, "id": {"a": 1}}, "client_id"),
+        ({**ack, "h": 123}, "receipt_handle"),
+        ({**ack, "h": {"x": held.receipt_handle}}, "receipt_handle"),
+        ({**ack, "g": "g-other"}, "not issued to group"),
+        ({**ack, "h": [held.receipt_handle] * 5000}, "at most 4096"),
+        ({**change, "i": "5000"}, "invisible_ms"),
+        ({**change, "h": b"raw"}, "receipt_handle"),
+        ({**change, "t": None}, "topic"),
+    ]
+    state = _status(cluster)[name]
+    try:
+        for header, why in hostile:
+            with pytest.raises((InvalidMessageError, InvalidReceiptHandleError), match=why):
+                conn.request(header).result(10)
+        # a list of handles answers each: the bad ones refused, none acked
+        answer, _ = conn.request({**ack, "h": [1, "p1 forged"]}).result(10)
+        assert len(answer["r"]) == 2
+        assert all(why.startswith("InvalidReceiptHandleError") for why in answer["r"])
+    finally:
+        conn.close()
+    now = _status(cluster)[name]
+    for stat in ("pop_popped", "pop_acked", "pop_changed", "data_bad_frames"):
+        assert now[stat] == state[stat], stat
+    consumer.ack(held)  # still in flight under its handle: the hostile frames changed nothing
+    assert _status(cluster)[name]["pop_acked"] == state["pop_acked"] + 1
     consumer.close()
 
 

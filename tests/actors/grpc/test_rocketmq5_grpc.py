@@ -9,6 +9,7 @@ are loaded only inside the broker actors (docs/rocketmq5.md)."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ from rocketmq.grpc_protocol import (
     ClientType,
     Code,
     EndTransactionRequest,
+    ForwardMessageToDeadLetterQueueRequest,
     MessagingServiceStub,
     QueryAssignmentRequest,
     QueryRouteRequest,
@@ -58,6 +60,8 @@ POP_TOPIC = "grpc-pop"
 PUSH_TOPIC = "grpc-push"
 NODE_TOPIC = "grpc-node"
 NODE_IN_TOPIC = "grpc-node-in"
+DLQ_TOPIC = "grpc-dlq"
+FIFO_TOPIC = "grpc-fifo"
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +82,7 @@ def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
             TopicConfig(PUSH_TOPIC, read_queue_nums=2, write_queue_nums=2),
             TopicConfig(NODE_TOPIC, read_queue_nums=2, write_queue_nums=2),
             TopicConfig(NODE_IN_TOPIC, read_queue_nums=2, write_queue_nums=2),
+            TopicConfig(DLQ_TOPIC, read_queue_nums=2, write_queue_nums=2),
         ],
         broker_options={
             "store": SMALL_STORE,
@@ -423,6 +428,122 @@ def test_official_simple_consumer_receives_acks_and_gets_lapsed_messages_again(
         consumer.shutdown()
 
 
+def _send_native(cluster: Any, topic: str, prefix: str, n: int) -> dict[str, bytes]:
+    native = cluster.producer(f"grpc-native-{prefix}")
+    try:
+        bodies = [f"{prefix}-{i}".encode() for i in range(n)]
+        return {native.send(NativeMessage(topic, b)).msg_id: b for b in bodies}
+    finally:
+        native.close()
+
+
+def _receive_ids(consumer: SimpleConsumer, want: set[str], invisible_s: int) -> dict[str, Any]:
+    got: dict[str, Any] = {}
+
+    def more() -> bool:
+        for m in consumer.receive(16, invisible_s):
+            assert m.message_id not in got, "delivered twice while invisible"
+            got[m.message_id] = m
+        return set(got) >= want
+
+    wait_until(more, interval_s=0, what=f"{len(want)} message(s) received")
+    return got
+
+
+def test_forward_to_dead_letter_queue_with_a_raw_stub(
+    cluster: Any, config: Any, endpoints: dict[str, Any]
+) -> None:
+    """ForwardMessageToDeadLetterQueue (what a push consumer calls when it gives up): the
+    message goes to ``%DLQ%<group>`` at once and is not delivered again; a forged handle is
+    refused and forwards nothing."""
+    group = "grpc-dlq-group"
+    sent = _send_native(cluster, DLQ_TOPIC, "dlq", 2)
+    consumer = SimpleConsumer(config, group, {DLQ_TOPIC: FilterExpression()}, await_duration=1)
+    consumer.startup()
+    try:
+        got = _receive_ids(consumer, set(sent), invisible_s=3)
+        lapsed_by = time.monotonic() + 3.5  # both handed out before now, for 3 s
+        given_up, kept = sorted(got)
+        handle = got[given_up].receipt_handle
+        broker = handle.split(" ")[6]  # the broker that handed it out answers for it
+        channel = grpc.insecure_channel(endpoints[f"{broker}-0"]["addr"])
+        try:
+            raw = MessagingServiceStub(channel)
+            request = ForwardMessageToDeadLetterQueueRequest(
+                group=Resource(name=group),
+                topic=Resource(name=DLQ_TOPIC),
+                receipt_handle="forged",
+                message_id=given_up,
+                delivery_attempt=1,
+                max_delivery_attempts=16,
+            )
+            refused = raw.ForwardMessageToDeadLetterQueue(request, metadata=_signed(config))
+            assert refused.status.code == Code.INVALID_RECEIPT_HANDLE
+            request.receipt_handle = handle
+            answer = raw.ForwardMessageToDeadLetterQueue(request, metadata=_signed(config))
+            assert answer.status.code == Code.OK
+        finally:
+            channel.close()
+        consumer.ack(got[kept])
+        dlq = wait_until(lambda: cluster.admin.dlq_messages(group), what="the dead letter")
+        assert [(m.msg_id, m.body) for m in dlq] == [(given_up, sent[given_up])]
+        assert dlq[0].properties["RETRY_TOPIC"] == DLQ_TOPIC
+        # its invisible time passes: it does not come back (nor the acked one)
+        while time.monotonic() < lapsed_by:
+            assert consumer.receive(16, 3) == []
+    finally:
+        consumer.shutdown()
+    assert [m.msg_id for m in cluster.admin.dlq_messages(group)] == [given_up]
+
+
+def _telemetry_fifo(stub: MessagingServiceStub, config: Any, group: str) -> bool:
+    settings = Settings(client_type=ClientType.SIMPLE_CONSUMER)
+    settings.subscription.group.name = group
+    (answer,) = stub.Telemetry(
+        iter([TelemetryCommand(settings=settings)]), metadata=_signed(config)
+    )
+    assert answer.status.code == Code.OK
+    return bool(answer.settings.subscription.fifo)
+
+
+def test_a_fifo_group_receives_a_message_group_in_order_one_in_flight(
+    cluster: Any, config: Any, stub: MessagingServiceStub
+) -> None:
+    """A group made FIFO on the broker (``Admin.set_group_fifo``, RocketMQ's
+    ``consumeMessageOrderly``) is told so in its settings, and the official SimpleConsumer
+    gets a message group in send order, the next only once the one before is acked."""
+    group = "grpc-fifo-group"
+    cluster.admin.create_topic(FIFO_TOPIC, 1, 1, brokers=["broker-a"])  # one queue: no wait
+    assert _telemetry_fifo(stub, config, group) is False
+    cluster.admin.set_group_fifo(group)
+    assert _telemetry_fifo(stub, config, group) is True
+    assert _telemetry_fifo(stub, config, "grpc-simple") is False
+    p = Producer(config, (FIFO_TOPIC,))
+    p.startup()
+    try:
+        ids = [
+            p.send(_message(FIFO_TOPIC, f"fifo-{i}".encode(), message_group="order-7")).message_id
+            for i in range(4)
+        ]
+    finally:
+        p.shutdown()
+    consumer = SimpleConsumer(config, group, {FIFO_TOPIC: FilterExpression()}, await_duration=1)
+    consumer.startup()
+    try:
+        seen = []
+        for i in range(4):
+            (m,) = wait_until(lambda: consumer.receive(1, 20), interval_s=0, what=f"message {i}")
+            seen.append((m.message_id, m.body, m.delivery_attempt))
+            if i < 2:  # the group's queue gives nothing more while this one is in flight
+                assert consumer.receive(4, 20) == []
+            consumer.ack(m)
+        assert seen == [(ids[i], f"fifo-{i}".encode(), 1) for i in range(4)]
+    finally:
+        consumer.shutdown()
+    cluster.admin.set_group_fifo(group, False)
+    assert _telemetry_fifo(stub, config, group) is False
+
+
 class _Listener(MessageListener):
     """Fails each message's first delivery, takes the second."""
 
@@ -574,3 +695,82 @@ def test_the_official_nodejs_client_produces_and_consumes(
         (r.msg_id, f"py-{i}") for i, r in enumerate(results)
     )
     assert {g["tag"] for g in got} == {"p"}
+
+
+# ------------------------------------------------------------ a broker restart (its own cluster)
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_broker_restart_during_grpc_consumption_loses_nothing(make_cluster: Any) -> None:
+    """The official SimpleConsumer receives and acks half; the broker is killed (SIGKILL)
+    and Ray restarts it on the same gRPC port: every unacked message comes back after its
+    invisible time, with delivery attempt 2, none acked comes again, none is lost; the
+    group's FIFO flag survives too."""
+    topic = "grpc-restart"
+    c = make_cluster(
+        nameservers=1,
+        brokers=1,
+        topics=[TopicConfig(topic, read_queue_nums=2, write_queue_nums=2)],
+        broker_options={
+            "grpc_enable": True,
+            "grpc_bind": "127.0.0.1",
+            "grpc_port": _free_port(),  # the clients' endpoint stays where it was
+            "pop_revive_interval_s": 0.05,
+        },
+    )
+    c.admin.set_group_fifo("grpc-fifo-kept")
+    (info,) = c.grpc_endpoints().values()
+    config = ClientConfiguration(info["addr"], Credentials(*c.grpc_credentials()))
+    sent = _send_native(c, topic, "restart", 10)
+    invisible_s = 4
+    consumer = SimpleConsumer(config, "grpc-restart", {topic: FilterExpression()}, await_duration=1)
+    consumer.startup()
+    try:
+        started = time.monotonic()
+        got = _receive_ids(consumer, set(sent), invisible_s)
+        assert {i: m.body for i, m in got.items()} == sent
+        ids = sorted(got)
+        acked, unacked = set(ids[::2]), set(ids[1::2])
+        for msg_id in acked:
+            consumer.ack(got[msg_id])
+
+        broker = c.broker("broker-a")
+        before = ray.get(broker.ping.remote())
+        ray.kill(broker, no_restart=False)  # SIGKILL; Ray restarts it and it recovers
+
+        def restarted() -> bool:
+            try:
+                return ray.get(c.broker("broker-a").ping.remote(), timeout=5) != before
+            except Exception:  # noqa: BLE001 - still restarting
+                return False
+
+        wait_until(restarted, timeout_s=60, what="the broker restarted")
+        back: dict[str, Any] = {}
+
+        def all_back() -> bool:
+            try:
+                batch = consumer.receive(16, 30)
+            except Exception:  # noqa: BLE001 - the client's channel is reconnecting
+                return False
+            for m in batch:
+                assert m.message_id not in acked, "an acked message came again"
+                back[m.message_id] = m
+                consumer.ack(m)
+            return set(back) >= unacked
+
+        wait_until(all_back, timeout_s=40, interval_s=0, what="every unacked message")
+        assert time.monotonic() - started >= invisible_s
+        assert set(back) == unacked
+        assert {i: m.body for i, m in back.items()} == {i: sent[i] for i in unacked}
+        assert {m.delivery_attempt for m in back.values()} == {2}
+    finally:
+        consumer.shutdown()
+    (info,) = c.grpc_endpoints().values()
+    channel = grpc.insecure_channel(info["addr"])
+    try:
+        assert _telemetry_fifo(MessagingServiceStub(channel), config, "grpc-fifo-kept") is True
+    finally:
+        channel.close()
