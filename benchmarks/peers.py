@@ -515,6 +515,7 @@ def ensure_ray() -> None:
 
     if not ray.is_initialized():
         ray.init(
+            address="local",  # a Ray of this run's own: never attach to another cluster
             num_cpus=4,
             include_dashboard=False,
             logging_level=logging.WARNING,

@@ -320,6 +320,41 @@ def test_malformed_requests_get_rocketmq_status_codes(
         producer.send(_message(TOPIC, b"x" * (SMALL_STORE["max_message_size"] + 1)))
 
 
+def test_concurrent_sends_each_get_their_own_answer_and_a_bad_one_fails_alone(
+    cluster: Any, config: Any, stub: MessagingServiceStub
+) -> None:
+    """Many calls in flight at once on the broker's event loop: each is stored once with
+    its own answer (the offset it was told is where it is), and a bad one among them fails
+    alone."""
+    md = _signed(config)
+    bad = 17
+
+    def request(i: int) -> SendMessageRequest:
+        req = SendMessageRequest()
+        m = req.messages.add()
+        m.topic.name = TOPIC
+        m.body = f"burst-{i}".encode()
+        m.system_properties.message_id = f"01BURST{i:04d}"
+        if i == bad:  # passes the call's own checks; the encoder refuses the separator
+            m.user_properties["note"] = "a\x01b"
+        return req
+
+    futures = [stub.SendMessage.future(request(i), metadata=md) for i in range(48)]
+    answers = [f.result(timeout=30) for f in futures]
+    assert answers[bad].status.code == Code.BAD_REQUEST
+    assert "separators" in answers[bad].status.message
+    ids = {f"01BURST{i:04d}": f"burst-{i}".encode() for i in range(48) if i != bad}
+    for i, answer in enumerate(answers):
+        if i != bad:
+            assert answer.status.code == Code.OK, answer.status
+            assert [e.message_id for e in answer.entries] == [f"01BURST{i:04d}"]
+    stored = {k: m for k, m in _by_id(cluster, TOPIC).items() if k.startswith("01BURST")}
+    assert {k: m.body for k, m in stored.items()} == ids
+    for i, answer in enumerate(answers):
+        if i != bad:  # the offset each call was told is where its message is
+            assert stored[f"01BURST{i:04d}"].queue_offset == answer.entries[0].offset
+
+
 def test_telemetry_settings_and_assignments(
     config: Any, stub: MessagingServiceStub, endpoints: dict[str, Any]
 ) -> None:
