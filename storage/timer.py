@@ -602,6 +602,13 @@ def _born_of(messages: Sequence[MessageExt]) -> list[tuple[int, str, int]]:
     return [(m.born_timestamp, m.born_host, m.reconsume_times) for m in messages]
 
 
+IDLE_CHECKPOINT_S = 60.0
+"""How often a wheel whose read time alone went on (nothing enqueued or due) saves it:
+a restart walks the slots since, which holds no entry, in one ``next_pending``. Saving
+it each tick flushed the CommitLog, wrote the checkpoint and scanned every slot once a
+second on every idle broker."""
+
+
 class TimerMessageService(ServiceThread):
     """Enqueue the timer topic into the wheel and deliver what is due (module docstring)."""
 
@@ -619,7 +626,8 @@ class TimerMessageService(ServiceThread):
         self._cur: list[tuple[int, np.void]] = []
         self._done: set[int] = set()
         self._verify = True  # look for copies delivered before a restart
-        self._dirty = False
+        self._dirty = False  # entries enqueued or delivered since the last checkpoint
+        self._moved = False  # only the read time went on (nothing was due)
         self._last_checkpoint = time.monotonic()
         self.delivered = 0
         self.parked = 0  # entries parked in a nearer slot to roll
@@ -633,7 +641,10 @@ class TimerMessageService(ServiceThread):
                 return 0
             self._enqueue()
             delivered = self._dequeue(self.store.now_ms())
-            if self._dirty and time.monotonic() - self._last_checkpoint >= self.flush_interval_s:
+            since = time.monotonic() - self._last_checkpoint
+            if (self._dirty and since >= self.flush_interval_s) or (
+                self._moved and since >= IDLE_CHECKPOINT_S
+            ):
                 self.checkpoint()
             return delivered
 
@@ -641,15 +652,17 @@ class TimerMessageService(ServiceThread):
         with self.wheel.lock:
             if self.wheel.closed:
                 return
-            self.store.commitlog.flush()  # the deliveries it will claim are durable first
+            if self._dirty:
+                self.store.commitlog.flush()  # the deliveries it will claim are durable first
             self.wheel.checkpoint()
-            self.wheel.clean_log()
-            self._dirty = False
+            if self._dirty:  # only entries enqueued or delivered move what the log must keep
+                self.wheel.clean_log()
+            self._dirty = self._moved = False
             self._last_checkpoint = time.monotonic()
 
     def stop(self) -> None:
         super().stop()
-        if self._dirty:
+        if self._dirty or self._moved:
             try:
                 self.checkpoint()
             except Exception:
@@ -745,7 +758,7 @@ class TimerMessageService(ServiceThread):
             wheel.read_time_ms = slot_ms + p
             nxt = wheel.next_pending(now_ms - now_ms % p)
             wheel.read_time_ms = nxt if nxt is not None else now_ms - now_ms % p
-            self._dirty = True
+            self._moved = True
         self.delivered += delivered
         return delivered
 
