@@ -442,8 +442,15 @@ class MessagingService(sgrpc.MessagingServiceServicer):
             commit = True
         elif request.resolution == pb.TransactionResolution.ROLLBACK:
             commit = False
+        elif request.resolution == pb.TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED:
+            # a checker's UNKNOW (the clients send it as it is): nothing ends, the half
+            # message stays pending and is checked again (RocketMQ's broker ignores it too)
+            log.info("transaction %s of %s: still unknown", request.message_id, topic)
+            return spb.EndTransactionResponse(status=status())
         else:
-            raise StatusError(pb.Code.BAD_REQUEST, "resolution must be COMMIT or ROLLBACK")
+            raise StatusError(
+                pb.Code.BAD_REQUEST, "resolution must be COMMIT, ROLLBACK or unspecified"
+            )
         try:
             await self.transactions.end_transaction(
                 TRANSACTION_GROUP_PREFIX + topic, half_offset, request.message_id, commit

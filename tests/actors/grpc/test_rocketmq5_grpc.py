@@ -62,6 +62,7 @@ NODE_TOPIC = "grpc-node"
 NODE_IN_TOPIC = "grpc-node-in"
 DLQ_TOPIC = "grpc-dlq"
 FIFO_TOPIC = "grpc-fifo"
+TXN_POP_TOPIC = "grpc-txn-pop"
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +84,7 @@ def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
             TopicConfig(NODE_TOPIC, read_queue_nums=2, write_queue_nums=2),
             TopicConfig(NODE_IN_TOPIC, read_queue_nums=2, write_queue_nums=2),
             TopicConfig(DLQ_TOPIC, read_queue_nums=2, write_queue_nums=2),
+            TopicConfig(TXN_POP_TOPIC, read_queue_nums=2, write_queue_nums=2),
         ],
         broker_options={
             "store": SMALL_STORE,
@@ -259,6 +261,62 @@ def test_an_orphaned_transaction_is_resolved_by_the_official_checker(
     finally:
         p.shutdown()
     wait_until(lambda: _publishers(cluster) == before, what="the stream's end unregistering it")
+
+
+class _UnknownChecker(TransactionChecker):
+    """Answers every check UNKNOW (the client sends it as the unspecified resolution)."""
+
+    def __init__(self) -> None:
+        self.checked: list[str] = []
+
+    def check(self, message: Message) -> TransactionResolution:
+        self.checked.append(message.message_id)
+        return TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED
+
+
+def test_a_simple_consumer_never_receives_uncommitted_or_rolled_back_messages(
+    cluster: Any, config: Any
+) -> None:
+    """Three transactions of the official Producer: one committed, one rolled back, one
+    whose checker keeps answering UNKNOW (checked again after each answer: still a half
+    message). The official SimpleConsumer gets the committed one and nothing else."""
+    before = _publishers(cluster)
+    checker = _UnknownChecker()
+    p = Producer(config, (TXN_POP_TOPIC,), checker)
+    p.startup()
+    consumer = SimpleConsumer(
+        config, "grpc-txn-pop", {TXN_POP_TOPIC: FilterExpression()}, await_duration=1
+    )
+    consumer.startup()
+    try:
+        wait_until(
+            lambda: all(n > b for n, b in zip(_publishers(cluster), before)),
+            what="the producer's Telemetry stream on both brokers",
+        )
+        txn = p.begin_transaction()
+        committed = p.send(_message(TXN_POP_TOPIC, b"committed"), txn)
+        txn.commit()
+        txn = p.begin_transaction()
+        p.send(_message(TXN_POP_TOPIC, b"rolled-back"), txn)
+        txn.rollback()
+        unknown = p.send(_message(TXN_POP_TOPIC, b"unknown"), p.begin_transaction())
+        brokers = [cluster.broker("broker-a"), cluster.broker("broker-b")]
+
+        def checked_twice() -> bool:  # asked, answered UNKNOW, still pending: asked again
+            ray.get([b.check_transactions.remote() for b in brokers])
+            return checker.checked.count(unknown.message_id) >= 2
+
+        wait_until(checked_twice, interval_s=0.3, what="the unknown one checked twice")
+        got = _receive_ids(consumer, {committed.message_id}, invisible_s=20)
+        ends = time.monotonic() + 1.5  # and a short while more: nothing else comes
+        while time.monotonic() < ends:
+            for m in consumer.receive(16, 20):
+                got[m.message_id] = m
+        assert {i: m.body for i, m in got.items()} == {committed.message_id: b"committed"}
+        consumer.ack(got[committed.message_id])
+    finally:
+        consumer.shutdown()
+        p.shutdown()
 
 
 def test_unsigned_and_badly_signed_calls_are_refused_and_change_nothing(
