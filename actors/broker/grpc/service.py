@@ -41,6 +41,7 @@ from actors.broker.grpc.convert import (
     to_store_message,
     transaction_check_message,
 )
+from actors.broker.grpc.renew import AutoRenewer
 from actors.broker.grpc.v2 import definition_pb2 as pb
 from actors.broker.grpc.v2 import service_pb2 as spb
 from actors.broker.grpc.v2 import service_pb2_grpc as sgrpc
@@ -78,7 +79,6 @@ _PUT_CODES = {
 }
 ROUTE_TIMEOUT_S = 3.0
 MAX_RECEIVE_BATCH = 32
-DEFAULT_INVISIBLE_MS = 60_000
 
 
 def _endpoints(addr: str) -> pb.Endpoints:
@@ -152,13 +152,24 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         self.transactions = transactions
         self.auth = auth
         self.pop = pop
+        c = runtime.config
+        self.renewer = (
+            AutoRenewer(pop, c.grpc_renew_invisible_s, c.grpc_renew_ahead_s, c.grpc_renew_max_s)
+            if pop is not None
+            else None
+        )
         self._round_robin = itertools.count()
         self.stats = {"calls": 0, "refused": 0, "unauthorized": 0}
         self._publishers: dict[str, TelemetryStream] = {}  # client id -> its stream
 
     def status(self) -> dict[str, int]:
-        """Calls, refusals, and the publishers whose streams take transaction checks."""
-        return {**self.stats, "publishers": len(self._publishers)}
+        """Calls, refusals, the publishers whose streams take transaction checks, and the
+        push consumers' messages renewed."""
+        out = {**self.stats, "publishers": len(self._publishers)}
+        if self.renewer is not None:
+            out.update({f"auto_renew_{k}": v for k, v in self.renewer.stats.items()})
+            out["auto_renew_held"] = len(self.renewer)
+        return out
 
     # ------------------------------------------------------------ plumbing
     def authenticate(self, context: Any) -> None:
@@ -260,9 +271,12 @@ class MessagingService(sgrpc.MessagingServiceServicer):
     async def Heartbeat(self, request: Any, context: Any) -> Any:
         if request.HasField("group"):
             raymq_name(request.group, "group")
-        stream = self._publishers.get(self.client_id(context))
+        client = self.client_id(context)
+        stream = self._publishers.get(client)
         if stream is not None:  # a publisher stays checkable while it beats
             self._renew(stream)
+        if self.renewer is not None:  # a push consumer's messages renewed while it beats
+            self.renewer.seen(client)
         return spb.HeartbeatResponse(status=status())
 
     @_unary(spb.NotifyClientTerminationResponse)
@@ -272,6 +286,8 @@ class MessagingService(sgrpc.MessagingServiceServicer):
             client = self.client_id(context)
             if client:
                 self.rt.consumers.unregister(group, client)
+        if self.renewer is not None:  # what it still held lapses and goes to the others
+            self.renewer.forget_client(self.client_id(context))
         return spb.NotifyClientTerminationResponse(status=status())
 
     async def Telemetry(
@@ -512,10 +528,11 @@ class MessagingService(sgrpc.MessagingServiceServicer):
             if fe.type == pb.FilterType.SQL:
                 raise StatusError(pb.Code.UNSUPPORTED, "SQL92 filters are not supported yet")
             tag_expr = fe.expression or "*"
-        if request.HasField("invisible_duration"):
+        renewer = self.renewer if request.auto_renew else None
+        if renewer is not None:  # a push consumer: invisible while it is alive and has not
+            invisible_ms = renewer.invisible_ms  # acked (renewed here, actors.broker.grpc.renew)
+        elif request.HasField("invisible_duration"):
             invisible_ms = request.invisible_duration.ToMilliseconds()
-        elif request.auto_renew:  # a push consumer: RocketMQ's default, not renewed yet
-            invisible_ms = DEFAULT_INVISIBLE_MS
         else:
             raise StatusError(pb.Code.ILLEGAL_INVISIBLE_TIME, "invisible_duration is required")
         if not MIN_INVISIBLE_MS <= invisible_ms <= MAX_INVISIBLE_MS:
@@ -532,6 +549,8 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         remaining = context.time_remaining()
         if remaining is not None:
             wait_ms = max(0, min(wait_ms, int((remaining - 0.5) * 1000)))
+        client = self.client_id(context)
+        started = time.monotonic()
         found = await pop.pop(
             group,
             topic,
@@ -540,9 +559,20 @@ class MessagingService(sgrpc.MessagingServiceServicer):
             wait_ms,
             fifo=False,
             tag_expr=tag_expr,
-            client_id=self.client_id(context),
+            client_id=client,
         )
+        if renewer is not None:
+            renewer.track(group, topic, client, (p.receipt_handle for p in found), started)
         return list(found), invisible_ms
+
+    async def _settle(
+        self, group: str, topic: str, handle: str, op: Callable[[str], Awaitable[R]]
+    ) -> R:
+        """``op`` on the message's current handle: a push consumer's message renewed here
+        has a newer one than the client holds (``actors.broker.grpc.renew``)."""
+        if self.renewer is None:
+            return await op(handle)
+        return await self.renewer.settle(group, topic, handle, op)
 
     @_unary(spb.AckMessageResponse)
     async def AckMessage(self, request: Any, context: Any) -> Any:
@@ -555,7 +585,9 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         for entry in request.entries:
             code: int
             try:
-                await pop.ack(group, topic, entry.receipt_handle)
+                await self._settle(
+                    group, topic, entry.receipt_handle, lambda h: pop.ack(group, topic, h)
+                )
                 code, message = pb.Code.OK, "OK"
             except Exception as exc:  # noqa: BLE001 - each entry answers on its own
                 code, message = _handle_status(exc)
@@ -588,7 +620,12 @@ class MessagingService(sgrpc.MessagingServiceServicer):
                 f"invisible_duration must be in {MIN_INVISIBLE_MS}..{MAX_INVISIBLE_MS} ms",
             )
         try:
-            handle = await pop.change_invisible(group, topic, request.receipt_handle, invisible_ms)
+            handle = await self._settle(
+                group,
+                topic,
+                request.receipt_handle,
+                lambda h: pop.change_invisible(group, topic, h, invisible_ms),
+            )
         except Exception as exc:  # noqa: BLE001
             code, message = _handle_status(exc)
             raise StatusError(code, message) from exc
@@ -602,7 +639,9 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         group = raymq_name(request.group, "group")
         topic = raymq_name(request.topic)
         try:
-            await pop.forward_to_dlq(group, topic, request.receipt_handle)
+            await self._settle(
+                group, topic, request.receipt_handle, lambda h: pop.forward_to_dlq(group, topic, h)
+            )
         except Exception as exc:  # noqa: BLE001
             code, message = _handle_status(exc)
             raise StatusError(code, message) from exc
@@ -654,6 +693,7 @@ class GrpcEndpoint:
         self.tls = tls
         self.addr = ""
         self._server: Any = None
+        self._renewing: asyncio.Task[None] | None = None
 
     async def start(self) -> str:
         c = self.rt.config
@@ -673,6 +713,11 @@ class GrpcEndpoint:
             port = server.add_insecure_port(where)
         await server.start()
         self._server = server
+        renewer = self.service.renewer
+        if renewer is not None:
+            self._renewing = asyncio.get_running_loop().create_task(
+                renewer.run(lambda: self.rt.closing)
+            )
         host = self.rt.node_ip if bind in ("0.0.0.0", "") else bind
         self.addr = f"{host}:{port}"
         log.info(
@@ -684,6 +729,9 @@ class GrpcEndpoint:
         return self.addr
 
     async def stop(self, grace_s: float = 1.0) -> None:
+        if self._renewing is not None:
+            self._renewing.cancel()
+            self._renewing = None
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None

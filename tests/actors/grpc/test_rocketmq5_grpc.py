@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,6 +64,7 @@ NODE_IN_TOPIC = "grpc-node-in"
 DLQ_TOPIC = "grpc-dlq"
 FIFO_TOPIC = "grpc-fifo"
 TXN_POP_TOPIC = "grpc-txn-pop"
+RENEW_TOPIC = "grpc-renew"
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +87,7 @@ def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
             TopicConfig(NODE_IN_TOPIC, read_queue_nums=2, write_queue_nums=2),
             TopicConfig(DLQ_TOPIC, read_queue_nums=2, write_queue_nums=2),
             TopicConfig(TXN_POP_TOPIC, read_queue_nums=2, write_queue_nums=2),
+            TopicConfig(RENEW_TOPIC, read_queue_nums=2, write_queue_nums=2),
         ],
         broker_options={
             "store": SMALL_STORE,
@@ -92,6 +95,8 @@ def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
             "grpc_enable": True,
             "grpc_bind": "127.0.0.1",
             "transaction_timeout_s": 0.5,  # a half message is checked once this old
+            "grpc_renew_invisible_s": 1.0,  # a push consumer's messages: renewed 0.5 s
+            "grpc_renew_ahead_s": 0.5,  # before they would lapse, 1 s at a time
         },
     )
     yield c
@@ -673,6 +678,61 @@ def test_official_push_consumer_retries_a_failed_message(cluster: Any, config: A
     assert {(i, a, b) for i, a, b in listener.seen} == {
         (i, a, body.encode()) for i, body in sent.items() for a in (1, 2)
     }
+
+
+class _SlowListener(MessageListener):
+    """Holds each message until told to let go, then takes it."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int, bytes]] = []
+        self.release = threading.Event()
+
+    def consume(self, message: Message) -> ConsumeResult:
+        self.seen.append((message.message_id, message.delivery_attempt, message.body))
+        self.release.wait(30)
+        return ConsumeResult.SUCCESS
+
+
+def _renew_stats(cluster: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for e in cluster.grpc_endpoints().values():
+        for k, v in e["stats"].items():
+            if k.startswith("auto_renew_"):
+                out[k] = out.get(k, 0) + v
+    return out
+
+
+def test_a_push_consumers_long_listener_keeps_its_message_invisible(
+    cluster: Any, config: Any
+) -> None:
+    """The 5.x PushConsumer receives with ``auto_renew`` and never renews anything itself:
+    the broker does, while the client is alive. A listener holding its message through
+    several invisible times (1 s each here) is not given it again, and its ack, made with
+    the receipt handle it first got, is taken: the group has nothing left."""
+    group = "grpc-renew-group"
+    ((msg_id, body),) = _send_native(cluster, RENEW_TOPIC, "renew", 1).items()
+    before = _renew_stats(cluster)
+    listener = _SlowListener()
+    consumer = PushConsumer(config, group, listener, {RENEW_TOPIC: FilterExpression()})
+    consumer.startup()
+    try:
+        wait_until(lambda: listener.seen, what="the message in the listener")
+        wait_until(  # its 1 s lapsed three times over: renewed each time
+            lambda: _renew_stats(cluster)["auto_renew_renewed"] >= before["auto_renew_renewed"] + 3,
+            what="three renewals",
+        )
+        listener.release.set()
+        wait_until(
+            lambda: sum(r["lag"] for r in cluster.admin.consumer_lag(group, RENEW_TOPIC)) == 0,
+            what="the ack under the first handle",
+        )
+    finally:
+        listener.release.set()
+        consumer.shutdown()
+    assert listener.seen == [(msg_id, 1, body)]  # never delivered again
+    after = _renew_stats(cluster)
+    assert after["auto_renew_renew_failed"] == before["auto_renew_renew_failed"]
+    assert after["auto_renew_held"] == 0
 
 
 def test_tls_with_the_data_paths_certificate(make_cluster: Any, tmp_path: Path) -> None:
