@@ -44,10 +44,17 @@ from rocketmq.grpc_protocol import (
     MessagingServiceStub,
     QueryAssignmentRequest,
     QueryRouteRequest,
+    RecallMessageRequest,
     Resource,
     SendMessageRequest,
     Settings,
     TelemetryCommand,
+)
+from rocketmq.grpc_protocol.definition_pb2 import MessageQueue, QueryOffsetPolicy
+from rocketmq.grpc_protocol.service_pb2 import (
+    GetOffsetRequest,
+    QueryOffsetRequest,
+    UpdateOffsetRequest,
 )
 from rocketmq.v5.exception import IllegalArgumentException, PayloadTooLargeException
 from rocketmq.v5.util.signature import Signature
@@ -381,6 +388,79 @@ def test_malformed_requests_get_rocketmq_status_codes(
     # the official client refuses an oversized body itself, from the server's settings
     with pytest.raises((IllegalArgumentException, PayloadTooLargeException)):
         producer.send(_message(TOPIC, b"x" * (SMALL_STORE["max_message_size"] + 1)))
+
+
+def test_offset_rpcs_answer_from_the_brokers_offsets(
+    cluster: Any, config: Any, stub: MessagingServiceStub
+) -> None:
+    """QueryOffset (a queue's first, next, or first-at-a-time offset), GetOffset and
+    UpdateOffset (a group's committed offset, as the native consumers and lag see it);
+    bad queues and offsets refused and change nothing; RecallMessage not served."""
+    md = _signed(config)
+    topic, group = "grpc-offsets", "grpc-offsets-group"
+    cluster.admin.create_topic(topic, 1, 1, brokers=["broker-a"])  # the stub's broker
+    native = cluster.producer("grpc-native-offsets")
+    try:
+        first = [native.send(NativeMessage(topic, f"o-{i}".encode())).msg_id for i in range(2)]
+        stored = _by_id(cluster, topic)
+        wait_until(lambda: time.time() * 1000 > max(m.store_timestamp for m in stored.values()))
+        last = native.send(NativeMessage(topic, b"o-2")).msg_id
+    finally:
+        native.close()
+    at = _by_id(cluster, topic)[last].store_timestamp
+    assert sorted(stored) == sorted(first)
+    mq = MessageQueue(topic=Resource(name=topic), id=0)
+
+    def query(policy: int, ms: int | None = None) -> Any:
+        req = QueryOffsetRequest(message_queue=mq, query_offset_policy=policy)
+        if ms is not None:
+            req.timestamp.FromMilliseconds(ms)
+        return stub.QueryOffset(req, metadata=md)
+
+    answers = [
+        query(QueryOffsetPolicy.BEGINNING),
+        query(QueryOffsetPolicy.END),
+        query(QueryOffsetPolicy.TIMESTAMP, at),
+    ]
+    assert [(a.status.code, a.offset) for a in answers] == [
+        (Code.OK, 0),
+        (Code.OK, 3),
+        (Code.OK, 2),
+    ]
+    assert query(QueryOffsetPolicy.TIMESTAMP).status.code == Code.BAD_REQUEST
+
+    def get() -> Any:
+        return stub.GetOffset(
+            GetOffsetRequest(group=Resource(name=group), message_queue=mq), metadata=md
+        )
+
+    def update(offset: int, queue: MessageQueue = mq) -> int:
+        req = UpdateOffsetRequest(group=Resource(name=group), message_queue=queue, offset=offset)
+        return int(stub.UpdateOffset(req, metadata=md).status.code)
+
+    assert get().status.code == Code.OFFSET_NOT_FOUND
+    assert update(2) == Code.OK
+    assert (get().status.code, get().offset) == (Code.OK, 2)
+    assert [(r["queue_id"], r["lag"]) for r in cluster.admin.consumer_lag(group, topic)] == [(0, 1)]
+    # refused, and the offset stays where it was
+    assert update(4) == Code.ILLEGAL_OFFSET  # past the queue's end
+    assert update(-1) == Code.ILLEGAL_OFFSET
+    assert update(0, MessageQueue(topic=Resource(name=topic), id=3)) == Code.BAD_REQUEST
+    other = MessageQueue(topic=Resource(name=topic), id=0)
+    other.broker.name = "broker-b"  # a queue of another broker: ask its endpoint
+    assert update(0, other) == Code.BAD_REQUEST
+    assert (
+        update(0, MessageQueue(topic=Resource(name="no-such-topic"), id=0)) == Code.TOPIC_NOT_FOUND
+    )
+    assert (
+        stub.UpdateOffset(
+            UpdateOffsetRequest(group=Resource(name=group), message_queue=mq, offset=0), metadata=[]
+        ).status.code
+        == Code.UNAUTHORIZED
+    )
+    assert get().offset == 2
+    recall = RecallMessageRequest(topic=Resource(name=topic), recall_handle="anything")
+    assert stub.RecallMessage(recall, metadata=md).status.code == Code.NOT_IMPLEMENTED
 
 
 def test_concurrent_sends_each_get_their_own_answer_and_a_bad_one_fails_alone(
