@@ -9,8 +9,10 @@ are loaded only inside the broker actors (docs/rocketmq5.md)."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -831,7 +833,7 @@ def test_tls_with_the_data_paths_certificate(make_cluster: Any, tmp_path: Path) 
     c = make_cluster(
         nameservers=1,
         brokers=1,
-        topics=["grpc-sealed"],
+        topics=["grpc-sealed", "grpc-sealed-official"],
         broker_options={
             "grpc_enable": True,
             "grpc_bind": "127.0.0.1",
@@ -861,6 +863,19 @@ def test_tls_with_the_data_paths_certificate(make_cluster: Any, tmp_path: Path) 
     finally:
         trusted.close()
         plain.close()
+    # the official client with tls_enable, trusting the certificate as a system root
+    ak, sk = c.grpc_credentials()
+    args = {"addr": info["addr"], "ak": ak, "sk": sk, "topic": "grpc-sealed-official", "group": "g"}
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "official_tls_client.py"), json.dumps(args)],
+        env={**os.environ, "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": str(cert)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["got"] == [[out["sent"], "sealed by the official client"]]
 
 
 # ------------------------------------------------------------ the official Node.js client
