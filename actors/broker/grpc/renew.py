@@ -130,6 +130,9 @@ class AutoRenewer:
         """Renew what would lapse within ``ahead_s``; how many were renewed."""
         now = time.monotonic()
         renewed = 0
+        for client, last in list(self._seen.items()):  # long gone: forget them
+            if now - last > 2 * CLIENT_SILENT_S:
+                del self._seen[client]
         for first, held in list(self._held.items()):
             if held.lapses_at - now > self.ahead_s:
                 continue
