@@ -143,6 +143,8 @@ class Broker:
                 self.transactions,
                 _tls_files(self.config),
                 pop=self.popper,
+                groups=self.groups,
+                admin=self.admin,
             )
             self.rt.grpc_addr = await endpoint.start()
             self.grpc = endpoint

@@ -88,6 +88,16 @@ class BrokerConfig:
     """How far a call's signed ``x-mq-date-time`` may be from the broker's clock (UTC)."""
     grpc_max_receive_bytes: int = 16 << 20
     """The largest gRPC request the endpoint reads (a larger one is refused by grpcio)."""
+    grpc_renew_invisible_s: float = 60.0
+    """A push consumer's receive (``auto_renew``, no invisible time of its own): how long
+    its messages are invisible, and how much each renewal adds (RocketMQ's proxy's
+    ``renewSliceTimeMillis``)."""
+    grpc_renew_ahead_s: float = 10.0
+    """Renew such a message's invisible time this long before it would lapse, while its
+    client is alive and has not acked it (``renewAheadTimeMillis``)."""
+    grpc_renew_max_s: float = 3 * 3600.0
+    """Stop renewing a message this long after it was received (the listener is stuck):
+    it lapses and is delivered again."""
     store: Mapping[str, Any] = field(default_factory=dict)
     auto_create_topic_enable: bool = True
     default_topic_queue_nums: int = 8
@@ -190,6 +200,16 @@ class BrokerConfig:
                 f"BrokerConfig.grpc_max_receive_bytes={self.grpc_max_receive_bytes!r}: "
                 "must be an int >= 65536"
             )
+        if (
+            isinstance(self.grpc_renew_invisible_s, (int, float))
+            and isinstance(self.grpc_renew_ahead_s, (int, float))
+            and not 0 < self.grpc_renew_ahead_s < self.grpc_renew_invisible_s <= 12 * 3600
+        ):
+            raise InvalidConfigError(
+                f"BrokerConfig.grpc_renew_ahead_s={self.grpc_renew_ahead_s!r} and "
+                f"grpc_renew_invisible_s={self.grpc_renew_invisible_s!r}: need "
+                "0 < ahead < invisible <= 12 h"
+            )
         if not 1 <= self.default_topic_queue_nums <= 1024:
             raise InvalidConfigError(
                 f"BrokerConfig.default_topic_queue_nums={self.default_topic_queue_nums}: "
@@ -203,6 +223,9 @@ class BrokerConfig:
             max_pull_suspend_s=self.max_pull_suspend_s,
             channel_expired_s=self.channel_expired_s,
             grpc_auth_window_s=self.grpc_auth_window_s,
+            grpc_renew_invisible_s=self.grpc_renew_invisible_s,
+            grpc_renew_ahead_s=self.grpc_renew_ahead_s,
+            grpc_renew_max_s=self.grpc_renew_max_s,
             io_threads=self.io_threads,
             transaction_check_interval_s=self.transaction_check_interval_s,
             transaction_timeout_s=self.transaction_timeout_s,

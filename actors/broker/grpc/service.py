@@ -31,6 +31,8 @@ from typing import Any, TypeVar
 
 import grpc
 
+from actors.broker.admin import AdminBrokerProcessor
+from actors.broker.consumer_manage import ConsumerManageProcessor
 from actors.broker.grpc.auth import Authenticator
 from actors.broker.grpc.convert import (
     StatusError,
@@ -41,6 +43,7 @@ from actors.broker.grpc.convert import (
     to_store_message,
     transaction_check_message,
 )
+from actors.broker.grpc.renew import AutoRenewer
 from actors.broker.grpc.v2 import definition_pb2 as pb
 from actors.broker.grpc.v2 import service_pb2 as spb
 from actors.broker.grpc.v2 import service_pb2_grpc as sgrpc
@@ -78,7 +81,6 @@ _PUT_CODES = {
 }
 ROUTE_TIMEOUT_S = 3.0
 MAX_RECEIVE_BATCH = 32
-DEFAULT_INVISIBLE_MS = 60_000
 
 
 def _endpoints(addr: str) -> pb.Endpoints:
@@ -146,19 +148,34 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         transactions: TransactionProcessor,
         auth: Authenticator,
         pop: PopProcessor | None = None,
+        groups: ConsumerManageProcessor | None = None,
+        admin: AdminBrokerProcessor | None = None,
     ) -> None:
         self.rt = runtime
         self.sender = sender
         self.transactions = transactions
         self.auth = auth
         self.pop = pop
+        self.groups = groups
+        self.admin = admin
+        c = runtime.config
+        self.renewer = (
+            AutoRenewer(pop, c.grpc_renew_invisible_s, c.grpc_renew_ahead_s, c.grpc_renew_max_s)
+            if pop is not None
+            else None
+        )
         self._round_robin = itertools.count()
         self.stats = {"calls": 0, "refused": 0, "unauthorized": 0}
         self._publishers: dict[str, TelemetryStream] = {}  # client id -> its stream
 
     def status(self) -> dict[str, int]:
-        """Calls, refusals, and the publishers whose streams take transaction checks."""
-        return {**self.stats, "publishers": len(self._publishers)}
+        """Calls, refusals, the publishers whose streams take transaction checks, and the
+        push consumers' messages renewed."""
+        out = {**self.stats, "publishers": len(self._publishers)}
+        if self.renewer is not None:
+            out.update({f"auto_renew_{k}": v for k, v in self.renewer.stats.items()})
+            out["auto_renew_held"] = len(self.renewer)
+        return out
 
     # ------------------------------------------------------------ plumbing
     def authenticate(self, context: Any) -> None:
@@ -260,9 +277,12 @@ class MessagingService(sgrpc.MessagingServiceServicer):
     async def Heartbeat(self, request: Any, context: Any) -> Any:
         if request.HasField("group"):
             raymq_name(request.group, "group")
-        stream = self._publishers.get(self.client_id(context))
+        client = self.client_id(context)
+        stream = self._publishers.get(client)
         if stream is not None:  # a publisher stays checkable while it beats
             self._renew(stream)
+        if self.renewer is not None:  # a push consumer's messages renewed while it beats
+            self.renewer.seen(client)
         return spb.HeartbeatResponse(status=status())
 
     @_unary(spb.NotifyClientTerminationResponse)
@@ -272,6 +292,8 @@ class MessagingService(sgrpc.MessagingServiceServicer):
             client = self.client_id(context)
             if client:
                 self.rt.consumers.unregister(group, client)
+        if self.renewer is not None:  # what it still held lapses and goes to the others
+            self.renewer.forget_client(self.client_id(context))
         return spb.NotifyClientTerminationResponse(status=status())
 
     async def Telemetry(
@@ -442,8 +464,15 @@ class MessagingService(sgrpc.MessagingServiceServicer):
             commit = True
         elif request.resolution == pb.TransactionResolution.ROLLBACK:
             commit = False
+        elif request.resolution == pb.TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED:
+            # a checker's UNKNOW (the clients send it as it is): nothing ends, the half
+            # message stays pending and is checked again (RocketMQ's broker ignores it too)
+            log.info("transaction %s of %s: still unknown", request.message_id, topic)
+            return spb.EndTransactionResponse(status=status())
         else:
-            raise StatusError(pb.Code.BAD_REQUEST, "resolution must be COMMIT or ROLLBACK")
+            raise StatusError(
+                pb.Code.BAD_REQUEST, "resolution must be COMMIT, ROLLBACK or unspecified"
+            )
         try:
             await self.transactions.end_transaction(
                 TRANSACTION_GROUP_PREFIX + topic, half_offset, request.message_id, commit
@@ -505,10 +534,11 @@ class MessagingService(sgrpc.MessagingServiceServicer):
             if fe.type == pb.FilterType.SQL:
                 raise StatusError(pb.Code.UNSUPPORTED, "SQL92 filters are not supported yet")
             tag_expr = fe.expression or "*"
-        if request.HasField("invisible_duration"):
+        renewer = self.renewer if request.auto_renew else None
+        if renewer is not None:  # a push consumer: invisible while it is alive and has not
+            invisible_ms = renewer.invisible_ms  # acked (renewed here, actors.broker.grpc.renew)
+        elif request.HasField("invisible_duration"):
             invisible_ms = request.invisible_duration.ToMilliseconds()
-        elif request.auto_renew:  # a push consumer: RocketMQ's default, not renewed yet
-            invisible_ms = DEFAULT_INVISIBLE_MS
         else:
             raise StatusError(pb.Code.ILLEGAL_INVISIBLE_TIME, "invisible_duration is required")
         if not MIN_INVISIBLE_MS <= invisible_ms <= MAX_INVISIBLE_MS:
@@ -525,6 +555,8 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         remaining = context.time_remaining()
         if remaining is not None:
             wait_ms = max(0, min(wait_ms, int((remaining - 0.5) * 1000)))
+        client = self.client_id(context)
+        started = time.monotonic()
         found = await pop.pop(
             group,
             topic,
@@ -533,9 +565,20 @@ class MessagingService(sgrpc.MessagingServiceServicer):
             wait_ms,
             fifo=False,
             tag_expr=tag_expr,
-            client_id=self.client_id(context),
+            client_id=client,
         )
+        if renewer is not None:
+            renewer.track(group, topic, client, (p.receipt_handle for p in found), started)
         return list(found), invisible_ms
+
+    async def _settle(
+        self, group: str, topic: str, handle: str, op: Callable[[str], Awaitable[R]]
+    ) -> R:
+        """``op`` on the message's current handle: a push consumer's message renewed here
+        has a newer one than the client holds (``actors.broker.grpc.renew``)."""
+        if self.renewer is None:
+            return await op(handle)
+        return await self.renewer.settle(group, topic, handle, op)
 
     @_unary(spb.AckMessageResponse)
     async def AckMessage(self, request: Any, context: Any) -> Any:
@@ -548,7 +591,9 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         for entry in request.entries:
             code: int
             try:
-                await pop.ack(group, topic, entry.receipt_handle)
+                await self._settle(
+                    group, topic, entry.receipt_handle, lambda h: pop.ack(group, topic, h)
+                )
                 code, message = pb.Code.OK, "OK"
             except Exception as exc:  # noqa: BLE001 - each entry answers on its own
                 code, message = _handle_status(exc)
@@ -581,7 +626,12 @@ class MessagingService(sgrpc.MessagingServiceServicer):
                 f"invisible_duration must be in {MIN_INVISIBLE_MS}..{MAX_INVISIBLE_MS} ms",
             )
         try:
-            handle = await pop.change_invisible(group, topic, request.receipt_handle, invisible_ms)
+            handle = await self._settle(
+                group,
+                topic,
+                request.receipt_handle,
+                lambda h: pop.change_invisible(group, topic, h, invisible_ms),
+            )
         except Exception as exc:  # noqa: BLE001
             code, message = _handle_status(exc)
             raise StatusError(code, message) from exc
@@ -595,11 +645,100 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         group = raymq_name(request.group, "group")
         topic = raymq_name(request.topic)
         try:
-            await pop.forward_to_dlq(group, topic, request.receipt_handle)
+            await self._settle(
+                group, topic, request.receipt_handle, lambda h: pop.forward_to_dlq(group, topic, h)
+            )
         except Exception as exc:  # noqa: BLE001
             code, message = _handle_status(exc)
             raise StatusError(code, message) from exc
         return spb.ForwardMessageToDeadLetterQueueResponse(status=status())
+
+    # ------------------------------------------------------------ offsets
+    def _queue_here(self, mq: Any) -> tuple[str, int]:
+        """The RayMQ topic and queue id of a request's queue, which must be this broker's
+        (the one ``QueryRoute`` named for it)."""
+        topic = raymq_name(mq.topic)
+        name = self.rt.config.broker_name
+        if mq.HasField("broker") and mq.broker.name and mq.broker.name != name:
+            raise StatusError(
+                pb.Code.BAD_REQUEST, f"queue of broker {mq.broker.name!r}: this is {name!r}"
+            )
+        tc = self.rt.topics.get(topic)
+        if tc is None:
+            raise StatusError(pb.Code.TOPIC_NOT_FOUND, f"topic {topic!r} is not on {name}")
+        if not 0 <= mq.id < max(tc.read_queue_nums, tc.write_queue_nums):
+            raise StatusError(pb.Code.BAD_REQUEST, f"topic {topic!r} has no queue {mq.id} here")
+        return topic, int(mq.id)
+
+    def _offsets(self) -> tuple[ConsumerManageProcessor, AdminBrokerProcessor]:
+        if self.groups is None or self.admin is None:
+            raise StatusError(pb.Code.NOT_IMPLEMENTED, "this endpoint has no offsets")
+        return self.groups, self.admin
+
+    @_unary(spb.QueryOffsetResponse)
+    async def QueryOffset(self, request: Any, context: Any) -> Any:
+        """A queue's first offset (``BEGINNING``), its next (``END``), or the first stored
+        at or after a time (``TIMESTAMP``)."""
+        _, admin = self._offsets()
+        topic, qid = self._queue_here(request.message_queue)
+        policy = request.query_offset_policy
+        if policy == pb.QueryOffsetPolicy.TIMESTAMP:
+            if not request.HasField("timestamp"):
+                raise StatusError(pb.Code.BAD_REQUEST, "TIMESTAMP needs a timestamp")
+            ms = request.timestamp.ToMilliseconds()
+            if ms < 0:
+                raise StatusError(pb.Code.BAD_REQUEST, f"timestamp {ms} ms is before 1970")
+            offset = await admin.offset_by_time(topic, qid, ms)
+        elif policy in (pb.QueryOffsetPolicy.BEGINNING, pb.QueryOffsetPolicy.END):
+            low, high = await admin.min_max_offset(topic, qid)
+            offset = low if policy == pb.QueryOffsetPolicy.BEGINNING else high
+        else:
+            raise StatusError(pb.Code.BAD_REQUEST, f"unknown query_offset_policy {policy}")
+        return spb.QueryOffsetResponse(status=status(), offset=offset)
+
+    @_unary(spb.GetOffsetResponse)
+    async def GetOffset(self, request: Any, context: Any) -> Any:
+        """The group's committed offset of the queue (the next message it consumes)."""
+        groups, _ = self._offsets()
+        group = raymq_name(request.group, "group")
+        topic, qid = self._queue_here(request.message_queue)
+        offset = await groups.query_offset(group, topic, qid)
+        if offset < 0:
+            raise StatusError(
+                pb.Code.OFFSET_NOT_FOUND, f"{group} has no offset of {topic}:{qid} here"
+            )
+        return spb.GetOffsetResponse(status=status(), offset=offset)
+
+    @_unary(spb.UpdateOffsetResponse)
+    async def UpdateOffset(self, request: Any, context: Any) -> Any:
+        """Commit the group's offset of the queue (0 .. the queue's next offset), as a
+        native consumer's commit: replicated to slaves, read by lag and the console."""
+        groups, _ = self._offsets()
+        group = raymq_name(request.group, "group")
+        topic, qid = self._queue_here(request.message_queue)
+        await groups.commit_offsets(
+            group, {(topic, qid): int(request.offset)}, self.client_id(context)
+        )
+        return spb.UpdateOffsetResponse(status=status())
+
+    # ------------------------------------------------------------ not served (yet)
+    @_unary(spb.RecallMessageResponse)
+    async def RecallMessage(self, request: Any, context: Any) -> Any:
+        raise StatusError(pb.Code.NOT_IMPLEMENTED, "recalling a delayed message is not supported")
+
+    @_unary(spb.SyncLiteSubscriptionResponse)
+    async def SyncLiteSubscription(self, request: Any, context: Any) -> Any:
+        raise StatusError(pb.Code.NOT_IMPLEMENTED, "lite topics are not supported")
+
+    async def PullMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        """Not served yet: one status (no client of the official ones calls it)."""
+        try:
+            self.authenticate(context)
+            raise StatusError(pb.Code.NOT_IMPLEMENTED, "PullMessage is not supported yet")
+        except Exception as exc:  # noqa: BLE001 - every error is an answer
+            code, message = status_of(exc)
+            self.refused("PullMessage", code, message, exc)
+            yield spb.PullMessageResponse(status=status(code, message))
 
 
 def _handle_status(exc: BaseException) -> tuple[int, str]:
@@ -634,6 +773,8 @@ class GrpcEndpoint:
         transactions: TransactionProcessor,
         tls: tuple[bytes, bytes] | None = None,
         pop: PopProcessor | None = None,
+        groups: ConsumerManageProcessor | None = None,
+        admin: AdminBrokerProcessor | None = None,
     ) -> None:
         c = runtime.config
         self.rt = runtime
@@ -643,10 +784,13 @@ class GrpcEndpoint:
             transactions,
             Authenticator(c.grpc_access_key, c.grpc_secret_key, c.grpc_auth_window_s),
             pop,
+            groups,
+            admin,
         )
         self.tls = tls
         self.addr = ""
         self._server: Any = None
+        self._renewing: asyncio.Task[None] | None = None
 
     async def start(self) -> str:
         c = self.rt.config
@@ -666,6 +810,11 @@ class GrpcEndpoint:
             port = server.add_insecure_port(where)
         await server.start()
         self._server = server
+        renewer = self.service.renewer
+        if renewer is not None:
+            self._renewing = asyncio.get_running_loop().create_task(
+                renewer.run(lambda: self.rt.closing)
+            )
         host = self.rt.node_ip if bind in ("0.0.0.0", "") else bind
         self.addr = f"{host}:{port}"
         log.info(
@@ -677,6 +826,9 @@ class GrpcEndpoint:
         return self.addr
 
     async def stop(self, grace_s: float = 1.0) -> None:
+        if self._renewing is not None:
+            self._renewing.cancel()
+            self._renewing = None
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None

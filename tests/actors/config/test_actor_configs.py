@@ -69,6 +69,10 @@ def test_broker_config_checks_store_fields_in_the_callers_process() -> None:
         BrokerConfig(pop_max_reconsume_times=-1)
     with pytest.raises(InvalidConfigError, match="pop_revive_interval_s"):
         BrokerConfig(pop_revive_interval_s=0)
+    with pytest.raises(InvalidConfigError, match="grpc_renew_ahead_s"):
+        BrokerConfig(grpc_renew_invisible_s=2.0, grpc_renew_ahead_s=2.0)
+    with pytest.raises(InvalidConfigError, match="grpc_renew_max_s"):
+        BrokerConfig(grpc_renew_max_s=0)
     assert BrokerConfig(broker_name="broker-x", broker_id=1).actor_name == "broker-x-1"
 
 

@@ -9,8 +9,11 @@ are loaded only inside the broker actors (docs/rocketmq5.md)."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,10 +46,17 @@ from rocketmq.grpc_protocol import (
     MessagingServiceStub,
     QueryAssignmentRequest,
     QueryRouteRequest,
+    RecallMessageRequest,
     Resource,
     SendMessageRequest,
     Settings,
     TelemetryCommand,
+)
+from rocketmq.grpc_protocol.definition_pb2 import MessageQueue, QueryOffsetPolicy
+from rocketmq.grpc_protocol.service_pb2 import (
+    GetOffsetRequest,
+    QueryOffsetRequest,
+    UpdateOffsetRequest,
 )
 from rocketmq.v5.exception import IllegalArgumentException, PayloadTooLargeException
 from rocketmq.v5.util.signature import Signature
@@ -62,6 +72,8 @@ NODE_TOPIC = "grpc-node"
 NODE_IN_TOPIC = "grpc-node-in"
 DLQ_TOPIC = "grpc-dlq"
 FIFO_TOPIC = "grpc-fifo"
+TXN_POP_TOPIC = "grpc-txn-pop"
+RENEW_TOPIC = "grpc-renew"
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +95,8 @@ def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
             TopicConfig(NODE_TOPIC, read_queue_nums=2, write_queue_nums=2),
             TopicConfig(NODE_IN_TOPIC, read_queue_nums=2, write_queue_nums=2),
             TopicConfig(DLQ_TOPIC, read_queue_nums=2, write_queue_nums=2),
+            TopicConfig(TXN_POP_TOPIC, read_queue_nums=2, write_queue_nums=2),
+            TopicConfig(RENEW_TOPIC, read_queue_nums=2, write_queue_nums=2),
         ],
         broker_options={
             "store": SMALL_STORE,
@@ -90,6 +104,8 @@ def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
             "grpc_enable": True,
             "grpc_bind": "127.0.0.1",
             "transaction_timeout_s": 0.5,  # a half message is checked once this old
+            "grpc_renew_invisible_s": 1.0,  # a push consumer's messages: renewed 0.5 s
+            "grpc_renew_ahead_s": 0.5,  # before they would lapse, 1 s at a time
         },
     )
     yield c
@@ -261,6 +277,62 @@ def test_an_orphaned_transaction_is_resolved_by_the_official_checker(
     wait_until(lambda: _publishers(cluster) == before, what="the stream's end unregistering it")
 
 
+class _UnknownChecker(TransactionChecker):
+    """Answers every check UNKNOW (the client sends it as the unspecified resolution)."""
+
+    def __init__(self) -> None:
+        self.checked: list[str] = []
+
+    def check(self, message: Message) -> TransactionResolution:
+        self.checked.append(message.message_id)
+        return TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED
+
+
+def test_a_simple_consumer_never_receives_uncommitted_or_rolled_back_messages(
+    cluster: Any, config: Any
+) -> None:
+    """Three transactions of the official Producer: one committed, one rolled back, one
+    whose checker keeps answering UNKNOW (checked again after each answer: still a half
+    message). The official SimpleConsumer gets the committed one and nothing else."""
+    before = _publishers(cluster)
+    checker = _UnknownChecker()
+    p = Producer(config, (TXN_POP_TOPIC,), checker)
+    p.startup()
+    consumer = SimpleConsumer(
+        config, "grpc-txn-pop", {TXN_POP_TOPIC: FilterExpression()}, await_duration=1
+    )
+    consumer.startup()
+    try:
+        wait_until(
+            lambda: all(n > b for n, b in zip(_publishers(cluster), before)),
+            what="the producer's Telemetry stream on both brokers",
+        )
+        txn = p.begin_transaction()
+        committed = p.send(_message(TXN_POP_TOPIC, b"committed"), txn)
+        txn.commit()
+        txn = p.begin_transaction()
+        p.send(_message(TXN_POP_TOPIC, b"rolled-back"), txn)
+        txn.rollback()
+        unknown = p.send(_message(TXN_POP_TOPIC, b"unknown"), p.begin_transaction())
+        brokers = [cluster.broker("broker-a"), cluster.broker("broker-b")]
+
+        def checked_twice() -> bool:  # asked, answered UNKNOW, still pending: asked again
+            ray.get([b.check_transactions.remote() for b in brokers])
+            return checker.checked.count(unknown.message_id) >= 2
+
+        wait_until(checked_twice, interval_s=0.3, what="the unknown one checked twice")
+        got = _receive_ids(consumer, {committed.message_id}, invisible_s=20)
+        ends = time.monotonic() + 1.5  # and a short while more: nothing else comes
+        while time.monotonic() < ends:
+            for m in consumer.receive(16, 20):
+                got[m.message_id] = m
+        assert {i: m.body for i, m in got.items()} == {committed.message_id: b"committed"}
+        consumer.ack(got[committed.message_id])
+    finally:
+        consumer.shutdown()
+        p.shutdown()
+
+
 def test_unsigned_and_badly_signed_calls_are_refused_and_change_nothing(
     cluster: Any, config: Any, stub: MessagingServiceStub
 ) -> None:
@@ -318,6 +390,79 @@ def test_malformed_requests_get_rocketmq_status_codes(
     # the official client refuses an oversized body itself, from the server's settings
     with pytest.raises((IllegalArgumentException, PayloadTooLargeException)):
         producer.send(_message(TOPIC, b"x" * (SMALL_STORE["max_message_size"] + 1)))
+
+
+def test_offset_rpcs_answer_from_the_brokers_offsets(
+    cluster: Any, config: Any, stub: MessagingServiceStub
+) -> None:
+    """QueryOffset (a queue's first, next, or first-at-a-time offset), GetOffset and
+    UpdateOffset (a group's committed offset, as the native consumers and lag see it);
+    bad queues and offsets refused and change nothing; RecallMessage not served."""
+    md = _signed(config)
+    topic, group = "grpc-offsets", "grpc-offsets-group"
+    cluster.admin.create_topic(topic, 1, 1, brokers=["broker-a"])  # the stub's broker
+    native = cluster.producer("grpc-native-offsets")
+    try:
+        first = [native.send(NativeMessage(topic, f"o-{i}".encode())).msg_id for i in range(2)]
+        stored = _by_id(cluster, topic)
+        wait_until(lambda: time.time() * 1000 > max(m.store_timestamp for m in stored.values()))
+        last = native.send(NativeMessage(topic, b"o-2")).msg_id
+    finally:
+        native.close()
+    at = _by_id(cluster, topic)[last].store_timestamp
+    assert sorted(stored) == sorted(first)
+    mq = MessageQueue(topic=Resource(name=topic), id=0)
+
+    def query(policy: int, ms: int | None = None) -> Any:
+        req = QueryOffsetRequest(message_queue=mq, query_offset_policy=policy)
+        if ms is not None:
+            req.timestamp.FromMilliseconds(ms)
+        return stub.QueryOffset(req, metadata=md)
+
+    answers = [
+        query(QueryOffsetPolicy.BEGINNING),
+        query(QueryOffsetPolicy.END),
+        query(QueryOffsetPolicy.TIMESTAMP, at),
+    ]
+    assert [(a.status.code, a.offset) for a in answers] == [
+        (Code.OK, 0),
+        (Code.OK, 3),
+        (Code.OK, 2),
+    ]
+    assert query(QueryOffsetPolicy.TIMESTAMP).status.code == Code.BAD_REQUEST
+
+    def get() -> Any:
+        return stub.GetOffset(
+            GetOffsetRequest(group=Resource(name=group), message_queue=mq), metadata=md
+        )
+
+    def update(offset: int, queue: MessageQueue = mq) -> int:
+        req = UpdateOffsetRequest(group=Resource(name=group), message_queue=queue, offset=offset)
+        return int(stub.UpdateOffset(req, metadata=md).status.code)
+
+    assert get().status.code == Code.OFFSET_NOT_FOUND
+    assert update(2) == Code.OK
+    assert (get().status.code, get().offset) == (Code.OK, 2)
+    assert [(r["queue_id"], r["lag"]) for r in cluster.admin.consumer_lag(group, topic)] == [(0, 1)]
+    # refused, and the offset stays where it was
+    assert update(4) == Code.ILLEGAL_OFFSET  # past the queue's end
+    assert update(-1) == Code.ILLEGAL_OFFSET
+    assert update(0, MessageQueue(topic=Resource(name=topic), id=3)) == Code.BAD_REQUEST
+    other = MessageQueue(topic=Resource(name=topic), id=0)
+    other.broker.name = "broker-b"  # a queue of another broker: ask its endpoint
+    assert update(0, other) == Code.BAD_REQUEST
+    assert (
+        update(0, MessageQueue(topic=Resource(name="no-such-topic"), id=0)) == Code.TOPIC_NOT_FOUND
+    )
+    assert (
+        stub.UpdateOffset(
+            UpdateOffsetRequest(group=Resource(name=group), message_queue=mq, offset=0), metadata=[]
+        ).status.code
+        == Code.UNAUTHORIZED
+    )
+    assert get().offset == 2
+    recall = RecallMessageRequest(topic=Resource(name=topic), recall_handle="anything")
+    assert stub.RecallMessage(recall, metadata=md).status.code == Code.NOT_IMPLEMENTED
 
 
 def test_concurrent_sends_each_get_their_own_answer_and_a_bad_one_fails_alone(
@@ -617,6 +762,61 @@ def test_official_push_consumer_retries_a_failed_message(cluster: Any, config: A
     }
 
 
+class _SlowListener(MessageListener):
+    """Holds each message until told to let go, then takes it."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int, bytes]] = []
+        self.release = threading.Event()
+
+    def consume(self, message: Message) -> ConsumeResult:
+        self.seen.append((message.message_id, message.delivery_attempt, message.body))
+        self.release.wait(30)
+        return ConsumeResult.SUCCESS
+
+
+def _renew_stats(cluster: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for e in cluster.grpc_endpoints().values():
+        for k, v in e["stats"].items():
+            if k.startswith("auto_renew_"):
+                out[k] = out.get(k, 0) + v
+    return out
+
+
+def test_a_push_consumers_long_listener_keeps_its_message_invisible(
+    cluster: Any, config: Any
+) -> None:
+    """The 5.x PushConsumer receives with ``auto_renew`` and never renews anything itself:
+    the broker does, while the client is alive. A listener holding its message through
+    several invisible times (1 s each here) is not given it again, and its ack, made with
+    the receipt handle it first got, is taken: the group has nothing left."""
+    group = "grpc-renew-group"
+    ((msg_id, body),) = _send_native(cluster, RENEW_TOPIC, "renew", 1).items()
+    before = _renew_stats(cluster)
+    listener = _SlowListener()
+    consumer = PushConsumer(config, group, listener, {RENEW_TOPIC: FilterExpression()})
+    consumer.startup()
+    try:
+        wait_until(lambda: listener.seen, what="the message in the listener")
+        wait_until(  # its 1 s lapsed three times over: renewed each time
+            lambda: _renew_stats(cluster)["auto_renew_renewed"] >= before["auto_renew_renewed"] + 3,
+            what="three renewals",
+        )
+        listener.release.set()
+        wait_until(
+            lambda: sum(r["lag"] for r in cluster.admin.consumer_lag(group, RENEW_TOPIC)) == 0,
+            what="the ack under the first handle",
+        )
+    finally:
+        listener.release.set()
+        consumer.shutdown()
+    assert listener.seen == [(msg_id, 1, body)]  # never delivered again
+    after = _renew_stats(cluster)
+    assert after["auto_renew_renew_failed"] == before["auto_renew_renew_failed"]
+    assert after["auto_renew_held"] == 0
+
+
 def test_tls_with_the_data_paths_certificate(make_cluster: Any, tmp_path: Path) -> None:
     """Given a certificate, the endpoint speaks TLS only: a client that trusts it sends;
     a plain-text client gets nothing."""
@@ -633,7 +833,7 @@ def test_tls_with_the_data_paths_certificate(make_cluster: Any, tmp_path: Path) 
     c = make_cluster(
         nameservers=1,
         brokers=1,
-        topics=["grpc-sealed"],
+        topics=["grpc-sealed", "grpc-sealed-official"],
         broker_options={
             "grpc_enable": True,
             "grpc_bind": "127.0.0.1",
@@ -663,6 +863,19 @@ def test_tls_with_the_data_paths_certificate(make_cluster: Any, tmp_path: Path) 
     finally:
         trusted.close()
         plain.close()
+    # the official client with tls_enable, trusting the certificate as a system root
+    ak, sk = c.grpc_credentials()
+    args = {"addr": info["addr"], "ak": ak, "sk": sk, "topic": "grpc-sealed-official", "group": "g"}
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "official_tls_client.py"), json.dumps(args)],
+        env={**os.environ, "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": str(cert)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["got"] == [[out["sent"], "sealed by the official client"]]
 
 
 # ------------------------------------------------------------ the official Node.js client
