@@ -35,8 +35,11 @@ import random
 import time
 from typing import Any
 
+import ray
+
 from actors.broker.ha import Replication
 from actors.broker.runtime import BrokerRuntime
+from actors.coordinator.txn import TXN_COORDINATOR_NAME
 from actors.protocol import checks
 from storage import codec, transaction
 from storage.codec import EncodedBatch
@@ -89,8 +92,8 @@ class TransactionProcessor:
             if got.status is not GetStatus.FOUND:
                 break
             for m in got.messages:
-                try:
-                    self._done.add(int(m.body))
+                try:  # one offset, or a multi-message transaction's offsets, comma separated
+                    self._done.update(transaction.op_offsets(m.body))
                 except ValueError:
                     log.error("op message at %d: body %r is no offset", m.queue_offset, m.body)
             self._ops_read = got.next_offset
@@ -161,6 +164,66 @@ class TransactionProcessor:
             self.rt.stats["txn_committed" if commit else "txn_rolled_back"] += 1
             return True
 
+    async def end_transaction_batch(
+        self,
+        txn_id: str,
+        commit: bool,
+        half_offsets: list[int] | None,
+        transactional_id: str | None = None,
+        epoch: int | None = None,
+    ) -> int:
+        """Commit or roll back every half message of multi-message transaction ``txn_id``
+        held here: those at ``half_offsets`` (CommitLog offsets; None: every pending one
+        carrying the id), in one append (the committed copies and one op message naming
+        them all). Half messages ended before are skipped; returns how many were ended.
+        ``transactional_id``/``epoch``: the owner, whose fence rises to it here."""
+        txn_id = checks.check_str("txn_id", txn_id)
+        if not isinstance(commit, bool):
+            raise InvalidMessageError(f"commit={commit!r}: must be True or False")
+        if transactional_id is not None and epoch is not None:
+            self.rt.store.txn_fences.raise_fence(
+                checks.check_str("transactional_id", transactional_id),
+                checks.check_int("epoch", epoch, 0),
+            )
+        async with self._lock:
+            await self.ensure_loaded()
+            if half_offsets is None:
+                halves = [
+                    h
+                    for h in await self.rt.run(self._pending_halves)
+                    if transaction.global_txn(h) == txn_id
+                ]
+            else:
+                halves = []
+                for offset in half_offsets:
+                    half = await self._half_at(checks.check_int("half_offset", offset, 0))
+                    if transaction.global_txn(half) != txn_id:
+                        raise InvalidMessageError(
+                            f"the half message at {offset} is not of transaction {txn_id!r}"
+                        )
+                    halves.append(half)
+            todo = [h for h in halves if h.queue_offset not in self._done]
+            if not todo:
+                return 0
+            op = transaction.op_message([h.queue_offset for h in todo])
+            if commit:
+                batch = self._encode([*map(transaction.committed, todo), op], [*todo, None])
+                batch = transaction.with_transaction_type(
+                    batch, list(range(len(todo))), transaction.TRANSACTION_COMMIT_TYPE
+                )
+            else:
+                batch = self._encode([op], [None])
+            await self._write(batch)
+            self._done.update(h.queue_offset for h in todo)
+            self.rt.stats["txn_committed" if commit else "txn_rolled_back"] += len(todo)
+            log.debug(
+                "transaction %s: %d half messages %s",
+                txn_id,
+                len(todo),
+                "committed" if commit else "rolled back",
+            )
+            return len(todo)
+
     async def _half_at(self, offset: int) -> MessageExt:
         read = self.rt.store.commitlog.message_at
         try:
@@ -226,9 +289,14 @@ class TransactionProcessor:
         handled = 0
         pending = await self.rt.run(self._pending_halves)
         now_ms = int(time.time() * 1000)
+        global_txns: set[str] = set()
         for half in pending:
             if now_ms - half.born_timestamp < transaction.check_after_ms(half, timeout_ms):
                 continue  # not yet: the broker's timeout, or the producer's immunity
+            gtxn = transaction.global_txn(half)
+            if gtxn is not None:  # a multi-message transaction's: its coordinator decides
+                global_txns.add(gtxn)
+                continue
             async with self._lock:
                 if half.queue_offset in self._done:  # ended meanwhile
                     continue
@@ -266,7 +334,31 @@ class TransactionProcessor:
                 )
             except Exception as exc:  # noqa: BLE001 - a dead relay: checked again later
                 log.warning("checking %s with a producer of %s failed: %s", half.msg_id, group, exc)
+        if global_txns:
+            handled += await self._resolve_global(global_txns)
         return handled
+
+    async def _resolve_global(self, txn_ids: set[str]) -> int:
+        """Ask the transaction coordinator about old half messages of multi-message
+        transactions and apply what it decided (an open one is left for later)."""
+        try:
+            coordinator = await self.rt.run(
+                ray.get_actor, TXN_COORDINATOR_NAME, self.rt.config.namespace
+            )
+        except ValueError:
+            log.info("%d transactions pending and no transaction coordinator", len(txn_ids))
+            return 0
+        ended = 0
+        for txn_id in sorted(txn_ids):
+            try:
+                state: str = await asyncio.wait_for(coordinator.resolve.remote(txn_id), 10.0)
+            except Exception as exc:  # noqa: BLE001 - the next round asks again
+                log.warning("transaction %s: the coordinator did not answer: %s", txn_id, exc)
+                continue
+            if state in ("commit", "abort"):
+                ended += await self.end_transaction_batch(txn_id, state == "commit", None)
+                self.rt.stats["txn_resolved"] += 1
+        return ended
 
     def _pending_halves(self) -> list[MessageExt]:
         """The half messages not done, from the first one that is not."""

@@ -1,0 +1,194 @@
+"""Multi-message transactions with consumer offsets through a real cluster (issue #24,
+"beyond RocketMQ"): messages of three topics on two brokers and a consumer group's
+offset become visible and move together on commit, neither on abort, never before;
+the coordinator crashing after logging COMMIT and before telling a broker ends
+committed after its restart; a second instance with the same transactional id fences
+the first (its sends and its commit refused, its open transaction aborted)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import ray
+from raymq_testkit import SMALL_STORE, drain, unique_namespace, wait_until
+
+import actors
+from actors import TransactionalProducer, TransactionState
+from rebalance import MessageQueue
+from storage import Message, transaction
+from storage.errors import InvalidMessageError, ProducerFencedError
+
+GROUP_IN = "mtx-in"  # the consumer group whose offsets the transactions commit
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[actors.Cluster]:
+    c = actors.start_cluster(
+        namespace=unique_namespace("mtx"),
+        nameservers=1,
+        brokers=2,
+        store_root=str(tmp_path_factory.mktemp("mtx")),
+        broker_options={
+            "store": SMALL_STORE,
+            "heartbeat_interval_s": 1.0,
+            "transaction_check_interval_s": 0.3,
+            "transaction_timeout_s": 1.0,
+        },
+    )
+    admin = c.admin
+    admin.create_topic("MtA", 2, 2, brokers=["broker-a"])
+    admin.create_topic("MtB", 2, 2, brokers=["broker-b"])
+    admin.create_topic("MtC", 2, 2)  # on both
+    admin.create_topic("MtIn", 1, 1, brokers=["broker-b"])
+    c.producer("mtx-feed").send_batch([Message("MtIn", b"in%d" % i) for i in range(20)])
+    yield c
+    c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def log_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("txnlog"))
+
+
+def producer(cluster: actors.Cluster, log_dir: str, tid: str) -> TransactionalProducer:
+    return cluster.transactional_producer(
+        "mtx-producer", tid, coordinator_log_dir=log_dir, flush_messages=16, send_timeout_s=10.0
+    )
+
+
+def bodies(cluster: actors.Cluster, topic: str) -> list[bytes]:
+    consumer = cluster.pull_consumer("mtx-reader")
+    return sorted(m.body for msgs in drain(consumer, topic).values() for m in msgs)
+
+
+def input_queue() -> MessageQueue:
+    return MessageQueue("MtIn", "broker-b", 0)
+
+
+def committed_offset(cluster: actors.Cluster) -> int:
+    return int(cluster.pull_consumer(GROUP_IN).fetch_offset(input_queue()))
+
+
+def pending_of(cluster: actors.Cluster, broker: str) -> int:
+    return len(ray.get(cluster.broker(broker).pending_transactions.remote()))
+
+
+def batch(tag: str, n: int) -> list[Message]:
+    topics = ("MtA", "MtB", "MtC")
+    return [Message(topics[i % 3], f"{tag}-{i}".encode()) for i in range(n)]
+
+
+def test_commit_shows_three_topics_and_the_offset_together_abort_neither(
+    cluster: actors.Cluster, log_dir: str
+) -> None:
+    p = producer(cluster, log_dir, "tid-commit")
+    try:
+        txn = p.begin()
+        txn.send(batch("c", 30))
+        txn.flush()
+        txn.send_offsets(GROUP_IN, {input_queue(): 7})
+        # stored as half messages on both brokers, and nobody sees them yet
+        assert pending_of(cluster, "broker-a") > 0 and pending_of(cluster, "broker-b") > 0
+        assert [bodies(cluster, t) for t in ("MtA", "MtB", "MtC")] == [[], [], []]
+        assert committed_offset(cluster) <= 0
+        txn.commit()
+        assert txn.state is TransactionState.COMMITTED
+        want = sorted(m.body for m in batch("c", 30))
+        got = bodies(cluster, "MtA") + bodies(cluster, "MtB") + bodies(cluster, "MtC")
+        assert sorted(got) == want  # every one, once
+        assert committed_offset(cluster) == 7
+        a = cluster.pull_consumer("mtx-reader2")
+        one = next(m for msgs in drain(a, "MtC").values() for m in msgs)
+        assert transaction.PROP_GLOBAL_TXN not in one.properties
+        assert transaction.transaction_type(one.sys_flag) == transaction.TRANSACTION_COMMIT_TYPE
+        assert pending_of(cluster, "broker-a") == pending_of(cluster, "broker-b") == 0
+
+        # an exception inside the block aborts: nothing shown, the offset stays
+        with pytest.raises(RuntimeError, match="local failure"), p.begin() as t2:
+            t2.send(batch("x", 12))
+            t2.flush()
+            t2.send_offsets(GROUP_IN, {input_queue(): 15})
+            raise RuntimeError("local failure")
+        assert t2.state is TransactionState.ABORTED
+        got = bodies(cluster, "MtA") + bodies(cluster, "MtB") + bodies(cluster, "MtC")
+        assert sorted(got) == want
+        assert committed_offset(cluster) == 7
+        assert pending_of(cluster, "broker-a") == pending_of(cluster, "broker-b") == 0
+
+        # bad input is refused and changes nothing
+        t3 = p.begin()
+        with pytest.raises(InvalidMessageError):
+            t3.send_offsets(GROUP_IN, {input_queue(): -1})
+        with pytest.raises(InvalidMessageError):
+            t3.send([Message("MtA", b"late", delay_level=2)])
+        t3.commit()  # empty: nothing to do
+        assert committed_offset(cluster) == 7
+    finally:
+        p.close()
+
+
+def test_coordinator_crash_after_logging_commit_recovers_to_committed(
+    cluster: actors.Cluster, log_dir: str
+) -> None:
+    p = producer(cluster, log_dir, "tid-crash")
+    try:
+        before = ray.get(p.coordinator.status.remote())
+        txn = p.begin()
+        txn.send(batch("r", 9))
+        txn.send_offsets(GROUP_IN, {input_queue(): 11})
+        txn.flush()
+        ray.get(p.coordinator.inject_fault.remote("crash_after_decision"))
+        txn.commit()  # the coordinator dies inside; the call is answered by its successor
+        after = ray.get(p.coordinator.status.remote())
+        assert after["pid"] != before["pid"] and after["recovered"] >= 1
+        assert ray.get(p.coordinator.transaction.remote(txn.txn_id))["state"] == "commit"
+        want = sorted(m.body for m in batch("r", 9))
+        wait_until(
+            lambda: (
+                sorted(
+                    b for t in ("MtA", "MtB", "MtC") for b in bodies(cluster, t) if b[:2] == b"r-"
+                )
+                == want
+            ),
+            what="the recovered commit applied",
+        )
+        assert committed_offset(cluster) == 11
+    finally:
+        p.close()
+
+
+def test_a_zombie_producer_is_fenced_and_its_open_transaction_aborted(
+    cluster: actors.Cluster, log_dir: str
+) -> None:
+    old = producer(cluster, log_dir, "tid-zombie")
+    new = None
+    try:
+        t1 = old.begin()
+        t1.send([Message("MtA", b"z-old-%d" % i) for i in range(3)])
+        t1.flush()
+        new = producer(cluster, log_dir, "tid-zombie")
+        assert new.epoch == old.epoch + 1
+        info = ray.get(new.coordinator.transaction.remote(t1.txn_id))
+        assert info["state"] == "abort" and info["done"]
+        assert pending_of(cluster, "broker-a") == 0  # rolled back on the broker
+        # the old instance: its sends refused by the broker, its commit by the coordinator
+        t1.send([Message("MtA", b"z-old-late")])
+        with pytest.raises(ProducerFencedError):
+            t1.flush()
+        t1.abort()
+        t2 = old.begin()
+        t2.send_offsets(GROUP_IN, {input_queue(): 19})
+        with pytest.raises(ProducerFencedError):
+            t2.commit()
+        assert committed_offset(cluster) < 19
+        # the new instance goes on
+        with new.begin() as t3:
+            t3.send(Message("MtA", b"z-new"))
+        zs = [b for b in bodies(cluster, "MtA") if b.startswith(b"z-")]
+        assert zs == [b"z-new"]
+    finally:
+        old.close()
+        if new is not None:
+            new.close()
