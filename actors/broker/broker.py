@@ -383,12 +383,13 @@ class Broker:
             await self.rt.run(self.rt.offsets.persist)
         return ended
 
-    async def fence_transactional(self, transactional_id: str, epoch: int) -> bool:
-        """Refuse from now on half messages of ``transactional_id`` below ``epoch``."""
-        return self.rt.store.txn_fences.raise_fence(
-            checks.check_str("transactional_id", transactional_id),
-            checks.check_int("epoch", epoch, 0),
-        )
+    async def fence_transactional(self, transactional_id: str, epoch: int) -> int:
+        """Refuse from now on half messages of ``transactional_id`` below ``epoch``, and
+        roll back those pending here; how many were rolled back."""
+        tid = checks.check_str("transactional_id", transactional_id)
+        epoch = checks.check_int("epoch", epoch, 0)
+        self.rt.store.txn_fences.raise_fence(tid, epoch)
+        return await self.transactions.abort_fenced(tid, epoch)
 
     async def register_transaction_producer(
         self, producer_group: str, client_id: str, relay: Any, ttl_s: float

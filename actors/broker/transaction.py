@@ -35,6 +35,7 @@ import random
 import time
 from typing import Any
 
+import numpy as np
 import ray
 
 from actors.broker.ha import Replication
@@ -48,6 +49,14 @@ from storage.message import GetStatus, Message, MessageExt
 from storage.store import PutBatchResult
 
 log = logging.getLogger("raymq.actors.broker.transaction")
+
+
+def _epoch_of(half: MessageExt) -> int:
+    try:
+        return int(half.properties.get(transaction.PROP_TXN_EPOCH, "-1"))
+    except ValueError:
+        return -1
+
 
 CHECK_GROUP = "CID_RMQ_SYS_TRANS"  # RocketMQ's consumer group of the check service
 _READ_BATCH = 256
@@ -194,14 +203,20 @@ class TransactionProcessor:
                     if transaction.global_txn(h) == txn_id
                 ]
             else:
-                halves = []
-                for offset in half_offsets:
-                    half = await self._half_at(checks.check_int("half_offset", offset, 0))
-                    if transaction.global_txn(half) != txn_id:
+                offsets = [checks.check_int("half_offset", o, 0) for o in half_offsets]
+                halves = (
+                    self._halves_at(offsets)
+                    if self._inline
+                    else await self.rt.run(self._halves_at, offsets)
+                )
+                for offset, half in zip(offsets, halves):
+                    if (
+                        half.topic != transaction.HALF_TOPIC
+                        or transaction.global_txn(half) != txn_id
+                    ):
                         raise InvalidMessageError(
-                            f"the half message at {offset} is not of transaction {txn_id!r}"
+                            f"the message at {offset} is no half message of transaction {txn_id!r}"
                         )
-                    halves.append(half)
             todo = [h for h in halves if h.queue_offset not in self._done]
             if not todo:
                 return 0
@@ -223,6 +238,48 @@ class TransactionProcessor:
                 "committed" if commit else "rolled back",
             )
             return len(todo)
+
+    def _halves_at(self, offsets: list[int]) -> list[MessageExt]:
+        """The records at CommitLog ``offsets``, read in runs (a flush's half messages are
+        stored back to back) and decoded together."""
+        if not offsets:
+            return []
+        cl = self.rt.store.commitlog
+        try:
+            sizes = [cl.size_at(o) for o in offsets]
+            data = cl.read_runs(np.asarray(offsets, np.int64), np.asarray(sizes, np.int64))
+            out = codec.decode_records(data, check_crc=False)
+        except (StoreCorruptedError, ValueError, IndexError) as exc:
+            raise InvalidMessageError(f"no half messages at commitlog offsets {offsets}") from exc
+        if len(out) != len(offsets):
+            raise InvalidMessageError(f"no half messages at commitlog offsets {offsets}")
+        return out
+
+    async def abort_fenced(self, transactional_id: str, epoch: int) -> int:
+        """Roll back every pending half message of ``transactional_id`` from an epoch
+        below ``epoch`` (its new instance fenced them), in one append; how many."""
+        async with self._lock:
+            await self.ensure_loaded()
+            stale = [
+                h
+                for h in await self.rt.run(self._pending_halves)
+                if h.properties.get(transaction.PROP_TXN_PRODUCER) == transactional_id
+                and _epoch_of(h) < epoch
+            ]
+            if not stale:
+                return 0
+            await self._write(
+                self._encode([transaction.op_message([h.queue_offset for h in stale])], [None])
+            )
+            self._done.update(h.queue_offset for h in stale)
+            self.rt.stats["txn_rolled_back"] += len(stale)
+        log.info(
+            "%d half messages of %s below epoch %d rolled back (fenced)",
+            len(stale),
+            transactional_id,
+            epoch,
+        )
+        return len(stale)
 
     async def _half_at(self, offset: int) -> MessageExt:
         read = self.rt.store.commitlog.message_at
@@ -289,13 +346,16 @@ class TransactionProcessor:
         handled = 0
         pending = await self.rt.run(self._pending_halves)
         now_ms = int(time.time() * 1000)
-        global_txns: set[str] = set()
+        global_txns: dict[str, tuple[str, int, int]] = {}  # id -> owner, epoch, first born
         for half in pending:
             if now_ms - half.born_timestamp < transaction.check_after_ms(half, timeout_ms):
                 continue  # not yet: the broker's timeout, or the producer's immunity
             gtxn = transaction.global_txn(half)
             if gtxn is not None:  # a multi-message transaction's: its coordinator decides
-                global_txns.add(gtxn)
+                owner = half.properties.get(transaction.PROP_TXN_PRODUCER, "")
+                prev = global_txns.get(gtxn)
+                born = half.born_timestamp if prev is None else min(prev[2], half.born_timestamp)
+                global_txns[gtxn] = (owner, _epoch_of(half), born)
                 continue
             async with self._lock:
                 if half.queue_offset in self._done:  # ended meanwhile
@@ -338,7 +398,7 @@ class TransactionProcessor:
             handled += await self._resolve_global(global_txns)
         return handled
 
-    async def _resolve_global(self, txn_ids: set[str]) -> int:
+    async def _resolve_global(self, txn_ids: dict[str, tuple[str, int, int]]) -> int:
         """Ask the transaction coordinator about old half messages of multi-message
         transactions and apply what it decided (an open one is left for later)."""
         try:
@@ -349,9 +409,11 @@ class TransactionProcessor:
             log.info("%d transactions pending and no transaction coordinator", len(txn_ids))
             return 0
         ended = 0
-        for txn_id in sorted(txn_ids):
+        for txn_id, (owner, epoch, born_ms) in sorted(txn_ids.items()):
             try:
-                state: str = await asyncio.wait_for(coordinator.resolve.remote(txn_id), 10.0)
+                state: str = await asyncio.wait_for(
+                    coordinator.resolve.remote(txn_id, owner, epoch, born_ms), 10.0
+                )
             except Exception as exc:  # noqa: BLE001 - the next round asks again
                 log.warning("transaction %s: the coordinator did not answer: %s", txn_id, exc)
                 continue

@@ -72,8 +72,6 @@ class Transaction:
         self.txn_id = txn_id
         self.state = TransactionState.OPEN
         self._buffer: list[Message] = []
-        self._topics: set[str] = set()
-        self._brokers: set[str] = set()  # named at the coordinator
         self._halves: dict[str, list[int] | None] = {}  # broker -> half CommitLog offsets
         self._offsets: dict[str, dict[str, dict[tuple[str, int], int]]] = {}
         self.sent = 0
@@ -116,18 +114,10 @@ class Transaction:
         p = self.producer
         buffer, self._buffer = self._buffer, []
         try:
-            new_topics = {m.topic for m in buffer} - self._topics
-            brokers = {mq.broker_name for t in new_topics for mq in p.fetch_publish_queues(t)}
-            self._name_brokers(brokers)
-            self._topics |= new_topics
-            result = p.send_batch(buffer)
-            stored = result.commitlog_offsets_by_broker()
+            stored = p.send_batch(buffer).commitlog_offsets_by_broker()
         except BaseException:
             self.state = TransactionState.FAILED
             raise
-        late = set(stored) - self._brokers
-        if late:  # the route changed between naming and sending: name them now
-            self._name_brokers(late)
         for broker, offsets in stored.items():
             known = self._halves.setdefault(broker, [])
             if known is None or min(offsets) < 0:
@@ -135,13 +125,6 @@ class Transaction:
             else:
                 known.extend(offsets)
         self.sent += len(buffer)
-
-    def _name_brokers(self, brokers: set[str]) -> None:
-        new = brokers - self._brokers
-        if new:
-            p = self.producer
-            p._call("add_brokers", self.txn_id, p.transactional_id, p.epoch, sorted(new))
-            self._brokers |= new
 
     def send_offsets(self, group: str, offsets: Mapping[MessageQueue, int]) -> None:
         """Commit ``group``'s offsets (``{queue: next offset to consume}``) with the
@@ -164,12 +147,12 @@ class Transaction:
         the brokers apply it. Raises ProducerFencedError when a newer instance took the
         ``transactional_id`` over (the transaction is then aborted)."""
         self.flush()
-        if not self._brokers and not self._offsets:
+        if not self._halves and not self._offsets:
             self.state = TransactionState.COMMITTED
             self.producer._ended(self)
             return
         p = self.producer
-        halves = {b: self._halves.get(b, []) for b in self._brokers}
+        halves = dict(self._halves)
         offsets = {
             b: {g: [(t, q, o) for (t, q), o in qs.items()] for g, qs in groups.items()}
             for b, groups in self._offsets.items()
@@ -199,8 +182,9 @@ class Transaction:
             return
         self._buffer.clear()
         p = self.producer
-        if self._brokers:
-            p._call("end", self.txn_id, p.transactional_id, p.epoch, False, None, None)
+        if self._halves:  # each broker finds the transaction's half messages by its id
+            brokers = dict.fromkeys(self._halves)
+            p._call("end", self.txn_id, p.transactional_id, p.epoch, False, brokers, None)
         self.state = TransactionState.ABORTED
         p._ended(self)
 

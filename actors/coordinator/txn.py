@@ -10,20 +10,22 @@ on that node. What it does:
   (logged, fsynced), aborts what the previous epoch left open, and raises the
   brokers' fences (``Broker.fence_transactional``) so the old instance's half
   messages are refused there; its calls here are refused too (ProducerFencedError).
-* **Participants.** Before a producer sends a transaction's first half messages to a
-  broker it names the broker (:meth:`add_brokers`, logged): a transaction that has half
-  messages somewhere is always known here, with where they are.
+* **Participants.** Not named ahead: a producer's half messages are durable on their
+  brokers once its sends are answered (that is the *prepare* of this two-phase commit),
+  and the decision names where they are. A transaction this coordinator has not
+  decided is unknown here until then (as with Kafka after KIP-890, no call per
+  transaction before its sends): a broker's check of an old half message asks
+  :meth:`resolve`, which aborts (logged) one whose producer was fenced or whose first
+  half message is older than ``txn_timeout_s``, and answers ``open`` otherwise.
 * **Decision.** :meth:`end` logs COMMIT (with each broker's half messages and the
   consumer offsets to commit) or ABORT, fsynced: from then the outcome is fixed. Then it
   tells each participant (``Broker.end_transaction_batch``: every half message of the
   transaction there committed or rolled back in one append, and on commit the offsets
   applied) and logs ``done`` when all have answered.
 * **Recovery.** After its own restart it replays the log and applies every decision not
-  done (a crash between logging COMMIT and telling the brokers ends committed). A
-  transaction still open ``txn_timeout_s`` after its start (or after the restart) is
-  aborted. A broker whose check service finds an old half message of a transaction
-  asks :meth:`resolve` (the decision, or ``open``; a transaction never heard of is
-  aborted: its participants are always logged before its sends).
+  done (a crash between logging COMMIT and telling the brokers ends committed). After a
+  broker's restart, the broker's check service finds the half messages still pending
+  and asks :meth:`resolve` (a logged decision, or the rule above), not a producer.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from actors.coordinator.coordinator import HEAD_NODE_RESOURCE
 from actors.namesrv.client import NameServerClient, discover_nameservers
 from actors.protocol import checks
 from actors.protocol.names import DEFAULT_NAMESPACE
-from storage.errors import InvalidMessageError, ProducerFencedError
+from storage.errors import BrokerUnavailableError, InvalidMessageError, ProducerFencedError
 from storage.txn_log import ABORT, COMMIT, OPEN, Offsets, TransactionLog, TxnRecord
 
 log = logging.getLogger("raymq.actors.coordinator.txn")
@@ -130,13 +132,10 @@ class TransactionCoordinator:
         self.log.compact(self.keep_done_ms)
         self._lock = asyncio.Lock()
         self._ns: NameServerClient | None = None
+        self._master_cache: dict[str, Any] = {}
         self._fault: str | None = None
         self._closing = False
         self.stats: Counter[str] = Counter()
-        now = self.log.now_ms()
-        for t in self.log.txns.values():
-            if t.state == OPEN:
-                t.started_ms = now  # the timeout counts from the restart
         self.recovered = sum(t.state != OPEN and not t.done for t in self.log.txns.values())
         self._wake = asyncio.Event()
         if self.recovered:
@@ -149,13 +148,16 @@ class TransactionCoordinator:
         return await self._loop.run_in_executor(self._io, fn, *args)
 
     # ------------------------------------------------------------ brokers
-    async def _masters(self) -> dict[str, Any]:
+    async def _masters(self, refresh: bool = False) -> dict[str, Any]:
+        """Broker name -> master handle, from the NameServers when asked to refresh (or
+        never asked yet): a commit costs no NameServer call."""
         if self._ns is None:
             names = self._nameservers or await self._io_call(discover_nameservers, self.namespace)
             self._ns = NameServerClient(names, self.namespace)
-        ns = self._ns
-        masters: dict[str, Any] = await self._io_call(ns.master_brokers)
-        return masters
+        if refresh or not self._master_cache:
+            ns = self._ns
+            self._master_cache = await self._io_call(ns.master_brokers)
+        return self._master_cache
 
     async def _apply(self, txn: TxnRecord) -> bool:
         """Tell every participant the decision; log ``done`` when all applied it."""
@@ -168,6 +170,8 @@ class TransactionCoordinator:
             log.warning("transaction %s: no broker list (%s)", txn.txn_id, exc)
             return False
         names = sorted(txn.participants())
+        if any(b not in masters for b in names):
+            masters = await self._masters(refresh=True)
         missing = [b for b in names if b not in masters]
         calls = [
             asyncio.wait_for(
@@ -191,9 +195,7 @@ class TransactionCoordinator:
         if missing:
             log.warning("transaction %s: no live master of %s", txn.txn_id, missing)
         if failed or missing:
-            if self._ns is not None:
-                for b in missing:
-                    self._ns.forget_broker(b)
+            self._master_cache = {}  # a master may have changed: ask the NameServers again
             return False
         async with self._lock:
             if not txn.done:
@@ -211,9 +213,15 @@ class TransactionCoordinator:
             asyncio.wait_for(h.fence_transactional.remote(tid, epoch), 10.0)
             for h in masters.values()
         ]
+        rolled = 0
         for r in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(r, BaseException):
                 log.warning("fencing %s at epoch %d: a broker did not take it: %r", tid, epoch, r)
+            else:
+                rolled += int(r)
+        if rolled:
+            self.stats["halves_rolled_back_fenced"] += rolled
+            log.warning("fencing %s at epoch %d rolled back %d half messages", tid, epoch, rolled)
 
     # ------------------------------------------------------------ producers' calls
     def _check_epoch(self, tid: str, epoch: int) -> None:
@@ -229,48 +237,27 @@ class TransactionCoordinator:
             raise InvalidMessageError(f"transactional id {tid!r}: epoch {epoch} was never given")
 
     async def init_producer(self, transactional_id: str) -> tuple[str, int]:
-        """``transactional_id``'s producer id and next epoch; what its previous epochs left
-        open is aborted, and they are fenced from now on."""
+        """``transactional_id``'s producer id and next epoch. Earlier epochs are fenced
+        from now on: here, and at every master broker, which also rolls back their half
+        messages still pending (what the previous instance left open)."""
         tid = checks.check_str("transactional_id", transactional_id)
         async with self._lock:
             prev = self.log.producers.get(tid)
             pid = prev.producer_id if prev else f"{tid}@{time.time_ns() // 1000}"
             epoch = prev.epoch + 1 if prev else 0
             await self._io_call(self.log.set_epoch, tid, pid, epoch)
-            left = [t for t in self.log.txns.values() if t.tid == tid and t.state == OPEN]
-            for t in left:
-                await self._io_call(self.log.decide, t, False)
-                self.stats["aborted_fenced"] += 1
-        if left:
-            log.warning(
-                "transactional id %s: epoch %d aborts %d open transactions of its predecessor",
-                tid,
-                epoch,
-                len(left),
-            )
         if prev is not None:
             await self._fence_brokers(tid, epoch)
-        for t in left:
-            await self._apply(t)
+        # what the predecessor decided is applied before the new instance reads offsets:
+        # a consume-transform-produce loop must not start from offsets a commit has
+        # yet to move (Kafka's consumers wait for pending transactional offsets alike)
+        for t in [t for t in self.log.txns.values() if t.tid == tid and not t.done]:
+            if not await self._apply(t):
+                raise BrokerUnavailableError(
+                    f"transaction {t.txn_id} of {tid!r} is {t.state}ed but not applied yet "
+                    "(a broker is down): try again"
+                )
         return pid, epoch
-
-    async def add_brokers(
-        self, txn_id: str, transactional_id: str, epoch: int, brokers: Sequence[str]
-    ) -> None:
-        """Transaction ``txn_id`` will have half messages on ``brokers`` (logged first)."""
-        txn_id = checks.check_str("txn_id", txn_id)
-        names = {checks.check_str("broker", b) for b in brokers}
-        async with self._lock:
-            self._check_epoch(transactional_id, epoch)
-            txn = self.log.txns.get(txn_id)
-            if txn is not None and (txn.tid != transactional_id or txn.epoch != epoch):
-                raise TransactionStateError(f"transaction {txn_id!r} belongs to another producer")
-            if txn is not None and txn.state != OPEN:
-                raise TransactionStateError(f"transaction {txn_id!r} is {txn.state}ed already")
-            new = names - (txn.brokers if txn is not None else set())
-            if new or txn is None:
-                await self._io_call(self.log.begin, (txn_id, transactional_id, epoch), new)
-                self.stats["begun" if txn is None else "brokers_added"] += 1
 
     async def end(
         self,
@@ -315,6 +302,11 @@ class TransactionCoordinator:
                 if (txn.state == COMMIT) != commit:
                     raise TransactionStateError(f"transaction {txn_id!r} was {txn.state}ed")
             else:
+                current = self.log.producers.get(transactional_id)
+                if not commit and current is not None and epoch < current.epoch:
+                    # a fenced producer's abort: the fence rolled its half messages back
+                    # already (and a straggler's check is answered ABORT): nothing to log
+                    return {"state": ABORT, "done": True}
                 self._check_epoch(transactional_id, epoch)
                 if txn is None:
                     txn = TxnRecord(txn_id, transactional_id, epoch, started_ms=self.log.now_ms())
@@ -333,14 +325,32 @@ class TransactionCoordinator:
             self._wake.set()
         return {"state": txn.state, "done": done}
 
-    async def resolve(self, txn_id: str) -> str:
-        """A broker's check of an old half message: ``commit``, ``abort`` or ``open``."""
+    async def resolve(
+        self, txn_id: str, transactional_id: str = "", epoch: int = -1, born_ms: int = 0
+    ) -> str:
+        """A broker's check of an old half message of ``txn_id`` (sent by
+        ``transactional_id`` at ``epoch``, the first born at ``born_ms``): ``commit``,
+        ``abort`` or ``open``. Undecided, it is aborted (and that logged, so a late commit
+        is refused) when its producer is fenced or it is older than ``txn_timeout_s``."""
         txn = self.log.txns.get(txn_id)
-        if txn is None:
-            return ABORT  # never named: its participants are logged before its sends
-        if txn.state != OPEN and not txn.done:
-            self._wake.set()
-        return txn.state
+        if txn is not None and txn.state != OPEN:
+            if not txn.done:
+                self._wake.set()
+            return txn.state
+        current = self.log.producers.get(transactional_id)
+        if current is None or epoch < current.epoch:
+            return ABORT  # fenced (or never initialised here): can never commit
+        if self.log.now_ms() - born_ms <= self.txn_timeout_ms:
+            return OPEN
+        async with self._lock:
+            txn = self.log.txns.get(txn_id)
+            if txn is not None and txn.state != OPEN:
+                return txn.state
+            txn = TxnRecord(txn_id, transactional_id, epoch, started_ms=born_ms)
+            await self._io_call(self.log.decide, txn, False)
+            self.stats["aborted_timeout"] += 1
+        log.warning("transaction %s timed out undecided: aborted", txn_id)
+        return ABORT
 
     # ------------------------------------------------------------ background
     async def _drive_loop(self) -> None:
@@ -354,19 +364,6 @@ class TransactionCoordinator:
                 log.exception("transaction coordinator round failed")
 
     async def _drive_once(self) -> None:
-        now = self.log.now_ms()
-        expired = [
-            t
-            for t in self.log.txns.values()
-            if t.state == OPEN and now - t.started_ms > self.txn_timeout_ms
-        ]
-        if expired:
-            async with self._lock:
-                for t in expired:
-                    if t.state == OPEN:
-                        log.warning("transaction %s timed out: aborted", t.txn_id)
-                        await self._io_call(self.log.decide, t, False)
-                        self.stats["aborted_timeout"] += 1
         for t in [t for t in self.log.txns.values() if t.state != OPEN and not t.done]:
             await self._apply(t)
         if self.log.records > _COMPACT_EVERY:
@@ -387,7 +384,6 @@ class TransactionCoordinator:
         return {
             "log": str(self.log.path),
             "producers": {t: (p.producer_id, p.epoch) for t, p in self.log.producers.items()},
-            "open": sorted(t.txn_id for t in txns if t.state == OPEN),
             "pending": sorted(t.txn_id for t in txns if t.state != OPEN and not t.done),
             "recovered": self.recovered,
             "pid": os.getpid(),

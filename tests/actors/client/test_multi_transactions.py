@@ -3,10 +3,17 @@
 offset become visible and move together on commit, neither on abort, never before;
 the coordinator crashing after logging COMMIT and before telling a broker ends
 committed after its restart; a second instance with the same transactional id fences
-the first (its sends and its commit refused, its open transaction aborted)."""
+the first (its sends and its commit refused, its open transaction aborted); a
+consume-transform-produce loop killed (its process exits) at random points a few
+times writes every input exactly once; the half messages of a producer that vanished
+without ending its transaction are aborted through the brokers' check service asking
+the coordinator."""
 
 from __future__ import annotations
 
+import random
+import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +28,8 @@ from storage import Message, transaction
 from storage.errors import InvalidMessageError, ProducerFencedError
 
 GROUP_IN = "mtx-in"  # the consumer group whose offsets the transactions commit
+EO_INPUTS = 60
+ORPHAN_TIMEOUT_S = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +51,11 @@ def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
     admin.create_topic("MtB", 2, 2, brokers=["broker-b"])
     admin.create_topic("MtC", 2, 2)  # on both
     admin.create_topic("MtIn", 1, 1, brokers=["broker-b"])
-    c.producer("mtx-feed").send_batch([Message("MtIn", b"in%d" % i) for i in range(20)])
+    admin.create_topic("EoIn", 1, 1, brokers=["broker-b"])
+    admin.create_topic("EoOut", 2, 2)
+    feed = c.producer("mtx-feed")
+    feed.send_batch([Message("MtIn", b"in%d" % i) for i in range(20)])
+    feed.send_batch([Message("EoIn", b"%d" % i) for i in range(EO_INPUTS)])
     yield c
     c.shutdown()
 
@@ -54,7 +67,12 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def producer(cluster: actors.Cluster, log_dir: str, tid: str) -> TransactionalProducer:
     return cluster.transactional_producer(
-        "mtx-producer", tid, coordinator_log_dir=log_dir, flush_messages=16, send_timeout_s=10.0
+        "mtx-producer",
+        tid,
+        coordinator_log_dir=log_dir,
+        txn_timeout_s=ORPHAN_TIMEOUT_S,  # counts where the coordinator is created: the first
+        flush_messages=16,
+        send_timeout_s=10.0,
     )
 
 
@@ -170,9 +188,10 @@ def test_a_zombie_producer_is_fenced_and_its_open_transaction_aborted(
         t1.flush()
         new = producer(cluster, log_dir, "tid-zombie")
         assert new.epoch == old.epoch + 1
-        info = ray.get(new.coordinator.transaction.remote(t1.txn_id))
-        assert info["state"] == "abort" and info["done"]
-        assert pending_of(cluster, "broker-a") == 0  # rolled back on the broker
+        assert pending_of(cluster, "broker-a") == 0  # rolled back by the fence
+        assert ray.get(new.coordinator.resolve.remote(t1.txn_id, "tid-zombie", old.epoch)) == (
+            "abort"
+        )
         # the old instance: its sends refused by the broker, its commit by the coordinator
         t1.send([Message("MtA", b"z-old-late")])
         with pytest.raises(ProducerFencedError):
@@ -192,3 +211,103 @@ def test_a_zombie_producer_is_fenced_and_its_open_transaction_aborted(
         old.close()
         if new is not None:
             new.close()
+
+
+def transform(
+    namespace: str, nameservers: list[str], log_dir: str, crash_at: int | None, seed: int
+) -> int:
+    """One instance of a consume-transform-produce loop (run as a Ray task: its own
+    process): reads ``EoIn`` from the group's committed offset, writes ``out-<body>`` to
+    ``EoOut`` and the new offset in one transaction per few messages. ``crash_at``: the
+    process exits (no commit, no abort, no close) at that step."""
+    import os
+
+    from actors import PullConsumer, PullStatus, TransactionalProducer
+
+    rng = random.Random(seed)
+    producer = TransactionalProducer(
+        "eo-producer",
+        transactional_id="eo-1",
+        namespace=namespace,
+        nameservers=nameservers,
+        coordinator_log_dir=log_dir,
+        flush_messages=3,
+    )
+    consumer = PullConsumer("eo-group", namespace=namespace, nameservers=nameservers)
+    mq = MessageQueue("EoIn", "broker-b", 0)
+    steps = 0
+
+    def step() -> None:
+        nonlocal steps
+        steps += 1
+        if crash_at is not None and steps >= crash_at:
+            os._exit(1)
+
+    offset = max(0, consumer.fetch_offset(mq))
+    done = 0
+    while True:
+        got = consumer.pull(mq, offset, rng.randint(1, 6))
+        if got.status is not PullStatus.FOUND:
+            break
+        txn = producer.begin()
+        txn.send([Message("EoOut", b"out-" + m.body) for m in got.messages])
+        step()
+        txn.flush()
+        step()
+        txn.send_offsets("eo-group", {mq: got.next_offset})
+        txn.commit()
+        step()
+        offset = got.next_offset
+        done += len(got.messages)
+    producer.close()
+    consumer.close()
+    return done
+
+
+def test_consume_transform_produce_killed_at_random_points_is_exactly_once(
+    cluster: actors.Cluster, log_dir: str
+) -> None:
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers can't import tests
+    task = ray.remote(max_retries=0, num_cpus=0)(transform)
+    rng = random.Random(24)
+    crashes = 0
+    for run in range(4):
+        ref = task.remote(
+            cluster.namespace, cluster.nameserver_names, log_dir, rng.randint(1, 9), run
+        )
+        with pytest.raises(ray.exceptions.WorkerCrashedError):  # its process exited
+            ray.get(ref, timeout=60)
+        crashes += 1
+    last = ray.get(
+        task.remote(cluster.namespace, cluster.nameserver_names, log_dir, None, 99), timeout=60
+    )
+    assert 0 < last < EO_INPUTS  # the killed ones had committed some, and not all
+    out = bodies(cluster, "EoOut")
+    assert crashes == 4
+    assert sorted(out) == sorted(b"out-%d" % i for i in range(EO_INPUTS))  # each once
+    consumer = cluster.pull_consumer("eo-group")
+    assert consumer.fetch_offset(MessageQueue("EoIn", "broker-b", 0)) == EO_INPUTS
+
+
+def test_an_orphans_half_messages_are_aborted_by_the_check_asking_the_coordinator(
+    cluster: actors.Cluster, log_dir: str
+) -> None:
+    p = producer(cluster, log_dir, "tid-orphan")
+    txn = p.begin()
+    txn.send([Message("MtB", b"orphan-%d" % i) for i in range(5)])
+    txn.flush()  # and then the producer is gone: no commit, no abort, no new instance
+    assert pending_of(cluster, "broker-b") == 5
+    young = int(time.time() * 1000)
+    assert ray.get(p.coordinator.resolve.remote(txn.txn_id, "tid-orphan", p.epoch, young)) == (
+        "open"  # undecided and young: the check asks again later
+    )
+    wait_until(
+        lambda: pending_of(cluster, "broker-b") == 0,
+        timeout_s=ORPHAN_TIMEOUT_S + 10,
+        what="the check service to resolve the orphan's half messages",
+    )
+    assert ray.get(p.coordinator.transaction.remote(txn.txn_id))["state"] == "abort"
+    assert not [b for b in bodies(cluster, "MtB") if b.startswith(b"orphan")]
+    with pytest.raises(actors.TransactionStateError):  # too late now
+        txn.commit()
+    p.close()
