@@ -142,10 +142,13 @@ class Transaction:
             queues[(mq.topic, mq.queue_id)] = offset
 
     # ------------------------------------------------------------ ending
-    def commit(self) -> None:
+    def commit(self, wait: bool = True) -> None:
         """Send what is buffered, then have the coordinator decide COMMIT (durably) and
-        the brokers apply it. Raises ProducerFencedError when a newer instance took the
-        ``transactional_id`` over (the transaction is then aborted)."""
+        the brokers apply it. ``wait`` False returns once the decision is logged (Kafka's
+        semantics: the outcome is fixed, the messages and offsets show a moment later,
+        in commit order); True (the default) once every broker shows them. Raises
+        ProducerFencedError when a newer instance took the ``transactional_id`` over
+        (the transaction is then aborted)."""
         self.flush()
         if not self._halves and not self._offsets:
             self.state = TransactionState.COMMITTED
@@ -158,7 +161,9 @@ class Transaction:
             for b, groups in self._offsets.items()
         }
         try:
-            answer = p._call("end", self.txn_id, p.transactional_id, p.epoch, True, halves, offsets)
+            answer = p._call(
+                "end", self.txn_id, p.transactional_id, p.epoch, True, halves, offsets, wait
+            )
         except ProducerFencedError:
             self.state = TransactionState.ABORTED
             p._ended(self)
@@ -168,7 +173,7 @@ class Transaction:
             raise
         self.state = TransactionState.COMMITTED
         p._ended(self)
-        if not answer["done"]:
+        if wait and not answer["done"]:
             log.warning(
                 "transaction %s committed; a broker applies it later (the coordinator retries)",
                 self.txn_id,

@@ -141,7 +141,9 @@ class TransactionCoordinator:
         if self.recovered:
             log.warning("%d decided transactions to apply after a restart", self.recovered)
             self._wake.set()
+        self._queue: asyncio.Queue[tuple[TxnRecord, asyncio.Future[bool]]] = asyncio.Queue()
         self._task = self._loop.create_task(self._drive_loop())
+        self._apply_task = self._loop.create_task(self._apply_loop())
         log.info("transaction coordinator of %s started, log in %s", namespace, log_dir)
 
     async def _io_call(self, fn: Any, *args: Any) -> Any:
@@ -267,12 +269,15 @@ class TransactionCoordinator:
         commit: bool,
         halves: Mapping[str, Sequence[int] | None] | None = None,
         offsets: Mapping[str, Mapping[str, Sequence[tuple[str, int, int]]]] | None = None,
+        wait: bool = True,
     ) -> dict[str, Any]:
         """Decide ``txn_id`` (logged, fsynced), then tell its brokers. ``halves``: broker ->
         the CommitLog offsets of its half messages (None: find them by the id);
         ``offsets``: broker -> group -> [(topic, queue id, offset)] committed with it.
-        A repeated call answers the decision taken. Returns ``{"state", "done"}``:
-        ``done`` False means a broker has yet to apply it (retried here until it has)."""
+        A repeated call answers the decision taken. Returns ``{"state", "done"}`` once
+        every broker applied it, or (``wait`` False) once it is logged, as Kafka's
+        ``EndTxn`` answers before its markers are written: ``done`` False means a broker
+        has yet to apply it (retried here until it has)."""
         txn_id = checks.check_str("txn_id", txn_id)
         if not isinstance(commit, bool):
             raise InvalidMessageError(f"commit={commit!r}: must be True or False")
@@ -320,10 +325,28 @@ class TransactionCoordinator:
                 if self._fault == "crash_after_decision":
                     log.warning("fault: exiting after logging %s of %s", txn.state, txn_id)
                     os._exit(1)
-        done = await self._apply(txn)
-        if not done:
-            self._wake.set()
+        applied: asyncio.Future[bool] = self._loop.create_future()
+        self._queue.put_nowait((txn, applied))
+        if not wait:
+            return {"state": txn.state, "done": False}
+        done = await asyncio.shield(applied)
         return {"state": txn.state, "done": done}
+
+    async def _apply_loop(self) -> None:
+        """Fresh decisions applied one transaction at a time, in the order decided (each
+        to its brokers at once): what a broker shows follows the commit order, also when
+        the producers do not wait for it."""
+        while not self._closing:
+            txn, applied = await self._queue.get()
+            try:
+                done = await self._apply(txn)
+            except Exception as exc:  # noqa: BLE001 - the drive loop tries again
+                log.warning("transaction %s: applying failed: %r", txn.txn_id, exc)
+                done = False
+            if not done:
+                self._wake.set()
+            if not applied.done():
+                applied.set_result(done)
 
     async def resolve(
         self, txn_id: str, transactional_id: str = "", epoch: int = -1, born_ms: int = 0
@@ -409,5 +432,6 @@ class TransactionCoordinator:
         """Stop the loop and close the log (``Cluster.shutdown`` calls this)."""
         self._closing = True
         self._task.cancel()
+        self._apply_task.cancel()
         self._io.shutdown(wait=True)
         self.log.close()

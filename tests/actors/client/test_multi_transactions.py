@@ -135,6 +135,19 @@ def test_commit_shows_three_topics_and_the_offset_together_abort_neither(
         assert committed_offset(cluster) == 7
         assert pending_of(cluster, "broker-a") == pending_of(cluster, "broker-b") == 0
 
+        # commit(wait=False) answers once decided; the brokers show it a moment later
+        t4 = p.begin()
+        t4.send(batch("w", 6))
+        t4.commit(wait=False)
+        assert t4.state is TransactionState.COMMITTED
+        wait_until(
+            lambda: (
+                sum(b.startswith(b"w-") for t in ("MtA", "MtB", "MtC") for b in bodies(cluster, t))
+                == 6
+            ),
+            what="a commit(wait=False) applied",
+        )
+
         # bad input is refused and changes nothing
         t3 = p.begin()
         with pytest.raises(InvalidMessageError):
