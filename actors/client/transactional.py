@@ -37,7 +37,11 @@ from typing import Any
 
 from actors.client.producer import Producer
 from actors.config.client import ProducerConfig
-from actors.coordinator.txn import TransactionStateError, transaction_coordinator
+from actors.coordinator.txn import (
+    APPLY_WAIT_S,
+    TransactionStateError,
+    transaction_coordinator,
+)
 from actors.protocol import checks, rpc
 from actors.protocol.names import DEFAULT_NAMESPACE
 from rebalance import MessageQueue
@@ -255,12 +259,12 @@ class TransactionalProducer(Producer):
         """A coordinator call, tried again while the coordinator restarts (its calls
         are idempotent: a repeated end answers the decision taken)."""
         deadline = time.monotonic() + max(30.0, self.config.send_timeout_s)
+        # an end waits for the brokers up to APPLY_WAIT_S before it answers
+        timeout = self.config.send_timeout_s + (APPLY_WAIT_S if method == "end" else 0.0)
         delay = 0.05
         while True:
             try:
-                return rpc.get(
-                    getattr(self.coordinator, method).remote(*args), self.config.send_timeout_s
-                )
+                return rpc.get(getattr(self.coordinator, method).remote(*args), timeout)
             except RayMQError:
                 raise
             except Exception as exc:  # noqa: BLE001 - Ray could not deliver: again

@@ -54,6 +54,8 @@ log = logging.getLogger("raymq.actors.coordinator.txn")
 
 TXN_COORDINATOR_NAME = "txn-coordinator"
 _COMPACT_EVERY = 10_000  # log records between compactions
+APPLY_WAIT_S = 10.0
+"""How long a waiting ``end`` waits for the brokers before it answers ``done: False``."""
 
 
 class TransactionStateError(InvalidMessageError):
@@ -180,7 +182,7 @@ class TransactionCoordinator:
                 masters[b].end_transaction_batch.remote(
                     txn.txn_id,
                     commit,
-                    txn.halves.get(b),
+                    txn.halves.get(b, []),  # None: the broker finds them by the id
                     _offsets_for(txn.offsets, b) if commit else None,
                     txn.tid,
                     txn.epoch,
@@ -325,11 +327,16 @@ class TransactionCoordinator:
                 if self._fault == "crash_after_decision":
                     log.warning("fault: exiting after logging %s of %s", txn.state, txn_id)
                     os._exit(1)
+        if txn.done:  # a repeated call
+            return {"state": txn.state, "done": True}
         applied: asyncio.Future[bool] = self._loop.create_future()
         self._queue.put_nowait((txn, applied))
         if not wait:
             return {"state": txn.state, "done": False}
-        done = await asyncio.shield(applied)
+        try:
+            done = await asyncio.wait_for(asyncio.shield(applied), APPLY_WAIT_S)
+        except asyncio.TimeoutError:  # a broker is slow or down: applied later
+            done = False
         return {"state": txn.state, "done": done}
 
     async def _apply_loop(self) -> None:
