@@ -7,16 +7,17 @@ head node, restarted by Ray), its state in a :class:`~storage.txn_log.Transactio
 on that node. What it does:
 
 * **Producers.** :meth:`init_producer` gives a ``transactional_id`` its next epoch
-  (logged, fsynced), aborts what the previous epoch left open, and raises the
-  brokers' fences (``Broker.fence_transactional``) so the old instance's half
-  messages are refused there; its calls here are refused too (ProducerFencedError).
+  (logged, fsynced) and raises every master's fence (``Broker.fence_transactional``):
+  the old instance's half messages are refused there from then on, and those it left
+  pending are rolled back; its commits here are refused too (ProducerFencedError).
 * **Participants.** Not named ahead: a producer's half messages are durable on their
   brokers once its sends are answered (that is the *prepare* of this two-phase commit),
   and the decision names where they are. A transaction this coordinator has not
-  decided is unknown here until then (as with Kafka after KIP-890, no call per
-  transaction before its sends): a broker's check of an old half message asks
-  :meth:`resolve`, which aborts (logged) one whose producer was fenced or whose first
-  half message is older than ``txn_timeout_s``, and answers ``open`` otherwise.
+  decided is unknown here until then (no call before its sends, unlike Kafka's
+  ``AddPartitionsToTxn``): a broker's check of an old half message asks
+  :meth:`resolve`, which answers ``abort`` for one whose producer was fenced, aborts
+  (logged, so a late commit is refused) one whose first half message is older than
+  ``txn_timeout_s``, and answers ``open`` otherwise.
 * **Decision.** :meth:`end` logs COMMIT (with each broker's half messages and the
   consumer offsets to commit) or ABORT, fsynced: from then the outcome is fixed. Then it
   tells each participant (``Broker.end_transaction_batch``: every half message of the
