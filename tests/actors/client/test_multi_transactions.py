@@ -7,7 +7,7 @@ the first (its sends and its commit refused, its open transaction aborted); a
 consume-transform-produce loop killed (its process exits) at random points a few
 times writes every input exactly once; the half messages of a producer that vanished
 without ending its transaction are aborted through the brokers' check service asking
-the coordinator."""
+the coordinator; a commit while a broker is down is applied after the broker's restart."""
 
 from __future__ import annotations
 
@@ -324,3 +324,49 @@ def test_an_orphans_half_messages_are_aborted_by_the_check_asking_the_coordinato
     with pytest.raises(actors.TransactionStateError):  # too late now
         txn.commit()
     p.close()
+
+
+def _incarnation(broker: Any) -> str | None:
+    try:
+        return str(ray.get(broker.ping.remote(), timeout=5))
+    except Exception:  # noqa: BLE001 - restarting
+        return None
+
+
+def test_a_commit_while_a_broker_is_down_is_applied_after_its_restart(
+    cluster: actors.Cluster, log_dir: str
+) -> None:
+    """Last in the module: it restarts broker-b."""
+    p = producer(cluster, log_dir, "tid-down")
+    try:
+        txn = p.begin()
+        txn.send([Message("MtA", b"down-a-%d" % i) for i in range(4)])
+        txn.send([Message("MtB", b"down-b-%d" % i) for i in range(4)])
+        txn.flush()
+        txn.send_offsets(GROUP_IN, {input_queue(): 20})
+        broker_b = cluster.broker("broker-b")
+        before = ray.get(broker_b.ping.remote())
+        ray.kill(broker_b, no_restart=False)  # Ray restarts it; its store recovers
+        txn.commit()  # decided; broker-a applies it now, broker-b when it is back
+        assert txn.state is TransactionState.COMMITTED
+        assert sorted(b for b in bodies(cluster, "MtA") if b.startswith(b"down-")) == [
+            b"down-a-%d" % i for i in range(4)
+        ]
+        wait_until(
+            lambda: _incarnation(broker_b) not in (None, before),
+            timeout_s=60,
+            interval_s=0.2,
+            what="broker-b's restart",
+        )
+        wait_until(
+            lambda: ray.get(p.coordinator.transaction.remote(txn.txn_id))["done"],
+            timeout_s=30,
+            interval_s=0.2,
+            what="the decision applied on broker-b",
+        )
+        assert sorted(b for b in bodies(cluster, "MtB") if b.startswith(b"down-")) == [
+            b"down-b-%d" % i for i in range(4)
+        ]
+        assert committed_offset(cluster) == 20
+    finally:
+        p.close()
