@@ -45,6 +45,7 @@ from actors.coordinator.txn import (
 from actors.protocol import checks, rpc
 from actors.protocol.names import DEFAULT_NAMESPACE
 from rebalance import MessageQueue
+from storage.codec import validate_topic
 from storage.errors import InvalidMessageError, ProducerFencedError, RayMQError
 from storage.message import Message
 from storage.properties import PROP_PRODUCER_GROUP, PROP_TRAN_MSG
@@ -92,9 +93,12 @@ class Transaction:
         batch = [messages] if isinstance(messages, Message) else list(messages)
         p = self.producer
         marked = []
-        for m in batch:
+        for m in batch:  # the usual mistakes refused here, before the buffer changes
             if not isinstance(m, Message):
                 raise InvalidMessageError(f"a transaction sends Messages, got {type(m).__name__}")
+            validate_topic(m.topic)
+            if not isinstance(m.body, (bytes, bytearray, memoryview)) or not len(m.body):
+                raise InvalidMessageError(f"a message to {m.topic!r}: body must be non-empty bytes")
             props = dict(m.properties or {})
             if m.delay_level or "TIMER_DELIVER_MS" in props:
                 raise InvalidMessageError(

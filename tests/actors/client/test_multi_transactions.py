@@ -154,8 +154,11 @@ def test_commit_shows_three_topics_and_the_offset_together_abort_neither(
             t3.send_offsets(GROUP_IN, {input_queue(): -1})
         with pytest.raises(InvalidMessageError):
             t3.send([Message("MtA", b"late", delay_level=2)])
+        with pytest.raises(InvalidMessageError):
+            t3.send([Message("MtA", b"fine"), Message("bad topic!", b"x")])
         t3.commit()  # empty: nothing to do
         assert committed_offset(cluster) == 7
+        assert b"fine" not in bodies(cluster, "MtA")
     finally:
         p.close()
 
