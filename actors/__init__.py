@@ -27,8 +27,11 @@ from actors.client import (
     SendResult,
     SendStatus,
     SimpleConsumer,
+    Transaction,
+    TransactionalProducer,
     TransactionProducer,
     TransactionSendResult,
+    TransactionState,
 )
 from actors.cluster import Cluster, connect, start_cluster
 from actors.config import (
@@ -41,6 +44,11 @@ from actors.config import (
     ProducerConfig,
 )
 from actors.coordinator.coordinator import GroupCoordinator, coordinator_for
+from actors.coordinator.txn import (
+    TransactionCoordinator,
+    TransactionStateError,
+    transaction_coordinator,
+)
 from actors.fleet.fleet import ConsumerFleet, FleetConfig, fleet_actor_name
 from actors.namesrv import NameServer, discover_nameservers
 from actors.protocol import (
@@ -99,8 +107,13 @@ __all__ = [
     "SimpleConsumer",
     "TopicConfig",
     "TopicRouteData",
+    "Transaction",
+    "TransactionCoordinator",
     "TransactionProducer",
     "TransactionSendResult",
+    "TransactionState",
+    "TransactionStateError",
+    "TransactionalProducer",
     "broker_actor_name",
     "connect",
     "coordinator_actor_name",
@@ -109,4 +122,5 @@ __all__ = [
     "fleet_actor_name",
     "nameserver_actor_name",
     "start_cluster",
+    "transaction_coordinator",
 ]

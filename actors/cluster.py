@@ -24,6 +24,7 @@ from actors.client.admin import Admin
 from actors.client.producer import Producer
 from actors.client.pull_consumer import PullConsumer
 from actors.client.simple_consumer import SimpleConsumer
+from actors.client.transactional import TransactionalProducer
 from actors.config.broker import BrokerConfig
 from actors.config.cluster import BrokerSpec, ClusterConfig
 from actors.config.console import ConsoleConfig
@@ -86,6 +87,18 @@ class Cluster:
     def producer(self, group: str = "DEFAULT_PRODUCER", **options: Any) -> Producer:
         return Producer(
             group, namespace=self.namespace, nameservers=self.nameserver_names, **options
+        )
+
+    def transactional_producer(
+        self, group: str, transactional_id: str, **options: Any
+    ) -> TransactionalProducer:
+        """A producer of multi-message transactions (``actors.client.transactional``)."""
+        return TransactionalProducer(
+            group,
+            transactional_id=transactional_id,
+            namespace=self.namespace,
+            nameservers=self.nameserver_names,
+            **options,
         )
 
     def pull_consumer(self, group: str, **options: Any) -> PullConsumer:

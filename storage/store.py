@@ -174,6 +174,8 @@ class MessageStore:
         self.producers = ProducerStateTable(
             config.producer_state_keep_runs, config.producer_state_expire_ms
         )
+        # transactional producers' fences (``storage.transaction``), set by the broker
+        self.txn_fences = transaction.TransactionalFences()
         self._producer_snapshot_ms = 0.0  # when last taken, by ``clock``
         self._snapshot_lock = threading.Lock()
         self.commitlog = CommitLog(
@@ -418,6 +420,7 @@ class MessageStore:
         # a record's QUEUEID is written from ``queue_ids`` at the put (``with_queue``)
         for i, (m, level, qid) in enumerate(zip(originals, levels, batch.queue_ids.tolist())):
             if transaction.is_transactional(m):  # a delay does not apply to it
+                self.txn_fences.check(m)  # raises before anything is written
                 messages.append(transaction.to_half(m, qid))
                 halves.append(i)
             elif level:

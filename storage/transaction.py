@@ -24,6 +24,7 @@ import struct
 import numpy as np
 
 from . import codec
+from .errors import InvalidMessageError, ProducerFencedError
 from .message import Message, MessageExt
 from .properties import (
     PROP_DELAY,
@@ -42,6 +43,13 @@ PROP_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
 PROP_TRANSACTION_ID = "__transactionId__"
 PROP_CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 """A producer's own wait before the first check of its half message (RocketMQ's name)."""
+PROP_GLOBAL_TXN = "__TXN_ID__"
+"""A multi-message transaction's id: every half message of it carries it, and the broker
+asks the transaction coordinator about it, not a producer (``actors.coordinator.txn``)."""
+PROP_TXN_PRODUCER = "__TXN_PRODUCER__"
+"""The ``transactional_id`` of the producer that sent a half message of a multi-message
+transaction, with its epoch in :data:`PROP_TXN_EPOCH` (fencing: :class:`TransactionalFences`)."""
+PROP_TXN_EPOCH = "__TXN_EPOCH__"
 
 # the SYSFLAG's bits 2-3, as RocketMQ's MessageSysFlag names them
 TRANSACTION_NOT_TYPE = 0x0
@@ -52,7 +60,16 @@ TRANSACTION_MASK = 0xC
 
 _OFF_SYSFLAG = 36  # the record's SYSFLAG field (see codec's layout)
 # what a committed copy no longer carries (RocketMQ clears them in endMessageTransaction)
-_TXN_PROPS = (PROP_TRAN_MSG, PROP_REAL_TOPIC, PROP_REAL_QID, PROP_CHECK_TIMES, PROP_DELAY)
+_TXN_PROPS = (
+    PROP_TRAN_MSG,
+    PROP_REAL_TOPIC,
+    PROP_REAL_QID,
+    PROP_CHECK_TIMES,
+    PROP_DELAY,
+    PROP_GLOBAL_TXN,
+    PROP_TXN_PRODUCER,
+    PROP_TXN_EPOCH,
+)
 
 
 def transaction_type(sys_flag: int) -> int:
@@ -116,9 +133,55 @@ def discarded(half: MessageExt) -> Message:
     )
 
 
-def op_message(half_queue_offset: int) -> Message:
-    """The op message that marks the half message at ``half_queue_offset`` done."""
-    return Message(OP_HALF_TOPIC, str(half_queue_offset).encode("ascii"), tags=OP_TAG)
+def op_message(half_queue_offset: int | list[int]) -> Message:
+    """The op message that marks the half message at ``half_queue_offset`` done (or each
+    of a list of them: one op message for a multi-message transaction's halves, its body
+    the offsets joined by commas, as RocketMQ's newer op messages are)."""
+    offsets = half_queue_offset if isinstance(half_queue_offset, list) else [half_queue_offset]
+    return Message(OP_HALF_TOPIC, ",".join(map(str, offsets)).encode("ascii"), tags=OP_TAG)
+
+
+def op_offsets(body: bytes) -> list[int]:
+    """The half queue offsets an op message's body names (ValueError when it names none)."""
+    return [int(part) for part in body.split(b",")]
+
+
+def global_txn(half: MessageExt) -> str | None:
+    """The multi-message transaction ``half`` belongs to, if any."""
+    return half.properties.get(PROP_GLOBAL_TXN)
+
+
+class TransactionalFences:
+    """The lowest epoch a transactional producer's half messages may carry, per
+    ``transactional_id`` (raised by the transaction coordinator when a new instance
+    takes the id over). Kept in memory: the coordinator is the authority and refuses
+    a fenced producer's commit whatever a store holds."""
+
+    def __init__(self) -> None:
+        self._epochs: dict[str, int] = {}
+
+    def raise_fence(self, transactional_id: str, epoch: int) -> bool:
+        if epoch > self._epochs.get(transactional_id, -1):
+            self._epochs[transactional_id] = epoch
+            return True
+        return False
+
+    def check(self, m: MessageExt) -> None:
+        """ProducerFencedError when ``m`` comes from an epoch below its id's fence."""
+        tid = m.properties.get(PROP_TXN_PRODUCER)
+        if tid is None:
+            return
+        try:
+            epoch = int(m.properties.get(PROP_TXN_EPOCH, ""))
+        except ValueError as exc:
+            raise InvalidMessageError(
+                f"{PROP_TXN_EPOCH}={m.properties.get(PROP_TXN_EPOCH)!r}: not an epoch"
+            ) from exc
+        fence = self._epochs.get(tid, -1)
+        if epoch < fence:
+            raise ProducerFencedError(
+                f"transactional id {tid!r}: epoch {epoch} is fenced by epoch {fence}"
+            )
 
 
 def check_times(half: MessageExt) -> int:

@@ -49,6 +49,7 @@ from actors.broker.runtime import BrokerRuntime
 from actors.broker.send import SendMessageProcessor
 from actors.broker.transaction import TransactionProcessor
 from actors.config.broker import BrokerConfig
+from actors.protocol import checks
 from actors.protocol.fencing import FencingToken
 from actors.protocol.shared_ring import RingId
 from actors.protocol.topic import TopicConfig
@@ -361,6 +362,36 @@ class Broker:
         return await self.transactions.end_transaction(
             producer_group, half_offset, transaction_id, commit
         )
+
+    async def end_transaction_batch(
+        self,
+        txn_id: str,
+        commit: bool,
+        half_offsets: list[int] | None = None,
+        offsets: dict[str, dict[tuple[str, int], int]] | None = None,
+        transactional_id: str | None = None,
+        epoch: int | None = None,
+    ) -> int:
+        """The transaction coordinator's decision on multi-message transaction ``txn_id``:
+        every half message of it held here committed or rolled back in one append, and
+        on commit ``offsets`` (group -> {(topic, queue id): offset}) committed and
+        saved. How many half messages it ended (0 when all were ended before)."""
+        ended = await self.transactions.end_transaction_batch(
+            txn_id, commit, half_offsets, transactional_id, epoch
+        )
+        if commit and offsets:
+            for group, queues in offsets.items():
+                await self.groups.commit_offsets(group, queues)
+            await self.rt.run(self.rt.offsets.persist)
+        return ended
+
+    async def fence_transactional(self, transactional_id: str, epoch: int) -> int:
+        """Refuse from now on half messages of ``transactional_id`` below ``epoch``, and
+        roll back those pending here; how many were rolled back."""
+        tid = checks.check_str("transactional_id", transactional_id)
+        epoch = checks.check_int("epoch", epoch, 0)
+        self.rt.store.txn_fences.raise_fence(tid, epoch)
+        return await self.transactions.abort_fenced(tid, epoch)
 
     async def register_transaction_producer(
         self, producer_group: str, client_id: str, relay: Any, ttl_s: float

@@ -35,8 +35,12 @@ import random
 import time
 from typing import Any
 
+import numpy as np
+import ray
+
 from actors.broker.ha import Replication
 from actors.broker.runtime import BrokerRuntime
+from actors.coordinator.txn import TXN_COORDINATOR_NAME
 from actors.protocol import checks
 from storage import codec, transaction
 from storage.codec import EncodedBatch
@@ -45,6 +49,14 @@ from storage.message import GetStatus, Message, MessageExt
 from storage.store import PutBatchResult
 
 log = logging.getLogger("raymq.actors.broker.transaction")
+
+
+def _epoch_of(half: MessageExt) -> int:
+    try:
+        return int(half.properties.get(transaction.PROP_TXN_EPOCH, "-1"))
+    except ValueError:
+        return -1
+
 
 CHECK_GROUP = "CID_RMQ_SYS_TRANS"  # RocketMQ's consumer group of the check service
 _READ_BATCH = 256
@@ -89,8 +101,8 @@ class TransactionProcessor:
             if got.status is not GetStatus.FOUND:
                 break
             for m in got.messages:
-                try:
-                    self._done.add(int(m.body))
+                try:  # one offset, or a multi-message transaction's offsets, comma separated
+                    self._done.update(transaction.op_offsets(m.body))
                 except ValueError:
                     log.error("op message at %d: body %r is no offset", m.queue_offset, m.body)
             self._ops_read = got.next_offset
@@ -161,6 +173,114 @@ class TransactionProcessor:
             self.rt.stats["txn_committed" if commit else "txn_rolled_back"] += 1
             return True
 
+    async def end_transaction_batch(
+        self,
+        txn_id: str,
+        commit: bool,
+        half_offsets: list[int] | None,
+        transactional_id: str | None = None,
+        epoch: int | None = None,
+    ) -> int:
+        """Commit or roll back every half message of multi-message transaction ``txn_id``
+        held here: those at ``half_offsets`` (CommitLog offsets; None: every pending one
+        carrying the id), in one append (the committed copies and one op message naming
+        them all). Half messages ended before are skipped; returns how many were ended.
+        ``transactional_id``/``epoch``: the owner, whose fence rises to it here."""
+        txn_id = checks.check_str("txn_id", txn_id)
+        if not isinstance(commit, bool):
+            raise InvalidMessageError(f"commit={commit!r}: must be True or False")
+        if transactional_id is not None and epoch is not None:
+            self.rt.store.txn_fences.raise_fence(
+                checks.check_str("transactional_id", transactional_id),
+                checks.check_int("epoch", epoch, 0),
+            )
+        async with self._lock:
+            await self.ensure_loaded()
+            if half_offsets is None:
+                halves = [
+                    h
+                    for h in await self.rt.run(self._pending_halves)
+                    if transaction.global_txn(h) == txn_id
+                ]
+            else:
+                offsets = [checks.check_int("half_offset", o, 0) for o in half_offsets]
+                halves = (
+                    self._halves_at(offsets)
+                    if self._inline
+                    else await self.rt.run(self._halves_at, offsets)
+                )
+                for offset, half in zip(offsets, halves):
+                    if (
+                        half.topic != transaction.HALF_TOPIC
+                        or transaction.global_txn(half) != txn_id
+                    ):
+                        raise InvalidMessageError(
+                            f"the message at {offset} is no half message of transaction {txn_id!r}"
+                        )
+            todo = [h for h in halves if h.queue_offset not in self._done]
+            if not todo:
+                return 0
+            op = transaction.op_message([h.queue_offset for h in todo])
+            if commit:
+                batch = self._encode([*map(transaction.committed, todo), op], [*todo, None])
+                batch = transaction.with_transaction_type(
+                    batch, list(range(len(todo))), transaction.TRANSACTION_COMMIT_TYPE
+                )
+            else:
+                batch = self._encode([op], [None])
+            await self._write(batch)
+            self._done.update(h.queue_offset for h in todo)
+            self.rt.stats["txn_committed" if commit else "txn_rolled_back"] += len(todo)
+            log.debug(
+                "transaction %s: %d half messages %s",
+                txn_id,
+                len(todo),
+                "committed" if commit else "rolled back",
+            )
+            return len(todo)
+
+    def _halves_at(self, offsets: list[int]) -> list[MessageExt]:
+        """The records at CommitLog ``offsets``, read in runs (a flush's half messages are
+        stored back to back) and decoded together."""
+        if not offsets:
+            return []
+        cl = self.rt.store.commitlog
+        try:
+            sizes = [cl.size_at(o) for o in offsets]
+            data = cl.read_runs(np.asarray(offsets, np.int64), np.asarray(sizes, np.int64))
+            out = codec.decode_records(data, check_crc=False)
+        except (StoreCorruptedError, ValueError, IndexError) as exc:
+            raise InvalidMessageError(f"no half messages at commitlog offsets {offsets}") from exc
+        if len(out) != len(offsets):
+            raise InvalidMessageError(f"no half messages at commitlog offsets {offsets}")
+        return out
+
+    async def abort_fenced(self, transactional_id: str, epoch: int) -> int:
+        """Roll back every pending half message of ``transactional_id`` from an epoch
+        below ``epoch`` (its new instance fenced them), in one append; how many."""
+        async with self._lock:
+            await self.ensure_loaded()
+            stale = [
+                h
+                for h in await self.rt.run(self._pending_halves)
+                if h.properties.get(transaction.PROP_TXN_PRODUCER) == transactional_id
+                and _epoch_of(h) < epoch
+            ]
+            if not stale:
+                return 0
+            await self._write(
+                self._encode([transaction.op_message([h.queue_offset for h in stale])], [None])
+            )
+            self._done.update(h.queue_offset for h in stale)
+            self.rt.stats["txn_rolled_back"] += len(stale)
+        log.info(
+            "%d half messages of %s below epoch %d rolled back (fenced)",
+            len(stale),
+            transactional_id,
+            epoch,
+        )
+        return len(stale)
+
     async def _half_at(self, offset: int) -> MessageExt:
         read = self.rt.store.commitlog.message_at
         try:
@@ -226,9 +346,17 @@ class TransactionProcessor:
         handled = 0
         pending = await self.rt.run(self._pending_halves)
         now_ms = int(time.time() * 1000)
+        global_txns: dict[str, tuple[str, int, int]] = {}  # id -> owner, epoch, first born
         for half in pending:
             if now_ms - half.born_timestamp < transaction.check_after_ms(half, timeout_ms):
                 continue  # not yet: the broker's timeout, or the producer's immunity
+            gtxn = transaction.global_txn(half)
+            if gtxn is not None:  # a multi-message transaction's: its coordinator decides
+                owner = half.properties.get(transaction.PROP_TXN_PRODUCER, "")
+                prev = global_txns.get(gtxn)
+                born = half.born_timestamp if prev is None else min(prev[2], half.born_timestamp)
+                global_txns[gtxn] = (owner, _epoch_of(half), born)
+                continue
             async with self._lock:
                 if half.queue_offset in self._done:  # ended meanwhile
                     continue
@@ -266,7 +394,33 @@ class TransactionProcessor:
                 )
             except Exception as exc:  # noqa: BLE001 - a dead relay: checked again later
                 log.warning("checking %s with a producer of %s failed: %s", half.msg_id, group, exc)
+        if global_txns:
+            handled += await self._resolve_global(global_txns)
         return handled
+
+    async def _resolve_global(self, txn_ids: dict[str, tuple[str, int, int]]) -> int:
+        """Ask the transaction coordinator about old half messages of multi-message
+        transactions and apply what it decided (an open one is left for later)."""
+        try:
+            coordinator = await self.rt.run(
+                ray.get_actor, TXN_COORDINATOR_NAME, self.rt.config.namespace
+            )
+        except ValueError:
+            log.info("%d transactions pending and no transaction coordinator", len(txn_ids))
+            return 0
+        ended = 0
+        for txn_id, (owner, epoch, born_ms) in sorted(txn_ids.items()):
+            try:
+                state: str = await asyncio.wait_for(
+                    coordinator.resolve.remote(txn_id, owner, epoch, born_ms), 10.0
+                )
+            except Exception as exc:  # noqa: BLE001 - the next round asks again
+                log.warning("transaction %s: the coordinator did not answer: %s", txn_id, exc)
+                continue
+            if state in ("commit", "abort"):
+                ended += await self.end_transaction_batch(txn_id, state == "commit", None)
+                self.rt.stats["txn_resolved"] += 1
+        return ended
 
     def _pending_halves(self) -> list[MessageExt]:
         """The half messages not done, from the first one that is not."""

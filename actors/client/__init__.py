@@ -22,6 +22,11 @@ from actors.client.transaction import (
     TransactionProducer,
     TransactionSendResult,
 )
+from actors.client.transactional import (
+    Transaction,
+    TransactionalProducer,
+    TransactionState,
+)
 
 __all__ = [
     "Admin",
@@ -38,6 +43,9 @@ __all__ = [
     "PushConsumer",
     "PushConsumerConfig",
     "SendResult",
+    "Transaction",
+    "TransactionState",
+    "TransactionalProducer",
     "SendStatus",
     "SimpleConsumer",
     "TransactionListener",

@@ -90,6 +90,18 @@ class BatchSendResult(Sequence[SendResult]):
     def __iter__(self) -> Iterator[SendResult]:
         return iter(self._expand())
 
+    def commitlog_offsets_by_broker(self) -> dict[str, list[int]]:
+        """Where the messages were stored, per broker name (-1: stored long before a retry
+        asked, the offset no longer known); raises ValueError when a batch's status was not
+        SEND_OK (stored, but not as durably as asked)."""
+        out: dict[str, list[int]] = {}
+        for _, _, mq, ack in self._parts:
+            status = _SEND_STATUS[ack.status]
+            if status is not SendStatus.SEND_OK:
+                raise ValueError(f"{mq}: {status.value}")
+            out.setdefault(mq.broker_name, []).extend(ack.commitlog_offsets.tolist())
+        return out
+
     @property
     def queues(self) -> list[tuple[MessageQueue, int, int]]:
         """Per batch sent: (queue, first queue offset, message count)."""

@@ -30,9 +30,15 @@ ADDED_SINCE_0_1 = {
     "TransactionProducer",
     "TransactionSendResult",
     "SimpleConsumer",
+    "Transaction",
+    "TransactionCoordinator",
+    "TransactionState",
+    "TransactionStateError",
+    "TransactionalProducer",
+    "transaction_coordinator",
 }
 """Names the top level gained after 0.1, and only these (none may go): transactional
-messages (issue #24), POP consumption (issue #25)."""
+messages (issue #24, with its multi-message transactions), POP consumption (issue #25)."""
 
 
 def test_the_top_level_api_is_what_it_was() -> None:

@@ -34,7 +34,7 @@ LAYERS = [  # from the facade down to the values and errors
     {"mapped_file", "codec"},
     "message",
     {"message_id", "properties"},
-    {"checkpoint", "config", "config_files", "_crc", "raft"},
+    {"checkpoint", "config", "config_files", "_crc", "raft", "txn_log"},
     "errors",
 ]
 

@@ -1,0 +1,299 @@
+"""Multi-message transactions with consumer offsets (Kafka's transactional producer on
+RocketMQ's half messages): ``TransactionalProducer(group, transactional_id=...)``.
+
+::
+
+    producer = TransactionalProducer("etl", transactional_id="etl-1", namespace=ns)
+    with producer.begin() as txn:                 # commit on a clean exit, abort on an exception
+        txn.send([Message("Out", b"..."), Message("Audit", b"...")])
+        txn.send_offsets("etl-in", {mq: next_offset})  # Kafka's sendOffsetsToTransaction
+
+A transaction's messages travel the normal data path (the producer's ``send_batch``,
+in batches of ``flush_messages``) as half messages carrying the transaction's id: no
+consumer sees them until the commit. Ray calls go to the transaction coordinator
+(``actors.coordinator.txn``) per transaction, not per message: one naming the brokers
+before the first send to them, one to end it. The coordinator logs the decision
+durably, then has every broker commit (or roll back) all the transaction's half
+messages it holds in one append and apply the offsets.
+
+Why a class of its own and not ``Producer.begin()``: a transactional producer *is* its
+``transactional_id`` at one epoch. Creating it takes the id over at the coordinator
+(the previous instance is fenced and what it left open is aborted), as Kafka's
+``initTransactions``; a plain producer should pay no coordinator call and be fenced by
+nobody.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+from actors.client.producer import Producer
+from actors.config.client import ProducerConfig
+from actors.coordinator.txn import (
+    APPLY_WAIT_S,
+    TransactionStateError,
+    transaction_coordinator,
+)
+from actors.protocol import checks, rpc
+from actors.protocol.names import DEFAULT_NAMESPACE
+from rebalance import MessageQueue
+from storage.codec import validate_topic
+from storage.errors import InvalidMessageError, ProducerFencedError, RayMQError
+from storage.message import Message
+from storage.properties import PROP_PRODUCER_GROUP, PROP_TRAN_MSG
+from storage.transaction import PROP_GLOBAL_TXN, PROP_TXN_EPOCH, PROP_TXN_PRODUCER
+
+log = logging.getLogger("raymq.actors.client.transactional")
+
+__all__ = [
+    "ProducerFencedError",
+    "Transaction",
+    "TransactionState",
+    "TransactionStateError",
+    "TransactionalProducer",
+]
+
+
+class TransactionState(enum.Enum):
+    OPEN = "open"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+    FAILED = "failed"  # a send or the commit failed: abort() is what is left
+
+
+class Transaction:
+    """One multi-message transaction of a :class:`TransactionalProducer` (``begin()``)."""
+
+    def __init__(self, producer: TransactionalProducer, txn_id: str) -> None:
+        self.producer = producer
+        self.txn_id = txn_id
+        self.state = TransactionState.OPEN
+        self._buffer: list[Message] = []
+        self._halves: dict[str, list[int] | None] = {}  # broker -> half CommitLog offsets
+        self._offsets: dict[str, dict[str, dict[tuple[str, int], int]]] = {}
+        self.sent = 0
+
+    # ------------------------------------------------------------ building
+    def _require_open(self) -> None:
+        if self.state is not TransactionState.OPEN:
+            raise TransactionStateError(f"transaction {self.txn_id} is {self.state.value}")
+
+    def send(self, messages: Message | Sequence[Message]) -> None:
+        """Add messages (any topics); they are sent in batches as the buffer fills and
+        at the commit, visible to consumers only after it."""
+        self._require_open()
+        batch = [messages] if isinstance(messages, Message) else list(messages)
+        p = self.producer
+        marked = []
+        for m in batch:  # the usual mistakes refused here, before the buffer changes
+            if not isinstance(m, Message):
+                raise InvalidMessageError(f"a transaction sends Messages, got {type(m).__name__}")
+            validate_topic(m.topic)
+            if not isinstance(m.body, (bytes, bytearray, memoryview)) or not len(m.body):
+                raise InvalidMessageError(f"a message to {m.topic!r}: body must be non-empty bytes")
+            props = dict(m.properties or {})
+            if m.delay_level or "TIMER_DELIVER_MS" in props:
+                raise InvalidMessageError(
+                    f"a message to {m.topic!r} with a delay: transactions do not delay"
+                )
+            props[PROP_TRAN_MSG] = "true"
+            props[PROP_PRODUCER_GROUP] = p.group
+            props[PROP_GLOBAL_TXN] = self.txn_id
+            props[PROP_TXN_PRODUCER] = p.transactional_id
+            props[PROP_TXN_EPOCH] = str(p.epoch)
+            marked.append(dataclasses.replace(m, properties=props))
+        self._buffer.extend(marked)
+        if len(self._buffer) >= p.flush_messages:
+            self.flush()
+
+    def flush(self) -> None:
+        """Send what is buffered now (as half messages)."""
+        self._require_open()
+        if not self._buffer:
+            return
+        p = self.producer
+        buffer, self._buffer = self._buffer, []
+        try:
+            stored = p.send_batch(buffer).commitlog_offsets_by_broker()
+        except BaseException:
+            self.state = TransactionState.FAILED
+            raise
+        for broker, offsets in stored.items():
+            known = self._halves.setdefault(broker, [])
+            if known is None or min(offsets) < 0:
+                self._halves[broker] = None  # not all known: the broker finds them by id
+            else:
+                known.extend(offsets)
+        self.sent += len(buffer)
+
+    def send_offsets(self, group: str, offsets: Mapping[MessageQueue, int]) -> None:
+        """Commit ``group``'s offsets (``{queue: next offset to consume}``) with the
+        transaction (Kafka's ``sendOffsetsToTransaction``): moved on commit, unchanged on
+        abort. A later call for the same queue replaces the offset."""
+        self._require_open()
+        group = checks.validate_group(group)
+        checked = []
+        for mq, offset in offsets.items():
+            if not isinstance(mq, MessageQueue):
+                raise InvalidMessageError(f"offsets: keys must be MessageQueues, got {mq!r}")
+            checked.append((mq, checks.check_int("offset", offset, 0)))
+        for mq, offset in checked:
+            queues = self._offsets.setdefault(mq.broker_name, {}).setdefault(group, {})
+            queues[(mq.topic, mq.queue_id)] = offset
+
+    # ------------------------------------------------------------ ending
+    def commit(self, wait: bool = True) -> None:
+        """Send what is buffered, then have the coordinator decide COMMIT (durably) and
+        the brokers apply it. ``wait`` False returns once the decision is logged (Kafka's
+        semantics: the outcome is fixed, the messages and offsets show a moment later,
+        in commit order); True (the default) once every broker shows them. Raises
+        ProducerFencedError when a newer instance took the ``transactional_id`` over
+        (the transaction is then aborted)."""
+        self.flush()
+        if not self._halves and not self._offsets:
+            self.state = TransactionState.COMMITTED
+            self.producer._ended(self)
+            return
+        p = self.producer
+        halves = dict(self._halves)
+        offsets = {
+            b: {g: [(t, q, o) for (t, q), o in qs.items()] for g, qs in groups.items()}
+            for b, groups in self._offsets.items()
+        }
+        try:
+            answer = p._call(
+                "end", self.txn_id, p.transactional_id, p.epoch, True, halves, offsets, wait
+            )
+        except ProducerFencedError:
+            self.state = TransactionState.ABORTED
+            p._ended(self)
+            raise
+        except BaseException:
+            self.state = TransactionState.FAILED
+            raise
+        self.state = TransactionState.COMMITTED
+        p._ended(self)
+        if wait and not answer["done"]:
+            log.warning(
+                "transaction %s committed; a broker applies it later (the coordinator retries)",
+                self.txn_id,
+            )
+
+    def abort(self) -> None:
+        """Drop what is buffered and roll back what was sent; the offsets stay."""
+        if self.state in (TransactionState.COMMITTED, TransactionState.ABORTED):
+            if self.state is TransactionState.COMMITTED:
+                raise TransactionStateError(f"transaction {self.txn_id} is committed")
+            return
+        self._buffer.clear()
+        p = self.producer
+        if self._halves:  # each broker finds the transaction's half messages by its id
+            brokers = dict.fromkeys(self._halves)
+            p._call("end", self.txn_id, p.transactional_id, p.epoch, False, brokers, None)
+        self.state = TransactionState.ABORTED
+        p._ended(self)
+
+    def __enter__(self) -> Transaction:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.commit()
+            return
+        try:
+            self.abort()
+        except Exception as abort_exc:  # noqa: BLE001 - the first error is the one to see
+            log.warning("aborting %s after %r failed: %s", self.txn_id, exc, abort_exc)
+
+
+class TransactionalProducer(Producer):
+    """A producer of multi-message transactions under ``transactional_id`` (see the
+    module doc). Creating one fences every earlier instance with the same id."""
+
+    def __init__(
+        self,
+        group: str,
+        *,
+        transactional_id: str,
+        namespace: str = DEFAULT_NAMESPACE,
+        nameservers: Sequence[str] | None = None,
+        config: ProducerConfig | None = None,
+        coordinator_log_dir: str | None = None,
+        txn_timeout_s: float = 60.0,
+        flush_messages: int = 1000,
+        **options: Any,
+    ) -> None:
+        self.transactional_id = checks.check_str("transactional_id", transactional_id)
+        if not isinstance(flush_messages, int) or flush_messages < 1:
+            raise InvalidMessageError(f"flush_messages={flush_messages!r}: must be an int >= 1")
+        super().__init__(
+            group, namespace=namespace, nameservers=nameservers, config=config, **options
+        )
+        self.flush_messages = flush_messages
+        self.coordinator = transaction_coordinator(
+            namespace,
+            log_dir=coordinator_log_dir,
+            nameservers=self.ns.nameservers,
+            txn_timeout_s=txn_timeout_s,
+        )
+        self.producer_id, self.epoch = self._call("init_producer", self.transactional_id)
+        self._counter = itertools.count()
+        self._current: Transaction | None = None
+        log.info(
+            "transactional producer %s: id %s epoch %d",
+            self.transactional_id,
+            self.producer_id,
+            self.epoch,
+        )
+
+    def _call(self, method: str, *args: Any) -> Any:
+        """A coordinator call, tried again while the coordinator restarts (its calls
+        are idempotent: a repeated end answers the decision taken)."""
+        deadline = time.monotonic() + max(30.0, self.config.send_timeout_s)
+        # an end waits for the brokers up to APPLY_WAIT_S before it answers
+        timeout = self.config.send_timeout_s + (APPLY_WAIT_S if method == "end" else 0.0)
+        delay = 0.05
+        while True:
+            try:
+                return rpc.get(getattr(self.coordinator, method).remote(*args), timeout)
+            except RayMQError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - Ray could not deliver: again
+                if not rpc.is_retriable(exc) or time.monotonic() > deadline:
+                    raise
+                log.warning("transaction coordinator %s: %s; trying again", method, exc)
+                time.sleep(delay)  # a restart: nothing to wait on but time
+                delay = min(1.0, delay * 2)
+
+    def begin(self) -> Transaction:
+        """Start a transaction (one at a time per producer); no Ray call."""
+        if self._current is not None and self._current.state in (
+            TransactionState.OPEN,
+            TransactionState.FAILED,
+        ):
+            raise TransactionStateError(
+                f"transaction {self._current.txn_id} is still {self._current.state.value}: "
+                "commit or abort it first"
+            )
+        txn_id = (
+            f"{self.transactional_id}.{self.epoch}.{next(self._counter)}.{uuid.uuid4().hex[:8]}"
+        )
+        self._current = Transaction(self, txn_id)
+        return self._current
+
+    def _ended(self, txn: Transaction) -> None:
+        if self._current is txn:
+            self._current = None

@@ -1,0 +1,445 @@
+"""The transaction coordinator: multi-message transactions over several brokers, with
+consumer offsets, decided once and durably (two-phase commit), and fencing of zombie
+producers (Kafka's ``TransactionCoordinator`` on RocketMQ's half messages).
+
+One detached actor per cluster (``txn-coordinator`` in the cluster's namespace, on the
+head node, restarted by Ray), its state in a :class:`~storage.txn_log.TransactionLog`
+on that node. What it does:
+
+* **Producers.** :meth:`init_producer` gives a ``transactional_id`` its next epoch
+  (logged, fsynced) and raises every master's fence (``Broker.fence_transactional``):
+  the old instance's half messages are refused there from then on, and those it left
+  pending are rolled back; its commits here are refused too (ProducerFencedError).
+* **Participants.** Not named ahead: a producer's half messages are durable on their
+  brokers once its sends are answered (that is the *prepare* of this two-phase commit),
+  and the decision names where they are. A transaction this coordinator has not
+  decided is unknown here until then (no call before its sends, unlike Kafka's
+  ``AddPartitionsToTxn``): a broker's check of an old half message asks
+  :meth:`resolve`, which answers ``abort`` for one whose producer was fenced, aborts
+  (logged, so a late commit is refused) one whose first half message is older than
+  ``txn_timeout_s``, and answers ``open`` otherwise.
+* **Decision.** :meth:`end` logs COMMIT (with each broker's half messages and the
+  consumer offsets to commit) or ABORT, fsynced: from then the outcome is fixed. Then it
+  tells each participant (``Broker.end_transaction_batch``: every half message of the
+  transaction there committed or rolled back in one append, and on commit the offsets
+  applied) and logs ``done`` when all have answered.
+* **Recovery.** After its own restart it replays the log and applies every decision not
+  done (a crash between logging COMMIT and telling the brokers ends committed). After a
+  broker's restart, the broker's check service finds the half messages still pending
+  and asks :meth:`resolve` (a logged decision, or the rule above), not a producer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from actors.coordinator.coordinator import HEAD_NODE_RESOURCE
+from actors.namesrv.client import NameServerClient, discover_nameservers
+from actors.protocol import checks
+from actors.protocol.names import DEFAULT_NAMESPACE
+from storage.errors import BrokerUnavailableError, InvalidMessageError, ProducerFencedError
+from storage.txn_log import ABORT, COMMIT, OPEN, Offsets, TransactionLog, TxnRecord
+
+log = logging.getLogger("raymq.actors.coordinator.txn")
+
+TXN_COORDINATOR_NAME = "txn-coordinator"
+_COMPACT_EVERY = 10_000  # log records between compactions
+APPLY_WAIT_S = 10.0
+"""How long a waiting ``end`` waits for the brokers before it answers ``done: False``."""
+
+
+class TransactionStateError(InvalidMessageError):
+    """A transaction call that does not fit the transaction's state (ending one decided
+    the other way, adding a broker to one already decided). Nothing changed."""
+
+
+def default_log_dir(namespace: str) -> str:
+    return str(Path("~/.raymq/txn").expanduser() / namespace)
+
+
+def transaction_coordinator(
+    namespace: str = DEFAULT_NAMESPACE,
+    *,
+    log_dir: str | None = None,
+    nameservers: Sequence[str] | None = None,
+    txn_timeout_s: float = 60.0,
+    retry_interval_s: float = 1.0,
+    keep_done_s: float = 3600.0,
+) -> Any:
+    """The handle of the namespace's transaction coordinator, created (detached, on the
+    head node, where its log lives: ``log_dir``, default ``~/.raymq/txn/<namespace>``)
+    if it does not run yet; the options count only when this call creates it."""
+    if txn_timeout_s <= 0 or retry_interval_s <= 0 or keep_done_s < 0:
+        raise InvalidMessageError(
+            f"txn_timeout_s={txn_timeout_s}, retry_interval_s={retry_interval_s}, "
+            f"keep_done_s={keep_done_s}: timeouts must be > 0"
+        )
+    return (
+        ray.remote(TransactionCoordinator)
+        .options(
+            name=TXN_COORDINATOR_NAME,
+            namespace=namespace,
+            lifetime="detached",
+            get_if_exists=True,
+            num_cpus=0,
+            resources={HEAD_NODE_RESOURCE: 0.001},
+            max_restarts=-1,
+            max_concurrency=1000,
+        )
+        .remote(
+            namespace,
+            log_dir or default_log_dir(namespace),
+            list(nameservers) if nameservers else None,
+            txn_timeout_s,
+            retry_interval_s,
+            keep_done_s,
+        )
+    )
+
+
+def _offsets_for(offsets: Offsets, broker: str) -> dict[str, dict[tuple[str, int], int]]:
+    return {g: {(t, q): o for t, q, o in qs} for g, qs in offsets.get(broker, {}).items()}
+
+
+class TransactionCoordinator:
+    """Ray actor class; use :func:`transaction_coordinator` to find or create it."""
+
+    def __init__(
+        self,
+        namespace: str,
+        log_dir: str,
+        nameservers: Sequence[str] | None,
+        txn_timeout_s: float,
+        retry_interval_s: float,
+        keep_done_s: float,
+    ) -> None:
+        self.namespace = namespace
+        self.txn_timeout_ms = int(txn_timeout_s * 1000)
+        self.retry_interval_s = retry_interval_s
+        self.keep_done_ms = int(keep_done_s * 1000)
+        self._nameservers = list(nameservers) if nameservers else None
+        self._loop = asyncio.get_event_loop()  # an async actor runs __init__ in its loop
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="txn-log")
+        self.log = TransactionLog(log_dir)
+        self.log.compact(self.keep_done_ms)
+        self._lock = asyncio.Lock()
+        self._ns: NameServerClient | None = None
+        self._master_cache: dict[str, Any] = {}
+        self._fault: str | None = None
+        self._closing = False
+        self.stats: Counter[str] = Counter()
+        self.recovered = sum(t.state != OPEN and not t.done for t in self.log.txns.values())
+        self._wake = asyncio.Event()
+        if self.recovered:
+            log.warning("%d decided transactions to apply after a restart", self.recovered)
+            self._wake.set()
+        self._queue: asyncio.Queue[tuple[TxnRecord, asyncio.Future[bool]]] = asyncio.Queue()
+        self._task = self._loop.create_task(self._drive_loop())
+        self._apply_task = self._loop.create_task(self._apply_loop())
+        log.info("transaction coordinator of %s started, log in %s", namespace, log_dir)
+
+    async def _io_call(self, fn: Any, *args: Any) -> Any:
+        return await self._loop.run_in_executor(self._io, fn, *args)
+
+    # ------------------------------------------------------------ brokers
+    async def _masters(self, refresh: bool = False) -> dict[str, Any]:
+        """Broker name -> master handle, from the NameServers when asked to refresh (or
+        never asked yet): a commit costs no NameServer call."""
+        if self._ns is None:
+            names = self._nameservers or await self._io_call(discover_nameservers, self.namespace)
+            self._ns = NameServerClient(names, self.namespace)
+        if refresh or not self._master_cache:
+            ns = self._ns
+            self._master_cache = await self._io_call(ns.master_brokers)
+        return self._master_cache
+
+    async def _apply(self, txn: TxnRecord) -> bool:
+        """Tell every participant the decision; log ``done`` when all applied it."""
+        if txn.done or txn.state == OPEN:
+            return txn.done
+        commit = txn.state == COMMIT
+        try:
+            masters = await self._masters()
+        except Exception as exc:  # noqa: BLE001 - the drive loop tries again
+            log.warning("transaction %s: no broker list (%s)", txn.txn_id, exc)
+            return False
+        names = sorted(txn.participants())
+        if any(b not in masters for b in names):
+            masters = await self._masters(refresh=True)
+        missing = [b for b in names if b not in masters]
+        calls = [
+            asyncio.wait_for(
+                masters[b].end_transaction_batch.remote(
+                    txn.txn_id,
+                    commit,
+                    txn.halves.get(b, []),  # None: the broker finds them by the id
+                    _offsets_for(txn.offsets, b) if commit else None,
+                    txn.tid,
+                    txn.epoch,
+                ),
+                30.0,
+            )
+            for b in names
+            if b in masters
+        ]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        for r in failed:
+            log.warning("transaction %s: a broker did not apply %s: %r", txn.txn_id, txn.state, r)
+        if missing:
+            log.warning("transaction %s: no live master of %s", txn.txn_id, missing)
+        if failed or missing:
+            self._master_cache = {}  # a master may have changed: ask the NameServers again
+            return False
+        async with self._lock:
+            if not txn.done:
+                await self._io_call(self.log.done, txn)
+                self.stats["commit_done" if commit else "abort_done"] += 1
+        return True
+
+    async def _fence_brokers(self, tid: str, epoch: int) -> None:
+        try:
+            masters = await self._masters()
+        except Exception as exc:  # noqa: BLE001 - the commit-time checks still hold
+            log.warning("fencing %s: no broker list (%s)", tid, exc)
+            return
+        calls = [
+            asyncio.wait_for(h.fence_transactional.remote(tid, epoch), 10.0)
+            for h in masters.values()
+        ]
+        rolled = 0
+        for r in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(r, BaseException):
+                log.warning("fencing %s at epoch %d: a broker did not take it: %r", tid, epoch, r)
+            else:
+                rolled += int(r)
+        if rolled:
+            self.stats["halves_rolled_back_fenced"] += rolled
+            log.warning("fencing %s at epoch %d rolled back %d half messages", tid, epoch, rolled)
+
+    # ------------------------------------------------------------ producers' calls
+    def _check_epoch(self, tid: str, epoch: int) -> None:
+        current = self.log.producers.get(tid)
+        if current is None:
+            raise InvalidMessageError(f"transactional id {tid!r} is unknown: init_producer first")
+        if epoch < current.epoch:
+            self.stats["fenced"] += 1
+            raise ProducerFencedError(
+                f"transactional id {tid!r}: epoch {epoch} is fenced by epoch {current.epoch}"
+            )
+        if epoch > current.epoch:
+            raise InvalidMessageError(f"transactional id {tid!r}: epoch {epoch} was never given")
+
+    async def init_producer(self, transactional_id: str) -> tuple[str, int]:
+        """``transactional_id``'s producer id and next epoch. Earlier epochs are fenced
+        from now on: here, and at every master broker, which also rolls back their half
+        messages still pending (what the previous instance left open)."""
+        tid = checks.check_str("transactional_id", transactional_id)
+        async with self._lock:
+            prev = self.log.producers.get(tid)
+            pid = prev.producer_id if prev else f"{tid}@{time.time_ns() // 1000}"
+            epoch = prev.epoch + 1 if prev else 0
+            await self._io_call(self.log.set_epoch, tid, pid, epoch)
+        if prev is not None:
+            await self._fence_brokers(tid, epoch)
+        # what the predecessor decided is applied before the new instance reads offsets:
+        # a consume-transform-produce loop must not start from offsets a commit has
+        # yet to move (Kafka's consumers wait for pending transactional offsets alike)
+        for t in [t for t in self.log.txns.values() if t.tid == tid and not t.done]:
+            if not await self._apply(t):
+                raise BrokerUnavailableError(
+                    f"transaction {t.txn_id} of {tid!r} is {t.state}ed but not applied yet "
+                    "(a broker is down): try again"
+                )
+        return pid, epoch
+
+    async def end(
+        self,
+        txn_id: str,
+        transactional_id: str,
+        epoch: int,
+        commit: bool,
+        halves: Mapping[str, Sequence[int] | None] | None = None,
+        offsets: Mapping[str, Mapping[str, Sequence[tuple[str, int, int]]]] | None = None,
+        wait: bool = True,
+    ) -> dict[str, Any]:
+        """Decide ``txn_id`` (logged, fsynced), then tell its brokers. ``halves``: broker ->
+        the CommitLog offsets of its half messages (None: find them by the id);
+        ``offsets``: broker -> group -> [(topic, queue id, offset)] committed with it.
+        A repeated call answers the decision taken. Returns ``{"state", "done"}`` once
+        every broker applied it, or (``wait`` False) once it is logged, as Kafka's
+        ``EndTxn`` answers before its markers are written: ``done`` False means a broker
+        has yet to apply it (retried here until it has)."""
+        txn_id = checks.check_str("txn_id", txn_id)
+        if not isinstance(commit, bool):
+            raise InvalidMessageError(f"commit={commit!r}: must be True or False")
+        halves_ = {
+            checks.check_str("broker", b): (
+                None if h is None else [checks.check_int("half offset", o, 0) for o in h]
+            )
+            for b, h in (halves or {}).items()
+        }
+        offsets_: Offsets = {
+            checks.check_str("broker", b): {
+                checks.validate_group(g): [
+                    (
+                        checks.check_str("topic", t),
+                        checks.check_int("queue id", q, 0),
+                        checks.check_int("offset", o, 0),
+                    )
+                    for t, q, o in qs
+                ]
+                for g, qs in groups.items()
+            }
+            for b, groups in (offsets or {}).items()
+        }
+        async with self._lock:
+            txn = self.log.txns.get(txn_id)
+            if txn is not None and txn.state != OPEN:
+                if (txn.state == COMMIT) != commit:
+                    raise TransactionStateError(f"transaction {txn_id!r} was {txn.state}ed")
+            else:
+                current = self.log.producers.get(transactional_id)
+                if not commit and current is not None and epoch < current.epoch:
+                    # a fenced producer's abort: the fence rolled its half messages back
+                    # already (and a straggler's check is answered ABORT): nothing to log
+                    return {"state": ABORT, "done": True}
+                self._check_epoch(transactional_id, epoch)
+                if txn is None:
+                    txn = TxnRecord(txn_id, transactional_id, epoch, started_ms=self.log.now_ms())
+                elif txn.tid != transactional_id or txn.epoch != epoch:
+                    raise TransactionStateError(
+                        f"transaction {txn_id!r} belongs to another producer"
+                    )
+                await self._io_call(self.log.decide, txn, commit, halves_, offsets_)
+                txn = self.log.txns[txn_id]
+                self.stats["committed" if commit else "aborted"] += 1
+                if self._fault == "crash_after_decision":
+                    log.warning("fault: exiting after logging %s of %s", txn.state, txn_id)
+                    os._exit(1)
+        if txn.done:  # a repeated call
+            return {"state": txn.state, "done": True}
+        applied: asyncio.Future[bool] = self._loop.create_future()
+        self._queue.put_nowait((txn, applied))
+        if not wait:
+            return {"state": txn.state, "done": False}
+        try:
+            done = await asyncio.wait_for(asyncio.shield(applied), APPLY_WAIT_S)
+        except asyncio.TimeoutError:  # a broker is slow or down: applied later
+            done = False
+        return {"state": txn.state, "done": done}
+
+    async def _apply_loop(self) -> None:
+        """Fresh decisions applied one transaction at a time, in the order decided (each
+        to its brokers at once): what a broker shows follows the commit order, also when
+        the producers do not wait for it."""
+        while not self._closing:
+            txn, applied = await self._queue.get()
+            try:
+                done = await self._apply(txn)
+            except Exception as exc:  # noqa: BLE001 - the drive loop tries again
+                log.warning("transaction %s: applying failed: %r", txn.txn_id, exc)
+                done = False
+            if not done:
+                self._wake.set()
+            if not applied.done():
+                applied.set_result(done)
+
+    async def resolve(
+        self, txn_id: str, transactional_id: str = "", epoch: int = -1, born_ms: int = 0
+    ) -> str:
+        """A broker's check of an old half message of ``txn_id`` (sent by
+        ``transactional_id`` at ``epoch``, the first born at ``born_ms``): ``commit``,
+        ``abort`` or ``open``. Undecided, it is aborted (and that logged, so a late commit
+        is refused) when its producer is fenced or it is older than ``txn_timeout_s``."""
+        txn = self.log.txns.get(txn_id)
+        if txn is not None and txn.state != OPEN:
+            if not txn.done:
+                self._wake.set()
+            return txn.state
+        current = self.log.producers.get(transactional_id)
+        if current is None or epoch < current.epoch:
+            return ABORT  # fenced (or never initialised here): can never commit
+        if self.log.now_ms() - born_ms <= self.txn_timeout_ms:
+            return OPEN
+        async with self._lock:
+            txn = self.log.txns.get(txn_id)
+            if txn is not None and txn.state != OPEN:
+                return txn.state
+            txn = TxnRecord(txn_id, transactional_id, epoch, started_ms=born_ms)
+            await self._io_call(self.log.decide, txn, False)
+            self.stats["aborted_timeout"] += 1
+        log.warning("transaction %s timed out undecided: aborted", txn_id)
+        return ABORT
+
+    # ------------------------------------------------------------ background
+    async def _drive_loop(self) -> None:
+        while not self._closing:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.retry_interval_s)
+            self._wake.clear()
+            try:
+                await self._drive_once()
+            except Exception:  # noqa: BLE001 - the next round tries again
+                log.exception("transaction coordinator round failed")
+
+    async def _drive_once(self) -> None:
+        for t in [t for t in self.log.txns.values() if t.state != OPEN and not t.done]:
+            await self._apply(t)
+        if self.log.records > _COMPACT_EVERY:
+            async with self._lock:
+                forgot = await self._io_call(self.log.compact, self.keep_done_ms)
+            log.info("transaction log compacted: %d done transactions forgotten", forgot)
+
+    # ------------------------------------------------------------ admin
+    async def inject_fault(self, kind: str | None) -> None:
+        """Test hook: ``crash_after_decision`` exits the process right after the next
+        decision is logged, before any broker hears of it."""
+        if kind not in (None, "crash_after_decision"):
+            raise InvalidMessageError(f"fault kind={kind!r}: unknown")
+        self._fault = kind
+
+    async def status(self) -> dict[str, Any]:
+        txns = self.log.txns.values()
+        return {
+            "log": str(self.log.path),
+            "producers": {t: (p.producer_id, p.epoch) for t, p in self.log.producers.items()},
+            "pending": sorted(t.txn_id for t in txns if t.state != OPEN and not t.done),
+            "recovered": self.recovered,
+            "pid": os.getpid(),
+            "stats": dict(self.stats),
+        }
+
+    async def transaction(self, txn_id: str) -> dict[str, Any] | None:
+        t = self.log.txns.get(txn_id)
+        if t is None:
+            return None
+        return {
+            "state": t.state,
+            "done": t.done,
+            "tid": t.tid,
+            "epoch": t.epoch,
+            "brokers": sorted(t.participants()),
+        }
+
+    async def ping(self) -> str:
+        return "ok"
+
+    async def shutdown(self) -> None:
+        """Stop the loop and close the log (``Cluster.shutdown`` calls this)."""
+        self._closing = True
+        self._task.cancel()
+        self._apply_task.cancel()
+        self._io.shutdown(wait=True)
+        self.log.close()

@@ -1,0 +1,375 @@
+"""Multi-message transactions with consumer offsets through a real cluster (issue #24,
+"beyond RocketMQ"): messages of three topics on two brokers and a consumer group's
+offset become visible and move together on commit, neither on abort, never before;
+the coordinator crashing after logging COMMIT and before telling a broker ends
+committed after its restart; a second instance with the same transactional id fences
+the first (its sends and its commit refused, its open transaction aborted); a
+consume-transform-produce loop killed (its process exits) at random points a few
+times writes every input exactly once; the half messages of a producer that vanished
+without ending its transaction are aborted through the brokers' check service asking
+the coordinator; a commit while a broker is down is applied after the broker's restart."""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import ray
+from raymq_testkit import SMALL_STORE, drain, unique_namespace, wait_until
+
+import actors
+from actors import TransactionalProducer, TransactionState
+from rebalance import MessageQueue
+from storage import Message, transaction
+from storage.errors import InvalidMessageError, ProducerFencedError
+
+GROUP_IN = "mtx-in"  # the consumer group whose offsets the transactions commit
+EO_INPUTS = 60
+ORPHAN_TIMEOUT_S = 3.0
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[actors.Cluster]:
+    c = actors.start_cluster(
+        namespace=unique_namespace("mtx"),
+        nameservers=1,
+        brokers=2,
+        store_root=str(tmp_path_factory.mktemp("mtx")),
+        broker_options={
+            "store": SMALL_STORE,
+            "heartbeat_interval_s": 1.0,
+            "transaction_check_interval_s": 0.3,
+            "transaction_timeout_s": 1.0,
+        },
+    )
+    admin = c.admin
+    admin.create_topic("MtA", 2, 2, brokers=["broker-a"])
+    admin.create_topic("MtB", 2, 2, brokers=["broker-b"])
+    admin.create_topic("MtC", 2, 2)  # on both
+    admin.create_topic("MtIn", 1, 1, brokers=["broker-b"])
+    admin.create_topic("EoIn", 1, 1, brokers=["broker-b"])
+    admin.create_topic("EoOut", 2, 2)
+    feed = c.producer("mtx-feed")
+    feed.send_batch([Message("MtIn", b"in%d" % i) for i in range(20)])
+    feed.send_batch([Message("EoIn", b"%d" % i) for i in range(EO_INPUTS)])
+    yield c
+    c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def log_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("txnlog"))
+
+
+def producer(cluster: actors.Cluster, log_dir: str, tid: str) -> TransactionalProducer:
+    return cluster.transactional_producer(
+        "mtx-producer",
+        tid,
+        coordinator_log_dir=log_dir,
+        txn_timeout_s=ORPHAN_TIMEOUT_S,  # counts where the coordinator is created: the first
+        flush_messages=16,
+        send_timeout_s=10.0,
+    )
+
+
+def bodies(cluster: actors.Cluster, topic: str) -> list[bytes]:
+    consumer = cluster.pull_consumer("mtx-reader")
+    return sorted(m.body for msgs in drain(consumer, topic).values() for m in msgs)
+
+
+def input_queue() -> MessageQueue:
+    return MessageQueue("MtIn", "broker-b", 0)
+
+
+def committed_offset(cluster: actors.Cluster) -> int:
+    return int(cluster.pull_consumer(GROUP_IN).fetch_offset(input_queue()))
+
+
+def pending_of(cluster: actors.Cluster, broker: str) -> int:
+    return len(ray.get(cluster.broker(broker).pending_transactions.remote()))
+
+
+def batch(tag: str, n: int) -> list[Message]:
+    topics = ("MtA", "MtB", "MtC")
+    return [Message(topics[i % 3], f"{tag}-{i}".encode()) for i in range(n)]
+
+
+def test_commit_shows_three_topics_and_the_offset_together_abort_neither(
+    cluster: actors.Cluster, log_dir: str
+) -> None:
+    p = producer(cluster, log_dir, "tid-commit")
+    try:
+        txn = p.begin()
+        txn.send(batch("c", 30))
+        txn.flush()
+        txn.send_offsets(GROUP_IN, {input_queue(): 7})
+        # stored as half messages on both brokers, and nobody sees them yet
+        assert pending_of(cluster, "broker-a") > 0 and pending_of(cluster, "broker-b") > 0
+        assert [bodies(cluster, t) for t in ("MtA", "MtB", "MtC")] == [[], [], []]
+        assert committed_offset(cluster) <= 0
+        txn.commit()
+        assert txn.state is TransactionState.COMMITTED
+        want = sorted(m.body for m in batch("c", 30))
+        got = bodies(cluster, "MtA") + bodies(cluster, "MtB") + bodies(cluster, "MtC")
+        assert sorted(got) == want  # every one, once
+        assert committed_offset(cluster) == 7
+        a = cluster.pull_consumer("mtx-reader2")
+        one = next(m for msgs in drain(a, "MtC").values() for m in msgs)
+        assert transaction.PROP_GLOBAL_TXN not in one.properties
+        assert transaction.transaction_type(one.sys_flag) == transaction.TRANSACTION_COMMIT_TYPE
+        assert pending_of(cluster, "broker-a") == pending_of(cluster, "broker-b") == 0
+
+        # an exception inside the block aborts: nothing shown, the offset stays
+        with pytest.raises(RuntimeError, match="local failure"), p.begin() as t2:
+            t2.send(batch("x", 12))
+            t2.flush()
+            t2.send_offsets(GROUP_IN, {input_queue(): 15})
+            raise RuntimeError("local failure")
+        assert t2.state is TransactionState.ABORTED
+        got = bodies(cluster, "MtA") + bodies(cluster, "MtB") + bodies(cluster, "MtC")
+        assert sorted(got) == want
+        assert committed_offset(cluster) == 7
+        assert pending_of(cluster, "broker-a") == pending_of(cluster, "broker-b") == 0
+
+        # commit(wait=False) answers once decided; the brokers show it a moment later
+        t4 = p.begin()
+        t4.send(batch("w", 6))
+        t4.commit(wait=False)
+        assert t4.state is TransactionState.COMMITTED
+        wait_until(
+            lambda: (
+                sum(b.startswith(b"w-") for t in ("MtA", "MtB", "MtC") for b in bodies(cluster, t))
+                == 6
+            ),
+            what="a commit(wait=False) applied",
+        )
+
+        # bad input is refused and changes nothing
+        t3 = p.begin()
+        with pytest.raises(InvalidMessageError):
+            t3.send_offsets(GROUP_IN, {input_queue(): -1})
+        with pytest.raises(InvalidMessageError):
+            t3.send([Message("MtA", b"late", delay_level=2)])
+        with pytest.raises(InvalidMessageError):
+            t3.send([Message("MtA", b"fine"), Message("bad topic!", b"x")])
+        t3.commit()  # empty: nothing to do
+        assert committed_offset(cluster) == 7
+        assert b"fine" not in bodies(cluster, "MtA")
+    finally:
+        p.close()
+
+
+def test_coordinator_crash_after_logging_commit_recovers_to_committed(
+    cluster: actors.Cluster, log_dir: str
+) -> None:
+    p = producer(cluster, log_dir, "tid-crash")
+    try:
+        before = ray.get(p.coordinator.status.remote())
+        txn = p.begin()
+        txn.send(batch("r", 9))
+        txn.send_offsets(GROUP_IN, {input_queue(): 11})
+        txn.flush()
+        ray.get(p.coordinator.inject_fault.remote("crash_after_decision"))
+        txn.commit()  # the coordinator dies inside; the call is answered by its successor
+        after = ray.get(p.coordinator.status.remote())
+        assert after["pid"] != before["pid"] and after["recovered"] >= 1
+        assert ray.get(p.coordinator.transaction.remote(txn.txn_id))["state"] == "commit"
+        want = sorted(m.body for m in batch("r", 9))
+        wait_until(
+            lambda: (
+                sorted(
+                    b for t in ("MtA", "MtB", "MtC") for b in bodies(cluster, t) if b[:2] == b"r-"
+                )
+                == want
+            ),
+            what="the recovered commit applied",
+        )
+        assert committed_offset(cluster) == 11
+    finally:
+        p.close()
+
+
+def test_a_zombie_producer_is_fenced_and_its_open_transaction_aborted(
+    cluster: actors.Cluster, log_dir: str
+) -> None:
+    old = producer(cluster, log_dir, "tid-zombie")
+    new = None
+    try:
+        t1 = old.begin()
+        t1.send([Message("MtA", b"z-old-%d" % i) for i in range(3)])
+        t1.flush()
+        new = producer(cluster, log_dir, "tid-zombie")
+        assert new.epoch == old.epoch + 1
+        assert pending_of(cluster, "broker-a") == 0  # rolled back by the fence
+        assert ray.get(new.coordinator.resolve.remote(t1.txn_id, "tid-zombie", old.epoch)) == (
+            "abort"
+        )
+        # the old instance: its sends refused by the broker, its commit by the coordinator
+        t1.send([Message("MtA", b"z-old-late")])
+        with pytest.raises(ProducerFencedError):
+            t1.flush()
+        t1.abort()
+        t2 = old.begin()
+        t2.send_offsets(GROUP_IN, {input_queue(): 19})
+        with pytest.raises(ProducerFencedError):
+            t2.commit()
+        assert committed_offset(cluster) < 19
+        # the new instance goes on
+        with new.begin() as t3:
+            t3.send(Message("MtA", b"z-new"))
+        zs = [b for b in bodies(cluster, "MtA") if b.startswith(b"z-")]
+        assert zs == [b"z-new"]
+    finally:
+        old.close()
+        if new is not None:
+            new.close()
+
+
+def transform(
+    namespace: str, nameservers: list[str], log_dir: str, crash_at: int | None, seed: int
+) -> int:
+    """One instance of a consume-transform-produce loop (run as a Ray task: its own
+    process): reads ``EoIn`` from the group's committed offset, writes ``out-<body>`` to
+    ``EoOut`` and the new offset in one transaction per few messages. ``crash_at``: the
+    process exits (no commit, no abort, no close) at that step."""
+    import os
+
+    from actors import PullConsumer, PullStatus, TransactionalProducer
+
+    rng = random.Random(seed)
+    producer = TransactionalProducer(
+        "eo-producer",
+        transactional_id="eo-1",
+        namespace=namespace,
+        nameservers=nameservers,
+        coordinator_log_dir=log_dir,
+        flush_messages=3,
+    )
+    consumer = PullConsumer("eo-group", namespace=namespace, nameservers=nameservers)
+    mq = MessageQueue("EoIn", "broker-b", 0)
+    steps = 0
+
+    def step() -> None:
+        nonlocal steps
+        steps += 1
+        if crash_at is not None and steps >= crash_at:
+            os._exit(1)
+
+    offset = max(0, consumer.fetch_offset(mq))
+    done = 0
+    while True:
+        got = consumer.pull(mq, offset, rng.randint(1, 6))
+        if got.status is not PullStatus.FOUND:
+            break
+        txn = producer.begin()
+        txn.send([Message("EoOut", b"out-" + m.body) for m in got.messages])
+        step()
+        txn.flush()
+        step()
+        txn.send_offsets("eo-group", {mq: got.next_offset})
+        txn.commit()
+        step()
+        offset = got.next_offset
+        done += len(got.messages)
+    producer.close()
+    consumer.close()
+    return done
+
+
+def test_consume_transform_produce_killed_at_random_points_is_exactly_once(
+    cluster: actors.Cluster, log_dir: str
+) -> None:
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers can't import tests
+    task = ray.remote(max_retries=0, num_cpus=0)(transform)
+    rng = random.Random(24)
+    crashes = 0
+    for run in range(4):
+        ref = task.remote(
+            cluster.namespace, cluster.nameserver_names, log_dir, rng.randint(1, 9), run
+        )
+        with pytest.raises(ray.exceptions.WorkerCrashedError):  # its process exited
+            ray.get(ref, timeout=60)
+        crashes += 1
+    last = ray.get(
+        task.remote(cluster.namespace, cluster.nameserver_names, log_dir, None, 99), timeout=60
+    )
+    assert 0 < last < EO_INPUTS  # the killed ones had committed some, and not all
+    out = bodies(cluster, "EoOut")
+    assert crashes == 4
+    assert sorted(out) == sorted(b"out-%d" % i for i in range(EO_INPUTS))  # each once
+    consumer = cluster.pull_consumer("eo-group")
+    assert consumer.fetch_offset(MessageQueue("EoIn", "broker-b", 0)) == EO_INPUTS
+
+
+def test_an_orphans_half_messages_are_aborted_by_the_check_asking_the_coordinator(
+    cluster: actors.Cluster, log_dir: str
+) -> None:
+    p = producer(cluster, log_dir, "tid-orphan")
+    txn = p.begin()
+    txn.send([Message("MtB", b"orphan-%d" % i) for i in range(5)])
+    txn.flush()  # and then the producer is gone: no commit, no abort, no new instance
+    assert pending_of(cluster, "broker-b") == 5
+    young = int(time.time() * 1000)
+    assert ray.get(p.coordinator.resolve.remote(txn.txn_id, "tid-orphan", p.epoch, young)) == (
+        "open"  # undecided and young: the check asks again later
+    )
+    wait_until(
+        lambda: pending_of(cluster, "broker-b") == 0,
+        timeout_s=ORPHAN_TIMEOUT_S + 10,
+        what="the check service to resolve the orphan's half messages",
+    )
+    assert ray.get(p.coordinator.transaction.remote(txn.txn_id))["state"] == "abort"
+    assert not [b for b in bodies(cluster, "MtB") if b.startswith(b"orphan")]
+    with pytest.raises(actors.TransactionStateError):  # too late now
+        txn.commit()
+    p.close()
+
+
+def _incarnation(broker: Any) -> str | None:
+    try:
+        return str(ray.get(broker.ping.remote(), timeout=5))
+    except Exception:  # noqa: BLE001 - restarting
+        return None
+
+
+def test_a_commit_while_a_broker_is_down_is_applied_after_its_restart(
+    cluster: actors.Cluster, log_dir: str
+) -> None:
+    """Last in the module: it restarts broker-b."""
+    p = producer(cluster, log_dir, "tid-down")
+    try:
+        txn = p.begin()
+        txn.send([Message("MtA", b"down-a-%d" % i) for i in range(4)])
+        txn.send([Message("MtB", b"down-b-%d" % i) for i in range(4)])
+        txn.flush()
+        txn.send_offsets(GROUP_IN, {input_queue(): 20})
+        broker_b = cluster.broker("broker-b")
+        before = ray.get(broker_b.ping.remote())
+        ray.kill(broker_b, no_restart=False)  # Ray restarts it; its store recovers
+        txn.commit()  # decided; broker-a applies it now, broker-b when it is back
+        assert txn.state is TransactionState.COMMITTED
+        assert sorted(b for b in bodies(cluster, "MtA") if b.startswith(b"down-")) == [
+            b"down-a-%d" % i for i in range(4)
+        ]
+        wait_until(
+            lambda: _incarnation(broker_b) not in (None, before),
+            timeout_s=60,
+            interval_s=0.2,
+            what="broker-b's restart",
+        )
+        wait_until(
+            lambda: ray.get(p.coordinator.transaction.remote(txn.txn_id))["done"],
+            timeout_s=30,
+            interval_s=0.2,
+            what="the decision applied on broker-b",
+        )
+        assert sorted(b for b in bodies(cluster, "MtB") if b.startswith(b"down-")) == [
+            b"down-b-%d" % i for i in range(4)
+        ]
+        assert committed_offset(cluster) == 20
+    finally:
+        p.close()
