@@ -11,8 +11,8 @@ RocketMQ's half messages): ``TransactionalProducer(group, transactional_id=...)`
 A transaction's messages travel the normal data path (the producer's ``send_batch``,
 in batches of ``flush_messages``) as half messages carrying the transaction's id: no
 consumer sees them until the commit. Ray calls go to the transaction coordinator
-(``actors.coordinator.txn``) per transaction, not per message: one naming the brokers
-before the first send to them, one to end it. The coordinator logs the decision
+(``actors.coordinator.txn``) per transaction, not per message: one, to end it (the
+answered sends are the prepare; the decision names their brokers). The coordinator logs the decision
 durably, then has every broker commit (or roll back) all the transaction's half
 messages it holds in one append and apply the offsets.
 
