@@ -190,6 +190,19 @@ class _Method:
         answer.add_done_callback(done)
         return PendingCall(out)
 
+    def oneway(self, *args: Any, **kwargs: Any) -> None:
+        """The request without waiting for, or getting, an answer (RocketMQ's
+        ``invokeOneway``): written on the socket and forgotten (the broker answers
+        nothing); through Ray, the call is made and its result dropped. A request lost
+        on the way is not reported: for what only a caller that can afford that sends."""
+        stub = self._stub
+        conn = stub._dp.connection(stub.actor_name, stub.handle)
+        if conn is None:
+            getattr(stub.handle, self._name).remote(*args, **kwargs)
+            return
+        header, body, _ = self._encode(*args, **kwargs)
+        conn.request(header, body, oneway=True)
+
 
 def _identity(value: Any) -> Any:
     return value

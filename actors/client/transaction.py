@@ -106,6 +106,7 @@ class TransactionProducer(Producer):
         nameservers: Sequence[str] | None = None,
         config: ProducerConfig | None = None,
         check_heartbeat_s: float = 10.0,
+        end_oneway: bool = True,
         **options: Any,
     ) -> None:
         super().__init__(
@@ -114,6 +115,11 @@ class TransactionProducer(Producer):
         if check_heartbeat_s <= 0:
             raise InvalidMessageError(f"check_heartbeat_s={check_heartbeat_s}: must be > 0")
         self.listener = listener
+        # True (RocketMQ's way): the end of a transaction is sent and not waited for, so a
+        # transaction costs one round trip; a lost end leaves the half message to the
+        # broker's check. False: send_message_in_transaction returns once the broker
+        # applied the end (a commit is visible to consumers when it returns).
+        self.end_oneway = end_oneway
         self.namespace = namespace
         self.check_heartbeat_s = check_heartbeat_s
         self._relay = TransactionCheckRelay.remote()  # type: ignore[attr-defined]
@@ -160,10 +166,15 @@ class TransactionProducer(Producer):
         handle = self.ns.broker(route, result.message_queue.broker_name)
         _, offset = parse_offset_msg_id(result.offset_msg_id)
         commit = state is LocalTransactionState.COMMIT_MESSAGE
-        rpc.get(
-            handle.end_transaction.remote(self.group, offset, result.msg_id, commit),
-            self.config.send_timeout_s,
-        )
+        end = handle.end_transaction
+        if self.end_oneway:  # RocketMQ's endTransactionOneway: a lost end is checked back
+            oneway = getattr(end, "oneway", None)
+            if oneway is not None:
+                oneway(self.group, offset, result.msg_id, commit)
+            else:  # a Ray handle (data_path="ray"): the call made, its answer dropped
+                end.remote(self.group, offset, result.msg_id, commit)
+            return
+        rpc.get(end.remote(self.group, offset, result.msg_id, commit), self.config.send_timeout_s)
 
     # ------------------------------------------------------------ checks
     def register_with_brokers(self) -> int:

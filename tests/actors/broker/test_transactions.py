@@ -69,9 +69,16 @@ class Listener:
             return self.answers.get(msg.body, UNKNOW)
 
 
-def producer_for(cluster: actors.Cluster, group: str, listener: Listener) -> TransactionProducer:
+def producer_for(
+    cluster: actors.Cluster, group: str, listener: Listener, **options: Any
+) -> TransactionProducer:
     return TransactionProducer(
-        group, listener, namespace=cluster.namespace, check_heartbeat_s=0.5, send_timeout_s=5.0
+        group,
+        listener,
+        namespace=cluster.namespace,
+        check_heartbeat_s=0.5,
+        send_timeout_s=5.0,
+        **options,
     )
 
 
@@ -99,6 +106,12 @@ def test_commit_is_visible_once_and_rollback_never(cluster: actors.Cluster) -> N
         )
         rolled = producer.send_message_in_transaction(Message("TxA", b"drop-me"), ROLLBACK)
         assert committed.local_state is COMMIT and rolled.local_state is ROLLBACK
+        # the ends went oneway (RocketMQ's endTransactionOneway): applied a moment later
+        wait_until(
+            lambda: not [p for p in pending(cluster) if p["group"] == "pg-a"],
+            interval_s=0.05,
+            what="both ends applied",
+        )
         got = visible(cluster, "TxA")
         assert [m.body for m in got] == [b"commit-me"]
         m = got[0]
@@ -106,7 +119,6 @@ def test_commit_is_visible_once_and_rollback_never(cluster: actors.Cluster) -> N
         assert transaction.transaction_type(m.sys_flag) == transaction.TRANSACTION_COMMIT_TYPE
         assert PROP_TRAN_MSG not in m.properties and "REAL_TOPIC" not in m.properties
         assert list(m.keys) == ["k1"]
-        assert not [p for p in pending(cluster) if p["group"] == "pg-a"]
         assert listener.checked == [], "both were ended before any check"
     finally:
         producer.close()
@@ -156,10 +168,12 @@ def test_an_executor_that_raises_is_unknow_and_the_check_rolls_back(
 
 def test_a_second_end_changes_nothing(cluster: actors.Cluster) -> None:
     listener = Listener()
-    producer = producer_for(cluster, "pg-d", listener)
+    producer = producer_for(cluster, "pg-d", listener, end_oneway=False)
     broker = cluster.broker("broker-a")
     try:
         sent = producer.send_message_in_transaction(Message("TxD", b"once"), COMMIT)
+        # end_oneway=False: the end was applied before the call returned
+        assert [m.body for m in visible(cluster, "TxD")] == [b"once"]
         half_offset = int(sent.send_result.offset_msg_id[16:], 16)
         for commit in (True, False, True):
             again = broker.end_transaction.remote("pg-d", half_offset, sent.msg_id, commit)
