@@ -10,6 +10,10 @@ batches grow by themselves (throughput = batch size / round trip).
 Order: messages of one topic leave in the order they were given; each batch
 goes to one queue, chosen by the producer's usual selection.
 
+What a message holds of the producer's async budget (``release``) is given back once
+per answered batch, not by a callback on each message's future (a lock and a wake of
+the budget's waiters each: a tenth of a single ``send_async``'s cost).
+
 A batch refused as a whole (one message fails validation, or the broker refuses
 it) is sent again one message at a time, so each caller hears about its own
 message only; a batch Ray could not deliver was already retried by the producer.
@@ -26,6 +30,9 @@ from typing import Any
 from actors.protocol import rpc as _rpc
 from storage import Message
 
+_Entry = tuple[Message, concurrent.futures.Future[Any], int]
+"""A message waiting, the future its caller holds, the budget bytes it holds."""
+
 
 class SendCoalescer:
     def __init__(
@@ -33,18 +40,21 @@ class SendCoalescer:
         send_batch_async: Callable[[list[Message]], concurrent.futures.Future[Any]],
         max_in_flight: int = 2,
         max_batch: int = 4096,
+        release: Callable[[int, int], None] | None = None,
     ) -> None:
         self._send = send_batch_async
+        self._release = release  # (messages, bytes) of the budget, given back when answered
         self._max_in_flight = max_in_flight
         self._max_batch = max_batch
         self._lock = threading.Lock()
-        self._pending: dict[str, list[tuple[Message, concurrent.futures.Future[Any]]]] = {}
+        self._pending: dict[str, list[_Entry]] = {}
         self._in_flight: dict[str, int] = {}
 
-    def submit(self, message: Message) -> concurrent.futures.Future[Any]:
+    def submit(self, message: Message, nbytes: int = 0) -> concurrent.futures.Future[Any]:
+        """``message`` sent with its neighbours; ``nbytes`` of the budget it holds."""
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._lock:
-            self._pending.setdefault(message.topic, []).append((message, future))
+            self._pending.setdefault(message.topic, []).append((message, future, nbytes))
         self._pump(message.topic)
         return future
 
@@ -60,7 +70,7 @@ class SendCoalescer:
                 )
                 self._in_flight[topic] = self._in_flight.get(topic, 0) + 1
             try:
-                sent = self._send([m for m, _ in batch])
+                sent = self._send([m for m, _, _ in batch])
             except BaseException as exc:  # noqa: BLE001 - validation errors go to each future
                 self._finish(topic, batch, None, exc)
                 continue
@@ -70,7 +80,7 @@ class SendCoalescer:
     def _answered(
         self,
         topic: str,
-        batch: list[tuple[Message, concurrent.futures.Future[Any]]],
+        batch: list[_Entry],
         sent: concurrent.futures.Future[Any],
     ) -> None:
         exc = sent.exception()
@@ -79,38 +89,50 @@ class SendCoalescer:
     def _finish(
         self,
         topic: str,
-        batch: list[tuple[Message, concurrent.futures.Future[Any]]],
+        batch: list[_Entry],
         results: Any,
         exc: BaseException | None,
     ) -> None:
         with self._lock:
             self._in_flight[topic] -= 1
         if exc is not None and len(batch) > 1 and _refused(exc):
-            for message, future in batch:
-                self._alone(message, future)
+            for entry in batch:
+                self._alone(entry)
             self._pump(topic)
             return
-        for i, (_, future) in enumerate(batch):
+        if self._release is not None:
+            self._release(len(batch), sum(n for _, _, n in batch))
+        for i, (_, future, _) in enumerate(batch):
             if exc is not None:
                 future.set_exception(exc)
             else:
                 future.set_result(results[i])
         self._pump(topic)
 
-    def _alone(self, message: Message, future: concurrent.futures.Future[Any]) -> None:
-        """``message`` by itself, its answer (or error) into ``future``."""
+    def _alone(self, entry: _Entry) -> None:
+        """A message by itself, its answer (or error) into its future."""
+        message, future, nbytes = entry
+
+        def settle(result: Any = None, exc: BaseException | None = None) -> None:
+            if self._release is not None:
+                self._release(1, nbytes)
+            if exc is not None:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
         try:
             sent = self._send([message])
         except BaseException as exc:  # noqa: BLE001 - this message's own error
-            future.set_exception(exc)
+            settle(exc=exc)
             return
 
         def answered(done: concurrent.futures.Future[Any]) -> None:
             exc = done.exception()
             if exc is not None:
-                future.set_exception(exc)
+                settle(exc=exc)
             else:
-                future.set_result(done.result()[0])
+                settle(done.result()[0])
 
         sent.add_done_callback(answered)
 

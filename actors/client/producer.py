@@ -111,7 +111,7 @@ class Producer:
         self._sender = Sender(
             self.config, self._selector, self._transport, self.fault, self._budget, self.sequencer
         )
-        self._coalescer = SendCoalescer(self._send_batch_async)
+        self._coalescer = SendCoalescer(self._send_batch_async, release=self._budget.release)
 
     # ------------------------------------------------------------ public API
     def send(
@@ -183,9 +183,7 @@ class Producer:
             except TypeError:  # not bytes: the coalesced batch's validation names it
                 nbytes = 0
             self._budget.acquire(1, nbytes, self.config.send_timeout_s)
-            future = self._coalescer.submit(messages)
-            future.add_done_callback(lambda _: self._budget.release(1, nbytes))
-            return future
+            return self._coalescer.submit(messages, nbytes)  # given back when answered
         return self._send_batch_async(
             [messages] if isinstance(messages, Message) else list(messages),
             single,
