@@ -29,7 +29,7 @@ from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
 import actors
-from actors import LocalTransactionState, TransactionProducer
+from actors import ConsumerFleet, ConsumeStatus, LocalTransactionState, TransactionProducer
 from actors.client.admin import Admin
 from actors.config.console import ConsoleConfig
 from actors.console import build_app
@@ -687,6 +687,65 @@ def test_a_bulk_dead_letter_resend_shows_its_progress_to_100_percent(
 
     open_page(browser, base + "/jobs/nosuchjob", ok=False)
     assert "no such job" in text(browser, "error")
+
+
+def test_a_fleet_s_size_events_and_lag_chart_show_on_its_group_s_page(
+    cluster: actors.Cluster, base: str, browser: WebDriver
+) -> None:
+    topic, group = "ConsoleFleet", "console-fleet"
+    cluster.admin.create_topic(topic, 2, 2, brokers=["broker-a"])
+    producer = cluster.producer("console-fleet-producer")
+    try:
+        producer.send_batch([Message(topic, b"f%d" % i) for i in range(30)])
+    finally:
+        producer.close()
+
+    def listener(messages: list[Any]) -> ConsumeStatus:  # pickled by value into the member
+        return ConsumeStatus.SUCCESS
+
+    fleet = ConsumerFleet(
+        group,
+        topic,
+        listener,
+        namespace=cluster.namespace,
+        min_consumers=1,
+        max_consumers=1,
+        interval_s=0.2,
+        num_cpus=0,
+        consumer_options={
+            "rebalance_interval_s": 0.3,
+            "heartbeat_interval_s": 0.3,
+            "persist_offset_interval_s": 0.2,
+            "pull_suspend_s": 1.0,
+            "consume_from": "FIRST",
+            "shutdown_timeout_s": 10.0,
+        },
+    )
+    try:
+        wait_until(
+            lambda: (
+                sum(r["lag"] for r in cluster.admin.consumer_lag(group, topic)) == 0
+                and cluster.admin.consumer_lag(group, topic)
+            ),
+            timeout_s=30,
+            what="the fleet consumed the backlog",
+        )
+
+        def fleet_shown(b: WebDriver) -> dict[str, str] | None:
+            summary = {r[0]: r[1] for r in rows(b, "fleet")}
+            points = int(b.find_element(By.ID, "fleet-lag-chart").get_attribute("data-points"))
+            return summary if summary["running"] == "1" and points > 0 else None
+
+        summary = reload_until(browser, f"{base}/groups/{group}", fleet_shown, "the fleet")
+        assert summary["size"] == "1" and summary["min / max"] == "1 / 1"
+        [member] = rows(browser, "fleet-members")
+        assert member[0] == f"fleet-{group}-m1" and member[1] == "RUNNING"
+        assert sorted(member[3].split(", ")) == [f"{topic}:broker-a:{q}" for q in (0, 1)]
+        events = column(rows(browser, "fleet-events"), 1)
+        assert "join" in events and events.index("join") < events.index("running")
+        assert text(browser, "total-lag") == "0"
+    finally:
+        fleet.shutdown(timeout_s=30)
 
 
 # ------------------------------------------------------------ access and the CLI
