@@ -37,7 +37,7 @@ button.secondary { background: #fff; color: var(--accent); }
 .bad { color: var(--bad); font-weight: 600; }
 .good { color: var(--ok); font-weight: 600; }
 .tabs button { margin-right: .3rem; }
-.tabs button[aria-pressed="true"] { background: #16223a; border-color: #16223a; }
+.tabs button[aria-pressed="true"] { background: #16223a; border-color: #16223a; color: #fff; }
 .hidden { display: none; }
 .total { font-size: 18px; font-weight: 700; }
 .charts { display: flex; flex-wrap: wrap; gap: 1rem; }
