@@ -144,6 +144,49 @@ class AdminBrokerProcessor:
         """The delay of each level in ms (``message_delay_level``)."""
         return self.rt.store.config.delay_levels_ms
 
+    async def counters(self) -> dict[str, Any]:
+        """The broker's running totals, for a sampler (the console) to turn into rates:
+        messages put and served, puts timed and their total time (us), and per topic the
+        sum of its queues' max offsets (messages ever stored) and of max - min (held),
+        per group and topic the sum of the committed offsets and the lag, per group the
+        messages pulls and pops served it. Only
+        in-memory lookups (as the lag gauges make)."""
+        rt = self.rt
+        store = rt.store
+        topics: dict[str, list[int]] = {}
+        for name, tc in rt.topics.snapshot().items():
+            stored = held = 0
+            for q in range(max(tc.read_queue_nums, tc.write_queue_nums)):
+                hi = store.max_offset(name, q)
+                stored += hi
+                held += hi - store.min_offset(name, q)
+            topics[name] = [stored, held]
+        groups: dict[str, dict[str, list[int]]] = {}
+        for (topic, group), committed in rt.offsets.snapshot().items():
+            config = rt.topics.get(topic)
+            if config is None:
+                continue
+            done = lag = 0
+            for q in range(config.read_queue_nums):
+                hi, lo = store.max_offset(topic, q), store.min_offset(topic, q)
+                mine = committed.get(q, -1)
+                done += max(mine, 0)
+                lag += max(hi - max(mine, lo), 0)
+            groups.setdefault(group, {})[topic] = [done, lag]
+        s = rt.stats
+        return {
+            "time": time.time(),
+            "broker_name": rt.config.broker_name,
+            "incarnation": rt.incarnation,
+            "put_msgs": s["put_msgs"],
+            "get_msgs": s["get_msgs"],
+            "put_timed": s["put_timed"],
+            "put_micros": s["put_micros"],
+            "topics": topics,
+            "groups": groups,
+            "group_gets": dict(rt.group_gets),
+        }
+
     async def status(self) -> dict[str, Any]:
         c = self.rt.config
         disk = shutil.disk_usage(self.rt.store_dir)

@@ -77,6 +77,8 @@ class Broker:
             self.metrics = self._metrics_service.metrics
             self._metrics_service.start(loop)
         self.ha = create_replication(rt)  # its role in the group: actors/broker/ha
+        if self._metrics_service is not None:  # the failovers gauge reads the role's epoch
+            self._metrics_service.role_status = self.ha.status
         self.registration = Registration(rt, self.ha)
         rt.register_all = self.registration.register_all
         self.sender = SendMessageProcessor(rt, self.ha, self.metrics)
@@ -549,6 +551,10 @@ class Broker:
             **self.popper.status(),
             **data_path,
         }
+
+    async def counters(self) -> dict[str, Any]:
+        """Running totals for rates (``AdminBrokerProcessor.counters``): the console samples them."""
+        return await self.admin.counters()
 
     async def ping(self) -> str:
         return self.rt.incarnation

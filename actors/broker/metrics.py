@@ -13,6 +13,7 @@ topic, lag series the consumer group. In Prometheus the names gain Ray's
 | ``raymq_consumer_lag`` | gauge | messages not yet consumed, per group and topic |
 | ``raymq_store_disk_used_ratio`` | gauge | used share of the store's disk |
 | ``raymq_commitlog_bytes`` | gauge | CommitLog bytes on disk (max - min offset) |
+| ``raymq_master_epoch`` | gauge | the broker group's master epoch: one more at each failover |
 
 The data path only adds to plain dicts and a deque, once per batch (a put or a
 pull), never per message (~1 us): a ``ray.util.metrics`` call costs ~5 us, which
@@ -30,7 +31,8 @@ import asyncio
 import logging
 import shutil
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from ray.util import metrics
@@ -93,7 +95,13 @@ class BrokerMetrics:
             "CommitLog bytes kept on disk",
             tag_keys=("broker", "broker_id"),
         )
+        self.master_epoch = metrics.Gauge(
+            "raymq_master_epoch",
+            "The broker group's master epoch as this broker knows it (one more per failover)",
+            tag_keys=("broker", "broker_id"),
+        )
         for metric in (
+            self.master_epoch,
             self.messages_in,
             self.bytes_in,
             self.messages_out,
@@ -182,6 +190,9 @@ class BrokerMetrics:
         self.disk_used_ratio.set(disk_used_ratio)
         self.commitlog_bytes.set(commitlog_bytes)
 
+    def set_master_epoch(self, epoch: int) -> None:
+        self.master_epoch.set(epoch)
+
 
 def consumer_lags(broker: BrokerRuntime) -> dict[tuple[str, str], int]:
     """``{(group, topic): messages not yet consumed}`` over every committed offset on
@@ -214,6 +225,8 @@ class BrokerMetricsService:
         self.export_interval_s = export_interval_s
         self.lag_interval_s = lag_interval_s
         self._task: asyncio.Task[None] | None = None
+        self.role_status: Callable[[], dict[str, Any]] | None = None
+        """The broker's role status (set once its role exists): the epoch gauge reads it."""
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._task = loop.create_task(self._loop())
@@ -256,3 +269,5 @@ class BrokerMetricsService:
             disk.used / disk.total if disk.total else 0.0,
             store.commitlog.max_offset - store.commitlog.min_offset,
         )
+        if self.role_status is not None:
+            self.metrics.set_master_epoch(int(self.role_status().get("master_epoch", 0)))

@@ -285,6 +285,8 @@ class PopProcessor:
             await self.holds.wait_many(keys, fut, remaining)
         stats = rt.stats
         stats["pop_msgs"] = stats.get("pop_msgs", 0) + len(got)
+        if got:
+            rt.group_gets[group] = rt.group_gets.get(group, 0) + len(got)
         return got, records
 
     # ------------------------------------------------------------ ack, change

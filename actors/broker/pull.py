@@ -82,6 +82,9 @@ class PullMessageProcessor:
         raw = await self._held_get(group, topic, queue_id, offset, max_count, tags, suspend_s)
         self.rt.stats["pulls"] += 1
         self.rt.stats["get_msgs"] += raw.count
+        if group and raw.count:
+            gets = self.rt.group_gets
+            gets[group] = gets.get(group, 0) + raw.count
         if self.metrics is not None:
             self.metrics.on_get(topic, raw.count, len(raw.data))
         return raw
@@ -176,6 +179,9 @@ class PullMessageProcessor:
         count = sum(raw.count for raw in answers)
         self.rt.stats["pulls"] += 1
         self.rt.stats["get_msgs"] += count
+        if group and count:
+            gets = self.rt.group_gets
+            gets[group] = gets.get(group, 0) + count
         if self.metrics is not None:
             for (topic, _, _), raw in zip(requests, answers):
                 if raw.count:

@@ -88,6 +88,8 @@ class BrokerRuntime:
             "put_msgs": 0,
             "put_bytes": 0,
             "put_batches": 0,
+            "put_timed": 0,  # puts (sends and send-backs) timed into put_micros
+            "put_micros": 0,  # their total time, store and replication included
             "shared_batches": 0,  # of put_batches: read from a producer's shared ring
             "get_msgs": 0,
             "pulls": 0,
@@ -96,6 +98,9 @@ class BrokerRuntime:
             "txn_checks": 0,
             "txn_discarded": 0,
         }
+        self.group_gets: dict[str, int] = {}
+        """Messages served to each consumer group by pulls and pops (the console's consume
+        TPS, RocketMQ's GROUP_GET_NUMS); counted once per pull, not per message."""
         self.registration_due = asyncio.Event()
         self.register_all: Callable[[], Awaitable[int]] = _not_wired
         """Register with every NameServer now (``actors.broker.registration``)."""

@@ -52,8 +52,12 @@ class SendMessageProcessor:
         """Every write goes through the broker's role."""
         started = time.perf_counter()
         result = await self.role.put(batch, self._local_put)
+        seconds = time.perf_counter() - started
+        stats = self.rt.stats
+        stats["put_timed"] += 1
+        stats["put_micros"] += int(seconds * 1e6)
         if self.metrics is not None:
-            self.metrics.on_put(batch, time.perf_counter() - started)
+            self.metrics.on_put(batch, seconds)
         return result
 
     async def _local_put(self, batch: EncodedBatch) -> PutBatchResult:

@@ -5,7 +5,7 @@ talks to the NameServers and brokers directly."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -15,8 +15,9 @@ from actors.client import dlq as _dlq
 from actors.client.send_result import SendResult
 from actors.namesrv.client import NameServerClient
 from actors.protocol import rpc as _rpc
+from actors.protocol.checks import validate_group
 from actors.protocol.errors import PromotionRefusedError
-from actors.protocol.names import DEFAULT_NAMESPACE, coordinator_actor_name
+from actors.protocol.names import DEFAULT_NAMESPACE, coordinator_actor_name, fleet_actor_name
 from actors.protocol.route import TopicRouteData
 from actors.protocol.topic import (
     PERM_READ,
@@ -25,6 +26,7 @@ from actors.protocol.topic import (
     TopicConfig,
     dlq_topic,
     is_system_topic,
+    retry_topic,
 )
 from rebalance import MessageQueue
 from storage import codec
@@ -36,7 +38,7 @@ from storage.errors import (
     RayMQError,
     TopicNotFoundError,
 )
-from storage.message import MessageExt
+from storage.message import Message, MessageExt
 
 log = logging.getLogger("raymq.actors.admin")
 
@@ -256,22 +258,33 @@ class Admin:
         return status
 
     def reset_offset(
-        self, group: str, topic: str, to: int | str | datetime
+        self,
+        group: str,
+        topic: str,
+        to: int | str | datetime,
+        progress: Callable[[int, int], None] | None = None,
     ) -> dict[MessageQueue, int]:
         """Move ``group`` on ``topic`` to ``to``: the first message stored at or after a
         time (epoch ms or a datetime), or ``"earliest"`` / ``"latest"``; its running
         consumers drop their offsets in memory and go on from there. A group with a
         coordinator is reset through it, which restarts the owners at once; otherwise the
         brokers fence the queues, and each consumer sees it on its next rebalance (or its
-        next refused commit) and starts again from the new offsets. Returns the offsets."""
+        next refused commit) and starts again from the new offsets. Returns the offsets.
+
+        ``progress(queues_done, queues)`` is called as brokers answer (once for a
+        group with a coordinator, which resets every queue in one step)."""
         timestamp_ms, offsets = self._reset_target(topic, to)
         coordinator = self._coordinator(group)
         if coordinator is not None:
             done: dict[MessageQueue, int] = _rpc.get(
                 coordinator.reset_offsets.remote(topic, timestamp_ms, offsets), ADMIN_TIMEOUT_S
             )
+            if progress is not None:
+                progress(len(done), len(done))
             return done
         brokers = self._topic_brokers(topic)
+        route = self.ns.require_route(topic)
+        total = sum(q.read_queue_nums for q in route.queue_datas if q.broker_name in brokers)
         refs = {}
         for name, handle in brokers.items():
             mine = None
@@ -282,6 +295,8 @@ class Admin:
         for name, ref in refs.items():
             for qid, off in _rpc.get(ref, ADMIN_TIMEOUT_S).items():
                 out[MessageQueue(topic, name, qid)] = off
+            if progress is not None:
+                progress(len(out), max(total, len(out)))
         return out
 
     def _reset_target(
@@ -326,10 +341,16 @@ class Admin:
         return _dlq.dlq_messages(self._dlq_brokers(group), group, max_count, ADMIN_TIMEOUT_S)
 
     def resend_dlq(
-        self, group: str, msg_ids: Sequence[str] | None = None, max_count: int = 10_000
+        self,
+        group: str,
+        msg_ids: Sequence[str] | None = None,
+        max_count: int = 10_000,
+        progress: Callable[[int, int], None] | None = None,
+        chunk: int = 256,
     ) -> list[SendResult]:
         """Send dead letters of ``group`` (all, or those with the given message ids) back
-        to their original topics; one ``SendResult`` per message resent."""
+        to their original topics; one ``SendResult`` per message resent.
+        ``progress(resent, letters)`` is called after each batch of ``chunk``."""
         return _dlq.resend_dlq(
             self._dlq_brokers(group),
             group,
@@ -338,7 +359,37 @@ class Admin:
             ADMIN_TIMEOUT_S,
             namespace=self.namespace,
             nameservers=self.ns.nameservers,
+            progress=progress,
+            chunk=chunk,
         )
+
+    def resend_to_group(self, msg_id: str, group: str, topic: str | None = None) -> SendResult:
+        """Deliver a stored message once more to ``group`` alone: a copy (same id, keys,
+        tags and body, ``RETRY_TOPIC`` = its topic) goes to ``%RETRY%<group>``, which the
+        group's consumers read besides their topics (RocketMQ Dashboard's resend)."""
+        from actors.client.producer import Producer
+
+        validate_group(group)
+        m = self.query_by_id(msg_id, topic)
+        retry = retry_topic(group)
+        made = self._on_all(self.brokers(), "create_retry_topic", group)
+        if any(made.values()):
+            log.info(
+                "created %s for a resend on %s", retry, sorted(n for n, v in made.items() if v)
+            )
+        props = {k: v for k, v in m.properties.items() if k not in _dlq.NOT_RESENT}
+        props[codec.PROP_RETRY_TOPIC] = m.properties.get(codec.PROP_RETRY_TOPIC, m.topic)
+        props[codec.PROP_ORIGIN_MESSAGE_ID] = m.msg_id
+        copy = Message(retry, m.body, tags=m.tags, keys=m.keys, properties=props, flag=m.flag)
+        producer = Producer(
+            _dlq.RESEND_GROUP, namespace=self.namespace, nameservers=self.ns.nameservers
+        )
+        try:
+            result = producer.send(copy)
+        finally:
+            producer.close()
+        log.info("resent %s of %s to group %s", m.msg_id, m.topic, group)
+        return result
 
     def _dlq_brokers(self, group: str) -> dict[str, Any]:
         try:
@@ -401,6 +452,31 @@ class Admin:
             handle.promote.remote(role, confirmed, force), ADMIN_TIMEOUT_S
         )
         return result
+
+    # ------------------------------------------------------------ rates and fleets
+    def counters(self) -> dict[str, dict[str, Any]]:
+        """Every live master's running totals (``Broker.counters``) by broker name: what
+        the console samples for its rates and charts. A broker that does not answer is
+        left out (its rates pause)."""
+        brokers = self.brokers()
+        refs = {name: h.counters.remote() for name, h in brokers.items()}
+        out: dict[str, dict[str, Any]] = {}
+        for name, ref in refs.items():
+            try:
+                out[name] = _rpc.get(ref, 10.0)
+            except Exception as exc:  # noqa: BLE001 - a missed sample, not a failure
+                log.info("counters of %s: %s", name, type(exc).__name__)
+        return out
+
+    def fleet_status(self, group: str) -> dict[str, Any] | None:
+        """The status of ``group``'s consumer fleet (``ConsumerFleet.status``), or None
+        when the group runs no fleet."""
+        try:
+            handle = ray.get_actor(fleet_actor_name(group), namespace=self.namespace)
+        except ValueError:
+            return None
+        status: dict[str, Any] = _rpc.get(handle.status.remote(), ADMIN_TIMEOUT_S)
+        return status
 
     # ------------------------------------------------------------ cluster
     def cluster_status(self) -> dict[str, Any]:

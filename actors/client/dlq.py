@@ -11,7 +11,7 @@ retry it) as if new. RocketMQ's console does the same.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from actors.client.producer import Producer
@@ -27,7 +27,7 @@ log = logging.getLogger("raymq.actors.dlq")
 RESEND_GROUP = "raymq-dlq-resend"
 """The producer group dead letters are resent under."""
 
-_NOT_RESENT = frozenset(
+NOT_RESENT = frozenset(
     {
         codec.PROP_RETRY_TOPIC,
         codec.PROP_ORIGIN_MESSAGE_ID,
@@ -61,7 +61,7 @@ def dlq_messages(
 
 def resend_copy(m: MessageExt) -> Message:
     """A dead letter as a new message to its original topic (same id, tags, keys)."""
-    props = {k: v for k, v in m.properties.items() if k not in _NOT_RESENT}
+    props = {k: v for k, v in m.properties.items() if k not in NOT_RESENT}
     return Message(origin_topic(m), m.body, tags=m.tags, keys=m.keys, properties=props, flag=m.flag)
 
 
@@ -82,6 +82,8 @@ def resend_dlq(
     *,
     namespace: str,
     nameservers: Sequence[str],
+    progress: Callable[[int, int], None] | None = None,
+    chunk: int = 256,
 ) -> list[SendResult]:
     """Send dead letters of ``group`` (all, or those named by message id, unique key or
     offset id) back to their original topics; one result per message resent. They are
@@ -91,11 +93,18 @@ def resend_dlq(
     if msg_ids is not None:
         wanted = set(msg_ids)
         letters = [m for m in letters if matches_id(m, wanted)]
+    if progress is not None:
+        progress(0, len(letters))
     if not letters:
         return []
+    results: list[SendResult] = []
     producer = Producer(RESEND_GROUP, namespace=namespace, nameservers=nameservers)
     try:
-        results = list(producer.send_batch([resend_copy(m) for m in letters]))
+        for start in range(0, len(letters), max(chunk, 1)):
+            part = letters[start : start + max(chunk, 1)]
+            results.extend(producer.send_batch([resend_copy(m) for m in part]))
+            if progress is not None:
+                progress(len(results), len(letters))
     finally:
         producer.close()
     log.info("resent %d dead letter(s) of group %s", len(results), group)

@@ -38,6 +38,14 @@ class ConsoleConfig:
     """How often the pages that watch something (a group's lag) refresh it."""
     max_body_bytes: int = 4 << 20
     """The largest test message body the console sends (RocketMQ's maxMessageSize)."""
+    sample_interval_ms: int = 5000
+    """How often the console samples the brokers' counters for its rates and charts."""
+    samples_kept: int = 120
+    """How many samples it keeps (a bounded ring: 10 minutes at the default interval)."""
+    rate_window_ms: int = 15000
+    """A rate (TPS) is the change of a counter over about this long, the newest samples'."""
+    job_chunk: int = 256
+    """A long operation (a bulk resend) works in steps of this many, telling its progress."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.port, int) or isinstance(self.port, bool):
@@ -57,6 +65,21 @@ class ConsoleConfig:
             raise InvalidConfigError(f"ConsoleConfig.refresh_ms={self.refresh_ms}: at least 100")
         if self.max_body_bytes < 1:
             raise InvalidConfigError("ConsoleConfig.max_body_bytes: must be > 0")
+        if self.sample_interval_ms < 100:
+            raise InvalidConfigError(
+                f"ConsoleConfig.sample_interval_ms={self.sample_interval_ms}: at least 100"
+            )
+        if not 2 <= self.samples_kept <= 100_000:
+            raise InvalidConfigError(
+                f"ConsoleConfig.samples_kept={self.samples_kept}: must be in 2..100000"
+            )
+        if self.rate_window_ms < self.sample_interval_ms:
+            raise InvalidConfigError(
+                f"ConsoleConfig.rate_window_ms={self.rate_window_ms}: at least "
+                f"sample_interval_ms ({self.sample_interval_ms})"
+            )
+        if self.job_chunk < 1:
+            raise InvalidConfigError("ConsoleConfig.job_chunk: must be > 0")
 
     def __repr__(self) -> str:  # never print the token
         auth = "set" if self.auth else None

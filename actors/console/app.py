@@ -28,6 +28,8 @@ from actors.client.admin import Admin, epoch_ms
 from actors.client.producer import Producer
 from actors.config.console import ConsoleConfig
 from actors.console import assets, pages
+from actors.console.jobs import Job, Jobs, Progress
+from actors.console.sampler import Sampler
 from actors.namesrv.client import named_actors
 from actors.protocol.checks import MAX_KEY_LEN, check_str, validate_group
 from actors.protocol.names import coordinator_actor_name
@@ -40,7 +42,7 @@ from actors.protocol.topic import (
     is_system_topic,
     perm_to_string,
 )
-from storage import Message
+from storage import Message, codec
 from storage.codec import validate_topic
 from storage.errors import RayMQError, TopicNotFoundError
 
@@ -84,7 +86,12 @@ class Console:
         self.admin = admin
         self.session = secrets.token_urlsafe(32)  # the cookie a login gives, this run only
         self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="raymq-console")
+        self.jobs_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="raymq-console-job")
         self._producer: Producer | None = None
+        self.sampler = Sampler(
+            config.sample_interval_ms / 1000, config.samples_kept, config.rate_window_ms / 1000
+        )
+        self.jobs = Jobs()
 
     # ------------------------------------------------------------ plumbing
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -108,6 +115,10 @@ class Console:
             self._producer.close()
             self._producer = None
         self.pool.shutdown(wait=False)
+        self.jobs_pool.shutdown(wait=False)
+
+    async def start_sampling(self) -> None:
+        self.sampler.start(lambda: self.call(self.admin.counters))
 
     def render(
         self,
@@ -283,11 +294,17 @@ class Console:
     # ------------------------------------------------------------ cluster
     async def cluster(self, request: web.Request) -> web.Response:
         status = await self.call(self.admin.cluster_status)
-        return self.render(request, "Cluster", pages.cluster_page(status), active="cluster")
+        body = pages.cluster_page(status, self.sampler.broker_rates())
+        return self.render(request, "Cluster", body, active="cluster")
 
     # ------------------------------------------------------------ topics
     def _topic_rows(self, show_system: bool) -> list[dict[str, Any]]:
         rows = []
+        held: dict[str, int] = {}
+        for counters in self.admin.counters().values():
+            for topic, (_, n) in counters["topics"].items():
+                held[topic] = held.get(topic, 0) + n
+        tps = self.sampler.topic_rates()
         for name in sorted(self.admin.list_topics(include_system=show_system)):
             if not show_system and name.startswith(
                 (RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)
@@ -305,6 +322,8 @@ class Console:
                     "write": sum(q.write_queue_nums for q in qds),
                     "perm": " ".join(sorted({perm_to_string(q.perm) for q in qds})),
                     "brokers": sorted(q.broker_name for q in qds),
+                    "messages": held.get(name),
+                    "tps": tps.get(name),
                 }
             )
         return rows
@@ -463,7 +482,7 @@ class Console:
         rows = await self.call(self._known_groups)
         return self.render(request, "Consumer groups", pages.groups_page(rows), active="groups")
 
-    def _group_detail(self, group: str) -> tuple[list[Any], list[str], Any, bool]:
+    def _group_detail(self, group: str) -> tuple[list[Any], list[str], Any, bool, Any]:
         lag = self.admin.consumer_lag(group)
         members = self.admin.consumer_list(group)
         status = None
@@ -473,18 +492,31 @@ class Console:
             except RayMQError:
                 status = None
         has_dlq = dlq_topic(group) in self._all_topics()
-        return lag, members, status, has_dlq
+        return lag, members, status, has_dlq, self.admin.fleet_status(group)
 
     async def group(self, request: web.Request) -> web.Response:
         group = _group_name(request.match_info["group"])
-        lag, members, status, has_dlq = await self.call(self._group_detail, group)
-        if not lag and not members and status is None and not has_dlq:
+        lag, members, status, has_dlq, fleet = await self.call(self._group_detail, group)
+        if not lag and not members and status is None and not has_dlq and fleet is None:
             raise Refused(
                 f"group {group!r} is unknown: no broker holds offsets of it, no consumer of "
                 "it is online, and it has no coordinator and no dead letters",
                 404,
             )
-        body = pages.group_page(group, lag, members, status, self.config.refresh_ms, request[CSRF])
+        lag_series = {
+            name: pts for name, pts in self.sampler.series()["lag"].items() if name == group
+        }
+        body = pages.group_page(
+            group,
+            lag,
+            members,
+            status,
+            self.config.refresh_ms,
+            request[CSRF],
+            consume_tps=self.sampler.group_rates().get(group),
+            fleet=fleet,
+            lag_series=lag_series,
+        )
         return self.render(request, f"Group {group}", body, active="groups")
 
     async def reset(self, request: web.Request) -> web.Response:
@@ -503,13 +535,46 @@ class Console:
         lag = await self.call(self.admin.consumer_lag, group, topic)
         if not lag:
             raise Refused(f"group {group!r} has no offsets on {topic!r}: nothing was reset", 404)
-        done = await self.call(self.admin.reset_offset, group, topic, to)
-        log.info("console: reset %s on %s to %s (%d queues)", group, topic, to, len(done))
-        return self.redirect(
+        label = where if where != "time" else time_text
+
+        def work(progress: Progress) -> str:
+            done = self.admin.reset_offset(group, topic, to, progress)
+            return f"reset {group} on {topic} to {label} ({len(done)} queues)"
+
+        job = self.jobs.start(
+            self.jobs_pool,
+            "offset reset",
+            f"{group} on {topic} to {label}",
             f"/groups/{pages.seg(group)}",
-            f"reset {group} on {topic} to {where if where != 'time' else time_text} "
-            f"({len(done)} queues)",
+            work,
         )
+        return self.redirect(f"/jobs/{job.id}")
+
+    # ------------------------------------------------------------ long operations
+    def _job(self, request: web.Request) -> Job:
+        job = self.jobs.get(request.match_info["job"])
+        if job is None:
+            raise Refused("no such job (the console keeps its last 100)", 404)
+        return job
+
+    async def job(self, request: web.Request) -> web.Response:
+        job = self._job(request)
+        return self.render(request, f"Job {job.id}", pages.job_page(job.view()), active="")
+
+    async def job_progress(self, request: web.Request) -> web.Response:
+        return web.json_response(self._job(request).view())
+
+    # ------------------------------------------------------------ metrics
+    async def metrics_charts(self, request: web.Request) -> web.Response:
+        s = self.sampler
+        body = pages.metrics_page(
+            s.series(),
+            len(s.samples),
+            s.interval_s,
+            max(self.config.refresh_ms, 1000),
+            s.last_error,
+        )
+        return self.render(request, "Metrics", body, active="metrics")
 
     # ------------------------------------------------------------ messages
     async def messages(self, request: web.Request) -> web.Response:
@@ -555,7 +620,49 @@ class Console:
             m = await self.call(self.admin.query_by_id, msg_id, topic)
         except RayMQError as exc:
             raise Refused(str(exc), 404) from None
-        return self.render(request, f"Message {m.msg_id}", pages.message_page(m), active="messages")
+        consumed = await self.call(self._consumed_by, m)
+        body = pages.message_page(m, consumed, request[CSRF])
+        return self.render(request, f"Message {m.msg_id}", body, active="messages")
+
+    def _broker_of(self, m: Any) -> str | None:
+        """The broker name of the broker that stores ``m`` (by its store host)."""
+        host, _ = codec.parse_offset_msg_id(m.offset_msg_id)
+        info = self.admin.ns.call("get_cluster_info")
+        for name, entry in info["brokers"].items():
+            for member in entry["members"].values():
+                if member["addr"] == host:
+                    return str(name)
+        return None
+
+    def _consumed_by(self, m: Any) -> list[dict[str, Any]]:
+        """Each group with offsets on ``m``'s topic at its broker: its committed offset of
+        ``m``'s queue and whether that is past ``m`` (the group consumed it)."""
+        broker = self._broker_of(m)
+        counters = self.admin.counters().get(broker or "", {})
+        groups = sorted(g for g, topics in counters.get("groups", {}).items() if m.topic in topics)
+        out = []
+        for group in groups:
+            committed = None
+            for row in self.admin.consumer_lag(group, m.topic):
+                if row["broker"] == broker and row["queue_id"] == m.queue_id:
+                    committed = row["consumer_offset"]
+            consumed = committed is not None and committed > m.queue_offset
+            out.append({"group": group, "committed": committed, "consumed": consumed})
+        return out
+
+    async def resend_to_group(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        msg_id = _msg_id(str(form.get("id", "")))
+        topic_text = str(form.get("topic", ""))
+        topic = _topic_name(topic_text) if topic_text else None
+        group = _group_name(str(form.get("group", "")).strip())
+        back = pages.url("/message", id=msg_id, topic=topic)
+        result = await self.call(self.admin.resend_to_group, msg_id, group, topic)
+        mq = result.message_queue
+        log.info("console: resent %s to group %s (%s)", msg_id, group, mq.topic)
+        return self.redirect(
+            back, f"resent {result.msg_id} to group {group}: {mq.topic} on {mq.broker_name}"
+        )
 
     # ------------------------------------------------------------ dead letters
     async def dlq(self, request: web.Request) -> web.Response:
@@ -582,6 +689,22 @@ class Console:
         topics = await self.call(self._all_topics)
         if dlq_topic(group) not in topics:
             raise Refused(f"group {group!r} has no dead-letter queue: nothing was resent", 404)
+        if ids is None:  # all of them: a job with progress
+            chunk = self.config.job_chunk
+
+            def work(progress: Progress) -> str:
+                results = self.admin.resend_dlq(group, None, progress=progress, chunk=chunk)
+                sent = sorted({r.message_queue.topic for r in results})
+                return f"resent {len(results)} dead letter(s) of {group} to {', '.join(sent)}"
+
+            job = self.jobs.start(
+                self.jobs_pool,
+                "dead-letter resend",
+                f"every dead letter of {group}",
+                pages.url("/dlq", group=group),
+                work,
+            )
+            return self.redirect(f"/jobs/{job.id}")
         results = await self.call(self.admin.resend_dlq, group, ids)
         if not results:
             raise Refused(f"no dead letter of {group!r} has id {msg_id!r}: nothing was resent", 404)
@@ -680,13 +803,22 @@ def build_app(config: ConsoleConfig, admin: Admin) -> web.Application:
     r.add_get("/dlq", console.dlq)
     r.add_post("/dlq/resend", console.resend)
     r.add_get("/transactions", console.transactions)
+    r.add_post("/message/resend", console.resend_to_group)
+    r.add_get("/jobs/{job}", console.job)
+    r.add_get("/jobs/{job}/progress", console.job_progress)
+    r.add_get("/metrics-charts", console.metrics_charts)
     r.add_get("/login", console.login_form)
     r.add_post("/login", console.login)
     r.add_get("/healthz", console.healthz)
     r.add_get("/static/{name}", console.static)
 
+    async def on_startup(app: web.Application) -> None:
+        await console.start_sampling()
+
     async def on_cleanup(app: web.Application) -> None:
+        await console.sampler.stop()
         console.close()
 
+    app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
     return app

@@ -37,9 +37,15 @@ button.secondary { background: #fff; color: var(--accent); }
 .bad { color: var(--bad); font-weight: 600; }
 .good { color: var(--ok); font-weight: 600; }
 .tabs button { margin-right: .3rem; }
-.tabs button[aria-pressed="true"] { background: #16223a; border-color: #16223a; }
+.tabs button[aria-pressed="true"] { background: #16223a; border-color: #16223a; color: #fff; }
 .hidden { display: none; }
 .total { font-size: 18px; font-weight: 700; }
+.charts { display: flex; flex-wrap: wrap; gap: 1rem; }
+figure.chart { margin: 0 0 1rem; background: #fff; border: 1px solid var(--line); padding: .6rem; }
+figure.chart figcaption { font-size: 12px; font-weight: 600; margin-bottom: .3rem; }
+figure.chart svg { display: block; max-width: 100%; height: auto; }
+ul.legend { list-style: none; margin: .3rem 0 0; padding: 0; display: flex; flex-wrap: wrap; gap: .8rem; font-size: 12px; }
+progress { width: 24rem; height: 1.1rem; vertical-align: middle; }
 """
 
 JS = """
@@ -86,6 +92,35 @@ JS = """
     }
     window.setInterval(refresh, every);
   });
+
+  // a long operation: poll its progress until it ends
+  var job = document.getElementById("job");
+  if (job) {
+    var poll = function () {
+      fetch(job.dataset.job, {credentials: "same-origin"})
+        .then(function (response) {
+          if (!response.ok) { throw new Error("HTTP " + response.status); }
+          return response.json();
+        })
+        .then(function (j) {
+          var bar = document.getElementById("job-progress");
+          bar.max = Math.max(j.total, 1);
+          bar.value = j.state === "done" ? bar.max : j.done;
+          document.getElementById("job-percent").textContent = j.percent + "%";
+          document.getElementById("job-count").textContent = j.done + " of " + j.total;
+          var state = document.getElementById("job-state");
+          state.textContent = j.state;
+          state.className = j.state === "done" ? "good" : (j.state === "failed" ? "bad" : "");
+          document.getElementById("job-message").textContent = j.message;
+          if (j.state === "running") { window.setTimeout(poll, 250); }
+        })
+        .catch(function (err) {
+          document.getElementById("job-message").textContent = "progress unknown: " + err.message;
+          window.setTimeout(poll, 1000);
+        });
+    };
+    if (document.getElementById("job-state").textContent === "running") { poll(); }
+  }
 })();
 """
 

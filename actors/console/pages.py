@@ -4,12 +4,14 @@ console's Content-Security-Policy allows only its own files)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from html import escape
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from actors.console.sampler import Series
 from actors.protocol.topic import perm_to_string
 
 NAV = (
@@ -19,6 +21,7 @@ NAV = (
     ("messages", "/messages", "Messages"),
     ("dlq", "/dlq", "Dead letters"),
     ("transactions", "/transactions", "Transactions"),
+    ("metrics", "/metrics-charts", "Metrics"),
 )
 HEX_LIMIT = 64 << 10
 """The hex view shows at most this much of a body."""
@@ -115,7 +118,14 @@ def csrf_field(token: str) -> str:
 
 
 # ------------------------------------------------------------ cluster
-def cluster_page(status: dict[str, Any]) -> str:
+def rate(value: float | None) -> str:
+    """A rate as the pages show it ("" when not sampled yet)."""
+    if value is None:
+        return ""
+    return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
+
+
+def cluster_page(status: dict[str, Any], rates: Mapping[str, Mapping[str, float]]) -> str:
     ns_rows = [
         (
             e(n["name"]),
@@ -125,12 +135,12 @@ def cluster_page(status: dict[str, Any]) -> str:
         )
         for n in status["nameservers"]
     ]
-    broker_rows = []
+    broker_rows: list[tuple[str, ...]] = []
     for b in status["brokers"]:
         if "error" in b:
             broker_rows.append(
                 (e(b["broker_name"]), e(b["broker_id"]), '<span class="bad">?</span>')
-                + ("",) * 7
+                + ("",) * 10
                 + (e(b["error"]),)
             )
             continue
@@ -150,6 +160,9 @@ def cluster_page(status: dict[str, Any]) -> str:
                 e(f"{b['commitlog_max_offset']:,}"),
                 e(b["topics"]),
                 e(f"{b.get('put_msgs', 0):,}"),
+                e(rate(r["put_tps"])) if (r := _rates_of(b, rates)) else "",
+                e(rate(r["get_tps"])) if r else "",
+                e(f"{r['put_ms']:.2f}") if r else "",
                 f"<code>{e(b['store_dir'])}</code>",
             )
         )
@@ -170,12 +183,61 @@ def cluster_page(status: dict[str, Any]) -> str:
                 "commitlog offset",
                 "topics",
                 "messages put",
+                "put TPS",
+                "get TPS",
+                "put ms",
                 "store dir",
             ],
-            numeric=(1, 7, 8, 9),
+            numeric=(1, 7, 8, 9, 10, 11, 12),
             id="brokers",
         )
+        + raft_tables(status["brokers"])
     )
+
+
+def _rates_of(b: dict[str, Any], rates: Mapping[str, Mapping[str, float]]) -> Any:
+    """A master's sampled rates (a slave serves no puts: none)."""
+    if b.get("role") != "MASTER":
+        return None
+    return rates.get(b["broker_name"])
+
+
+def raft_tables(brokers: Sequence[dict[str, Any]]) -> str:
+    """Each Raft (DLedger) group: every member's role, term and indexes, and the
+    match index the leader holds for it."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for b in brokers:
+        if "raft_role" in b:
+            groups.setdefault(b["broker_name"], []).append(b)
+    out = ""
+    for name, members in sorted(groups.items()):
+        leaders = [m for m in members if m["raft_role"] == "leader"]
+        match = leaders[0].get("match_index", {}) if leaders else {}
+        term = max(m["term"] for m in members)
+        leader = leaders[0]["actor_name"] if leaders else "(electing)"
+        rows = [
+            (
+                e(m["actor_name"]),
+                e(m["raft_role"]),
+                e(m["term"]),
+                e(m.get("leader") or ""),
+                e(m["commit_index"]),
+                e(m["last_index"]),
+                e(m["last_index"] if m in leaders else match.get(m["actor_name"], "")),
+            )
+            for m in sorted(members, key=lambda m: m["actor_name"])
+        ]
+        out += (
+            f'<h2>Raft group {e(name)}: term <span class="raft-term">{e(term)}</span>, '
+            f'leader <span class="raft-leader">{e(leader)}</span></h2>'
+            + table(
+                rows,
+                ["member", "role", "term", "leader", "commit index", "last index", "match index"],
+                numeric=(2, 4, 5, 6),
+                id=f"raft-{name}",
+            )
+        )
+    return out
 
 
 # ------------------------------------------------------------ topics
@@ -189,6 +251,8 @@ def topics_page(
             e(t["write"]),
             e(t["perm"]),
             e(", ".join(t["brokers"])),
+            e(f"{t['messages']:,}") if t.get("messages") is not None else "",
+            e(rate(t.get("tps"))),
         )
         for t in topics
     ]
@@ -213,8 +277,8 @@ def topics_page(
         + f"<p>{toggle}</p>"
         + table(
             rows,
-            ["topic", "read queues", "write queues", "perm", "brokers"],
-            numeric=(1, 2),
+            ["topic", "read queues", "write queues", "perm", "brokers", "messages", "TPS"],
+            numeric=(1, 2, 5, 6),
             id="topics",
             empty="no topics",
         )
@@ -319,6 +383,9 @@ def group_page(
     status: dict[str, Any] | None,
     refresh_ms: int,
     csrf: str,
+    consume_tps: float | None = None,
+    fleet: dict[str, Any] | None = None,
+    lag_series: Series | None = None,
 ) -> str:
     total = sum(r["lag"] for r in lag)
     lag_rows = [
@@ -334,7 +401,8 @@ def group_page(
     ]
     live = (
         f'<div id="live" data-refresh-ms="{refresh_ms}">'
-        f'<p>total lag <span class="total" id="total-lag">{total}</span></p>'
+        f'<p>total lag <span class="total" id="total-lag">{total}</span> · consume TPS '
+        f'<span class="total" id="consume-tps">{e(rate(consume_tps) or "0")}</span></p>'
         + table(
             lag_rows,
             ["topic", "broker", "queue", "broker offset", "consumer offset", "lag"],
@@ -374,12 +442,51 @@ def group_page(
             + "<h2>Generation log (last 20)</h2>"
             + table(log_rows, ["t", "generation", "event", "queue", "from", "to"], id="genlog")
         )
+    if fleet is not None:
+        live += fleet_part(fleet, lag_series or {})
     live += "</div>"
     return (
         live
         + f'<p class="muted" id="live-refreshed">refreshes every {refresh_ms / 1000:g} s</p>'
         + f'<p><a href="{url("/dlq", group=group)}">dead letters of {e(group)}</a></p>'
         + reset_form(group, sorted({r["topic"] for r in lag}), csrf)
+    )
+
+
+def fleet_part(fleet: dict[str, Any], lag_series: Series) -> str:
+    """A consumer fleet's size, members, scaling events and lag chart."""
+    summary = [
+        ("size", e(fleet["size"])),
+        ("running", e(fleet["running"])),
+        ("pending", e(fleet["pending"])),
+        ("target size", e(fleet["target_size"])),
+        ("min / max", e(f"{fleet['min_consumers']} / {fleet['max_consumers']}")),
+        ("autoscale", e("on" if fleet["autoscale"] else "off (pinned)")),
+        ("lag", e("" if fleet["lag"] is None else fleet["lag"])),
+        ("consume rate (msg/s)", e(fleet["consume_rate"])),
+        ("consumed", e(fleet["consumed"])),
+    ]
+    members = [
+        (
+            e(m.get("name", "")),
+            e(m.get("state", "")),
+            e(m.get("consume_rate", "")),
+            e(", ".join(str(q) for q in m.get("queues", []))),
+        )
+        for m in fleet["members"]
+    ]
+    events = [
+        (e(when(ev["time"] * 1000)), e(ev["kind"]), e(ev["detail"])) for ev in fleet["events"][-20:]
+    ]
+    return (
+        f"<h2>Fleet <code>{e(fleet['group'])}</code> on {e(fleet['topic'])}</h2>"
+        + table(summary, ["", ""], id="fleet")
+        + table(
+            members, ["member", "state", "msg/s", "queues"], id="fleet-members", empty="no member"
+        )
+        + "<h3>Scaling events (last 20)</h3>"
+        + table(events, ["time", "event", "detail"], id="fleet-events", empty="none yet")
+        + chart("lag", lag_series, "messages", id="fleet-lag-chart")
     )
 
 
@@ -456,7 +563,59 @@ def hexdump(data: bytes) -> str:
     return "\n".join(lines)
 
 
-def message_page(m: Any) -> str:
+def as_json(body: bytes) -> str | None:
+    """The body pretty-printed, when it is a JSON object or array; else None."""
+    if not body.lstrip().startswith((b"{", b"[")):
+        return None
+    try:
+        value = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(value, (dict, list)):
+        return None
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
+
+
+def consumed_part(m: Any, consumed: Sequence[dict[str, Any]] | None, csrf: str) -> str:
+    """Which groups consumed ``m`` (each group with offsets on its topic: is its
+    committed offset past the message's queue offset?), and the resend-to-a-group form."""
+    if consumed is None:
+        return ""
+    rows = [
+        (
+            f'<a href="/groups/{seg(c["group"])}">{e(c["group"])}</a>',
+            e("" if c["committed"] is None else c["committed"]),
+            '<span class="good">consumed</span>'
+            if c["consumed"]
+            else '<span class="bad">not yet</span>',
+        )
+        for c in consumed
+    ]
+    options = "".join(f'<option value="{e(c["group"])}">' for c in consumed)
+    return (
+        f"<h2>Consumed by <span class=muted>(queue {e(m.queue_id)} offset "
+        f"{e(m.queue_offset)})</span></h2>"
+        + table(
+            rows,
+            ["group", "committed offset", ""],
+            numeric=(1,),
+            id="consumed-by",
+            empty="no group has offsets on this topic",
+        )
+        + "<h2>Resend to a group</h2>"
+        + '<form class="panel" method="post" action="/message/resend" id="resend-to-group">'
+        + csrf_field(csrf)
+        + f'<input type="hidden" name="id" value="{e(m.offset_msg_id)}">'
+        + f'<input type="hidden" name="topic" value="{e(m.topic)}">'
+        + '<label>group <input name="group" list="known-groups" required maxlength="120"></label>'
+        + f'<datalist id="known-groups">{options}</datalist>'
+        + '<button type="submit">Resend</button></form>'
+        + '<p class="muted">The copy goes to the group\'s retry topic (<code>%RETRY%group'
+        "</code>): that group alone consumes it again, with the same message id.</p>"
+    )
+
+
+def message_page(m: Any, consumed: Sequence[dict[str, Any]] | None = None, csrf: str = "") -> str:
     fields = [
         ("topic", f'<a href="/topics/{seg(m.topic)}">{e(m.topic)}</a>'),
         ("message id", f"<code>{e(m.msg_id)}</code>"),
@@ -477,18 +636,30 @@ def message_page(m: Any) -> str:
         if len(m.body) > HEX_LIMIT
         else ""
     )
+    parsed = as_json(m.body)
+    json_tab = (
+        '<button type="button" class="secondary" data-tab="body-json" aria-pressed="true">'
+        "JSON</button>"
+        if parsed is not None
+        else ""
+    )
     return (
         table(fields, ["field", "value"], id="fields")
         + "<h2>Properties</h2>"
         + table(props, ["name", "value"], id="properties")
         + "<h2>Body</h2>"
         + '<div class="tabs">'
-        '<button type="button" class="secondary" data-tab="body-text" aria-pressed="true">text</button>'
+        + json_tab
+        + '<button type="button" class="secondary" data-tab="body-text" '
+        f'aria-pressed="{"false" if parsed is not None else "true"}">text</button>'
         '<button type="button" class="secondary" data-tab="body-hex" aria-pressed="false">hex</button>'
         "</div>"
-        + f'<pre id="body-text">{e(m.body.decode("utf-8", "replace"))}</pre>'
+        + (f'<pre id="body-json">{e(parsed)}</pre>' if parsed is not None else "")
+        + f'<pre id="body-text"{" class=hidden" if parsed is not None else ""}>'
+        f"{e(m.body.decode('utf-8', 'replace'))}</pre>"
         + f'<pre id="body-hex" class="hidden">{e(hexdump(shown))}</pre>'
         + cut
+        + consumed_part(m, consumed, csrf)
     )
 
 
@@ -582,4 +753,107 @@ def login_page(csrf: str, next_path: str = "/") -> str:
         + csrf_field(csrf)
         + '<label>token <input name="token" type="password" required autofocus></label>'
         '<button type="submit">Sign in</button></form>'
+    )
+
+
+# ------------------------------------------------------------ charts and metrics
+CHART_W, CHART_H, CHART_PAD = 560, 150, 4
+COLORS = ("#2457c5", "#c2410c", "#15803d", "#7c3aed", "#b91c1c", "#0e7490", "#a16207", "#be185d")
+
+
+def chart(title: str, series: Series, unit: str, *, id: str) -> str:
+    """Lines as an inline SVG (no script, no style attribute: the CSP holds), with the
+    newest value of each line in its legend. ``data-points`` counts the points drawn."""
+    lines = {name: pts for name, pts in sorted(series.items()) if pts}
+    points = sum(len(p) for p in lines.values())
+    if not lines:
+        return (
+            f'<figure class="chart" id="{e(id)}" data-points="0"><figcaption>{e(title)}'
+            '</figcaption><p class="muted">no samples yet</p></figure>'
+        )
+    t0 = min(t for pts in lines.values() for t, _ in pts)
+    t1 = max(t for pts in lines.values() for t, _ in pts)
+    top = max(max(v for _, v in pts) for pts in lines.values())
+    top = top * 1.1 if top > 0 else 1.0
+    span = max(t1 - t0, 1e-3)
+    w, h, pad = CHART_W, CHART_H, CHART_PAD
+
+    def xy(t: float, v: float) -> str:
+        x = pad + (t - t0) / span * (w - 2 * pad)
+        y = h - pad - v / top * (h - 2 * pad)
+        return f"{x:.1f},{y:.1f}"
+
+    drawn = ""
+    legend = ""
+    for i, (name, pts) in enumerate(lines.items()):
+        color = COLORS[i % len(COLORS)]
+        coords = " ".join(xy(t, v) for t, v in pts)
+        if len(pts) == 1:  # one point: a dot
+            x, y = xy(*pts[0]).split(",")
+            drawn += f'<circle cx="{x}" cy="{y}" r="2.5" fill="{color}"/>'
+        else:
+            drawn += (
+                f'<polyline points="{coords}" fill="none" stroke="{color}" '
+                'stroke-width="1.6" stroke-linejoin="round"/>'
+            )
+        last = pts[-1][1]
+        legend += (
+            f'<li><svg width="10" height="10" aria-hidden="true"><rect width="10" height="10" '
+            f'fill="{color}"/></svg> {e(name)} <b>{e(rate(last))}</b></li>'
+        )
+    grid = "".join(
+        f'<line x1="{pad}" x2="{w - pad}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e3e7ef"/>'
+        for y in (pad, pad + (h - 2 * pad) / 2, h - pad)
+    )
+    return (
+        f'<figure class="chart" id="{e(id)}" data-points="{points}">'
+        f"<figcaption>{e(title)} <span class=muted>({e(unit)}; top {e(rate(top))}, "
+        f"last {e(f'{span:.0f}')} s)</span></figcaption>"
+        f'<svg viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" '
+        f'aria-label="{e(title)}">{grid}{drawn}</svg>'
+        f'<ul class="legend">{legend}</ul></figure>'
+    )
+
+
+def metrics_page(
+    series: dict[str, Series],
+    samples: int,
+    interval_s: float,
+    refresh_ms: int,
+    failing: str | None = None,
+) -> str:
+    return (
+        f'<div id="charts" data-refresh-ms="{refresh_ms}">'
+        f'<p class="muted">{e(samples)} sample(s) of the brokers\' own counters, one every '
+        f"{e(f'{interval_s:g}')} s (the console keeps a bounded ring of them)</p>"
+        + (
+            f'<p class="bad" id="sampling-error">sampling fails: {e(failing)}</p>'
+            if failing
+            else ""
+        )
+        + '<div class="charts">'
+        + chart("put TPS per broker", series["put_tps"], "messages/s", id="chart-put-tps")
+        + chart("get TPS per broker", series["get_tps"], "messages/s", id="chart-get-tps")
+        + chart("put latency per broker (mean)", series["put_ms"], "ms", id="chart-put-ms")
+        + chart("lag per group", series["lag"], "messages", id="chart-lag")
+        + chart("consume TPS per group", series["consume_tps"], "messages/s", id="chart-consume")
+        + "</div></div>"
+        + '<p class="muted" id="charts-refreshed"></p>'
+    )
+
+
+# ------------------------------------------------------------ long operations
+def job_page(job: dict[str, Any]) -> str:
+    """A job's progress bar; the script polls ``/jobs/<id>/progress`` until it ends."""
+    state_class = {"done": "good", "failed": "bad"}.get(job["state"], "")
+    return (
+        f'<div class="job" id="job" data-job="/jobs/{e(seg(job["id"]))}/progress">'
+        f"<p>{e(job['kind'])}: {e(job['what'])}</p>"
+        f'<progress id="job-progress" max="{e(max(job["total"], 1))}" '
+        f'value="{e(job["done"] if job["state"] != "done" else max(job["total"], 1))}"></progress> '
+        f'<span id="job-percent">{e(job["percent"])}%</span> '
+        f'<span class="muted" id="job-count">{e(job["done"])} of {e(job["total"])}</span>'
+        f'<p>state <span id="job-state" class="{state_class}">{e(job["state"])}</span></p>'
+        f'<p id="job-message">{e(job["message"])}</p>'
+        f'<p><a id="job-back" href="{e(job["back"])}">back</a></p></div>'
     )

@@ -38,7 +38,7 @@ from actors.config.options import with_options
 from actors.fleet.config import FleetConfig
 from actors.fleet.controller import FleetController
 from actors.protocol import rpc as _rpc
-from actors.protocol.names import DEFAULT_NAMESPACE
+from actors.protocol.names import DEFAULT_NAMESPACE, fleet_actor_name
 from storage.codec import validate_topic
 from storage.errors import InvalidConfigError, InvalidMessageError, RayMQError
 
@@ -46,11 +46,6 @@ log = logging.getLogger("raymq.actors.fleet")
 
 CALL_TIMEOUT_S = 30.0
 CONTROLLER_MAX_CONCURRENCY = 16
-
-
-def fleet_actor_name(group: str) -> str:
-    """The controller actor's name: ``fleet-<group>`` (members: ``fleet-<group>-m<n>``)."""
-    return f"fleet-{group}"
 
 
 class ConsumerFleet:

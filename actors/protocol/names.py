@@ -21,3 +21,9 @@ def broker_actor_name(broker_name: str, broker_id: int) -> str:
 def coordinator_actor_name(group: str) -> str:
     """The documented Ray actor name of a consumer group's coordinator: ``coordinator-<group>``."""
     return f"coordinator-{group}"
+
+
+def fleet_actor_name(group: str) -> str:
+    """The documented Ray actor name of a consumer fleet's controller: ``fleet-<group>``
+    (its members: ``fleet-<group>-m<n>``)."""
+    return f"fleet-{group}"

@@ -1,6 +1,7 @@
 """The broker's ``raymq_*`` metrics reach the node's Prometheus endpoint, tagged and
 adding up: messages and bytes in and out per topic, put and flush latency, lag per
-group and topic, store gauges.
+group and topic, store gauges; and every series the Grafana dashboard
+(``docs/grafana/raymq.json``) queries is among them.
 
 Ray exports metrics every ``metrics_report_interval_ms`` (10 s unless set when Ray
 starts), so this test needs a Ray of its own, started with 500 ms: it runs this
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -23,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
 
 REPO = Path(__file__).resolve().parents[3]
+DASHBOARD = REPO / "docs" / "grafana" / "raymq.json"
 TESTKIT = Path(__file__).resolve().parents[1]  # tests/actors: raymq_testkit
 BROKER = {"broker": "broker-a", "broker_id": "0"}
 
@@ -148,7 +151,27 @@ def _mismatches(s: dict[str, Any], exp: dict[str, Any]) -> list[str]:
     ]
     if not _value(s, "ray_raymq_flush_latency_seconds_count"):
         bad.append("no flush latency observed")
+    bad.extend(
+        f"{name}: named by {DASHBOARD.name}, not exported" for name in dashboard_series() - set(s)
+    )
     return bad
+
+
+def dashboard_series() -> set[str]:
+    """Every ``ray_raymq_*`` series the Grafana dashboard's queries name (a valid
+    dashboard: JSON with a uid, a datasource variable and Prometheus queries)."""
+    board = json.loads(DASHBOARD.read_text())
+    assert board["uid"] == "raymq" and board["title"] == "RayMQ"
+    assert "datasource" in {v["name"] for v in board["templating"]["list"]}
+    targets = [t for p in board["panels"] for t in p.get("targets", [])]
+    assert len(targets) >= 12 and all(t["expr"] and t["refId"] for t in targets)
+    names = {n for t in targets for n in re.findall(r"\bray_raymq_\w+", t["expr"])}
+    assert {
+        "ray_raymq_messages_in_total",
+        "ray_raymq_consumer_lag",
+        "ray_raymq_master_epoch",
+    } <= names
+    return names
 
 
 def test_broker_metrics_reach_prometheus_with_tags_and_values(tmp_path: Path) -> None:

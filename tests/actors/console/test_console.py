@@ -29,7 +29,7 @@ from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
 import actors
-from actors import LocalTransactionState, TransactionProducer
+from actors import ConsumerFleet, ConsumeStatus, LocalTransactionState, TransactionProducer
 from actors.client.admin import Admin
 from actors.config.console import ConsoleConfig
 from actors.console import build_app
@@ -40,6 +40,9 @@ from storage.errors import InvalidConfigError
 
 WAIT_S = 15.0
 REFRESH_MS = 300
+SAMPLE_MS = 250  # the console samples the brokers' counters this often
+RATE_WINDOW_MS = 4000  # a rate is over the last 4 s of samples
+JOB_CHUNK = 4  # a bulk resend tells its progress every 4 letters
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +54,13 @@ def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
         brokers=2,
         store_root=str(tmp_path_factory.mktemp("console")),
         broker_options={"store": SMALL_STORE, "heartbeat_interval_s": 2.0},
-        console=ConsoleConfig(port=0, refresh_ms=REFRESH_MS),
+        console=ConsoleConfig(
+            port=0,
+            refresh_ms=REFRESH_MS,
+            sample_interval_ms=SAMPLE_MS,
+            rate_window_ms=RATE_WINDOW_MS,
+            job_chunk=JOB_CHUNK,
+        ),
     )
     yield c
     c.shutdown(timeout_s=10.0)
@@ -179,6 +188,30 @@ def column(table: list[list[str]], i: int) -> list[str]:
     return [r[i] for r in table]
 
 
+def wait_job_done(b: WebDriver) -> None:
+    """On a job's page: its script polls the progress until the job ends; it must end
+    done, with the bar full."""
+    WebDriverWait(b, WAIT_S).until(lambda d: text(d, "job-state") != "running")
+    assert text(b, "job-state") == "done", text(b, "job-message")
+    assert text(b, "job-percent") == "100%"
+    full = b.execute_script(
+        "var p = document.getElementById('job-progress'); return [p.value, p.max]"
+    )
+    assert full[0] == full[1] >= 1
+    assert problems(b, http_errors=True) == []
+
+
+def reload_until(b: WebDriver, url: str, check: Any, what: str) -> Any:
+    """Reload ``url`` until ``check(browser)`` is truthy (the console samples the
+    brokers every SAMPLE_MS, so a rate shows within a few samples)."""
+
+    def fresh() -> Any:
+        open_page(b, url)
+        return check(b)
+
+    return wait_until(fresh, timeout_s=WAIT_S, interval_s=0.1, what=what)
+
+
 # ------------------------------------------------------------ pages
 def test_the_cluster_page_shows_nameservers_and_brokers(
     cluster: actors.Cluster, base: str, browser: WebDriver
@@ -195,7 +228,7 @@ def test_the_cluster_page_shows_nameservers_and_brokers(
         assert row[3] == b["data_addr"] and ":" in row[3]  # the data path's own socket
         assert row[4] == b["addr"]
         assert row[6].startswith(f"{100 * b['disk_used_ratio']:.0f}% of ")
-        assert row[10] == b["store_dir"]
+        assert row[13] == b["store_dir"]
 
 
 def test_a_topic_is_created_with_the_form_and_shows_its_queues(
@@ -227,8 +260,15 @@ def test_a_topic_is_created_with_the_form_and_shows_its_queues(
     assert found.body == b"hello from the console"
 
     open_page(browser, base + "/topics")
-    listed = rows(browser, "topics")
-    assert ["ConsoleOrders", "6", "6", "RW-", "broker-a, broker-b"] in listed
+    listed = {r[0]: r for r in rows(browser, "topics")}
+    assert listed["ConsoleOrders"][:6] == [
+        "ConsoleOrders",
+        "6",
+        "6",
+        "RW-",
+        "broker-a, broker-b",
+        "1",
+    ]
 
     # change it on every broker, then delete it (after a confirmation)
     open_page(browser, base + "/topics/ConsoleOrders")
@@ -395,9 +435,17 @@ def test_a_group_s_lag_drops_to_zero_on_its_page_as_it_consumes(
     assert problems(browser, http_errors=True) == []
     consumer.close()
 
-    # back to the earliest (after a confirmation): the lag is back on the page
+    # back to the earliest (after a confirmation): a job whose page shows its progress
+    # until it is done; then the lag is back on the group's page
     submit(browser, "reset", {"topic": topic, "to": "earliest"}, confirm=True)
-    assert text(browser, "notice") == f"reset {group} on {topic} to earliest (4 queues)"
+    assert "/jobs/" in browser.current_url
+    wait_job_done(browser)
+    assert text(browser, "job-message") == f"reset {group} on {topic} to earliest (4 queues)"
+    assert text(browser, "job-count") == "4 of 4"
+    mark_page(browser)
+    browser.find_element(By.ID, "job-back").click()
+    wait_next_page(browser)
+    assert browser.current_url == f"{base}/groups/{group}"
     assert text(browser, "total-lag") == "20"
     submit(browser, "reset", {"topic": topic, "to": "time", "time": ""}, ok=False, confirm=True)
     assert "time='': a time as 2024-05-01T12:00:00 (UTC)" in text(browser, "error")
@@ -491,6 +539,213 @@ def test_a_pending_transaction_is_listed_until_its_producer_rolls_it_back(
         producer.close()
     open_page(browser, base + "/transactions?group=bad%20group", ok=False)
     assert "must match" in text(browser, "error")
+
+
+# ------------------------------------------------------------ rates, charts, long operations
+def test_rates_and_charts_come_from_the_brokers_own_counters(
+    cluster: actors.Cluster, base: str, browser: WebDriver
+) -> None:
+    topic, group = "ConsoleRates", "console-rates"
+    cluster.admin.create_topic(topic, 2, 2, brokers=["broker-a"])
+    producer = cluster.producer("console-rates-producer")
+    try:
+        producer.send_batch([Message(topic, b"r%d" % i) for i in range(40)])
+    finally:
+        producer.close()
+    consumer = cluster.pull_consumer(group)
+    try:
+        queues = consumer.fetch_subscribe_queues(topic)
+        consumer.commit_offsets({mq: 0 for mq in queues})
+        done = {mq: consumer.pull(mq, 0, max_count=100).next_offset for mq in queues}
+        assert sum(done.values()) == 40
+        # half of it consumed: lag 20 on the group's charts, a consume rate above 0
+        consumer.commit_offsets({mq: off // 2 for mq, off in done.items()})
+    finally:
+        consumer.close()
+
+    def topic_row(b: WebDriver) -> list[str] | None:
+        row = {r[0]: r for r in rows(b, "topics")}.get(topic)
+        return row if row and row[6] and float(row[6].replace(",", "")) > 0 else None
+
+    row = reload_until(browser, base + "/topics", topic_row, "a put TPS for the topic")
+    assert row[5] == "40"  # messages held: the sum of max - min over its queues
+
+    def broker_a(b: WebDriver) -> list[str] | None:
+        found = [r for r in rows(b, "brokers") if r[0] == "broker-a"]
+        return found[0] if found and found[0][10] and float(found[0][10]) > 0 else None
+
+    row = reload_until(browser, base + "/", broker_a, "broker-a's put TPS")
+    assert float(row[12]) > 0  # a mean put latency in ms, from its own timing
+
+    reload_until(
+        browser,
+        f"{base}/groups/{group}",
+        lambda b: float(text(b, "consume-tps")) > 0,
+        "the group's consume TPS",
+    )
+    assert text(browser, "total-lag") == "20"
+
+    def charted(b: WebDriver) -> dict[str, int] | None:
+        points = b.execute_script(
+            "var out = {}; document.querySelectorAll('figure.chart').forEach("
+            "  function (f) { out[f.id] = parseInt(f.dataset.points, 10); }); return out"
+        )
+        return points if points["chart-put-tps"] > 1 and points["chart-lag"] > 1 else None
+
+    points = reload_until(browser, base + "/metrics-charts", charted, "charts with points")
+    assert set(points) == {
+        "chart-put-tps",
+        "chart-get-tps",
+        "chart-put-ms",
+        "chart-lag",
+        "chart-consume",
+    }
+    legend = browser.find_element(By.ID, "chart-lag").text
+    assert group in legend and "20" in legend  # the group's lag as last sampled
+    assert browser.find_elements(By.CSS_SELECTOR, "#chart-put-tps svg polyline")
+    # the charts refresh themselves (no reload): more points come
+    before = points["chart-put-tps"]
+    WebDriverWait(browser, WAIT_S).until(
+        lambda b: (
+            int(b.find_element(By.ID, "chart-put-tps").get_attribute("data-points") or 0) > before
+        )
+    )
+    assert problems(browser, http_errors=True) == []
+
+
+def test_a_message_shows_json_which_groups_consumed_it_and_is_resent_to_one(
+    cluster: actors.Cluster, base: str, browser: WebDriver
+) -> None:
+    topic = "ConsoleJson"
+    cluster.admin.create_topic(topic, 1, 1, brokers=["broker-a"])
+    producer = cluster.producer("console-json-producer")
+    try:
+        producer.send(Message(topic, b"first"))
+        sent = producer.send(Message(topic, b'{"order": 7, "items": ["a"]}', keys=["j-7"]))
+    finally:
+        producer.close()
+    mq = MessageQueue(topic, "broker-a", 0)
+    consumer = cluster.pull_consumer("console-ate")
+    idle = cluster.pull_consumer("console-idle")
+    try:
+        consumer.commit_offsets({mq: 2})  # past the JSON message (offset 1)
+        idle.commit_offsets({mq: 1})  # consumed the first only
+
+        open_page(browser, base + "/message?" + urllib.parse.urlencode({"id": sent.offset_msg_id}))
+        assert browser.find_element(By.ID, "body-json").is_displayed()
+        assert '"order": 7' in text(browser, "body-json")
+        assert not browser.find_element(By.ID, "body-text").is_displayed()
+        assert rows(browser, "consumed-by") == [
+            ["console-ate", "2", "consumed"],
+            ["console-idle", "1", "not yet"],
+        ]
+
+        submit(browser, "resend-to-group", {"group": "../x"}, ok=False)
+        assert "group='../x': must match" in text(browser, "error")
+        open_page(browser, base + "/message?" + urllib.parse.urlencode({"id": sent.offset_msg_id}))
+        submit(browser, "resend-to-group", {"group": "console-idle"})
+        assert text(browser, "notice") == (
+            f"resent {sent.msg_id} to group console-idle: %RETRY%console-idle on broker-a"
+        )
+        # the group's retry topic holds the copy: that group alone consumes it again
+        got = idle.pull(MessageQueue("%RETRY%console-idle", "broker-a", 0), 0, max_count=10)
+        [copy] = got.messages
+        assert copy.msg_id == sent.msg_id and copy.body == b'{"order": 7, "items": ["a"]}'
+        assert copy.properties["RETRY_TOPIC"] == topic and copy.keys == ("j-7",)
+    finally:
+        consumer.close()
+        idle.close()
+
+
+def test_a_bulk_dead_letter_resend_shows_its_progress_to_100_percent(
+    cluster: actors.Cluster, base: str, browser: WebDriver
+) -> None:
+    topic, group, n = "ConsoleBulk", "console-bulk", 10
+    cluster.admin.create_topic(topic, 1, 1, brokers=["broker-b"])
+    producer = cluster.producer("console-bulk-producer")
+    try:
+        sent = producer.send_batch([Message(topic, b"bulk-%d" % i) for i in range(n)])
+    finally:
+        producer.close()
+    offsets = [codec.parse_offset_msg_id(r.offset_msg_id)[1] for r in sent]
+    broker = cluster.broker("broker-b")
+    assert ray.get(broker.consumer_send_msg_back.remote(group, offsets, 0)) == ["DLQ"] * n
+
+    open_page(browser, base + "/dlq?group=" + group)
+    assert text(browser, "dlq-count") == str(n)
+    submit(browser, "resend-all", {}, confirm=True)
+    job_url = browser.current_url
+    assert job_url.startswith(base + "/jobs/")
+    wait_job_done(browser)
+    assert text(browser, "job-count") == f"{n} of {n}"
+    assert text(browser, "job-message") == f"resent {n} dead letter(s) of {group} to {topic}"
+    status, body = http(job_url + "/progress")
+    progress = json.loads(body)
+    assert status == 200 and progress["done"] == progress["total"] == n
+    assert progress["percent"] == 100 and progress["state"] == "done"
+    assert [r["max_offset"] for r in cluster.admin.topic_status(topic)] == [2 * n]
+
+    open_page(browser, base + "/jobs/nosuchjob", ok=False)
+    assert "no such job" in text(browser, "error")
+
+
+def test_a_fleet_s_size_events_and_lag_chart_show_on_its_group_s_page(
+    cluster: actors.Cluster, base: str, browser: WebDriver
+) -> None:
+    topic, group = "ConsoleFleet", "console-fleet"
+    cluster.admin.create_topic(topic, 2, 2, brokers=["broker-a"])
+    producer = cluster.producer("console-fleet-producer")
+    try:
+        producer.send_batch([Message(topic, b"f%d" % i) for i in range(30)])
+    finally:
+        producer.close()
+
+    def listener(messages: list[Any]) -> ConsumeStatus:  # pickled by value into the member
+        return ConsumeStatus.SUCCESS
+
+    fleet = ConsumerFleet(
+        group,
+        topic,
+        listener,
+        namespace=cluster.namespace,
+        min_consumers=1,
+        max_consumers=1,
+        interval_s=0.2,
+        num_cpus=0,
+        consumer_options={
+            "rebalance_interval_s": 0.3,
+            "heartbeat_interval_s": 0.3,
+            "persist_offset_interval_s": 0.2,
+            "pull_suspend_s": 1.0,
+            "consume_from": "FIRST",
+            "shutdown_timeout_s": 10.0,
+        },
+    )
+    try:
+        wait_until(
+            lambda: (
+                sum(r["lag"] for r in cluster.admin.consumer_lag(group, topic)) == 0
+                and cluster.admin.consumer_lag(group, topic)
+            ),
+            timeout_s=30,
+            what="the fleet consumed the backlog",
+        )
+
+        def fleet_shown(b: WebDriver) -> dict[str, str] | None:
+            summary = {r[0]: r[1] for r in rows(b, "fleet")}
+            points = int(b.find_element(By.ID, "fleet-lag-chart").get_attribute("data-points"))
+            return summary if summary["running"] == "1" and points > 0 else None
+
+        summary = reload_until(browser, f"{base}/groups/{group}", fleet_shown, "the fleet")
+        assert summary["size"] == "1" and summary["min / max"] == "1 / 1"
+        [member] = rows(browser, "fleet-members")
+        assert member[0] == f"fleet-{group}-m1" and member[1] == "RUNNING"
+        assert sorted(member[3].split(", ")) == [f"{topic}:broker-a:{q}" for q in (0, 1)]
+        events = column(rows(browser, "fleet-events"), 1)
+        assert "join" in events and events.index("join") < events.index("running")
+        assert text(browser, "total-lag") == "0"
+    finally:
+        fleet.shutdown(timeout_s=30)
 
 
 # ------------------------------------------------------------ access and the CLI

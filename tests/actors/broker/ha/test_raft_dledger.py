@@ -4,6 +4,7 @@ leader cuts off what was never committed."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from raymq_testkit import wait_until
 
 import actors
 from actors import BrokerSpec, SendStatus
+from actors.console import pages
 from storage import Message
 
 GROUP = [BrokerSpec("broker-a", i) for i in range(3)]
@@ -45,6 +47,30 @@ def in_sync(group: dict[str, Any]) -> bool:
     ends = {s["commitlog_max_offset"] for s in statuses}
     return len(ends) == 1 and all(
         s["committed_offset"] == s["commitlog_max_offset"] for s in statuses
+    )
+
+
+def console_raft_rows(cluster: actors.Cluster, leader: str) -> bool:
+    """The console's cluster page, rendered from this group's real status: one row per
+    member, the leader's term, and each follower's match index at the leader's last
+    index (every entry replicated)."""
+    status = cluster.admin.cluster_status()
+    html = pages.cluster_page(status, {})
+    lead = next(b for b in status["brokers"] if b["actor_name"] == leader)
+    assert f'leader <span class="raft-leader">{leader}</span>' in html
+    assert f'term <span class="raft-term">{lead["term"]}</span>' in html
+    table = html[html.index("<table id=raft-broker-a>") :]
+    body = table[table.index("<tbody>") : table.index("</table>")]
+    cells = [
+        re.findall(r"<td[^>]*>([^<]*)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", body)
+    ]
+    assert sorted(c[0] for c in cells) == [f"broker-a-{i}" for i in range(3)]
+    roles = {c[0]: (c[1], c[6]) for c in cells}
+    assert roles[leader] == ("leader", str(lead["last_index"]))
+    return all(
+        role == "follower" and match == str(lead["last_index"])
+        for name, (role, match) in roles.items()
+        if name != leader
     )
 
 
@@ -72,6 +98,8 @@ def test_a_group_elects_a_leader_and_every_member_holds_its_bytes(make_cluster: 
     follower = next(h for n, h in group.items() if n != leader)
     found = ray.get(follower.query_by_key.remote("R", "r01234"))
     assert [m.body for m in found] == [b"r01234"]  # its ConsumeQueues and index are its own
+    # the web console's cluster page shows the group's term, leader and match indexes
+    wait_until(lambda: console_raft_rows(cluster, leader), what="the console's Raft table")
     # followers refuse writes and follow the leader's topics
     cluster.admin.create_topic("R2", 2, 2)
     wait_until(
