@@ -42,6 +42,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from . import codec
 from .commitlog import CommitLog
 from .errors import DuplicateSequenceError, OutOfOrderSequenceError, ProducerFencedError
@@ -74,6 +76,15 @@ class _QueueState:
     runs: deque[Run] = field(default_factory=deque)
 
 
+def _queues_of(
+    batch: codec.EncodedBatch, runs: list[tuple[int, int, int]]
+) -> tuple[list[str], list[int]]:
+    """Each run's topic and queue id (gathered at once: a merged call has many runs)."""
+    firsts = [first for first, _, _ in runs]
+    names = batch.topics
+    return [names[i] for i in batch.topic_idx[firsts].tolist()], batch.queue_ids[firsts].tolist()
+
+
 class ProducerStateTable:
     """Per (producer id, topic, queue id): epoch, next sequence and the last runs."""
 
@@ -97,9 +108,8 @@ class ProducerStateTable:
         assert pid is not None
         out: list[tuple[int, int] | None] = []
         ahead: dict[tuple[str, str, int], tuple[int, int]] = {}  # earlier runs of this batch
-        for first, count, seq in runs:
-            topic = batch.topics[int(batch.topic_idx[first])]
-            key = (pid, topic, int(batch.queue_ids[first]))
+        for (_, count, seq), topic, queue_id in zip(runs, *_queues_of(batch, runs)):
+            key = (pid, topic, queue_id)
             st = self._queues.get(key)
             known = ahead.get(key) or ((st.epoch, st.next_seq) if st is not None else None)
             if known is None and seq != 0:
@@ -184,17 +194,21 @@ class ProducerStateTable:
     ) -> None:
         """The runs :meth:`check` let through were stored at these offsets."""
         assert batch.producer_id is not None
-        for (first, count, seq), hit in zip(runs, decided):
+        firsts = [first for first, _, _ in runs]
+        qoffs = np.asarray(queue_offsets)[firsts].tolist()
+        phys = np.asarray(commitlog_offsets)[firsts].tolist()
+        topics, queue_ids = _queues_of(batch, runs)
+        for i, ((_, count, seq), hit) in enumerate(zip(runs, decided)):
             if hit is None:
                 self.record(
                     batch.producer_id,
                     batch.producer_epoch,
-                    batch.topics[int(batch.topic_idx[first])],
-                    int(batch.queue_ids[first]),
+                    topics[i],
+                    queue_ids[i],
                     seq,
                     count,
-                    int(queue_offsets[first]),
-                    int(commitlog_offsets[first]),
+                    qoffs[i],
+                    phys[i],
                     now_ms,
                 )
 
