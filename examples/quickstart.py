@@ -5,7 +5,12 @@ temporary directory), one topic of 8 queues (4 on each broker); sends 100 000
 messages in batches, pulls them all back, checks that every message arrived
 exactly once and in order within its queue, prints a summary and exits 0.
 
-    python examples/quickstart.py [--messages N]
+With ``--console`` it then keeps the cluster up with its web console and prints its
+URL: 20 orders sent with keys (find ``order-7`` on the Messages page), a consumer group
+``quickstart-audit`` whose lag shows on its page, and one order its listener refused,
+dead-lettered (resend it from the Dead letters page). Ctrl-C stops it all.
+
+    python examples/quickstart.py [--messages N] [--console [--console-port P]]
 """
 
 from __future__ import annotations
@@ -14,13 +19,17 @@ import argparse
 import logging
 import sys
 import tempfile
+import threading
 import time
+from typing import Any
 
 import ray
 
 import actors
-from actors import PullStatus
+from actors import ConsumeStatus, PullStatus, PushConsumer
+from actors.config import ConsoleConfig
 from storage import Message
+from storage.message import MessageExt
 
 TOPIC = "QuickStart"
 
@@ -71,6 +80,60 @@ def check(seen: dict[str, list[int]], n: int) -> list[str]:
     return problems
 
 
+AUDIT_GROUP = "quickstart-audit"
+ORDERS = 20
+REFUSED = "order-13"  # the audit's listener refuses it: it ends in the group's DLQ
+
+
+def show_console(cluster: actors.Cluster, port: int, hold_s: float | None) -> None:
+    """Keyed orders, a consumer group that refuses one of them (dead-lettered at the
+    first failure: ``max_reconsume_times=0``), and the console, until Ctrl-C or
+    ``hold_s``."""
+    seen = threading.Event()
+    consumed: set[str] = set()
+
+    def audit(msgs: list[MessageExt]) -> ConsumeStatus:
+        keys = {k for m in msgs for k in m.keys}
+        if REFUSED in keys:
+            return ConsumeStatus.RECONSUME_LATER
+        consumed.update(keys)
+        if len(consumed) >= ORDERS - 1:
+            seen.set()
+        return ConsumeStatus.SUCCESS
+
+    consumer = PushConsumer(
+        AUDIT_GROUP,
+        TOPIC,
+        listener=audit,
+        namespace=cluster.namespace,
+        subscription="Order",
+        max_reconsume_times=0,
+    )
+    consumer.start()
+    producer = cluster.producer("quickstart-orders")
+    for i in range(ORDERS):
+        producer.send(
+            Message(
+                TOPIC, b'{"order": %d, "amount": %d}' % (i, 10 * i), tags="Order", keys=f"order-{i}"
+            )
+        )
+    producer.close()
+    if not seen.wait(60):
+        print("  (the audit group is still consuming; the console shows its progress)")
+    url = cluster.start_console(ConsoleConfig(namespace=cluster.namespace, port=port))
+    print(f"console: {url}")
+    print("  Messages: find key order-7 in topic QuickStart")
+    print(f"  Consumer groups: {AUDIT_GROUP}, its lag per queue")
+    print(f"  Dead letters: group {AUDIT_GROUP} holds {REFUSED}; resend it from there")
+    print("Ctrl-C to stop" if hold_s is None else f"(up for {hold_s:g}s)", flush=True)
+    try:
+        time.sleep(hold_s) if hold_s is not None else threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        consumer.shutdown()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=100_000)
@@ -81,6 +144,13 @@ def main(argv: list[str] | None = None) -> int:
         help="Ray to use: 'local' starts one for this run (default); 'auto' joins the running "
         "cluster (e.g. on a `ray up cluster.yaml` head)",
     )
+    parser.add_argument(
+        "--console",
+        action="store_true",
+        help="then keep the cluster up with its web console (prints its URL) until Ctrl-C",
+    )
+    parser.add_argument("--console-port", type=int, default=8280, help="0: any free port")
+    parser.add_argument("--hold", type=float, default=None, help=argparse.SUPPRESS)  # tests
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
@@ -113,12 +183,25 @@ def main(argv: list[str] | None = None) -> int:
             send_s = produce(cluster, args.messages, args.batch)
             pull_s, seen = consume(cluster, args.messages)
             status = cluster.admin.topic_status(TOPIC)
+            problems = check(seen, args.messages)
+            report(args.messages, started_in, send_s, pull_s, seen, status, problems)
+            if args.console and not problems:
+                show_console(cluster, args.console_port, args.hold)
         finally:
             cluster.shutdown()
     ray.shutdown()
+    return 1 if problems else 0
 
-    problems = check(seen, args.messages)
-    n = args.messages
+
+def report(
+    n: int,
+    started_in: float,
+    send_s: float,
+    pull_s: float,
+    seen: dict[str, list[int]],
+    status: list[dict[str, Any]],
+    problems: list[str],
+) -> None:
     print(f"RayMQ quickstart: Ray + 2 NameServers + 2 brokers up in {started_in:.1f}s")
     print(f"  sent     {n:>9,} messages in {send_s:6.2f}s  ({n / send_s:>10,.0f} msg/s)")
     print(
@@ -131,9 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if problems:
         print("FAILED: " + "; ".join(problems))
-        return 1
-    print("  every message arrived exactly once, in order within its queue")
-    return 0
+    else:
+        print("  every message arrived exactly once, in order within its queue", flush=True)
 
 
 if __name__ == "__main__":
