@@ -14,6 +14,7 @@ topic, lag series the consumer group. In Prometheus the names gain Ray's
 | ``raymq_store_disk_used_ratio`` | gauge | used share of the store's disk |
 | ``raymq_commitlog_bytes`` | gauge | CommitLog bytes on disk (max - min offset) |
 | ``raymq_master_epoch`` | gauge | the broker group's master epoch: one more at each failover |
+| ``raymq_transactions_total`` | counter | half messages ended, per ``state``: ``committed``, ``rolled_back`` (by the producer, a check or the coordinator), ``discarded`` (checked ``transaction_check_max`` times) |
 
 The data path only adds to plain dicts and a deque, once per batch (a put or a
 pull), never per message (~1 us): a ``ray.util.metrics`` call costs ~5 us, which
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("raymq.actors.broker.metrics")
 
+_TXN_STATES = ("committed", "rolled_back", "discarded")
 _OBSERVE_CHUNK = 256  # histogram observations per turn of the event loop (~1 ms)
 _LATENCY_BOUNDS = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0]
 
@@ -100,7 +102,13 @@ class BrokerMetrics:
             "The broker group's master epoch as this broker knows it (one more per failover)",
             tag_keys=("broker", "broker_id"),
         )
+        self.transactions = metrics.Counter(
+            "raymq_transactions_total",
+            "Half messages ended, per state (committed, rolled_back, discarded)",
+            tag_keys=("broker", "broker_id", "state"),
+        )
         for metric in (
+            self.transactions,
             self.master_epoch,
             self.messages_in,
             self.bytes_in,
@@ -119,6 +127,7 @@ class BrokerMetrics:
         # bounded: a stalled export loses latency samples, never memory
         self._put_seconds: deque[float] = deque(maxlen=1 << 17)
         self._lag_series: set[tuple[str, str]] = set()
+        self._txn_seen: dict[str, int] = {}  # the broker's txn_* stats at the last export
 
     # ------------------------------------------------------------ data path (cheap)
     def on_put(self, batch: EncodedBatch, seconds: float) -> None:
@@ -162,6 +171,16 @@ class BrokerMetrics:
             tags = {"topic": topic}
             self.messages_out.inc(count, tags)
             self.bytes_out.inc(nbytes, tags)
+
+    def export_transactions(self, stats: dict[str, int]) -> None:
+        """Add the transaction ends the broker counted (``stats``' ``txn_*``) since the
+        last call to ``raymq_transactions_total``."""
+        for state in _TXN_STATES:
+            now = stats.get(f"txn_{state}", 0)
+            delta = now - self._txn_seen.get(state, 0)
+            if delta > 0:
+                self.transactions.inc(delta, {"state": state})
+            self._txn_seen[state] = now
 
     def observe_pending(self, flush_durations: deque[float], limit: int | None = None) -> bool:
         """Observe up to ``limit`` pending put latencies and store fsync times (drained
@@ -238,6 +257,7 @@ class BrokerMetricsService:
             self._task = None
         try:
             self.metrics.export_counters()
+            self.metrics.export_transactions(self.broker.stats)
             self.metrics.observe_pending(self.broker.store.commitlog.flush_durations)
         except Exception:  # noqa: BLE001
             log.exception("exporting broker metrics failed")
@@ -257,6 +277,7 @@ class BrokerMetricsService:
 
     async def _export(self) -> None:
         self.metrics.export_counters()
+        self.metrics.export_transactions(self.broker.stats)
         flushes = self.broker.store.commitlog.flush_durations
         while self.metrics.observe_pending(flushes, _OBSERVE_CHUNK):
             await asyncio.sleep(0)  # let puts and pulls in between chunks

@@ -1,6 +1,6 @@
 """The broker's ``raymq_*`` metrics reach the node's Prometheus endpoint, tagged and
 adding up: messages and bytes in and out per topic, put and flush latency, lag per
-group and topic, store gauges; and every series the Grafana dashboard
+group and topic, store gauges, transactions ended per state; and every series the Grafana dashboard
 (``docs/grafana/raymq.json``) queries is among them.
 
 Ray exports metrics every ``metrics_report_interval_ms`` (10 s unless set when Ray
@@ -51,7 +51,11 @@ def _child(store_root: str) -> None:
         nameservers=1,
         brokers=1,
         store_root=store_root,
-        topics=[actors.TopicConfig("MetricsT", 2, 2), actors.TopicConfig("MetricsU", 1, 1)],
+        topics=[
+            actors.TopicConfig("MetricsT", 2, 2),
+            actors.TopicConfig("MetricsU", 1, 1),
+            actors.TopicConfig("MetricsX", 1, 1),
+        ],
         broker_options={
             "store": SMALL_STORE,
             "metrics_export_interval_s": 0.2,
@@ -59,7 +63,8 @@ def _child(store_root: str) -> None:
         },
     )
     broker = ray.get_actor("broker-a-0", namespace=ns)
-    # two puts: 20 records to MetricsT:0, then one batch of two topics
+    # two puts: 20 records to MetricsT:0, then one batch of two topics (and below, one of
+    # transactional messages to MetricsX)
     one = encode_batch([Message("MetricsT", b"t" * 100, queue_id=0)] * 20)
     two = encode_batch(
         [Message("MetricsT", b"t" * 100, queue_id=1)] * 5
@@ -76,6 +81,16 @@ def _child(store_root: str) -> None:
     ]
     ray.get(broker.commit_offsets.remote("g1", {("MetricsT", 0): 20, ("MetricsT", 1): 2}))
     ray.get(broker.commit_offsets.remote("g2", {("MetricsU", 0): 1}))
+    # three transactional (half) messages: one committed, one rolled back, one left open
+    from actors.protocol.wire import SendAck
+    from storage.properties import PROP_PRODUCER_GROUP, PROP_TRAN_MSG
+
+    txn = {PROP_TRAN_MSG: "true", PROP_PRODUCER_GROUP: "metrics-txn"}
+    halves = encode_batch([Message("MetricsX", b"h", queue_id=0, properties=txn)] * 3)
+    ack = SendAck.from_wire(ray.get(broker.send.remote(halves.to_bytes())))
+    ids, offsets = list(halves.uniq_keys), ack.commitlog_offsets.tolist()
+    for i, commit in ((0, True), (1, False)):
+        assert ray.get(broker.end_transaction.remote("metrics-txn", offsets[i], ids[i], commit))
     ray.get(broker.persist.remote())  # at least one CommitLog flush
     expected = {
         "messages_in": {"MetricsT": 25, "MetricsU": 3},
@@ -83,7 +98,8 @@ def _child(store_root: str) -> None:
         "messages_out": {"MetricsT": sum(r.count for r in pulled)},
         "bytes_out": {"MetricsT": sum(len(r.data) for r in pulled)},
         "lag": {"g1/MetricsT": 3, "g2/MetricsU": 2},
-        "commitlog_bytes": len(one.data) + len(two.data),
+        "commitlog_bytes": ray.get(broker.status.remote())["commitlog_max_offset"],
+        "transactions": {"committed": 1, "rolled_back": 1},
     }
     port = ray._private.worker.global_worker.node.metrics_export_port
     print(json.dumps({"port": port, "expected": expected}), flush=True)
@@ -142,8 +158,10 @@ def _mismatches(s: dict[str, Any], exp: dict[str, Any]) -> list[str]:
     for key, lag in exp["lag"].items():
         group, _, topic = key.partition("/")
         want.append(("ray_raymq_consumer_lag", {"group": group, "topic": topic}, lag))
-    want.append(("ray_raymq_put_latency_seconds_count", {}, 2))
+    want.append(("ray_raymq_put_latency_seconds_count", {}, 3))  # the two, the halves
     want.append(("ray_raymq_commitlog_bytes", {}, exp["commitlog_bytes"]))
+    for state, n in exp["transactions"].items():
+        want.append(("ray_raymq_transactions_total", {"state": state}, n))
     bad = [
         f"{name}{tags} = {got} (want {v})"
         for name, tags, v in want
