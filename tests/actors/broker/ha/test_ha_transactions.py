@@ -1,15 +1,17 @@
-"""Half messages live through a failover (issue #24): a SYNC_MASTER acknowledges two
-transactional messages its producer left UNKNOW, dies, its slave is promoted, and the
-new master's check service resolves both with the producer: the committed one becomes
-visible once, the rolled-back one never."""
+"""Half messages live through a failover (issue #24): a SYNC_MASTER (or a DLedger
+leader) acknowledges two transactional messages its producer left UNKNOW and dies; its
+slave is promoted (a new leader elected), and the new master's check service resolves
+both with the producer: the committed one becomes visible once, the rolled-back one
+never."""
 
 from __future__ import annotations
 
 import threading
 from typing import Any
 
+import pytest
 import ray
-from raymq_ha_testkit import kill, members, status_of
+from raymq_ha_testkit import RAFT, kill, members, status_of
 from raymq_testkit import drain, wait_until
 
 import actors
@@ -19,7 +21,16 @@ from storage import Message
 COMMIT = LocalTransactionState.COMMIT_MESSAGE
 ROLLBACK = LocalTransactionState.ROLLBACK_MESSAGE
 UNKNOW = LocalTransactionState.UNKNOW
-GROUP = [BrokerSpec("broker-a", 0), BrokerSpec("broker-a", 1)]
+TXN = {
+    "heartbeat_interval_s": 1.0,
+    "transaction_check_interval_s": 0.3,
+    "transaction_timeout_s": 1.0,
+}
+SYNC_MASTER = {
+    "broker_role": "SYNC_MASTER",
+    "slave_sync_interval_s": 0.2,
+    "ha_slave_timeout_s": 1.5,
+}
 
 
 class Listener:
@@ -41,23 +52,26 @@ class Listener:
         return COMMIT if msg.body == b"commit-me" else ROLLBACK
 
 
+@pytest.mark.parametrize("mode", ["SYNC_MASTER", "DLEDGER"])
 def test_half_messages_acknowledged_before_a_failover_are_resolved_after_it(
-    make_cluster: Any,
+    make_cluster: Any, mode: str
 ) -> None:
+    raft = mode == "DLEDGER"
     cluster = make_cluster(
         nameservers=1,
-        brokers=GROUP,
+        brokers=[BrokerSpec("broker-a", i) for i in range(3 if raft else 2)],
         topics=[actors.TopicConfig("HATx", 1, 1)],
-        broker_options={
-            "broker_role": "SYNC_MASTER",
-            "slave_sync_interval_s": 0.2,
-            "ha_slave_timeout_s": 1.5,
-            "heartbeat_interval_s": 1.0,
-            "transaction_check_interval_s": 0.3,
-            "transaction_timeout_s": 1.0,
-        },
+        broker_options={**(RAFT if raft else SYNC_MASTER), **TXN},
     )
-    master, slave = cluster.broker("broker-a", 0), cluster.broker("broker-a", 1)
+    old = members(cluster, "broker-a").get(0) or wait_until(
+        lambda: members(cluster, "broker-a").get(0), what="a master"
+    )
+    master = ray.get_actor(old, namespace=cluster.namespace)
+    others = {
+        name: cluster.broker("broker-a", int(name[-1]))
+        for name in (f"broker-a-{i}" for i in range(3 if raft else 2))
+        if name != old
+    }
     listener = Listener()
     producer = TransactionProducer(
         "pg-ha", listener, namespace=cluster.namespace, check_heartbeat_s=0.5, send_timeout_s=5.0
@@ -68,20 +82,29 @@ def test_half_messages_acknowledged_before_a_failover_are_resolved_after_it(
             for body in (b"commit-me", b"drop-me")
         ]
         assert all(s.local_state is UNKNOW for s in sent)
-        end = status_of(master)["commitlog_max_offset"]
-        wait_until(
-            lambda: status_of(slave).get("ha_confirmed_offset", -1) >= end,
-            what="the slave told the master acknowledged both half messages",
-        )
+        if not raft:  # a Raft leader acknowledged them once a majority held them
+            end = status_of(master)["commitlog_max_offset"]
+            [slave] = others.values()
+            wait_until(
+                lambda: status_of(slave).get("ha_confirmed_offset", -1) >= end,
+                what="the slave told the master acknowledged both half messages",
+            )
         kill(master)
-        wait_until(lambda: 0 not in members(cluster, "broker-a"), what="master out of routes")
-        done = cluster.admin.promote("broker-a")
-        assert done["broker"] == "broker-a-1"
-        wait_until(lambda: members(cluster, "broker-a").get(0) == "broker-a-1", what="new master")
+        if raft:
+            new = wait_until(
+                lambda: (leader := members(cluster, "broker-a").get(0)) != old and leader,
+                timeout_s=30,
+                what="a new leader",
+            )
+        else:
+            wait_until(lambda: 0 not in members(cluster, "broker-a"), what="master out of routes")
+            new = cluster.admin.promote("broker-a")["broker"]
+            wait_until(lambda: members(cluster, "broker-a").get(0) == new, what="new master")
         listener.ready.set()  # from now the producer answers the new master's checks
+        successor = others[new]
 
         def pending() -> list[dict[str, Any]]:
-            return list(ray.get(slave.pending_transactions.remote()))
+            return list(ray.get(successor.pending_transactions.remote()))
 
         wait_until(lambda: not pending(), timeout_s=30, interval_s=0.2, what="both resolved")
         assert sorted(set(listener.checked_by)) == [b"commit-me", b"drop-me"]
