@@ -85,6 +85,7 @@ class PopProcessor:
         # consumeMessageOrderly): kept in config/subscriptionGroup.json, as RocketMQ does
         self._groups_file = rt.store.config_file("subscriptionGroup")
         self.fifo_groups: frozenset[str] = _load_fifo_groups(self._groups_file.load())
+        rt.subscription_groups_changed = self._groups_copied  # a slave's copy of its master's
         self._groups_lock = asyncio.Lock()  # one change of the file at a time
         self.holds = PullRequestHoldService(rt.loop)  # receives waiting for a message
         rt.store.add_dispatch_listener(self.holds.on_dispatch)
@@ -194,6 +195,11 @@ class PopProcessor:
             await self.rt.run(write)  # written before it takes effect
             self.fifo_groups = groups
         log.info("group %s consumes %s", group, "in order (FIFO)" if fifo else "concurrently")
+
+    def _groups_copied(self, data: dict[str, Any]) -> None:
+        """A slave saved its master's ``subscriptionGroup.json``: its FIFO groups are
+        this broker's from now on (and when it is promoted)."""
+        self.fifo_groups = _load_fifo_groups(data)
 
     # ------------------------------------------------------------ receive
     async def pop(
@@ -350,7 +356,10 @@ class PopProcessor:
         self.holds.on_dispatch(topic, qid, 0)
 
     def status(self) -> dict[str, Any]:
-        return {f"pop_{k}": v for k, v in self.state.stats.items()}
+        return {
+            **{f"pop_{k}": v for k, v in self.state.stats.items()},
+            "fifo_groups": sorted(self.fifo_groups),
+        }
 
 
 def _load_fifo_groups(data: dict[str, Any]) -> frozenset[str]:

@@ -101,6 +101,9 @@ class BrokerRuntime:
         self.group_gets: dict[str, int] = {}
         """Messages served to each consumer group by pulls and pops (the console's consume
         TPS, RocketMQ's GROUP_GET_NUMS); counted once per pull, not per message."""
+        self.subscription_groups_changed: Callable[[dict[str, Any]], None] = lambda _: None
+        """Told a ``subscriptionGroup.json`` a slave copied from its master (set by the POP
+        processor: its FIFO groups follow)."""
         self.registration_due = asyncio.Event()
         self.register_all: Callable[[], Awaitable[int]] = _not_wired
         """Register with every NameServer now (``actors.broker.registration``)."""

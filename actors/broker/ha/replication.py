@@ -277,12 +277,14 @@ class Replication:
 
     # -- group RPCs (a member calls these on another through the Broker actor)
     def config_snapshot(self) -> dict[str, Any]:
-        """What a slave (follower) copies from its master: topics, offsets, delay progress."""
+        """What a slave (follower) copies from its master: topics, offsets, delay progress
+        and subscription groups (their FIFO flags, ``subscriptionGroup.json``)."""
         b = self.broker
         return {
             "topics": b.topics.snapshot(),
             "offsets": b.offsets.snapshot(),
             "delay_offsets": self.services.delay_offsets(),
+            "subscription_groups": b.store.config_file("subscriptionGroup").load(),
         }
 
     async def transfer(self, *args: Any) -> Any:

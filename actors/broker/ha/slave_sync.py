@@ -2,7 +2,8 @@
 
 Every ``slave_sync_interval_s`` the slave pushes the consumer offsets it took
 itself (consumers commit to a slave while the master is gone), then fetches
-the master's topics, consumer offsets and delay progress and adopts them.
+the master's topics, consumer offsets, delay progress and subscription groups (the
+FIFO groups of POP consumption) and adopts them.
 
 Invariant: after a round, the slave's topics equal the master's (plus any it
 learned from replicated records since the master's snapshot was taken), and its
@@ -54,6 +55,7 @@ class SlaveSynchronize:
         self.interval_s = interval_s
         self.local: OffsetTable = {}  # commits taken here, not yet merged by the master
         self._delay: dict[int, int] | None = None
+        self._groups: dict[str, Any] | None = None  # the master's subscriptionGroup.json
         self.last_sync = 0.0
         self._kick = asyncio.Event()
 
@@ -115,5 +117,10 @@ class SlaveSynchronize:
                 {"offsetTable": {str(k): v for k, v in sorted(delay.items())}}
             )
             self._delay = delay
+        groups = snapshot.get("subscription_groups")
+        if isinstance(groups, dict) and groups != self._groups:
+            b.store.config_file("subscriptionGroup").save(groups)
+            b.subscription_groups_changed(groups)
+            self._groups = groups
         if changed:  # the NameServers route to this slave's topics when the master is gone
             b.loop.call_soon_threadsafe(b.request_registration)

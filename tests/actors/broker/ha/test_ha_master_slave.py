@@ -70,14 +70,16 @@ def test_a_sync_slave_holds_the_masters_commitlog_byte_for_byte(make_cluster: An
     with pytest.raises(BrokerUnavailableError, match="slave"):
         _rpc.get(slave.send.remote(blob), 30)
 
-    # topics, consumer offsets and delay progress follow the master
+    # topics, consumer offsets, delay progress and FIFO groups follow the master
     cluster.admin.create_topic("HA2", 2, 2, brokers=["broker-a"])
     consumer = cluster.pull_consumer("g-ha")
     consumer.commit(MessageQueue("HA", "broker-a", 2), 700)
+    cluster.admin.set_group_fifo("g-fifo", brokers=["broker-a"])
     wait_until(
         lambda: (
             "HA2" in ray.get(slave.topic_configs.remote())
             and ray.get(slave.query_offset.remote("g-ha", "HA", 2)) == 700
+            and status_of(slave)["fifo_groups"] == ["g-fifo"]
         ),
         what="metadata synced to the slave",
     )
