@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -27,11 +28,18 @@ from . import codec
 from .errors import InvalidMessageError, ProducerFencedError
 from .message import Message, MessageExt
 from .properties import (
+    MAX_PROPERTIES_LEN,
     PROP_DELAY,
+    PROP_KEYS,
     PROP_PRODUCER_GROUP,
     PROP_REAL_QID,
     PROP_REAL_TOPIC,
+    PROP_TAGS,
+    PROP_TIMER_DELAY_SEC,
+    PROP_TIMER_DELIVER_MS,
     PROP_TRAN_MSG,
+    PROP_UNIQ_KEY,
+    SYSTEM_PROPS,
 )
 
 HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
@@ -168,14 +176,18 @@ class TransactionalFences:
 
     def check(self, m: MessageExt) -> None:
         """ProducerFencedError when ``m`` comes from an epoch below its id's fence."""
-        tid = m.properties.get(PROP_TXN_PRODUCER)
+        self.check_properties(m.properties)
+
+    def check_properties(self, props: Mapping[str, str]) -> None:
+        """:meth:`check` of a message with these properties."""
+        tid = props.get(PROP_TXN_PRODUCER)
         if tid is None:
             return
         try:
-            epoch = int(m.properties.get(PROP_TXN_EPOCH, ""))
+            epoch = int(props.get(PROP_TXN_EPOCH, ""))
         except ValueError as exc:
             raise InvalidMessageError(
-                f"{PROP_TXN_EPOCH}={m.properties.get(PROP_TXN_EPOCH)!r}: not an epoch"
+                f"{PROP_TXN_EPOCH}={props.get(PROP_TXN_EPOCH)!r}: not an epoch"
             ) from exc
         fence = self._epochs.get(tid, -1)
         if epoch < fence:
@@ -217,3 +229,202 @@ def with_transaction_type(
         (flag,) = struct.unpack_from(">i", data, at)
         struct.pack_into(">i", data, at, (flag & ~TRANSACTION_MASK) | kind)
     return dataclasses.replace(batch, data=bytes(data))
+
+
+# ------------------------------------------------------------ half copies, byte level
+
+_HALF_TOPIC_FIELD = bytes((len(HALF_TOPIC),)) + HALF_TOPIC.encode("ascii")
+_ZERO8 = b"\x00" * 8
+
+
+def _parsed_properties(raw: bytes) -> dict[str, str] | None:
+    """A record's properties as :func:`codec.decode_properties` reads them, or None when
+    they hold anything the re-encoding path would treat its own way (not UTF-8, a pair
+    without separator, an empty name, a name twice, a value holding ``\\x01``)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    props: dict[str, str] = {}
+    for pair in text.split("\x02"):
+        if not pair:
+            continue
+        name, sep, value = pair.partition("\x01")
+        if not sep or not name or "\x01" in value or name in props:
+            return None
+        props[name] = value
+    return props
+
+
+def half_copies(
+    batch: codec.EncodedBatch, fences: TransactionalFences
+) -> codec.EncodedBatch | None:
+    """The batch the store puts for a producer's ``batch`` holding transactional records,
+    built from the records' bytes: each transactional one as its half copy
+    (:func:`to_half`, SYSFLAG :data:`TRANSACTION_PREPARED_TYPE`), each other one as it
+    came. Byte for byte and array for array what decoding the records and encoding
+    ``to_half``'s messages gives (``MessageStore._to_copies``), without building a
+    message object.
+
+    None when the batch holds anything that path handles its own way (delayed or timer
+    messages, a record in the half topic, a missing unique key, empty tags, properties
+    it would reject or reorder): the caller re-encodes then. Raises as that path does
+    for a fenced producer (:meth:`TransactionalFences.check`).
+    """
+    if batch.timer or (batch.delay_levels is not None and batch.delay_levels.any()):
+        return None
+    data = bytes(batch.data)
+    header = codec.HEADER
+    pack = header.pack
+    unpack = header.unpack_from
+    fixed = codec.FIXED_LEN - 1
+    topic_re = codec.TOPIC_RE.fullmatch
+    crc32 = codec.crc32
+    parts: list[bytes] = []
+    append = parts.append
+    sizes: list[int] = []
+    topic_index: dict[str, int] = {}
+    topic_idx: list[int] = []
+    queue_ids: list[int] = []
+    tag_codes: list[int] = []
+    tag_cache: dict[str, int] = {}
+    index_keys: list[str] = []
+    key_owner: list[int] = []
+    uniq_keys: list[str] = []
+    transactional = False
+    pos = 0
+    qids = batch.queue_ids.tolist()
+    for i, size in enumerate(batch.sizes.tolist()):
+        end = pos + size
+        (
+            _size,
+            _magic,
+            _crc,
+            _qid,
+            flag,
+            _qoff,
+            _phys,
+            _sys_flag,
+            born_ts,
+            born_raw,
+            _store_ts,
+            _store_host,
+            reconsume,
+            _prepared,
+            blen,
+        ) = unpack(data, pos)
+        body_at = pos + header.size
+        at = body_at + blen
+        if blen <= 0 or at + 3 > end:
+            return None
+        topic_len = data[at]
+        prop_at = at + 1 + topic_len
+        if prop_at + 2 > end or prop_at + 2 + ((data[prop_at] << 8) | data[prop_at + 1]) != end:
+            return None
+        topic_raw = data[at + 1 : prop_at]
+        if not topic_raw.isascii():
+            return None
+        topic = topic_raw.decode("ascii")
+        if topic == HALF_TOPIC or not topic_re(topic):
+            return None
+        props = _parsed_properties(data[prop_at + 2 : end])
+        if props is None or PROP_TIMER_DELIVER_MS in props or PROP_TIMER_DELAY_SEC in props:
+            return None
+        uk = props.get(PROP_UNIQ_KEY)
+        tags = props.get(PROP_TAGS)
+        if not uk or tags == "":
+            return None  # re-encoding draws a new unique key / refuses empty tags
+        qid = qids[i]
+        if qid < 0:
+            return None
+        user = [(k, v) for k, v in props.items() if k not in SYSTEM_PROPS]
+        half = props.get(PROP_TRAN_MSG) == "true"
+        if half:
+            fences.check_properties(props)  # before anything is written, as to_half's path
+            real_qid = str(qid)
+            user = [
+                (k, real_qid if k == PROP_REAL_QID else v) for k, v in user if k != PROP_REAL_TOPIC
+            ]
+            user.append((PROP_REAL_TOPIC, topic))
+            if PROP_REAL_QID not in props:
+                user.append((PROP_REAL_QID, real_qid))
+            transactional = True
+            out_topic = HALF_TOPIC
+            topic_field = _HALF_TOPIC_FIELD
+            out_qid = 0
+            sys_flag = TRANSACTION_PREPARED_TYPE
+        else:
+            out_topic = topic
+            topic_field = data[at:prop_at]
+            out_qid = qid
+            sys_flag = 0
+        text = f"TAGS\x01{tags}\x02" if tags is not None else ""
+        text += "".join([f"{k}\x01{v}\x02" for k, v in user])
+        raw_keys = props.get(PROP_KEYS)
+        keys = [k for k in raw_keys.split(" ") if k] if raw_keys else []
+        if keys:
+            text += f"KEYS\x01{' '.join(keys)}\x02"
+        text += f"UNIQ_KEY\x01{uk}\x02"
+        pb = text.encode()
+        if len(pb) > MAX_PROPERTIES_LEN:
+            return None
+        body = data[body_at:at]
+        out_size = fixed + blen + len(topic_field) + len(pb)
+        append(
+            pack(
+                out_size,
+                codec.MAGIC,
+                crc32(body) & 0x7FFFFFFF,
+                out_qid,
+                flag,
+                0,
+                0,
+                sys_flag,
+                born_ts,
+                born_raw,
+                0,
+                _ZERO8,
+                reconsume,
+                0,
+                blen,
+            )
+        )
+        append(body)
+        append(topic_field)
+        append(len(pb).to_bytes(2, "big"))
+        append(pb)
+        sizes.append(out_size)
+        t = topic_index.get(out_topic)
+        if t is None:
+            t = topic_index[out_topic] = len(topic_index)
+        topic_idx.append(t)
+        queue_ids.append(out_qid)
+        if tags is None:
+            tag_codes.append(0)
+        else:
+            code = tag_cache.get(tags)
+            if code is None:
+                code = tag_cache[tags] = codec.java_hash(tags)
+            tag_codes.append(code)
+        for key in keys:
+            index_keys.append(f"{out_topic}#{key}")
+            key_owner.append(i)
+        index_keys.append(f"{out_topic}#{uk}")
+        key_owner.append(i)
+        uniq_keys.append(uk)
+        pos = end
+    if not sizes or pos != len(data):
+        return None
+    return codec.EncodedBatch(
+        data=b"".join(parts),
+        sizes=np.array(sizes, dtype=np.int32),
+        topics=tuple(topic_index),
+        topic_idx=np.array(topic_idx, dtype=np.int16),
+        queue_ids=np.array(queue_ids, dtype=np.int32),
+        tag_codes=np.array(tag_codes, dtype=np.int64),
+        key_hashes=codec.java_hashes(index_keys),
+        key_owner=np.array(key_owner, dtype=np.int32),
+        uniq_keys=tuple(uniq_keys),
+        transactional=transactional,
+        checked=True,
+    )
