@@ -231,16 +231,21 @@ def with_transaction_type(
     return dataclasses.replace(batch, data=bytes(data))
 
 
-# ------------------------------------------------------------ half copies, byte level
+# ------------------------------------------------------------ copies, byte level
+# The half copy of a send and the committed copy of a half message, built from the
+# records' bytes: what decoding them and encoding ``to_half``/``committed``'s messages
+# (``codec.encode_batch``) writes, byte for byte and array for array, without building
+# a message object. Anything that path would treat its own way goes to it (None).
 
-_HALF_TOPIC_FIELD = bytes((len(HALF_TOPIC),)) + HALF_TOPIC.encode("ascii")
 _ZERO8 = b"\x00" * 8
+_ENCODE_MAX = 4 << 20
 
 
 def _parsed_properties(raw: bytes) -> dict[str, str] | None:
     """A record's properties as :func:`codec.decode_properties` reads them, or None when
     they hold anything the re-encoding path would treat its own way (not UTF-8, a pair
-    without separator, an empty name, a name twice, a value holding ``\\x01``)."""
+    without separator, an empty name, a name twice, a value holding ``\\x01``, a
+    delivery time, empty tags, no unique key)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -253,111 +258,44 @@ def _parsed_properties(raw: bytes) -> dict[str, str] | None:
         if not sep or not name or "\x01" in value or name in props:
             return None
         props[name] = value
+    if not props.get(PROP_UNIQ_KEY) or props.get(PROP_TAGS) == "":
+        return None  # re-encoding draws a new unique key / refuses empty tags
+    if PROP_TIMER_DELIVER_MS in props or PROP_TIMER_DELAY_SEC in props:
+        return None
     return props
 
 
-def half_copies(
-    batch: codec.EncodedBatch, fences: TransactionalFences
-) -> codec.EncodedBatch | None:
-    """The batch the store puts for a producer's ``batch`` holding transactional records,
-    built from the records' bytes: each transactional one as its half copy
-    (:func:`to_half`, SYSFLAG :data:`TRANSACTION_PREPARED_TYPE`), each other one as it
-    came. Byte for byte and array for array what decoding the records and encoding
-    ``to_half``'s messages gives (``MessageStore._to_copies``), without building a
-    message object.
+class _CopyBuilder:
+    """Records appended as ``codec.encode_batch`` lays them out, and its arrays."""
 
-    None when the batch holds anything that path handles its own way (delayed or timer
-    messages, a record in the half topic, a missing unique key, empty tags, properties
-    it would reject or reorder): the caller re-encodes then. Raises as that path does
-    for a fenced producer (:meth:`TransactionalFences.check`).
-    """
-    if batch.timer or (batch.delay_levels is not None and batch.delay_levels.any()):
-        return None
-    data = bytes(batch.data)
-    header = codec.HEADER
-    pack = header.pack
-    unpack = header.unpack_from
-    fixed = codec.FIXED_LEN - 1
-    topic_re = codec.TOPIC_RE.fullmatch
-    crc32 = codec.crc32
-    parts: list[bytes] = []
-    append = parts.append
-    sizes: list[int] = []
-    topic_index: dict[str, int] = {}
-    topic_idx: list[int] = []
-    queue_ids: list[int] = []
-    tag_codes: list[int] = []
-    tag_cache: dict[str, int] = {}
-    index_keys: list[str] = []
-    key_owner: list[int] = []
-    uniq_keys: list[str] = []
-    transactional = False
-    pos = 0
-    qids = batch.queue_ids.tolist()
-    for i, size in enumerate(batch.sizes.tolist()):
-        end = pos + size
-        (
-            _size,
-            _magic,
-            _crc,
-            _qid,
-            flag,
-            _qoff,
-            _phys,
-            _sys_flag,
-            born_ts,
-            born_raw,
-            _store_ts,
-            _store_host,
-            reconsume,
-            _prepared,
-            blen,
-        ) = unpack(data, pos)
-        body_at = pos + header.size
-        at = body_at + blen
-        if blen <= 0 or at + 3 > end:
-            return None
-        topic_len = data[at]
-        prop_at = at + 1 + topic_len
-        if prop_at + 2 > end or prop_at + 2 + ((data[prop_at] << 8) | data[prop_at + 1]) != end:
-            return None
-        topic_raw = data[at + 1 : prop_at]
-        if not topic_raw.isascii():
-            return None
-        topic = topic_raw.decode("ascii")
-        if topic == HALF_TOPIC or not topic_re(topic):
-            return None
-        props = _parsed_properties(data[prop_at + 2 : end])
-        if props is None or PROP_TIMER_DELIVER_MS in props or PROP_TIMER_DELAY_SEC in props:
-            return None
-        uk = props.get(PROP_UNIQ_KEY)
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.sizes: list[int] = []
+        self.topic_index: dict[str, int] = {}
+        self.topic_fields: dict[str, bytes] = {}
+        self.topic_idx: list[int] = []
+        self.queue_ids: list[int] = []
+        self.tag_codes: list[int] = []
+        self.tag_cache: dict[str, int] = {}
+        self.index_keys: list[str] = []
+        self.key_owner: list[int] = []
+        self.uniq_keys: list[str] = []
+        self.transactional = False
+
+    def add(
+        self,
+        topic: str,
+        queue_id: int,
+        sys_flag: int,
+        head: tuple[int, int, bytes, int],  # FLAG, BORNTIMESTAMP, BORNHOST, RECONSUMETIMES
+        body: bytes,
+        props: dict[str, str],
+        user: list[tuple[str, str]],
+    ) -> bool:
+        """Append one record (``user``: its properties but the system ones, in order);
+        False when its properties are too long (re-encoding refuses it)."""
         tags = props.get(PROP_TAGS)
-        if not uk or tags == "":
-            return None  # re-encoding draws a new unique key / refuses empty tags
-        qid = qids[i]
-        if qid < 0:
-            return None
-        user = [(k, v) for k, v in props.items() if k not in SYSTEM_PROPS]
-        half = props.get(PROP_TRAN_MSG) == "true"
-        if half:
-            fences.check_properties(props)  # before anything is written, as to_half's path
-            real_qid = str(qid)
-            user = [
-                (k, real_qid if k == PROP_REAL_QID else v) for k, v in user if k != PROP_REAL_TOPIC
-            ]
-            user.append((PROP_REAL_TOPIC, topic))
-            if PROP_REAL_QID not in props:
-                user.append((PROP_REAL_QID, real_qid))
-            transactional = True
-            out_topic = HALF_TOPIC
-            topic_field = _HALF_TOPIC_FIELD
-            out_qid = 0
-            sys_flag = TRANSACTION_PREPARED_TYPE
-        else:
-            out_topic = topic
-            topic_field = data[at:prop_at]
-            out_qid = qid
-            sys_flag = 0
+        uk = props[PROP_UNIQ_KEY]
         text = f"TAGS\x01{tags}\x02" if tags is not None else ""
         text += "".join([f"{k}\x01{v}\x02" for k, v in user])
         raw_keys = props.get(PROP_KEYS)
@@ -367,15 +305,20 @@ def half_copies(
         text += f"UNIQ_KEY\x01{uk}\x02"
         pb = text.encode()
         if len(pb) > MAX_PROPERTIES_LEN:
-            return None
-        body = data[body_at:at]
-        out_size = fixed + blen + len(topic_field) + len(pb)
-        append(
-            pack(
-                out_size,
+            return False
+        field = self.topic_fields.get(topic)
+        if field is None:
+            field = self.topic_fields[topic] = bytes((len(topic),)) + topic.encode("ascii")
+            self.topic_index[topic] = len(self.topic_index)
+        flag, born_ts, born_raw, reconsume = head
+        blen = len(body)
+        size = codec.FIXED_LEN - 1 + blen + len(field) + len(pb)
+        self.parts += (
+            codec.HEADER.pack(
+                size,
                 codec.MAGIC,
-                crc32(body) & 0x7FFFFFFF,
-                out_qid,
+                codec.crc32(body) & 0x7FFFFFFF,
+                queue_id,
                 flag,
                 0,
                 0,
@@ -387,44 +330,139 @@ def half_copies(
                 reconsume,
                 0,
                 blen,
-            )
+            ),
+            body,
+            field,
+            len(pb).to_bytes(2, "big"),
+            pb,
         )
-        append(body)
-        append(topic_field)
-        append(len(pb).to_bytes(2, "big"))
-        append(pb)
-        sizes.append(out_size)
-        t = topic_index.get(out_topic)
-        if t is None:
-            t = topic_index[out_topic] = len(topic_index)
-        topic_idx.append(t)
-        queue_ids.append(out_qid)
+        i = len(self.sizes)
+        self.sizes.append(size)
+        self.topic_idx.append(self.topic_index[topic])
+        self.queue_ids.append(queue_id)
         if tags is None:
-            tag_codes.append(0)
+            self.tag_codes.append(0)
         else:
-            code = tag_cache.get(tags)
+            code = self.tag_cache.get(tags)
             if code is None:
-                code = tag_cache[tags] = codec.java_hash(tags)
-            tag_codes.append(code)
+                code = self.tag_cache[tags] = codec.java_hash(tags)
+            self.tag_codes.append(code)
         for key in keys:
-            index_keys.append(f"{out_topic}#{key}")
-            key_owner.append(i)
-        index_keys.append(f"{out_topic}#{uk}")
-        key_owner.append(i)
-        uniq_keys.append(uk)
-        pos = end
-    if not sizes or pos != len(data):
+            self.index_keys.append(f"{topic}#{key}")
+            self.key_owner.append(i)
+        self.index_keys.append(f"{topic}#{uk}")
+        self.key_owner.append(i)
+        self.uniq_keys.append(uk)
+        if any(k == PROP_TRAN_MSG and v == "true" for k, v in user):
+            self.transactional = True  # as the encoder flags a batch
+        return True
+
+    def batch(self) -> codec.EncodedBatch | None:
+        if not self.sizes:
+            return None
+        return codec.EncodedBatch(
+            data=b"".join(self.parts),
+            sizes=np.array(self.sizes, dtype=np.int32),
+            topics=tuple(self.topic_index),
+            topic_idx=np.array(self.topic_idx, dtype=np.int16),
+            queue_ids=np.array(self.queue_ids, dtype=np.int32),
+            tag_codes=np.array(self.tag_codes, dtype=np.int64),
+            key_hashes=codec.java_hashes(self.index_keys),
+            key_owner=np.array(self.key_owner, dtype=np.int32),
+            uniq_keys=tuple(self.uniq_keys),
+            transactional=self.transactional,
+            checked=True,  # built here, consistent by construction
+        )
+
+
+def half_copies(
+    batch: codec.EncodedBatch, fences: TransactionalFences
+) -> codec.EncodedBatch | None:
+    """The batch the store puts for a producer's ``batch`` holding transactional records:
+    each transactional one as its half copy (:func:`to_half`, SYSFLAG
+    :data:`TRANSACTION_PREPARED_TYPE`), each other one as it came, built from the
+    records' bytes; the same bytes and arrays as ``MessageStore._reencoded_copies``.
+
+    None when the batch holds anything that path handles its own way (delayed or timer
+    messages, a record in the half topic, a missing unique key, empty tags, properties
+    it would reject): the caller re-encodes then. Raises as that path does for a fenced
+    producer (:meth:`TransactionalFences.check`).
+    """
+    if batch.timer or (batch.delay_levels is not None and batch.delay_levels.any()):
         return None
-    return codec.EncodedBatch(
-        data=b"".join(parts),
-        sizes=np.array(sizes, dtype=np.int32),
-        topics=tuple(topic_index),
-        topic_idx=np.array(topic_idx, dtype=np.int16),
-        queue_ids=np.array(queue_ids, dtype=np.int32),
-        tag_codes=np.array(tag_codes, dtype=np.int64),
-        key_hashes=codec.java_hashes(index_keys),
-        key_owner=np.array(key_owner, dtype=np.int32),
-        uniq_keys=tuple(uniq_keys),
-        transactional=transactional,
-        checked=True,
-    )
+    data = bytes(batch.data)
+    unpack = codec.HEADER.unpack_from
+    head_size = codec.HEADER.size
+    topic_re = codec.TOPIC_RE.fullmatch
+    out = _CopyBuilder()
+    pos = 0
+    qids = batch.queue_ids.tolist()
+    for i, size in enumerate(batch.sizes.tolist()):
+        end = pos + size
+        fields = unpack(data, pos)
+        blen = fields[14]
+        at = pos + head_size + blen
+        if blen <= 0 or at + 3 > end:
+            return None
+        prop_at = at + 1 + data[at]
+        if prop_at + 2 > end or prop_at + 2 + ((data[prop_at] << 8) | data[prop_at + 1]) != end:
+            return None
+        topic_raw = data[at + 1 : prop_at]
+        if not topic_raw.isascii():
+            return None
+        topic = topic_raw.decode("ascii")
+        if topic == HALF_TOPIC or not topic_re(topic):
+            return None
+        props = _parsed_properties(data[prop_at + 2 : end])
+        qid = qids[i]
+        if props is None or qid < 0:
+            return None
+        user = [(k, v) for k, v in props.items() if k not in SYSTEM_PROPS]
+        head = (fields[4], fields[8], fields[9], fields[12])
+        body = data[pos + head_size : at]
+        if props.get(PROP_TRAN_MSG) == "true":
+            fences.check_properties(props)  # before anything is written, as to_half's path
+            real_qid = str(qid)
+            user = [
+                (k, real_qid if k == PROP_REAL_QID else v) for k, v in user if k != PROP_REAL_TOPIC
+            ]
+            user.append((PROP_REAL_TOPIC, topic))
+            if PROP_REAL_QID not in props:
+                user.append((PROP_REAL_QID, real_qid))
+            added = out.add(HALF_TOPIC, 0, TRANSACTION_PREPARED_TYPE, head, body, props, user)
+        else:
+            added = out.add(topic, qid, 0, head, body, props, user)
+        if not added:
+            return None
+        pos = end
+    return out.batch() if pos == len(data) else None
+
+
+def committed_copies(halves: list[MessageExt]) -> codec.EncodedBatch | None:
+    """The committed copies of ``halves`` (:func:`committed`, SYSFLAG
+    :data:`TRANSACTION_COMMIT_TYPE`, born timestamp, host and reconsume times kept) as
+    the broker's commit writes them, built from the stored records' bytes. None when a
+    half message holds anything that path treats its own way (see :func:`half_copies`)."""
+    out = _CopyBuilder()
+    topic_re = codec.TOPIC_RE.fullmatch
+    for half in halves:
+        props = _parsed_properties(half.raw_properties)
+        if props is None or half.topic != HALF_TOPIC or not 0 < len(half.body) <= _ENCODE_MAX:
+            return None  # (the commit path encodes with encode_batch's default size limit)
+        topic = props.get(PROP_REAL_TOPIC)
+        qid_text = props.get(PROP_REAL_QID, "")
+        if topic is None or not topic_re(topic) or not (qid_text.isascii() and qid_text.isdigit()):
+            return None
+        qid = int(qid_text)
+        if qid > 0x7FFFFFFF or not props[PROP_UNIQ_KEY].isascii():
+            return None
+        user = [(k, v) for k, v in props.items() if k not in SYSTEM_PROPS and k not in _TXN_PROPS]
+        head = (
+            half.flag,
+            half.born_timestamp,
+            codec.host_to_bytes(half.born_host),
+            half.reconsume_times,
+        )
+        if not out.add(topic, qid, TRANSACTION_COMMIT_TYPE, head, half.body, props, user):
+            return None
+    return out.batch()

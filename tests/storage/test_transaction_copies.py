@@ -14,7 +14,7 @@ import pytest
 
 from storage import Message, MessageStore, codec, transaction
 from storage.errors import ProducerFencedError
-from storage.message import GetStatus
+from storage.message import GetStatus, MessageExt
 from storage.properties import PROP_PRODUCER_GROUP, PROP_TRAN_MSG
 
 TXN = {PROP_TRAN_MSG: "true", PROP_PRODUCER_GROUP: "pg"}
@@ -191,3 +191,59 @@ def test_the_store_round_trip_through_the_byte_level_copy(store: MessageStore) -
         while len(store.query_by_key(topic, "all")) < 30 and time.monotonic() < deadline:
             time.sleep(0.01)  # the index is fed by the dispatcher
         assert len(store.query_by_key(topic, "all")) == 30, topic
+
+
+def reencoded_commit(halves: list[MessageExt]) -> codec.EncodedBatch:
+    """What the broker's commit wrote before ``committed_copies`` (and still writes
+    when it declines): ``committed``'s messages encoded, SYSFLAG COMMIT."""
+    batch = codec.encode_batch(
+        [transaction.committed(h) for h in halves],
+        born=[(h.born_timestamp, h.born_host, h.reconsume_times) for h in halves],
+    )
+    return transaction.with_transaction_type(
+        batch, list(range(len(halves))), transaction.TRANSACTION_COMMIT_TYPE
+    )
+
+
+def test_committed_copies_equal_the_reencoded_ones_byte_for_byte(store: MessageStore) -> None:
+    rng = random.Random(25)
+    sent = [m for m in (random_message(rng, i) for i in range(400)) if m.properties]
+    sent = [m for m in sent if m.properties and m.properties.get(PROP_TRAN_MSG)][:60]
+    for start in range(0, len(sent), 30):
+        store.put_encoded(wire(codec.encode_batch(sent[start : start + 30], reconsume_times=2)))
+    halves = store.get("g", transaction.HALF_TOPIC, 0, 0, max_count=64).messages
+    assert len(halves) == len(sent)
+    # a half message put back by a check carries its check count (a copy of its own)
+    store.put_batch([transaction.checked_again(halves[0])])
+    again = store.get("g", transaction.HALF_TOPIC, 0, len(halves)).messages
+    halves += again
+    for group in ([halves[0]], [halves[-1]], halves[1:30], halves):
+        assert_same(transaction.committed_copies(group), reencoded_commit(group))
+    # the committed copies put and read back are the messages sent
+    store.put_encoded(transaction.committed_copies(halves[:40]))  # type: ignore[arg-type]
+    for qid in range(8):
+        got = store.get("g", "Orders", qid, 0, max_count=64).messages
+        want = [m for m in sent[:40] if m.topic == "Orders" and m.queue_id == qid]
+        assert [m.body for m in got] == [m.body for m in want]
+        assert [m.tags for m in got] == [m.tags for m in want]
+        assert all(m.reconsume_times == 2 for m in got)
+        assert all(
+            transaction.transaction_type(m.sys_flag) == transaction.TRANSACTION_COMMIT_TYPE
+            for m in got
+        )
+
+
+def test_a_half_message_with_odd_properties_is_left_to_the_reencoding_commit(
+    store: MessageStore,
+) -> None:
+    store.put_batch(
+        [
+            Message(transaction.HALF_TOPIC, b"a", properties={"REAL_TOPIC": "Orders"}),
+            Message(transaction.HALF_TOPIC, b"b", properties={"REAL_TOPIC": "O", "REAL_QID": "x"}),
+            Message(transaction.HALF_TOPIC, b"c", properties={"REAL_TOPIC": "O", "REAL_QID": "1"}),
+        ]
+    )
+    no_qid, bad_qid, good = store.get("g", transaction.HALF_TOPIC, 0, 0).messages
+    assert transaction.committed_copies([good, no_qid]) is None
+    assert transaction.committed_copies([bad_qid]) is None
+    assert_same(transaction.committed_copies([good]), reencoded_commit([good]))
