@@ -81,16 +81,21 @@ def test_half_copies_equal_the_reencoded_ones_byte_for_byte(store: MessageStore)
     assert built > 20
 
 
-def test_a_foreign_property_order_and_store_fields_give_the_same_copy(
-    store: MessageStore,
-) -> None:
-    """A record written by another encoder (UNIQ_KEY first, KEYS with a double space,
-    store-side fields and client SYSFLAG bits set) is rebuilt as re-encoding
-    rebuilds it."""
-    props = (
+@pytest.mark.parametrize(
+    "props",
+    [  # UNIQ_KEY first; tags in the middle, KEYS and UNIQ_KEY last (one head rebuilt)
         b"UNIQ_KEY\x01AC1100010001000000000000000000AB\x02KEYS\x01k1  k2\x02PGROUP\x01pg\x02"
-        b"TRAN_MSG\x01true\x02TAGS\x01t\x02PRODUCER_SEQ\x01x\x02z\x01last\x02"
-    )
+        b"TRAN_MSG\x01true\x02TAGS\x01t\x02PRODUCER_SEQ\x01x\x02z\x01last\x02",
+        b"PGROUP\x01pg\x02TAGS\x01t\x02TRAN_MSG\x01true\x02REAL_QID\x01old\x02DELAY\x010\x02"
+        b"KEYS\x01 k1 k2 \x02UNIQ_KEY\x01AC1100010001000000000000000000AB\x02",
+    ],
+)
+def test_a_foreign_property_order_and_store_fields_give_the_same_copy(
+    store: MessageStore, props: bytes
+) -> None:
+    """A record written by another encoder (its own property order, KEYS with extra
+    spaces, store-side fields and client SYSFLAG bits set) is rebuilt as re-encoding
+    rebuilds it."""
     body, topic = b"payload", b"Orders"
     size = codec.FIXED_LEN - 1 + len(body) + 1 + len(topic) + len(props)
     head = codec.HEADER.pack(
