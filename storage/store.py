@@ -408,9 +408,19 @@ class MessageStore:
         return self._put_encoded(batch)
 
     def _to_copies(self, batch: codec.EncodedBatch) -> codec.EncodedBatch:
-        """Re-encode a batch whose delayed messages must go to the schedule topic and
-        whose transactional ones to the half topic (``storage.transaction``), the others
-        as they came."""
+        """The batch to store for one whose delayed messages must go to the schedule
+        topic and whose transactional ones to the half topic (``storage.transaction``),
+        the others as they came: built from the records' bytes when only transactional
+        ones need copies (``transaction.half_copies``, the same bytes), else re-encoded."""
+        if batch.transactional:
+            fast = transaction.half_copies(batch, self.txn_fences)
+            if fast is not None:
+                return fast
+        return self._reencoded_copies(batch)
+
+    def _reencoded_copies(self, batch: codec.EncodedBatch) -> codec.EncodedBatch:
+        """:meth:`_to_copies` by decoding each record and encoding its copy (the general
+        path, and the reference the byte-level one must match)."""
         top = len(self.config.delay_levels_ms)
         originals = codec.decode_records(batch.data, check_crc=False)
         levels = [0] * len(originals) if batch.delay_levels is None else batch.delay_levels.tolist()

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -27,11 +29,18 @@ from . import codec
 from .errors import InvalidMessageError, ProducerFencedError
 from .message import Message, MessageExt
 from .properties import (
+    MAX_PROPERTIES_LEN,
     PROP_DELAY,
+    PROP_KEYS,
     PROP_PRODUCER_GROUP,
     PROP_REAL_QID,
     PROP_REAL_TOPIC,
+    PROP_TAGS,
+    PROP_TIMER_DELAY_SEC,
+    PROP_TIMER_DELIVER_MS,
     PROP_TRAN_MSG,
+    PROP_UNIQ_KEY,
+    SYSTEM_PROPS,
 )
 
 HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
@@ -168,14 +177,18 @@ class TransactionalFences:
 
     def check(self, m: MessageExt) -> None:
         """ProducerFencedError when ``m`` comes from an epoch below its id's fence."""
-        tid = m.properties.get(PROP_TXN_PRODUCER)
+        self.check_properties(m.properties)
+
+    def check_properties(self, props: Mapping[str, str]) -> None:
+        """:meth:`check` of a message with these properties."""
+        tid = props.get(PROP_TXN_PRODUCER)
         if tid is None:
             return
         try:
-            epoch = int(m.properties.get(PROP_TXN_EPOCH, ""))
+            epoch = int(props.get(PROP_TXN_EPOCH, ""))
         except ValueError as exc:
             raise InvalidMessageError(
-                f"{PROP_TXN_EPOCH}={m.properties.get(PROP_TXN_EPOCH)!r}: not an epoch"
+                f"{PROP_TXN_EPOCH}={props.get(PROP_TXN_EPOCH)!r}: not an epoch"
             ) from exc
         fence = self._epochs.get(tid, -1)
         if epoch < fence:
@@ -217,3 +230,321 @@ def with_transaction_type(
         (flag,) = struct.unpack_from(">i", data, at)
         struct.pack_into(">i", data, at, (flag & ~TRANSACTION_MASK) | kind)
     return dataclasses.replace(batch, data=bytes(data))
+
+
+# ------------------------------------------------------------ copies, byte level
+# The half copy of a send and the committed copy of a half message, built from the
+# records' bytes: what decoding them and encoding ``to_half``/``committed``'s messages
+# (``codec.encode_batch``) writes, byte for byte and array for array, without building
+# a message object. A record's properties as encoders write them end with its KEYS and
+# UNIQ_KEY pairs; what comes before (tags, the producer's and the transaction's
+# properties) is the same for the records of one send to one queue, so it is rebuilt
+# once per distinct head, not per record. Anything the re-encoding path would treat its
+# own way goes to it (None).
+
+_ZERO8 = b"\x00" * 8
+_ENCODE_MAX = 4 << 20  # encode_batch's default max_message_size (the commit path's)
+_GENERIC = object()  # a head that is not in the usual order: rebuilt record by record
+
+
+def _pairs(raw: bytes) -> dict[str, str] | None:
+    """Properties as :func:`codec.decode_properties` reads them, or None when they hold
+    anything the re-encoding path would treat its own way (not UTF-8, a pair without
+    separator, an empty name, a name twice, a value holding ``\\x01``, empty tags, a
+    delivery time)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    props: dict[str, str] = {}
+    for pair in text.split("\x02"):
+        if not pair:
+            continue
+        name, sep, value = pair.partition("\x01")
+        if not sep or not name or "\x01" in value or name in props:
+            return None
+        props[name] = value
+    if props.get(PROP_TAGS) == "" or PROP_TIMER_DELIVER_MS in props:
+        return None
+    return None if PROP_TIMER_DELAY_SEC in props else props
+
+
+def _tail(raw: bytes) -> tuple[bytes, str | None, str] | None:
+    """(the properties before KEYS and UNIQ_KEY, the KEYS value or None, the UNIQ_KEY
+    value) when UNIQ_KEY is the last pair and KEYS, if anywhere at the end, the one
+    before it; None otherwise (the caller parses them all)."""
+    if raw[-1:] != b"\x02":
+        return None
+    u = raw.rfind(b"UNIQ_KEY\x01")
+    if u < 0 or (u and raw[u - 1] != 2):
+        return None
+    uk = raw[u + 9 : -1]
+    if not uk or b"\x02" in uk or b"\x01" in uk:
+        return None
+    head = raw[:u]
+    keys = None
+    k = head.rfind(b"KEYS\x01")
+    if k >= 0 and (k == 0 or head[k - 1] == 2) and head.find(b"\x02", k) == len(head) - 1:
+        keys = head[k + 5 : -1]
+        head = head[:k]
+        if b"\x01" in keys:
+            return None
+    try:
+        return head, None if keys is None else keys.decode("utf-8"), uk.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+class _Shape:
+    """What a record's copy is, but its body, keys and unique key."""
+
+    __slots__ = ("topic", "queue_id", "sys_flag", "head", "tags", "tag_code", "transactional")
+
+    def __init__(
+        self, topic: str, queue_id: int, sys_flag: int, props: dict[str, str], user: list
+    ) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.sys_flag = sys_flag
+        tags = self.tags = props.get(PROP_TAGS)
+        text = f"TAGS\x01{tags}\x02" if tags is not None else ""
+        self.head = (text + "".join([f"{k}\x01{v}\x02" for k, v in user])).encode()
+        self.tag_code = 0 if tags is None else codec.java_hash(tags)
+        # as the encoder flags a batch
+        self.transactional = any(k == PROP_TRAN_MSG and v == "true" for k, v in user)
+
+
+def _half_shape(
+    props: dict[str, str], topic: str, qid: int, fences: TransactionalFences
+) -> _Shape | None:
+    """The copy ``MessageStore._reencoded_copies`` writes of a record (properties
+    ``props`` but KEYS and UNIQ_KEY) sent to ``topic``/``qid``."""
+    if topic == HALF_TOPIC or qid < 0 or not codec.TOPIC_RE.fullmatch(topic):
+        return None
+    user = [(k, v) for k, v in props.items() if k not in SYSTEM_PROPS]
+    if props.get(PROP_TRAN_MSG) != "true":
+        return _Shape(topic, qid, 0, props, user)
+    fences.check_properties(props)  # before anything is written, as to_half's path
+    real_qid = str(qid)
+    user = [(k, real_qid if k == PROP_REAL_QID else v) for k, v in user if k != PROP_REAL_TOPIC]
+    user.append((PROP_REAL_TOPIC, topic))
+    if PROP_REAL_QID not in props:
+        user.append((PROP_REAL_QID, real_qid))
+    return _Shape(HALF_TOPIC, 0, TRANSACTION_PREPARED_TYPE, props, user)
+
+
+def _commit_shape(props: dict[str, str]) -> _Shape | None:
+    """The copy :func:`committed` makes of a half message (properties ``props`` but KEYS
+    and UNIQ_KEY), SYSFLAG :data:`TRANSACTION_COMMIT_TYPE`."""
+    topic = props.get(PROP_REAL_TOPIC)
+    qid_text = props.get(PROP_REAL_QID, "")
+    if topic is None or not codec.TOPIC_RE.fullmatch(topic):
+        return None
+    if not (qid_text.isascii() and qid_text.isdigit()) or int(qid_text) > 0x7FFFFFFF:
+        return None
+    user = [(k, v) for k, v in props.items() if k not in SYSTEM_PROPS and k not in _TXN_PROPS]
+    return _Shape(topic, int(qid_text), TRANSACTION_COMMIT_TYPE, props, user)
+
+
+class _CopyBuilder:
+    """Records appended as ``codec.encode_batch`` lays them out, and its arrays."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.sizes: list[int] = []
+        self.topic_index: dict[str, int] = {}
+        self.topic_fields: dict[str, bytes] = {}
+        self.topic_idx: list[int] = []
+        self.queue_ids: list[int] = []
+        self.tag_codes: list[int] = []
+        self.index_keys: list[str] = []
+        self.key_owner: list[int] = []
+        self.uniq_keys: list[str] = []
+        self.transactional = False
+
+    def add(
+        self,
+        shape: _Shape,
+        head: tuple[int, int, bytes, int],  # FLAG, BORNTIMESTAMP, BORNHOST, RECONSUMETIMES
+        body: bytes,
+        keys_text: str | None,
+        uk: str,
+    ) -> bool:
+        """Append one record; False when its properties are too long (re-encoding
+        refuses it)."""
+        topic = shape.topic
+        keys = [k for k in keys_text.split(" ") if k] if keys_text else []
+        pb = shape.head
+        if keys:
+            pb += f"KEYS\x01{' '.join(keys)}\x02".encode()
+        pb += f"UNIQ_KEY\x01{uk}\x02".encode()
+        if len(pb) > MAX_PROPERTIES_LEN:
+            return False
+        field = self.topic_fields.get(topic)
+        if field is None:
+            field = self.topic_fields[topic] = bytes((len(topic),)) + topic.encode("ascii")
+            self.topic_index[topic] = len(self.topic_index)
+        flag, born_ts, born_raw, reconsume = head
+        blen = len(body)
+        size = codec.FIXED_LEN - 1 + blen + len(field) + len(pb)
+        self.parts += (
+            codec.HEADER.pack(
+                size,
+                codec.MAGIC,
+                codec.crc32(body) & 0x7FFFFFFF,
+                shape.queue_id,
+                flag,
+                0,
+                0,
+                shape.sys_flag,
+                born_ts,
+                born_raw,
+                0,
+                _ZERO8,
+                reconsume,
+                0,
+                blen,
+            ),
+            body,
+            field,
+            len(pb).to_bytes(2, "big"),
+            pb,
+        )
+        i = len(self.sizes)
+        self.sizes.append(size)
+        self.topic_idx.append(self.topic_index[topic])
+        self.queue_ids.append(shape.queue_id)
+        self.tag_codes.append(shape.tag_code)
+        for key in keys:
+            self.index_keys.append(f"{topic}#{key}")
+            self.key_owner.append(i)
+        self.index_keys.append(f"{topic}#{uk}")
+        self.key_owner.append(i)
+        self.uniq_keys.append(uk)
+        self.transactional = self.transactional or shape.transactional
+        return True
+
+    def batch(self) -> codec.EncodedBatch | None:
+        if not self.sizes:
+            return None
+        return codec.EncodedBatch(
+            data=b"".join(self.parts),
+            sizes=np.array(self.sizes, dtype=np.int32),
+            topics=tuple(self.topic_index),
+            topic_idx=np.array(self.topic_idx, dtype=np.int16),
+            queue_ids=np.array(self.queue_ids, dtype=np.int32),
+            tag_codes=np.array(self.tag_codes, dtype=np.int64),
+            key_hashes=codec.java_hashes(self.index_keys),
+            key_owner=np.array(self.key_owner, dtype=np.int32),
+            uniq_keys=tuple(self.uniq_keys),
+            transactional=self.transactional,
+            checked=True,  # built here, consistent by construction
+        )
+
+
+def _parts(
+    raw: bytes,
+    shapes: dict[Any, Any],
+    key: Any,
+    shape_of: Callable[[dict[str, str]], _Shape | None],
+) -> tuple[_Shape, str | None, str] | None:
+    """A record's copy shape, KEYS value and unique key from its properties ``raw``: the
+    shape of a head seen before (``shapes[(head, *key)]``) reused; None when the record
+    is one the re-encoding path treats its own way."""
+    split = _tail(raw)
+    if split is not None:
+        head, keys_text, uk = split
+        shape = shapes.get((head, key), _GENERIC)
+        if shape is _GENERIC:
+            props = _pairs(head)
+            if props is None or PROP_KEYS in props or PROP_UNIQ_KEY in props:
+                shape = None  # rebuilt from all its properties, below
+            else:
+                shape = shape_of(props)
+                if shape is None:
+                    return None
+            shapes[(head, key)] = shape
+        if shape is not None:
+            return shape, keys_text, uk
+    props = _pairs(raw)
+    if props is None:
+        return None
+    uk = props.pop(PROP_UNIQ_KEY, "")
+    keys_text = props.pop(PROP_KEYS, None)
+    generic = shape_of(props) if uk else None  # no unique key: re-encoding draws one
+    return None if generic is None else (generic, keys_text, uk)
+
+
+def half_copies(
+    batch: codec.EncodedBatch, fences: TransactionalFences
+) -> codec.EncodedBatch | None:
+    """The batch the store puts for a producer's ``batch`` holding transactional records:
+    each transactional one as its half copy (:func:`to_half`, SYSFLAG
+    :data:`TRANSACTION_PREPARED_TYPE`), each other one as it came, built from the
+    records' bytes; the same bytes and arrays as ``MessageStore._reencoded_copies``.
+
+    None when the batch holds anything that path handles its own way (delayed or timer
+    messages, a record in the half topic, a missing unique key, empty tags, properties
+    it would reject): the caller re-encodes then. Raises as that path does for a fenced
+    producer (:meth:`TransactionalFences.check`).
+    """
+    if batch.timer or (batch.delay_levels is not None and batch.delay_levels.any()):
+        return None
+    data = bytes(batch.data)
+    unpack = codec.HEADER.unpack_from
+    head_size = codec.HEADER.size
+    out = _CopyBuilder()
+    shapes: dict[Any, Any] = {}
+    pos = 0
+    qids = batch.queue_ids.tolist()
+    for i, size in enumerate(batch.sizes.tolist()):
+        end = pos + size
+        fields = unpack(data, pos)
+        blen = fields[14]
+        at = pos + head_size + blen
+        if blen <= 0 or at + 3 > end:
+            return None
+        prop_at = at + 1 + data[at]
+        if prop_at + 2 > end or prop_at + 2 + ((data[prop_at] << 8) | data[prop_at + 1]) != end:
+            return None
+        topic_raw = data[at + 1 : prop_at]
+        if not topic_raw.isascii():
+            return None
+        topic = topic_raw.decode("ascii")
+        qid = qids[i]
+        parts = _parts(
+            data[prop_at + 2 : end],
+            shapes,
+            (topic, qid),
+            lambda props, t=topic, q=qid: _half_shape(props, t, q, fences),  # type: ignore[misc]
+        )
+        if parts is None:
+            return None
+        head = (fields[4], fields[8], fields[9], fields[12])
+        if not out.add(parts[0], head, data[pos + head_size : at], parts[1], parts[2]):
+            return None
+        pos = end
+    return out.batch() if pos == len(data) else None
+
+
+def committed_copies(halves: list[MessageExt]) -> codec.EncodedBatch | None:
+    """The committed copies of ``halves`` (:func:`committed`, SYSFLAG
+    :data:`TRANSACTION_COMMIT_TYPE`, born timestamp, host and reconsume times kept) as
+    the broker's commit writes them, built from the stored records' bytes. None when a
+    half message holds anything that path treats its own way (see :func:`half_copies`)."""
+    out = _CopyBuilder()
+    shapes: dict[Any, Any] = {}
+    hosts: dict[str, bytes] = {}
+    for half in halves:
+        if half.topic != HALF_TOPIC or not 0 < len(half.body) <= _ENCODE_MAX:
+            return None
+        parts = _parts(half.raw_properties, shapes, None, _commit_shape)
+        if parts is None or not parts[2].isascii():
+            return None
+        born = hosts.get(half.born_host)
+        if born is None:
+            born = hosts[half.born_host] = codec.host_to_bytes(half.born_host)
+        head = (half.flag, half.born_timestamp, born, half.reconsume_times)
+        if not out.add(parts[0], head, half.body, parts[1], parts[2]):
+            return None
+    return out.batch()

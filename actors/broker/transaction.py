@@ -162,10 +162,7 @@ class TransactionProcessor:
                 return False
             op = transaction.op_message(half.queue_offset)
             if commit:
-                batch = self._encode([transaction.committed(half), op], [half, None])
-                batch = transaction.with_transaction_type(
-                    batch, [0], transaction.TRANSACTION_COMMIT_TYPE
-                )
+                batch = self._committed([half], op)
             else:
                 batch = self._encode([op], [None])
             await self._write(batch)
@@ -222,10 +219,7 @@ class TransactionProcessor:
                 return 0
             op = transaction.op_message([h.queue_offset for h in todo])
             if commit:
-                batch = self._encode([*map(transaction.committed, todo), op], [*todo, None])
-                batch = transaction.with_transaction_type(
-                    batch, list(range(len(todo))), transaction.TRANSACTION_COMMIT_TYPE
-                )
+                batch = self._committed(todo, op)
             else:
                 batch = self._encode([op], [None])
             await self._write(batch)
@@ -292,6 +286,19 @@ class TransactionProcessor:
                 f"the message at commitlog offset {offset} is no half message"
             )
         return half
+
+    @classmethod
+    def _committed(cls, halves: list[MessageExt], op: Message) -> EncodedBatch:
+        """The committed copies of ``halves`` and then ``op``, one batch: the copies built
+        from the half records' bytes (``transaction.committed_copies``) or, when that
+        declines, re-encoded from ``transaction.committed``'s messages (the same bytes)."""
+        copies = transaction.committed_copies(halves)
+        if copies is not None:
+            return EncodedBatch.concat([copies, cls._encode([op], [None])])
+        batch = cls._encode([*map(transaction.committed, halves), op], [*halves, None])
+        return transaction.with_transaction_type(
+            batch, list(range(len(halves))), transaction.TRANSACTION_COMMIT_TYPE
+        )
 
     @staticmethod
     def _encode(messages: list[Message], born: list[MessageExt | None]) -> EncodedBatch:
