@@ -95,6 +95,7 @@ class Figures:
     latency: dict[str, dict[str, float]] = field(default_factory=dict)
     latency_samples: dict[str, list[float]] = field(default_factory=dict)
     skipped: str = ""
+    failed: list[str] = field(default_factory=list)  # phases that raised: what and why
     work: str = ""  # what its consume does to mark messages consumed
     latency_only: bool = False  # a raw limit, not a queue
 
@@ -995,55 +996,82 @@ def run_peer(peer: Peer, args: argparse.Namespace) -> Figures:
         print(f"- {peer.name}: skipped, {fig.skipped}", flush=True)
         return fig
     try:
-        for size in [] if peer.latency_only else args.sizes:
-            body = os.urandom(size)
-            for producers in args.producers:
-                key = f"{size}B x{producers}p"
-                peer.reset()
-                produced = peer.produce(body, producers, args.seconds)
-                fig.throughput[f"produce {key}"] = produced / args.seconds
-                started = time.perf_counter()
-                consumed = peer.consume(produced, args.seconds * 4)
-                elapsed = time.perf_counter() - started
-                fig.throughput[f"consume {key}"] = consumed / elapsed
-                again = getattr(peer, "consume_again_without_commit", None)
-                if again is not None:  # the figure before consumes did the same work
-                    started = time.perf_counter()
-                    bare = again(produced, args.seconds * 4)
-                    fig.throughput[f"consume {key} no commit"] = bare / (
-                        time.perf_counter() - started
-                    )
-                peer.reset()
-                p, c = peer.together(body, producers, args.seconds)
-                fig.throughput[f"together {key}"] = c / args.seconds  # delivered end to end
-                for name in (f"produce {key}", f"consume {key}", f"together {key}"):
-                    fig.mbps[name] = fig.throughput[name] * size / 1e6
-                print(
-                    f"  {peer.name:12s} {key:10s} produce {fig.throughput[f'produce {key}']:>12,.0f}"
-                    f"  consume {fig.throughput[f'consume {key}']:>12,.0f}"
-                    f"  together {fig.throughput[f'together {key}']:>12,.0f} msg/s",
-                    flush=True,
-                )
-        for size in args.sizes:
-            peer.reset()
-            samples = peer.latency(os.urandom(size), args.rate, args.seconds)
-            key = f"{size}B @{args.rate}/s"
-            fig.latency_samples[key] = samples
-            fig.latency[key] = {
-                "p50": percentile(samples, 0.5),
-                "p99": percentile(samples, 0.99),
-                "p999": percentile(samples, 0.999),
-                "n": len(samples),
-            }
-            lat = fig.latency[key]
-            print(
-                f"  {peer.name:12s} latency {key}: p50 {lat['p50']:.2f} ms  p99 {lat['p99']:.2f} ms"
-                f"  p99.9 {lat['p999']:.2f} ms ({len(samples)} samples)",
-                flush=True,
-            )
+        _throughput(peer, fig, args)
+        _latency(peer, fig, args)
     finally:
         peer.stop()
     return fig
+
+
+def _failed(fig: Figures, phase: str, exc: BaseException) -> None:
+    """A phase of one peer raised: said in the report, and the run goes on without it
+    (one peer's failure does not cost the figures of the others)."""
+    fig.failed.append(f"{phase}: {type(exc).__name__}: {str(exc)[:200]}")
+    print(f"  {fig.peer:12s} {phase}: FAILED ({type(exc).__name__}: {exc})", flush=True)
+
+
+def _throughput(peer: Peer, fig: Figures, args: argparse.Namespace) -> None:
+    for size in [] if peer.latency_only else args.sizes:
+        body = os.urandom(size)
+        for producers in args.producers:
+            key = f"{size}B x{producers}p"
+            try:
+                _workload(peer, fig, args, body, producers, key)
+            except Exception as exc:  # noqa: BLE001 - reported, the next workload goes on
+                _failed(fig, key, exc)
+
+
+def _workload(
+    peer: Peer, fig: Figures, args: argparse.Namespace, body: bytes, producers: int, key: str
+) -> None:
+    size = len(body)
+    peer.reset()
+    produced = peer.produce(body, producers, args.seconds)
+    fig.throughput[f"produce {key}"] = produced / args.seconds
+    started = time.perf_counter()
+    consumed = peer.consume(produced, args.seconds * 4)
+    elapsed = time.perf_counter() - started
+    fig.throughput[f"consume {key}"] = consumed / elapsed
+    again = getattr(peer, "consume_again_without_commit", None)
+    if again is not None:  # the figure before consumes did the same work
+        started = time.perf_counter()
+        bare = again(produced, args.seconds * 4)
+        fig.throughput[f"consume {key} no commit"] = bare / (time.perf_counter() - started)
+    peer.reset()
+    p, c = peer.together(body, producers, args.seconds)
+    fig.throughput[f"together {key}"] = c / args.seconds  # delivered end to end
+    for name in (f"produce {key}", f"consume {key}", f"together {key}"):
+        fig.mbps[name] = fig.throughput[name] * size / 1e6
+    print(
+        f"  {peer.name:12s} {key:10s} produce {fig.throughput[f'produce {key}']:>12,.0f}"
+        f"  consume {fig.throughput[f'consume {key}']:>12,.0f}"
+        f"  together {fig.throughput[f'together {key}']:>12,.0f} msg/s",
+        flush=True,
+    )
+
+
+def _latency(peer: Peer, fig: Figures, args: argparse.Namespace) -> None:
+    for size in args.sizes:
+        key = f"{size}B @{args.rate}/s"
+        try:
+            peer.reset()
+            samples = peer.latency(os.urandom(size), args.rate, args.seconds)
+        except Exception as exc:  # noqa: BLE001 - reported, the run goes on
+            _failed(fig, f"latency {key}", exc)
+            continue
+        fig.latency_samples[key] = samples
+        fig.latency[key] = {
+            "p50": percentile(samples, 0.5),
+            "p99": percentile(samples, 0.99),
+            "p999": percentile(samples, 0.999),
+            "n": len(samples),
+        }
+        lat = fig.latency[key]
+        print(
+            f"  {peer.name:12s} latency {key}: p50 {lat['p50']:.2f} ms  p99 {lat['p99']:.2f} ms"
+            f"  p99.9 {lat['p999']:.2f} ms ({len(samples)} samples)",
+            flush=True,
+        )
 
 
 def machine() -> dict[str, str]:
@@ -1193,6 +1221,9 @@ def write_report(path: Path, results: list[Figures], info: dict[str, str], comma
     skipped = [f for f in results if f.skipped]
     if skipped:
         lines += ["", "## Skipped", ""] + [f"- {f.peer}: {f.skipped}" for f in skipped]
+    failed = [(f.peer, why) for f in results for why in f.failed]
+    if failed:
+        lines += ["", "## Failed phases (no figure)", ""] + [f"- {p}: {w}" for p, w in failed]
     lines += ["", f"![throughput]({bars.name})", "", f"![latency]({cdf.name})", ""]
     path.write_text("\n".join(lines))
     print(f"report written to {path}")
@@ -1252,6 +1283,7 @@ def main() -> int:
                             "mb_s": f.mbps,
                             "latency": f.latency,
                             "skipped": f.skipped,
+                            "failed": f.failed,
                         }
                         for f in results
                     ],
