@@ -106,7 +106,8 @@ def show_console(cluster: actors.Cluster, port: int, hold_s: float | None) -> No
         TOPIC,
         listener=audit,
         namespace=cluster.namespace,
-        subscription="Order",
+        subscription="Order",  # tags: the job's own messages are filtered out by the broker
+        consume_from="FIRST",  # a new group: from each queue's start, so no order is missed
         max_reconsume_times=0,
     )
     consumer.start()
