@@ -605,9 +605,18 @@ def test_rates_and_charts_come_from_the_brokers_own_counters(
     assert browser.find_elements(By.CSS_SELECTOR, "#chart-put-tps svg polyline")
     # the charts refresh themselves (no reload): more points come
     before = points["chart-put-tps"]
+    # read in one script: the page's own refresh replaces the chart element, so a found
+    # element may be stale by the time its attribute is asked for
     WebDriverWait(browser, WAIT_S).until(
         lambda b: (
-            int(b.find_element(By.ID, "chart-put-tps").get_attribute("data-points") or 0) > before
+            int(
+                b.execute_script(
+                    "var c = document.getElementById('chart-put-tps');"
+                    "return c ? c.dataset.points : '0';"
+                )
+                or 0
+            )
+            > before
         )
     )
     assert problems(browser, http_errors=True) == []
