@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -69,6 +70,30 @@ MASTER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER")
 EX_MASTER_SLAVE_ID = 1000
 """The id a deposed master (configured as id 0) registers under as a slave."""
 GATHER_TIMEOUT_S = 3.0
+SLOW_PROMOTION_S = 5.0  # a promotion slower than this logs each step's time
+
+
+class _StepTimer:
+    """Times the steps of a promotion, to say which one was slow when it is."""
+
+    def __init__(self) -> None:
+        self._start = self._last = time.monotonic()
+        self._steps: list[tuple[str, float]] = []
+
+    def mark(self, step: str) -> None:
+        now = time.monotonic()
+        self._steps.append((step, now - self._last))
+        self._last = now
+
+    def report(self, what: str) -> None:
+        total = self._last - self._start
+        if total >= SLOW_PROMOTION_S:
+            log.warning(
+                "%s took %.1f s: %s",
+                what,
+                total,
+                ", ".join(f"{step} {took:.2f} s" for step, took in self._steps),
+            )
 
 
 class MasterSlaveReplication(Replication):
@@ -294,7 +319,9 @@ class MasterSlaveReplication(Replication):
                 f"broker {name} still replicates from master {client.master}: a live master "
                 "is not replaced (force=True overrides)"
             )
+        steps = _StepTimer()
         await self.broker.run(self.store.dispatch_replicated)  # what arrived is whole records
+        steps.mark("dispatch")
         end = self.store.dispatched_offset  # the last whole record
         needed = max(min_offset, client.confirmed if client is not None else 0)
         if end < needed:
@@ -304,6 +331,7 @@ class MasterSlaveReplication(Replication):
                 "acknowledged messages; promote a slave that has them"
             )
         await self._stop_tasks()
+        steps.mark("stop_tasks")
         await self.broker.run(self.store.dispatch_replicated)  # bytes that came meanwhile
         end = self.store.dispatched_offset
         if self.sync is not None:  # commits consumers made here now belong to the master
@@ -311,6 +339,7 @@ class MasterSlaveReplication(Replication):
         self.client = self.sync = None
         if self.store.commitlog.max_offset > end:
             await self.broker.run(self.store.truncate_commitlog, end)
+        steps.mark("dispatch_and_truncate")
         old_id = self.registered_id
         epoch = self.state.begin_epoch(end)
         self.state.set_role(new_role)
@@ -327,9 +356,13 @@ class MasterSlaveReplication(Replication):
             end,
         )
         await self._unregister(old_id)
+        steps.mark("unregister")
         with contextlib.suppress(Exception):  # commits consumers made to the other slaves
             await asyncio.wait_for(self._gather_slave_offsets(), GATHER_TIMEOUT_S)
+        steps.mark("gather_slave_offsets")
         await self.broker.register_all()
+        steps.mark("register")
+        steps.report(f"{name} promotion")
         return {"broker": name, "role": new_role, "epoch": epoch, "commitlog_offset": end}
 
     async def _demote(self, master: str | None, epoch: int) -> None:
