@@ -221,6 +221,7 @@ class FrameReader(asyncio.BufferedProtocol):
         self._paused_reading = False
         self._paused_writing = False
         self._drained: list[asyncio.Future[None]] = []
+        self.on_drained: Any = None  # called when the transport's write buffer empties
 
     def feed(self, data: bytes) -> None:
         """Bytes that arrived before this reader took over (none, normally)."""
@@ -337,6 +338,8 @@ class FrameReader(asyncio.BufferedProtocol):
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
+        if self.on_drained is not None:
+            self.on_drained()
 
     async def drain(self) -> None:
         """Until the transport's write buffer is below its high-water mark."""
