@@ -879,6 +879,10 @@ class GrpcEndpoint:
             options=[
                 ("grpc.max_receive_message_length", c.grpc_max_receive_bytes),
                 ("grpc.so_reuseport", 0),
+                # calls waiting for the loop: queued up to this bound, not shed at random
+                # (as CANCELLED) past core's default 1,000 (BrokerConfig.grpc_max_pending_calls)
+                ("grpc.server.max_pending_requests", c.grpc_max_pending_calls),
+                ("grpc.server.max_pending_requests_hard_limit", c.grpc_max_pending_calls),
             ]
         )
         sgrpc.add_MessagingServiceServicer_to_server(self.service, server)
