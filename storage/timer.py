@@ -824,6 +824,8 @@ class TimerMessageService(ServiceThread):
             return set()
         cl = self.store.commitlog
         marks = [e for e in marks if cl.min_offset <= int(e["offset"]) < cl.max_offset]
+        if not marks:
+            return set()
         offsets = np.array([int(e["offset"]) for e in marks], dtype=np.int64)
         sizes = np.array([int(e["size"]) for e in marks], dtype=np.int32)
         out = set()

@@ -764,7 +764,10 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         broker). Refusals answer what RocketMQ's proxy does: ``INTERNAL_SERVER_ERROR``
         with its broker's reason (docs/rocketmq5.md, "Recall")."""
         topic = raymq_name(request.topic)
-        handle = RecallHandle.decode(request.recall_handle)
+        try:
+            handle = RecallHandle.decode(request.recall_handle)
+        except StatusError as exc:  # the client's bad handle, not a fault here
+            raise _RecallRefused(exc.message) from exc
         if handle.topic != topic:
             raise _RecallRefused(
                 f"recall failed, topic not match: the handle is of {handle.topic!r}"
