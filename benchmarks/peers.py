@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import json
 import logging
 import multiprocessing as mp
 import os
 import platform
+import queue
 import shutil
 import socket
 import subprocess
@@ -821,30 +823,47 @@ def _grpc_config(addr: str, ak: str, sk: str) -> Any:
 
 
 def _grpc_producer(
-    addr: str, ak: str, sk: str, topic: str, body: bytes, seconds: float, out: Any
+    addr: str,
+    ak: str,
+    sk: str,
+    topic: str,
+    body: bytes,
+    seconds: float,
+    in_flight_max: int,
+    out: Any,
 ) -> None:
     """A producer process: the official client's ``send_async`` with at most
-    GRPC_IN_FLIGHT sends in flight; counts what was acknowledged in time."""
+    ``in_flight_max`` sends in flight; reports (acknowledged, failed) whatever happens, so
+    the parent never waits on a producer that died (a failed send raises from its
+    future: it is counted, not raised)."""
     from rocketmq import Message, Producer
 
-    producer = Producer(_grpc_config(addr, ak, sk), (topic,))
-    producer.startup()
-    acked = 0
-    in_flight: list[Any] = []
-    stop = time.monotonic() + seconds
-    while time.monotonic() < stop:
-        m = Message()
-        m.topic = topic
-        m.body = body
-        in_flight.append(producer.send_async(m))
-        if len(in_flight) >= GRPC_IN_FLIGHT:
-            in_flight.pop(0).result()
+    acked = failed = 0
+
+    def settle(f: Any) -> None:
+        nonlocal acked, failed
+        if f.exception() is None:
             acked += 1
-    for f in in_flight:
-        f.result()
-    acked += sum(1 for f in in_flight if f.exception() is None)
-    producer.shutdown()
-    out.put(acked)
+        else:
+            failed += 1
+
+    producer = Producer(_grpc_config(addr, ak, sk), (topic,))
+    try:
+        producer.startup()
+        in_flight: collections.deque[Any] = collections.deque()
+        stop = time.monotonic() + seconds
+        while time.monotonic() < stop:
+            m = Message()
+            m.topic = topic
+            m.body = body
+            in_flight.append(producer.send_async(m))
+            if len(in_flight) >= in_flight_max:
+                settle(in_flight.popleft())
+        while in_flight:
+            settle(in_flight.popleft())
+    finally:
+        out.put((acked, failed))
+        producer.shutdown()  # after the answer: a slow shutdown costs the parent nothing
 
 
 class RayMQGrpcPeer(Peer):
@@ -897,16 +916,37 @@ class RayMQGrpcPeer(Peer):
         self.cluster.admin.create_topic(self.topic, QUEUES, QUEUES)
 
     def produce(self, body: bytes, producers: int, seconds: float) -> int:
+        """``producers`` processes sharing GRPC_IN_FLIGHT sends in flight: more would only
+        queue at the broker, past the client's 3 s request timeout."""
         ctx = mp.get_context("spawn")
         out = ctx.Queue()
-        args = (self.addr, self.ak, self.sk, self.topic, body, seconds, out)
+        in_flight = max(1, GRPC_IN_FLIGHT // producers)
+        args = (self.addr, self.ak, self.sk, self.topic, body, seconds, in_flight, out)
         procs = [ctx.Process(target=_grpc_producer, args=args) for _ in range(producers)]
         for p in procs:
             p.start()
-        total = sum(out.get(timeout=seconds + 120) for _ in procs)
-        for p in procs:
-            p.join()
-        return total
+        answers: list[tuple[int, int]] = []
+        deadline = time.monotonic() + seconds + 60
+        try:
+            while len(answers) < len(procs):
+                try:
+                    answers.append(out.get(timeout=1.0))
+                except queue.Empty:
+                    if time.monotonic() > deadline or not any(p.is_alive() for p in procs):
+                        raise RuntimeError(
+                            f"{len(procs) - len(answers)} of {len(procs)} gRPC producers "
+                            "gave no count (died or stuck)"
+                        ) from None
+        finally:
+            for p in procs:
+                p.join(timeout=10)
+                if p.is_alive():  # a client that does not shut down: not this run's to wait on
+                    p.terminate()
+                    p.join()
+        failed = sum(f for _, f in answers)
+        if failed:
+            print(f"  raymq-grpc   {failed} sends failed", flush=True)
+        return sum(a for a, _ in answers)
 
     def _consumer(self, group: str) -> Any:
         from rocketmq import FilterExpression, SimpleConsumer

@@ -84,3 +84,9 @@ class InvalidReceiptHandleError(RayMQError, ValueError):
 class ReceiptHandleExpiredError(InvalidReceiptHandleError):
     """The handle's invisible time lapsed: the message is (or will be) delivered again
     under a new handle. Nothing changed."""
+
+
+class TimerRecallError(RayMQError, ValueError):
+    """A recall of a timer message refused: its time has come (it was delivered, or is
+    being delivered now), it is too far ahead to be one, or this store holds no timer.
+    Nothing changed."""

@@ -463,24 +463,71 @@ class PopStore:
         _check_group(group)
         with self._lock:
             self._check_open()
-            now = self._now()
-            h = self._verify(group, topic, receipt_handle, now)
-            key = (group, topic, h.queue_id)
-            q = self._queues.get(key)
-            fl = q.out.get(h.offset) if q is not None else None
-            if q is None or fl is None:
+            found = self._in_flight(group, topic, receipt_handle, self._now())
+            if found is None:
                 return False
-            if fl.ck != h.ck:
-                raise InvalidReceiptHandleError(
-                    f"receipt handle of {topic}:{h.queue_id} offset {h.offset} was superseded "
-                    "(by a later receive or change of its invisible duration)"
-                )
+            key, q, h = found
             self._append({"op": "ack", "k": list(key), "o": h.offset, "c": h.ck})
             del q.out[h.offset]
             self._commit(key, q)
             self._maybe_compact()
         self.stats["acked"] += 1
         return True
+
+    def ack_many(
+        self, group: str, topic: str, receipt_handles: Sequence[str]
+    ) -> list[RayMQError | None]:
+        """:meth:`ack` of several handles as one operation: one lock, one journal write
+        (all of them or, on a write error, none). Per handle: None (acked now, before, or
+        earlier in the same list) or the error refusing it, which changes nothing."""
+        _check_group(group)
+        out: list[RayMQError | None] = []
+        taken: list[tuple[Key, _Queue, int]] = []
+        records: list[dict[str, Any]] = []
+        with self._lock:
+            self._check_open()
+            now = self._now()
+            seen: set[tuple[Key, int]] = set()
+            for text in receipt_handles:
+                try:
+                    found = self._in_flight(group, topic, text, now)
+                except RayMQError as exc:
+                    out.append(exc)
+                    continue
+                out.append(None)
+                if found is None or (found[0], found[2].offset) in seen:
+                    continue
+                key, q, h = found
+                seen.add((key, h.offset))
+                taken.append((key, q, h.offset))
+                records.append({"op": "ack", "k": list(key), "o": h.offset, "c": h.ck})
+            if records:
+                self._append_many(records)  # raises: nothing was acked
+                for _key, q, offset in taken:
+                    del q.out[offset]
+                for key, q in {key: q for key, q, _ in taken}.items():
+                    self._commit(key, q)
+                self._maybe_compact()
+        self.stats["acked"] += len(taken)
+        return out
+
+    def _in_flight(
+        self, group: str, topic: str, receipt_handle: object, now: int
+    ) -> tuple[Key, _Queue, ReceiptHandle] | None:
+        """The handle's message in flight (lock held), None when it was acked before;
+        ``InvalidReceiptHandleError`` for a handle refused or superseded."""
+        h = self._verify(group, topic, receipt_handle, now)
+        key = (group, topic, h.queue_id)
+        q = self._queues.get(key)
+        fl = q.out.get(h.offset) if q is not None else None
+        if q is None or fl is None:
+            return None
+        if fl.ck != h.ck:
+            raise InvalidReceiptHandleError(
+                f"receipt handle of {topic}:{h.queue_id} offset {h.offset} was superseded "
+                "(by a later receive or change of its invisible duration)"
+            )
+        return key, q, h
 
     def change_invisible(
         self, group: str, topic: str, receipt_handle: str, invisible_ms: int
@@ -670,21 +717,27 @@ class PopStore:
                 self._on_commit(key[0], key[1], key[2], floor)
 
     def _append(self, record: dict[str, Any]) -> None:
-        self._seq += 1
-        record["s"] = self._seq
-        text = json.dumps(record, separators=(",", ":"))
-        line = f"{zlib.crc32(text.encode()):08x} {text}\n".encode()
+        self._append_many([record])
+
+    def _append_many(self, records: list[dict[str, Any]]) -> None:
+        """The records' journal lines in one write: all of them, or (on an error) none."""
+        lines = []
+        for i, record in enumerate(records, 1):
+            record["s"] = self._seq + i
+            text = json.dumps(record, separators=(",", ":"))
+            lines.append(f"{zlib.crc32(text.encode()):08x} {text}\n")
+        data = "".join(lines).encode()
         error: OSError | None = None
         try:
-            written = os.write(self._fd, line)  # in the page cache: a process crash keeps it
+            written = os.write(self._fd, data)  # in the page cache: a process crash keeps it
         except OSError as exc:
             written, error = 0, exc
-        if written != len(line):
-            self._seq -= 1
+        if written != len(data):
             if written:  # a short write: cut it, so the next record starts on its own line
                 os.ftruncate(self._fd, os.fstat(self._fd).st_size - written)
             raise DiskFullError(f"POP journal {self._journal_path}: write failed ({error})")
-        self._records += 1
+        self._seq += len(records)
+        self._records += len(records)
 
     def _maybe_compact(self) -> None:
         if self._records >= self._compact_records:

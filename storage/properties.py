@@ -33,6 +33,8 @@ PROP_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
 PROP_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
 PROP_TIMER_OUT_MS = "TIMER_OUT_MS"
 PROP_TIMER_ROLL_TIMES = "TIMER_ROLL_TIMES"
+# a recall's delete marker: the unique key of the timer message it cancels
+PROP_TIMER_DEL_UNIQKEY = "TIMER_DEL_UNIQKEY"
 # RayMQ's own: on the first record of an idempotent producer's batch,
 # "producer id,epoch,first sequence,record count" (storage.producer_state)
 PROP_PRODUCER_SEQ = "PRODUCER_SEQ"

@@ -41,6 +41,18 @@ record is put again to the timer topic (``TIMER_ROLL_TIMES`` + 1) and so enters
 the wheel again nearer its time, as RocketMQ rolls them; the re-put also keeps
 the record out of CommitLog expiry.
 
+**Recall** (RocketMQ 5.3's ``RecallMessage``, :meth:`TimerMessageService.recall`): a
+pending timer message is cancelled by a *delete marker*, a record put to the timer topic
+with the same real topic and delivery time and the message's unique key in
+``TIMER_DEL_UNIQKEY``, as RocketMQ's broker does. Its entry is flagged ``DELETE`` and
+lands in the message's slot (or rolls with it); when the slot is due, the entries whose
+real topic and unique key a due marker names are dropped, and the marker itself is never
+delivered. The marker is put under the wheel's lock only while the delivery time is
+still ahead of the store's clock, so a tick cannot have delivered the message, and the
+next tick enqueues the marker before it delivers anything: a recall answered is a
+message never delivered; one whose time has come is refused (``TimerRecallError``). The
+marker is a CommitLog record like any other: it replicates, and survives a restart.
+
 Recovery and delivery guarantee: **at-least-once**. The checkpoint is written
 after the deliveries it covers are flushed, and after the log and wheel are. At
 open, after a crash, the log is cut back to the checkpoint's ``log_end`` and the
@@ -73,17 +85,25 @@ from .commitlog import CommitLog
 from .config import StoreConfig
 from .config_files import JsonConfigFile
 from .consume_queue import ConsumeQueue
-from .errors import InvalidConfigError, InvalidMessageError, StoreCorruptedError
+from .errors import (
+    InvalidConfigError,
+    InvalidMessageError,
+    StoreClosedError,
+    StoreCorruptedError,
+    TimerRecallError,
+)
 from .message import Message, MessageExt
 from .properties import (
     PROP_DELAY,
     PROP_REAL_QID,
     PROP_REAL_TOPIC,
+    PROP_TIMER_DEL_UNIQKEY,
     PROP_TIMER_DELAY_SEC,
     PROP_TIMER_DELIVER_MS,
     PROP_TIMER_OUT_MS,
     PROP_TIMER_ROLL_TIMES,
     PROP_UNIQ_KEY,
+    check_property_text,
     decode_properties,
 )
 from .services import ServiceThread
@@ -97,8 +117,9 @@ TIMER_PROPS = (
     PROP_TIMER_OUT_MS,
     PROP_TIMER_ROLL_TIMES,
 )
-_HIDDEN = (*TIMER_PROPS, PROP_REAL_TOPIC, PROP_REAL_QID, PROP_DELAY)
+_HIDDEN = (*TIMER_PROPS, PROP_REAL_TOPIC, PROP_REAL_QID, PROP_DELAY, PROP_TIMER_DEL_UNIQKEY)
 ROLL = 1  # an entry parked in a nearer slot, to be put again to the timer topic
+DELETE = 2  # a recall's delete marker: the entry of its unique key in its slot is dropped
 _BATCH = 256  # records read or delivered at once
 
 SLOT = np.dtype(
@@ -171,6 +192,31 @@ def for_put(m: MessageExt, queue_id: int, now_ms: int, config: StoreConfig) -> M
 
 
 _DELIVER_TAG = f"{PROP_TIMER_DELIVER_MS}\x01".encode()
+_DEL_TAG = f"{PROP_TIMER_DEL_UNIQKEY}\x01".encode()
+
+
+def _is_marker(raw: bytes) -> bool:
+    """Whether a timer record's properties make it a recall's delete marker."""
+    return _DEL_TAG in raw and PROP_TIMER_DEL_UNIQKEY in decode_properties(raw)
+
+
+def _deleted_key(m: MessageExt) -> tuple[str, str] | None:
+    """(real topic, unique key) a delete marker cancels; None for any other record."""
+    uk = m.properties.get(PROP_TIMER_DEL_UNIQKEY)
+    real = m.properties.get(PROP_REAL_TOPIC)
+    return (real, uk) if uk and real else None
+
+
+def recall_marker(topic: str, uniq_key: str, deliver_ms: int) -> Message:
+    """The timer-topic record that cancels ``topic``'s timer message ``uniq_key`` due at
+    ``deliver_ms`` (RocketMQ's ``TIMER_DEL_UNIQKEY`` marker; body ``0`` as there)."""
+    props = {
+        PROP_TIMER_DELIVER_MS: str(deliver_ms),
+        PROP_REAL_TOPIC: topic,
+        PROP_REAL_QID: "0",
+        PROP_TIMER_DEL_UNIQKEY: uniq_key,
+    }
+    return Message(TIMER_TOPIC, b"0", properties=props, queue_id=0)
 
 
 def _deliver_ms(raw: bytes) -> int:
@@ -437,10 +483,12 @@ class TimerWheel:
         self._dirty_pages.update((idx * SLOT.itemsize // _PAGE).tolist())
 
     # -- entries
-    def add(self, records: Sequence[tuple[int, int, int]]) -> int:
-        """Link ``(commitlog offset, size, delivery ms)`` records into their slots; return
-        how many were parked to roll. The log is written first: if that fails (a full
-        disk) neither it nor the wheel changed."""
+    def add(
+        self, records: Sequence[tuple[int, int, int]], flags: Sequence[int] | None = None
+    ) -> int:
+        """Link ``(commitlog offset, size, delivery ms)`` records into their slots (with
+        their ``flags``, e.g. ``DELETE``); return how many were parked to roll. The log is
+        written first: if that fails (a full disk) neither it nor the wheel changed."""
         if not records:
             return 0
         n = len(records)
@@ -469,7 +517,9 @@ class TimerWheel:
         prev[order] = prev_sorted
         out = np.zeros(n, dtype=ENTRY)
         out["prev"], out["offset"], out["deliver"] = prev, rec[:, 0], rec[:, 2]
-        out["slot"], out["size"], out["flags"] = slot_ms, rec[:, 1], np.where(roll, ROLL, 0)
+        marks = np.zeros(n, dtype=np.int64) if flags is None else np.asarray(flags, np.int64)
+        out["slot"], out["size"] = slot_ms, rec[:, 1]
+        out["flags"] = np.where(roll, ROLL, 0) | (marks & DELETE)
         try:
             self.log.append(out)
         except OSError:
@@ -633,6 +683,7 @@ class TimerMessageService(ServiceThread):
         self.parked = 0  # entries parked in a nearer slot to roll
         self.rolled = 0  # records put again to the timer topic
         self.entries_read = 0  # timer-log entries read by dequeues: what a tick costs
+        self.recalled = 0  # messages a recall's marker kept from delivery
 
     def run_once(self) -> int:
         """One tick: enqueue, deliver what is due; return how many were delivered."""
@@ -690,6 +741,7 @@ class TimerMessageService(ServiceThread):
             ok = (entries["size"] > 0) & (entries["offset"] >= cl.min_offset)
             picked = entries[ok]
             records: list[tuple[int, int, int]] = []
+            flags: list[int] = []
             if len(picked):
                 data = cl.read_runs(picked["offset"], picked["size"])
                 msgs = codec.decode_records(data, check_crc=False)
@@ -702,7 +754,8 @@ class TimerMessageService(ServiceThread):
                     if deliver < wheel.read_time_ms and self._delivered_before(m):
                         continue  # its time passed while this wheel did not run
                     records.append((phys, size, deliver))
-            self.parked += wheel.add(records)
+                    flags.append(DELETE if _is_marker(m.raw_properties) else 0)
+            self.parked += wheel.add(records, flags)
             offset += len(entries)
             wheel.enqueue_offset = offset
             self._dirty = True
@@ -744,8 +797,9 @@ class TimerMessageService(ServiceThread):
             due.sort(key=lambda pe: (int(pe[1]["deliver"]), pe[0]))
             verify = self._verify and slot_ms < self._started_ms
             missing = False  # a due entry not delivered before a restart
+            deleted = self._deleted(due)
             for i in range(0, len(due), _BATCH):
-                sent, fresh = self._deliver(due[i : i + _BATCH], verify)
+                sent, fresh = self._deliver(due[i : i + _BATCH], verify, deleted)
                 delivered += sent
                 missing = missing or fresh
             if due:
@@ -762,9 +816,31 @@ class TimerMessageService(ServiceThread):
         self.delivered += delivered
         return delivered
 
-    def _deliver(self, due: list[tuple[int, np.void]], verify: bool) -> tuple[int, bool]:
-        """Put the due entries' records where they go; return (how many were delivered to
-        their topics, whether any was found not delivered before a restart)."""
+    def _deleted(self, due: list[tuple[int, np.void]]) -> set[tuple[str, str]]:
+        """(real topic, unique key) of the messages the due delete markers cancel (a
+        marker due to roll cancels nothing yet: it rolls with its message)."""
+        marks = [e for _, e in due if e["flags"] & DELETE and not e["flags"] & ROLL]
+        if not marks:
+            return set()
+        cl = self.store.commitlog
+        marks = [e for e in marks if cl.min_offset <= int(e["offset"]) < cl.max_offset]
+        if not marks:
+            return set()
+        offsets = np.array([int(e["offset"]) for e in marks], dtype=np.int64)
+        sizes = np.array([int(e["size"]) for e in marks], dtype=np.int32)
+        out = set()
+        for m in codec.decode_records(cl.read_runs(offsets, sizes), check_crc=False):
+            key = _deleted_key(m)
+            if key is not None:
+                out.add(key)
+        return out
+
+    def _deliver(
+        self, due: list[tuple[int, np.void]], verify: bool, deleted: set[tuple[str, str]]
+    ) -> tuple[int, bool]:
+        """Put the due entries' records where they go (not those ``deleted`` names, nor
+        the delete markers themselves); return (how many were delivered to their
+        topics, whether any was found not delivered before a restart)."""
         cl = self.store.commitlog
         live = []
         for pos, e in due:
@@ -790,10 +866,19 @@ class TimerMessageService(ServiceThread):
             if m.topic != TIMER_TOPIC or m.commitlog_offset != int(e["offset"]):
                 log.error("timer entry for %d names no timer record: dropped", int(e["offset"]))
                 continue
+            roll = bool(e["flags"] & ROLL)
+            if not roll:
+                if e["flags"] & DELETE:
+                    continue  # a marker: its work is done
+                real = m.properties.get(PROP_REAL_TOPIC)
+                uk = m.properties.get(PROP_UNIQ_KEY)
+                if real and uk and (real, uk) in deleted:
+                    self.recalled += 1
+                    log.info("timer message %s of %s was recalled: not delivered", uk, real)
+                    continue
             if verify and self._delivered_before(m):
                 continue
             fresh = True
-            roll = bool(e["flags"] & ROLL)
             try:
                 out.append(_rolled_copy(m) if roll else _delivered_copy(m))
             except (KeyError, ValueError, InvalidMessageError) as exc:
@@ -813,6 +898,38 @@ class TimerMessageService(ServiceThread):
             self.store._put_encoded(batch)  # raises: these entries stay due, tried next tick
         self._done.update(pos for pos, e in due)
         return sent, fresh
+
+    def recall(self, topic: str, uniq_key: str, deliver_ms: int) -> None:
+        """Cancel ``topic``'s timer message ``uniq_key`` due at ``deliver_ms`` (module
+        docstring, "Recall"): its delete marker is put, and it will never be delivered.
+        Raises ``TimerRecallError`` when its time has come (delivered, or being
+        delivered) or is further than ``timer_max_delay_ms`` ahead; nothing is written
+        then. Recalling it again, or a key never sent, writes a marker that cancels
+        nothing more (RocketMQ's broker answers those alike)."""
+        if not topic or not uniq_key:
+            raise TimerRecallError("a recall names a topic and a unique key")
+        check_property_text("topic", topic)
+        check_property_text("unique key", uniq_key)
+        with self.wheel.lock:
+            if self.wheel.closed:
+                raise StoreClosedError("the timer wheel is closed")
+            now = self.store.now_ms()
+            if deliver_ms <= now:
+                raise TimerRecallError(
+                    f"timer message {uniq_key} of {topic}: its time {deliver_ms} has come "
+                    f"({now - deliver_ms} ms ago): delivered, or being delivered"
+                )
+            if deliver_ms - now > self.store.config.timer_max_delay_ms:
+                raise TimerRecallError(
+                    f"timer message {uniq_key} of {topic}: {deliver_ms} is further ahead "
+                    "than any timer message can be"
+                )
+            batch = codec.encode_batch(
+                [recall_marker(topic, uniq_key, deliver_ms)],
+                max_message_size=self.store.config.max_message_size,
+            )
+            self.store._put_encoded(batch)  # enqueued by the next tick, before its deliveries
+        log.info("timer message %s of %s due at %d: recall marker put", uniq_key, topic, deliver_ms)
 
     def pending(self) -> int:
         """Timer messages waiting in the wheel (a rolled one counts where it is parked)."""

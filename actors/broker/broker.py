@@ -168,6 +168,12 @@ class Broker:
             "incarnation": self.rt.incarnation,
         }
 
+    async def recall_timer(self, topic: str, uniq_key: str, deliver_ms: int) -> None:
+        """Cancel a pending timer message here (a gRPC ``RecallMessage`` that reached
+        another broker of the cluster is forwarded to this one, the handle's)."""
+        await asyncio.shield(self._startup)
+        await self.sender.recall_timer(topic, uniq_key, deliver_ms)
+
     async def grpc_endpoint(self) -> dict[str, Any] | None:
         """This broker's RocketMQ 5 gRPC endpoint (``grpc_enable``): its address, whether it
         speaks TLS and the credentials calls must be signed with; None without one. Handed

@@ -312,23 +312,21 @@ class PopProcessor:
     ) -> list[str | None]:
         """:meth:`ack` of several handles in one call: per handle None, or why it was
         refused (the others are acked all the same)."""
+        answers = await self.ack_each(group, topic, receipt_handles)
+        return [None if a is None else f"{type(a).__name__}: {a}" for a in answers]
+
+    async def ack_each(
+        self, group: str, topic: str, receipt_handles: Sequence[str]
+    ) -> list[RayMQError | None]:
+        """:meth:`ack_many` with each refusal as its error (the gRPC endpoint maps them to
+        status codes): one store operation (``PopStore.ack_many``, one journal write)."""
         self._check_handle_call(group, topic)
         if not isinstance(receipt_handles, (list, tuple)) or len(receipt_handles) > 4096:
             raise InvalidMessageError("receipt_handles: must be a list of at most 4096 handles")
-        answers = await self.rt.run(self._ack_all, group, topic, list(receipt_handles))
+        answers = await self.rt.run(self.state.ack_many, group, topic, list(receipt_handles))
         for handle in receipt_handles:
             self._woke(handle, topic)
         return answers
-
-    def _ack_all(self, group: str, topic: str, handles: list[str]) -> list[str | None]:
-        out: list[str | None] = []
-        for handle in handles:
-            try:
-                self.state.ack(group, topic, handle)
-                out.append(None)
-            except RayMQError as exc:
-                out.append(f"{type(exc).__name__}: {exc}")
-        return out
 
     async def change_invisible(
         self, group: str, topic: str, receipt_handle: str, invisible_ms: int

@@ -28,7 +28,7 @@ from actors.broker.runtime import BrokerRuntime
 from actors.protocol.shared_ring import RingId, RingReader
 from actors.protocol.wire import AckWire, SendAck
 from storage.codec import EncodedBatch
-from storage.errors import BrokerUnavailableError
+from storage.errors import BrokerUnavailableError, TopicNotFoundError
 from storage.store import PutBatchResult
 
 
@@ -120,6 +120,23 @@ class SendMessageProcessor:
             result.queue_offsets,
             result.commitlog_offsets,
         ).to_wire()
+
+    async def recall_timer(self, topic: str, uniq_key: str, deliver_ms: int) -> None:
+        """Cancel a pending timer message of ``topic`` (RocketMQ 5.3's RecallMessage): its
+        delete marker goes through this master's timer service, which writes it as it
+        writes its own deliveries (``storage.timer``, "Recall"). ``TimerRecallError`` when
+        its time has come; ``BrokerUnavailableError`` on a broker running no timer (a
+        slave, or ``timer_wheel_enable`` off)."""
+        self._check_open()
+        if self.rt.topics.get(topic) is None:
+            raise TopicNotFoundError(f"topic {topic!r} is not on {self.rt.config.broker_name}")
+        timer = self.role.services.timer
+        if timer is None:
+            raise BrokerUnavailableError(
+                f"broker {self.rt.config.actor_name} runs no timer service (not a master, "
+                "or timer messages disabled)"
+            )
+        await self.rt.run(timer.recall, topic, uniq_key, deliver_ms)
 
     async def consumer_send_msg_back(
         self,

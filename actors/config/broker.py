@@ -88,6 +88,11 @@ class BrokerConfig:
     """How far a call's signed ``x-mq-date-time`` may be from the broker's clock (UTC)."""
     grpc_max_receive_bytes: int = 16 << 20
     """The largest gRPC request the endpoint reads (a larger one is refused by grpcio)."""
+    grpc_max_pending_calls: int = 10_000
+    """Calls the endpoint lets wait for its event loop. gRPC's core otherwise sheds
+    arrivals at random once 1,000 wait (and all past 3,000), answering them
+    ``CANCELLED``, which the official clients retry and then fail; within this bound a
+    burst waits its turn (each call still bounded by its own deadline)."""
     grpc_renew_invisible_s: float = 60.0
     """A push consumer's receive (``auto_renew``, no invisible time of its own): how long
     its messages are invisible, and how much each renewal adds (RocketMQ's proxy's
@@ -199,6 +204,11 @@ class BrokerConfig:
             raise InvalidConfigError(
                 f"BrokerConfig.grpc_max_receive_bytes={self.grpc_max_receive_bytes!r}: "
                 "must be an int >= 65536"
+            )
+        if not isinstance(self.grpc_max_pending_calls, int) or self.grpc_max_pending_calls < 1:
+            raise InvalidConfigError(
+                f"BrokerConfig.grpc_max_pending_calls={self.grpc_max_pending_calls!r}: "
+                "must be an int >= 1"
             )
         if (
             isinstance(self.grpc_renew_invisible_s, (int, float))

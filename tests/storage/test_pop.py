@@ -244,6 +244,49 @@ def test_the_state_survives_a_crash(
         store.close()
 
 
+def test_ack_many_is_one_journal_write_with_an_answer_per_handle(
+    config: StoreConfig, clock: Clock, commits
+) -> None:
+    """Several acks as one operation (one journal write of their records); a bad or superseded handle is
+    refused alone, a repeated one acks once; a crash right after keeps them all."""
+    store = MessageStore(config)
+    put(store, 5)
+
+    def reopen(s: MessageStore) -> PopStore:
+        return PopStore(
+            s,
+            "broker-a",
+            clock=clock,
+            on_commit=lambda g, t, q, o: commits.__setitem__((g, t, q), o),
+        )
+
+    pop = reopen(store)
+    got = pop.pop(G, T, [0], 5, 3000)
+    superseded = got[4].receipt_handle
+    pop.change_invisible(G, T, superseded, 60_000)
+    journal = pop._journal_path
+    lines = journal.read_bytes().count(b"\n")
+    handles = [got[0].receipt_handle, "forged", got[1].receipt_handle, got[0].receipt_handle]
+    answers = pop.ack_many(G, T, [*handles, got[2].receipt_handle, superseded])
+    assert journal.read_bytes().count(b"\n") == lines + 3  # q0-0, q0-1, q0-2 once each
+    assert [a is None for a in answers] == [True, False, True, True, True, False]
+    assert isinstance(answers[1], InvalidReceiptHandleError)
+    assert "superseded" in str(answers[5])
+    assert commits[(G, T, 0)] == 3 and pop.in_flight(G, T) == 2 and pop.stats["acked"] == 3
+    assert pop.ack_many(G, T, [got[0].receipt_handle]) == [None]  # acked before: no record
+    assert journal.read_bytes().count(b"\n") == lines + 3
+    store.close()  # a crash: the PopStore is never closed
+    store = MessageStore(config)
+    try:
+        pop = reopen(store)
+        assert pop.in_flight(G, T) == 2  # q0-3 and q0-4 only
+        clock.advance(3.5)
+        assert bodies(pop.pop(G, T, [0], 8, 3000)) == [b"q0-3"]  # q0-4 was re-armed
+        pop.close()
+    finally:
+        store.close()
+
+
 def test_raw_records_are_the_records_as_stored(store: MessageStore, open_pop) -> None:
     """A receive's data-path answer: the records' bytes as the CommitLog holds them, which
     decode to the very messages the pop handed out."""

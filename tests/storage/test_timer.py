@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from storage import Message, MessageStore
-from storage.errors import InvalidMessageError
+from storage.errors import InvalidMessageError, TimerRecallError
 from storage.timer import ENTRY_SIZE, TIMER_TOPIC
 
 T0 = 1_700_000_000.0
@@ -174,6 +174,42 @@ def test_pending_timers_survive_a_clean_restart(tmp_path: Path, make_config) -> 
         assert bodies == list(range(20)), "none lost, none twice"
         late = [t for t, m in seen.values() if int(m.body[1:]) >= 5]
         assert all(t >= T0 + 35 for t in late) and all(t <= T0 + 35 + TICK_S for t in late[:1])
+
+
+def test_a_recalled_timer_message_is_never_delivered_even_after_a_restart(
+    tmp_path: Path, make_config
+) -> None:
+    """RecallMessage's store side: a delete marker keeps its message (and only it) from
+    delivery, in its own slot, after rolling with a far one, and across a restart; a
+    message whose time has come cannot be recalled, and nothing is written then."""
+    clock = [T0]
+    with open_store(tmp_path / "s", make_config, clock) as store:
+        ids = {}
+        for body, delay in ((b"keep", 2.0), (b"drop", 2.0), (b"far-drop", 40.0), (b"due", 1.0)):
+            ids[body] = store.put(
+                Message("R", body, properties={"TIMER_DELIVER_MS": at(clock, delay)})
+            ).msg_id
+        store.timer.run_once()  # enqueued: "far-drop" parked to roll
+        store.timer.recall("R", ids[b"drop"], int((T0 + 2.0) * 1000))
+        store.timer.recall("R", ids[b"drop"], int((T0 + 2.0) * 1000))  # again: harmless
+        seen: dict[str, tuple[float, Message]] = {}
+        run_until(store, clock, T0 + 1.5, "R", seen)
+        assert [m.body for _, m in seen.values()] == [b"due"]
+        timer_end = store.find_consume_queue(TIMER_TOPIC, 0).max_offset
+        with pytest.raises(TimerRecallError, match="has come"):
+            store.timer.recall("R", ids[b"due"], int((T0 + 1.0) * 1000))
+        with pytest.raises(TimerRecallError):
+            store.timer.recall("R", "", int((T0 + 9) * 1000))
+        assert store.find_consume_queue(TIMER_TOPIC, 0).max_offset == timer_end
+        store.timer.recall("R", ids[b"far-drop"], int((T0 + 40.0) * 1000))
+        run_until(store, clock, T0 + 3, "R", seen)
+        assert sorted(m.body for _, m in seen.values()) == [b"due", b"keep"]
+        assert store.timer.recalled == 1  # "drop"; "far-drop" is not due yet
+    with open_store(tmp_path / "s", make_config, clock) as store:  # the markers are kept
+        run_until(store, clock, T0 + 45, "R", seen)
+        assert sorted(m.body for _, m in seen.values()) == [b"due", b"keep"]
+        assert store.timer.recalled == 1  # "far-drop", after its roll and the restart
+        assert store.timer.pending() == 0
 
 
 CHILD = textwrap.dedent(

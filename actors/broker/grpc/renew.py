@@ -102,6 +102,12 @@ class AutoRenewer:
                 group, topic, client, handle, lapses_at, started + self.max_s
             )
 
+    def holds(self, group: str, topic: str, handle: str) -> bool:
+        """Whether ``handle`` is a message renewed here for ``group`` on ``topic`` (its
+        ack must go through :meth:`settle`, under its current handle)."""
+        held = self._held.get(handle)
+        return held is not None and held.group == group and held.topic == topic
+
     async def settle(
         self, group: str, topic: str, handle: str, op: Callable[[str], Awaitable[T]]
     ) -> T:

@@ -30,11 +30,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+import ray
 
 from actors.broker.admin import AdminBrokerProcessor
 from actors.broker.consumer_manage import ConsumerManageProcessor
 from actors.broker.grpc.auth import Authenticator
 from actors.broker.grpc.convert import (
+    PROP_TIMER_DELIVER_MS,
+    RecallHandle,
     StatusError,
     raymq_name,
     status,
@@ -51,13 +54,15 @@ from actors.broker.pop import PopProcessor
 from actors.broker.runtime import BrokerRuntime
 from actors.broker.send import SendMessageProcessor
 from actors.broker.transaction import TransactionProcessor
+from actors.config import broker_actor_name
 from actors.protocol.pop import MAX_INVISIBLE_MS, MIN_INVISIBLE_MS, PoppedMessage
 from actors.protocol.route import TopicRouteData
 from actors.protocol.topic import is_readable, is_writeable
 from actors.protocol.wire import SendAck
 from storage.codec import encode_batch, java_hash
-from storage.errors import InvalidMessageError
+from storage.errors import BrokerUnavailableError, InvalidMessageError, TimerRecallError
 from storage.message import Message, PutStatus
+from storage.properties import PROP_UNIQ_KEY
 
 log = logging.getLogger("raymq.actors.broker.grpc")
 
@@ -187,7 +192,9 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         if code == pb.Code.UNAUTHORIZED:
             self.stats["unauthorized"] += 1
             log.warning("gRPC %s refused: %s", rpc, message)
-        elif code in (pb.Code.INTERNAL_ERROR, pb.Code.INTERNAL_SERVER_ERROR):
+        elif code in (pb.Code.INTERNAL_ERROR, pb.Code.INTERNAL_SERVER_ERROR) and not isinstance(
+            exc, _RecallRefused
+        ):
             log.error("gRPC %s failed: %s", rpc, message, exc_info=exc)
         else:
             log.info("gRPC %s refused (%s): %s", rpc, pb.Code.Name(code), message)  # type: ignore[arg-type]
@@ -425,6 +432,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
                 )
             )
         now_ms = int(time.time() * 1000)
+        recall = [self._recall_handle(m, now_ms) for m in messages]
         host = _born_host(context)
         born = [
             (m.system_properties.born_timestamp.ToMilliseconds() or now_ms, host, 0)
@@ -444,9 +452,19 @@ class MessagingService(sgrpc.MessagingServiceServicer):
                     message_id=m.system_properties.message_id,
                     transaction_id=str(int(ack.commitlog_offsets[i])) if transactional[i] else "",
                     offset=int(ack.queue_offsets[i]),
+                    recall_handle=recall[i] if code == pb.Code.OK else "",
                 )
             )
         return spb.SendMessageResponse(status=status(code, ack.status.value), entries=entries)
+
+    def _recall_handle(self, message: Message, now_ms: int) -> str:
+        """A timer message's recall handle (its delivery time still ahead), else ""."""
+        props = message.properties or {}
+        deliver = props.get(PROP_TIMER_DELIVER_MS)
+        if deliver is None or int(deliver) <= now_ms:
+            return ""
+        uniq = props[PROP_UNIQ_KEY]
+        return RecallHandle(message.topic, self.rt.config.broker_name, int(deliver), uniq).encode()
 
     @_unary(spb.EndTransactionResponse)
     async def EndTransaction(self, request: Any, context: Any) -> Any:
@@ -582,22 +600,39 @@ class MessagingService(sgrpc.MessagingServiceServicer):
 
     @_unary(spb.AckMessageResponse)
     async def AckMessage(self, request: Any, context: Any) -> Any:
+        """The entries acked as one store operation (``PopProcessor.ack_each``: one journal
+        write), each answering its own status; a push consumer's message renewed here is
+        acked under its current handle, on its own (``actors.broker.grpc.renew``)."""
         pop = self._popper()
         group = raymq_name(request.group, "group")
         topic = raymq_name(request.topic)
         if not request.entries:
             raise StatusError(pb.Code.BAD_REQUEST, "no entries")
-        entries = []
-        for entry in request.entries:
-            code: int
+        handles = [entry.receipt_handle for entry in request.entries]
+        renewer = self.renewer
+        held = [i for i, h in enumerate(handles) if renewer and renewer.holds(group, topic, h)]
+        plain = sorted(set(range(len(handles))) - set(held))
+        answers: list[BaseException | None] = [None] * len(handles)
+        if plain:
+            acked: list[BaseException | None]
             try:
-                await self._settle(
-                    group, topic, entry.receipt_handle, lambda h: pop.ack(group, topic, h)
-                )
-                code, message = pb.Code.OK, "OK"
+                acked = list(await pop.ack_each(group, topic, [handles[i] for i in plain]))
+            except Exception as exc:  # noqa: BLE001 - the whole operation refused
+                acked = [exc] * len(plain)
+            for i, answer in zip(plain, acked):
+                answers[i] = answer
+        for i in held:
+            try:
+                await self._settle(group, topic, handles[i], lambda h: pop.ack(group, topic, h))
             except Exception as exc:  # noqa: BLE001 - each entry answers on its own
-                code, message = _handle_status(exc)
-                self.refused("AckMessage", code, message, exc)
+                answers[i] = exc
+        entries = []
+        for entry, answer in zip(request.entries, answers):
+            code: int = pb.Code.OK
+            message = "OK"
+            if answer is not None:
+                code, message = _handle_status(answer)
+                self.refused("AckMessage", code, message, answer)
             entries.append(
                 spb.AckMessageResultEntry(
                     message_id=entry.message_id,
@@ -721,10 +756,51 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         )
         return spb.UpdateOffsetResponse(status=status())
 
-    # ------------------------------------------------------------ not served (yet)
+    # ------------------------------------------------------------ recall
     @_unary(spb.RecallMessageResponse)
     async def RecallMessage(self, request: Any, context: Any) -> Any:
-        raise StatusError(pb.Code.NOT_IMPLEMENTED, "recalling a delayed message is not supported")
+        """Cancel a pending timer message by the recall handle its send answered, at the
+        broker that holds it (the official clients send this to their access point, any
+        broker). Refusals answer what RocketMQ's proxy does: ``INTERNAL_SERVER_ERROR``
+        with its broker's reason (docs/rocketmq5.md, "Recall")."""
+        topic = raymq_name(request.topic)
+        try:
+            handle = RecallHandle.decode(request.recall_handle)
+        except StatusError as exc:  # the client's bad handle, not a fault here
+            raise _RecallRefused(exc.message) from exc
+        if handle.topic != topic:
+            raise _RecallRefused(
+                f"recall failed, topic not match: the handle is of {handle.topic!r}"
+            )
+        try:
+            if handle.broker == self.rt.config.broker_name:
+                await self.sender.recall_timer(topic, handle.message_id, handle.deliver_ms)
+            else:
+                await self._recall_at(handle)
+        except TimerRecallError as exc:
+            raise _RecallRefused(f"recall failed, timestamp invalid: {exc}") from exc
+        except BrokerUnavailableError as exc:
+            raise _RecallRefused(f"recall failed, broker service not available: {exc}") from exc
+        return spb.RecallMessageResponse(status=status(), message_id=handle.message_id)
+
+    async def _recall_at(self, handle: RecallHandle) -> None:
+        """Forward a recall to the master of the handle's broker, over Ray."""
+        name = broker_actor_name(handle.broker, 0)
+        try:
+            peer = await self.rt.run(ray.get_actor, name, self.rt.config.namespace)
+        except ValueError as exc:  # no such actor: not a broker of this cluster
+            raise BrokerUnavailableError(f"no broker {handle.broker!r} here") from exc
+        try:
+            await asyncio.wait_for(
+                peer.recall_timer.remote(handle.topic, handle.message_id, handle.deliver_ms),
+                ROUTE_TIMEOUT_S,
+            )
+        except ray.exceptions.RayTaskError as exc:  # the peer's refusal, as it is
+            raise exc.as_instanceof_cause() from None
+        except (ray.exceptions.RayActorError, asyncio.TimeoutError) as exc:
+            raise BrokerUnavailableError(f"broker {handle.broker!r}: {exc}") from exc
+
+    # ------------------------------------------------------------ not served (yet)
 
     @_unary(spb.SyncLiteSubscriptionResponse)
     async def SyncLiteSubscription(self, request: Any, context: Any) -> Any:
@@ -739,6 +815,14 @@ class MessagingService(sgrpc.MessagingServiceServicer):
             code, message = status_of(exc)
             self.refused("PullMessage", code, message, exc)
             yield spb.PullMessageResponse(status=status(code, message))
+
+
+class _RecallRefused(StatusError):
+    """A recall RocketMQ's broker refuses (``ILLEGAL_OPERATION`` there), which its proxy
+    answers ``INTERNAL_SERVER_ERROR``: the client's to handle, not a fault here."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(pb.Code.INTERNAL_SERVER_ERROR, message)
 
 
 def _handle_status(exc: BaseException) -> tuple[int, str]:
@@ -798,6 +882,10 @@ class GrpcEndpoint:
             options=[
                 ("grpc.max_receive_message_length", c.grpc_max_receive_bytes),
                 ("grpc.so_reuseport", 0),
+                # calls waiting for the loop: queued up to this bound, not shed at random
+                # (as CANCELLED) past core's default 1,000 (BrokerConfig.grpc_max_pending_calls)
+                ("grpc.server.max_pending_requests", c.grpc_max_pending_calls),
+                ("grpc.server.max_pending_requests_hard_limit", c.grpc_max_pending_calls),
             ]
         )
         sgrpc.add_MessagingServiceServicer_to_server(self.service, server)

@@ -73,6 +73,8 @@ def test_broker_config_checks_store_fields_in_the_callers_process() -> None:
         BrokerConfig(grpc_renew_invisible_s=2.0, grpc_renew_ahead_s=2.0)
     with pytest.raises(InvalidConfigError, match="grpc_renew_max_s"):
         BrokerConfig(grpc_renew_max_s=0)
+    with pytest.raises(InvalidConfigError, match="grpc_max_pending_calls"):
+        BrokerConfig(grpc_max_pending_calls=0)
     assert BrokerConfig(broker_name="broker-x", broker_id=1).actor_name == "broker-x-1"
 
 

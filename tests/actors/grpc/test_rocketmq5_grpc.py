@@ -8,6 +8,8 @@ are loaded only inside the broker actors (docs/rocketmq5.md)."""
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 import os
 import socket
@@ -47,18 +49,23 @@ from rocketmq.grpc_protocol import (
     QueryAssignmentRequest,
     QueryRouteRequest,
     RecallMessageRequest,
+    ReceiveMessageRequest,
     Resource,
     SendMessageRequest,
     Settings,
     TelemetryCommand,
 )
-from rocketmq.grpc_protocol.definition_pb2 import MessageQueue, QueryOffsetPolicy
+from rocketmq.grpc_protocol.definition_pb2 import Encoding, MessageQueue, QueryOffsetPolicy
 from rocketmq.grpc_protocol.service_pb2 import (
     GetOffsetRequest,
     QueryOffsetRequest,
     UpdateOffsetRequest,
 )
-from rocketmq.v5.exception import IllegalArgumentException, PayloadTooLargeException
+from rocketmq.v5.exception import (
+    IllegalArgumentException,
+    InternalErrorException,
+    PayloadTooLargeException,
+)
 from rocketmq.v5.util.signature import Signature
 
 import actors
@@ -74,6 +81,10 @@ DLQ_TOPIC = "grpc-dlq"
 FIFO_TOPIC = "grpc-fifo"
 TXN_POP_TOPIC = "grpc-txn-pop"
 RENEW_TOPIC = "grpc-renew"
+GZIP_TOPIC = "grpc-gzip"
+RECALL_TOPIC = "grpc-recall"
+ACK_TOPIC = "grpc-ack"
+BURST_TOPIC = "grpc-burst"
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +108,10 @@ def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
             TopicConfig(DLQ_TOPIC, read_queue_nums=2, write_queue_nums=2),
             TopicConfig(TXN_POP_TOPIC, read_queue_nums=2, write_queue_nums=2),
             TopicConfig(RENEW_TOPIC, read_queue_nums=2, write_queue_nums=2),
+            TopicConfig(GZIP_TOPIC, read_queue_nums=1, write_queue_nums=1),
+            TopicConfig(RECALL_TOPIC, read_queue_nums=2, write_queue_nums=2),
+            TopicConfig(ACK_TOPIC, read_queue_nums=2, write_queue_nums=2),
+            TopicConfig(BURST_TOPIC, read_queue_nums=1, write_queue_nums=1),
         ],
         broker_options={
             "store": SMALL_STORE,
@@ -392,12 +407,164 @@ def test_malformed_requests_get_rocketmq_status_codes(
         producer.send(_message(TOPIC, b"x" * (SMALL_STORE["max_message_size"] + 1)))
 
 
+def test_gzip_bodies_are_stored_as_sent_and_bombs_and_corrupt_ones_refused(
+    cluster: Any, config: Any, stub: MessagingServiceStub
+) -> None:
+    """Neither official Python nor Node.js client compresses (both send IDENTITY); Java's
+    compresses bodies over 4 KiB with GZIP. A GZIP body is stored as the original bytes
+    and received back with IDENTITY; a corrupt one is BAD_REQUEST, one inflating past the
+    store's max message size MESSAGE_BODY_TOO_LARGE, and neither stores anything."""
+    md = _signed(config)
+    original = b"".join(b"order %06d: 3 x widget, paid\n" % i for i in range(600))  # 18 KB
+    packed = gzip.compress(original)
+    assert len(original) > 4096 > len(packed)
+
+    def send(body: bytes, message_id: str) -> Any:
+        req = SendMessageRequest()
+        m = req.messages.add()
+        m.topic.name = GZIP_TOPIC
+        m.body = body
+        m.system_properties.message_id = message_id
+        m.system_properties.body_encoding = Encoding.GZIP
+        return stub.SendMessage(req, metadata=md)
+
+    bomb = gzip.compress(b"\0" * (SMALL_STORE["max_message_size"] + 1))  # ~1 KB
+    assert send(packed[:-12] + b"garbage!" * 2, "01GZCORRUPT").status.code == Code.BAD_REQUEST
+    assert send(b"not gzip", "01GZNOTGZIP").status.code == Code.BAD_REQUEST
+    assert send(bomb, "01GZBOMB").status.code == Code.MESSAGE_BODY_TOO_LARGE
+    assert _by_id(cluster, GZIP_TOPIC) == {}
+    answer = send(packed, "01GZIPPEDBODY")
+    assert answer.status.code == Code.OK
+    stored = _by_id(cluster, GZIP_TOPIC)
+    assert [(i, m.body) for i, m in stored.items()] == [("01GZIPPEDBODY", original)]
+    receive = ReceiveMessageRequest(
+        group=Resource(name="grpc-gzip-group"),
+        message_queue=MessageQueue(topic=Resource(name=GZIP_TOPIC), id=-1),
+        batch_size=4,
+        auto_renew=False,
+    )
+    receive.invisible_duration.FromSeconds(5)
+    receive.long_polling_timeout.FromSeconds(2)
+    got = [
+        r.message
+        for r in stub.ReceiveMessage(receive, metadata=md, timeout=10)
+        if r.HasField("message")
+    ]
+    assert [(m.system_properties.message_id, m.body) for m in got] == [("01GZIPPEDBODY", original)]
+    assert got[0].system_properties.body_encoding == Encoding.IDENTITY
+
+
+def _recall_handle_broker(handle: str) -> str:
+    return base64.urlsafe_b64decode(handle).decode().split(" ")[2]
+
+
+def test_official_producer_recalls_a_timer_message_which_is_never_delivered(
+    cluster: Any, config: Any, stub: MessagingServiceStub
+) -> None:
+    """Producer.recall_message (RocketMQ 5.3): a timer message's send answers a recall
+    handle; recalled (at its own broker, or forwarded there by the access point's), it is
+    never delivered while its neighbours of the same time are; a handle of a message
+    already delivered, a malformed one, or one of another topic get RocketMQ's answer
+    (INTERNAL_SERVER_ERROR with its reason)."""
+    producer = Producer(config, (RECALL_TOPIC,))
+    producer.startup()
+    try:
+        at_ms = int(time.time() * 1000) + 2500
+        receipts: dict[str, list[Any]] = {}  # broker -> receipts, until both have two
+        for i in range(40):
+            r = producer.send(
+                _message(RECALL_TOPIC, f"timer-{i}".encode(), delivery_timestamp=at_ms)
+            )
+            assert r.recall_handle, "a timer message's send answers a recall handle"
+            receipts.setdefault(_recall_handle_broker(r.recall_handle), []).append(r)
+            if len(receipts) == 2 and all(len(v) >= 2 for v in receipts.values()):
+                break
+        assert sorted(receipts) == ["broker-a", "broker-b"]  # the access point is broker-a
+        recalled = {v[0].message_id for v in receipts.values()}
+        for v in receipts.values():
+            assert producer.recall_message(RECALL_TOPIC, v[0].recall_handle) == v[0].message_id
+        sent = {r.message_id for v in receipts.values() for r in v}
+        kept = sent - recalled
+        assert time.time() * 1000 < at_ms, "recalled before their time"
+        got = wait_until(
+            lambda: (lambda seen: seen if kept <= set(seen) else None)(
+                _by_id(cluster, RECALL_TOPIC)
+            ),
+            timeout_s=20,
+            what="the timer messages not recalled",
+        )
+        assert set(got) == kept  # delivered in the same ticks as the recalled ones: never
+        md = _signed(config)
+        delivered = receipts["broker-b"][1].recall_handle
+        with pytest.raises(InternalErrorException, match="timestamp invalid"):
+            producer.recall_message(RECALL_TOPIC, delivered)
+        for handle, topic, reason in (
+            ("bm90IGEgaGFuZGxl", RECALL_TOPIC, "recall handle is invalid"),
+            (delivered, TOPIC, "topic not match"),
+        ):
+            answer = stub.RecallMessage(
+                RecallMessageRequest(topic=Resource(name=topic), recall_handle=handle), metadata=md
+            )
+            assert answer.status.code == Code.INTERNAL_SERVER_ERROR
+            assert reason in answer.status.message
+        assert set(_by_id(cluster, RECALL_TOPIC)) == kept
+    finally:
+        producer.shutdown()
+
+
+def test_ack_message_with_several_entries_answers_each(
+    cluster: Any, config: Any, endpoints: dict[str, Any]
+) -> None:
+    """One AckMessage of several entries (acked in one store operation at the broker):
+    each entry answers its own status, a forged one INVALID_RECEIPT_HANDLE and the call
+    MULTIPLE_RESULTS; the acked messages never come back, the forged entry changed
+    nothing."""
+    sent = _send_native(cluster, ACK_TOPIC, "ack", 6)
+    group = "grpc-ack-group"
+    consumer = SimpleConsumer(config, group, {ACK_TOPIC: FilterExpression()}, await_duration=1)
+    consumer.startup()
+    try:
+        got = _receive_ids(consumer, set(sent), invisible_s=2)
+        lapses_by = time.monotonic() + 2.5
+        by_broker: dict[str, list[Any]] = {}
+        for m in got.values():
+            by_broker.setdefault(m.receipt_handle.split(" ")[6], []).append(m)
+        for broker, msgs in by_broker.items():
+            entries = [
+                AckMessageEntry(message_id=m.message_id, receipt_handle=m.receipt_handle)
+                for m in msgs
+            ]
+            entries.insert(1, AckMessageEntry(message_id="01FORGED", receipt_handle="forged"))
+            channel = grpc.insecure_channel(endpoints[f"{broker}-0"]["addr"])
+            try:
+                answer = MessagingServiceStub(channel).AckMessage(
+                    AckMessageRequest(
+                        group=Resource(name=group), topic=Resource(name=ACK_TOPIC), entries=entries
+                    ),
+                    metadata=_signed(config),
+                )
+            finally:
+                channel.close()
+            assert answer.status.code == Code.MULTIPLE_RESULTS
+            assert [(e.message_id, e.status.code) for e in answer.entries] == [
+                (
+                    e.message_id,
+                    Code.INVALID_RECEIPT_HANDLE if e.receipt_handle == "forged" else Code.OK,
+                )
+                for e in entries
+            ]
+        while time.monotonic() < lapses_by:  # past their invisible time: none comes back
+            assert consumer.receive(16, 2) == []
+    finally:
+        consumer.shutdown()
+
+
 def test_offset_rpcs_answer_from_the_brokers_offsets(
     cluster: Any, config: Any, stub: MessagingServiceStub
 ) -> None:
     """QueryOffset (a queue's first, next, or first-at-a-time offset), GetOffset and
     UpdateOffset (a group's committed offset, as the native consumers and lag see it);
-    bad queues and offsets refused and change nothing; RecallMessage not served."""
+    bad queues and offsets refused and change nothing."""
     md = _signed(config)
     topic, group = "grpc-offsets", "grpc-offsets-group"
     cluster.admin.create_topic(topic, 1, 1, brokers=["broker-a"])  # the stub's broker
@@ -461,8 +628,6 @@ def test_offset_rpcs_answer_from_the_brokers_offsets(
         == Code.UNAUTHORIZED
     )
     assert get().offset == 2
-    recall = RecallMessageRequest(topic=Resource(name=topic), recall_handle="anything")
-    assert stub.RecallMessage(recall, metadata=md).status.code == Code.NOT_IMPLEMENTED
 
 
 def test_concurrent_sends_each_get_their_own_answer_and_a_bad_one_fails_alone(
@@ -498,6 +663,39 @@ def test_concurrent_sends_each_get_their_own_answer_and_a_bad_one_fails_alone(
     for i, answer in enumerate(answers):
         if i != bad:  # the offset each call was told is where its message is
             assert stored[f"01BURST{i:04d}"].queue_offset == answer.entries[0].offset
+
+
+def test_a_burst_past_grpcs_pending_call_limit_is_served_not_cancelled(
+    config: Any, stub: MessagingServiceStub
+) -> None:
+    """2,000 sends at once on one broker: more than gRPC core lets wait for a server by
+    default (past 1,000 it sheds arrivals at random as CANCELLED, which failed the
+    4-producer peers benchmark): each is answered OK with its own offset."""
+    md = _signed(config)
+    n = 2000
+
+    def request(i: int) -> SendMessageRequest:
+        req = SendMessageRequest()
+        m = req.messages.add()
+        m.topic.name = BURST_TOPIC
+        m.body = b"b"
+        m.system_properties.message_id = f"01FLOOD{i:05d}"
+        return req
+
+    requests = [request(i) for i in range(n)]
+    futures = [stub.SendMessage.future(r, metadata=md, timeout=60) for r in requests]
+    codes: dict[Any, int] = {}
+    offsets = set()
+    for f in futures:
+        try:
+            answer = f.result()
+        except grpc.RpcError as exc:
+            codes[exc.code()] = codes.get(exc.code(), 0) + 1
+            continue
+        codes[answer.status.code] = codes.get(answer.status.code, 0) + 1
+        offsets.add(answer.entries[0].offset)
+    assert codes == {Code.OK: n}
+    assert len(offsets) == n  # one queue here: every message its own offset
 
 
 def test_telemetry_settings_and_assignments(
