@@ -38,7 +38,7 @@ class SlowServer:
         server = self.loop.run_until_complete(
             asyncio.start_server(self._serve, "127.0.0.1", 0, limit=1 << 16)
         )
-        self.addr = "127.0.0.1:%d" % server.sockets[0].getsockname()[1]
+        self.addr = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
         ready.set()
         self.loop.run_forever()
 
