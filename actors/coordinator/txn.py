@@ -362,9 +362,21 @@ class TransactionCoordinator:
         """A broker's check of an old half message of ``txn_id`` (sent by
         ``transactional_id`` at ``epoch``, the first born at ``born_ms``): ``commit``,
         ``abort`` or ``open``. Undecided, it is aborted (and that logged, so a late commit
-        is refused) when its producer is fenced or it is older than ``txn_timeout_s``."""
+        is refused) when its producer is fenced or it is older than ``txn_timeout_s``.
+
+        A committed transaction is applied by this coordinator alone, to exactly the half
+        messages its decision names (``open`` until then): half messages of it still
+        pending after that were never part of the commit (a failed Spark task attempt's,
+        sent with ``Transaction.context()`` and not handed back) and are answered
+        ``abort``. An aborted one is ``abort`` at once (every half message of it goes)."""
         txn = self.log.txns.get(txn_id)
         if txn is not None and txn.state != OPEN:
+            if txn.state == COMMIT:
+                if txn.done:
+                    self.stats["stray_halves_aborted"] += 1
+                    return ABORT
+                self._wake.set()
+                return OPEN
             if not txn.done:
                 self._wake.set()
             return txn.state
