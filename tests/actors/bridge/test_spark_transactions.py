@@ -4,9 +4,7 @@ and restarted at random points writes every input to the sink exactly once."""
 
 from __future__ import annotations
 
-import os
 import random
-import time
 from collections import Counter
 from collections.abc import Iterator
 
@@ -17,7 +15,6 @@ from pyspark.sql import functions as F
 from raymq_testkit import wait_until
 
 import actors
-from actors.bridge.datasource import read_topic
 from actors.bridge.spark import write_to_topic
 from actors.bridge.streaming import BatchProgress, stream_to_spark
 from storage import Message
@@ -42,9 +39,17 @@ def txn_cluster(raymq: actors.Cluster, tmp_path_factory: pytest.TempPathFactory)
 
 
 def _bodies(cluster: actors.Cluster, topic: str) -> Counter[bytes]:
-    ds = read_topic(topic, namespace=cluster.namespace).select_columns(["body"])
-    tables = ray.get(list(ds.to_arrow_refs()))
-    return Counter(pa.concat_tables(tables).column("body").to_pylist()) if tables else Counter()
+    """Every body a consumer of ``topic`` gets, counted."""
+    consumer = cluster.pull_consumer("probe-bodies")
+    out: Counter[bytes] = Counter()
+    for mq in consumer.fetch_subscribe_queues(topic):
+        offset, end = 0, consumer.max_offset(mq)
+        while offset < end:
+            got = consumer.pull(mq, offset, 1000)
+            out.update(got.bodies)
+            offset = got.next_offset
+    consumer.close()
+    return out
 
 
 def _pending(cluster: actors.Cluster, topic: str) -> int:
@@ -57,37 +62,37 @@ def _pending(cluster: actors.Cluster, topic: str) -> int:
     )
 
 
-def _die_once(gcs: str, namespace: str, topic: str, partition: int, after: int):
-    """A ``mapInArrow`` step whose task ``partition`` (attempt 0) passes ``after`` rows on,
-    waits until they are stored as half messages (the writer sends groups of 4 batches:
-    ``after`` >= 4 ``batch_rows``), then kills its Python worker: the task fails after
-    sending, and Spark runs it again (attempt 1 passes everything)."""
-
-    def sent() -> bool:
-        brokers = [ray.get_actor(b, namespace=namespace) for b in ("broker-a", "broker-b")]
-        pending = ray.get([b.pending_transactions.remote() for b in brokers])
-        return sum(h["topic"] == topic for p in pending for h in p) >= after
+def _fail_once_after(partition: int, after: int):
+    """A ``mapInArrow`` step that empties the body of row ``after`` of task ``partition``'s
+    first attempt: the writer there sends its first group of 4 batches (``after`` rows
+    when ``after`` is 4 ``batch_rows`` and a bit), then fails on that row. Spark runs the
+    task again and attempt 1 passes every row as it is."""
 
     def step(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
         task = TaskContext.get()
         doomed = task.partitionId() == partition and task.attemptNumber() == 0
-        passed = 0
+        seen = 0
         for batch in batches:
-            if not doomed or passed + batch.num_rows < after:
-                passed += batch.num_rows
-                yield batch
-                continue
-            yield batch.slice(0, after - passed)
-            if not ray.is_initialized():
-                ray.init(address=gcs, logging_level="WARNING", log_to_driver=False)
-            deadline = time.monotonic() + 60  # (raymq_testkit is not on the workers' path)
-            while not sent() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            os._exit(1)
+            if doomed and seen <= after < seen + batch.num_rows:
+                bodies = batch.column(0).to_pylist()
+                bodies[after - seen] = b""
+                batch = pa.RecordBatch.from_arrays(
+                    [pa.array(bodies, pa.binary()), *batch.columns[1:]], schema=batch.schema
+                )
+            seen += batch.num_rows
+            yield batch
 
     return step
+
+
+def _txn_stats(cluster: actors.Cluster) -> Counter[str]:
+    out: Counter[str] = Counter()
+    for name in ("broker-a", "broker-b"):
+        status = ray.get(cluster.broker(name).status.remote())
+        out.update({k: status[k] for k in ("txn_committed", "txn_rolled_back")})
+    return out
 
 
 def _numbered(spark, n: int, partitions: int):
@@ -102,11 +107,10 @@ def test_a_transactional_write_shows_all_rows_once_though_a_task_died_after_send
 ):
     cluster = txn_cluster
     cluster.admin.create_topic("TxnWrite", read_queue_nums=2, write_queue_nums=2)
-    gcs = ray.get_runtime_context().gcs_address
     df = _numbered(spark, 2_000, 2).mapInArrow(
-        _die_once(gcs, cluster.namespace, "TxnWrite", partition=0, after=400),
-        "body binary, key string",
+        _fail_once_after(partition=0, after=450), "body binary, key string"
     )
+    before = _txn_stats(cluster)
 
     result = write_to_topic(
         df,
@@ -120,9 +124,12 @@ def test_a_transactional_write_shows_all_rows_once_though_a_task_died_after_send
     assert result.rows == 2_000 and result.transaction is not None
     bodies = _bodies(cluster, "TxnWrite")
     assert bodies == Counter({b"row-%d" % i: 1 for i in range(2_000)})
-    # the dead attempt's 400 half messages were not in the commit: the check service
+    # the failed attempt's 400 half messages were not in the commit: the check service
     # rolls them back (the coordinator answers abort for a done transaction's strays)
     wait_until(lambda: _pending(cluster, "TxnWrite") == 0, timeout_s=20, what="strays rolled back")
+    after = _txn_stats(cluster)
+    assert after["txn_committed"] - before["txn_committed"] == 2_000
+    assert after["txn_rolled_back"] - before["txn_rolled_back"] == 400
     assert _bodies(cluster, "TxnWrite") == bodies
 
 
@@ -164,16 +171,16 @@ def test_a_stream_to_a_sink_topic_killed_at_random_points_writes_each_input_once
     cluster.admin.create_topic("EoSparkOut", read_queue_nums=2, write_queue_nums=2)
     feed = cluster.producer("eo-spark-feed")
     feed.send_batch([Message("EoSparkIn", b"%d" % i) for i in range(n // 2)])
-    gcs = ray.get_runtime_context().gcs_address
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
-    # 5 kills of the driver's query at random steps of random batches, in order
-    kills = sorted(
-        (rng.randrange(n // per_batch), rng.choice(["planned", "written", "committed"]))
-        for _ in range(5)
-    )
+    # 5 kills of the driver's query at distinct random steps of its batches, in the order
+    # they can happen (a batch runs planned -> written -> committed, again after a kill
+    # before its commit)
+    steps = ["planned", "written", "committed"]
+    points = [(b, i) for b in range(n // per_batch) for i in range(len(steps))]
+    kills = [(b, steps[i]) for b, i in sorted(rng.sample(points, 5))]
     pending_kills = list(kills)
-    executor_kill_batch = rng.randrange(n // per_batch)
+    executor_fail_batch = rng.randrange(n // per_batch)
 
     def on_step(step: str, batch_id: int) -> None:
         if pending_kills and pending_kills[0] == (batch_id, step):
@@ -181,11 +188,9 @@ def test_a_stream_to_a_sink_topic_killed_at_random_points_writes_each_input_once
             raise Killed(f"killed at {step} of batch {batch_id}")
 
     def transform(df, batch_id: int):
-        out = df.select(F.concat(F.lit("out-"), F.col("body")).alias("body"), "keys")
-        if batch_id == executor_kill_batch:  # an executor dies after sending, too
-            out = out.mapInArrow(
-                _die_once(gcs, cluster.namespace, "EoSparkOut", 0, 40), "body binary, keys string"
-            )
+        out = df.select(F.concat(F.lit("out-"), F.col("body")).cast("binary").alias("body"))
+        if batch_id == executor_fail_batch:  # a Spark task fails after sending, too
+            out = out.mapInArrow(_fail_once_after(0, 45), "body binary")
         return out
 
     progress: list[BatchProgress] = []
@@ -199,7 +204,7 @@ def test_a_stream_to_a_sink_topic_killed_at_random_points_writes_each_input_once
             "eo-spark",
             transform,
             sink_topic="EoSparkOut",
-            sink_options={"key_col": "keys", "batch_rows": 10},
+            sink_options={"batch_rows": 10},
             namespace=cluster.namespace,
             max_messages_per_batch=per_batch,
             available_now=True,
