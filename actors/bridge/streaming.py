@@ -58,7 +58,7 @@ from actors.namesrv.client import NameServerClient
 from actors.protocol import rpc as _rpc
 from actors.protocol.names import DEFAULT_NAMESPACE
 from storage.codec import validate_topic
-from storage.errors import InvalidMessageError, RayMQError
+from storage.errors import InvalidMessageError, ProducerFencedError, RayMQError
 from storage.message import Message
 
 __all__ = ["BatchProgress", "StreamingQuery", "stream_to_spark"]
@@ -461,9 +461,9 @@ class StreamingQuery:
                 return attempt
             except Exception as exc:
                 if txn is not None:  # nothing of this attempt shows; its offsets stay
-                    self._abort(txn)
-                if attempt > self._max_retries:
-                    raise
+                    self._abort(txn, exc)
+                if attempt > self._max_retries or isinstance(exc, ProducerFencedError):
+                    raise  # fenced: a newer instance of the query runs
                 log.warning(
                     "stream %s/%s: batch %d failed (%s: %s); attempt %d of %d in %.1fs",
                     self.group,
@@ -514,11 +514,15 @@ class StreamingQuery:
         txn.send(messages)
         return len(messages)
 
-    def _abort(self, txn: Transaction) -> None:
+    def _abort(self, txn: Transaction, cause: BaseException) -> None:
+        """Roll the failed attempt's transaction back; when even that fails the stream
+        stops (a restart fences this instance, which rolls back what it left open, or
+        finds the batch committed when the commit's answer was what got lost)."""
         try:
             txn.abort()
-        except Exception as exc:  # noqa: BLE001 - undecided, it times out to abort
-            log.warning("stream %s/%s: aborting %s: %s", self.group, self.topic, txn.txn_id, exc)
+        except Exception as exc:
+            log.error("stream %s/%s: aborting %s: %s", self.group, self.topic, txn.txn_id, exc)
+            raise exc from cause
 
     def _commit(self, plan: _Plan, offsets: bool = False) -> None:
         if offsets or self._producer is None:  # with a sink they moved in the transaction
@@ -612,7 +616,7 @@ def stream_to_spark(
     """
     if sink_topic is not None:
         validate_topic(sink_topic)
-    elif sink_options or transactional_id is not None:
+    elif sink_options is not None or transactional_id is not None:
         raise InvalidMessageError("sink_options and transactional_id need a sink_topic")
     if not isinstance(max_messages_per_batch, int) or max_messages_per_batch <= 0:
         raise InvalidMessageError(

@@ -18,6 +18,7 @@ import actors
 from actors.bridge.spark import write_to_topic
 from actors.bridge.streaming import BatchProgress, stream_to_spark
 from storage import Message
+from storage.errors import InvalidMessageError
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -102,7 +103,7 @@ def _numbered(spark, n: int, partitions: int):
     )
 
 
-def test_a_transactional_write_shows_all_rows_once_though_a_task_died_after_sending(
+def test_a_transactional_write_shows_all_rows_once_though_a_task_failed_after_sending(
     spark, txn_cluster
 ):
     cluster = txn_cluster
@@ -235,3 +236,32 @@ def test_a_stream_to_a_sink_topic_killed_at_random_points_writes_each_input_once
     )
     assert all(p.output == p.messages for p in progress)  # one output row per input
     assert all(p.transaction for p in progress)
+
+
+def test_bad_transactional_calls_are_refused_and_change_nothing(spark, txn_cluster):
+    cluster = txn_cluster
+    cluster.admin.create_topic("TxnBad", read_queue_nums=1, write_queue_nums=1)
+    df = _numbered(spark, 10, 1)
+    ns = cluster.namespace
+    with pytest.raises(InvalidMessageError, match="Spark DataFrame"):
+        write_to_topic(
+            ray.data.from_items([{"body": b"x"}]), "TxnBad", transactional=True, namespace=ns
+        )
+    producer = cluster.transactional_producer("txn-bad", "txn-bad")
+    try:
+        txn = producer.begin()
+        with pytest.raises(InvalidMessageError, match="one or the other"):
+            write_to_topic(df, "TxnBad", transaction=txn, transactional=True, namespace=ns)
+        with pytest.raises(InvalidMessageError, match="half offset"):
+            txn.add_halves({"broker-a": [12, "x"]}, 2)  # type: ignore[list-item]
+        assert txn.sent == 0
+        txn.abort()
+        with pytest.raises(InvalidMessageError, match="is aborted"):
+            write_to_topic(df, "TxnBad", transaction=txn, namespace=ns)
+    finally:
+        producer.close()
+    with pytest.raises(InvalidMessageError, match="need a sink_topic"):
+        stream_to_spark(spark, "TxnBad", "txn-bad", print, sink_options={}, namespace=ns)
+    with pytest.raises(InvalidMessageError):
+        stream_to_spark(spark, "TxnBad", "txn-bad", print, sink_topic="bad topic", namespace=ns)
+    assert _bodies(cluster, "TxnBad") == Counter() and _pending(cluster, "TxnBad") == 0
