@@ -69,6 +69,9 @@ _CALL_TIMEOUT_S = 30.0
 _RECENT = 100
 _PLANNED, _DONE = "planned", "done"
 
+_SINK_OPTIONS = frozenset(
+    ("body_col", "key_col", "tag_col", "properties_col", "batch_rows", "producer_options")
+)
 _active: set[tuple[str, str, str]] = set()  # (namespace, group, topic) streaming in this process
 _active_lock = threading.Lock()
 
@@ -616,6 +619,11 @@ def stream_to_spark(
     """
     if sink_topic is not None:
         validate_topic(sink_topic)
+        unknown = sorted(set(sink_options or {}) - _SINK_OPTIONS)
+        if unknown:
+            raise InvalidMessageError(
+                f"sink_options {unknown}: not write_to_topic options (take {sorted(_SINK_OPTIONS)})"
+            )
     elif sink_options is not None or transactional_id is not None:
         raise InvalidMessageError("sink_options and transactional_id need a sink_topic")
     if not isinstance(max_messages_per_batch, int) or max_messages_per_batch <= 0:

@@ -264,4 +264,8 @@ def test_bad_transactional_calls_are_refused_and_change_nothing(spark, txn_clust
         stream_to_spark(spark, "TxnBad", "txn-bad", print, sink_options={}, namespace=ns)
     with pytest.raises(InvalidMessageError):
         stream_to_spark(spark, "TxnBad", "txn-bad", print, sink_topic="bad topic", namespace=ns)
+    with pytest.raises(InvalidMessageError, match="not write_to_topic options"):
+        stream_to_spark(
+            spark, "TxnBad", "txn-bad", print, sink_topic="TxnBadOut", sink_options={"body": "b"}
+        )
     assert _bodies(cluster, "TxnBad") == Counter() and _pending(cluster, "TxnBad") == 0
