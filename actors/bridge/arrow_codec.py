@@ -22,6 +22,7 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +47,7 @@ from storage.codec import (
     windows,
 )
 from storage.errors import InvalidMessageError, StoreCorruptedError
+from storage.properties import PROP_TRAN_MSG
 
 TOPIC_SCHEMA = pa.schema(
     [
@@ -384,8 +386,11 @@ def _keys_text(keys: pa.Array, n: int, first_row: int) -> pa.Array:
     return pc.if_else(pc.equal(keys, ""), pa.scalar(None, pa.string()), keys)
 
 
-def _user_properties(properties: pa.Array, first_row: int) -> pa.Array:
-    """``name\\x01value\\x02`` text of each row's user properties ("" for none)."""
+def _user_properties(
+    properties: pa.Array, first_row: int, reserved: Sequence[str] = ()
+) -> pa.Array:
+    """``name\\x01value\\x02`` text of each row's user properties ("" for none); names in
+    ``reserved`` (besides TAGS, KEYS, DELAY, UNIQ_KEY) are left out."""
     if not pa.types.is_map(properties.type):
         raise InvalidMessageError(f"properties: must be a map column, not {properties.type}")
     names = _as_string("property names", properties.keys)
@@ -396,7 +401,8 @@ def _user_properties(properties: pa.Array, first_row: int) -> pa.Array:
     owner = np.repeat(np.arange(len(properties)), np.diff(offsets))
     if pc.any(pc.equal(pc.utf8_length(names), 0)).as_py():
         raise InvalidMessageError(f"properties: an empty name in row {first_row + owner[0]}")
-    keep = pc.invert(pc.is_in(names, pa.array(["TAGS", "KEYS", "DELAY", "UNIQ_KEY"])))
+    dropped = ["TAGS", "KEYS", "DELAY", "UNIQ_KEY", *reserved]
+    keep = pc.invert(pc.is_in(names, pa.array(dropped, pa.string())))
     pairs = pc.binary_join_element_wise(
         names, values.fill_null(""), pa.array(["\x01"] * len(names), pa.string())
     )
@@ -413,8 +419,13 @@ def encode_arrow(
     max_message_size: int = 4 << 20,
     born_host: str = "127.0.0.1:0",
     first_row: int = 0,
+    extra_properties: Mapping[str, str] | None = None,
 ) -> EncodedBatch:
     """Encode Arrow rows as ``storage.codec.encode_batch`` would encode the same messages.
+
+    ``extra_properties`` are added to every row (they win over a row's own of the same
+    name): a transaction's marks (``TransactionContext.properties()``), which make the
+    batch a transactional one (the store keeps its rows as half messages).
 
     Raises ``InvalidMessageError`` naming the row (``first_row`` + index) and the
     field: an empty or null body, a body over ``max_message_size``, a separator
@@ -444,8 +455,15 @@ def encode_arrow(
             row = int(np.flatnonzero(pc.equal(tags, "").to_numpy(zero_copy_only=False))[0])
             raise InvalidMessageError(f"tags of row {first_row + row}: must be null or non-empty")
         parts.append(pc.binary_join_element_wise("TAGS\x01", tags, "\x02", "").fill_null(""))
+    extra = dict(extra_properties or {})
+    for name, value in extra.items():
+        if not name or any(c in f"{name}{value}" for c in "\x01\x02"):
+            raise InvalidMessageError(f"extra property {name!r}={value!r}: empty or a separator")
     if messages.properties is not None:
-        parts.append(_user_properties(messages.properties, first_row))
+        parts.append(_user_properties(messages.properties, first_row, list(extra)))
+    if extra:
+        const = "".join(f"{k}\x01{v}\x02" for k, v in extra.items())
+        parts.append(pa.array([const] * n, pa.string()))
     keys = None
     if messages.keys is not None:
         keys = _keys_text(messages.keys, n, first_row)
@@ -498,6 +516,7 @@ def encode_arrow(
         key_hashes=key_hashes,
         key_owner=key_owner,
         uniq_keys=_packed_keys(uniq_chars),
+        transactional=extra.get(PROP_TRAN_MSG) == "true",
         checked=True,  # built here, consistent by construction
     )
 

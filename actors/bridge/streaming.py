@@ -22,6 +22,18 @@ the committed offsets:
   dropped with a warning and the stream goes on from the committed offsets.
 
 One stream per (group, topic) at a time.
+
+**Exactly once into a topic** (``sink_topic=``): ``fn`` returns the batch's output (a
+DataFrame, or the rows) and the stream writes it to ``sink_topic`` *and* commits the
+batch's end offsets for ``group`` in one transaction of a ``TransactionalProducer``
+(the executors send the rows as its half messages: ``write_to_topic(transaction=)``;
+the offsets go with ``send_offsets``). The transactional id is stable per query
+(``transactional_id``, default ``raymq-stream.<group>.<topic>.<sink_topic>``): a
+restarted query fences its predecessor, whose open transaction is rolled back, and
+reads offsets only after the predecessor's decided commits are applied. Then either
+the batch committed (offsets at its ends, its output visible once: the checkpoint is
+marked done on restart) or it did not (offsets at its starts, nothing of it visible:
+it runs again with the same id and rows).
 """
 
 from __future__ import annotations
@@ -39,11 +51,15 @@ from pyspark.sql import DataFrame, SparkSession
 
 from actors.bridge.datasource import QueueRange, plan_topic_read
 from actors.bridge.spark import release_dataframe, topic_to_spark
+from actors.bridge.write import write_to_topic
 from actors.client.pull_consumer import PullConsumer
+from actors.client.transactional import Transaction, TransactionalProducer
 from actors.namesrv.client import NameServerClient
 from actors.protocol import rpc as _rpc
 from actors.protocol.names import DEFAULT_NAMESPACE
-from storage.errors import InvalidMessageError, RayMQError
+from storage.codec import validate_topic
+from storage.errors import InvalidMessageError, ProducerFencedError, RayMQError
+from storage.message import Message
 
 __all__ = ["BatchProgress", "StreamingQuery", "stream_to_spark"]
 
@@ -53,6 +69,9 @@ _CALL_TIMEOUT_S = 30.0
 _RECENT = 100
 _PLANNED, _DONE = "planned", "done"
 
+_SINK_OPTIONS = frozenset(
+    ("body_col", "key_col", "tag_col", "properties_col", "batch_rows", "producer_options")
+)
 _active: set[tuple[str, str, str]] = set()  # (namespace, group, topic) streaming in this process
 _active_lock = threading.Lock()
 
@@ -71,6 +90,8 @@ class BatchProgress:
     attempts: int
     duration_s: float
     finished_at: float = field(default_factory=time.time)
+    transaction: str | None = None  # with a sink_topic: the transaction that committed it
+    output: int = 0  # with a sink_topic: messages written to it
 
 
 def _queue_name(r: QueueRange) -> str:
@@ -189,6 +210,10 @@ class StreamingQuery:
         num_partitions: int | None,
         on_progress: Callable[[BatchProgress], None] | None,
         read_options: Mapping[str, Any],
+        sink_topic: str | None = None,
+        sink_options: Mapping[str, Any] | None = None,
+        transactional_id: str | None = None,
+        on_step: Callable[[str, int], None] | None = None,
     ) -> None:
         from actors.namesrv.client import discover_nameservers
 
@@ -208,6 +233,22 @@ class StreamingQuery:
         self._ns = NameServerClient(self._nameservers, namespace, 0.0)
         self._checkpoints = _Checkpoints(self._ns, topic, group)
         self._consumer = PullConsumer(group, namespace=namespace, nameservers=self._nameservers)
+        self.sink_topic = sink_topic
+        self._sink_options = dict(sink_options or {})
+        self._on_step = on_step
+        self._producer: TransactionalProducer | None = None
+        self._txn: tuple[str, int] | None = None  # (last committed transaction, its output)
+        if sink_topic is not None:
+            # Before the checkpoint and the offsets are read: taking the id over fences
+            # the previous instance, rolls back what it left open and applies what it
+            # decided (so the committed offsets are final when _recover reads them).
+            self.transactional_id = transactional_id or f"raymq-stream.{group}.{topic}.{sink_topic}"
+            self._producer = TransactionalProducer(
+                group,
+                transactional_id=self.transactional_id,
+                namespace=namespace,
+                nameservers=self._nameservers,
+            )
         self._stop = threading.Event()
         self._changed = threading.Condition()
         self._terminated = False
@@ -303,6 +344,11 @@ class StreamingQuery:
                 "stream %s/%s stopped: %s: %s", self.group, self.topic, type(exc).__name__, exc
             )
         finally:
+            if self._producer is not None:
+                try:
+                    self._producer.close(timeout_s=5.0)
+                except Exception as exc:  # noqa: BLE001 - it sends nothing more
+                    log.warning("stream %s: closing its producer: %s", key, exc)
             with _active_lock:
                 _active.discard(key)
             with self._changed:
@@ -346,7 +392,7 @@ class StreamingQuery:
                     self.topic,
                     plan.batch_id,
                 )
-                self._commit(plan)
+                self._commit(plan, offsets=True)
             elif saved["status"] != _DONE:
                 self._checkpoints.save(plan.to_json(_DONE, self.id))
             return plan.batch_id + 1, None
@@ -402,12 +448,25 @@ class StreamingQuery:
                 num_partitions=self._num_partitions,
                 **self._read_options,
             )
+            txn: Transaction | None = None
             try:
-                self._fn(df, plan.batch_id)
+                self._step("planned", plan.batch_id)
+                if self._producer is None:
+                    self._fn(df, plan.batch_id)
+                    return attempt
+                txn = self._producer.begin()
+                output = self._write(txn, self._fn(df, plan.batch_id))
+                txn.send_offsets(self.group, {r.queue: r.end for r in plan.ranges})
+                self._step("written", plan.batch_id)
+                txn.commit()
+                self._txn = (txn.txn_id, output)
+                self._step("committed", plan.batch_id)
                 return attempt
             except Exception as exc:
-                if attempt > self._max_retries:
-                    raise
+                if txn is not None:  # nothing of this attempt shows; its offsets stay
+                    self._abort(txn, exc)
+                if attempt > self._max_retries or isinstance(exc, ProducerFencedError):
+                    raise  # fenced: a newer instance of the query runs
                 log.warning(
                     "stream %s/%s: batch %d failed (%s: %s); attempt %d of %d in %.1fs",
                     self.group,
@@ -425,8 +484,52 @@ class StreamingQuery:
                 release_dataframe(df)
         raise AssertionError("unreachable")
 
-    def _commit(self, plan: _Plan) -> None:
-        self._consumer.commit_offsets({r.queue: r.end for r in plan.ranges})
+    def _step(self, step: str, batch_id: int) -> None:
+        if self._on_step is not None:
+            self._on_step(step, batch_id)
+
+    def _write(self, txn: Transaction, out: Any) -> int:
+        """``fn``'s output into ``txn``: a DataFrame's rows by the executors, rows (Messages,
+        any topic, or bodies for the sink topic) from here; how many."""
+        assert self.sink_topic is not None
+        if out is None:
+            return 0
+        if isinstance(out, DataFrame):
+            return write_to_topic(
+                out,
+                self.sink_topic,
+                namespace=self.namespace,
+                transaction=txn,
+                **self._sink_options,
+            ).rows
+        if isinstance(out, (Message, bytes, bytearray)):
+            out = [out]
+        try:
+            rows = list(out)
+        except TypeError:
+            raise InvalidMessageError(
+                f"fn returned {type(out).__name__}: with a sink_topic it returns a DataFrame, "
+                "Messages or bodies (bytes), or None"
+            ) from None
+        messages = [
+            m if isinstance(m, Message) else Message(self.sink_topic, bytes(m)) for m in rows
+        ]
+        txn.send(messages)
+        return len(messages)
+
+    def _abort(self, txn: Transaction, cause: BaseException) -> None:
+        """Roll the failed attempt's transaction back; when even that fails the stream
+        stops (a restart fences this instance, which rolls back what it left open, or
+        finds the batch committed when the commit's answer was what got lost)."""
+        try:
+            txn.abort()
+        except Exception as exc:
+            log.error("stream %s/%s: aborting %s: %s", self.group, self.topic, txn.txn_id, exc)
+            raise exc from cause
+
+    def _commit(self, plan: _Plan, offsets: bool = False) -> None:
+        if offsets or self._producer is None:  # with a sink they moved in the transaction
+            self._consumer.commit_offsets({r.queue: r.end for r in plan.ranges})
         self._checkpoints.save(plan.to_json(_DONE, self.id))
 
     def _mark_done(self, ranges: Sequence[QueueRange]) -> None:
@@ -448,7 +551,10 @@ class StreamingQuery:
             replayed=replayed,
             attempts=attempts,
             duration_s=round(duration_s, 3),
+            transaction=None if self._txn is None else self._txn[0],
+            output=0 if self._txn is None else self._txn[1],
         )
+        self._txn = None
         self.recent_progress.append(progress)
         self.batches_completed += 1
         self.messages_processed += plan.messages
@@ -482,6 +588,10 @@ def stream_to_spark(
     retry_backoff_s: float = 1.0,
     num_partitions: int | None = None,
     on_progress: Callable[[BatchProgress], None] | None = None,
+    sink_topic: str | None = None,
+    sink_options: Mapping[str, Any] | None = None,
+    transactional_id: str | None = None,
+    on_step: Callable[[str, int], None] | None = None,
     **read_options: Any,
 ) -> StreamingQuery:
     """Start running ``fn(df, batch_id)`` on each batch of new messages of ``topic``.
@@ -496,7 +606,26 @@ def stream_to_spark(
     batch. ``available_now`` processes what is stored at the start and then
     stops. ``read_options`` go to ``read_topic`` (``tags``, ``pull_batch_size``, ...).
     Returns at once with a running :class:`StreamingQuery`.
+
+    ``sink_topic``: exactly once from topic to topic. ``fn`` returns the batch's output
+    (a DataFrame, its columns mapped as ``write_to_topic``'s with ``sink_options``:
+    ``body_col``, ``key_col``, ``tag_col``, ``properties_col``, ``batch_rows``; or
+    Messages, or bodies; or None) and it is written to ``sink_topic`` with the
+    batch's offsets in one transaction under ``transactional_id`` (see the module
+    doc). ``on_step(step, batch_id)`` is called at ``"planned"``, ``"written"`` (the
+    output sent, not committed) and ``"committed"``: a hook for monitoring and for
+    tests (a BaseException that is no Exception raised there stops the stream as a
+    crash would: nothing aborted, nothing marked).
     """
+    if sink_topic is not None:
+        validate_topic(sink_topic)
+        unknown = sorted(set(sink_options or {}) - _SINK_OPTIONS)
+        if unknown:
+            raise InvalidMessageError(
+                f"sink_options {unknown}: not write_to_topic options (take {sorted(_SINK_OPTIONS)})"
+            )
+    elif sink_options is not None or transactional_id is not None:
+        raise InvalidMessageError("sink_options and transactional_id need a sink_topic")
     if not isinstance(max_messages_per_batch, int) or max_messages_per_batch <= 0:
         raise InvalidMessageError(
             f"max_messages_per_batch={max_messages_per_batch!r}: must be an int > 0"
@@ -529,6 +658,10 @@ def stream_to_spark(
             num_partitions=num_partitions,
             on_progress=on_progress,
             read_options=read_options,
+            sink_topic=sink_topic,
+            sink_options=sink_options,
+            transactional_id=transactional_id,
+            on_step=on_step,
         )
     except BaseException:
         with _active_lock:

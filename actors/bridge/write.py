@@ -10,14 +10,25 @@ never pass through the driver. Converting a DataFrame to a Dataset first (RayDP'
 
 Delivery is at least once, as ``send_batch``'s: a send that timed out and was
 retried, or a Spark or Ray task that ran again, may store rows twice.
+
+``transactional=True`` (Spark DataFrames) makes the write all or nothing and each row
+once: the executors send their rows as half messages of one transaction the driver
+began (``Transaction.context()``), each successful task hands back where its rows were
+stored, and the driver commits exactly those (``Transaction.add_halves``) once every
+partition succeeded. A task attempt that failed, or lost to a speculative copy, is
+never handed back: its half messages stay out of the commit and are rolled back by
+the brokers' check service (docs/transactions.md, "Spark").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import logging
 import re
 import threading
+import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,6 +43,12 @@ from ray.data.datasource import Datasink
 
 from actors.bridge.arrow_codec import ArrowMessages, encode_arrow
 from actors.client.producer import Producer
+from actors.client.transactional import (
+    Transaction,
+    TransactionalProducer,
+    TransactionContext,
+    TransactionState,
+)
 from actors.protocol.names import DEFAULT_NAMESPACE
 from storage.codec import EncodedBatch, validate_topic
 from storage.errors import InvalidMessageError
@@ -66,6 +83,7 @@ class WriteResult:
     topic: str
     rows: int
     batches: int
+    transaction: str | None = None  # the transaction id of a transactional write
 
 
 @dataclass(frozen=True)
@@ -97,6 +115,7 @@ class _WriteSpec:
     batch_rows: int
     batch_bytes: int
     producer_options: tuple[tuple[str, Any], ...]
+    txn: TransactionContext | None = None  # send as half messages of this transaction
 
 
 class _TopicWriter:
@@ -119,6 +138,8 @@ class _TopicWriter:
         self._pending: list[EncodedBatch] = []
         self._sender = ThreadPoolExecutor(1, thread_name_prefix="raymq-write")
         self._inflight: deque[Future[Any]] = deque()
+        self._extra = None if spec.txn is None else spec.txn.properties()
+        self.halves: dict[str, list[int]] = {}  # broker -> CommitLog offsets (transactional)
 
     def _messages(self, table: pa.Table) -> ArrowMessages:
         def column(name: str | None) -> pa.Array | None:
@@ -160,15 +181,22 @@ class _TopicWriter:
                 max_message_size=config.max_message_size,
                 born_host=config.born_host,
                 first_row=self.rows,
+                extra_properties=self._extra,
             )
         )
         self.rows += part.num_rows
         if len(self._pending) >= _GROUP_BATCHES:
             self._flush()
 
+    def _done(self, sent: Future[Any]) -> None:
+        result = sent.result()
+        if self._extra is not None:  # where the half messages are: handed to the commit
+            for broker, offsets in result.commitlog_offsets_by_broker().items():
+                self.halves.setdefault(broker, []).extend(offsets)
+
     def _flush(self) -> None:
         while len(self._inflight) >= _GROUPS_AHEAD:
-            self._inflight.popleft().result()
+            self._done(self._inflight.popleft())
         group, self._pending = self._pending, []
         self._inflight.append(self._sender.submit(self.producer.send_encoded, group))
         self.batches += len(group)
@@ -182,7 +210,7 @@ class _TopicWriter:
             if self._pending:
                 self._flush()
             while self._inflight:
-                self._inflight.popleft().result()
+                self._done(self._inflight.popleft())
         finally:
             self._sender.shutdown(wait=True, cancel_futures=True)
         return self.rows, self.batches
@@ -255,6 +283,7 @@ def _spec(
     batch_rows: int,
     batch_bytes: int,
     producer_options: Mapping[str, Any] | None,
+    txn: TransactionContext | None = None,
 ) -> _WriteSpec:
     from actors.namesrv.client import discover_nameservers
 
@@ -271,11 +300,12 @@ def _spec(
         batch_rows,
         batch_bytes,
         tuple(sorted((producer_options or {}).items())),
+        txn,
     )
 
 
 # ------------------------------------------------------------ from Spark's own workers
-_SPARK_RESULT = "rows long, batches long"
+_SPARK_RESULT = "rows long, batches long, halves string, partition int, attempt int"
 
 
 def _write_partition(
@@ -293,15 +323,28 @@ def _write_partition(
         writer.abort()
         raise
     rows, sent = writer.close()
-    yield pa.RecordBatch.from_pydict({"rows": [rows], "batches": [sent]})
+    from pyspark import TaskContext
+
+    task = TaskContext.get()
+    part, attempt = (task.partitionId(), task.attemptNumber()) if task else (-1, -1)
+    yield pa.RecordBatch.from_pydict(
+        {
+            "rows": [rows],
+            "batches": [sent],
+            "halves": [json.dumps(writer.halves)],
+            "partition": pa.array([part], pa.int32()),
+            "attempt": pa.array([attempt], pa.int32()),
+        }
+    )
 
 
 _WORKER_ERROR = re.compile(r"(?:^|\n)\S*InvalidMessageError: (.*)")
 
 
-def _write_spark(df: Any, spec: _WriteSpec) -> WriteResult:
+def _write_spark(df: Any, spec: _WriteSpec, txn: Transaction | None = None) -> WriteResult:
     """Every row of a DataFrame sent by Spark's Python workers: no conversion to a Ray
-    Dataset first (RayDP's ``from_spark`` cost more than the whole send)."""
+    Dataset first (RayDP's ``from_spark`` cost more than the whole send). With ``txn``
+    the rows go as its half messages and the successful tasks' are added to it."""
     spec.columns.check(df.columns)
     run = functools.partial(_write_partition, spec, ray.get_runtime_context().gcs_address)
     try:
@@ -312,7 +355,22 @@ def _write_spark(df: Any, spec: _WriteSpec) -> WriteResult:
         if found:
             raise InvalidMessageError(found.group(1).strip()) from exc
         raise
-    return WriteResult(spec.topic, sum(p.rows for p in parts), sum(p.batches for p in parts))
+    rows, batches = sum(p.rows for p in parts), sum(p.batches for p in parts)
+    if txn is None:
+        return WriteResult(spec.topic, rows, batches)
+    # collect() answers one result per partition: the attempt Spark counted. A failed
+    # or superseded attempt's half messages are not named here, so not committed.
+    for p in parts:
+        txn.add_halves(json.loads(p.halves), p.rows)
+        if p.attempt > 0:
+            log.info(
+                "transaction %s: partition %d succeeded at attempt %d; earlier attempts' "
+                "half messages stay out of the commit",
+                txn.txn_id,
+                p.partition,
+                p.attempt,
+            )
+    return WriteResult(spec.topic, rows, batches, txn.txn_id)
 
 
 def _is_spark_dataframe(data: object) -> bool:
@@ -333,6 +391,9 @@ def write_to_topic(
     concurrency: int | None = None,
     ray_remote_args: Mapping[str, Any] | None = None,
     producer_options: Mapping[str, Any] | None = None,
+    transactional: bool = False,
+    transaction: Transaction | None = None,
+    transactional_id: str | None = None,
 ) -> WriteResult:
     """Produce every row of ``data`` (a ``ray.data.Dataset`` or a Spark DataFrame of a
     RayDP session) as one message of ``topic``, from Ray workers in parallel.
@@ -342,6 +403,14 @@ def write_to_topic(
     of strings. Rows are encoded in batches of ``batch_rows`` and sent by a
     Producer in each worker process: Ray Data write tasks for a Dataset, Spark's
     Python workers for a DataFrame. Returns when every batch is stored.
+
+    Spark DataFrames only: ``transactional=True`` writes all rows or none, each once,
+    in one transaction of a ``TransactionalProducer`` made for the call
+    (``transactional_id``, default unique per call; give a stable one to have a
+    rerun fence what a crashed run left open), committed when every partition
+    succeeded and aborted on failure. ``transaction=`` joins an open transaction of
+    the caller's instead (rows added to it, not committed: the caller commits, e.g.
+    with consumer offsets, as ``stream_to_spark(sink_topic=...)`` does).
     """
     spark = _is_spark_dataframe(data)
     if not spark and not isinstance(data, ray.data.Dataset):
@@ -349,15 +418,33 @@ def write_to_topic(
             f"write_to_topic: expected a ray.data.Dataset or a Spark DataFrame, "
             f"got {type(data).__name__}"
         )
-    spec = _spec(
-        topic,
-        namespace,
-        None,
-        _Columns(body_col, key_col, tag_col, properties_col),
-        batch_rows,
-        DEFAULT_BATCH_BYTES,
-        producer_options,
-    )
+    if transaction is not None or transactional:
+        if not spark:
+            raise InvalidMessageError(
+                "write_to_topic: transactional writes take a Spark DataFrame, not a Dataset"
+            )
+        if transaction is not None and (transactional or transactional_id is not None):
+            raise InvalidMessageError(
+                "write_to_topic: transaction= joins the caller's transaction; "
+                "transactional/transactional_id= make one: give one or the other"
+            )
+        if transaction is not None and not isinstance(transaction, Transaction):
+            raise InvalidMessageError(
+                f"write_to_topic: transaction= must be a Transaction, got {type(transaction)}"
+            )
+        if transaction is not None and transaction.state is not TransactionState.OPEN:
+            raise InvalidMessageError(
+                f"write_to_topic: transaction {transaction.txn_id} is {transaction.state.value}"
+            )
+    columns = _Columns(body_col, key_col, tag_col, properties_col)
+    spec = _spec(topic, namespace, None, columns, batch_rows, DEFAULT_BATCH_BYTES, producer_options)
+    if spark and transaction is not None:
+        spec = _with_txn(spec, transaction)
+        result = _write_spark(data, spec, transaction)
+        log.info("sent %d rows to %s in %s", result.rows, topic, transaction.txn_id)
+        return result
+    if spark and transactional:
+        return _write_spark_transactional(data, spec, transactional_id)
     if spark:
         result = _write_spark(data, spec)
         log.info("wrote %d rows to %s in %d batches", result.rows, topic, result.batches)
@@ -377,3 +464,42 @@ def write_to_topic(
     assert sink.result is not None
     log.info("wrote %d rows to %s in %d batches", sink.result.rows, topic, sink.result.batches)
     return sink.result
+
+
+def _with_txn(spec: _WriteSpec, txn: Transaction) -> _WriteSpec:
+    return dataclasses.replace(spec, txn=txn.context())
+
+
+def _write_spark_transactional(df: Any, spec: _WriteSpec, tid: str | None) -> WriteResult:
+    """One transaction of its own for the write: committed once every partition
+    succeeded, aborted (nothing visible) on any failure."""
+    spec.columns.check(df.columns)  # a bad column costs no coordinator call
+    producer = TransactionalProducer(
+        "raymq-datasource-writer",
+        transactional_id=tid or f"raymq-write.{spec.topic}.{uuid.uuid4().hex}",
+        namespace=spec.namespace,
+        nameservers=spec.nameservers,
+    )
+    try:
+        txn = producer.begin()
+        try:
+            result = _write_spark(df, _with_txn(spec, txn), txn)
+            txn.commit()
+        except Exception:
+            # a BaseException that is no Exception (the process going down) leaves it
+            # to the coordinator: undecided, it is aborted after its txn_timeout_s
+            try:
+                txn.abort()
+            except Exception as exc:  # noqa: BLE001 - the write's error is the one to see
+                log.warning("aborting %s failed: %s (it times out undecided)", txn.txn_id, exc)
+            raise
+    finally:
+        producer.close()
+    log.info(
+        "wrote %d rows to %s in %d batches, committed as %s",
+        result.rows,
+        spec.topic,
+        result.batches,
+        txn.txn_id,
+    )
+    return result

@@ -56,6 +56,7 @@ log = logging.getLogger("raymq.actors.client.transactional")
 __all__ = [
     "ProducerFencedError",
     "Transaction",
+    "TransactionContext",
     "TransactionState",
     "TransactionStateError",
     "TransactionalProducer",
@@ -69,6 +70,30 @@ class TransactionState(enum.Enum):
     FAILED = "failed"  # a send or the commit failed: abort() is what is left
 
 
+@dataclasses.dataclass(frozen=True)
+class TransactionContext:
+    """What another process needs to send half messages *into* an open transaction
+    (``Transaction.context()``; picklable): the properties that mark a message as the
+    transaction's. That process sends them with a plain Producer and hands where they
+    were stored back to the transaction's owner (``Transaction.add_halves``); only
+    halves handed back are committed. Spark's executors write this way
+    (``actors.bridge.write``)."""
+
+    txn_id: str
+    transactional_id: str
+    epoch: int
+    group: str
+
+    def properties(self) -> dict[str, str]:
+        return {
+            PROP_TRAN_MSG: "true",
+            PROP_PRODUCER_GROUP: self.group,
+            PROP_GLOBAL_TXN: self.txn_id,
+            PROP_TXN_PRODUCER: self.transactional_id,
+            PROP_TXN_EPOCH: str(self.epoch),
+        }
+
+
 class Transaction:
     """One multi-message transaction of a :class:`TransactionalProducer` (``begin()``)."""
 
@@ -79,6 +104,7 @@ class Transaction:
         self._buffer: list[Message] = []
         self._halves: dict[str, list[int] | None] = {}  # broker -> half CommitLog offsets
         self._offsets: dict[str, dict[str, dict[tuple[str, int], int]]] = {}
+        self._shared = False  # context() was handed out: others may have sent halves
         self.sent = 0
 
     # ------------------------------------------------------------ building
@@ -133,6 +159,35 @@ class Transaction:
             else:
                 known.extend(offsets)
         self.sent += len(buffer)
+
+    def context(self) -> TransactionContext:
+        """The transaction as other processes join it (see :class:`TransactionContext`)."""
+        self._require_open()
+        self._shared = True
+        p = self.producer
+        return TransactionContext(self.txn_id, p.transactional_id, p.epoch, p.group)
+
+    def add_halves(self, halves: Mapping[str, Sequence[int]], count: int) -> None:
+        """Take ``count`` half messages another process sent with this transaction's
+        :meth:`context` (``halves``: broker -> their CommitLog offsets, as
+        ``BatchSendResult.commitlog_offsets_by_broker`` gives them) into the commit.
+        Half messages of the transaction never handed here are not committed: the
+        check service rolls them back once the transaction is done (a failed attempt's).
+        A -1 offset (a retried send whose first store is not known) makes the commit
+        take every pending half message of the transaction on that broker."""
+        self._require_open()
+        count = checks.check_int("count", count, 0)
+        checked = {
+            checks.check_str("broker", b): [checks.check_int("half offset", o, -1) for o in offs]
+            for b, offs in halves.items()
+        }
+        for broker, offsets in checked.items():
+            known = self._halves.setdefault(broker, [])
+            if known is None or (offsets and min(offsets) < 0):
+                self._halves[broker] = None
+            else:
+                known.extend(offsets)
+        self.sent += count
 
     def send_offsets(self, group: str, offsets: Mapping[MessageQueue, int]) -> None:
         """Commit ``group``'s offsets (``{queue: next offset to consume}``) with the
@@ -195,8 +250,10 @@ class Transaction:
             return
         self._buffer.clear()
         p = self.producer
-        if self._halves:  # each broker finds the transaction's half messages by its id
-            brokers = dict.fromkeys(self._halves)
+        brokers: dict[str, None] = dict.fromkeys(self._halves)
+        if self._shared:  # halves never handed back (a failed task's) may be anywhere
+            brokers.update(dict.fromkeys(p.ns.master_brokers()))
+        if brokers:  # each broker finds the transaction's half messages by its id
             p._call("end", self.txn_id, p.transactional_id, p.epoch, False, brokers, None)
         self.state = TransactionState.ABORTED
         p._ended(self)

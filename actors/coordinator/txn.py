@@ -164,9 +164,10 @@ class TransactionCoordinator:
             self._master_cache = await self._io_call(ns.master_brokers)
         return self._master_cache
 
-    async def _apply(self, txn: TxnRecord) -> bool:
-        """Tell every participant the decision; log ``done`` when all applied it."""
-        if txn.done or txn.state == OPEN:
+    async def _apply(self, txn: TxnRecord, again: bool = False) -> bool:
+        """Tell every participant the decision; log ``done`` when all applied it.
+        ``again``: even when done (a broker skips half messages it ended)."""
+        if txn.state == OPEN or (txn.done and not again):
             return txn.done
         commit = txn.state == COMMIT
         try:
@@ -362,9 +363,29 @@ class TransactionCoordinator:
         """A broker's check of an old half message of ``txn_id`` (sent by
         ``transactional_id`` at ``epoch``, the first born at ``born_ms``): ``commit``,
         ``abort`` or ``open``. Undecided, it is aborted (and that logged, so a late commit
-        is refused) when its producer is fenced or it is older than ``txn_timeout_s``."""
+        is refused) when its producer is fenced or it is older than ``txn_timeout_s``.
+
+        A committed transaction is applied by this coordinator alone, to exactly the half
+        messages its decision names (``open`` until then); once it is done, it is applied
+        once more (a broker that lost its commit in a crash gets it again), and half
+        messages of it still pending after that were never part of the commit (a failed
+        Spark task attempt's, sent with ``Transaction.context()`` and not handed back):
+        ``abort``. An aborted one is ``abort`` at once (every half message of it goes)."""
         txn = self.log.txns.get(txn_id)
         if txn is not None and txn.state != OPEN:
+            if txn.state == COMMIT:
+                if not txn.done:
+                    self._wake.set()
+                    return OPEN
+                # done, and yet a half message of it is pending: one that was never in
+                # the commit, or one a broker lost the commit of (a crash before its
+                # flush). Applying the decision again settles the second kind (the named
+                # half messages, or all of the id where they were not named); what is
+                # left pending is then the first kind: abort.
+                if not await self._apply(txn, again=True):
+                    return OPEN
+                self.stats["stray_halves_aborted"] += 1
+                return ABORT
             if not txn.done:
                 self._wake.set()
             return txn.state

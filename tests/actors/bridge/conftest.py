@@ -51,7 +51,13 @@ def raymq(
         nameservers=1,
         brokers=2,
         store_root=str(tmp_path_factory.mktemp("raymq")),
-        broker_options={"store": STORE, "heartbeat_interval_s": 2.0},
+        broker_options={
+            "store": STORE,
+            "heartbeat_interval_s": 2.0,
+            # test_spark_transactions: stray half messages resolved within a second
+            "transaction_check_interval_s": 0.5,
+            "transaction_timeout_s": 1.0,
+        },
     )
     yield cluster
     cluster.shutdown(timeout_s=10.0)

@@ -1,0 +1,271 @@
+"""Exactly once through Spark (issue #24): ``write_to_topic(transactional=True)`` is all or
+nothing and counts a retried Spark task once; ``stream_to_spark(sink_topic=...)`` killed
+and restarted at random points writes every input to the sink exactly once."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pytest
+import ray
+from pyspark.sql import functions as F
+from raymq_testkit import wait_until
+
+import actors
+from actors.bridge.spark import write_to_topic
+from actors.bridge.streaming import BatchProgress, stream_to_spark
+from storage import Message
+from storage.errors import InvalidMessageError
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:DataFrame.sql_ctx is an internal property:UserWarning"),
+]
+
+
+@pytest.fixture(scope="module")
+def txn_cluster(raymq: actors.Cluster, tmp_path_factory: pytest.TempPathFactory) -> actors.Cluster:
+    """The package's cluster with its transaction coordinator logging to a temp dir (the
+    first TransactionalProducer of a namespace creates it)."""
+    first = raymq.transactional_producer(
+        "spark-txn-setup",
+        "spark-txn-setup",
+        coordinator_log_dir=str(tmp_path_factory.mktemp("txnlog")),
+    )
+    first.close()
+    return raymq
+
+
+def _bodies(cluster: actors.Cluster, topic: str) -> Counter[bytes]:
+    """Every body a consumer of ``topic`` gets, counted."""
+    consumer = cluster.pull_consumer("probe-bodies")
+    out: Counter[bytes] = Counter()
+    for mq in consumer.fetch_subscribe_queues(topic):
+        offset, end = 0, consumer.max_offset(mq)
+        while offset < end:
+            got = consumer.pull(mq, offset, 1000)
+            out.update(got.bodies)
+            offset = got.next_offset
+    consumer.close()
+    return out
+
+
+def _pending(cluster: actors.Cluster, topic: str) -> int:
+    """Half messages for ``topic`` not ended yet, on every broker."""
+    return sum(
+        1
+        for name in ("broker-a", "broker-b")
+        for h in ray.get(cluster.broker(name).pending_transactions.remote())
+        if h["topic"] == topic
+    )
+
+
+def _fail_once_after(partition: int, after: int):
+    """A ``mapInArrow`` step that empties the body of row ``after`` of task ``partition``'s
+    first attempt: the writer there sends its first group of 4 batches (``after`` rows
+    when ``after`` is 4 ``batch_rows`` and a bit), then fails on that row. Spark runs the
+    task again and attempt 1 passes every row as it is."""
+
+    def step(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        task = TaskContext.get()
+        doomed = task.partitionId() == partition and task.attemptNumber() == 0
+        seen = 0
+        for batch in batches:
+            if doomed and seen <= after < seen + batch.num_rows:
+                bodies = batch.column(0).to_pylist()
+                bodies[after - seen] = b""
+                batch = pa.RecordBatch.from_arrays(
+                    [pa.array(bodies, pa.binary()), *batch.columns[1:]], schema=batch.schema
+                )
+            seen += batch.num_rows
+            yield batch
+
+    return step
+
+
+def _txn_stats(cluster: actors.Cluster) -> Counter[str]:
+    out: Counter[str] = Counter()
+    for name in ("broker-a", "broker-b"):
+        status = ray.get(cluster.broker(name).status.remote())
+        out.update({k: status[k] for k in ("txn_committed", "txn_rolled_back")})
+    return out
+
+
+def _numbered(spark, n: int, partitions: int):
+    return spark.range(n, numPartitions=partitions).select(
+        F.concat(F.lit("row-"), F.col("id").cast("string")).cast("binary").alias("body"),
+        F.concat(F.lit("k-"), F.col("id").cast("string")).alias("key"),
+    )
+
+
+def test_a_transactional_write_shows_all_rows_once_though_a_task_failed_after_sending(
+    spark, txn_cluster
+):
+    cluster = txn_cluster
+    cluster.admin.create_topic("TxnWrite", read_queue_nums=2, write_queue_nums=2)
+    df = _numbered(spark, 2_000, 2).mapInArrow(
+        _fail_once_after(partition=0, after=450), "body binary, key string"
+    )
+    before = _txn_stats(cluster)
+
+    result = write_to_topic(
+        df,
+        "TxnWrite",
+        key_col="key",
+        transactional=True,
+        namespace=cluster.namespace,
+        batch_rows=100,
+    )
+
+    assert result.rows == 2_000 and result.transaction is not None
+    bodies = _bodies(cluster, "TxnWrite")
+    assert bodies == Counter({b"row-%d" % i: 1 for i in range(2_000)})
+    # the failed attempt's 400 half messages were not in the commit: the check service
+    # rolls them back (the coordinator answers abort for a done transaction's strays)
+    wait_until(lambda: _pending(cluster, "TxnWrite") == 0, timeout_s=20, what="strays rolled back")
+    after = _txn_stats(cluster)
+    assert after["txn_committed"] - before["txn_committed"] == 2_000
+    assert after["txn_rolled_back"] - before["txn_rolled_back"] == 400
+    assert _bodies(cluster, "TxnWrite") == bodies
+
+
+def test_a_failed_transactional_write_shows_nothing(spark, txn_cluster):
+    cluster = txn_cluster
+    cluster.admin.create_topic("TxnWriteFail", read_queue_nums=2, write_queue_nums=2)
+
+    def fail_late(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        for batch in batches:
+            yield batch  # partition 0 sends all its rows, partition 1 half of them
+            if TaskContext.get().partitionId() == 1:
+                raise RuntimeError("transform failed")
+
+    df = _numbered(spark, 1_000, 2).mapInArrow(fail_late, "body binary, key string")
+    with pytest.raises(Exception, match="transform failed"):
+        write_to_topic(
+            df, "TxnWriteFail", transactional=True, namespace=cluster.namespace, batch_rows=50
+        )
+    assert _pending(cluster, "TxnWriteFail") == 0  # the abort rolled every half message back
+    assert _bodies(cluster, "TxnWriteFail") == Counter()
+    consumer = cluster.pull_consumer("probe-fail")
+    assert all(
+        consumer.max_offset(mq) == 0 for mq in consumer.fetch_subscribe_queues("TxnWriteFail")
+    )
+
+
+class Killed(BaseException):
+    """The driver's query dying at once: nothing aborted, nothing marked done."""
+
+
+def test_a_stream_to_a_sink_topic_killed_at_random_points_writes_each_input_once(
+    spark, txn_cluster
+):
+    cluster = txn_cluster
+    n, per_batch = 600, 150
+    cluster.admin.create_topic("EoSparkIn", read_queue_nums=2, write_queue_nums=2)
+    cluster.admin.create_topic("EoSparkOut", read_queue_nums=2, write_queue_nums=2)
+    feed = cluster.producer("eo-spark-feed")
+    feed.send_batch([Message("EoSparkIn", b"%d" % i) for i in range(n // 2)])
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    # 5 kills of the driver's query at distinct random steps of its batches, in the order
+    # they can happen (a batch runs planned -> written -> committed, again after a kill
+    # before its commit)
+    steps = ["planned", "written", "committed"]
+    points = [(b, i) for b in range(n // per_batch) for i in range(len(steps))]
+    kills = [(b, steps[i]) for b, i in sorted(rng.sample(points, 5))]
+    pending_kills = list(kills)
+    executor_fail_batch = rng.randrange(n // per_batch)
+
+    def on_step(step: str, batch_id: int) -> None:
+        if pending_kills and pending_kills[0] == (batch_id, step):
+            pending_kills.pop(0)
+            raise Killed(f"killed at {step} of batch {batch_id}")
+
+    def transform(df, batch_id: int):
+        out = df.select(F.concat(F.lit("out-"), F.col("body")).cast("binary").alias("body"))
+        if batch_id == executor_fail_batch:  # a Spark task fails after sending, too
+            out = out.mapInArrow(_fail_once_after(0, 45), "body binary")
+        return out
+
+    progress: list[BatchProgress] = []
+    runs = 0
+    while True:
+        runs += 1
+        assert runs <= 12, f"seed {seed}: no end after {runs} runs (kills {kills})"
+        query = stream_to_spark(
+            spark,
+            "EoSparkIn",
+            "eo-spark",
+            transform,
+            sink_topic="EoSparkOut",
+            sink_options={"batch_rows": 10},
+            namespace=cluster.namespace,
+            max_messages_per_batch=per_batch,
+            available_now=True,
+            num_partitions=2,
+            on_step=on_step,
+            on_progress=progress.append,
+        )
+        assert query.await_termination(timeout_s=120, raise_error=False)
+        if runs == 2:  # more input arrives while the query is down
+            feed.send_batch([Message("EoSparkIn", b"%d" % i) for i in range(n // 2, n)])
+        if isinstance(query.exception, Killed):
+            continue
+        assert query.exception is None, f"seed {seed}"
+        if pending_kills or runs < 3:
+            continue  # a kill scheduled for a batch not reached yet: run again
+        break
+    feed.close()
+
+    out = _bodies(cluster, "EoSparkOut")
+    dupes = {b: c for b, c in out.items() if c != 1}
+    assert not dupes, f"seed {seed}, kills {kills}: duplicated {dupes}"
+    assert set(out) == {b"out-%d" % i for i in range(n)}, f"seed {seed}, kills {kills}"
+    consumer = cluster.pull_consumer("eo-spark")
+    committed = consumer.fetch_offsets("EoSparkIn")
+    assert sum(committed.values()) == n
+    assert _pending(cluster, "EoSparkOut") == 0 or wait_until(
+        lambda: _pending(cluster, "EoSparkOut") == 0, timeout_s=20, what="no half left"
+    )
+    assert all(p.output == p.messages for p in progress)  # one output row per input
+    assert all(p.transaction for p in progress)
+
+
+def test_bad_transactional_calls_are_refused_and_change_nothing(spark, txn_cluster):
+    cluster = txn_cluster
+    cluster.admin.create_topic("TxnBad", read_queue_nums=1, write_queue_nums=1)
+    df = _numbered(spark, 10, 1)
+    ns = cluster.namespace
+    with pytest.raises(InvalidMessageError, match="Spark DataFrame"):
+        write_to_topic(
+            ray.data.from_items([{"body": b"x"}]), "TxnBad", transactional=True, namespace=ns
+        )
+    producer = cluster.transactional_producer("txn-bad", "txn-bad")
+    try:
+        txn = producer.begin()
+        with pytest.raises(InvalidMessageError, match="one or the other"):
+            write_to_topic(df, "TxnBad", transaction=txn, transactional=True, namespace=ns)
+        with pytest.raises(InvalidMessageError, match="half offset"):
+            txn.add_halves({"broker-a": [12, "x"]}, 2)  # type: ignore[list-item]
+        assert txn.sent == 0
+        txn.abort()
+        with pytest.raises(InvalidMessageError, match="is aborted"):
+            write_to_topic(df, "TxnBad", transaction=txn, namespace=ns)
+    finally:
+        producer.close()
+    with pytest.raises(InvalidMessageError, match="need a sink_topic"):
+        stream_to_spark(spark, "TxnBad", "txn-bad", print, sink_options={}, namespace=ns)
+    with pytest.raises(InvalidMessageError):
+        stream_to_spark(spark, "TxnBad", "txn-bad", print, sink_topic="bad topic", namespace=ns)
+    with pytest.raises(InvalidMessageError, match="not write_to_topic options"):
+        stream_to_spark(
+            spark, "TxnBad", "txn-bad", print, sink_topic="TxnBadOut", sink_options={"body": "b"}
+        )
+    assert _bodies(cluster, "TxnBad") == Counter() and _pending(cluster, "TxnBad") == 0
