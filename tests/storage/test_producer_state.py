@@ -104,6 +104,16 @@ def test_a_merged_call_writes_only_its_new_runs(store) -> None:
     again = store.put_encoded(wire(merged))
     assert again.commitlog_offsets.tolist() == got.commitlog_offsets.tolist()
     assert store.commitlog.max_offset == end
+    # a merged call of new runs only (a send lane's usual one): written as it came, and
+    # each run remembered where it went
+    fresh = codec.EncodedBatch.concat(
+        [run("T", 0, 2, "p:1", 0, 3, "d"), run("U", 1, 1, "p:1", 0, 3, "e")]
+    )
+    got = store.put_encoded(wire(fresh))
+    assert got.queue_offsets.tolist() == [3, 4, 3]
+    retried = store.put_encoded(wire(fresh))
+    assert retried.commitlog_offsets.tolist() == got.commitlog_offsets.tolist()
+    assert store.max_offset("T", 0) == 5 and store.max_offset("U", 1) == 4
 
 
 def test_a_merged_call_with_a_run_stored_long_ago_still_writes_its_new_runs(store) -> None:
