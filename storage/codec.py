@@ -157,7 +157,7 @@ _SLOT_NAME = f"{PROP_PRODUCER_SEQ}{NAME_VALUE_SEP}".encode("ascii")
 
 def seq_slot(producer_id: str) -> bytes:
     """The ``PRODUCER_SEQ`` property an encoder reserves in a batch's first record for
-    ``producer_id`` (``name\x01value\x02``): the value is a run of count 0, which
+    ``producer_id`` (``name\\x01value\\x02``): the value is a run of count 0, which
     :meth:`EncodedBatch.with_sequence` overwrites in place and a replay ignores (a slot
     never bound names no run)."""
     validate_producer_id(producer_id)
