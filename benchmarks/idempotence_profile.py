@@ -21,7 +21,10 @@ So idempotence is measured on the same producer (the same connections, ring and
 queues), apart from which producer it is. It prints per variant the median and mean
 wall time of a send, and the CPU per send of this process (encode, bind, send, wait)
 and of the broker's process (``process_time`` there, every thread: receive, check,
-store, answer). Not a test.
+store, answer). With ``--broker-timing`` the broker's ``EncodedBatch.from_bytes`` and
+its send processor's ``_send`` (the put and the answer) are timed in the broker's
+process, per variant, through ``__ray_call__`` (wrappers installed in the live actor).
+Not a test.
 """
 
 from __future__ import annotations
@@ -50,10 +53,49 @@ def _broker_cpu_s(broker: Any) -> float:
     return cpu
 
 
+def _install_timers(self: Any) -> None:
+    """In the broker's process: time ``from_bytes`` and ``_send`` under the variant set."""
+    from storage.codec import EncodedBatch
+
+    log: dict[str, Any] = {"variant": None, "from_bytes": [], "send": []}
+    self._idem_profile = log
+    from_bytes = EncodedBatch.from_bytes.__func__  # type: ignore[attr-defined]
+
+    def timed_from_bytes(cls: Any, blob: Any) -> Any:
+        t = time.perf_counter()
+        batch = from_bytes(cls, blob)
+        log["from_bytes"].append((log["variant"], time.perf_counter() - t))
+        return batch
+
+    EncodedBatch.from_bytes = classmethod(timed_from_bytes)  # type: ignore[method-assign,assignment]
+    send = self.sender._send
+
+    async def timed_send(batch: Any, auto_n: int) -> Any:
+        t = time.perf_counter()
+        try:
+            return await send(batch, auto_n)
+        finally:
+            log["send"].append((log["variant"], time.perf_counter() - t))
+
+    self.sender._send = timed_send
+
+
+def _set_variant(self: Any, name: str | None) -> None:
+    self._idem_profile["variant"] = name
+
+
+def _timings(self: Any) -> dict[str, list[tuple[str | None, float]]]:
+    log = self._idem_profile
+    return {"from_bytes": list(log["from_bytes"]), "send": list(log["send"])}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--blocks", type=int, default=40, help="rounds of the four variants")
     parser.add_argument("--calls", type=int, default=15, help="sends per variant and round")
+    parser.add_argument(
+        "--broker-timing", action="store_true", help="time from_bytes and _send in the broker"
+    )
     args = parser.parse_args(argv)
     ray.init(
         address="local",
@@ -93,11 +135,15 @@ def main(argv: list[str] | None = None) -> int:
             client_cpu = dict.fromkeys(variants, 0.0)
             broker_cpu = dict.fromkeys(variants, 0.0)
             names = list(variants)
+            if args.broker_timing:
+                ray.get(broker.__ray_call__.remote(_install_timers))
             for r in range(args.blocks):
                 order = names[r % 4 :] + names[: r % 4]
                 for name in reversed(order) if r % 8 >= 4 else order:
                     p, s = variants[name]
                     p._sender.sequencer = s
+                    if args.broker_timing:
+                        ray.get(broker.__ray_call__.remote(_set_variant, name))
                     b0, c0 = _broker_cpu_s(broker), time.process_time()
                     for _ in range(args.calls):
                         t = time.perf_counter()
@@ -115,6 +161,16 @@ def main(argv: list[str] | None = None) -> int:
                     f"mean {statistics.fmean(v) * 1e6:6.0f} us  |  CPU per send: client "
                     f"{client_cpu[name] / n * 1e6:5.0f} us, broker {broker_cpu[name] / n * 1e6:5.0f} us"
                 )
+            if args.broker_timing:
+                got = ray.get(broker.__ray_call__.remote(_timings))
+                print("in the broker (median per send):")
+                for name in names:
+                    fb = [d for v, d in got["from_bytes"] if v == name]
+                    sent = [d for v, d in got["send"] if v == name]
+                    print(
+                        f"  {name:5s}  from_bytes {statistics.median(fb) * 1e6:5.0f} us  "
+                        f"_send {statistics.median(sent) * 1e6:5.0f} us  (n={len(sent)})"
+                    )
             for p in (a, b):
                 p.close()
         finally:
