@@ -15,7 +15,15 @@ Contract of :meth:`Transport.call`:
 * a broker the transport cannot reach raises ``BrokerUnavailableError`` at once
   (the sender marks the broker failed and retries elsewhere); any other error is
   the call's own;
-* ``auto_n`` > 0 asks the broker to create the topic with that many queues.
+* ``auto_n`` > 0 asks the broker to create the topic with that many queues;
+* the batches' bytes are copied (into the ring, into the call's argument) before
+  :meth:`Transport.call` returns: an idempotent producer's chunk is bound in place
+  (``EncodedBatch.with_sequence`` on a reserved slot), and bound again, rewriting those
+  bytes, once the sender has given up on this call's binding, which may be before the
+  call is answered (a refused retry, a new epoch). One exception, below: a broker
+  that answers that it cannot read the ring gets the parts again through Ray, joined
+  then; were the chunk bound again meanwhile, that sends its newer binding, a whole
+  run the broker stores once like any other copy of it.
 
 :class:`RayTransport`: a call of ``OUT_OF_BAND_BYTES`` or more to a master on
 this producer's own Ray node goes through a shared memory ring
