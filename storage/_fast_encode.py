@@ -74,11 +74,17 @@ def encode_plain(
     born_ts: int,
     born_raw: bytes,
     gen: UniqueKeyGenerator,
+    seq_slot: bytes | None = None,
 ) -> EncodedBatch | None:
-    """The batch encoded, or ``None`` when it is not plain (the caller then loops)."""
+    """The batch encoded, or ``None`` when it is not plain (the caller then loops).
+
+    ``seq_slot`` (``codec.seq_slot(producer id)``): an idempotent producer's batch, its
+    first record ending with that reserved ``PRODUCER_SEQ`` property, so binding it to
+    a queue's sequences patches a few bytes in place (``EncodedBatch.with_sequence``)
+    instead of copying the batch; ``data`` is then a writable view of a bytearray."""
     if _native is not None:
-        return encode_plain_c(messages, max_message_size, born_ts, born_raw, gen)
-    return encode_plain_numpy(messages, max_message_size, born_ts, born_raw, gen)
+        return encode_plain_c(messages, max_message_size, born_ts, born_raw, gen, seq_slot)
+    return encode_plain_numpy(messages, max_message_size, born_ts, born_raw, gen, seq_slot)
 
 
 def _tail_head(topic: str, tags: str | None) -> bytes | None:
@@ -100,6 +106,7 @@ def encode_plain_c(
     born_ts: int,
     born_raw: bytes,
     gen: UniqueKeyGenerator,
+    seq_slot: bytes | None = None,
 ) -> EncodedBatch | None:
     """:func:`encode_plain` through ``storage._native``."""
     assert _native is not None
@@ -139,15 +146,19 @@ def encode_plain_c(
         crc32_address,
         keyed,
         codec.java_hash(f"{topic}#") & 0xFFFFFFFF,
+        seq_slot or b"",
     )
     if out is None:
         return None
-    data, sizes, queue_ids, key_hashes, uniq_raw = out
+    raw, sizes, queue_ids, key_hashes, uniq_raw = out
+    size_arr = np.frombuffer(sizes, dtype=np.int32)
+    # with a slot, a bytearray's view: bound in place
+    data = memoryview(raw) if isinstance(raw, bytearray) else raw
     # a keyed record has two index entries, its key's then its unique key's
     owners = np.repeat(np.arange(n, dtype=np.int32), 2) if keyed else np.arange(n, dtype=np.int32)
     return codec.EncodedBatch(
         data=data,
-        sizes=np.frombuffer(sizes, dtype=np.int32),
+        sizes=size_arr,
         topics=(topic,),
         topic_idx=np.zeros(n, dtype=np.int16),
         queue_ids=np.frombuffer(queue_ids, dtype=np.int32),
@@ -156,6 +167,7 @@ def encode_plain_c(
         key_owner=owners,
         uniq_keys=codec.PackedKeys(uniq_raw),
         checked=True,
+        seq_slot_at=codec.slot_at(int(size_arr[0]), seq_slot) if seq_slot else None,
     )
 
 
@@ -173,6 +185,7 @@ def encode_plain_numpy(
     born_ts: int,
     born_raw: bytes,
     gen: UniqueKeyGenerator,
+    seq_slot: bytes | None = None,
 ) -> EncodedBatch | None:
     """:func:`encode_plain` with numpy: the fallback, and the C encoder's reference."""
     n = len(messages)
@@ -229,6 +242,12 @@ def encode_plain_numpy(
     head = _tail_head(topic, tags)
     if head is None:
         return None
+    extra = len(seq_slot) if seq_slot else 0
+    props_at = head[0] + 1  # PROPLEN in a tail, after the topic section
+    if extra and int.from_bytes(head[props_at : props_at + 2], "big") + extra > (
+        codec.MAX_PROPERTIES_LEN
+    ):
+        return None
     tails = np.empty((n, len(head) + 33), dtype=np.uint8)
     tails[:, : len(head)] = np.frombuffer(head, dtype=np.uint8)
     tails[:, len(head) : len(head) + 32] = uniq
@@ -236,6 +255,7 @@ def encode_plain_numpy(
     tail_len = tails.shape[1]
 
     sizes = codec.HEADER.size + lengths + tail_len
+    sizes[0] += extra  # the first record ends with the reserved slot
     hdr = np.zeros(n, dtype=codec._HDR)
     hdr["size"] = sizes
     hdr["magic"] = codec.MAGIC
@@ -259,7 +279,13 @@ def encode_plain_numpy(
     parts[0] = parts[0][ts:]
     parts[-1] = parts[-1][:ts]
     parts[1::2] = bodies
-    data = b"".join(parts)
+    if extra:  # the first tail: its PROPLEN counting the slot, the slot after it
+        assert seq_slot is not None
+        first_tail = bytearray(parts[2][:ts])
+        props = int.from_bytes(first_tail[props_at : props_at + 2], "big") + extra
+        first_tail[props_at : props_at + 2] = props.to_bytes(2, "big")
+        parts[2] = bytes(first_tail) + seq_slot + parts[2][ts:]
+    data = memoryview(bytearray().join(parts)) if extra else b"".join(parts)
 
     # index keys "topic#<prefix><12 digits>": the Java hash of the shared head times
     # 31**12 plus the digits' own, one matrix product for the batch
@@ -282,6 +308,7 @@ def encode_plain_numpy(
         key_owner=np.arange(n, dtype=np.int32),
         uniq_keys=codec.PackedKeys(uniq_raw),
         checked=True,
+        seq_slot_at=codec.slot_at(int(sizes[0]), seq_slot) if seq_slot else None,
     )
 
 

@@ -159,7 +159,11 @@ PyDoc_STRVAR(encode_plain_doc,
              "space or separator; ``head`` then ends after the tags (its PROPLEN is written\n"
              "per message), each record gets 'KEYS\\x01<key>\\x02' before its unique key, and\n"
              "``key_hashes`` holds two hashes a message, its key's (from ``key_topic_base``:\n"
-             "java_hash(topic + '#') as uint32) then its unique key's.");
+             "java_hash(topic + '#') as uint32) then its unique key's.\n\n"
+             "``slot`` (optional, bytes): a property ('name\\x01value\\x02') written after the\n"
+             "first record's unique key, its PROPLEN and TOTALSIZE counting it (an idempotent\n"
+             "producer's PRODUCER_SEQ, patched in place when the batch is bound: see\n"
+             "storage.codec.EncodedBatch.with_sequence); ``data`` is then a bytearray.");
 
 static PyObject *encode_plain(PyObject *self, PyObject *args) {
     PyObject *messages, *topic, *tags;
@@ -168,10 +172,12 @@ static PyObject *encode_plain(PyObject *self, PyObject *args) {
     unsigned long long start, crc_address;
     unsigned long key_hash_base, key_topic_base = 0;
     int keyed = 0;
-    if (!PyArg_ParseTuple(args, "OOOny*y*y*KkK|pk", &messages, &topic, &tags, &max_size, &header,
+    Py_buffer slot = {0};
+    if (!PyArg_ParseTuple(args, "OOOny*y*y*KkK|pky*", &messages, &topic, &tags, &max_size, &header,
                           &head, &prefix, &start, &key_hash_base, &crc_address, &keyed,
-                          &key_topic_base))
+                          &key_topic_base, &slot))
         return NULL;
+    const Py_ssize_t slot_len = slot.buf != NULL ? slot.len : 0;
     PyObject *result = NULL;
     PyObject **items = NULL;
     PyObject *seq = NULL;
@@ -191,6 +197,10 @@ static PyObject *encode_plain(PyObject *self, PyObject *args) {
     }
     if (header.len != HDR_LEN || prefix.len != PREFIX_LEN) {
         PyErr_SetString(PyExc_ValueError, "header must be 88 bytes and prefix 20");
+        goto done;
+    }
+    if (slot_len > 0 && (head.len < 3 || ((const unsigned char *)head.buf)[0] + 3 > head.len)) {
+        PyErr_SetString(PyExc_ValueError, "slot: head must start with the topic section");
         goto done;
     }
     seq = PySequence_Fast(messages, "messages must be a sequence");
@@ -281,8 +291,19 @@ static PyObject *encode_plain(PyObject *self, PyObject *args) {
         flags[i] = (int32_t)fv;
         total += fixed + blen + klen;
     }
+    if (slot_len > 0) {
+        /* the first record's properties with the slot must still fit PROPLEN's 15 bits */
+        const Py_ssize_t tsec = ((const unsigned char *)head.buf)[0] + 1;
+        const Py_ssize_t props0 =
+            keyed ? props_base + key_lens[0] : head.len - tsec - 2 + UNIQ_LEN + 1;
+        if (props0 + slot_len > 32767 || fixed + lens[0] + (keyed ? key_lens[0] : 0) + slot_len >
+                                              INT32_MAX)
+            goto not_plain;
+        total += slot_len;
+    }
 
-    data = PyBytes_FromStringAndSize(NULL, total);
+    data = slot_len > 0 ? PyByteArray_FromStringAndSize(NULL, total)
+                        : PyBytes_FromStringAndSize(NULL, total);
     sizes = PyBytes_FromStringAndSize(NULL, n * 4);
     queue_ids = PyBytes_FromStringAndSize(NULL, n * 4);
     key_hashes = PyBytes_FromStringAndSize(NULL, n * (keyed ? 8 : 4));
@@ -291,7 +312,10 @@ static PyObject *encode_plain(PyObject *self, PyObject *args) {
 
     /* pass 2, without the GIL: the bytes (the bodies are held above) */
     {
-        unsigned char *out = (unsigned char *)PyBytes_AS_STRING(data);
+        unsigned char *out = slot_len > 0 ? (unsigned char *)PyByteArray_AS_STRING(data)
+                                          : (unsigned char *)PyBytes_AS_STRING(data);
+        const unsigned char *slot_bytes = slot.buf;
+        const Py_ssize_t slot_at = ((const unsigned char *)head.buf)[0] + 1; /* PROPLEN */
         int32_t *size_out = (int32_t *)PyBytes_AS_STRING(sizes);
         int32_t *hash_out = (int32_t *)PyBytes_AS_STRING(key_hashes);
         unsigned char *text_out = (unsigned char *)PyBytes_AS_STRING(text);
@@ -303,7 +327,8 @@ static PyObject *encode_plain(PyObject *self, PyObject *args) {
         for (Py_ssize_t i = 0; i < n; i++) {
             const uint32_t blen = lens[i];
             const uint32_t klen = keyed ? key_lens[i] : 0;
-            const uint32_t size = (uint32_t)fixed + blen + klen;
+            const uint32_t extra = i == 0 ? (uint32_t)slot_len : 0;
+            const uint32_t size = (uint32_t)fixed + blen + klen + extra;
             unsigned char *r = out;
             memcpy(r, hdr, HDR_LEN);
             put_be32(r, size);
@@ -316,9 +341,13 @@ static PyObject *encode_plain(PyObject *self, PyObject *args) {
             r += blen;
             memcpy(r, hd, head_len);
             if (keyed) {
-                const uint32_t props = (uint32_t)props_base + klen;
+                const uint32_t props = (uint32_t)props_base + klen + extra;
                 r[topic_section] = (unsigned char)(props >> 8);
                 r[topic_section + 1] = (unsigned char)props;
+            } else if (extra) {
+                const uint32_t props = (((uint32_t)r[slot_at] << 8) | r[slot_at + 1]) + extra;
+                r[slot_at] = (unsigned char)(props >> 8);
+                r[slot_at + 1] = (unsigned char)props;
             }
             r += head_len;
             if (keyed) {
@@ -341,6 +370,7 @@ static PyObject *encode_plain(PyObject *self, PyObject *args) {
                 c >>= 4;
             }
             r[UNIQ_LEN] = 2;
+            if (extra) memcpy(r + UNIQ_LEN + 1, slot_bytes, extra);
             /* java_hash("topic#" + key) = java_hash("topic#" + prefix) * 31**12 + digits' */
             uint32_t h = (uint32_t)key_hash_base;
             for (int d = 0; d < 12; d++) h = h * 31u + key[PREFIX_LEN + d];
@@ -381,6 +411,7 @@ done:
     PyBuffer_Release(&header);
     PyBuffer_Release(&head);
     PyBuffer_Release(&prefix);
+    if (slot.buf != NULL) PyBuffer_Release(&slot);
     return result;
 }
 

@@ -140,6 +140,38 @@ def _marked(record: memoryview, value: str) -> bytes:
     )
 
 
+def seq_value(producer_id: str, epoch: int, seq: int, count: int, width: int = 0) -> bytes:
+    """A ``PRODUCER_SEQ`` value, ``id,epoch,first sequence,count``; with ``width`` (a
+    reserved slot's, :func:`seq_slot`) the numbers zero-padded to fill it exactly
+    (``int()`` reads them back the same)."""
+    if not width:
+        return f"{producer_id},{epoch},{seq},{count}".encode("ascii")
+    padded = f"{epoch:0{_SLOT_EPOCH}d},{seq:0{_SLOT_SEQ}d},{count:0{_SLOT_COUNT}d}"
+    return f"{producer_id},{padded}".encode("ascii")
+
+
+# a reserved PRODUCER_SEQ slot's numbers: epoch <= 0x7FFFFFFF, sequence < 2**62, count
+_SLOT_EPOCH, _SLOT_SEQ, _SLOT_COUNT = 10, 19, 10
+_SLOT_NAME = f"{PROP_PRODUCER_SEQ}{NAME_VALUE_SEP}".encode("ascii")
+
+
+def seq_slot(producer_id: str) -> bytes:
+    """The ``PRODUCER_SEQ`` property an encoder reserves in a batch's first record for
+    ``producer_id`` (``name\\x01value\\x02``): the value is a run of count 0, which
+    :meth:`EncodedBatch.with_sequence` overwrites in place and a replay ignores (a slot
+    never bound names no run)."""
+    validate_producer_id(producer_id)
+    width = len(producer_id) + 3 + _SLOT_EPOCH + _SLOT_SEQ + _SLOT_COUNT
+    return _SLOT_NAME + seq_value(producer_id, 0, 0, 0, width) + PROPERTY_SEP.encode("ascii")
+
+
+def slot_at(first_size: int, slot: bytes) -> tuple[int, int]:
+    """Where :func:`seq_slot`'s value lies in a batch whose first record (of
+    ``first_size`` bytes) ends with it: (offset, width)."""
+    width = len(slot) - len(_SLOT_NAME) - 1
+    return first_size - 1 - width, width
+
+
 _SINGLE_QUEUE_IDS: dict[int, np.ndarray] = {}
 """Read-only one-element queue id arrays by id: a single message bound for its queue
 (the most common send) shares one instead of allocating it each time."""
@@ -346,9 +378,13 @@ class EncodedBatch:
     # keeps it in the timer wheel (storage.timer); set by encode_batch, as above
     timer: bool = False
     checked: bool = field(default=False, compare=False)  # structure already verified
+    # where the encoder reserved the first record's PRODUCER_SEQ value (``seq_slot``):
+    # (its byte offset in ``data``, then a writable view, and its width); None: no slot
+    seq_slot_at: tuple[int, int] | None = field(default=None, compare=False)
     _body_range: tuple[int, int] | None = field(
         default=None, init=False, compare=False, repr=False
     )  # (min, max) BODYLEN, once a check walked the records
+    _uniform: bool | None = field(default=None, init=False, compare=False, repr=False)
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -366,7 +402,9 @@ class EncodedBatch:
         new = object.__new__(EncodedBatch)
         fields = new.__dict__
         fields.update(self.__dict__)
-        fields["_body_range"] = None
+        fields["_body_range"] = fields["_uniform"] = None
+        if "data" in changes:  # other bytes: a reserved slot is not where it was
+            fields["seq_slot_at"] = None
         fields.update(changes)
         return new
 
@@ -377,11 +415,41 @@ class EncodedBatch:
         them ``seq, seq + 1, ...`` on the queue they are bound for (``queue_id``: bound
         for it here, as :meth:`with_queue` does). The first record carries
         ``PRODUCER_SEQ`` (so recovery and slaves rebuild the producer state from the
-        CommitLog); the others are copied once, as they are."""
+        CommitLog).
+
+        A batch encoded with a slot for ``producer_id`` (:func:`seq_slot`) is bound in
+        place: the slot's few bytes are overwritten and the records shared, not copied.
+        So a batch bound again rewrites what its earlier binding sent: a producer binds
+        a chunk again only when that binding will not be sent (again). Any other batch
+        is copied once, its first record marked."""
         validate_producer_id(producer_id)
         if not 0 <= epoch <= 0x7FFFFFFF or not 0 <= seq < 1 << 62:
             raise InvalidMessageError(f"producer epoch={epoch} / sequence={seq}: out of range")
         n = len(self.sizes)
+        if self.seq_slot_at is not None:  # reserved by the encoder: patched in place
+            at, width = self.seq_slot_at
+            data = self.data
+            value = seq_value(producer_id, epoch, seq, n, width)
+            if (
+                not isinstance(data, memoryview)
+                or data.readonly
+                or len(value) != width
+                or data[at - len(_SLOT_NAME) : at] != _SLOT_NAME
+                or data[at + width] != 2
+            ):
+                raise InvalidMessageError(
+                    f"encoded batch: its PRODUCER_SEQ slot of {width} bytes does not fit "
+                    f"producer {producer_id!r} (reserved for another id?)"
+                )
+            data[at : at + width] = value
+            return self._evolve(
+                queue_ids=self.queue_ids
+                if queue_id is None
+                else _queue_ids(validate_queue_id(queue_id), n),
+                producer_id=producer_id,
+                producer_epoch=epoch,
+                seq_runs=np.array(((0, seq),), dtype=np.int64),
+            )
         view = memoryview(self.data).cast("B")
         first = int(self.sizes[0])
         record = _marked(view[:first], f"{producer_id},{epoch},{seq},{n}")
@@ -548,11 +616,12 @@ class EncodedBatch:
 
     @property
     def uniform(self) -> bool:
-        """One topic and one queue: offsets can be assigned as a range."""
-        if len(self.topics) != 1:
-            return False
-        low, high = _min_max(self.queue_ids)
-        return low == high
+        """One topic and one queue: offsets can be assigned as a range (found once: an
+        idempotent batch's check and its put both ask)."""
+        if self._uniform is None:
+            low, high = _min_max(self.queue_ids) if len(self.topics) == 1 else (0, 1)
+            object.__setattr__(self, "_uniform", low == high)
+        return bool(self._uniform)
 
     def to_bytes(self) -> bytes:
         return b"".join([*self._wire_head(), self.data])

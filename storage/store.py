@@ -501,6 +501,10 @@ class MessageStore:
                     part.producer_id, part.producer_epoch, part.runs()
                 )
             part_qoffs, part_phys, notes, end = self._append(part)
+            if part is batch:  # every run new (a merged call's usual case): as written
+                now = int(self._clock() * 1000)
+                self.producers.record_batch(batch, runs, decided, part_qoffs, part_phys, now)
+                return part_qoffs, part_phys, notes, end
         k = 0
         for (a, c, _), hit in zip(runs, decided):
             if hit is None:

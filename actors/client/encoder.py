@@ -13,6 +13,11 @@ of :class:`~actors.client.send_result._Chunk`, each one call's worth:
   maps each chunk's records back to their indexes in that list, so results come
   back in the caller's order.
 
+An idempotent producer's encoder (given its :class:`Sequencer`) reserves, once the
+producer has its id, a ``PRODUCER_SEQ`` slot in each plain chunk's first record
+(``storage.codec.seq_slot``): binding the chunk to a queue's sequences then patches
+those few bytes in place instead of copying the chunk (``EncodedBatch.with_sequence``).
+
 No Ray and no cluster here: an encoder needs only a :class:`ProducerConfig`.
 """
 
@@ -25,6 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from actors.client.idempotence import Sequencer
 from actors.client.send_result import _Chunk
 from actors.config.client import ProducerConfig
 from actors.protocol.topic import SYSTEM_TOPICS
@@ -38,13 +44,25 @@ from storage.message import Message
 class MessageEncoder:
     """Turns a send's messages (or batches encoded already) into chunks; see the module doc."""
 
-    def __init__(self, config: ProducerConfig) -> None:
+    def __init__(self, config: ProducerConfig, sequencer: Sequencer | None = None) -> None:
         self.config = config
+        self.sequencer = sequencer
         self._uniq = codec.UniqueKeyGenerator()
         self._born = codec.host_to_bytes(config.born_host)
+        self._slot: tuple[str, bytes] | None = None  # (producer id, its PRODUCER_SEQ slot)
 
-    def encode(self, messages: Sequence[Message]) -> list[_Chunk]:
-        """Validate and encode: one chunk per topic and size limit, in the caller's order."""
+    def _seq_slot(self) -> bytes | None:
+        """The slot to reserve: none before the producer has its id (its first send)."""
+        pid = self.sequencer.producer_id if self.sequencer is not None else None
+        if pid is None:
+            return None
+        if self._slot is None or self._slot[0] != pid:
+            self._slot = (pid, codec.seq_slot(pid))
+        return self._slot[1]
+
+    def encode(self, messages: Sequence[Message], numbered: bool = True) -> list[_Chunk]:
+        """Validate and encode: one chunk per topic and size limit, in the caller's order.
+        ``numbered=False``: chunks an idempotent producer will not bind (oneway sends)."""
         if not messages:
             raise InvalidMessageError("send needs at least one message")
         cfg = self.config
@@ -58,7 +76,12 @@ class MessageEncoder:
             # the usual batch (one topic, plain, one call's worth) in one pass: the plain
             # encoder checks every message is a Message of the first one's topic
             batch = encode_plain(
-                messages, cfg.max_message_size, int(time.time() * 1000), self._born, self._uniq
+                messages,
+                cfg.max_message_size,
+                int(time.time() * 1000),
+                self._born,
+                self._uniq,
+                self._seq_slot() if numbered else None,
             )
             if batch is not None and len(batch.data) <= cfg.max_batch_bytes:
                 return [_Chunk(first.topic, batch, np.arange(len(messages)))]

@@ -101,13 +101,13 @@ class Producer:
             wrap=self._data_path.wrap,
         )
         self.fault = LatencyFaultTolerance(self.config.fault_isolation_s)
-        self._encoder = MessageEncoder(self.config)
         self._selector = QueueSelector(self.ns, self.fault, self.config)
         self._transport = RayTransport(self.ns, self.config)
         self._budget = AsyncSendBudget(
             self.config.async_send_max_messages, self.config.async_send_max_bytes
         )
         self.sequencer = Sequencer(self._allocate_id) if self.config.enable_idempotence else None
+        self._encoder = MessageEncoder(self.config, self.sequencer)
         self._sender = Sender(
             self.config, self._selector, self._transport, self.fault, self._budget, self.sequencer
         )
@@ -206,7 +206,7 @@ class Producer:
     def send_oneway(self, messages: Message | Sequence[Message]) -> None:
         """Fire and forget: no answer is awaited and no failure is reported."""
         msgs = [messages] if isinstance(messages, Message) else list(messages)
-        self._sender.send_oneway(self._encoder.encode(msgs))
+        self._sender.send_oneway(self._encoder.encode(msgs, numbered=False))
 
     def _allocate_id(self, route: TopicRouteData, broker_name: str) -> str:
         """A producer id from ``broker_name``'s master (the sequencer's first send)."""

@@ -15,7 +15,14 @@ Contract of :meth:`Transport.call`:
 * a broker the transport cannot reach raises ``BrokerUnavailableError`` at once
   (the sender marks the broker failed and retries elsewhere); any other error is
   the call's own;
-* ``auto_n`` > 0 asks the broker to create the topic with that many queues.
+* ``auto_n`` > 0 asks the broker to create the topic with that many queues;
+* the batches' bytes are copied (into the ring, into the call's argument) before
+  :meth:`Transport.call` returns: an idempotent producer's chunk is bound in place
+  (``EncodedBatch.with_sequence`` on a reserved slot), and bound again, rewriting those
+  bytes, once the sender has given up on this call's binding, which may be before the
+  call is answered (a refused retry, a new epoch). (A broker that answers that it
+  cannot read the ring gets the call again through Ray: the bytes read back from the
+  ring slot, which is held until then.)
 
 :class:`RayTransport`: a call of ``OUT_OF_BAND_BYTES`` or more to a master on
 this producer's own Ray node goes through a shared memory ring
@@ -160,18 +167,25 @@ class RayTransport:
         out: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
         def answered(fut: concurrent.futures.Future[Any]) -> None:
-            ring.release(offset)  # the call is over, answered or not: the slot is free
             try:
                 wire = fut.result()
             except BaseException as exc:  # noqa: BLE001 - the lane hears of it
+                ring.release(offset)  # the call is over: the slot is free
                 out.set_exception(exc)
                 return
             if wire is not None:
+                ring.release(offset)
                 out.set_result(wire)
                 return
-            self._drop_ring(ring)  # this broker cannot read it: Ray's object store
+            # this broker cannot read it: Ray's object store, with the bytes as this call
+            # wrote them (a chunk bound in place may have been bound again since)
+            blob = ring.read(offset, size)
+            ring.release(offset)
+            self._drop_ring(ring)
             try:
-                again = broker.send.remote(_arg(b"".join(parts)), auto_n)
+                again = broker.send.remote(
+                    _arg(blob if blob is not None else b"".join(parts)), auto_n
+                )
             except BaseException as exc:  # noqa: BLE001
                 out.set_exception(exc)
                 return

@@ -91,6 +91,12 @@ class SharedRing:
                 pos += n
         return offset
 
+    def read(self, offset: int, length: int) -> bytes | None:
+        """A copy of the ``length`` bytes written at ``offset`` (a slot still held), or
+        ``None`` once the ring is closed."""
+        with self._lock:
+            return None if self._closed else self._map[offset : offset + length]
+
     def release(self, offset: int) -> None:
         """The call that used the slot at ``offset`` is over: the slot is free."""
         with self._lock:

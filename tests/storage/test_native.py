@@ -236,3 +236,43 @@ def test_records_become_visible_only_once_their_store_fields_are_written(
         )
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("tags", [None, "x", "t" * 32_700])
+def test_the_encoders_reserve_the_same_producer_seq_slot(tags: str | None) -> None:
+    """C and numpy write the same bytes with a PRODUCER_SEQ slot in the first record, and
+    both give the batch up (None: the general path) when the slot would not fit PROPLEN."""
+    from storage import _fast_encode
+
+    class Keys(codec.UniqueKeyGenerator):
+        def take(self, n: int) -> int:
+            return 1234
+
+    gen, born = Keys(), codec.host_to_bytes("10.0.0.1:9")
+    msgs = [Message("T", bytes([i]) * (i + 1), tags=tags, queue_id=i % 3) for i in range(20)]
+    slot = codec.seq_slot("a-producer@1")
+    c = _fast_encode.encode_plain_c(msgs, 1 << 20, 7, born, gen, slot)
+    py = _fast_encode.encode_plain_numpy(msgs, 1 << 20, 7, born, gen, slot)
+    if tags is not None and len(tags) > 32_000:
+        assert c is None and py is None
+        return
+    assert c is not None and py is not None
+    assert bytes(c.data) == bytes(py.data) and c.sizes.tolist() == py.sizes.tolist()
+    assert c.seq_slot_at == py.seq_slot_at
+    plain = _fast_encode.encode_plain_c(msgs, 1 << 20, 7, born, gen)
+    assert plain is not None and plain.seq_slot_at is None
+    # only the first record grew, by the slot
+    assert (c.sizes - plain.sizes).tolist() == [len(slot)] + [0] * 19
+    c.check_structure()  # as a broker checks it: lengths, properties, CRCs
+    first = codec.decode_records(bytes(c.data))[0]
+    assert first.properties[codec.PROP_PRODUCER_SEQ].endswith(",0000000000")  # count 0
+    # keyed batches (one key each) have no numpy twin: the C slot is checked as a broker would
+    keyed = [Message("T", b"k%d" % i, keys=f"order-{i}") for i in range(20)]
+    kc = _fast_encode.encode_plain_c(keyed, 1 << 20, 7, born, gen, slot)
+    assert kc is not None and kc.seq_slot_at is not None
+    kc.check_structure()
+    bound = kc.with_sequence("a-producer@1", 2, 40, 1)
+    got = codec.decode_records(bytes(codec.EncodedBatch.from_bytes(bound.to_bytes()).data))
+    assert [list(m.keys) for m in got] == [[f"order-{i}"] for i in range(20)]
+    pseq = got[0].properties[codec.PROP_PRODUCER_SEQ]
+    assert pseq == f"a-producer@1,{2:010d},{40:019d},{20:010d}"

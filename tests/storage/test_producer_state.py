@@ -104,6 +104,16 @@ def test_a_merged_call_writes_only_its_new_runs(store) -> None:
     again = store.put_encoded(wire(merged))
     assert again.commitlog_offsets.tolist() == got.commitlog_offsets.tolist()
     assert store.commitlog.max_offset == end
+    # a merged call of new runs only (a send lane's usual one): written as it came, and
+    # each run remembered where it went
+    fresh = codec.EncodedBatch.concat(
+        [run("T", 0, 2, "p:1", 0, 3, "d"), run("U", 1, 1, "p:1", 0, 3, "e")]
+    )
+    got = store.put_encoded(wire(fresh))
+    assert got.queue_offsets.tolist() == [3, 4, 3]
+    retried = store.put_encoded(wire(fresh))
+    assert retried.commitlog_offsets.tolist() == got.commitlog_offsets.tolist()
+    assert store.max_offset("T", 0) == 5 and store.max_offset("U", 1) == 4
 
 
 def test_a_merged_call_with_a_run_stored_long_ago_still_writes_its_new_runs(store) -> None:
@@ -252,3 +262,55 @@ def test_after_a_sigkill_every_batch_retried_is_stored_once(tmp_path: Path, flus
                 bodies += [m.body for m in got_q]
                 offset += len(got_q)
         assert len(bodies) == len(set(bodies)) == sum(counts)
+
+
+def test_a_reserved_slot_is_bound_in_place_and_rebuilds_the_table_as_a_copy_does(
+    tmp_path: Path,
+) -> None:
+    """An idempotent producer's encoder reserves PRODUCER_SEQ in the first record
+    (codec.seq_slot): binding patches it in place, the broker stores it as any run, and
+    a replay of the CommitLog finds the same runs as the live table; a slot never bound
+    (a run of count 0) is no run at all."""
+    from storage import producer_state
+    from storage._fast_encode import encode_plain
+
+    gen, born = codec.UniqueKeyGenerator(), codec.host_to_bytes("127.0.0.1:1")
+
+    def slotted(n: int, tag: str) -> codec.EncodedBatch:
+        msgs = [Message("T", f"{tag}-{i}".encode(), tags="x") for i in range(n)]
+        batch = encode_plain(msgs, 1 << 20, 1, born, gen, codec.seq_slot("p:1"))
+        assert batch is not None and batch.seq_slot_at is not None
+        return batch
+
+    with MessageStore(small_config(tmp_path / "s")) as store:
+        first = slotted(20, "a")
+        records = bytes(first.data)
+        bound = first.with_sequence("p:1", 0, 0, 1)
+        assert bound.data.obj is first.data.obj  # type: ignore[union-attr]  # not copied
+        assert len(bound.data) == len(records)  # same records, a few bytes rewritten
+        done = store.put_encoded(wire(bound))
+        again = store.put_encoded(wire(bound))  # a retry of the same bytes: stored once
+        assert again.queue_offsets.tolist() == done.queue_offsets.tolist() == list(range(20))
+        m = store.message_at(int(done.commitlog_offsets[0]))
+        assert m.body == b"a-0"
+        assert m.properties[codec.PROP_PRODUCER_SEQ] == f"p:1,{0:010d},{0:019d},{20:010d}"
+        # bound again (a new epoch after the first binding was given up): rewritten
+        second = slotted(30, "b")
+        second.with_sequence("p:1", 0, 20, 1)
+        later = store.put_encoded(wire(second.with_sequence("p:1", 1, 0, 1)))
+        assert later.queue_offsets.tolist() == list(range(20, 50))
+        with pytest.raises(ProducerFencedError):
+            store.put_encoded(wire(slotted(8, "c").with_sequence("p:1", 0, 20, 1)))
+        # a slotted batch sent without its numbers (a plain put): its slot names no run
+        store.put_encoded(wire(slotted(10, "d").with_queue(2)))
+        # a slot reserved for another producer id is refused and left as it was
+        other = slotted(10, "e")
+        before = bytes(other.data)
+        with pytest.raises(InvalidMessageError, match="slot"):
+            other.with_sequence("p:22", 0, 0, 1)
+        assert bytes(other.data) == before
+        replayed = producer_state.ProducerStateTable()
+        found = producer_state.replay(replayed, store.commitlog, 0, store.commitlog.max_offset)
+        assert found == 3  # two bound runs and the slot never bound (ignored)
+        assert replayed.snapshot(0)["queues"] == store.producers.snapshot(0)["queues"]
+        assert [q[:5] for q in replayed.snapshot(0)["queues"]] == [["p:1", "T", 1, 1, 30]]
