@@ -19,11 +19,20 @@ default pull batch of 32 held push consumption to half of what ``pull_many``
 read. A broker refusing one queue of a shared call (a perm or topic change)
 fails the call: each of its queues is then pulled alone until it is answered
 again, so one queue's trouble never stalls the others.
+
+A small answer (up to ``INLINE_ANSWER_BYTES``) is buffered and handed to the
+consume threads by the thread that completed it (the client I/O loop, over the
+socket), not by this thread: the listener hears of a message one thread wake
+sooner. The pulls it makes due still leave from this thread (an event carries
+them); errors and large answers (whose decoding would hold the I/O loop up) come
+here as before. ``RAYMQ_PUSH_INLINE_ANSWERS=0`` turns that off (a diagnostic
+switch, to compare both ways in one benchmark).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -44,7 +53,9 @@ from storage.errors import RayMQError
 
 log = logging.getLogger("raymq.actors.push_consumer")
 
-_PULL, _RETRY, _DONE, _EXPIRE = range(4)
+_PULL, _RETRY, _DONE, _EXPIRE, _DUE = range(5)
+INLINE_ANSWER_BYTES = 64 << 10
+_INLINE = os.environ.get("RAYMQ_PUSH_INLINE_ANSWERS", "1") != "0"
 _SPIN_GUARD_S = 0.1  # a pull that comes back empty this fast was not held: wait a little
 
 Due = list[tuple[ProcessQueue, tuple[PullState, ...]]]  # queues to pull, from which states
@@ -119,6 +130,8 @@ class PullMessageService:
             due.append((pq, (PullState.IDLE, PullState.PAUSED)))
         elif kind == _RETRY:
             due.append((pq, (PullState.WAITING,)))
+        elif kind == _DUE:  # pulls an answer handled on its own thread made due
+            due.extend(payload)
         elif kind == _EXPIRE:
             with pq.lock:
                 if pq.pull_gen != payload or pq.state is not PullState.PULLING:
@@ -175,10 +188,34 @@ class PullMessageService:
             c.stats.add("pulls")
             out = [(pq, gen) for pq, gen, _ in members]
             ref.future().add_done_callback(
-                lambda fut, out=out, started=started: self._events.put(
-                    (_DONE, None, (out, started, fut))
-                )
+                lambda fut, out=out, started=started: self._answered(out, started, fut)
             )
+
+    def _answered(
+        self, members: list[tuple[ProcessQueue, int]], started: float, fut: Future[Any]
+    ) -> None:
+        """A pull's answer, on the thread that completed it: a small one is handled here
+        (see the module doc), anything else by the pull thread."""
+        if not _INLINE or self._stopped or fut.exception() is not None:
+            self._events.put((_DONE, None, (members, started, fut)))
+            return
+        try:
+            small = memoryview(fut.result()).nbytes <= INLINE_ANSWER_BYTES
+        except TypeError:
+            small = False
+        if not small:
+            self._events.put((_DONE, None, (members, started, fut)))
+            return
+        due: Due = []
+        try:
+            self._on_done(members, started, fut, due)
+        except Exception:  # noqa: BLE001 - as the loop does: pull these queues again later
+            log.exception("pull service: handling an answer failed")
+            for pq, _ in members:
+                self._retry_later(pq, None)
+            return
+        if due:
+            self._events.put((_DUE, None, due))
 
     def _on_done(
         self,
@@ -292,4 +329,6 @@ def _queues_of(ev: tuple[int, Any, Any]) -> list[ProcessQueue]:
     kind, pq, payload = ev
     if kind == _DONE:
         return [member for member, _ in payload[0]]
+    if kind == _DUE:
+        return [member for member, _ in payload]
     return [pq]
