@@ -311,6 +311,8 @@ class BrokerConnection:
         with self._wlock:
             self._writer = transport
             if self._ssl is None and DIRECT_WRITES:
+                if self._sock is not None:  # an old transport's, not yet told it was lost
+                    self._sock.close()
                 raw = transport.get_extra_info("socket")
                 self._sock = socket.socket(fileno=os.dup(raw.fileno()))
                 self._sock.setblocking(False)
