@@ -518,23 +518,24 @@ def test_ack_message_with_several_entries_answers_each(
     """One AckMessage of several entries (acked in one store operation at the broker):
     each entry answers its own status, a forged one INVALID_RECEIPT_HANDLE and the call
     MULTIPLE_RESULTS; the acked messages never come back, the forged entry changed
-    nothing."""
+    nothing. Each receive's messages are acked at once, so however long receiving all
+    six takes on a loaded machine, none lapses before its ack."""
     sent = _send_native(cluster, ACK_TOPIC, "ack", 6)
     group = "grpc-ack-group"
+    invisible_s = 3
     consumer = SimpleConsumer(config, group, {ACK_TOPIC: FilterExpression()}, await_duration=1)
     consumer.startup()
-    try:
-        # invisible long enough for all six to be received first on a loaded machine
-        # (at 2 s a CI run saw the first lapse and come back before the sixth arrived)
-        got = _receive_ids(consumer, set(sent), invisible_s=5)
-        lapses_by = time.monotonic() + 5.5
+    acked: set[str] = set()
+    lapses_by = 0.0
+
+    def ack_all(msgs: list[Any]) -> None:
         by_broker: dict[str, list[Any]] = {}
-        for m in got.values():
+        for m in msgs:
             by_broker.setdefault(m.receipt_handle.split(" ")[6], []).append(m)
-        for broker, msgs in by_broker.items():
+        for broker, some in by_broker.items():
             entries = [
                 AckMessageEntry(message_id=m.message_id, receipt_handle=m.receipt_handle)
-                for m in msgs
+                for m in some
             ]
             entries.insert(1, AckMessageEntry(message_id="01FORGED", receipt_handle="forged"))
             channel = grpc.insecure_channel(endpoints[f"{broker}-0"]["addr"])
@@ -555,8 +556,22 @@ def test_ack_message_with_several_entries_answers_each(
                 )
                 for e in entries
             ]
+
+    def more() -> bool:
+        nonlocal lapses_by
+        msgs = consumer.receive(16, invisible_s)
+        if msgs:
+            lapses_by = time.monotonic() + invisible_s + 0.5
+            assert not {m.message_id for m in msgs} & acked, "an acked message came back"
+            ack_all(msgs)
+            acked.update(m.message_id for m in msgs)
+        return acked >= set(sent)
+
+    try:
+        wait_until(more, interval_s=0, what="6 messages received and acked")
+        assert acked == set(sent)
         while time.monotonic() < lapses_by:  # past their invisible time: none comes back
-            assert consumer.receive(16, 2) == []
+            assert consumer.receive(16, invisible_s) == []
     finally:
         consumer.shutdown()
 
