@@ -58,6 +58,10 @@ def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
             port=0,
             refresh_ms=REFRESH_MS,
             sample_interval_ms=SAMPLE_MS,
+            # the ring must not fill while the module runs: a full one (120 samples are
+            # 30 s at SAMPLE_MS) draws the same number of points at every refresh, and
+            # the charts' self-refresh is checked by their points growing
+            samples_kept=10_000,
             rate_window_ms=RATE_WINDOW_MS,
             job_chunk=JOB_CHUNK,
         ),
