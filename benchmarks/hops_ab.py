@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -156,6 +157,7 @@ def main() -> int:
     finally:
         cluster.shutdown()
         ray.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
     print(f"\nmedians of {args.rounds} rounds          off        on    on/off")
     for name, by in rows.items():
         off, on_ = statistics.median(by[False]), statistics.median(by[True])
