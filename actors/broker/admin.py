@@ -46,6 +46,11 @@ class AdminBrokerProcessor:
         config = TopicConfig.checked(config)
         self._refuse_system(config.topic_name, "created or changed")
         self.rt.topics.put(config)
+        if not self.role.is_master:
+            # created here and on the master at once (start_cluster, admin tools): a metadata
+            # snapshot the master took just before its own create must not delete it here,
+            # or a failover in that window would lose the topic for good
+            self.role.learned.add(config.topic_name)
         await self.rt.register_all()
         return config
 
@@ -53,6 +58,7 @@ class AdminBrokerProcessor:
         validate_topic(topic)
         self._refuse_system(topic, "deleted")
         removed = self.rt.topics.delete(topic)
+        self.role.learned.discard(topic)
         if removed:
             self.rt.offsets.remove_topic(topic)
             await self.rt.register_all()

@@ -452,6 +452,7 @@ class DLedgerReplication(Replication):
             "leader_changes": self.leader_changes,
             "death_notices": dict(self.death_notices),
             "raft_members": list(node.members),
+            "metadata_syncs": self.sync.rounds,
             # on the leader: the last log index each follower is known to hold
             "match_index": (
                 {peer: node.match_index(peer) for peer in node.peers} if node.is_leader else {}

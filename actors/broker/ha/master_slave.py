@@ -407,6 +407,7 @@ class MasterSlaveReplication(Replication):
             out["ha_master_offset"] = c.master_end if c is not None else 0
             out["ha_rounds"] = c.rounds if c is not None else 0
             out["ha_received_bytes"] = c.received if c is not None else 0
+            out["metadata_syncs"] = self.sync.rounds if self.sync is not None else 0
         else:
             out.update(self.service.status())
         return out

@@ -57,6 +57,7 @@ class SlaveSynchronize:
         self._delay: dict[int, int] | None = None
         self._groups: dict[str, Any] | None = None  # the master's subscriptionGroup.json
         self.last_sync = 0.0
+        self.rounds = 0  # metadata snapshots applied
         self._kick = asyncio.Event()
 
     def record_local(self, group: str, offsets: dict[tuple[str, int], int]) -> None:
@@ -94,6 +95,7 @@ class SlaveSynchronize:
         snapshot = await asyncio.wait_for(handle.ha_config_snapshot.remote(), CALL_TIMEOUT_S)
         await self.broker.run(self.apply, snapshot)
         self.last_sync = asyncio.get_running_loop().time()
+        self.rounds += 1
         return True
 
     def apply(self, snapshot: dict[str, Any]) -> None:

@@ -85,6 +85,14 @@ def test_a_sync_slave_holds_the_masters_commitlog_byte_for_byte(make_cluster: An
     )
     assert status_of(master)["slaves"]["broker-a-1"]["ack_offset"] > 0
 
+    # a topic created on the slave (as start_cluster and admin tools create one on every
+    # member at once) outlives a snapshot the master took before its own create: else a
+    # failover in that window would lose the topic for good
+    ray.get(slave.create_topic.remote(actors.TopicConfig("HA3", 1, 1)))
+    rounds = status_of(slave)["metadata_syncs"]
+    wait_until(lambda: status_of(slave)["metadata_syncs"] >= rounds + 2, what="two more syncs")
+    assert "HA3" in ray.get(slave.topic_configs.remote())
+
 
 def test_sync_master_says_when_no_slave_has_the_bytes(make_cluster: Any) -> None:
     cluster = make_cluster(
