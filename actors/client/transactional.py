@@ -46,7 +46,12 @@ from actors.protocol import checks, rpc
 from actors.protocol.names import DEFAULT_NAMESPACE
 from rebalance import MessageQueue
 from storage.codec import validate_topic
-from storage.errors import InvalidMessageError, ProducerFencedError, RayMQError
+from storage.errors import (
+    BrokerUnavailableError,
+    InvalidMessageError,
+    ProducerFencedError,
+    RayMQError,
+)
 from storage.message import Message
 from storage.properties import PROP_PRODUCER_GROUP, PROP_TRAN_MSG
 from storage.transaction import PROP_GLOBAL_TXN, PROP_TXN_EPOCH, PROP_TXN_PRODUCER
@@ -326,6 +331,14 @@ class TransactionalProducer(Producer):
         while True:
             try:
                 return rpc.get(getattr(self.coordinator, method).remote(*args), timeout)
+            except BrokerUnavailableError as exc:
+                # a new instance waits for its predecessor's decision to reach a broker
+                # that is restarting (the coordinator retries it meanwhile)
+                if method != "init_producer" or time.monotonic() > deadline:
+                    raise
+                log.warning("transaction coordinator %s: %s", method, exc)
+                time.sleep(delay)  # nothing to wait on: the broker's restart is Ray's
+                delay = min(1.0, delay * 2)
             except RayMQError:
                 raise
             except Exception as exc:  # noqa: BLE001 - Ray could not deliver: again

@@ -51,6 +51,8 @@ from actors.protocol.names import DEFAULT_NAMESPACE
 from storage.errors import BrokerUnavailableError, InvalidMessageError, ProducerFencedError
 from storage.txn_log import ABORT, COMMIT, OPEN, Offsets, TransactionLog, TxnRecord
 
+_DECIDED = {COMMIT: "committed", ABORT: "aborted"}
+
 log = logging.getLogger("raymq.actors.coordinator.txn")
 
 TXN_COORDINATOR_NAME = "txn-coordinator"
@@ -252,17 +254,19 @@ class TransactionCoordinator:
             pid = prev.producer_id if prev else f"{tid}@{time.time_ns() // 1000}"
             epoch = prev.epoch + 1 if prev else 0
             await self._io_call(self.log.set_epoch, tid, pid, epoch)
-        if prev is not None:
-            await self._fence_brokers(tid, epoch)
         # what the predecessor decided is applied before the new instance reads offsets:
         # a consume-transform-produce loop must not start from offsets a commit has
-        # yet to move (Kafka's consumers wait for pending transactional offsets alike)
+        # yet to move (Kafka's consumers wait for pending transactional offsets alike).
+        # And before the fence: raising it rolls back every half message of an earlier
+        # epoch still pending, which would drop a commit decided but not yet applied
         for t in [t for t in self.log.txns.values() if t.tid == tid and not t.done]:
             if not await self._apply(t):
                 raise BrokerUnavailableError(
-                    f"transaction {t.txn_id} of {tid!r} is {t.state}ed but not applied yet "
+                    f"transaction {t.txn_id} of {tid!r} is {_DECIDED[t.state]} but not applied yet "
                     "(a broker is down): try again"
                 )
+        if prev is not None:
+            await self._fence_brokers(tid, epoch)
         return pid, epoch
 
     async def end(
@@ -309,7 +313,7 @@ class TransactionCoordinator:
             txn = self.log.txns.get(txn_id)
             if txn is not None and txn.state != OPEN:
                 if (txn.state == COMMIT) != commit:
-                    raise TransactionStateError(f"transaction {txn_id!r} was {txn.state}ed")
+                    raise TransactionStateError(f"transaction {txn_id!r} was {_DECIDED[txn.state]}")
             else:
                 current = self.log.producers.get(transactional_id)
                 if not commit and current is not None and epoch < current.epoch:

@@ -238,6 +238,94 @@ def test_a_stream_to_a_sink_topic_killed_at_random_points_writes_each_input_once
     assert all(p.transaction for p in progress)
 
 
+def test_a_stream_to_a_sink_topic_whose_broker_is_sigkilled_writes_each_input_once(
+    spark, make_cluster, tmp_path
+):
+    # the only broker (SYNC_FLUSH: what it acknowledged survives) is SIGKILLed three times
+    # while the query runs: before its executors read and send a batch, after they sent it
+    # (the commit meets a dead broker), after the commit (the checkpoint does); Ray
+    # restarts it in place and it recovers its store each time
+    cluster = make_cluster(
+        nameservers=1,
+        brokers=1,
+        broker_options={
+            "store": {"flush_disk_type": "SYNC_FLUSH"},
+            "transaction_check_interval_s": 0.5,
+            "transaction_timeout_s": 1.0,
+        },
+    )
+    first = cluster.transactional_producer(
+        "eo-kill-setup", "eo-kill-setup", coordinator_log_dir=str(tmp_path / "txnlog")
+    )
+    first.close()
+    n, per_batch = 300, 100
+    cluster.admin.create_topic("EoKillIn", read_queue_nums=2, write_queue_nums=2)
+    cluster.admin.create_topic("EoKillOut", read_queue_nums=2, write_queue_nums=2)
+    feed = cluster.producer("eo-kill-feed")
+    feed.send_batch([Message("EoKillIn", b"%d" % i) for i in range(n)])
+    feed.close()
+    broker = cluster.broker("broker-a")
+    kills = [(0, "planned"), (1, "written"), (2, "committed")]
+    pending_kills = list(kills)
+    pids: list[int] = []
+
+    def on_step(step: str, batch_id: int) -> None:
+        if pending_kills and pending_kills[0] == (batch_id, step):
+            pending_kills.pop(0)
+            pids.append(ray.get(broker.status.remote())["pid"])
+            ray.kill(broker, no_restart=False)  # SIGKILL; the query goes on as it can
+
+    def transform(df, batch_id: int):
+        return df.select(F.concat(F.lit("out-"), F.col("body")).cast("binary").alias("body"))
+
+    runs, errors = 0, []
+    while True:
+        runs += 1
+        assert runs <= 10, f"no end after {runs} runs: {errors}"
+        query = stream_to_spark(
+            spark,
+            "EoKillIn",
+            "eo-kill",
+            transform,
+            sink_topic="EoKillOut",
+            namespace=cluster.namespace,
+            max_messages_per_batch=per_batch,
+            available_now=True,
+            num_partitions=2,
+            max_retries=5,
+            retry_backoff_s=0.5,
+            on_step=on_step,
+        )
+        assert query.await_termination(timeout_s=180, raise_error=False)
+        if query.exception is None and not pending_kills:
+            break
+        if query.exception is not None:  # a step the broker's death failed: start again
+            errors.append(f"{type(query.exception).__name__}: {query.exception}")
+    assert len(set(pids)) == 3  # three broker processes were killed
+
+    seen: list[Counter[bytes]] = []
+
+    def visible() -> Counter[bytes] | None:
+        seen.append(_bodies(cluster, "EoKillOut"))
+        return seen[-1] if sum(seen[-1].values()) >= n else None
+
+    try:
+        out = wait_until(visible, timeout_s=30, what="every output visible")
+    except AssertionError:
+        pend = ray.get(cluster.broker("broker-a").pending_transactions.remote())
+        committed = cluster.pull_consumer("eo-kill").fetch_offsets("EoKillIn")
+        raise AssertionError(
+            f"{sum(seen[-1].values())} visible, {len(pend)} pending, offsets {committed}, "
+            f"missing {sorted(set(b'out-%d' % i for i in range(n)) - set(seen[-1]))[:20]}, "
+            f"errors {errors}"
+        ) from None
+    dupes = {b: c for b, c in out.items() if c != 1}
+    assert not dupes, f"duplicated {dupes} (errors {errors})"
+    assert set(out) == {b"out-%d" % i for i in range(n)}
+    committed = cluster.pull_consumer("eo-kill").fetch_offsets("EoKillIn")
+    assert sum(committed.values()) == n
+
+
 def test_bad_transactional_calls_are_refused_and_change_nothing(spark, txn_cluster):
     cluster = txn_cluster
     cluster.admin.create_topic("TxnBad", read_queue_nums=1, write_queue_nums=1)
