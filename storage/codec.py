@@ -1051,6 +1051,8 @@ def encode_batch(
     delays: list[int] | None = None
     transactional = False
     timer = False
+    last_user: Any = None
+    last_text = ""
     append = parts.append
     fixed = FIXED_LEN - 1
     next_uk = gen.next
@@ -1093,13 +1095,18 @@ def encode_batch(
             else:
                 prop_text = tag_text[tags] = ""
         if user:
-            if user.get(PROP_TRAN_MSG) == "true":
-                transactional = True
-            if PROP_TIMER_DELIVER_MS in user or PROP_TIMER_DELAY_SEC in user:
-                timer = True
-            prop_text += encode_properties(
-                {k: v for k, v in user.items() if k not in SYSTEM_PROPS}
-            ).decode("utf-8")
+            if user is last_user:  # one dict shared by many messages (a transaction's
+                prop_text += last_text  # marks): checked and encoded once per batch
+            else:
+                if user.get(PROP_TRAN_MSG) == "true":
+                    transactional = True
+                if PROP_TIMER_DELIVER_MS in user or PROP_TIMER_DELAY_SEC in user:
+                    timer = True
+                last_text = encode_properties(
+                    {k: v for k, v in user.items() if k not in SYSTEM_PROPS}
+                ).decode("utf-8")
+                last_user = user
+                prop_text += last_text
         if m.keys:
             keys = normalize_keys(m.keys)
             prop_text += f"KEYS\x01{KEY_SEP.join(keys)}\x02"

@@ -516,3 +516,29 @@ def test_few_records_decode_one_by_one_as_many_decode_through_arrays(n: int) -> 
     broken[codec.HEADER.size] ^= 0x5A  # the first record's body: its CRC no longer matches
     with pytest.raises(StoreCorruptedError):
         codec.decode_records(bytes(broken))
+
+
+def test_a_properties_dict_shared_by_many_messages_encodes_as_their_own_copies() -> None:
+    # a transaction marks every message with one dict; the encoder encodes it once
+    marks = {"TRAN_MSG": "true", "PGROUP": "g", "k": "v"}
+    bodies = [b"m%d" % i for i in range(30)]
+    shared = [
+        Message("T", b, properties=marks, tags="t" if i % 2 else None) for i, b in enumerate(bodies)
+    ]
+    shared[7] = Message("T", bodies[7], properties={**marks, "own": "x"})
+    copies = [Message(m.topic, m.body, tags=m.tags, properties=dict(m.properties)) for m in shared]
+    a, b = (
+        codec.encode_batch(shared, born_timestamp=1),
+        codec.encode_batch(copies, born_timestamp=1),
+    )
+    assert a.transactional and b.transactional and len(a.data) == len(b.data)
+
+    def strip(batch: codec.EncodedBatch) -> list[tuple[bytes, str | None, dict[str, str]]]:
+        out = []
+        for r in codec.decode_records(batch.data):
+            props = {k: v for k, v in r.properties.items() if k != "UNIQ_KEY"}
+            out.append((r.body, r.tags, props))
+        return out
+
+    assert strip(a) == strip(b)
+    assert strip(a)[7][2]["own"] == "x" and "own" not in strip(a)[8][2]
