@@ -58,7 +58,13 @@ from actors.namesrv.client import NameServerClient
 from actors.protocol import rpc as _rpc
 from actors.protocol.names import DEFAULT_NAMESPACE
 from storage.codec import validate_topic
-from storage.errors import InvalidMessageError, ProducerFencedError, RayMQError
+from storage.errors import (
+    BrokerUnavailableError,
+    InvalidMessageError,
+    ProducerFencedError,
+    RayMQError,
+    TopicNotFoundError,
+)
 from storage.message import Message
 
 __all__ = ["BatchProgress", "StreamingQuery", "stream_to_spark"]
@@ -66,6 +72,7 @@ __all__ = ["BatchProgress", "StreamingQuery", "stream_to_spark"]
 log = logging.getLogger("raymq.streaming")
 
 _CALL_TIMEOUT_S = 30.0
+_RESTART_WAIT_S = 30.0  # how long a checkpoint waits for a broker to come back
 _RECENT = 100
 _PLANNED, _DONE = "planned", "done"
 
@@ -155,10 +162,40 @@ def _cap(ranges: Sequence[QueueRange], limit: int) -> list[QueueRange]:
 
 
 class _Checkpoints:
-    """The stream's checkpoint on every live broker of the topic."""
+    """The stream's checkpoint on every live broker of the topic. A broker restarting
+    (Ray restarts a crashed one in place) is waited for, up to ``_RESTART_WAIT_S``,
+    rather than stopping the query."""
 
-    def __init__(self, ns: NameServerClient, topic: str, group: str) -> None:
+    def __init__(self, ns: NameServerClient, topic: str, group: str, stop: threading.Event) -> None:
         self.ns, self.topic, self.group = ns, topic, group
+        self._stop = stop
+        self._routed = False  # a topic never routed fails at once, not after the wait
+
+    def _retrying(self, what: str, fn: Callable[[], Any]) -> Any:
+        deadline = time.monotonic() + _RESTART_WAIT_S
+        delay = 0.1
+        while True:
+            try:
+                out = fn()
+                self._routed = True
+                return out
+            except Exception as exc:
+                gone = isinstance(exc, BrokerUnavailableError) or (
+                    self._routed and isinstance(exc, TopicNotFoundError)
+                )
+                if not (gone or _rpc.is_retriable(exc)) or time.monotonic() > deadline:
+                    raise
+                log.warning(
+                    "stream %s/%s: %s the checkpoint: %s; again in %.1fs (a broker restarting?)",
+                    self.group,
+                    self.topic,
+                    what,
+                    type(exc).__name__,
+                    delay,
+                )
+                if self._stop.wait(delay):
+                    raise
+                delay = min(2.0, delay * 2)
 
     def _brokers(self) -> dict[str, Any]:
         route = self.ns.require_route(self.topic, refresh=True)
@@ -169,6 +206,12 @@ class _Checkpoints:
         }
 
     def load(self) -> dict[str, Any] | None:
+        return self._retrying("reading", self._load)  # type: ignore[no-any-return]
+
+    def save(self, checkpoint: dict[str, Any]) -> None:
+        self._retrying("saving", lambda: self._save(checkpoint))
+
+    def _load(self) -> dict[str, Any] | None:
         brokers = self._brokers()
         found = _rpc.get(
             [h.load_stream_checkpoint.remote(self.group, self.topic) for h in brokers.values()],
@@ -179,7 +222,7 @@ class _Checkpoints:
             return None
         return max(found, key=lambda f: (f["batch_id"], f["status"] == _DONE))
 
-    def save(self, checkpoint: dict[str, Any]) -> None:
+    def _save(self, checkpoint: dict[str, Any]) -> None:
         brokers = self._brokers()
         _rpc.get(
             [
@@ -231,7 +274,8 @@ class StreamingQuery:
         self._read_options = dict(read_options)
         self._nameservers = discover_nameservers(namespace)
         self._ns = NameServerClient(self._nameservers, namespace, 0.0)
-        self._checkpoints = _Checkpoints(self._ns, topic, group)
+        self._stop = threading.Event()
+        self._checkpoints = _Checkpoints(self._ns, topic, group, self._stop)
         self._consumer = PullConsumer(group, namespace=namespace, nameservers=self._nameservers)
         self.sink_topic = sink_topic
         self._sink_options = dict(sink_options or {})
@@ -249,7 +293,6 @@ class StreamingQuery:
                 namespace=namespace,
                 nameservers=self._nameservers,
             )
-        self._stop = threading.Event()
         self._changed = threading.Condition()
         self._terminated = False
         self._done_offsets: dict[str, int] = {}

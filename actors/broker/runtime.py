@@ -97,6 +97,7 @@ class BrokerRuntime:
             "txn_rolled_back": 0,
             "txn_checks": 0,
             "txn_discarded": 0,
+            "txn_resolved": 0,  # multi-message transactions' halves the coordinator aborted
         }
         self.group_gets: dict[str, int] = {}
         """Messages served to each consumer group by pulls and pops (the console's consume

@@ -424,8 +424,8 @@ class TransactionProcessor:
             except Exception as exc:  # noqa: BLE001 - the next round asks again
                 log.warning("transaction %s: the coordinator did not answer: %s", txn_id, exc)
                 continue
-            if state in ("commit", "abort"):
-                ended += await self.end_transaction_batch(txn_id, state == "commit", None)
+            if state == "abort":  # a commit is applied by the coordinator alone
+                ended += await self.end_transaction_batch(txn_id, False, None)
                 self.rt.stats["txn_resolved"] += 1
         return ended
 

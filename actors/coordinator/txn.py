@@ -401,7 +401,11 @@ class TransactionCoordinator:
         async with self._lock:
             txn = self.log.txns.get(txn_id)
             if txn is not None and txn.state != OPEN:
-                return txn.state
+                # decided while this check waited for the lock: a commit is this
+                # coordinator's to apply, to the half messages it names (a broker told
+                # "commit" would end every pending half of the id, a failed attempt's too)
+                self._wake.set()
+                return OPEN if txn.state == COMMIT else txn.state
             txn = TxnRecord(txn_id, transactional_id, epoch, started_ms=born_ms)
             await self._io_call(self.log.decide, txn, False)
             self.stats["aborted_timeout"] += 1
