@@ -12,7 +12,8 @@ variants rotated (and reversed every other round) for ``--blocks`` rounds:
 
 * ``A on``: an idempotent producer's batches, bound in place in the slot its encoder
   reserved (``storage.codec.seq_slot``);
-* ``A off``: the same producer, its sequencer off (its chunks keep an unbound slot);
+* ``A off``: the same producer, its sequencer off (its encoder's too: a batch that
+  numbers no run may carry no ``PRODUCER_SEQ``, not even a slot never bound);
 * ``B on``: a producer whose encoder reserves no slot, its sequencer on: each batch
   copied to mark its first record (the path before the slot);
 * ``B off``: plain batches, no sequence at all.
@@ -46,6 +47,14 @@ from actors.client.idempotence import Sequencer  # noqa: E402
 from storage import Message  # noqa: E402
 
 TOPIC = "IdemProfile"
+
+
+def _switch(p: Any, a: Any, s: Sequencer | None) -> None:
+    """``p`` numbers its batches with ``s`` (None: not at all). A's encoder follows its
+    sequencer (a slot only when numbered); B's never reserves one (B on: the copy)."""
+    p._sender.sequencer = s
+    if p is a:
+        p._encoder.sequencer = s
 
 
 def _broker_cpu_s(broker: Any) -> float:
@@ -128,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             }
             msgs = [Message(TOPIC, b"i" * 100) for _ in range(1000)]
             for p, s in variants.values():  # warm up; A gets its id, so its encoder a slot
-                p._sender.sequencer = s
+                _switch(p, a, s)
                 for _ in range(10):
                     p.send_batch(msgs)
             wall: dict[str, list[float]] = {k: [] for k in variants}
@@ -141,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 order = names[r % 4 :] + names[: r % 4]
                 for name in reversed(order) if r % 8 >= 4 else order:
                     p, s = variants[name]
-                    p._sender.sequencer = s
+                    _switch(p, a, s)
                     if args.broker_timing:
                         ray.get(broker.__ray_call__.remote(_set_variant, name))
                     b0, c0 = _broker_cpu_s(broker), time.process_time()
@@ -151,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
                         wall[name].append(time.perf_counter() - t)
                     client_cpu[name] += time.process_time() - c0
                     broker_cpu[name] += _broker_cpu_s(broker) - b0
-            a._sender.sequencer, b._sender.sequencer = seq_a, None
+            _switch(a, a, seq_a)
+            b._sender.sequencer = None
             n = args.blocks * args.calls
             print(f"sync batches of 1,000 x 100 B; {n} sends per variant")
             for name in names:

@@ -522,18 +522,27 @@ static Py_ssize_t utf8_fault(const unsigned char *p, Py_ssize_t len) {
     return -1;
 }
 
+/* an idempotent producer's mark: a pair of this name (storage.codec.seq_pairs) */
+static const char SEQ_NAME[] = "PRODUCER_SEQ\x01";
+#define SEQ_NAME_LEN ((Py_ssize_t)(sizeof SEQ_NAME - 1))
+
 /* properties as decode_properties reads them: UTF-8, each non-empty pair (pairs end
- * with \x02) holding a \x01; the offset of the fault, or -1 */
-static Py_ssize_t properties_fault(const unsigned char *p, Py_ssize_t len) {
+ * with \x02) holding a \x01; the offset of the fault, or -1. Adds to ``*seq_pairs``
+ * the pairs named PRODUCER_SEQ (their names, from a pair's start, are compared while
+ * the pairs are walked anyway: the broker counts them at no extra pass). */
+static Py_ssize_t properties_fault(const unsigned char *p, Py_ssize_t len, Py_ssize_t *seq_pairs) {
     Py_ssize_t bad = utf8_fault(p, len);
     if (bad >= 0) return bad;
-    Py_ssize_t pair = 0;
+    Py_ssize_t pair = 0, named = 0;
     while (pair < len) {
         const unsigned char *end = memchr(p + pair, 2, len - pair);
         const Py_ssize_t stop = end ? end - p : len;
         if (stop > pair && !memchr(p + pair, 1, stop - pair)) return pair;
+        named += p[pair] == 'P' && stop - pair >= SEQ_NAME_LEN &&
+                 memcmp(p + pair, SEQ_NAME, SEQ_NAME_LEN) == 0;
         pair = stop + 1;
     }
+    *seq_pairs += named;
     return -1;
 }
 
@@ -554,7 +563,7 @@ static const char *verify_fields[] = {"TOTALSIZE", "MAGIC",      "BODYLEN",    "
 
 PyDoc_STRVAR(verify_records_doc,
              "verify_records(data, sizes, topic_idx, topics, sysflags, crc_address)\n"
-             "    -> (bad, field, value, expected, min_body, max_body)\n\n"
+             "    -> (bad, field, value, expected, min_body, max_body, seq_pairs)\n\n"
              "Check each record laid back to back with ``sizes`` (native int32) as the store\n"
              "will trust it: TOTALSIZE and MAGIC, BODYLEN, TOPICLEN and PROPERTIESLEN adding\n"
              "up to TOTALSIZE, the topic equal to ``topics[topic_idx[i]]`` (bytes; int16\n"
@@ -563,7 +572,8 @@ PyDoc_STRVAR(verify_records_doc,
              "or 0 for the built-in table). ``bad`` is -1 when every record holds, else the\n"
              "first record that does not, ``field`` what broke, ``value`` and ``expected``\n"
              "what it held and should have (TOPIC: 0, 0; PROPERTIES: the offset in them).\n"
-             "``min_body``/``max_body``: the range of BODYLEN of the records checked.");
+             "``min_body``/``max_body``: the range of BODYLEN of the records checked;\n"
+             "``seq_pairs``: how many properties named PRODUCER_SEQ they hold, in all.");
 
 static PyObject *verify_records(PyObject *self, PyObject *args) {
     PyObject *data_obj, *sizes_obj, *idx_obj, *topics;
@@ -606,6 +616,7 @@ static PyObject *verify_records(PyObject *self, PyObject *args) {
     int field = V_OK;
     long long value = 0, expected = 0;
     int32_t lo = INT32_MAX, hi = INT32_MIN;
+    Py_ssize_t seq_pairs = 0;
     Py_BEGIN_ALLOW_THREADS
     Py_ssize_t pos = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -655,7 +666,7 @@ static PyObject *verify_records(PyObject *self, PyObject *args) {
             field = V_SYSFLAG, value = flags, expected = flags & (uint32_t)sysflags;
             break;
         }
-        const Py_ssize_t fault = properties_fault(pp + 2, prop_len);
+        const Py_ssize_t fault = properties_fault(pp + 2, prop_len, &seq_pairs);
         if (fault >= 0) {
             field = V_PROPERTIES, value = fault, expected = prop_len;
             break;
@@ -673,9 +684,10 @@ static PyObject *verify_records(PyObject *self, PyObject *args) {
     if (bad < 0 && pos != len) field = V_TOTALSIZE, bad = n, value = pos, expected = len;
     Py_END_ALLOW_THREADS
     if (bad < 0)
-        result = Py_BuildValue("nOLLii", bad, Py_None, value, expected, lo, hi);
+        result = Py_BuildValue("nOLLiin", bad, Py_None, value, expected, lo, hi, seq_pairs);
     else
-        result = Py_BuildValue("nsLLii", bad, verify_fields[field], value, expected, lo, hi);
+        result = Py_BuildValue("nsLLiin", bad, verify_fields[field], value, expected, lo, hi,
+                               seq_pairs);
 done:
     PyMem_Free(names);
     PyMem_Free(name_lens);

@@ -29,7 +29,7 @@ def verify_records(
     sysflags: int,
     crc_address: int,
     /,
-) -> tuple[int, str | None, int, int, int, int]: ...
+) -> tuple[int, str | None, int, int, int, int, int]: ...
 def patch_records(
     buffer: Any,
     at: int,

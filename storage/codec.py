@@ -177,6 +177,38 @@ _SINGLE_QUEUE_IDS: dict[int, np.ndarray] = {}
 (the most common send) shares one instead of allocating it each time."""
 
 
+def parse_seq_value(value: bytes) -> tuple[str, int, int, int]:
+    """A ``PRODUCER_SEQ`` value read back as (producer id, epoch, first sequence, count),
+    as recovery and slaves read it (``storage.producer_state``); ``ValueError`` when it
+    is not one. The broker checks a batch's marks with this same reading, so what it
+    accepts is what a replay rebuilds."""
+    pid, epoch, seq, count = value.decode("ascii").split(",")
+    return pid, int(epoch), int(seq), int(count)
+
+
+def seq_pairs(props: bytes) -> list[tuple[int, int]]:
+    """Where the value of every ``PRODUCER_SEQ`` pair in a record's raw properties lies,
+    in order, as (start, stop): a pair begins the properties or follows ``\\x02`` (a
+    name that only ends with ``PRODUCER_SEQ`` is another property's), and its value runs
+    to the next ``\\x02``, or to the end (``stop == len(props)``) when none closes it."""
+    out = []
+    at = props.find(_SLOT_NAME)
+    while at >= 0:
+        if at == 0 or props[at - 1] == 2:
+            start = at + len(_SLOT_NAME)
+            stop = props.find(b"\x02", start)
+            out.append((start, stop if stop >= 0 else len(props)))
+        at = props.find(_SLOT_NAME, at + 1)
+    return out
+
+
+def _props_span(data: bytes | memoryview, start: int) -> tuple[int, int]:
+    """(offset, length) of the properties of the checked record at ``start``."""
+    at = start + HEADER.size + _I32.unpack_from(data, start + OFF_BODYLEN)[0]
+    at += 1 + data[at]  # the topic
+    return at + 2, (data[at] << 8) | data[at + 1]
+
+
 def _queue_ids(queue_id: int, n: int) -> np.ndarray:
     if n != 1:
         return np.full(n, queue_id, dtype=np.int32)
@@ -745,9 +777,94 @@ class EncodedBatch:
         if self.seq_runs is not None:
             self._check_runs(n)
         # record sizes adding up to the data and topic indexes in range: checked there
-        found = verify_records(self.data, self.sizes, self.topics, self.topic_idx)
-        object.__setattr__(self, "_body_range", found)
+        low, high, marks = _verify_records(self.data, self.sizes, self.topics, self.topic_idx)
+        object.__setattr__(self, "_body_range", (low, high))
+        self._check_seq_marks(marks)
         object.__setattr__(self, "checked", True)
+
+    def _check_seq_marks(self, pairs: int | None) -> None:
+        """The numbering, told twice, must agree (the records' structure checked).
+
+        An idempotent batch numbers its runs in its header (``producer_id``,
+        ``producer_epoch``, ``seq_runs``), which the put de-duplicates by, and in the
+        ``PRODUCER_SEQ`` of each run's first record, which recovery and slaves rebuild
+        the producer table from (``storage.producer_state``). Were they to differ, a
+        retry would be recognised by one broker and not by another after a restart or
+        a failover. So each run's first record carries exactly one ``PRODUCER_SEQ``,
+        read as a replay reads it (:func:`parse_seq_value`) to the header's (id, epoch,
+        first sequence, count), and no other record carries one: none at all in a batch
+        that numbers no run.
+
+        ``pairs``: how many ``PRODUCER_SEQ`` properties the records hold in all, counted
+        by the records' check as it walked their properties (:func:`_verify_records`).
+        The first records' properties are read where they are; as many pairs as runs
+        then means none elsewhere, so a good batch costs a few scalar reads per run.
+        Otherwise (or with no count: a C module built before it counted them) the other
+        records are searched, to name the one that carries a pair. Raises
+        ``InvalidMessageError``.
+        """
+        data, sizes = self.data, self.sizes
+        runs = self.runs()
+        ends: np.ndarray | None = None
+        if runs:
+            if len(runs) == 1:  # the usual batch: one run, from record 0
+                starts = [0]
+            else:
+                ends = np.cumsum(sizes, dtype=np.int64)
+                firsts = [first for first, _, _ in runs]
+                starts = (ends[firsts] - sizes[firsts]).tolist()
+            for (first, count, seq), start in zip(runs, starts):
+                at, length = _props_span(data, start)
+                props = bytes(data[at : at + length])
+                marks = seq_pairs(props)
+                want = (self.producer_id, self.producer_epoch, seq, count)
+                if len(marks) != 1 or marks[0][1] == length:
+                    raise InvalidMessageError(
+                        f"encoded batch: record {first} starts a run (producer {want[0]!r}, "
+                        f"epoch {want[1]}, first sequence {want[2]}, count {want[3]}) but "
+                        f"carries {len(marks)} PRODUCER_SEQ properties: it must carry one, "
+                        "closed by \\x02"
+                    )
+                value = props[marks[0][0] : marks[0][1]]
+                try:
+                    got: tuple[str, int, int, int] | None = parse_seq_value(value)
+                except ValueError:
+                    got = None
+                if got != want:
+                    raise InvalidMessageError(
+                        f"encoded batch: record {first}: PRODUCER_SEQ={value!r} differs from "
+                        f"the batch's numbering of its run: producer {want[0]!r}, epoch "
+                        f"{want[1]}, first sequence {want[2]}, count {want[3]}"
+                    )
+        if pairs == len(runs):  # one on each run's first record: none elsewhere
+            return
+        # no other record: a single run's first record is done, the search starts after it
+        hay = data if isinstance(data, bytes) else bytes(data)
+        hit = hay.find(_SLOT_NAME, int(sizes[0]) if len(runs) == 1 else 0)
+        numbered = {first for first, _, _ in runs}
+        while hit >= 0:
+            if ends is None:
+                ends = np.cumsum(sizes, dtype=np.int64)
+            i = int(np.searchsorted(ends, hit, side="right"))
+            end = int(ends[i])
+            resume = end  # a run's first record is checked above: on with the next
+            if i not in numbered:
+                at, length = _props_span(hay, end - int(sizes[i]))
+                if hit < at:  # in the body: on with its properties
+                    resume = at
+                elif seq_pairs(hay[at : at + length]):
+                    what = "numbers no run" if not runs else "numbers no run there"
+                    raise InvalidMessageError(
+                        f"encoded batch: record {i} carries a PRODUCER_SEQ property, but the "
+                        f"batch {what}: only an idempotent producer's numbering puts one, on "
+                        "the first record of each run"
+                    )
+            hit = hay.find(_SLOT_NAME, resume)
+        if pairs is not None:  # counted, but not found: the two readings differ
+            raise InvalidMessageError(
+                f"encoded batch: its records hold {pairs} PRODUCER_SEQ properties for "
+                f"{len(runs)} numbered runs"
+            )
 
     def _check_runs(self, n: int) -> None:
         """Runs that start at record 0, in order, each on one topic and queue."""
@@ -836,8 +953,18 @@ _FIELD_RULES = {
 def verify_records(
     data: bytes | memoryview, sizes: np.ndarray, topics: Sequence[str], topic_idx: np.ndarray
 ) -> tuple[int, int]:
+    """See :func:`_verify_records`: the (min, max) BODYLEN."""
+    low, high, _ = _verify_records(data, sizes, topics, topic_idx)
+    return low, high
+
+
+def _verify_records(
+    data: bytes | memoryview, sizes: np.ndarray, topics: Sequence[str], topic_idx: np.ndarray
+) -> tuple[int, int, int | None]:
     """Check every record laid back to back with ``sizes`` as the store will trust it,
-    and return the (min, max) BODYLEN.
+    and return the (min, max) BODYLEN and how many properties named ``PRODUCER_SEQ``
+    the records hold (:func:`seq_pairs`; None from a C module built before it counted
+    them).
 
     Per record: TOTALSIZE is its size in the batch and MAGIC is right; BODYLEN,
     TOPICLEN and PROPERTIESLEN add up to TOTALSIZE; the topic is ``topics[topic_idx[i]]``;
@@ -860,9 +987,9 @@ def verify_records(
         )
     else:
         found = _verify_records_py(data, sizes.tolist(), topic_idx.tolist(), raw_topics)
-    bad, field, value, expected, low, high = found
+    bad, field, value, expected, low, high = found[:6]
     if bad < 0:
-        return low, high
+        return low, high, found[6] if len(found) > 6 else None
     assert field is not None
     shown: object = value
     want: object = expected
@@ -882,23 +1009,24 @@ def verify_records(
 
 def _verify_records_py(
     data: bytes | memoryview, sizes: list[int], topic_idx: list[int], topics: tuple[bytes, ...]
-) -> tuple[int, str | None, int, int, int, int]:
+) -> tuple[int, str | None, int, int, int, int, int]:
     """``storage._native.verify_records`` in Python, for where it is not built."""
     n_bytes = len(data)
     low, high = (1 << 31) - 1, -(1 << 31)
+    pairs = 0  # properties named PRODUCER_SEQ
     pos = 0
     for i, (size, t) in enumerate(zip(sizes, topic_idx)):
         if size < FIXED_LEN or size > n_bytes - pos:
-            return i, "TOTALSIZE", size, n_bytes - pos, low, high
+            return i, "TOTALSIZE", size, n_bytes - pos, low, high, pairs
         (total, magic, crc, _q, _f, _qo, _po, sysflag, *_rest, body_len) = HEADER.unpack_from(
             data, pos
         )
         if total != size:
-            return i, "TOTALSIZE", total, size, low, high
+            return i, "TOTALSIZE", total, size, low, high, pairs
         if magic != MAGIC:
-            return i, "MAGIC", magic, MAGIC, low, high
+            return i, "MAGIC", magic, MAGIC, low, high, pairs
         if body_len < 0 or body_len > size - FIXED_LEN:
-            return i, "BODYLEN", body_len, size - FIXED_LEN, low, high
+            return i, "BODYLEN", body_len, size - FIXED_LEN, low, high, pairs
         at = pos + HEADER.size + body_len
         topic_len = data[at]
         if not 0 <= t < len(topics) or topic_len != len(topics[t]):
@@ -909,27 +1037,39 @@ def _verify_records_py(
                 len(topics[t]) if 0 <= t < len(topics) else -1,
                 low,
                 high,
+                pairs,
             )
         p = at + 1 + topic_len
         prop_len = (data[p] << 8) | data[p + 1]
         if FIXED_LEN + body_len + topic_len + prop_len != size:
-            return i, "PROPERTIESLEN", prop_len, size - FIXED_LEN - body_len - topic_len, low, high
+            return (
+                i,
+                "PROPERTIESLEN",
+                prop_len,
+                size - FIXED_LEN - body_len - topic_len,
+                low,
+                high,
+                pairs,
+            )
         if bytes(data[at + 1 : p]) != topics[t]:
-            return i, "TOPIC", 0, 0, low, high
+            return i, "TOPIC", 0, 0, low, high, pairs
         if sysflag & ~CLIENT_SYSFLAGS:
             flags = sysflag & 0xFFFFFFFF
-            return i, "SYSFLAG", flags, flags & CLIENT_SYSFLAGS, low, high
-        fault = _properties_fault(bytes(data[p + 2 : p + 2 + prop_len]))
+            return i, "SYSFLAG", flags, flags & CLIENT_SYSFLAGS, low, high, pairs
+        props = bytes(data[p + 2 : p + 2 + prop_len])
+        fault = _properties_fault(props)
+        if _SLOT_NAME in props:
+            pairs += len(seq_pairs(props))
         if fault >= 0:
-            return i, "PROPERTIES", fault, prop_len, low, high
+            return i, "PROPERTIES", fault, prop_len, low, high, pairs
         want = crc32(data[pos + HEADER.size : at]) & 0x7FFFFFFF
         if crc != want:
-            return i, "BODYCRC", crc, want, low, high
+            return i, "BODYCRC", crc, want, low, high, pairs
         low, high = min(low, body_len), max(high, body_len)
         pos += size
     if pos != n_bytes:
-        return len(sizes), "TOTALSIZE", pos, n_bytes, low, high
-    return -1, None, 0, 0, low, high
+        return len(sizes), "TOTALSIZE", pos, n_bytes, low, high, pairs
+    return -1, None, 0, 0, low, high, pairs
 
 
 def _properties_fault(raw: bytes) -> int:

@@ -54,7 +54,6 @@ KEEP_RUNS = 5
 """Runs remembered per producer and queue (Kafka keeps 5 batches)."""
 
 _PSEQ = (codec.PROP_PRODUCER_SEQ + codec.NAME_VALUE_SEP).encode("ascii")
-_PAIR = codec.PROPERTY_SEP.encode("ascii")
 # size, magic, queue id, queue offset, physical offset, store timestamp, body length
 _HEAD = struct.Struct(">iI4xi4xqq20xq20xi")
 _SIZE_MAGIC = struct.Struct(">iI")
@@ -225,13 +224,11 @@ class ProducerStateTable:
         """A record's ``PRODUCER_SEQ`` value, found by a replay or a slave's dispatch
         (a run of count 0 is an encoder's slot never bound: ``codec.seq_slot``)."""
         try:
-            pid, epoch, seq, count = value.decode("ascii").split(",")
-            if int(count) == 0:
+            pid, epoch, seq, count = codec.parse_seq_value(value)  # as the broker checked it
+            if count == 0:
                 return
-            self.record(
-                pid, int(epoch), topic, queue_id, int(seq), int(count), qoff, phys, store_ms
-            )
-        except (UnicodeDecodeError, ValueError):
+            self.record(pid, epoch, topic, queue_id, seq, count, qoff, phys, store_ms)
+        except ValueError:
             log.error("record at %d: PRODUCER_SEQ=%r is not 'id,epoch,seq,count'", phys, value)
 
     def truncate(self, offset: int) -> None:
@@ -279,13 +276,12 @@ class ProducerStateTable:
 
 
 def pseq_value(props: bytes) -> bytes | None:
-    """The ``PRODUCER_SEQ`` value in a record's raw properties, or None."""
-    at = props.find(_PSEQ)
-    if at < 0 or (at and props[at - 1 : at] != _PAIR):
+    """The ``PRODUCER_SEQ`` value in a record's raw properties, or None (the first pair
+    of that name: a name that only ends with it, before it, is another property's)."""
+    if _PSEQ not in props:  # most records
         return None
-    start = at + len(_PSEQ)
-    stop = props.find(_PAIR, start)
-    return props[start : stop if stop >= 0 else len(props)]
+    pairs = codec.seq_pairs(props)
+    return props[pairs[0][0] : pairs[0][1]] if pairs else None
 
 
 def replay(table: ProducerStateTable, cl: CommitLog, start: int, end: int) -> int:

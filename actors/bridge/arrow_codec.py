@@ -47,7 +47,7 @@ from storage.codec import (
     windows,
 )
 from storage.errors import InvalidMessageError, StoreCorruptedError
-from storage.properties import PROP_TRAN_MSG
+from storage.properties import PROP_TRAN_MSG, SYSTEM_PROPS
 
 TOPIC_SCHEMA = pa.schema(
     [
@@ -337,7 +337,8 @@ class ArrowMessages:
 
     ``body`` is binary (a string column is sent as its UTF-8 bytes); ``keys`` is
     space-separated text, each key indexed; ``properties`` a map of user
-    properties (TAGS, KEYS and UNIQ_KEY among them are ignored, as ``Message``'s).
+    properties (TAGS, KEYS, UNIQ_KEY and PRODUCER_SEQ among them are ignored, as
+    ``Message``'s).
     """
 
     body: pa.Array
@@ -390,7 +391,8 @@ def _user_properties(
     properties: pa.Array, first_row: int, reserved: Sequence[str] = ()
 ) -> pa.Array:
     """``name\\x01value\\x02`` text of each row's user properties ("" for none); names in
-    ``reserved`` (besides TAGS, KEYS, DELAY, UNIQ_KEY) are left out."""
+    ``reserved`` (besides TAGS, KEYS, DELAY, UNIQ_KEY and PRODUCER_SEQ, the encoder's own:
+    ``storage.properties.SYSTEM_PROPS``) are left out."""
     if not pa.types.is_map(properties.type):
         raise InvalidMessageError(f"properties: must be a map column, not {properties.type}")
     names = _as_string("property names", properties.keys)
@@ -401,7 +403,7 @@ def _user_properties(
     owner = np.repeat(np.arange(len(properties)), np.diff(offsets))
     if pc.any(pc.equal(pc.utf8_length(names), 0)).as_py():
         raise InvalidMessageError(f"properties: an empty name in row {first_row + owner[0]}")
-    dropped = ["TAGS", "KEYS", "DELAY", "UNIQ_KEY", *reserved]
+    dropped = [*sorted(SYSTEM_PROPS), *reserved]  # as encode_batch drops them
     keep = pc.invert(pc.is_in(names, pa.array(dropped, pa.string())))
     pairs = pc.binary_join_element_wise(
         names, values.fill_null(""), pa.array(["\x01"] * len(names), pa.string())

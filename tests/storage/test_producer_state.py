@@ -270,7 +270,7 @@ def test_a_reserved_slot_is_bound_in_place_and_rebuilds_the_table_as_a_copy_does
     """An idempotent producer's encoder reserves PRODUCER_SEQ in the first record
     (codec.seq_slot): binding patches it in place, the broker stores it as any run, and
     a replay of the CommitLog finds the same runs as the live table; a slot never bound
-    (a run of count 0) is no run at all."""
+    is not stored."""
     from storage import producer_state
     from storage._fast_encode import encode_plain
 
@@ -301,8 +301,12 @@ def test_a_reserved_slot_is_bound_in_place_and_rebuilds_the_table_as_a_copy_does
         assert later.queue_offsets.tolist() == list(range(20, 50))
         with pytest.raises(ProducerFencedError):
             store.put_encoded(wire(slotted(8, "c").with_sequence("p:1", 0, 20, 1)))
-        # a slotted batch sent without its numbers (a plain put): its slot names no run
-        store.put_encoded(wire(slotted(10, "d").with_queue(2)))
+        # a slotted batch sent without its numbers (a plain put) is refused: a batch that
+        # numbers no run carries no PRODUCER_SEQ, not even a slot never bound
+        end = store.commitlog.max_offset
+        with pytest.raises(InvalidMessageError, match="numbers no run"):
+            store.put_encoded(wire(slotted(10, "d").with_queue(2)))
+        assert store.commitlog.max_offset == end
         # a slot reserved for another producer id is refused and left as it was
         other = slotted(10, "e")
         before = bytes(other.data)
@@ -311,7 +315,7 @@ def test_a_reserved_slot_is_bound_in_place_and_rebuilds_the_table_as_a_copy_does
         assert bytes(other.data) == before
         replayed = producer_state.ProducerStateTable()
         found = producer_state.replay(replayed, store.commitlog, 0, store.commitlog.max_offset)
-        assert found == 3  # two bound runs and the slot never bound (ignored)
+        assert found == 2  # the two bound runs
 
         # the same runs (the last-seen time is the store time of each: a millisecond
         # apart between the live put and the record it wrote)

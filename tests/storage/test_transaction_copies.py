@@ -86,9 +86,11 @@ def test_half_copies_equal_the_reencoded_ones_byte_for_byte(store: MessageStore)
 
 @pytest.mark.parametrize(
     "props",
-    [  # UNIQ_KEY first; tags in the middle, KEYS and UNIQ_KEY last (one head rebuilt)
+    [  # UNIQ_KEY first; tags in the middle, KEYS and UNIQ_KEY last (one head rebuilt);
+        # a user's property whose name ends with PRODUCER_SEQ (a batch that numbers no run
+        # may not carry PRODUCER_SEQ itself: EncodedBatch.check_structure refuses it)
         b"UNIQ_KEY\x01AC1100010001000000000000000000AB\x02KEYS\x01k1  k2\x02PGROUP\x01pg\x02"
-        b"TRAN_MSG\x01true\x02TAGS\x01t\x02PRODUCER_SEQ\x01x\x02z\x01last\x02",
+        b"TRAN_MSG\x01true\x02TAGS\x01t\x02MY_PRODUCER_SEQ\x01x\x02z\x01last\x02",
         b"PGROUP\x01pg\x02TAGS\x01t\x02TRAN_MSG\x01true\x02REAL_QID\x01old\x02DELAY\x010\x02"
         b"KEYS\x01 k1 k2 \x02UNIQ_KEY\x01AC1100010001000000000000000000AB\x02",
     ],

@@ -8,9 +8,14 @@ answer is lost, or the broker's process exits before answering.
 from __future__ import annotations
 
 import collections
+import dataclasses
+import socket
+import struct
 import threading
 from typing import Any
 
+import msgpack
+import numpy as np
 import pytest
 import ray
 from raymq_ha_testkit import RAFT, kill, members, read_all, status_of
@@ -18,9 +23,11 @@ from raymq_testkit import PUSH_FAST, wait_until
 
 import actors
 from actors import BrokerSpec, SendStatus
+from actors.protocol import frames
 from storage import Message, codec
 from storage.errors import (
     DuplicateSequenceError,
+    InvalidMessageError,
     OutOfOrderSequenceError,
     ProducerFencedError,
 )
@@ -141,6 +148,59 @@ def test_a_broker_refuses_gaps_old_epochs_and_answers_repeats_from_the_record(
         send(4, 2, epoch=0)
     consumer = cluster.pull_consumer("g-hand")
     assert read_all(consumer, "Hand") == [b"h0", b"h1", b"h2", b"h3", b"h0"]
+
+
+def _frame(sock: socket.socket) -> dict[str, Any]:
+    """The header of the next frame on a raw data-path socket (its body read past)."""
+    buf = b""
+    while len(buf) < 8 or len(buf) < 4 + struct.unpack(">I", buf[:4])[0]:
+        chunk = sock.recv(65536)
+        assert chunk, "the broker closed the connection"
+        buf += chunk
+    hlen = struct.unpack(">I", buf[4:8])[0]
+    header: dict[str, Any] = msgpack.unpackb(buf[8 : 8 + hlen])
+    return header
+
+
+def test_a_batch_whose_marks_differ_from_its_header_is_a_bad_request_on_every_path(
+    make_cluster: Any,
+) -> None:
+    """A batch whose PRODUCER_SEQ (what recovery and slaves rebuild the producer table
+    from) differs from its header (what the put de-duplicates by), or a plain batch
+    carrying one, is refused where the broker parses it: over its socket as a bad
+    request, the connection serving on, and over Ray. Nothing of it is stored."""
+    cluster = make_cluster(nameservers=1, brokers=1, topics=[actors.TopicConfig("Marks", 1, 1)])
+    broker = cluster.broker("broker-a")
+    pid = ray.get(broker.allocate_producer_id.remote())
+    batch = codec.encode_batch([Message("Marks", b"m%d" % i) for i in range(3)]).with_queue(0)
+    good = batch.with_sequence(pid, 0, 0)  # marked "pid,0,0,3"
+    # the header says sequence 3 (a new run to the master), the mark 0 (a retry to a
+    # promoted slave); and a mark planted on a batch that numbers nothing
+    header_differs = dataclasses.replace(good, seq_runs=np.array([[0, 3]]), checked=False)
+    planted = dataclasses.replace(good, producer_id=None, seq_runs=None, checked=False)
+    bad = [header_differs.to_bytes(), planted.to_bytes()]
+
+    info = ray.get(broker.data_path.remote())
+    host, port = info["addr"].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        hello = _frame(sock)
+        mine = frames.nonce()
+        proof = frames.proof(info["secret"], b"client", hello["n"], mine)
+        sock.sendall(b"".join(frames.encode({"c": int(frames.Code.AUTH), "n": mine, "p": proof})))
+        assert _frame(sock)["c"] == frames.Code.OK
+        for opaque, blob in enumerate([*bad, good.to_bytes()]):
+            sock.sendall(b"".join(frames.encode({"c": int(frames.Code.SEND), "o": opaque}, [blob])))
+            answer = _frame(sock)
+            assert answer["o"] == opaque
+            if opaque < len(bad):
+                assert (answer["c"], answer["e"]) == (frames.Code.ERROR, "InvalidMessageError")
+                assert "PRODUCER_SEQ" in answer["m"]
+            else:  # the same connection stores the good batch
+                assert answer["c"] == frames.Code.OK
+    for blob in bad:
+        with pytest.raises(InvalidMessageError, match="PRODUCER_SEQ"):
+            ray.get(broker.send.remote(blob))
+    assert read_all(cluster.pull_consumer("g-marks"), "Marks") == [b"m0", b"m1", b"m2"]
 
 
 def test_without_idempotence_a_retry_stores_twice(make_cluster: Any) -> None:
