@@ -142,6 +142,10 @@ class _Plan:
         return _Plan(int(data["batch_id"]), tuple(ranges))
 
 
+def _queue_key(r: QueueRange) -> tuple[str, int]:
+    return (r.broker_name, r.queue_id)
+
+
 def _cap(ranges: Sequence[QueueRange], limit: int) -> list[QueueRange]:
     """At most ``limit`` messages, shared fairly: a queue with little waiting takes all
     of it, the rest split what is left evenly."""
@@ -282,6 +286,7 @@ class StreamingQuery:
         self._on_step = on_step
         self._producer: TransactionalProducer | None = None
         self._txn: tuple[str, int] | None = None  # (last committed transaction, its output)
+        self._ended: dict[tuple[str, int], int] = {}  # queue -> where its last batch ended
         if sink_topic is not None:
             # Before the checkpoint and the offsets are read: taking the id over fences
             # the previous instance, rolls back what it left open and applies what it
@@ -377,6 +382,7 @@ class StreamingQuery:
                 if attempts == 0:  # stopped while waiting to retry: the plan stays pending
                     break
                 self._commit(plan)
+                self._ended.update({_queue_key(r): r.end for r in plan.ranges})
                 self._report(plan, replayed, attempts, time.monotonic() - started)
                 next_id = plan.batch_id + 1
                 if final is None:
@@ -467,7 +473,13 @@ class StreamingQuery:
     def _next_plan(
         self, batch_id: int, final: Mapping[tuple[str, int], int] | None
     ) -> _Plan | None:
-        ranges = self._current()
+        # from where this query's last batch ended, when the group's committed offsets
+        # are behind it: a commit decided while a broker was down moves them only once
+        # the broker is back, and reading from them would run that batch again
+        ranges = [
+            replace(r, start=max(r.start, min(r.end, self._ended.get(_queue_key(r), r.start))))
+            for r in self._current()
+        ]
         if final is not None:
             ranges = [
                 replace(r, end=min(r.end, final.get((r.broker_name, r.queue_id), r.start)))
