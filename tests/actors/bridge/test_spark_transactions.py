@@ -1,10 +1,12 @@
 """Exactly once through Spark (issue #24): ``write_to_topic(transactional=True)`` is all or
 nothing and counts a retried Spark task once; ``stream_to_spark(sink_topic=...)`` killed
-and restarted at random points writes every input to the sink exactly once."""
+and restarted at random points, its broker SIGKILLed, or its Spark executor killed
+mid-task writes every input to the sink exactly once."""
 
 from __future__ import annotations
 
 import random
+import threading
 from collections import Counter
 from collections.abc import Iterator
 
@@ -174,12 +176,12 @@ def test_a_stream_to_a_sink_topic_killed_at_random_points_writes_each_input_once
     feed.send_batch([Message("EoSparkIn", b"%d" % i) for i in range(n // 2)])
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
-    # 5 kills of the driver's query at distinct random steps of its batches, in the order
+    # 10 kills of the driver's query at distinct random steps of its batches, in the order
     # they can happen (a batch runs planned -> written -> committed, again after a kill
     # before its commit)
     steps = ["planned", "written", "committed"]
     points = [(b, i) for b in range(n // per_batch) for i in range(len(steps))]
-    kills = [(b, steps[i]) for b, i in sorted(rng.sample(points, 5))]
+    kills = [(b, steps[i]) for b, i in sorted(rng.sample(points, 10))]
     pending_kills = list(kills)
     executor_fail_batch = rng.randrange(n // per_batch)
 
@@ -198,7 +200,7 @@ def test_a_stream_to_a_sink_topic_killed_at_random_points_writes_each_input_once
     runs = 0
     while True:
         runs += 1
-        assert runs <= 12, f"seed {seed}: no end after {runs} runs (kills {kills})"
+        assert runs <= 16, f"seed {seed}: no end after {runs} runs (kills {kills})"
         query = stream_to_spark(
             spark,
             "EoSparkIn",
@@ -327,6 +329,127 @@ def test_a_stream_to_a_sink_topic_whose_broker_is_sigkilled_writes_each_input_on
     assert set(out) == {b"out-%d" % i for i in range(n)}
     committed = cluster.pull_consumer("eo-kill").fetch_offsets("EoKillIn")
     assert sum(committed.values()) == n
+
+
+def _hold_until(marker: str, after: int):
+    """A ``mapInArrow`` step that notes each task attempt in ``marker.attempts``, passes
+    its rows on in slices of 10 and, while ``marker`` does not exist, stops after
+    ``after`` rows until it does (60 s at most): the writer behind it has sent the first
+    rows' half messages and waits for more when the test kills the executor. Once
+    ``marker`` exists (the task's retry on the restarted executor) every row passes."""
+
+    def step(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import os
+        import time
+
+        from pyspark import TaskContext
+
+        task = TaskContext.get()
+        with open(marker + ".attempts", "a") as attempts:
+            attempts.write(f"{task.partitionId()} {task.attemptNumber()}\n")
+        seen = 0
+        for batch in batches:
+            for start in range(0, batch.num_rows, 10):
+                if seen >= after and not os.path.exists(marker):
+                    deadline = time.monotonic() + 60
+                    while not os.path.exists(marker):
+                        if time.monotonic() > deadline:
+                            raise RuntimeError("held 60 s: the executor was never killed")
+                        time.sleep(0.05)
+                part = batch.slice(start, 10)
+                seen += part.num_rows
+                yield part
+
+    return step
+
+
+def _kill_spark_executors() -> list[str]:
+    """SIGKILL (``ray.kill``) every RayDP executor actor of this session; Ray restarts
+    each (RayDP creates them restartable) and Spark's driver takes it back."""
+    killed = []
+    for named in ray.util.list_named_actors(all_namespaces=True):
+        if named["name"].startswith("raydp-executor-"):
+            ray.kill(ray.get_actor(named["name"], namespace=named["namespace"]), no_restart=False)
+            killed.append(named["name"])
+    return killed
+
+
+def test_a_stream_to_a_sink_topic_whose_spark_executor_is_killed_writes_each_input_once(
+    spark, txn_cluster, tmp_path
+):
+    # the session's only executor (a Java actor with its Python workers) is killed while
+    # a task of batch 1 has sent part of its rows as half messages and waits to send
+    # more; Ray restarts it, Spark runs the task again there, and the query goes on
+    cluster = txn_cluster
+    n, per_batch = 300, 100
+    cluster.admin.create_topic("EoExecIn", read_queue_nums=2, write_queue_nums=2)
+    cluster.admin.create_topic("EoExecOut", read_queue_nums=2, write_queue_nums=2)
+    feed = cluster.producer("eo-exec-feed")
+    feed.send_batch([Message("EoExecIn", b"%d" % i) for i in range(n)])
+    feed.close()
+    marker = str(tmp_path / "executor-killed")
+    killed: list[str] = []
+    failures: list[BaseException] = []
+
+    def kill_once_halves_are_sent() -> None:
+        try:
+            wait_until(lambda: _pending(cluster, "EoExecOut") > 0, timeout_s=60, what="halves")
+            killed.extend(_kill_spark_executors())
+        except BaseException as exc:  # noqa: BLE001 - asserted on the test's thread
+            failures.append(exc)
+        finally:
+            open(marker, "w").close()  # the retry passes every row
+
+    killer = threading.Thread(target=kill_once_halves_are_sent, daemon=True)
+
+    def on_step(step: str, batch_id: int) -> None:
+        if (batch_id, step) == (1, "planned") and not killer.is_alive() and not killed:
+            killer.start()
+
+    def transform(df, batch_id: int):
+        # 8 KB bodies: Spark buffers 64 KB for a Python worker before sending, so small
+        # rows would reach the writer only once the held step ends
+        pad = F.concat(F.lit("|"), F.repeat(F.lit("x"), 8000))
+        body = F.concat(F.lit("out-"), F.col("body"), pad).cast("binary").alias("body")
+        out = df.select(body)
+        return out.mapInArrow(_hold_until(marker, 40), "body binary") if batch_id == 1 else out
+
+    progress: list[BatchProgress] = []
+    # Arrow batches of 10 rows between the steps (Spark's default of 10,000 would hand the
+    # writer nothing before the held step ends)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "10")
+    query = stream_to_spark(
+        spark,
+        "EoExecIn",
+        "eo-exec",
+        transform,
+        sink_topic="EoExecOut",
+        sink_options={"batch_rows": 5},
+        namespace=cluster.namespace,
+        max_messages_per_batch=per_batch,
+        available_now=True,
+        num_partitions=2,
+        on_step=on_step,
+        on_progress=progress.append,
+    )
+    try:
+        assert query.await_termination(timeout_s=180, raise_error=False)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    killer.join(timeout=60)
+    assert not failures, failures
+    assert killed, "no executor was killed"
+    with open(marker + ".attempts") as attempts:
+        tasks = Counter(line.split()[0] for line in attempts)
+    assert max(tasks.values()) == 2  # the held task ran again, on the restarted executor
+    assert query.exception is None, f"{type(query.exception).__name__}: {query.exception}"
+    out = Counter(body.split(b"|")[0] for body in _bodies(cluster, "EoExecOut").elements())
+    assert not {b: c for b, c in out.items() if c != 1}, "duplicated outputs"
+    assert set(out) == {b"out-%d" % i for i in range(n)}
+    assert sum(cluster.pull_consumer("eo-exec").fetch_offsets("EoExecIn").values()) == n
+    assert [p.output for p in progress] == [p.messages for p in progress]
+    # the killed attempt's half messages were never committed: rolled back by the checks
+    wait_until(lambda: _pending(cluster, "EoExecOut") == 0, timeout_s=30, what="no half left")
 
 
 def test_bad_transactional_calls_are_refused_and_change_nothing(spark, txn_cluster):
