@@ -5,10 +5,14 @@ mid-task writes every input to the sink exactly once."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -21,6 +25,8 @@ from actors.bridge.spark import write_to_topic
 from actors.bridge.streaming import BatchProgress, stream_to_spark
 from storage import Message
 from storage.errors import InvalidMessageError
+
+from . import stream_driver as driver
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -450,6 +456,80 @@ def test_a_stream_to_a_sink_topic_whose_spark_executor_is_killed_writes_each_inp
     assert [p.output for p in progress] == [p.messages for p in progress]
     # the killed attempt's half messages were never committed: rolled back by the checks
     wait_until(lambda: _pending(cluster, "EoExecOut") == 0, timeout_s=30, what="no half left")
+
+
+def test_a_stream_whose_driver_process_is_sigkilled_writes_each_input_once(
+    spark, txn_cluster, tmp_path
+):
+    # a driver process of its own (stream_driver.py: its own RayDP session on this Ray
+    # cluster) runs the stream and is SIGKILLed at a random step of batch 0; the query
+    # restarted here, in this process's session, fences what it left and ends the job
+    cluster = txn_cluster
+    n = 300
+    cluster.admin.create_topic(driver.IN, read_queue_nums=2, write_queue_nums=2)
+    cluster.admin.create_topic(driver.OUT, read_queue_nums=2, write_queue_nums=2)
+    feed = cluster.producer("eo-driver-feed")
+    feed.send_batch([Message(driver.IN, b"%d" % i) for i in range(n)])
+    feed.close()
+    step = random.choice(["planned", "written", "committed"])
+    root = Path(__file__).resolve().parents[3]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    stderr = open(tmp_path / "driver.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            driver.__file__,
+            ray.get_runtime_context().gcs_address,
+            cluster.namespace,
+            "0",
+            step,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        cwd=root,
+        env=env,
+    )
+    lines: list[str] = []
+    waiting = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.strip())
+            if line.startswith("waiting to be killed"):
+                waiting.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        assert waiting.wait(timeout=180), f"the driver never reached {step} of batch 0: {lines}"
+    finally:
+        proc.kill()  # SIGKILL: its Spark session and open transaction are left as they are
+        proc.wait(timeout=30)
+        stderr.close()
+    assert lines[-2:] == [f"step {step} 0", "waiting to be killed"]
+
+    query = stream_to_spark(
+        spark,
+        driver.IN,
+        driver.GROUP,
+        driver.transform,
+        sink_topic=driver.OUT,
+        namespace=cluster.namespace,
+        max_messages_per_batch=driver.PER_BATCH,
+        available_now=True,
+        num_partitions=2,
+    )
+    assert query.await_termination(timeout_s=120, raise_error=False)
+    assert query.exception is None, f"after a kill at {step}: {query.exception!r}"
+    out = _bodies(cluster, driver.OUT)
+    assert not {b: c for b, c in out.items() if c != 1}, f"duplicated (killed at {step})"
+    assert set(out) == {b"out-%d" % i for i in range(n)}, f"killed at {step}"
+    assert sum(cluster.pull_consumer(driver.GROUP).fetch_offsets(driver.IN).values()) == n
+    wait_until(lambda: _pending(cluster, driver.OUT) == 0, timeout_s=30, what="no half left")
 
 
 def test_bad_transactional_calls_are_refused_and_change_nothing(spark, txn_cluster):
