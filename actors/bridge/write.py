@@ -19,7 +19,7 @@ its rows were stored (a Spark task in its result row, a Ray Data write task in i
 once every task succeeded. A task attempt that failed (and was run again by Spark or
 by Ray), or lost to a speculative copy, is never handed back: its half messages stay
 out of the commit and are rolled back by the brokers' check service
-(docs/transactions.md, "Spark and Ray Data").
+(docs/transactions.md, "Spark").
 """
 
 from __future__ import annotations
