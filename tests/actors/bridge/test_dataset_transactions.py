@@ -2,7 +2,8 @@
 transactional=True)`` for a Ray Dataset. Its write tasks send half messages; the driver
 adds to the transaction exactly the halves the tasks Ray Data counted returned, so a
 write task that failed after sending and ran again counts once, and a failed write
-shows nothing. The package's cluster (no Spark is used, but its cluster is already up)."""
+shows nothing; both of Ray's ways of running a failed write task again are shown. The
+package's cluster (no Spark is used, but its cluster is already up)."""
 
 from __future__ import annotations
 
@@ -59,17 +60,26 @@ def _transform(fail_at: int, flag: Path | None) -> Callable[[pa.Table], pa.Table
     return fn
 
 
-def _failing_dataset(flag: Path | None) -> ray.data.Dataset:
+# a failed write task runs once more: Ray Data's in-task retry ("data": the transform
+# and write() run again inside the task), or Ray's task retry ("ray": the task runs
+# again; the same remote args on the transform, so that it is fused into the write task)
+RAY_RETRY = {"max_retries": 1, "retry_exceptions": True}
+
+
+def _failing_dataset(flag: Path | None, retry: str = "data") -> ray.data.Dataset:
     ds = ray.data.from_arrow(_ids()).map_batches(
-        _transform(FAIL_AT, flag), batch_size=100, batch_format="pyarrow"
+        _transform(FAIL_AT, flag),
+        batch_size=100,
+        batch_format="pyarrow",
+        **(RAY_RETRY if retry == "ray" else {}),
     )
     # this Dataset's own DataContext (the driver's default stays as it is): output blocks
     # of ~1 KiB, so the write task fused after the transform gets a block's rows a few
-    # dozen at a time and sends some before the transform fails; a failed attempt runs
-    # once more in the same task (Ray Data's in-task retry, which calls write() again)
+    # dozen at a time and sends some before the transform fails
     ds.context.target_max_block_size = 1024
-    ds.context.retried_map_errors = True
-    ds.context.max_map_retries = 1
+    if retry == "data":
+        ds.context.retried_map_errors = True
+        ds.context.max_map_retries = 1
     return ds
 
 
@@ -130,32 +140,35 @@ def test_a_transactional_dataset_write_whose_task_always_fails_after_sending_sho
     consumer.close()
 
 
+@pytest.mark.parametrize("retry", ["data", "ray"])
 def test_a_transactional_dataset_write_counts_a_task_retried_after_sending_once(
-    txn_cluster: actors.Cluster, tmp_path: Path
+    txn_cluster: actors.Cluster, tmp_path: Path, retry: str
 ) -> None:
     cluster = txn_cluster
-    cluster.admin.create_topic("DsTxnRetry", read_queue_nums=2, write_queue_nums=2)
+    topic = f"DsTxnRetry-{retry}"
+    cluster.admin.create_topic(topic, read_queue_nums=2, write_queue_nums=2)
     flag = tmp_path / "failed-once"
     before = txn_stats(cluster)
 
     result = write_to_topic(
-        _failing_dataset(flag),
-        "DsTxnRetry",
+        _failing_dataset(flag, retry),
+        topic,
         key_col="key",
         transactional=True,
         namespace=cluster.namespace,
         batch_rows=20,
+        ray_remote_args=RAY_RETRY if retry == "ray" else None,
     )
 
     assert flag.exists()  # the transform did fail once, and the task ran again
     assert result.rows == N and result.transaction is not None
-    seen = bodies(cluster, "DsTxnRetry")
+    seen = bodies(cluster, topic)
     assert seen == _all_rows()
     # the failed attempt's half messages were not in the commit: the check service rolls
     # them back (the coordinator answers abort for a done transaction's strays)
-    wait_until(lambda: pending(cluster, "DsTxnRetry") == 0, timeout_s=20, what="strays gone")
+    wait_until(lambda: pending(cluster, topic) == 0, timeout_s=20, what="strays gone")
     after = txn_stats(cluster)
     assert after["txn_committed"] - before["txn_committed"] == N
     strays = after["txn_rolled_back"] - before["txn_rolled_back"]
     assert 0 < strays < N // BLOCKS  # sent before the failure: part of that task's rows
-    assert bodies(cluster, "DsTxnRetry") == seen
+    assert bodies(cluster, topic) == seen
