@@ -305,6 +305,11 @@ class TopicDatasink(Datasink[_TaskWrite]):
     def on_write_complete(self, write_result: Any) -> None:
         returns: list[_TaskWrite] = write_result.write_returns
         txn = self._transaction
+        if txn is None and self.spec.txn is not None:  # never silently commit nothing
+            raise RuntimeError(
+                f"{self.get_name()}: on_write_complete ran on a copy of the sink that "
+                f"lost its transaction {self.spec.txn.txn_id}: its rows cannot be added"
+            )
         if txn is not None:
             # one return per write task: the attempt Ray counted (a retried task's
             # failed attempts return nothing), so only its half messages are named
