@@ -11,13 +11,15 @@ never pass through the driver. Converting a DataFrame to a Dataset first (RayDP'
 Delivery is at least once, as ``send_batch``'s: a send that timed out and was
 retried, or a Spark or Ray task that ran again, may store rows twice.
 
-``transactional=True`` (Spark DataFrames) makes the write all or nothing and each row
-once: the executors send their rows as half messages of one transaction the driver
-began (``Transaction.context()``), each successful task hands back where its rows were
-stored, and the driver commits exactly those (``Transaction.add_halves``) once every
-partition succeeded. A task attempt that failed, or lost to a speculative copy, is
-never handed back: its half messages stay out of the commit and are rolled back by
-the brokers' check service (docs/transactions.md, "Spark").
+``transactional=True`` makes the write all or nothing and each row once, for a Dataset
+as for a DataFrame: the workers send their rows as half messages of one transaction
+the driver began (``Transaction.context()``), each successful task hands back where
+its rows were stored (a Spark task in its result row, a Ray Data write task in its
+``write`` return), and the driver commits exactly those (``Transaction.add_halves``)
+once every task succeeded. A task attempt that failed (and was run again by Spark or
+by Ray), or lost to a speculative copy, is never handed back: its half messages stay
+out of the commit and are rolled back by the brokers' check service
+(docs/transactions.md, "Spark").
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import re
 import threading
 import uuid
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -156,6 +158,7 @@ class _TopicWriter:
         return max(1, min(self.spec.batch_rows, self.spec.batch_bytes // per_row))
 
     def write(self, table: pa.Table) -> None:
+        self.spec.columns.check(table.column_names)
         table = table.select(self.spec.columns.names())
         if table.num_rows == 0:
             return
@@ -222,8 +225,27 @@ class _TopicWriter:
         self._sender.shutdown(wait=True, cancel_futures=True)
 
 
-class TopicDatasink(Datasink[tuple[int, int]]):
-    """Ray Data sink that produces each row as a message of ``topic``."""
+@dataclass(frozen=True)
+class _TaskWrite:
+    """What one Ray Data write task sent (its ``write`` return, handed to the driver's
+    ``on_write_complete`` for the attempt Ray counted, and for no other)."""
+
+    rows: int
+    batches: int
+    halves: dict[str, list[int]]  # broker -> CommitLog offsets of its half messages
+
+
+class TopicDatasink(Datasink[_TaskWrite]):
+    """Ray Data sink that produces each row as a message of ``topic``.
+
+    With ``transaction`` (an open :class:`Transaction` of the caller's) the write tasks
+    send their rows as the transaction's half messages and return where they were
+    stored; :meth:`on_write_complete` (on the driver) adds exactly those returned
+    halves to the transaction, which the caller then commits or aborts. A task attempt
+    that failed is never returned, so its half messages are never committed. The
+    transaction itself stays on the driver: tasks get only its picklable context.
+    ``write_to_topic(ds, topic, transactional=True)`` does this in a transaction of its own.
+    """
 
     def __init__(
         self,
@@ -238,7 +260,10 @@ class TopicDatasink(Datasink[tuple[int, int]]):
         batch_rows: int = DEFAULT_BATCH_ROWS,
         batch_bytes: int = DEFAULT_BATCH_BYTES,
         producer_options: Mapping[str, Any] | None = None,
+        transaction: Transaction | None = None,
     ) -> None:
+        if transaction is not None:
+            _check_transaction(transaction)
         self.spec = _spec(
             topic,
             namespace,
@@ -247,18 +272,26 @@ class TopicDatasink(Datasink[tuple[int, int]]):
             batch_rows,
             batch_bytes,
             producer_options,
+            None if transaction is None else transaction.context(),
         )
         self.topic = topic
         self.result: WriteResult | None = None
+        self._transaction = transaction  # the driver's; never pickled into a task
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_transaction"] = None
+        return state
 
     def get_name(self) -> str:
         return f"RayMQTopic({self.topic})"
 
-    def on_write_start(self, schema: pa.Schema | None = None) -> None:
-        if schema is not None:
-            self.spec.columns.check(schema.names)
+    # No column check in on_write_start: Ray 2.60 hands it the schema of the write
+    # operator's first *input*, which is the input of a transform fused into the write
+    # task (``ds.map_batches(f).write_datasink(sink)``), not the rows the sink gets. The
+    # writer checks each table it gets; write_to_topic checks a schema known up front.
 
-    def write(self, blocks: Iterable[Block], ctx: Any) -> tuple[int, int]:
+    def write(self, blocks: Iterable[Block], ctx: Any) -> _TaskWrite:
         writer = _TopicWriter(self.spec)
         try:
             for block in blocks:
@@ -266,12 +299,27 @@ class TopicDatasink(Datasink[tuple[int, int]]):
         except BaseException:
             writer.abort()
             raise
-        return writer.close()
+        rows, batches = writer.close()
+        return _TaskWrite(rows, batches, writer.halves)
 
     def on_write_complete(self, write_result: Any) -> None:
-        returns = write_result.write_returns
+        returns: list[_TaskWrite] = write_result.write_returns
+        txn = self._transaction
+        if txn is None and self.spec.txn is not None:  # never silently commit nothing
+            raise RuntimeError(
+                f"{self.get_name()}: on_write_complete ran on a copy of the sink that "
+                f"lost its transaction {self.spec.txn.txn_id}: its rows cannot be added"
+            )
+        if txn is not None:
+            # one return per write task: the attempt Ray counted (a retried task's
+            # failed attempts return nothing), so only its half messages are named
+            for r in returns:
+                txn.add_halves(r.halves, r.rows)
         self.result = WriteResult(
-            self.topic, sum(r for r, _ in returns), sum(b for _, b in returns)
+            self.topic,
+            sum(r.rows for r in returns),
+            sum(r.batches for r in returns),
+            None if txn is None else txn.txn_id,
         )
 
 
@@ -401,16 +449,20 @@ def write_to_topic(
     ``body_col`` is binary or string; ``key_col`` string (space-separated keys,
     each indexed); ``tag_col`` string (null: no tag); ``properties_col`` a map
     of strings. Rows are encoded in batches of ``batch_rows`` and sent by a
-    Producer in each worker process: Ray Data write tasks for a Dataset, Spark's
-    Python workers for a DataFrame. Returns when every batch is stored.
+    Producer in each worker process: Ray Data write tasks for a Dataset (run with
+    ``concurrency`` and ``ray_remote_args``), Spark's Python workers for a DataFrame.
+    Returns when every batch is stored.
 
-    Spark DataFrames only: ``transactional=True`` writes all rows or none, each once,
-    in one transaction of a ``TransactionalProducer`` made for the call
-    (``transactional_id``, default unique per call; give a stable one to have a
-    rerun fence what a crashed run left open), committed when every partition
-    succeeded and aborted on failure. ``transaction=`` joins an open transaction of
-    the caller's instead (rows added to it, not committed: the caller commits, e.g.
-    with consumer offsets, as ``stream_to_spark(sink_topic=...)`` does).
+    ``transactional=True`` writes all rows or none, each once, in one transaction of a
+    ``TransactionalProducer`` made for the call (``transactional_id``, default unique
+    per call; give a stable one to have a rerun fence what a crashed run left open),
+    committed when every task succeeded and aborted on failure. ``transaction=`` joins
+    an open transaction of the caller's instead (rows added to it, not committed: the
+    caller commits, e.g. with consumer offsets, as ``stream_to_spark(sink_topic=...)``
+    does; after a failed write the caller should abort it). A task that Spark or Ray
+    runs again (a Spark task retry, ``ray_remote_args={"max_retries": n,
+    "retry_exceptions": True}``, a lost worker, Ray Data's ``max_map_retries``) counts
+    once: only the attempt that returned hands its rows to the transaction.
     """
     spark = _is_spark_dataframe(data)
     if not spark and not isinstance(data, ray.data.Dataset):
@@ -418,51 +470,76 @@ def write_to_topic(
             f"write_to_topic: expected a ray.data.Dataset or a Spark DataFrame, "
             f"got {type(data).__name__}"
         )
-    if transaction is not None or transactional:
-        if not spark:
-            raise InvalidMessageError(
-                "write_to_topic: transactional writes take a Spark DataFrame, not a Dataset"
-            )
-        if transaction is not None and (transactional or transactional_id is not None):
-            raise InvalidMessageError(
-                "write_to_topic: transaction= joins the caller's transaction; "
-                "transactional/transactional_id= make one: give one or the other"
-            )
-        if transaction is not None and not isinstance(transaction, Transaction):
-            raise InvalidMessageError(
-                f"write_to_topic: transaction= must be a Transaction, got {type(transaction)}"
-            )
-        if transaction is not None and transaction.state is not TransactionState.OPEN:
-            raise InvalidMessageError(
-                f"write_to_topic: transaction {transaction.txn_id} is {transaction.state.value}"
-            )
+    if transaction is not None and (transactional or transactional_id is not None):
+        raise InvalidMessageError(
+            "write_to_topic: transaction= joins the caller's transaction; "
+            "transactional/transactional_id= make one: give one or the other"
+        )
+    if transaction is not None:
+        _check_transaction(transaction)
     columns = _Columns(body_col, key_col, tag_col, properties_col)
     spec = _spec(topic, namespace, None, columns, batch_rows, DEFAULT_BATCH_BYTES, producer_options)
-    if spark and transaction is not None:
-        spec = _with_txn(spec, transaction)
-        result = _write_spark(data, spec, transaction)
-        log.info("sent %d rows to %s in %s", result.rows, topic, transaction.txn_id)
-        return result
-    if spark and transactional:
-        return _write_spark_transactional(data, spec, transactional_id)
+    write: Callable[[Transaction | None], WriteResult]
     if spark:
-        result = _write_spark(data, spec)
+        spec.columns.check(data.columns)  # a bad column costs no coordinator call
+
+        def write(txn: Transaction | None) -> WriteResult:
+            return _write_spark(data, spec if txn is None else _with_txn(spec, txn), txn)
+
+    else:
+        known = data.columns(fetch_if_missing=False)  # None: known only once it runs
+        if known is not None:
+            spec.columns.check(known)
+
+        def write(txn: Transaction | None) -> WriteResult:
+            return _write_dataset(data, spec, txn, concurrency, ray_remote_args)
+
+    if transactional:
+        return _in_own_transaction(spec, transactional_id, write)
+    result = write(transaction)
+    if transaction is not None:
+        log.info("sent %d rows to %s in %s", result.rows, topic, transaction.txn_id)
+    else:
         log.info("wrote %d rows to %s in %d batches", result.rows, topic, result.batches)
-        return result
+    return result
+
+
+def _check_transaction(transaction: object) -> None:
+    if not isinstance(transaction, Transaction):
+        raise InvalidMessageError(
+            f"write_to_topic: transaction= must be a Transaction, got {type(transaction)}"
+        )
+    if transaction.state is not TransactionState.OPEN:
+        raise InvalidMessageError(
+            f"write_to_topic: transaction {transaction.txn_id} is {transaction.state.value}"
+        )
+
+
+def _write_dataset(
+    ds: ray.data.Dataset,
+    spec: _WriteSpec,
+    txn: Transaction | None,
+    concurrency: int | None,
+    ray_remote_args: Mapping[str, Any] | None,
+) -> WriteResult:
+    """Every row of a Dataset sent by Ray Data write tasks (``TopicDatasink``); with
+    ``txn`` as its half messages, the returned tasks' added to it."""
+    c = spec.columns
     sink = TopicDatasink(
-        topic,
-        namespace=namespace,
+        spec.topic,
+        namespace=spec.namespace,
         nameservers=spec.nameservers,
-        body_col=body_col,
-        key_col=key_col,
-        tag_col=tag_col,
-        properties_col=properties_col,
-        batch_rows=batch_rows,
-        producer_options=producer_options,
+        body_col=c.body,
+        key_col=c.key,
+        tag_col=c.tag,
+        properties_col=c.properties,
+        batch_rows=spec.batch_rows,
+        batch_bytes=spec.batch_bytes,
+        producer_options=dict(spec.producer_options),
+        transaction=txn,
     )
-    data.write_datasink(sink, ray_remote_args=dict(ray_remote_args or {}), concurrency=concurrency)
+    ds.write_datasink(sink, ray_remote_args=dict(ray_remote_args or {}), concurrency=concurrency)
     assert sink.result is not None
-    log.info("wrote %d rows to %s in %d batches", sink.result.rows, topic, sink.result.batches)
     return sink.result
 
 
@@ -470,10 +547,11 @@ def _with_txn(spec: _WriteSpec, txn: Transaction) -> _WriteSpec:
     return dataclasses.replace(spec, txn=txn.context())
 
 
-def _write_spark_transactional(df: Any, spec: _WriteSpec, tid: str | None) -> WriteResult:
-    """One transaction of its own for the write: committed once every partition
-    succeeded, aborted (nothing visible) on any failure."""
-    spec.columns.check(df.columns)  # a bad column costs no coordinator call
+def _in_own_transaction(
+    spec: _WriteSpec, tid: str | None, write: Callable[[Transaction], WriteResult]
+) -> WriteResult:
+    """``write`` into one transaction of its own: committed once it returned (every
+    task succeeded), aborted (nothing visible) on any failure."""
     producer = TransactionalProducer(
         "raymq-datasource-writer",
         transactional_id=tid or f"raymq-write.{spec.topic}.{uuid.uuid4().hex}",
@@ -483,7 +561,7 @@ def _write_spark_transactional(df: Any, spec: _WriteSpec, tid: str | None) -> Wr
     try:
         txn = producer.begin()
         try:
-            result = _write_spark(df, _with_txn(spec, txn), txn)
+            result = write(txn)
             txn.commit()
         except Exception:
             # a BaseException that is no Exception (the process going down) leaves it

@@ -63,6 +63,19 @@ def raymq(
     cluster.shutdown(timeout_s=10.0)
 
 
+@pytest.fixture(scope="package")
+def txn_cluster(raymq: actors.Cluster, tmp_path_factory: pytest.TempPathFactory) -> actors.Cluster:
+    """The package's cluster with its transaction coordinator logging to a temp dir (the
+    first TransactionalProducer of a namespace creates it): the transactional writes'."""
+    first = raymq.transactional_producer(
+        "bridge-txn-setup",
+        "bridge-txn-setup",
+        coordinator_log_dir=str(tmp_path_factory.mktemp("txnlog")),
+    )
+    first.close()
+    return raymq
+
+
 def _topic_table(n: int, seed: int = 7) -> pa.Table:
     """``n`` messages of one topic over ``NUM_QUEUES`` queues, random bodies of 0-511 bytes.
 

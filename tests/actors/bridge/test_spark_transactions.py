@@ -20,55 +20,18 @@ import ray
 from pyspark.sql import functions as F
 from raymq_testkit import wait_until
 
-import actors
 from actors.bridge.spark import write_to_topic
 from actors.bridge.streaming import BatchProgress, stream_to_spark
 from storage import Message
 from storage.errors import InvalidMessageError
 
 from . import stream_driver as driver
+from .txn_probes import bodies, pending, txn_stats
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
     pytest.mark.filterwarnings("ignore:DataFrame.sql_ctx is an internal property:UserWarning"),
 ]
-
-
-@pytest.fixture(scope="module")
-def txn_cluster(raymq: actors.Cluster, tmp_path_factory: pytest.TempPathFactory) -> actors.Cluster:
-    """The package's cluster with its transaction coordinator logging to a temp dir (the
-    first TransactionalProducer of a namespace creates it)."""
-    first = raymq.transactional_producer(
-        "spark-txn-setup",
-        "spark-txn-setup",
-        coordinator_log_dir=str(tmp_path_factory.mktemp("txnlog")),
-    )
-    first.close()
-    return raymq
-
-
-def _bodies(cluster: actors.Cluster, topic: str) -> Counter[bytes]:
-    """Every body a consumer of ``topic`` gets, counted."""
-    consumer = cluster.pull_consumer("probe-bodies")
-    out: Counter[bytes] = Counter()
-    for mq in consumer.fetch_subscribe_queues(topic):
-        offset, end = 0, consumer.max_offset(mq)
-        while offset < end:
-            got = consumer.pull(mq, offset, 1000)
-            out.update(got.bodies)
-            offset = got.next_offset
-    consumer.close()
-    return out
-
-
-def _pending(cluster: actors.Cluster, topic: str) -> int:
-    """Half messages for ``topic`` not ended yet, on every broker."""
-    return sum(
-        1
-        for name in ("broker-a", "broker-b")
-        for h in ray.get(cluster.broker(name).pending_transactions.remote())
-        if h["topic"] == topic
-    )
 
 
 def _fail_once_after(partition: int, after: int):
@@ -96,14 +59,6 @@ def _fail_once_after(partition: int, after: int):
     return step
 
 
-def _txn_stats(cluster: actors.Cluster) -> Counter[str]:
-    out: Counter[str] = Counter()
-    for name in ("broker-a", "broker-b"):
-        status = ray.get(cluster.broker(name).status.remote())
-        out.update({k: status[k] for k in ("txn_committed", "txn_rolled_back")})
-    return out
-
-
 def _numbered(spark, n: int, partitions: int):
     return spark.range(n, numPartitions=partitions).select(
         F.concat(F.lit("row-"), F.col("id").cast("string")).cast("binary").alias("body"),
@@ -119,7 +74,7 @@ def test_a_transactional_write_shows_all_rows_once_though_a_task_failed_after_se
     df = _numbered(spark, 2_000, 2).mapInArrow(
         _fail_once_after(partition=0, after=450), "body binary, key string"
     )
-    before = _txn_stats(cluster)
+    before = txn_stats(cluster)
 
     result = write_to_topic(
         df,
@@ -131,15 +86,15 @@ def test_a_transactional_write_shows_all_rows_once_though_a_task_failed_after_se
     )
 
     assert result.rows == 2_000 and result.transaction is not None
-    bodies = _bodies(cluster, "TxnWrite")
-    assert bodies == Counter({b"row-%d" % i: 1 for i in range(2_000)})
+    seen = bodies(cluster, "TxnWrite")
+    assert seen == Counter({b"row-%d" % i: 1 for i in range(2_000)})
     # the failed attempt's 400 half messages were not in the commit: the check service
     # rolls them back (the coordinator answers abort for a done transaction's strays)
-    wait_until(lambda: _pending(cluster, "TxnWrite") == 0, timeout_s=20, what="strays rolled back")
-    after = _txn_stats(cluster)
+    wait_until(lambda: pending(cluster, "TxnWrite") == 0, timeout_s=20, what="strays rolled back")
+    after = txn_stats(cluster)
     assert after["txn_committed"] - before["txn_committed"] == 2_000
     assert after["txn_rolled_back"] - before["txn_rolled_back"] == 400
-    assert _bodies(cluster, "TxnWrite") == bodies
+    assert bodies(cluster, "TxnWrite") == seen
 
 
 def test_a_failed_transactional_write_shows_nothing(spark, txn_cluster):
@@ -159,8 +114,8 @@ def test_a_failed_transactional_write_shows_nothing(spark, txn_cluster):
         write_to_topic(
             df, "TxnWriteFail", transactional=True, namespace=cluster.namespace, batch_rows=50
         )
-    assert _pending(cluster, "TxnWriteFail") == 0  # the abort rolled every half message back
-    assert _bodies(cluster, "TxnWriteFail") == Counter()
+    assert pending(cluster, "TxnWriteFail") == 0  # the abort rolled every half message back
+    assert bodies(cluster, "TxnWriteFail") == Counter()
     consumer = cluster.pull_consumer("probe-fail")
     assert all(
         consumer.max_offset(mq) == 0 for mq in consumer.fetch_subscribe_queues("TxnWriteFail")
@@ -232,15 +187,15 @@ def test_a_stream_to_a_sink_topic_killed_at_random_points_writes_each_input_once
         break
     feed.close()
 
-    out = _bodies(cluster, "EoSparkOut")
+    out = bodies(cluster, "EoSparkOut")
     dupes = {b: c for b, c in out.items() if c != 1}
     assert not dupes, f"seed {seed}, kills {kills}: duplicated {dupes}"
     assert set(out) == {b"out-%d" % i for i in range(n)}, f"seed {seed}, kills {kills}"
     consumer = cluster.pull_consumer("eo-spark")
     committed = consumer.fetch_offsets("EoSparkIn")
     assert sum(committed.values()) == n
-    assert _pending(cluster, "EoSparkOut") == 0 or wait_until(
-        lambda: _pending(cluster, "EoSparkOut") == 0, timeout_s=20, what="no half left"
+    assert pending(cluster, "EoSparkOut") == 0 or wait_until(
+        lambda: pending(cluster, "EoSparkOut") == 0, timeout_s=20, what="no half left"
     )
     assert all(p.output == p.messages for p in progress)  # one output row per input
     assert all(p.transaction for p in progress)
@@ -317,7 +272,7 @@ def test_a_stream_to_a_sink_topic_whose_broker_is_sigkilled_writes_each_input_on
     seen: list[Counter[bytes]] = []
 
     def visible() -> Counter[bytes] | None:
-        seen.append(_bodies(cluster, "EoKillOut"))
+        seen.append(bodies(cluster, "EoKillOut"))
         return seen[-1] if sum(seen[-1].values()) >= n else None
 
     try:
@@ -399,7 +354,7 @@ def test_a_stream_to_a_sink_topic_whose_spark_executor_is_killed_writes_each_inp
 
     def kill_once_halves_are_sent() -> None:
         try:
-            wait_until(lambda: _pending(cluster, "EoExecOut") > 0, timeout_s=60, what="halves")
+            wait_until(lambda: pending(cluster, "EoExecOut") > 0, timeout_s=60, what="halves")
             killed.extend(_kill_spark_executors())
         except BaseException as exc:  # noqa: BLE001 - asserted on the test's thread
             failures.append(exc)
@@ -449,13 +404,13 @@ def test_a_stream_to_a_sink_topic_whose_spark_executor_is_killed_writes_each_inp
         tasks = Counter(line.split()[0] for line in attempts)
     assert max(tasks.values()) == 2  # the held task ran again, on the restarted executor
     assert query.exception is None, f"{type(query.exception).__name__}: {query.exception}"
-    out = Counter(body.split(b"|")[0] for body in _bodies(cluster, "EoExecOut").elements())
+    out = Counter(body.split(b"|")[0] for body in bodies(cluster, "EoExecOut").elements())
     assert not {b: c for b, c in out.items() if c != 1}, "duplicated outputs"
     assert set(out) == {b"out-%d" % i for i in range(n)}
     assert sum(cluster.pull_consumer("eo-exec").fetch_offsets("EoExecIn").values()) == n
     assert [p.output for p in progress] == [p.messages for p in progress]
     # the killed attempt's half messages were never committed: rolled back by the checks
-    wait_until(lambda: _pending(cluster, "EoExecOut") == 0, timeout_s=30, what="no half left")
+    wait_until(lambda: pending(cluster, "EoExecOut") == 0, timeout_s=30, what="no half left")
 
 
 def test_a_stream_whose_driver_process_is_sigkilled_writes_each_input_once(
@@ -525,11 +480,11 @@ def test_a_stream_whose_driver_process_is_sigkilled_writes_each_input_once(
     )
     assert query.await_termination(timeout_s=120, raise_error=False)
     assert query.exception is None, f"after a kill at {step}: {query.exception!r}"
-    out = _bodies(cluster, driver.OUT)
+    out = bodies(cluster, driver.OUT)
     assert not {b: c for b, c in out.items() if c != 1}, f"duplicated (killed at {step})"
     assert set(out) == {b"out-%d" % i for i in range(n)}, f"killed at {step}"
     assert sum(cluster.pull_consumer(driver.GROUP).fetch_offsets(driver.IN).values()) == n
-    wait_until(lambda: _pending(cluster, driver.OUT) == 0, timeout_s=30, what="no half left")
+    wait_until(lambda: pending(cluster, driver.OUT) == 0, timeout_s=30, what="no half left")
 
 
 def test_bad_transactional_calls_are_refused_and_change_nothing(spark, txn_cluster):
@@ -537,21 +492,27 @@ def test_bad_transactional_calls_are_refused_and_change_nothing(spark, txn_clust
     cluster.admin.create_topic("TxnBad", read_queue_nums=1, write_queue_nums=1)
     df = _numbered(spark, 10, 1)
     ns = cluster.namespace
-    with pytest.raises(InvalidMessageError, match="Spark DataFrame"):
-        write_to_topic(
-            ray.data.from_items([{"body": b"x"}]), "TxnBad", transactional=True, namespace=ns
-        )
+    ds = ray.data.from_items([{"body": b"x"}])
+    # a Ray Dataset is no bad call (it was refused before Ray Data writes were transactional)
+    cluster.admin.create_topic("TxnDsOne", read_queue_nums=1, write_queue_nums=1)
+    done = write_to_topic(ds, "TxnDsOne", transactional=True, namespace=ns)
+    assert done.rows == 1 and done.transaction is not None
+    assert bodies(cluster, "TxnDsOne") == Counter({b"x": 1})
+    with pytest.raises(InvalidMessageError, match="must be a Transaction"):
+        write_to_topic(ds, "TxnBad", transaction="txn-1", namespace=ns)  # type: ignore[arg-type]
     producer = cluster.transactional_producer("txn-bad", "txn-bad")
     try:
         txn = producer.begin()
-        with pytest.raises(InvalidMessageError, match="one or the other"):
-            write_to_topic(df, "TxnBad", transaction=txn, transactional=True, namespace=ns)
+        for data in (df, ds):
+            with pytest.raises(InvalidMessageError, match="one or the other"):
+                write_to_topic(data, "TxnBad", transaction=txn, transactional=True, namespace=ns)
         with pytest.raises(InvalidMessageError, match="half offset"):
             txn.add_halves({"broker-a": [12, "x"]}, 2)  # type: ignore[list-item]
         assert txn.sent == 0
         txn.abort()
-        with pytest.raises(InvalidMessageError, match="is aborted"):
-            write_to_topic(df, "TxnBad", transaction=txn, namespace=ns)
+        for data in (df, ds):
+            with pytest.raises(InvalidMessageError, match="is aborted"):
+                write_to_topic(data, "TxnBad", transaction=txn, namespace=ns)
     finally:
         producer.close()
     with pytest.raises(InvalidMessageError, match="need a sink_topic"):
@@ -562,4 +523,4 @@ def test_bad_transactional_calls_are_refused_and_change_nothing(spark, txn_clust
         stream_to_spark(
             spark, "TxnBad", "txn-bad", print, sink_topic="TxnBadOut", sink_options={"body": "b"}
         )
-    assert _bodies(cluster, "TxnBad") == Counter() and _pending(cluster, "TxnBad") == 0
+    assert bodies(cluster, "TxnBad") == Counter() and pending(cluster, "TxnBad") == 0
