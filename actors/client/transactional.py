@@ -335,22 +335,21 @@ class TransactionalProducer(Producer):
         while True:
             try:
                 return rpc.get(getattr(self.coordinator, method).remote(*args), timeout)
-            except BrokerUnavailableError as exc:
-                # a new instance waits for its predecessor's decision to reach a broker
-                # that is restarting (the coordinator retries it meanwhile)
-                if method != "init_producer" or time.monotonic() > deadline:
-                    raise
-                log.warning("transaction coordinator %s: %s", method, exc)
-                time.sleep(delay)  # nothing to wait on: the broker's restart is Ray's
-                delay = min(1.0, delay * 2)
-            except RayMQError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - Ray could not deliver: again
-                if not rpc.is_retriable(exc) or time.monotonic() > deadline:
+            except Exception as exc:  # noqa: BLE001 - sorted below
+                if not self._may_retry(method, exc) or time.monotonic() > deadline:
                     raise
                 log.warning("transaction coordinator %s: %s; trying again", method, exc)
-                time.sleep(delay)  # a restart: nothing to wait on but time
+                time.sleep(delay)  # a restart (Ray's or a broker's): nothing to wait on
                 delay = min(1.0, delay * 2)
+
+    @staticmethod
+    def _may_retry(method: str, exc: Exception) -> bool:
+        """Ray could not deliver the call (the coordinator restarts), or a new instance
+        waits for its predecessor's decision to reach a broker that is restarting (the
+        coordinator retries that meanwhile); any other answer is final."""
+        if isinstance(exc, BrokerUnavailableError):
+            return method == "init_producer"
+        return not isinstance(exc, RayMQError) and rpc.is_retriable(exc)
 
     def begin(self) -> Transaction:
         """Start a transaction (one at a time per producer); no Ray call."""
