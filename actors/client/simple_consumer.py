@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from actors.client.data_path import DataPath
-from actors.config.options import check_data_path
+from actors.config.options import check_data_path, check_isolation
 from actors.namesrv.client import NameServerClient, discover_nameservers
 from actors.protocol import rpc as _rpc
 from actors.protocol.checks import check_number, validate_group
@@ -69,7 +69,9 @@ class SimpleConsumer:
         call_timeout_s: float = 10.0,
         data_path: str = "socket",
         data_tls_ca: str | None = None,
+        isolation: str = "read_committed",
     ) -> None:
+        check_isolation("SimpleConsumer", isolation)  # before anything is made
         self.group = validate_group(group)
         self.topic = validate_topic(topic)
         parse_subscription(tag_expr)

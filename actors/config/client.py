@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from actors.config.options import check_data_path, check_positive
+from actors.config.options import check_data_path, check_isolation, check_positive
 from storage.errors import InvalidConfigError
 
 
@@ -84,9 +84,12 @@ class ConsumerConfig:
     data_path: str = "socket"
     """``"socket"`` (each broker's own port) or ``"ray"`` (actor calls); see ProducerConfig."""
     data_tls_ca: str | None = None
+    isolation: str = "read_committed"
+    """Only ``"read_committed"``: see ``PushConsumerConfig.isolation``."""
 
     def __post_init__(self) -> None:
         check_data_path("ConsumerConfig", self.data_path)
+        check_isolation("ConsumerConfig", self.isolation)
         check_positive(
             "ConsumerConfig",
             pull_timeout_s=self.pull_timeout_s,

@@ -69,3 +69,20 @@ DATA_PATHS = ("socket", "ray")
 def check_data_path(owner: str, value: object) -> None:
     if value not in DATA_PATHS:
         raise InvalidConfigError(f"{owner}.data_path={value!r}: must be one of {DATA_PATHS}")
+
+
+ISOLATION_LEVELS = ("read_committed",)
+
+
+def check_isolation(owner: str, value: object) -> None:
+    """A consumer's ``isolation``: only ``"read_committed"``, what every consumer reads.
+    ``"read_uncommitted"`` is refused with the reason (see ``docs/transactions.md``)."""
+    if value == "read_uncommitted":
+        raise InvalidConfigError(
+            f"{owner}.isolation='read_uncommitted' is not offered: a transaction's messages "
+            "wait as half messages in RMQ_SYS_TRANS_HALF_TOPIC until its commit writes them "
+            "to their queues, so no consumer can read them before it (every consumer is "
+            "read_committed; see docs/transactions.md)"
+        )
+    if value not in ISOLATION_LEVELS:
+        raise InvalidConfigError(f"{owner}.isolation={value!r}: must be 'read_committed'")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.config.coordinator import CoordinatorConfig
-from actors.config.options import check_data_path, check_name
+from actors.config.options import check_data_path, check_isolation, check_name
 from actors.coordinator.strategies import MACHINE_ROOM_STRATEGIES, StrategySpec, build_strategy
 from storage.errors import InvalidConfigError
 from storage.message import MessageExt
@@ -127,9 +127,14 @@ class PushConsumerConfig:
     (by ``msg_id``; at most ``dedup_max_ids`` remembered): ``actors.client.push.dedup``.
     None: every delivery reaches the listener (RocketMQ's at-least-once)."""
     dedup_max_ids: int = 100_000
+    isolation: str = "read_committed"
+    """What a transaction's messages look like to this consumer: only
+    ``"read_committed"`` (each shows at its commit, never before, never if aborted);
+    ``"read_uncommitted"`` is refused with the reason (``docs/transactions.md``)."""
 
     def __post_init__(self) -> None:
         check_data_path("PushConsumerConfig", self.data_path)
+        check_isolation("PushConsumerConfig", self.isolation)
         if self.dedup_window_s is not None and not self.dedup_window_s > 0:
             raise InvalidConfigError(
                 f"PushConsumerConfig.dedup_window_s={self.dedup_window_s!r}: must be > 0 or None"

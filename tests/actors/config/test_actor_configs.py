@@ -151,6 +151,22 @@ def test_producer_config_limits() -> None:
         ProducerConfig(retry_times_when_send_failed=-1)
 
 
+def test_consumers_read_committed_and_refuse_read_uncommitted_with_the_reason() -> None:
+    from actors.client.push.config import PushConsumerConfig
+    from actors.client.simple_consumer import SimpleConsumer
+    from actors.config.client import ConsumerConfig
+
+    assert ConsumerConfig(isolation="read_committed").isolation == "read_committed"
+    assert PushConsumerConfig().isolation == "read_committed"
+    for make in (ConsumerConfig, PushConsumerConfig):
+        with pytest.raises(InvalidConfigError, match="RMQ_SYS_TRANS_HALF_TOPIC"):
+            make(isolation="read_uncommitted")
+        with pytest.raises(InvalidConfigError, match="must be 'read_committed'"):
+            make(isolation="READ_COMMITTED")
+    with pytest.raises(InvalidConfigError, match="read_uncommitted' is not offered"):
+        SimpleConsumer("g", "T", isolation="read_uncommitted")  # before any Ray call
+
+
 def test_client_options_are_checked_by_name() -> None:
     from actors.config.options import with_options
 
