@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
-import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -25,7 +22,6 @@ from actors.bridge.streaming import BatchProgress, stream_to_spark
 from storage import Message
 from storage.errors import InvalidMessageError
 
-from . import stream_driver as driver
 from .txn_probes import bodies, pending, txn_stats
 
 pytestmark = [
@@ -292,103 +288,125 @@ def test_a_stream_to_a_sink_topic_whose_broker_is_sigkilled_writes_each_input_on
     assert sum(committed.values()) == n
 
 
-def test_a_stream_whose_executor_then_driver_are_killed_writes_each_input_once(
+def _hold_until(marker: str, after: int):
+    """A ``mapInArrow`` step that notes each task attempt in ``marker.attempts``, passes
+    its rows on in slices of 10 and, while ``marker`` does not exist, stops after
+    ``after`` rows until it does (60 s at most): the writer behind it has sent the first
+    rows' half messages and waits for more when the test kills the executor. Once
+    ``marker`` exists (the task's retry on the restarted executor) every row passes."""
+
+    def step(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import time
+
+        from pyspark import TaskContext
+
+        task = TaskContext.get()
+        with open(marker + ".attempts", "a") as attempts:
+            attempts.write(f"{task.partitionId()} {task.attemptNumber()}\n")
+        seen = 0
+        for batch in batches:
+            for start in range(0, batch.num_rows, 10):
+                if seen >= after and not os.path.exists(marker):
+                    deadline = time.monotonic() + 60
+                    while not os.path.exists(marker):
+                        if time.monotonic() > deadline:
+                            raise RuntimeError("held 60 s: the executor was never killed")
+                        time.sleep(0.05)
+                part = batch.slice(start, 10)
+                seen += part.num_rows
+                yield part
+
+    return step
+
+
+def _kill_spark_executors() -> list[str]:
+    """SIGKILL (``ray.kill``) every RayDP executor actor of this session; Ray restarts
+    each (RayDP creates them restartable) and Spark's driver takes it back."""
+    killed = []
+    for named in ray.util.list_named_actors(all_namespaces=True):
+        if named["name"].startswith("raydp-executor-"):
+            ray.kill(ray.get_actor(named["name"], namespace=named["namespace"]), no_restart=False)
+            killed.append(named["name"])
+    return killed
+
+
+@pytest.mark.kills_spark_executor  # runs last in the package: see conftest.py
+def test_a_stream_to_a_sink_topic_whose_spark_executor_is_killed_writes_each_input_once(
     spark, txn_cluster, tmp_path
 ):
-    # a driver process of its own (stream_driver.py: its own RayDP session on this Ray
-    # cluster) runs the stream; its only executor (RayDP's Java actor with its Python
-    # workers) is killed while a task of batch 1 has sent part of its rows as half
-    # messages and waits to send more (Ray restarts it and Spark runs the task again
-    # there); then the driver is SIGKILLed at a random later step, and the query
-    # restarted here, in this process's session, fences what it left and ends the job.
-    # (The executor is killed in that session, not in this one: RayDP 1.6.5 loses its
-    # handle to a restarted executor, which Ray then destroys minutes later.)
+    # the session's only executor (a Java actor with its Python workers) is killed while
+    # a task of batch 1 has sent part of its rows as half messages and waits to send
+    # more; Ray restarts it, Spark runs the task again there, and the query goes on
     cluster = txn_cluster
-    n = 300
-    cluster.admin.create_topic(driver.IN, read_queue_nums=2, write_queue_nums=2)
-    cluster.admin.create_topic(driver.OUT, read_queue_nums=2, write_queue_nums=2)
-    feed = cluster.producer("eo-driver-feed")
-    feed.send_batch([Message(driver.IN, b"%d" % i) for i in range(n)])
+    n, per_batch = 300, 100
+    cluster.admin.create_topic("EoExecIn", read_queue_nums=2, write_queue_nums=2)
+    cluster.admin.create_topic("EoExecOut", read_queue_nums=2, write_queue_nums=2)
+    feed = cluster.producer("eo-exec-feed")
+    feed.send_batch([Message("EoExecIn", b"%d" % i) for i in range(n)])
     feed.close()
     marker = str(tmp_path / "executor-killed")
-    batch, step = random.choice([(1, "written"), (1, "committed"), (2, "planned")])
-    root = Path(__file__).resolve().parents[3]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
-    }
-    stderr = open(tmp_path / "driver.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            driver.__file__,
-            ray.get_runtime_context().gcs_address,
-            cluster.namespace,
-            marker,
-            str(batch),
-            step,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        text=True,
-        cwd=root,
-        env=env,
-    )
-    lines: list[str] = []
-    waiting = threading.Event()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.strip())
-            if line.startswith("waiting to be killed"):
-                waiting.set()
-
-    threading.Thread(target=read, daemon=True).start()
     killed: list[str] = []
-    try:
-        # the executor: once a task of batch 1 holds and its first sends are stored
-        holding = Path(marker + ".holding")
-        wait_until(holding.exists, timeout_s=180, what="a task of batch 1 holding")
-        wait_until(lambda: pending(cluster, driver.OUT) > 0, timeout_s=30, what="halves")
-        for named in ray.util.list_named_actors(all_namespaces=True):
-            if named["namespace"] == driver.NAMESPACE and named["name"].startswith(
-                "raydp-executor-"
-            ):
-                ray.kill(ray.get_actor(named["name"], namespace=driver.NAMESPACE), no_restart=False)
-                killed.append(named["name"])
-        open(marker, "w").close()  # the task's next attempt passes every row
-        # the driver
-        assert waiting.wait(timeout=120), f"the driver never reached {step} {batch}: {lines}"
-    finally:
-        proc.kill()  # SIGKILL: its Spark session and open transaction are left as they are
-        proc.wait(timeout=30)
-        stderr.close()
-    assert killed, "no executor of the driver's session was found"
-    assert lines[-2:] == [f"step {step} {batch}", "waiting to be killed"]
-    with open(marker + ".attempts") as attempts:
-        tasks = Counter(line.split()[0] for line in attempts)
-    assert max(tasks.values()) >= 2  # the held task ran again, on the restarted executor
+    failures: list[BaseException] = []
 
+    def kill_once_halves_are_sent() -> None:
+        try:
+            wait_until(lambda: pending(cluster, "EoExecOut") > 0, timeout_s=60, what="halves")
+            killed.extend(_kill_spark_executors())
+        except BaseException as exc:  # noqa: BLE001 - asserted on the test's thread
+            failures.append(exc)
+        finally:
+            open(marker, "w").close()  # the retry passes every row
+
+    killer = threading.Thread(target=kill_once_halves_are_sent, daemon=True)
+
+    def on_step(step: str, batch_id: int) -> None:
+        if (batch_id, step) == (1, "planned") and not killer.is_alive() and not killed:
+            killer.start()
+
+    def transform(df, batch_id: int):
+        # 8 KB bodies: Spark buffers 64 KB for a Python worker before sending, so small
+        # rows would reach the writer only once the held step ends
+        pad = F.concat(F.lit("|"), F.repeat(F.lit("x"), 8000))
+        body = F.concat(F.lit("out-"), F.col("body"), pad).cast("binary").alias("body")
+        out = df.select(body)
+        return out.mapInArrow(_hold_until(marker, 40), "body binary") if batch_id == 1 else out
+
+    progress: list[BatchProgress] = []
+    # Arrow batches of 10 rows between the steps (Spark's default of 10,000 would hand the
+    # writer nothing before the held step ends)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "10")
     query = stream_to_spark(
         spark,
-        driver.IN,
-        driver.GROUP,
-        driver.transform(marker),
-        sink_topic=driver.OUT,
+        "EoExecIn",
+        "eo-exec",
+        transform,
+        sink_topic="EoExecOut",
+        sink_options={"batch_rows": 5},
         namespace=cluster.namespace,
-        max_messages_per_batch=driver.PER_BATCH,
+        max_messages_per_batch=per_batch,
         available_now=True,
         num_partitions=2,
+        on_step=on_step,
+        on_progress=progress.append,
     )
-    assert query.await_termination(timeout_s=120, raise_error=False)
-    assert query.exception is None, f"after a kill at {step} {batch}: {query.exception!r}"
-    out = Counter(body.split(b"|")[0] for body in bodies(cluster, driver.OUT).elements())
-    assert not {b: c for b, c in out.items() if c != 1}, f"duplicated (killed at {step})"
-    assert set(out) == {b"out-%d" % i for i in range(n)}, f"killed at {step} {batch}"
-    assert sum(cluster.pull_consumer(driver.GROUP).fetch_offsets(driver.IN).values()) == n
+    try:
+        assert query.await_termination(timeout_s=180, raise_error=False)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    killer.join(timeout=60)
+    assert not failures, failures
+    assert killed, "no executor was killed"
+    with open(marker + ".attempts") as attempts:
+        tasks = Counter(line.split()[0] for line in attempts)
+    assert max(tasks.values()) == 2  # the held task ran again, on the restarted executor
+    assert query.exception is None, f"{type(query.exception).__name__}: {query.exception}"
+    out = Counter(body.split(b"|")[0] for body in bodies(cluster, "EoExecOut").elements())
+    assert not {b: c for b, c in out.items() if c != 1}, "duplicated outputs"
+    assert set(out) == {b"out-%d" % i for i in range(n)}
+    assert sum(cluster.pull_consumer("eo-exec").fetch_offsets("EoExecIn").values()) == n
+    assert [p.output for p in progress] == [p.messages for p in progress]
     # the killed attempt's half messages were never committed: rolled back by the checks
-    wait_until(lambda: pending(cluster, driver.OUT) == 0, timeout_s=30, what="no half left")
+    wait_until(lambda: pending(cluster, "EoExecOut") == 0, timeout_s=30, what="no half left")
 
 
 def test_bad_transactional_calls_are_refused_and_change_nothing(spark, txn_cluster):
