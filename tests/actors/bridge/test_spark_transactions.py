@@ -398,7 +398,7 @@ def test_a_stream_to_a_sink_topic_whose_spark_executor_is_killed_writes_each_inp
     assert killed, "no executor was killed"
     with open(marker + ".attempts") as attempts:
         tasks = Counter(line.split()[0] for line in attempts)
-    assert max(tasks.values()) == 2  # the held task ran again, on the restarted executor
+    assert max(tasks.values()) >= 2  # the held task ran again, on the restarted executor
     assert query.exception is None, f"{type(query.exception).__name__}: {query.exception}"
     out = Counter(body.split(b"|")[0] for body in bodies(cluster, "EoExecOut").elements())
     assert not {b: c for b, c in out.items() if c != 1}, "duplicated outputs"
