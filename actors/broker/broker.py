@@ -371,6 +371,13 @@ class Broker:
             producer_group, half_offset, transaction_id, commit
         )
 
+    async def end_transactions(self, producer_group: str, ends: list[tuple[int, str, bool]]) -> int:
+        """End many single-message transactions of ``producer_group`` in one append:
+        ``ends`` holds (half message's CommitLog offset, its message id, commit), a
+        producer's answers to a check round; how many were ended (those ended before
+        are skipped)."""
+        return await self.transactions.end_transactions(producer_group, ends)
+
     async def end_transaction_batch(
         self,
         txn_id: str,

@@ -20,11 +20,14 @@ The store keeps a transactional send as its half copy in ``RMQ_SYS_TRANS_HALF_TO
   ``putBackHalfMsgQueue``: the check count lives in the CommitLog, so it survives a
   restart), then a live producer of its group is asked about the new copy. After
   ``transaction_check_max`` checks the half message is discarded: marked done and
-  copied to ``TRANS_CHECK_MAX_TIME_TOPIC``.
+  copied to ``TRANS_CHECK_MAX_TIME_TOPIC``. A round is batched: up to ``_CHECK_CHUNK``
+  half messages share one append (their copies and one op message naming them all)
+  and one call per producer group, so a backlog of 10,000 is a handful of appends.
 * **Producers.** A transactional producer registers a Ray handle of its own
   (``actors.client.transaction``: a small relay actor its process takes checks from)
   with :meth:`register_producer` and renews it; the check calls it without waiting
-  for the answer, which comes back as an :meth:`end_transaction`.
+  for the answers, which come back batched, as :meth:`end_transactions` (each call
+  one append).
 """
 
 from __future__ import annotations
@@ -58,8 +61,36 @@ def _epoch_of(half: MessageExt) -> int:
         return -1
 
 
+def _chunks(halves: list[MessageExt]) -> list[list[MessageExt]]:
+    """``halves`` in runs of at most ``_CHECK_CHUNK`` messages and ``_CHECK_CHUNK_BYTES`` of
+    bodies: one append and one relay call each."""
+    out: list[list[MessageExt]] = []
+    size = 0
+    for half in halves:
+        if not out or len(out[-1]) >= _CHECK_CHUNK or size + len(half.body) > _CHECK_CHUNK_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(half)
+        size += len(half.body)
+    return out
+
+
+def _ask(relay: Any, broker: str, checks_: list[tuple[int, str, Message]]) -> None:
+    """Leave ``checks_`` ((new half copy's CommitLog offset, message id, message)) with a
+    producer: one call with all of them where its handle takes a batch (a producer's
+    relay actor), else one each (a gRPC client's Telemetry stream, no Ray call)."""
+    many = getattr(relay, "check_many", None)
+    if many is not None:
+        many.remote(broker, checks_)
+        return
+    for offset, msg_id, message in checks_:
+        relay.check.remote(broker, offset, msg_id, message)
+
+
 CHECK_GROUP = "CID_RMQ_SYS_TRANS"  # RocketMQ's consumer group of the check service
 _READ_BATCH = 256
+_CHECK_CHUNK = 1024  # half messages per check append and relay call
+_CHECK_CHUNK_BYTES = 8 << 20  # and their bodies
 
 
 class TransactionProcessor:
@@ -139,36 +170,72 @@ class TransactionProcessor:
     ) -> bool:
         """Commit or roll back the half message at CommitLog offset ``half_offset``; False
         when it was ended (or discarded) before: nothing is written then."""
+        return await self.end_transactions(group, [(half_offset, transaction_id, commit)]) == 1
+
+    async def end_transactions(self, group: str, ends: list[tuple[int, str, bool]]) -> int:
+        """End many single-message transactions of ``group`` in one append (a producer's
+        answers to a check round): ``ends`` holds (half message's CommitLog offset, its
+        message id, commit). The committed copies and one op message naming every half
+        message ended are stored together, or nothing is. Those ended before are skipped;
+        returns how many were ended. One end that names no half message of ``group``
+        refuses the whole call and writes nothing."""
         group = checks.validate_group(group, "producer group")
-        half_offset = checks.check_int("half_offset", half_offset, 0)
-        transaction_id = checks.check_str("transaction_id", transaction_id)
-        if not isinstance(commit, bool):
-            raise InvalidMessageError(f"commit={commit!r}: must be True or False")
+        if not isinstance(ends, (list, tuple)):
+            raise InvalidMessageError(f"ends: must be a list, got {type(ends).__name__}")
+        parsed: list[tuple[int, str, bool]] = []
+        for end in ends:
+            if not isinstance(end, (list, tuple)) or len(end) != 3:
+                raise InvalidMessageError(f"end {end!r}: must be (offset, transaction id, commit)")
+            offset, transaction_id, commit = end
+            if not isinstance(commit, bool):
+                raise InvalidMessageError(f"commit={commit!r}: must be True or False")
+            parsed.append(
+                (
+                    checks.check_int("half_offset", offset, 0),
+                    checks.check_str("transaction_id", transaction_id),
+                    commit,
+                )
+            )
+        if not parsed:
+            return 0
         async with self._lock:
             await self.ensure_loaded()
-            half = await self._half_at(half_offset)
-            if transaction.producer_group(half) != group or half.msg_id != transaction_id:
-                raise InvalidMessageError(
-                    f"the half message at {half_offset} is not transaction {transaction_id!r} "
-                    f"of producer group {group!r}"
-                )
-            if half.queue_offset in self._done:
-                log.info(
-                    "transaction %s of %s was ended before: %s ignored",
-                    transaction_id,
-                    group,
-                    "commit" if commit else "rollback",
-                )
-                return False
-            op = transaction.op_message(half.queue_offset)
-            if commit:
-                batch = self._committed([half], op)
-            else:
-                batch = self._encode([op], [None])
+            offsets = [offset for offset, _, _ in parsed]
+            halves = (
+                self._halves_at(offsets)
+                if self._inline or len(offsets) == 1
+                else await self.rt.run(self._halves_at, offsets)
+            )
+            for (offset, transaction_id, _), half in zip(parsed, halves):
+                if (
+                    half.topic != transaction.HALF_TOPIC
+                    or transaction.producer_group(half) != group
+                    or half.msg_id != transaction_id
+                ):
+                    raise InvalidMessageError(
+                        f"the message at commitlog offset {offset} is not transaction "
+                        f"{transaction_id!r}'s half message of producer group {group!r}"
+                    )
+            todo: dict[int, MessageExt] = {}  # queue offset -> half: a repeated end counts once
+            commits: list[MessageExt] = []
+            for (_, transaction_id, commit), half in zip(parsed, halves):
+                if half.queue_offset in self._done or half.queue_offset in todo:
+                    log.info(
+                        "transaction %s of %s was ended before: ignored", transaction_id, group
+                    )
+                    continue
+                todo[half.queue_offset] = half
+                if commit:
+                    commits.append(half)
+            if not todo:
+                return 0
+            op = transaction.op_message(list(todo))
+            batch = self._committed(commits, op) if commits else self._encode([op], [None])
             await self._write(batch)
-            self._done.add(half.queue_offset)
-            self.rt.stats["txn_committed" if commit else "txn_rolled_back"] += 1
-            return True
+            self._done.update(todo)
+            self.rt.stats["txn_committed"] += len(commits)
+            self.rt.stats["txn_rolled_back"] += len(todo) - len(commits)
+            return len(todo)
 
     async def end_transaction_batch(
         self,
@@ -275,18 +342,6 @@ class TransactionProcessor:
         )
         return len(stale)
 
-    async def _half_at(self, offset: int) -> MessageExt:
-        read = self.rt.store.commitlog.message_at
-        try:
-            half = read(offset) if self._inline else await self.rt.run(read, offset)
-        except (StoreCorruptedError, ValueError, IndexError) as exc:
-            raise InvalidMessageError(f"no half message at commitlog offset {offset}") from exc
-        if half.topic != transaction.HALF_TOPIC:
-            raise InvalidMessageError(
-                f"the message at commitlog offset {offset} is no half message"
-            )
-        return half
-
     @classmethod
     def _committed(cls, halves: list[MessageExt], op: Message) -> EncodedBatch:
         """The committed copies of ``halves`` and then ``op``, one batch: the copies built
@@ -346,7 +401,13 @@ class TransactionProcessor:
 
     async def check_once(self) -> int:
         """One round of the check service; returns how many half messages it checked or
-        discarded."""
+        discarded.
+
+        The round is batched: the due half messages go in chunks, each chunk's new half
+        copies (or discarded copies) and one op message naming all of it in one append;
+        then each producer group gets one call per chunk on a live producer's relay, with
+        every check of that chunk (its answers come back batched too,
+        :meth:`end_transactions`)."""
         await self.ensure_loaded()
         config = self.rt.config
         timeout_ms = int(config.transaction_timeout_s * 1000)
@@ -354,6 +415,7 @@ class TransactionProcessor:
         pending = await self.rt.run(self._pending_halves)
         now_ms = int(time.time() * 1000)
         global_txns: dict[str, tuple[str, int, int]] = {}  # id -> owner, epoch, first born
+        due: list[MessageExt] = []
         for half in pending:
             if now_ms - half.born_timestamp < transaction.check_after_ms(half, timeout_ms):
                 continue  # not yet: the broker's timeout, or the producer's immunity
@@ -364,46 +426,69 @@ class TransactionProcessor:
                 born = half.born_timestamp if prev is None else min(prev[2], half.born_timestamp)
                 global_txns[gtxn] = (owner, _epoch_of(half), born)
                 continue
-            async with self._lock:
-                if half.queue_offset in self._done:  # ended meanwhile
-                    continue
-                group = transaction.producer_group(half)
-                op = transaction.op_message(half.queue_offset)
-                if transaction.check_times(half) >= config.transaction_check_max:
-                    await self._write(self._encode([transaction.discarded(half), op], [half, None]))
-                    self._done.add(half.queue_offset)
-                    self.rt.stats["txn_discarded"] += 1
-                    log.warning(
-                        "half message %s of %s checked %d times without an answer: discarded to %s",
-                        half.msg_id,
-                        group,
-                        config.transaction_check_max,
-                        transaction.CHECK_MAX_TOPIC,
-                    )
-                    handled += 1
-                    continue
-                batch = self._encode([transaction.checked_again(half), op], [half, None])
-                batch = transaction.with_transaction_type(
-                    batch, [0], transaction.TRANSACTION_PREPARED_TYPE
-                )
-                put = await self._write(batch)
-                self._done.add(half.queue_offset)
-            handled += 1
-            self.rt.stats["txn_checks"] += 1
-            relay = self._live_producer(group)
-            if relay is None:
-                log.info("no live producer of %s to check %s with", group, half.msg_id)
-                continue
-            again = int(put.commitlog_offsets[0])
-            try:  # the answer comes back as an end_transaction; not waited for here
-                relay.check.remote(
-                    self.rt.config.actor_name, again, half.msg_id, transaction.committed(half)
-                )
-            except Exception as exc:  # noqa: BLE001 - a dead relay: checked again later
-                log.warning("checking %s with a producer of %s failed: %s", half.msg_id, group, exc)
+            due.append(half)
+        for chunk in _chunks(due):
+            handled += await self._check_chunk(chunk)
         if global_txns:
             handled += await self._resolve_global(global_txns)
         return handled
+
+    async def _check_chunk(self, halves: list[MessageExt]) -> int:
+        """Check (or discard, past ``transaction_check_max``) ``halves``: one append, then
+        one relay call per producer group."""
+        check_max = self.rt.config.transaction_check_max
+        async with self._lock:
+            todo = [h for h in halves if h.queue_offset not in self._done]  # not ended meanwhile
+            if not todo:
+                return 0
+            again = [h for h in todo if transaction.check_times(h) < check_max]
+            maxed = [h for h in todo if transaction.check_times(h) >= check_max]
+            op = transaction.op_message([h.queue_offset for h in todo])
+            batch = self._encode(
+                [
+                    *map(transaction.checked_again, again),
+                    *map(transaction.discarded, maxed),
+                    op,
+                ],
+                [*again, *maxed, None],
+            )
+            batch = transaction.with_transaction_type(
+                batch, list(range(len(again))), transaction.TRANSACTION_PREPARED_TYPE
+            )
+            put = await self._write(batch)
+            self._done.update(h.queue_offset for h in todo)
+        self.rt.stats["txn_checks"] += len(again)
+        self.rt.stats["txn_discarded"] += len(maxed)
+        for half in maxed:
+            log.warning(
+                "half message %s of %s checked %d times without an answer: discarded to %s",
+                half.msg_id,
+                transaction.producer_group(half),
+                check_max,
+                transaction.CHECK_MAX_TOPIC,
+            )
+        by_group: dict[str, list[tuple[int, str, Message]]] = {}
+        for half, offset in zip(again, put.commitlog_offsets.tolist()):
+            by_group.setdefault(transaction.producer_group(half), []).append(
+                (int(offset), half.msg_id, transaction.committed(half))
+            )
+        for group, checks_ in by_group.items():
+            relay = self._live_producer(group)
+            if relay is None:
+                log.info(
+                    "no live producer of %s to check %d half messages with", group, len(checks_)
+                )
+                continue
+            try:  # the answers come back as end_transactions; not waited for here
+                _ask(relay, self.rt.config.actor_name, checks_)
+            except Exception as exc:  # noqa: BLE001 - a dead relay: checked again later
+                log.warning(
+                    "checking %d half messages with a producer of %s failed: %s",
+                    len(checks_),
+                    group,
+                    exc,
+                )
+        return len(todo)
 
     async def _resolve_global(self, txn_ids: dict[str, tuple[str, int, int]]) -> int:
         """Ask the transaction coordinator about old half messages of multi-message

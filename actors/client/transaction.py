@@ -44,6 +44,7 @@ from storage.properties import PROP_PRODUCER_GROUP, PROP_TRAN_MSG
 log = logging.getLogger("raymq.actors.client.transaction")
 
 _TAKE_WAIT_S = 5.0  # how long one held call on the relay waits for a check
+_END_CHUNK = 1024  # checked transactions ended per call on the broker
 
 
 class LocalTransactionState(enum.Enum):
@@ -81,6 +82,11 @@ class TransactionCheckRelay:
 
     async def check(self, broker: str, commitlog_offset: int, msg_id: str, msg: Message) -> None:
         self._queue.put_nowait((broker, commitlog_offset, msg_id, msg))
+
+    async def check_many(self, broker: str, checks: list[tuple[int, str, Message]]) -> None:
+        """A broker's check round: ``checks`` holds (CommitLog offset, message id, message)."""
+        for commitlog_offset, msg_id, msg in checks:
+            self._queue.put_nowait((broker, commitlog_offset, msg_id, msg))
 
     async def take(self, wait_s: float) -> list[tuple[str, int, str, Message]]:
         """The queued check requests, waiting up to ``wait_s`` for the first."""
@@ -218,29 +224,46 @@ class TransactionProducer(Producer):
                 log.warning("producer %s: taking checks failed: %s", self.group, exc)
                 self._stopping.wait(1.0)
                 continue
+            answers: dict[str, list[tuple[int, str, bool]]] = {}
             for broker, offset, msg_id, msg in requests:
-                self._answer_check(broker, offset, msg_id, msg)
+                commit = self._local_state(msg)
+                if commit is not None:
+                    answers.setdefault(broker, []).append((offset, msg_id, commit))
+            for broker, ends in answers.items():
+                self._end_checked(broker, ends)
 
-    def _answer_check(self, broker: str, offset: int, msg_id: str, msg: Message) -> None:
+    def _local_state(self, msg: Message) -> bool | None:
+        """The listener's answer to a check: commit (True), roll back (False), or None
+        (UNKNOW, or it raised: asked again at the next check)."""
         try:
             state = self.listener.check_local_transaction(msg)
         except Exception:  # noqa: BLE001 - asked again at the next check
             log.exception("check_local_transaction raised: UNKNOW")
-            return
-        if state not in (
-            LocalTransactionState.COMMIT_MESSAGE,
-            LocalTransactionState.ROLLBACK_MESSAGE,
-        ):
-            return
-        commit = state is LocalTransactionState.COMMIT_MESSAGE
+            return None
+        if state is LocalTransactionState.COMMIT_MESSAGE:
+            return True
+        if state is LocalTransactionState.ROLLBACK_MESSAGE:
+            return False
+        return None
+
+    def _end_checked(self, broker: str, ends: list[tuple[int, str, bool]]) -> None:
+        """End the checked transactions with the broker that asked: one call per
+        ``_END_CHUNK`` of them (each one append there)."""
         try:
             handle = self.ns.broker_by_name(broker, self.namespace)
-            rpc.get(
-                handle.end_transaction.remote(self.group, offset, msg_id, commit),
-                self.config.send_timeout_s,
-            )
         except Exception as exc:  # noqa: BLE001 - asked again at the next check
-            log.warning("ending checked transaction %s with %s failed: %s", msg_id, broker, exc)
+            log.warning("ending %d checked transactions: no broker %s (%s)", len(ends), broker, exc)
+            return
+        for start in range(0, len(ends), _END_CHUNK):
+            chunk = ends[start : start + _END_CHUNK]
+            try:
+                rpc.get(
+                    handle.end_transactions.remote(self.group, chunk), self.config.send_timeout_s
+                )
+            except Exception as exc:  # noqa: BLE001 - asked again at the next check
+                log.warning(
+                    "ending %d checked transactions with %s failed: %s", len(chunk), broker, exc
+                )
 
     def close(self, timeout_s: float | None = None) -> None:
         """Leave the brokers' lists of producers to check with, stop the threads, close."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +23,7 @@ from actors.tools.cli import main
 from storage import Message, transaction
 from storage.errors import InvalidMessageError
 from storage.message import MessageExt
-from storage.properties import PROP_TRAN_MSG
+from storage.properties import PROP_PRODUCER_GROUP, PROP_TRAN_MSG
 
 COMMIT = LocalTransactionState.COMMIT_MESSAGE
 ROLLBACK = LocalTransactionState.ROLLBACK_MESSAGE
@@ -43,7 +44,9 @@ def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
             "transaction_timeout_s": 1.0,
             "transaction_check_max": 1000,  # the restart must not outlast the checks
         },
-        topics=[actors.TopicConfig(t, 2, 2) for t in ("TxA", "TxB", "TxC", "TxD", "TxE", "TxF")],
+        topics=[
+            actors.TopicConfig(t, 2, 2) for t in ("TxA", "TxB", "TxC", "TxD", "TxE", "TxF", "TxG")
+        ],
     )
     yield c
     c.shutdown()
@@ -229,6 +232,80 @@ def test_a_half_message_survives_a_broker_restart_and_is_resolved(
             what="the commit after the restart",
         )
         assert [m.msg_id for m in got] == [sent.msg_id]
+    finally:
+        producer.close()
+
+
+def test_a_backlog_of_half_messages_is_checked_and_ended_in_batches(
+    cluster: actors.Cluster,
+) -> None:
+    """Ends of many single-message transactions are one call and one append
+    (``end_transactions``, what a producer answers a check round with); a bad end in it
+    refuses all of it. A backlog of 2,000 half messages left without an end is checked
+    in batches and the answers come back batched: every one is committed once, and the
+    op queue grows by a handful of op messages, not by two per half message (which is
+    what made a backlog of 10,000 take 87 check intervals; ``benchmarks/txn_bench.py``
+    measures it)."""
+    group, n = "pg-bulk", 2000
+    listener = Listener()
+    listener.answers.update({b"bulk-%d" % i: COMMIT for i in range(n)})
+    producer = producer_for(cluster, group, listener)
+    broker = cluster.broker("broker-a")
+    try:
+        held = {PROP_TRAN_MSG: "true", PROP_PRODUCER_GROUP: group}
+        held[transaction.PROP_CHECK_IMMUNITY] = "600"  # never checked in this test
+        producer.send_batch([Message("TxG", b"hold-%d" % i, properties=held) for i in range(3)])
+        rows = sorted(
+            (p for p in pending(cluster) if p["group"] == group), key=lambda p: p["queue_offset"]
+        )
+        (o0, id0), (o1, id1), (o2, id2) = [(p["commitlog_offset"], p["msg_id"]) for p in rows]
+
+        def end(g: str, ends: list[Any]) -> int:
+            return int(ray.get(broker.end_transactions.remote(g, ends)))
+
+        for g, bad in (
+            (group, [(o0, id0, False), (o1, "nope", True)]),  # one bad end refuses them all
+            ("other-group", [(o0, id0, False)]),
+            (group, [(o0, id0, "yes")]),
+            (group, [(o0, id0)]),
+            (group, [(o1 + 1, id1, True)]),  # no record starts there
+        ):
+            with pytest.raises(InvalidMessageError):
+                try:
+                    end(g, bad)
+                except ray.exceptions.RayTaskError as exc:
+                    raise exc.cause from None
+        assert len([p for p in pending(cluster) if p["group"] == group]) == 3
+        # a repeated end counts once (the first: a rollback); a second call changes nothing
+        assert end(group, [(o0, id0, False), (o1, id1, True), (o0, id0, True)]) == 2
+        assert end(group, [(o0, id0, True), (o1, id1, False)]) == 0
+        assert end(group, [(o2, id2, True)]) == 1
+        assert sorted(m.body for m in visible(cluster, "TxG")) == [b"hold-1", b"hold-2"]
+        assert not [p for p in pending(cluster) if p["group"] == group]
+
+        ops_before = ray.get(broker.min_max_offset.remote(transaction.OP_HALF_TOPIC, 0))[1]
+        props = {PROP_TRAN_MSG: "true", PROP_PRODUCER_GROUP: group}  # left UNKNOW: no end
+        for start in range(0, n, 500):
+            producer.send_batch(
+                [
+                    Message("TxG", b"bulk-%d" % i, properties=props)
+                    for i in range(start, start + 500)
+                ]
+            )
+        expected = sorted([b"hold-1", b"hold-2", *(b"bulk-%d" % i for i in range(n))])
+        wait_until(
+            lambda: len(visible(cluster, "TxG")) >= len(expected),
+            timeout_s=60,
+            interval_s=0.2,
+            what="the backlog committed by its checks",
+        )
+        assert sorted(m.body for m in visible(cluster, "TxG")) == expected
+        assert not [p for p in pending(cluster) if p["group"] == group]
+        with listener.lock:
+            checked = Counter(m.body for m in listener.checked)
+        assert set(checked) == {b"bulk-%d" % i for i in range(n)}
+        ops = ray.get(broker.min_max_offset.remote(transaction.OP_HALF_TOPIC, 0))[1] - ops_before
+        assert ops < n // 20, f"{ops} op messages for {n} half messages: checks not batched"
     finally:
         producer.close()
 
