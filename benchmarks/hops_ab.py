@@ -3,7 +3,7 @@ caller's thread and handing small pull answers straight to the consume threads b
 
     python benchmarks/hops_ab.py [--rounds 3] [--sends 3000] [--rate 1000] [--seconds 3]
 
-Two switches (read by each client process at start; see ``actors/client/connection.py``
+Two switches (read by each client process at start; see ``actors/protocol/connection.py``
 and ``actors/client/push/pull_service.py``):
 
 * ``RAYMQ_CLIENT_DIRECT_WRITES``: a caller writes its own frame to the socket (1) or

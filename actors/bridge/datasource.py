@@ -31,9 +31,9 @@ from ray.data.datasource import Datasource, ReadTask
 
 from actors.bridge.arrow_codec import TOPIC_SCHEMA, records_to_arrow
 from actors.bridge.write import write_to_topic
-from actors.client.data_path import DataPath
 from actors.namesrv.client import NameServerClient
 from actors.protocol import rpc as _rpc
+from actors.protocol.data_path import DataPath
 from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.topic import is_readable
 from actors.protocol.wire import pull_request_to_wire, pulls_from_wire
@@ -223,7 +223,7 @@ class _ReadOptions:
 
 def _pull(broker: Any, r: QueueRange, offset: int, opts: _ReadOptions) -> Any:
     """One pull of ``r`` from ``offset``: over the broker's socket when ``broker`` is a
-    data-path stub (``actors.client.data_path``), else as a Ray call."""
+    data-path stub (``actors.protocol.data_path``), else as a Ray call."""
     count = min(opts.pull_batch_size, r.end - offset)
     request = pull_request_to_wire("", [(r.topic, r.queue_id, offset)], count, opts.tags, 0.0, "")
     return broker.pull_packed.remote(request)

@@ -47,7 +47,7 @@ from actors.broker.pull import PullMessageProcessor
 from actors.broker.registration import Registration
 from actors.broker.runtime import BrokerRuntime
 from actors.broker.send import SendMessageProcessor
-from actors.broker.transaction import TransactionProcessor
+from actors.broker.transaction import TransactionProcessor, apply_decision
 from actors.config.broker import BrokerConfig
 from actors.protocol import checks
 from actors.protocol.fencing import FencingToken
@@ -391,14 +391,16 @@ class Broker:
         every half message of it held here committed or rolled back in one append, and
         on commit ``offsets`` (group -> {(topic, queue id): offset}) committed and
         saved. How many half messages it ended (0 when all were ended before)."""
-        ended = await self.transactions.end_transaction_batch(
-            txn_id, commit, half_offsets, transactional_id, epoch
+        return await apply_decision(
+            self.transactions,
+            self.groups,
+            txn_id,
+            commit,
+            half_offsets,
+            offsets,
+            transactional_id,
+            epoch,
         )
-        if commit and offsets:
-            for group, queues in offsets.items():
-                await self.groups.commit_offsets(group, queues)
-            await self.rt.run(self.rt.offsets.persist)
-        return ended
 
     async def fence_transactional(self, transactional_id: str, epoch: int) -> int:
         """Refuse from now on half messages of ``transactional_id`` below ``epoch``, and

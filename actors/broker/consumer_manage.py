@@ -56,6 +56,17 @@ class ConsumerManageProcessor:
                 f"beyond the queue's max offset {max_off}"
             )
 
+    def check_offsets(
+        self, group: str, offsets: dict[tuple[str, int], int]
+    ) -> dict[tuple[str, int], int]:
+        """What :meth:`commit_offsets` would refuse of ``group``'s ``offsets``, refused
+        now (a transaction's decision checks its offsets before it ends anything)."""
+        validate_group(group)
+        offsets = check_queue_offsets("offsets", offsets)
+        for (topic, qid), off in offsets.items():
+            self._check_offset(topic, qid, off)
+        return offsets
+
     async def commit_offsets(
         self,
         group: str,
@@ -66,11 +77,8 @@ class ConsumerManageProcessor:
         """Commit ``{(topic, queue_id): next offset to consume}`` for ``group``; all or nothing.
         ``tokens``: the committer's fencing token per queue; one below the queue's fence
         (``fence_offsets``) refuses the whole commit with OffsetFencedError."""
-        validate_group(group)
+        offsets = self.check_offsets(group, offsets)
         check_str("client_id", client_id, empty=True)
-        offsets = check_queue_offsets("offsets", offsets)
-        for (topic, qid), off in offsets.items():
-            self._check_offset(topic, qid, off)
         if tokens is not None:
             tokens = check_queue_offsets("tokens", tokens)
         self.rt.fences.check(group, offsets, tokens)

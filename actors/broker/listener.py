@@ -27,7 +27,7 @@ from actors.broker.pop import PopProcessor
 from actors.broker.pull import PullMessageProcessor
 from actors.broker.runtime import BrokerRuntime
 from actors.broker.send import SendMessageProcessor
-from actors.broker.transaction import TransactionProcessor
+from actors.broker.transaction import TransactionProcessor, apply_decision
 from actors.protocol import frames
 from actors.protocol.errors import AnswerDroppedError
 from actors.protocol.frames import Code, Flag
@@ -255,6 +255,27 @@ class DataPathListener:
                 h.get("m", _MISSING),
             )
             return {"r": ended}, []
+        if code == Code.END_TRANSACTION_BATCH:
+            wire = h.get("k")
+            by_group: dict[str, dict[tuple[str, int], int]] | None = None
+            if wire is not None:
+                if not isinstance(wire, dict):
+                    raise frames.FrameError(f"expected offsets by group, got {wire!r:.80}")
+                by_group = {g: {(t, q): o for t, q, o in _triples(qs)} for g, qs in wire.items()}
+            count = await apply_decision(
+                self.transactions,
+                self.groups,
+                h.get("x", _MISSING),
+                h.get("m", _MISSING),
+                h.get("q"),
+                by_group,
+                h.get("i"),
+                h.get("e"),
+            )
+            return {"r": count}, []
+        if code == Code.END_TRANSACTIONS:
+            ends = [tuple(e) for e in _rows(h.get("q", _MISSING), 3)]
+            return {"r": await self.transactions.end_transactions(h.get("g", _MISSING), ends)}, []
         if code in (Code.POP, Code.ACK, Code.CHANGE_INVISIBLE):
             return await self._pop_request(code, h)
         raise frames.FrameError(f"unknown request code {code}")

@@ -87,6 +87,36 @@ def _ask(relay: Any, broker: str, checks_: list[tuple[int, str, Message]]) -> No
         relay.check.remote(broker, offset, msg_id, message)
 
 
+async def apply_decision(
+    transactions: TransactionProcessor,
+    groups: Any,
+    txn_id: str,
+    commit: bool,
+    half_offsets: list[int] | None,
+    offsets: dict[str, dict[tuple[str, int], int]] | None,
+    transactional_id: str | None,
+    epoch: int | None,
+) -> int:
+    """The transaction coordinator's decision on multi-message transaction ``txn_id``
+    here (``Broker.end_transaction_batch``, or its socket's END_TRANSACTION_BATCH):
+    its half messages ended in one append, and on commit ``offsets`` (group ->
+    {(topic, queue id): offset}) committed through ``groups`` (the broker's
+    ``ConsumerManageProcessor``) and saved. How many half messages it ended."""
+    if offsets is not None:  # refused before anything ends
+        if not isinstance(offsets, dict):
+            raise InvalidMessageError(f"offsets: must be a dict, got {type(offsets).__name__}")
+        offsets = {group: groups.check_offsets(group, queues) for group, queues in offsets.items()}
+    ended = await transactions.end_transaction_batch(
+        txn_id, commit, half_offsets, transactional_id, epoch
+    )
+    if commit and offsets:
+        rt = transactions.rt
+        for group, queues in offsets.items():
+            await groups.commit_offsets(group, queues)
+        await rt.run(rt.offsets.persist)
+    return ended
+
+
 CHECK_GROUP = "CID_RMQ_SYS_TRANS"  # RocketMQ's consumer group of the check service
 _READ_BATCH = 256
 _CHECK_CHUNK = 1024  # half messages per check append and relay call
@@ -118,7 +148,12 @@ class TransactionProcessor:
 
     async def ensure_loaded(self) -> None:
         """Read the op messages stored since the last call (all of them at the first): this
-        broker's own, and on a slave that became master those its master wrote."""
+        broker's own, and on a slave that became master those its master wrote. None
+        stored since (this broker's own are counted as it writes them): no read."""
+        if self._loaded:
+            cq = self.rt.store.find_consume_queue(transaction.OP_HALF_TOPIC, 0)
+            if cq is None or cq.max_offset <= self._ops_read:
+                return
         await self.rt.run(self._read_ops)
 
     def _read_ops(self) -> None:
@@ -369,12 +404,23 @@ class TransactionProcessor:
         )
 
     async def _write(self, batch: EncodedBatch) -> PutBatchResult:
-        """The broker's own write (system topics, already shaped): through its role."""
+        """The broker's own write (system topics, already shaped): through its role. Its
+        last record is an op message whose half messages the caller marks done: when it
+        is the next op message to read, it counts as read (the next end reads nothing)."""
         internal = getattr(self.role, "put_internal", None)  # DLedger: through the Raft log
         if internal is not None:
             result: PutBatchResult = await internal(batch)
-            return result
-        return await self.role.put(batch, self._local_put)
+        else:
+            result = await self.role.put(batch, self._local_put)
+        last = batch.topics[int(batch.topic_idx[-1])] if len(batch) else None
+        if (
+            self._loaded
+            and last == transaction.OP_HALF_TOPIC
+            and len(result.queue_offsets)
+            and int(result.queue_offsets[-1]) == self._ops_read
+        ):
+            self._ops_read += 1
+        return result
 
     async def _local_put(self, batch: EncodedBatch) -> PutBatchResult:
         if self._inline:  # a copy into the mapped file: cheaper than a thread hop

@@ -29,7 +29,6 @@ from typing import Any
 
 from actors.client.backpressure import AsyncSendBudget
 from actors.client.coalescer import SendCoalescer
-from actors.client.data_path import DataPath
 from actors.client.encoder import MessageEncoder
 from actors.client.fault import LatencyFaultTolerance
 from actors.client.idempotence import Sequencer
@@ -40,6 +39,7 @@ from actors.client.transport import RayTransport
 from actors.config.client import ProducerConfig
 from actors.config.options import with_options
 from actors.namesrv.client import NameServerClient
+from actors.protocol.data_path import DataPath
 from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.route import TopicRouteData
 from actors.protocol.shared_ring import SharedRing

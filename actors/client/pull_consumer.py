@@ -16,11 +16,11 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, cast
 
-from actors.client.data_path import DataPath
 from actors.config.client import ConsumerConfig
 from actors.config.options import with_options
 from actors.namesrv.client import NameServerClient
 from actors.protocol import rpc as _rpc
+from actors.protocol.data_path import DataPath
 from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.topic import is_readable
 from actors.protocol.wire import pull_request_to_wire, pulls_from_wire

@@ -13,7 +13,7 @@ A receive asks every master broker of the topic at once (each for its share of
 another broker is kept, and what it brings is returned by the next receive (it was
 made invisible for this consumer; if never received it comes back after its invisible
 time). One call per broker per receive, one per broker per :meth:`ack_many`, each
-over the broker's own socket (``actors.client.data_path``: the records come as stored,
+over the broker's own socket (``actors.protocol.data_path``: the records come as stored,
 with their receipt handles beside them), or through Ray while a broker's socket cannot
 be reached; ``data_path="ray"`` keeps every call on Ray.
 """
@@ -27,11 +27,11 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from actors.client.data_path import DataPath
 from actors.config.options import check_data_path, check_isolation
 from actors.namesrv.client import NameServerClient, discover_nameservers
 from actors.protocol import rpc as _rpc
 from actors.protocol.checks import check_number, validate_group
+from actors.protocol.data_path import DataPath
 from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.pop import MAX_POP_MSGS, PoppedMessage
 from actors.protocol.topic import is_readable

@@ -47,7 +47,9 @@ import ray
 from actors.coordinator.coordinator import HEAD_NODE_RESOURCE
 from actors.namesrv.client import NameServerClient, discover_nameservers
 from actors.protocol import checks
+from actors.protocol.data_path import DataPath
 from actors.protocol.names import DEFAULT_NAMESPACE
+from actors.protocol.rpc import PendingCall
 from storage.errors import BrokerUnavailableError, InvalidMessageError, ProducerFencedError
 from storage.txn_log import ABORT, COMMIT, OPEN, Offsets, TransactionLog, TxnRecord
 
@@ -110,6 +112,14 @@ def transaction_coordinator(
     )
 
 
+def _answer(call: Any) -> Any:
+    """A broker call's answer to await: a Ray ObjectRef as it is, a data-path socket's
+    :class:`PendingCall` as an asyncio future."""
+    if isinstance(call, PendingCall):
+        return asyncio.wrap_future(call.future())
+    return call
+
+
 def _offsets_for(offsets: Offsets, broker: str) -> dict[str, dict[tuple[str, int], int]]:
     return {g: {(t, q): o for t, q, o in qs} for g, qs in offsets.get(broker, {}).items()}
 
@@ -137,6 +147,9 @@ class TransactionCoordinator:
         self.log.compact(self.keep_done_ms)
         self._lock = asyncio.Lock()
         self._ns: NameServerClient | None = None
+        # the brokers' sockets carry the decisions (a Ray call costs ~4x a socket round
+        # trip here); fencing and anything else stay Ray calls on the same handles
+        self._data_path = DataPath()
         self._master_cache: dict[str, Any] = {}
         self._fault: str | None = None
         self._closing = False
@@ -160,7 +173,7 @@ class TransactionCoordinator:
         never asked yet): a commit costs no NameServer call."""
         if self._ns is None:
             names = self._nameservers or await self._io_call(discover_nameservers, self.namespace)
-            self._ns = NameServerClient(names, self.namespace)
+            self._ns = NameServerClient(names, self.namespace, wrap=self._data_path.wrap)
         if refresh or not self._master_cache:
             ns = self._ns
             self._master_cache = await self._io_call(ns.master_brokers)
@@ -183,13 +196,15 @@ class TransactionCoordinator:
         missing = [b for b in names if b not in masters]
         calls = [
             asyncio.wait_for(
-                masters[b].end_transaction_batch.remote(
-                    txn.txn_id,
-                    commit,
-                    txn.halves.get(b, []),  # None: the broker finds them by the id
-                    _offsets_for(txn.offsets, b) if commit else None,
-                    txn.tid,
-                    txn.epoch,
+                _answer(
+                    masters[b].end_transaction_batch.remote(
+                        txn.txn_id,
+                        commit,
+                        txn.halves.get(b, []),  # None: the broker finds them by the id
+                        _offsets_for(txn.offsets, b) if commit else None,
+                        txn.tid,
+                        txn.epoch,
+                    )
                 ),
                 30.0,
             )
@@ -471,4 +486,5 @@ class TransactionCoordinator:
         self._task.cancel()
         self._apply_task.cancel()
         self._io.shutdown(wait=True)
+        self._data_path.close()
         self.log.close()

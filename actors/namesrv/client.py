@@ -49,7 +49,7 @@ def _rearm(client: weakref.ref[NameServerClient], fut: Any) -> None:
 BrokerWrap = Callable[[str, Any], Any]
 """Turns a broker's Ray handle into what a client calls it through (its actor name,
 the handle): a client with a data path wraps it so that per-message calls go over
-the broker's own socket (``actors.client.data_path``)."""
+the broker's own socket (``actors.protocol.data_path``)."""
 
 
 class NameServerClient:

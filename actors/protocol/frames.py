@@ -82,6 +82,8 @@ class Code(enum.IntEnum):
     POP = 17
     ACK = 18
     CHANGE_INVISIBLE = 19
+    END_TRANSACTION_BATCH = 20  # the transaction coordinator's decision on one broker
+    END_TRANSACTIONS = 21  # a transactional producer's answers to a check round
 
 
 class Flag(enum.IntFlag):

@@ -36,7 +36,6 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from actors.client.data_path import DataPath
 from actors.client.push.config import (
     ConsumeFromWhere,
     ConsumeStatus,
@@ -61,6 +60,7 @@ from actors.config.options import with_options
 from actors.coordinator.strategies import client_id_with_room
 from actors.namesrv.client import NameServerClient
 from actors.protocol import rpc as _rpc
+from actors.protocol.data_path import DataPath
 from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.topic import retry_topic
 from rebalance import MessageQueue

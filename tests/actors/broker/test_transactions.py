@@ -263,6 +263,19 @@ def test_a_backlog_of_half_messages_is_checked_and_ended_in_batches(
         def end(g: str, ends: list[Any]) -> int:
             return int(ray.get(broker.end_transactions.remote(g, ends)))
 
+        # the producer's answers go over the broker's socket (END_TRANSACTIONS), where
+        # bad ones are refused alike
+        stub = producer.ns.broker(producer._selector.route("TxG")[0], "broker-a")
+        wait_until(lambda: stub._dp.connection(stub.actor_name, stub.handle), what="the socket")
+        requests = ray.get(broker.status.remote())["data_requests"]
+        for g, bad in (
+            (group, [(o0, id0, False), (o1, "nope", True)]),
+            (group, [(o0, id0)]),
+            (group, "not rows"),
+        ):
+            with pytest.raises(InvalidMessageError):
+                _rpc.get(stub.end_transactions.remote(g, bad), 10)
+        assert ray.get(broker.status.remote())["data_requests"] >= requests + 3
         for g, bad in (
             (group, [(o0, id0, False), (o1, "nope", True)]),  # one bad end refuses them all
             ("other-group", [(o0, id0, False)]),

@@ -23,9 +23,11 @@ from raymq_testkit import SMALL_STORE, drain, unique_namespace, wait_until
 
 import actors
 from actors import TransactionalProducer, TransactionState
+from actors.protocol import rpc
+from actors.protocol.data_path import DataPath
 from rebalance import MessageQueue
 from storage import Message, transaction
-from storage.errors import InvalidMessageError, ProducerFencedError
+from storage.errors import InvalidMessageError, ProducerFencedError, RayMQError
 
 GROUP_IN = "mtx-in"  # the consumer group whose offsets the transactions commit
 EO_INPUTS = 60
@@ -372,4 +374,57 @@ def test_a_commit_while_a_broker_is_down_is_applied_after_its_restart(
         ]
         assert committed_offset(cluster) == 20
     finally:
+        p.close()
+
+
+def test_a_decision_over_a_brokers_socket_is_checked_then_applied_with_its_offsets(
+    cluster: actors.Cluster, log_dir: str
+) -> None:
+    """The coordinator tells a broker its decision over the broker's own socket
+    (END_TRANSACTION_BATCH, as ``actors.coordinator.txn`` sends it): a bad one is refused
+    and changes nothing (no half message ended, no offset moved), a good one ends the
+    transaction's half messages there and commits the offsets with them."""
+    p = producer(cluster, log_dir, "tid-socket")
+    handle = cluster.broker("broker-b")
+    dp = DataPath()
+    stub = dp.wrap("broker-b", handle)
+    try:
+        wait_until(lambda: dp.connection("broker-b", handle) is not None, what="broker-b's socket")
+        txn = p.begin()
+        txn.send([Message("MtB", b"sock-%d" % i) for i in range(4)])
+        txn.flush()
+        halves = txn._halves["broker-b"]
+        assert halves is not None and len(halves) == 4
+        group, mq = "mtx-sock", input_queue()
+        good = {group: {(mq.topic, mq.queue_id): 9}}
+        before = pending_of(cluster, "broker-b")
+
+        def decide(*args: Any) -> int:
+            return int(rpc.get(stub.end_transaction_batch.remote(*args), 10))
+
+        for bad in (
+            (txn.txn_id, "yes", halves, good),
+            (txn.txn_id, True, [-5], good),
+            ("another-txn", True, halves, good),  # not this transaction's half messages
+            (txn.txn_id, True, halves, {group: {(mq.topic, mq.queue_id): -1}}),
+            (txn.txn_id, True, halves, {group: {(mq.topic, mq.queue_id): 10**9}}),
+            (txn.txn_id, True, halves, {"bad group!": {(mq.topic, mq.queue_id): 9}}),
+            (txn.txn_id, True, halves, {group: {("NoSuchTopic", 0): 1}}),
+        ):
+            with pytest.raises(RayMQError):  # answered as raised: InvalidMessageError,
+                decide(*bad)  # OffsetOutOfRangeError, TopicNotFoundError
+        assert pending_of(cluster, "broker-b") == before
+        assert not [b for b in bodies(cluster, "MtB") if b.startswith(b"sock-")]
+        assert int(cluster.pull_consumer(group).fetch_offset(mq)) <= 0
+
+        assert decide(txn.txn_id, True, halves, good, p.transactional_id, p.epoch) == 4
+        assert decide(txn.txn_id, True, halves, good, p.transactional_id, p.epoch) == 0
+        assert [b for b in bodies(cluster, "MtB") if b.startswith(b"sock-")] == [
+            b"sock-%d" % i for i in range(4)
+        ]
+        assert int(cluster.pull_consumer(group).fetch_offset(mq)) == 9
+        assert pending_of(cluster, "broker-b") == before - 4
+        txn.abort()  # the coordinator never decided it: its abort finds nothing left to end
+    finally:
+        dp.close()
         p.close()

@@ -16,7 +16,7 @@ from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
 
 import actors
 from actors import SimpleConsumer
-from actors.client.connection import BrokerConnection
+from actors.protocol.connection import BrokerConnection
 from actors.protocol.frames import Code
 from storage import Message
 from storage.errors import (

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from actors.client.connection import BrokerConnection
 from actors.protocol import frames
+from actors.protocol.connection import BrokerConnection
 from actors.protocol.frames import Code
 
 SECRET = b"s" * 32

@@ -45,7 +45,7 @@ from actors.protocol import frames
 from actors.protocol.frames import Code, Flag
 from storage.errors import BrokerUnavailableError
 
-log = logging.getLogger("raymq.actors.client.connection")
+log = logging.getLogger("raymq.actors.protocol.connection")
 
 CONNECT_TIMEOUT_S = 5.0
 DIRECT_WRITES = os.environ.get("RAYMQ_CLIENT_DIRECT_WRITES", "1") != "0"

@@ -1,8 +1,8 @@
 """A client's data path: per-message calls to brokers over their own sockets.
 
 Ray is the control plane; what a client does per message (send, pull, commit
-offsets, send back, heartbeat, end a transaction, POP receive, ack and change of
-invisible time) goes over one connection per broker (``actors.client.connection``), as RocketMQ's clients keep to each broker. A
+offsets, send back, heartbeat, end transactions, POP receive, ack and change of
+invisible time) goes over one connection per broker (``actors.protocol.connection``), as RocketMQ's clients keep to each broker. A
 :class:`BrokerStub` stands where a broker's Ray handle stood
 (``NameServerClient(wrap=...)``): ``stub.send.remote(...)`` goes over the socket
 and answers a :class:`~actors.protocol.rpc.PendingCall` that ``rpc.get``,
@@ -32,14 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from actors.client.connection import Answer, BrokerConnection
 from actors.protocol import rpc
+from actors.protocol.connection import Answer, BrokerConnection
 from actors.protocol.frames import Code
 from actors.protocol.pop import PoppedMessage, pops_from_wire
 from actors.protocol.rpc import PendingCall
 from storage.errors import BrokerUnavailableError
 
-log = logging.getLogger("raymq.actors.client.data_path")
+log = logging.getLogger("raymq.actors.protocol.data_path")
 
 RETRY_SOCKET_MIN_S = 0.5
 RETRY_SOCKET_S = 30.0
@@ -281,6 +281,32 @@ def _end_transaction(group: str, half_offset: int, transaction_id: str, commit: 
     return header, [], _result
 
 
+def _end_transaction_batch(
+    txn_id: str,
+    commit: bool,
+    half_offsets: Sequence[int] | None = None,
+    offsets: Mapping[str, Mapping[tuple[str, int], int]] | None = None,
+    transactional_id: str | None = None,
+    epoch: int | None = None,
+) -> Any:
+    header: dict[str, Any] = {
+        "c": int(Code.END_TRANSACTION_BATCH),
+        "x": txn_id,
+        "m": commit,
+        "q": None if half_offsets is None else [int(o) for o in half_offsets],
+        "i": transactional_id,
+        "e": epoch,
+    }
+    if offsets:
+        header["k"] = {g: [[t, q, o] for (t, q), o in qs.items()] for g, qs in offsets.items()}
+    return header, [], _result
+
+
+def _end_transactions(group: str, ends: Sequence[tuple[int, str, bool]]) -> Any:
+    header = {"c": int(Code.END_TRANSACTIONS), "g": group, "q": [list(e) for e in ends]}
+    return header, [], _result
+
+
 def _popped(h: Mapping[str, Any], body: bytes) -> list[PoppedMessage]:
     return pops_from_wire(h.get("r"), body)
 
@@ -334,6 +360,8 @@ _REQUESTS = {
     "heartbeat": _heartbeat,
     "unregister_consumer": _unregister,
     "end_transaction": _end_transaction,
+    "end_transaction_batch": _end_transaction_batch,
+    "end_transactions": _end_transactions,
     "pop": _pop,
     "ack_message": _ack_message,
     "change_invisible_duration": _change_invisible,
