@@ -2,7 +2,8 @@
 sync sends measured in the same run, and how fast the check service resolves a backlog.
 
     python benchmarks/txn_bench.py [--quick] [--count N] [--pending N] [--multi N]
-                                   [--size N] [--skip-check-back] [--json FILE]
+                                   [--size N] [--producers K] [--skip-check-back]
+                                   [--json FILE]
 
 A local Ray cluster (started here) with one broker on a temp directory (ASYNC_FLUSH).
 
@@ -17,6 +18,7 @@ A local Ray cluster (started here) with one broker on a temp directory (ASYNC_FL
   in one append) against plain ``send_batch`` calls of the same size, alternated in
   three rounds; messages per second and the ratio (target: >= 0.3); also with
   ``commit(wait=False)`` (the commit answered once decided, applied in the background).
+  ``--producers K``: K threads on each side, each with its own producer, at once.
 * **Check-back**: ``pending`` transactions left UNKNOW (as if their producer crashed
   between the half message and the end); the broker's check service asks the producer's
   ``check_local_transaction``, which commits. Reported: how long after the last of them
@@ -96,31 +98,51 @@ def bench_throughput(cluster: actors.Cluster, count: int) -> dict[str, Any]:
     return out
 
 
-def bench_multi(cluster: actors.Cluster, log_dir: str, txns: int, size: int) -> dict[str, Any]:
-    """Messages per second: transactions of ``size`` messages vs plain batches of ``size``."""
-    plain = cluster.producer("txn-bench-batch")
-    producer = TransactionalProducer(
-        "txn-bench-multi",
-        transactional_id="txn-bench-1",
-        namespace=cluster.namespace,
-        coordinator_log_dir=log_dir,
-        flush_messages=size,
-    )
+def bench_multi(
+    cluster: actors.Cluster, log_dir: str, txns: int, size: int, producers: int = 1
+) -> dict[str, Any]:
+    """Messages per second: transactions of ``size`` messages vs plain batches of ``size``;
+    ``producers`` threads on each side at once, each with its own producer (and its own
+    ``transactional_id``), ``txns`` calls each per round."""
+    plains = [cluster.producer(f"txn-bench-batch-{i}") for i in range(producers)]
+    txn_producers = [
+        TransactionalProducer(
+            "txn-bench-multi",
+            transactional_id=f"txn-bench-{i}",
+            namespace=cluster.namespace,
+            coordinator_log_dir=log_dir,
+            flush_messages=size,
+        )
+        for i in range(producers)
+    ]
+    producer = txn_producers[0]
     batch = [Message(TOPIC, b"z" * 100) for _ in range(size)]
 
-    def plain_round(n: int) -> float:
+    def in_threads(n: int, one: Any) -> float:
+        """``one(i)`` ``n`` times on each of ``producers`` threads: messages per second."""
+
+        def run(i: int) -> None:
+            for _ in range(n):
+                one(i)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(producers)]
         started = time.perf_counter()
-        for _ in range(n):
-            plain.send_batch(batch)
-        return n * size / (time.perf_counter() - started)
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return producers * n * size / (time.perf_counter() - started)
+
+    def plain_round(n: int) -> float:
+        return in_threads(n, lambda i: plains[i].send_batch(batch))
 
     def txn_round(n: int, wait: bool = True) -> float:
-        started = time.perf_counter()
-        for _ in range(n):
-            txn = producer.begin()
+        def one(i: int) -> None:
+            txn = txn_producers[i].begin()
             txn.send(batch)
             txn.commit(wait=wait)
-        return n * size / (time.perf_counter() - started)
+
+        return in_threads(n, one)
 
     try:
         plain_round(20)  # warm: routes, connections, producer ids, the coordinator
@@ -139,12 +161,13 @@ def bench_multi(cluster: actors.Cluster, log_dir: str, txns: int, size: int) -> 
             )
         stats = ray.get(producer.coordinator.status.remote())["stats"]
     finally:
-        producer.close()
-        plain.close()
+        for closing in (*txn_producers, *plains):
+            closing.close()
     out: dict[str, Any] = {k: statistics.median(v) for k, v in rounds.items()}
     out["ratio"] = out["txn"] / out["plain"]
     out["ratio_nowait"] = out["txn_nowait"] / out["plain"]
     out["size"] = size
+    out["producers"] = producers
     out["rounds"] = rounds
     out["coordinator"] = stats
     return out
@@ -190,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pending", type=int, default=10_000, help="UNKNOW transactions")
     parser.add_argument("--multi", type=int, default=200, help="multi-message txns per round")
     parser.add_argument("--size", type=int, default=100, help="messages per multi-message txn")
+    parser.add_argument(
+        "--producers", type=int, default=1, help="concurrent producers on each side (multi)"
+    )
     parser.add_argument("--skip-check-back", action="store_true", help="no check-back part")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
@@ -223,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"== multi-message: {n_multi:,} transactions of {args.size} per round",
                 flush=True,
             )
-            results["multi"] = bench_multi(cluster, f"{root}/txn-log", n_multi, args.size)
+            results["multi"] = bench_multi(
+                cluster, f"{root}/txn-log", n_multi, args.size, args.producers
+            )
             if not args.skip_check_back:
                 print(f"== check-back of {n_pending:,} UNKNOW transactions", flush=True)
                 results["check_back"] = bench_check_back(cluster, n_pending)
@@ -237,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{t['plain']:,.0f} msg/s: {t['ratio']:.2f} (target >= 0.50)"
     )
     print(
-        f"  transactions of {m['size']} messages {m['txn']:,.0f} msg/s vs plain batches "
+        f"  transactions of {m['size']} messages ({m['producers']} producer(s) on each side) "
+        f"{m['txn']:,.0f} msg/s vs plain batches "
         f"{m['plain']:,.0f} msg/s: {m['ratio']:.2f} (target >= 0.30); with "
         f"commit(wait=False) {m['txn_nowait']:,.0f} msg/s: {m['ratio_nowait']:.2f}"
     )

@@ -1,24 +1,21 @@
 """The broker's own socket (RocketMQ's ``NettyRemotingServer``): the data path's door.
 
 Ray places the broker, restarts it and carries the control plane; sends, pulls,
-offset commits, send-back and heartbeats come here instead, over TCP, framed as
-``actors.protocol.frames`` says. The listener runs on the actor's own event loop
-and hands each request to the same processor a Ray method would, so both doors
-behave alike. Requests on one connection run concurrently and are answered in
-whatever order they finish (a held pull does not hold up a send behind it).
+offset commits, send-back, heartbeats and the ends of transactions come here instead,
+over TCP, framed as ``actors.protocol.frames`` says. The listener runs on the actor's
+own event loop and hands each request to the same processor a Ray method would, so
+both doors behave alike. Requests on one connection run concurrently and are answered
+in whatever order they finish (a held pull does not hold up a send behind it).
 
 A connection must prove it belongs to the cluster (HMAC over the broker's secret,
-which clients get through Ray) before the broker reads anything else from it, and
-at most ``HANDSHAKE_MAX_BYTES`` until then. A frame over ``max_frame_bytes`` or
-malformed closes the connection; no processor sees it.
+which clients get through Ray) before the broker reads anything else from it
+(``actors.protocol.frame_server``, shared with the transaction coordinator's door). A
+frame over ``max_frame_bytes`` or malformed closes the connection; no processor sees it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import secrets
 import ssl
 from typing import Any
 
@@ -29,14 +26,13 @@ from actors.broker.runtime import BrokerRuntime
 from actors.broker.send import SendMessageProcessor
 from actors.broker.transaction import TransactionProcessor, apply_decision
 from actors.protocol import frames
-from actors.protocol.errors import AnswerDroppedError
-from actors.protocol.frames import Code, Flag
-from storage.errors import RayMQError
+from actors.protocol.frame_server import FrameServer
+from actors.protocol.frames import Code
 
 log = logging.getLogger("raymq.actors.broker.listener")
 
 
-class DataPathListener:
+class DataPathListener(FrameServer):
     """Serves one broker's processors on ``node_ip:data_port`` (0: any free port)."""
 
     def __init__(
@@ -49,168 +45,29 @@ class DataPathListener:
         ssl_context: ssl.SSLContext | None = None,
         pop: PopProcessor | None = None,
     ) -> None:
+        cfg = runtime.config
+        super().__init__(
+            cfg.actor_name,
+            cfg.data_bind or runtime.node_ip,
+            cfg.data_port,
+            cfg.max_frame_bytes,
+            cfg.max_requests_per_connection,
+            ssl_context,
+        )
         self.rt = runtime
         self.sender = sender
         self.puller = puller
         self.groups = groups
         self.transactions = transactions
         self.pop = pop
-        self.ssl_context = ssl_context
-        self.secret = secrets.token_bytes(32)
-        """This incarnation's secret: clients get it through Ray (``Broker.data_path``)."""
-        self.max_frame_bytes = runtime.config.max_frame_bytes
-        self._server: asyncio.Server | None = None
-        self._conns: set[asyncio.StreamWriter] = set()
-        self.port = 0
-        self.stats = {
-            "connections": 0,
-            "refused": 0,
-            "requests": 0,
-            "bad_frames": 0,
-            "paused_reads": 0,
-        }
 
     @property
-    def addr(self) -> str:
-        return f"{self.rt.node_ip}:{self.port}" if self.port else ""
+    def closing(self) -> bool:
+        return self.rt.closing
 
-    async def start(self) -> None:
-        cfg = self.rt.config
-        self._server = await asyncio.start_server(
-            self._serve,
-            host=cfg.data_bind or self.rt.node_ip,
-            port=cfg.data_port,
-            ssl=self.ssl_context,
-            limit=1 << 20,
-        )
-        self.port = self._server.sockets[0].getsockname()[1]
-        log.info("broker %s serves its data path on %s", cfg.actor_name, self.addr)
-
-    async def stop(self) -> None:
-        if self._server is None:
-            return
-        self._server.close()
-        for writer in list(self._conns):
-            writer.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._server.wait_closed(), 2.0)
-        self._server = None
-
-    # ------------------------------------------------------------ a connection
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername")
-        try:
-            if not await self._handshake(reader, writer):
-                self.stats["refused"] += 1
-                log.warning("%s: refused a data-path connection from %s", self._name, peer)
-                return
-            self.stats["connections"] += 1
-            self._conns.add(writer)
-            await self._serve_frames(reader, writer, peer)
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
-            return
-        finally:
-            self._conns.discard(writer)
-            writer.close()
-
-    async def _serve_frames(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: Any
-    ) -> None:
-        """A proved connection's requests, parsed as they arrive (``frames.FrameReader``),
-        each run as its own task, until the connection ends."""
-        transport = writer.transport
-        lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        tasks: set[asyncio.Task[None]] = set()
-
-        cap = self.rt.config.max_requests_per_connection
-        paused = False
-
-        def ended(task: asyncio.Task[None]) -> None:
-            nonlocal paused
-            tasks.discard(task)
-            if paused and len(tasks) < cap and not transport.is_closing():
-                paused = False
-                proto.resume()
-
-        def on_frame(header: dict[str, Any], body: bytes | memoryview) -> None:
-            nonlocal paused
-            if self.rt.closing:
-                transport.close()
-                return
-            task = asyncio.ensure_future(self._request(header, body, transport, proto))
-            tasks.add(task)
-            task.add_done_callback(ended)
-            if len(tasks) >= cap and not paused:  # read no more until some end
-                paused = True
-                self.stats["paused_reads"] += 1
-                proto.pause()
-
-        def on_error(exc: frames.FrameError) -> None:
-            self.stats["bad_frames"] += 1
-            log.warning("%s: closing %s: %s", self._name, peer, exc)
-
-        def on_lost(exc: Exception | None) -> None:
-            if not lost.done():
-                lost.set_result(None)
-
-        proto = frames.FrameReader(transport, self.max_frame_bytes, on_frame, on_error, on_lost)
-        transport.set_protocol(proto)
-        leftover = bytes(getattr(reader, "_buffer", b""))  # requests sent right behind AUTH
-        if leftover:
-            proto.feed(leftover)
-        await lost
-
-    @property
-    def _name(self) -> str:
-        return self.rt.config.actor_name
-
-    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        mine = frames.nonce()
-        writer.writelines(frames.encode({"c": int(Code.HELLO), "o": 0, "n": mine}))
-        try:
-            header, _ = await asyncio.wait_for(
-                frames.read_frame(reader, frames.HANDSHAKE_MAX_BYTES), frames.HANDSHAKE_TIMEOUT_S
-            )
-        except (frames.FrameError, asyncio.TimeoutError, asyncio.IncompleteReadError):
-            return False
-        theirs = header.get("n")
-        if (
-            header.get("c") != Code.AUTH
-            or not isinstance(theirs, bytes)
-            or len(theirs) != frames.NONCE_BYTES
-            or not frames.check_proof(self.secret, b"client", mine, theirs, header.get("p"))
-        ):
-            return False
-        reply = {"c": int(Code.OK), "o": 0, "p": frames.proof(self.secret, b"broker", theirs, mine)}
-        writer.writelines(frames.encode(reply))
-        return True
-
-    # ------------------------------------------------------------ a request
-    async def _request(
-        self,
-        header: dict[str, Any],
-        body: bytes | memoryview,
-        transport: asyncio.WriteTransport,
-        proto: frames.FrameReader,
-    ) -> None:
-        self.stats["requests"] += 1
-        opaque = header["o"]
-        try:
-            fields, parts = await self._dispatch(header["c"], header, body)
-            reply = {"c": int(Code.OK), **fields}
-        except AnswerDroppedError:  # an injected fault: the connection goes, unanswered
-            transport.abort()
-            return
-        except RayMQError as exc:
-            reply, parts = frames.error_fields(exc), []
-        except Exception as exc:  # noqa: BLE001 - the client hears of it; the broker goes on
-            log.exception("%s: data-path request %s failed", self._name, header.get("c"))
-            reply, parts = frames.error_fields(exc), []
-        if header.get("f", 0) & Flag.ONEWAY or transport.is_closing():
-            return
-        reply.update(o=opaque, f=int(Flag.RESPONSE))
-        frames.write_frame(transport, reply, parts)
-        await proto.drain()
+    async def start(self, advertised_host: str | None = None) -> None:
+        await super().start(advertised_host or self.rt.node_ip)
+        log.info("broker %s serves its data path on %s", self.name, self.addr)
 
     async def _dispatch(
         self, code: int, h: dict[str, Any], body: bytes | memoryview

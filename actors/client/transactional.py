@@ -10,9 +10,11 @@ RocketMQ's half messages): ``TransactionalProducer(group, transactional_id=...)`
 
 A transaction's messages travel the normal data path (the producer's ``send_batch``,
 in batches of ``flush_messages``) as half messages carrying the transaction's id: no
-consumer sees them until the commit. Ray calls go to the transaction coordinator
-(``actors.coordinator.txn``) per transaction, not per message: one, to end it (the
-answered sends are the prepare; the decision names their brokers). The coordinator logs the decision
+consumer sees them until the commit. One request per transaction, not per message,
+goes to the transaction coordinator (``actors.coordinator.txn``), to end it (the
+answered sends are the prepare; the decision names their brokers): over the
+coordinator's own socket, as sends go over the brokers' (a Ray call while that
+connection opens, or with ``data_path="ray"``). The coordinator logs the decision
 durably, then has every broker commit (or roll back) all the transaction's half
 messages it holds in one append and apply the offsets.
 
@@ -39,10 +41,13 @@ from actors.client.producer import Producer
 from actors.config.client import ProducerConfig
 from actors.coordinator.txn import (
     APPLY_WAIT_S,
+    TXN_COORDINATOR_NAME,
     TransactionStateError,
     transaction_coordinator,
 )
 from actors.protocol import checks, rpc
+from actors.protocol.data_path import COORDINATOR_REQUESTS
+from actors.protocol.errors import refused
 from actors.protocol.names import DEFAULT_NAMESPACE
 from rebalance import MessageQueue
 from storage.codec import validate_topic
@@ -315,6 +320,11 @@ class TransactionalProducer(Producer):
             nameservers=self.ns.nameservers,
             txn_timeout_s=txn_timeout_s,
         )
+        # commits and aborts go over the coordinator's own socket (TXN_END) once it is
+        # open, as sends go over the brokers'; init_producer stays a Ray call
+        self._coordinator = self._data_path.wrap(
+            TXN_COORDINATOR_NAME, self.coordinator, requests=COORDINATOR_REQUESTS
+        )
         self.producer_id, self.epoch = self._call("init_producer", self.transactional_id)
         self._counter = itertools.count()
         self._current: Transaction | None = None
@@ -334,7 +344,7 @@ class TransactionalProducer(Producer):
         delay = 0.05
         while True:
             try:
-                return rpc.get(getattr(self.coordinator, method).remote(*args), timeout)
+                return rpc.get(getattr(self._coordinator, method).remote(*args), timeout)
             except Exception as exc:  # noqa: BLE001 - sorted below
                 if not self._may_retry(method, exc) or time.monotonic() > deadline:
                     raise
@@ -344,11 +354,12 @@ class TransactionalProducer(Producer):
 
     @staticmethod
     def _may_retry(method: str, exc: Exception) -> bool:
-        """Ray could not deliver the call (the coordinator restarts), or a new instance
-        waits for its predecessor's decision to reach a broker that is restarting (the
-        coordinator retries that meanwhile); any other answer is final."""
+        """Ray could not deliver the call or the coordinator's socket broke (it
+        restarts: its calls are idempotent), or a new instance waits for its
+        predecessor's decision to reach a broker that is restarting (the coordinator
+        retries that meanwhile); any other answer is final."""
         if isinstance(exc, BrokerUnavailableError):
-            return method == "init_producer"
+            return method == "init_producer" or not refused(exc)
         return not isinstance(exc, RayMQError) and rpc.is_retriable(exc)
 
     def begin(self) -> Transaction:

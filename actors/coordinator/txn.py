@@ -46,8 +46,11 @@ import ray
 
 from actors.coordinator.coordinator import HEAD_NODE_RESOURCE
 from actors.namesrv.client import NameServerClient, discover_nameservers
-from actors.protocol import checks
+from actors.protocol import checks, frames
 from actors.protocol.data_path import DataPath
+from actors.protocol.errors import TransactionStateError
+from actors.protocol.frame_server import FrameServer
+from actors.protocol.frames import Code
 from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.rpc import PendingCall
 from storage.errors import BrokerUnavailableError, InvalidMessageError, ProducerFencedError
@@ -60,12 +63,12 @@ log = logging.getLogger("raymq.actors.coordinator.txn")
 TXN_COORDINATOR_NAME = "txn-coordinator"
 _COMPACT_EVERY = 10_000  # log records between compactions
 APPLY_WAIT_S = 10.0
+MAX_REQUESTS_PER_CONN = 1024  # a producer's requests in flight on its connection
 """How long a waiting ``end`` waits for the brokers before it answers ``done: False``."""
 
 
-class TransactionStateError(InvalidMessageError):
-    """A transaction call that does not fit the transaction's state (ending one decided
-    the other way, adding a broker to one already decided). Nothing changed."""
+def _node_ip() -> str:
+    return str(ray.util.get_node_ip_address())
 
 
 def default_log_dir(namespace: str) -> str:
@@ -110,6 +113,32 @@ def transaction_coordinator(
             keep_done_s,
         )
     )
+
+
+class CoordinatorListener(FrameServer):
+    """The coordinator's own socket: producers' commits and aborts (``TXN_END``) come
+    here instead of Ray calls, proved as a broker's data path is
+    (``actors.protocol.frame_server``); anything else stays a Ray method."""
+
+    def __init__(self, coordinator: TransactionCoordinator, host: str) -> None:
+        super().__init__(
+            TXN_COORDINATOR_NAME, host, 0, frames.DEFAULT_MAX_FRAME_BYTES, MAX_REQUESTS_PER_CONN
+        )
+        self.coordinator = coordinator
+
+    @property
+    def closing(self) -> bool:
+        return self.coordinator._closing
+
+    async def _dispatch(
+        self, code: int, h: dict[str, Any], body: bytes | memoryview
+    ) -> tuple[dict[str, Any], list[Any]]:
+        if code == Code.TXN_END:
+            # txn id, transactional id, epoch, commit, halves, offsets, wait: end checks each
+            args: list[Any] = [h.get(field) for field in ("x", "i", "e", "m", "h", "k", "w")]
+            answer = await self.coordinator.end(*args)
+            return {"r": answer}, []
+        raise frames.FrameError(f"unknown request code {code}")
 
 
 def _answer(call: Any) -> Any:
@@ -161,6 +190,8 @@ class TransactionCoordinator:
             self._wake.set()
         self._queue: asyncio.Queue[tuple[TxnRecord, asyncio.Future[bool]]] = asyncio.Queue()
         self._task = self._loop.create_task(self._drive_loop())
+        self._listener = CoordinatorListener(self, _node_ip())
+        self._listening = self._loop.create_task(self._listener.start(_node_ip()))
         self._apply_task = self._loop.create_task(self._apply_loop())
         log.info("transaction coordinator of %s started, log in %s", namespace, log_dir)
 
@@ -302,8 +333,16 @@ class TransactionCoordinator:
         ``EndTxn`` answers before its markers are written: ``done`` False means a broker
         has yet to apply it (retried here until it has)."""
         txn_id = checks.check_str("txn_id", txn_id)
-        if not isinstance(commit, bool):
-            raise InvalidMessageError(f"commit={commit!r}: must be True or False")
+        transactional_id = checks.check_str("transactional_id", transactional_id)
+        epoch = checks.check_int("epoch", epoch, 0)
+        if not isinstance(commit, bool) or not isinstance(wait, bool):
+            raise InvalidMessageError(f"commit={commit!r}, wait={wait!r}: must be True or False")
+        for name, value in (("halves", halves), ("offsets", offsets)):
+            if value is not None and not isinstance(value, Mapping):
+                raise InvalidMessageError(f"{name}: must be a dict by broker, got {value!r:.80}")
+        for groups in (offsets or {}).values():
+            if not isinstance(groups, Mapping):
+                raise InvalidMessageError(f"offsets: must be dicts by group, got {groups!r:.80}")
         halves_ = {
             checks.check_str("broker", b): (
                 None if h is None else [checks.check_int("half offset", o, 0) for o in h]
@@ -463,6 +502,7 @@ class TransactionCoordinator:
             "recovered": self.recovered,
             "pid": os.getpid(),
             "stats": dict(self.stats),
+            "door": {"addr": self._listener.addr, **self._listener.stats},  # its socket
         }
 
     async def transaction(self, txn_id: str) -> dict[str, Any] | None:
@@ -480,11 +520,22 @@ class TransactionCoordinator:
     async def ping(self) -> str:
         return "ok"
 
+    async def data_path(self) -> dict[str, Any] | None:
+        """Where producers reach this incarnation's socket, and its secret (through Ray,
+        to callers Ray let in); None when it could not open one (Ray calls then)."""
+        try:
+            await asyncio.shield(self._listening)
+        except Exception as exc:  # noqa: BLE001 - the producers call through Ray
+            log.warning("transaction coordinator: no socket (%s)", exc)
+            return None
+        return {"addr": self._listener.addr, "secret": self._listener.secret, "tls": False}
+
     async def shutdown(self) -> None:
         """Stop the loop and close the log (``Cluster.shutdown`` calls this)."""
         self._closing = True
         self._task.cancel()
         self._apply_task.cancel()
+        await self._listener.stop()
         self._io.shutdown(wait=True)
         self._data_path.close()
         self.log.close()

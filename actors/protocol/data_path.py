@@ -66,12 +66,15 @@ class DataPath:
         self._lock = threading.Lock()
         self.closed = False
 
-    def wrap(self, actor_name: str, handle: Any) -> Any:
-        """For ``NameServerClient(wrap=...)``: starts opening the broker's connection."""
+    def wrap(self, actor_name: str, handle: Any, requests: Mapping[str, Any] | None = None) -> Any:
+        """For ``NameServerClient(wrap=...)``: starts opening the broker's connection.
+        ``requests``: the methods that go over the socket, and how each is framed (a
+        broker's by default; :data:`COORDINATOR_REQUESTS` for the transaction
+        coordinator, whose ``data_path`` answers as a broker's does)."""
         if self.mode != "socket":
             return handle
         self._start_open(actor_name, handle)
-        return BrokerStub(self, actor_name, handle)
+        return BrokerStub(self, actor_name, handle, _REQUESTS if requests is None else requests)
 
     def connection(self, actor_name: str, handle: Any) -> BrokerConnection | None:
         """An open connection to the broker's socket, or None (call it through Ray; a
@@ -148,13 +151,16 @@ _OPENER = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="raymq-dat
 class BrokerStub:
     """A broker's Ray handle whose per-message methods go over its socket."""
 
-    def __init__(self, data_path: DataPath, actor_name: str, handle: Any) -> None:
+    def __init__(
+        self, data_path: DataPath, actor_name: str, handle: Any, requests: Mapping[str, Any]
+    ) -> None:
         self._dp = data_path
         self.actor_name = actor_name
         self.handle = handle
+        self._requests = requests
 
     def __getattr__(self, method: str) -> Any:
-        encode = _REQUESTS.get(method)
+        encode = self.__dict__.get("_requests", _REQUESTS).get(method)
         if encode is None:
             return getattr(self.handle, method)
         return _Method(self, method, encode)
@@ -367,3 +373,33 @@ _REQUESTS = {
     "change_invisible_duration": _change_invisible,
 }
 """The broker's per-message methods, and how each is framed (header, body, decoder)."""
+
+
+def _txn_end(
+    txn_id: str,
+    transactional_id: str,
+    epoch: int,
+    commit: bool,
+    halves: Mapping[str, Sequence[int] | None] | None = None,
+    offsets: Mapping[str, Mapping[str, Sequence[tuple[str, int, int]]]] | None = None,
+    wait: bool = True,
+) -> Any:
+    header = {
+        "c": int(Code.TXN_END),
+        "x": txn_id,
+        "i": transactional_id,
+        "e": epoch,
+        "m": commit,
+        "h": None
+        if halves is None
+        else {b: None if h is None else list(h) for b, h in halves.items()},
+        "k": None
+        if offsets is None
+        else {b: {g: [list(q) for q in qs] for g, qs in gs.items()} for b, gs in offsets.items()},
+        "w": wait,
+    }
+    return header, [], _result
+
+
+COORDINATOR_REQUESTS = {"end": _txn_end}
+"""The transaction coordinator's per-transaction method, framed (``TXN_END``)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from storage.errors import BrokerUnavailableError, RayMQError
+from storage.errors import BrokerUnavailableError, InvalidMessageError, RayMQError
 
 
 class PromotionRefusedError(RayMQError):
@@ -13,6 +13,11 @@ class PromotionRefusedError(RayMQError):
 class AnswerDroppedError(BrokerUnavailableError):
     """An injected fault (``actors.broker.faults``) lost the answer to a send that was
     stored: unlike the broker's other answers, it does not mean nothing was written."""
+
+
+class TransactionStateError(InvalidMessageError):
+    """A transaction call that does not fit the transaction's state (ending one decided
+    the other way, adding a broker to one already decided). Nothing changed."""
 
 
 def mark_answered(exc: BaseException) -> BaseException:

@@ -51,7 +51,12 @@ from typing import Any
 
 import msgpack
 
-from actors.protocol.errors import AnswerDroppedError, PromotionRefusedError, mark_answered
+from actors.protocol.errors import (
+    AnswerDroppedError,
+    PromotionRefusedError,
+    TransactionStateError,
+    mark_answered,
+)
 from actors.protocol.fencing import OffsetFencedError
 from storage import errors as store_errors
 from storage.errors import BrokerUnavailableError, InvalidMessageError, RayMQError
@@ -84,6 +89,7 @@ class Code(enum.IntEnum):
     CHANGE_INVISIBLE = 19
     END_TRANSACTION_BATCH = 20  # the transaction coordinator's decision on one broker
     END_TRANSACTIONS = 21  # a transactional producer's answers to a check round
+    TXN_END = 30  # a transactional producer's commit or abort, to the transaction coordinator
 
 
 class Flag(enum.IntFlag):
@@ -157,6 +163,7 @@ _ERRORS: dict[str, type[RayMQError]] = {
         OffsetFencedError,
         PromotionRefusedError,
         AnswerDroppedError,
+        TransactionStateError,
         FrameError,
         AuthError,
     )

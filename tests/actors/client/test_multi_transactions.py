@@ -23,11 +23,17 @@ from raymq_testkit import SMALL_STORE, drain, unique_namespace, wait_until
 
 import actors
 from actors import TransactionalProducer, TransactionState
-from actors.protocol import rpc
+from actors.protocol import frames, rpc
+from actors.protocol.connection import BrokerConnection
 from actors.protocol.data_path import DataPath
 from rebalance import MessageQueue
 from storage import Message, transaction
-from storage.errors import InvalidMessageError, ProducerFencedError, RayMQError
+from storage.errors import (
+    BrokerUnavailableError,
+    InvalidMessageError,
+    ProducerFencedError,
+    RayMQError,
+)
 
 GROUP_IN = "mtx-in"  # the consumer group whose offsets the transactions commit
 EO_INPUTS = 60
@@ -427,4 +433,63 @@ def test_a_decision_over_a_brokers_socket_is_checked_then_applied_with_its_offse
         txn.abort()  # the coordinator never decided it: its abort finds nothing left to end
     finally:
         dp.close()
+        p.close()
+
+
+def test_commits_reach_the_coordinator_over_its_own_socket_where_strangers_are_refused(
+    cluster: actors.Cluster, log_dir: str
+) -> None:
+    """A producer's commits go over the coordinator's own socket (TXN_END), not Ray. A
+    client without the coordinator's secret is refused at the handshake; a proved one
+    sending a bad TXN_END gets the error, nothing is logged, and its connection goes on
+    serving; a good one commits."""
+    p = producer(cluster, log_dir, "tid-door")
+    try:
+        coordinator = p.coordinator
+
+        def door() -> dict[str, Any]:
+            return dict(ray.get(coordinator.status.remote())["door"])
+
+        wait_until(
+            lambda: p._data_path.connection("txn-coordinator", coordinator) is not None,
+            what="the producer's connection to the coordinator",
+        )
+        before = door()
+        for i in range(3):
+            with p.begin() as txn:
+                txn.send([Message("MtA", b"door-%d" % i)])
+        assert door()["requests"] >= before["requests"] + 3
+        assert [b for b in bodies(cluster, "MtA") if b.startswith(b"door-")] == [
+            b"door-%d" % i for i in range(3)
+        ]
+
+        info = ray.get(coordinator.data_path.remote())
+        assert info["addr"] == before["addr"]
+        stranger = BrokerConnection(info["addr"], b"not-the-secret" * 3, name="stranger")
+        with pytest.raises(BrokerUnavailableError):
+            stranger.open()
+        stranger.close()
+        assert door()["refused"] == before["refused"] + 1
+
+        conn = BrokerConnection(info["addr"], info["secret"], name="coordinator")
+        conn.open()
+        try:
+            records = ray.get(coordinator.status.remote())["stats"]
+            end = {"c": int(frames.Code.TXN_END), "x": "t-bad", "i": p.transactional_id}
+            for bad in (
+                {**end, "e": p.epoch, "m": "yes"},  # commit must be a bool
+                {**end, "e": "zero", "m": True},  # so must the epoch be an int
+                {**end, "e": p.epoch, "m": True, "h": ["broker-a"]},  # halves by broker
+                {**end, "i": "nobody", "e": 0, "m": True},  # an unknown transactional id
+            ):
+                with pytest.raises(InvalidMessageError):
+                    conn.request(bad).result(10)
+            assert ray.get(coordinator.transaction.remote("t-bad")) is None
+            assert ray.get(coordinator.status.remote())["stats"] == records
+            ok = {**end, "x": "t-empty", "e": p.epoch, "m": True, "h": {}, "k": {}, "w": True}
+            header, _ = conn.request(ok).result(10)
+            assert header["r"] == {"state": "commit", "done": True}
+        finally:
+            conn.close()
+    finally:
         p.close()

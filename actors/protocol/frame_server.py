@@ -1,0 +1,212 @@
+"""A server of the cluster's framed protocol (``actors.protocol.frames``): the door a
+Ray actor opens for what its clients do often, beside its Ray methods.
+
+A broker serves its data path this way (``actors.broker.listener``) and the
+transaction coordinator its producers' decisions (``actors.coordinator.txn``). What
+both share is here:
+
+* A connection must prove it belongs to the cluster (HMAC over this incarnation's
+  secret, which clients get through Ray) before anything else is read from it, and
+  at most ``HANDSHAKE_MAX_BYTES`` until then; the server proves it holds the secret
+  too.
+* A proved connection's frames are parsed as they arrive, each request run as its own
+  task and answered in whatever order they finish; at most
+  ``max_requests_per_connection`` run at once (reading pauses beyond).
+* A frame over ``max_frame_bytes`` or malformed closes the connection; nothing is
+  dispatched from it. A RayMQError a request raises is its answer (the same type on
+  the client's side); the connection goes on.
+
+A subclass names itself and says what each request code does (:meth:`_dispatch`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import ssl
+from typing import Any
+
+from actors.protocol import frames
+from actors.protocol.errors import AnswerDroppedError
+from actors.protocol.frames import Code, Flag
+from storage.errors import RayMQError
+
+log = logging.getLogger("raymq.actors.protocol.frame_server")
+
+
+class FrameServer:
+    """Serves framed requests on ``host:port`` (0: any free port) to proved clients."""
+
+    def __init__(
+        self,
+        name: str,
+        host: str,
+        port: int,
+        max_frame_bytes: int,
+        max_requests_per_connection: int,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.name = name
+        self.host = host
+        self.bind_port = port
+        self.max_frame_bytes = max_frame_bytes
+        self.max_requests = max_requests_per_connection
+        self.ssl_context = ssl_context
+        self.secret = secrets.token_bytes(32)
+        """This incarnation's secret: clients get it through Ray."""
+        self._server: asyncio.Server | None = None
+        self._conns: set[asyncio.StreamWriter] = set()
+        self.port = 0
+        self.stats = {
+            "connections": 0,
+            "refused": 0,
+            "requests": 0,
+            "bad_frames": 0,
+            "paused_reads": 0,
+        }
+
+    @property
+    def closing(self) -> bool:
+        """Whether the actor is shutting down (new requests close their connection)."""
+        return False
+
+    async def start(self, advertised_host: str) -> None:
+        self._server = await asyncio.start_server(
+            self._serve, host=self.host, port=self.bind_port, ssl=self.ssl_context, limit=1 << 20
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        self.advertised = f"{advertised_host}:{self.port}"
+
+    @property
+    def addr(self) -> str:
+        return self.advertised if self.port else ""
+
+    async def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.close()
+        for writer in list(self._conns):
+            writer.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._server.wait_closed(), 2.0)
+        self._server = None
+
+    # ------------------------------------------------------------ a connection
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        try:
+            if not await self._handshake(reader, writer):
+                self.stats["refused"] += 1
+                log.warning("%s: refused a connection from %s", self.name, peer)
+                return
+            self.stats["connections"] += 1
+            self._conns.add(writer)
+            await self._serve_frames(reader, writer, peer)
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
+            return
+        finally:
+            self._conns.discard(writer)
+            writer.close()
+
+    async def _serve_frames(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: Any
+    ) -> None:
+        """A proved connection's requests, parsed as they arrive (``frames.FrameReader``),
+        each run as its own task, until the connection ends."""
+        transport = writer.transport
+        lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        tasks: set[asyncio.Task[None]] = set()
+
+        cap = self.max_requests
+        paused = False
+
+        def ended(task: asyncio.Task[None]) -> None:
+            nonlocal paused
+            tasks.discard(task)
+            if paused and len(tasks) < cap and not transport.is_closing():
+                paused = False
+                proto.resume()
+
+        def on_frame(header: dict[str, Any], body: bytes | memoryview) -> None:
+            nonlocal paused
+            if self.closing:
+                transport.close()
+                return
+            task = asyncio.ensure_future(self._request(header, body, transport, proto))
+            tasks.add(task)
+            task.add_done_callback(ended)
+            if len(tasks) >= cap and not paused:  # read no more until some end
+                paused = True
+                self.stats["paused_reads"] += 1
+                proto.pause()
+
+        def on_error(exc: frames.FrameError) -> None:
+            self.stats["bad_frames"] += 1
+            log.warning("%s: closing %s: %s", self.name, peer, exc)
+
+        def on_lost(exc: Exception | None) -> None:
+            if not lost.done():
+                lost.set_result(None)
+
+        proto = frames.FrameReader(transport, self.max_frame_bytes, on_frame, on_error, on_lost)
+        transport.set_protocol(proto)
+        leftover = bytes(getattr(reader, "_buffer", b""))  # requests sent right behind AUTH
+        if leftover:
+            proto.feed(leftover)
+        await lost
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        mine = frames.nonce()
+        writer.writelines(frames.encode({"c": int(Code.HELLO), "o": 0, "n": mine}))
+        try:
+            header, _ = await asyncio.wait_for(
+                frames.read_frame(reader, frames.HANDSHAKE_MAX_BYTES), frames.HANDSHAKE_TIMEOUT_S
+            )
+        except (frames.FrameError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+            return False
+        theirs = header.get("n")
+        if (
+            header.get("c") != Code.AUTH
+            or not isinstance(theirs, bytes)
+            or len(theirs) != frames.NONCE_BYTES
+            or not frames.check_proof(self.secret, b"client", mine, theirs, header.get("p"))
+        ):
+            return False
+        reply = {"c": int(Code.OK), "o": 0, "p": frames.proof(self.secret, b"broker", theirs, mine)}
+        writer.writelines(frames.encode(reply))
+        return True
+
+    # ------------------------------------------------------------ a request
+    async def _request(
+        self,
+        header: dict[str, Any],
+        body: bytes | memoryview,
+        transport: asyncio.WriteTransport,
+        proto: frames.FrameReader,
+    ) -> None:
+        self.stats["requests"] += 1
+        opaque = header["o"]
+        try:
+            fields, parts = await self._dispatch(header["c"], header, body)
+            reply = {"c": int(Code.OK), **fields}
+        except AnswerDroppedError:  # an injected fault: the connection goes, unanswered
+            transport.abort()
+            return
+        except RayMQError as exc:
+            reply, parts = frames.error_fields(exc), []
+        except Exception as exc:  # noqa: BLE001 - the client hears of it; the server goes on
+            log.exception("%s: request %s failed", self.name, header.get("c"))
+            reply, parts = frames.error_fields(exc), []
+        if header.get("f", 0) & Flag.ONEWAY or transport.is_closing():
+            return
+        reply.update(o=opaque, f=int(Flag.RESPONSE))
+        frames.write_frame(transport, reply, parts)
+        await proto.drain()
+
+    async def _dispatch(
+        self, code: int, h: dict[str, Any], body: bytes | memoryview
+    ) -> tuple[dict[str, Any], list[Any]]:
+        """What request ``code`` does: (the answer's header fields, its body parts)."""
+        raise frames.FrameError(f"unknown request code {code}")
