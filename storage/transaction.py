@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -447,11 +447,14 @@ def _parts(
     shapes: dict[Any, Any],
     key: Any,
     shape_of: Callable[[dict[str, str]], _Shape | None],
+    split: tuple[bytes, str | None, str] | None = None,
 ) -> tuple[_Shape, str | None, str] | None:
     """A record's copy shape, KEYS value and unique key from its properties ``raw``: the
     shape of a head seen before (``shapes[(head, *key)]``) reused; None when the record
-    is one the re-encoding path treats its own way."""
-    split = _tail(raw)
+    is one the re-encoding path treats its own way. ``split``: ``_tail(raw)``, when
+    the caller has it."""
+    if split is None:
+        split = _tail(raw)
     if split is not None:
         head, keys_text, uk = split
         shape = shapes.get((head, key), _GENERIC)
@@ -548,3 +551,74 @@ def committed_copies(halves: list[MessageExt]) -> codec.EncodedBatch | None:
         if not out.add(parts[0], head, half.body, parts[1], parts[2]):
             return None
     return out.batch()
+
+
+class HalfRecords:
+    """Half messages' records as read from the CommitLog (``read_runs``), walked without
+    decoding them into messages: each one's queue offset, multi-message transaction id
+    and what its committed copy is made of. :meth:`committed` builds the copies of some
+    of them: byte for byte what :func:`committed_copies` builds from the decoded half
+    messages (the commit of a multi-message transaction reads its halves this way)."""
+
+    __slots__ = ("queue_offsets", "txn_ids", "_items")
+
+    def __init__(self) -> None:
+        self.queue_offsets: list[int] = []
+        self.txn_ids: list[str | None] = []
+        self._items: list[tuple[Any, ...]] = []
+
+    @classmethod
+    def read(cls, data: bytes | memoryview, sizes: Sequence[int]) -> HalfRecords | None:
+        """The records of ``data`` (back to back, ``sizes`` bytes each); None when one is
+        not a half message, or holds anything the decoding path treats its own way."""
+        data = bytes(data)
+        out = cls()
+        shapes: dict[Any, Any] = {}
+        txn_of: dict[bytes, str | None] = {}  # properties head -> its transaction id
+        unpack = codec.HEADER.unpack_from
+        head_size = codec.HEADER.size
+        half_topic = HALF_TOPIC.encode("ascii")
+        pos = 0
+        for size in sizes:
+            end = pos + int(size)
+            if end > len(data):
+                return None
+            fields = unpack(data, pos)
+            blen = fields[14]
+            at = pos + head_size + blen
+            if fields[0] != size or fields[1] != codec.MAGIC or not 0 < blen <= _ENCODE_MAX:
+                return None
+            if at + 3 > end or data[at + 1 : at + 1 + data[at]] != half_topic:
+                return None
+            prop_at = at + 1 + data[at]
+            if prop_at + 2 + ((data[prop_at] << 8) | data[prop_at + 1]) != end:
+                return None
+            raw = data[prop_at + 2 : end]
+            split = _tail(raw)
+            if split is None:
+                return None
+            head = split[0]
+            if head not in txn_of:
+                props = _pairs(head)
+                if props is None:
+                    return None
+                txn_of[head] = props.get(PROP_GLOBAL_TXN)
+            parts = _parts(raw, shapes, None, _commit_shape, split)
+            if parts is None or not parts[2].isascii():
+                return None
+            out.queue_offsets.append(int(fields[5]))
+            out.txn_ids.append(txn_of[head])
+            # FLAG, BORNTIMESTAMP, BORNHOST, RECONSUMETIMES as the copy keeps them
+            born = (fields[4], fields[8], fields[9], fields[12])
+            out._items.append((parts, born, data[pos + head_size : at]))
+            pos = end
+        return out if pos == len(data) else None
+
+    def committed(self, picked: Sequence[int]) -> codec.EncodedBatch | None:
+        """The committed copies of the records at ``picked`` (indexes), in that order."""
+        out = _CopyBuilder()
+        for i in picked:
+            (shape, keys_text, uk), born, body = self._items[i]
+            if not out.add(shape, born, body, keys_text, uk):
+                return None
+        return out.batch()

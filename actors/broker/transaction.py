@@ -75,6 +75,29 @@ def _chunks(halves: list[MessageExt]) -> list[list[MessageExt]]:
     return out
 
 
+def _chained_sizes(cl: Any, offsets: list[int]) -> list[int] | None:
+    """The sizes of the records at ``offsets`` when each one starts where the one before
+    ends (read from one copy of the run); None when they do not (read one by one)."""
+    if len(offsets) < 2:
+        return None
+    first, last = offsets[0], offsets[-1]
+    if last <= first:
+        return None
+    try:
+        run = cl.view(first, last - first + 4)  # no copy; fails across files: one by one
+    except (StoreCorruptedError, ValueError, IndexError):
+        return None
+    sizes = []
+    for a, b in zip(offsets, offsets[1:]):
+        at = a - first
+        size = int.from_bytes(run[at : at + 4], "big", signed=True)
+        if size <= 0 or a + size != b:
+            return None
+        sizes.append(size)
+    sizes.append(cl.size_at(last))
+    return sizes
+
+
 def _ask(relay: Any, broker: str, checks_: list[tuple[int, str, Message]]) -> None:
     """Leave ``checks_`` ((new half copy's CommitLog offset, message id, message)) with a
     producer: one call with all of them where its handle takes a batch (a producer's
@@ -303,7 +326,28 @@ class TransactionProcessor:
                 ]
             else:
                 offsets = [checks.check_int("half_offset", o, 0) for o in half_offsets]
-                halves = (
+                records = (
+                    self._records_at(offsets)
+                    if self._inline
+                    else await self.rt.run(self._records_at, offsets)
+                )
+                if records is not None:  # the usual case: no record decoded
+                    for offset, owner in zip(offsets, records.txn_ids):
+                        if owner != txn_id:
+                            raise InvalidMessageError(
+                                f"the message at {offset} is no half message of transaction "
+                                f"{txn_id!r}"
+                            )
+                    picked = self._not_done(records.queue_offsets)
+                    if not picked:
+                        return 0
+                    done = [records.queue_offsets[i] for i in picked]
+                    op = self._encode([transaction.op_message(done)], [None])
+                    copies = records.committed(picked) if commit else None
+                    if copies is not None or not commit:
+                        batch = op if copies is None else EncodedBatch.concat([copies, op])
+                        return await self._ended(txn_id, commit, done, batch)
+                halves = (  # a record the byte-level walk leaves to the decoder
                     self._halves_at(offsets)
                     if self._inline
                     else await self.rt.run(self._halves_at, offsets)
@@ -316,24 +360,55 @@ class TransactionProcessor:
                         raise InvalidMessageError(
                             f"the message at {offset} is no half message of transaction {txn_id!r}"
                         )
-            todo = [h for h in halves if h.queue_offset not in self._done]
+            todo = [halves[i] for i in self._not_done([h.queue_offset for h in halves])]
             if not todo:
                 return 0
-            op = transaction.op_message([h.queue_offset for h in todo])
+            done = [h.queue_offset for h in todo]
+            op_message = transaction.op_message(done)
             if commit:
-                batch = self._committed(todo, op)
+                batch = self._committed(todo, op_message)
             else:
-                batch = self._encode([op], [None])
-            await self._write(batch)
-            self._done.update(h.queue_offset for h in todo)
-            self.rt.stats["txn_committed" if commit else "txn_rolled_back"] += len(todo)
-            log.debug(
-                "transaction %s: %d half messages %s",
-                txn_id,
-                len(todo),
-                "committed" if commit else "rolled back",
-            )
-            return len(todo)
+                batch = self._encode([op_message], [None])
+            return await self._ended(txn_id, commit, done, batch)
+
+    def _not_done(self, queue_offsets: list[int]) -> list[int]:
+        """The indexes of the half messages (by half queue offset) not ended yet, each
+        once (a transaction handed the same half message twice commits it once)."""
+        seen: set[int] = set()
+        picked = []
+        for i, q in enumerate(queue_offsets):
+            if q not in self._done and q not in seen:
+                seen.add(q)
+                picked.append(i)
+        return picked
+
+    async def _ended(self, txn_id: str, commit: bool, done: list[int], batch: EncodedBatch) -> int:
+        """Write a transaction's end (lock held) and mark its half messages done."""
+        await self._write(batch)
+        self._done.update(done)
+        self.rt.stats["txn_committed" if commit else "txn_rolled_back"] += len(done)
+        log.debug(
+            "transaction %s: %d half messages %s",
+            txn_id,
+            len(done),
+            "committed" if commit else "rolled back",
+        )
+        return len(done)
+
+    def _records_at(self, offsets: list[int]) -> transaction.HalfRecords | None:
+        """The records at CommitLog ``offsets``, read and walked without decoding
+        (``transaction.HalfRecords``); None when the walk leaves one to the decoder.
+        Offsets of records stored back to back (a flush's half messages) are read as one
+        run, found by following the records' sizes from the first: one size read per run."""
+        cl = self.rt.store.commitlog
+        try:
+            sizes = _chained_sizes(cl, offsets)
+            if sizes is None:
+                sizes = [cl.size_at(o) for o in offsets]
+            data = cl.read_runs(np.asarray(offsets, np.int64), np.asarray(sizes, np.int64))
+        except (StoreCorruptedError, ValueError, IndexError) as exc:
+            raise InvalidMessageError(f"no half messages at commitlog offsets {offsets}") from exc
+        return transaction.HalfRecords.read(data, sizes)
 
     def _halves_at(self, offsets: list[int]) -> list[MessageExt]:
         """The records at CommitLog ``offsets``, read in runs (a flush's half messages are

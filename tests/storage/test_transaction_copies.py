@@ -257,3 +257,49 @@ def test_a_half_message_with_odd_properties_is_left_to_the_reencoding_commit(
     assert transaction.committed_copies([good, no_qid]) is None
     assert transaction.committed_copies([bad_qid]) is None
     assert_same(transaction.committed_copies([good]), reencoded_commit([good]))
+
+
+def records_of(store: MessageStore, halves: list[MessageExt]) -> tuple[bytes, list[int]]:
+    """The stored records of ``halves``, read as the broker's commit reads them."""
+    offsets = np.array([h.commitlog_offset for h in halves], dtype=np.int64)
+    sizes = [store.commitlog.size_at(int(o)) for o in offsets]
+    return store.commitlog.read_runs(offsets, np.array(sizes, dtype=np.int64)), sizes
+
+
+def test_half_records_walked_undecoded_give_the_decoded_commit_byte_for_byte(
+    store: MessageStore,
+) -> None:
+    """The commit of a multi-message transaction reads its half messages' records and
+    builds their committed copies without decoding them (``HalfRecords``): the same
+    bytes and arrays as ``committed_copies`` of the decoded messages, for any subset in
+    any order; each record's queue offset and transaction id as stored; a record that is
+    not a half message, or a truncated run, is left to the decoding path (None)."""
+    rng = random.Random(26)
+    sent = [m for m in (random_message(rng, i) for i in range(400)) if m.properties]
+    sent = [m for m in sent if m.properties and m.properties.get(PROP_TRAN_MSG)][:60]
+    for i, m in enumerate(sent):  # two transactions' marks, interleaved with none
+        if i % 3:
+            m.properties[transaction.PROP_GLOBAL_TXN] = f"txn-{i % 3}"  # type: ignore[index]
+    for start in range(0, len(sent), 30):
+        store.put_encoded(wire(codec.encode_batch(sent[start : start + 30], reconsume_times=1)))
+    halves = store.get("g", transaction.HALF_TOPIC, 0, 0, max_count=64).messages
+    assert len(halves) == len(sent)
+    data, sizes = records_of(store, halves)
+    records = transaction.HalfRecords.read(data, sizes)
+    assert records is not None
+    assert records.queue_offsets == [h.queue_offset for h in halves]
+    assert records.txn_ids == [transaction.global_txn(h) for h in halves]
+    for picked in ([0], [len(halves) - 1], list(range(1, 30)), [5, 2, 40, 2][:3], []):
+        want = [halves[i] for i in picked]
+        got = records.committed(picked)
+        if not picked:
+            assert got is None and transaction.committed_copies(want) is None
+        else:
+            assert_same(got, transaction.committed_copies(want) or reencoded_commit(want))
+    # a plain record among them, or a run cut short: the decoder's turn
+    [plain] = store.put_batch([Message("Orders", b"plain")])
+    off = np.array([halves[0].commitlog_offset, plain.commitlog_offset], dtype=np.int64)
+    sz = [store.commitlog.size_at(int(o)) for o in off]
+    assert transaction.HalfRecords.read(store.commitlog.read_runs(off, np.array(sz)), sz) is None
+    assert transaction.HalfRecords.read(data[:-1], sizes) is None
+    assert transaction.HalfRecords.read(data, [s + 1 for s in sizes]) is None
