@@ -614,6 +614,12 @@ class HalfRecords:
             pos = end
         return out if pos == len(data) else None
 
+    def copy_key(self, i: int) -> tuple[str, str]:
+        """Where record ``i``'s committed copy goes and the unique key it keeps:
+        (real topic, UNIQ_KEY)."""
+        (shape, _, uk), _, _ = self._items[i]
+        return shape.topic, uk
+
     def committed(self, picked: Sequence[int]) -> codec.EncodedBatch | None:
         """The committed copies of the records at ``picked`` (indexes), in that order."""
         out = _CopyBuilder()

@@ -386,6 +386,7 @@ class Broker:
         offsets: dict[str, dict[tuple[str, int], int]] | None = None,
         transactional_id: str | None = None,
         epoch: int | None = None,
+        retry: bool = False,
     ) -> int:
         """The transaction coordinator's decision on multi-message transaction ``txn_id``:
         every half message of it held here committed or rolled back in one append, and
@@ -400,6 +401,7 @@ class Broker:
             offsets,
             transactional_id,
             epoch,
+            retry,
         )
 
     async def fence_transactional(self, transactional_id: str, epoch: int) -> int:

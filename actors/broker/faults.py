@@ -11,6 +11,9 @@
 * ``"hang_after_store"``: the batch is stored, and the answer never comes (the
   request waits forever): a broker that stops answering while it still holds its
   connections, for a failover drill.
+* ``"crash_mid_commit"`` (counts multi-message transaction commits, not sends): the
+  commit's append stops after the first half of its committed copies, before its op
+  message, and the process exits: a SIGKILL in the middle of the append.
 
 Only callers holding the broker's Ray handle (the cluster) can arm them.
 """
@@ -26,7 +29,8 @@ from storage.errors import InvalidConfigError
 
 log = logging.getLogger("raymq.actors.broker.faults")
 
-KINDS = ("drop_answer", "crash_after_store", "hang_after_store")
+SEND_KINDS = ("drop_answer", "crash_after_store", "hang_after_store")
+KINDS = (*SEND_KINDS, "crash_mid_commit")
 
 
 class Faults:
@@ -42,7 +46,7 @@ class Faults:
             raise InvalidConfigError(f"fault count={count!r}: must be an int >= 0")
         with self._lock:
             self._armed[kind] = count
-        log.warning("broker %s: fault %s armed for the next %d send(s)", self.broker, kind, count)
+        log.warning("broker %s: fault %s armed for the next %d time(s)", self.broker, kind, count)
 
     def after_store(self) -> bool:
         """Called once a send is stored, before it is answered: True when the answer is
@@ -50,7 +54,7 @@ class Faults:
         if not self._armed:
             return False
         with self._lock:
-            kind = next((k for k, n in self._armed.items() if n > 0), None)
+            kind = next((k for k, n in self._armed.items() if n > 0 and k in SEND_KINDS), None)
             if kind is None:
                 return False
             self._armed[kind] -= 1
@@ -61,3 +65,20 @@ class Faults:
         if kind == "hang_after_store":
             return True
         raise AnswerDroppedError(f"broker {self.broker}: the answer was dropped (injected)")
+
+    def take(self, kind: str) -> bool:
+        """Whether ``kind`` (not a send's) is armed; counts it off when it is."""
+        if not self._armed.get(kind):
+            return False
+        with self._lock:
+            if not self._armed.get(kind):
+                return False
+            self._armed[kind] -= 1
+        log.warning("broker %s: injected fault %s", self.broker, kind)
+        return True
+
+    @staticmethod
+    def crash() -> None:
+        """Exit the process now, as a SIGKILL would leave it."""
+        logging.shutdown()
+        os._exit(137)

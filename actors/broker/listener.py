@@ -128,6 +128,7 @@ class DataPathListener(FrameServer):
                 by_group,
                 h.get("i"),
                 h.get("e"),
+                h.get("y", False),
             )
             return {"r": count}, []
         if code == Code.END_TRANSACTIONS:

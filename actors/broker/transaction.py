@@ -36,6 +36,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,7 @@ from storage import codec, transaction
 from storage.codec import EncodedBatch
 from storage.errors import BrokerUnavailableError, InvalidMessageError, StoreCorruptedError
 from storage.message import GetStatus, Message, MessageExt
+from storage.properties import PROP_UNIQ_KEY
 from storage.store import PutBatchResult
 
 log = logging.getLogger("raymq.actors.broker.transaction")
@@ -98,6 +100,10 @@ def _chained_sizes(cl: Any, offsets: list[int]) -> list[int] | None:
     return sizes
 
 
+def _copy_key(half: MessageExt) -> tuple[str, str]:
+    return half.properties.get("REAL_TOPIC", ""), half.properties.get(PROP_UNIQ_KEY, "")
+
+
 def _ask(relay: Any, broker: str, checks_: list[tuple[int, str, Message]]) -> None:
     """Leave ``checks_`` ((new half copy's CommitLog offset, message id, message)) with a
     producer: one call with all of them where its handle takes a batch (a producer's
@@ -119,6 +125,7 @@ async def apply_decision(
     offsets: dict[str, dict[tuple[str, int], int]] | None,
     transactional_id: str | None,
     epoch: int | None,
+    retry: bool = False,
 ) -> int:
     """The transaction coordinator's decision on multi-message transaction ``txn_id``
     here (``Broker.end_transaction_batch``, or its socket's END_TRANSACTION_BATCH):
@@ -130,7 +137,7 @@ async def apply_decision(
             raise InvalidMessageError(f"offsets: must be a dict, got {type(offsets).__name__}")
         offsets = {group: groups.check_offsets(group, queues) for group, queues in offsets.items()}
     ended = await transactions.end_transaction_batch(
-        txn_id, commit, half_offsets, transactional_id, epoch
+        txn_id, commit, half_offsets, transactional_id, epoch, retry
     )
     if commit and offsets:
         rt = transactions.rt
@@ -302,15 +309,22 @@ class TransactionProcessor:
         half_offsets: list[int] | None,
         transactional_id: str | None = None,
         epoch: int | None = None,
+        retry: bool = False,
     ) -> int:
         """Commit or roll back every half message of multi-message transaction ``txn_id``
         held here: those at ``half_offsets`` (CommitLog offsets; None: every pending one
         carrying the id), in one append (the committed copies and one op message naming
         them all). Half messages ended before are skipped; returns how many were ended.
-        ``transactional_id``/``epoch``: the owner, whose fence rises to it here."""
+        ``transactional_id``/``epoch``: the owner, whose fence rises to it here.
+
+        ``retry``: the coordinator told this broker before and heard no answer. If the
+        broker died in the middle of that append, the copies written before the crash
+        are kept by recovery while the op message is not: a half message whose committed
+        copy is found in its real topic (by its unique key) is then marked done, not
+        copied again."""
         txn_id = checks.check_str("txn_id", txn_id)
-        if not isinstance(commit, bool):
-            raise InvalidMessageError(f"commit={commit!r}: must be True or False")
+        if not isinstance(commit, bool) or not isinstance(retry, bool):
+            raise InvalidMessageError(f"commit={commit!r}, retry={retry!r}: must be True or False")
         if transactional_id is not None and epoch is not None:
             self.rt.store.txn_fences.raise_fence(
                 checks.check_str("transactional_id", transactional_id),
@@ -343,8 +357,10 @@ class TransactionProcessor:
                         return 0
                     done = [records.queue_offsets[i] for i in picked]
                     op = self._encode([transaction.op_message(done)], [None])
-                    copies = records.committed(picked) if commit else None
-                    if copies is not None or not commit:
+                    if commit and retry:
+                        picked = await self._not_copied(picked, records.copy_key)
+                    copies = records.committed(picked) if commit and picked else None
+                    if copies is not None or not commit or not picked:
                         batch = op if copies is None else EncodedBatch.concat([copies, op])
                         return await self._ended(txn_id, commit, done, batch)
                 halves = (  # a record the byte-level walk leaves to the decoder
@@ -365,11 +381,46 @@ class TransactionProcessor:
                 return 0
             done = [h.queue_offset for h in todo]
             op_message = transaction.op_message(done)
-            if commit:
+            if commit and retry:
+                keep = await self._not_copied(list(range(len(todo))), lambda i: _copy_key(todo[i]))
+                todo = [todo[i] for i in keep]
+            if commit and todo:
                 batch = self._committed(todo, op_message)
             else:
                 batch = self._encode([op_message], [None])
             return await self._ended(txn_id, commit, done, batch)
+
+    async def _not_copied(
+        self, picked: list[int], key_of: Callable[[int], tuple[str, str]]
+    ) -> list[int]:
+        """Of ``picked``, those whose committed copy (real topic, unique key: ``key_of``)
+        is not in the store yet. Refused (BrokerUnavailableError: the coordinator asks
+        again) while the index has yet to take in the whole CommitLog."""
+        store = self.rt.store
+        if store.dispatched_offset < store.commitlog.max_offset:
+            raise BrokerUnavailableError("the index is catching up with the commitlog: try again")
+
+        def absent() -> list[int]:
+            out = []
+            for i in picked:
+                topic, uk = key_of(i)
+                if not any(
+                    m.properties.get(PROP_UNIQ_KEY) == uk
+                    and transaction.transaction_type(m.sys_flag)
+                    == transaction.TRANSACTION_COMMIT_TYPE
+                    for m in store.query_by_key(topic, uk, max_count=8)
+                ):
+                    out.append(i)
+            return out
+
+        keep = await self.rt.run(absent)
+        if len(keep) < len(picked):
+            log.warning(
+                "%d committed copies were written before a crash cut their commit short: "
+                "not written again",
+                len(picked) - len(keep),
+            )
+        return keep
 
     def _not_done(self, queue_offsets: list[int]) -> list[int]:
         """The indexes of the half messages (by half queue offset) not ended yet, each
@@ -384,6 +435,9 @@ class TransactionProcessor:
 
     async def _ended(self, txn_id: str, commit: bool, done: list[int], batch: EncodedBatch) -> int:
         """Write a transaction's end (lock held) and mark its half messages done."""
+        if commit and len(batch) > 1 and self.rt.faults.take("crash_mid_commit"):
+            await self._write(batch.select([(0, max(1, (len(batch) - 1) // 2))]))
+            self.rt.faults.crash()  # a SIGKILL in the middle of the append
         await self._write(batch)
         self._done.update(done)
         self.rt.stats["txn_committed" if commit else "txn_rolled_back"] += len(done)

@@ -180,6 +180,10 @@ class TransactionCoordinator:
         # trip here); fencing and anything else stay Ray calls on the same handles
         self._data_path = DataPath()
         self._master_cache: dict[str, Any] = {}
+        # decisions taken by this incarnation and not applied yet, and the brokers told
+        # of them: any other telling is a retry (the broker may have died mid-append)
+        self._fresh: set[str] = set()
+        self._told: set[tuple[str, str]] = set()
         self._fault: str | None = None
         self._closing = False
         self.stats: Counter[str] = Counter()
@@ -225,23 +229,22 @@ class TransactionCoordinator:
         if any(b not in masters for b in names):
             masters = await self._masters(refresh=True)
         missing = [b for b in names if b not in masters]
-        calls = [
-            asyncio.wait_for(
-                _answer(
-                    masters[b].end_transaction_batch.remote(
-                        txn.txn_id,
-                        commit,
-                        txn.halves.get(b, []),  # None: the broker finds them by the id
-                        _offsets_for(txn.offsets, b) if commit else None,
-                        txn.tid,
-                        txn.epoch,
-                    )
-                ),
-                30.0,
+        calls = []
+        for b in names:
+            if b not in masters:
+                continue
+            retry = again or txn.txn_id not in self._fresh or (txn.txn_id, b) in self._told
+            self._told.add((txn.txn_id, b))
+            call = masters[b].end_transaction_batch.remote(
+                txn.txn_id,
+                commit,
+                txn.halves.get(b, []),  # None: the broker finds them by the id
+                _offsets_for(txn.offsets, b) if commit else None,
+                txn.tid,
+                txn.epoch,
+                retry,
             )
-            for b in names
-            if b in masters
-        ]
+            calls.append(asyncio.wait_for(_answer(call), 30.0))
         results = await asyncio.gather(*calls, return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
         for r in failed:
@@ -255,6 +258,9 @@ class TransactionCoordinator:
             if not txn.done:
                 await self._io_call(self.log.done, txn)
                 self.stats["commit_done" if commit else "abort_done"] += 1
+        self._fresh.discard(txn.txn_id)
+        for b in names:
+            self._told.discard((txn.txn_id, b))
         return True
 
     async def _fence_brokers(self, tid: str, epoch: int) -> None:
@@ -383,6 +389,7 @@ class TransactionCoordinator:
                     )
                 await self._io_call(self.log.decide, txn, commit, halves_, offsets_)
                 txn = self.log.txns[txn_id]
+                self._fresh.add(txn_id)
                 self.stats["committed" if commit else "aborted"] += 1
                 if self._fault == "crash_after_decision":
                     log.warning("fault: exiting after logging %s of %s", txn.state, txn_id)

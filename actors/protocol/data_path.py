@@ -294,6 +294,7 @@ def _end_transaction_batch(
     offsets: Mapping[str, Mapping[tuple[str, int], int]] | None = None,
     transactional_id: str | None = None,
     epoch: int | None = None,
+    retry: bool = False,
 ) -> Any:
     header: dict[str, Any] = {
         "c": int(Code.END_TRANSACTION_BATCH),
@@ -302,6 +303,7 @@ def _end_transaction_batch(
         "q": None if half_offsets is None else [int(o) for o in half_offsets],
         "i": transactional_id,
         "e": epoch,
+        "y": retry,
     }
     if offsets:
         header["k"] = {g: [[t, q, o] for (t, q), o in qs.items()] for g, qs in offsets.items()}

@@ -344,45 +344,6 @@ def _incarnation(broker: Any) -> str | None:
         return None
 
 
-def test_a_commit_while_a_broker_is_down_is_applied_after_its_restart(
-    cluster: actors.Cluster, log_dir: str
-) -> None:
-    """Last in the module: it restarts broker-b."""
-    p = producer(cluster, log_dir, "tid-down")
-    try:
-        txn = p.begin()
-        txn.send([Message("MtA", b"down-a-%d" % i) for i in range(4)])
-        txn.send([Message("MtB", b"down-b-%d" % i) for i in range(4)])
-        txn.flush()
-        txn.send_offsets(GROUP_IN, {input_queue(): 20})
-        broker_b = cluster.broker("broker-b")
-        before = ray.get(broker_b.ping.remote())
-        ray.kill(broker_b, no_restart=False)  # Ray restarts it; its store recovers
-        txn.commit()  # decided; broker-a applies it now, broker-b when it is back
-        assert txn.state is TransactionState.COMMITTED
-        assert sorted(b for b in bodies(cluster, "MtA") if b.startswith(b"down-")) == [
-            b"down-a-%d" % i for i in range(4)
-        ]
-        wait_until(
-            lambda: _incarnation(broker_b) not in (None, before),
-            timeout_s=60,
-            interval_s=0.2,
-            what="broker-b's restart",
-        )
-        wait_until(
-            lambda: ray.get(p.coordinator.transaction.remote(txn.txn_id))["done"],
-            timeout_s=30,
-            interval_s=0.2,
-            what="the decision applied on broker-b",
-        )
-        assert sorted(b for b in bodies(cluster, "MtB") if b.startswith(b"down-")) == [
-            b"down-b-%d" % i for i in range(4)
-        ]
-        assert committed_offset(cluster) == 20
-    finally:
-        p.close()
-
-
 def test_a_decision_over_a_brokers_socket_is_checked_then_applied_with_its_offsets(
     cluster: actors.Cluster, log_dir: str
 ) -> None:
@@ -491,5 +452,81 @@ def test_commits_reach_the_coordinator_over_its_own_socket_where_strangers_are_r
             assert header["r"] == {"state": "commit", "done": True}
         finally:
             conn.close()
+    finally:
+        p.close()
+
+
+def test_a_commit_while_a_broker_is_down_is_applied_after_its_restart(
+    cluster: actors.Cluster, log_dir: str
+) -> None:
+    """Next to last in the module: it restarts broker-b."""
+    p = producer(cluster, log_dir, "tid-down")
+    try:
+        txn = p.begin()
+        txn.send([Message("MtA", b"down-a-%d" % i) for i in range(4)])
+        txn.send([Message("MtB", b"down-b-%d" % i) for i in range(4)])
+        txn.flush()
+        txn.send_offsets(GROUP_IN, {input_queue(): 20})
+        broker_b = cluster.broker("broker-b")
+        before = ray.get(broker_b.ping.remote())
+        ray.kill(broker_b, no_restart=False)  # Ray restarts it; its store recovers
+        txn.commit()  # decided; broker-a applies it now, broker-b when it is back
+        assert txn.state is TransactionState.COMMITTED
+        assert sorted(b for b in bodies(cluster, "MtA") if b.startswith(b"down-")) == [
+            b"down-a-%d" % i for i in range(4)
+        ]
+        wait_until(
+            lambda: _incarnation(broker_b) not in (None, before),
+            timeout_s=60,
+            interval_s=0.2,
+            what="broker-b's restart",
+        )
+        wait_until(
+            lambda: ray.get(p.coordinator.transaction.remote(txn.txn_id))["done"],
+            timeout_s=30,
+            interval_s=0.2,
+            what="the decision applied on broker-b",
+        )
+        assert sorted(b for b in bodies(cluster, "MtB") if b.startswith(b"down-")) == [
+            b"down-b-%d" % i for i in range(4)
+        ]
+        assert committed_offset(cluster) == 20
+    finally:
+        p.close()
+
+
+def test_a_broker_killed_midway_through_a_commits_append_shows_each_message_once(
+    cluster: actors.Cluster, log_dir: str
+) -> None:
+    """Last in the module: it kills broker-a. The broker dies in the middle of writing a
+    commit (half of the committed copies written, not the op message: recovery keeps
+    them). Ray restarts it, the coordinator tells it the decision again, and the broker
+    finds the copies written before the crash by their unique keys: each message shows
+    once, none twice."""
+    p = producer(cluster, log_dir, "tid-midway")
+    broker = cluster.broker("broker-a")
+    try:
+        txn = p.begin()
+        txn.send([Message("MtA", b"mid-%d" % i) for i in range(10)])
+        txn.flush()
+        before = ray.get(broker.ping.remote())
+        ray.get(broker.inject_fault.remote("crash_mid_commit"))
+        txn.commit(wait=False)  # decided; the broker dies applying it
+        wait_until(
+            lambda: _incarnation(broker) not in (None, before),
+            timeout_s=60,
+            interval_s=0.2,
+            what="broker-a's restart",
+        )
+        wait_until(
+            lambda: ray.get(p.coordinator.transaction.remote(txn.txn_id))["done"],
+            timeout_s=30,
+            interval_s=0.2,
+            what="the decision applied after the restart",
+        )
+        assert sorted(b for b in bodies(cluster, "MtA") if b.startswith(b"mid-")) == sorted(
+            b"mid-%d" % i for i in range(10)
+        )
+        assert pending_of(cluster, "broker-a") == 0
     finally:
         p.close()
