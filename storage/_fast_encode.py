@@ -22,7 +22,7 @@ import functools
 import logging
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from .codec import EncodedBatch
 from .errors import InvalidMessageError
 from .message import Message
 from .message_id import UniqueKeyGenerator
+from .properties import PROP_TRAN_MSG, SYSTEM_PROPS
 
 _native = codec._native
 if _native is not None:
@@ -75,28 +76,49 @@ def encode_plain(
     born_raw: bytes,
     gen: UniqueKeyGenerator,
     seq_slot: bytes | None = None,
+    shared: Mapping[str, str] | None = None,
 ) -> EncodedBatch | None:
     """The batch encoded, or ``None`` when it is not plain (the caller then loops).
 
     ``seq_slot`` (``codec.seq_slot(producer id)``): an idempotent producer's batch, its
     first record ending with that reserved ``PRODUCER_SEQ`` property, so binding it to
     a queue's sequences patches a few bytes in place (``EncodedBatch.with_sequence``)
-    instead of copying the batch; ``data`` is then a writable view of a bytearray."""
+    instead of copying the batch; ``data`` is then a writable view of a bytearray.
+
+    ``shared``: properties every message carries, none of its own (a transaction's
+    marks): written as the general loop writes a message whose properties they are
+    (the C encoder only; without it, None)."""
     if _native is not None:
-        return encode_plain_c(messages, max_message_size, born_ts, born_raw, gen, seq_slot)
+        return encode_plain_c(messages, max_message_size, born_ts, born_raw, gen, seq_slot, shared)
+    if shared:
+        return None
     return encode_plain_numpy(messages, max_message_size, born_ts, born_raw, gen, seq_slot)
 
 
-def _tail_head(topic: str, tags: str | None) -> bytes | None:
+def _shared_text(shared: Mapping[str, str]) -> bytes | None:
+    """``shared`` as the general loop writes a message's own properties (checked as it
+    checks them); None when they ask for what it treats its own way (a delivery time)."""
+    if codec.PROP_TIMER_DELIVER_MS in shared or codec.PROP_TIMER_DELAY_SEC in shared:
+        return None
+    return codec.encode_properties({k: v for k, v in shared.items() if k not in SYSTEM_PROPS})
+
+
+def _tail_head(topic: str, tags: str | None, extra: bytes = b"") -> bytes | None:
     """A record's tail up to its unique key (topic section, PROPLEN, the tags, the
-    key's name), or ``None`` when the properties would not fit."""
+    shared properties ``extra``, the key's name), or ``None`` when the properties would
+    not fit."""
     raw_topic = topic.encode("ascii")
     tag_part = f"TAGS\x01{tags}\x02".encode() if tags is not None else b""
-    props_len = len(tag_part) + len(_UNIQ_HEAD) + 32 + 1
+    props_len = len(tag_part) + len(extra) + len(_UNIQ_HEAD) + 32 + 1
     if props_len > codec.MAX_PROPERTIES_LEN:
         return None
     return (
-        bytes((len(raw_topic),)) + raw_topic + props_len.to_bytes(2, "big") + tag_part + _UNIQ_HEAD
+        bytes((len(raw_topic),))
+        + raw_topic
+        + props_len.to_bytes(2, "big")
+        + tag_part
+        + extra
+        + _UNIQ_HEAD
     )
 
 
@@ -107,12 +129,19 @@ def encode_plain_c(
     born_raw: bytes,
     gen: UniqueKeyGenerator,
     seq_slot: bytes | None = None,
+    shared: Mapping[str, str] | None = None,
 ) -> EncodedBatch | None:
     """:func:`encode_plain` through ``storage._native``."""
     assert _native is not None
     n = len(messages)
     if n < 8:
         return None
+    extra = b""
+    if shared:
+        got = _shared_text(shared)
+        if got is None:
+            return None
+        extra = got
     first = messages[0]
     if first.__class__ is not Message:
         return None
@@ -123,7 +152,7 @@ def encode_plain_c(
     if tags is not None and (not tags or "\x01" in tags or "\x02" in tags):
         return None  # the general path names the error
     keyed = first.keys.__class__ is str and bool(first.keys)
-    head = _keyed_head(topic, tags) if keyed else _tail_head(topic, tags)
+    head = _keyed_head(topic, tags, extra) if keyed else _tail_head(topic, tags, extra)
     if head is None:
         return None
     header = codec.HEADER.pack(
@@ -168,15 +197,16 @@ def encode_plain_c(
         uniq_keys=codec.PackedKeys(uniq_raw),
         checked=True,
         seq_slot_at=codec.slot_at(int(size_arr[0]), seq_slot) if seq_slot else None,
+        transactional=shared is not None and shared.get(PROP_TRAN_MSG) == "true",
     )
 
 
-def _keyed_head(topic: str, tags: str | None) -> bytes:
+def _keyed_head(topic: str, tags: str | None, extra: bytes = b"") -> bytes:
     """A keyed record's tail up to its KEYS property: topic section, a PROPLEN the C
-    encoder writes per record, the tags."""
+    encoder writes per record, the tags, the shared properties ``extra``."""
     raw_topic = topic.encode("ascii")
     tag_part = f"TAGS\x01{tags}\x02".encode() if tags is not None else b""
-    return bytes((len(raw_topic),)) + raw_topic + b"\x00\x00" + tag_part
+    return bytes((len(raw_topic),)) + raw_topic + b"\x00\x00" + tag_part + extra
 
 
 def encode_plain_numpy(

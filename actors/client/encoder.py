@@ -24,9 +24,10 @@ No Ray and no cluster here: an encoder needs only a :class:`ProducerConfig`.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -60,9 +61,16 @@ class MessageEncoder:
             self._slot = (pid, codec.seq_slot(pid))
         return self._slot[1]
 
-    def encode(self, messages: Sequence[Message], numbered: bool = True) -> list[_Chunk]:
+    def encode(
+        self,
+        messages: Sequence[Message],
+        numbered: bool = True,
+        shared: Mapping[str, str] | None = None,
+    ) -> list[_Chunk]:
         """Validate and encode: one chunk per topic and size limit, in the caller's order.
-        ``numbered=False``: chunks an idempotent producer will not bind (oneway sends)."""
+        ``numbered=False``: chunks an idempotent producer will not bind (oneway sends).
+        ``shared``: properties every message carries on top of its own (a transaction's
+        marks), encoded once for a batch of messages with none of their own."""
         if not messages:
             raise InvalidMessageError("send needs at least one message")
         cfg = self.config
@@ -82,9 +90,19 @@ class MessageEncoder:
                 self._born,
                 self._uniq,
                 self._seq_slot() if numbered else None,
+                shared,
             )
             if batch is not None and len(batch.data) <= cfg.max_batch_bytes:
                 return [_Chunk(first.topic, batch, np.arange(len(messages)))]
+        if shared:  # the general loop: each message with the shared properties as its own
+            messages = [
+                dataclasses.replace(
+                    m, properties={**m.properties, **shared} if m.properties else shared
+                )
+                if isinstance(m, Message)
+                else m
+                for m in messages
+            ]
         for i, m in enumerate(messages):
             if m.__class__ is not Message and not isinstance(m, Message):
                 raise InvalidMessageError(

@@ -313,6 +313,47 @@ def _assert_fast_equals_slow(msgs: list[Message]) -> codec.EncodedBatch:
     return fast
 
 
+@pytest.mark.parametrize("keyed", [False, True])
+def test_shared_properties_encode_in_c_as_the_general_loop_writes_them(keyed: bool) -> None:
+    """A transaction's marks, shared by messages with no properties of their own, go
+    through the C encoder (``shared``) and come out as the general loop writes each
+    message carrying them: the same bytes and arrays, the batch flagged transactional.
+    A message with properties of its own, or a delivery time among the shared ones, is
+    left to the general loop (None)."""
+    import dataclasses
+
+    from storage import _fast_encode
+
+    marks = {"TRAN_MSG": "true", "PGROUP": "g", "__TXN_ID__": "t.1.2", "ü名": "v ☃"}
+    host = "1.2.3.4:5"
+    msgs = [
+        Message("Plain", b"x%d" % i, tags="A", keys=f"k{i}" if keyed else None, queue_id=i % 3)
+        for i in range(20)
+    ]
+    fast_gen, slow_gen = _same_generators()
+    fast = _fast_encode.encode_plain_c(
+        msgs, 4 << 20, 99, codec.host_to_bytes(host), fast_gen, None, marks
+    )
+    slow = codec.encode_batch(
+        [dataclasses.replace(m, properties=marks) for m in msgs],
+        born_host=host,
+        uniq=slow_gen,
+        born=[(99, host, 0)] * len(msgs),
+    )
+    assert fast is not None
+    assert bytes(fast.data) == bytes(slow.data)
+    for name in ("sizes", "queue_ids", "tag_codes", "key_hashes", "key_owner"):
+        assert getattr(fast, name).tolist() == getattr(slow, name).tolist(), name
+    assert list(fast.uniq_keys) == list(slow.uniq_keys)
+    assert fast.transactional and slow.transactional
+    assert codec.decode_records(bytes(fast.data))[3].properties["__TXN_ID__"] == "t.1.2"
+    born = codec.host_to_bytes(host)
+    own = [dataclasses.replace(msgs[0], properties={"a": "b"}), *msgs[1:]]
+    assert _fast_encode.encode_plain_c(own, 4 << 20, 99, born, fast_gen, None, marks) is None
+    timed = {**marks, "TIMER_DELIVER_MS": "5"}
+    assert _fast_encode.encode_plain_c(msgs, 4 << 20, 99, born, fast_gen, None, timed) is None
+
+
 def test_the_c_encoder_is_built() -> None:
     # setup.py builds it wherever a compiler is (optional, so an install without one
     # still works); here one is, and losing it would cost producers 5-10x silently
