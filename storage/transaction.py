@@ -245,6 +245,7 @@ def with_transaction_type(
 _ZERO8 = b"\x00" * 8
 _ENCODE_MAX = 4 << 20  # encode_batch's default max_message_size (the commit path's)
 _GENERIC = object()  # a head that is not in the usual order: rebuilt record by record
+_LAST = object()  # shapes' entry for the head seen last: (key, head + UNIQ_KEY's name, shape)
 
 
 def _pairs(raw: bytes) -> dict[str, str] | None:
@@ -454,6 +455,16 @@ def _parts(
     is one the re-encoding path treats its own way. ``split``: ``_tail(raw)``, when
     the caller has it."""
     if split is None:
+        last = shapes.get(_LAST)
+        if last is not None and last[0] == key and raw.startswith(last[1]) and raw[-1:] == b"\x02":
+            # the head of the record before and its unique key alone: what _tail would
+            # split it into, without searching (a batch's records share one head)
+            uk_raw = raw[len(last[1]) : -1]
+            if uk_raw and b"\x01" not in uk_raw and b"\x02" not in uk_raw:
+                try:
+                    return last[2], None, uk_raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    return None
         split = _tail(raw)
     if split is not None:
         head, keys_text, uk = split
@@ -468,6 +479,7 @@ def _parts(
                     return None
             shapes[(head, key)] = shape
         if shape is not None:
+            shapes[_LAST] = (key, head + b"UNIQ_KEY\x01", shape)
             return shape, keys_text, uk
     props = _pairs(raw)
     if props is None:

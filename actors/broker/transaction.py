@@ -49,7 +49,7 @@ from actors.protocol import checks
 from storage import codec, transaction
 from storage.codec import EncodedBatch
 from storage.errors import BrokerUnavailableError, InvalidMessageError, StoreCorruptedError
-from storage.message import GetStatus, Message, MessageExt
+from storage.message import GetStatus, Message, MessageExt, PutStatus
 from storage.properties import PROP_UNIQ_KEY
 from storage.store import PutBatchResult
 
@@ -542,8 +542,9 @@ class TransactionProcessor:
         else:
             result = await self.role.put(batch, self._local_put)
         last = batch.topics[int(batch.topic_idx[-1])] if len(batch) else None
-        if (
+        if (  # stored here for good (a Raft entry not yet committed may be cut back)
             self._loaded
+            and result.status is PutStatus.PUT_OK
             and last == transaction.OP_HALF_TOPIC
             and len(result.queue_offsets)
             and int(result.queue_offsets[-1]) == self._ops_read

@@ -303,3 +303,29 @@ def test_half_records_walked_undecoded_give_the_decoded_commit_byte_for_byte(
     assert transaction.HalfRecords.read(store.commitlog.read_runs(off, np.array(sz)), sz) is None
     assert transaction.HalfRecords.read(data[:-1], sizes) is None
     assert transaction.HalfRecords.read(data, [s + 1 for s in sizes]) is None
+
+
+@pytest.mark.parametrize("tags", [None, "t"])
+def test_a_transactions_batch_sharing_one_head_copies_as_the_reencoding_path(
+    store: MessageStore, tags: str | None
+) -> None:
+    """A transaction's batch (its records share one properties head: the marks) takes
+    the shortcut past the head seen last: half copies and committed copies are still
+    byte for byte what re-encoding writes, with an idempotent producer's PRODUCER_SEQ on
+    the first record and a record with keys among them (each of those goes the long
+    way)."""
+    marks = {PROP_TRAN_MSG: "true", PROP_PRODUCER_GROUP: "pg", transaction.PROP_GLOBAL_TXN: "t1"}
+    msgs = [Message("Orders", b"body-%d" % i, tags=tags, properties=marks) for i in range(60)]
+    msgs[40] = Message("Orders", b"keyed", tags=tags, keys=("a", "b"), properties=marks)
+    batch = codec.encode_batch(msgs, born_host="10.0.0.9:9")
+    fences = transaction.TransactionalFences()
+    for b in (wire(batch.with_queue(3)), wire(batch.with_queue(1).with_sequence("p:1", 0, 7))):
+        assert_same(transaction.half_copies(b, fences), store._reencoded_copies(b))
+    store.put_encoded(wire(batch.with_queue(2)))
+    halves = store.get("g", transaction.HALF_TOPIC, 0, 0, max_count=64).messages
+    assert len(halves) == 60
+    assert_same(transaction.committed_copies(halves), reencoded_commit(halves))
+    data, sizes = records_of(store, halves)
+    records = transaction.HalfRecords.read(data, sizes)
+    assert records is not None
+    assert_same(records.committed(list(range(60))), reencoded_commit(halves))
