@@ -449,11 +449,10 @@ class TransactionProcessor:
         )
         return len(done)
 
-    def _records_at(self, offsets: list[int]) -> transaction.HalfRecords | None:
-        """The records at CommitLog ``offsets``, read and walked without decoding
-        (``transaction.HalfRecords``); None when the walk leaves one to the decoder.
-        Offsets of records stored back to back (a flush's half messages) are read as one
-        run, found by following the records' sizes from the first: one size read per run."""
+    def _read(self, offsets: list[int]) -> tuple[bytes, list[int]]:
+        """The records at CommitLog ``offsets``, back to back, and their sizes. Offsets of
+        records stored back to back (a flush's half messages) are read as one run, found
+        by following the records' sizes from the first: one size read per run."""
         cl = self.rt.store.commitlog
         try:
             sizes = _chained_sizes(cl, offsets)
@@ -462,17 +461,19 @@ class TransactionProcessor:
             data = cl.read_runs(np.asarray(offsets, np.int64), np.asarray(sizes, np.int64))
         except (StoreCorruptedError, ValueError, IndexError) as exc:
             raise InvalidMessageError(f"no half messages at commitlog offsets {offsets}") from exc
-        return transaction.HalfRecords.read(data, sizes)
+        return data, sizes
+
+    def _records_at(self, offsets: list[int]) -> transaction.HalfRecords | None:
+        """The records at CommitLog ``offsets`` walked without decoding
+        (``transaction.HalfRecords``); None when the walk leaves one to the decoder."""
+        return transaction.HalfRecords.read(*self._read(offsets))
 
     def _halves_at(self, offsets: list[int]) -> list[MessageExt]:
-        """The records at CommitLog ``offsets``, read in runs (a flush's half messages are
-        stored back to back) and decoded together."""
+        """The records at CommitLog ``offsets``, decoded together."""
         if not offsets:
             return []
-        cl = self.rt.store.commitlog
+        data, _ = self._read(offsets)
         try:
-            sizes = [cl.size_at(o) for o in offsets]
-            data = cl.read_runs(np.asarray(offsets, np.int64), np.asarray(sizes, np.int64))
             out = codec.decode_records(data, check_crc=False)
         except (StoreCorruptedError, ValueError, IndexError) as exc:
             raise InvalidMessageError(f"no half messages at commitlog offsets {offsets}") from exc
