@@ -1,9 +1,11 @@
 """The client's thread hand-overs, each way in one run: what writing frames from the
-caller's thread and handing small pull answers straight to the consume threads buy.
+caller's thread, handing small pull answers straight to the consume threads and sending
+the next pull from the thread that got the answer buy.
 
     python benchmarks/hops_ab.py [--rounds 3] [--sends 3000] [--rate 1000] [--seconds 3]
+                                 [--push-switch issue|answers]
 
-Two switches (read by each client process at start; see ``actors/protocol/connection.py``
+Three switches (read by each client process at start; see ``actors/protocol/connection.py``
 and ``actors/client/push/pull_service.py``):
 
 * ``RAYMQ_CLIENT_DIRECT_WRITES``: a caller writes its own frame to the socket (1) or
@@ -14,7 +16,10 @@ and ``actors/client/push/pull_service.py``):
   consume threads by the I/O thread (1) or by the pull thread (0). Measured as
   produce -> listener latency of single ``send_async`` messages at ``--rate`` through a
   PushConsumer in its own process (an actor with the switch in its environment), as
-  ``peers.py`` measures RayMQ's latency.
+  ``peers.py`` measures RayMQ's latency (``--push-switch answers``).
+* ``RAYMQ_PUSH_ISSUE_INLINE``: the pulls a small answer makes due leave from the I/O
+  thread that got it (1) or from the pull thread, woken by an event (0). Measured as the
+  one before (``--push-switch issue``, the default).
 
 Both ways alternate round by round on one broker (ASYNC_FLUSH); the first round is a
 warm-up (a fresh broker's store faults its CommitLog in the background for its first
@@ -68,13 +73,19 @@ def _sync_sends(namespace: str, topic: str, n: int) -> tuple[list[float], float]
     return rtts, cpu
 
 
+PUSH_SWITCHES = {
+    "answers": ("RAYMQ_PUSH_INLINE_ANSWERS", "inline answers"),
+    "issue": ("RAYMQ_PUSH_ISSUE_INLINE", "next pull from the I/O thread"),
+}
+
+
 def _push_latency(
-    cluster: actors.Cluster, topic: str, on: bool, rate: int, seconds: float
+    cluster: actors.Cluster, topic: str, switch: str, on: bool, rate: int, seconds: float
 ) -> list[float]:
     cluster.admin.create_topic(topic, 4, 4)
     consumer = (
         ray.remote(num_cpus=0)(peers._RayMQPushLatency)
-        .options(runtime_env=_env("RAYMQ_PUSH_INLINE_ANSWERS", on))
+        .options(runtime_env=_env(switch, on))
         .remote(cluster.namespace, topic, "socket")
     )
     producer = cluster.producer("hops-latency")
@@ -112,7 +123,14 @@ def main() -> int:
     parser.add_argument("--sends", type=int, default=3000)
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument(
+        "--push-switch",
+        choices=sorted(PUSH_SWITCHES),
+        default="issue",
+        help="the PushConsumer switch the latency rounds compare",
+    )
     args = parser.parse_args()
+    switch, label = PUSH_SWITCHES[args.push_switch]
     ray.init(
         address="local",
         num_cpus=2,
@@ -139,7 +157,9 @@ def main() -> int:
             for on in (False, True) if rnd % 2 else (True, False):
                 task = _sync_sends.options(runtime_env=_env("RAYMQ_CLIENT_DIRECT_WRITES", on))
                 rtts, cpu = ray.get(task.remote(cluster.namespace, "HopsSync", args.sends))
-                lat = _push_latency(cluster, f"Hops{rnd}{int(on)}", on, args.rate, args.seconds)
+                lat = _push_latency(
+                    cluster, f"Hops{rnd}{int(on)}", switch, on, args.rate, args.seconds
+                )
                 print(
                     f"round {rnd}{' (warm-up)' if rnd == 0 else ''} {'on ' if on else 'off'}: "
                     f"sync send p50 {1e3 * _pct(rtts, 0.5):.3f} ms p99 {1e3 * _pct(rtts, 0.99):.3f} ms "
@@ -152,8 +172,8 @@ def main() -> int:
                 add("sync send p50 (ms), direct writes", on, 1e3 * _pct(rtts, 0.5))
                 add("sync send p99 (ms), direct writes", on, 1e3 * _pct(rtts, 0.99))
                 add("client CPU per sync send (us), direct writes", on, 1e6 * cpu)
-                add("push latency p50 (ms), inline answers", on, _pct(lat, 0.5))
-                add("push latency p99 (ms), inline answers", on, _pct(lat, 0.99))
+                add(f"push latency p50 (ms), {label}", on, _pct(lat, 0.5))
+                add(f"push latency p99 (ms), {label}", on, _pct(lat, 0.99))
     finally:
         cluster.shutdown()
         ray.shutdown()

@@ -167,6 +167,17 @@ class NameServerClient:
                 return route
         return None
 
+    def cached_broker(self, topic: str, broker_name: str) -> Any | None:
+        """The master broker actor of ``broker_name`` for ``topic`` if neither its route
+        nor its handle needs a call now (a fresh cached route, a cached handle); else
+        None. For threads that must not block, such as the client I/O loop."""
+        cached = self._routes.get(topic)
+        if cached is None or time.monotonic() - cached[0] >= self.route_ttl_s:
+            return None
+        bd = cached[1].broker(broker_name)
+        name = bd.master_actor_name() if bd is not None else None
+        return None if name is None else self._brokers.get(name)
+
     def require_route(self, topic: str, *, refresh: bool = False) -> TopicRouteData:
         route = self.route(topic, refresh=refresh)
         if route is None or not route.queue_datas:

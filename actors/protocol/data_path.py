@@ -85,6 +85,11 @@ class DataPath:
         self._start_open(actor_name, handle)
         return None
 
+    def is_open(self, actor_name: str) -> bool:
+        """Whether an open connection to ``actor_name`` is there (nothing is started)."""
+        conn = self._conns.get(actor_name)
+        return conn is not None and conn.error is None and not conn.closed
+
     def _start_open(self, actor_name: str, handle: Any) -> None:
         with self._lock:
             if self.closed or actor_name in self._opening:
@@ -164,6 +169,11 @@ class BrokerStub:
         if encode is None:
             return getattr(self.handle, method)
         return _Method(self, method, encode)
+
+    def on_socket(self) -> bool:
+        """Whether its calls go over an open connection now (none goes through Ray, and
+        none waits for a connection to open)."""
+        return self._dp.is_open(self.actor_name)
 
     def __reduce__(self) -> Any:  # a stub handed to a Ray task arrives as the Ray handle
         return (_identity, (self.handle,))

@@ -94,6 +94,52 @@ def test_data_path_ray_keeps_everything_on_ray(cluster: actors.Cluster) -> None:
         cluster.producer("p-bad", data_path="carrier-pigeon")
 
 
+@pytest.mark.parametrize("data_path", ["socket", "ray"])
+def test_a_push_consumer_holds_its_next_pull_from_the_thread_that_got_the_answer(
+    cluster: actors.Cluster, data_path: str
+) -> None:
+    """Over the socket, the pull an answer makes due leaves from the I/O thread that got
+    the answer (its route and connection are there), so the broker holds it again
+    without waiting for the pull thread; through Ray it leaves from the pull thread."""
+    group = f"g-inline-{data_path}"
+    got: list[bytes] = []
+    seen = threading.Condition()
+
+    def listener(messages: list[Any]) -> actors.ConsumeStatus:
+        with seen:
+            got.extend(m.body for m in messages)
+            seen.notify_all()
+        return actors.ConsumeStatus.SUCCESS
+
+    consumer = actors.PushConsumer(
+        group,
+        "Wire",
+        listener=listener,
+        namespace=cluster.namespace,
+        data_path=data_path,
+        rebalance_interval_s=0.3,
+        heartbeat_interval_s=0.3,
+        pull_suspend_s=2.0,
+    ).start()
+    producer = cluster.producer(f"p-inline-{data_path}", data_path=data_path)
+    try:
+        wait_until(lambda: len(consumer.assigned_queues("Wire")) == 4, what="4 queues")
+        sent = [b"i%03d" % i for i in range(60)]
+        for body in sent:  # one at a time: each answer makes the next pull due
+            producer.send(Message("Wire", body))
+            with seen:
+                assert seen.wait_for(lambda b=body: b in got, 20), f"{body!r} not consumed"
+        stats = consumer.status()
+        assert sorted(got) == sorted(sent)  # each once
+        if data_path == "socket":
+            assert stats["pulls_inline"] >= 30, stats
+        else:
+            assert stats.get("pulls_inline", 0) == 0, stats
+    finally:
+        producer.close()
+        consumer.shutdown()
+
+
 def _raw(addr: str) -> socket.socket:
     host, port = addr.rsplit(":", 1)
     sock = socket.create_connection((host, int(port)), timeout=10)

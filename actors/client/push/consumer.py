@@ -264,6 +264,9 @@ class PushConsumer:
             route = self.ns.require_route(mq.topic, refresh=True)
         return self.ns.broker(route, mq.broker_name)
 
+    def cached_broker_for(self, mq: MessageQueue) -> Any | None:
+        return self.ns.cached_broker(mq.topic, mq.broker_name)
+
     def forget_route(self, topic: str, broker_name: str | None = None) -> None:
         """After a failed call: re-read the route, and drop a broker's cached handle
         (a broker actor created anew under its name needs a new one)."""

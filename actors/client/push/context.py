@@ -82,6 +82,10 @@ class ConsumerContext(Protocol):
         """The master broker actor holding ``mq``."""
         ...
 
+    def cached_broker_for(self, mq: MessageQueue) -> Any | None:
+        """:meth:`broker_for` if it needs no call now (route and handle cached), else None."""
+        ...
+
     def forget_route(self, topic: str, broker_name: str | None = None) -> None:
         """After a failed call: re-read the route, drop a broker's cached handle."""
         ...

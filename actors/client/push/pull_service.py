@@ -23,10 +23,13 @@ again, so one queue's trouble never stalls the others.
 A small answer (up to ``INLINE_ANSWER_BYTES``) is buffered and handed to the
 consume threads by the thread that completed it (the client I/O loop, over the
 socket), not by this thread: the listener hears of a message one thread wake
-sooner. The pulls it makes due still leave from this thread (an event carries
-them); errors and large answers (whose decoding would hold the I/O loop up) come
-here as before. ``RAYMQ_PUSH_INLINE_ANSWERS=0`` turns that off (a diagnostic
-switch, to compare both ways in one benchmark).
+sooner. The pulls it makes due leave from that thread too, when their routes and
+broker handles are cached (no Ray call can block the I/O loop): the broker holds
+the next pull again without waiting for this thread to wake, so a message that
+arrives meanwhile is not left waiting for it. Otherwise an event carries them
+here; errors and large answers (whose decoding would hold the I/O loop up) come
+here as before. ``RAYMQ_PUSH_INLINE_ANSWERS=0`` and ``RAYMQ_PUSH_ISSUE_INLINE=0``
+turn these off (diagnostic switches, to compare both ways in one benchmark).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from actors.client.push.process_queue import (
     PullState,
 )
 from actors.protocol import rpc as _rpc
+from actors.protocol.data_path import BrokerStub
 from actors.protocol.wire import pull_request_to_wire, pulls_from_wire
 from rebalance import MessageQueue
 from storage.errors import RayMQError
@@ -56,6 +60,7 @@ log = logging.getLogger("raymq.actors.push_consumer")
 _PULL, _RETRY, _DONE, _EXPIRE, _DUE = range(5)
 INLINE_ANSWER_BYTES = 64 << 10
 _INLINE = os.environ.get("RAYMQ_PUSH_INLINE_ANSWERS", "1") != "0"
+_ISSUE_INLINE = os.environ.get("RAYMQ_PUSH_ISSUE_INLINE", "1") != "0"
 _SPIN_GUARD_S = 0.1  # a pull that comes back empty this fast was not held: wait a little
 
 Due = list[tuple[ProcessQueue, tuple[PullState, ...]]]  # queues to pull, from which states
@@ -141,9 +146,12 @@ class PullMessageService:
             log.warning("%s: a pull got no answer in time; pulling again", pq)
             due.append((pq, (PullState.IDLE,)))
 
-    def _issue(self, due: Due) -> None:
+    def _issue(
+        self, due: Due, handles: dict[MessageQueue, Any] | None = None, inline: bool = False
+    ) -> None:
         """One ``pull_packed`` call per broker and subscription for the queues in ``due``
-        that are still in one of the states they were due from."""
+        that are still in one of the states they were due from (``handles``: their
+        brokers, found already; ``inline``: on the thread that got the last answer)."""
         c = self.c
         calls: dict[tuple[Any, ...], list[tuple[ProcessQueue, int, int]]] = {}
         for pq, from_states in due:
@@ -168,7 +176,9 @@ class PullMessageService:
             calls.setdefault(key, []).append((pq, gen, offset))
         for (_, expression, _), members in calls.items():
             try:
-                ref = c.broker_for(members[0][0].mq).pull_packed.remote(
+                mq = members[0][0].mq
+                broker = handles[mq] if handles is not None else c.broker_for(mq)
+                ref = broker.pull_packed.remote(
                     pull_request_to_wire(
                         c.group,
                         [(pq.mq.topic, pq.mq.queue_id, offset) for pq, _, offset in members],
@@ -186,6 +196,8 @@ class PullMessageService:
             for pq, _, _ in members:
                 pq.pull_started = started
             c.stats.add("pulls")
+            if inline:
+                c.stats.add("pulls_inline")
             out = [(pq, gen) for pq, gen, _ in members]
             ref.future().add_done_callback(
                 lambda fut, out=out, started=started: self._answered(out, started, fut)
@@ -214,8 +226,29 @@ class PullMessageService:
             for pq, _ in members:
                 self._retry_later(pq, None)
             return
-        if due:
+        if not due:
+            return
+        handles = self._cached_handles(due) if _ISSUE_INLINE else None
+        if handles is None:  # a route or a handle to look up (a Ray call): the pull thread's
             self._events.put((_DUE, None, due))
+            return
+        try:
+            self._issue(due, handles, inline=True)
+        except Exception:  # noqa: BLE001 - as the loop does: pull these queues again later
+            log.exception("pull service: issuing %d pulls failed", len(due))
+            for pq, _ in due:
+                self._retry_later(pq, None)
+
+    def _cached_handles(self, due: Due) -> dict[MessageQueue, Any] | None:
+        """The broker of every queue in ``due`` if none needs a Ray call to find or to
+        call (a cached route and handle, an open socket), else None."""
+        handles = {}
+        for pq, _ in due:
+            handle = self.c.cached_broker_for(pq.mq)
+            if not isinstance(handle, BrokerStub) or not handle.on_socket():
+                return None
+            handles[pq.mq] = handle
+        return handles
 
     def _on_done(
         self,
