@@ -178,10 +178,10 @@ def main() -> int:
         cluster.shutdown()
         ray.shutdown()
         shutil.rmtree(root, ignore_errors=True)
-    print(f"\nmedians of {args.rounds} rounds          off        on    on/off")
+    print(f"\nmedians of {args.rounds} rounds{'':<40}off        on    on/off")
     for name, by in rows.items():
         off, on_ = statistics.median(by[False]), statistics.median(by[True])
-        print(f"  {name:<46}{off:>9.2f}{on_:>10.2f}{on_ / off:>9.2f}")
+        print(f"  {name:<56}{off:>9.2f}{on_:>10.2f}{on_ / off:>9.2f}")
     return 0
 
 
