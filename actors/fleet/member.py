@@ -9,10 +9,18 @@ group hands its queues over) before the controller kills the actor.
 :meth:`FleetMember.wait_closed` stays pending while the member lives, so a
 watcher (the controller, the group's coordinator) learns of its end at once:
 the call returns on a clean stop and Ray fails it when the actor dies.
+
+Once its consumer runs, a member moves every object it holds then (Ray, RayMQ, the
+listener's imports: ~100,000 objects) out of the garbage collector's reach
+(``gc.freeze``). A full collection walks every object it tracks while every thread of
+the process waits: ~45-60 ms for such a process on the 2-core machine of #23, where
+one came every few seconds at 1,000 messages/s and set the consumer's p99. After the
+freeze a collection walks only what came since (~2-3 ms measured).
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -72,6 +80,8 @@ class FleetMember:
             consumer.start()
             self._consumer = consumer
             self._started_at = time.monotonic()
+            gc.collect()  # what is garbage now is not frozen with the rest
+            gc.freeze()  # see the module doc
         log.info("fleet member of %s started: %s", group, consumer.client_id)
         return consumer.client_id
 
@@ -85,6 +95,7 @@ class FleetMember:
             f"{mq.topic}:{mq.broker_name}:{mq.queue_id}" for mq in consumer.assigned_queues()
         ]
         out["uptime_s"] = round(time.monotonic() - self._started_at, 3)
+        out["gc_frozen_objects"] = gc.get_freeze_count()
         return out
 
     def shutdown(self) -> dict[str, Any]:

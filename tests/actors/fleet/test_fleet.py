@@ -183,6 +183,10 @@ def test_a_fleet_sized_by_hand_reports_its_members_and_replaces_a_crashed_one(
         assert {"lag", "lag_per_consumer", "consume_rate", "events", "members"} <= set(st)
         for m in st["members"]:
             assert m["state"] == "RUNNING" and m["client_id"] and "consume_rate" in m
+        # each member froze what it held at start out of the collector's full walks
+        for name in st["assignment"]:
+            member = ray.get(ray.get_actor(name, namespace=cluster.namespace).status.remote())
+            assert member["gc_frozen_objects"] > 10_000, member
         # a member crashes: the fleet replaces it, the size it was given stays
         victim = st["members"][0]["name"]
         ray.kill(ray.get_actor(victim, namespace=cluster.namespace), no_restart=True)
