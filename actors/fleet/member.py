@@ -14,7 +14,7 @@ Once its consumer runs, a member moves every object it holds then (Ray, RayMQ, t
 listener's imports: ~100,000 objects) out of the garbage collector's reach
 (``gc.freeze``). A full collection walks every object it tracks while every thread of
 the process waits: ~45-60 ms for such a process on the 2-core machine of #23, where
-one came every few seconds at 1,000 messages/s and set the consumer's p99. After the
+one came every few seconds at 1,000 messages/s and made much of the p99. After the
 freeze a collection walks only what came since (~2-3 ms measured).
 """
 
