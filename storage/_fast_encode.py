@@ -159,7 +159,7 @@ def encode_plain_c(
         0, codec.MAGIC, 0, 0, 0, 0, 0, 0, born_ts, born_raw, 0, bytes(8), 0, 0, 0
     )
     prefix = gen.prefix.encode("ascii")
-    key_base = codec.java_hash(f"{topic}#{gen.prefix}") & 0xFFFFFFFF
+    key_base = codec.java_hash_cached(f"{topic}#{gen.prefix}") & 0xFFFFFFFF
     # a batch found not plain has then used up n counter values: harmless, they
     # only need to be unique
     out = _native.encode_plain(
@@ -174,7 +174,7 @@ def encode_plain_c(
         key_base,
         crc32_address,
         keyed,
-        codec.java_hash(f"{topic}#") & 0xFFFFFFFF,
+        codec.java_hash_cached(f"{topic}#") & 0xFFFFFFFF,
         seq_slot or b"",
     )
     if out is None:
@@ -191,7 +191,9 @@ def encode_plain_c(
         topics=(topic,),
         topic_idx=np.zeros(n, dtype=np.int16),
         queue_ids=np.frombuffer(queue_ids, dtype=np.int32),
-        tag_codes=np.full(n, codec.java_hash(tags) if tags is not None else 0, dtype=np.int64),
+        tag_codes=np.full(
+            n, codec.java_hash_cached(tags) if tags is not None else 0, dtype=np.int64
+        ),
         key_hashes=np.frombuffer(key_hashes, dtype=np.int32),
         key_owner=owners,
         uniq_keys=codec.PackedKeys(uniq_raw),
@@ -324,7 +326,7 @@ def encode_plain_numpy(
     sep = np.zeros((n, 33), dtype=np.uint8)
     sep[:, :32] = uniq
     uniq_raw = sep.tobytes()[:-1]
-    tag_code = codec.java_hash(tags) if tags is not None else 0
+    tag_code = codec.java_hash_cached(tags) if tags is not None else 0
     if int(sizes.max()) > (1 << 31) - 1:
         raise InvalidMessageError("a record over 2 GiB")
     return codec.EncodedBatch(

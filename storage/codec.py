@@ -23,6 +23,7 @@ store patches those in place and writes the batch with one copy.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import re
 import socket
@@ -251,6 +252,13 @@ def java_hash(s: str) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
+@functools.lru_cache(maxsize=1024)
+def java_hash_cached(s: str) -> int:
+    """:func:`java_hash` of a string a producer hashes at every batch (a topic with its
+    key prefix, a tag): computed once, as the hash is a Python loop over characters."""
+    return java_hash(s)
+
+
 _POW31 = np.ones(1, dtype=np.uint32)
 
 
@@ -309,7 +317,7 @@ def prefixed_java_hashes(prefix: str, chars: np.ndarray) -> np.ndarray:
     rows = np.zeros(len(chars), dtype=np.uint32)
     if width:
         rows = chars.astype(np.uint32) @ powers[width - 1 :: -1]
-    head = np.uint32((java_hash(prefix) * int(powers[width])) & 0xFFFFFFFF)
+    head = np.uint32((java_hash_cached(prefix) * int(powers[width])) & 0xFFFFFFFF)
     return np.asarray(rows + head, dtype=np.uint32).view(np.int32)
 
 
