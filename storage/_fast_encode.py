@@ -13,7 +13,10 @@ where a compiler is) reads each message's slots and writes its record in one
 pass, ~0.1 us a 100 B message. Where it is missing, the numpy one builds the
 headers, tails, unique keys and their index hashes as arrays for the whole
 batch, leaving a validation loop, the body's CRC and one slice of each part as
-per-message Python work: ~0.5-0.9 us a message.
+per-message Python work: ~0.5-0.9 us a message. The C encoder takes batches of any
+size, a single message too (~18-21 us against ~33-36 us for the general loop, with
+its fixed cost of building the batch's arrays); the numpy one only batches of 8 and
+more, below which its array calls cost more than the loop.
 """
 
 from __future__ import annotations
@@ -134,8 +137,6 @@ def encode_plain_c(
     """:func:`encode_plain` through ``storage._native``."""
     assert _native is not None
     n = len(messages)
-    if n < 8:
-        return None
     extra = b""
     if shared:
         got = _shared_text(shared)

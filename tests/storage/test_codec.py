@@ -275,6 +275,23 @@ def test_fast_plain_encoding_reuses_its_scratch_buffer_without_leftovers() -> No
     )
 
 
+@pytest.mark.parametrize("n", [1, 2, 7])
+@pytest.mark.parametrize("keyed", [False, True])
+def test_the_c_encoder_takes_a_single_message_and_small_batches(n: int, keyed: bool) -> None:
+    """A single send (the latency path) goes through the C encoder too, with the
+    general loop's bytes; the numpy one leaves batches under 8 to the loop."""
+    from storage import _fast_encode
+
+    msgs = [
+        Message("Plain", b"one%d" % i, tags="A", keys=f"order-{i}" if keyed else None)
+        for i in range(n)
+    ]
+    _assert_fast_equals_slow(msgs, [_fast_encode.encode_plain_c])
+    born = codec.host_to_bytes("1.2.3.4:5")
+    gen = codec.UniqueKeyGenerator()
+    assert _fast_encode.encode_plain_numpy(msgs, 4 << 20, 99, born, gen) is None
+
+
 def _encoders() -> list:
     from storage import _fast_encode
 
@@ -292,11 +309,14 @@ def _same_generators() -> tuple[codec.UniqueKeyGenerator, codec.UniqueKeyGenerat
     return fast_gen, slow_gen
 
 
-def _assert_fast_equals_slow(msgs: list[Message]) -> codec.EncodedBatch:
-    """Both plain encoders (numpy and C) give the general loop's bytes and arrays."""
+def _assert_fast_equals_slow(
+    msgs: list[Message], encoders: list | None = None
+) -> codec.EncodedBatch:
+    """Both plain encoders (numpy and C; or ``encoders``) give the general loop's bytes
+    and arrays."""
     bodies = [m.body for m in msgs]
     host = "1.2.3.4:5"
-    for encode in _encoders():
+    for encode in encoders or _encoders():
         fast_gen, slow_gen = _same_generators()
         fast = encode(msgs, 4 << 20, 99, codec.host_to_bytes(host), fast_gen)
         assert fast is not None, encode.__name__
