@@ -1,0 +1,200 @@
+"""Where produce -> consume latency goes at a fixed rate: CPU per message in each
+process, and the garbage collector's pauses in the two client processes, beside the
+latency and beside a TCP echo round trip paced the same way in the same run.
+
+    python benchmarks/latency_split.py [--rounds 3] [--rate 1000] [--seconds 3]
+
+One broker (ASYNC_FLUSH); single ``send_async`` messages of 100 B from this process
+at ``--rate``, to a long-polling PushConsumer in its own process (an actor, as
+``peers.py`` measures RayMQ's latency). For each round it prints the latency
+(p50/p99), the CPU each process spent per message (user and system, all its
+threads, read from ``/proc/<pid>/stat``: broker, producer, consumer), and the full
+(generation 2) collections in the producer's and the consumer's processes with their
+longest pause. A first warm-up round is not reported (a fresh broker faults its
+CommitLog in for its first seconds). Linux only (``/proc``).
+
+Read it as: at 1,000 msg/s on a 2-core machine, the CPU per message times the rate
+is the share of the machine the three processes keep busy; the latency is mostly
+waiting for a core and for the GIL when that share is high.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import ray
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peers  # noqa: E402  (the PushConsumer latency actor, the pacing, the TCP echo)
+
+import actors  # noqa: E402
+from storage import Message  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of process ``pid`` (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) / TICK, int(fields[12]) / TICK
+
+
+class GcTimer:
+    """Full collections of this process and their longest pause (ms)."""
+
+    def __init__(self) -> None:
+        self.full = 0
+        self.longest_ms = 0.0
+        self._started = 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif info.get("generation") == 2 and self._started:
+            self.full += 1
+            self.longest_ms = max(self.longest_ms, (time.perf_counter() - self._started) * 1e3)
+
+    def take(self) -> tuple[int, float]:
+        out = (self.full, self.longest_ms)
+        self.full, self.longest_ms = 0, 0.0
+        return out
+
+
+class _Consumer(peers._RayMQPushLatency):
+    """The PushConsumer actor of ``peers.py``, telling its pid and its collections."""
+
+    def __init__(self, namespace: str, topic: str, data_path: str) -> None:
+        self.gc_timer = GcTimer()
+        super().__init__(namespace, topic, data_path)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def gc_pauses(self) -> tuple[int, float]:
+        return self.gc_timer.take()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="reported rounds (after a warm-up)")
+    parser.add_argument("--rate", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    args = parser.parse_args()
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        logging_level="WARNING",
+        log_to_driver=False,
+    )
+    root = tempfile.mkdtemp(prefix="raymq-split-")
+    namespace = "raymq-split"
+    cluster = actors.start_cluster(
+        namespace=namespace,
+        nameservers=1,
+        brokers=1,
+        store_root=root,
+        topics=[actors.TopicConfig("Split", 4, 4)],
+        broker_options={"store": {"flush_disk_type": "ASYNC_FLUSH"}},
+    )
+    echo = peers.RawLimit("tcp-echo")
+    consumer: Any = None
+    try:
+        echo.start()
+        consumer = ray.remote(num_cpus=0)(_Consumer).remote(namespace, "Split", "socket")
+        producer = cluster.producer("split")
+        body = b"x" * 100
+        deadline = time.monotonic() + 60
+        while ray.get(consumer.count.remote()) < 200 and time.monotonic() < deadline:
+            for _ in range(20):
+                producer.send(Message("Split", peers.stamp(body)))
+        ray.get(consumer.take.remote())
+        pids = {
+            "broker": _broker_pid(),
+            "producer": os.getpid(),
+            "consumer": ray.get(consumer.pid.remote()),
+        }
+        mine = GcTimer()
+        rows: dict[str, list[float]] = {}
+        for rnd in range(args.rounds + 1):
+            echo_ms = echo.latency(body, args.rate, min(1.0, args.seconds))
+            ray.get(consumer.gc_pauses.remote())
+            mine.take()
+            before = {k: cpu_s(p) for k, p in pids.items()}
+            futures: list[Any] = []
+            peers.paced(
+                args.rate,
+                args.seconds,
+                lambda i, out=futures: out.append(
+                    producer.send_async(Message("Split", peers.stamp(body)))
+                ),
+            )
+            for f in futures:
+                f.result()
+            lat: list[float] = ray.get(consumer.take_when.remote(len(futures), 30.0))
+            after = {k: cpu_s(p) for k, p in pids.items()}
+            n = len(futures)
+            per = {k: tuple(1e6 * (a - b) / n for a, b in zip(after[k], before[k])) for k in pids}
+            full_p, long_p = mine.take()
+            full_c, long_c = ray.get(consumer.gc_pauses.remote())
+            line = (
+                f"latency p50 {peers.percentile(lat, 0.5):.2f} ms p99 {peers.percentile(lat, 0.99):.2f} ms"
+                f" (tcp echo p50 {peers.percentile(echo_ms, 0.5):.2f} ms); CPU us/msg user+sys: "
+                + ", ".join(f"{k} {u:.0f}+{s:.0f}" for k, (u, s) in per.items())
+                + f"; full GCs: producer {full_p} (longest {long_p:.1f} ms),"
+                f" consumer {full_c} (longest {long_c:.1f} ms)"
+            )
+            print(f"round {rnd}{' (warm-up)' if rnd == 0 else ''}: {line}", flush=True)
+            if rnd == 0:
+                continue
+            rows.setdefault("latency p50 (ms)", []).append(peers.percentile(lat, 0.5))
+            rows.setdefault("latency p99 (ms)", []).append(peers.percentile(lat, 0.99))
+            rows.setdefault("tcp echo p50 (ms)", []).append(peers.percentile(echo_ms, 0.5))
+            for k, (u, s) in per.items():
+                rows.setdefault(f"{k} CPU per message (us)", []).append(u + s)
+            rows.setdefault("all three, CPU per message (us)", []).append(
+                sum(u + s for u, s in per.values())
+            )
+        producer.close()
+    finally:
+        if consumer is not None:
+            ray.get(consumer.close.remote())
+            ray.kill(consumer)
+        echo.stop()
+        cluster.shutdown()
+        ray.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"\nmedians of {args.rounds} rounds at {args.rate} msg/s")
+    for name, values in rows.items():
+        print(f"  {name:<40}{statistics.median(values):>10.2f}")
+    latency = statistics.median(rows["latency p50 (ms)"])
+    floor = statistics.median(rows["tcp echo p50 (ms)"])
+    busy = statistics.median(rows["all three, CPU per message (us)"]) * args.rate / 1e6
+    print(f"  latency p50 / tcp echo p50: {latency / floor:.1f}x")
+    print(f"  cores kept busy by the three processes: {busy:.2f} of {os.cpu_count()}")
+    return 0
+
+
+def _broker_pid() -> int:
+    """The pid of the one broker actor this run started (its own local Ray), from the
+    GCS's actor table (the state API needs the dashboard, which this run leaves off)."""
+    from ray._private import state
+
+    for row in state.actors().values():
+        if row.get("ActorClassName") == "Broker" and row.get("State") == "ALIVE":
+            return int(row["Pid"])
+    raise RuntimeError("no live Broker actor found in this run's Ray")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
