@@ -12,6 +12,7 @@ import dataclasses
 import socket
 import struct
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import msgpack
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 import ray
 from raymq_ha_testkit import RAFT, kill, members, read_all, status_of
-from raymq_testkit import PUSH_FAST, wait_until
+from raymq_testkit import PUSH_FAST, SMALL_STORE, unique_namespace, wait_until
 
 import actors
 from actors import BrokerSpec, SendStatus
@@ -31,6 +32,21 @@ from storage.errors import (
     OutOfOrderSequenceError,
     ProducerFencedError,
 )
+
+
+@pytest.fixture(scope="module")
+def shared(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[actors.Cluster]:
+    """One broker for the tests that never restart it: each has its own topic, group
+    and producer (and uses up the faults it arms); a cluster costs ~4 s to start."""
+    c = actors.start_cluster(
+        namespace=unique_namespace("idem"),
+        nameservers=1,
+        brokers=1,
+        store_root=str(tmp_path_factory.mktemp("idem")),
+        broker_options={"store": SMALL_STORE, "heartbeat_interval_s": 2.0},
+    )
+    yield c
+    c.shutdown()
 
 
 def once_each(bodies: list[bytes]) -> dict[bytes, int]:
@@ -45,34 +61,39 @@ def check_results_name_the_stored_copy(cluster: actors.Cluster, results: Any, bo
 
 
 @pytest.mark.parametrize("data_path", ["socket", "ray"])
-def test_sends_whose_answers_are_lost_are_stored_once(make_cluster: Any, data_path: str) -> None:
-    cluster = make_cluster(nameservers=1, brokers=1, topics=[actors.TopicConfig("Lost", 4, 4)])
+def test_sends_whose_answers_are_lost_are_stored_once(
+    shared: actors.Cluster, data_path: str
+) -> None:
+    cluster, topic = shared, f"Lost-{data_path}"
+    cluster.admin.create_topic(topic, 4, 4)
     broker = cluster.broker("broker-a")
-    producer = cluster.producer("p-lost", data_path=data_path)
-    producer.send(Message("Lost", b"warm-up"))  # the producer id, the route, the socket
+    put_before = ray.get(broker.status.remote())["put_msgs"]
+    producer = cluster.producer(f"p-lost-{data_path}", data_path=data_path)
+    producer.send(Message(topic, b"warm-up"))  # the producer id, the route, the socket
     ray.get(broker.inject_fault.remote("drop_answer", 3))
-    single = [producer.send(Message("Lost", b"single-%d" % i)) for i in range(5)]
+    single = [producer.send(Message(topic, b"single-%d" % i)) for i in range(5)]
     for i, r in enumerate(single):
         check_results_name_the_stored_copy(cluster, [r], b"single-%d" % i)
     ray.get(broker.inject_fault.remote("drop_answer", 2))
-    batch = producer.send_batch([Message("Lost", b"batch-%03d" % i) for i in range(300)])
+    batch = producer.send_batch([Message(topic, b"batch-%03d" % i) for i in range(300)])
     assert {r.status for r in batch} == {SendStatus.SEND_OK}
     ray.get(broker.inject_fault.remote("drop_answer", 4))
-    futures = [producer.send_async(Message("Lost", b"async-%03d" % i)) for i in range(200)]
+    futures = [producer.send_async(Message(topic, b"async-%03d" % i)) for i in range(200)]
     futures += [
-        producer.send_async([Message("Lost", b"alist-%d-%d" % (i, j)) for j in range(5)])
+        producer.send_async([Message(topic, b"alist-%d-%d" % (i, j)) for j in range(5)])
         for i in range(20)
     ]
     for f in futures:
         f.result(timeout=60)
     ordered = [
-        producer.send(Message("Lost", b"ordered-%d" % i), sharding_key="order-1") for i in range(5)
+        producer.send(Message(topic, b"ordered-%d" % i), sharding_key="order-1") for i in range(5)
     ]
     assert len({r.message_queue for r in ordered}) == 1
-    got = read_all(cluster.pull_consumer("g-lost"), "Lost")
+    got = read_all(cluster.pull_consumer(f"g-lost-{data_path}"), topic)
     assert once_each(got) == {}
     assert len(got) == 1 + 5 + 300 + 200 + 100 + 5
-    assert ray.get(broker.status.remote())["put_msgs"] < len(got) + 100  # retries were sent
+    put = ray.get(broker.status.remote())["put_msgs"] - put_before
+    assert put < len(got) + 100  # retries were sent
     producer.close()
 
 
@@ -124,9 +145,10 @@ def test_a_retry_after_the_leader_dies_lands_on_the_new_leader_and_is_stored_onc
 
 
 def test_a_broker_refuses_gaps_old_epochs_and_answers_repeats_from_the_record(
-    make_cluster: Any,
+    shared: actors.Cluster,
 ) -> None:
-    cluster = make_cluster(nameservers=1, brokers=1, topics=[actors.TopicConfig("Hand", 2, 2)])
+    cluster = shared
+    cluster.admin.create_topic("Hand", 2, 2)
     broker = cluster.broker("broker-a")
     pid = ray.get(broker.allocate_producer_id.remote())
     assert pid.startswith("broker-a-0:") and pid != ray.get(broker.allocate_producer_id.remote())
@@ -163,13 +185,14 @@ def _frame(sock: socket.socket) -> dict[str, Any]:
 
 
 def test_a_batch_whose_marks_differ_from_its_header_is_a_bad_request_on_every_path(
-    make_cluster: Any,
+    shared: actors.Cluster,
 ) -> None:
     """A batch whose PRODUCER_SEQ (what recovery and slaves rebuild the producer table
     from) differs from its header (what the put de-duplicates by), or a plain batch
     carrying one, is refused where the broker parses it: over its socket as a bad
     request, the connection serving on, and over Ray. Nothing of it is stored."""
-    cluster = make_cluster(nameservers=1, brokers=1, topics=[actors.TopicConfig("Marks", 1, 1)])
+    cluster = shared
+    cluster.admin.create_topic("Marks", 1, 1)
     broker = cluster.broker("broker-a")
     pid = ray.get(broker.allocate_producer_id.remote())
     batch = codec.encode_batch([Message("Marks", b"m%d" % i) for i in range(3)]).with_queue(0)
@@ -203,9 +226,10 @@ def test_a_batch_whose_marks_differ_from_its_header_is_a_bad_request_on_every_pa
     assert read_all(cluster.pull_consumer("g-marks"), "Marks") == [b"m0", b"m1", b"m2"]
 
 
-def test_without_idempotence_a_retry_stores_twice(make_cluster: Any) -> None:
+def test_without_idempotence_a_retry_stores_twice(shared: actors.Cluster) -> None:
     """What idempotence removes (RocketMQ's at-least-once): the lost answer's retry."""
-    cluster = make_cluster(nameservers=1, brokers=1, topics=[actors.TopicConfig("Twice", 1, 1)])
+    cluster = shared
+    cluster.admin.create_topic("Twice", 1, 1)
     producer = cluster.producer("p-twice", enable_idempotence=False)
     producer.send(Message("Twice", b"warm-up"))
     ray.get(cluster.broker("broker-a").inject_fault.remote("drop_answer", 1))
@@ -213,11 +237,12 @@ def test_without_idempotence_a_retry_stores_twice(make_cluster: Any) -> None:
     assert read_all(cluster.pull_consumer("g-twice"), "Twice").count(b"once?") == 2
 
 
-def test_a_push_consumer_with_a_dedup_window_drops_a_redelivered_id(make_cluster: Any) -> None:
+def test_a_push_consumer_with_a_dedup_window_drops_a_redelivered_id(shared: actors.Cluster) -> None:
     """A message stored twice under one id (a producer without idempotence, its answer
     lost): every delivery path shows the id; dedup_window_s hands the copy to
     "consumed" without calling the listener, a consumer without it sees both."""
-    cluster = make_cluster(nameservers=1, brokers=1, topics=[actors.TopicConfig("Redo", 1, 1)])
+    cluster = shared
+    cluster.admin.create_topic("Redo", 1, 1)
     producer = cluster.producer("p-redo", enable_idempotence=False)
     ray.get(cluster.broker("broker-a").inject_fault.remote("drop_answer", 1))
     sent = producer.send(Message("Redo", b"twice"))
