@@ -8,13 +8,12 @@ import socket
 import struct
 import subprocess
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import msgpack
 import pytest
 import ray
-from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
+from raymq_testkit import wait_until
 
 import actors
 from actors import PullStatus
@@ -41,20 +40,12 @@ def drain(consumer: actors.PullConsumer, queues: list[MessageQueue]) -> list[byt
     return out
 
 
-@pytest.fixture(scope="module")
-def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[actors.Cluster]:
-    """One broker for the tests that leave it as they found it (each with its own topics
-    and groups; counters compared before and after): a cluster costs ~4 s to start."""
-    c = actors.start_cluster(
-        namespace=unique_namespace("wire"),
-        nameservers=1,
-        brokers=1,
-        store_root=str(tmp_path_factory.mktemp("wire")),
-        broker_options={"store": SMALL_STORE, "heartbeat_interval_s": 2.0},
-        topics=[actors.TopicConfig("Wire", 4, 4)],
-    )
-    yield c
-    c.shutdown()
+@pytest.fixture
+def cluster(one_broker: actors.Cluster) -> actors.Cluster:
+    """The module's one broker (it and every test using it leave it as they found it),
+    with the topic "Wire"."""
+    one_broker.admin.create_topic("Wire", 4, 4)
+    return one_broker
 
 
 def test_routes_carry_the_data_address_and_clients_use_it(cluster: actors.Cluster) -> None:

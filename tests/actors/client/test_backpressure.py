@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+import actors
 from actors import PullStatus
 from actors.client.backpressure import AsyncSendBudget, ProducerBusyError
 from storage import Message
@@ -22,29 +23,31 @@ def _unanswered(futures: list[Any]) -> int:
 
 @pytest.mark.parametrize("single", [False, True], ids=["batches", "single-messages"])
 def test_send_async_never_holds_more_than_its_budget_and_delivers_everything(
-    make_cluster: Any, single: bool
+    one_broker: actors.Cluster, single: bool
 ) -> None:
-    cluster = make_cluster(brokers=1)
-    cluster.admin.create_topic("Budget", 2, 2)
+    cluster, topic = one_broker, f"Budget-{int(single)}"
+    cluster.admin.create_topic(topic, 2, 2)
     per_send = 1 if single else 5
-    producer = cluster.producer("budget", async_send_max_messages=20, max_in_flight_per_broker=1)
+    producer = cluster.producer(
+        f"budget-{int(single)}", async_send_max_messages=20, max_in_flight_per_broker=1
+    )
     futures: list[Any] = []
     most = 0
     for b in range(200 if single else 100):
         if single:
-            futures.append(producer.send_async(Message("Budget", b"%d" % b)))
+            futures.append(producer.send_async(Message(topic, b"%d" % b)))
         else:
             futures.append(
-                producer.send_async([Message("Budget", b"%d-%d" % (b, i)) for i in range(5)])
+                producer.send_async([Message(topic, b"%d-%d" % (b, i)) for i in range(5)])
             )
         most = max(most, per_send * _unanswered(futures))
     assert most <= 20  # the send that found no room waited for an answer first
     results = [f.result(timeout=60) for f in futures]
     assert producer._budget.in_flight == (0, 0)  # every answer gave its room back
 
-    consumer = cluster.pull_consumer("budget-check")
+    consumer = cluster.pull_consumer(f"budget-check-{int(single)}")
     stored = set()
-    for mq in consumer.fetch_subscribe_queues("Budget"):
+    for mq in consumer.fetch_subscribe_queues(topic):
         r = consumer.pull(mq, 0, 10_000)
         if r.status is PullStatus.FOUND:
             stored.update(m.body for m in r.messages)
@@ -58,8 +61,8 @@ def test_send_async_never_holds_more_than_its_budget_and_delivers_everything(
     producer.close()
 
 
-def test_close_waits_for_the_async_sends_still_out(make_cluster: Any) -> None:
-    cluster = make_cluster(brokers=1)
+def test_close_waits_for_the_async_sends_still_out(one_broker: actors.Cluster) -> None:
+    cluster = one_broker
     cluster.admin.create_topic("BudgetClose", 1, 1)
     producer = cluster.producer("budget-close", max_in_flight_per_broker=1)
     futures = [
@@ -71,8 +74,8 @@ def test_close_waits_for_the_async_sends_still_out(make_cluster: Any) -> None:
     assert sum(len(f.result()) for f in futures) == 1000
 
 
-def test_the_budget_is_a_config_error_when_not_positive(make_cluster: Any) -> None:
-    cluster = make_cluster(brokers=1)
+def test_the_budget_is_a_config_error_when_not_positive(one_broker: actors.Cluster) -> None:
+    cluster = one_broker
     with pytest.raises(InvalidConfigError, match="async_send_max_messages"):
         cluster.producer("budget-bad", async_send_max_messages=0)
     with pytest.raises(InvalidConfigError, match="async_send_max_bytes"):

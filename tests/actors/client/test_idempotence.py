@@ -12,7 +12,6 @@ import dataclasses
 import socket
 import struct
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import msgpack
@@ -20,7 +19,7 @@ import numpy as np
 import pytest
 import ray
 from raymq_ha_testkit import RAFT, kill, members, read_all, status_of
-from raymq_testkit import PUSH_FAST, SMALL_STORE, unique_namespace, wait_until
+from raymq_testkit import PUSH_FAST, wait_until
 
 import actors
 from actors import BrokerSpec, SendStatus
@@ -32,21 +31,6 @@ from storage.errors import (
     OutOfOrderSequenceError,
     ProducerFencedError,
 )
-
-
-@pytest.fixture(scope="module")
-def shared(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[actors.Cluster]:
-    """One broker for the tests that never restart it: each has its own topic, group
-    and producer (and uses up the faults it arms); a cluster costs ~4 s to start."""
-    c = actors.start_cluster(
-        namespace=unique_namespace("idem"),
-        nameservers=1,
-        brokers=1,
-        store_root=str(tmp_path_factory.mktemp("idem")),
-        broker_options={"store": SMALL_STORE, "heartbeat_interval_s": 2.0},
-    )
-    yield c
-    c.shutdown()
 
 
 def once_each(bodies: list[bytes]) -> dict[bytes, int]:
@@ -62,9 +46,9 @@ def check_results_name_the_stored_copy(cluster: actors.Cluster, results: Any, bo
 
 @pytest.mark.parametrize("data_path", ["socket", "ray"])
 def test_sends_whose_answers_are_lost_are_stored_once(
-    shared: actors.Cluster, data_path: str
+    one_broker: actors.Cluster, data_path: str
 ) -> None:
-    cluster, topic = shared, f"Lost-{data_path}"
+    cluster, topic = one_broker, f"Lost-{data_path}"
     cluster.admin.create_topic(topic, 4, 4)
     broker = cluster.broker("broker-a")
     put_before = ray.get(broker.status.remote())["put_msgs"]
@@ -145,9 +129,9 @@ def test_a_retry_after_the_leader_dies_lands_on_the_new_leader_and_is_stored_onc
 
 
 def test_a_broker_refuses_gaps_old_epochs_and_answers_repeats_from_the_record(
-    shared: actors.Cluster,
+    one_broker: actors.Cluster,
 ) -> None:
-    cluster = shared
+    cluster = one_broker
     cluster.admin.create_topic("Hand", 2, 2)
     broker = cluster.broker("broker-a")
     pid = ray.get(broker.allocate_producer_id.remote())
@@ -185,13 +169,13 @@ def _frame(sock: socket.socket) -> dict[str, Any]:
 
 
 def test_a_batch_whose_marks_differ_from_its_header_is_a_bad_request_on_every_path(
-    shared: actors.Cluster,
+    one_broker: actors.Cluster,
 ) -> None:
     """A batch whose PRODUCER_SEQ (what recovery and slaves rebuild the producer table
     from) differs from its header (what the put de-duplicates by), or a plain batch
     carrying one, is refused where the broker parses it: over its socket as a bad
     request, the connection serving on, and over Ray. Nothing of it is stored."""
-    cluster = shared
+    cluster = one_broker
     cluster.admin.create_topic("Marks", 1, 1)
     broker = cluster.broker("broker-a")
     pid = ray.get(broker.allocate_producer_id.remote())
@@ -226,9 +210,9 @@ def test_a_batch_whose_marks_differ_from_its_header_is_a_bad_request_on_every_pa
     assert read_all(cluster.pull_consumer("g-marks"), "Marks") == [b"m0", b"m1", b"m2"]
 
 
-def test_without_idempotence_a_retry_stores_twice(shared: actors.Cluster) -> None:
+def test_without_idempotence_a_retry_stores_twice(one_broker: actors.Cluster) -> None:
     """What idempotence removes (RocketMQ's at-least-once): the lost answer's retry."""
-    cluster = shared
+    cluster = one_broker
     cluster.admin.create_topic("Twice", 1, 1)
     producer = cluster.producer("p-twice", enable_idempotence=False)
     producer.send(Message("Twice", b"warm-up"))
@@ -237,11 +221,13 @@ def test_without_idempotence_a_retry_stores_twice(shared: actors.Cluster) -> Non
     assert read_all(cluster.pull_consumer("g-twice"), "Twice").count(b"once?") == 2
 
 
-def test_a_push_consumer_with_a_dedup_window_drops_a_redelivered_id(shared: actors.Cluster) -> None:
+def test_a_push_consumer_with_a_dedup_window_drops_a_redelivered_id(
+    one_broker: actors.Cluster,
+) -> None:
     """A message stored twice under one id (a producer without idempotence, its answer
     lost): every delivery path shows the id; dedup_window_s hands the copy to
     "consumed" without calling the listener, a consumer without it sees both."""
-    cluster = shared
+    cluster = one_broker
     cluster.admin.create_topic("Redo", 1, 1)
     producer = cluster.producer("p-redo", enable_idempotence=False)
     ray.get(cluster.broker("broker-a").inject_fault.remote("drop_answer", 1))
