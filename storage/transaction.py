@@ -33,6 +33,7 @@ from .properties import (
     PROP_DELAY,
     PROP_KEYS,
     PROP_PRODUCER_GROUP,
+    PROP_PRODUCER_SEQ,
     PROP_REAL_QID,
     PROP_REAL_TOPIC,
     PROP_TAGS,
@@ -270,12 +271,20 @@ def _pairs(raw: bytes) -> dict[str, str] | None:
     return None if PROP_TIMER_DELAY_SEC in props else props
 
 
+_SEQ_PAIR = b"\x02" + PROP_PRODUCER_SEQ.encode("ascii") + b"\x01"
+
+
 def _tail(raw: bytes) -> tuple[bytes, str | None, str] | None:
     """(the properties before KEYS and UNIQ_KEY, the KEYS value or None, the UNIQ_KEY
     value) when UNIQ_KEY is the last pair and KEYS, if anywhere at the end, the one
-    before it; None otherwise (the caller parses them all)."""
+    before it; None otherwise (the caller parses them all). A ``PRODUCER_SEQ`` pair after
+    UNIQ_KEY (an idempotent producer's mark on a run's first record) is left out: no
+    copy keeps it (it is one of ``SYSTEM_PROPS``; a run's copies get their own)."""
     if raw[-1:] != b"\x02":
         return None
+    seq = raw.rfind(_SEQ_PAIR)
+    if seq >= 0 and raw.find(b"\x02", seq + 1) == len(raw) - 1:
+        raw = raw[: seq + 1]  # up to and with the separator before it
     u = raw.rfind(b"UNIQ_KEY\x01")
     if u < 0 or (u and raw[u - 1] != 2):
         return None
