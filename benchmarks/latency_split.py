@@ -34,18 +34,10 @@ import ray
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402  (the PushConsumer latency actor, the pacing, the TCP echo)
+from _procs import actor_pids, cpu_s  # noqa: E402
 
 import actors  # noqa: E402
 from storage import Message  # noqa: E402
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pid: int) -> tuple[float, float]:
-    """User and system CPU seconds of process ``pid`` (all its threads)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) / TICK, int(fields[12]) / TICK
 
 
 class GcTimer:
@@ -120,7 +112,7 @@ def main() -> int:
                 producer.send(Message("Split", peers.stamp(body)))
         ray.get(consumer.take.remote())
         pids = {
-            "broker": _broker_pid(),
+            "broker": actor_pids("Broker")[0],
             "producer": os.getpid(),
             "consumer": ray.get(consumer.pid.remote()),
         }
@@ -183,17 +175,6 @@ def main() -> int:
     print(f"  latency p50 / tcp echo p50: {latency / floor:.1f}x")
     print(f"  cores kept busy by the three processes: {busy:.2f} of {os.cpu_count()}")
     return 0
-
-
-def _broker_pid() -> int:
-    """The pid of the one broker actor this run started (its own local Ray), from the
-    GCS's actor table (the state API needs the dashboard, which this run leaves off)."""
-    from ray._private import state
-
-    for row in state.actors().values():
-        if row.get("ActorClassName") == "Broker" and row.get("State") == "ALIVE":
-            return int(row["Pid"])
-    raise RuntimeError("no live Broker actor found in this run's Ray")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,10 @@ A local Ray cluster (started here) with one broker on a temp directory (ASYNC_FL
   three rounds; messages per second and the ratio (target: >= 0.3); also with
   ``commit(wait=False)`` (the commit answered once decided, applied in the background).
   ``--producers K``: K threads on each side, each with its own producer, at once.
+  Each round also prints where a call's time goes (median ms of a plain batch, of a
+  transaction's send and of its commit) and the CPU each process spent per call
+  (broker, coordinator, this process; user + system from ``/proc``): on a small
+  machine the processes take turns on its cores, and the CPU per call bounds the rate.
 * **Check-back**: ``pending`` transactions left UNKNOW (as if their producer crashed
   between the half message and the end); the broker's check service asks the producer's
   ``check_local_transaction``, which commits. Reported: how long after the last of them
@@ -32,7 +36,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -43,6 +49,9 @@ import ray
 import actors
 from actors import LocalTransactionState, TransactionalProducer, TransactionProducer
 from storage import Message
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _procs import actor_pids, total_cpu_s  # noqa: E402
 
 TOPIC = "TxnBench"
 CHECK_INTERVAL_S = 2.0
@@ -133,32 +142,73 @@ def bench_multi(
             t.join()
         return producers * n * size / (time.perf_counter() - started)
 
+    # where a call's time goes (ms), the latest round's: what bounds the ratio
+    phases: dict[str, list[float]] = {"plain": [], "send": [], "commit": []}
+
+    def plain_one(i: int) -> None:
+        started = time.perf_counter()
+        plains[i].send_batch(batch)
+        phases["plain"].append((time.perf_counter() - started) * 1e3)
+
     def plain_round(n: int) -> float:
-        return in_threads(n, lambda i: plains[i].send_batch(batch))
+        phases["plain"].clear()
+        return in_threads(n, plain_one)
 
     def txn_round(n: int, wait: bool = True) -> float:
+        if wait:
+            phases["send"].clear()
+            phases["commit"].clear()
+
         def one(i: int) -> None:
+            started = time.perf_counter()
             txn = txn_producers[i].begin()
-            txn.send(batch)
+            txn.send(batch)  # flush_messages=size: the half messages go here
+            sent = time.perf_counter()
             txn.commit(wait=wait)
+            if wait:
+                phases["send"].append((sent - started) * 1e3)
+                phases["commit"].append((time.perf_counter() - sent) * 1e3)
 
         return in_threads(n, one)
+
+    def cpu_of(calls: int, fn: Any) -> tuple[float, dict[str, float]]:
+        """``fn()``'s figure and each process's CPU ms per call meanwhile."""
+        before = {k: total_cpu_s(p) for k, p in pids.items()}
+        figure = fn()
+        return figure, {k: (total_cpu_s(p) - before[k]) * 1e3 / calls for k, p in pids.items()}
 
     try:
         plain_round(20)  # warm: routes, connections, producer ids, the coordinator
         txn_round(20)
+        pids = {"broker": actor_pids("Broker")[0], "this process": os.getpid()}
+        pids["coordinator"] = actor_pids("TransactionCoordinator")[0]
         rounds: dict[str, list[float]] = {"plain": [], "txn": [], "txn_nowait": []}
         for r in range(3):
-            rounds["plain"].append(plain_round(txns))
-            rounds["txn"].append(txn_round(txns))
+            figure, plain_cpu = cpu_of(producers * txns, lambda: plain_round(txns))
+            rounds["plain"].append(figure)
+            figure, txn_cpu = cpu_of(producers * txns, lambda: txn_round(txns))
+            rounds["txn"].append(figure)
             rounds["txn_nowait"].append(txn_round(txns, wait=False))
+            med = {k: statistics.median(v) for k, v in phases.items()}
             print(
                 f"  round {r + 1}: plain batches {rounds['plain'][-1]:,.0f} msg/s, "
                 f"transactions of {size} {rounds['txn'][-1]:,.0f} msg/s "
                 f"({rounds['txn'][-1] / size:,.0f} txn/s), with commit(wait=False) "
-                f"{rounds['txn_nowait'][-1]:,.0f} msg/s",
+                f"{rounds['txn_nowait'][-1]:,.0f} msg/s; median ms: a plain batch "
+                f"{med['plain']:.2f}, a transaction's send {med['send']:.2f} and "
+                f"commit {med['commit']:.2f}",
                 flush=True,
             )
+            print(
+                "    CPU ms per call, a plain batch / a transaction: "
+                + ", ".join(f"{k} {plain_cpu[k]:.2f} / {txn_cpu[k]:.2f}" for k in pids),
+                flush=True,
+            )
+            for k, v in med.items():
+                rounds.setdefault(f"{k}_ms", []).append(v)
+            for k in pids:
+                rounds.setdefault(f"cpu_plain_{k}", []).append(plain_cpu[k])
+                rounds.setdefault(f"cpu_txn_{k}", []).append(txn_cpu[k])
         stats = ray.get(producer.coordinator.status.remote())["stats"]
     finally:
         for closing in (*txn_producers, *plains):
@@ -269,6 +319,18 @@ def main(argv: list[str] | None = None) -> int:
         f"{m['txn']:,.0f} msg/s vs plain batches "
         f"{m['plain']:,.0f} msg/s: {m['ratio']:.2f} (target >= 0.30); with "
         f"commit(wait=False) {m['txn_nowait']:,.0f} msg/s: {m['ratio_nowait']:.2f}"
+    )
+    print(
+        f"    median ms per call: a plain batch {m['plain_ms']:.2f}; a transaction's send "
+        f"{m['send_ms']:.2f} (the half messages) and commit {m['commit_ms']:.2f} (the "
+        "coordinator's fsynced decision, then the brokers' committed copies)"
+    )
+    procs = [k.removeprefix("cpu_txn_") for k in m if k.startswith("cpu_txn_")]
+    print(
+        "    median CPU ms per call, a plain batch / a transaction: "
+        + ", ".join(f"{k} {m['cpu_plain_' + k]:.2f} / {m['cpu_txn_' + k]:.2f}" for k in procs)
+        + f" (together {sum(m['cpu_plain_' + k] for k in procs):.2f} / "
+        f"{sum(m['cpu_txn_' + k] for k in procs):.2f})"
     )
     c = results.get("check_back")
     if c is not None:
