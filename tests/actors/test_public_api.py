@@ -3,6 +3,7 @@ flat module paths still import, each with a DeprecationWarning naming its new ho
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import subprocess
@@ -56,6 +57,32 @@ def test_the_top_level_api_is_what_it_was() -> None:
     }
     assert extra == set()
     assert {n for n, v in vars(actors).items() if inspect.ismodule(v) and n[0] != "_"} <= rooms
+
+
+def test_the_top_level_imports_its_rooms_only_when_a_name_is_used() -> None:
+    """``import actors`` (what every actor's process runs first) loads no room; a name
+    loads its own room and not the others; the names mypy sees (the TYPE_CHECKING
+    imports) are the names served, from the same modules."""
+    code = (
+        "import sys, actors\n"
+        "print(sorted(m for m in sys.modules if m.startswith('actors.')))\n"
+        "actors.NameServer\n"
+        "print(sorted(m.split('.')[1] for m in sys.modules if m.startswith('actors.')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    first, after = done.stdout.splitlines()
+    assert ast.literal_eval(first) == ["actors._compat"]
+    loaded = set(ast.literal_eval(after))
+    assert "namesrv" in loaded and not loaded & {"client", "console", "bridge", "fleet"}
+    tree = ast.parse(inspect.getsource(actors))
+    typed = {
+        alias.name: node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module != "actors"
+        for alias in node.names
+    }
+    assert typed == actors._EXPORTS
 
 
 @pytest.mark.parametrize("old", sorted(MOVED))
