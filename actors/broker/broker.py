@@ -566,6 +566,7 @@ class Broker:
             **await self.admin.status(),
             **self.sender.status(),
             **self.popper.status(),
+            **self.transactions.status(),
             **data_path,
         }
 

@@ -160,13 +160,32 @@ class TransactionProcessor:
         self.rt = runtime
         self.role = role
         self._lock = asyncio.Lock()
-        self._done: set[int] = set()  # half queue offsets with an op message
+        # half queue offsets with an op message: those at or above _done_below (all below
+        # it are done, and forgotten here: the set would grow with every half message)
+        self._done: set[int] = set()
+        self._done_below = 0  # raised on the loop with _lock held, as _done changes
         self._ops_read = 0  # op queue offset read up to
-        self._scan_from = 0  # half queue offsets below it are all done
+        self._scan_from = 0  # where the scan for pending half messages starts
         # producer group -> client id -> (relay handle, when it expires, monotonic)
         self._producers: dict[str, dict[str, tuple[Any, float]]] = {}
         self._task: asyncio.Task[None] | None = None
         self._loaded = False
+
+    def _is_done(self, queue_offset: int) -> bool:
+        return queue_offset < self._done_below or queue_offset in self._done
+
+    def _forget_done(self) -> None:
+        """Drop from ``_done`` the offsets below the first half message still pending
+        (lock held): they stay done through ``_done_below``."""
+        below = max(self._done_below, self._scan_from)
+        if below > self._done_below:
+            self._done = {q for q in self._done if q >= below}
+            self._done_below = below
+
+    def status(self) -> dict[str, int]:
+        """How many ended half messages are tracked one by one (above ``txn_done_below``:
+        the first one still pending, as the last scan found it)."""
+        return {"txn_done_tracked": len(self._done), "txn_done_below": self._done_below}
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -284,7 +303,7 @@ class TransactionProcessor:
             todo: dict[int, MessageExt] = {}  # queue offset -> half: a repeated end counts once
             commits: list[MessageExt] = []
             for (_, transaction_id, commit), half in zip(parsed, halves):
-                if half.queue_offset in self._done or half.queue_offset in todo:
+                if self._is_done(half.queue_offset) or half.queue_offset in todo:
                     log.info(
                         "transaction %s of %s was ended before: ignored", transaction_id, group
                     )
@@ -428,7 +447,7 @@ class TransactionProcessor:
         seen: set[int] = set()
         picked = []
         for i, q in enumerate(queue_offsets):
-            if q not in self._done and q not in seen:
+            if not self._is_done(q) and q not in seen:
                 seen.add(q)
                 picked.append(i)
         return picked
@@ -585,11 +604,14 @@ class TransactionProcessor:
         then each producer group gets one call per chunk on a live producer's relay, with
         every check of that chunk (its answers come back batched too,
         :meth:`end_transactions`)."""
-        await self.ensure_loaded()
+        async with self._lock:  # _done changes only with the lock held
+            await self.ensure_loaded()
         config = self.rt.config
         timeout_ms = int(config.transaction_timeout_s * 1000)
         handled = 0
         pending = await self.rt.run(self._pending_halves)
+        async with self._lock:
+            self._forget_done()
         now_ms = int(time.time() * 1000)
         global_txns: dict[str, tuple[str, int, int]] = {}  # id -> owner, epoch, first born
         due: list[MessageExt] = []
@@ -615,7 +637,7 @@ class TransactionProcessor:
         one relay call per producer group."""
         check_max = self.rt.config.transaction_check_max
         async with self._lock:
-            todo = [h for h in halves if h.queue_offset not in self._done]  # not ended meanwhile
+            todo = [h for h in halves if not self._is_done(h.queue_offset)]  # not ended meanwhile
             if not todo:
                 return 0
             again = [h for h in todo if transaction.check_times(h) < check_max]
@@ -698,7 +720,7 @@ class TransactionProcessor:
         if cq is None:
             return []
         end = cq.max_offset
-        offset = max(self._scan_from, cq.min_offset)
+        offset = max(self._scan_from, self._done_below, cq.min_offset)
         while offset < end and offset in self._done:
             offset += 1
         self._scan_from = offset
@@ -708,7 +730,9 @@ class TransactionProcessor:
             if got.status is not GetStatus.FOUND:
                 break
             out.extend(
-                m for m in got.messages if m.queue_offset < end and m.queue_offset not in self._done
+                m
+                for m in got.messages
+                if m.queue_offset < end and not self._is_done(m.queue_offset)
             )
             offset = got.next_offset
         return out
