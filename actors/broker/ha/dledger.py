@@ -46,7 +46,7 @@ import ray
 
 from actors.broker.ha.dledger_transport import PeerLink, from_wire, to_wire
 from actors.broker.ha.raft_log import OWN_ENTRY, CommitLogRaftLog
-from actors.broker.ha.replication import LocalPut, OffsetTable, Replication
+from actors.broker.ha.replication import LocalPut, OffsetTable, Replication, stop_tasks
 from actors.broker.ha.slave_sync import SlaveSynchronize
 from actors.protocol.errors import PromotionRefusedError
 from actors.protocol.names import MASTER_ID, broker_actor_name
@@ -169,9 +169,7 @@ class DLedgerReplication(Replication):
         for link in self._links.values():
             link.close()
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_tasks(tasks, self.name)
         self._fail_waiters(BrokerUnavailableError(f"{self.name} is shutting down"))
         self.services.stop()
         await self.broker.run(self.raft_log.close)

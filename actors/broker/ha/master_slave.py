@@ -50,6 +50,7 @@ from actors.broker.ha.replication import (
     Replication,
     first_commitlog_offset,
     physical_memory,
+    stop_tasks,
     with_suggestion,
 )
 from actors.broker.ha.slave_sync import SlaveSynchronize
@@ -132,9 +133,7 @@ class MasterSlaveReplication(Replication):
 
     async def _stop_tasks(self) -> None:
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_tasks(tasks, self.config.actor_name)
 
     async def ready(self) -> None:
         await self._ready.wait()

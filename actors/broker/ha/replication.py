@@ -67,6 +67,28 @@ _PHYS = struct.Struct(">q")
 _OFF_PHYS = 28  # PHYSICALOFFSET in a CommitLog record
 
 
+async def stop_tasks(tasks: list[asyncio.Task[Any]], owner: str, again_s: float = 1.0) -> None:
+    """Cancel ``tasks`` and wait until every one has ended. One still running
+    ``again_s`` after its cancellation is cancelled again, with a warning naming where
+    it was: a cancellation can be lost (``asyncio.wait_for`` before Python 3.12 returns
+    the result when what it waits for completes as it is cancelled, and a loop around
+    it goes on), and a promotion or a shutdown waiting on such a task would wait
+    forever."""
+    running = list(tasks)
+    while running:
+        for task in running:
+            task.cancel()
+        _, still = await asyncio.wait(running, timeout=again_s)
+        for task in still:
+            frames = task.get_stack(limit=1)
+            where = f"{frames[0].f_code.co_name}:{frames[0].f_lineno}" if frames else "?"
+            log.warning("%s: %s did not end when cancelled (at %s): again", owner, task, where)
+        running = list(still)
+    for task in tasks:  # what a task raised on its way out is of no use now: retrieved
+        if not task.cancelled():
+            task.exception()
+
+
 def with_suggestion(raw: RawGetResult, broker_id: int) -> PullAnswer:
     values = {f.name: getattr(raw, f.name) for f in dataclasses.fields(RawGetResult)}
     return PullAnswer(**values, suggest_broker_id=broker_id)
