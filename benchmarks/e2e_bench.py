@@ -50,6 +50,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
+from _local import start_local_ray
 
 import actors
 from actors import PullStatus
@@ -1103,13 +1104,7 @@ def main(argv: list[str] | None = None) -> int:
         help="only produce throughput with the idempotent producer on and off",
     )
     args = parser.parse_args(argv)
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        logging_level="WARNING",
-        log_to_driver=False,
-    )
+    start_local_ray()
     results: dict[str, Any] = {}
     if args.push_only:
         results["push"] = timed("push consumer", lambda: bench_push(args.quick))

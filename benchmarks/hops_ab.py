@@ -42,6 +42,7 @@ import ray
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402  (the PushConsumer latency actor and the pacing of peers.py)
+from _local import start_local_ray  # noqa: E402
 
 import actors  # noqa: E402
 from storage import Message  # noqa: E402
@@ -131,13 +132,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     switch, label = PUSH_SWITCHES[args.push_switch]
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        logging_level="WARNING",
-        log_to_driver=False,
-    )
+    start_local_ray()
     root = tempfile.mkdtemp(prefix="raymq-hops-")
     cluster = actors.start_cluster(
         namespace="raymq-hops",

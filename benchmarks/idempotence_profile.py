@@ -42,6 +42,8 @@ import ray
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
+from _local import start_local_ray  # noqa: E402
+
 import actors  # noqa: E402
 from actors.client.idempotence import Sequencer  # noqa: E402
 from storage import Message  # noqa: E402
@@ -106,13 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         "--broker-timing", action="store_true", help="time from_bytes and _send in the broker"
     )
     args = parser.parse_args(argv)
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        logging_level="WARNING",
-        log_to_driver=False,
-    )
+    start_local_ray()
     with tempfile.TemporaryDirectory(prefix="raymq-idem-profile-") as root:
         cluster = actors.start_cluster(
             namespace="raymq-idem-profile",

@@ -34,7 +34,7 @@ import ray
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402  (the PushConsumer latency actor, the pacing, the TCP echo)
-from _procs import actor_pids, cpu_s  # noqa: E402
+from _local import actor_pids, cpu_s, start_local_ray  # noqa: E402
 
 import actors  # noqa: E402
 from storage import Message  # noqa: E402
@@ -82,13 +82,7 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=3.0)
     args = parser.parse_args()
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        logging_level="WARNING",
-        log_to_driver=False,
-    )
+    start_local_ray()
     root = tempfile.mkdtemp(prefix="raymq-split-")
     namespace = "raymq-split"
     cluster = actors.start_cluster(

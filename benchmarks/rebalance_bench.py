@@ -38,6 +38,7 @@ from collections import defaultdict
 from typing import Any
 
 import ray
+from _local import start_local_ray
 
 import actors
 from actors import ConsumerFleet, ConsumeStatus, PushConsumerConfig
@@ -370,13 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    ray.init(
-        address="local",
-        num_cpus=4,
-        include_dashboard=False,
-        logging_level="WARNING",
-        log_to_driver=False,
-    )
+    start_local_ray(4)
     results: dict[str, Any] = {"coordinated": COORDINATED, "cpus": os.cpu_count()}
     tail = 1.5 if args.quick else 3.0
     with tempfile.TemporaryDirectory(prefix="raymq-rb-bench-") as root:

@@ -51,7 +51,7 @@ from actors import LocalTransactionState, TransactionalProducer, TransactionProd
 from storage import Message
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _procs import actor_pids, total_cpu_s  # noqa: E402
+from _local import actor_pids, start_local_ray, total_cpu_s  # noqa: E402
 
 TOPIC = "TxnBench"
 CHECK_INTERVAL_S = 2.0
@@ -271,13 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     count, n_pending = (300, 500) if args.quick else (args.count, args.pending)
     n_multi = 30 if args.quick else args.multi
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        logging_level="WARNING",
-        log_to_driver=False,
-    )
+    start_local_ray()
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="raymq-txn-bench-") as root:
         cluster = actors.start_cluster(

@@ -1,11 +1,26 @@
-"""CPU time of this run's processes, read from ``/proc`` (Linux): what a benchmark
-reports beside its figures to say what bounds them."""
+"""What the benchmarks share: a Ray of the run's own, and the CPU time of its
+processes, read from ``/proc`` (Linux), which a benchmark reports beside its figures
+to say what bounds them."""
 
 from __future__ import annotations
 
 import os
 
+import ray
+
 TICK = os.sysconf("SC_CLK_TCK")
+
+
+def start_local_ray(num_cpus: int = 2) -> None:
+    """A local Ray of this run's own (never another cluster on the machine), quiet: no
+    dashboard, warnings only, workers' output not copied here."""
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        logging_level="WARNING",
+        log_to_driver=False,
+    )
 
 
 def cpu_s(pid: int) -> tuple[float, float]:
