@@ -745,9 +745,14 @@ def test_a_fleet_s_size_events_and_lag_chart_show_on_its_group_s_page(
         )
 
         def fleet_shown(b: WebDriver) -> dict[str, str] | None:
+            # the controller polls its members every interval_s (a poll slower than its
+            # timeout keeps the last answer): the page may show the member running
+            # before the poll that saw its queues
             summary = {r[0]: r[1] for r in rows(b, "fleet")}
             points = int(b.find_element(By.ID, "fleet-lag-chart").get_attribute("data-points"))
-            return summary if summary["running"] == "1" and points > 0 else None
+            held = [m[3] for m in rows(b, "fleet-members") if len(m) > 3]
+            shown = summary["running"] == "1" and points > 0 and any(held)
+            return summary if shown else None
 
         summary = reload_until(browser, f"{base}/groups/{group}", fleet_shown, "the fleet")
         assert summary["size"] == "1" and summary["min / max"] == "1 / 1"
