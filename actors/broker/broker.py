@@ -205,7 +205,8 @@ class Broker:
         return await self.registration.register_all()
 
     async def inject_fault(self, kind: str, count: int = 1) -> None:
-        """Arm a fault for the next ``count`` sends (``actors.broker.faults``)."""
+        """Arm a fault for the next ``count`` sends, commits or status calls
+        (``actors.broker.faults``)."""
         self.rt.faults.arm(kind, count)
 
     async def allocate_producer_id(self) -> str:
@@ -559,6 +560,8 @@ class Broker:
 
     # ------------------------------------------------------------ status and lifecycle
     async def status(self) -> dict[str, Any]:
+        if self.rt.faults.take("stall_status"):
+            await self._closed.wait()
         data_path: dict[str, Any] = {"data_addr": self.rt.data_addr, "grpc_addr": self.rt.grpc_addr}
         if self.listener is not None:
             data_path.update({f"data_{k}": v for k, v in self.listener.stats.items()})

@@ -14,6 +14,9 @@
 * ``"crash_mid_commit"`` (counts multi-message transaction commits, not sends): the
   commit's append stops after the first half of its committed copies, before its op
   message, and the process exits: a SIGKILL in the middle of the append.
+* ``"stall_status"`` (counts ``status`` calls): the call answers only once the broker
+  shuts down: a member alive but not answering (a stalled disk, a long pause), as an
+  operator's promotion may meet one.
 
 Only callers holding the broker's Ray handle (the cluster) can arm them.
 """
@@ -30,7 +33,7 @@ from storage.errors import InvalidConfigError
 log = logging.getLogger("raymq.actors.broker.faults")
 
 SEND_KINDS = ("drop_answer", "crash_after_store", "hang_after_store")
-KINDS = (*SEND_KINDS, "crash_mid_commit")
+KINDS = (*SEND_KINDS, "crash_mid_commit", "stall_status")
 
 
 class Faults:

@@ -5,6 +5,7 @@ talks to the NameServers and brokers directly."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -15,7 +16,7 @@ from actors.client import dlq as _dlq
 from actors.client.send_result import SendResult
 from actors.namesrv.client import NameServerClient
 from actors.protocol import rpc as _rpc
-from actors.protocol.checks import validate_group
+from actors.protocol.checks import check_number, validate_group
 from actors.protocol.errors import PromotionRefusedError
 from actors.protocol.names import DEFAULT_NAMESPACE, coordinator_actor_name, fleet_actor_name
 from actors.protocol.route import TopicRouteData
@@ -410,11 +411,14 @@ class Admin:
         *,
         role: str | None = None,
         force: bool = False,
+        status_timeout_s: float = 10.0,
     ) -> dict[str, Any]:
         """Make a slave of ``broker_name`` its master (``raymq broker promote``): by default
         the slave holding the most. Refused while the master is live, for a slave behind
         the last offset a SYNC_MASTER acknowledged, and (unless ``force``) for a slave
-        another one is ahead of."""
+        another one is ahead of, or while a registered slave does not answer within
+        ``status_timeout_s`` (it may hold what the others lack)."""
+        status_timeout_s = check_number("status_timeout_s", status_timeout_s, 0.1)
         info = self.ns.call("get_cluster_info")
         group = info["brokers"].get(broker_name, {}).get("members", {})
         if 0 in group and not force:
@@ -422,15 +426,30 @@ class Admin:
                 f"broker {broker_name} has a live master ({group[0]['actor_name']}): "
                 "a slave is promoted only when the master is gone"
             )
-        slaves: dict[int, tuple[Any, dict[str, Any]]] = {}
+        asked: dict[int, tuple[Any, Any]] = {}
+        silent: dict[int, str] = {}
         for bid, member in group.items():
             if bid == 0:
                 continue
             try:  # a fresh handle: a slave restarted under its name is a new actor
                 handle = ray.get_actor(member["actor_name"], namespace=member["namespace"])
-                slaves[bid] = (handle, _rpc.get(handle.status.remote(), 10.0))
-            except Exception:  # noqa: BLE001 - a slave that does not answer is not a candidate
-                continue
+                asked[bid] = (handle, handle.status.remote())
+            except Exception as exc:  # noqa: BLE001 - gone since it registered
+                silent[bid] = f"{type(exc).__name__}: {exc}"
+        deadline = time.monotonic() + status_timeout_s  # asked together, waited for once
+        slaves: dict[int, tuple[Any, dict[str, Any]]] = {}
+        for bid, (handle, ref) in asked.items():
+            try:
+                slaves[bid] = (handle, _rpc.get(ref, max(0.0, deadline - time.monotonic())))
+            except Exception as exc:  # noqa: BLE001 - a slave that does not answer is not a candidate
+                silent[bid] = type(exc).__name__
+        if silent and not force:
+            said = ", ".join(f"{b} ({why})" for b, why in sorted(silent.items()))
+            raise PromotionRefusedError(
+                f"slave(s) of {broker_name} did not answer within {status_timeout_s:g} s: "
+                f"{said}; one of them may hold messages the others lack: promote when "
+                "every slave answers (or force, among those that do)"
+            )
         if not slaves:
             raise BrokerUnavailableError(f"broker {broker_name} has no live slave to promote")
         confirmed = max(s.get("ha_confirmed_offset", 0) for _, s in slaves.values())

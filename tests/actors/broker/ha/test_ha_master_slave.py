@@ -198,6 +198,12 @@ def test_promotion_refuses_what_would_lose_messages_then_moves_the_group(
         cluster.admin.promote("broker-a", 2)
     with pytest.raises(actors.PromotionRefusedError, match="acknowledged SYNC_MASTER offset"):
         cluster.admin.promote("broker-a", 2, force=True)
+    # slave 1, the one ahead, stops answering: the one that answers is behind it, and
+    # promoting it would lose what only slave 1 holds
+    ray.get(slave.inject_fault.remote("stall_status", 1))
+    with pytest.raises(actors.PromotionRefusedError, match=r"did not answer.*1 \(GetTimeoutError"):
+        cluster.admin.promote("broker-a", status_timeout_s=1.0)
+    assert status_of(lagging)["role"] == "SLAVE"
     done = cluster.admin.promote("broker-a")  # the slave holding the most: 1
     assert (done["broker"], done["role"], done["epoch"]) == ("broker-a-1", "SYNC_MASTER", 1)
     wait_until(lambda: members(cluster, "broker-a").get(0) == "broker-a-1", what="new master")
