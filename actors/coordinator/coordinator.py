@@ -139,8 +139,9 @@ class GroupCoordinator:
         self._polls: dict[str, asyncio.Event] = {}
         self._watches: dict[str, asyncio.Task[None]] = {}
         # members whose actor Ray reported dead or whose consumer closed: a call they
-        # sent before that (a join in flight) must not bring them back
-        self._gone: set[str] = set()
+        # sent before that (a join in flight) must not bring them back: client id -> when,
+        # forgotten after config.forget_gone_s
+        self._gone: dict[str, float] = {}
         self._brokers: dict[str, Any] = {}  # broker name -> master handle, from the routes
         self._incarnations: dict[str, str] = {}  # broker name -> incarnation we fenced on
         self._fence_task: asyncio.Task[None] | None = None
@@ -325,6 +326,7 @@ class GroupCoordinator:
         out["namespace"] = self.namespace
         out["node_id"] = ray.get_runtime_context().get_node_id()
         out["config"] = self.config
+        out["gone_tracked"] = len(self._gone)
         return out
 
     async def view(self, client_id: str) -> MemberView:
@@ -397,7 +399,7 @@ class GroupCoordinator:
                     exc,
                 )
                 return
-        self._gone.add(client_id)
+        self._gone[client_id] = time.monotonic()
         if self._watches.get(client_id) is asyncio.current_task():
             del self._watches[client_id]
             log.warning("group %s: %s is gone: %s", self.group, client_id, reason)
@@ -410,6 +412,7 @@ class GroupCoordinator:
             try:
                 for cid in self.state.expired():
                     self._drop(cid, "expired")
+                self._forget_gone()
                 self.state.reconcile()
                 self._after()
             except Exception:  # noqa: BLE001 - the loop must survive a bad round
@@ -418,6 +421,16 @@ class GroupCoordinator:
             delay = min(max(self.state.next_deadline() - time.monotonic(), 0.005), MAX_TICK_S)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
+
+    def _forget_gone(self) -> None:
+        """Drop the oldest departed members once ``forget_gone_s`` has passed (the dict
+        keeps insertion order, which is the order they left in)."""
+        horizon = time.monotonic() - self.config.forget_gone_s
+        while self._gone:
+            cid, at = next(iter(self._gone.items()))
+            if at > horizon:
+                return
+            del self._gone[cid]
 
     # ------------------------------------------------------------ fencing
     async def _fence_loop(self) -> None:

@@ -266,6 +266,27 @@ def test_a_dead_actor_member_is_dropped_at_once(cluster: actors.Cluster) -> None
     with pytest.raises(InvalidConfigError, match="cannot rejoin"):
         join(coord, "hosted", topic, actor_handle=host)
     assert "hosted" not in status(coord)["members"]
+    assert status(coord)["gone_tracked"] == 1
+
+
+def test_a_dead_member_s_id_is_forgotten_after_forget_gone_s(cluster: actors.Cluster) -> None:
+    """A group whose members come and go keeps no trace of each one for ever."""
+    topic, group = "CoordForget", "g-forget"
+    cluster.admin.create_topic(topic, 2, 2)
+    with pytest.raises(InvalidConfigError, match="forget_gone_s"):
+        CoordinatorConfig(forget_gone_s=0)
+    config = CoordinatorConfig(
+        revoke_timeout_s=1.5, route_refresh_s=2.0, fence_timeout_s=2.0, forget_gone_s=0.5
+    )
+    coord = coordinator_for(group, cluster.namespace, config=config)
+    host = Sentinel.remote()
+    ray.get(host.ping.remote())
+    join(coord, "short-lived", topic, actor_handle=host)
+    ray.kill(host, no_restart=True)
+    wait_until(lambda: "short-lived" not in status(coord)["members"], what="the drop")
+    wait_until(lambda: status(coord)["gone_tracked"] == 0, timeout_s=10, what="forgotten")
+    join(coord, "short-lived", topic)  # no longer refused: nothing of it is left
+    assert "short-lived" in status(coord)["members"]
 
 
 # ---------------------------------------------------------------------- push consumers
