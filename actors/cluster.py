@@ -30,6 +30,7 @@ from actors.config.cluster import BrokerSpec, ClusterConfig
 from actors.config.console import ConsoleConfig
 from actors.config.namesrv import NameServerConfig
 from actors.console.server import console_url, start_console
+from actors.coordinator.txn import transaction_coordinator
 from actors.namesrv.client import NAMESERVER_PREFIX, discover_nameservers, named_actors
 from actors.namesrv.nameserver import NameServer
 from actors.protocol import rpc as _rpc
@@ -325,6 +326,18 @@ def start_cluster(
         wait_for_brokers(ns_handles, sorted(expected))
         for tc in cfg.topics:
             _rpc.get([h.create_topic.remote(tc) for h in handles], STARTUP_TIMEOUT_S)
+        tls_cert, tls_key = cfg.broker.get("data_tls_cert"), cfg.broker.get("data_tls_key")
+        if tls_cert and tls_key:
+            # the transaction coordinator's socket is sealed as the brokers' are: it is
+            # made now, with their pair, rather than by the first transactional producer
+            coordinator = transaction_coordinator(
+                ns,
+                log_dir=f"{cfg.store_root}/txn-coordinator" if cfg.store_root else None,
+                nameservers=ns_names,
+                tls_cert=tls_cert,
+                tls_key=tls_key,
+            )
+            _rpc.get(coordinator.data_path.remote(), STARTUP_TIMEOUT_S)
         if console:
             cluster.start_console(
                 dataclasses.replace(console, namespace=ns)

@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import ssl
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -53,7 +54,12 @@ from actors.protocol.frame_server import FrameServer
 from actors.protocol.frames import Code
 from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.rpc import PendingCall
-from storage.errors import BrokerUnavailableError, InvalidMessageError, ProducerFencedError
+from storage.errors import (
+    BrokerUnavailableError,
+    InvalidConfigError,
+    InvalidMessageError,
+    ProducerFencedError,
+)
 from storage.txn_log import ABORT, COMMIT, OPEN, Offsets, TransactionLog, TxnRecord
 
 _DECIDED = {COMMIT: "committed", ABORT: "aborted"}
@@ -83,14 +89,24 @@ def transaction_coordinator(
     txn_timeout_s: float = 60.0,
     retry_interval_s: float = 1.0,
     keep_done_s: float = 3600.0,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
 ) -> Any:
     """The handle of the namespace's transaction coordinator, created (detached, on the
     head node, where its log lives: ``log_dir``, default ``~/.raymq/txn/<namespace>``)
-    if it does not run yet; the options count only when this call creates it."""
+    if it does not run yet; the options count only when this call creates it.
+    ``tls_cert``/``tls_key`` (files on the head node, both or neither): its socket
+    serves TLS, as a broker's data path does with ``data_tls_cert``/``data_tls_key``
+    (``start_cluster`` passes the brokers' pair), and it checks the brokers' TLS
+    sockets against ``tls_cert``."""
     if txn_timeout_s <= 0 or retry_interval_s <= 0 or keep_done_s < 0:
         raise InvalidMessageError(
             f"txn_timeout_s={txn_timeout_s}, retry_interval_s={retry_interval_s}, "
             f"keep_done_s={keep_done_s}: timeouts must be > 0"
+        )
+    if (tls_cert is None) != (tls_key is None):
+        raise InvalidConfigError(
+            "transaction coordinator tls_cert and tls_key: give both or neither"
         )
     return (
         ray.remote(TransactionCoordinator)
@@ -111,6 +127,7 @@ def transaction_coordinator(
             txn_timeout_s,
             retry_interval_s,
             keep_done_s,
+            (tls_cert, tls_key) if tls_cert is not None and tls_key is not None else None,
         )
     )
 
@@ -120,9 +137,19 @@ class CoordinatorListener(FrameServer):
     here instead of Ray calls, proved as a broker's data path is
     (``actors.protocol.frame_server``); anything else stays a Ray method."""
 
-    def __init__(self, coordinator: TransactionCoordinator, host: str) -> None:
+    def __init__(
+        self,
+        coordinator: TransactionCoordinator,
+        host: str,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         super().__init__(
-            TXN_COORDINATOR_NAME, host, 0, frames.DEFAULT_MAX_FRAME_BYTES, MAX_REQUESTS_PER_CONN
+            TXN_COORDINATOR_NAME,
+            host,
+            0,
+            frames.DEFAULT_MAX_FRAME_BYTES,
+            MAX_REQUESTS_PER_CONN,
+            ssl_context,
         )
         self.coordinator = coordinator
 
@@ -164,6 +191,7 @@ class TransactionCoordinator:
         txn_timeout_s: float,
         retry_interval_s: float,
         keep_done_s: float,
+        tls: tuple[str, str] | None = None,
     ) -> None:
         self.namespace = namespace
         self.txn_timeout_ms = int(txn_timeout_s * 1000)
@@ -178,7 +206,11 @@ class TransactionCoordinator:
         self._ns: NameServerClient | None = None
         # the brokers' sockets carry the decisions (a Ray call costs ~4x a socket round
         # trip here); fencing and anything else stay Ray calls on the same handles
-        self._data_path = DataPath()
+        self._data_path = DataPath(tls_ca=tls[0] if tls else None)
+        self._tls: ssl.SSLContext | None = None
+        if tls is not None:  # read now: a file that cannot be read fails the start
+            self._tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            self._tls.load_cert_chain(*tls)
         self._master_cache: dict[str, Any] = {}
         # decisions taken by this incarnation and not applied yet, and the brokers told
         # of them: any other telling is a retry (the broker may have died mid-append)
@@ -194,7 +226,7 @@ class TransactionCoordinator:
             self._wake.set()
         self._queue: asyncio.Queue[tuple[TxnRecord, asyncio.Future[bool]]] = asyncio.Queue()
         self._task = self._loop.create_task(self._drive_loop())
-        self._listener = CoordinatorListener(self, _node_ip())
+        self._listener = CoordinatorListener(self, _node_ip(), self._tls)
         self._listening = self._loop.create_task(self._listener.start(_node_ip()))
         self._apply_task = self._loop.create_task(self._apply_loop())
         log.info("transaction coordinator of %s started, log in %s", namespace, log_dir)
@@ -535,7 +567,11 @@ class TransactionCoordinator:
         except Exception as exc:  # noqa: BLE001 - the producers call through Ray
             log.warning("transaction coordinator: no socket (%s)", exc)
             return None
-        return {"addr": self._listener.addr, "secret": self._listener.secret, "tls": False}
+        return {
+            "addr": self._listener.addr,
+            "secret": self._listener.secret,
+            "tls": self._tls is not None,
+        }
 
     async def shutdown(self) -> None:
         """Stop the loop and close the log (``Cluster.shutdown`` calls this)."""

@@ -17,6 +17,7 @@ from raymq_testkit import wait_until
 
 import actors
 from actors import PullStatus
+from actors.coordinator.txn import TXN_COORDINATOR_NAME
 from actors.protocol import frames
 from rebalance import MessageQueue
 from storage import Message, encode_batch
@@ -360,6 +361,25 @@ def test_tls_carries_the_data_path_and_a_plain_text_client_gets_nothing(
     assert _closed_by_peer(sock)
     sock.close()
     assert status(cluster)["put_msgs"] == 51
+
+    # the transaction coordinator, made by start_cluster with the brokers' pair, is
+    # sealed too: a commit reaches it over TLS, plain text gets nothing
+    coordinator = ray.get_actor(TXN_COORDINATOR_NAME, namespace=cluster.namespace)
+    door = ray.get(coordinator.data_path.remote())
+    assert door["tls"] is True
+    txp = actors.TransactionalProducer(
+        "p-tls-txn", transactional_id="tls-1", namespace=cluster.namespace, data_tls_ca=cert
+    )
+    requests = ray.get(coordinator.status.remote())["door"]["requests"]
+    with txp.begin() as txn:
+        txn.send([Message("Sealed", b"sealed-txn")])
+    assert ray.get(coordinator.status.remote())["door"]["requests"] > requests
+    assert b"sealed-txn" in drain(consumer, queues)
+    sock = _raw(door["addr"])
+    sock.sendall(b"".join(frames.encode({"c": int(frames.Code.TXN_END), "o": 1}, [])))
+    assert _closed_by_peer(sock)
+    sock.close()
+    txp.close()
     producer.close()
     consumer.close()
 
