@@ -13,9 +13,10 @@ Records (``op``):
 * ``begin``: transaction ``txn`` of ``(tid, epoch)`` has half messages on ``brokers``
   (written before the producer sends there, so a transaction with half messages is
   always known; later ``begin`` records of the same ``txn`` add brokers);
-* ``decide``: ``commit`` true or false, with the half messages' CommitLog offsets per
-  broker (``halves``; ``null`` for a broker whose offsets are not all known, which
-  then finds them by the transaction id) and the consumer offsets to commit with it
+* ``decide``: ``commit`` true or false, with the half messages per broker
+  (``halves``: their CommitLog offsets, or the message id of one whose offset its
+  sender did not learn; ``null`` for a broker that is to take every pending half of
+  the transaction) and the consumer offsets to commit with it
   (``offsets``: broker -> group -> ``[[topic, queue id, offset], ...]``);
 * ``done``: every participant applied the decision.
 
@@ -55,7 +56,7 @@ class TxnRecord:
     state: str = OPEN
     done: bool = False
     brokers: set[str] = field(default_factory=set)
-    halves: dict[str, list[int] | None] = field(default_factory=dict)
+    halves: dict[str, list[int | str] | None] = field(default_factory=dict)
     offsets: Offsets = field(default_factory=dict)
     started_ms: int = 0
     decided_ms: int = 0
@@ -183,7 +184,7 @@ class TransactionLog:
         self,
         txn: TxnRecord,
         commit: bool,
-        halves: dict[str, list[int] | None] | None = None,
+        halves: dict[str, list[int | str] | None] | None = None,
         offsets: Offsets | None = None,
     ) -> None:
         self.append(

@@ -141,7 +141,9 @@ class _TopicWriter:
         self._sender = ThreadPoolExecutor(1, thread_name_prefix="raymq-write")
         self._inflight: deque[Future[Any]] = deque()
         self._extra = None if spec.txn is None else spec.txn.properties()
-        self.halves: dict[str, list[int]] = {}  # broker -> CommitLog offsets (transactional)
+        # broker -> its half messages (transactional): CommitLog offsets, or ids where
+        # a retried send left the offset unknown
+        self.halves: dict[str, list[int | str]] = {}
 
     def _messages(self, table: pa.Table) -> ArrowMessages:
         def column(name: str | None) -> pa.Array | None:
@@ -194,8 +196,8 @@ class _TopicWriter:
     def _done(self, sent: Future[Any]) -> None:
         result = sent.result()
         if self._extra is not None:  # where the half messages are: handed to the commit
-            for broker, offsets in result.commitlog_offsets_by_broker().items():
-                self.halves.setdefault(broker, []).extend(offsets)
+            for broker, refs in result.halves_by_broker().items():
+                self.halves.setdefault(broker, []).extend(refs)
 
     def _flush(self) -> None:
         while len(self._inflight) >= _GROUPS_AHEAD:
@@ -232,7 +234,7 @@ class _TaskWrite:
 
     rows: int
     batches: int
-    halves: dict[str, list[int]]  # broker -> CommitLog offsets of its half messages
+    halves: dict[str, list[int | str]]  # broker -> its half messages (offsets or ids)
 
 
 class TopicDatasink(Datasink[_TaskWrite]):

@@ -383,7 +383,7 @@ class Broker:
         self,
         txn_id: str,
         commit: bool,
-        half_offsets: list[int] | None = None,
+        half_offsets: list[int | str] | None = None,
         offsets: dict[str, dict[tuple[str, int], int]] | None = None,
         transactional_id: str | None = None,
         epoch: int | None = None,

@@ -121,7 +121,7 @@ async def apply_decision(
     groups: Any,
     txn_id: str,
     commit: bool,
-    half_offsets: list[int] | None,
+    half_offsets: list[int | str] | None,
     offsets: dict[str, dict[tuple[str, int], int]] | None,
     transactional_id: str | None,
     epoch: int | None,
@@ -325,14 +325,15 @@ class TransactionProcessor:
         self,
         txn_id: str,
         commit: bool,
-        half_offsets: list[int] | None,
+        half_offsets: list[int | str] | None,
         transactional_id: str | None = None,
         epoch: int | None = None,
         retry: bool = False,
     ) -> int:
         """Commit or roll back every half message of multi-message transaction ``txn_id``
-        held here: those at ``half_offsets`` (CommitLog offsets; None: every pending one
-        carrying the id), in one append (the committed copies and one op message naming
+        held here: those at ``half_offsets`` (CommitLog offsets, or the message ids of
+        halves whose offset the sender did not learn; None: every pending one carrying
+        the transaction's id), in one append (the committed copies and one op message naming
         them all). Half messages ended before are skipped; returns how many were ended.
         ``transactional_id``/``epoch``: the owner, whose fence rises to it here.
 
@@ -351,14 +352,27 @@ class TransactionProcessor:
             )
         async with self._lock:
             await self.ensure_loaded()
-            if half_offsets is None:
+            if half_offsets is not None and not isinstance(half_offsets, (list, tuple)):
+                raise InvalidMessageError(f"half_offsets: must be a list, got {half_offsets!r:.80}")
+            refs = (
+                None if half_offsets is None else [checks.check_half_ref(o) for o in half_offsets]
+            )
+            by_id = None if refs is None else {r for r in refs if isinstance(r, str)}
+            if refs is None or by_id:
+                # by the transaction's id, and (by_id) of those only the ones named: a
+                # failed attempt's halves of the same transaction are never named
+                pending = await self.rt.run(self._pending_halves)
                 halves = [
                     h
-                    for h in await self.rt.run(self._pending_halves)
+                    for h in pending
                     if transaction.global_txn(h) == txn_id
+                    and (by_id is None or h.properties.get(PROP_UNIQ_KEY) in by_id)
                 ]
+                at = [r for r in refs or () if isinstance(r, int)]
+                if at:
+                    halves += await self.rt.run(self._named_halves, txn_id, at)
             else:
-                offsets = [checks.check_int("half_offset", o, 0) for o in half_offsets]
+                offsets = [r for r in refs if isinstance(r, int)]
                 records = (
                     self._records_at(offsets)
                     if self._inline
@@ -382,19 +396,12 @@ class TransactionProcessor:
                     if copies is not None or not commit or not picked:
                         batch = op if copies is None else EncodedBatch.concat([copies, op])
                         return await self._ended(txn_id, commit, done, batch)
-                halves = (  # a record the byte-level walk leaves to the decoder
-                    self._halves_at(offsets)
+                # a record the byte-level walk leaves to the decoder
+                halves = (
+                    self._named_halves(txn_id, offsets)
                     if self._inline
-                    else await self.rt.run(self._halves_at, offsets)
+                    else await self.rt.run(self._named_halves, txn_id, offsets)
                 )
-                for offset, half in zip(offsets, halves):
-                    if (
-                        half.topic != transaction.HALF_TOPIC
-                        or transaction.global_txn(half) != txn_id
-                    ):
-                        raise InvalidMessageError(
-                            f"the message at {offset} is no half message of transaction {txn_id!r}"
-                        )
             todo = [halves[i] for i in self._not_done([h.queue_offset for h in halves])]
             if not todo:
                 return 0
@@ -486,6 +493,17 @@ class TransactionProcessor:
         """The records at CommitLog ``offsets`` walked without decoding
         (``transaction.HalfRecords``); None when the walk leaves one to the decoder."""
         return transaction.HalfRecords.read(*self._read(offsets))
+
+    def _named_halves(self, txn_id: str, offsets: list[int]) -> list[MessageExt]:
+        """The half messages of ``txn_id`` at CommitLog ``offsets``, decoded; refused
+        when one is not."""
+        halves = self._halves_at(offsets)
+        for offset, half in zip(offsets, halves):
+            if half.topic != transaction.HALF_TOPIC or transaction.global_txn(half) != txn_id:
+                raise InvalidMessageError(
+                    f"the message at {offset} is no half message of transaction {txn_id!r}"
+                )
+        return halves
 
     def _halves_at(self, offsets: list[int]) -> list[MessageExt]:
         """The records at CommitLog ``offsets``, decoded together."""

@@ -102,6 +102,22 @@ class BatchSendResult(Sequence[SendResult]):
             out.setdefault(mq.broker_name, []).extend(ack.commitlog_offsets.tolist())
         return out
 
+    def halves_by_broker(self) -> dict[str, list[int | str]]:
+        """What names the messages of a transactional send in its commit, per broker
+        name: each one's CommitLog offset or, where it is not known (-1 above), its
+        message id; raises ValueError as :meth:`commitlog_offsets_by_broker` does."""
+        out: dict[str, list[int | str]] = {}
+        for _, uniq_keys, mq, ack in self._parts:
+            status = _SEND_STATUS[ack.status]
+            if status is not SendStatus.SEND_OK:
+                raise ValueError(f"{mq}: {status.value}")
+            offsets = ack.commitlog_offsets.tolist()
+            named: list[int | str] = offsets
+            if min(offsets, default=0) < 0 and len(uniq_keys) == len(offsets):
+                named = [o if o >= 0 else uk for o, uk in zip(offsets, uniq_keys)]
+            out.setdefault(mq.broker_name, []).extend(named)  # -1 left: no id to name it
+        return out
+
     @property
     def queues(self) -> list[tuple[MessageQueue, int, int]]:
         """Per batch sent: (queue, first queue offset, message count)."""

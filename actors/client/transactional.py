@@ -112,7 +112,8 @@ class Transaction:
         self.txn_id = txn_id
         self.state = TransactionState.OPEN
         self._buffer: list[Message] = []
-        self._halves: dict[str, list[int] | None] = {}  # broker -> half CommitLog offsets
+        # broker -> its half messages (CommitLog offsets, or ids where not known)
+        self._halves: dict[str, list[int | str] | None] = {}
         self._offsets: dict[str, dict[str, dict[tuple[str, int], int]]] = {}
         self._shared = False  # context() was handed out: others may have sent halves
         self.sent = 0
@@ -156,17 +157,22 @@ class Transaction:
         p = self.producer
         buffer, self._buffer = self._buffer, []
         try:  # the marks go on every message as it is encoded: one encoding per batch
-            stored = p._send_marked(buffer, self._marks).commitlog_offsets_by_broker()
+            stored = p._send_marked(buffer, self._marks).halves_by_broker()
         except BaseException:
             self.state = TransactionState.FAILED
             raise
-        for broker, offsets in stored.items():
-            known = self._halves.setdefault(broker, [])
-            if known is None or min(offsets) < 0:
-                self._halves[broker] = None  # not all known: the broker finds them by id
-            else:
-                known.extend(offsets)
+        self._name_halves(stored)
         self.sent += len(buffer)
+
+    def _name_halves(self, halves: Mapping[str, Sequence[int | str]]) -> None:
+        for broker, refs in halves.items():
+            known = self._halves.setdefault(broker, [])
+            if known is None or any(isinstance(r, int) and r < 0 for r in refs):
+                # no offset and no id: the broker takes every pending half of the
+                # transaction (a failed attempt's too, when the context was shared)
+                self._halves[broker] = None
+            else:
+                known.extend(refs)
 
     def context(self) -> TransactionContext:
         """The transaction as other processes join it (see :class:`TransactionContext`)."""
@@ -175,26 +181,26 @@ class Transaction:
         p = self.producer
         return TransactionContext(self.txn_id, p.transactional_id, p.epoch, p.group)
 
-    def add_halves(self, halves: Mapping[str, Sequence[int]], count: int) -> None:
+    def add_halves(self, halves: Mapping[str, Sequence[int | str]], count: int) -> None:
         """Take ``count`` half messages another process sent with this transaction's
-        :meth:`context` (``halves``: broker -> their CommitLog offsets, as
-        ``BatchSendResult.commitlog_offsets_by_broker`` gives them) into the commit.
-        Half messages of the transaction never handed here are not committed: the
-        check service rolls them back once the transaction is done (a failed attempt's).
-        A -1 offset (a retried send whose first store is not known) makes the commit
-        take every pending half message of the transaction on that broker."""
+        :meth:`context` (``halves``: broker -> their CommitLog offsets, or the message
+        id of one whose offset a retried send did not learn, as
+        ``BatchSendResult.halves_by_broker`` gives them) into the commit. Half messages
+        of the transaction never handed here are not committed: the check service rolls
+        them back once the transaction is done (a failed attempt's). A -1 offset (what
+        ``commitlog_offsets_by_broker`` says of an unknown one) makes the commit take
+        every pending half message of the transaction on that broker, a failed
+        attempt's included: hand ids instead."""
         self._require_open()
         count = checks.check_int("count", count, 0)
         checked = {
-            checks.check_str("broker", b): [checks.check_int("half offset", o, -1) for o in offs]
+            checks.check_str("broker", b): [
+                o if isinstance(o, str) and o else checks.check_int("half offset", o, -1)
+                for o in offs
+            ]
             for b, offs in halves.items()
         }
-        for broker, offsets in checked.items():
-            known = self._halves.setdefault(broker, [])
-            if known is None or (offsets and min(offsets) < 0):
-                self._halves[broker] = None
-            else:
-                known.extend(offsets)
+        self._name_halves(checked)
         self.sent += count
 
     def send_offsets(self, group: str, offsets: Mapping[MessageQueue, int]) -> None:

@@ -359,12 +359,13 @@ class TransactionCoordinator:
         transactional_id: str,
         epoch: int,
         commit: bool,
-        halves: Mapping[str, Sequence[int] | None] | None = None,
+        halves: Mapping[str, Sequence[int | str] | None] | None = None,
         offsets: Mapping[str, Mapping[str, Sequence[tuple[str, int, int]]]] | None = None,
         wait: bool = True,
     ) -> dict[str, Any]:
         """Decide ``txn_id`` (logged, fsynced), then tell its brokers. ``halves``: broker ->
-        the CommitLog offsets of its half messages (None: find them by the id);
+        its half messages' CommitLog offsets, or message ids where an offset is not
+        known (None: every pending half of the transaction there);
         ``offsets``: broker -> group -> [(topic, queue id, offset)] committed with it.
         A repeated call answers the decision taken. Returns ``{"state", "done"}`` once
         every broker applied it, or (``wait`` False) once it is logged, as Kafka's
@@ -383,7 +384,7 @@ class TransactionCoordinator:
                 raise InvalidMessageError(f"offsets: must be dicts by group, got {groups!r:.80}")
         halves_ = {
             checks.check_str("broker", b): (
-                None if h is None else [checks.check_int("half offset", o, 0) for o in h]
+                None if h is None else [checks.check_half_ref(o) for o in h]
             )
             for b, h in (halves or {}).items()
         }

@@ -44,6 +44,15 @@ def check_int(what: str, value: object, lo: int, hi: int | None = None) -> int:
     return value
 
 
+def check_half_ref(value: object) -> int | str:
+    """A multi-message transaction's half message as a commit names it: its CommitLog
+    offset (an int >= 0) or, where a retried send left the offset unknown, its message
+    id (the ``UNIQ_KEY`` its producer gave it)."""
+    if isinstance(value, str):
+        return check_str("half message id", value)
+    return check_int("half offset", value, 0)
+
+
 def check_number(what: str, value: object, lo: float = 0.0) -> float:
     """A finite int or float >= ``lo``."""
     if (

@@ -300,7 +300,7 @@ def _end_transaction(group: str, half_offset: int, transaction_id: str, commit: 
 def _end_transaction_batch(
     txn_id: str,
     commit: bool,
-    half_offsets: Sequence[int] | None = None,
+    half_offsets: Sequence[int | str] | None = None,
     offsets: Mapping[str, Mapping[tuple[str, int], int]] | None = None,
     transactional_id: str | None = None,
     epoch: int | None = None,
@@ -310,7 +310,7 @@ def _end_transaction_batch(
         "c": int(Code.END_TRANSACTION_BATCH),
         "x": txn_id,
         "m": commit,
-        "q": None if half_offsets is None else [int(o) for o in half_offsets],
+        "q": None if half_offsets is None else list(half_offsets),
         "i": transactional_id,
         "e": epoch,
         "y": retry,

@@ -429,7 +429,7 @@ def test_bad_transactional_calls_are_refused_and_change_nothing(spark, txn_clust
             with pytest.raises(InvalidMessageError, match="one or the other"):
                 write_to_topic(data, "TxnBad", transaction=txn, transactional=True, namespace=ns)
         with pytest.raises(InvalidMessageError, match="half offset"):
-            txn.add_halves({"broker-a": [12, "x"]}, 2)  # type: ignore[list-item]
+            txn.add_halves({"broker-a": [12, 2.5]}, 2)  # type: ignore[list-item]
         assert txn.sent == 0
         txn.abort()
         for data in (df, ds):

@@ -337,6 +337,42 @@ def test_an_orphans_half_messages_are_aborted_by_the_check_asking_the_coordinato
     p.close()
 
 
+def test_a_commit_naming_halves_by_id_leaves_a_failed_attempts_halves_out(
+    cluster: actors.Cluster, log_dir: str
+) -> None:
+    """Two attempts send into one shared transaction (a Spark task and its retry). The
+    one counted hands its halves back partly by message id, as a retried send that no
+    longer learns its offsets does: the commit takes exactly those, not every half of
+    the transaction, and the failed attempt's are rolled back by the check."""
+    p = producer(cluster, log_dir, "tid-byid")
+    sender = cluster.producer("mtx-attempts")
+    try:
+        txn = p.begin()
+        marks = txn.context().properties()
+        sender.send_batch([Message("MtB", b"failed-%d" % i, properties=marks) for i in range(3)])
+        counted = sender.send_batch(
+            [Message("MtB", b"counted-%d" % i, properties=marks) for i in range(3)]
+        )
+        assert counted.halves_by_broker() == counted.commitlog_offsets_by_broker()  # all known
+        [first, *_] = counted.halves_by_broker()["broker-b"]
+        assert pending_of(cluster, "broker-b") == 6
+        with pytest.raises(InvalidMessageError, match="half offset"):
+            txn.add_halves({"broker-b": [first, None]}, 2)  # type: ignore[list-item]
+        txn.add_halves({"broker-b": [first, counted[1].msg_id, counted[2].msg_id]}, 3)
+        txn.commit()
+        mine = [b for b in bodies(cluster, "MtB") if b.startswith((b"failed-", b"counted-"))]
+        assert mine == [b"counted-%d" % i for i in range(3)]
+        wait_until(
+            lambda: pending_of(cluster, "broker-b") == 0,
+            timeout_s=ORPHAN_TIMEOUT_S + 10,
+            what="the failed attempt's halves rolled back",
+        )
+        assert not [b for b in bodies(cluster, "MtB") if b.startswith(b"failed-")]
+    finally:
+        sender.close()
+        p.close()
+
+
 def _incarnation(broker: Any) -> str | None:
     try:
         return str(ray.get(broker.ping.remote(), timeout=5))
