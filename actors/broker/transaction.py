@@ -131,7 +131,8 @@ async def apply_decision(
     here (``Broker.end_transaction_batch``, or its socket's END_TRANSACTION_BATCH):
     its half messages ended in one append, and on commit ``offsets`` (group ->
     {(topic, queue id): offset}) committed through ``groups`` (the broker's
-    ``ConsumerManageProcessor``) and saved. How many half messages it ended."""
+    ``ConsumerManageProcessor``) and saved; on a ``retry`` only those ahead of where the
+    group is. How many half messages it ended."""
     if offsets is not None:  # refused before anything ends
         if not isinstance(offsets, dict):
             raise InvalidMessageError(f"offsets: must be a dict, got {type(offsets).__name__}")
@@ -142,7 +143,13 @@ async def apply_decision(
     if commit and offsets:
         rt = transactions.rt
         for group, queues in offsets.items():
-            await groups.commit_offsets(group, queues)
+            if retry:
+                # applied again (the coordinator restarted, or heard no answer): the
+                # group may have moved on since, through this producer's later
+                # transactions or otherwise; the old decision does not move it back
+                queues = {q: o for q, o in queues.items() if o > rt.offsets.query(group, *q)}
+            if queues:
+                await groups.commit_offsets(group, queues)
         await rt.run(rt.offsets.persist)
     return ended
 

@@ -11,6 +11,7 @@ the coordinator; a commit while a broker is down is applied after the broker's r
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 import time
@@ -26,6 +27,7 @@ from actors import TransactionalProducer, TransactionState
 from actors.protocol import frames, rpc
 from actors.protocol.connection import BrokerConnection
 from actors.protocol.data_path import DataPath
+from actors.tools.cli import main
 from rebalance import MessageQueue
 from storage import Message, transaction
 from storage.errors import (
@@ -373,6 +375,25 @@ def test_a_commit_naming_halves_by_id_leaves_a_failed_attempts_halves_out(
         p.close()
 
 
+def test_the_cli_shows_the_coordinators_producers_and_counters(
+    cluster: actors.Cluster, log_dir: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = producer(cluster, log_dir, "tid-cli")
+    try:
+        with p.begin() as txn:
+            txn.send([Message("MtA", b"cli")])
+        assert main(["txn", "coordinator", "--namespace", cluster.namespace, "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        mine = {"transactional_id": "tid-cli", "producer_id": p.producer_id, "epoch": p.epoch}
+        assert mine in data["producers"]
+        assert data["stats"]["committed"] >= 1 and data["log"].startswith(log_dir)
+        assert main(["txn", "coordinator", "--namespace", cluster.namespace]) == 0
+        out = capsys.readouterr().out
+        assert "tid-cli" in out and "committed" in out and "TRANSACTIONAL_ID" in out
+    finally:
+        p.close()
+
+
 def _incarnation(broker: Any) -> str | None:
     try:
         return str(ray.get(broker.ping.remote(), timeout=5))
@@ -427,6 +448,11 @@ def test_a_decision_over_a_brokers_socket_is_checked_then_applied_with_its_offse
         ]
         assert int(cluster.pull_consumer(group).fetch_offset(mq)) == 9
         assert pending_of(cluster, "broker-b") == before - 4
+        # applied again (a coordinator restarted before it logged the decision done):
+        # the group went on meanwhile, and the old decision does not move it back
+        cluster.pull_consumer(group).commit_offsets({mq: 15})
+        assert decide(txn.txn_id, True, halves, good, p.transactional_id, p.epoch, True) == 0
+        assert int(cluster.pull_consumer(group).fetch_offset(mq)) == 15
         txn.abort()  # the coordinator never decided it: its abort finds nothing left to end
     finally:
         dp.close()
