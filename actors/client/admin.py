@@ -14,6 +14,7 @@ import ray
 
 from actors.client import dlq as _dlq
 from actors.client.send_result import SendResult
+from actors.coordinator.txn import TXN_COORDINATOR_NAME
 from actors.namesrv.client import NameServerClient
 from actors.protocol import rpc as _rpc
 from actors.protocol.checks import check_number, validate_group
@@ -335,6 +336,20 @@ class Admin:
             if group is None or row["group"] == group
         ]
         return sorted(rows, key=lambda r: -r["age_s"])
+
+    def transaction_coordinator(self) -> dict[str, Any] | None:
+        """The transaction coordinator of multi-message transactions, as its
+        ``status()`` says: its log, each transactional id's producer id and epoch
+        (``producers``), the decisions some broker has yet to apply (``pending``), how
+        many it found to apply at its last start (``recovered``), its counters
+        (``stats``) and its socket (``door``); None when none runs (the first
+        ``TransactionalProducer`` starts it)."""
+        try:
+            handle = ray.get_actor(TXN_COORDINATOR_NAME, namespace=self.namespace)
+        except ValueError:
+            return None
+        status: dict[str, Any] = _rpc.get(handle.status.remote(), ADMIN_TIMEOUT_S)
+        return status
 
     # ------------------------------------------------------------ dead letters and perms
     def dlq_messages(self, group: str, max_count: int = 1000) -> list[MessageExt]:

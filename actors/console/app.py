@@ -720,8 +720,13 @@ class Console:
         text = request.query.get("group", "").strip()
         group = _group_name(text) if text else ""
         pending = await self.call(self.admin.pending_transactions, group or None)
+        try:
+            coordinator = await self.call(self.admin.transaction_coordinator)
+        except Exception as exc:  # noqa: BLE001 - restarting: the half messages still show
+            log.info("console: the transaction coordinator did not answer: %s", exc)
+            coordinator = {"unanswered": type(exc).__name__}
         title = f"Transactions of {group}" if group else "Transactions"
-        body = pages.transactions_page(pending, group)
+        body = pages.transactions_page(pending, group, coordinator)
         return self.render(request, title, body, active="transactions")
 
 

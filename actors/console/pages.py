@@ -711,8 +711,11 @@ def dlq_page(group: str, letters: Sequence[Any] | None, csrf: str) -> str:
 
 
 # ------------------------------------------------------------ transactions
-def transactions_page(pending: Sequence[dict[str, Any]], group: str) -> str:
-    """Half messages waiting for their producer's commit or rollback (oldest first)."""
+def transactions_page(
+    pending: Sequence[dict[str, Any]], group: str, coordinator: dict[str, Any] | None = None
+) -> str:
+    """Half messages waiting for their producer's commit or rollback (oldest first),
+    then the transaction coordinator of multi-message transactions."""
     out = (
         '<form class="panel" method="get" action="/transactions" id="find-txn">'
         f'<label>producer group <input name="group" value="{e(group)}" maxlength="120" '
@@ -737,12 +740,55 @@ def transactions_page(pending: Sequence[dict[str, Any]], group: str) -> str:
         id="pending",
         empty="no transaction waits for an end",
     )
-    return out + (
-        '<p class="muted">A half message stays invisible to consumers until its producer '
-        "commits or rolls it back; once older than the broker's <code>transaction_timeout_s"
-        "</code> (or its own <code>CHECK_IMMUNITY_TIME_IN_SECONDS</code>) the broker asks a "
-        "live producer of its group, and after <code>transaction_check_max</code> checks "
-        "discards it to <code>TRANS_CHECK_MAX_TIME_TOPIC</code>.</p>"
+    return (
+        out
+        + (
+            '<p class="muted">A half message stays invisible to consumers until its producer '
+            "commits or rolls it back; once older than the broker's <code>transaction_timeout_s"
+            "</code> (or its own <code>CHECK_IMMUNITY_TIME_IN_SECONDS</code>) the broker asks a "
+            "live producer of its group, and after <code>transaction_check_max</code> checks "
+            "discards it to <code>TRANS_CHECK_MAX_TIME_TOPIC</code>.</p>"
+        )
+        + coordinator_part(coordinator)
+    )
+
+
+def coordinator_part(status: dict[str, Any] | None) -> str:
+    """The transaction coordinator: its counters, the transactional ids it knows with
+    their producer id and epoch, and the decisions a broker has yet to apply."""
+    out = "<h2>Transaction coordinator (multi-message transactions)</h2>"
+    if status is None:
+        return out + (
+            '<p class="muted" id="coordinator-none">No transaction coordinator runs: the '
+            "first <code>TransactionalProducer</code> starts it.</p>"
+        )
+    if "unanswered" in status:
+        return out + (
+            f'<p class="muted" id="coordinator-none">The transaction coordinator did not '
+            f"answer ({e(status['unanswered'])}): it may be restarting.</p>"
+        )
+    summary = [
+        ("log", f'<span class="mono">{e(status["log"])}</span>'),
+        ("decisions not applied everywhere yet", e(len(status["pending"]))),
+        ("found to apply at its last start", e(status["recovered"])),
+        *((e(k), e(v)) for k, v in sorted(status["stats"].items())),
+    ]
+    producers = [
+        (f'<span class="mono">{e(tid)}</span>', f'<span class="mono">{e(pid)}</span>', e(epoch))
+        for tid, (pid, epoch) in sorted(status["producers"].items())
+    ]
+    undone = [(f'<span class="mono">{e(t)}</span>',) for t in status["pending"]]
+    return (
+        out
+        + table(summary, ["", ""], id="coordinator")
+        + table(
+            producers,
+            ["transactional id", "producer id", "epoch"],
+            numeric=(2,),
+            id="txn-producers",
+            empty="no transactional producer yet",
+        )
+        + table(undone, ["decided, not applied yet"], id="txn-undone", empty="none")
     )
 
 

@@ -434,6 +434,35 @@ def cmd_txn(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_txn_coordinator(args: argparse.Namespace) -> int:
+    """``txn coordinator``: the transaction coordinator's producers, undone decisions
+    and counters."""
+    status = _cluster(args).admin.transaction_coordinator()
+    if status is None:
+        _emit(
+            args,
+            None,
+            "no transaction coordinator runs (the first TransactionalProducer starts it)",
+        )
+        return 0
+    producers = [
+        {"transactional_id": tid, "producer_id": pid, "epoch": epoch}
+        for tid, (pid, epoch) in sorted(status["producers"].items())
+    ]
+    data = {k: status[k] for k in ("log", "pending", "recovered", "stats")}
+    data["producers"] = producers
+    counters = ", ".join(f"{k} {v}" for k, v in sorted(status["stats"].items())) or "none yet"
+    human = (
+        _table(producers, ["transactional_id", "producer_id", "epoch"])
+        + f"\nlog: {status['log']}"
+        + f"\ndecisions not applied everywhere yet: {len(status['pending'])}"
+        + "".join(f"\n  {t}" for t in status["pending"])
+        + f"\ncounters: {counters}"
+    )
+    _emit(args, data, human)
+    return 0
+
+
 def _queue_name(q: Any) -> str:
     return f"{q.topic}:{q.broker_name}:{q.queue_id}"
 
@@ -767,6 +796,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     x.add_argument("--group", type=_name, help="only this producer group")
     x.set_defaults(fn=cmd_txn)
+    x = xsub.add_parser(
+        "coordinator",
+        parents=[common],
+        help="multi-message transactions: producers and epochs, undone decisions, counters",
+    )
+    x.set_defaults(fn=cmd_txn_coordinator)
 
     grp = sub.add_parser("group", help="consumer groups: their coordinator's view")
     gsub = grp.add_subparsers(dest="group_cmd", required=True)

@@ -32,7 +32,7 @@ import actors
 from actors import ConsumerFleet, ConsumeStatus, LocalTransactionState, TransactionProducer
 from actors.client.admin import Admin
 from actors.config.console import ConsoleConfig
-from actors.console import build_app
+from actors.console import build_app, pages
 from actors.tools.cli import main as cli
 from rebalance import MessageQueue
 from storage import Message, codec, transaction
@@ -543,6 +543,32 @@ def test_a_pending_transaction_is_listed_until_its_producer_rolls_it_back(
         producer.close()
     open_page(browser, base + "/transactions?group=bad%20group", ok=False)
     assert "must match" in text(browser, "error")
+
+
+def test_the_transaction_coordinator_shows_its_producers_counters_and_undone_decisions(
+    cluster: actors.Cluster, base: str, browser: WebDriver, tmp_path: Any
+) -> None:
+    assert 'id="coordinator-none"' in pages.transactions_page([], "", None)  # none runs yet
+    topic = "ConsoleMtx"
+    cluster.admin.create_topic(topic, 1, 1, brokers=["broker-a"])
+    producer = cluster.transactional_producer(
+        "console-mtx", "console-tid", coordinator_log_dir=str(tmp_path)
+    )
+    try:
+        with producer.begin() as txn:
+            txn.send([Message(topic, b"in-a-transaction")])
+        open_page(browser, base + "/transactions")
+        assert ["console-tid", producer.producer_id, str(producer.epoch)] in rows(
+            browser, "txn-producers"
+        )
+        summary = {r[0]: r[1] for r in rows(browser, "coordinator")}
+        assert int(summary["committed"]) >= 1
+        assert summary["decisions not applied everywhere yet"] == "0"
+        assert text(browser, "txn-undone") == "(none)"
+        # and the CLI says the same
+        assert cli(["txn", "coordinator", "--namespace", cluster.namespace, "--json"]) == 0
+    finally:
+        producer.close()
 
 
 # ------------------------------------------------------------ rates, charts, long operations
