@@ -550,7 +550,13 @@ def cmd_offset(args: argparse.Namespace) -> int:
 
 def cmd_broker(args: argparse.Namespace) -> int:
     """``broker promote``: a slave of a group whose master is gone becomes its master."""
-    done = _cluster(args).admin.promote(args.broker_name, args.id, role=args.role, force=args.force)
+    done = _cluster(args).admin.promote(
+        args.broker_name,
+        args.id,
+        role=args.role,
+        force=args.force,
+        status_timeout_s=args.status_timeout,
+    )
     _emit(
         args,
         done,
@@ -775,7 +781,17 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("broker_name", type=_name)
     b.add_argument("--id", type=int, help="the slave's broker id (default: the most complete)")
     b.add_argument("--role", choices=["ASYNC_MASTER", "SYNC_MASTER"])
-    b.add_argument("--force", action="store_true", help="even if the master looks alive")
+    b.add_argument(
+        "--force",
+        action="store_true",
+        help="even if the master looks alive, a slave is ahead, or one does not answer",
+    )
+    b.add_argument(
+        "--status-timeout",
+        type=float,
+        default=10.0,
+        help="seconds each slave has to say how much it holds (default 10)",
+    )
     b.set_defaults(fn=cmd_broker)
 
     dlq = sub.add_parser("dlq", help="dead letters of a consumer group: list, resend")
@@ -789,7 +805,9 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--id", action="append", help="only this message id (repeatable)")
     d.set_defaults(fn=cmd_dlq)
 
-    txn = sub.add_parser("txn", help="transactional messages: what waits for an end")
+    txn = sub.add_parser(
+        "txn", help="transactional messages: what waits for an end, the coordinator's view"
+    )
     xsub = txn.add_subparsers(dest="txn_cmd", required=True)
     x = xsub.add_parser(
         "list", parents=[common], help="pending half messages with age and check count"

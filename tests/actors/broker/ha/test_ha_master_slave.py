@@ -23,6 +23,7 @@ import actors
 from actors import BrokerSpec, PullStatus, SendStatus
 from actors.protocol import rpc as _rpc
 from actors.protocol.wire import pull_from_wire
+from actors.tools.cli import main as cli
 from rebalance import MessageQueue
 from storage import Message
 from storage.codec import encode_batch
@@ -161,7 +162,7 @@ def test_reads_and_commits_go_to_the_slave_while_the_master_is_gone(
 
 
 def test_promotion_refuses_what_would_lose_messages_then_moves_the_group(
-    make_cluster: Any, tmp_path: Path
+    make_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = tmp_path / "root"
     cluster = make_cluster(
@@ -200,9 +201,12 @@ def test_promotion_refuses_what_would_lose_messages_then_moves_the_group(
         cluster.admin.promote("broker-a", 2, force=True)
     # slave 1, the one ahead, stops answering: the one that answers is behind it, and
     # promoting it would lose what only slave 1 holds
-    ray.get(slave.inject_fault.remote("stall_status", 1))
+    ray.get(slave.inject_fault.remote("stall_status", 2))
     with pytest.raises(actors.PromotionRefusedError, match=r"did not answer.*1 \(GetTimeoutError"):
         cluster.admin.promote("broker-a", status_timeout_s=1.0)
+    ns = ["--namespace", cluster.namespace]
+    assert cli(["broker", "promote", "broker-a", "--status-timeout", "1", *ns]) == 1
+    assert "did not answer" in capsys.readouterr().err
     assert status_of(lagging)["role"] == "SLAVE"
     done = cluster.admin.promote("broker-a")  # the slave holding the most: 1
     assert (done["broker"], done["role"], done["epoch"]) == ("broker-a-1", "SYNC_MASTER", 1)
