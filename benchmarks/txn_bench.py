@@ -84,18 +84,29 @@ def rate(n: int, send: Any) -> float:
 
 
 def bench_throughput(cluster: actors.Cluster, count: int) -> dict[str, Any]:
+    """Single messages: plain sync sends against RocketMQ-style transactions (a half
+    message, the local transaction, the end sent oneway), and the CPU each process
+    spent per message meanwhile (the broker's is what a transaction doubles)."""
     plain = cluster.producer("txn-bench-plain")
     txn = TransactionProducer("txn-bench", Committer(), namespace=cluster.namespace)
     try:
         rate(200, plain.send)  # warm: routes, connections, producer ids
         rate(200, txn.send_message_in_transaction)
+        pids = {"broker": actor_pids("Broker")[0], "this process": os.getpid()}
         rounds: dict[str, list[float]] = {"plain": [], "txn": []}
         for r in range(3):
-            rounds["plain"].append(rate(count, plain.send))
-            rounds["txn"].append(rate(count, txn.send_message_in_transaction))
+            cpu: dict[str, dict[str, float]] = {}
+            for kind, send in (("plain", plain.send), ("txn", txn.send_message_in_transaction)):
+                before = {k: total_cpu_s(p) for k, p in pids.items()}
+                rounds[kind].append(rate(count, send))
+                cpu[kind] = {k: (total_cpu_s(p) - before[k]) * 1e3 / count for k, p in pids.items()}
+                for k, ms in cpu[kind].items():
+                    rounds.setdefault(f"cpu_{kind}_{k}", []).append(ms)
             print(
                 f"  round {r + 1}: plain {rounds['plain'][-1]:,.0f} msg/s, "
-                f"transactions {rounds['txn'][-1]:,.0f} txn/s",
+                f"transactions {rounds['txn'][-1]:,.0f} txn/s; CPU ms per message, plain / "
+                "transaction: "
+                + ", ".join(f"{k} {cpu['plain'][k]:.2f} / {cpu['txn'][k]:.2f}" for k in pids),
                 flush=True,
             )
     finally:
@@ -307,6 +318,11 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"  single-message transactions {t['txn']:,.0f} txn/s vs plain sync sends "
         f"{t['plain']:,.0f} msg/s: {t['ratio']:.2f} (target >= 0.50)"
+    )
+    single = [k.removeprefix("cpu_txn_") for k in t if k.startswith("cpu_txn_")]
+    print(
+        "    median CPU ms per message, a plain send / a transaction: "
+        + ", ".join(f"{k} {t['cpu_plain_' + k]:.2f} / {t['cpu_txn_' + k]:.2f}" for k in single)
     )
     print(
         f"  transactions of {m['size']} messages ({m['producers']} producer(s) on each side) "
