@@ -1,23 +1,27 @@
 """The store on its own: write 100 000 messages, read them back, look one up, recover.
 
-python examples/store_demo.py [--messages N] [--dir PATH]
+python examples/store_demo.py [--messages N] [--dir PATH | --keep]
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import tempfile
 import time
 
 from storage import GetStatus, Message, MessageStore, StoreConfig
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=100_000)
-    parser.add_argument("--dir", default=None, help="store directory (default: a temp dir)")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--dir", default=None, help="store directory (default: a temp dir, removed at the end)"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir to look at")
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     root = args.dir or tempfile.mkdtemp(prefix="raymq-demo-")
     cfg = StoreConfig(
@@ -60,7 +64,11 @@ def main() -> int:
     read = time.perf_counter() - started
     assert seen == args.messages, f"read back {seen} of {args.messages}"
     assert [m.body for m in found] == [b"order-4242"]
-    print(f"store at {root}")
+    if args.dir is None and not args.keep:
+        shutil.rmtree(root)
+        print(f"store was at {root} (removed; --keep keeps it)")
+    else:
+        print(f"store at {root}")
     print(
         f"wrote {args.messages} messages with SYNC_FLUSH in {wrote:.2f}s "
         f"({args.messages / wrote:,.0f} msg/s)"

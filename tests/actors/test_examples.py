@@ -1,0 +1,47 @@
+"""The examples, run as a user who copies them would: the store on its own (its temp
+directory gone afterwards), and the exactly-once billing service crashing in the middle
+of its transactions (on the module's cluster: the script itself starts a local Ray)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import ray
+
+import actors
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def example(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"raymq_example_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_store_demo_writes_reads_back_and_leaves_nothing_in_tmp(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # its temp dir lands here, to be checked
+    assert example("store_demo").main(["--messages", "5000"]) == 0
+    out = capsys.readouterr().out
+    assert "wrote 5000 messages" in out and "key order-4242 ->" in out
+    assert "removed" in out and list(tmp_path.iterdir()) == []
+
+
+def test_the_exactly_once_example_bills_every_order_once_across_its_crashes(
+    one_broker: actors.Cluster, tmp_path: Path
+) -> None:
+    ex = example("exactly_once")
+    ray.cloudpickle.register_pickle_by_value(ex)  # its task runs in a worker process
+    result = ex.run(one_broker, 400, 2, 11, str(tmp_path / "txn-log"))
+    assert ex.check(result["invoices"], 400) == []
+    assert sum(n for n in result["invoices"].values()) == 400
+    assert any("crashed" in line for line in result["runs"]), result["runs"]
