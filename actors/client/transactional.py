@@ -195,7 +195,9 @@ class Transaction:
         count = checks.check_int("count", count, 0)
         checked = {
             checks.check_str("broker", b): [
-                o if isinstance(o, str) and o else checks.check_int("half offset", o, -1)
+                checks.check_str("half message id", o)
+                if isinstance(o, str)
+                else checks.check_int("half offset", o, -1)
                 for o in offs
             ]
             for b, offs in halves.items()

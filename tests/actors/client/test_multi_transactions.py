@@ -360,6 +360,8 @@ def test_a_commit_naming_halves_by_id_leaves_a_failed_attempts_halves_out(
         assert pending_of(cluster, "broker-b") == 6
         with pytest.raises(InvalidMessageError, match="half offset"):
             txn.add_halves({"broker-b": [first, None]}, 2)  # type: ignore[list-item]
+        with pytest.raises(InvalidMessageError, match="half message id"):
+            txn.add_halves({"broker-b": [first, ""]}, 2)
         txn.add_halves({"broker-b": [first, counted[1].msg_id, counted[2].msg_id]}, 3)
         txn.commit()
         mine = [b for b in bodies(cluster, "MtB") if b.startswith((b"failed-", b"counted-"))]
