@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import codec, quarantine
+from . import codec, quarantine, transaction
 from .checkpoint import Checkpoint
 from .commitlog import CommitLog
 from .config import StoreConfig
@@ -75,6 +75,16 @@ def recover(
         start = max(cp.recovery_start, cl.min_offset) if cp is not None else cl.min_offset
         redispatch_from = max(cp.logics_offset, cl.min_offset) if cp is not None else cl.min_offset
         end, damaged = _scan(cl, config, start)
+        first = cl.files.find(start)  # from where the scan began: its file's start
+        torn = open_group_at(cl, first.from_offset if first is not None else start, end)
+        if torn is not None:  # a one-phase commit the crash cut: none of it stays
+            log.warning(
+                "recovery: the commitlog ends in a one-phase commit cut short at %d: "
+                "its records from %d are dropped (never acknowledged)",
+                end,
+                torn,
+            )
+            end = torn
     if cl.files.files and not queues.root.exists():
         log.warning("no consumequeue directory: rebuilding every queue from the commitlog")
         abnormal, redispatch_from = True, cl.min_offset
@@ -183,6 +193,39 @@ def _scan(cl: CommitLog, config: StoreConfig, start: int) -> tuple[int, list[tup
         time.monotonic() - began,
     )
     return end, damaged
+
+
+_SYSFLAG = struct.Struct(">i")
+
+
+def open_group_at(cl: CommitLog, start: int, end: int) -> int | None:
+    """Where the one-phase commit group that the records up to ``end`` end in begins,
+    when its marker is missing (the crash cut the append short); None when the log does
+    not end inside a group. Only a run of group members reaching ``end`` counts: a
+    record outside a group (or a marker) after members closes the run, so nothing but
+    an unfinished tail is ever cut."""
+    open_at: int | None = None
+    pos = start
+    while pos < end:
+        mf = cl.files.find(pos)
+        if mf is None:
+            break
+        rel = pos - mf.from_offset
+        if rel + 8 > mf.file_size:
+            pos = mf.from_offset + mf.file_size
+            continue
+        size, magic = _SIZE_MAGIC.unpack_from(mf.buffer, rel)
+        if magic == codec.BLANK_MAGIC or size < codec.FIXED_LEN:
+            pos = mf.from_offset + mf.file_size
+            continue
+        role = transaction.group_role(_SYSFLAG.unpack_from(mf.buffer, rel + 36)[0])
+        if role == transaction.GROUP_MEMBER:
+            if open_at is None:
+                open_at = pos
+        else:
+            open_at = None
+        pos += size
+    return open_at
 
 
 def _blank(mf: MappedFile, pos: int) -> bool:

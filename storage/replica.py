@@ -30,7 +30,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from . import codec
+from . import codec, transaction
 from .commitlog import CommitLog
 from .config import StoreConfig
 from .consume_queue_store import ConsumeQueueStore
@@ -46,6 +46,7 @@ _SIZE_MAGIC = struct.Struct(">iI")
 # size, magic, queue id, queue offset, physical offset, store timestamp, body length
 _HEAD = struct.Struct(">iI4xi4xqq20xq20xi")
 _BODY_AT = 88
+_SYSFLAG = struct.Struct(">i")
 _TAGS = codec.PROP_TAGS.encode()
 _KEYS = codec.PROP_KEYS.encode()
 _UNIQ = codec.PROP_UNIQ_KEY.encode()
@@ -141,6 +142,10 @@ def dispatch(
     keys: list[str] = []
     key_offsets: list[int] = []
     key_ts: list[int] = []
+    # a one-phase commit's records gather apart until its marker arrives (group_at: where
+    # it began); what is outside any group goes to the done_* lists
+    done_rows, done_keys, done_key_offsets, done_key_ts = rows, keys, key_offsets, key_ts
+    group_at: int | None = None
     topics: dict[bytes, str] = {}
     tag_codes: dict[bytes | None, int] = {None: 0}
     levels = config.delay_levels_ms
@@ -179,6 +184,24 @@ def dispatch(
             if topic == QUARANTINE_TOPIC:  # damaged bytes the master set aside: no entries
                 rel += size
                 continue
+            role = transaction.group_role(_SYSFLAG.unpack_from(buf, rel + 36)[0])
+            if role == transaction.GROUP_MEMBER:
+                if group_at is None:  # a one-phase commit: dispatched once its marker is here
+                    group_at = base + rel
+                    rows, keys, key_offsets, key_ts = defaultdict(list), [], [], []
+            elif group_at is not None:  # its marker (or a record outside it: none came)
+                for k, v in rows.items():
+                    done_rows[k].extend(v)
+                done_keys.extend(keys)
+                done_key_offsets.extend(key_offsets)
+                done_key_ts.extend(key_ts)
+                group_at = None
+                rows, keys, key_offsets, key_ts = (
+                    done_rows,
+                    done_keys,
+                    done_key_offsets,
+                    done_key_ts,
+                )
             prop_len = (buf[p] << 8) | buf[p + 1]
             tags = key_list = uniq = delay = pseq = None
             if prop_len:
@@ -207,6 +230,9 @@ def dispatch(
         pos = base + rel
         if rel < file_size:
             break  # waiting for the rest of this file (or of a record)
+    if group_at is not None:  # its marker has yet to arrive: dispatched from there next time
+        pos = group_at
+    rows, keys, key_offsets, key_ts = done_rows, done_keys, done_key_offsets, done_key_ts
     for (topic, qid), queue_rows in rows.items():
         arr = np.array(queue_rows, dtype=np.int64)
         queues.find_or_create(topic, qid).append_dispatched(

@@ -74,6 +74,20 @@ _DISK_CHECK_S = 0.1  # while writes are taken, the disk's use is looked at this 
 MAX_SCAN_ENTRIES = 800  # ConsumeQueue entries one filtered pull may look at
 
 
+_RESERVED = frozenset(
+    {
+        SCHEDULE_TOPIC,
+        QUARANTINE_TOPIC,
+        timer.TIMER_TOPIC,
+        transaction.HALF_TOPIC,
+        transaction.OP_HALF_TOPIC,
+        transaction.CHECK_MAX_TOPIC,
+        transaction.COMMIT_TOPIC,
+    }
+)
+"""Topics only the store and its broker write."""
+
+
 def _needs_copies(batch: codec.EncodedBatch) -> bool:
     """Whether a producer's batch holds delayed or transactional messages, which the
     store keeps as copies in a system topic before they reach their own."""
@@ -403,9 +417,47 @@ class MessageStore:
                 raise InvalidMessageError(f"topic={topic!r} is reserved for damaged records")
             if topic == timer.TIMER_TOPIC:
                 raise InvalidMessageError(f"topic={topic!r} is reserved for timer messages")
+            if topic == transaction.COMMIT_TOPIC:
+                raise InvalidMessageError(f"topic={topic!r} is reserved for commit markers")
         if batch.producer_id is None and _needs_copies(batch):
             batch = self._to_copies(batch)
         return self._put_encoded(batch)
+
+    def put_group(self, batch: codec.EncodedBatch, marker: Message) -> PutBatchResult:
+        """Store ``batch`` and then ``marker`` (``transaction.commit_marker``) in one
+        append, as a *one-phase commit*: all of it or, after a crash that cut the append
+        short, none of it (recovery drops a group whose marker is missing; a slave
+        dispatches it once the marker arrived). The messages are stored as a committed
+        transaction's (SYSFLAG ``TRANSACTION_COMMIT_TYPE``); they must be plain: no delay,
+        no timer, no half message, no idempotent numbering. The result covers the batch's
+        messages and, last, the marker."""
+        self._check_open()
+        batch.check_structure()
+        if not len(batch):
+            raise InvalidMessageError("a one-phase commit of no message")
+        if (
+            batch.transactional
+            or batch.timer
+            or batch.delay_levels is not None
+            or batch.producer_id is not None
+        ):
+            raise InvalidMessageError(
+                "a one-phase commit stores plain messages: no delay, timer, half message "
+                "or idempotent numbering"
+            )
+        if marker.topic != transaction.COMMIT_TOPIC:
+            raise InvalidMessageError(f"a commit marker goes to {transaction.COMMIT_TOPIC}")
+        shortest, longest = batch.body_range()
+        if longest > self.config.max_message_size or shortest <= 0:
+            raise InvalidMessageError(
+                f"a body of {longest} bytes is over max_message_size="
+                f"{self.config.max_message_size} (or empty)"
+            )
+        for topic in batch.topics:
+            if topic in _RESERVED or topic.upper().startswith("RMQ_SYS_"):
+                raise InvalidMessageError(f"topic={topic!r} is reserved: no commit writes it")
+        end = codec.encode_batch([marker], max_message_size=self.config.max_message_size)
+        return self._put_encoded(transaction.as_group(batch, end))
 
     def _to_copies(self, batch: codec.EncodedBatch) -> codec.EncodedBatch:
         """The batch to store for one whose delayed messages must go to the schedule

@@ -19,6 +19,7 @@ shapes both sides agree on; it knows nothing of brokers or Ray.
 from __future__ import annotations
 
 import dataclasses
+import json
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -80,6 +81,65 @@ _TXN_PROPS = (
     PROP_TXN_PRODUCER,
     PROP_TXN_EPOCH,
 )
+
+
+COMMIT_TOPIC = "RMQ_SYS_TXN_COMMIT"
+"""Where the marker that ends a one-phase commit's group goes (queue 0), one per
+transaction committed that way: the broker's record of what it committed."""
+GROUP_FLAG = 0x1000
+"""A SYSFLAG bit of the records of a *one-phase commit* (a multi-message transaction held
+by one broker, written in one append with no half copies): its messages carry it with
+:data:`TRANSACTION_COMMIT_TYPE`, its marker on :data:`COMMIT_TOPIC` (the group's last
+record) with no transaction type. A group is kept only with its marker: recovery cuts a
+run of members the log ends in (:func:`open_group_at`), and a slave dispatches a group
+only once its marker arrived. Above the bits RocketMQ uses (compression types end at
+0x700); set by the broker only (a producer may set none but ``CLIENT_SYSFLAGS``)."""
+GROUP_MEMBER = 1
+GROUP_END = 2
+
+
+def group_role(sys_flag: int) -> int:
+    """0 for a record outside any group, :data:`GROUP_MEMBER` or :data:`GROUP_END`."""
+    if not sys_flag & GROUP_FLAG:
+        return 0
+    return GROUP_MEMBER if sys_flag & TRANSACTION_MASK == TRANSACTION_COMMIT_TYPE else GROUP_END
+
+
+def as_group(members: codec.EncodedBatch, marker: codec.EncodedBatch) -> codec.EncodedBatch:
+    """``members`` then ``marker`` as one batch, their SYSFLAGs marked as a group's."""
+    data = bytearray(members.data)
+    starts = np.zeros(len(members.sizes), dtype=np.int64)
+    np.cumsum(members.sizes[:-1], out=starts[1:])
+    field = codec.windows(data, ">i4")
+    at = starts + _OFF_SYSFLAG
+    field[at] = (field[at] & ~TRANSACTION_MASK) | GROUP_FLAG | TRANSACTION_COMMIT_TYPE
+    del field
+    end = bytearray(marker.data)
+    (flag,) = struct.unpack_from(">i", end, _OFF_SYSFLAG)
+    struct.pack_into(">i", end, _OFF_SYSFLAG, (flag & ~TRANSACTION_MASK) | GROUP_FLAG)
+    return codec.EncodedBatch.concat(
+        [
+            dataclasses.replace(members, data=bytes(data)),
+            dataclasses.replace(marker, data=bytes(end)),
+        ]
+    )
+
+
+def commit_marker(txn_id: str, transactional_id: str, epoch: int, count: int) -> Message:
+    """The record that ends a one-phase commit's group (its body: who, and how many)."""
+    body = json.dumps(
+        {"txn": txn_id, "tid": transactional_id, "epoch": epoch, "count": count},
+        separators=(",", ":"),
+    ).encode()
+    return Message(COMMIT_TOPIC, body, keys=[txn_id], queue_id=0)
+
+
+def marker_fields(body: bytes) -> dict[str, Any]:
+    """:func:`commit_marker`'s body read back (ValueError when it is not one)."""
+    fields = json.loads(body)
+    if not isinstance(fields, dict) or not isinstance(fields.get("txn"), str):
+        raise ValueError(f"not a commit marker: {body[:80]!r}")
+    return fields
 
 
 def transaction_type(sys_flag: int) -> int:
@@ -175,6 +235,10 @@ class TransactionalFences:
             self._epochs[transactional_id] = epoch
             return True
         return False
+
+    def epoch_of(self, transactional_id: str) -> int:
+        """The fence of ``transactional_id`` (-1: none known here)."""
+        return self._epochs.get(transactional_id, -1)
 
     def check(self, m: MessageExt) -> None:
         """ProducerFencedError when ``m`` comes from an epoch below its id's fence."""
