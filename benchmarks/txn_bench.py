@@ -125,13 +125,24 @@ def bench_multi(
     ``producers`` threads on each side at once, each with its own producer (and its own
     ``transactional_id``), ``txns`` calls each per round."""
     plains = [cluster.producer(f"txn-bench-batch-{i}") for i in range(producers)]
-    txn_producers = [
+    txn_producers = [  # the two phases: the half messages go at send(), the decision after
         TransactionalProducer(
             "txn-bench-multi",
             transactional_id=f"txn-bench-{i}",
             namespace=cluster.namespace,
             coordinator_log_dir=log_dir,
             flush_messages=size,
+            one_phase=False,
+        )
+        for i in range(producers)
+    ]
+    one_phase_producers = [  # held until commit(), then one broker's one append
+        TransactionalProducer(
+            "txn-bench-multi",
+            transactional_id=f"txn-bench-one-{i}",
+            namespace=cluster.namespace,
+            coordinator_log_dir=log_dir,
+            flush_messages=max(1000, size + 1),
         )
         for i in range(producers)
     ]
@@ -154,7 +165,7 @@ def bench_multi(
         return producers * n * size / (time.perf_counter() - started)
 
     # where a call's time goes (ms), the latest round's: what bounds the ratio
-    phases: dict[str, list[float]] = {"plain": [], "send": [], "commit": []}
+    phases: dict[str, list[float]] = {"plain": [], "send": [], "commit": [], "one_phase": []}
 
     def plain_one(i: int) -> None:
         started = time.perf_counter()
@@ -182,6 +193,18 @@ def bench_multi(
 
         return in_threads(n, one)
 
+    def one_phase_round(n: int) -> float:
+        phases["one_phase"].clear()
+
+        def one(i: int) -> None:
+            started = time.perf_counter()
+            txn = one_phase_producers[i].begin()
+            txn.send(batch)  # held here until the commit
+            txn.commit()
+            phases["one_phase"].append((time.perf_counter() - started) * 1e3)
+
+        return in_threads(n, one)
+
     def cpu_of(calls: int, fn: Any) -> tuple[float, dict[str, float]]:
         """``fn()``'s figure and each process's CPU ms per call meanwhile."""
         before = {k: total_cpu_s(p) for k, p in pids.items()}
@@ -191,15 +214,23 @@ def bench_multi(
     try:
         plain_round(20)  # warm: routes, connections, producer ids, the coordinator
         txn_round(20)
+        one_phase_round(20)
         pids = {"broker": actor_pids("Broker")[0], "this process": os.getpid()}
         pids["coordinator"] = actor_pids("TransactionCoordinator")[0]
-        rounds: dict[str, list[float]] = {"plain": [], "txn": [], "txn_nowait": []}
+        rounds: dict[str, list[float]] = {
+            "plain": [],
+            "txn": [],
+            "txn_nowait": [],
+            "one_phase": [],
+        }
         for r in range(3):
             figure, plain_cpu = cpu_of(producers * txns, lambda: plain_round(txns))
             rounds["plain"].append(figure)
             figure, txn_cpu = cpu_of(producers * txns, lambda: txn_round(txns))
             rounds["txn"].append(figure)
             rounds["txn_nowait"].append(txn_round(txns, wait=False))
+            figure, one_cpu = cpu_of(producers * txns, lambda: one_phase_round(txns))
+            rounds["one_phase"].append(figure)
             med = {k: statistics.median(v) for k, v in phases.items()}
             print(
                 f"  round {r + 1}: plain batches {rounds['plain'][-1]:,.0f} msg/s, "
@@ -208,6 +239,12 @@ def bench_multi(
                 f"{rounds['txn_nowait'][-1]:,.0f} msg/s; median ms: a plain batch "
                 f"{med['plain']:.2f}, a transaction's send {med['send']:.2f} and "
                 f"commit {med['commit']:.2f}",
+                flush=True,
+            )
+            print(
+                f"    one-phase transactions of {size} {rounds['one_phase'][-1]:,.0f} msg/s; "
+                f"median ms a transaction {med['one_phase']:.2f}; CPU ms per call "
+                + ", ".join(f"{k} {one_cpu[k]:.2f}" for k in pids),
                 flush=True,
             )
             print(
@@ -220,13 +257,17 @@ def bench_multi(
             for k in pids:
                 rounds.setdefault(f"cpu_plain_{k}", []).append(plain_cpu[k])
                 rounds.setdefault(f"cpu_txn_{k}", []).append(txn_cpu[k])
+                rounds.setdefault(f"cpu_one_phase_{k}", []).append(one_cpu[k])
         stats = ray.get(producer.coordinator.status.remote())["stats"]
     finally:
-        for closing in (*txn_producers, *plains):
+        one_phase_commits = sum(p.one_phase_commits for p in one_phase_producers)
+        for closing in (*txn_producers, *one_phase_producers, *plains):
             closing.close()
     out: dict[str, Any] = {k: statistics.median(v) for k, v in rounds.items()}
     out["ratio"] = out["txn"] / out["plain"]
     out["ratio_nowait"] = out["txn_nowait"] / out["plain"]
+    out["ratio_one_phase"] = out["one_phase"] / out["plain"]
+    out["one_phase_commits"] = one_phase_commits
     out["size"] = size
     out["producers"] = producers
     out["rounds"] = rounds
@@ -335,12 +376,18 @@ def main(argv: list[str] | None = None) -> int:
         f"{m['send_ms']:.2f} (the half messages) and commit {m['commit_ms']:.2f} (the "
         "coordinator's fsynced decision, then the brokers' committed copies)"
     )
+    print(
+        f"  one-phase transactions of {m['size']} messages (held until the commit, one "
+        f"broker's one append; {m['one_phase_commits']:,} committed so) {m['one_phase']:,.0f} "
+        f"msg/s vs plain batches: {m['ratio_one_phase']:.2f} (target >= 0.30)"
+    )
     procs = [k.removeprefix("cpu_txn_") for k in m if k.startswith("cpu_txn_")]
     print(
         "    median CPU ms per call, a plain batch / a transaction: "
         + ", ".join(f"{k} {m['cpu_plain_' + k]:.2f} / {m['cpu_txn_' + k]:.2f}" for k in procs)
         + f" (together {sum(m['cpu_plain_' + k] for k in procs):.2f} / "
-        f"{sum(m['cpu_txn_' + k] for k in procs):.2f})"
+        f"{sum(m['cpu_txn_' + k] for k in procs):.2f}); one-phase "
+        + ", ".join(f"{k} {m['cpu_one_phase_' + k]:.2f}" for k in procs)
     )
     c = results.get("check_back")
     if c is not None:

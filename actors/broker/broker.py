@@ -405,6 +405,15 @@ class Broker:
             retry,
         )
 
+    async def commit_one_phase(
+        self, txn_id: str, transactional_id: str, epoch: int, blob: bytes | np.ndarray
+    ) -> dict[str, Any]:
+        """Commit multi-message transaction ``txn_id`` here alone: ``blob`` (an encoded
+        batch of plain messages) stored as committed, with its marker, in one append
+        (``actors.broker.one_phase``). ``{"count", "again"}``; OnePhaseRefusedError when
+        this broker cannot (nothing written: commit through the coordinator)."""
+        return await self.transactions.one_phase.commit(txn_id, transactional_id, epoch, blob)
+
     async def fence_transactional(self, transactional_id: str, epoch: int) -> int:
         """Refuse from now on half messages of ``transactional_id`` below ``epoch``, and
         roll back those pending here; how many were rolled back."""

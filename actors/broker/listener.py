@@ -131,6 +131,11 @@ class DataPathListener(FrameServer):
                 h.get("y", False),
             )
             return {"r": count}, []
+        if code == Code.TXN_COMMIT_ONE_PHASE:
+            one: dict[str, Any] = await self.transactions.one_phase.commit(
+                h.get("x", _MISSING), h.get("i", _MISSING), h.get("e", _MISSING), body
+            )
+            return {"r": one}, []
         if code == Code.END_TRANSACTIONS:
             ends = [tuple(e) for e in _rows(h.get("q", _MISSING), 3)]
             return {"r": await self.transactions.end_transactions(h.get("g", _MISSING), ends)}, []

@@ -94,6 +94,8 @@ class BrokerRuntime:
             "get_msgs": 0,
             "pulls": 0,
             "txn_committed": 0,  # transactions (actors/broker/transaction.py)
+            "txn_one_phase": 0,  # committed here alone (actors/broker/one_phase.py)
+            "txn_one_phase_repeated": 0,  # a commit sent again: answered, not written
             "txn_rolled_back": 0,
             "txn_checks": 0,
             "txn_discarded": 0,

@@ -43,6 +43,7 @@ import numpy as np
 import ray
 
 from actors.broker.ha import Replication
+from actors.broker.one_phase import OnePhaseCommits
 from actors.broker.runtime import BrokerRuntime
 from actors.coordinator.txn import TXN_COORDINATOR_NAME
 from actors.protocol import checks
@@ -177,6 +178,7 @@ class TransactionProcessor:
         self._producers: dict[str, dict[str, tuple[Any, float]]] = {}
         self._task: asyncio.Task[None] | None = None
         self._loaded = False
+        self.one_phase = OnePhaseCommits(runtime, role)
 
     def _is_done(self, queue_offset: int) -> bool:
         return queue_offset < self._done_below or queue_offset in self._done
@@ -189,10 +191,14 @@ class TransactionProcessor:
             self._done = {q for q in self._done if q >= below}
             self._done_below = below
 
-    def status(self) -> dict[str, int]:
+    def status(self) -> dict[str, Any]:
         """How many ended half messages are tracked one by one (above ``txn_done_below``:
         the first one still pending, as the last scan found it)."""
-        return {"txn_done_tracked": len(self._done), "txn_done_below": self._done_below}
+        return {
+            "txn_done_tracked": len(self._done),
+            "txn_done_below": self._done_below,
+            **self.one_phase.status(),
+        }
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:

@@ -31,6 +31,7 @@ import dataclasses
 import enum
 import itertools
 import logging
+import random
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -47,10 +48,10 @@ from actors.coordinator.txn import (
 )
 from actors.protocol import checks, rpc
 from actors.protocol.data_path import COORDINATOR_REQUESTS
-from actors.protocol.errors import refused
+from actors.protocol.errors import OnePhaseRefusedError, refused
 from actors.protocol.names import DEFAULT_NAMESPACE
 from rebalance import MessageQueue
-from storage.codec import validate_topic
+from storage.codec import EncodedBatch, validate_topic
 from storage.errors import (
     BrokerUnavailableError,
     InvalidMessageError,
@@ -62,6 +63,9 @@ from storage.properties import PROP_PRODUCER_GROUP, PROP_TRAN_MSG
 from storage.transaction import PROP_GLOBAL_TXN, PROP_TXN_EPOCH, PROP_TXN_PRODUCER
 
 log = logging.getLogger("raymq.actors.client.transactional")
+
+ONE_PHASE_MAX_BYTES = 4 << 20
+"""A transaction's messages over this many encoded bytes commit in two phases."""
 
 __all__ = [
     "ProducerFencedError",
@@ -227,7 +231,15 @@ class Transaction:
         semantics: the outcome is fixed, the messages and offsets show a moment later,
         in commit order); True (the default) once every broker shows them. Raises
         ProducerFencedError when a newer instance took the ``transactional_id`` over
-        (the transaction is then aborted)."""
+        (the transaction is then aborted).
+
+        A transaction nothing of which was sent yet (its messages buffered: fewer than
+        ``flush_messages``), with no offsets and no shared context, whose messages can all
+        go to queues of one master, is committed by that master alone in one append
+        (``actors.broker.one_phase``): no half copies, no coordinator. Otherwise, or when
+        that broker cannot (it answers so before writing), the two phases."""
+        if self._commit_one_phase():
+            return
         self.flush()
         if not self._halves and not self._offsets:
             self.state = TransactionState.COMMITTED
@@ -257,6 +269,68 @@ class Transaction:
                 "transaction %s committed; a broker applies it later (the coordinator retries)",
                 self.txn_id,
             )
+
+    def _commit_one_phase(self) -> bool:
+        """The one-phase commit where it applies (see :meth:`commit`): True once done."""
+        self._require_open()
+        p = self.producer
+        if not (p.one_phase and self._buffer) or self._halves or self._offsets or self._shared:
+            return False
+        try:
+            plan = p._one_phase_plan(self._buffer)
+        except Exception as exc:  # noqa: BLE001 - the two phases meet it again, and say so
+            log.debug("transaction %s: no one-phase plan: %s", self.txn_id, exc)
+            return False
+        if plan is None:
+            return False
+        handle, broker, blob = plan
+        deadline = time.monotonic() + max(30.0, p.config.send_timeout_s)
+        delay, unknown = 0.05, False
+        while True:
+            try:
+                answer = rpc.get(
+                    handle.commit_one_phase.remote(self.txn_id, p.transactional_id, p.epoch, blob),
+                    p.config.send_timeout_s,
+                )
+                break
+            except OnePhaseRefusedError as exc:
+                if not unknown:  # nothing of it written anywhere: the two phases
+                    log.debug("transaction %s: %s", self.txn_id, exc)
+                    p.one_phase_refused += 1
+                    return False
+                failure: BaseException = exc
+            except ProducerFencedError:
+                self.state = TransactionState.ABORTED
+                p._ended(self)
+                raise
+            except Exception as exc:  # noqa: BLE001 - sorted below
+                if isinstance(exc, RayMQError) and refused(exc):
+                    self.state = TransactionState.FAILED
+                    raise
+                if not (isinstance(exc, BrokerUnavailableError) or rpc.is_retriable(exc)):
+                    self.state = TransactionState.FAILED
+                    raise
+                failure = exc
+            # the outcome is unknown: the same commit again, to the same broker (it
+            # answers a repeat without writing it twice); never elsewhere
+            unknown = True
+            if time.monotonic() > deadline:
+                self.state = TransactionState.FAILED
+                raise BrokerUnavailableError(
+                    f"transaction {self.txn_id}: broker {broker} did not answer its commit "
+                    f"({failure}); whether it is committed is not known"
+                ) from failure
+            log.warning("transaction %s: commit on %s: %s; again", self.txn_id, broker, failure)
+            time.sleep(delay)  # the broker restarts or the connection reopens
+            delay = min(1.0, delay * 2)
+        self.sent += len(self._buffer)
+        self._buffer = []
+        self.state = TransactionState.COMMITTED
+        p.one_phase_commits += 1
+        p._ended(self)
+        if answer.get("again"):
+            log.info("transaction %s was committed already on %s", self.txn_id, broker)
+        return True
 
     def abort(self) -> None:
         """Drop what is buffered and roll back what was sent; the offsets stay."""
@@ -307,6 +381,7 @@ class TransactionalProducer(Producer):
         coordinator_log_dir: str | None = None,
         txn_timeout_s: float = 60.0,
         flush_messages: int = 1000,
+        one_phase: bool = True,
         **options: Any,
     ) -> None:
         self.transactional_id = checks.check_str("transactional_id", transactional_id)
@@ -316,6 +391,9 @@ class TransactionalProducer(Producer):
             group, namespace=namespace, nameservers=nameservers, config=config, **options
         )
         self.flush_messages = flush_messages
+        self.one_phase = bool(one_phase)
+        self.one_phase_commits = 0  # transactions one broker committed alone
+        self.one_phase_refused = 0  # ... that a broker left to the two phases
         self.coordinator = transaction_coordinator(
             namespace,
             log_dir=coordinator_log_dir,
@@ -363,6 +441,34 @@ class TransactionalProducer(Producer):
         if isinstance(exc, BrokerUnavailableError):
             return method == "init_producer" or not refused(exc)
         return not isinstance(exc, RayMQError) and rpc.is_retriable(exc)
+
+    def _one_phase_plan(self, messages: Sequence[Message]) -> tuple[Any, str, bytes] | None:
+        """Where ``messages`` go as one broker's one-phase commit: (its handle, its name,
+        the encoded batch), each topic's messages to one queue of that broker as a send
+        would pick them; None when not every topic has a queue there (or the batch is too
+        large for one append)."""
+        chunks = self._encoder.encode(messages, numbered=False)
+        selector = self._sender.selector
+        mq, route, _ = selector.select(chunks[0].topic, None, None)
+        broker = mq.broker_name
+        picked = {chunks[0].topic: mq}
+        bound = []
+        for chunk in chunks:
+            q = picked.get(chunk.topic)
+            if q is None:
+                queues = [
+                    m
+                    for m in selector.write_queues(selector.route(chunk.topic)[0])
+                    if m.broker_name == broker
+                ]
+                if not queues:
+                    return None
+                q = picked[chunk.topic] = random.choice(queues)
+            bound.append(chunk.batch.with_queue(q.queue_id))
+        blob = EncodedBatch.wire_of(bound)
+        if len(blob) > ONE_PHASE_MAX_BYTES:
+            return None
+        return self.ns.broker(route, broker), broker, blob
 
     def begin(self) -> Transaction:
         """Start a transaction (one at a time per producer); no Ray call."""

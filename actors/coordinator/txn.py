@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import RayActorError
 
 from actors.coordinator.coordinator import HEAD_NODE_RESOURCE
 from actors.namesrv.client import NameServerClient, discover_nameservers
@@ -306,11 +307,22 @@ class TransactionCoordinator:
             for h in masters.values()
         ]
         rolled = 0
-        for r in await asyncio.gather(*calls, return_exceptions=True):
+        missed = []
+        for name, r in zip(masters, await asyncio.gather(*calls, return_exceptions=True)):
             if isinstance(r, BaseException):
                 log.warning("fencing %s at epoch %d: a broker did not take it: %r", tid, epoch, r)
+                if not isinstance(r, RayActorError):
+                    missed.append(name)
             else:
                 rolled += int(r)
+        if missed:
+            # a live master without the fence could take the old instance's one-phase
+            # commit (actors.broker.one_phase); one that is gone takes every fence from
+            # here before its first. So the new instance does not start yet
+            raise BrokerUnavailableError(
+                f"transactional id {tid!r}: epoch {epoch} logged, but {', '.join(missed)} "
+                "did not take its fence: try again"
+            )
         if rolled:
             self.stats["halves_rolled_back_fenced"] += rolled
             log.warning("fencing %s at epoch %d rolled back %d half messages", tid, epoch, rolled)
@@ -352,6 +364,11 @@ class TransactionCoordinator:
         if prev is not None:
             await self._fence_brokers(tid, epoch)
         return pid, epoch
+
+    async def fences(self) -> dict[str, int]:
+        """Every ``transactional_id``'s current epoch: what a broker takes before its first
+        one-phase commit (``actors.broker.one_phase``)."""
+        return {tid: p.epoch for tid, p in self.log.producers.items()}
 
     async def end(
         self,

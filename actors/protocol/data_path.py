@@ -320,6 +320,13 @@ def _end_transaction_batch(
     return header, [], _result
 
 
+def _commit_one_phase(
+    txn_id: str, transactional_id: str, epoch: int, blob: bytes | np.ndarray
+) -> Any:
+    header = {"c": int(Code.TXN_COMMIT_ONE_PHASE), "x": txn_id, "i": transactional_id, "e": epoch}
+    return header, [blob], _result
+
+
 def _end_transactions(group: str, ends: Sequence[tuple[int, str, bool]]) -> Any:
     header = {"c": int(Code.END_TRANSACTIONS), "g": group, "q": [list(e) for e in ends]}
     return header, [], _result
@@ -380,6 +387,7 @@ _REQUESTS = {
     "end_transaction": _end_transaction,
     "end_transaction_batch": _end_transaction_batch,
     "end_transactions": _end_transactions,
+    "commit_one_phase": _commit_one_phase,
     "pop": _pop,
     "ack_message": _ack_message,
     "change_invisible_duration": _change_invisible,

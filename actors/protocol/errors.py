@@ -20,6 +20,12 @@ class TransactionStateError(InvalidMessageError):
     the other way, adding a broker to one already decided). Nothing changed."""
 
 
+class OnePhaseRefusedError(BrokerUnavailableError):
+    """A broker cannot commit a transaction alone (``actors.broker.one_phase``): the
+    producer's epoch is not known there, or its role keeps two phases. Nothing was
+    written; the producer commits through the transaction coordinator instead."""
+
+
 def mark_answered(exc: BaseException) -> BaseException:
     """``exc`` as the broker's own answer (a processor raised it), not a failure of the
     way there and back: see :func:`refused`."""

@@ -53,6 +53,7 @@ import msgpack
 
 from actors.protocol.errors import (
     AnswerDroppedError,
+    OnePhaseRefusedError,
     PromotionRefusedError,
     TransactionStateError,
     mark_answered,
@@ -89,6 +90,7 @@ class Code(enum.IntEnum):
     CHANGE_INVISIBLE = 19
     END_TRANSACTION_BATCH = 20  # the transaction coordinator's decision on one broker
     END_TRANSACTIONS = 21  # a transactional producer's answers to a check round
+    TXN_COMMIT_ONE_PHASE = 22  # a transaction one broker holds whole, committed there alone
     TXN_END = 30  # a transactional producer's commit or abort, to the transaction coordinator
 
 
@@ -164,6 +166,7 @@ _ERRORS: dict[str, type[RayMQError]] = {
         PromotionRefusedError,
         AnswerDroppedError,
         TransactionStateError,
+        OnePhaseRefusedError,
         FrameError,
         AuthError,
     )

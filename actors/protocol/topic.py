@@ -37,6 +37,7 @@ SYSTEM_TOPICS = frozenset(
         transaction.HALF_TOPIC,
         transaction.OP_HALF_TOPIC,
         transaction.CHECK_MAX_TOPIC,
+        transaction.COMMIT_TOPIC,
         TIMER_TOPIC,
     }
 )

@@ -368,7 +368,11 @@ def test_tls_carries_the_data_path_and_a_plain_text_client_gets_nothing(
     door = ray.get(coordinator.data_path.remote())
     assert door["tls"] is True
     txp = actors.TransactionalProducer(
-        "p-tls-txn", transactional_id="tls-1", namespace=cluster.namespace, data_tls_ca=cert
+        "p-tls-txn",
+        transactional_id="tls-1",
+        namespace=cluster.namespace,
+        data_tls_ca=cert,
+        one_phase=False,  # through the coordinator, not its one broker alone
     )
     requests = ray.get(coordinator.status.remote())["door"]["requests"]
     with txp.begin() as txn:

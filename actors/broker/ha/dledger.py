@@ -95,6 +95,8 @@ class _LeaderStore:
 
 
 class DLedgerReplication(Replication):
+    one_phase = False  # a one-phase commit's group is no entry shape of the log yet
+
     def __init__(self, broker: BrokerRuntime) -> None:
         self.loop = broker.loop
         self.closed = False

@@ -29,7 +29,7 @@ from actors.protocol.connection import BrokerConnection
 from actors.protocol.data_path import DataPath
 from actors.tools.cli import main
 from rebalance import MessageQueue
-from storage import Message, transaction
+from storage import Message, codec, transaction
 from storage.errors import (
     BrokerUnavailableError,
     InvalidMessageError,
@@ -75,7 +75,9 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(tmp_path_factory.mktemp("txnlog"))
 
 
-def producer(cluster: actors.Cluster, log_dir: str, tid: str) -> TransactionalProducer:
+def producer(
+    cluster: actors.Cluster, log_dir: str, tid: str, **options: Any
+) -> TransactionalProducer:
     return cluster.transactional_producer(
         "mtx-producer",
         tid,
@@ -83,6 +85,7 @@ def producer(cluster: actors.Cluster, log_dir: str, tid: str) -> TransactionalPr
         txn_timeout_s=ORPHAN_TIMEOUT_S,  # counts where the coordinator is created: the first
         flush_messages=16,
         send_timeout_s=10.0,
+        **options,
     )
 
 
@@ -228,6 +231,12 @@ def test_a_zombie_producer_is_fenced_and_its_open_transaction_aborted(
         with pytest.raises(ProducerFencedError):
             t2.commit()
         assert committed_offset(cluster) < 19
+        # nor does the one broker holding a whole transaction commit it alone
+        t4 = old.begin()
+        t4.send(Message("MtA", b"z-old-one-phase"))
+        with pytest.raises(ProducerFencedError):
+            t4.commit()
+        assert t4.state is TransactionState.ABORTED and old.one_phase_commits == 0
         # the new instance goes on
         with new.begin() as t3:
             t3.send(Message("MtA", b"z-new"))
@@ -468,7 +477,7 @@ def test_commits_reach_the_coordinator_over_its_own_socket_where_strangers_are_r
     client without the coordinator's secret is refused at the handshake; a proved one
     sending a bad TXN_END gets the error, nothing is logged, and its connection goes on
     serving; a good one commits."""
-    p = producer(cluster, log_dir, "tid-door")
+    p = producer(cluster, log_dir, "tid-door", one_phase=False)  # the coordinator decides
     try:
         coordinator = p.coordinator
 
@@ -597,5 +606,88 @@ def test_a_broker_killed_midway_through_a_commits_append_shows_each_message_once
             b"mid-%d" % i for i in range(10)
         )
         assert pending_of(cluster, "broker-a") == 0
+    finally:
+        p.close()
+
+
+def coordinator_stats(p: TransactionalProducer) -> dict[str, int]:
+    return dict(ray.get(p.coordinator.status.remote())["stats"])
+
+
+def broker_stats(cluster: actors.Cluster, broker: str) -> dict[str, Any]:
+    return dict(ray.get(cluster.broker(broker).status.remote()))
+
+
+def test_a_transaction_one_broker_holds_is_committed_there_alone(
+    cluster: actors.Cluster, log_dir: str
+) -> None:
+    """No half copy, no coordinator: the broker's one append is the commit. A transaction
+    over two brokers, or with offsets, keeps the two phases."""
+    p = producer(cluster, log_dir, "tid-one-phase")
+    try:
+        before, a_before = coordinator_stats(p), broker_stats(cluster, "broker-a")
+        txn = p.begin()
+        # MtA lives on broker-a only, MtC on both: the plan keeps MtC's messages there too
+        txn.send([Message("MtA" if i % 2 else "MtC", b"op-%d" % i) for i in range(10)])
+        assert not any(
+            b.startswith(b"op-") for b in bodies(cluster, "MtA") + bodies(cluster, "MtC")
+        )
+        txn.commit()
+        assert txn.state is TransactionState.COMMITTED and p.one_phase_commits == 1
+        got = [b for b in bodies(cluster, "MtA") + bodies(cluster, "MtC") if b.startswith(b"op-")]
+        assert sorted(got) == sorted(b"op-%d" % i for i in range(10))
+        a_after = broker_stats(cluster, "broker-a")
+        assert a_after["txn_one_phase"] == a_before["txn_one_phase"] + 1
+        assert coordinator_stats(p).get("committed", 0) == before.get("committed", 0)
+        assert pending_of(cluster, "broker-a") == 0  # no half message was ever written
+        # the broker's record of it: the marker, found by the transaction's id
+        markers = ray.get(
+            cluster.broker("broker-a").query_by_key.remote(transaction.COMMIT_TOPIC, txn.txn_id)
+        )
+        assert [transaction.marker_fields(m.body) for m in markers] == [
+            {"txn": txn.txn_id, "tid": "tid-one-phase", "epoch": p.epoch, "count": 10}
+        ]
+        # over two brokers: the coordinator decides
+        with p.begin() as two:
+            two.send([Message("MtA", b"tp-a"), Message("MtB", b"tp-b")])
+        assert p.one_phase_commits == 1
+        assert coordinator_stats(p)["committed"] == before.get("committed", 0) + 1
+        assert b"tp-b" in bodies(cluster, "MtB") and b"tp-a" in bodies(cluster, "MtA")
+    finally:
+        p.close()
+
+
+def test_a_one_phase_commit_sent_again_is_answered_not_written_twice(
+    cluster: actors.Cluster, log_dir: str
+) -> None:
+    """What a producer whose answer was lost does: the same commit again, to the same
+    broker, over its socket or through Ray. And what the broker refuses: an epoch it
+    cannot know, a malformed batch; neither writes anything."""
+    p = producer(cluster, log_dir, "tid-one-phase-again")
+    try:
+        stub = p.ns.broker_by_name("broker-a-0")
+        raw = cluster.broker("broker-a")
+        blob = codec.encode_batch(
+            [Message("MtA", b"again-%d" % i, queue_id=i % 2) for i in range(3)]
+        )
+        wire = blob.to_bytes()
+        first = rpc.get(stub.commit_one_phase.remote("again-1", p.transactional_id, p.epoch, wire))
+        assert first == {"count": 3, "again": False}
+        for handle in (stub, raw):
+            again = rpc.get(
+                handle.commit_one_phase.remote("again-1", p.transactional_id, p.epoch, wire)
+            )
+            assert again == {"count": 3, "again": True}
+        with pytest.raises(BrokerUnavailableError, match="not known here"):
+            rpc.get(stub.commit_one_phase.remote("again-2", p.transactional_id, p.epoch + 5, wire))
+        with pytest.raises(InvalidMessageError):
+            rpc.get(
+                stub.commit_one_phase.remote("again-3", p.transactional_id, p.epoch, b"\x00" * 40)
+            )
+        assert sorted(b for b in bodies(cluster, "MtA") if b.startswith(b"again-")) == [
+            b"again-0",
+            b"again-1",
+            b"again-2",
+        ]
     finally:
         p.close()

@@ -552,7 +552,10 @@ def test_the_transaction_coordinator_shows_its_producers_counters_and_undone_dec
     topic = "ConsoleMtx"
     cluster.admin.create_topic(topic, 1, 1, brokers=["broker-a"])
     producer = cluster.transactional_producer(
-        "console-mtx", "console-tid", coordinator_log_dir=str(tmp_path)
+        "console-mtx",
+        "console-tid",
+        coordinator_log_dir=str(tmp_path),
+        one_phase=False,  # the coordinator decides: its page part counts the commit
     )
     try:
         with producer.begin() as txn:

@@ -1,0 +1,185 @@
+"""One-phase commits: a multi-message transaction that one broker holds whole, committed
+by that broker alone (``Broker.commit_one_phase``, or its socket's ``TXN_COMMIT_ONE_PHASE``).
+
+A :class:`~actors.client.transactional.Transaction` buffers its messages until the
+commit. When at the commit nothing of it was sent yet, it carries no consumer offsets,
+its context was never handed out, and every message can go to a queue of one master, that
+master is its only participant: its append *is* the decision, and the transaction
+coordinator is not asked (no logged decision, no half copies, no second append). The
+broker writes the messages as committed ones and, last, a marker on
+``RMQ_SYS_TXN_COMMIT`` naming the transaction, in one append (``MessageStore.put_group``):
+recovery keeps the group whole or drops it, a slave dispatches it once its marker
+arrived, and under SYNC_MASTER the answer waits for the slave to hold the marker.
+
+What keeps it safe without the coordinator:
+
+* **Fencing.** The producer's epoch must equal this broker's fence for its
+  ``transactional_id``. The fences are in memory, so before its first one-phase commit a
+  broker (a fresh process, a slave made master) takes every fence from the coordinator;
+  after that the coordinator's ``init_producer`` raises the fence here, and fails when a
+  live master did not take it, so a newer instance never starts while a broker could
+  still take its predecessor's commit. An epoch above the fence (an id first used since,
+  or its raise still on the way) makes the broker take the fences again; still above,
+  or the coordinator not reached, the commit is refused and the producer commits in two
+  phases (:class:`OnePhaseRefusedError`, nothing written).
+* **Once.** A commit whose answer was lost is sent again with the same transaction id:
+  the broker answers the first one's count and writes nothing (the ids of the commits
+  it holds are read back from the marker queue at the first one-phase commit).
+* **DLedger** groups keep the two phases (their entries are compared byte for byte; the
+  group append is not one of their entries' shapes yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from typing import Any
+
+import ray
+
+from actors.broker.ha import Replication
+from actors.broker.runtime import BrokerRuntime
+from actors.coordinator.txn import TXN_COORDINATOR_NAME
+from actors.protocol import checks
+from actors.protocol.errors import OnePhaseRefusedError
+from storage import transaction
+from storage.codec import EncodedBatch
+from storage.errors import ProducerFencedError
+from storage.message import GetStatus
+from storage.store import PutBatchResult
+
+log = logging.getLogger("raymq.actors.broker.one_phase")
+
+REMEMBERED = 100_000
+"""Transaction ids of one-phase commits kept to answer a repeated commit."""
+_SYNC_TIMEOUT_S = 10.0
+
+
+class OnePhaseCommits:
+    """A master's one-phase commits (see the module doc)."""
+
+    def __init__(self, runtime: BrokerRuntime, role: Replication) -> None:
+        self.rt = runtime
+        self.role = role
+        self._lock = asyncio.Lock()
+        self._synced = False
+        self._done: OrderedDict[str, int] = OrderedDict()  # txn id -> its message count
+
+    async def commit(
+        self, txn_id: str, transactional_id: str, epoch: int, blob: Any
+    ) -> dict[str, Any]:
+        """Store ``blob`` (an encoded batch of plain messages) as transaction ``txn_id``
+        of ``transactional_id`` at ``epoch``, committed: ``{"count", "again"}`` (again:
+        committed before, nothing written now). ProducerFencedError for an older epoch;
+        OnePhaseRefusedError when this broker cannot decide alone (nothing written)."""
+        txn_id = checks.check_str("txn_id", txn_id)
+        tid = checks.check_str("transactional_id", transactional_id)
+        epoch = checks.check_int("epoch", epoch, 0)
+        if not getattr(self.role, "one_phase", True):
+            raise OnePhaseRefusedError(
+                f"broker {self.rt.config.actor_name} ({self.role.role}): commit in two phases"
+            )
+        batch = EncodedBatch.from_bytes(blob)
+        batch.check_structure()
+        rt = self.rt
+        async with self._lock:  # the check for a repeat and the append, together
+            if not self._synced:
+                await self._sync()
+            if txn_id in self._done:
+                rt.stats["txn_one_phase_repeated"] += 1
+                return {"count": self._done[txn_id], "again": True}
+            fence = rt.store.txn_fences.epoch_of(tid)
+            if epoch > fence:  # an id first used since the sync, or its raise still on the way
+                await self._take_fences()
+                fence = rt.store.txn_fences.epoch_of(tid)
+            if epoch < fence:
+                raise ProducerFencedError(
+                    f"transactional id {tid!r}: epoch {epoch} is fenced by epoch {fence}"
+                )
+            if epoch > fence:
+                raise OnePhaseRefusedError(
+                    f"transactional id {tid!r}: epoch {epoch} not known here yet (fence "
+                    f"{fence}): commit in two phases"
+                )
+            created = False
+            for i, topic in enumerate(batch.topics):
+                ids = (
+                    batch.queue_ids
+                    if len(batch.topics) == 1
+                    else batch.queue_ids[batch.topic_idx == i]
+                )
+                _, new = rt.topics.for_write(topic, int(ids.max()), 0)
+                created |= new
+            marker = transaction.commit_marker(txn_id, tid, epoch, len(batch))
+
+            async def local_put(b: EncodedBatch) -> PutBatchResult:
+                return await rt.run(rt.store.put_group, b, marker)
+
+            await self.role.put(batch, local_put)
+            self._done[txn_id] = len(batch)
+            while len(self._done) > REMEMBERED:
+                self._done.popitem(last=False)
+        if created:
+            await rt.register_all()
+        rt.stats["txn_one_phase"] += 1
+        rt.stats["put_msgs"] += len(batch)
+        rt.stats["put_batches"] += 1
+        return {"count": len(batch), "again": False}
+
+    async def _sync(self) -> None:
+        """Before the first one-phase commit (lock held): every fence from the
+        coordinator, and the ids of the one-phase commits this store holds."""
+        rt = self.rt
+        fences = await self._take_fences()
+        done = await rt.run(self._committed_here)
+        for txn_id, count in done.items():
+            self._done[txn_id] = count
+        self._synced = True
+        log.info(
+            "broker %s: one-phase commits on (%d producers' epochs, %d commits held)",
+            rt.config.actor_name,
+            fences,
+            len(done),
+        )
+
+    async def _take_fences(self) -> int:
+        """Raise every fence to the coordinator's epochs; how many producers it knows."""
+        rt = self.rt
+        try:
+            coordinator = await rt.run(ray.get_actor, TXN_COORDINATOR_NAME, rt.config.namespace)
+            fences: dict[str, int] = await asyncio.wait_for(
+                coordinator.fences.remote(), _SYNC_TIMEOUT_S
+            )
+        except Exception as exc:  # noqa: BLE001 - whatever it was: not known here
+            raise OnePhaseRefusedError(
+                f"broker {rt.config.actor_name}: the producers' epochs are not known here "
+                f"({type(exc).__name__}: {exc}): commit in two phases"
+            ) from None
+        for tid, epoch in fences.items():
+            rt.store.txn_fences.raise_fence(tid, int(epoch))
+        return len(fences)
+
+    def _committed_here(self) -> dict[str, int]:
+        """The latest :data:`REMEMBERED` one-phase commits of the marker queue."""
+        store = self.rt.store
+        cq = store.find_consume_queue(transaction.COMMIT_TOPIC, 0)
+        if cq is None:
+            return {}
+        offset = max(store.min_offset(transaction.COMMIT_TOPIC, 0), cq.max_offset - REMEMBERED)
+        done: dict[str, int] = {}
+        while offset < cq.max_offset:
+            got = store.get("CID_RMQ_SYS_TXN_COMMIT", transaction.COMMIT_TOPIC, 0, offset, 1024)
+            if got.status is not GetStatus.FOUND or not got.messages:
+                break
+            for m in got.messages:
+                try:
+                    fields = transaction.marker_fields(m.body)
+                    done[fields["txn"]] = int(fields.get("count", 0))
+                except (ValueError, TypeError):
+                    log.warning("a record of %s is no commit marker", transaction.COMMIT_TOPIC)
+            offset = got.next_offset
+        return done
+
+    def status(self) -> dict[str, Any]:
+        return {"txn_one_phase_synced": self._synced, "txn_one_phase_tracked": len(self._done)}
