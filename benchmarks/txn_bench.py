@@ -17,7 +17,11 @@ A local Ray cluster (started here) with one broker on a temp directory (ASYNC_FL
   names the broker, logs the decision with fsync and has the broker commit all of them
   in one append) against plain ``send_batch`` calls of the same size, alternated in
   three rounds; messages per second and the ratio (target: >= 0.3); also with
-  ``commit(wait=False)`` (the commit answered once decided, applied in the background).
+  ``commit(wait=False)`` (the commit answered once decided, applied in the background);
+  and *one-phase* transactions of the same size (held by the producer until
+  ``commit()``, then stored by their one broker in one append with a commit marker,
+  no coordinator: ``actors.broker.one_phase``), the figure the target is read against
+  when one broker holds the transaction (the two phases stay for several brokers).
   ``--producers K``: K threads on each side, each with its own producer, at once.
   Each round also prints where a call's time goes (median ms of a plain batch, of a
   transaction's send and of its commit) and the CPU each process spent per call

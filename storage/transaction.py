@@ -125,12 +125,25 @@ def as_group(members: codec.EncodedBatch, marker: codec.EncodedBatch) -> codec.E
     )
 
 
-def commit_marker(txn_id: str, transactional_id: str, epoch: int, count: int) -> Message:
-    """The record that ends a one-phase commit's group (its body: who, and how many)."""
-    body = json.dumps(
-        {"txn": txn_id, "tid": transactional_id, "epoch": epoch, "count": count},
-        separators=(",", ":"),
-    ).encode()
+def commit_marker(
+    txn_id: str,
+    transactional_id: str,
+    epoch: int,
+    count: int,
+    offsets: Mapping[str, Sequence[Sequence[Any]]] | None = None,
+) -> Message:
+    """The record that ends a one-phase commit's group (its body: who, how many, and the
+    consumer offsets committed with it: group -> [[topic, queue id, offset]], which the
+    broker re-applies from here when its offset table was not saved after it)."""
+    fields: dict[str, Any] = {
+        "txn": txn_id,
+        "tid": transactional_id,
+        "epoch": epoch,
+        "count": count,
+    }
+    if offsets:
+        fields["offsets"] = {g: [list(r) for r in rows] for g, rows in offsets.items()}
+    body = json.dumps(fields, separators=(",", ":")).encode()
     return Message(COMMIT_TOPIC, body, keys=[txn_id], queue_id=0)
 
 

@@ -86,6 +86,7 @@ class Broker:
         self.groups = ConsumerManageProcessor(rt, self.ha)
         self.admin = AdminBrokerProcessor(rt, self.ha)
         self.transactions = TransactionProcessor(rt, self.ha)
+        self.transactions.one_phase.attach(self.groups)
         self.popper = PopProcessor(rt, self.ha)
         self.producer_ids = ProducerIdAllocator(
             rt.store.config_file("producerIds"), config.actor_name
@@ -406,20 +407,31 @@ class Broker:
         )
 
     async def commit_one_phase(
-        self, txn_id: str, transactional_id: str, epoch: int, blob: bytes | np.ndarray
+        self,
+        txn_id: str,
+        transactional_id: str,
+        epoch: int,
+        blob: bytes | np.ndarray,
+        offsets: dict[str, list[list[Any]]] | None = None,
     ) -> dict[str, Any]:
         """Commit multi-message transaction ``txn_id`` here alone: ``blob`` (an encoded
         batch of plain messages) stored as committed, with its marker, in one append
         (``actors.broker.one_phase``). ``{"count", "again"}``; OnePhaseRefusedError when
-        this broker cannot (nothing written: commit through the coordinator)."""
-        return await self.transactions.one_phase.commit(txn_id, transactional_id, epoch, blob)
+        this broker cannot (nothing written: commit through the coordinator). ``offsets``:
+        group -> [[topic, queue id, next offset]] of this broker's queues, committed with
+        it."""
+        return await self.transactions.one_phase.commit(
+            txn_id, transactional_id, epoch, blob, offsets
+        )
 
     async def fence_transactional(self, transactional_id: str, epoch: int) -> int:
         """Refuse from now on half messages of ``transactional_id`` below ``epoch``, and
         roll back those pending here; how many were rolled back."""
         tid = checks.check_str("transactional_id", transactional_id)
         epoch = checks.check_int("epoch", epoch, 0)
-        self.rt.store.txn_fences.raise_fence(tid, epoch)
+        # after any one-phase commit in progress here: the new instance reads the offsets
+        # once this answers, and an older instance's commit must be in them or refused
+        await self.transactions.one_phase.raise_fence(tid, epoch)
         return await self.transactions.abort_fenced(tid, epoch)
 
     async def register_transaction_producer(

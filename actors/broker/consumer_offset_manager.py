@@ -24,7 +24,12 @@ class ConsumerOffsetManager:
         self._lock = threading.Lock()
         self._table: dict[tuple[str, str], dict[int, int]] = {}  # (topic, group) -> qid -> offset
         self._dirty = False
-        for key, queues in (file.load().get("offsetTable") or {}).items():
+        saved = file.load()
+        self.txn_markers = int(saved.get("txnMarkersApplied", 0) or 0)
+        """The one-phase commit markers (``RMQ_SYS_TXN_COMMIT`` queue offsets) below which
+        every marker's offsets are in this table (``actors.broker.one_phase``): saved with
+        it, so a restart re-applies only those of later markers."""
+        for key, queues in (saved.get("offsetTable") or {}).items():
             topic, sep, group = key.partition(TOPIC_GROUP_SEP)
             if not sep:
                 log.error("ignoring offset key %r in %s", key, file.path)
@@ -67,6 +72,13 @@ class ConsumerOffsetManager:
                 self._table = {key: dict(queues) for key, queues in table.items()}
                 self._dirty = True
 
+    def mark_markers(self, below: int) -> None:
+        """Every one-phase commit marker below ``below`` has its offsets in the table."""
+        with self._lock:
+            if below > self.txn_markers:
+                self.txn_markers = below
+                self._dirty = True
+
     def merge_max(self, table: dict[tuple[str, str], dict[int, int]]) -> int:
         """Keep the larger offset of each queue (commits a slave took while the master was
         gone); return how many queues moved forward."""
@@ -85,12 +97,14 @@ class ConsumerOffsetManager:
         with self._lock:
             if not (self._dirty or force):
                 return False
-            data = {
+            data: dict[str, object] = {
                 "offsetTable": {
                     f"{t}{TOPIC_GROUP_SEP}{g}": {str(q): o for q, o in sorted(qs.items())}
                     for (t, g), qs in sorted(self._table.items())
                 }
             }
+            if self.txn_markers:
+                data["txnMarkersApplied"] = self.txn_markers
             self._dirty = False
         self._file.save(data)
         return True

@@ -33,7 +33,7 @@ from storage.errors import InvalidConfigError
 log = logging.getLogger("raymq.actors.broker.faults")
 
 SEND_KINDS = ("drop_answer", "crash_after_store", "hang_after_store")
-KINDS = (*SEND_KINDS, "crash_mid_commit", "stall_status")
+KINDS = (*SEND_KINDS, "crash_mid_commit", "stall_status", "crash_after_one_phase")
 
 
 class Faults:

@@ -133,7 +133,7 @@ class DataPathListener(FrameServer):
             return {"r": count}, []
         if code == Code.TXN_COMMIT_ONE_PHASE:
             one: dict[str, Any] = await self.transactions.one_phase.commit(
-                h.get("x", _MISSING), h.get("i", _MISSING), h.get("e", _MISSING), body
+                h.get("x", _MISSING), h.get("i", _MISSING), h.get("e", _MISSING), body, h.get("k")
             )
             return {"r": one}, []
         if code == Code.END_TRANSACTIONS:

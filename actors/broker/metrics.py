@@ -14,7 +14,7 @@ topic, lag series the consumer group. In Prometheus the names gain Ray's
 | ``raymq_store_disk_used_ratio`` | gauge | used share of the store's disk |
 | ``raymq_commitlog_bytes`` | gauge | CommitLog bytes on disk (max - min offset) |
 | ``raymq_master_epoch`` | gauge | the broker group's master epoch: one more at each failover |
-| ``raymq_transactions_total`` | counter | half messages ended, per ``state``: ``committed``, ``rolled_back`` (by the producer, a check or the coordinator), ``discarded`` (checked ``transaction_check_max`` times) |
+| ``raymq_transactions_total`` | counter | half messages ended, per ``state``: ``committed``, ``rolled_back`` (by the producer, a check or the coordinator), ``discarded`` (checked ``transaction_check_max`` times); and ``one_phase``: multi-message transactions this broker committed alone (``actors.broker.one_phase``) |
 
 The data path only adds to plain dicts and a deque, once per batch (a put or a
 pull), never per message (~1 us): a ``ray.util.metrics`` call costs ~5 us, which
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("raymq.actors.broker.metrics")
 
-_TXN_STATES = ("committed", "rolled_back", "discarded")
+_TXN_STATES = ("committed", "rolled_back", "discarded", "one_phase")
 _OBSERVE_CHUNK = 256  # histogram observations per turn of the event loop (~1 ms)
 _LATENCY_BOUNDS = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0]
 
@@ -104,7 +104,8 @@ class BrokerMetrics:
         )
         self.transactions = metrics.Counter(
             "raymq_transactions_total",
-            "Half messages ended, per state (committed, rolled_back, discarded)",
+            "Half messages ended, per state (committed, rolled_back, discarded), and "
+            "transactions committed by this broker alone (one_phase)",
             tag_keys=("broker", "broker_id", "state"),
         )
         for metric in (

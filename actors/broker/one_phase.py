@@ -45,7 +45,7 @@ from actors.protocol import checks
 from actors.protocol.errors import OnePhaseRefusedError
 from storage import transaction
 from storage.codec import EncodedBatch
-from storage.errors import ProducerFencedError
+from storage.errors import InvalidMessageError, ProducerFencedError
 from storage.message import GetStatus
 from storage.store import PutBatchResult
 
@@ -62,20 +62,76 @@ class OnePhaseCommits:
     def __init__(self, runtime: BrokerRuntime, role: Replication) -> None:
         self.rt = runtime
         self.role = role
+        self.groups: Any = None  # the broker's ConsumerManageProcessor (attach)
         self._lock = asyncio.Lock()
         self._synced = False
         self._done: OrderedDict[str, int] = OrderedDict()  # txn id -> its message count
+        # ASYNC_FLUSH puts stay on the loop, SYNC_FLUSH ones wait for fsync in a thread
+        self._inline = runtime.config.inline_async_puts and not runtime.store.config.sync_flush
+
+    def attach(self, groups: Any) -> None:
+        """Take the broker's offset commits (``ConsumerManageProcessor``), then re-apply
+        what one-phase commits stored and the offset table lacks (a crash between a
+        commit's append and the table's save): before the broker serves an offset."""
+        self.groups = groups
+        self.rt.replay_txn_offsets = self.replay_offsets
+        self.replay_offsets()
+
+    def replay_offsets(self) -> int:
+        """The offsets of every commit marker from the table's watermark on, where ahead
+        of the table (a later reset or commit is not moved back); how many queues moved."""
+        store, table = self.rt.store, self.rt.offsets
+        cq = store.find_consume_queue(transaction.COMMIT_TOPIC, 0)
+        if cq is None or cq.max_offset <= table.txn_markers:
+            return 0
+        offset = max(table.txn_markers, store.min_offset(transaction.COMMIT_TOPIC, 0))
+        moved = markers = 0
+        while offset < cq.max_offset:
+            got = store.get("CID_RMQ_SYS_TXN_COMMIT", transaction.COMMIT_TOPIC, 0, offset, 1024)
+            if got.status is not GetStatus.FOUND or not got.messages:
+                break
+            for m in got.messages:
+                try:
+                    groups = transaction.marker_fields(m.body).get("offsets") or {}
+                    for group, rows in groups.items():
+                        for topic, qid, off in rows:
+                            if int(off) > table.query(group, topic, int(qid)):
+                                table.commit(group, topic, int(qid), int(off))
+                                moved += 1
+                    markers += 1
+                except (ValueError, TypeError, AttributeError):
+                    log.warning("a record of %s is no commit marker", transaction.COMMIT_TOPIC)
+            offset = got.next_offset
+        table.mark_markers(offset)
+        table.persist()
+        if moved:
+            log.warning(
+                "broker %s: %d queue offsets of %d one-phase commits re-applied (saved after "
+                "the table was)",
+                self.rt.config.actor_name,
+                moved,
+                markers,
+            )
+        return moved
 
     async def commit(
-        self, txn_id: str, transactional_id: str, epoch: int, blob: Any
+        self,
+        txn_id: str,
+        transactional_id: str,
+        epoch: int,
+        blob: Any,
+        offsets: dict[str, list[list[Any]]] | None = None,
     ) -> dict[str, Any]:
         """Store ``blob`` (an encoded batch of plain messages) as transaction ``txn_id``
-        of ``transactional_id`` at ``epoch``, committed: ``{"count", "again"}`` (again:
-        committed before, nothing written now). ProducerFencedError for an older epoch;
-        OnePhaseRefusedError when this broker cannot decide alone (nothing written)."""
+        of ``transactional_id`` at ``epoch``, committed, with ``offsets`` (group ->
+        [[topic, queue id, next offset]], queues of this broker) committed with it:
+        ``{"count", "again"}`` (again: committed before, nothing written now).
+        ProducerFencedError for an older epoch; OnePhaseRefusedError when this broker
+        cannot decide alone (nothing written)."""
         txn_id = checks.check_str("txn_id", txn_id)
         tid = checks.check_str("transactional_id", transactional_id)
         epoch = checks.check_int("epoch", epoch, 0)
+        by_group = self._checked_offsets(offsets)
         if not getattr(self.role, "one_phase", True):
             raise OnePhaseRefusedError(
                 f"broker {self.rt.config.actor_name} ({self.role.role}): commit in two phases"
@@ -111,12 +167,27 @@ class OnePhaseCommits:
                 )
                 _, new = rt.topics.for_write(topic, int(ids.max()), 0)
                 created |= new
-            marker = transaction.commit_marker(txn_id, tid, epoch, len(batch))
+            marker = transaction.commit_marker(
+                txn_id,
+                tid,
+                epoch,
+                len(batch),
+                {g: [[t, q, o] for (t, q), o in qs.items()] for g, qs in by_group.items()},
+            )
 
             async def local_put(b: EncodedBatch) -> PutBatchResult:
+                if self._inline:  # a copy into the mapped file: as a send's put
+                    return rt.store.put_group(b, marker)
                 return await rt.run(rt.store.put_group, b, marker)
 
-            await self.role.put(batch, local_put)
+            result = await self.role.put(batch, local_put)
+            if rt.faults.take("crash_after_one_phase"):
+                rt.faults.crash()  # stored, the offsets not saved, nothing answered
+            for group, queues in by_group.items():
+                await self.groups.commit_offsets(group, queues)
+            rt.offsets.mark_markers(int(result.queue_offsets[-1]) + 1)
+            if by_group:  # saved before the answer, as a two-phase decision's are
+                await rt.run(rt.offsets.persist)
             self._done[txn_id] = len(batch)
             while len(self._done) > REMEMBERED:
                 self._done.popitem(last=False)
@@ -126,6 +197,30 @@ class OnePhaseCommits:
         rt.stats["put_msgs"] += len(batch)
         rt.stats["put_batches"] += 1
         return {"count": len(batch), "again": False}
+
+    async def raise_fence(self, transactional_id: str, epoch: int) -> None:
+        """Raise a fence once no one-phase commit is in progress (they hold the lock)."""
+        async with self._lock:
+            self.rt.store.txn_fences.raise_fence(transactional_id, epoch)
+
+    def _checked_offsets(
+        self, offsets: dict[str, list[list[Any]]] | None
+    ) -> dict[str, dict[tuple[str, int], int]]:
+        """``offsets`` from the wire as group -> {(topic, queue id): offset}, each checked
+        as a commit of them would be (refused before anything is written)."""
+        if offsets is None:
+            return {}
+        if not isinstance(offsets, dict):
+            raise InvalidMessageError(f"offsets: must be a dict by group, got {offsets!r:.80}")
+        by_group = {}
+        for group, rows in offsets.items():
+            if not isinstance(rows, (list, tuple)) or not all(
+                isinstance(r, (list, tuple)) and len(r) == 3 for r in rows
+            ):
+                raise InvalidMessageError(f"offsets of {group!r}: [[topic, queue id, offset]]")
+            queues = {(t, q): o for t, q, o in rows}
+            by_group[group] = self.groups.check_offsets(group, queues)
+        return by_group
 
     async def _sync(self) -> None:
         """Before the first one-phase commit (lock held): every fence from the

@@ -110,6 +110,9 @@ class BrokerRuntime:
         self.registration_due = asyncio.Event()
         self.register_all: Callable[[], Awaitable[int]] = _not_wired
         """Register with every NameServer now (``actors.broker.registration``)."""
+        self.replay_txn_offsets: Callable[[], int] | None = None
+        """Re-apply the offsets of one-phase commits the offset table may lack (set by the
+        broker, ``actors.broker.one_phase``; a promotion calls it)."""
         self._nameservers: dict[str, Any] = {}
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:

@@ -234,10 +234,11 @@ class Transaction:
         (the transaction is then aborted).
 
         A transaction nothing of which was sent yet (its messages buffered: fewer than
-        ``flush_messages``), with no offsets and no shared context, whose messages can all
-        go to queues of one master, is committed by that master alone in one append
-        (``actors.broker.one_phase``): no half copies, no coordinator. Otherwise, or when
-        that broker cannot (it answers so before writing), the two phases."""
+        ``flush_messages``), no shared context, its offsets (if any) on one master, and
+        its messages able to go to queues of that master, is committed by that master
+        alone in one append with its offsets (``actors.broker.one_phase``): no half
+        copies, no coordinator. Otherwise, or when that broker cannot (it answers so
+        before writing), the two phases."""
         if self._commit_one_phase():
             return
         self.flush()
@@ -274,10 +275,17 @@ class Transaction:
         """The one-phase commit where it applies (see :meth:`commit`): True once done."""
         self._require_open()
         p = self.producer
-        if not (p.one_phase and self._buffer) or self._halves or self._offsets or self._shared:
+        if not (p.one_phase and self._buffer) or self._halves or self._shared:
             return False
+        if len(self._offsets) > 1:  # offsets on two brokers: two participants
+            return False
+        offsets = None
+        target = None
+        if self._offsets:
+            target, groups = next(iter(self._offsets.items()))
+            offsets = {g: [[t, q, o] for (t, q), o in qs.items()] for g, qs in groups.items()}
         try:
-            plan = p._one_phase_plan(self._buffer)
+            plan = p._one_phase_plan(self._buffer, target)
         except Exception as exc:  # noqa: BLE001 - the two phases meet it again, and say so
             log.debug("transaction %s: no one-phase plan: %s", self.txn_id, exc)
             return False
@@ -289,7 +297,9 @@ class Transaction:
         while True:
             try:
                 answer = rpc.get(
-                    handle.commit_one_phase.remote(self.txn_id, p.transactional_id, p.epoch, blob),
+                    handle.commit_one_phase.remote(
+                        self.txn_id, p.transactional_id, p.epoch, blob, offsets
+                    ),
                     p.config.send_timeout_s,
                 )
                 break
@@ -305,6 +315,12 @@ class Transaction:
                 raise
             except Exception as exc:  # noqa: BLE001 - sorted below
                 if isinstance(exc, RayMQError) and refused(exc):
+                    if isinstance(exc, BrokerUnavailableError) and not unknown:
+                        # a slave now, or not registered yet: nothing written; the two
+                        # phases' sends find the master as any send does
+                        log.debug("transaction %s: %s", self.txn_id, exc)
+                        p.one_phase_refused += 1
+                        return False
                     self.state = TransactionState.FAILED
                     raise
                 if not (isinstance(exc, BrokerUnavailableError) or rpc.is_retriable(exc)):
@@ -442,16 +458,23 @@ class TransactionalProducer(Producer):
             return method == "init_producer" or not refused(exc)
         return not isinstance(exc, RayMQError) and rpc.is_retriable(exc)
 
-    def _one_phase_plan(self, messages: Sequence[Message]) -> tuple[Any, str, bytes] | None:
+    def _one_phase_plan(
+        self, messages: Sequence[Message], broker: str | None = None
+    ) -> tuple[Any, str, bytes] | None:
         """Where ``messages`` go as one broker's one-phase commit: (its handle, its name,
-        the encoded batch), each topic's messages to one queue of that broker as a send
-        would pick them; None when not every topic has a queue there (or the batch is too
+        the encoded batch), each topic's messages to one queue of that broker (``broker``,
+        the one holding the transaction's offsets; else where a send of the first topic
+        would go); None when not every topic has a queue there (or the batch is too
         large for one append)."""
         chunks = self._encoder.encode(messages, numbered=False)
         selector = self._sender.selector
-        mq, route, _ = selector.select(chunks[0].topic, None, None)
-        broker = mq.broker_name
-        picked = {chunks[0].topic: mq}
+        picked: dict[str, MessageQueue] = {}
+        if broker is None:
+            mq, route, _ = selector.select(chunks[0].topic, None, None)
+            broker = mq.broker_name
+            picked[chunks[0].topic] = mq
+        else:
+            route = selector.route(chunks[0].topic)[0]
         bound = []
         for chunk in chunks:
             q = picked.get(chunk.topic)

@@ -321,9 +321,20 @@ def _end_transaction_batch(
 
 
 def _commit_one_phase(
-    txn_id: str, transactional_id: str, epoch: int, blob: bytes | np.ndarray
+    txn_id: str,
+    transactional_id: str,
+    epoch: int,
+    blob: bytes | np.ndarray,
+    offsets: Mapping[str, Sequence[Sequence[Any]]] | None = None,
 ) -> Any:
-    header = {"c": int(Code.TXN_COMMIT_ONE_PHASE), "x": txn_id, "i": transactional_id, "e": epoch}
+    header: dict[str, Any] = {
+        "c": int(Code.TXN_COMMIT_ONE_PHASE),
+        "x": txn_id,
+        "i": transactional_id,
+        "e": epoch,
+    }
+    if offsets:
+        header["k"] = {g: [list(r) for r in rows] for g, rows in offsets.items()}
     return header, [blob], _result
 
 

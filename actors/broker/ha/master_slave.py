@@ -335,6 +335,8 @@ class MasterSlaveReplication(Replication):
         end = self.store.dispatched_offset
         if self.sync is not None:  # commits consumers made here now belong to the master
             self.broker.offsets.merge_max(self.sync.local)
+        if self.broker.replay_txn_offsets is not None:  # one-phase commits' offsets the
+            await self.broker.run(self.broker.replay_txn_offsets)  # snapshot did not hold
         self.client = self.sync = None
         if self.store.commitlog.max_offset > end:
             await self.broker.run(self.store.truncate_commitlog, end)

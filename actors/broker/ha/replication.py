@@ -306,6 +306,7 @@ class Replication:
         return {
             "topics": b.topics.snapshot(),
             "offsets": b.offsets.snapshot(),
+            "txn_markers": b.offsets.txn_markers,
             "delay_offsets": self.services.delay_offsets(),
             "subscription_groups": b.store.config_file("subscriptionGroup").load(),
         }

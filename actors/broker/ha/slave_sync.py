@@ -113,6 +113,9 @@ class SlaveSynchronize:
         offsets: OffsetTable = {k: dict(v) for k, v in snapshot["offsets"].items()}
         merge_into(offsets, self.local)
         b.offsets.replace(offsets)
+        # the master's one-phase commit markers whose offsets its table holds: a promotion
+        # re-applies those of later markers (actors.broker.one_phase)
+        b.offsets.txn_markers = int(snapshot.get("txn_markers", 0) or 0)
         delay = {int(k): int(v) for k, v in snapshot.get("delay_offsets", {}).items()}
         if delay != self._delay:
             b.store.config_file("delayOffset").save(

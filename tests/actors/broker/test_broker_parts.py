@@ -70,6 +70,12 @@ def test_offsets_persist_as_topic_at_group(tmp_path: Path) -> None:
     again = ConsumerOffsetManager(file)
     assert again.query_topic("g", "T") == {0: 42, 3: 7}
     assert again.topics_of("g") == ["T"]
+    # the one-phase commit markers whose offsets the table holds: saved with it, never back
+    again.mark_markers(5)
+    again.mark_markers(3)
+    assert again.persist()
+    assert json.loads((tmp_path / "consumerOffset.json").read_text())["txnMarkersApplied"] == 5
+    assert ConsumerOffsetManager(file).txn_markers == 5
 
 
 def test_consumers_expire() -> None:

@@ -576,7 +576,8 @@ def test_a_commit_while_a_broker_is_down_is_applied_after_its_restart(
 def test_a_broker_killed_midway_through_a_commits_append_shows_each_message_once(
     cluster: actors.Cluster, log_dir: str
 ) -> None:
-    """Last in the module: it kills broker-a. The broker dies in the middle of writing a
+    """It kills broker-a (the tests after it run on the restarted one). The broker dies in
+    the middle of writing a
     commit (half of the committed copies written, not the op message: recovery keeps
     them). Ray restarts it, the coordinator tells it the decision again, and the broker
     finds the copies written before the crash by their unique keys: each message shows
@@ -689,5 +690,36 @@ def test_a_one_phase_commit_sent_again_is_answered_not_written_twice(
             b"again-1",
             b"again-2",
         ]
+    finally:
+        p.close()
+
+
+def test_a_broker_crashing_after_a_one_phase_append_keeps_the_commit_and_its_offsets_once(
+    cluster: actors.Cluster, log_dir: str
+) -> None:
+    """Last in the module: it kills broker-b. A consume-transform-produce step whose
+    input (MtIn) and output (MtB) are both on broker-b commits there alone, with its
+    offset. The broker dies right after the append, before it saved its offset table or
+    answered. The producer sends the same commit again until the restarted broker
+    answers: it was committed (read back from the marker), so nothing is written twice,
+    and the offset, re-applied from the marker at the restart, has moved."""
+    p = producer(cluster, log_dir, "tid-one-phase-crash")
+    group = "mtx-one-phase-in"
+    mq = input_queue()
+    broker = cluster.broker("broker-b")
+    try:
+        before = _incarnation(broker)
+        ray.get(broker.inject_fault.remote("crash_after_one_phase"))
+        txn = p.begin()
+        txn.send([Message("MtB", b"crash-op-%d" % i) for i in range(5)])
+        txn.send_offsets(group, {mq: 7})
+        txn.commit()  # the first attempt dies with the broker; a later one is answered
+        assert txn.state is TransactionState.COMMITTED and p.one_phase_commits == 1
+        assert _incarnation(broker) not in (None, before)
+        status = broker_stats(cluster, "broker-b")
+        assert status["txn_one_phase_repeated"] == 1 and status["txn_one_phase"] == 0
+        got = sorted(b for b in bodies(cluster, "MtB") if b.startswith(b"crash-op-"))
+        assert got == sorted(b"crash-op-%d" % i for i in range(5))
+        assert int(cluster.pull_consumer(group).fetch_offset(mq)) == 7
     finally:
         p.close()
