@@ -5,7 +5,8 @@ sync sends measured in the same run, and how fast the check service resolves a b
                                    [--size N] [--producers K] [--skip-check-back]
                                    [--json FILE]
 
-A local Ray cluster (started here) with one broker on a temp directory (ASYNC_FLUSH).
+A local Ray cluster (started here) with one broker on a temp directory (ASYNC_FLUSH, or
+SYNC_FLUSH with ``--sync-flush``).
 
 * **Throughput**: ``count`` single 100-byte messages sent one after another with
   ``Producer.send`` (plain) and with ``TransactionProducer.send_message_in_transaction``
@@ -323,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
         "--producers", type=int, default=1, help="concurrent producers on each side (multi)"
     )
     parser.add_argument("--skip-check-back", action="store_true", help="no check-back part")
+    parser.add_argument(
+        "--sync-flush", action="store_true", help="the broker flushes every put (SYNC_FLUSH)"
+    )
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     count, n_pending = (300, 500) if args.quick else (args.count, args.pending)
@@ -337,7 +341,10 @@ def main(argv: list[str] | None = None) -> int:
             store_root=root,
             topics=[actors.TopicConfig(TOPIC, 4, 4)],
             broker_options={
-                "store": {"commitlog_file_size": 256 << 20, "flush_disk_type": "ASYNC_FLUSH"},
+                "store": {
+                    "commitlog_file_size": 256 << 20,
+                    "flush_disk_type": "SYNC_FLUSH" if args.sync_flush else "ASYNC_FLUSH",
+                },
                 "transaction_check_interval_s": CHECK_INTERVAL_S,
                 "transaction_timeout_s": TIMEOUT_S,
             },

@@ -343,12 +343,23 @@ class Admin:
         (``producers``), the decisions some broker has yet to apply (``pending``), how
         many it found to apply at its last start (``recovered``), its counters
         (``stats``) and its socket (``door``); None when none runs (the first
-        ``TransactionalProducer`` starts it)."""
+        ``TransactionalProducer`` starts it). Beside it, ``one_phase``: per master, the
+        transactions it committed alone without the coordinator (``actors.broker.one_phase``;
+        since its start), or the reason it did not answer."""
         try:
             handle = ray.get_actor(TXN_COORDINATOR_NAME, namespace=self.namespace)
         except ValueError:
             return None
         status: dict[str, Any] = _rpc.get(handle.status.remote(), ADMIN_TIMEOUT_S)
+        one_phase: dict[str, Any] = {}
+        brokers = self.brokers()
+        refs = {name: h.status.remote() for name, h in brokers.items()}
+        for name, ref in refs.items():
+            try:
+                one_phase[name] = int(_rpc.get(ref, ADMIN_TIMEOUT_S).get("txn_one_phase", 0))
+            except Exception as exc:  # noqa: BLE001 - one silent broker hides no other
+                one_phase[name] = f"no answer ({type(exc).__name__})"
+        status["one_phase"] = one_phase
         return status
 
     # ------------------------------------------------------------ dead letters and perms

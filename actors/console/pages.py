@@ -778,6 +778,7 @@ def coordinator_part(status: dict[str, Any] | None) -> str:
         for tid, (pid, epoch) in sorted(status["producers"].items())
     ]
     undone = [(f'<span class="mono">{e(t)}</span>',) for t in status["pending"]]
+    alone = [(e(b), e(n)) for b, n in sorted(status.get("one_phase", {}).items())]
     return (
         out
         + table(summary, ["", ""], id="coordinator")
@@ -789,6 +790,14 @@ def coordinator_part(status: dict[str, Any] | None) -> str:
             empty="no transactional producer yet",
         )
         + table(undone, ["decided, not applied yet"], id="txn-undone", empty="none")
+        + "<h3>Committed by one broker alone (one-phase: no coordinator)</h3>"
+        + table(
+            alone,
+            ["broker", "transactions since its start"],
+            numeric=(1,),
+            id="txn-one-phase",
+            empty="no broker",
+        )
     )
 
 

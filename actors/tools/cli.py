@@ -449,15 +449,17 @@ def cmd_txn_coordinator(args: argparse.Namespace) -> int:
         {"transactional_id": tid, "producer_id": pid, "epoch": epoch}
         for tid, (pid, epoch) in sorted(status["producers"].items())
     ]
-    data = {k: status[k] for k in ("log", "pending", "recovered", "stats")}
+    data = {k: status[k] for k in ("log", "pending", "recovered", "stats", "one_phase")}
     data["producers"] = producers
     counters = ", ".join(f"{k} {v}" for k, v in sorted(status["stats"].items())) or "none yet"
+    alone = ", ".join(f"{b} {n}" for b, n in sorted(status["one_phase"].items())) or "no broker"
     human = (
         _table(producers, ["transactional_id", "producer_id", "epoch"])
         + f"\nlog: {status['log']}"
         + f"\ndecisions not applied everywhere yet: {len(status['pending'])}"
         + "".join(f"\n  {t}" for t in status["pending"])
         + f"\ncounters: {counters}"
+        + f"\ncommitted by one broker alone (one-phase): {alone}"
     )
     _emit(args, data, human)
     return 0

@@ -391,16 +391,22 @@ def test_the_cli_shows_the_coordinators_producers_and_counters(
 ) -> None:
     p = producer(cluster, log_dir, "tid-cli")
     try:
-        with p.begin() as txn:
+        with p.begin() as txn:  # one broker holds it: committed there alone
             txn.send([Message("MtA", b"cli")])
+        with p.begin() as txn:  # two brokers: the coordinator decides
+            txn.send([Message("MtA", b"cli-a"), Message("MtB", b"cli-b")])
+        assert p.one_phase_commits == 1
         assert main(["txn", "coordinator", "--namespace", cluster.namespace, "--json"]) == 0
         data = json.loads(capsys.readouterr().out)
         mine = {"transactional_id": "tid-cli", "producer_id": p.producer_id, "epoch": p.epoch}
         assert mine in data["producers"]
         assert data["stats"]["committed"] >= 1 and data["log"].startswith(log_dir)
+        assert set(data["one_phase"]) == {"broker-a", "broker-b"}
+        assert data["one_phase"]["broker-a"] >= 1
         assert main(["txn", "coordinator", "--namespace", cluster.namespace]) == 0
         out = capsys.readouterr().out
         assert "tid-cli" in out and "committed" in out and "TRANSACTIONAL_ID" in out
+        assert "committed by one broker alone (one-phase): broker-a " in out
     finally:
         p.close()
 

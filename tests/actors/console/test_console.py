@@ -557,10 +557,17 @@ def test_the_transaction_coordinator_shows_its_producers_counters_and_undone_dec
         coordinator_log_dir=str(tmp_path),
         one_phase=False,  # the coordinator decides: its page part counts the commit
     )
+    alone = cluster.transactional_producer(  # one broker holds its transaction: no coordinator
+        "console-mtx", "console-tid-alone", coordinator_log_dir=str(tmp_path)
+    )
     try:
         with producer.begin() as txn:
             txn.send([Message(topic, b"in-a-transaction")])
+        with alone.begin() as txn:
+            txn.send([Message(topic, b"committed-by-broker-a-alone")])
+        assert alone.one_phase_commits == 1
         open_page(browser, base + "/transactions")
+        assert int(dict(rows(browser, "txn-one-phase"))["broker-a"]) >= 1
         assert ["console-tid", producer.producer_id, str(producer.epoch)] in rows(
             browser, "txn-producers"
         )
@@ -572,6 +579,7 @@ def test_the_transaction_coordinator_shows_its_producers_counters_and_undone_dec
         assert cli(["txn", "coordinator", "--namespace", cluster.namespace, "--json"]) == 0
     finally:
         producer.close()
+        alone.close()
 
 
 # ------------------------------------------------------------ rates, charts, long operations
