@@ -24,7 +24,13 @@ What keeps it safe without the coordinator:
   phases (:class:`OnePhaseRefusedError`, nothing written).
 * **Once.** A commit whose answer was lost is sent again with the same transaction id:
   the broker answers the first one's count and writes nothing (the ids of the commits
-  it holds are read back from the marker queue at the first one-phase commit).
+  it holds are read back from the marker queue at the first one-phase commit); a repeat
+  that arrives while the first is being stored waits for it.
+* **Concurrency.** The lock covers the checks and counting a commit in flight, not its
+  append, fsync or replication: commits of several producers share fsyncs as sends do.
+  A fence raise returns once every commit that passed the old fence is done, and the
+  offset table's marker watermark stays below the lowest marker a commit in flight may
+  get.
 * **DLedger** groups keep the two phases (their entries are compared byte for byte; the
   group append is not one of their entries' shapes yet).
 """
@@ -66,6 +72,9 @@ class OnePhaseCommits:
         self._lock = asyncio.Lock()
         self._synced = False
         self._done: OrderedDict[str, int] = OrderedDict()  # txn id -> its message count
+        self._inflight: dict[str, asyncio.Future[int]] = {}  # txn id -> its count, once stored
+        # marker queue offsets below which no commit in flight has its marker -> how many
+        self._unsettled: dict[int, int] = {}
         # ASYNC_FLUSH puts stay on the loop, SYNC_FLUSH ones wait for fsync in a thread
         self._inline = runtime.config.inline_async_puts and not runtime.store.config.sync_flush
 
@@ -139,58 +148,54 @@ class OnePhaseCommits:
         batch = EncodedBatch.from_bytes(blob)
         batch.check_structure()
         rt = self.rt
-        async with self._lock:  # the check for a repeat and the append, together
+        async with self._lock:  # the checks, and the commit counted in flight, together
             if not self._synced:
                 await self._sync()
-            if txn_id in self._done:
-                rt.stats["txn_one_phase_repeated"] += 1
-                return {"count": self._done[txn_id], "again": True}
-            fence = rt.store.txn_fences.epoch_of(tid)
-            if epoch > fence:  # an id first used since the sync, or its raise still on the way
-                await self._take_fences()
-                fence = rt.store.txn_fences.epoch_of(tid)
-            if epoch < fence:
-                raise ProducerFencedError(
-                    f"transactional id {tid!r}: epoch {epoch} is fenced by epoch {fence}"
-                )
-            if epoch > fence:
-                raise OnePhaseRefusedError(
-                    f"transactional id {tid!r}: epoch {epoch} not known here yet (fence "
-                    f"{fence}): commit in two phases"
-                )
-            created = False
-            for i, topic in enumerate(batch.topics):
-                ids = (
-                    batch.queue_ids
-                    if len(batch.topics) == 1
-                    else batch.queue_ids[batch.topic_idx == i]
-                )
-                _, new = rt.topics.for_write(topic, int(ids.max()), 0)
-                created |= new
-            marker = transaction.commit_marker(
-                txn_id,
-                tid,
-                epoch,
-                len(batch),
-                {g: [[t, q, o] for (t, q), o in qs.items()] for g, qs in by_group.items()},
-            )
-
-            async def local_put(b: EncodedBatch) -> PutBatchResult:
-                if self._inline:  # a copy into the mapped file: as a send's put
-                    return rt.store.put_group(b, marker)
-                return await rt.run(rt.store.put_group, b, marker)
-
-            result = await self.role.put(batch, local_put)
-            if rt.faults.take("crash_after_one_phase"):
-                rt.faults.crash()  # stored, the offsets not saved, nothing answered
-            for group, queues in by_group.items():
-                await self.groups.commit_offsets(group, queues)
-            rt.offsets.mark_markers(int(result.queue_offsets[-1]) + 1)
-            if by_group:  # saved before the answer, as a two-phase decision's are
-                await rt.run(rt.offsets.persist)
-            self._done[txn_id] = len(batch)
-            while len(self._done) > REMEMBERED:
-                self._done.popitem(last=False)
+            first = self._inflight.get(txn_id)
+            if txn_id not in self._done and first is None:
+                self._check_epoch(tid, epoch)
+                if epoch > rt.store.txn_fences.epoch_of(tid):
+                    # an id first used since the sync, or its raise still on the way
+                    await self._take_fences()
+                    self._check_epoch(tid, epoch)
+                if epoch > rt.store.txn_fences.epoch_of(tid):
+                    raise OnePhaseRefusedError(
+                        f"transactional id {tid!r}: epoch {epoch} not known here yet (fence "
+                        f"{rt.store.txn_fences.epoch_of(tid)}): commit in two phases"
+                    )
+                mine: asyncio.Future[int] = rt.loop.create_future()
+                self._inflight[txn_id] = mine
+                # its marker's queue offset will be at least this: the watermark stays below
+                cq = rt.store.find_consume_queue(transaction.COMMIT_TOPIC, 0)
+                bound = cq.max_offset if cq is not None else 0
+                self._unsettled[bound] = self._unsettled.get(bound, 0) + 1
+        if txn_id in self._done:
+            rt.stats["txn_one_phase_repeated"] += 1
+            return {"count": self._done[txn_id], "again": True}
+        if first is not None:  # the same commit, sent again while the first is stored
+            count = await asyncio.shield(first)
+            rt.stats["txn_one_phase_repeated"] += 1
+            return {"count": count, "again": True}
+        appended: list[bool] = []
+        try:
+            created = await self._store(txn_id, tid, epoch, batch, by_group, appended)
+        except BaseException as exc:
+            if not appended:  # refused before its append (a slave, a full disk): no marker
+                self._settle(bound)
+            # else its marker is stored: the watermark stays below it (a restart
+            # re-applies its offsets), for as long as this process runs
+            self._inflight.pop(txn_id, None)
+            mine.set_exception(exc)
+            mine.exception()  # retrieved: a repeat that never came is no error
+            raise
+        self._settle(bound)
+        if by_group:  # saved before the answer, as a two-phase decision's offsets are
+            await rt.run(rt.offsets.persist)
+        self._done[txn_id] = len(batch)
+        while len(self._done) > REMEMBERED:
+            self._done.popitem(last=False)
+        self._inflight.pop(txn_id, None)
+        mine.set_result(len(batch))
         if created:
             await rt.register_all()
         rt.stats["txn_one_phase"] += 1
@@ -198,10 +203,80 @@ class OnePhaseCommits:
         rt.stats["put_batches"] += 1
         return {"count": len(batch), "again": False}
 
+    def _check_epoch(self, tid: str, epoch: int) -> None:
+        fence = self.rt.store.txn_fences.epoch_of(tid)
+        if epoch < fence:
+            raise ProducerFencedError(
+                f"transactional id {tid!r}: epoch {epoch} is fenced by epoch {fence}"
+            )
+
+    async def _store(
+        self,
+        txn_id: str,
+        tid: str,
+        epoch: int,
+        batch: EncodedBatch,
+        by_group: dict[str, dict[tuple[str, int], int]],
+        appended: list[bool],
+    ) -> bool:
+        """The group appended (and durable, replicated, as the role wants: ``appended``
+        gets True once it is in the log), then its offsets committed; whether a topic was
+        created for it."""
+        rt = self.rt
+        created = False
+        for i, topic in enumerate(batch.topics):
+            ids = (
+                batch.queue_ids if len(batch.topics) == 1 else batch.queue_ids[batch.topic_idx == i]
+            )
+            _, new = rt.topics.for_write(topic, int(ids.max()), 0)
+            created |= new
+        marker = transaction.commit_marker(
+            txn_id,
+            tid,
+            epoch,
+            len(batch),
+            {g: [[t, q, o] for (t, q), o in qs.items()] for g, qs in by_group.items()},
+        )
+
+        async def local_put(b: EncodedBatch) -> PutBatchResult:
+            if self._inline:  # a copy into the mapped file: as a send's put
+                result = rt.store.put_group(b, marker)
+            else:  # SYNC_FLUSH: its fsync shared with the puts of others meanwhile
+                result = await rt.run(rt.store.put_group, b, marker)
+            appended.append(True)
+            return result
+
+        await self.role.put(batch, local_put)
+        if rt.faults.take("crash_after_one_phase"):
+            rt.faults.crash()  # stored, the offsets not saved, nothing answered
+        for group, queues in by_group.items():
+            await self.groups.commit_offsets(group, queues)
+        return created
+
+    def _settle(self, bound: int) -> None:
+        """A commit counted in flight from ``bound`` is done: raise the table's watermark
+        to the lowest marker a commit still in flight may have (or past every marker)."""
+        left = self._unsettled[bound] - 1
+        if left:
+            self._unsettled[bound] = left
+        else:
+            del self._unsettled[bound]
+        rt = self.rt
+        if self._unsettled:
+            below = min(self._unsettled)
+        else:
+            cq = rt.store.find_consume_queue(transaction.COMMIT_TOPIC, 0)
+            below = cq.max_offset if cq is not None else 0
+        rt.offsets.mark_markers(below)
+
     async def raise_fence(self, transactional_id: str, epoch: int) -> None:
-        """Raise a fence once no one-phase commit is in progress (they hold the lock)."""
+        """Raise a fence; return once every one-phase commit that passed the old one is
+        done (stored or failed): what the new instance reads next includes them."""
         async with self._lock:
             self.rt.store.txn_fences.raise_fence(transactional_id, epoch)
+            passed = list(self._inflight.values())
+        if passed:
+            await asyncio.gather(*(asyncio.shield(f) for f in passed), return_exceptions=True)
 
     def _checked_offsets(
         self, offsets: dict[str, list[list[Any]]] | None

@@ -678,6 +678,7 @@ def test_a_one_phase_commit_sent_again_is_answered_not_written_twice(
             [Message("MtA", b"again-%d" % i, queue_id=i % 2) for i in range(3)]
         )
         wire = blob.to_bytes()
+        wire4 = codec.encode_batch([Message("MtA", b"twice-%d" % i) for i in range(2)]).to_bytes()
         first = rpc.get(stub.commit_one_phase.remote("again-1", p.transactional_id, p.epoch, wire))
         assert first == {"count": 3, "again": False}
         for handle in (stub, raw):
@@ -685,6 +686,14 @@ def test_a_one_phase_commit_sent_again_is_answered_not_written_twice(
                 handle.commit_one_phase.remote("again-1", p.transactional_id, p.epoch, wire)
             )
             assert again == {"count": 3, "again": True}
+        # sent twice at once (a retry racing its first attempt): stored once
+        twice = [
+            stub.commit_one_phase.remote("again-4", p.transactional_id, p.epoch, wire4)
+            for _ in range(2)
+        ]
+        answers = rpc.get(twice)
+        assert sorted(a["again"] for a in answers) == [False, True]
+        assert {a["count"] for a in answers} == {2}
         with pytest.raises(BrokerUnavailableError, match="not known here"):
             rpc.get(stub.commit_one_phase.remote("again-2", p.transactional_id, p.epoch + 5, wire))
         with pytest.raises(InvalidMessageError):
@@ -695,6 +704,10 @@ def test_a_one_phase_commit_sent_again_is_answered_not_written_twice(
             b"again-0",
             b"again-1",
             b"again-2",
+        ]
+        assert sorted(b for b in bodies(cluster, "MtA") if b.startswith(b"twice-")) == [
+            b"twice-0",
+            b"twice-1",
         ]
     finally:
         p.close()
