@@ -176,6 +176,21 @@ class OnePhaseCommits:
             count = await asyncio.shield(first)
             rt.stats["txn_one_phase_repeated"] += 1
             return {"count": count, "again": True}
+        # to its end even if this request is cancelled: what was appended is counted
+        return await asyncio.shield(self._commit(txn_id, tid, epoch, batch, by_group, mine, bound))
+
+    async def _commit(
+        self,
+        txn_id: str,
+        tid: str,
+        epoch: int,
+        batch: EncodedBatch,
+        by_group: dict[str, dict[tuple[str, int], int]],
+        mine: asyncio.Future[int],
+        bound: int,
+    ) -> dict[str, Any]:
+        """The commit counted in flight (:meth:`commit`), stored and settled."""
+        rt = self.rt
         appended: list[bool] = []
         try:
             created = await self._store(txn_id, tid, epoch, batch, by_group, appended)
