@@ -16,7 +16,10 @@ answered sends are the prepare; the decision names their brokers): over the
 coordinator's own socket, as sends go over the brokers' (a Ray call while that
 connection opens, or with ``data_path="ray"``). The coordinator logs the decision
 durably, then has every broker commit (or roll back) all the transaction's half
-messages it holds in one append and apply the offsets.
+messages it holds in one append and apply the offsets. A transaction still all
+buffered at its commit, whose messages and offsets one master can hold, skips all of
+that: the master stores it, committed, in one append (``Transaction.commit``,
+``actors.broker.one_phase``).
 
 Why a class of its own and not ``Producer.begin()``: a transactional producer *is* its
 ``transactional_id`` at one epoch. Creating it takes the id over at the coordinator
