@@ -404,12 +404,7 @@ class MessageStore:
         """Store a batch a producer encoded (the broker's path): patch, append, dispatch."""
         self._check_open()
         batch.check_structure()
-        shortest, longest = batch.body_range()
-        if longest > self.config.max_message_size or shortest <= 0:
-            raise InvalidMessageError(
-                f"a body of {longest} bytes is over max_message_size="
-                f"{self.config.max_message_size} (or empty)"
-            )
+        self._check_bodies(batch)
         for topic in batch.topics:
             if topic == SCHEDULE_TOPIC:
                 raise InvalidMessageError(f"topic={topic!r} is reserved for delayed messages")
@@ -447,17 +442,20 @@ class MessageStore:
             )
         if marker.topic != transaction.COMMIT_TOPIC:
             raise InvalidMessageError(f"a commit marker goes to {transaction.COMMIT_TOPIC}")
+        self._check_bodies(batch)
+        for topic in batch.topics:
+            if topic in _RESERVED or topic.upper().startswith("RMQ_SYS_"):
+                raise InvalidMessageError(f"topic={topic!r} is reserved: no commit writes it")
+        end = codec.encode_batch([marker], max_message_size=self.config.max_message_size)
+        return self._put_encoded(transaction.as_group(batch, end))
+
+    def _check_bodies(self, batch: codec.EncodedBatch) -> None:
         shortest, longest = batch.body_range()
         if longest > self.config.max_message_size or shortest <= 0:
             raise InvalidMessageError(
                 f"a body of {longest} bytes is over max_message_size="
                 f"{self.config.max_message_size} (or empty)"
             )
-        for topic in batch.topics:
-            if topic in _RESERVED or topic.upper().startswith("RMQ_SYS_"):
-                raise InvalidMessageError(f"topic={topic!r} is reserved: no commit writes it")
-        end = codec.encode_batch([marker], max_message_size=self.config.max_message_size)
-        return self._put_encoded(transaction.as_group(batch, end))
 
     def _to_copies(self, batch: codec.EncodedBatch) -> codec.EncodedBatch:
         """The batch to store for one whose delayed messages must go to the schedule

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import ray
@@ -95,23 +96,18 @@ class OnePhaseCommits:
             return 0
         offset = max(table.txn_markers, store.min_offset(transaction.COMMIT_TOPIC, 0))
         moved = markers = 0
-        while offset < cq.max_offset:
-            got = store.get("CID_RMQ_SYS_TXN_COMMIT", transaction.COMMIT_TOPIC, 0, offset, 1024)
-            if got.status is not GetStatus.FOUND or not got.messages:
-                break
-            for m in got.messages:
-                try:
-                    groups = transaction.marker_fields(m.body).get("offsets") or {}
-                    for group, rows in groups.items():
-                        for topic, qid, off in rows:
-                            if int(off) > table.query(group, topic, int(qid)):
-                                table.commit(group, topic, int(qid), int(off))
-                                moved += 1
-                    markers += 1
-                except (ValueError, TypeError, AttributeError):
-                    log.warning("a record of %s is no commit marker", transaction.COMMIT_TOPIC)
-            offset = got.next_offset
-        table.mark_markers(offset)
+        read_to = [offset]
+        for fields in self._markers(offset, read_to):
+            try:
+                for group, rows in (fields.get("offsets") or {}).items():
+                    for topic, qid, off in rows:
+                        if int(off) > table.query(group, topic, int(qid)):
+                            table.commit(group, topic, int(qid), int(off))
+                            moved += 1
+                markers += 1
+            except (ValueError, TypeError, AttributeError):
+                log.warning("a commit marker's offsets do not read: %.200r", fields)
+        table.mark_markers(read_to[0])
         table.persist()
         if moved:
             log.warning(
@@ -352,19 +348,28 @@ class OnePhaseCommits:
         if cq is None:
             return {}
         offset = max(store.min_offset(transaction.COMMIT_TOPIC, 0), cq.max_offset - REMEMBERED)
-        done: dict[str, int] = {}
-        while offset < cq.max_offset:
+        return {f["txn"]: int(f.get("count", 0)) for f in self._markers(offset)}
+
+    def _markers(self, offset: int, read_to: list[int] | None = None) -> Iterator[dict[str, Any]]:
+        """The commit markers' fields from marker queue ``offset`` to its end (a record
+        that is no marker logged and skipped); ``read_to[0]`` follows where reading got."""
+        store = self.rt.store
+        cq = store.find_consume_queue(transaction.COMMIT_TOPIC, 0)
+        end = cq.max_offset if cq is not None else 0
+        while offset < end:
             got = store.get("CID_RMQ_SYS_TXN_COMMIT", transaction.COMMIT_TOPIC, 0, offset, 1024)
             if got.status is not GetStatus.FOUND or not got.messages:
                 break
             for m in got.messages:
                 try:
                     fields = transaction.marker_fields(m.body)
-                    done[fields["txn"]] = int(fields.get("count", 0))
                 except (ValueError, TypeError):
                     log.warning("a record of %s is no commit marker", transaction.COMMIT_TOPIC)
+                    continue
+                yield fields
             offset = got.next_offset
-        return done
+            if read_to is not None:
+                read_to[0] = offset
 
     def status(self) -> dict[str, Any]:
         return {"txn_one_phase_synced": self._synced, "txn_one_phase_tracked": len(self._done)}
