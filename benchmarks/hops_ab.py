@@ -96,15 +96,14 @@ def _push_latency(
         for _ in range(20):
             producer.send(Message(topic, peers.stamp(body)))
     ray.get(consumer.take.remote())
-    futures: list[Any] = []
+    sends = peers.Settled()
     peers.paced(
-        rate,
-        seconds,
-        lambda i: futures.append(producer.send_async(Message(topic, peers.stamp(body)))),
+        rate, seconds, lambda i: sends.track(producer.send_async(Message(topic, peers.stamp(body))))
     )
-    for f in futures:
-        f.result()
-    samples: list[float] = ray.get(consumer.take_when.remote(len(futures), 30.0))
+    sends.wait()
+    if sends.errors:
+        raise sends.errors[0]
+    samples: list[float] = ray.get(consumer.take_when.remote(sends.sent, 30.0))
     ray.get(consumer.close.remote())
     ray.kill(consumer)
     producer.close()

@@ -10,12 +10,17 @@ at ``--rate``, to a long-polling PushConsumer in its own process (an actor, as
 (p50/p99), the CPU each process spent per message (user and system, all its
 threads, read from ``/proc/<pid>/stat``: broker, producer, consumer), and the full
 (generation 2) collections in the producer's and the consumer's processes with their
-longest pause. A first warm-up round is not reported (a fresh broker faults its
-CommitLog in for its first seconds). Linux only (``/proc``).
+longest pause. Beside them, each round runs the ``py-relay`` floor of ``peers.py``:
+the same three processes (this one, an actor relaying over TCP, a reading actor)
+with nothing but asyncio sockets, its latency and its CPU per message. A first
+warm-up round is not reported (a fresh broker faults its CommitLog in for its first
+seconds). Linux only (``/proc``).
 
 Read it as: at 1,000 msg/s on a 2-core machine, the CPU per message times the rate
 is the share of the machine the three processes keep busy; the latency is mostly
-waiting for a core and for the GIL when that share is high.
+waiting for a core and for the GIL when that share is high. The relay says what
+Python itself allows here: the ratio of the CPU per message to the relay's is the
+depth of RayMQ's own per-message work, the part a leaner path would remove.
 """
 
 from __future__ import annotations
@@ -94,9 +99,11 @@ def main() -> int:
         broker_options={"store": {"flush_disk_type": "ASYNC_FLUSH"}},
     )
     echo = peers.RawLimit("tcp-echo")
+    relay = peers.RawLimit("py-relay")
     consumer: Any = None
     try:
         echo.start()
+        relay.start()
         consumer = ray.remote(num_cpus=0)(_Consumer).remote(namespace, "Split", "socket")
         producer = cluster.producer("split")
         body = b"x" * 100
@@ -114,22 +121,24 @@ def main() -> int:
         rows: dict[str, list[float]] = {}
         for rnd in range(args.rounds + 1):
             echo_ms = echo.latency(body, args.rate, min(1.0, args.seconds))
+            relay_ms = relay.latency(body, args.rate, args.seconds)
             ray.get(consumer.gc_pauses.remote())
             mine.take()
             before = {k: cpu_s(p) for k, p in pids.items()}
-            futures: list[Any] = []
+            sends = peers.Settled()
             peers.paced(
                 args.rate,
                 args.seconds,
-                lambda i, out=futures: out.append(
+                lambda i, out=sends: out.track(
                     producer.send_async(Message("Split", peers.stamp(body)))
                 ),
             )
-            for f in futures:
-                f.result()
-            lat: list[float] = ray.get(consumer.take_when.remote(len(futures), 30.0))
+            sends.wait()
+            if sends.errors:
+                raise sends.errors[0]
+            n = sends.sent
+            lat: list[float] = ray.get(consumer.take_when.remote(n, 30.0))
             after = {k: cpu_s(p) for k, p in pids.items()}
-            n = len(futures)
             per = {k: tuple(1e6 * (a - b) / n for a, b in zip(after[k], before[k])) for k in pids}
             full_p, long_p = mine.take()
             full_c, long_c = ray.get(consumer.gc_pauses.remote())
@@ -140,9 +149,22 @@ def main() -> int:
                 + f"; full GCs: producer {full_p} (longest {long_p:.1f} ms),"
                 f" consumer {full_c} (longest {long_c:.1f} ms)"
             )
+            relay_cpu = relay.cpu_per_message_us
+            line += (
+                f"; py-relay (the same three processes, sockets alone): p50"
+                f" {peers.percentile(relay_ms, 0.5):.2f} ms p99 {peers.percentile(relay_ms, 0.99):.2f}"
+                f" ms, CPU us/msg {', '.join(f'{k} {v:.0f}' for k, v in relay_cpu.items())}"
+            )
             print(f"round {rnd}{' (warm-up)' if rnd == 0 else ''}: {line}", flush=True)
             if rnd == 0:
                 continue
+            rows.setdefault("py-relay latency p50 (ms)", []).append(peers.percentile(relay_ms, 0.5))
+            rows.setdefault("py-relay latency p99 (ms)", []).append(
+                peers.percentile(relay_ms, 0.99)
+            )
+            rows.setdefault("py-relay, all three, CPU per message (us)", []).append(
+                sum(relay_cpu.values())
+            )
             rows.setdefault("latency p50 (ms)", []).append(peers.percentile(lat, 0.5))
             rows.setdefault("latency p99 (ms)", []).append(peers.percentile(lat, 0.99))
             rows.setdefault("tcp echo p50 (ms)", []).append(peers.percentile(echo_ms, 0.5))
@@ -157,6 +179,7 @@ def main() -> int:
             ray.get(consumer.close.remote())
             ray.kill(consumer)
         echo.stop()
+        relay.stop()
         cluster.shutdown()
         ray.shutdown()
         shutil.rmtree(root, ignore_errors=True)
@@ -167,6 +190,11 @@ def main() -> int:
     floor = statistics.median(rows["tcp echo p50 (ms)"])
     busy = statistics.median(rows["all three, CPU per message (us)"]) * args.rate / 1e6
     print(f"  latency p50 / tcp echo p50: {latency / floor:.1f}x")
+    relay_p50 = statistics.median(rows["py-relay latency p50 (ms)"])
+    relay_cpu = statistics.median(rows["py-relay, all three, CPU per message (us)"])
+    cpu = statistics.median(rows["all three, CPU per message (us)"])
+    print(f"  latency p50 / py-relay p50: {latency / relay_p50:.1f}x")
+    print(f"  CPU per message / py-relay's: {cpu / relay_cpu:.1f}x")
     print(f"  cores kept busy by the three processes: {busy:.2f} of {os.cpu_count()}")
     return 0
 

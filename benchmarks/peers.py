@@ -10,6 +10,11 @@ fixed rate. Every peer uses its best batching: Redis pipelines of XADD and
 XREADGROUP+XACK, JetStream async publish and pull fetch with ack-all, Ray's
 queue with put/get batches, RayMQ's batch send and pull.
 
+Raw limits, latency only, measured in the same run: ``tcp-echo`` (one socket round
+trip), ``ray-noop`` (one Ray call), and ``py-relay``: the three processes of
+RayMQ's latency path (this one sending, an actor relaying, an actor reading) with
+nothing but asyncio sockets, the floor of a broker written in Python on this machine.
+
 The script installs nothing: a missing peer is skipped with the one command
 that installs it. Servers are started on free loopback ports in a temp dir and
 removed afterwards; every run is bounded in time. Ratios RayMQ/peer are the
@@ -287,6 +292,44 @@ def paced(rate: int, seconds: float, send: Callable[[int], Any]) -> None:
         if delay > 0:
             time.sleep(delay)
         send(i)
+
+
+class Settled:
+    """The futures of a latency phase's sends, counted as they settle and not kept.
+
+    Keeping every future until the end (3,000 a phase: each with its lock, callbacks
+    and result) moved them all into the collector's oldest generation, and the full
+    collections that followed paused the sending process for 70-110 ms a phase,
+    which an online service that drops a future once answered never sees. The peers'
+    harnesses keep nothing either (redis and NATS await each send or keep no handle).
+    """
+
+    def __init__(self) -> None:
+        self._settled = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self.sent = 0
+        self.failed = 0
+        self.errors: list[BaseException] = []
+
+    def track(self, future: Any) -> None:
+        self.sent += 1
+        future.add_done_callback(self._done)
+
+    def _done(self, future: Any) -> None:
+        exc = future.exception()
+        if exc is not None:
+            with self._lock:
+                self.failed += 1
+                if len(self.errors) < 3:
+                    self.errors.append(exc)
+        self._settled.release()
+
+    def wait(self, timeout_s: float = 60.0) -> None:
+        """Until every tracked send settled (raises on a timeout)."""
+        deadline = time.monotonic() + timeout_s
+        for _ in range(self.sent):
+            if not self._settled.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                raise TimeoutError(f"sends still unanswered after {timeout_s}s")
 
 
 # ------------------------------------------------------------------ NATS JetStream
@@ -659,15 +702,16 @@ class RayMQPeer(Peer):
             for _ in range(20):
                 producer.send(Message(self.topic, stamp(body)))
         ray.get(consumer.take.remote())
-        futures: list[Any] = []
+        sends = Settled()
         paced(
             rate,
             seconds,
-            lambda i: futures.append(producer.send_async(Message(self.topic, stamp(body)))),
+            lambda i: sends.track(producer.send_async(Message(self.topic, stamp(body)))),
         )
-        for f in futures:
-            f.result()
-        samples: list[float] = ray.get(consumer.take_when.remote(len(futures), 30.0))
+        sends.wait()
+        if sends.errors:
+            raise sends.errors[0]
+        samples: list[float] = ray.get(consumer.take_when.remote(sends.sent, 30.0))
         producer.close()
         ray.get(consumer.close.remote())
         ray.kill(consumer)
@@ -742,6 +786,76 @@ class _Echo:
     async def noop(self, body: bytes) -> None:
         return None
 
+    def pid(self) -> int:
+        return os.getpid()
+
+    async def start_relay(self) -> int:
+        """A relay: each frame a producer sends goes to every consumer connected, then
+        is acknowledged (a connection says which it is by its first byte, P or C)."""
+        import asyncio
+
+        consumers: list[Any] = []
+
+        async def serve(reader: Any, writer: Any) -> None:
+            with contextlib.suppress(Exception):
+                if await reader.readexactly(1) == b"C":
+                    consumers.append(writer)
+                    writer.write(b"R")  # registered: frames sent from now on reach it
+                    try:
+                        await reader.read()  # until it goes
+                    finally:
+                        consumers.remove(writer)
+                    return
+                while True:
+                    head = await reader.readexactly(4)
+                    frame = head + await reader.readexactly(int.from_bytes(head, "big"))
+                    for consumer in consumers:
+                        consumer.write(frame)
+                    writer.write(b"\x00\x00\x00\x00")
+
+        self.server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+
+class _RelayConsumer:
+    """The relay's consumer, in a process of its own: each frame's age on arrival."""
+
+    def __init__(self, port: int) -> None:
+        self.samples: list[float] = []
+        self.arrived = threading.Condition()
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.sendall(b"C")
+        if self.sock.recv(1) != b"R":
+            raise RuntimeError("the relay did not register this consumer")
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        reader = self.sock.makefile("rb")
+        with contextlib.suppress(Exception):
+            while True:
+                body = reader.read(int.from_bytes(reader.read(4), "big"))
+                age = age_ms(body)
+                with self.arrived:
+                    self.samples.append(age)
+                    self.arrived.notify_all()
+
+    def take_when(self, n: int, timeout_s: float) -> list[float]:
+        with self.arrived:
+            self.arrived.wait_for(lambda: len(self.samples) >= n, timeout_s)
+            samples, self.samples = self.samples, []
+        return samples
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _cpu_s(pid: int) -> float:
+    """User plus system CPU seconds of process ``pid`` (Linux ``/proc``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
 
 class RawLimit(Peer):
     """No queue: one round trip paced at the latency run's rate, over a plain TCP socket
@@ -753,18 +867,26 @@ class RawLimit(Peer):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self.name = kind
-        self.work = (
-            "no queue: a 100 B round trip over TCP to an asyncio echo server in a Ray actor"
-            if kind == "tcp-echo"
-            else "no queue: a round trip of a no-op call to an async Ray actor"
-        )
+        self.cpu_per_message_us: dict[str, float] = {}  # py-relay: each process's, last run
+        self.work = {
+            "tcp-echo": "no queue: a 100 B round trip over TCP to an asyncio echo server in a Ray actor",
+            "ray-noop": "no queue: a round trip of a no-op call to an async Ray actor",
+            "py-relay": (
+                "no queue: each message sent over TCP to an asyncio relay in a Ray actor, which"
+                " forwards it to a reader in another actor and then acknowledges it: RayMQ's"
+                " three processes with nothing but the sockets (the floor of a broker in Python)"
+            ),
+        }[kind]
 
     def start(self) -> None:
         ensure_ray()
         import ray
 
         self.actor = ray.remote(num_cpus=0)(_Echo).remote()
-        self.port = ray.get(self.actor.start.remote())
+        if self.kind == "py-relay":
+            self.port = ray.get(self.actor.start_relay.remote())
+        else:
+            self.port = ray.get(self.actor.start.remote())
 
     def stop(self) -> None:
         import ray
@@ -784,6 +906,8 @@ class RawLimit(Peer):
 
             paced(rate, seconds, call)
             return samples
+        if self.kind == "py-relay":
+            return self._relay(body, rate, seconds)
         sock = socket.create_connection(("127.0.0.1", self.port))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         frame = len(body).to_bytes(4, "big") + body
@@ -801,6 +925,42 @@ class RawLimit(Peer):
         finally:
             sock.close()
         return samples
+
+    def _relay(self, body: bytes, rate: int, seconds: float) -> list[float]:
+        """Sent from here, each acknowledged before the next; its age taken on arrival."""
+        import ray
+
+        consumer = ray.remote(num_cpus=0)(_RelayConsumer).remote(self.port)
+        pids = {  # the same three processes as RayMQ's path (sender, broker, consumer)
+            "sender": os.getpid(),
+            "relay": ray.get(self.actor.pid.remote()),
+            "reader": ray.get(consumer.pid.remote()),  # connected once it answers
+        }
+        sock = socket.create_connection(("127.0.0.1", self.port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(b"P")
+        sent = 0
+
+        def send(i: int) -> None:
+            nonlocal sent
+            stamped = stamp(body)
+            sock.sendall(len(stamped).to_bytes(4, "big") + stamped)
+            left = 4
+            while left:
+                left -= len(sock.recv(left))
+            sent += 1
+
+        try:
+            before = {k: _cpu_s(pid) for k, pid in pids.items()}
+            paced(rate, seconds, send)
+            samples = list(ray.get(consumer.take_when.remote(sent, 30.0)))
+            self.cpu_per_message_us = {
+                k: 1e6 * (_cpu_s(pid) - before[k]) / max(1, sent) for k, pid in pids.items()
+            }
+            return samples
+        finally:
+            sock.close()
+            ray.kill(consumer)
 
 
 # ------------------------------------------------------------------ the run
@@ -1007,19 +1167,15 @@ class RayMQGrpcPeer(Peer):
             m.body = stamp(body)
             return producer.send_async(m)
 
-        futures: list[Any] = []
-        paced(rate, seconds, lambda i: futures.append(send(i)))
-        failed = 0
-        for f in futures:
-            try:
-                f.result()
-            except Exception as exc:  # noqa: BLE001 - a send that timed out: not a sample
-                failed += 1
-                log.debug("raymq-grpc latency send failed: %s", exc)
+        sends = Settled()
+        paced(rate, seconds, lambda i: sends.track(send(i)))
+        sends.wait(120.0)  # a send that timed out is no sample
+        failed = sends.failed
         if failed:
-            print(f"  raymq-grpc   {failed} of {len(futures)} latency sends failed", flush=True)
+            log.debug("raymq-grpc latency sends failed: %s", sends.errors)
+            print(f"  raymq-grpc   {failed} of {sends.sent} latency sends failed", flush=True)
         deadline = time.monotonic() + 30
-        while len(samples) < len(futures) - failed and time.monotonic() < deadline:
+        while len(samples) < sends.sent - failed and time.monotonic() < deadline:
             time.sleep(0.05)
         done.set()
         t.join()
@@ -1276,6 +1432,7 @@ PEERS: dict[str, Callable[[], Peer]] = {
     "raymq-grpc": RayMQGrpcPeer,
     "tcp-echo": lambda: RawLimit("tcp-echo"),
     "ray-noop": lambda: RawLimit("ray-noop"),
+    "py-relay": lambda: RawLimit("py-relay"),
     "redis": lambda: RedisPeer(aof=False),
     "redis-aof": lambda: RedisPeer(aof=True),
     "nats": NatsPeer,
