@@ -1450,6 +1450,11 @@ def main() -> int:
     parser.add_argument("--json", default=None)
     parser.add_argument("--report", default=None, help="write a Markdown page with plots here")
     args = parser.parse_args()
+    if args.report:  # before the run, not after its twenty minutes
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            parser.error("--report draws its plots with matplotlib: pip install matplotlib")
     args.sizes = [int(x) for x in args.sizes.split(",")]
     args.producers = [int(x) for x in args.producers.split(",")]
     logging.basicConfig(level=logging.WARNING)
