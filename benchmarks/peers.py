@@ -834,7 +834,10 @@ class _RelayConsumer:
         reader = self.sock.makefile("rb")
         with contextlib.suppress(Exception):
             while True:
-                body = reader.read(int.from_bytes(reader.read(4), "big"))
+                head = reader.read(4)
+                if len(head) < 4:  # the relay went away
+                    return
+                body = reader.read(int.from_bytes(head, "big"))
                 age = age_ms(body)
                 with self.arrived:
                     self.samples.append(age)
