@@ -853,13 +853,6 @@ class _RelayConsumer:
         return os.getpid()
 
 
-def _cpu_s(pid: int) -> float:
-    """User plus system CPU seconds of process ``pid`` (Linux ``/proc``)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 class RawLimit(Peer):
     """No queue: one round trip paced at the latency run's rate, over a plain TCP socket
     to an asyncio server in a Ray actor ('tcp-echo'), or as a Ray no-op actor call
@@ -932,6 +925,7 @@ class RawLimit(Peer):
     def _relay(self, body: bytes, rate: int, seconds: float) -> list[float]:
         """Sent from here, each acknowledged before the next; its age taken on arrival."""
         import ray
+        from _local import total_cpu_s  # benchmarks/, beside this file
 
         consumer = ray.remote(num_cpus=0)(_RelayConsumer).remote(self.port)
         pids = {  # the same three processes as RayMQ's path (sender, broker, consumer)
@@ -954,11 +948,11 @@ class RawLimit(Peer):
             sent += 1
 
         try:
-            before = {k: _cpu_s(pid) for k, pid in pids.items()}
+            before = {k: total_cpu_s(pid) for k, pid in pids.items()}
             paced(rate, seconds, send)
             samples = list(ray.get(consumer.take_when.remote(sent, 30.0)))
             self.cpu_per_message_us = {
-                k: 1e6 * (_cpu_s(pid) - before[k]) / max(1, sent) for k, pid in pids.items()
+                k: 1e6 * (total_cpu_s(pid) - before[k]) / max(1, sent) for k, pid in pids.items()
             }
             return samples
         finally:

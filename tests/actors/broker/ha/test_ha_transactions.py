@@ -56,26 +56,64 @@ class Listener:
         return COMMIT if msg.body == b"commit-me" else ROLLBACK
 
 
-@pytest.mark.parametrize("mode", ["SYNC_MASTER", "DLEDGER"])
-def test_half_messages_acknowledged_before_a_failover_are_resolved_after_it(
-    make_cluster: Any, mode: str
-) -> None:
-    raft = mode == "DLEDGER"
+def _group(
+    make_cluster: Any, raft: bool, topics: list[actors.TopicConfig], options: dict[str, Any]
+) -> tuple[actors.Cluster, str, Any, dict[str, Any]]:
+    """A broker-a group (a master and a slave, or three Raft members): the cluster, its
+    master's name and handle, and the other members by name."""
     cluster = make_cluster(
         nameservers=1,
         brokers=[BrokerSpec("broker-a", i) for i in range(3 if raft else 2)],
-        topics=[actors.TopicConfig("HATx", 1, 1)],
-        broker_options={**(RAFT if raft else SYNC_MASTER), **TXN},
+        topics=topics,
+        broker_options={**options, **TXN},
     )
     old = members(cluster, "broker-a").get(0) or wait_until(
         lambda: members(cluster, "broker-a").get(0), what="a master"
     )
-    master = ray.get_actor(old, namespace=cluster.namespace)
     others = {
         name: cluster.broker("broker-a", int(name[-1]))
         for name in (f"broker-a-{i}" for i in range(3 if raft else 2))
         if name != old
     }
+    return cluster, old, ray.get_actor(old, namespace=cluster.namespace), others
+
+
+def _fail_over(
+    cluster: actors.Cluster, raft: bool, old: str, master: Any, others: dict[str, Any], held: str
+) -> str:
+    """Kill the master once its slave confirmed all it wrote (``held``: what that is;
+    a Raft leader acknowledged only what a majority held), then wait for its successor
+    (promoted, or elected) and return its name."""
+    if not raft:
+        end = status_of(master)["commitlog_max_offset"]
+        [slave] = others.values()
+        wait_until(
+            lambda: status_of(slave).get("ha_confirmed_offset", -1) >= end,
+            what=f"the slave told the master {held}",
+        )
+    kill(master)
+    if raft:
+        return str(
+            wait_until(
+                lambda: (leader := members(cluster, "broker-a").get(0)) != old and leader,
+                timeout_s=30,
+                what="a new leader",
+            )
+        )
+    wait_until(lambda: 0 not in members(cluster, "broker-a"), what="master out of routes")
+    new = str(cluster.admin.promote("broker-a")["broker"])
+    wait_until(lambda: members(cluster, "broker-a").get(0) == new, what="new master")
+    return new
+
+
+@pytest.mark.parametrize("mode", ["SYNC_MASTER", "DLEDGER"])
+def test_half_messages_acknowledged_before_a_failover_are_resolved_after_it(
+    make_cluster: Any, mode: str
+) -> None:
+    raft = mode == "DLEDGER"
+    cluster, old, master, others = _group(
+        make_cluster, raft, [actors.TopicConfig("HATx", 1, 1)], RAFT if raft else SYNC_MASTER
+    )
     listener = Listener()
     producer = TransactionProducer(
         "pg-ha", listener, namespace=cluster.namespace, check_heartbeat_s=0.5, send_timeout_s=5.0
@@ -86,24 +124,7 @@ def test_half_messages_acknowledged_before_a_failover_are_resolved_after_it(
             for body in (b"commit-me", b"drop-me")
         ]
         assert all(s.local_state is UNKNOW for s in sent)
-        if not raft:  # a Raft leader acknowledged them once a majority held them
-            end = status_of(master)["commitlog_max_offset"]
-            [slave] = others.values()
-            wait_until(
-                lambda: status_of(slave).get("ha_confirmed_offset", -1) >= end,
-                what="the slave told the master acknowledged both half messages",
-            )
-        kill(master)
-        if raft:
-            new = wait_until(
-                lambda: (leader := members(cluster, "broker-a").get(0)) != old and leader,
-                timeout_s=30,
-                what="a new leader",
-            )
-        else:
-            wait_until(lambda: 0 not in members(cluster, "broker-a"), what="master out of routes")
-            new = cluster.admin.promote("broker-a")["broker"]
-            wait_until(lambda: members(cluster, "broker-a").get(0) == new, what="new master")
+        new = _fail_over(cluster, raft, old, master, others, "it holds both half messages")
         listener.ready.set()  # from now the producer answers the new master's checks
         successor = others[new]
 
@@ -127,21 +148,8 @@ def test_a_one_phase_commit_acknowledged_before_a_failover_shows_once_after_it(
     # the slave copies its master's offset table only on the hour: what it knows of the
     # commit's offset after the failover comes from the commit marker it replicated
     options = {**RAFT} if raft else {**SYNC_MASTER, "slave_sync_interval_s": 3600.0}
-    cluster = make_cluster(
-        nameservers=1,
-        brokers=[BrokerSpec("broker-a", i) for i in range(3 if raft else 2)],
-        topics=[actors.TopicConfig("HA1pIn", 1, 1), actors.TopicConfig("HA1pOut", 2, 2)],
-        broker_options={**options, **TXN},
-    )
-    old = members(cluster, "broker-a").get(0) or wait_until(
-        lambda: members(cluster, "broker-a").get(0), what="a master"
-    )
-    master = ray.get_actor(old, namespace=cluster.namespace)
-    others = {
-        name: cluster.broker("broker-a", int(name[-1]))
-        for name in (f"broker-a-{i}" for i in range(3 if raft else 2))
-        if name != old
-    }
+    topics = [actors.TopicConfig("HA1pIn", 1, 1), actors.TopicConfig("HA1pOut", 2, 2)]
+    cluster, old, master, others = _group(make_cluster, raft, topics, options)
     feed = cluster.producer("pg-ha-1p-feed")
     feed.send_batch([Message("HA1pIn", b"in-%d" % i) for i in range(10)])
     feed.close()
@@ -158,24 +166,8 @@ def test_a_one_phase_commit_acknowledged_before_a_failover_shows_once_after_it(
         assert (producer.one_phase_commits, producer.one_phase_refused) == (
             (0, 1) if raft else (1, 0)
         )
-        if not raft:  # acknowledged: the slave holds the whole group (the answer waited)
-            end = status_of(master)["commitlog_max_offset"]
-            [slave] = others.values()
-            wait_until(
-                lambda: status_of(slave).get("ha_confirmed_offset", -1) >= end,
-                what="the slave told the master it holds the commit",
-            )
-        kill(master)
-        if raft:
-            new = wait_until(
-                lambda: (leader := members(cluster, "broker-a").get(0)) != old and leader,
-                timeout_s=30,
-                what="a new leader",
-            )
-        else:
-            wait_until(lambda: 0 not in members(cluster, "broker-a"), what="master out of routes")
-            new = cluster.admin.promote("broker-a")["broker"]
-            wait_until(lambda: members(cluster, "broker-a").get(0) == new, what="new master")
+        # acknowledged: the slave holds the whole group (the answer waited)
+        new = _fail_over(cluster, raft, old, master, others, "it holds the commit")
         got = [
             m.body
             for msgs in drain(cluster.pull_consumer("g-ha-1p"), "HA1pOut").values()
