@@ -30,6 +30,7 @@ import gc
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -81,12 +82,47 @@ class _Consumer(peers._RayMQPushLatency):
         return self.gc_timer.take()
 
 
+def _spy(pids: dict[str, int], args: argparse.Namespace) -> list[subprocess.Popen[bytes]]:
+    """``py-spy record`` of each process for the round's length (raw stacks, active
+    threads only: where the CPU goes), written to ``args.profile``."""
+    os.makedirs(args.profile, exist_ok=True)
+    return [
+        subprocess.Popen(
+            [
+                "py-spy",
+                "record",
+                "--pid",
+                str(pid),
+                "--duration",
+                str(max(1, int(args.seconds))),
+                "--rate",
+                "500",
+                "--format",
+                "raw",
+                "--nonblocking",
+                "--output",
+                os.path.join(args.profile, f"{name}.txt"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for name, pid in pids.items()
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="reported rounds (after a warm-up)")
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="py-spy each process through the last round: DIR/<process>.txt (raw stacks)",
+    )
     args = parser.parse_args()
+    if args.profile and shutil.which("py-spy") is None:
+        parser.error("--profile needs py-spy (pip install py-spy)")
     start_local_ray()
     root = tempfile.mkdtemp(prefix="raymq-split-")
     namespace = "raymq-split"
@@ -124,6 +160,7 @@ def main() -> int:
             relay_ms = relay.latency(body, args.rate, args.seconds)
             ray.get(consumer.gc_pauses.remote())
             mine.take()
+            spies = _spy(pids, args) if args.profile and rnd == args.rounds else []
             before = {k: cpu_s(p) for k, p in pids.items()}
             sends = peers.Settled()
             peers.paced(
@@ -139,6 +176,8 @@ def main() -> int:
             n = sends.sent
             lat: list[float] = ray.get(consumer.take_when.remote(n, 30.0))
             after = {k: cpu_s(p) for k, p in pids.items()}
+            for spy in spies:
+                spy.wait()
             per = {k: tuple(1e6 * (a - b) / n for a, b in zip(after[k], before[k])) for k in pids}
             full_p, long_p = mine.take()
             full_c, long_c = ray.get(consumer.gc_pauses.remote())

@@ -51,6 +51,11 @@ class Faults:
             self._armed[kind] = count
         log.warning("broker %s: fault %s armed for the next %d time(s)", self.broker, kind, count)
 
+    @property
+    def armed(self) -> bool:
+        """Whether any fault is armed (a send then takes the general path, which injects it)."""
+        return any(n > 0 for n in self._armed.values())
+
     def after_store(self) -> bool:
         """Called once a send is stored, before it is answered: True when the answer is
         to hang (the caller waits forever)."""

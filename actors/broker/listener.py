@@ -69,6 +69,20 @@ class DataPathListener(FrameServer):
         await super().start(advertised_host or self.rt.node_ip)
         log.info("broker %s serves its data path on %s", self.name, self.addr)
 
+    def _answer_now(
+        self, code: int, h: dict[str, Any], body: bytes | memoryview
+    ) -> tuple[dict[str, Any], list[Any], bool] | None:
+        # a send to topics that exist, on an ASYNC_FLUSH master with nothing to wait for
+        # (``SendMessageProcessor.send_now``); its answer after the held pulls it woke
+        n = h.get("n", 0)
+        if code != Code.SEND or type(n) is not int or n:  # auto-creation: the general path
+            return None
+        done = self.sender.send_now(body)
+        if done is None:
+            return None
+        ack, woke = done
+        return {}, [ack], woke
+
     async def _dispatch(
         self, code: int, h: dict[str, Any], body: bytes | memoryview
     ) -> tuple[dict[str, Any], list[Any]]:

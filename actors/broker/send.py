@@ -27,9 +27,14 @@ from actors.broker.metrics import BrokerMetrics
 from actors.broker.runtime import BrokerRuntime
 from actors.protocol.shared_ring import RingId, RingReader
 from actors.protocol.wire import AckWire, SendAck
-from storage.codec import EncodedBatch
+from storage.codec import SMALL_BATCH, EncodedBatch
 from storage.errors import BrokerUnavailableError, TopicNotFoundError
 from storage.store import PutBatchResult
+
+
+def _highest(queue_ids: np.ndarray) -> int:
+    """The highest of a batch's queue ids (a list's max for the usual few)."""
+    return max(queue_ids.tolist()) if len(queue_ids) <= SMALL_BATCH else int(queue_ids.max())
 
 
 class SendMessageProcessor:
@@ -52,13 +57,16 @@ class SendMessageProcessor:
         """Every write goes through the broker's role."""
         started = time.perf_counter()
         result = await self.role.put(batch, self._local_put)
+        self._timed(batch, started)
+        return result
+
+    def _timed(self, batch: EncodedBatch, started: float) -> None:
         seconds = time.perf_counter() - started
         stats = self.rt.stats
         stats["put_timed"] += 1
         stats["put_micros"] += int(seconds * 1e6)
         if self.metrics is not None:
             self.metrics.on_put(batch, seconds)
-        return result
 
     async def _local_put(self, batch: EncodedBatch) -> PutBatchResult:
         # ASYNC_FLUSH puts are a copy into the mapped file: a thread hop would cost more
@@ -90,18 +98,57 @@ class SendMessageProcessor:
         self.rt.stats["shared_batches"] += 1
         return ack
 
-    async def _send(self, batch: EncodedBatch, auto_create_queue_nums: int) -> AckWire:
+    def send_now(self, blob: bytes | memoryview) -> tuple[AckWire, bool] | None:
+        """:meth:`send` of a batch to topics that exist, done at once when nothing in it
+        would wait (an ASYNC_FLUSH store putting on the event loop, a role with nothing
+        to wait for, no fault armed): the data path's frame reader answers it from its
+        callback, without a task and a chain of coroutines per request. Returns the
+        answer and whether the put woke held pulls (to be let answer first), or None:
+        the general path's case. Errors raise as :meth:`send`'s do, nothing stored."""
         rt = self.rt
-        max_qid = {}
-        for i, topic in enumerate(batch.topics):
-            ids = (
-                batch.queue_ids if len(batch.topics) == 1 else batch.queue_ids[batch.topic_idx == i]
+        if not self._inline_puts or rt.closing or rt.faults.armed or not self.role.puts_at_once():
+            return None
+        batch = EncodedBatch.from_bytes(blob)
+        self._check_queues(batch, 0)
+        woken = rt.holds.woken
+        started = time.perf_counter()
+        result = rt.store.put_encoded(batch)
+        self._timed(batch, started)
+        return self._answer(batch, result), rt.holds.woken != woken
+
+    def _check_queues(self, batch: EncodedBatch, auto_create_queue_nums: int) -> bool:
+        """Each topic's queues take the batch's queue ids (a topic made, or grown, when
+        ``auto_create_queue_nums`` asks): whether a topic was created."""
+        rt = self.rt
+        if len(batch.topics) == 1:  # the usual batch: one topic, its highest queue
+            _, created = rt.topics.for_write(
+                batch.topics[0], _highest(batch.queue_ids), auto_create_queue_nums
             )
-            max_qid[topic] = int(ids.max())
+            return created
         created = False
-        for topic, qid in max_qid.items():
+        for i, topic in enumerate(batch.topics):
+            qid = _highest(batch.queue_ids[batch.topic_idx == i])
             _, new = rt.topics.for_write(topic, qid, auto_create_queue_nums)
             created |= new
+        return created
+
+    def _answer(self, batch: EncodedBatch, result: PutBatchResult) -> AckWire:
+        rt = self.rt
+        stats = rt.stats
+        stats["put_msgs"] += len(batch)
+        stats["put_bytes"] += len(batch.data)
+        stats["put_batches"] += 1
+        return SendAck(
+            result.status,
+            rt.config.broker_name,
+            rt.addr,
+            result.queue_offsets,
+            result.commitlog_offsets,
+        ).to_wire()
+
+    async def _send(self, batch: EncodedBatch, auto_create_queue_nums: int) -> AckWire:
+        rt = self.rt
+        created = self._check_queues(batch, auto_create_queue_nums)
         woken = rt.holds.woken
         result = await self.put(batch)
         if rt.faults.after_store():  # an injected hang: this answer never comes
@@ -110,16 +157,7 @@ class SendMessageProcessor:
             await asyncio.sleep(0)
         if created:  # routable on every NameServer once the sender hears back
             await rt.register_all()
-        rt.stats["put_msgs"] += len(batch)
-        rt.stats["put_bytes"] += len(batch.data)
-        rt.stats["put_batches"] += 1
-        return SendAck(
-            result.status,
-            rt.config.broker_name,
-            rt.addr,
-            result.queue_offsets,
-            result.commitlog_offsets,
-        ).to_wire()
+        return self._answer(batch, result)
 
     async def recall_timer(self, topic: str, uniq_key: str, deliver_ms: int) -> None:
         """Cancel a pending timer message of ``topic`` (RocketMQ 5.3's RecallMessage): its

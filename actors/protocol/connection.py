@@ -38,7 +38,7 @@ import os
 import socket
 import ssl
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from actors.protocol import frames
@@ -51,6 +51,8 @@ CONNECT_TIMEOUT_S = 5.0
 DIRECT_WRITES = os.environ.get("RAYMQ_CLIENT_DIRECT_WRITES", "1") != "0"
 Answer = tuple[dict[str, Any], bytes]
 """A response: its header, and its body."""
+Decode = Callable[[dict[str, Any], Any], Any]
+"""What a request's caller makes of its answer's header and body (on the I/O thread)."""
 
 
 class IOLoop:
@@ -104,7 +106,7 @@ class BrokerConnection:
         self._max = max_frame_bytes
         self._io = IOLoop.get()
         self._ids = itertools.count(1)
-        self._pending: dict[int, concurrent.futures.Future[Answer]] = {}
+        self._pending: dict[int, tuple[concurrent.futures.Future[Any], Decode | None]] = {}
         self._writer: asyncio.WriteTransport | None = None  # after the handshake
         self._broken: BaseException | None = None  # why the broker's frames stopped
         self._stream: asyncio.StreamWriter | None = None
@@ -120,35 +122,47 @@ class BrokerConnection:
 
     # ------------------------------------------------------------ from any thread
     def request(
-        self, header: dict[str, Any], body: Sequence[Any] = (), *, oneway: bool = False
-    ) -> concurrent.futures.Future[Answer]:
-        """Send a request; a future of its answer (``(header, body)``), or of the error
-        the broker raised (the same RayMQError type) or of the connection's failure."""
-        fut: concurrent.futures.Future[Answer] = concurrent.futures.Future()
+        self,
+        header: dict[str, Any],
+        body: Sequence[Any] = (),
+        *,
+        oneway: bool = False,
+        decode: Decode | None = None,
+    ) -> concurrent.futures.Future[Any]:
+        """Send a request; a future of its answer (``(header, body)``, or what
+        ``decode(header, body)`` makes of it, on the I/O thread), or of the error the
+        broker raised (the same RayMQError type), or of what ``decode`` raised, or of the
+        connection's failure. One future per request: a caller that wants the answer
+        decoded needs no second future settled from the first's callback."""
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         if self.closed:
             fut.set_exception(BrokerUnavailableError(f"connection to {self.name} is closed"))
             return fut
         with self._wlock:
             direct = self._direct_ok
             if direct:
-                opaque = self._register(fut, oneway)
+                opaque = self._register(fut, oneway, decode)
                 self._send_direct(frames.encode({**header, "o": opaque, "f": _flags(oneway)}, body))
             else:
                 self._queued += 1
         if not direct:
-            self._io.loop.call_soon_threadsafe(self._submit, header, body, fut, oneway)
+            self._io.loop.call_soon_threadsafe(self._submit, header, body, fut, oneway, decode)
         elif oneway:
             fut.set_result(({}, b""))  # its callbacks run outside the write lock
         return fut
 
-    def _register(self, fut: concurrent.futures.Future[Answer], oneway: bool) -> int:
+    def _register(
+        self, fut: concurrent.futures.Future[Any], oneway: bool, decode: Decode | None
+    ) -> int:
         """A request id for ``fut``, which waits in ``_pending`` for its answer (before
         its frame is written: the answer may come before the write returns). A oneway
-        request's future is the caller's to settle, after the write lock is let go."""
+        request's future is the caller's to settle, after the write lock is let go.
+        The entry leaves ``_pending`` with its answer or with the connection's failure,
+        whichever comes first (a caller's timeout leaves the future pending: the
+        broker's answer, or the end of the connection, still takes it out)."""
         opaque = next(self._ids)
         if not oneway:
-            self._pending[opaque] = fut
-            fut.add_done_callback(lambda _: self._pending.pop(opaque, None))
+            self._pending[opaque] = (fut, decode)
         return opaque
 
     def _send_direct(self, parts: list[Any]) -> None:
@@ -195,12 +209,13 @@ class BrokerConnection:
         self,
         header: dict[str, Any],
         body: Sequence[Any],
-        fut: concurrent.futures.Future[Answer],
+        fut: concurrent.futures.Future[Any],
         oneway: bool,
+        decode: Decode | None,
     ) -> None:
         writer = self._writer
         if writer is not None and not writer.is_closing():
-            self._write(writer, header, body, fut, oneway)
+            self._write(writer, header, body, fut, oneway, decode)
             return
         task = asyncio.ensure_future(self._ensure_open())
 
@@ -211,7 +226,7 @@ class BrokerConnection:
                     self._queued -= 1
                 _settle(fut, exc=exc or BrokerUnavailableError(f"{self.name}: not connected"))
                 return
-            self._write(self._writer, header, body, fut, oneway)
+            self._write(self._writer, header, body, fut, oneway, decode)
 
         task.add_done_callback(opened)
 
@@ -220,8 +235,9 @@ class BrokerConnection:
         writer: asyncio.WriteTransport,
         header: dict[str, Any],
         body: Sequence[Any],
-        fut: concurrent.futures.Future[Answer],
+        fut: concurrent.futures.Future[Any],
         oneway: bool,
+        decode: Decode | None,
     ) -> None:
         """A frame handed to the loop, written through the transport (in the order the
         frames were handed over); then callers may write directly again if all is out."""
@@ -229,7 +245,7 @@ class BrokerConnection:
             self._queued -= 1
             written = not fut.done()  # else the caller gave up before it left
             if written:
-                opaque = self._register(fut, oneway)
+                opaque = self._register(fut, oneway, decode)
                 frames.write_frame(writer, {**header, "o": opaque, "f": _flags(oneway)}, body)
             self._allow_direct()
         if written and oneway:
@@ -340,13 +356,23 @@ class BrokerConnection:
             raise frames.AuthError(f"{self.name} could not prove it holds the cluster's secret")
 
     def _on_frame(self, header: dict[str, Any], body: bytes | memoryview) -> None:
-        fut = self._pending.pop(header["o"], None)
-        if fut is None:
-            return  # its caller timed out and went away
-        if header["c"] == Code.OK:
+        entry = self._pending.pop(header["o"], None)
+        if entry is None:
+            return  # not a request of this connection's (or answered already)
+        fut, decode = entry
+        if fut.done():
+            return
+        if header["c"] != Code.OK:
+            _settle(fut, exc=frames.error_from(header))
+        elif decode is None:
             _settle(fut, (header, body))  # type: ignore[arg-type]
         else:
-            _settle(fut, exc=frames.error_from(header))
+            try:
+                answer = decode(header, body)
+            except BaseException as exc:  # noqa: BLE001 - the caller's rpc.get raises it
+                _settle(fut, exc=exc)
+                return
+            _settle(fut, answer)
 
     def _on_bad_frame(self, exc: frames.FrameError) -> None:
         self._broken = BrokerUnavailableError(f"connection to {self.name} broke: {exc}")
@@ -381,7 +407,7 @@ class BrokerConnection:
                 self._writer = None
                 self._drop_sock()
         pending, self._pending = self._pending, {}
-        for fut in pending.values():
+        for fut, _ in pending.values():
             _settle(fut, exc=error)
 
 
@@ -390,8 +416,8 @@ def _flags(oneway: bool) -> int:
 
 
 def _settle(
-    fut: concurrent.futures.Future[Answer],
-    result: Answer | None = None,
+    fut: concurrent.futures.Future[Any],
+    result: Any = None,
     *,
     exc: BaseException | None = None,
 ) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from actors.protocol import rpc
-from actors.protocol.connection import Answer, BrokerConnection
+from actors.protocol.connection import BrokerConnection
 from actors.protocol.frames import Code
 from actors.protocol.pop import PoppedMessage, pops_from_wire
 from actors.protocol.rpc import PendingCall
@@ -194,17 +194,7 @@ class _Method:
         if conn is None:
             return getattr(stub.handle, self._name).remote(*args, **kwargs)
         header, body, decode = self._encode(*args, **kwargs)
-        answer = conn.request(header, body)
-        out: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-        def done(fut: concurrent.futures.Future[Answer]) -> None:
-            try:
-                out.set_result(decode(*fut.result()))
-            except BaseException as exc:  # noqa: BLE001 - the caller's rpc.get raises it
-                out.set_exception(exc)
-
-        answer.add_done_callback(done)
-        return PendingCall(out)
+        return PendingCall(conn.request(header, body, decode=decode))
 
     def oneway(self, *args: Any, **kwargs: Any) -> None:
         """The request without waiting for, or getting, an answer (RocketMQ's

@@ -11,7 +11,11 @@ both share is here:
   too.
 * A proved connection's frames are parsed as they arrive, each request run as its own
   task and answered in whatever order they finish; at most
-  ``max_requests_per_connection`` run at once (reading pauses beyond).
+  ``max_requests_per_connection`` run at once (reading pauses beyond). A request the
+  subclass can do without waiting for anything (:meth:`FrameServer._answer_now`: a
+  broker's send to an ASYNC_FLUSH store) is done and answered from the reader's
+  callback instead, with no task: a task and its coroutines cost more than such a
+  request's own work.
 * A frame over ``max_frame_bytes`` or malformed closes the connection; nothing is
   dispatched from it. A RayMQError a request raises is its answer (the same type on
   the client's side); the connection goes on.
@@ -63,6 +67,7 @@ class FrameServer:
             "connections": 0,
             "refused": 0,
             "requests": 0,
+            "answered_at_once": 0,  # of them: done in the reader's callback, no task
             "bad_frames": 0,
             "paused_reads": 0,
         }
@@ -133,6 +138,8 @@ class FrameServer:
             nonlocal paused
             if self.closing:
                 transport.close()
+                return
+            if not proto.writing_paused and self._answered_now(header, body, transport):
                 return
             task = asyncio.ensure_future(self._request(header, body, transport, proto))
             tasks.add(task)
@@ -205,8 +212,52 @@ class FrameServer:
         frames.write_frame(transport, reply, parts)
         await proto.drain()
 
+    def _answered_now(
+        self, header: dict[str, Any], body: bytes | memoryview, transport: asyncio.WriteTransport
+    ) -> bool:
+        """A request the subclass can answer at once (:meth:`_answer_now`), answered from
+        the frame reader's callback: no task, no coroutines. False: run it as a task.
+        (Not while the transport's buffer is over its high-water mark: a task's answer
+        then waits for it to drain, and holds its place among the connection's
+        ``max_requests_per_connection`` meanwhile.)"""
+        try:
+            now = self._answer_now(header["c"], header, body)
+            if now is None:
+                return False
+            fields, parts, later = now
+            reply = {"c": int(Code.OK), **fields}
+        except RayMQError as exc:
+            reply, parts, later = frames.error_fields(exc), [], False
+        except Exception as exc:  # noqa: BLE001 - the client hears of it; the server goes on
+            log.exception("%s: request %s failed", self.name, header.get("c"))
+            reply, parts, later = frames.error_fields(exc), [], False
+        self.stats["requests"] += 1
+        self.stats["answered_at_once"] += 1
+        if header.get("f", 0) & Flag.ONEWAY:
+            return True
+        reply.update(o=header["o"], f=int(Flag.RESPONSE))
+        if later:  # after the callbacks already scheduled (held pulls it woke)
+            asyncio.get_running_loop().call_soon(_write_open, transport, reply, parts)
+        else:
+            _write_open(transport, reply, parts)
+        return True
+
+    def _answer_now(
+        self, code: int, h: dict[str, Any], body: bytes | memoryview
+    ) -> tuple[dict[str, Any], list[Any], bool] | None:
+        """Request ``code`` done and answered at once, when nothing in it would wait:
+        (the answer's header fields, its body parts, whether to write it only after the
+        loop's callbacks scheduled already), or None for :meth:`_dispatch`'s task. It
+        raises what :meth:`_dispatch` would. None here: every request is a task."""
+        return None
+
     async def _dispatch(
         self, code: int, h: dict[str, Any], body: bytes | memoryview
     ) -> tuple[dict[str, Any], list[Any]]:
         """What request ``code`` does: (the answer's header fields, its body parts)."""
         raise frames.FrameError(f"unknown request code {code}")
+
+
+def _write_open(transport: asyncio.WriteTransport, reply: dict[str, Any], parts: list[Any]) -> None:
+    if not transport.is_closing():
+        frames.write_frame(transport, reply, parts)

@@ -353,6 +353,11 @@ class FrameReader(asyncio.BufferedProtocol):
         if self.on_drained is not None:
             self.on_drained()
 
+    @property
+    def writing_paused(self) -> bool:
+        """Whether the transport's write buffer is over its high-water mark."""
+        return self._paused_writing
+
     async def drain(self) -> None:
         """Until the transport's write buffer is below its high-water mark."""
         if not self._paused_writing or self._closed:

@@ -81,6 +81,9 @@ def test_routes_carry_the_data_address_and_clients_use_it(cluster: actors.Cluste
     puts = after["put_batches"] - before["put_batches"]
     pulls = after["pulls"] - before["pulls"]
     assert after["data_requests"] - before["data_requests"] >= puts + pulls + 1
+    # an ASYNC_FLUSH master stores and answers each send from the socket's reader, with
+    # no task per request; pulls and commits are tasks (a pull may be held)
+    assert after["data_answered_at_once"] - before["data_answered_at_once"] == puts
     assert after["data_connections"] == before["data_connections"]  # no new ones
     producer.close()
     consumer.close()

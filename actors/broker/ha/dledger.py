@@ -336,6 +336,9 @@ class DLedgerReplication(Replication):
     async def put(self, batch: EncodedBatch, local_put: LocalPut) -> PutBatchResult:
         return await self._propose(batch, internal=False)
 
+    def puts_at_once(self) -> bool:
+        return False  # every put is a proposal to the group
+
     async def put_internal(self, batch: EncodedBatch) -> PutBatchResult:
         """A delivery of the schedule service (already validated and converted)."""
         return await self._propose(batch, internal=True)

@@ -267,6 +267,11 @@ class MasterSlaveReplication(Replication):
             result.status = await self.service.wait_for_slave(end)
         return result
 
+    def puts_at_once(self) -> bool:
+        # a slave's refusal, the wait for registration and a SYNC_MASTER's wait for its
+        # slave are :meth:`put`'s, on the general path
+        return self.role == "ASYNC_MASTER" and self._writable.is_set()
+
     def readable(self, raw: RawGetResult, offset: int) -> tuple[RawGetResult, bool]:
         if not self.config.slave_read_enable or raw.status is not GetStatus.FOUND:
             return raw, False

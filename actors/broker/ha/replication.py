@@ -287,6 +287,12 @@ class Replication:
     async def put(self, batch: EncodedBatch, local_put: LocalPut) -> PutBatchResult:
         return await local_put(batch)
 
+    def puts_at_once(self) -> bool:
+        """Whether :meth:`put` would do nothing but ``local_put`` now (no slave to wait
+        for, no proposal, no registration pending): a send may then be stored and
+        answered without a task of its own (``SendMessageProcessor.send_now``)."""
+        return True
+
     def readable(self, raw: RawGetResult, offset: int) -> tuple[RawGetResult, bool]:
         """What a pull may return of ``raw``; True when only records that are not yet
         committed were found (the pull should wait for :meth:`wait_readable`)."""

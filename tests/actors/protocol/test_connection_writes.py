@@ -124,3 +124,31 @@ def test_requests_from_many_threads_each_get_their_own_answer(server: SlowServer
         assert sorted(server.seqs) == sorted(got)
     finally:
         conn.close()
+
+
+def test_an_answer_is_decoded_into_the_request_s_own_future(server: SlowServer) -> None:
+    """``decode`` runs on the answer (on the I/O thread) and its value, or its error,
+    settles the request's future; the connection serves on either way, and nothing is
+    left waiting for an answer."""
+    server.release.set()
+    conn = BrokerConnection(server.addr, SECRET, name="slow")
+    conn.open()
+
+    def doubled(header: dict[str, Any], body: Any) -> int:
+        return 2 * int(header["r"])
+
+    def refuses(header: dict[str, Any], body: Any) -> int:
+        raise ValueError(f"cannot read answer {header['r']}")
+
+    try:
+        assert conn.request({"c": int(Code.HEARTBEAT), "seq": 21}, decode=doubled).result(10) == 42
+        with pytest.raises(ValueError, match="cannot read answer 5"):
+            conn.request({"c": int(Code.HEARTBEAT), "seq": 5}, decode=refuses).result(10)
+        futures = [
+            conn.request({"c": int(Code.HEARTBEAT), "seq": i}, decode=doubled) for i in range(50)
+        ]
+        assert [f.result(10) for f in futures] == [2 * i for i in range(50)]
+        assert conn.request({"c": int(Code.HEARTBEAT), "seq": 7}).result(10)[0]["r"] == 7
+        assert not conn._pending
+    finally:
+        conn.close()
