@@ -117,9 +117,7 @@ def main() -> int:
             stub.send.remote(blob, 0).future().add_done_callback(acks.start())
 
         def run_transport(acks: _Acks) -> None:
-            transport.call(route, broker_name, [bound], 0).future().add_done_callback(
-                acks.start()
-            )
+            transport.call(route, broker_name, [bound], 0).future().add_done_callback(acks.start())
 
         def run_sender(acks: _Acks) -> None:
             chunks = producer._encoder.encode([Message(TOPIC, body)])
