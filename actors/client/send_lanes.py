@@ -136,6 +136,13 @@ class SendLanes:
             )
             self._pump(broker)
             return
+        if len(group) == 1:  # the usual call at a low rate: the answer is all its own
+            try:
+                group[0].on_done(ack, exc)
+            except Exception:  # noqa: BLE001 - one caller's callback must not stall the lane
+                log.exception("send_async completion failed")
+            self._pump(broker)
+            return
         first = 0
         for w in group:
             part = None

@@ -307,6 +307,20 @@ class Sender:
             self.budget.acquire(count, nbytes, self.config.send_timeout_s)
             # the callback stays on the future as long as the caller keeps it: not chunks
             out.add_done_callback(lambda _: self.budget.release(count, nbytes))
+        if len(chunks) == 1:  # one chunk (a single message, a coalesced batch): no tally
+
+            def alone(part: Any, exc: BaseException | None) -> None:
+                if out.done():  # settled once, as the tally below guarantees for many
+                    return
+                with self.budget.delivering():  # callers' callbacks run here and may send
+                    if exc is not None:
+                        out.set_exception(exc)
+                    else:
+                        result = BatchSendResult([part], total)
+                        out.set_result(result[0] if single else result)
+
+            self._send_chunk_async(chunks[0], 0, None, sharding_key, alone)
+            return out
         parts: list[Any] = [None] * len(chunks)
         remaining = [len(chunks)]  # parts to come; -1 once ``out`` is being settled
         lock = threading.Lock()
