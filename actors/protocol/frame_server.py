@@ -13,9 +13,9 @@ both share is here:
   task and answered in whatever order they finish; at most
   ``max_requests_per_connection`` run at once (reading pauses beyond). A request the
   subclass can do without waiting for anything (:meth:`FrameServer._answer_now`: a
-  broker's send to an ASYNC_FLUSH store) is done and answered from the reader's
-  callback instead, with no task: a task and its coroutines cost more than such a
-  request's own work.
+  broker's send to an ASYNC_FLUSH store), arriving while none of its connection's
+  requests runs as a task, is done and answered from the reader's callback instead:
+  requests still take effect in the order they came.
 * A frame over ``max_frame_bytes`` or malformed closes the connection; nothing is
   dispatched from it. A RayMQError a request raises is its answer (the same type on
   the client's side); the connection goes on.
@@ -139,7 +139,13 @@ class FrameServer:
             if self.closing:
                 transport.close()
                 return
-            if not proto.writing_paused and self._answered_now(header, body, transport):
+            # at once only behind no task of this connection: what a client sent first
+            # takes effect first (a send answered at once never overtakes one in a task)
+            if (
+                not tasks
+                and not proto.writing_paused
+                and self._answered_now(header, body, transport)
+            ):
                 return
             task = asyncio.ensure_future(self._request(header, body, transport, proto))
             tasks.add(task)
@@ -217,9 +223,10 @@ class FrameServer:
     ) -> bool:
         """A request the subclass can answer at once (:meth:`_answer_now`), answered from
         the frame reader's callback: no task, no coroutines. False: run it as a task.
-        (Not while the transport's buffer is over its high-water mark: a task's answer
-        then waits for it to drain, and holds its place among the connection's
-        ``max_requests_per_connection`` meanwhile.)"""
+        Only asked while none of the connection's requests runs as a task (so requests
+        take effect in the order they came) and while the transport's buffer is under
+        its high-water mark (a task's answer waits for it to drain, and holds its place
+        among the connection's ``max_requests_per_connection`` meanwhile)."""
         try:
             now = self._answer_now(header["c"], header, body)
             if now is None:

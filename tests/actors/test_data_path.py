@@ -18,9 +18,10 @@ from raymq_testkit import wait_until
 import actors
 from actors import PullStatus
 from actors.coordinator.txn import TXN_COORDINATOR_NAME
-from actors.protocol import frames
+from actors.protocol import frames, wire
 from rebalance import MessageQueue
 from storage import Message, encode_batch
+from storage.codec import decode_records
 from storage.errors import InvalidConfigError
 
 
@@ -216,6 +217,64 @@ def test_a_stranger_is_closed_before_anything_is_read_and_the_broker_goes_on(
     producer = cluster.producer("p-after-stranger")
     served = producer.send(Message("AfterStranger", b"still serving"))  # auto-created
     assert served.status is actors.SendStatus.SEND_OK
+
+
+def _proved(info: dict[str, Any]) -> socket.socket:
+    """A raw connection to a broker's data path that passed the handshake."""
+    sock = _raw(info["addr"])
+    hello = _read_frame(sock)
+    assert hello is not None
+    mine = frames.nonce()
+    proof = frames.proof(info["secret"], b"client", hello[0]["n"], mine)
+    sock.sendall(b"".join(frames.encode({"c": int(frames.Code.AUTH), "n": mine, "p": proof})))
+    ok = _read_frame(sock)
+    assert ok is not None and ok[0]["c"] == frames.Code.OK
+    return sock
+
+
+def test_a_send_is_answered_at_once_only_behind_no_task_of_its_connection(
+    cluster: actors.Cluster,
+) -> None:
+    """A send an ASYNC_FLUSH master can store at once is answered from the reader's
+    callback, unless an earlier request of its connection still runs as a task (here a
+    held pull): then it is a task too, so what a client sent first takes effect first.
+    Either way it is stored once and wakes the pull."""
+    cluster.admin.create_topic("Order", 1, 1)
+    info = ray.get(cluster.broker("broker-a").data_path.remote())
+    sock = _proved(info)
+    sock.settimeout(30)
+    try:
+        held_before = status(cluster)["held_pulls"]
+        pull = wire.pull_request_to_wire("g-order", [("Order", 0, 0)], 32, None, 20.0, "c1")
+        sock.sendall(b"".join(frames.encode({"c": int(frames.Code.PULL), "o": 1}, [pull])))
+        wait_until(lambda: status(cluster)["held_pulls"] > held_before, what="the pull held")
+        before = status(cluster)["data_answered_at_once"]
+
+        def send(opaque: int, body: bytes) -> None:
+            batch = encode_batch([Message("Order", body)]).with_queue(0).to_bytes()
+            frame = frames.encode({"c": int(frames.Code.SEND), "o": opaque}, [batch])
+            sock.sendall(b"".join(frame))
+
+        send(2, b"behind a held pull")
+        answers = {}
+        for _ in range(2):
+            got = _read_frame(sock)
+            assert got is not None
+            answers[got[0]["o"]] = got
+        assert answers[2][0]["c"] == frames.Code.OK  # the send, run as a task
+        assert status(cluster)["data_answered_at_once"] == before
+        (held,) = wire.pulls_from_wire(answers[1][1])  # the pull, woken by it
+        assert [m.body for m in decode_records(held.data)] == [b"behind a held pull"]
+        send(3, b"alone")  # nothing of the connection runs now: answered at once
+        got = _read_frame(sock)
+        assert got is not None and got[0]["o"] == 3 and got[0]["c"] == frames.Code.OK
+        assert status(cluster)["data_answered_at_once"] == before + 1
+    finally:
+        sock.close()
+    consumer = cluster.pull_consumer("g-order-check")
+    (mq,) = consumer.fetch_subscribe_queues("Order")
+    assert consumer.pull(mq, 0, 10).bodies == [b"behind a held pull", b"alone"]
+    consumer.close()
 
 
 def test_a_malformed_or_oversized_frame_after_the_handshake_closes_only_that_connection(
