@@ -201,7 +201,10 @@ class FrameServer:
     ) -> None:
         self.stats["requests"] += 1
         opaque = header["o"]
+        flags = _flags_of(header)
         try:
+            if flags is None:  # refused before anything is done
+                raise frames.FrameError(f"frame flags {header.get('f')!r:.40}: not an int")
             fields, parts = await self._dispatch(header["c"], header, body)
             reply = {"c": int(Code.OK), **fields}
         except AnswerDroppedError:  # an injected fault: the connection goes, unanswered
@@ -212,7 +215,7 @@ class FrameServer:
         except Exception as exc:  # noqa: BLE001 - the client hears of it; the server goes on
             log.exception("%s: request %s failed", self.name, header.get("c"))
             reply, parts = frames.error_fields(exc), []
-        if header.get("f", 0) & Flag.ONEWAY or transport.is_closing():
+        if (flags or 0) & Flag.ONEWAY or transport.is_closing():
             return
         reply.update(o=opaque, f=int(Flag.RESPONSE))
         frames.write_frame(transport, reply, parts)
@@ -227,6 +230,9 @@ class FrameServer:
         take effect in the order they came) and while the transport's buffer is under
         its high-water mark (a task's answer waits for it to drain, and holds its place
         among the connection's ``max_requests_per_connection`` meanwhile)."""
+        flags = _flags_of(header)
+        if "o" not in header or flags is None:  # malformed: the task's path refuses it
+            return False
         try:
             now = self._answer_now(header["c"], header, body)
             if now is None:
@@ -240,7 +246,7 @@ class FrameServer:
             reply, parts, later = frames.error_fields(exc), [], False
         self.stats["requests"] += 1
         self.stats["answered_at_once"] += 1
-        if header.get("f", 0) & Flag.ONEWAY:
+        if flags & Flag.ONEWAY:
             return True
         reply.update(o=header["o"], f=int(Flag.RESPONSE))
         if later:  # after the callbacks already scheduled (held pulls it woke)
@@ -263,6 +269,12 @@ class FrameServer:
     ) -> tuple[dict[str, Any], list[Any]]:
         """What request ``code`` does: (the answer's header fields, its body parts)."""
         raise frames.FrameError(f"unknown request code {code}")
+
+
+def _flags_of(header: dict[str, Any]) -> int | None:
+    """A request's flags (0 when it names none), None when they are not an int."""
+    flags = header.get("f", 0)
+    return flags if isinstance(flags, int) and not isinstance(flags, bool) else None
 
 
 def _write_open(transport: asyncio.WriteTransport, reply: dict[str, Any], parts: list[Any]) -> None:

@@ -277,6 +277,29 @@ def test_a_send_is_answered_at_once_only_behind_no_task_of_its_connection(
     consumer.close()
 
 
+def test_a_send_with_flags_that_are_not_an_int_is_refused_and_stores_nothing(
+    cluster: actors.Cluster,
+) -> None:
+    info = ray.get(cluster.broker("broker-a").data_path.remote())
+    sock = _proved(info)
+    sock.settimeout(30)
+    before = status(cluster)["put_msgs"]
+    batch = encode_batch([Message("Wire", b"flagged")]).with_queue(0).to_bytes()
+    try:
+        for opaque, flags in ((1, "oneway"), (2, 1.5), (3, True)):
+            frame = frames.encode({"c": int(frames.Code.SEND), "o": opaque, "f": flags}, [batch])
+            sock.sendall(b"".join(frame))
+            got = _read_frame(sock)
+            assert got is not None and got[0]["o"] == opaque
+            assert got[0]["c"] != frames.Code.OK and "flags" in got[0]["m"]
+        sock.sendall(b"".join(frames.encode({"c": int(frames.Code.SEND), "o": 4}, [batch])))
+        got = _read_frame(sock)
+        assert got is not None and got[0]["o"] == 4 and got[0]["c"] == frames.Code.OK
+    finally:
+        sock.close()
+    assert status(cluster)["put_msgs"] == before + 1  # the good one only
+
+
 def test_a_malformed_or_oversized_frame_after_the_handshake_closes_only_that_connection(
     make_cluster: Any,
 ) -> None:
