@@ -91,11 +91,7 @@ def _push_latency(
     )
     producer = cluster.producer("hops-latency")
     body = b"x" * 100
-    deadline = time.monotonic() + 60
-    while ray.get(consumer.count.remote()) < 200 and time.monotonic() < deadline:
-        for _ in range(20):
-            producer.send(Message(topic, peers.stamp(body)))
-    ray.get(consumer.take.remote())
+    peers.warm_up(producer, consumer, topic, body)
     sends = peers.Settled()
     peers.paced(
         rate, seconds, lambda i: sends.track(producer.send_async(Message(topic, peers.stamp(body))))

@@ -143,11 +143,7 @@ def main() -> int:
         consumer = ray.remote(num_cpus=0)(_Consumer).remote(namespace, "Split", "socket")
         producer = cluster.producer("split")
         body = b"x" * 100
-        deadline = time.monotonic() + 60
-        while ray.get(consumer.count.remote()) < 200 and time.monotonic() < deadline:
-            for _ in range(20):
-                producer.send(Message("Split", peers.stamp(body)))
-        ray.get(consumer.take.remote())
+        peers.warm_up(producer, consumer, "Split", body)
         pids = {
             "broker": actor_pids("Broker")[0],
             "producer": os.getpid(),

@@ -283,6 +283,21 @@ class RedisPeer(Peer):
         return samples
 
 
+def warm_up(producer: Any, consumer: Any, topic: str, body: bytes) -> None:
+    """Send until the latency consumer actor (a :class:`_RayMQPushLatency`) got 200
+    messages (it owns the queues, both sides' connections are open; at most a minute),
+    then drop what it recorded."""
+    import ray
+
+    from storage import Message
+
+    deadline = time.monotonic() + 60
+    while ray.get(consumer.count.remote()) < 200 and time.monotonic() < deadline:
+        for _ in range(20):
+            producer.send(Message(topic, stamp(body)))
+    ray.get(consumer.take.remote())
+
+
 def paced(rate: int, seconds: float, send: Callable[[int], Any]) -> None:
     """Call ``send(i)`` ``rate`` times a second for ``seconds``, on schedule."""
     interval = 1.0 / rate
@@ -696,12 +711,7 @@ class RayMQPeer(Peer):
             self.namespace, self.topic, self.data_path
         )
         producer = self.cluster.producer("peers-latency", data_path=self.data_path)
-        # warm up until the consumer owns the queues and both sides' connections are open
-        deadline = time.monotonic() + 60
-        while ray.get(consumer.count.remote()) < 200 and time.monotonic() < deadline:
-            for _ in range(20):
-                producer.send(Message(self.topic, stamp(body)))
-        ray.get(consumer.take.remote())
+        warm_up(producer, consumer, self.topic, body)
         sends = Settled()
         paced(
             rate,

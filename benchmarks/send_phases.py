@@ -212,11 +212,7 @@ def main() -> int:
         consumer = ray.remote(num_cpus=0)(_Consumer).remote(namespace, TOPIC, "socket")
         producer = cluster.producer("phases")
         body = b"x" * 100
-        deadline = time.monotonic() + 60
-        while ray.get(consumer.count.remote()) < 200 and time.monotonic() < deadline:
-            for _ in range(20):
-                producer.send(Message(TOPIC, peers.stamp(body)))
-        ray.get(consumer.take.remote())
+        peers.warm_up(producer, consumer, TOPIC, body)
         ray.get(consumer.take_decoded.remote())
         marks = _Marks(args.stages)
         for rate in args.rates:

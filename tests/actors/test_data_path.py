@@ -220,7 +220,8 @@ def test_a_stranger_is_closed_before_anything_is_read_and_the_broker_goes_on(
 
 
 def _proved(info: dict[str, Any]) -> socket.socket:
-    """A raw connection to a broker's data path that passed the handshake."""
+    """A raw connection to a broker's data path that passed the handshake (the broker
+    proved it holds the secret too)."""
     sock = _raw(info["addr"])
     hello = _read_frame(sock)
     assert hello is not None
@@ -229,6 +230,7 @@ def _proved(info: dict[str, Any]) -> socket.socket:
     sock.sendall(b"".join(frames.encode({"c": int(frames.Code.AUTH), "n": mine, "p": proof})))
     ok = _read_frame(sock)
     assert ok is not None and ok[0]["c"] == frames.Code.OK
+    assert frames.check_proof(info["secret"], b"broker", mine, hello[0]["n"], ok[0]["p"])
     return sock
 
 
@@ -318,15 +320,7 @@ def test_a_malformed_or_oversized_frame_after_the_handshake_closes_only_that_con
         struct.pack(">II", 6, 2) + b"\x92\x01",  # a header that is not a map
         struct.pack(">II", 8, 10) + b"\x80" * 4,  # a header longer than the frame
     ):
-        sock = _raw(info["addr"])
-        hello = _read_frame(sock)
-        assert hello is not None
-        mine = frames.nonce()
-        proof = frames.proof(info["secret"], b"client", hello[0]["n"], mine)
-        sock.sendall(b"".join(frames.encode({"c": int(frames.Code.AUTH), "n": mine, "p": proof})))
-        ok = _read_frame(sock)
-        assert ok is not None and ok[0]["c"] == frames.Code.OK
-        assert frames.check_proof(info["secret"], b"broker", mine, hello[0]["n"], ok[0]["p"])
+        sock = _proved(info)
         sock.sendall(bad)
         assert _closed_by_peer(sock)
         sock.close()
