@@ -46,7 +46,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from actors.coordinator.coordinator import HEAD_NODE_RESOURCE
+from actors.coordinator.coordinator import COORDINATOR_RUNTIME_ENV, HEAD_NODE_RESOURCE
 from actors.namesrv.client import NameServerClient, discover_nameservers
 from actors.protocol import checks, frames
 from actors.protocol.data_path import DataPath
@@ -120,6 +120,7 @@ def transaction_coordinator(
             resources={HEAD_NODE_RESOURCE: 0.001},
             max_restarts=-1,
             max_concurrency=1000,
+            runtime_env=COORDINATOR_RUNTIME_ENV,
         )
         .remote(
             namespace,

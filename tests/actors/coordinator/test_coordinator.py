@@ -11,6 +11,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -159,6 +160,23 @@ def test_join_and_leave_make_generations_and_the_strategy_s_assignment(
     assert {cid: sorted(view(ring, cid).owned) for cid in members} == expected
     with pytest.raises(InvalidConfigError, match="consistent_hash"):
         join(ring, "r-4", topic, strategy="consistent_hash", strategy_options={"virtual_nodes": 3})
+
+
+def test_a_coordinator_logs_no_false_warning_of_a_blocking_get(cluster: actors.Cluster) -> None:
+    """Its NameServer calls block in an executor thread, never on its event loop: Ray's
+    warning of a ``ray.get`` in an async actor is false for it and is not printed."""
+    topic = "CoordQuiet"
+    cluster.admin.create_topic(topic, 2, 2)
+    coord = coordinator_for("g-quiet", cluster.namespace, config=SHORT)
+    assert sorted(join(coord, "q-a", topic).owned) == queues_of(cluster, topic)  # routes read
+    logs = Path(ray._private.worker.global_worker.node.get_logs_dir_path())
+    mine = [
+        text
+        for path in logs.glob("worker-*.err")
+        if ":actor_name:GroupCoordinator\n" in (text := path.read_text(errors="replace"))
+    ]
+    assert mine, "the coordinators' own logs"
+    assert not [text for text in mine if "blocking ray.get" in text]
 
 
 def test_a_queue_moves_only_after_its_owner_confirms_the_revoke(
