@@ -139,6 +139,9 @@ class FrameServer:
             if self.closing:
                 transport.close()
                 return
+            if "o" not in header:  # no id to answer it by: malformed, like a bad header
+                proto.fail(frames.FrameError(f"a request without an id: {header!r:.200}"))
+                return
             # at once only behind no task of this connection: what a client sent first
             # takes effect first (a send answered at once never overtakes one in a task)
             if (
@@ -231,7 +234,7 @@ class FrameServer:
         its high-water mark (a task's answer waits for it to drain, and holds its place
         among the connection's ``max_requests_per_connection`` meanwhile)."""
         flags = _flags_of(header)
-        if "o" not in header or flags is None:  # malformed: the task's path refuses it
+        if flags is None:  # malformed: the task's path refuses it
             return False
         try:
             now = self._answer_now(header["c"], header, body)

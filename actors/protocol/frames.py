@@ -291,11 +291,11 @@ class FrameReader(asyncio.BufferedProtocol):
         ):
             total, hlen = _PREFIX.unpack_from(buf, self._start)
             if total > self.max_bytes:
-                return self._fail(
+                return self.fail(
                     FrameError(f"frame of {total} bytes: over max_frame_bytes={self.max_bytes}")
                 )
             if total < 4 or hlen > min(total - 4, MAX_HEADER_BYTES):
-                return self._fail(FrameError(f"frame of {total} bytes with a header of {hlen}"))
+                return self.fail(FrameError(f"frame of {total} bytes with a header of {hlen}"))
             size = total - 4
             begin = self._start + _PREFIX.size
             have = self._end - begin
@@ -320,11 +320,12 @@ class FrameReader(asyncio.BufferedProtocol):
         try:
             header = decode_header(head)
         except FrameError as exc:
-            self._fail(exc)
+            self.fail(exc)
             return
         self.on_frame(header, body)
 
-    def _fail(self, exc: FrameError) -> None:
+    def fail(self, exc: FrameError) -> None:
+        """Refuse the connection for ``exc``: ``on_error(exc)``, then close it, unread."""
         self._closed = True
         self.on_error(exc)
         self.transport.close()

@@ -315,16 +315,20 @@ def test_a_malformed_or_oversized_frame_after_the_handshake_closes_only_that_con
     info = ray.get(broker.data_path.remote())
     producer = cluster.producer("p-steady")
     assert producer.send(Message("Wire", b"before")).status is actors.SendStatus.SEND_OK
+    stored = status(cluster)["put_msgs"]
+    batch = encode_batch([Message("Wire", b"no id")]).with_queue(0).to_bytes()
     for bad in (
         struct.pack(">II", (1 << 16) + 1, 4) + b"{}{}",  # over max_frame_bytes
         struct.pack(">II", 6, 2) + b"\x92\x01",  # a header that is not a map
         struct.pack(">II", 8, 10) + b"\x80" * 4,  # a header longer than the frame
+        b"".join(frames.encode({"c": int(frames.Code.SEND)}, [batch])),  # no id to answer by
     ):
         sock = _proved(info)
         sock.sendall(bad)
         assert _closed_by_peer(sock)
         sock.close()
-    assert status(cluster)["data_bad_frames"] == 3
+    assert status(cluster)["data_bad_frames"] == 4
+    assert status(cluster)["put_msgs"] == stored  # the send without an id stored nothing
     # the producer's own connection never noticed
     assert producer.send(Message("Wire", b"after")).status is actors.SendStatus.SEND_OK
 
