@@ -205,6 +205,43 @@ def test_a_second_end_changes_nothing(cluster: actors.Cluster) -> None:
         producer.close()
 
 
+def test_ends_racing_for_the_same_half_messages_end_each_one_once(make_cluster: Any) -> None:
+    """Under SYNC_FLUSH an end appends without the broker's transaction lock, so ends of
+    different transactions share fsyncs. Ends racing for the same half messages (a
+    producer's answers sent twice, overlapping; a coordinator's decision applied four
+    times at once) still end each half message once: every message is visible once."""
+    cluster = make_cluster(
+        nameservers=1,
+        brokers=1,
+        topics=[actors.TopicConfig("TxRace", 2, 2)],
+        broker_options={"store": {**SMALL_STORE, "flush_disk_type": "SYNC_FLUSH"}},
+    )
+    group, n = "pg-race", 40
+    broker = cluster.broker("broker-a")
+    producer = cluster.producer("p-race")
+    single = {PROP_TRAN_MSG: "true", PROP_PRODUCER_GROUP: group}
+    single[transaction.PROP_CHECK_IMMUNITY] = "600"  # never checked in this test
+    producer.send_batch([Message("TxRace", b"one-%d" % i, properties=single) for i in range(n)])
+    multi = {**single, transaction.PROP_GLOBAL_TXN: "race-txn"}
+    producer.send_batch([Message("TxRace", b"many-%d" % i, properties=multi) for i in range(n)])
+    rows = sorted(pending(cluster), key=lambda p: p["queue_offset"])
+    assert len(rows) == 2 * n
+    ends = [(p["commitlog_offset"], p["msg_id"], True) for p in rows[:n]]
+
+    answers = [  # all sent at once: windows of 10 every 5, each half message in two
+        broker.end_transactions.remote(group, ends[max(0, k - 5) : k + 5]) for k in range(0, n, 5)
+    ]
+    answers += [broker.end_transaction_batch.remote("race-txn", True) for _ in range(4)]
+    counts = ray.get(answers)
+    assert sum(counts[: n // 5]) == n and sum(counts[n // 5 :]) == n
+    assert not pending(cluster)
+    bodies = Counter(m.body for m in visible(cluster, "TxRace"))
+    assert bodies == Counter(
+        [*(b"one-%d" % i for i in range(n)), *(b"many-%d" % i for i in range(n))]
+    )
+    producer.close()
+
+
 def test_a_half_message_survives_a_broker_restart_and_is_resolved(
     cluster: actors.Cluster,
 ) -> None:
