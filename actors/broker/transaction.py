@@ -703,11 +703,14 @@ class TransactionProcessor:
             self._forget_done()
         now_ms = int(time.time() * 1000)
         global_txns: dict[str, tuple[str, int, int]] = {}  # id -> owner, epoch, first born
+        halves_of: dict[str, list[MessageExt]] = {}  # id -> its pending halves, due or not
         due: list[MessageExt] = []
         for half in pending:
+            gtxn = transaction.global_txn(half)
+            if gtxn is not None:
+                halves_of.setdefault(gtxn, []).append(half)
             if now_ms - half.born_timestamp < transaction.check_after_ms(half, timeout_ms):
                 continue  # not yet: the broker's timeout, or the producer's immunity
-            gtxn = transaction.global_txn(half)
             if gtxn is not None:  # a multi-message transaction's: its coordinator decides
                 owner = half.properties.get(transaction.PROP_TXN_PRODUCER, "")
                 prev = global_txns.get(gtxn)
@@ -718,7 +721,7 @@ class TransactionProcessor:
         for chunk in _chunks(due):
             handled += await self._check_chunk(chunk)
         if global_txns:
-            handled += await self._resolve_global(global_txns)
+            handled += await self._resolve_global(global_txns, halves_of)
         return handled
 
     async def _check_chunk(self, halves: list[MessageExt]) -> int:
@@ -782,9 +785,14 @@ class TransactionProcessor:
                 )
         return len(todo)
 
-    async def _resolve_global(self, txn_ids: dict[str, tuple[str, int, int]]) -> int:
+    async def _resolve_global(
+        self, txn_ids: dict[str, tuple[str, int, int]], halves_of: dict[str, list[MessageExt]]
+    ) -> int:
         """Ask the transaction coordinator about old half messages of multi-message
-        transactions and apply what it decided (an open one is left for later)."""
+        transactions and apply what it decided (an open one is left for later).
+        ``halves_of``: each one's pending half messages as the round's scan found them;
+        one ended since (the scan is seconds old under a backlog) is not asked about, and
+        an abort ends those still pending by their offsets, with no scan of its own."""
         try:
             coordinator = await self.rt.run(
                 ray.get_actor, TXN_COORDINATOR_NAME, self.rt.config.namespace
@@ -794,6 +802,8 @@ class TransactionProcessor:
             return 0
         ended = 0
         for txn_id, (owner, epoch, born_ms) in sorted(txn_ids.items()):
+            if not self._still_pending(halves_of[txn_id]):
+                continue  # ended, or being ended, since the scan
             try:
                 state: str = await asyncio.wait_for(
                     coordinator.resolve.remote(txn_id, owner, epoch, born_ms), 10.0
@@ -802,9 +812,20 @@ class TransactionProcessor:
                 log.warning("transaction %s: the coordinator did not answer: %s", txn_id, exc)
                 continue
             if state == "abort":  # a commit is applied by the coordinator alone
-                ended += await self.end_transaction_batch(txn_id, False, None)
+                left = self._still_pending(halves_of[txn_id], claimed=True)
+                if left:  # (a claimed one: the end waits for its append, then skips it)
+                    offsets: list[int | str] = [h.commitlog_offset for h in left]
+                    ended += await self.end_transaction_batch(txn_id, False, offsets)
                 self.rt.stats["txn_resolved"] += 1
         return ended
+
+    def _still_pending(self, halves: list[MessageExt], claimed: bool = False) -> list[MessageExt]:
+        """Of ``halves``, those not ended yet, nor (unless ``claimed``) being ended."""
+        return [
+            h
+            for h in halves
+            if not self._is_done(h.queue_offset) and (claimed or h.queue_offset not in self._ending)
+        ]
 
     def _pending_halves(self) -> list[MessageExt]:
         """The half messages not done, from the first one that is not."""
@@ -817,6 +838,7 @@ class TransactionProcessor:
         while offset < end and offset in self._done:
             offset += 1
         self._scan_from = offset
+        self.rt.stats["txn_scans"] += 1
         out: list[MessageExt] = []
         while offset < end:
             got = store.get(CHECK_GROUP, transaction.HALF_TOPIC, 0, offset, _READ_BATCH)

@@ -10,6 +10,7 @@ import json
 import threading
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,12 +19,14 @@ from raymq_testkit import SMALL_STORE, drain, unique_namespace, wait_until
 
 import actors
 from actors import LocalTransactionState, TransactionProducer
+from actors.coordinator.txn import transaction_coordinator
 from actors.protocol import rpc as _rpc
 from actors.tools.cli import main
 from storage import Message, transaction
 from storage.errors import InvalidMessageError
 from storage.message import MessageExt
 from storage.properties import PROP_PRODUCER_GROUP, PROP_TRAN_MSG
+from storage.transaction import PROP_GLOBAL_TXN
 
 COMMIT = LocalTransactionState.COMMIT_MESSAGE
 ROLLBACK = LocalTransactionState.ROLLBACK_MESSAGE
@@ -239,6 +242,47 @@ def test_ends_racing_for_the_same_half_messages_end_each_one_once(make_cluster: 
     assert bodies == Counter(
         [*(b"one-%d" % i for i in range(n)), *(b"many-%d" % i for i in range(n))]
     )
+    producer.close()
+
+
+def test_a_check_round_aborts_a_backlog_of_transactions_with_one_scan(
+    make_cluster: Any, tmp_path: Path
+) -> None:
+    """Old half messages of multi-message transactions the coordinator aborts (here: of a
+    producer it never knew) are rolled back by one check round that reads the pending
+    half messages once, not once more for every transaction it aborts (which made a
+    backlog's rounds quadratic and starved the broker under load)."""
+    cluster = make_cluster(
+        nameservers=1,
+        brokers=1,
+        topics=[actors.TopicConfig("TxGhost", 2, 2)],
+        broker_options={
+            "transaction_check_interval_s": 3600.0,  # rounds run when the test says
+            "transaction_timeout_s": 0.5,
+        },
+    )
+    transaction_coordinator(cluster.namespace, log_dir=str(tmp_path / "txn-log"))
+    broker = cluster.broker("broker-a")
+    producer = cluster.producer("p-ghost")
+    n = 30
+    props = {PROP_TRAN_MSG: "true", PROP_PRODUCER_GROUP: "pg-ghost"}
+    props[transaction.PROP_TXN_PRODUCER], props[transaction.PROP_TXN_EPOCH] = "ghost", "0"
+    producer.send_batch(
+        [
+            Message("TxGhost", b"%d-%d" % (t, i), properties={**props, PROP_GLOBAL_TXN: f"g-{t}"})
+            for t in range(n)
+            for i in range(2)
+        ]
+    )
+    assert len(pending(cluster)) == 2 * n
+    wait_until(lambda: min(p["age_s"] for p in pending(cluster)) > 0.6, what="due for a check")
+    before = ray.get(broker.status.remote())
+    assert ray.get(broker.check_transactions.remote()) == 2 * n
+    after = ray.get(broker.status.remote())
+    assert after["txn_resolved"] - before["txn_resolved"] == n
+    assert after["txn_rolled_back"] - before["txn_rolled_back"] == 2 * n
+    assert after["txn_scans"] - before["txn_scans"] == 1
+    assert not pending(cluster) and not visible(cluster, "TxGhost")
     producer.close()
 
 
