@@ -13,11 +13,6 @@ The store keeps a transactional send as its half copy in ``RMQ_SYS_TRANS_HALF_TO
 * **Done set.** The queue offsets of done half messages are kept in memory, read
   from ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` (all of it after a start, then what was added
   since, before each end and each check round: a slave made master catches up).
-* **Concurrency.** An end (or a check round) picks its half messages with the lock
-  held and claims them, then appends without it: ends of different transactions share
-  fsyncs and slave round trips as sends do, instead of queueing for each other's. An
-  end that would name a claimed half message waits for that append and picks again,
-  so a half message is ended once; a check round leaves claimed ones alone.
 * **Check.** Every ``transaction_check_interval_s`` the half messages older than
   ``transaction_timeout_s`` (by born time, as RocketMQ) that are not done are checked:
   the half message is put back to the half queue with ``TRANSACTION_CHECK_TIMES`` one
@@ -41,7 +36,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -177,10 +172,6 @@ class TransactionProcessor:
         # it are done, and forgotten here: the set would grow with every half message)
         self._done: set[int] = set()
         self._done_below = 0  # raised on the loop with _lock held, as _done changes
-        # half queue offsets whose end is being appended (picked with _lock held, then
-        # appended without it, so ends share fsyncs and slave round trips): their end's
-        # future, done once they are done or the append failed
-        self._ending: dict[int, asyncio.Future[None]] = {}
         self._ops_read = 0  # op queue offset read up to
         self._scan_from = 0  # where the scan for pending half messages starts
         # producer group -> client id -> (relay handle, when it expires, monotonic)
@@ -191,32 +182,6 @@ class TransactionProcessor:
 
     def _is_done(self, queue_offset: int) -> bool:
         return queue_offset < self._done_below or queue_offset in self._done
-
-    def _busy(self, queue_offsets: Iterable[int]) -> list[asyncio.Future[None]]:
-        """The ends being appended of any of ``queue_offsets`` (lock held): an end that
-        would name one of them waits for them and picks its half messages again."""
-        return list({f for q in queue_offsets if (f := self._ending.get(q)) is not None})
-
-    def _claim(self, queue_offsets: list[int]) -> None:
-        """``queue_offsets`` picked for an end (lock held): theirs until :meth:`_append`."""
-        ending = self.rt.loop.create_future()
-        for q in queue_offsets:
-            self._ending[q] = ending
-
-    async def _append(self, queue_offsets: list[int], batch: EncodedBatch) -> PutBatchResult:
-        """Append ``batch``, the end of the half messages at ``queue_offsets`` claimed by
-        :meth:`_claim`, without the lock; they are done once it is stored. The claim ends
-        either way (an end waiting on it picks what is still not done)."""
-        try:
-            put = await self._write(batch)
-            self._done.update(queue_offsets)
-            return put
-        finally:
-            ending = None
-            for q in queue_offsets:
-                ending = self._ending.pop(q, ending)
-            if ending is not None and not ending.done():
-                ending.set_result(None)
 
     def _forget_done(self) -> None:
         """Drop from ``_done`` the offsets below the first half message still pending
@@ -330,49 +295,44 @@ class TransactionProcessor:
             )
         if not parsed:
             return 0
-        while True:
-            async with self._lock:
-                await self.ensure_loaded()
-                offsets = [offset for offset, _, _ in parsed]
-                halves = (
-                    self._halves_at(offsets)
-                    if self._inline or len(offsets) == 1
-                    else await self.rt.run(self._halves_at, offsets)
-                )
-                for (offset, transaction_id, _), half in zip(parsed, halves):
-                    if (
-                        half.topic != transaction.HALF_TOPIC
-                        or transaction.producer_group(half) != group
-                        or half.msg_id != transaction_id
-                    ):
-                        raise InvalidMessageError(
-                            f"the message at commitlog offset {offset} is not transaction "
-                            f"{transaction_id!r}'s half message of producer group {group!r}"
-                        )
-                todo: dict[int, MessageExt] = {}  # queue offset -> half: a repeat counts once
-                commits: list[MessageExt] = []
-                for (_, transaction_id, commit), half in zip(parsed, halves):
-                    if self._is_done(half.queue_offset) or half.queue_offset in todo:
-                        log.info(
-                            "transaction %s of %s was ended before: ignored", transaction_id, group
-                        )
-                        continue
-                    todo[half.queue_offset] = half
-                    if commit:
-                        commits.append(half)
-                if not todo:
-                    return 0
-                busy = self._busy(todo)
-                if not busy:
-                    op = transaction.op_message(list(todo))
-                    batch = self._committed(commits, op) if commits else self._encode([op], [None])
-                    self._claim(list(todo))
-                    break
-            await asyncio.wait(busy)
-        await self._append(list(todo), batch)
-        self.rt.stats["txn_committed"] += len(commits)
-        self.rt.stats["txn_rolled_back"] += len(todo) - len(commits)
-        return len(todo)
+        async with self._lock:
+            await self.ensure_loaded()
+            offsets = [offset for offset, _, _ in parsed]
+            halves = (
+                self._halves_at(offsets)
+                if self._inline or len(offsets) == 1
+                else await self.rt.run(self._halves_at, offsets)
+            )
+            for (offset, transaction_id, _), half in zip(parsed, halves):
+                if (
+                    half.topic != transaction.HALF_TOPIC
+                    or transaction.producer_group(half) != group
+                    or half.msg_id != transaction_id
+                ):
+                    raise InvalidMessageError(
+                        f"the message at commitlog offset {offset} is not transaction "
+                        f"{transaction_id!r}'s half message of producer group {group!r}"
+                    )
+            todo: dict[int, MessageExt] = {}  # queue offset -> half: a repeated end counts once
+            commits: list[MessageExt] = []
+            for (_, transaction_id, commit), half in zip(parsed, halves):
+                if self._is_done(half.queue_offset) or half.queue_offset in todo:
+                    log.info(
+                        "transaction %s of %s was ended before: ignored", transaction_id, group
+                    )
+                    continue
+                todo[half.queue_offset] = half
+                if commit:
+                    commits.append(half)
+            if not todo:
+                return 0
+            op = transaction.op_message(list(todo))
+            batch = self._committed(commits, op) if commits else self._encode([op], [None])
+            await self._write(batch)
+            self._done.update(todo)
+            self.rt.stats["txn_committed"] += len(commits)
+            self.rt.stats["txn_rolled_back"] += len(todo) - len(commits)
+            return len(todo)
 
     async def end_transaction_batch(
         self,
@@ -403,85 +363,71 @@ class TransactionProcessor:
                 checks.check_str("transactional_id", transactional_id),
                 checks.check_int("epoch", epoch, 0),
             )
-        if half_offsets is not None and not isinstance(half_offsets, (list, tuple)):
-            raise InvalidMessageError(f"half_offsets: must be a list, got {half_offsets!r:.80}")
-        refs = None if half_offsets is None else [checks.check_half_ref(o) for o in half_offsets]
-        while True:
-            async with self._lock:
-                await self.ensure_loaded()
-                plan = await self._plan_end(txn_id, commit, refs, retry)
-                if plan is None:
-                    return 0
-                done, batch = plan
-                busy = self._busy(done)
-                if not busy:
-                    self._claim(done)
-                    break
-            await asyncio.wait(busy)
-        return await self._ended(txn_id, commit, done, batch)
-
-    async def _plan_end(
-        self, txn_id: str, commit: bool, refs: list[int | str] | None, retry: bool
-    ) -> tuple[list[int], EncodedBatch] | None:
-        """What :meth:`end_transaction_batch` appends (lock held): the queue offsets of the
-        half messages it ends and the batch that ends them, or None: all ended before."""
-        by_id = None if refs is None else {r for r in refs if isinstance(r, str)}
-        if refs is None or by_id:
-            # by the transaction's id, and (by_id) of those only the ones named: a
-            # failed attempt's halves of the same transaction are never named
-            pending = await self.rt.run(self._pending_halves)
-            halves = [
-                h
-                for h in pending
-                if transaction.global_txn(h) == txn_id
-                and (by_id is None or h.properties.get(PROP_UNIQ_KEY) in by_id)
-            ]
-            at = [r for r in refs or () if isinstance(r, int)]
-            if at:
-                halves += await self.rt.run(self._named_halves, txn_id, at)
-        else:
-            offsets = [r for r in refs if isinstance(r, int)]
-            records = (
-                self._records_at(offsets)
-                if self._inline
-                else await self.rt.run(self._records_at, offsets)
+        async with self._lock:
+            await self.ensure_loaded()
+            if half_offsets is not None and not isinstance(half_offsets, (list, tuple)):
+                raise InvalidMessageError(f"half_offsets: must be a list, got {half_offsets!r:.80}")
+            refs = (
+                None if half_offsets is None else [checks.check_half_ref(o) for o in half_offsets]
             )
-            if records is not None:  # the usual case: no record decoded
-                for offset, owner in zip(offsets, records.txn_ids):
-                    if owner != txn_id:
-                        raise InvalidMessageError(
-                            f"the message at {offset} is no half message of transaction {txn_id!r}"
-                        )
-                picked = self._not_done(records.queue_offsets)
-                if not picked:
-                    return None
-                done = [records.queue_offsets[i] for i in picked]
-                op = self._encode([transaction.op_message(done)], [None])
-                if commit and retry:
-                    picked = await self._not_copied(picked, records.copy_key)
-                copies = records.committed(picked) if commit and picked else None
-                if copies is not None or not commit or not picked:
-                    batch = op if copies is None else EncodedBatch.concat([copies, op])
-                    return done, batch
-            # a record the byte-level walk leaves to the decoder
-            halves = (
-                self._named_halves(txn_id, offsets)
-                if self._inline
-                else await self.rt.run(self._named_halves, txn_id, offsets)
-            )
-        todo = [halves[i] for i in self._not_done([h.queue_offset for h in halves])]
-        if not todo:
-            return None
-        done = [h.queue_offset for h in todo]
-        op_message = transaction.op_message(done)
-        if commit and retry:
-            keep = await self._not_copied(list(range(len(todo))), lambda i: _copy_key(todo[i]))
-            todo = [todo[i] for i in keep]
-        if commit and todo:
-            batch = self._committed(todo, op_message)
-        else:
-            batch = self._encode([op_message], [None])
-        return done, batch
+            by_id = None if refs is None else {r for r in refs if isinstance(r, str)}
+            if refs is None or by_id:
+                # by the transaction's id, and (by_id) of those only the ones named: a
+                # failed attempt's halves of the same transaction are never named
+                pending = await self.rt.run(self._pending_halves)
+                halves = [
+                    h
+                    for h in pending
+                    if transaction.global_txn(h) == txn_id
+                    and (by_id is None or h.properties.get(PROP_UNIQ_KEY) in by_id)
+                ]
+                at = [r for r in refs or () if isinstance(r, int)]
+                if at:
+                    halves += await self.rt.run(self._named_halves, txn_id, at)
+            else:
+                offsets = [r for r in refs if isinstance(r, int)]
+                records = (
+                    self._records_at(offsets)
+                    if self._inline
+                    else await self.rt.run(self._records_at, offsets)
+                )
+                if records is not None:  # the usual case: no record decoded
+                    for offset, owner in zip(offsets, records.txn_ids):
+                        if owner != txn_id:
+                            raise InvalidMessageError(
+                                f"the message at {offset} is no half message of transaction "
+                                f"{txn_id!r}"
+                            )
+                    picked = self._not_done(records.queue_offsets)
+                    if not picked:
+                        return 0
+                    done = [records.queue_offsets[i] for i in picked]
+                    op = self._encode([transaction.op_message(done)], [None])
+                    if commit and retry:
+                        picked = await self._not_copied(picked, records.copy_key)
+                    copies = records.committed(picked) if commit and picked else None
+                    if copies is not None or not commit or not picked:
+                        batch = op if copies is None else EncodedBatch.concat([copies, op])
+                        return await self._ended(txn_id, commit, done, batch)
+                # a record the byte-level walk leaves to the decoder
+                halves = (
+                    self._named_halves(txn_id, offsets)
+                    if self._inline
+                    else await self.rt.run(self._named_halves, txn_id, offsets)
+                )
+            todo = [halves[i] for i in self._not_done([h.queue_offset for h in halves])]
+            if not todo:
+                return 0
+            done = [h.queue_offset for h in todo]
+            op_message = transaction.op_message(done)
+            if commit and retry:
+                keep = await self._not_copied(list(range(len(todo))), lambda i: _copy_key(todo[i]))
+                todo = [todo[i] for i in keep]
+            if commit and todo:
+                batch = self._committed(todo, op_message)
+            else:
+                batch = self._encode([op_message], [None])
+            return await self._ended(txn_id, commit, done, batch)
 
     async def _not_copied(
         self, picked: list[int], key_of: Callable[[int], tuple[str, str]]
@@ -527,12 +473,12 @@ class TransactionProcessor:
         return picked
 
     async def _ended(self, txn_id: str, commit: bool, done: list[int], batch: EncodedBatch) -> int:
-        """Write a transaction's end (its half messages claimed, the lock released) and
-        mark its half messages done."""
+        """Write a transaction's end (lock held) and mark its half messages done."""
         if commit and len(batch) > 1 and self.rt.faults.take("crash_mid_commit"):
             await self._write(batch.select([(0, max(1, (len(batch) - 1) // 2))]))
             self.rt.faults.crash()  # a SIGKILL in the middle of the append
-        await self._append(done, batch)
+        await self._write(batch)
+        self._done.update(done)
         self.rt.stats["txn_committed" if commit else "txn_rolled_back"] += len(done)
         log.debug(
             "transaction %s: %d half messages %s",
@@ -588,25 +534,21 @@ class TransactionProcessor:
     async def abort_fenced(self, transactional_id: str, epoch: int) -> int:
         """Roll back every pending half message of ``transactional_id`` from an epoch
         below ``epoch`` (its new instance fenced them), in one append; how many."""
-        while True:
-            async with self._lock:
-                await self.ensure_loaded()
-                stale = [
-                    h.queue_offset
-                    for h in await self.rt.run(self._pending_halves)
-                    if h.properties.get(transaction.PROP_TXN_PRODUCER) == transactional_id
-                    and _epoch_of(h) < epoch
-                ]
-                if not stale:
-                    return 0
-                busy = self._busy(stale)  # ends of them on their way: done, or not, first
-                if not busy:
-                    op = self._encode([transaction.op_message(stale)], [None])
-                    self._claim(stale)
-                    break
-            await asyncio.wait(busy)
-        await self._append(stale, op)
-        self.rt.stats["txn_rolled_back"] += len(stale)
+        async with self._lock:
+            await self.ensure_loaded()
+            stale = [
+                h
+                for h in await self.rt.run(self._pending_halves)
+                if h.properties.get(transaction.PROP_TXN_PRODUCER) == transactional_id
+                and _epoch_of(h) < epoch
+            ]
+            if not stale:
+                return 0
+            await self._write(
+                self._encode([transaction.op_message([h.queue_offset for h in stale])], [None])
+            )
+            self._done.update(h.queue_offset for h in stale)
+            self.rt.stats["txn_rolled_back"] += len(stale)
         log.info(
             "%d half messages of %s below epoch %d rolled back (fenced)",
             len(stale),
@@ -693,7 +635,7 @@ class TransactionProcessor:
         then each producer group gets one call per chunk on a live producer's relay, with
         every check of that chunk (its answers come back batched too,
         :meth:`end_transactions`)."""
-        async with self._lock:  # the op messages are read with the lock held
+        async with self._lock:  # _done changes only with the lock held
             await self.ensure_loaded()
         config = self.rt.config
         timeout_ms = int(config.transaction_timeout_s * 1000)
@@ -729,11 +671,7 @@ class TransactionProcessor:
         one relay call per producer group."""
         check_max = self.rt.config.transaction_check_max
         async with self._lock:
-            todo = [  # not ended meanwhile, nor being ended (their end is checked no more)
-                h
-                for h in halves
-                if not self._is_done(h.queue_offset) and h.queue_offset not in self._ending
-            ]
+            todo = [h for h in halves if not self._is_done(h.queue_offset)]  # not ended meanwhile
             if not todo:
                 return 0
             again = [h for h in todo if transaction.check_times(h) < check_max]
@@ -750,8 +688,8 @@ class TransactionProcessor:
             batch = transaction.with_transaction_type(
                 batch, list(range(len(again))), transaction.TRANSACTION_PREPARED_TYPE
             )
-            self._claim([h.queue_offset for h in todo])
-        put = await self._append([h.queue_offset for h in todo], batch)
+            put = await self._write(batch)
+            self._done.update(h.queue_offset for h in todo)
         self.rt.stats["txn_checks"] += len(again)
         self.rt.stats["txn_discarded"] += len(maxed)
         for half in maxed:
@@ -803,7 +741,7 @@ class TransactionProcessor:
         ended = 0
         for txn_id, (owner, epoch, born_ms) in sorted(txn_ids.items()):
             if not self._still_pending(halves_of[txn_id]):
-                continue  # ended, or being ended, since the scan
+                continue  # ended since the scan
             try:
                 state: str = await asyncio.wait_for(
                     coordinator.resolve.remote(txn_id, owner, epoch, born_ms), 10.0
@@ -812,20 +750,16 @@ class TransactionProcessor:
                 log.warning("transaction %s: the coordinator did not answer: %s", txn_id, exc)
                 continue
             if state == "abort":  # a commit is applied by the coordinator alone
-                left = self._still_pending(halves_of[txn_id], claimed=True)
-                if left:  # (a claimed one: the end waits for its append, then skips it)
+                left = self._still_pending(halves_of[txn_id])
+                if left:
                     offsets: list[int | str] = [h.commitlog_offset for h in left]
                     ended += await self.end_transaction_batch(txn_id, False, offsets)
                 self.rt.stats["txn_resolved"] += 1
         return ended
 
-    def _still_pending(self, halves: list[MessageExt], claimed: bool = False) -> list[MessageExt]:
-        """Of ``halves``, those not ended yet, nor (unless ``claimed``) being ended."""
-        return [
-            h
-            for h in halves
-            if not self._is_done(h.queue_offset) and (claimed or h.queue_offset not in self._ending)
-        ]
+    def _still_pending(self, halves: list[MessageExt]) -> list[MessageExt]:
+        """Of ``halves``, those not ended yet."""
+        return [h for h in halves if not self._is_done(h.queue_offset)]
 
     def _pending_halves(self) -> list[MessageExt]:
         """The half messages not done, from the first one that is not."""

@@ -209,10 +209,10 @@ def test_a_second_end_changes_nothing(cluster: actors.Cluster) -> None:
 
 
 def test_ends_racing_for_the_same_half_messages_end_each_one_once(make_cluster: Any) -> None:
-    """Under SYNC_FLUSH an end appends without the broker's transaction lock, so ends of
-    different transactions share fsyncs. Ends racing for the same half messages (a
-    producer's answers sent twice, overlapping; a coordinator's decision applied four
-    times at once) still end each half message once: every message is visible once."""
+    """Ends racing for the same half messages, under SYNC_FLUSH (appends wait for their
+    fsync in a thread, so the calls interleave): a producer's answers sent twice,
+    overlapping, and a coordinator's decision applied four times at once. Each half
+    message is ended once: every message is visible once."""
     cluster = make_cluster(
         nameservers=1,
         brokers=1,
