@@ -100,7 +100,7 @@ class BrokerRuntime:
             "txn_checks": 0,
             "txn_discarded": 0,
             "txn_resolved": 0,  # multi-message transactions' halves the coordinator aborted
-            "txn_scans": 0,  # reads of every pending half message (a check round's, an end's)
+            "txn_scans": 0,  # reads of every pending half message (check rounds, ends by id, lists)
         }
         self.group_gets: dict[str, int] = {}
         """Messages served to each consumer group by pulls and pops (the console's consume

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -72,11 +73,16 @@ MAX_TICK_S = 1.0
 # coordinator, and Ray would place it on that consumer's node, which may leave
 # and take the coordinator with it; the head stays as long as the cluster.
 HEAD_NODE_RESOURCE = "node:__internal_head__"
-# The coordinators are async actors whose NameServer calls block in an executor of
-# their own (``_io_call``), never on the event loop. Ray warns of any ``ray.get`` in an
-# async actor's process, whatever its thread, so every coordinator printed a warning
-# that is false for it; Ray's own switch turns it off in these processes only.
-COORDINATOR_RUNTIME_ENV = {"env_vars": {"RAY_WARN_BLOCKING_GET_INSIDE_ASYNC": "0"}}
+
+
+def quiet_blocking_get_warning() -> None:
+    """In a coordinator's own process: its NameServer calls block in an executor of its
+    own (``_io_call``), never on the event loop, but Ray warns of any ``ray.get`` in an
+    async actor's process, whatever the thread, so every coordinator printed a warning
+    that is false for it. Ray reads its switch at each ``ray.get``; set here (not in a
+    ``runtime_env``, which would keep the actor off Ray's prestarted workers)."""
+    os.environ["RAY_WARN_BLOCKING_GET_INSIDE_ASYNC"] = "0"
+
 
 __all__ = ["GroupCoordinator", "GroupEvent", "MemberView", "coordinator_for", "readable_queues"]
 
@@ -114,7 +120,6 @@ def coordinator_for(
             num_cpus=0,
             resources={HEAD_NODE_RESOURCE: 0.001},
             max_concurrency=ACTOR_MAX_CONCURRENCY,
-            runtime_env=COORDINATOR_RUNTIME_ENV,
         )
         .remote(group, namespace, list(nameservers) if nameservers else None, config)
     )
@@ -130,6 +135,7 @@ class GroupCoordinator:
         nameservers: Sequence[str] | None = None,
         config: CoordinatorConfig | None = None,
     ) -> None:
+        quiet_blocking_get_warning()
         self.group = group
         self.namespace = namespace
         self.config = config or CoordinatorConfig()

@@ -46,7 +46,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from actors.coordinator.coordinator import COORDINATOR_RUNTIME_ENV, HEAD_NODE_RESOURCE
+from actors.coordinator.coordinator import HEAD_NODE_RESOURCE, quiet_blocking_get_warning
 from actors.namesrv.client import NameServerClient, discover_nameservers
 from actors.protocol import checks, frames
 from actors.protocol.data_path import DataPath
@@ -120,7 +120,6 @@ def transaction_coordinator(
             resources={HEAD_NODE_RESOURCE: 0.001},
             max_restarts=-1,
             max_concurrency=1000,
-            runtime_env=COORDINATOR_RUNTIME_ENV,
         )
         .remote(
             namespace,
@@ -195,6 +194,7 @@ class TransactionCoordinator:
         keep_done_s: float,
         tls: tuple[str, str] | None = None,
     ) -> None:
+        quiet_blocking_get_warning()
         self.namespace = namespace
         self.txn_timeout_ms = int(txn_timeout_s * 1000)
         self.retry_interval_s = retry_interval_s
