@@ -26,7 +26,6 @@ from storage import Message, transaction
 from storage.errors import InvalidMessageError
 from storage.message import MessageExt
 from storage.properties import PROP_PRODUCER_GROUP, PROP_TRAN_MSG
-from storage.transaction import PROP_GLOBAL_TXN
 
 COMMIT = LocalTransactionState.COMMIT_MESSAGE
 ROLLBACK = LocalTransactionState.ROLLBACK_MESSAGE
@@ -269,7 +268,11 @@ def test_a_check_round_aborts_a_backlog_of_transactions_with_one_scan(
     props[transaction.PROP_TXN_PRODUCER], props[transaction.PROP_TXN_EPOCH] = "ghost", "0"
     producer.send_batch(
         [
-            Message("TxGhost", b"%d-%d" % (t, i), properties={**props, PROP_GLOBAL_TXN: f"g-{t}"})
+            Message(
+                "TxGhost",
+                b"%d-%d" % (t, i),
+                properties={**props, transaction.PROP_GLOBAL_TXN: f"g-{t}"},
+            )
             for t in range(n)
             for i in range(2)
         ]
