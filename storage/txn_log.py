@@ -86,7 +86,11 @@ class TransactionLog:
         self._clock = clock
         self.producers: dict[str, ProducerEpoch] = {}
         self.txns: dict[str, TxnRecord] = {}
+        # decided and not done yet, in the order they were decided: what the coordinator
+        # still has to apply (kept here so its rounds need not walk every transaction)
+        self.undone: dict[str, None] = {}
         self.records = 0  # lines in the file
+        self.compacted = 0  # lines the last compaction wrote: what was still needed then
         self._replay()
         self._file = open(self.path, "ab")  # noqa: SIM115 - kept open for appends
 
@@ -148,10 +152,13 @@ class TransactionLog:
             }
             txn.brokers.update(r.get("brokers", ()))
             txn.decided_ms = int(r["at"])
+            if not txn.done:
+                self.undone[txn.txn_id] = None
         elif op == "done":
             txn = self.txns.get(r["txn"])
             if txn is not None:
                 txn.done = True
+                self.undone.pop(txn.txn_id, None)
         else:
             raise ValueError(f"unknown op {op!r}")
 
@@ -208,6 +215,14 @@ class TransactionLog:
         self.append({"op": "done", "txn": txn.txn_id}, sync=False)
 
     # ------------------------------------------------------------ compaction
+    def compaction_due(self, every: int) -> bool:
+        """Whether the file grew enough to be rewritten: by ``every`` records since the
+        last compaction, and by at least as many as that compaction wrote. A compaction
+        that keeps much (every transaction done within ``keep_done_ms``: three lines
+        each) is then not redone at once, round after round, and rewriting costs a
+        bounded amount per record appended, whatever the rate."""
+        return self.records - self.compacted >= max(every, self.compacted)
+
     def compact(self, keep_done_ms: int) -> int:
         """Rewrite the file with what is still needed; returns how many transactions
         were forgotten."""
@@ -267,7 +282,7 @@ class TransactionLog:
         finally:
             os.close(dfd)
         self._file = open(self.path, "ab")  # noqa: SIM115
-        self.records = len(lines)
+        self.records = self.compacted = len(lines)
         return len(forget)
 
     def close(self) -> None:

@@ -68,7 +68,7 @@ _DECIDED = {COMMIT: "committed", ABORT: "aborted"}
 log = logging.getLogger("raymq.actors.coordinator.txn")
 
 TXN_COORDINATOR_NAME = "txn-coordinator"
-_COMPACT_EVERY = 10_000  # log records between compactions
+_COMPACT_EVERY = 10_000  # log records between compactions, at least
 APPLY_WAIT_S = 10.0
 MAX_REQUESTS_PER_CONN = 1024  # a producer's requests in flight on its connection
 """How long a waiting ``end`` waits for the brokers before it answers ``done: False``."""
@@ -536,9 +536,9 @@ class TransactionCoordinator:
                 log.exception("transaction coordinator round failed")
 
     async def _drive_once(self) -> None:
-        for t in [t for t in self.log.txns.values() if t.state != OPEN and not t.done]:
+        for t in [self.log.txns[txn_id] for txn_id in self.log.undone]:
             await self._apply(t)
-        if self.log.records > _COMPACT_EVERY:
+        if self.log.compaction_due(_COMPACT_EVERY):
             async with self._lock:
                 forgot = await self._io_call(self.log.compact, self.keep_done_ms)
             log.info("transaction log compacted: %d done transactions forgotten", forgot)

@@ -77,6 +77,56 @@ def test_compaction_keeps_what_is_still_needed(tmp_path: Path) -> None:
     assert again.producers["tid"].epoch == 3
 
 
+def test_a_compaction_that_keeps_much_is_due_again_only_once_the_log_grew_as_much(
+    tmp_path: Path,
+) -> None:
+    """Done transactions younger than ``keep_done_ms`` stay, three lines each. With more
+    kept than ``every`` lines, the log was due again right after its compaction (the
+    coordinator then rewrote and fsynced it all, under its lock, every round); now the
+    next one is due only once as many records were appended as it kept."""
+    log = TransactionLog(tmp_path)
+    log.set_epoch("tid", "p", 0)
+
+    def done_txn(i: int) -> None:
+        t = log.begin((f"t{i}", "tid", 0), {"b"})
+        log.decide(t, True, {"b": [i]})
+        log.done(t)
+
+    for i in range(40):
+        done_txn(i)
+    assert log.records == 121 and log.compaction_due(every=100)
+    assert log.compact(keep_done_ms=3_600_000) == 0  # all kept: done just now
+    assert log.records == log.compacted == 121
+    assert not log.compaction_due(every=100)
+    for i in range(40, 80):  # 120 records more: fewer than the 121 kept
+        done_txn(i)
+    assert not log.compaction_due(every=100)
+    log.set_epoch("tid", "p", 1)
+    assert log.compaction_due(every=100)
+    log.close()
+
+
+def test_the_decided_transactions_not_done_are_known_in_order_across_a_restart(
+    tmp_path: Path,
+) -> None:
+    log = TransactionLog(tmp_path)
+    log.set_epoch("tid", "p", 0)
+    a, b, c = (log.begin((x, "tid", 0), {"b"}) for x in "abc")
+    log.decide(c, True, {"b": [3]})
+    log.decide(a, False)
+    assert list(log.undone) == ["c", "a"]  # b is open: nothing to apply yet
+    log.done(c)
+    log.decide(b, True, {"b": [2]})
+    assert list(log.undone) == ["a", "b"]
+    log.close()
+    again = TransactionLog(tmp_path)
+    assert list(again.undone) == ["a", "b"]
+    again.compact(keep_done_ms=0)  # c, done, is forgotten; a and b stay
+    assert list(again.undone) == ["a", "b"] and "c" not in again.txns
+    again.close()
+    assert list(TransactionLog(tmp_path).undone) == ["a", "b"]
+
+
 def test_the_store_refuses_a_fenced_epochs_half_messages(store: MessageStore) -> None:
     def half(epoch: int) -> Message:
         props = {
