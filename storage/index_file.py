@@ -312,6 +312,22 @@ class IndexService:
                     return
             pos += f.put(hashes[pos:], offsets[pos:], store_ts)
 
+    def put_stamped(self, hashes: np.ndarray, offsets: np.ndarray, stamps: np.ndarray) -> None:
+        """Index keys stored at different times (``stamps``: each key's store timestamp,
+        ms): one :meth:`put` per timestamp, the earliest first, each key in its order.
+        One stable sort then runs of equal stamps, not a mask of every key per distinct
+        stamp: records stored one a millisecond (a slave catching up, a rebuild after a
+        crash) have about as many stamps as keys."""
+        if not len(stamps):
+            return
+        order = np.argsort(stamps, kind="stable")
+        sorted_stamps = stamps[order]
+        starts = np.flatnonzero(np.r_[True, sorted_stamps[1:] != sorted_stamps[:-1]])
+        ends = np.r_[starts[1:], len(order)]
+        for a, b in zip(starts.tolist(), ends.tolist()):
+            run = order[a:b]
+            self.put(hashes[run], offsets[run], int(sorted_stamps[a]))
+
     def query(self, key_hash: int, max_count: int, begin: int, end: int) -> list[int]:
         out: list[int] = []
         seen: set[int] = set()

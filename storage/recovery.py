@@ -298,11 +298,8 @@ class _Dispatcher:
             hashes = np.abs(codec.java_hashes(self.keys).astype(np.int64))
             hashes[hashes > 0x7FFFFFFF] = 0
             offsets = np.array(self.key_offsets, dtype=np.int64)
-            ts = np.array(self.key_ts, dtype=np.int64)
-            # one index put per distinct store timestamp keeps time diffs right
-            for value in np.unique(ts).tolist():
-                sel = ts == value
-                self.index.put(hashes[sel], offsets[sel], int(value))
+            # one index put per store timestamp keeps time diffs right
+            self.index.put_stamped(hashes, offsets, np.array(self.key_ts, dtype=np.int64))
         self.keys, self.key_offsets, self.key_ts = [], [], []
 
 

@@ -242,10 +242,7 @@ def dispatch(
         hashes = np.abs(codec.java_hashes(keys).astype(np.int64))
         hashes[hashes > 0x7FFFFFFF] = 0
         offsets = np.array(key_offsets, dtype=np.int64)
-        ts = np.array(key_ts, dtype=np.int64)
-        for value in np.unique(ts).tolist():  # one put per store timestamp: right time diffs
-            sel = ts == value
-            index.put(hashes[sel], offsets[sel], int(value))
+        index.put_stamped(hashes, offsets, np.array(key_ts, dtype=np.int64))  # right time diffs
     return pos, [(t, q, queues[(t, q)].max_offset) for t, q in sorted(rows)]
 
 

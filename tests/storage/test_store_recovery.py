@@ -166,6 +166,32 @@ def test_queues_and_index_are_rebuilt_from_the_commitlog(tmp_path: Path, make_co
         assert sum(store.max_offset("Crash", q) for q in range(3)) >= len(acked)
 
 
+def test_keys_stored_at_many_times_are_indexed_as_one_put_per_time(tmp_path: Path) -> None:
+    """What a rebuild or a slave indexes (``IndexService.put_stamped``): one put per store
+    timestamp, the earliest first, each key in its order. Byte for byte the index a put
+    per distinct timestamp makes, with a sort in place of a mask over every key for each
+    timestamp (as many timestamps as keys, for records stored one a millisecond)."""
+    from storage.index_file import IndexService
+
+    rng = np.random.default_rng(7)
+    n = 3000
+    hashes = rng.integers(1, 2**31 - 1, n)
+    offsets = np.arange(n, dtype=np.int64) * 100
+    stamps = 1_700_000_000_000 + rng.integers(0, 5_000, n)  # ms, some shared
+    stamped = IndexService(tmp_path / "stamped", slots=101, max_entries=2000)
+    stamped.put_stamped(hashes, offsets, stamps)
+    each = IndexService(tmp_path / "each", slots=101, max_entries=2000)
+    for value in np.unique(stamps).tolist():
+        sel = stamps == value
+        each.put(hashes[sel], offsets[sel], int(value))
+    stamped.flush()
+    each.flush()
+    assert len(stamped.files) == 2  # it rolled over to a second file
+    assert [f.path.read_bytes() for f in stamped.files] == [f.path.read_bytes() for f in each.files]
+    key = int(hashes[1234])
+    assert int(offsets[1234]) in stamped.query(key, 10, 0, 2**62)
+
+
 @pytest.mark.parametrize("path", ["few", "numpy", "c"])
 def test_an_index_put_cut_by_a_crash_loses_no_older_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
