@@ -2,7 +2,8 @@
 
 A write goes to ``name.json.tmp``, is fsynced, the previous file is kept as
 ``name.json.bak`` and the temp file is renamed over the original, so a crash
-leaves either the old or the new content, never a torn file.
+leaves either the old or the new content, never a torn file. Writes of one file
+from several threads take turns (they share the temp file's name).
 """
 
 from __future__ import annotations
@@ -10,12 +11,21 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
 from .errors import StoreCorruptedError
 
 log = logging.getLogger("raymq.storage.config_files")
+
+_saving: dict[str, threading.Lock] = {}  # a file's path -> the lock its writes take
+_saving_guard = threading.Lock()
+
+
+def _lock_of(path: Path) -> threading.Lock:
+    with _saving_guard:
+        return _saving.setdefault(str(path), threading.Lock())
 
 
 class JsonConfigFile:
@@ -40,9 +50,13 @@ class JsonConfigFile:
         return {}
 
     def save(self, data: dict[str, Any]) -> None:
+        text = json.dumps(data, indent=2, sort_keys=True)
+        with _lock_of(self.path):
+            self._write(text)
+
+    def _write(self, text: str) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".json.tmp")
-        text = json.dumps(data, indent=2, sort_keys=True)
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()

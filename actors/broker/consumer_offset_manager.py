@@ -22,6 +22,9 @@ class ConsumerOffsetManager:
     def __init__(self, file: JsonConfigFile) -> None:
         self._file = file
         self._lock = threading.Lock()
+        # one save at a time, its table taken inside: the newest table is the one saved
+        # last, and a save that finds nothing changed since the last one writes nothing
+        self._saving = threading.Lock()
         self._table: dict[tuple[str, str], dict[int, int]] = {}  # (topic, group) -> qid -> offset
         self._dirty = False
         saved = file.load()
@@ -94,17 +97,28 @@ class ConsumerOffsetManager:
         return moved
 
     def persist(self, force: bool = False) -> bool:
-        with self._lock:
-            if not (self._dirty or force):
-                return False
-            data: dict[str, object] = {
-                "offsetTable": {
-                    f"{t}{TOPIC_GROUP_SEP}{g}": {str(q): o for q, o in sorted(qs.items())}
-                    for (t, g), qs in sorted(self._table.items())
+        """Save the table; False when nothing changed since the last save. Every commit
+        made before the call is on disk when it returns. Callers in several threads (the
+        periodic save, transactional commits) take turns: before, two saves at once
+        could rename each other's temp file away (FileNotFoundError to a commit that
+        was stored) and the older table could be the one left on disk."""
+        with self._saving:
+            with self._lock:
+                if not (self._dirty or force):
+                    return False
+                data: dict[str, object] = {
+                    "offsetTable": {
+                        f"{t}{TOPIC_GROUP_SEP}{g}": {str(q): o for q, o in sorted(qs.items())}
+                        for (t, g), qs in sorted(self._table.items())
+                    }
                 }
-            }
-            if self.txn_markers:
-                data["txnMarkersApplied"] = self.txn_markers
-            self._dirty = False
-        self._file.save(data)
+                if self.txn_markers:
+                    data["txnMarkersApplied"] = self.txn_markers
+                self._dirty = False
+            try:
+                self._file.save(data)
+            except BaseException:
+                with self._lock:
+                    self._dirty = True  # not saved: the next call tries again
+                raise
         return True

@@ -78,6 +78,38 @@ def test_offsets_persist_as_topic_at_group(tmp_path: Path) -> None:
     assert ConsumerOffsetManager(file).txn_markers == 5
 
 
+def test_offsets_saved_from_many_threads_at_once_keep_every_commit(tmp_path: Path) -> None:
+    """The periodic save and transactional commits save the offsets from the broker's I/O
+    threads at once. Each commit is on disk when its save returns, whatever the other
+    saves do: none fails, and none leaves an older table on disk after a newer one (two
+    saves at once used to rename each other's temp file away, and the older could win)."""
+    file = JsonConfigFile(tmp_path / "consumerOffset.json")
+    offsets = ConsumerOffsetManager(file)
+    for g in range(300):  # a table that takes a while to write
+        for q in range(16):
+            offsets.commit(f"g{g}", "T", q, 1)
+    errors: list[BaseException] = []
+
+    def commit_and_save(k: int) -> None:
+        try:
+            for i in range(30):
+                offsets.commit(f"w{k}", "T", 0, i)
+                offsets.persist()
+                saved = json.loads((tmp_path / "consumerOffset.json").read_text())
+                assert saved["offsetTable"][f"T@w{k}"]["0"] >= i
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=commit_and_save, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    again = ConsumerOffsetManager(file)
+    assert [again.query(f"w{k}", "T", 0) for k in range(8)] == [29] * 8
+
+
 def test_consumers_expire() -> None:
     now = [0.0]
     consumers = ConsumerManager(120.0, clock=lambda: now[0])
