@@ -109,7 +109,8 @@ def test_a_compaction_that_keeps_much_is_due_again_only_once_the_log_grew_as_muc
 def test_the_decided_transactions_not_done_are_known_in_order_across_a_restart(
     tmp_path: Path,
 ) -> None:
-    log = TransactionLog(tmp_path)
+    now = [1000.0]
+    log = TransactionLog(tmp_path, clock=lambda: now[0])
     log.set_epoch("tid", "p", 0)
     a, b, c = (log.begin((x, "tid", 0), {"b"}) for x in "abc")
     log.decide(c, True, {"b": [3]})
@@ -119,9 +120,10 @@ def test_the_decided_transactions_not_done_are_known_in_order_across_a_restart(
     log.decide(b, True, {"b": [2]})
     assert list(log.undone) == ["a", "b"]
     log.close()
-    again = TransactionLog(tmp_path)
+    now[0] += 10
+    again = TransactionLog(tmp_path, clock=lambda: now[0])
     assert list(again.undone) == ["a", "b"]
-    again.compact(keep_done_ms=0)  # c, done, is forgotten; a and b stay
+    again.compact(keep_done_ms=5_000)  # c, done 10 s ago, is forgotten; a and b stay
     assert list(again.undone) == ["a", "b"] and "c" not in again.txns
     again.close()
     assert list(TransactionLog(tmp_path).undone) == ["a", "b"]
