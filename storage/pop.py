@@ -247,6 +247,7 @@ class PopStore:
         self._rr: dict[tuple[str, str], int] = {}  # where the next pop of (group, topic) starts
         self._seq = 0  # the journal's last record
         self._records = 0  # records in the journal since the last snapshot
+        self._snapshot_flights = 0  # messages in flight the last snapshot wrote
         self._closed = False
         self.stats = {"popped": 0, "acked": 0, "changed": 0, "revived": 0, "dead": 0}
         root = Path(store.config.store_dir) / POP_DIR
@@ -740,7 +741,11 @@ class PopStore:
         self._records += len(records)
 
     def _maybe_compact(self) -> None:
-        if self._records >= self._compact_records:
+        """Snapshot once the journal holds ``compact_records`` records and at least as many
+        as the last snapshot held messages in flight: a snapshot writes every message in
+        flight (under the lock), so with many in flight it is not taken again every few
+        thousand operations, and its cost per operation stays bounded."""
+        if self._records >= max(self._compact_records, self._snapshot_flights):
             try:
                 self._checkpoint()
             except OSError as exc:  # the journal still holds everything: later
@@ -769,6 +774,7 @@ class PopStore:
         )
         os.ftruncate(self._fd, 0)
         self._records = 0
+        self._snapshot_flights = sum(len(q.out) for q in self._queues.values())
 
     def checkpoint(self) -> None:
         with self._lock:
@@ -790,6 +796,7 @@ class PopStore:
             q = self._queues[(g, t, int(qid))] = _Queue(int(nxt))
             for o, ck, pt, iv, att in flights:
                 q.out[int(o)] = Flight(ck, int(pt), int(iv), int(att))
+            self._snapshot_flights += len(flights)
         self._seq = base
         replayed = self._replay(base)
         for key, q in self._queues.items():

@@ -194,6 +194,27 @@ def test_dead_letter_after_max_reconsume_times(
         pop.forward_to_dlq(G, T, nxt[0].receipt_handle)
 
 
+def test_a_snapshot_of_many_in_flight_is_taken_again_only_after_as_many_records(
+    store: MessageStore, open_pop
+) -> None:
+    """A snapshot writes every message in flight under the POP lock; with many in flight
+    it was taken again every ``compact_records`` operations all the same. Now the journal
+    first grows by as many records as the last snapshot held messages."""
+    put(store, 60)
+    pop = open_pop(compact_records=2)
+    got = pop.pop(G, T, [0], 60, 60_000)
+    pop.ack(G, T, got[0].receipt_handle)  # the second record: a snapshot, 59 in flight
+    first = pop._snapshot.load()["seq"]
+    for p in got[1:31]:  # 30 records: fewer than the 59 the snapshot held
+        pop.ack(G, T, p.receipt_handle)
+    assert pop._snapshot.load()["seq"] == first
+    for p in got[31:]:  # 29 more: 59 records since it
+        pop.ack(G, T, p.receipt_handle)
+    assert pop._snapshot.load()["seq"] > first
+    assert pop.in_flight(G, T) == 0
+    pop.close()
+
+
 @pytest.mark.parametrize("compact_records", [2, 4096])  # snapshot + journal, journal only
 def test_the_state_survives_a_crash(
     config: StoreConfig, clock: Clock, commits, compact_records: int
