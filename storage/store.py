@@ -23,6 +23,7 @@ import fcntl
 import logging
 import os
 import shutil
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -71,6 +72,7 @@ log = logging.getLogger("raymq.storage.store")
 DispatchListener = Callable[[str, int, int], None]
 _PRODUCER_STATE = "producer_state"  # config/producer_state.json: the table's snapshot
 _DISK_CHECK_S = 0.1  # while writes are taken, the disk's use is looked at this often
+_RECORD_SIZE = struct.Struct(">i")  # a CommitLog record's TOTALSIZE
 MAX_SCAN_ENTRIES = 800  # ConsumeQueue entries one filtered pull may look at
 
 
@@ -578,12 +580,14 @@ class MessageStore:
         delayed message is stored as its schedule copy, a transactional one as its half
         copy)."""
         out = []
+        size = _RECORD_SIZE.unpack_from
         for _ in range(count):
             mf = self.commitlog.files.find(offset)
             if mf is None:
                 raise StoreCorruptedError(f"no commitlog file holds offset {offset}")
             out.append(offset)
-            offset += int.from_bytes(mf.buffer[offset - mf.from_offset :][:4], "big")
+            # unpack in place: a slice of the mmap would copy the file to its end
+            offset += size(mf.buffer, offset - mf.from_offset)[0]
         return out, offset
 
     def _append(
