@@ -4,6 +4,7 @@ multi-node tests can add and remove nodes. Every test gets its own namespace."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 import ray
 from ray.cluster_utils import Cluster as RayTestCluster
-from raymq_testkit import SMALL_STORE, unique_namespace
+from raymq_testkit import DEFAULT_SIZES, SMALL_STORE, unique_namespace
 
 import actors
 
@@ -52,21 +53,34 @@ def one_broker(
 
 
 @pytest.fixture
-def make_cluster(ray_cluster: RayTestCluster, tmp_path: Path) -> Iterator[ClusterFactory]:
+def make_cluster(
+    ray_cluster: RayTestCluster, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[ClusterFactory]:
     """``make_cluster(**start_cluster kwargs)``: a cluster in a fresh namespace on
-    ``tmp_path`` with small store files; shut down after the test."""
-    started: list[actors.Cluster] = []
+    ``tmp_path`` with small store files; shut down after the test.
+
+    Parametrized indirectly with ``"default"`` (``DEFAULT_SIZES_PARAMS``), its brokers
+    have the default file sizes instead, and their stores (~1.4 GB each) are deleted
+    once the cluster is shut down."""
+    sizes = getattr(request, "param", "small")
+    if sizes not in ("small", "default"):
+        raise ValueError(f"make_cluster param {sizes!r}: must be 'small' or 'default'")
+    store = SMALL_STORE if sizes == "small" else {**SMALL_STORE, **DEFAULT_SIZES}
+    started: list[tuple[actors.Cluster, str]] = []
 
     def factory(**kwargs: Any) -> actors.Cluster:
         options = dict(kwargs.pop("broker_options", {}) or {})
-        options["store"] = {**SMALL_STORE, **options.get("store", {})}
+        options["store"] = {**store, **options.get("store", {})}
         options.setdefault("heartbeat_interval_s", 2.0)
         kwargs.setdefault("namespace", unique_namespace())
         kwargs.setdefault("store_root", str(tmp_path / kwargs["namespace"]))
         cluster = actors.start_cluster(broker_options=options, **kwargs)
-        started.append(cluster)
+        started.append((cluster, kwargs["store_root"]))
         return cluster
 
     yield factory
-    for cluster in started:
+    for cluster, _ in started:
         cluster.shutdown(timeout_s=10.0)
+    if sizes == "default":
+        for _, root in started:
+            shutil.rmtree(root, ignore_errors=True)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 import actors
 from actors import PullStatus
 from rebalance import MessageQueue
+from storage import StoreConfig
 
 SMALL_STORE = {
     "commitlog_file_size": 8 << 20,
@@ -21,6 +25,30 @@ SMALL_STORE = {
     "flush_interval_commitlog_ms": 50,
     "flush_interval_consume_queue_ms": 100,
 }
+
+
+DEFAULT_SIZES = {
+    field.name: field.default
+    for field in dataclasses.fields(StoreConfig)
+    if field.name
+    in (
+        "commitlog_file_size",
+        "consume_queue_file_entries",
+        "index_hash_slots",
+        "index_max_entries",
+        "max_message_size",
+    )
+}
+"""The file sizes users run (a 1 GiB CommitLog file, 300,000 ConsumeQueue entries, a
+~420 MB index file): a test's store with these instead of ``SMALL_STORE``'s shows a
+cost that grows with a file's size. Each such broker takes ~1.4 GB of disk."""
+
+STORE_SIZES = [
+    pytest.param("small"),
+    pytest.param("default", marks=pytest.mark.default_sizes, id="default-sizes"),
+]
+"""For ``@pytest.mark.parametrize("make_cluster", STORE_SIZES, indirect=True)``: the
+test with small store files and again with ``DEFAULT_SIZES`` (marked ``default_sizes``)."""
 
 
 def unique_namespace(prefix: str = "t") -> str:
