@@ -1,9 +1,11 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from store_sizes import DEFAULT_SIZES
 
 from storage import MessageStore, StoreConfig
 
@@ -26,8 +28,32 @@ def small_config(path: Path, **overrides: object) -> StoreConfig:
 
 
 @pytest.fixture
-def config(tmp_path: Path) -> StoreConfig:
-    return small_config(tmp_path / "store")
+def sizes(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """ "small" unless a test is parametrized over ``STORE_SIZES``. With "default", what
+    the test wrote under ``tmp_path`` (gigabytes) is deleted after it."""
+    value = getattr(request, "param", "small")
+    yield value
+    if value == "default":
+        for child in tmp_path.iterdir():
+            shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink()
+
+
+@pytest.fixture
+def make_config(sizes: str) -> Callable[..., StoreConfig]:
+    """``make_config(path, **overrides)``: a small config for a store at ``path`` (with
+    the default file sizes when the test runs over ``STORE_SIZES``' "default")."""
+    if sizes == "small":
+        return small_config
+
+    def default_sized(path: Path, **overrides: object) -> StoreConfig:
+        return small_config(path, **{**DEFAULT_SIZES, **overrides})
+
+    return default_sized
+
+
+@pytest.fixture
+def config(tmp_path: Path, make_config: Callable[..., StoreConfig]) -> StoreConfig:
+    return make_config(tmp_path / "store")
 
 
 @pytest.fixture
@@ -35,9 +61,3 @@ def store(config: StoreConfig) -> Iterator[MessageStore]:
     s = MessageStore(config)
     yield s
     s.close()
-
-
-@pytest.fixture
-def make_config() -> object:
-    """``make_config(path, **overrides)``: a small config for a store at ``path``."""
-    return small_config

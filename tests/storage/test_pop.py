@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from store_sizes import STORE_SIZES
 
 from storage import Message, MessageStore, StoreConfig
 from storage.errors import InvalidMessageError, InvalidReceiptHandleError, ReceiptHandleExpiredError
@@ -216,6 +217,7 @@ def test_a_snapshot_of_many_in_flight_is_taken_again_only_after_as_many_records(
 
 
 @pytest.mark.parametrize("compact_records", [2, 4096])  # snapshot + journal, journal only
+@pytest.mark.parametrize("sizes", STORE_SIZES, indirect=True)
 def test_the_state_survives_a_crash(
     config: StoreConfig, clock: Clock, commits, compact_records: int
 ) -> None:

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from store_sizes import STORE_SIZES
 
 from storage import (
     GetStatus,
@@ -52,6 +53,7 @@ def test_tag_filter(store: MessageStore) -> None:
     assert none.status is GetStatus.NO_MATCHED_MESSAGE and none.next_offset == 30
 
 
+@pytest.mark.parametrize("sizes", STORE_SIZES, indirect=True)
 def test_query_by_key_time_range_and_unique_key(store: MessageStore) -> None:
     clock = [1_000_000.0]
     store._clock = lambda: clock[0]

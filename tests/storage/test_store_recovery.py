@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from store_sizes import STORE_SIZES
 
 from storage import GetStatus, Message, MessageStore, StoreConfig, codec
 
@@ -78,6 +79,7 @@ def check_all_acked(store: MessageStore, acked: list[list]) -> None:
         assert got.messages[0].msg_id == uniq
 
 
+@pytest.mark.parametrize("sizes", STORE_SIZES, indirect=True)
 def test_sigkill_under_sync_flush_loses_nothing_acknowledged(tmp_path: Path, make_config) -> None:
     cfg = make_config(tmp_path / "s", flush_disk_type="SYNC_FLUSH")
     acked = run_and_kill(cfg, 2000)
@@ -97,6 +99,7 @@ def test_sigkill_under_sync_flush_loses_nothing_acknowledged(tmp_path: Path, mak
                 offset = got.next_offset
 
 
+@pytest.mark.parametrize("sizes", STORE_SIZES, indirect=True)
 def test_torn_tail_record_is_never_served(tmp_path: Path, make_config) -> None:
     cfg = make_config(tmp_path / "s", flush_disk_type="SYNC_FLUSH")
     acked = run_and_kill(cfg, 300)
@@ -108,13 +111,16 @@ def test_torn_tail_record_is_never_served(tmp_path: Path, make_config) -> None:
         assert mf is not None
     # a crash mid-write: reopen with abort present and the last record's body half-written
     (tmp_path / "s" / "abort").touch()
-    data_path = mf.path
-    raw = bytearray(data_path.read_bytes())
-    rel = end - int(data_path.name)
-    size = int.from_bytes(raw[rel : rel + 4], "big")
-    raw[rel + size - 20 : rel + size] = bytes(20)  # torn: the tail never reached the disk
-    raw[rel + codec.HEADER.size] ^= 0xFF
-    data_path.write_bytes(bytes(raw))
+    rel = end - int(mf.path.name)
+    with open(mf.path, "r+b") as fh:  # in place: the file may be a gigabyte
+        fh.seek(rel)
+        size = int.from_bytes(fh.read(4), "big")
+        fh.seek(rel + size - 20)
+        fh.write(bytes(20))  # torn: the tail never reached the disk
+        fh.seek(rel + codec.HEADER.size)
+        flipped = fh.read(1)[0] ^ 0xFF
+        fh.seek(rel + codec.HEADER.size)
+        fh.write(bytes([flipped]))
     with MessageStore(cfg) as store:
         assert store.commitlog.max_offset == end
         assert [store.max_offset("Crash", q) for q in range(3)] == counts
@@ -153,6 +159,7 @@ def test_a_flipped_byte_sets_that_record_aside_and_keeps_what_follows(
     assert str(saved) in caplog.text
 
 
+@pytest.mark.parametrize("sizes", STORE_SIZES, indirect=True)
 def test_queues_and_index_are_rebuilt_from_the_commitlog(tmp_path: Path, make_config) -> None:
     import shutil
 

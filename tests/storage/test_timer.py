@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from store_sizes import STORE_SIZES
 
 from storage import Message, MessageStore
 from storage.errors import InvalidMessageError, TimerRecallError
@@ -237,6 +238,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.parametrize("sizes", STORE_SIZES, indirect=True)
 def test_a_killed_process_loses_no_timer_and_repeats_none(tmp_path: Path, make_config) -> None:
     cfg = make_config(tmp_path / "s", **SMALL)
     args = {

@@ -5,6 +5,8 @@ idempotent producer's paths alike, and a retried idempotent run is not stored tw
 from __future__ import annotations
 
 import numpy as np
+import pytest
+from store_sizes import STORE_SIZES
 
 from storage import Message, MessageStore, codec, transaction
 from storage.message import GetStatus
@@ -44,6 +46,7 @@ def test_a_transactional_message_is_stored_as_a_half_message(store: MessageStore
     assert transaction.transaction_type(plain.messages[0].sys_flag) == 0
 
 
+@pytest.mark.parametrize("sizes", STORE_SIZES, indirect=True)
 def test_an_idempotent_transactional_run_is_a_half_message_stored_once(
     store: MessageStore,
 ) -> None:
