@@ -141,12 +141,15 @@ class MappedFile:
         self.wrote_position = 0
         self.flushed_position = 0
         self._warm_lock = threading.Lock()
+        self._closing = False
 
     def warm(self) -> bool:
         """Fault every page in writable ahead of use (RocketMQ's warmMappedFile).
 
         Through ctypes so the GIL is released while the kernel works; a file
-        that is not warmed is only slower on its first writes.
+        that is not warmed is only slower on its first writes. It stops at the next
+        chunk once :meth:`close` begins: a store closed while its 1 GiB file warmed
+        waited a second or more for a warming nobody needed any more.
         """
         if _libc is None:
             return False
@@ -155,6 +158,8 @@ class MappedFile:
                 return False
             address = self._address
             for start in range(0, self.file_size, _WARM_CHUNK):
+                if self._closing:
+                    return False
                 length = min(_WARM_CHUNK, self.file_size - start)
                 if _libc.madvise(address + start, length, _MADV_POPULATE_WRITE) != 0:
                     return False
@@ -281,7 +286,12 @@ class MappedFile:
     def touch(self) -> None:
         os.utime(self.path, None)
 
+    def stop_warming(self) -> None:
+        """Make a warming under way stop at its next chunk (the file is being closed)."""
+        self._closing = True
+
     def close(self) -> None:
+        self.stop_warming()
         with self._warm_lock:
             if self._fd >= 0:
                 try:
@@ -540,6 +550,8 @@ class MappedFileQueue:
         return gone
 
     def close(self) -> None:
+        for mf in [*self.files, *self._ready.values()]:  # not to wait for their warming
+            mf.stop_warming()
         self.discard_next()
         if self._allocator is not None:
             self._allocator.shutdown(wait=True)
