@@ -75,9 +75,17 @@ class DataPathListener(FrameServer):
         # a send to topics that exist, on an ASYNC_FLUSH master with nothing to wait for
         # (``SendMessageProcessor.send_now``); its answer after the held pulls it woke
         n = h.get("n", 0)
-        if code != Code.SEND or type(n) is not int or n:  # auto-creation: the general path
+        if type(n) is not int or n:  # auto-creation: the general path
             return None
-        done = self.sender.send_now(body)
+        if code == Code.SEND:
+            done = self.sender.send_now(body)
+        elif code == Code.SEND_SHARED:
+            view = self.sender.ring_view(_ring(h.get("r")), h.get("x"), h.get("l"))
+            if view is None:
+                return {"u": 1}, [], False  # the producer stops using its ring here
+            done = self.sender.send_now(view)
+        else:
+            return None
         if done is None:
             return None
         ack, woke = done
@@ -89,6 +97,11 @@ class DataPathListener(FrameServer):
         if code == Code.SEND:
             ack = await self.sender.send(body, _int(h.get("n", 0)))
             return {}, [ack]
+        if code == Code.SEND_SHARED:
+            shared = await self.sender.send_shared(
+                _ring(h.get("r")), h.get("x"), h.get("l"), _int(h.get("n", 0))
+            )
+            return ({"u": 1}, []) if shared is None else ({}, [shared])
         if code == Code.PULL:
             answer = await self.puller.pull_packed(body)
             return {}, answer if isinstance(answer, list) else [answer]
@@ -188,6 +201,11 @@ class DataPathListener(FrameServer):
 
 
 _MISSING: Any = None  # a field a request left out: the processor's own checks name it
+
+
+def _ring(value: object) -> Any:
+    """A shared ring's id as msgpack carries it (a list): the tuple the ring reader checks."""
+    return tuple(value) if isinstance(value, list) else value
 
 
 def _int(value: object) -> int:

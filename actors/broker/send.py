@@ -28,7 +28,7 @@ from actors.broker.runtime import BrokerRuntime
 from actors.protocol.shared_ring import RingId, RingReader
 from actors.protocol.wire import AckWire, SendAck
 from storage.codec import SMALL_BATCH, EncodedBatch
-from storage.errors import BrokerUnavailableError, TopicNotFoundError
+from storage.errors import BrokerUnavailableError, OutOfOrderSequenceError, TopicNotFoundError
 from storage.store import PutBatchResult
 
 
@@ -56,7 +56,11 @@ class SendMessageProcessor:
     async def put(self, batch: EncodedBatch) -> PutBatchResult:
         """Every write goes through the broker's role."""
         started = time.perf_counter()
-        result = await self.role.put(batch, self._local_put)
+        try:
+            result = await self.role.put(batch, self._local_put)
+        except OutOfOrderSequenceError:
+            self.rt.stats["put_out_of_order"] += 1  # a producer's runs came out of order
+            raise
         self._timed(batch, started)
         return result
 
@@ -87,16 +91,23 @@ class SendMessageProcessor:
         batch.check_structure()
         return await self._send(batch, auto_create_queue_nums)
 
-    async def send_shared(
-        self, ring: RingId, offset: int, length: int, auto_create_queue_nums: int = 0
-    ) -> AckWire | None:
+    def ring_view(self, ring: Any, offset: Any, length: Any) -> memoryview | None:
+        """The bytes of a send waiting in a producer's shared ring, or None when this
+        broker cannot read that ring (``RingReader.view``, which checks the three as
+        they came over the wire: malformed, they raise ``InvalidMessageError``)."""
         self._check_open()
         view = self.rings.view(ring, offset, length)
+        if view is not None:
+            self.rt.stats["shared_batches"] += 1
+        return view
+
+    async def send_shared(
+        self, ring: RingId, offset: Any, length: Any, auto_create_queue_nums: int = 0
+    ) -> AckWire | None:
+        view = self.ring_view(ring, offset, length)
         if view is None:
             return None
-        ack = await self._send(EncodedBatch.from_bytes(view), auto_create_queue_nums)
-        self.rt.stats["shared_batches"] += 1
-        return ack
+        return await self._send(EncodedBatch.from_bytes(view), auto_create_queue_nums)
 
     def send_now(self, blob: bytes | memoryview) -> tuple[AckWire, bool] | None:
         """:meth:`send` of a batch to topics that exist, done at once when nothing in it
@@ -112,7 +123,11 @@ class SendMessageProcessor:
         self._check_queues(batch, 0)
         woken = rt.holds.woken
         started = time.perf_counter()
-        result = rt.store.put_encoded(batch)
+        try:
+            result = rt.store.put_encoded(batch)
+        except OutOfOrderSequenceError:
+            rt.stats["put_out_of_order"] += 1
+            raise
         self._timed(batch, started)
         return self._answer(batch, result), rt.holds.woken != woken
 

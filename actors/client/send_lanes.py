@@ -21,6 +21,7 @@ batch it is about.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -46,11 +47,17 @@ class _Waiting:
 
 
 class _Lane:
-    __slots__ = ("in_flight", "waiting")
+    """One broker's calls. ``lock`` covers its state and the making of its calls, so
+    groups reach the wire in the order they were taken, and batches bound under it
+    (:meth:`SendLanes.send`'s ``bind``) in the order they were numbered: an idempotent
+    queue's runs arrive in sequence, whichever threads send and answer."""
+
+    __slots__ = ("in_flight", "lock", "waiting")
 
     def __init__(self) -> None:
         self.in_flight = 0
         self.waiting: list[_Waiting] = []
+        self.lock = threading.Lock()
 
 
 class SendLanes:
@@ -62,27 +69,49 @@ class SendLanes:
         self._max_in_flight = max_in_flight
         self._max_messages = max_messages
         self._max_bytes = max_bytes
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the lanes' table
         self._lanes: dict[str, _Lane] = {}
 
-    def send(self, broker: str, batch: EncodedBatch, submit: Submit, on_done: OnAck) -> None:
-        """Send ``batch`` (bound for its queue) to ``broker`` now, or with the next call
-        when the broker has ``max_in_flight`` calls unanswered. ``submit`` raising
-        (no handle) fails this batch alone."""
-        with self._lock:
-            lane = self._lanes.setdefault(broker, _Lane())
-            lane.waiting.append(_Waiting(batch, submit, on_done))
-        self._pump(broker)
-
-    def _pump(self, broker: str) -> None:
-        while True:
+    def _lane(self, broker: str) -> _Lane:
+        lane = self._lanes.get(broker)
+        if lane is None:
             with self._lock:
-                lane = self._lanes[broker]
+                lane = self._lanes.setdefault(broker, _Lane())
+        return lane
+
+    def send(
+        self,
+        broker: str,
+        batch: EncodedBatch | Callable[[], EncodedBatch],
+        submit: Submit,
+        on_done: OnAck,
+    ) -> None:
+        """Send ``batch`` (bound for its queue) to ``broker`` now, or with the next call
+        when the broker has ``max_in_flight`` calls unanswered. ``batch`` may be a
+        function that binds it: called under the lane's lock (what it raises, the caller
+        hears; nothing is queued). ``submit`` raising (no handle) fails this batch alone."""
+        lane = self._lane(broker)
+        with lane.lock:
+            bound = batch() if callable(batch) else batch
+            lane.waiting.append(_Waiting(bound, submit, on_done))
+        self._pump(broker, lane)
+
+    def _pump(self, broker: str, lane: _Lane) -> None:
+        while True:
+            with lane.lock:
                 if not lane.waiting or lane.in_flight >= self._max_in_flight:
                     return
                 group = self._take(lane)
                 lane.in_flight += 1
-            self._start(broker, group)
+                # made under the lock: the next group cannot overtake it on the wire
+                try:
+                    ref, exc = group[0].submit(*(w.batch for w in group)), None
+                except BaseException as error:  # noqa: BLE001 - each part hears of it
+                    ref, exc = None, error
+            if ref is None:
+                self._finish(broker, group, None, exc)
+                continue
+            ref.future().add_done_callback(functools.partial(self._answered, broker, group))
 
     def _take(self, lane: _Lane) -> list[_Waiting]:
         """The longest run of waiting batches within the call limits (at least one)."""
@@ -100,22 +129,13 @@ class SendLanes:
         group, lane.waiting = lane.waiting[:n], lane.waiting[n:]
         return group
 
-    def _start(self, broker: str, group: list[_Waiting]) -> None:
+    def _answered(self, broker: str, group: list[_Waiting], fut: Any) -> None:
         try:
-            ref = group[0].submit(*(w.batch for w in group))
+            ack = SendAck.from_wire(fut.result())
         except BaseException as exc:  # noqa: BLE001 - each part hears of it
             self._finish(broker, group, None, exc)
             return
-
-        def answered(fut: Any) -> None:
-            try:
-                ack = SendAck.from_wire(fut.result())
-            except BaseException as exc:  # noqa: BLE001 - each part hears of it
-                self._finish(broker, group, None, exc)
-                return
-            self._finish(broker, group, ack, None)
-
-        ref.future().add_done_callback(answered)
+        self._finish(broker, group, ack, None)
 
     def _finish(
         self,
@@ -125,8 +145,8 @@ class SendLanes:
         exc: BaseException | None,
     ) -> None:
         refused = exc is not None and len(group) > 1 and not _rpc.send_may_retry(exc)
-        with self._lock:
-            lane = self._lanes[broker]
+        lane = self._lanes[broker]
+        with lane.lock:
             lane.in_flight -= 1
             if refused:
                 lane.waiting[:0] = [dataclasses.replace(w, alone=True) for w in group]
@@ -134,14 +154,14 @@ class SendLanes:
             log.debug(
                 "%s refused a merged call (%s): its %d parts go alone", broker, exc, len(group)
             )
-            self._pump(broker)
+            self._pump(broker, lane)
             return
         if len(group) == 1:  # the usual call at a low rate: the answer is all its own
             try:
                 group[0].on_done(ack, exc)
             except Exception:  # noqa: BLE001 - one caller's callback must not stall the lane
                 log.exception("send_async completion failed")
-            self._pump(broker)
+            self._pump(broker, lane)
             return
         first = 0
         for w in group:
@@ -160,4 +180,4 @@ class SendLanes:
                 w.on_done(part, exc)
             except Exception:  # noqa: BLE001 - one caller's callback must not stall the lane
                 log.exception("send_async completion failed")
-        self._pump(broker)
+        self._pump(broker, lane)

@@ -455,19 +455,20 @@ class Sender:
                 lambda fut: _answer_from(fut, answered)  # same path as a lane's answer
             )
             return
-        if not outcome.pinned:
-            try:
-                outcome.bound = self._bind(chunk, mq, route)
-            except Exception as exc:  # noqa: BLE001 - no producer id: not sent
-                retry(exc, mq)
-                return
-        assert outcome.bound is not None
-        self._lanes.send(
-            mq.broker_name,
-            outcome.bound,
-            functools.partial(self._send_wire, route, mq.broker_name),
-            answered,
-        )
+
+        def bind() -> EncodedBatch:  # under the lane's lock: runs reach it numbered in order
+            outcome.bound = self._bind(chunk, mq, route)
+            return outcome.bound
+
+        try:
+            self._lanes.send(
+                mq.broker_name,
+                outcome.bound if outcome.pinned and outcome.bound is not None else bind,
+                functools.partial(self._send_wire, route, mq.broker_name),
+                answered,
+            )
+        except Exception as exc:  # noqa: BLE001 - not bound (no producer id): not sent
+            retry(exc, mq)
 
     def _send_wire(self, route: TopicRouteData, broker_name: str, *batches: EncodedBatch) -> Reply:
         """A lane's call: ``batches`` (bound for their queues already) to ``broker_name``,

@@ -44,6 +44,9 @@ log = logging.getLogger("raymq.actors.protocol.data_path")
 RETRY_SOCKET_MIN_S = 0.5
 RETRY_SOCKET_S = 30.0
 DATA_PATH_CALL_S = 5.0
+RAY_AHEAD_S = 10.0
+"""How long calls made through Ray keep a broker's later calls off its socket at most
+(see :meth:`DataPath.connection`): a call Ray never answers must not keep it forever."""
 
 
 class DataPath:
@@ -63,6 +66,8 @@ class DataPath:
         # actor name -> (when to try its socket again, the backoff that got it there)
         self._no_socket: dict[str, tuple[float, float]] = {}
         self._opening: set[str] = set()
+        # actor name -> [calls made through Ray and not yet answered, until when they count]
+        self._via_ray: dict[str, list[float]] = {}
         self._lock = threading.Lock()
         self.closed = False
 
@@ -81,14 +86,47 @@ class DataPath:
         connection is opening meanwhile unless the broker's backoff says not yet)."""
         conn = self._conns.get(actor_name)
         if conn is not None and conn.error is None and not conn.closed:
-            return conn
+            return None if actor_name in self._via_ray and self._ray_ahead(actor_name) else conn
         self._start_open(actor_name, handle)
         return None
 
     def is_open(self, actor_name: str) -> bool:
-        """Whether an open connection to ``actor_name`` is there (nothing is started)."""
+        """Whether calls to ``actor_name`` go over an open connection now (nothing is
+        started)."""
         conn = self._conns.get(actor_name)
-        return conn is not None and conn.error is None and not conn.closed
+        if conn is None or conn.error is not None or conn.closed:
+            return False
+        return not (actor_name in self._via_ray and self._ray_ahead(actor_name))
+
+    def through_ray(self, actor_name: str, method: Any, *args: Any, **kwargs: Any) -> Any:
+        """``method.remote(*args, **kwargs)`` (a Ray handle's), counted among the calls
+        that keep ``actor_name``'s later calls off its socket until answered."""
+        ref = method.remote(*args, **kwargs)
+        with self._lock:
+            ahead = self._via_ray.setdefault(actor_name, [0, 0.0])
+            ahead[0] += 1
+            ahead[1] = time.monotonic() + RAY_AHEAD_S
+        ref.future().add_done_callback(lambda _: self._ray_answered(actor_name))
+        return ref
+
+    def _ray_answered(self, actor_name: str) -> None:
+        with self._lock:
+            ahead = self._via_ray.get(actor_name)
+            if ahead is not None:
+                ahead[0] -= 1
+                if ahead[0] <= 0:
+                    del self._via_ray[actor_name]
+
+    def _ray_ahead(self, actor_name: str) -> bool:
+        """Calls through Ray to ``actor_name`` are unanswered (and recent enough to wait for)."""
+        with self._lock:
+            ahead = self._via_ray.get(actor_name)
+            if ahead is None:
+                return False
+            if time.monotonic() < ahead[1]:
+                return True
+            del self._via_ray[actor_name]  # unanswered too long: the socket goes ahead
+            return False
 
     def _start_open(self, actor_name: str, handle: Any) -> None:
         with self._lock:
@@ -192,7 +230,8 @@ class _Method:
         stub = self._stub
         conn = stub._dp.connection(stub.actor_name, stub.handle)
         if conn is None:
-            return getattr(stub.handle, self._name).remote(*args, **kwargs)
+            method = getattr(stub.handle, self._name)
+            return stub._dp.through_ray(stub.actor_name, method, *args, **kwargs)
         header, body, decode = self._encode(*args, **kwargs)
         return PendingCall(conn.request(header, body, decode=decode))
 
@@ -229,6 +268,23 @@ def _none(h: Mapping[str, Any], body: bytes) -> None:
 
 def _send(blob: bytes | np.ndarray, auto_create_queue_nums: int = 0) -> Any:
     return {"c": int(Code.SEND), "n": int(auto_create_queue_nums)}, [blob], _body
+
+
+def _ring_answer(h: Mapping[str, Any], body: bytes) -> bytes | None:
+    return None if h.get("u") else body  # "u": the broker cannot read the ring
+
+
+def _send_shared(
+    ring: tuple[int, int, bytes], offset: int, length: int, auto_create_queue_nums: int = 0
+) -> Any:
+    header = {
+        "c": int(Code.SEND_SHARED),
+        "r": list(ring),
+        "x": int(offset),
+        "l": int(length),
+        "n": int(auto_create_queue_nums),
+    }
+    return header, [], _ring_answer
 
 
 def _pull_packed(request: bytes) -> Any:
@@ -380,6 +436,7 @@ def _change_invisible(group: str, topic: str, receipt_handle: str, invisible_ms:
 
 _REQUESTS = {
     "send": _send,
+    "send_shared": _send_shared,
     "pull_packed": _pull_packed,
     "commit_offsets": _commit_offsets,
     "consumer_send_msg_back": _send_back,

@@ -91,6 +91,7 @@ class Code(enum.IntEnum):
     END_TRANSACTION_BATCH = 20  # the transaction coordinator's decision on one broker
     END_TRANSACTIONS = 21  # a transactional producer's answers to a check round
     TXN_COMMIT_ONE_PHASE = 22  # a transaction one broker holds whole, committed there alone
+    SEND_SHARED = 23  # a send whose records wait in the producer's shared ring (same node)
     TXN_END = 30  # a transactional producer's commit or abort, to the transaction coordinator
 
 
