@@ -14,9 +14,16 @@ What a message holds of the producer's async budget (``release``) is given back 
 per answered batch, not by a callback on each message's future (a lock and a wake of
 the budget's waiters each: a tenth of a single ``send_async``'s cost).
 
+Short lists (``send_async([...])`` of one topic, :meth:`SendCoalescer.submit_list`)
+wait here too, each kept whole and in order inside a batch, so a service sending a
+few messages per call costs what one sending single messages does: one encode,
+one call and, for an idempotent producer, one numbered run per batch, not per list.
+The list's future gets its part of the batch's :class:`BatchSendResult`.
+
 A batch refused as a whole (one message fails validation, or the broker refuses
-it) is sent again one message at a time, so each caller hears about its own
-message only; a batch Ray could not deliver was already retried by the producer.
+it) is sent again one entry (a message, or a list) at a time, so each caller hears
+about its own messages only; a batch Ray could not deliver was already retried by
+the producer.
 """
 
 from __future__ import annotations
@@ -27,11 +34,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from actors.client.send_result import BatchSendResult
 from actors.protocol import rpc as _rpc
 from storage import Message
 
-_Entry = tuple[Message, concurrent.futures.Future[Any], int]
-"""A message waiting, the future its caller holds, the budget bytes it holds."""
+_Entry = tuple[Message | list[Message], concurrent.futures.Future[Any], int]
+"""A message (or a list of them) waiting, the future its caller holds, the budget
+bytes it holds."""
 
 
 class SendCoalescer:
@@ -41,11 +50,13 @@ class SendCoalescer:
         max_in_flight: int = 2,
         max_batch: int = 4096,
         release: Callable[[int, int], None] | None = None,
+        max_bytes: int = 4 << 20,
     ) -> None:
         self._send = send_batch_async
         self._release = release  # (messages, bytes) of the budget, given back when answered
         self._max_in_flight = max_in_flight
         self._max_batch = max_batch
+        self._max_bytes = max_bytes  # of bodies, with room for each record's head
         self._lock = threading.Lock()
         self._pending: dict[str, list[_Entry]] = {}
         self._in_flight: dict[str, int] = {}
@@ -58,19 +69,41 @@ class SendCoalescer:
         self._pump(message.topic)
         return future
 
+    def submit_list(
+        self, messages: list[Message], nbytes: int = 0
+    ) -> concurrent.futures.Future[Any]:
+        """``messages`` (of one topic, a short list) sent whole inside a batch with its
+        neighbours: a future of their :class:`BatchSendResult`; ``nbytes`` of the budget."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        topic = messages[0].topic
+        with self._lock:
+            self._pending.setdefault(topic, []).append((messages, future, nbytes))
+        self._pump(topic)
+        return future
+
+    def _take(self, waiting: list[_Entry]) -> int:
+        """How many waiting entries make the next batch: within ``max_batch`` messages
+        and ``max_bytes`` (at least one entry; a list is never cut)."""
+        count = size = 0
+        for n, (m, _, nbytes) in enumerate(waiting):
+            k = len(m) if m.__class__ is list else 1
+            count += k
+            size += nbytes + _RECORD_HEAD * k
+            if n and (count > self._max_batch or size > self._max_bytes):
+                return n
+        return len(waiting)
+
     def _pump(self, topic: str) -> None:
         while True:
             with self._lock:
                 waiting = self._pending.get(topic)
                 if not waiting or self._in_flight.get(topic, 0) >= self._max_in_flight:
                     return
-                batch, self._pending[topic] = (
-                    waiting[: self._max_batch],
-                    waiting[self._max_batch :],
-                )
+                n = self._take(waiting)
+                batch, self._pending[topic] = waiting[:n], waiting[n:]
                 self._in_flight[topic] = self._in_flight.get(topic, 0) + 1
             try:
-                sent = self._send([m for m, _, _ in batch])
+                sent = self._send(_flat(batch))
             except BaseException as exc:  # noqa: BLE001 - validation errors go to each future
                 self._finish(topic, batch, None, exc)
                 continue
@@ -101,28 +134,35 @@ class SendCoalescer:
             self._pump(topic)
             return
         if self._release is not None:
-            self._release(len(batch), sum(n for _, _, n in batch))
-        for i, (_, future, _) in enumerate(batch):
+            count = sum(len(m) if m.__class__ is list else 1 for m, _, _ in batch)
+            self._release(count, sum(n for _, _, n in batch))
+        at = 0
+        for m, future, _ in batch:
             if exc is not None:
                 future.set_exception(exc)
+            elif m.__class__ is list:
+                future.set_result(_part(results, at, at + len(m)))
+                at += len(m)
             else:
-                future.set_result(results[i])
+                future.set_result(results[at])
+                at += 1
         self._pump(topic)
 
     def _alone(self, entry: _Entry) -> None:
-        """A message by itself, its answer (or error) into its future."""
+        """A message (or a list) by itself, its answer (or error) into its future."""
         message, future, nbytes = entry
+        many = message.__class__ is list
 
         def settle(result: Any = None, exc: BaseException | None = None) -> None:
             if self._release is not None:
-                self._release(1, nbytes)
+                self._release(len(message) if many else 1, nbytes)  # type: ignore[arg-type]
             if exc is not None:
                 future.set_exception(exc)
             else:
                 future.set_result(result)
 
         try:
-            sent = self._send([message])
+            sent = self._send(message if many else [message])  # type: ignore[arg-type,list-item]
         except BaseException as exc:  # noqa: BLE001 - this message's own error
             settle(exc=exc)
             return
@@ -132,9 +172,31 @@ class SendCoalescer:
             if exc is not None:
                 settle(exc=exc)
             else:
-                settle(done.result()[0])
+                settle(done.result() if many else done.result()[0])
 
         sent.add_done_callback(answered)
+
+
+_RECORD_HEAD = 192
+"""What a record takes beyond its body, about (its fixed head, topic, message id):
+a batch's ``max_bytes`` counts it, so the batch is encoded as one chunk."""
+
+
+def _flat(batch: list[_Entry]) -> list[Message]:
+    out: list[Message] = []
+    for m, _, _ in batch:
+        if m.__class__ is list:
+            out.extend(m)  # type: ignore[arg-type]
+        else:
+            out.append(m)  # type: ignore[arg-type]
+    return out
+
+
+def _part(results: Any, start: int, stop: int) -> Any:
+    """A list's share of its batch's results."""
+    if isinstance(results, BatchSendResult):
+        return results.part(start, stop)
+    return results[start:stop]
 
 
 def _refused(exc: BaseException) -> bool:

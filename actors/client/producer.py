@@ -74,6 +74,26 @@ def with_delay(messages: Sequence[Message], delay_s: float) -> list[Message]:
     return out
 
 
+def _short_list(messages: Any, most: int) -> tuple[list[Message], int] | None:
+    """``messages`` as a list and its bodies' size when it is a short list of plain
+    messages of one topic (the coalescer's), else None (sent as a batch of its own;
+    what is wrong with it raises there)."""
+    if not isinstance(messages, (list, tuple)) or not 0 < len(messages) <= most:
+        return None
+    first = messages[0]
+    if first.__class__ is not Message:
+        return None
+    topic, nbytes = first.topic, 0
+    for m in messages:
+        if m.__class__ is not Message or m.topic != topic:
+            return None
+        try:
+            nbytes += len(m.body)
+        except TypeError:
+            return None
+    return list(messages), nbytes
+
+
 class Producer:
     """Sends messages to a RayMQ cluster; usable from a driver, a task or an actor."""
 
@@ -111,7 +131,12 @@ class Producer:
         self._sender = Sender(
             self.config, self._selector, self._transport, self.fault, self._budget, self.sequencer
         )
-        self._coalescer = SendCoalescer(self._send_batch_async, release=self._budget.release)
+        self._coalescer = SendCoalescer(
+            self._send_batch_async,
+            max_batch=self.config.max_batch_messages,
+            release=self._budget.release,
+            max_bytes=self.config.max_batch_bytes,
+        )
 
     # ------------------------------------------------------------ public API
     def send(
@@ -193,6 +218,12 @@ class Producer:
                 nbytes = 0
             self._budget.acquire(1, nbytes, self.config.send_timeout_s)
             return self._coalescer.submit(messages, nbytes)  # given back when answered
+        if sharding_key is None and not single:
+            short = _short_list(messages, self.config.coalesce_list_max)
+            if short is not None:  # a few messages of one topic: merged as single ones are
+                msgs, nbytes = short
+                self._budget.acquire(len(msgs), nbytes, self.config.send_timeout_s)
+                return self._coalescer.submit_list(msgs, nbytes)
         return self._send_batch_async(
             [messages] if isinstance(messages, Message) else list(messages),
             single,

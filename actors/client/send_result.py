@@ -59,7 +59,9 @@ class BatchSendResult(Sequence[SendResult]):
     def __init__(self, parts: list[tuple[_Chunk, MessageQueue, SendAck]], total: int) -> None:
         # of each chunk only what the results are made of: a result outlives its send (a
         # caller may keep thousands of them), and the chunk's records are ~10x its keys
-        self._parts = [(c.positions, c.batch.uniq_keys, mq, ack) for c, mq, ack in parts]
+        self._parts: list[_Part] = [
+            (c.positions, c.batch.uniq_keys, mq, ack) for c, mq, ack in parts
+        ]
         self._total = total
         self._results: list[SendResult] | None = None
 
@@ -86,6 +88,11 @@ class BatchSendResult(Sequence[SendResult]):
 
     def __getitem__(self, index: Any) -> Any:
         return self._expand()[index]
+
+    def part(self, start: int, stop: int) -> BatchSendResult:
+        """The results of messages ``start`` to ``stop`` (a list's share of the batch it
+        was sent in), as a result of their own; nothing is computed until it is read."""
+        return _BatchPart(self, start, stop)
 
     def __iter__(self) -> Iterator[SendResult]:
         return iter(self._expand())
@@ -124,6 +131,58 @@ class BatchSendResult(Sequence[SendResult]):
         return [
             (mq, int(ack.queue_offsets[0]), len(ack.queue_offsets)) for _, _, mq, ack in self._parts
         ]
+
+
+_Part = tuple[np.ndarray, Sequence[str], MessageQueue, SendAck]
+"""Of one chunk: its positions in the caller's list, unique keys, queue and answer."""
+
+
+class _BatchPart(BatchSendResult):
+    """Messages ``start`` to ``stop`` of a :class:`BatchSendResult`: its results are the
+    whole's (expanded once for all its parts), its parts cut from the whole's on demand."""
+
+    def __init__(self, whole: BatchSendResult, start: int, stop: int) -> None:
+        self._whole, self._start, self._stop = whole, start, stop
+        self._total = stop - start
+        self._results = None
+        self._cut: list[_Part] | None = None
+
+    def _expand(self) -> list[SendResult]:
+        if self._results is None:
+            self._results = self._whole._expand()[self._start : self._stop]
+        return self._results
+
+    @property
+    def _parts(self) -> list[_Part]:  # type: ignore[override]
+        if self._cut is None:
+            self._cut = _cut(self._whole._parts, self._start, self._stop)
+        return self._cut
+
+
+def _cut(parts: list[_Part], start: int, stop: int) -> list[_Part]:
+    """The share of messages ``start`` to ``stop`` in each of ``parts``."""
+    out: list[_Part] = []
+    for positions, uniq_keys, mq, ack in parts:
+        n = len(positions)
+        if not n:
+            continue
+        lo, hi = int(positions[0]), int(positions[-1])
+        pick: Any
+        if hi - lo + 1 == n:  # a chunk's positions rise: here they run without a gap
+            a, b = max(start, lo) - lo, min(stop, hi + 1) - lo
+            if a >= b:
+                continue
+            pick = slice(a, b)
+            keys = list(uniq_keys[pick])
+        else:
+            pick = np.flatnonzero((positions >= start) & (positions < stop))
+            if not len(pick):
+                continue
+            keys = [uniq_keys[i] for i in pick.tolist()]
+        offsets = (ack.queue_offsets[pick], ack.commitlog_offsets[pick])
+        part_ack = SendAck(ack.status, ack.broker_name, ack.store_host, *offsets)
+        out.append((positions[pick] - start, keys, mq, part_ack))
+    return out
 
 
 _QUEUE_ID = struct.Struct(">i")

@@ -37,6 +37,11 @@ class ProducerConfig:
     """What ``send_async`` may hold unanswered, in messages and encoded bytes
     (RocketMQ's ``backPressureForAsyncSendNum`` / ``Size``): past it a send waits for
     room up to ``send_timeout_s`` and then raises ``ProducerBusyError``."""
+    coalesce_list_max: int = 256
+    """``send_async`` of a list of at most this many messages of one topic (no
+    ``sharding_key``) waits with single messages and leaves inside their batches
+    (``actors.client.coalescer``): a few messages per call cost what single ones do.
+    Longer lists are batches of their own. 0: no list waits."""
     shared_memory_send: bool = True
     """Send calls of 256 KiB or more to a broker on this producer's own Ray node go
     through a shared memory ring instead of Ray's object store (``actors.protocol.shared_ring``);
@@ -67,7 +72,11 @@ class ProducerConfig:
             route_refresh_s=self.route_refresh_s,
             fault_isolation_s=self.fault_isolation_s,
         )
-        for name in ("retry_times_when_send_failed", "retry_times_when_send_async_failed"):
+        for name in (
+            "retry_times_when_send_failed",
+            "retry_times_when_send_async_failed",
+            "coalesce_list_max",
+        ):
             if getattr(self, name) < 0:
                 raise InvalidConfigError(
                     f"ProducerConfig.{name}={getattr(self, name)}: must be >= 0"

@@ -6,6 +6,8 @@ import concurrent.futures
 from typing import Any
 
 import pytest
+import ray
+from raymq_testkit import drain
 
 from actors.client.coalescer import SendCoalescer
 from storage import Message
@@ -88,3 +90,94 @@ def test_a_refused_batch_is_resent_one_message_at_a_time() -> None:
     assert futures[1].result(timeout=1) == b"ok:1" and futures[3].result(timeout=1) == b"ok:3"
     with pytest.raises(InvalidMessageError, match="'bad' refused"):
         futures[2].result(timeout=1)
+
+
+def test_short_lists_wait_with_single_messages_and_each_gets_its_own_part() -> None:
+    calls: list[list[bytes]] = []
+    answers: list[concurrent.futures.Future[Any]] = []
+
+    def send(batch: list[Message]) -> concurrent.futures.Future[Any]:
+        calls.append([m.body for m in batch])
+        f: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        answers.append(f)
+        return f
+
+    coalescer = SendCoalescer(send, max_in_flight=1, max_batch=6)
+    first = coalescer.submit(Message("T", b"0"))
+    pair = coalescer.submit_list([Message("T", b"1"), Message("T", b"2")])
+    one = coalescer.submit(Message("T", b"3"))
+    four = coalescer.submit_list([Message("T", b"%d" % i) for i in range(4, 8)])
+    answers[0].set_result(["r0"])
+    # the next batch takes whole entries only, up to max_batch messages: the list of
+    # four would make seven, so it waits for the one after
+    assert calls[1] == [b"1", b"2", b"3"]
+    answers[1].set_result(["r1", "r2", "r3"])
+    assert calls[2] == [b"4", b"5", b"6", b"7"]
+    answers[2].set_result(["r4", "r5", "r6", "r7"])
+    assert first.result(timeout=1) == "r0" and one.result(timeout=1) == "r3"
+    assert pair.result(timeout=1) == ["r1", "r2"]
+    assert four.result(timeout=1) == ["r4", "r5", "r6", "r7"]
+
+
+def test_a_refused_batch_sends_a_list_again_whole_and_alone() -> None:
+    calls: list[list[bytes]] = []
+    first: list[concurrent.futures.Future[Any]] = []
+
+    def send(batch: list[Message]) -> concurrent.futures.Future[Any]:
+        calls.append([m.body for m in batch])
+        f: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        if not first:
+            first.append(f)
+            return f
+        if any(m.body == b"bad" for m in batch):
+            raise InvalidMessageError("body 'bad' refused")
+        f.set_result([b"ok:" + m.body for m in batch])
+        return f
+
+    coalescer = SendCoalescer(send, max_in_flight=1)
+    coalescer.submit(Message("T", b"0"))
+    good = coalescer.submit_list([Message("T", b"a"), Message("T", b"b")])
+    bad = coalescer.submit_list([Message("T", b"c"), Message("T", b"bad")])
+    first[0].set_result([b"ok:0"])
+    assert calls[1:] == [[b"a", b"b", b"c", b"bad"], [b"a", b"b"], [b"c", b"bad"]]
+    assert good.result(timeout=1) == [b"ok:a", b"ok:b"]
+    with pytest.raises(InvalidMessageError, match="'bad' refused"):
+        bad.result(timeout=1)
+
+
+def test_idempotent_short_lists_stream_in_order_with_no_run_refused(make_cluster: Any) -> None:
+    """Lists of a few messages merge into batches, each list whole on one queue and in
+    the order sent; larger calls (through the shared ring, on this node) and smaller
+    ones (the socket) reach the broker in the order they were numbered, so the broker
+    refuses no run for a gap before it."""
+    cluster = make_cluster(brokers=1)
+    cluster.admin.create_topic("CoalescedLists", 1, 1)  # every run on one queue
+    broker = cluster.broker("broker-a")
+    pad = b"p" * 100
+    with cluster.producer("coalesce-lists") as producer:  # idempotent: the default
+        futures = []
+        for b in range(400):
+            # now and then a list over 256 KiB (through the shared ring), else a short one
+            n = 2500 if b % 10 == 0 else 16
+            futures.append(
+                producer.send_async(
+                    [Message("CoalescedLists", b"%d-%d-" % (b, i) + pad) for i in range(n)]
+                )
+            )
+        results = [f.result(timeout=60) for f in futures]
+    status = ray.get(broker.status.remote())
+    assert status["put_out_of_order"] == 0
+    assert status["put_batches"] < 200  # the short lists left merged
+    assert status["shared_batches"] > 0
+    consumer = cluster.pull_consumer("coalesce-lists-check")
+    stored = {
+        (mq.queue_id, m.queue_offset): m.body
+        for mq, got in drain(consumer, "CoalescedLists", batch=4096).items()
+        for m in got
+    }
+    assert len(stored) == sum(len(r) for r in results)  # every message once
+    for b, result in enumerate(results):
+        assert len({s.message_queue.queue_id for s in result}) == 1  # a list keeps its queue
+        for i, sent in enumerate(result):
+            key = (sent.message_queue.queue_id, sent.queue_offset)
+            assert stored[key] == b"%d-%d-" % (b, i) + pad

@@ -18,7 +18,8 @@ def test_batches_waiting_for_a_broker_leave_in_one_call_with_their_own_results(
 ) -> None:
     cluster = make_cluster(brokers=1)
     cluster.admin.create_topic("Lanes", 4, 4)
-    producer = cluster.producer("lanes", max_in_flight_per_broker=1)
+    # lists that are not short (here: no list is): short ones merge in the coalescer
+    producer = cluster.producer("lanes", max_in_flight_per_broker=1, coalesce_list_max=0)
     broker = cluster.broker("broker-a")
     before = ray.get(broker.status.remote())["put_batches"]
 
@@ -63,7 +64,7 @@ def test_a_refused_merged_call_fails_only_the_batches_it_is_about(make_cluster: 
     # the broker takes smaller bodies than the producer checks for: it refuses big ones
     cluster = make_cluster(brokers=1, broker_options={"store": {"max_message_size": 1024}})
     cluster.admin.create_topic("LanesMix", 2, 2)
-    producer = cluster.producer("lanes-mix", max_in_flight_per_broker=1)
+    producer = cluster.producer("lanes-mix", max_in_flight_per_broker=1, coalesce_list_max=0)
     futures = [
         producer.send_async([Message("LanesMix", b"x" * (100 if i % 2 else 2000))] * 3)
         for i in range(40)
