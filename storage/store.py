@@ -404,6 +404,16 @@ class MessageStore:
 
     def put_encoded(self, batch: codec.EncodedBatch) -> PutBatchResult:
         """Store a batch a producer encoded (the broker's path): patch, append, dispatch."""
+        result, end = self.put_encoded_written(batch)
+        if end and not self.wait_durable(end):
+            result.status = PutStatus.FLUSH_DISK_TIMEOUT
+        return result
+
+    def put_encoded_written(self, batch: codec.EncodedBatch) -> tuple[PutBatchResult, int]:
+        """:meth:`put_encoded` up to the write, without waiting for SYNC_FLUSH's flush:
+        the result and the CommitLog end to wait for with :meth:`wait_durable` (0: none).
+        A server writes its requests in the order they came this way (an idempotent
+        producer's runs must arrive in sequence), and waits for their flushes together."""
         self._check_open()
         batch.check_structure()
         self._check_bodies(batch)
@@ -418,7 +428,7 @@ class MessageStore:
                 raise InvalidMessageError(f"topic={topic!r} is reserved for commit markers")
         if batch.producer_id is None and _needs_copies(batch):
             batch = self._to_copies(batch)
-        return self._put_encoded(batch)
+        return self._write(batch)
 
     def put_group(self, batch: codec.EncodedBatch, marker: Message) -> PutBatchResult:
         """Store ``batch`` and then ``marker`` (``transaction.commit_marker``) in one
@@ -501,6 +511,14 @@ class MessageStore:
         return out
 
     def _put_encoded(self, batch: codec.EncodedBatch) -> PutBatchResult:
+        result, end = self._write(batch)
+        if end and not self.wait_durable(end):
+            result.status = PutStatus.FLUSH_DISK_TIMEOUT
+        return result
+
+    def _write(self, batch: codec.EncodedBatch) -> tuple[PutBatchResult, int]:
+        """Append and dispatch ``batch``: its result, and (SYNC_FLUSH) the CommitLog end
+        a caller waits for before the batch is durable (0: nothing to wait for)."""
         self._refuse_if_disk_full()
         end = 0
         notes: list[tuple[str, int, int]] = []
@@ -511,11 +529,8 @@ class MessageStore:
             else:
                 queue_offsets, phys, notes, end = self._append_idempotent(batch)
         self._notify(notes)
-        status = PutStatus.PUT_OK
-        if self.config.sync_flush and end and not self._wait_durable(end):
-            status = PutStatus.FLUSH_DISK_TIMEOUT
-        return PutBatchResult(
-            status,
+        result = PutBatchResult(
+            PutStatus.PUT_OK,
             batch.topics,
             batch.topic_idx,
             batch.queue_ids,
@@ -524,6 +539,7 @@ class MessageStore:
             batch.uniq_keys,
             self.config.store_host,
         )
+        return result, end if self.config.sync_flush else 0
 
     def _append_idempotent(
         self, batch: codec.EncodedBatch
@@ -706,7 +722,7 @@ class MessageStore:
         """Whether writes are refused for want of disk space (reads go on)."""
         return self._over_warning_level or self._allocation_failed
 
-    def _wait_durable(self, end: int) -> bool:
+    def wait_durable(self, end: int) -> bool:
         """SYNC_FLUSH: wait for the group commit to flush up to ``end``, at most
         ``sync_flush_timeout_ms``; False when it did not (RocketMQ's FLUSH_DISK_TIMEOUT:
         the message is stored and will be flushed, but not yet)."""

@@ -29,6 +29,7 @@ from actors.protocol.shared_ring import RingId, RingReader
 from actors.protocol.wire import AckWire, SendAck
 from storage.codec import SMALL_BATCH, EncodedBatch
 from storage.errors import BrokerUnavailableError, OutOfOrderSequenceError, TopicNotFoundError
+from storage.message import PutStatus
 from storage.store import PutBatchResult
 
 
@@ -74,10 +75,18 @@ class SendMessageProcessor:
 
     async def _local_put(self, batch: EncodedBatch) -> PutBatchResult:
         # ASYNC_FLUSH puts are a copy into the mapped file: a thread hop would cost more
-        # than the put. SYNC_FLUSH puts wait for fsync, so they leave the event loop.
+        # than the put. SYNC_FLUSH puts are written here too, in the order the requests
+        # came (an idempotent producer's runs arrive in sequence; a pool of threads would
+        # write them in any order), and only their wait for the fsync leaves the loop.
+        store = self.rt.store
         if self._inline_puts:
-            return self.rt.store.put_encoded(batch)
-        return await self.rt.run(self.rt.store.put_encoded, batch)
+            return store.put_encoded(batch)
+        if not store.config.sync_flush:  # inline puts turned off
+            return await self.rt.run(store.put_encoded, batch)
+        result, end = store.put_encoded_written(batch)
+        if end and not await self.rt.run(store.wait_durable, end):
+            result.status = PutStatus.FLUSH_DISK_TIMEOUT
+        return result
 
     async def send(
         self, blob: bytes | memoryview | np.ndarray, auto_create_queue_nums: int = 0

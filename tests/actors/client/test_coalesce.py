@@ -145,12 +145,16 @@ def test_a_refused_batch_sends_a_list_again_whole_and_alone() -> None:
         bad.result(timeout=1)
 
 
-def test_idempotent_short_lists_stream_in_order_with_no_run_refused(make_cluster: Any) -> None:
+@pytest.mark.parametrize("flush", ["ASYNC_FLUSH", "SYNC_FLUSH"])
+def test_idempotent_short_lists_stream_in_order_with_no_run_refused(
+    make_cluster: Any, flush: str
+) -> None:
     """Lists of a few messages merge into batches, each list whole on one queue and in
     the order sent; larger calls (through the shared ring, on this node) and smaller
-    ones (the socket) reach the broker in the order they were numbered, so the broker
-    refuses no run for a gap before it."""
-    cluster = make_cluster(brokers=1)
+    ones (the socket) reach the broker in the order they were numbered, and the broker
+    writes them in that order (a SYNC_FLUSH broker too, whose puts wait for the disk
+    together), so it refuses no run for a gap before it."""
+    cluster = make_cluster(brokers=1, broker_options={"store": {"flush_disk_type": flush}})
     cluster.admin.create_topic("CoalescedLists", 1, 1)  # every run on one queue
     broker = cluster.broker("broker-a")
     pad = b"p" * 100
