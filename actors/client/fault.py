@@ -1,5 +1,11 @@
 """Latency fault tolerance (RocketMQ's ``MQFaultStrategy``): avoid brokers that
-failed or answered slowly, for a time that grows with how slow they were."""
+failed or answered slowly, for a time that grows with how slow they were.
+
+The durations are RocketMQ 5's (at most 30 s, for an answer slower than 15 s). A
+broker is avoided as the master it was when it failed (``master``: its
+:meth:`~actors.protocol.route.BrokerData.master_key`): once the route names another
+master for it (a slave promoted, the broker restarted on another port), the broker
+is available again at once, since what failed is no longer what a send would reach."""
 
 from __future__ import annotations
 
@@ -8,8 +14,8 @@ import time
 from collections.abc import Callable
 
 # a send that took >= LATENCY_MAX[i] seconds makes the broker unavailable for NOT_AVAILABLE[i]
-LATENCY_MAX_S = (0.05, 0.1, 0.55, 1.0, 2.0, 3.0, 15.0)
-NOT_AVAILABLE_S = (0.0, 0.0, 30.0, 60.0, 120.0, 180.0, 600.0)
+LATENCY_MAX_S = (0.05, 0.1, 0.55, 1.8, 3.0, 5.0, 15.0)
+NOT_AVAILABLE_S = (0.0, 0.0, 2.0, 5.0, 6.0, 10.0, 30.0)
 
 
 class LatencyFaultTolerance:
@@ -19,9 +25,17 @@ class LatencyFaultTolerance:
         self.isolation_s = isolation_s
         self._clock = clock
         self._until: dict[str, float] = {}
+        self._master: dict[str, str | None] = {}  # the master each isolation is about
         self._lock = threading.Lock()
 
-    def update(self, broker_name: str, latency_s: float, *, failed: bool = False) -> None:
+    def update(
+        self,
+        broker_name: str,
+        latency_s: float,
+        *,
+        failed: bool = False,
+        master: str | None = None,
+    ) -> None:
         if failed:
             duration = self.isolation_s
         else:
@@ -33,12 +47,24 @@ class LatencyFaultTolerance:
         with self._lock:
             if duration > 0:
                 self._until[broker_name] = self._clock() + duration
+                self._master[broker_name] = master
             elif not failed:
                 self._until.pop(broker_name, None)
+                self._master.pop(broker_name, None)
 
-    def is_available(self, broker_name: str) -> bool:
+    def is_available(self, broker_name: str, master: str | None = None) -> bool:
+        """Whether sends may go to ``broker_name``, whose master is now ``master``."""
         until = self._until.get(broker_name)
-        return until is None or self._clock() >= until
+        if until is None or self._clock() >= until:
+            return True
+        isolated = self._master.get(broker_name)
+        if master is not None and isolated is not None and master != isolated:
+            with self._lock:  # another master now: what failed is gone
+                if self._master.get(broker_name) == isolated:
+                    self._until.pop(broker_name, None)
+                    self._master.pop(broker_name, None)
+            return True
+        return False
 
     def least_bad(self, broker_names: list[str]) -> str | None:
         """Of brokers all unavailable, the one that becomes available first."""

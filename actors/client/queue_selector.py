@@ -64,6 +64,8 @@ class QueueSelector:
         self.config = config
         self._counters: dict[str, Iterator[int]] = {}
         self._queue_cache: dict[int, tuple[TopicRouteData, list[MessageQueue]]] = {}
+        self._master_cache: dict[int, tuple[TopicRouteData, dict[str, str | None]]] = {}
+        self._selected_from: dict[str, TopicRouteData] = {}  # each topic's last route used
         self._synthetic: dict[str, tuple[TopicRouteData, int]] = {}
 
     def route(self, topic: str, refresh: bool = False) -> tuple[TopicRouteData, int]:
@@ -116,6 +118,22 @@ class QueueSelector:
         self._queue_cache[id(route)] = (route, queues)
         return queues
 
+    def master_in(self, route: TopicRouteData, broker_name: str) -> str | None:
+        """``broker_name``'s master as ``route`` names it (``BrokerData.master_key``)."""
+        cached = self._master_cache.get(id(route))
+        if cached is None or cached[0] is not route:
+            if len(self._master_cache) > 1024:
+                self._master_cache.clear()
+            keys = {bd.broker_name: bd.master_key() for bd in route.broker_datas}
+            cached = self._master_cache[id(route)] = (route, keys)
+        return cached[1].get(broker_name)
+
+    def master_of(self, topic: str, broker_name: str) -> str | None:
+        """``broker_name``'s master as the route the last send to ``topic`` was chosen
+        from names it (the master a send just made went to); no call is made."""
+        route = self._selected_from.get(topic)
+        return None if route is None else self.master_in(route, broker_name)
+
     def select(
         self, topic: str, avoid: str | None, sharding_key: str | None, refresh: bool = False
     ) -> Selection:
@@ -123,6 +141,7 @@ class QueueSelector:
         will do; ``refresh`` re-reads the route first (a retry)."""
         route, auto_n = self.route(topic, refresh)
         queues = self.write_queues(route)
+        self._selected_from[topic] = route
         if sharding_key is not None:
             return Selection(
                 queues[codec.index_key_hash(codec.java_hash(sharding_key)) % len(queues)],
@@ -137,7 +156,9 @@ class QueueSelector:
         if self.config.send_latency_fault_enable:
             for i in range(n):
                 mq = queues[(start + i) % n]
-                if mq.broker_name != avoid and self.fault.is_available(mq.broker_name):
+                if mq.broker_name != avoid and self.fault.is_available(
+                    mq.broker_name, self.master_in(route, mq.broker_name)
+                ):
                     return Selection(mq, route, auto_n)
             others = sorted({q.broker_name for q in queues if q.broker_name != avoid})
             best = self.fault.least_bad(others or ([avoid] if avoid else []))

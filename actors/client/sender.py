@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from actors.client.backpressure import AsyncSendBudget
-from actors.client.fault import LatencyFaultTolerance
+from actors.client.fault import LATENCY_MAX_S, LatencyFaultTolerance
 from actors.client.idempotence import Sequencer
 from actors.client.queue_selector import QueueSelector
 from actors.client.send_lanes import SendLanes
@@ -256,7 +256,12 @@ class Sender:
                         raise
                     reordered = isinstance(exc, OutOfOrderSequenceError)
                     if run.moved:  # a broker's trouble, not the order of runs
-                        self.fault.update(mq.broker_name, timeout, failed=True)
+                        self.fault.update(
+                            mq.broker_name,
+                            timeout,
+                            failed=True,
+                            master=self.selector.master_of(chunk.topic, mq.broker_name),
+                        )
                         self.selector.invalidate(chunk.topic)
                     log.warning(
                         "send to %s failed (%s); attempt %d %s",
@@ -270,7 +275,7 @@ class Sender:
                     )
                 if ack is not None:
                     run.settle(mq)
-                    self.fault.update(mq.broker_name, time.monotonic() - started)
+                    self._answered_in(chunk, mq, time.monotonic() - started)
                     return chunk, mq, ack
             if reordered:  # bounded by the deadline, not by the retries
                 if time.monotonic() >= deadline:
@@ -373,7 +378,8 @@ class Sender:
             # refused for the order of runs: not a failed attempt (the deadline bounds it)
             nxt = attempt if isinstance(exc, OutOfOrderSequenceError) else attempt + 1
             if mq is not None and outcome.moved:
-                self.fault.update(mq.broker_name, 0.0, failed=True)
+                master = self.selector.master_of(chunk.topic, mq.broker_name)
+                self.fault.update(mq.broker_name, 0.0, failed=True, master=master)
                 self.selector.invalidate(chunk.topic)
             if outcome.pinned and mq is not None:  # as it was, to its queue, or nothing
                 if nxt <= retries or time.monotonic() < deadline:
@@ -442,7 +448,7 @@ class Sender:
                 retry(_rpc.cause_of(exc) if exc is not None else RuntimeError("no ack"), mq)
                 return
             outcome.settle(mq)
-            self.fault.update(mq.broker_name, time.monotonic() - started)
+            self._answered_in(chunk, mq, time.monotonic() - started)
             done((chunk, mq, ack), None)
 
         if auto_n:  # this call creates the topic's queues: it goes alone
@@ -470,6 +476,15 @@ class Sender:
         except Exception as exc:  # noqa: BLE001 - not bound (no producer id): not sent
             retry(exc, mq)
 
+    def _answered_in(self, chunk: _Chunk, mq: MessageQueue, latency_s: float) -> None:
+        """The latency of an answer, to the fault tolerance: a slow one isolates the
+        master it came from."""
+        if latency_s < LATENCY_MAX_S[2]:  # fast enough to isolate nothing
+            self.fault.update(mq.broker_name, latency_s)
+        else:
+            master = self.selector.master_of(chunk.topic, mq.broker_name)
+            self.fault.update(mq.broker_name, latency_s, master=master)
+
     def _send_wire(self, route: TopicRouteData, broker_name: str, *batches: EncodedBatch) -> Reply:
         """A lane's call: ``batches`` (bound for their queues already) to ``broker_name``,
         through the broker's shared ring when it runs on this node. A call that could not
@@ -490,7 +505,8 @@ class Sender:
         try:
             return self.transport.call(route, broker_name, batches, auto_n)
         except BrokerUnavailableError:
-            self.fault.update(broker_name, 0.0, failed=True)
+            master = self.selector.master_in(route, broker_name)
+            self.fault.update(broker_name, 0.0, failed=True, master=master)
             raise
 
 

@@ -44,6 +44,12 @@ class BrokerData:
     def master_addr(self) -> str | None:
         return self.broker_addrs.get(0)
 
+    def master_key(self) -> str | None:
+        """Which master this is: its actor and its data-path address, both of which
+        change when a slave is promoted or the broker restarts."""
+        actor = self.actor_names.get(0)
+        return None if actor is None else f"{actor}@{self.data_addrs.get(0, '')}"
+
 
 @dataclass(frozen=True)
 class TopicRouteData:

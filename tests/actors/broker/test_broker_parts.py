@@ -199,9 +199,27 @@ def test_latency_fault_tolerance() -> None:
     fault = LatencyFaultTolerance(isolation_s=10.0, clock=lambda: now[0])
     fault.update("a", 0.01)
     assert fault.is_available("a")
-    fault.update("a", 0.6)  # >= 550 ms: out for 30 s
+    fault.update("a", 20.0)  # >= 15 s: out for RocketMQ 5's longest, 30 s
     assert not fault.is_available("a")
     fault.update("b", 0.0, failed=True)
     now[0] = 11.0
     assert fault.is_available("b") and not fault.is_available("a")
     assert fault.least_bad(["a"]) == "a"
+    now[0] = 30.5
+    assert fault.is_available("a")
+    fault.update("c", 0.6)  # >= 550 ms: out for 2 s
+    assert not fault.is_available("c")
+    now[0] = 32.6
+    assert fault.is_available("c")
+
+
+def test_an_isolated_broker_is_available_again_once_its_route_names_another_master() -> None:
+    now = [0.0]
+    fault = LatencyFaultTolerance(isolation_s=10.0, clock=lambda: now[0])
+    fault.update("a", 3.5, master="broker-a-0@10.0.0.1:4000")  # FLUSH_SLAVE_TIMEOUT's wait
+    assert not fault.is_available("a", "broker-a-0@10.0.0.1:4000")
+    assert not fault.is_available("a")  # no route to compare with: still out
+    assert fault.is_available("a", "broker-a-1@10.0.0.2:4000")  # the slave promoted
+    assert fault.is_available("a", "broker-a-0@10.0.0.1:4000")  # and the isolation is over
+    fault.update("a", 0.0, failed=True, master="broker-a-0@10.0.0.1:4000")
+    assert fault.is_available("a", "broker-a-0@10.0.0.1:4100")  # restarted: another port
