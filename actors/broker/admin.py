@@ -213,6 +213,7 @@ class AdminBrokerProcessor:
             "disk_used": disk.used,
             "disk_used_ratio": round(disk.used / disk.total, 4) if disk.total else 0.0,
             # writes are refused until there is room (a put notices at once; this looks too)
+            "fenced": self.rt.fenced,  # why it takes no writes (its cluster lease lapsed)
             "disk_full": self.rt.store.disk_full
             or disk.used / max(disk.total, 1) > self.rt.store.config.disk_space_warning_level_ratio,
             "commitlog_min_offset": self.rt.store.commitlog.min_offset,

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import ssl
 from typing import Any
 
@@ -38,6 +39,7 @@ import numpy as np
 from actors.broker.admin import AdminBrokerProcessor
 from actors.broker.consumer_manage import ConsumerManageProcessor
 from actors.broker.ha import create_replication
+from actors.broker.lease import ClusterLease
 from actors.broker.listener import DataPathListener
 from actors.broker.memory import retain_freed_memory
 from actors.broker.metrics import BrokerMetrics, BrokerMetricsService
@@ -81,6 +83,7 @@ class Broker:
             self._metrics_service.role_status = self.ha.status
         self.registration = Registration(rt, self.ha)
         rt.register_all = self.registration.register_all
+        self.lease = ClusterLease(rt, self._leave)
         self.sender = SendMessageProcessor(rt, self.ha, self.metrics)
         self.puller = PullMessageProcessor(rt, self.ha, self.metrics)
         self.groups = ConsumerManageProcessor(rt, self.ha)
@@ -134,6 +137,7 @@ class Broker:
         if self.config.grpc_enable:
             await self._start_grpc()
         self.registration.start()
+        self.lease.start()
 
     async def _start_grpc(self) -> None:
         """Serve RocketMQ 5's gRPC protocol (``actors.broker.grpc``); imported here only,
@@ -611,6 +615,16 @@ class Broker:
         Ray's failure of it tells them at once that the actor died."""
         await self._closed.wait()
 
+    def _leave(self, why: str) -> None:
+        """The broker's node is gone from the cluster (``lease``): close the store,
+        releasing its lock and flushing what it holds, and end the process, so the
+        broker Ray starts again on a node with this disk can open it."""
+        log.error("broker %s leaves: %s", self.config.actor_name, why)
+        self.rt.closing = True
+        with contextlib.suppress(Exception):
+            self.rt.store.close()
+        _exit_process()
+
     async def shutdown(self) -> None:
         """A clean stop: leave the routes, release held pulls, save offsets, close the store."""
         rt = self.rt
@@ -619,6 +633,7 @@ class Broker:
         rt.closing = True
         self._closed.set()
         self.registration.stop()
+        self.lease.stop()
         rt.holds.wake_all()
         self._offset_flush.cancel()
         self.transactions.stop()
@@ -638,6 +653,11 @@ class Broker:
         await rt.run(rt.store.close)
         rt.io.shutdown(wait=False)
         log.info("broker %s shut down cleanly", self.config.actor_name)
+
+
+def _exit_process() -> None:
+    logging.shutdown()
+    os._exit(1)
 
 
 def _tls_context(config: BrokerConfig) -> ssl.SSLContext | None:

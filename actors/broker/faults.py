@@ -14,6 +14,9 @@
 * ``"crash_mid_commit"`` (counts multi-message transaction commits, not sends): the
   commit's append stops after the first half of its committed copies, before its op
   message, and the process exits: a SIGKILL in the middle of the append.
+* ``"lose_cluster"`` (counts the pings of the broker's cluster lease,
+  ``actors/broker/lease.py``): they go unanswered, as in a partition that cuts the
+  broker off from Ray's GCS and every NameServer while its clients still reach it.
 * ``"stall_status"`` (counts ``status`` calls): the call answers only once the broker
   shuts down: a member alive but not answering (a stalled disk, a long pause), as an
   operator's promotion may meet one.
@@ -33,7 +36,13 @@ from storage.errors import InvalidConfigError
 log = logging.getLogger("raymq.actors.broker.faults")
 
 SEND_KINDS = ("drop_answer", "crash_after_store", "hang_after_store")
-KINDS = (*SEND_KINDS, "crash_mid_commit", "stall_status", "crash_after_one_phase")
+KINDS = (
+    *SEND_KINDS,
+    "crash_mid_commit",
+    "stall_status",
+    "crash_after_one_phase",
+    "lose_cluster",
+)
 
 
 class Faults:

@@ -257,6 +257,7 @@ class OnePhaseCommits:
             appended.append(True)
             return result
 
+        rt.check_writable()
         await self.role.put(batch, local_put)
         if rt.faults.take("crash_after_one_phase"):
             rt.faults.crash()  # stored, the offsets not saved, nothing answered

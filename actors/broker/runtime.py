@@ -36,6 +36,7 @@ from actors.broker.stream_checkpoints import StreamCheckpoints
 from actors.broker.topic_config_manager import TopicConfigManager
 from actors.config.broker import BrokerConfig
 from storage import MessageStore
+from storage.errors import BrokerUnavailableError
 
 log = logging.getLogger("raymq.actors.broker.broker")
 T = TypeVar("T")
@@ -83,6 +84,8 @@ class BrokerRuntime:
         self.data_addr = ""  # the data path's ip:port once it listens (actors/broker/listener.py)
         self.grpc_addr = ""  # the gRPC endpoint's ip:port once it listens (actors/broker/grpc)
         self.closing = False
+        self.fenced: str | None = None
+        """Why the broker takes no writes now (its cluster lease lapsed), or None."""
         self.started = time.time()
         self.stats: dict[str, int] = {
             "put_msgs": 0,
@@ -132,6 +135,11 @@ class BrokerRuntime:
             handle = ray.get_actor(name, namespace=self.config.namespace)
             self._nameservers[name] = handle
         return handle
+
+    def check_writable(self) -> None:
+        """Raise ``BrokerUnavailableError`` while the broker is fenced (see ``lease``)."""
+        if self.fenced is not None:
+            raise BrokerUnavailableError(self.fenced)
 
     def forget_nameserver(self, name: str) -> None:
         """A call to ``name`` failed: look it up anew next time (it may have restarted)."""

@@ -53,9 +53,11 @@ class SendMessageProcessor:
     def _check_open(self) -> None:
         if self.rt.closing:
             raise BrokerUnavailableError(f"broker {self.rt.config.actor_name} is shutting down")
+        self.rt.check_writable()
 
     async def put(self, batch: EncodedBatch) -> PutBatchResult:
-        """Every write goes through the broker's role."""
+        """Every write goes through the broker's role (none while it is fenced)."""
+        self.rt.check_writable()
         started = time.perf_counter()
         try:
             result = await self.role.put(batch, self._local_put)
@@ -126,7 +128,13 @@ class SendMessageProcessor:
         answer and whether the put woke held pulls (to be let answer first), or None:
         the general path's case. Errors raise as :meth:`send`'s do, nothing stored."""
         rt = self.rt
-        if not self._inline_puts or rt.closing or rt.faults.armed or not self.role.puts_at_once():
+        if (
+            not self._inline_puts
+            or rt.closing
+            or rt.fenced is not None
+            or rt.faults.armed
+            or not self.role.puts_at_once()
+        ):
             return None
         batch = EncodedBatch.from_bytes(blob)
         self._check_queues(batch, 0)

@@ -587,6 +587,7 @@ class TransactionProcessor:
         """The broker's own write (system topics, already shaped): through its role. Its
         last record is an op message whose half messages the caller marks done: when it
         is the next op message to read, it counts as read (the next end reads nothing)."""
+        self.rt.check_writable()
         internal = getattr(self.role, "put_internal", None)  # DLedger: through the Raft log
         if internal is not None:
             result: PutBatchResult = await internal(batch)

@@ -108,6 +108,12 @@ class BrokerConfig:
     default_topic_queue_nums: int = 8
     heartbeat_interval_s: float = 30.0
     register_timeout_s: float = 6.0
+    cluster_lease_s: float = 10.0
+    """A broker that has reached no NameServer for this long takes no writes until one
+    answers again (it may be cut off from the cluster: ``actors/broker/lease.py``);
+    shorter than Ray's verdict on a node it cannot hear. 0: no lease."""
+    lease_renew_interval_s: float = 2.0
+    """How often the broker pings its NameServers to renew its lease."""
     flush_consumer_offset_interval_s: float = 5.0
     long_polling_enable: bool = True
     max_pull_suspend_s: float = 30.0
@@ -224,6 +230,17 @@ class BrokerConfig:
             raise InvalidConfigError(
                 f"BrokerConfig.default_topic_queue_nums={self.default_topic_queue_nums}: "
                 "must be in 1..1024"
+            )
+        if not (
+            isinstance(self.cluster_lease_s, (int, float))
+            and isinstance(self.lease_renew_interval_s, (int, float))
+            and self.lease_renew_interval_s > 0
+            and (self.cluster_lease_s == 0 or self.cluster_lease_s > self.lease_renew_interval_s)
+        ):
+            raise InvalidConfigError(
+                f"BrokerConfig.cluster_lease_s={self.cluster_lease_s!r} and "
+                f"lease_renew_interval_s={self.lease_renew_interval_s!r}: need "
+                "0 < renew interval < lease (or a lease of 0: none)"
             )
         check_positive(
             "BrokerConfig",

@@ -1,0 +1,150 @@
+"""A broker's lease on the cluster: it stops acknowledging writes when it has lost
+the cluster, and leaves when its node has.
+
+Ray fences a dead actor only for calls that go through Ray; clients reach a broker's
+own socket directly (the data path), and a broker cut off from the rest of the
+cluster (a partition, a paused raylet, a VM that froze) would go on acknowledging
+writes there, from clients holding cached routes, while Ray takes a minute to declare
+its node dead, the NameServers drop it from their routes, and its slave may be
+promoted. So, as a Raft leader steps down when it cannot hear a majority:
+
+* the broker renews a lease by reaching Ray's GCS or any of its NameServers every
+  ``lease_renew_interval_s`` (either is enough: NameServers restarting do not stop a
+  broker Ray can still hear, as in RocketMQ); when nothing has answered for
+  ``cluster_lease_s`` (shorter than Ray's verdict on a node), it is *fenced*: every
+  write is refused with ``BrokerUnavailableError`` (its producers retry, the
+  idempotent ones on the same queue, where they find the promoted master once the
+  route names it) until something answers again;
+* when its raylet is gone (the broker's process was re-parented) or Ray, reached
+  again, has declared its node dead, the broker exits, its store closed first so the
+  store's lock is free for the broker Ray starts on a node with that disk.
+
+``cluster_lease_s`` 0 turns the lease off (a single-node embedded cluster has no
+partition to fear, but the default keeps it on: it costs one ping a few seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import ray
+
+from actors.broker.runtime import BrokerRuntime
+
+log = logging.getLogger("raymq.actors.broker.lease")
+
+_MAX_PINGS = 4
+T = TypeVar("T")
+
+
+def _gcs_ping() -> None:
+    """One round trip to Ray's GCS (a key-value read): what it answers does not matter."""
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_get(b"raymq-lease")
+
+
+class ClusterLease:
+    """See the module doc. ``leave`` closes the broker's store and ends its process."""
+
+    def __init__(
+        self,
+        runtime: BrokerRuntime,
+        leave: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.rt = runtime
+        self.leave = leave
+        self._clock = clock
+        self._parent = os.getppid()  # the raylet that started this worker
+        self.renewed = clock()
+        self._task: asyncio.Task[None] | None = None
+        # threads of its own: the broker's I/O threads may all wait on a slow disk, which
+        # says nothing of whether the broker can hear the cluster
+        self._threads = ThreadPoolExecutor(2, thread_name_prefix="raymq-lease")
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self.rt.loop.run_in_executor(self._threads, fn, *args)
+
+    def start(self) -> None:
+        if self.rt.config.cluster_lease_s > 0:
+            self._task = self.rt.loop.create_task(self._loop())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self._threads.shutdown(wait=False)
+
+    async def _loop(self) -> None:
+        cfg = self.rt.config
+        pings: set[asyncio.Task[None]] = set()
+        while not self.rt.closing:
+            if os.getppid() != self._parent:
+                self.leave("its raylet is gone")
+                return
+            if len(pings) < _MAX_PINGS:  # a ping hanging in a partition does not pile up
+                ping = self.rt.loop.create_task(self._renew(self._clock()))
+                pings.add(ping)
+                ping.add_done_callback(pings.discard)
+            if self.rt.fenced is None and self._clock() - self.renewed > cfg.cluster_lease_s:
+                self.rt.fenced = (
+                    f"broker {cfg.actor_name} has heard neither Ray's GCS nor a NameServer "
+                    f"for {cfg.cluster_lease_s:g} s (cluster_lease_s): it may be cut off "
+                    "from the cluster, so it takes no writes"
+                )
+                log.warning("%s", self.rt.fenced)
+            await asyncio.sleep(cfg.lease_renew_interval_s)
+
+    async def _renew(self, sent_at: float) -> None:
+        """One ping, sent at ``sent_at``: an answer renews the lease from then."""
+        cfg = self.rt.config
+        if self.rt.faults.take("lose_cluster") or not await self._reach_cluster(
+            cfg.cluster_lease_s
+        ):
+            return
+        self.renewed = max(self.renewed, sent_at)
+        if self.rt.fenced is None or self._clock() - self.renewed > cfg.cluster_lease_s:
+            return
+        if await self._node_declared_dead():
+            self.leave("Ray declared its node dead")
+            return
+        log.warning("broker %s hears the cluster again: it takes writes again", cfg.actor_name)
+        self.rt.fenced = None
+
+    async def _reach_cluster(self, timeout_s: float) -> bool:
+        """Whether the GCS or any NameServer answers within ``timeout_s``."""
+
+        async def gcs() -> bool:
+            try:
+                await asyncio.wait_for(self._run(_gcs_ping), timeout_s)
+                return True
+            except Exception:  # noqa: BLE001 - unreachable is the answer
+                return False
+
+        async def nameserver(name: str) -> bool:
+            try:
+                handle = await asyncio.wait_for(self._run(self.rt.nameserver, name), timeout_s)
+                await asyncio.wait_for(handle.ping.remote(), timeout_s)
+                return True
+            except Exception:  # noqa: BLE001 - unreachable is the answer
+                self.rt.forget_nameserver(name)
+                return False
+
+        tries = [gcs(), *(nameserver(n) for n in self.rt.config.nameservers)]
+        return any(await asyncio.gather(*tries))
+
+    async def _node_declared_dead(self) -> bool:
+        """Whether the GCS lists this broker's node as dead (a verdict given while the
+        broker was cut off: Ray starts its actors elsewhere, so it must not go on)."""
+        node_id = self.rt.node_id
+        try:
+            nodes = await asyncio.wait_for(self._run(ray.nodes), 10.0)
+        except Exception:  # noqa: BLE001 - not known: the lease decides alone
+            return False
+        return any(n.get("NodeID") == node_id and not n.get("Alive", True) for n in nodes)

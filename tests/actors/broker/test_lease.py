@@ -1,0 +1,86 @@
+"""A broker's cluster lease (``actors/broker/lease.py``): cut off from Ray's GCS and
+every NameServer, it stops acknowledging writes on its own socket within its lease
+and takes them again once it hears the cluster; its raylet gone, it exits and frees
+its store."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+from raymq_testkit import drain, wait_until
+
+from actors import BrokerSpec
+from storage import Message
+from storage.errors import BrokerUnavailableError
+
+LEASE = {"cluster_lease_s": 1.5, "lease_renew_interval_s": 0.25}
+
+
+def test_a_broker_cut_off_from_the_cluster_takes_no_writes_until_it_hears_it_again(
+    make_cluster: Any,
+) -> None:
+    cluster = make_cluster(brokers=1, broker_options=LEASE)
+    cluster.admin.create_topic("Lease", 2, 2)
+    broker = cluster.broker("broker-a")
+    producer = cluster.producer("lease", retry_times_when_send_failed=0, delivery_timeout_s=1.0)
+    producer.send(Message("Lease", b"before"))
+    assert producer._data_path.is_open("broker-a-0")  # its sends go over the socket
+
+    ray.get(broker.inject_fault.remote("lose_cluster", 1_000_000))  # the partition
+    why = wait_until(lambda: ray.get(broker.status.remote())["fenced"], timeout_s=10, what="fenced")
+    assert "cluster_lease_s" in why
+    with pytest.raises(BrokerUnavailableError, match="cluster_lease_s"):
+        producer.send(Message("Lease", b"while cut off"))
+    with pytest.raises(BrokerUnavailableError, match="cluster_lease_s"):
+        producer.send_async([Message("Lease", b"while cut off, async")] * 3).result(timeout=30)
+
+    ray.get(broker.inject_fault.remote("lose_cluster", 0))  # healed
+    wait_until(
+        lambda: ray.get(broker.status.remote())["fenced"] is None, timeout_s=10, what="unfenced"
+    )
+    producer.send(Message("Lease", b"after"))
+    bodies = sorted(
+        m.body for got in drain(cluster.pull_consumer("lease-check"), "Lease").values() for m in got
+    )
+    assert bodies == [b"after", b"before"]  # nothing acknowledged, nothing stored, cut off
+    producer.close()
+
+
+def _store_locked(store_dir: str) -> bool:
+    fd = os.open(Path(store_dir) / "lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_a_broker_whose_raylet_is_gone_exits_and_frees_its_store(
+    ray_cluster: Any, make_cluster: Any
+) -> None:
+    node = ray_cluster.add_node(num_cpus=1, resources={"rmq-lease-node": 1})
+    try:
+        ray_cluster.wait_for_nodes()
+        cluster = make_cluster(
+            nameservers=1,
+            topics=["LeaseNode"],
+            brokers=[BrokerSpec("broker-a"), BrokerSpec("broker-b", node="rmq-lease-node")],
+            broker_options=LEASE,
+        )
+        status = ray.get(cluster.broker("broker-b").status.remote())
+        pid, store_dir = status["pid"], status["store_dir"]
+        assert _store_locked(store_dir)
+        node.kill_raylet()
+        wait_until(lambda: not os.path.exists(f"/proc/{pid}"), timeout_s=30, what="broker exit")
+        assert not _store_locked(store_dir)  # a broker started with this disk can open it
+    finally:
+        ray_cluster.remove_node(node, allow_graceful=False)
