@@ -84,3 +84,55 @@ def test_a_broker_whose_raylet_is_gone_exits_and_frees_its_store(
         assert not _store_locked(store_dir)  # a broker started with this disk can open it
     finally:
         ray_cluster.remove_node(node, allow_graceful=False)
+
+
+def test_a_broker_whose_node_is_gone_comes_back_on_a_new_node_with_its_disk(
+    ray_cluster: Any, make_cluster: Any
+) -> None:
+    """RocketMQ's restart of a broker on its machine: the node holding broker-b's store
+    dies; a node with the same resource (the disk) joins; Ray starts broker-b there and
+    it recovers every message from its store."""
+    node = ray_cluster.add_node(num_cpus=1, resources={"rmq-disk-b": 1})
+    try:
+        ray_cluster.wait_for_nodes()
+        cluster = make_cluster(
+            nameservers=1,
+            topics=["Comeback"],
+            brokers=[BrokerSpec("broker-a"), BrokerSpec("broker-b", node="rmq-disk-b")],
+            broker_options=LEASE,
+        )
+        broker_b = cluster.broker("broker-b")
+
+        def routed() -> list[str]:
+            route = ray.get(cluster.nameserver(0).get_route.remote("Comeback"))
+            return sorted(q.broker_name for q in route.queue_datas) if route else []
+
+        wait_until(lambda: routed() == ["broker-a", "broker-b"], what="both brokers routed")
+        producer = cluster.producer("comeback")
+        sent = [
+            r
+            for k in range(16)  # one queue per batch, round robin over both brokers' 8
+            for r in producer.send_batch(
+                [Message("Comeback", b"m%d" % i) for i in range(k * 25, k * 25 + 25)]
+            )
+        ]
+        assert any(r.message_queue.broker_name == "broker-b" for r in sent)
+        old_pid = ray.get(broker_b.status.remote())["pid"]
+        ray_cluster.remove_node(node, allow_graceful=False)
+        node = ray_cluster.add_node(num_cpus=1, resources={"rmq-disk-b": 1})
+        ray_cluster.wait_for_nodes()
+
+        def back() -> bool:
+            try:
+                st = ray.get(broker_b.status.remote(), timeout=5)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                return False
+            return st["pid"] != old_pid and st["node_id"] == node.node_id
+
+        wait_until(back, timeout_s=90, interval_s=0.5, what="broker-b back on the new node")
+        stored = drain(cluster.pull_consumer("comeback-check"), "Comeback")
+        bodies = sorted(m.body for got in stored.values() for m in got)
+        assert bodies == sorted(b"m%d" % i for i in range(400))  # every message, once
+    finally:
+        if node in ray_cluster.worker_nodes:
+            ray_cluster.remove_node(node, allow_graceful=False)
