@@ -63,8 +63,8 @@ class ClusterLease:
         self.leave = leave
         self._clock = clock
         self._parent = os.getppid()  # the raylet that started this worker
-        self.renewed = clock()
         self._task: asyncio.Task[None] | None = None
+        self._checking = False  # a check of the node's verdict is under way
         # threads of its own: the broker's I/O threads may all wait on a slow disk, which
         # says nothing of whether the broker can hear the cluster
         self._threads = ThreadPoolExecutor(2, thread_name_prefix="raymq-lease")
@@ -73,6 +73,7 @@ class ClusterLease:
         return await self.rt.loop.run_in_executor(self._threads, fn, *args)
 
     def start(self) -> None:
+        self.rt.lease_renewed = self._clock()  # however long the store took to recover
         if self.rt.config.cluster_lease_s > 0:
             self._task = self.rt.loop.create_task(self._loop())
 
@@ -92,7 +93,10 @@ class ClusterLease:
                 ping = self.rt.loop.create_task(self._renew(self._clock()))
                 pings.add(ping)
                 ping.add_done_callback(pings.discard)
-            if self.rt.fenced is None and self._clock() - self.renewed > cfg.cluster_lease_s:
+            if (
+                self.rt.fenced is None
+                and self._clock() - self.rt.lease_renewed > cfg.cluster_lease_s
+            ):
                 self.rt.fenced = (
                     f"broker {cfg.actor_name} has heard neither Ray's GCS nor a NameServer "
                     f"for {cfg.cluster_lease_s:g} s (cluster_lease_s): it may be cut off "
@@ -102,20 +106,28 @@ class ClusterLease:
             await asyncio.sleep(cfg.lease_renew_interval_s)
 
     async def _renew(self, sent_at: float) -> None:
-        """One ping, sent at ``sent_at``: an answer renews the lease from then."""
-        cfg = self.rt.config
-        if self.rt.faults.take("lose_cluster") or not await self._reach_cluster(
-            cfg.cluster_lease_s
-        ):
+        """One ping, sent at ``sent_at``: an answer renews the lease from then. An answer
+        after the lease lapsed takes the broker back only once Ray is found not to have
+        declared its node dead meanwhile (it stays fenced while that is asked)."""
+        cfg, rt = self.rt.config, self.rt
+        if rt.faults.take("lose_cluster") or not await self._reach_cluster(cfg.cluster_lease_s):
             return
-        self.renewed = max(self.renewed, sent_at)
-        if self.rt.fenced is None or self._clock() - self.renewed > cfg.cluster_lease_s:
+        lapsed = rt.fenced is not None or self._clock() - rt.lease_renewed > cfg.cluster_lease_s
+        if lapsed and rt.fenced is None:
+            rt.fenced = f"broker {cfg.actor_name}: its cluster lease lapsed; back once checked"
+        rt.lease_renewed = max(rt.lease_renewed, sent_at)
+        if not lapsed or self._checking:
             return
-        if await self._node_declared_dead():
+        self._checking = True
+        try:
+            dead = await self._node_declared_dead()
+        finally:
+            self._checking = False
+        if dead:
             self.leave("Ray declared its node dead")
             return
         log.warning("broker %s hears the cluster again: it takes writes again", cfg.actor_name)
-        self.rt.fenced = None
+        rt.fenced = None
 
     async def _reach_cluster(self, timeout_s: float) -> bool:
         """Whether the GCS or any NameServer answers within ``timeout_s``."""

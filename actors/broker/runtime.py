@@ -86,6 +86,8 @@ class BrokerRuntime:
         self.closing = False
         self.fenced: str | None = None
         """Why the broker takes no writes now (its cluster lease lapsed), or None."""
+        self.lease_renewed = time.monotonic()
+        """When the cluster last answered the broker's lease (``actors.broker.lease``)."""
         self.started = time.time()
         self.stats: dict[str, int] = {
             "put_msgs": 0,
@@ -136,10 +138,24 @@ class BrokerRuntime:
             self._nameservers[name] = handle
         return handle
 
-    def check_writable(self) -> None:
-        """Raise ``BrokerUnavailableError`` while the broker is fenced (see ``lease``)."""
+    def writable(self) -> bool:
+        """Whether the broker may take writes: not fenced, and its lease not lapsed now
+        (checked at each write, so a process that wakes from a pause longer than its
+        lease acknowledges nothing before the cluster has answered it again)."""
         if self.fenced is not None:
-            raise BrokerUnavailableError(self.fenced)
+            return False
+        lease = self.config.cluster_lease_s
+        return lease <= 0 or time.monotonic() - self.lease_renewed <= lease
+
+    def check_writable(self) -> None:
+        """Raise ``BrokerUnavailableError`` unless :meth:`writable` (see ``lease``)."""
+        if not self.writable():
+            raise BrokerUnavailableError(
+                self.fenced
+                or f"broker {self.config.actor_name}: its cluster lease lapsed "
+                f"(cluster_lease_s={self.config.cluster_lease_s:g}): it takes no writes "
+                "until the cluster answers it again"
+            )
 
     def forget_nameserver(self, name: str) -> None:
         """A call to ``name`` failed: look it up anew next time (it may have restarted)."""

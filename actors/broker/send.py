@@ -131,7 +131,7 @@ class SendMessageProcessor:
         if (
             not self._inline_puts
             or rt.closing
-            or rt.fenced is not None
+            or not rt.writable()
             or rt.faults.armed
             or not self.role.puts_at_once()
         ):
