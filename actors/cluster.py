@@ -87,10 +87,8 @@ def broker_placement(node: str | None) -> dict[str, Any]:
     disk, re-attached) joins, Ray starts the broker there and it recovers its store;
     an id, address or node name pins it to that node for good."""
     node_id = resolve_node(node)
-    if (
-        node is not None
-        and node != node_id
-        and any(node in n.get("Resources", {}) for n in ray.nodes() if n.get("NodeID") == node_id)
+    if node is not None and node != node_id and any(
+        node in n.get("Resources", {}) for n in ray.nodes() if n.get("NodeID") == node_id
     ):
         return {"resources": {node: RESOURCE_SHARE}}
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
