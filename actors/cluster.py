@@ -75,25 +75,6 @@ def resolve_node(node: str | None) -> str:
     )
 
 
-RESOURCE_SHARE = 0.001
-"""What a broker placed by a node's custom resource asks of it: a share, so any number
-of brokers (a master and its slaves, several groups) fit on the node that has it."""
-
-
-def broker_placement(node: str | None) -> dict[str, Any]:
-    """Where a broker runs, as actor options. A custom resource (the name of a node's
-    disk, as ``cluster.yaml`` gives each node one) places it on whichever live node
-    carries that resource, so when that node dies and another with the resource (the
-    disk, re-attached) joins, Ray starts the broker there and it recovers its store;
-    an id, address or node name pins it to that node for good."""
-    node_id = resolve_node(node)
-    if node is not None and node != node_id and any(
-        node in n.get("Resources", {}) for n in ray.nodes() if n.get("NodeID") == node_id
-    ):
-        return {"resources": {node: RESOURCE_SHARE}}
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
-
-
 class Cluster:
     """A handle on a running RayMQ cluster: clients, admin and shutdown."""
 
@@ -304,7 +285,7 @@ def start_cluster(
             or values.get("store_dir")
         )
         broker_cfgs.append(BrokerConfig(**values))
-        placements.append(broker_placement(spec.node))
+        placements.append(resolve_node(spec.node))
 
     common = dict(
         namespace=ns,
@@ -331,11 +312,11 @@ def start_cluster(
             .options(
                 name=bc.actor_name,
                 **common,
-                **placement,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
                 runtime_env=BROKER_RUNTIME_ENV,
             )
             .remote(bc)
-            for bc, placement in zip(broker_cfgs, placements)
+            for bc, node_id in zip(broker_cfgs, placements)
         ]
         _rpc.get([h.ping.remote() for h in handles], STARTUP_TIMEOUT_S)
         # a DLedger group registers its elected leader as id 0 (its members as id + 1)

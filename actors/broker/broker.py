@@ -19,12 +19,10 @@ later a socket listener and a gRPC gateway, are doors onto the same processors:
 An async actor. Store calls that block (puts, SYNC_FLUSH, reads) run in a thread
 pool so a held pull or a slow fsync never stalls the event loop.
 
-The actor is created on the node holding its store: by that node's custom resource
-(the disk's name), so that Ray restarts it, with ``max_restarts``, on whichever node
-carries the resource next, or pinned to a node id (``NodeAffinitySchedulingStrategy``,
-``soft=False``). When Ray restarts it, ``__init__`` runs again, the store recovers
-from its directory, and the broker registers anew with every NameServer under a new
-incarnation. Cut off from the cluster, it fences itself (``actors.broker.lease``).
+The actor is created pinned to a node (``NodeAffinitySchedulingStrategy``,
+``soft=False``) with ``max_restarts``; when Ray restarts it, ``__init__`` runs
+again, the store recovers from its directory, and the broker registers anew
+with every NameServer under a new incarnation.
 """
 
 from __future__ import annotations
