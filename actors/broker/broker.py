@@ -22,7 +22,8 @@ pool so a held pull or a slow fsync never stalls the event loop.
 The actor is created pinned to a node (``NodeAffinitySchedulingStrategy``,
 ``soft=False``) with ``max_restarts``; when Ray restarts it, ``__init__`` runs
 again, the store recovers from its directory, and the broker registers anew
-with every NameServer under a new incarnation.
+with every NameServer under a new incarnation. Cut off from the cluster, it fences
+itself (``actors.broker.lease``).
 """
 
 from __future__ import annotations
