@@ -253,6 +253,8 @@ class Sender:
                 except Exception as exc:  # noqa: BLE001
                     ref = None
                     if not run.failed(exc, mq):
+                        if run.stored is not None:  # stored already: that answer stands
+                            return (chunk, *run.stored)
                         raise
                     reordered = isinstance(exc, OutOfOrderSequenceError)
                     if run.moved:  # a broker's trouble, not the order of runs
@@ -273,6 +275,9 @@ class Sender:
                         if run.maybe_stored
                         else f"of {retries + 1}",
                     )
+                if ack is not None and attempt < retries and run.not_durable(ack, mq):
+                    log.info("send to %s stored, %s: again, as it is", mq, ack.status.value)
+                    ref, ack = None, None
                 if ack is not None:
                     run.settle(mq)
                     self._answered_in(chunk, mq, time.monotonic() - started)
@@ -287,6 +292,8 @@ class Sender:
             if run.pinned:
                 time.sleep(_backoff(attempt))  # a failover, or the run before it, to come
         run.give_up(mq)
+        if run.stored is not None:  # stored, not as durably as asked: that answer stands
+            return (chunk, *run.stored)
         last_exc = run.last_exc
         raise BrokerUnavailableError(
             f"send of {len(chunk.batch)} message(s) to topic {chunk.topic!r} failed after "
@@ -371,9 +378,15 @@ class Sender:
             )
         outcome = run
 
+        def fail(exc: BaseException) -> None:
+            if outcome.stored is not None:  # stored, not as durably as asked: that stands
+                done((chunk, *outcome.stored), None)
+            else:
+                done(None, exc)
+
         def retry(exc: BaseException, mq: MessageQueue | None) -> None:
             if not outcome.failed(exc, mq):
-                done(None, exc)
+                fail(exc)
                 return
             # refused for the order of runs: not a failed attempt (the deadline bounds it)
             nxt = attempt if isinstance(exc, OutOfOrderSequenceError) else attempt + 1
@@ -400,7 +413,7 @@ class Sender:
                     )
                 else:
                     outcome.give_up(mq)
-                    done(None, exc)
+                    fail(exc)
                 return
             if nxt <= retries or (nxt == attempt and time.monotonic() < deadline):
                 away = mq.broker_name if mq is not None and sharding_key is None else avoid
@@ -446,6 +459,24 @@ class Sender:
                 ack, exc = _stored_before(mq, len(chunk.batch)), None
             if exc is not None or ack is None:
                 retry(_rpc.cause_of(exc) if exc is not None else RuntimeError("no ack"), mq)
+                return
+            if attempt < retries and outcome.not_durable(ack, mq):  # again, as it is
+                nxt = attempt + 1
+                self._later.call(
+                    _backoff(nxt),
+                    functools.partial(
+                        self._send_chunk_async,
+                        chunk,
+                        nxt,
+                        None,
+                        sharding_key,
+                        done,
+                        outcome,
+                        mq,
+                        deadline,
+                    ),
+                    functools.partial(done, (chunk, mq, ack), None),
+                )
                 return
             outcome.settle(mq)
             self._answered_in(chunk, mq, time.monotonic() - started)
@@ -546,6 +577,20 @@ class _Outcome:
         self.pinned = False
         self.moved = True
         self.last_exc: BaseException | None = None
+        self.stored: tuple[MessageQueue, SendAck] | None = None
+
+    def not_durable(self, ack: SendAck, mq: MessageQueue) -> bool:
+        """``ack`` says the run is stored, but not as durably as asked (FLUSH_DISK_TIMEOUT,
+        FLUSH_SLAVE_TIMEOUT, SLAVE_NOT_AVAILABLE): True when it is to be sent again as
+        it is (an idempotent run: its broker answers from its record, never storing it
+        twice, and answers SEND_OK once its disk or slave has caught up); the answer is
+        kept, to be the outcome should no later attempt do better."""
+        if ack.status is PutStatus.PUT_OK or self.sequencer is None or self.bound is None:
+            return False
+        self.stored = (mq, ack)
+        self.maybe_stored = self.pinned = True
+        self.moved = False
+        return True
 
     def failed(self, exc: BaseException, mq: MessageQueue | None) -> bool:
         """An attempt failed with ``exc``: whether another attempt is worth making."""
@@ -587,7 +632,9 @@ class _Outcome:
         bound, seq = self.bound, self.sequencer
         if bound is None or seq is None or bound.seq_runs is None or mq is None:
             return
-        if self.maybe_stored:
+        if self.stored is not None:  # answered as stored: over, as an answer is
+            seq.settle(bound, self.stored[0])
+        elif self.maybe_stored:
             seq.abandon(bound, mq)
         else:
             seq.release(bound, mq)

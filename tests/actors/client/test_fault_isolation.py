@@ -3,15 +3,17 @@ names another master (a promoted slave), not when the isolation's time runs out.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from typing import Any
 
 import ray
 from raymq_ha_testkit import kill, members
-from raymq_testkit import wait_until
+from raymq_testkit import drain, wait_until
 
 import actors
-from actors import BrokerSpec
+from actors import BrokerSpec, SendStatus
 from storage import Message
 
 
@@ -41,4 +43,44 @@ def test_the_producer_sends_to_the_promoted_master_at_once(make_cluster: Any) ->
 
     wait_until(lands_on_a, timeout_s=10, interval_s=0.05, what="a send to broker-a")
     assert time.monotonic() - promoted < 2.0
+    producer.close()
+
+
+def test_an_idempotent_send_stored_but_not_replicated_is_sent_again_until_it_is(
+    make_cluster: Any,
+) -> None:
+    """SYNC_MASTER whose slave stalls: the master stores the batch and answers
+    FLUSH_SLAVE_TIMEOUT. The idempotent producer sends the same run again rather than
+    hand the caller a failure that invites a second copy; once the slave is back the
+    master answers it from its record, SEND_OK, and the batch is stored once."""
+    cluster = make_cluster(
+        nameservers=1,
+        brokers=[BrokerSpec("broker-a", 0), BrokerSpec("broker-a", 1)],
+        topics=[actors.TopicConfig("Durable", 1, 1)],
+        broker_options={
+            "broker_role": "SYNC_MASTER",
+            "slave_sync_interval_s": 0.1,
+            "ha_slave_timeout_s": 30.0,  # a stalled slave stays in sync: the master waits
+            "sync_replication_timeout_s": 0.5,
+        },
+    )
+    master, slave = cluster.broker("broker-a", 0), cluster.broker("broker-a", 1)
+    producer = cluster.producer("p-durable")
+    assert producer.send(Message("Durable", b"warm")).status is SendStatus.SEND_OK
+    slave_pid = ray.get(slave.status.remote())["pid"]
+    os.kill(slave_pid, signal.SIGSTOP)
+    try:
+        pending = producer.send_async([Message("Durable", b"d%d" % i) for i in range(5)])
+        wait_until(  # stored on the master, and answered FLUSH_SLAVE_TIMEOUT at least once
+            lambda: ray.get(master.status.remote())["put_msgs"] >= 6, what="stored"
+        )
+        time.sleep(0.6)  # the fault's length: past one sync_replication_timeout_s
+    finally:
+        os.kill(slave_pid, signal.SIGCONT)
+    results = pending.result(timeout=30)
+    assert {r.status for r in results} == {SendStatus.SEND_OK}
+    bodies = [
+        m.body for got in drain(cluster.pull_consumer("c-durable"), "Durable").values() for m in got
+    ]
+    assert bodies == [b"warm"] + [b"d%d" % i for i in range(5)]  # once each
     producer.close()
