@@ -119,9 +119,13 @@ class HAClient:
         """Pipelined: the next request is on its way while an answer is being appended, and
         an acknowledgement (a request for no bytes) follows each append at once."""
         cfg = self.broker.config
+        # a master answers a fetch within ha_poll_s; one that does not within
+        # ha_slave_timeout_s more is gone, also while Ray holds the call for its restart
+        # (its node lost, the actor waiting for a node with its disk)
+        silent_s = cfg.ha_poll_s + cfg.ha_slave_timeout_s
         pending = self._fetch(handle, self.store.commitlog.max_offset, 0, 0.0)
         while True:
-            reply: TransferReply = await pending
+            reply: TransferReply = await asyncio.wait_for(pending, silent_s)
             if reply.truncate_to is not None or reply.offset != self.store.commitlog.max_offset:
                 await self._apply(reply)  # cut, or a stale answer: start again from the end
                 end = self.store.commitlog.max_offset
