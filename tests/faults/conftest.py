@@ -1,0 +1,32 @@
+"""Fault runs on real Ray nodes in network namespaces (``harness.FaultLab``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from harness import FaultLab, can_admin_network, missing_tools
+
+
+@pytest.fixture
+def lab_factory() -> Iterator[Any]:
+    """``lab_factory(nodes, **options)``: a :class:`FaultLab`, taken down after the test.
+    Skipped only where the platform forbids it (not root / no CAP_NET_ADMIN); a missing
+    tool fails the test, as CI must have it."""
+    if not can_admin_network():
+        pytest.skip("needs root with CAP_NET_ADMIN to make network namespaces")
+    if missing := missing_tools():
+        pytest.fail(f"missing {missing}: .ci/run installs iproute2 and nftables")
+    labs: list[FaultLab] = []
+
+    def make(nodes: list[str], **options: Any) -> FaultLab:
+        lab = FaultLab(nodes, **options)
+        labs.append(lab)
+        return lab.__enter__()
+
+    try:
+        yield make
+    finally:
+        for lab in labs:
+            lab.close()

@@ -1,0 +1,191 @@
+"""The client of a fault run: a program the lab starts in the client's namespace.
+
+It starts a RayMQ cluster on the lab's Ray (NameServers on the head node, brokers on the
+nodes the spec names by resource), sends unique messages through the public API until
+told to stop, then reads every queue back and prints the history. It talks to the test
+in JSON lines: the spec is its argument; it prints ``ready`` (with each broker's pid and
+node), ``progress`` every half second and finally ``history``; a line ``stop`` on its
+stdin ends the sends. :class:`Workload` is the test's end of that conversation.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, TYPE_CHECKING, Any
+
+import ray
+
+import actors
+from actors import BrokerSpec, PullStatus, SendStatus
+from storage import Message
+
+if TYPE_CHECKING:
+    from harness import FaultLab, Node
+
+SMALL_STORE = {
+    "commitlog_file_size": 8 << 20,
+    "consume_queue_file_entries": 20_000,
+    "index_hash_slots": 4099,
+    "index_max_entries": 200_000,
+    "flush_interval_commitlog_ms": 50,
+}
+
+
+def emit(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+def start(spec: dict[str, Any]) -> None:
+    """Runs as a task on the head node, so the NameServers start there."""
+    actors.start_cluster(
+        namespace=spec["namespace"],
+        nameservers=1,
+        topics=[actors.TopicConfig(spec["topic"], spec["queues"], spec["queues"])],
+        brokers=[
+            BrokerSpec(b["name"], b["id"], node=b["node"], store_dir=b["store_dir"])
+            for b in spec["brokers"]
+        ],
+        broker_options={"store": SMALL_STORE, **spec["broker_options"]},
+        max_restarts=0,
+    )
+
+
+class Sender:
+    """Sends batches of unique bodies, paced, from one thread; keeps every op."""
+
+    def __init__(self, producer: actors.Producer, topic: str, batch: int, pace_s: float) -> None:
+        self.producer, self.topic, self.batch, self.pace_s = producer, topic, batch, pace_s
+        self.ops: list[dict[str, Any]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        seq = 0
+        while not self.stop.is_set():
+            bodies = [f"m-{seq + i:08d}" for i in range(self.batch)]
+            seq += self.batch
+            invoked = time.monotonic()
+            try:
+                results = self.producer.send_batch(
+                    [Message(self.topic, b.encode()) for b in bodies]
+                )
+                statuses = {r.status for r in results}
+                outcome = (
+                    "SEND_OK"
+                    if statuses == {SendStatus.SEND_OK}
+                    else "+".join(sorted(s.value for s in statuses))
+                )
+            except Exception as exc:  # noqa: BLE001 - every failure is part of the history
+                outcome = type(exc).__name__
+            self.ops.append(
+                {"bodies": bodies, "invoked": invoked, "completed": time.monotonic(),
+                 "outcome": outcome}
+            )  # fmt: skip
+            self.stop.wait(self.pace_s)
+
+    def acked(self) -> int:
+        return sum(len(op["bodies"]) for op in self.ops if op["outcome"] == "SEND_OK")
+
+
+def read_all(cluster: actors.Cluster, topic: str) -> list[str]:
+    consumer = cluster.pull_consumer("fault-checker")
+    out: list[str] = []
+    for mq in consumer.fetch_subscribe_queues(topic):
+        offset = 0
+        while True:
+            r = consumer.pull(mq, offset, 1000)
+            if r.status is not PullStatus.FOUND:
+                break
+            out.extend(b.decode() for b in r.bodies)
+            offset = r.next_offset
+    return out
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    ray.init(address=spec["address"], logging_level="ERROR", log_to_driver=False)
+    head = {"num_cpus": 0, "resources": {spec["head_resource"]: 0.001}}
+    ray.get(ray.remote(start).options(**head).remote(spec), timeout=120)
+    cluster = actors.connect(spec["namespace"])
+    brokers = {}
+    for b in spec["brokers"]:
+        status = ray.get(cluster.broker(b["name"], b["id"]).status.remote(), timeout=30)
+        brokers[f"{b['name']}-{b['id']}"] = {"pid": status["pid"], "node": b["node"]}
+    emit("ready", brokers=brokers)
+
+    producer = cluster.producer("fault-producer", send_timeout_s=spec["send_timeout_s"])
+    sender = Sender(producer, spec["topic"], spec["batch"], spec["pace_s"])
+    sender.thread.start()
+    stop = threading.Thread(target=lambda: (sys.stdin.readline(), sender.stop.set()), daemon=True)
+    stop.start()
+    while not sender.stop.wait(0.5):
+        emit("progress", ops=len(sender.ops), acked=sender.acked())
+    sender.thread.join(timeout=60)
+    read = read_all(cluster, spec["topic"])
+    emit("history", ops=sender.ops, read=read)
+    producer.close()
+    cluster.shutdown(timeout_s=10.0)
+
+
+class Workload:
+    """The workload program (``workload.py``) running in the client's namespace: its
+    JSON-line events, read as they come."""
+
+    def __init__(self, lab: FaultLab, node: Node, spec: dict[str, Any]) -> None:
+        self.log = node.dir / "workload.log"
+        self._err: IO[bytes] = self.log.open("wb")
+        self.proc = lab.popen(
+            node,
+            [sys.executable, __file__, json.dumps(spec)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._err,
+        )
+        self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.last: dict[str, dict[str, Any]] = {}
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # a library's stray print
+            self.events.put(event)
+        self.events.put(None)
+
+    def wait_for(self, name: str, timeout_s: float, until: Any = None) -> dict[str, Any]:
+        """The next event ``name`` (for which ``until(event)`` holds, if given)."""
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                event = self.events.get(timeout=left)
+            except queue.Empty:
+                break
+            if event is None:
+                raise AssertionError(
+                    f"the workload exited {self.proc.wait()} before {name!r}:\n{self.tail()}"
+                )
+            self.last[event["event"]] = event
+            if event["event"] == name and (until is None or until(event)):
+                return event
+        raise AssertionError(f"no {name!r} from the workload in {timeout_s}s:\n{self.tail()}")
+
+    def stop(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"stop\n")
+        self.proc.stdin.flush()
+
+    def tail(self, chars: int = 4000) -> str:
+        self._err.flush()
+        return self.log.read_text(errors="replace")[-chars:]
+
+
+if __name__ == "__main__":
+    main()
