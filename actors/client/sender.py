@@ -384,6 +384,24 @@ class Sender:
             else:
                 done(None, exc)
 
+        def again_as_is(nxt: int, mq: MessageQueue, on_closed: Callable[[], None]) -> None:
+            """Attempt ``nxt``: the pinned run, as it is, to ``mq`` after a backoff."""
+            self._later.call(
+                _backoff(nxt),
+                functools.partial(
+                    self._send_chunk_async,
+                    chunk,
+                    nxt,
+                    None,
+                    sharding_key,
+                    done,
+                    outcome,
+                    mq,
+                    deadline,
+                ),
+                on_closed,
+            )
+
         def retry(exc: BaseException, mq: MessageQueue | None) -> None:
             if not outcome.failed(exc, mq):
                 fail(exc)
@@ -396,21 +414,7 @@ class Sender:
                 self.selector.invalidate(chunk.topic)
             if outcome.pinned and mq is not None:  # as it was, to its queue, or nothing
                 if nxt <= retries or time.monotonic() < deadline:
-                    self._later.call(
-                        _backoff(nxt),
-                        functools.partial(
-                            self._send_chunk_async,
-                            chunk,
-                            nxt,
-                            None,
-                            sharding_key,
-                            done,
-                            outcome,
-                            mq,
-                            deadline,
-                        ),
-                        functools.partial(done, None, exc),
-                    )
+                    again_as_is(nxt, mq, functools.partial(done, None, exc))
                 else:
                     outcome.give_up(mq)
                     fail(exc)
@@ -460,23 +464,8 @@ class Sender:
             if exc is not None or ack is None:
                 retry(_rpc.cause_of(exc) if exc is not None else RuntimeError("no ack"), mq)
                 return
-            if attempt < retries and outcome.not_durable(ack, mq):  # again, as it is
-                nxt = attempt + 1
-                self._later.call(
-                    _backoff(nxt),
-                    functools.partial(
-                        self._send_chunk_async,
-                        chunk,
-                        nxt,
-                        None,
-                        sharding_key,
-                        done,
-                        outcome,
-                        mq,
-                        deadline,
-                    ),
-                    functools.partial(done, (chunk, mq, ack), None),
-                )
+            if attempt < retries and outcome.not_durable(ack, mq):
+                again_as_is(attempt + 1, mq, functools.partial(done, (chunk, mq, ack), None))
                 return
             outcome.settle(mq)
             self._answered_in(chunk, mq, time.monotonic() - started)
