@@ -56,7 +56,8 @@ def start(spec: dict[str, Any]) -> None:
 
 
 class Sender:
-    """Sends batches of unique bodies, paced, from one thread; keeps every op."""
+    """Sends batches of unique bodies, paced, from one thread; keeps every op (with the
+    broker groups that answered it, when it was answered)."""
 
     def __init__(self, producer: actors.Producer, topic: str, batch: int, pace_s: float) -> None:
         self.producer, self.topic, self.batch, self.pace_s = producer, topic, batch, pace_s
@@ -70,11 +71,13 @@ class Sender:
             bodies = [f"m-{seq + i:08d}" for i in range(self.batch)]
             seq += self.batch
             invoked = time.monotonic()
+            brokers: list[str] = []
             try:
                 results = self.producer.send_batch(
                     [Message(self.topic, b.encode()) for b in bodies]
                 )
                 statuses = {r.status for r in results}
+                brokers = sorted({r.message_queue.broker_name for r in results})
                 outcome = (
                     "SEND_OK"
                     if statuses == {SendStatus.SEND_OK}
@@ -84,7 +87,7 @@ class Sender:
                 outcome = type(exc).__name__
             self.ops.append(
                 {"bodies": bodies, "invoked": invoked, "completed": time.monotonic(),
-                 "outcome": outcome}
+                 "outcome": outcome, "brokers": brokers}
             )  # fmt: skip
             self.stop.wait(self.pace_s)
 
