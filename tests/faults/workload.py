@@ -23,6 +23,7 @@ import ray
 import actors
 from actors import BrokerSpec, PullStatus, SendStatus
 from storage import Message
+from storage.message_id import parse_offset_msg_id
 
 if TYPE_CHECKING:
     from harness import FaultLab, Node
@@ -57,7 +58,8 @@ def start(spec: dict[str, Any]) -> None:
 
 class Sender:
     """Sends batches of unique bodies, paced, from one thread; keeps every op (with the
-    broker groups that answered it, when it was answered)."""
+    broker groups that answered it, the store hosts, ``ip:port``, of the members that
+    wrote it, when it was answered)."""
 
     def __init__(self, producer: actors.Producer, topic: str, batch: int, pace_s: float) -> None:
         self.producer, self.topic, self.batch, self.pace_s = producer, topic, batch, pace_s
@@ -72,12 +74,15 @@ class Sender:
             seq += self.batch
             invoked = time.monotonic()
             brokers: list[str] = []
+            hosts: list[str] = []
             try:
                 results = self.producer.send_batch(
                     [Message(self.topic, b.encode()) for b in bodies]
                 )
                 statuses = {r.status for r in results}
                 brokers = sorted({r.message_queue.broker_name for r in results})
+                # which member of a group acknowledged: its host is in the offset msg id
+                hosts = sorted({parse_offset_msg_id(r.offset_msg_id)[0] for r in results})
                 outcome = (
                     "SEND_OK"
                     if statuses == {SendStatus.SEND_OK}
@@ -87,12 +92,16 @@ class Sender:
                 outcome = type(exc).__name__
             self.ops.append(
                 {"bodies": bodies, "invoked": invoked, "completed": time.monotonic(),
-                 "outcome": outcome, "brokers": brokers}
+                 "outcome": outcome, "brokers": brokers, "hosts": hosts}
             )  # fmt: skip
             self.stop.wait(self.pace_s)
 
     def acked(self) -> int:
         return sum(len(op["bodies"]) for op in self.ops if op["outcome"] == "SEND_OK")
+
+    def last_hosts(self) -> list[str]:
+        """The store hosts that wrote the latest acknowledged send (a group's leader)."""
+        return next((op["hosts"] for op in reversed(self.ops) if op["outcome"] == "SEND_OK"), [])
 
 
 def read_all(cluster: actors.Cluster, topic: str) -> list[str]:
@@ -127,7 +136,7 @@ def main() -> None:
     stop = threading.Thread(target=lambda: (sys.stdin.readline(), sender.stop.set()), daemon=True)
     stop.start()
     while not sender.stop.wait(0.5):
-        emit("progress", ops=len(sender.ops), acked=sender.acked())
+        emit("progress", ops=len(sender.ops), acked=sender.acked(), hosts=sender.last_hosts())
     sender.thread.join(timeout=60)
     read = read_all(cluster, spec["topic"])
     emit("history", ops=sender.ops, read=read)
