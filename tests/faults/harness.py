@@ -175,6 +175,7 @@ class FaultLab:
         object_store_mb: int = 80,
         ray: bool = True,
         keep: bool = False,
+        ray_env: dict[str, str] | None = None,
     ) -> None:
         if not 1 <= len(nodes) <= 200 or len(set(nodes)) != len(nodes):
             raise LabError(f"nodes={list(nodes)!r}: 1..200 distinct names")
@@ -182,6 +183,7 @@ class FaultLab:
         self.object_store_mb = object_store_mb
         self.with_ray = ray
         self.keep = keep
+        self._ray_env = dict(ray_env or {})
         self._root_given = root
         self.root = Path(".")
         self._names = list(nodes)
@@ -258,6 +260,7 @@ class FaultLab:
             PYTHONPATH=os.pathsep.join(path),
             RAY_USAGE_STATS_ENABLED="0",
         )
+        env.update(self._ray_env)  # e.g. the GCS's health checks, to give a crashed node up sooner
         return env
 
     def popen(self, node: Node, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
@@ -292,6 +295,20 @@ class FaultLab:
         self.popen(node, argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         if node.head:
             self.wait_for_nodes(1)
+
+    def alive_nodes(self) -> int:
+        """How many Ray nodes the head counts alive."""
+        script = (
+            f"import ray, json; ray.init(address={self.address!r}, logging_level='ERROR');"
+            "print(json.dumps(sum(n['Alive'] for n in ray.nodes())))"
+        )
+        done = subprocess.run(
+            ["ip", "netns", "exec", self.head.netns, sys.executable, "-c", script],
+            env=self.env(), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise LabError(f"could not count Ray nodes: {done.stderr[-2000:]}")
+        return int(done.stdout.strip().splitlines()[-1])
 
     def wait_for_nodes(self, count: int, timeout_s: float = 90.0) -> None:
         """Wait until ``count`` nodes are alive in the head's view."""
@@ -397,6 +414,32 @@ class FaultLab:
         """SIGKILL those processes of the node (a crashed broker)."""
         for pid in self._own(node, pids):
             os.kill(pid, signal.SIGKILL)
+
+    def crash(self, node: str) -> None:
+        """SIGKILL every process of the node, its raylet and workers with it (a machine
+        that loses power: what its files hold is what the page cache had written)."""
+        n = self.nodes[node]
+        _kill_namespace(n.netns)
+        for p in n.procs:
+            with contextlib.suppress(Exception):
+                p.wait(timeout=10)
+        n.procs.clear()
+
+    def restart(self, node: str, timeout_s: float = 90.0) -> None:
+        """Start Ray on a crashed (non-head) node again, in its namespace with its
+        resource and directory, once the GCS has given the crashed one up (its health
+        checks, ``RAY_health_check_*`` in ``ray_env``, decide how soon); returns when
+        the new node is alive."""
+        n = self.nodes[node]
+        if n.head:
+            raise LabError("the head node cannot be restarted: the GCS lives there")
+        deadline = time.monotonic() + timeout_s
+        while (alive := self.alive_nodes()) >= len(self.nodes):
+            if time.monotonic() > deadline:
+                raise LabError(f"the GCS still counts {alive} nodes alive after {timeout_s}s")
+            time.sleep(0.2)
+        self._start_ray(n)
+        self.wait_for_nodes(len(self.nodes), max(1.0, deadline - time.monotonic()))
 
 
 @contextlib.contextmanager

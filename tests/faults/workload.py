@@ -118,6 +118,78 @@ def read_all(cluster: actors.Cluster, topic: str) -> list[str]:
     return out
 
 
+def restart_broker(cluster: actors.Cluster, spec: dict[str, Any], index: int) -> None:
+    """Start broker ``spec["brokers"][index]`` again from its store on its node, with the
+    config ``start()`` gave it (an operator restarting a crashed machine's broker)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from actors.cluster import ACTOR_MAX_CONCURRENCY, BROKER_RUNTIME_ENV, resolve_node
+
+    b = spec["brokers"][index]
+    names = [x for x in spec["brokers"] if x["name"] == b["name"]]
+    options = {"store": SMALL_STORE, **spec["broker_options"]}
+    config = actors.BrokerConfig(
+        listen_port=10911 + 10 * index,
+        **options,
+        **(
+            {"dledger_peers": tuple(x["id"] for x in names)}
+            if options.get("enable_dledger")
+            else {}
+        ),
+        broker_name=b["name"],
+        broker_id=b["id"],
+        cluster_name=actors.ClusterConfig().cluster_name,
+        namespace=spec["namespace"],
+        nameservers=tuple(cluster.nameserver_names),
+        store_dir=b["store_dir"],
+    )
+    handle = (
+        ray.remote(actors.Broker)
+        .options(
+            name=config.actor_name,
+            namespace=config.namespace,
+            lifetime="detached",
+            num_cpus=0,
+            max_concurrency=ACTOR_MAX_CONCURRENCY,
+            max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(resolve_node(b["node"]), soft=False),
+            runtime_env=BROKER_RUNTIME_ENV,
+        )
+        .remote(config)
+    )
+    ray.get(handle.ping.remote(), timeout=60)
+
+
+def statuses(cluster: actors.Cluster, spec: dict[str, Any]) -> dict[str, Any]:
+    """Each broker's status ({} for one that does not answer)."""
+    out = {}
+    for b in spec["brokers"]:
+        try:
+            out[f"{b['name']}-{b['id']}"] = ray.get(
+                cluster.broker(b["name"], b["id"]).status.remote(), timeout=5
+            )
+        except Exception:  # noqa: BLE001 - dead, restarting or unreachable
+            out[f"{b['name']}-{b['id']}"] = {}
+    return out
+
+
+def commands(cluster: actors.Cluster, spec: dict[str, Any], sender: Sender) -> None:
+    """The test's lines on stdin: ``stop`` ends the sends; ``{"restart": i}`` starts
+    broker ``i`` again (answered by ``restarted``); ``status`` asks every broker's."""
+    for line in sys.stdin:
+        if line.strip() == "stop":
+            break
+        if line.strip() == "status":
+            emit("status", brokers=statuses(cluster, spec))
+            continue
+        try:
+            restart_broker(cluster, spec, json.loads(line)["restart"])
+            emit("restarted", error=None)
+        except Exception as exc:  # noqa: BLE001 - the test reads and reports it
+            emit("restarted", error=f"{type(exc).__name__}: {exc}")
+    sender.stop.set()
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     ray.init(address=spec["address"], logging_level="ERROR", log_to_driver=False)
@@ -133,8 +205,7 @@ def main() -> None:
     producer = cluster.producer("fault-producer", send_timeout_s=spec["send_timeout_s"])
     sender = Sender(producer, spec["topic"], spec["batch"], spec["pace_s"])
     sender.thread.start()
-    stop = threading.Thread(target=lambda: (sys.stdin.readline(), sender.stop.set()), daemon=True)
-    stop.start()
+    threading.Thread(target=commands, args=(cluster, spec, sender), daemon=True).start()
     while not sender.stop.wait(0.5):
         emit("progress", ops=len(sender.ops), acked=sender.acked(), hosts=sender.last_hosts())
     sender.thread.join(timeout=60)
@@ -190,8 +261,12 @@ class Workload:
         raise AssertionError(f"no {name!r} from the workload in {timeout_s}s:\n{self.tail()}")
 
     def stop(self) -> None:
+        self.send("stop")
+
+    def send(self, line: str) -> None:
+        """One command line to the workload (``stop``, ``status``, ``{"restart": i}``)."""
         assert self.proc.stdin is not None
-        self.proc.stdin.write(b"stop\n")
+        self.proc.stdin.write(line.encode() + b"\n")
         self.proc.stdin.flush()
 
     def tail(self, chars: int = 4000) -> str:
