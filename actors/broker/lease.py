@@ -65,12 +65,17 @@ class ClusterLease:
         self._parent = os.getppid()  # the raylet that started this worker
         self._task: asyncio.Task[None] | None = None
         self._checking = False  # a check of the node's verdict is under way
+        self._gcs_busy = False  # a GCS read is still on a thread (blocked in a partition)
+        self._nameservers: dict[str, Any] = {}  # handles, kept while they answer or time out
         # threads of its own: the broker's I/O threads may all wait on a slow disk, which
         # says nothing of whether the broker can hear the cluster
-        self._threads = ThreadPoolExecutor(2, thread_name_prefix="raymq-lease")
+        self._threads = ThreadPoolExecutor(3, thread_name_prefix="raymq-lease")
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await self.rt.loop.run_in_executor(self._threads, fn, *args)
+    def _run(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        return self.rt.loop.run_in_executor(self._threads, fn, *args)
+
+    def _gcs_done(self, _: asyncio.Future[None]) -> None:
+        self._gcs_busy = False
 
     def start(self) -> None:
         self.rt.lease_renewed = self._clock()  # however long the store took to recover
@@ -133,19 +138,30 @@ class ClusterLease:
         """Whether the GCS or any NameServer answers within ``timeout_s``."""
 
         async def gcs() -> bool:
+            if self._gcs_busy:  # one read at a time: a blocked one must not take the threads
+                return False
+            self._gcs_busy = True
+            call = self._run(_gcs_ping)
+            call.add_done_callback(self._gcs_done)  # the thread's end, not our wait's
             try:
-                await asyncio.wait_for(self._run(_gcs_ping), timeout_s)
+                await asyncio.wait_for(asyncio.shield(call), timeout_s)
                 return True
             except Exception:  # noqa: BLE001 - unreachable is the answer
                 return False
 
         async def nameserver(name: str) -> bool:
+            # the handle is kept across a partition: a ping that timed out says nothing
+            # of the actor, and looking it up again would wait for the GCS
             try:
-                handle = await asyncio.wait_for(self._run(self.rt.nameserver, name), timeout_s)
+                handle: Any = self._nameservers.get(name)
+                if handle is None:
+                    handle = await asyncio.wait_for(self._run(self.rt.nameserver, name), timeout_s)
+                    self._nameservers[name] = handle
                 await asyncio.wait_for(handle.ping.remote(), timeout_s)
                 return True
-            except Exception:  # noqa: BLE001 - unreachable is the answer
-                self.rt.forget_nameserver(name)
+            except Exception as exc:  # noqa: BLE001 - unreachable is the answer
+                if isinstance(exc, ray.exceptions.RayActorError):  # gone: look it up again
+                    self._nameservers.pop(name, None)
                 return False
 
         tries = [gcs(), *(nameserver(n) for n in self.rt.config.nameservers)]
