@@ -30,6 +30,7 @@ nobody.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import itertools
@@ -232,7 +233,9 @@ class Transaction:
         """Send what is buffered, then have the coordinator decide COMMIT (durably) and
         the brokers apply it. ``wait`` False returns once the decision is logged (Kafka's
         semantics: the outcome is fixed, the messages and offsets show a moment later,
-        in commit order); True (the default) once every broker shows them. Raises
+        in commit order); True (the default) once every broker shows them, or after
+        the coordinator's ``apply_wait_s`` with a broker down (the commit stands, logged
+        here; the coordinator retries that broker until it shows them). Raises
         ProducerFencedError when a newer instance took the ``transactional_id`` over
         (the transaction is then aborted).
 
@@ -424,7 +427,12 @@ class TransactionalProducer(Producer):
         self._coordinator = self._data_path.wrap(
             TXN_COORDINATOR_NAME, self.coordinator, requests=COORDINATOR_REQUESTS
         )
+        self._apply_wait_s = APPLY_WAIT_S
         self.producer_id, self.epoch = self._call("init_producer", self.transactional_id)
+        # the coordinator this call found may have been made with another wait (one
+        # older than its settings keeps the default)
+        with contextlib.suppress(AttributeError):
+            self._apply_wait_s = float(self._call("settings")["apply_wait_s"])
         self._counter = itertools.count()
         self._current: Transaction | None = None
         log.info(
@@ -438,8 +446,8 @@ class TransactionalProducer(Producer):
         """A coordinator call, tried again while the coordinator restarts (its calls
         are idempotent: a repeated end answers the decision taken)."""
         deadline = time.monotonic() + max(30.0, self.config.send_timeout_s)
-        # an end waits for the brokers up to APPLY_WAIT_S before it answers
-        timeout = self.config.send_timeout_s + (APPLY_WAIT_S if method == "end" else 0.0)
+        # an end waits for the brokers up to the coordinator's apply_wait_s before it answers
+        timeout = self.config.send_timeout_s + (self._apply_wait_s if method == "end" else 0.0)
         delay = 0.05
         while True:
             try:

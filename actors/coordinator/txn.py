@@ -70,8 +70,9 @@ log = logging.getLogger("raymq.actors.coordinator.txn")
 TXN_COORDINATOR_NAME = "txn-coordinator"
 _COMPACT_EVERY = 10_000  # log records between compactions, at least
 APPLY_WAIT_S = 10.0
+"""How long a waiting ``end`` waits for the brokers (the coordinator's ``apply_wait_s``
+by default) before it answers ``done: False``."""
 MAX_REQUESTS_PER_CONN = 1024  # a producer's requests in flight on its connection
-"""How long a waiting ``end`` waits for the brokers before it answers ``done: False``."""
 
 
 def _node_ip() -> str:
@@ -92,6 +93,7 @@ def transaction_coordinator(
     keep_done_s: float = 3600.0,
     tls_cert: str | None = None,
     tls_key: str | None = None,
+    apply_wait_s: float = APPLY_WAIT_S,
 ) -> Any:
     """The handle of the namespace's transaction coordinator, created (detached, on the
     head node, where its log lives: ``log_dir``, default ``~/.raymq/txn/<namespace>``)
@@ -99,11 +101,13 @@ def transaction_coordinator(
     ``tls_cert``/``tls_key`` (files on the head node, both or neither): its socket
     serves TLS, as a broker's data path does with ``data_tls_cert``/``data_tls_key``
     (``start_cluster`` passes the brokers' pair), and it checks the brokers' TLS
-    sockets against ``tls_cert``."""
-    if txn_timeout_s <= 0 or retry_interval_s <= 0 or keep_done_s < 0:
+    sockets against ``tls_cert``. ``apply_wait_s``: how long a waiting commit or abort
+    waits for its brokers (a broker that did not answer is retried every
+    ``retry_interval_s`` meanwhile) before it answers ``done: False``."""
+    if txn_timeout_s <= 0 or retry_interval_s <= 0 or keep_done_s < 0 or apply_wait_s <= 0:
         raise InvalidMessageError(
             f"txn_timeout_s={txn_timeout_s}, retry_interval_s={retry_interval_s}, "
-            f"keep_done_s={keep_done_s}: timeouts must be > 0"
+            f"keep_done_s={keep_done_s}, apply_wait_s={apply_wait_s}: timeouts must be > 0"
         )
     if (tls_cert is None) != (tls_key is None):
         raise InvalidConfigError(
@@ -129,6 +133,7 @@ def transaction_coordinator(
             retry_interval_s,
             keep_done_s,
             (tls_cert, tls_key) if tls_cert is not None and tls_key is not None else None,
+            apply_wait_s,
         )
     )
 
@@ -193,11 +198,13 @@ class TransactionCoordinator:
         retry_interval_s: float,
         keep_done_s: float,
         tls: tuple[str, str] | None = None,
+        apply_wait_s: float = APPLY_WAIT_S,
     ) -> None:
         quiet_blocking_get_warning()
         self.namespace = namespace
         self.txn_timeout_ms = int(txn_timeout_s * 1000)
         self.retry_interval_s = retry_interval_s
+        self.apply_wait_s = apply_wait_s
         self.keep_done_ms = int(keep_done_s * 1000)
         self._nameservers = list(nameservers) if nameservers else None
         self._loop = asyncio.get_event_loop()  # an async actor runs __init__ in its loop
@@ -218,6 +225,9 @@ class TransactionCoordinator:
         # of them: any other telling is a retry (the broker may have died mid-append)
         self._fresh: set[str] = set()
         self._told: set[tuple[str, str]] = set()
+        # commits and aborts waiting for their decision to be applied, by whichever loop
+        # applies it: the apply loop's first try or a retry of the drive loop
+        self._applied: dict[str, asyncio.Event] = {}
         self._fault: str | None = None
         self._closing = False
         self.stats: Counter[str] = Counter()
@@ -226,7 +236,7 @@ class TransactionCoordinator:
         if self.recovered:
             log.warning("%d decided transactions to apply after a restart", self.recovered)
             self._wake.set()
-        self._queue: asyncio.Queue[tuple[TxnRecord, asyncio.Future[bool]]] = asyncio.Queue()
+        self._queue: asyncio.Queue[TxnRecord] = asyncio.Queue()
         self._task = self._loop.create_task(self._drive_loop())
         self._listener = CoordinatorListener(self, _node_ip(), self._tls)
         self._listening = self._loop.create_task(self._listener.start(_node_ip()))
@@ -295,6 +305,9 @@ class TransactionCoordinator:
         self._fresh.discard(txn.txn_id)
         for b in names:
             self._told.discard((txn.txn_id, b))
+        applied = self._applied.pop(txn.txn_id, None)
+        if applied is not None:
+            applied.set()
         return True
 
     async def _fence_brokers(self, tid: str, epoch: int) -> None:
@@ -366,6 +379,16 @@ class TransactionCoordinator:
             await self._fence_brokers(tid, epoch)
         return pid, epoch
 
+    async def settings(self) -> dict[str, float]:
+        """What this coordinator was created with: a producer times its ``end`` calls by
+        ``apply_wait_s``."""
+        return {
+            "txn_timeout_s": self.txn_timeout_ms / 1000,
+            "retry_interval_s": self.retry_interval_s,
+            "keep_done_s": self.keep_done_ms / 1000,
+            "apply_wait_s": self.apply_wait_s,
+        }
+
     async def fences(self) -> dict[str, int]:
         """Every ``transactional_id``'s current epoch: what a broker takes before its first
         one-phase commit (``actors.broker.one_phase``)."""
@@ -388,7 +411,9 @@ class TransactionCoordinator:
         A repeated call answers the decision taken. Returns ``{"state", "done"}`` once
         every broker applied it, or (``wait`` False) once it is logged, as Kafka's
         ``EndTxn`` answers before its markers are written: ``done`` False means a broker
-        has yet to apply it (retried here until it has)."""
+        has yet to apply it (retried here until it has). A broker that did not take it
+        is retried every ``retry_interval_s`` while the call waits: it answers ``done``
+        True as soon as a retry applied it, False after ``apply_wait_s``."""
         txn_id = checks.check_str("txn_id", txn_id)
         transactional_id = checks.check_str("transactional_id", transactional_id)
         epoch = checks.check_int("epoch", epoch, 0)
@@ -447,12 +472,15 @@ class TransactionCoordinator:
                     os._exit(1)
         if txn.done:  # a repeated call
             return {"state": txn.state, "done": True}
-        applied: asyncio.Future[bool] = self._loop.create_future()
-        self._queue.put_nowait((txn, applied))
+        self._queue.put_nowait(txn)
         if not wait:
             return {"state": txn.state, "done": False}
+        # set by the first try of the apply loop or, where a broker did not take it, by
+        # the drive loop's retry that does (a restarted broker, a new master)
+        applied = self._applied.setdefault(txn_id, asyncio.Event())
         try:
-            done = await asyncio.wait_for(asyncio.shield(applied), APPLY_WAIT_S)
+            await asyncio.wait_for(applied.wait(), self.apply_wait_s)
+            done = True
         except asyncio.TimeoutError:  # a broker is slow or down: applied later
             done = False
         return {"state": txn.state, "done": done}
@@ -460,9 +488,17 @@ class TransactionCoordinator:
     async def _apply_loop(self) -> None:
         """Fresh decisions applied one transaction at a time, in the order decided (each
         to its brokers at once): what a broker shows follows the commit order, also when
-        the producers do not wait for it."""
+        the producers do not wait for it.
+
+        A transaction a broker did not take (down, restarting, no master: the call fails
+        at once) is not tried again here: the loop goes on to the next one, and the
+        drive loop retries every decision not done, in the order decided, every
+        ``retry_interval_s``. So a broker down holds up no transaction of the others (one
+        that hangs unanswered holds this loop up to the call's 30 s timeout); a waiting
+        commit of the stuck one waits for those retries (``end``, up to
+        ``apply_wait_s``)."""
         while not self._closing:
-            txn, applied = await self._queue.get()
+            txn = await self._queue.get()
             try:
                 done = await self._apply(txn)
             except Exception as exc:  # noqa: BLE001 - the drive loop tries again
@@ -470,8 +506,6 @@ class TransactionCoordinator:
                 done = False
             if not done:
                 self._wake.set()
-            if not applied.done():
-                applied.set_result(done)
 
     async def resolve(
         self, txn_id: str, transactional_id: str = "", epoch: int = -1, born_ms: int = 0
