@@ -82,13 +82,12 @@ class CommitLogRaftLog:
         magic, version, base = _HEADER.unpack_from(raw, 0)
         if magic != _MAGIC or version != _VERSION:
             raise StoreCorruptedError(f"{self.path} is not a RayMQ Raft index (version {version})")
-        body = len(raw) - _HEADER.size
-        whole = body - body % _RECORD.size
-        if whole != body:
+        body = raw[_HEADER.size :]
+        whole = len(body) - len(body) % _RECORD.size
+        if whole != len(body):
             log.warning("%s: dropping a torn index record at its end", self.path)
         self._ends = array("q", [base])
-        # a view: raw[_HEADER.size :][:whole] copied the whole index twice
-        for term, end in _RECORD.iter_unpack(memoryview(raw)[_HEADER.size : _HEADER.size + whole]):
+        for term, end in _RECORD.iter_unpack(body[:whole]):
             self._terms.append(term)
             self._ends.append(end)
         self._synced = len(self._terms) - 1
