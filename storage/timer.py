@@ -318,8 +318,7 @@ class TimerLog:
                 continue
             raw = os.pread(fd, stop - start, 0)
             n = len(raw) // ENTRY_SIZE
-            # count=, not raw[: n * ENTRY_SIZE]: a file with a torn last entry was copied whole
-            parts.append(np.frombuffer(raw, dtype=ENTRY, count=n))
+            parts.append(np.frombuffer(raw[: n * ENTRY_SIZE], dtype=ENTRY))
             positions.append(start + ENTRY_SIZE * np.arange(n, dtype=np.int64))
         if not parts:
             return np.empty(0, dtype=ENTRY), np.empty(0, dtype=np.int64)
@@ -447,7 +446,7 @@ class TimerWheel:
         raw = self._map.view(np.uint8)
         for page in sorted(self._dirty_pages):
             at = page * _PAGE
-            os.pwrite(self._fd, raw[at : at + _PAGE].data, at)  # a view of the page, no copy
+            os.pwrite(self._fd, raw[at : at + _PAGE].tobytes(), at)
         self._dirty_pages.clear()
         os.fsync(self._fd)
 
