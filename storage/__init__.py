@@ -20,8 +20,7 @@ from .errors import (
     TopicNotFoundError,
 )
 from .message import GetResult, GetStatus, Message, MessageExt, PutResult, PutStatus, RawGetResult
-from .put_result import PutBatchResult, PutResults
-from .store import MessageStore
+from .store import MessageStore, PutBatchResult
 
 __all__ = [
     "BrokerUnavailableError",
@@ -38,7 +37,6 @@ __all__ = [
     "PermissionDeniedError",
     "PutBatchResult",
     "PutResult",
-    "PutResults",
     "PutStatus",
     "RawGetResult",
     "RayMQError",

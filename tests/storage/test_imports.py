@@ -29,7 +29,6 @@ LAYERS = [  # from the facade down to the values and errors
         "quarantine",
         "transaction",
         "pop",
-        "put_result",
     },
     "consume_queue",
     {"mapped_file", "codec"},
