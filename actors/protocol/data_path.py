@@ -81,12 +81,18 @@ class DataPath:
         self._start_open(actor_name, handle)
         return BrokerStub(self, actor_name, handle, _REQUESTS if requests is None else requests)
 
-    def connection(self, actor_name: str, handle: Any) -> BrokerConnection | None:
+    def connection(
+        self, actor_name: str, handle: Any, ordered: bool = True
+    ) -> BrokerConnection | None:
         """An open connection to the broker's socket, or None (call it through Ray; a
-        connection is opening meanwhile unless the broker's backoff says not yet)."""
+        connection is opening meanwhile unless the broker's backoff says not yet).
+        ``ordered``: the call must reach the broker after the calls made before it
+        through Ray (a send); a read (a pull, a pop) takes the socket at once."""
         conn = self._conns.get(actor_name)
         if conn is not None and conn.error is None and not conn.closed:
-            return None if actor_name in self._via_ray and self._ray_ahead(actor_name) else conn
+            if ordered and actor_name in self._via_ray and self._ray_ahead(actor_name):
+                return None
+            return conn
         self._start_open(actor_name, handle)
         return None
 
@@ -98,10 +104,15 @@ class DataPath:
             return False
         return not (actor_name in self._via_ray and self._ray_ahead(actor_name))
 
-    def through_ray(self, actor_name: str, method: Any, *args: Any, **kwargs: Any) -> Any:
+    def through_ray(
+        self, actor_name: str, method: Any, *args: Any, ordered: bool = True, **kwargs: Any
+    ) -> Any:
         """``method.remote(*args, **kwargs)`` (a Ray handle's), counted among the calls
-        that keep ``actor_name``'s later calls off its socket until answered."""
+        that keep ``actor_name``'s later ordered calls off its socket until answered
+        (unless ``ordered`` is false: a held pull must not keep sends off it for long)."""
         ref = method.remote(*args, **kwargs)
+        if not ordered:
+            return ref
         with self._lock:
             ahead = self._via_ray.setdefault(actor_name, [0, 0.0])
             ahead[0] += 1
@@ -220,18 +231,26 @@ class BrokerStub:
         return f"BrokerStub({self.actor_name})"
 
 
+UNORDERED = frozenset({"pull_packed", "pop"})
+"""Reads, held by the broker up to their long poll: their order against other calls
+does not matter, so they neither wait behind calls made through Ray nor hold others."""
+
+
 class _Method:
-    __slots__ = ("_stub", "_name", "_encode")
+    __slots__ = ("_stub", "_name", "_encode", "_ordered")
 
     def __init__(self, stub: BrokerStub, name: str, encode: Any) -> None:
         self._stub, self._name, self._encode = stub, name, encode
+        self._ordered = name not in UNORDERED
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         stub = self._stub
-        conn = stub._dp.connection(stub.actor_name, stub.handle)
+        conn = stub._dp.connection(stub.actor_name, stub.handle, self._ordered)
         if conn is None:
             method = getattr(stub.handle, self._name)
-            return stub._dp.through_ray(stub.actor_name, method, *args, **kwargs)
+            return stub._dp.through_ray(
+                stub.actor_name, method, *args, ordered=self._ordered, **kwargs
+            )
         header, body, decode = self._encode(*args, **kwargs)
         return PendingCall(conn.request(header, body, decode=decode))
 

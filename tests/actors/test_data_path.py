@@ -479,7 +479,7 @@ def test_a_thousand_held_pulls_on_one_broker_all_answer_the_next_message(
     mq = consumer.fetch_subscribe_queues("Held")[0]
     producer = cluster.producer("p-held")
     consumer.pull(mq, 0, 1)  # opens the consumer's connection
-    wait_until(lambda: status(cluster)["data_connections"] >= 1, what="the consumer's connection")
+    wait_until(lambda: consumer._data_path.is_open(mq.broker_name + "-0"), what="its connection")
     held = [consumer.pull_async(mq, 0, 1, long_poll_s=30.0) for _ in range(1000)]
     wait_until(lambda: status(cluster)["held_pulls"] >= 1000, what="1,000 pulls held")
     assert not any(f.done() for f in held)
@@ -510,7 +510,7 @@ def test_a_connection_with_too_many_requests_in_flight_is_read_no_further_until_
     consumer = cluster.pull_consumer("g-capped")
     mq = consumer.fetch_subscribe_queues("Capped")[0]
     consumer.pull(mq, 0, 1)  # opens the consumer's connection
-    wait_until(lambda: status(cluster)["data_connections"] >= 1, what="the consumer's connection")
+    wait_until(lambda: consumer._data_path.is_open(mq.broker_name + "-0"), what="its connection")
     held = [consumer.pull_async(mq, 0, 1, long_poll_s=30.0) for _ in range(20)]
     wait_until(lambda: status(cluster)["held_pulls"] >= 8, what="8 pulls held")
     assert status(cluster)["held_pulls"] == 8  # the other 12 wait in the socket, unread

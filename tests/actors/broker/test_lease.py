@@ -29,7 +29,8 @@ def test_a_broker_cut_off_from_the_cluster_takes_no_writes_until_it_hears_it_aga
     broker = cluster.broker("broker-a")
     producer = cluster.producer("lease", retry_times_when_send_failed=0, delivery_timeout_s=1.0)
     producer.send(Message("Lease", b"before"))
-    assert producer._data_path.is_open("broker-a-0")  # its sends go over the socket
+    # its sends go over the socket (the first went through Ray while it opened)
+    wait_until(lambda: producer._data_path.is_open("broker-a-0"), what="the producer's socket")
 
     ray.get(broker.inject_fault.remote("lose_cluster", 1_000_000))  # the partition
     why = wait_until(lambda: ray.get(broker.status.remote())["fenced"], timeout_s=10, what="fenced")
