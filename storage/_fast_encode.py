@@ -2,7 +2,8 @@
 
 "Plain" is what most batches are: one topic, no user properties or delay, tags
 shared by the whole batch (or absent), and either no keys or one key each (an
-order id: the C encoder writes it and its index hash). Anything else goes through
+order id, as a str or a list or tuple of one str: the C encoder writes it and its
+index hash). Anything else goes through
 :func:`storage.codec.encode_batch`'s general loop. This module builds on
 ``storage.codec`` and registers :func:`encode_plain` with it when imported
 (``codec.use_plain_encoder``), so ``encode_batch`` takes this path for plain
@@ -152,7 +153,10 @@ def encode_plain_c(
     codec.validate_topic(topic)
     if tags is not None and (not tags or "\x01" in tags or "\x02" in tags):
         return None  # the general path names the error
-    keyed = first.keys.__class__ is str and bool(first.keys)
+    key = first.keys
+    if (key.__class__ is list or key.__class__ is tuple) and len(key) == 1:
+        key = key[0]  # keys=[order_id]: one key, as the C encoder takes it
+    keyed = key.__class__ is str and bool(key)
     head = _keyed_head(topic, tags, extra) if keyed else _tail_head(topic, tags, extra)
     if head is None:
         return None

@@ -156,7 +156,7 @@ PyDoc_STRVAR(encode_plain_doc,
              "come back as native int32 bytes, the unique keys as one '\\x00'-separated bytes.\n"
              "None: the batch is not plain.\n\n"
              "``keyed`` (optional): every message has one key of its own, an ASCII str with no\n"
-             "space or separator; ``head`` then ends after the tags (its PROPLEN is written\n"
+             "space or separator (or a list or tuple of that one str); ``head`` then ends after the tags (its PROPLEN is written\n"
              "per message), each record gets 'KEYS\\x01<key>\\x02' before its unique key, and\n"
              "``key_hashes`` holds two hashes a message, its key's (from ``key_topic_base``:\n"
              "java_hash(topic + '#') as uint32) then its unique key's.\n\n"
@@ -258,8 +258,12 @@ static PyObject *encode_plain(PyObject *self, PyObject *args) {
         if (!keyed) {
             if (is_true(v[F_KEYS]) != 0) goto not_plain;
         } else {
-            /* one key: an ASCII str, not empty, no space and no separator */
+            /* one key: an ASCII str, not empty, no space and no separator; given as
+             * the str or as a list or tuple of it alone (Message(keys=[order_id])) */
             PyObject *key = v[F_KEYS];
+            if ((PyList_CheckExact(key) || PyTuple_CheckExact(key)) &&
+                PySequence_Fast_GET_SIZE(key) == 1)
+                key = PySequence_Fast_GET_ITEM(key, 0);
             if (!PyUnicode_CheckExact(key) || !PyUnicode_IS_ASCII(key)) goto not_plain;
             klen = PyUnicode_GET_LENGTH(key);
             if (klen == 0 || props_base + klen > 32767) goto not_plain;

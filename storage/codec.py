@@ -1144,8 +1144,9 @@ _plain_encoder: PlainEncoder | None = None
 
 
 def use_plain_encoder(encoder: PlainEncoder | None) -> None:
-    """Let :func:`encode_batch` hand plain batches of more than ``SMALL_BATCH`` messages
-    to ``encoder`` (``None``: every batch takes the general loop, same bytes).
+    """Let :func:`encode_batch` hand plain batches to ``encoder``: any batch where
+    ``storage._native`` is built, else those of more than ``SMALL_BATCH`` messages
+    (``None``: every batch takes the general loop, same bytes).
 
     ``storage._fast_encode`` registers itself when imported, which the package's
     ``__init__`` does: it builds on this module, so this module cannot import it.
@@ -1177,8 +1178,11 @@ def encode_batch(
     if born is None and reconsume_times == 0:
         if not isinstance(messages, (list, tuple)):
             messages = list(messages)
-        # the vectorised encoder's fixed cost (~70 us) pays off only past SMALL_BATCH
-        if len(messages) > SMALL_BATCH and _plain_encoder is not None:
+        # the C encoder wins from one message on (as the producer uses it); the numpy
+        # one's fixed cost (~70 us) pays off only past SMALL_BATCH
+        if _plain_encoder is not None and (
+            len(messages) > SMALL_BATCH or (_native is not None and messages)
+        ):
             fast = _plain_encoder(messages, max_message_size, born_ts, born_raw, gen)
             if fast is not None:
                 return fast

@@ -523,6 +523,11 @@ def test_c_encoder_writes_a_key_each_as_the_general_loop_does(tags: str | None) 
     assert [m.keys for m in decoded] == [(f"order-{i:07d}",) for i in range(500)]
     # keys of every length up to what the properties can hold
     _keyed_equals_slow([Message("K", b"x", keys="k" * n) for n in (1, 2, 100, 30_000)] * 3)
+    # the key as a list or a tuple of itself (Message(keys=[order_id])), or mixed
+    shapes = [lambda k: [k], lambda k: (k,), lambda k: k]
+    _keyed_equals_slow(
+        [Message("Orders", b"b%d" % i, keys=shapes[i % 3](f"o{i}")) for i in range(300)]
+    )
 
 
 @pytest.mark.parametrize(
@@ -534,6 +539,12 @@ def test_c_encoder_writes_a_key_each_as_the_general_loop_does(tags: str | None) 
         lambda m: Message(m.topic, m.body, keys="k\x01"),
         lambda m: Message(m.topic, m.body, keys="clé"),  # not ASCII
         lambda m: Message(m.topic, m.body, keys=("a", "b")),
+        lambda m: Message(m.topic, m.body, keys=["a", "b"]),
+        lambda m: Message(m.topic, m.body, keys=[]),
+        lambda m: Message(m.topic, m.body, keys=["two keys"]),
+        lambda m: Message(m.topic, m.body, keys=[""]),
+        lambda m: Message(m.topic, m.body, keys=[b"bytes"]),  # type: ignore[list-item]
+        lambda m: Message(m.topic, m.body, keys=[["nested"]]),  # type: ignore[list-item]
         lambda m: Message(m.topic, m.body, keys="k" * 40_000),  # over the properties' room
     ],
 )
