@@ -20,7 +20,8 @@ from .errors import (
     TopicNotFoundError,
 )
 from .message import GetResult, GetStatus, Message, MessageExt, PutResult, PutStatus, RawGetResult
-from .store import MessageStore, PutBatchResult
+from .put_result import PutBatchResult, PutResults
+from .store import MessageStore
 
 __all__ = [
     "BrokerUnavailableError",
@@ -37,6 +38,7 @@ __all__ = [
     "PermissionDeniedError",
     "PutBatchResult",
     "PutResult",
+    "PutResults",
     "PutStatus",
     "RawGetResult",
     "RayMQError",

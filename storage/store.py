@@ -26,7 +26,7 @@ import shutil
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 
@@ -50,6 +50,7 @@ from .errors import (
 from .index_file import IndexService
 from .message import GetResult, GetStatus, Message, MessageExt, PutResult, PutStatus, RawGetResult
 from .producer_state import ProducerStateTable
+from .put_result import PutBatchResult, PutResults
 from .quarantine import QUARANTINE_TOPIC
 from .recovery import recover
 from .schedule import (
@@ -96,58 +97,6 @@ def _needs_copies(batch: codec.EncodedBatch) -> bool:
     if batch.delay_levels is not None and batch.delay_levels.any():
         return True
     return batch.timer or transaction.may_hold_transactional(batch)
-
-
-class PutBatchResult:
-    """The outcome of one batch put, kept as arrays (one object per batch, not per message)."""
-
-    __slots__ = (
-        "status",
-        "topics",
-        "topic_idx",
-        "queue_ids",
-        "queue_offsets",
-        "commitlog_offsets",
-        "uniq_keys",
-        "store_host",
-    )
-
-    def __init__(
-        self,
-        status: PutStatus,
-        topics: tuple[str, ...],
-        topic_idx: np.ndarray,
-        queue_ids: np.ndarray,
-        queue_offsets: np.ndarray,
-        commitlog_offsets: np.ndarray,
-        uniq_keys: Sequence[str],
-        store_host: str,
-    ):
-        self.status = status
-        self.topics = topics
-        self.topic_idx = topic_idx
-        self.queue_ids = queue_ids
-        self.queue_offsets = queue_offsets
-        self.commitlog_offsets = commitlog_offsets
-        self.uniq_keys = uniq_keys
-        self.store_host = store_host
-
-    def __len__(self) -> int:
-        return len(self.queue_offsets)
-
-    def results(self) -> list[PutResult]:
-        prefix = codec.host_to_bytes(self.store_host).hex().upper()
-        topics = self.topics
-        return [
-            PutResult(self.status, uk, qid, qoff, phys, f"{prefix}{phys:016X}", topics[ti])
-            for uk, qid, qoff, phys, ti in zip(
-                self.uniq_keys,
-                self.queue_ids.tolist(),
-                self.queue_offsets.tolist(),
-                self.commitlog_offsets.tolist(),
-                self.topic_idx.tolist(),
-            )
-        ]
 
 
 class MessageStore:
@@ -397,10 +346,11 @@ class MessageStore:
     def put(self, message: Message) -> PutResult:
         return self.put_batch([message])[0]
 
-    def put_batch(self, messages: Iterable[Message]) -> list[PutResult]:
-        """Validate, encode and store messages as one append; nothing is written on error."""
+    def put_batch(self, messages: Iterable[Message]) -> PutResults:
+        """Validate, encode and store messages as one append; nothing is written on error.
+        The results read as a list of :class:`PutResult`, each built when read."""
         batch = codec.encode_batch(messages, max_message_size=self.config.max_message_size)
-        return self.put_encoded(batch).results()
+        return PutResults(self.put_encoded(batch))
 
     def put_encoded(self, batch: codec.EncodedBatch) -> PutBatchResult:
         """Store a batch a producer encoded (the broker's path): patch, append, dispatch."""

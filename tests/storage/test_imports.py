@@ -29,6 +29,7 @@ LAYERS = [  # from the facade down to the values and errors
         "quarantine",
         "transaction",
         "pop",
+        "put_result",
     },
     "consume_queue",
     {"mapped_file", "codec"},
