@@ -1,10 +1,13 @@
 """Store throughput next to this machine's raw limits, measured in the same run.
 
     python benchmarks/store_bench.py [--dir PATH] [--seconds S] [--json FILE]
+    python benchmarks/store_bench.py --workloads put_batch   # MessageStore.put_batch only
 
 Prints put throughput (100 B and 1 KiB bodies; ASYNC_FLUSH; SYNC_FLUSH with 1
 and 8 writers; batches as the broker gets them off the wire, whose every record
-the store verifies), get throughput and abnormal-recovery scan rate, each beside
+the store verifies; ``put_batch`` of Message lists with no keys and with a key
+each, beside ``put_encoded`` of such a batch encoded already, the floor once
+encoding costs nothing), get throughput and abnormal-recovery scan rate, each beside
 the raw figure it is bounded by (plain sequential ``os.write`` of the same
 bytes, the fsync rate) as a ratio. Not a test: figures drift on shared machines,
 ratios much less.
@@ -103,13 +106,26 @@ def put_rate(
     """(msg/s, MB/s of records) putting batches from ``source``: "encoded" (built by
     ``encode_batch`` in this process, trusted), "wire" (``EncodedBatch.from_bytes`` of a
     producer's blob per put, as a broker receives it: checked record by record),
-    "keyed" ("encoded" with a unique key per message) or "messages" (``put_batch`` of
-    Message lists, encoding included)."""
+    "keyed" ("encoded" with a unique key per message), "messages" (``put_batch`` of
+    Message lists, encoding included) or "keyed messages" (those with a key each, given
+    as ``keys=[order_id]``)."""
     shutil.rmtree(root, ignore_errors=True)
     pool = batches(body, 64 if source == "keyed" else 8, keyed=source == "keyed")
     wires = [b.to_bytes() for b in pool]
     record_bytes = len(pool[0].data) / BATCH
-    msgs = [Message("Bench", os.urandom(body), tags="T", queue_id=i % 16) for i in range(BATCH)]
+    lists = [
+        [
+            Message(
+                "Bench",
+                os.urandom(body),
+                tags="T",
+                keys=[f"order-{n}-{i}"] if source == "keyed messages" else (),
+                queue_id=i % 16,
+            )
+            for i in range(BATCH)
+        ]
+        for n in range(8 if source == "keyed messages" else 1)
+    ]
     with MessageStore(config(root, flush)) as store:
         counts = [0] * writers
         stop = time.perf_counter() + seconds
@@ -122,7 +138,7 @@ def put_rate(
                 elif source == "wire":
                     store.put_encoded(codec.EncodedBatch.from_bytes(wires[i % len(wires)]))
                 else:
-                    store.put_batch(msgs)
+                    store.put_batch(lists[i % len(lists)])
                 counts[w] += BATCH
                 i += 1
 
@@ -198,7 +214,10 @@ def main() -> int:
     parser.add_argument("--recovery-mb", type=int, default=512)
     parser.add_argument("--json", default=None, help="also write every figure here")
     parser.add_argument(
-        "--workloads", default="put,get,recovery", help="which of put, get, recovery to run"
+        "--workloads",
+        default="put,get,recovery",
+        help="which of put, get, recovery to run; put_batch: only put_batch's rows and "
+        "their baselines (ASYNC, 100 B)",
     )
     args = parser.parse_args()
     workloads = set(args.workloads.split(","))
@@ -211,7 +230,9 @@ def main() -> int:
         out["fsync_per_s"] = fsyncs
         print(f"machine: {os.cpu_count()} cores; fsync rate {fsyncs:,.0f}/s")
         print(f"{'workload':44s} {'msg/s':>12s} {'MB/s':>9s} {'raw MB/s':>9s} {'ratio':>7s}")
-        for body in (100, 1024):
+        putting = bool(workloads & {"put", "put_batch"})
+        only_put_batch = "put" not in workloads and "recovery" not in workloads
+        for body in (100,) if only_put_batch else (100, 1024):
             chunk = batches(body, 1)[0].data  # the same bytes one batch put writes
             raw = raw_write_rate(root, chunk, s) / 1e6
             out[f"raw_write_mb_s_{body}"] = raw
@@ -220,20 +241,34 @@ def main() -> int:
                 (f"put wire batch {body}B ASYNC (checked)", "ASYNC_FLUSH", 1, "wire"),
                 (f"put encoded batch {body}B ASYNC, a key each", "ASYNC_FLUSH", 1, "keyed"),
                 (f"put Message list {body}B ASYNC (encode incl.)", "ASYNC_FLUSH", 1, "messages"),
+                (f"put Message list {body}B ASYNC, a key each", "ASYNC_FLUSH", 1, "keyed messages"),
                 (f"put encoded batch {body}B SYNC, 1 writer", "SYNC_FLUSH", 1, "encoded"),
                 (f"put encoded batch {body}B SYNC, 8 writers", "SYNC_FLUSH", 8, "encoded"),
             ]
-            for label, flush, writers, source in rows if "put" in workloads else []:
+            if "put" not in workloads:
+                rows = [r for r in rows if r[1] == "ASYNC_FLUSH" and r[3] != "wire"]
+            for label, flush, writers, source in rows if putting else []:
                 rate, mb = put_rate(root / "store", flush, body, writers, s, source)
                 key = label.replace(" ", "_").replace(",", "")
                 out[key] = rate
                 print(f"{label:44s} {rate:12,.0f} {mb:9.1f} {raw:9.1f} {mb / raw:7.2f}")
-        if "put" in workloads:
+        if putting:
             async100 = out["put_encoded_batch_100B_ASYNC"]
-            sync8 = out["put_encoded_batch_100B_SYNC_8_writers"]
             keyed = out["put_encoded_batch_100B_ASYNC_a_key_each"]
-            print(f"SYNC 8 writers / ASYNC at 100 B: {sync8 / async100:.2f}")
+            if "put" in workloads:
+                sync8 = out["put_encoded_batch_100B_SYNC_8_writers"]
+                print(f"SYNC 8 writers / ASYNC at 100 B: {sync8 / async100:.2f}")
             print(f"a key each / no keys at 100 B: {keyed / async100:.2f} (target >= 0.70)")
+            listed = out["put_Message_list_100B_ASYNC_(encode_incl.)"]
+            listed_keyed = out["put_Message_list_100B_ASYNC_a_key_each"]
+            print(
+                f"put_batch / put_encoded of the batch encoded already at 100 B: "
+                f"{listed / async100:.2f} no keys, {listed_keyed / keyed:.2f} a key each"
+            )
+            print(
+                f"put_batch a key each / no keys at 100 B: {listed_keyed / listed:.2f} "
+                "(target >= 0.70; put_batch no keys target >= 1 M msg/s)"
+            )
         if "get" in workloads:
             raw_get, decoded, mb = get_rates(root / "get", s)
             out.update(get_raw_msg_s=raw_get, get_decoded_msg_s=decoded)
