@@ -304,6 +304,7 @@ class _Dispatcher:
 
 
 _PREFIX = struct.Struct(">iIiiiq")  # size, magic, crc, queue id, flag, queue offset
+_BODY_LEN = struct.Struct(">i")
 
 
 def _redispatch(
@@ -338,7 +339,7 @@ def _redispatch(
             pos = mf.from_offset + mf.file_size
             continue
         size, magic, _crc, qid, _flag, qoff = _PREFIX.unpack_from(buf, rel)
-        body_len = int.from_bytes(buf[rel + codec.OFF_BODYLEN : rel + codec.HEADER.size], "big")
+        (body_len,) = _BODY_LEN.unpack_from(buf, rel + codec.OFF_BODYLEN)
         t = rel + codec.HEADER.size + body_len
         topic = buf[t + 1 : t + 1 + buf[t]].decode("ascii", "replace")
         if topic == quarantine.QUARANTINE_TOPIC:  # damaged bytes set aside: no entries

@@ -318,7 +318,8 @@ class TimerLog:
                 continue
             raw = os.pread(fd, stop - start, 0)
             n = len(raw) // ENTRY_SIZE
-            parts.append(np.frombuffer(raw[: n * ENTRY_SIZE], dtype=ENTRY))
+            # count=, not raw[: n * ENTRY_SIZE]: a file with a torn last entry was copied whole
+            parts.append(np.frombuffer(raw, dtype=ENTRY, count=n))
             positions.append(start + ENTRY_SIZE * np.arange(n, dtype=np.int64))
         if not parts:
             return np.empty(0, dtype=ENTRY), np.empty(0, dtype=np.int64)
@@ -446,7 +447,7 @@ class TimerWheel:
         raw = self._map.view(np.uint8)
         for page in sorted(self._dirty_pages):
             at = page * _PAGE
-            os.pwrite(self._fd, raw[at : at + _PAGE].tobytes(), at)
+            os.pwrite(self._fd, raw[at : at + _PAGE].data, at)  # a view of the page, no copy
         self._dirty_pages.clear()
         os.fsync(self._fd)
 

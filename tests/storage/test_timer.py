@@ -329,3 +329,22 @@ def test_a_hundred_thousand_pending_cost_little_and_a_tick_reads_one_slot(
         assert store.timer.run_once() == n // seconds
         assert store.timer.entries_read - read_before == 2 * n // seconds
         assert store.timer.pending() == n - 2 * n // seconds
+
+
+def test_a_timer_log_with_a_torn_last_entry_reads_back_its_whole_entries(tmp_path: Path) -> None:
+    import numpy as np
+
+    from storage.timer import ENTRY, TimerLog
+
+    log = TimerLog(tmp_path / "timerlog", 4 * ENTRY_SIZE)  # files of 4 entries
+    entries = np.zeros(6, dtype=ENTRY)
+    entries.view(np.uint8)[:] = np.arange(6 * ENTRY_SIZE) % 251  # every byte told apart
+    log.append(entries)
+    log.flush()
+    last = sorted((tmp_path / "timerlog").iterdir())[-1]
+    with open(last, "ab") as f:
+        f.write(b"\x07" * (ENTRY_SIZE - 1))  # a crash in the middle of an entry
+    read, positions = log.read_all(log.end + ENTRY_SIZE)
+    assert read.tobytes() == entries.tobytes()
+    assert positions.tolist() == [ENTRY_SIZE * i for i in range(6)]
+    log.close()

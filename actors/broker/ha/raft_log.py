@@ -82,12 +82,13 @@ class CommitLogRaftLog:
         magic, version, base = _HEADER.unpack_from(raw, 0)
         if magic != _MAGIC or version != _VERSION:
             raise StoreCorruptedError(f"{self.path} is not a RayMQ Raft index (version {version})")
-        body = raw[_HEADER.size :]
-        whole = len(body) - len(body) % _RECORD.size
-        if whole != len(body):
+        body = len(raw) - _HEADER.size
+        whole = body - body % _RECORD.size
+        if whole != body:
             log.warning("%s: dropping a torn index record at its end", self.path)
         self._ends = array("q", [base])
-        for term, end in _RECORD.iter_unpack(body[:whole]):
+        # a view: raw[_HEADER.size :][:whole] copied the whole index twice
+        for term, end in _RECORD.iter_unpack(memoryview(raw)[_HEADER.size : _HEADER.size + whole]):
             self._terms.append(term)
             self._ends.append(end)
         self._synced = len(self._terms) - 1
