@@ -97,10 +97,11 @@ class PutResults(Sequence[PutResult]):
 
     Reads as the list :meth:`MessageStore.put_batch` returned before: ``len``,
     indexing (negative too), slicing (a ``list``), iteration, ``in``, equality with a
-    list or another ``PutResults``, ``self + list``. A list extends with it
-    (``results += store.put_batch(...)``); ``list + PutResults`` raises as
-    ``list + tuple`` does. Iterating, slicing or comparing builds the whole list once
-    and keeps it; one index builds one result.
+    list or another ``PutResults``, ``self + list``. A list extends with it in place
+    (``results += store.put_batch(...)``), which is why there is no ``__radd__``
+    (Python would take it for ``+=`` and build a new list): ``list + PutResults``
+    raises as ``list + tuple`` does. Pickled, it travels as a plain list. Iterating, slicing or comparing builds the whole list once and keeps it;
+    one index builds one result.
     """
 
     __slots__ = ("_batch", "_all")
@@ -162,6 +163,9 @@ class PutResults(Sequence[PutResult]):
         if not isinstance(other, list):
             return NotImplemented
         return self._list() + other
+
+    def __reduce__(self) -> Any:  # sent elsewhere (a Ray answer), it travels as the list
+        return (list, (self._list(),))
 
     def __repr__(self) -> str:
         return repr(self._list())

@@ -5,6 +5,7 @@ the general loop stores and refusing what it refuses, with the same error."""
 from __future__ import annotations
 
 import hashlib
+import pickle
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -71,6 +72,7 @@ def test_results_read_as_the_list_of_put_results(store: MessageStore) -> None:
     assert list(got) == want and list(got) == want  # iterated twice
     assert want[7] in got and got.index(want[7]) == 7 and got.count(want[7]) == 1
     assert got + [] == want
+    assert pickle.loads(pickle.dumps(got)) == want  # a Ray answer carries the list
     acc: list[PutResult] = [want[0]]
     alias = acc
     acc += got  # a list extends in place with it
