@@ -59,7 +59,12 @@ class RequestVoteResponse:
 
 @dataclass(frozen=True, slots=True)
 class AppendEntries:
-    """The leader's batch of entries following ``prev_index``; with no entries, a heartbeat."""
+    """The leader's batch of entries following ``prev_index``; with no entries, a heartbeat.
+
+    ``seq`` numbers the leader's appends of its term in the order it sent them; the answer
+    repeats it, so the leader can tell an answer to an older append (overtaken by what it
+    learned since) from news.
+    """
 
     src: NodeId
     dst: NodeId
@@ -68,6 +73,7 @@ class AppendEntries:
     prev_term: int
     entries: tuple[Entry, ...]
     leader_commit: int
+    seq: int = 0
 
     @property
     def last_index(self) -> int:
@@ -83,7 +89,10 @@ class AppendEntriesResponse:
     ``prev_index`` and the conflict hints let the leader skip a whole term per
     round trip: ``conflict_term`` is the follower's term at ``reject_index`` (0
     when its log is shorter) and ``conflict_index`` the first index it holds of
-    that term (its last index + 1 when shorter).
+    that term (its last index + 1 when shorter). A refusal at or below what the
+    follower acknowledged before tells the leader the follower lost entries (a
+    crash that took unsynced writes, a lost disk): it probes it from what it holds.
+    ``seq`` is the answered append's.
     """
 
     src: NodeId
@@ -94,6 +103,7 @@ class AppendEntriesResponse:
     reject_index: int = 0
     conflict_index: int = 0
     conflict_term: int = 0
+    seq: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -573,6 +573,7 @@ class RaftNode:
                 reject_index=0 if got.success else m.prev_index,
                 conflict_index=got.conflict_index,
                 conflict_term=got.conflict_term,
+                seq=m.seq,
             )
         )
 
