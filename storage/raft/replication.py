@@ -12,15 +12,26 @@ overtaken: back to probing from the follower's hint. Heartbeats are empty
 cannot make fail; batches left unanswered for an election timeout are taken as
 lost, and the follower is probed again from its acknowledged index.
 
+A follower can hold less than it acknowledged: a crash took writes it had not
+synced, or its disk was lost or cut. Its refusal at or below ``match`` (or its
+hint that its log ends below it) says so; the leader then forgets ``match``
+(the follower is unknown again) and probes it from what it says it holds, down
+to the start of the log if need be. Every ``AppendEntries`` carries a sequence
+number of the leader's term that its answer repeats, so an answer to an append
+sent before the one whose acceptance set ``match`` is known to be old news and
+never mistaken for such a loss.
+
 Follower: ``accept_entries`` applies one ``AppendEntries`` to the log: refuse
 unless ``prev_index``/``prev_term`` match; skip entries already held (a retry,
 a duplicate, an overtaken batch must never truncate newer entries); truncate
 from the first entry whose term differs, which is never a committed one; append
 the rest.
 
-Invariants: ``match < next`` per follower; ``match`` never decreases within a
-term (a follower never drops entries it acknowledged to the current leader);
-``inflight`` holds ascending last indexes of batches sent past ``match``.
+Invariants: ``match < next`` per follower; ``match`` decreases within a term
+only to 0, when the follower shows it lost entries it had acknowledged (the
+commit index never decreases: what was committed stays committed, and the
+follower is sent it again); ``inflight`` holds ascending last indexes of batches
+sent past ``match``.
 """
 
 from __future__ import annotations
@@ -60,6 +71,12 @@ class Progress:
     """Ticks of heartbeats without progress while batches are in flight."""
     active: bool = False
     """Heard from since the leader's last quorum check."""
+    acked_seq: int = 0
+    """The sequence number of the append whose acceptance last advanced ``match``: a
+    refusal of an earlier append is old news."""
+    lost_seq: int = 0
+    """The sequence number of the refusal that showed the follower lost entries: an
+    acceptance of an earlier append no longer says what it holds."""
 
     def probe_from(self, next_index: int) -> None:
         self.state = _PROBE
@@ -75,16 +92,24 @@ class Progress:
         self.inflight.clear()
         self.stalled = 0
 
-    def acknowledge(self, match_index: int) -> bool:
+    def acknowledge(self, match_index: int, seq: int) -> bool:
         """Record an acknowledged ``match_index``; True if ``match`` advanced."""
         while self.inflight and self.inflight[0] <= match_index:
             self.inflight.popleft()
         if match_index <= self.match:
             return False
         self.match = match_index
+        self.acked_seq = max(self.acked_seq, seq)
         self.next = max(self.next, match_index + 1)
         self.stalled = 0
         return True
+
+    def forget(self, seq: int, next_index: int) -> None:
+        """The follower lost entries it acknowledged: nothing of its log is known to match
+        any more; probe it from ``next_index``, what it says it holds."""
+        self.match = 0
+        self.lost_seq = seq
+        self.probe_from(next_index)
 
 
 class Replicator:
@@ -117,6 +142,7 @@ class Replicator:
         self._transfer_elapsed = 0
         self._heartbeat_elapsed = 0
         self._quorum_elapsed = 0
+        self._seq = 0  # the last AppendEntries' sequence number
 
     def tick(self, commit: int) -> bool:
         """Advance the timers; False if no quorum answered for an election timeout's lower
@@ -185,13 +211,34 @@ class Replicator:
         pr = self.progress[m.src]
         pr.active = True
         if m.success:
-            advanced = pr.acknowledge(m.match_index)
+            if m.seq < pr.lost_seq:
+                return False  # sent before the follower showed it lost entries
+            advanced = pr.acknowledge(m.match_index, m.seq)
             if pr.state is _PROBE and m.match_index >= pr.match:
                 pr.replicate()
             if self.transfer_to == m.src and pr.match == self._log.last_index:
                 self._out.append(TimeoutNow(self._id, m.src, self._term))
             self.replicate(m.src, commit)
             return advanced
+        if m.seq < pr.acked_seq:
+            return False  # refusal of an append sent before one it accepted
+        if m.reject_index <= pr.match or (m.conflict_term == 0 and m.conflict_index <= pr.match):
+            # It refuses what it acknowledged, or says its log ends below it: it lost
+            # entries (a crash took unsynced writes, or its disk). Raft's rule is to trust
+            # the follower's log as it is now and probe down to where it matches.
+            _log.warning(
+                "%s: %s holds less than it acknowledged (match %d; it refused %d, its hint "
+                "%d of term %d): probing it from there",
+                self._id,
+                m.src,
+                pr.match,
+                m.reject_index,
+                m.conflict_index,
+                m.conflict_term,
+            )
+            pr.forget(m.seq, min(self._next_from_hint(m), m.reject_index))
+            self.replicate(m.src, commit)
+            return False
         if pr.state is _REPLICATE:
             if m.reject_index <= pr.match:
                 return False  # refusal of a batch sent before the follower caught up
@@ -225,9 +272,17 @@ class Replicator:
                     next_index, max_bytes=cfg.max_append_bytes, max_count=cfg.max_append_entries
                 )
             )
+        self._seq += 1
         self._out.append(
             AppendEntries(
-                self._id, peer, self._term, prev, self._log.term_at(prev), entries, commit
+                self._id,
+                peer,
+                self._term,
+                prev,
+                self._log.term_at(prev),
+                entries,
+                commit,
+                self._seq,
             )
         )
         return prev + len(entries)

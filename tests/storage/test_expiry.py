@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from store_sizes import STORE_SIZES
 
 from storage import GetStatus, Message, MessageStore
 
@@ -15,8 +16,12 @@ HOUR = time.localtime(NOW).tm_hour
 
 
 def fill(store: MessageStore, files: int) -> None:
+    """Writes until the CommitLog has ``files`` files: 20 messages a batch, each 1/2,000
+    of a file (900 B with the small files, 512 KiB with the default 1 GiB ones)."""
+    size = max(900, store.config.commitlog_file_size // 2000)
+    body = b"z" * size
     while len(store.commitlog.files) < files:
-        store.put_batch([Message("E", b"z" * 900, keys=["k"], queue_id=0) for _ in range(20)])
+        store.put_batch([Message("E", body, keys=["k"], queue_id=0) for _ in range(20)])
 
 
 def age_all_but_last(store: MessageStore, hours: float) -> None:
@@ -24,7 +29,9 @@ def age_all_but_last(store: MessageStore, hours: float) -> None:
         os.utime(mf.path, (NOW - hours * 3600, NOW - hours * 3600))
 
 
-def test_old_files_go_at_the_delete_hour(tmp_path: Path, make_config) -> None:
+@pytest.mark.parametrize("sizes", STORE_SIZES, indirect=True)
+def test_old_files_go_at_the_delete_hour(tmp_path: Path, make_config, sizes: str) -> None:
+    files = 6 if sizes == "small" else 2  # 1 GiB and more written with the default sizes
     cfg = make_config(
         tmp_path / "s",
         file_reserved_hours=48,
@@ -34,12 +41,12 @@ def test_old_files_go_at_the_delete_hour(tmp_path: Path, make_config) -> None:
     with MessageStore(
         cfg, clock=lambda: NOW, disk_usage=lambda: 0.1, start_services=False
     ) as store:
-        fill(store, 6)
+        fill(store, files)
         age_all_but_last(store, 47)
         assert store.clean_expired_files() == 0, "younger than file_reserved_hours"
         age_all_but_last(store, 49)
         deleted = store.clean_expired_files()
-        assert deleted == 5 and len(store.commitlog.files) == 1, "the current file stays"
+        assert deleted == files - 1 and len(store.commitlog.files) == 1, "the current file stays"
         new_min = store.min_offset("E", 0)
         assert new_min > 0
         got = store.get("g", "E", 0, 0)
@@ -98,8 +105,9 @@ def _mapped(path: Path) -> bool:
         return any(str(path) in line for line in fh)  # " (deleted)" once unlinked
 
 
+@pytest.mark.parametrize("sizes", STORE_SIZES, indirect=True)
 def test_a_file_expires_while_a_pull_holds_a_view_of_its_records(
-    tmp_path: Path, make_config
+    tmp_path: Path, make_config, sizes: str
 ) -> None:
     # a broker answers pulls with views of the CommitLog (get_raw(view=True)), which Ray
     # copies once after the call returns: the file may expire in between
