@@ -491,3 +491,56 @@ def test_check_immunity_delays_the_check_and_txn_list_shows_what_waits(
         assert "pending:" in capsys.readouterr().out
     finally:
         producer.close()
+
+
+@pytest.mark.default_sizes
+@pytest.mark.parametrize("make_cluster", ["default"], indirect=True)
+def test_half_messages_are_checked_back_and_survive_a_restart_with_default_file_sizes(
+    make_cluster: Any,
+) -> None:
+    """The check of half messages and the recovery of a broker's transaction state, with
+    the 1 GiB CommitLog files users run: a scan that grew with the file's size (a slice
+    to its end per record) would not end within the waits below."""
+    cluster = make_cluster(
+        nameservers=1,
+        brokers=1,
+        broker_options={
+            "heartbeat_interval_s": 1.0,
+            "transaction_check_interval_s": 0.3,
+            "transaction_timeout_s": 1.0,
+            "transaction_check_max": 1000,
+        },
+        topics=[actors.TopicConfig("TxDefault", 2, 2)],
+    )
+    listener = Listener()
+    producer = producer_for(cluster, "pg-default", listener)
+    bodies = [b"half-%03d" % i for i in range(50)]
+    try:
+        sent = [
+            producer.send_message_in_transaction(Message("TxDefault", b), UNKNOW) for b in bodies
+        ]
+        wait_until(lambda: len(listener.checked) >= 50, what="a check of every half message")
+        broker = cluster.broker("broker-a")
+        before = ray.get(broker.ping.remote())
+        ray.kill(broker, no_restart=False)  # Ray restarts it; the store recovers
+        wait_until(
+            lambda: _incarnation(broker) not in (None, before),
+            timeout_s=60,
+            interval_s=0.2,
+            what="the restart",
+        )
+        with listener.lock:
+            listener.answers.update({b: COMMIT for b in bodies})
+        reader = cluster.pull_consumer("reader-default")
+        got = wait_until(
+            lambda: (
+                msgs
+                if len(msgs := [m for ms in drain(reader, "TxDefault").values() for m in ms]) >= 50
+                else None
+            ),
+            what="every checked commit",
+        )
+        assert sorted(m.msg_id for m in got) == sorted(s.msg_id for s in sent), "once each"
+        reader.close()
+    finally:
+        producer.close()
