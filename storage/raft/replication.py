@@ -17,9 +17,10 @@ synced, or its disk was lost or cut. Its refusal at or below ``match`` (or its
 hint that its log ends below it) says so; the leader then forgets ``match``
 (the follower is unknown again) and probes it from what it says it holds, down
 to the start of the log if need be. Every ``AppendEntries`` carries a sequence
-number of the leader's term that its answer repeats, so an answer to an append
-sent before the one whose acceptance set ``match`` is known to be old news and
-never mistaken for such a loss.
+number of the leader's term that its answer repeats. Only a refusal of an append
+sent after the leader learned ``match`` counts as such news: that append reached
+the follower after it had acknowledged ``match`` (messages overtaking each
+other, duplicates and answers to older appends never make the leader forget).
 
 Follower: ``accept_entries`` applies one ``AppendEntries`` to the log: refuse
 unless ``prev_index``/``prev_term`` match; skip entries already held (a retry,
@@ -71,12 +72,12 @@ class Progress:
     """Ticks of heartbeats without progress while batches are in flight."""
     active: bool = False
     """Heard from since the leader's last quorum check."""
-    acked_seq: int = 0
-    """The sequence number of the append whose acceptance last advanced ``match``: a
-    refusal of an earlier append is old news."""
+    match_seq: int = 0
+    """The leader's last sequence number when ``match`` last advanced: an append sent
+    after it reached the follower after the follower had acknowledged ``match``."""
     lost_seq: int = 0
-    """The sequence number of the refusal that showed the follower lost entries: an
-    acceptance of an earlier append no longer says what it holds."""
+    """The leader's last sequence number when it learned that the follower lost entries:
+    an acceptance of an append sent up to then no longer says what it holds."""
 
     def probe_from(self, next_index: int) -> None:
         self.state = _PROBE
@@ -93,20 +94,22 @@ class Progress:
         self.stalled = 0
 
     def acknowledge(self, match_index: int, seq: int) -> bool:
-        """Record an acknowledged ``match_index``; True if ``match`` advanced."""
+        """Record an acknowledged ``match_index`` (learned when the leader's last sequence
+        number is ``seq``); True if ``match`` advanced."""
         while self.inflight and self.inflight[0] <= match_index:
             self.inflight.popleft()
         if match_index <= self.match:
             return False
         self.match = match_index
-        self.acked_seq = max(self.acked_seq, seq)
+        self.match_seq = seq
         self.next = max(self.next, match_index + 1)
         self.stalled = 0
         return True
 
     def forget(self, seq: int, next_index: int) -> None:
-        """The follower lost entries it acknowledged: nothing of its log is known to match
-        any more; probe it from ``next_index``, what it says it holds."""
+        """The follower lost entries it acknowledged (learned when the leader's last
+        sequence number is ``seq``): nothing of its log is known to match any more; probe
+        it from ``next_index``, what it says it holds."""
         self.match = 0
         self.lost_seq = seq
         self.probe_from(next_index)
@@ -211,21 +214,21 @@ class Replicator:
         pr = self.progress[m.src]
         pr.active = True
         if m.success:
-            if m.seq < pr.lost_seq:
+            if m.seq <= pr.lost_seq:
                 return False  # sent before the follower showed it lost entries
-            advanced = pr.acknowledge(m.match_index, m.seq)
+            advanced = pr.acknowledge(m.match_index, self._seq)
             if pr.state is _PROBE and m.match_index >= pr.match:
                 pr.replicate()
             if self.transfer_to == m.src and pr.match == self._log.last_index:
                 self._out.append(TimeoutNow(self._id, m.src, self._term))
             self.replicate(m.src, commit)
             return advanced
-        if m.seq < pr.acked_seq:
-            return False  # refusal of an append sent before one it accepted
-        if m.reject_index <= pr.match or (m.conflict_term == 0 and m.conflict_index <= pr.match):
-            # It refuses what it acknowledged, or says its log ends below it: it lost
-            # entries (a crash took unsynced writes, or its disk). Raft's rule is to trust
-            # the follower's log as it is now and probe down to where it matches.
+        if m.seq > pr.match_seq and (
+            m.reject_index <= pr.match or (m.conflict_term == 0 and m.conflict_index <= pr.match)
+        ):
+            # Sent after it acknowledged match, the append is refused at or below match, or
+            # its log ends below it: it lost entries (a crash took unsynced writes, or its
+            # disk). Trust its log as it is now and probe down to where it matches.
             _log.warning(
                 "%s: %s holds less than it acknowledged (match %d; it refused %d, its hint "
                 "%d of term %d): probing it from there",
@@ -236,7 +239,7 @@ class Replicator:
                 m.conflict_index,
                 m.conflict_term,
             )
-            pr.forget(m.seq, min(self._next_from_hint(m), m.reject_index))
+            pr.forget(self._seq, min(self._next_from_hint(m), m.reject_index))
             self.replicate(m.src, commit)
             return False
         if pr.state is _REPLICATE:
