@@ -104,9 +104,8 @@ class DLedgerReplication(Replication):
         cfg = self.config
         self.name = cfg.actor_name
         self.members = {broker_actor_name(cfg.broker_name, p): p for p in cfg.dledger_peers}
-        self.raft_log = CommitLogRaftLog(
-            self.store, self.store.root / "raft", fsync=self.store.config.sync_flush
-        )
+        # durable before it is acknowledged, whatever the store's flush mode (raft_log.py)
+        self.raft_log = CommitLogRaftLog(self.store, self.store.root / "raft")
         self._hard_file = self.store.config_file("raftHardState")
         saved = self._hard_file.load()
         hard = HardState(int(saved.get("term", 0)), saved.get("votedFor"))
@@ -220,10 +219,9 @@ class DLedgerReplication(Replication):
             hs = ready.hard_state
             await self.broker.run(self._hard_file.save, {"term": hs.term, "votedFor": hs.voted_for})
         if ready.log_truncated_from is not None or len(ready.log_appended):
-            if self.raft_log.fsync:
-                await self.broker.run(self.raft_log.sync)
-            else:
-                self.raft_log.sync()
+            # one fsync for the whole drain; the loop goes on (and the log may grow) meanwhile
+            end = self.raft_log.write_index()
+            await self.broker.run(self.raft_log.flush, end)
         if ready.messages:
             wire, run = to_wire(ready.messages, self.raft_log)
             run_ref = ray.put(run) if run is not None else None

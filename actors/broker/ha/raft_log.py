@@ -13,7 +13,16 @@ Invariants: ``end(0)`` is the log's base offset (0 for a group that began with
 empty stores); ends never decrease; ``end(last_index)`` is the CommitLog's max
 offset (at open, bytes past the last entry, which no one ever acknowledged,
 are cut off, and entries past the CommitLog's end are dropped); the index file
-holds exactly the entries in memory once :meth:`sync` returns.
+holds exactly the entries in memory once :meth:`sync` returns, and they and their
+CommitLog bytes are durable (fsynced), whatever the store's flush mode.
+
+Durability: a member acknowledges entries (a follower's ``AppendEntriesResponse``,
+the leader's own count towards the quorum) only once they are durable. Under
+``ASYNC_FLUSH`` the store alone would only have them in the page cache, and an
+entry counted towards the commit quorum but lost by a power loss on one member
+is lost to the group if the leader then crashes before it re-sent it: the two
+others may elect a leader without it. So the shell syncs once per drain (one
+``Ready``: every ``AppendEntries`` it took since the last one), not per entry.
 """
 
 from __future__ import annotations
@@ -41,7 +50,8 @@ OWN_ENTRY = b"\x00"
 
 
 class CommitLogRaftLog:
-    def __init__(self, store: MessageStore, directory: Path, *, fsync: bool = False) -> None:
+    def __init__(self, store: MessageStore, directory: Path, *, fsync: bool = True) -> None:
+        """``fsync=False`` only writes the index (tests that measure without the disk)."""
         self.store = store
         self.fsync = fsync
         directory.mkdir(parents=True, exist_ok=True)
@@ -231,18 +241,27 @@ class CommitLogRaftLog:
 
     # ------------------------------------------------------------ durability
     def sync(self) -> None:
-        """Write entries not yet in the index file (and fsync it and the CommitLog when the
-        store flushes synchronously)."""
+        """Write entries not yet in the index file and make them durable (blocks on the
+        disk: the shell calls :meth:`write_index` on its loop, :meth:`flush` off it)."""
+        self.flush(self.write_index())
+
+    def write_index(self) -> int:
+        """Write entries not yet in the index file (to the page cache); return the CommitLog
+        offset where the last of them ends, for :meth:`flush`."""
+        last = self.last_index  # once: the log may grow while a flush runs in a thread
         first = self._synced + 1
-        if first <= self.last_index:
+        if first <= last:
             records = b"".join(
-                _RECORD.pack(self._terms[i], self._ends[i])
-                for i in range(first, self.last_index + 1)
+                _RECORD.pack(self._terms[i], self._ends[i]) for i in range(first, last + 1)
             )
             os.pwrite(self._fd, records, _HEADER.size + _RECORD.size * (first - 1))
-            self._synced = self.last_index
+            self._synced = last
+        return self._ends[last]
+
+    def flush(self, end: int) -> None:
+        """Make the index file and the CommitLog up to ``end`` durable."""
         if self.fsync:
-            self.store.commitlog.flush_until(self.end)
+            self.store.commitlog.flush_until(end)
             os.fsync(self._fd)
 
     def close(self) -> None:
