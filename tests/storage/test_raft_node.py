@@ -322,6 +322,39 @@ def test_a_leader_told_of_a_dead_follower_sends_it_everything_unacknowledged_aga
     assert n0.match_index("n1") == 3
 
 
+def test_a_follower_that_lost_acknowledged_entries_is_probed_below_its_old_match() -> None:
+    nodes = make_group()
+    n0 = elect(nodes, "n0")
+    n0.propose([b"a", b"b", b"c"])
+    pump(nodes)
+    assert n0.match_index("n1") == 4
+    nodes["n1"].log.truncate_from(3)  # a crash took what it had not synced
+    nodes["n1"].restart()
+    tick_until_heartbeat(n0)
+    delivered = pump(nodes)
+    [refused] = [m for m in delivered if isinstance(m, AppendEntriesResponse) and not m.success]
+    assert (refused.src, refused.reject_index, refused.conflict_index) == ("n1", 4, 3)
+    resent = [m for m in delivered if isinstance(m, AppendEntries) and m.dst == "n1" and m.entries]
+    assert resent[0].prev_index == 2
+    assert n0.match_index("n1") == 4 and entries_of(nodes["n1"]) == entries_of(n0)
+
+
+def test_an_old_refusal_never_makes_the_leader_forget_what_a_follower_acknowledged() -> None:
+    nodes = make_group(logs={"n0": [Entry(1, b"a"), Entry(1, b"b")]}, term=1)
+    n0 = elect(nodes, "n0", cut=isolate("n1", nodes))
+    tick_until_heartbeat(n0)  # the probe was lost: asked again
+    [probe] = [m for m in n0.ready().messages if m.dst == "n1"]
+    nodes["n1"].receive(probe)
+    [refusal] = nodes["n1"].ready().messages  # its log is empty: from 1, please
+    assert isinstance(refusal, AppendEntriesResponse) and refusal.conflict_index == 1
+    n0.receive(refusal)
+    pump(nodes)
+    assert n0.match_index("n1") == 3
+    n0.receive(refusal)  # a duplicate, delivered late: nothing was lost since
+    assert n0.match_index("n1") == 3
+    assert not [m for m in n0.ready().messages if m.dst == "n1"]
+
+
 def test_start_election_now_campaigns_without_waiting_and_is_a_no_op_on_a_leader() -> None:
     nodes = make_group()
     n0 = elect(nodes, "n0")
