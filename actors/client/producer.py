@@ -83,6 +83,11 @@ def _short_list(messages: Any, most: int) -> tuple[list[Message], int] | None:
     first = messages[0]
     if first.__class__ is not Message:
         return None
+    if len(messages) == 1:  # the commonest short list: no loop, one copy
+        try:
+            return [first], len(first.body)
+        except TypeError:
+            return None
     topic, nbytes = first.topic, 0
     for m in messages:
         if m.__class__ is not Message or m.topic != topic:
