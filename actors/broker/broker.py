@@ -97,15 +97,9 @@ class Broker:
         )
         self.listener: DataPathListener | None = None
         if config.data_path_enable:
-            self.listener = DataPathListener(
-                rt,
-                self.sender,
-                self.puller,
-                self.groups,
-                self.transactions,
-                _tls_context(config),
-                pop=self.popper,
-            )
+            # its requests go to these Ray methods (or processors), as declared in
+            # actors.protocol.requests: both doors call the same coroutines
+            self.listener = DataPathListener(rt, self, self.sender, _tls_context(config))
         self.grpc: Any = None  # actors.broker.grpc.service.GrpcEndpoint, with grpc_enable
         self.ha.start()
         self.transactions.start()

@@ -48,11 +48,10 @@ from ray.exceptions import RayActorError
 
 from actors.coordinator.coordinator import HEAD_NODE_RESOURCE, quiet_blocking_get_warning
 from actors.namesrv.client import NameServerClient, discover_nameservers
-from actors.protocol import checks, frames
+from actors.protocol import checks, frames, requests
 from actors.protocol.data_path import DataPath
 from actors.protocol.errors import TransactionStateError
 from actors.protocol.frame_server import FrameServer
-from actors.protocol.frames import Code
 from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.rpc import PendingCall
 from storage.errors import (
@@ -139,8 +138,9 @@ def transaction_coordinator(
 
 
 class CoordinatorListener(FrameServer):
-    """The coordinator's own socket: producers' commits and aborts (``TXN_END``) come
-    here instead of Ray calls, proved as a broker's data path is
+    """The coordinator's own socket: producers' commits and aborts (``TXN_END``,
+    ``requests.COORDINATOR``: served by :meth:`TransactionCoordinator.end`, which checks
+    each field) come here instead of Ray calls, proved as a broker's data path is
     (``actors.protocol.frame_server``); anything else stays a Ray method."""
 
     def __init__(
@@ -151,6 +151,7 @@ class CoordinatorListener(FrameServer):
     ) -> None:
         super().__init__(
             TXN_COORDINATOR_NAME,
+            requests.Dispatch(coordinator, requests.COORDINATOR),
             host,
             0,
             frames.DEFAULT_MAX_FRAME_BYTES,
@@ -162,16 +163,6 @@ class CoordinatorListener(FrameServer):
     @property
     def closing(self) -> bool:
         return self.coordinator._closing
-
-    async def _dispatch(
-        self, code: int, h: dict[str, Any], body: bytes | memoryview
-    ) -> tuple[dict[str, Any], list[Any]]:
-        if code == Code.TXN_END:
-            # txn id, transactional id, epoch, commit, halves, offsets, wait: end checks each
-            args: list[Any] = [h.get(field) for field in ("x", "i", "e", "m", "h", "k", "w")]
-            answer = await self.coordinator.end(*args)
-            return {"r": answer}, []
-        raise frames.FrameError(f"unknown request code {code}")
 
 
 def _answer(call: Any) -> Any:

@@ -27,15 +27,12 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
-
-import numpy as np
 
 from actors.protocol import rpc
 from actors.protocol.connection import BrokerConnection
-from actors.protocol.frames import Code
-from actors.protocol.pop import PoppedMessage, pops_from_wire
+from actors.protocol.requests import BROKER, COORDINATOR, Request, by_method
 from actors.protocol.rpc import PendingCall
 from storage.errors import BrokerUnavailableError
 
@@ -71,7 +68,9 @@ class DataPath:
         self._lock = threading.Lock()
         self.closed = False
 
-    def wrap(self, actor_name: str, handle: Any, requests: Mapping[str, Any] | None = None) -> Any:
+    def wrap(
+        self, actor_name: str, handle: Any, requests: Mapping[str, Request] | None = None
+    ) -> Any:
         """For ``NameServerClient(wrap=...)``: starts opening the broker's connection.
         ``requests``: the methods that go over the socket, and how each is framed (a
         broker's by default; :data:`COORDINATOR_REQUESTS` for the transaction
@@ -206,7 +205,7 @@ class BrokerStub:
     """A broker's Ray handle whose per-message methods go over its socket."""
 
     def __init__(
-        self, data_path: DataPath, actor_name: str, handle: Any, requests: Mapping[str, Any]
+        self, data_path: DataPath, actor_name: str, handle: Any, requests: Mapping[str, Request]
     ) -> None:
         self._dp = data_path
         self.actor_name = actor_name
@@ -214,10 +213,10 @@ class BrokerStub:
         self._requests = requests
 
     def __getattr__(self, method: str) -> Any:
-        encode = self.__dict__.get("_requests", _REQUESTS).get(method)
-        if encode is None:
+        request = self.__dict__.get("_requests", _REQUESTS).get(method)
+        if request is None:
             return getattr(self.handle, method)
-        return _Method(self, method, encode)
+        return _Method(self, method, request)
 
     def on_socket(self) -> bool:
         """Whether its calls go over an open connection now (none goes through Ray, and
@@ -231,17 +230,16 @@ class BrokerStub:
         return f"BrokerStub({self.actor_name})"
 
 
-UNORDERED = frozenset({"pull_packed", "pop"})
-"""Reads, held by the broker up to their long poll: their order against other calls
-does not matter, so they neither wait behind calls made through Ray nor hold others."""
-
-
 class _Method:
+    """``stub.<method>``: ``remote`` and ``oneway`` frame the call as its declaration
+    says. A request declared unordered (a read the broker may hold up to its long
+    poll) neither waits behind calls made through Ray nor holds others."""
+
     __slots__ = ("_stub", "_name", "_encode", "_ordered")
 
-    def __init__(self, stub: BrokerStub, name: str, encode: Any) -> None:
-        self._stub, self._name, self._encode = stub, name, encode
-        self._ordered = name not in UNORDERED
+    def __init__(self, stub: BrokerStub, name: str, request: Request) -> None:
+        self._stub, self._name = stub, name
+        self._encode, self._ordered = request.encode, request.ordered
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         stub = self._stub
@@ -273,230 +271,9 @@ def _identity(value: Any) -> Any:
 
 
 # ------------------------------------------------------------ the requests
-def _body(h: Mapping[str, Any], body: bytes) -> bytes:
-    return body
+_REQUESTS = by_method(BROKER)
+"""The broker's per-message methods, each framed as its declaration says
+(``actors.protocol.requests``)."""
 
-
-def _result(h: Mapping[str, Any], body: bytes) -> Any:
-    return h.get("r")
-
-
-def _none(h: Mapping[str, Any], body: bytes) -> None:
-    return None
-
-
-def _send(blob: bytes | np.ndarray, auto_create_queue_nums: int = 0) -> Any:
-    return {"c": int(Code.SEND), "n": int(auto_create_queue_nums)}, [blob], _body
-
-
-def _ring_answer(h: Mapping[str, Any], body: bytes) -> bytes | None:
-    return None if h.get("u") else body  # "u": the broker cannot read the ring
-
-
-def _send_shared(
-    ring: tuple[int, int, bytes], offset: int, length: int, auto_create_queue_nums: int = 0
-) -> Any:
-    header = {
-        "c": int(Code.SEND_SHARED),
-        "r": list(ring),
-        "x": int(offset),
-        "l": int(length),
-        "n": int(auto_create_queue_nums),
-    }
-    return header, [], _ring_answer
-
-
-def _pull_packed(request: bytes) -> Any:
-    return {"c": int(Code.PULL)}, [request], _body
-
-
-def _commit_offsets(
-    group: str,
-    offsets: Mapping[tuple[str, int], int],
-    client_id: str = "",
-    tokens: Mapping[tuple[str, int], tuple[int, int]] | None = None,
-) -> Any:
-    header: dict[str, Any] = {"c": int(Code.COMMIT_OFFSETS), "g": group, "i": client_id}
-    header["q"] = [[t, q, o] for (t, q), o in offsets.items()]
-    if tokens:
-        header["k"] = [[t, q, e, g] for (t, q), (e, g) in tokens.items()]
-    return header, [], _result
-
-
-def _send_back(
-    group: str,
-    commitlog_offsets: Sequence[int],
-    max_reconsume_times: int,
-    reconsume_times: Sequence[int] | None = None,
-) -> Any:
-    header = {
-        "c": int(Code.SEND_BACK),
-        "g": group,
-        "q": [int(o) for o in commitlog_offsets],
-        "x": max_reconsume_times,
-        "t": None if reconsume_times is None else [int(t) for t in reconsume_times],
-    }
-    return header, [], _result
-
-
-def _heartbeat(
-    group: str, client_id: str, topics: Sequence[str], ttl_s: float | None = None
-) -> Any:
-    header = {"c": int(Code.HEARTBEAT), "g": group, "i": client_id, "t": list(topics)}
-    header["l"] = ttl_s
-    return header, [], _none
-
-
-def _unregister(group: str, client_id: str) -> Any:
-    return {"c": int(Code.UNREGISTER), "g": group, "i": client_id}, [], _none
-
-
-def _end_transaction(group: str, half_offset: int, transaction_id: str, commit: bool) -> Any:
-    header = {
-        "c": int(Code.END_TRANSACTION),
-        "g": group,
-        "q": half_offset,
-        "i": transaction_id,
-        "m": commit,
-    }
-    return header, [], _result
-
-
-def _end_transaction_batch(
-    txn_id: str,
-    commit: bool,
-    half_offsets: Sequence[int | str] | None = None,
-    offsets: Mapping[str, Mapping[tuple[str, int], int]] | None = None,
-    transactional_id: str | None = None,
-    epoch: int | None = None,
-    retry: bool = False,
-) -> Any:
-    header: dict[str, Any] = {
-        "c": int(Code.END_TRANSACTION_BATCH),
-        "x": txn_id,
-        "m": commit,
-        "q": None if half_offsets is None else list(half_offsets),
-        "i": transactional_id,
-        "e": epoch,
-        "y": retry,
-    }
-    if offsets:
-        header["k"] = {g: [[t, q, o] for (t, q), o in qs.items()] for g, qs in offsets.items()}
-    return header, [], _result
-
-
-def _commit_one_phase(
-    txn_id: str,
-    transactional_id: str,
-    epoch: int,
-    blob: bytes | np.ndarray,
-    offsets: Mapping[str, Sequence[Sequence[Any]]] | None = None,
-) -> Any:
-    header: dict[str, Any] = {
-        "c": int(Code.TXN_COMMIT_ONE_PHASE),
-        "x": txn_id,
-        "i": transactional_id,
-        "e": epoch,
-    }
-    if offsets:
-        header["k"] = {g: [list(r) for r in rows] for g, rows in offsets.items()}
-    return header, [blob], _result
-
-
-def _end_transactions(group: str, ends: Sequence[tuple[int, str, bool]]) -> Any:
-    header = {"c": int(Code.END_TRANSACTIONS), "g": group, "q": [list(e) for e in ends]}
-    return header, [], _result
-
-
-def _popped(h: Mapping[str, Any], body: bytes) -> list[PoppedMessage]:
-    return pops_from_wire(h.get("r"), body)
-
-
-def _pop(
-    group: str,
-    topic: str,
-    max_msgs: int,
-    invisible_ms: int,
-    wait_ms: int = 0,
-    *,
-    fifo: bool = False,
-    tag_expr: str = "*",
-    client_id: str = "",
-) -> Any:
-    header = {
-        "c": int(Code.POP),
-        "g": group,
-        "t": topic,
-        "n": max_msgs,
-        "i": invisible_ms,
-        "w": wait_ms,
-        "ff": fifo,
-        "x": tag_expr,
-        "id": client_id,
-    }
-    return header, [], _popped
-
-
-def _ack_message(group: str, topic: str, receipt_handle: str | Sequence[str]) -> Any:
-    handles = receipt_handle if isinstance(receipt_handle, str) else list(receipt_handle)
-    return {"c": int(Code.ACK), "g": group, "t": topic, "h": handles}, [], _result
-
-
-def _change_invisible(group: str, topic: str, receipt_handle: str, invisible_ms: int) -> Any:
-    header = {
-        "c": int(Code.CHANGE_INVISIBLE),
-        "g": group,
-        "t": topic,
-        "h": receipt_handle,
-        "i": invisible_ms,
-    }
-    return header, [], _result
-
-
-_REQUESTS = {
-    "send": _send,
-    "send_shared": _send_shared,
-    "pull_packed": _pull_packed,
-    "commit_offsets": _commit_offsets,
-    "consumer_send_msg_back": _send_back,
-    "heartbeat": _heartbeat,
-    "unregister_consumer": _unregister,
-    "end_transaction": _end_transaction,
-    "end_transaction_batch": _end_transaction_batch,
-    "end_transactions": _end_transactions,
-    "commit_one_phase": _commit_one_phase,
-    "pop": _pop,
-    "ack_message": _ack_message,
-    "change_invisible_duration": _change_invisible,
-}
-"""The broker's per-message methods, and how each is framed (header, body, decoder)."""
-
-
-def _txn_end(
-    txn_id: str,
-    transactional_id: str,
-    epoch: int,
-    commit: bool,
-    halves: Mapping[str, Sequence[int] | None] | None = None,
-    offsets: Mapping[str, Mapping[str, Sequence[tuple[str, int, int]]]] | None = None,
-    wait: bool = True,
-) -> Any:
-    header = {
-        "c": int(Code.TXN_END),
-        "x": txn_id,
-        "i": transactional_id,
-        "e": epoch,
-        "m": commit,
-        "h": None
-        if halves is None
-        else {b: None if h is None else list(h) for b, h in halves.items()},
-        "k": None
-        if offsets is None
-        else {b: {g: [list(q) for q in qs] for g, qs in gs.items()} for b, gs in offsets.items()},
-        "w": wait,
-    }
-    return header, [], _result
-
-
-COORDINATOR_REQUESTS = {"end": _txn_end}
+COORDINATOR_REQUESTS = by_method(COORDINATOR)
 """The transaction coordinator's per-transaction method, framed (``TXN_END``)."""

@@ -20,7 +20,9 @@ both share is here:
   dispatched from it. A RayMQError a request raises is its answer (the same type on
   the client's side); the connection goes on.
 
-A subclass names itself and says what each request code does (:meth:`_dispatch`).
+A server is given its requests' table (``actors.protocol.requests.Dispatch``: each
+code's declaration and the coroutine serving it); a subclass names itself and may
+answer some requests at once (:meth:`FrameServer._answer_now`).
 """
 
 from __future__ import annotations
@@ -35,17 +37,20 @@ from typing import Any
 from actors.protocol import frames
 from actors.protocol.errors import AnswerDroppedError
 from actors.protocol.frames import Code, Flag
+from actors.protocol.requests import Dispatch
 from storage.errors import RayMQError
 
 log = logging.getLogger("raymq.actors.protocol.frame_server")
 
 
 class FrameServer:
-    """Serves framed requests on ``host:port`` (0: any free port) to proved clients."""
+    """Serves framed requests on ``host:port`` (0: any free port) to proved clients, each
+    as ``dispatch`` says (an unknown code is a malformed frame)."""
 
     def __init__(
         self,
         name: str,
+        dispatch: Dispatch,
         host: str,
         port: int,
         max_frame_bytes: int,
@@ -53,6 +58,7 @@ class FrameServer:
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.name = name
+        self.dispatch = dispatch
         self.host = host
         self.bind_port = port
         self.max_frame_bytes = max_frame_bytes
@@ -208,7 +214,7 @@ class FrameServer:
         try:
             if flags is None:  # refused before anything is done
                 raise frames.FrameError(f"frame flags {header.get('f')!r:.40}: not an int")
-            fields, parts = await self._dispatch(header["c"], header, body)
+            fields, parts = await self.dispatch(header["c"], header, body)
             reply = {"c": int(Code.OK), **fields}
         except AnswerDroppedError:  # an injected fault: the connection goes, unanswered
             transport.abort()
@@ -263,15 +269,9 @@ class FrameServer:
     ) -> tuple[dict[str, Any], list[Any], bool] | None:
         """Request ``code`` done and answered at once, when nothing in it would wait:
         (the answer's header fields, its body parts, whether to write it only after the
-        loop's callbacks scheduled already), or None for :meth:`_dispatch`'s task. It
-        raises what :meth:`_dispatch` would. None here: every request is a task."""
+        loop's callbacks scheduled already), or None for a task of :attr:`dispatch`'s.
+        It raises what the dispatch would. None here: every request is a task."""
         return None
-
-    async def _dispatch(
-        self, code: int, h: dict[str, Any], body: bytes | memoryview
-    ) -> tuple[dict[str, Any], list[Any]]:
-        """What request ``code`` does: (the answer's header fields, its body parts)."""
-        raise frames.FrameError(f"unknown request code {code}")
 
 
 def _flags_of(header: dict[str, Any]) -> int | None:

@@ -1,0 +1,85 @@
+"""A consumer group's requests: offsets, heartbeats, leaving, sending back
+(``actors.broker.consumer_manage``, ``actors.broker.send_back``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.protocol.fencing import OffsetFencedError
+from actors.protocol.requests.declare import (
+    INTS,
+    LIST,
+    NOTHING,
+    QUEUE_OFFSETS,
+    Codec,
+    Field,
+    Request,
+    rows,
+)
+from storage.errors import InvalidMessageError
+
+
+def _tokens_from_wire(value: Any) -> Any:
+    return {(t, q): (e, g) for t, q, e, g in rows(value, 4)} or None
+
+
+COMMIT_OFFSETS = Request(
+    "COMMIT_OFFSETS",
+    12,
+    "commit_offsets",
+    (
+        Field("group", "g"),
+        Field("offsets", "q", QUEUE_OFFSETS),
+        Field("client_id", "i", default=""),
+        Field(
+            "tokens",
+            "k",
+            Codec(lambda v: [[t, q, e, g] for (t, q), (e, g) in v.items()], _tokens_from_wire),
+            default=None,
+            omit=True,
+        ),
+    ),
+    errors=(InvalidMessageError, OffsetFencedError),
+    doc="Commit ``{(topic, queue id): offset}``, all or nothing; how many were committed.",
+)
+
+SEND_BACK = Request(
+    "SEND_BACK",
+    13,
+    "consumer_send_msg_back",
+    (
+        Field("group", "g"),
+        Field("commitlog_offsets", "q", INTS),
+        Field("max_reconsume_times", "x"),
+        Field("reconsume_times", "t", INTS, default=None),
+    ),
+    errors=(InvalidMessageError,),
+    doc="Retry (or dead-letter) copies of consumed messages; where each went.",
+)
+
+HEARTBEAT = Request(
+    "HEARTBEAT",
+    14,
+    "heartbeat",
+    (
+        Field("group", "g"),
+        Field("client_id", "i"),
+        Field("topics", "t", LIST),
+        Field("ttl_s", "l", default=None),
+    ),
+    answer=NOTHING,
+    errors=(InvalidMessageError,),
+    doc="A consumer's sign of life.",
+)
+
+UNREGISTER = Request(
+    "UNREGISTER",
+    15,
+    "unregister_consumer",
+    (Field("group", "g"), Field("client_id", "i")),
+    answer=NOTHING,
+    errors=(InvalidMessageError,),
+    doc="A consumer leaving its group cleanly.",
+)
+
+REQUESTS = (COMMIT_OFFSETS, SEND_BACK, HEARTBEAT, UNREGISTER)

@@ -1,0 +1,74 @@
+"""POP consumption: receive, ack and change of invisible time by receipt handle
+(``actors.broker.pop``; RocketMQ 5's SimpleConsumer)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.protocol.pop import PoppedMessage, pops_from_wire
+from actors.protocol.requests.declare import Answer, Codec, Field, Request
+from storage.errors import (
+    InvalidMessageError,
+    InvalidReceiptHandleError,
+    TopicNotFoundError,
+)
+
+
+def _reply_popped(popped: tuple[list[Any], Any]) -> tuple[dict[str, Any], list[Any]]:
+    heads, records = popped  # what ``pop_packed`` answers: records as stored
+    return {"r": heads}, [records] if records else []
+
+
+def _read_popped(h: Any, body: Any) -> list[PoppedMessage]:
+    return pops_from_wire(h.get("r"), body)
+
+
+POP = Request(
+    "POP",
+    17,
+    "pop",
+    (
+        Field("group", "g"),
+        Field("topic", "t"),
+        Field("max_msgs", "n"),
+        Field("invisible_ms", "i"),
+        Field("wait_ms", "w", default=0),
+        Field("fifo", "ff", default=False, keyword=True),
+        Field("tag_expr", "x", default="*", keyword=True),
+        Field("client_id", "id", default="", keyword=True),
+    ),
+    answer=Answer(_reply_popped, _read_popped),
+    serve="popper.pop_packed",  # the records as stored, the handles in the header
+    ordered=False,
+    errors=(InvalidMessageError, TopicNotFoundError),
+    doc="Up to ``max_msgs`` messages made invisible to the group, each with its handle.",
+)
+
+ACK = Request(
+    "ACK",
+    18,
+    "ack_message",
+    (
+        Field("group", "g"),
+        Field("topic", "t"),
+        Field("receipt_handle", "h", Codec(lambda v: v if isinstance(v, str) else list(v))),
+    ),
+    errors=(InvalidMessageError, InvalidReceiptHandleError),
+    doc="Ack by receipt handle; a list of handles answers, per handle, None or why not.",
+)
+
+CHANGE_INVISIBLE = Request(
+    "CHANGE_INVISIBLE",
+    19,
+    "change_invisible_duration",
+    (
+        Field("group", "g"),
+        Field("topic", "t"),
+        Field("receipt_handle", "h"),
+        Field("invisible_ms", "i"),
+    ),
+    errors=(InvalidMessageError, InvalidReceiptHandleError),
+    doc="Re-arm a received message's invisible time; its new receipt handle.",
+)
+
+REQUESTS = (POP, ACK, CHANGE_INVISIBLE)

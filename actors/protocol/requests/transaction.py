@@ -1,0 +1,127 @@
+"""Ends of transactions: a producer's answers (single-message transactions), the
+transaction coordinator's decision on a broker, a one-phase commit, and a
+transactional producer's commit or abort to the coordinator (``TXN_END``)
+(``actors.broker.transaction``, ``actors.broker.one_phase``, ``actors.coordinator.txn``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.protocol.errors import OnePhaseRefusedError, TransactionStateError
+from actors.protocol.requests.declare import (
+    LIST,
+    QUEUE_OFFSETS,
+    Codec,
+    Field,
+    Request,
+    body,
+    by_group,
+    rows,
+)
+from storage.errors import InvalidMessageError, ProducerFencedError
+
+END_TRANSACTION = Request(
+    "END_TRANSACTION",
+    16,
+    "end_transaction",
+    (
+        Field("producer_group", "g"),
+        Field("half_offset", "q"),
+        Field("transaction_id", "i"),
+        Field("commit", "m"),
+    ),
+    errors=(InvalidMessageError, TransactionStateError),
+    doc="Commit or roll back one half message; False when it was ended before.",
+)
+
+_OFFSETS_BY_GROUP = Codec(
+    lambda v: {g: QUEUE_OFFSETS.to_wire(qs) for g, qs in v.items()},
+    lambda v: (
+        None if v is None else {g: QUEUE_OFFSETS.from_wire(qs) for g, qs in by_group(v).items()}
+    ),
+)
+"""``{group: {(topic, queue id): offset}}`` as ``{group: [[topic, queue id, offset]]}``."""
+
+END_TRANSACTION_BATCH = Request(
+    "END_TRANSACTION_BATCH",
+    20,
+    "end_transaction_batch",
+    (
+        Field("txn_id", "x"),
+        Field("commit", "m"),
+        Field("half_offsets", "q", LIST, default=None),
+        Field("offsets", "k", _OFFSETS_BY_GROUP, default=None, omit=True),
+        Field("transactional_id", "i", default=None),
+        Field("epoch", "e", default=None),
+        Field("retry", "y", default=False),
+    ),
+    errors=(InvalidMessageError, ProducerFencedError, TransactionStateError),
+    doc="The coordinator's decision on every half message of a transaction held here.",
+)
+
+END_TRANSACTIONS = Request(
+    "END_TRANSACTIONS",
+    21,
+    "end_transactions",
+    (
+        Field("producer_group", "g"),
+        Field(
+            "ends",
+            "q",
+            Codec(lambda v: [list(e) for e in v], lambda v: rows(v, 3)),
+        ),
+    ),
+    errors=(InvalidMessageError,),
+    doc="A producer's answers to a check round, ended in one append; how many were.",
+)
+
+
+def _rows_by_group(value: Any) -> Any:
+    return {g: [list(r) for r in rs] for g, rs in value.items()}
+
+
+TXN_COMMIT_ONE_PHASE = Request(
+    "TXN_COMMIT_ONE_PHASE",
+    22,
+    "commit_one_phase",
+    (
+        Field("txn_id", "x"),
+        Field("transactional_id", "i"),
+        Field("epoch", "e"),
+        body("blob"),
+        Field("offsets", "k", Codec(_rows_by_group), default=None, omit=True),
+    ),
+    serve="transactions.one_phase.commit",
+    errors=(InvalidMessageError, ProducerFencedError, OnePhaseRefusedError),
+    doc="A transaction one broker holds whole, committed there alone.",
+)
+
+BROKER_REQUESTS = (END_TRANSACTION, END_TRANSACTION_BATCH, END_TRANSACTIONS, TXN_COMMIT_ONE_PHASE)
+
+
+def _halves_to_wire(value: Any) -> Any:
+    return {b: None if h is None else list(h) for b, h in value.items()}
+
+
+def _offsets_to_wire(value: Any) -> Any:
+    return {b: {g: [list(q) for q in qs] for g, qs in gs.items()} for b, gs in value.items()}
+
+
+TXN_END = Request(
+    "TXN_END",
+    30,
+    "end",
+    (
+        Field("txn_id", "x"),
+        Field("transactional_id", "i"),
+        Field("epoch", "e"),
+        Field("commit", "m"),
+        Field("halves", "h", Codec(_halves_to_wire), default=None),
+        Field("offsets", "k", Codec(_offsets_to_wire), default=None),
+        Field("wait", "w", default=True),
+    ),
+    errors=(InvalidMessageError, ProducerFencedError, TransactionStateError),
+    doc="A transactional producer's commit or abort, to the transaction coordinator.",
+)
+
+COORDINATOR_REQUESTS = (TXN_END,)

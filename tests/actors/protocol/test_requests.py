@@ -1,0 +1,155 @@
+"""The requests' declarations (``actors.protocol.requests``) on their own: each one
+agrees with the Ray method it stands for and with the coroutine that serves it, and
+what the client frames the server reads back (no broker, no Ray)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import numpy as np
+import pytest
+
+from actors.broker.broker import Broker
+from actors.broker.one_phase import OnePhaseCommits
+from actors.broker.pop import PopProcessor
+from actors.coordinator.txn import TransactionCoordinator
+from actors.protocol import frames, requests
+from actors.protocol.requests.declare import REQUIRED, Request
+
+
+def _parameters(fn: Any) -> list[tuple[str, Any, bool]]:
+    params = list(inspect.signature(fn).parameters.values())[1:]  # without self
+    # without the tracing context ray.remote(cls) adds to an actor class's methods
+    params = [p for p in params if not p.name.startswith("_ray_")]
+    return [
+        (
+            p.name,
+            REQUIRED if p.default is inspect.Parameter.empty else p.default,
+            p.kind is inspect.Parameter.KEYWORD_ONLY,
+        )
+        for p in params
+    ]
+
+
+def _declared(request: Request) -> list[tuple[str, Any, bool]]:
+    return [(f.name, f.default, f.keyword) for f in request.fields]
+
+
+_ACTORS = [(Broker, r) for r in requests.BROKER] + [
+    (TransactionCoordinator, r) for r in requests.COORDINATOR
+]
+
+
+@pytest.mark.parametrize(("actor", "request_"), _ACTORS, ids=lambda v: getattr(v, "name", ""))
+def test_each_request_declares_its_ray_methods_arguments(actor: type, request_: Request) -> None:
+    """The socket and Ray carry the same call: the declaration's fields are the Ray
+    method's parameters, in order, with its defaults (a drift fails here)."""
+    assert _declared(request_) == _parameters(getattr(actor, request_.method))
+
+
+_SERVED_BY = {
+    "popper.pop_packed": PopProcessor.pop_packed,
+    "transactions.one_phase.commit": OnePhaseCommits.commit,
+}
+
+
+@pytest.mark.parametrize("request_", requests.BROKER, ids=lambda r: r.name)
+def test_the_coroutine_serving_a_request_takes_its_fields(request_: Request) -> None:
+    """A request served by a processor's coroutine rather than the Broker's Ray method
+    (``serve``) passes it the same fields."""
+    if request_.serve is None:  # the Broker's own Ray method: checked above
+        return
+    serve = _SERVED_BY[request_.serve]
+    assert inspect.iscoroutinefunction(serve)
+    assert _parameters(serve) == _declared(request_)
+
+
+def test_codes_and_wire_keys_are_each_used_once() -> None:
+    all_requests = requests.BROKER + requests.COORDINATOR
+    codes = [r.code for r in all_requests]
+    assert len(set(codes)) == len(codes)
+    for r in all_requests:
+        named = frames.Code.__members__.get(r.name)
+        assert named is None or int(named) == r.code
+        keys = [f.key for f in r.fields if f.key is not None]
+        assert len(set(keys)) == len(keys)
+
+
+def test_every_error_a_request_declares_crosses_the_socket_as_its_type() -> None:
+    for r in requests.BROKER + requests.COORDINATOR:
+        for err in r.errors:
+            back = frames.error_from(frames.error_fields(err("why")))
+            assert type(back) is err and str(back) == "why"
+
+
+_CALLS: dict[str, tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]] = {
+    # method: (args, kwargs, what the server reads where it is not what was given)
+    "send": ((b"batch",), {"auto_create_queue_nums": 4}, {}),
+    "send_shared": (((1, 2, b"id"), 64, 128), {}, {}),
+    "pull_packed": ((b"pulls",), {}, {}),
+    "commit_offsets": (("g", {("T", 0): 5, ("T", 1): 7}, "c1", {("T", 0): (2, 9)}), {}, {}),
+    "consumer_send_msg_back": (("g", [10, 20], 16, [1, 2]), {}, {}),
+    "heartbeat": (("g", "c1", ("T", "U")), {"ttl_s": 3.0}, {"topics": ["T", "U"]}),
+    "unregister_consumer": (("g", "c1"), {}, {}),
+    "end_transaction": (("pg", 1234, "msg-id", True), {}, {}),
+    "end_transaction_batch": (
+        ("tx", True, [1, "id"], {"g": {("T", 0): 3}}, "tid", 2),
+        {"retry": True},
+        {},
+    ),
+    "end_transactions": (("pg", [(1, "a", True), (2, "b", False)]), {}, {}),
+    "commit_one_phase": (
+        ("tx", "tid", 1, np.arange(8, dtype=np.uint8), {"g": [["T", 0, 3]]}),
+        {},
+        {"blob": bytes(range(8))},
+    ),
+    "pop": (("g", "T", 8, 30_000), {"fifo": True, "client_id": "c1"}, {}),
+    "ack_message": (("g", "T", ["h1", "h2"]), {}, {}),
+    "change_invisible_duration": (("g", "T", "h1", 60_000), {}, {}),
+    "end": (
+        ("tx", "tid", 3, True, {"b": (1, 2), "c": None}, {"b": {"g": [("T", 0, 5)]}}),
+        {},
+        {"halves": {"b": [1, 2], "c": None}, "offsets": {"b": {"g": [["T", 0, 5]]}}},
+    ),
+}
+
+
+@pytest.mark.parametrize("request_", requests.BROKER + requests.COORDINATOR, ids=lambda r: r.name)
+def test_what_the_client_frames_the_server_reads_back(request_: Request) -> None:
+    args, kwargs, as_read = _CALLS[request_.method]
+    header, parts, _ = request_.encode(*args, **kwargs)
+    assert header["c"] == request_.code
+    raw = b"".join(frames.encode({**header, "o": 1}, parts))  # as msgpack carries it
+    hlen = int.from_bytes(raw[4:8], "big")
+    got_args, got_kwargs = request_.decode(frames.decode_header(raw[8 : 8 + hlen]), raw[8 + hlen :])
+    names = [f.name for f in request_.fields]
+    expected = {**dict(zip(names, args)), **kwargs, **as_read}
+    got = dict(zip(names, got_args)) | got_kwargs
+    assert {n: v for n, v in got.items() if n in expected} == expected
+    defaults = {f.name: f.default for f in request_.fields if f.name not in expected}
+    assert {n: v for n, v in got.items() if n not in expected} == defaults
+
+
+def test_a_call_is_bound_as_the_ray_method_would_bind_it() -> None:
+    pop = requests.by_method(requests.BROKER)["pop"]
+    with pytest.raises(TypeError, match="missing required argument 'invisible_ms'"):
+        pop.encode("g", "T", 8)
+    with pytest.raises(TypeError, match="positional"):
+        pop.encode("g", "T", 8, 1000, 0, True)  # fifo is keyword-only
+    with pytest.raises(TypeError, match="unexpected"):
+        pop.encode("g", "T", 8, 1000, fifo=True, nope=1)
+    with pytest.raises(TypeError, match="multiple values"):
+        pop.encode("g", "T", 8, 1000, group="h")
+    header, _, _ = pop.encode("g", "T", 8, invisible_ms=1000, tag_expr="a||b")
+    assert header["x"] == "a||b" and header["w"] == 0 and header["ff"] is False
+
+
+def test_a_field_a_frame_leaves_out_is_its_default_and_a_malformed_one_is_refused() -> None:
+    send = requests.by_method(requests.BROKER)["send"]
+    assert send.decode({"c": send.code}, b"x") == ([b"x", 0], {})
+    with pytest.raises(frames.FrameError, match="expected an int"):
+        send.decode({"c": send.code, "n": "4"}, b"x")
+    commit = requests.by_method(requests.BROKER)["commit_offsets"]
+    with pytest.raises(frames.FrameError, match="rows of 3"):
+        commit.decode({"g": "g", "q": [["T", 0]]}, b"")
