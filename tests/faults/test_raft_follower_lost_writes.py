@@ -12,12 +12,15 @@ for ``DOWN_S`` with the two others; Ray started again on the node and the broker
 from its store; sends until it has caught up, then every queue read back from offset 0
 and the three CommitLogs compared byte for byte.
 
-Not collected (no ``test_`` prefix) while it fails: the leader never probes the follower
-below the match index it acknowledged before the crash (``storage/raft/replication.py``
-keeps ``match`` and ``probe_from`` clamps to ``match + 1``), so the follower, which lost
-entries it had acknowledged (with ``ASYNC_FLUSH`` a follower acknowledges before its
-CommitLog and ``raft/index`` are fsynced), is refused forever. Run it by path:
-``pytest tests/faults/raft_follower_lost_writes.py``; rename it once it passes.
+Issue 44, fixed: the leader never probed the follower below the match index it had
+acknowledged before the crash (``probe_from`` clamped to ``match + 1``), so a follower
+that lost entries it had acknowledged was refused forever. Now a refusal at or below
+``match`` makes the leader forget it and probe from what the follower holds
+(``storage/raft/replication.py``), and members acknowledge only what they fsynced,
+whatever the flush mode (``actors/broker/ha/raft_log.py``). The checkpoint this cut
+reads is written periodically and lags the CommitLog's real fsync, so the cut takes
+acknowledged, fsynced bytes too: the worst a lost disk cache could do, not only a power
+loss of unsynced writes.
 """
 
 from __future__ import annotations
