@@ -405,13 +405,17 @@ class PullConsumer:
         return out
 
     def min_offset(self, mq: MessageQueue) -> int:
+        """The first offset ``mq`` still holds (``GET_MAX_OFFSET`` over the broker's
+        socket, which answers both bounds)."""
         return self._call(mq, "min_max_offset", mq.topic, mq.queue_id)[0]
 
     def max_offset(self, mq: MessageQueue) -> int:
+        """The offset the next message of ``mq`` will take (``GET_MAX_OFFSET``)."""
         return self._call(mq, "min_max_offset", mq.topic, mq.queue_id)[1]
 
     def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
-        """The first offset of ``mq`` stored at or after ``timestamp_ms``."""
+        """The first offset of ``mq`` stored at or after ``timestamp_ms``
+        (``SEARCH_OFFSET`` over the broker's socket)."""
         return self._call(mq, "offset_by_time", mq.topic, mq.queue_id, timestamp_ms)
 
     def close(self) -> None:

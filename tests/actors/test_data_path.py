@@ -19,6 +19,7 @@ import actors
 from actors import PullStatus
 from actors.coordinator.txn import TXN_COORDINATOR_NAME
 from actors.protocol import frames, wire
+from actors.protocol.requests.offsets import SEARCH_OFFSET
 from rebalance import MessageQueue
 from storage import Message, encode_batch
 from storage.codec import decode_records
@@ -101,6 +102,61 @@ def test_data_path_ray_keeps_everything_on_ray(cluster: actors.Cluster) -> None:
     assert status(cluster)["data_requests"] == before
     with pytest.raises(InvalidConfigError, match="data_path"):
         cluster.producer("p-bad", data_path="carrier-pigeon")
+
+
+def test_a_pull_consumer_finds_its_offsets_over_the_socket(cluster: actors.Cluster) -> None:
+    """GET_MAX_OFFSET and SEARCH_OFFSET (``actors.protocol.requests.offsets``): a pull
+    consumer's min_offset, max_offset and search_offset cross the broker's socket and
+    answer what the broker's Ray methods answer."""
+    cluster.admin.create_topic("Offsets", 1, 1)
+    before = status(cluster)["data_connections"]
+    producer = cluster.producer("p-offsets")
+    producer.send_batch([Message("Offsets", b"early-%d" % i) for i in range(3)])
+    consumer = cluster.pull_consumer("g-offsets")
+    (mq,) = consumer.fetch_subscribe_queues("Offsets")
+    consumer.pull(mq, 0, 1)  # its first call opens its connection
+    wait_until(lambda: status(cluster)["data_connections"] >= before + 2, what="connections")
+    producer.send_batch([Message("Offsets", b"late-%d" % i) for i in range(2)])
+    stored = consumer.pull(mq, 0, 10).messages
+    assert [m.body for m in stored][3:] == [b"late-0", b"late-1"]
+
+    requests_before = status(cluster)["data_requests"]
+    bounds = (consumer.min_offset(mq), consumer.max_offset(mq))
+    found = {
+        ts: consumer.search_offset(mq, ts)
+        for ts in (0, stored[3].store_timestamp, stored[-1].store_timestamp + 1)
+    }
+    assert status(cluster)["data_requests"] - requests_before == 5  # each over the socket
+    assert bounds == (0, 5)
+    assert found == {
+        ts: next((i for i, m in enumerate(stored) if m.store_timestamp >= ts), 5) for ts in found
+    }
+    broker = cluster.broker("broker-a")  # the Ray methods the requests stand for
+    assert ray.get(broker.min_max_offset.remote("Offsets", 0)) == bounds
+    assert {ts: ray.get(broker.offset_by_time.remote("Offsets", 0, ts)) for ts in found} == found
+    producer.close()
+    consumer.close()
+
+
+def test_a_search_offset_with_a_wrong_field_is_answered_with_why_and_the_connection_goes_on(
+    cluster: actors.Cluster,
+) -> None:
+    cluster.admin.create_topic("Offsets", 1, 1)
+    sock = _proved(ray.get(cluster.broker("broker-a").data_path.remote()))
+    sock.settimeout(30)
+    try:
+        for opaque, queue_id in ((1, "zero"), (2, 0)):
+            frame = {"c": SEARCH_OFFSET.code, "o": opaque, "t": "Offsets", "q": queue_id, "s": 0}
+            sock.sendall(b"".join(frames.encode(frame)))
+            got = _read_frame(sock)
+            assert got is not None and got[0]["o"] == opaque
+            if opaque == 1:
+                assert got[0]["c"] == frames.Code.ERROR
+                assert got[0]["e"] == "InvalidMessageError" and "queue_id" in got[0]["m"]
+            else:
+                assert got[0]["c"] == frames.Code.OK and got[0]["r"] == 0
+    finally:
+        sock.close()
 
 
 def test_a_push_consumer_holds_its_next_pull_from_the_thread_that_got_the_answer(

@@ -18,7 +18,7 @@ it): the stub, the listener and the Ray fallback follow.
 from __future__ import annotations
 
 from actors.protocol import frames
-from actors.protocol.requests import consumer, pop, pull, send, transaction
+from actors.protocol.requests import consumer, offsets, pop, pull, send, transaction
 from actors.protocol.requests.declare import Dispatch, Request, by_method
 
 BROKER: tuple[Request, ...] = (
@@ -27,6 +27,7 @@ BROKER: tuple[Request, ...] = (
     *consumer.REQUESTS,
     *transaction.BROKER_REQUESTS,
     *pop.REQUESTS,
+    *offsets.REQUESTS,
 )
 """What a broker serves on its socket (``actors.broker.listener``)."""
 

@@ -107,6 +107,8 @@ _CALLS: dict[str, tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]] = {
     "pop": (("g", "T", 8, 30_000), {"fifo": True, "client_id": "c1"}, {}),
     "ack_message": (("g", "T", ["h1", "h2"]), {}, {}),
     "change_invisible_duration": (("g", "T", "h1", 60_000), {}, {}),
+    "min_max_offset": (("T", 3), {}, {}),
+    "offset_by_time": (("T", 3), {"timestamp_ms": 1_700_000_000_000}, {}),
     "end": (
         ("tx", "tid", 3, True, {"b": (1, 2), "c": None}, {"b": {"g": [("T", 0, 5)]}}),
         {},
@@ -129,6 +131,13 @@ def test_what_the_client_frames_the_server_reads_back(request_: Request) -> None
     assert {n: v for n, v in got.items() if n in expected} == expected
     defaults = {f.name: f.default for f in request_.fields if f.name not in expected}
     assert {n: v for n, v in got.items() if n not in expected} == defaults
+
+
+def test_an_answer_reads_back_as_the_ray_method_returns_it() -> None:
+    bounds = requests.by_method(requests.BROKER)["min_max_offset"]
+    fields, parts = bounds.answer.reply((3, 42))
+    raw = b"".join(frames.encode({**fields, "c": 0, "o": 1}, parts))
+    assert bounds.answer.read(frames.decode_header(raw[8:]), b"") == (3, 42)  # not a list
 
 
 def test_a_call_is_bound_as_the_ray_method_would_bind_it() -> None:
