@@ -10,7 +10,11 @@ promoted. So, as a Raft leader steps down when it cannot hear a majority:
 
 * the broker renews a lease by reaching Ray's GCS or any of its NameServers every
   ``lease_renew_interval_s`` (either is enough: NameServers restarting do not stop a
-  broker Ray can still hear, as in RocketMQ); when nothing has answered for
+  broker Ray can still hear, as in RocketMQ), *and* by its own raylet answering the
+  health check Ray's GCS sends it (``grpc.health.v1.Health/Check`` on the node
+  manager's port): a raylet that does not answer (paused, hung, swapped out) is what
+  makes Ray declare a node dead, while the broker beside it can still reach the GCS
+  and the NameServers directly. When the lease has not been renewed for
   ``cluster_lease_s`` (shorter than Ray's verdict on a node), it is *fenced*: every
   write is refused with ``BrokerUnavailableError`` (its producers retry, the
   idempotent ones on the same queue, where they find the promoted master once the
@@ -50,6 +54,44 @@ def _gcs_ping() -> None:
     internal_kv._internal_kv_get(b"raymq-lease")
 
 
+class RayletProbe:
+    """The health check Ray's GCS makes of a node's raylet, made from the broker's side:
+    ``grpc.health.v1.Health/Check`` with an empty request (the whole server) on the node
+    manager's port. Answered SERVING, the raylet is alive and not stopped; a paused
+    raylet lets the call time out."""
+
+    SERVING = b"\x08\x01"  # HealthCheckResponse{status: SERVING}
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self._check: Any = None
+        self.address: str | None = None
+
+    def _connect(self) -> Any:
+        import grpc
+
+        node = next((n for n in ray.nodes() if n.get("NodeID") == self.node_id), None)
+        if node is None:
+            raise LookupError(f"node {self.node_id[:12]} is not among Ray's nodes")
+        self.address = f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}"
+        channel = grpc.insecure_channel(self.address)
+        return channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=lambda b: b,
+            response_deserializer=lambda b: b,
+        )
+
+    def check(self, timeout_s: float) -> bool:
+        """Whether the raylet answers SERVING within ``timeout_s`` (blocking: run it on a
+        thread). Its address is looked up once, from the GCS."""
+        if self._check is None:
+            self._check = self._connect()
+        try:
+            return bool(self._check(b"", timeout=timeout_s) == self.SERVING)
+        except Exception:  # noqa: BLE001 - grpc.RpcError: not answered is the answer
+            return False
+
+
 class ClusterLease:
     """See the module doc. ``leave`` closes the broker's store and ends its process."""
 
@@ -66,6 +108,8 @@ class ClusterLease:
         self._task: asyncio.Task[None] | None = None
         self._checking = False  # a check of the node's verdict is under way
         self._gcs_busy = False  # a GCS read is still on a thread (blocked in a partition)
+        self._raylet = RayletProbe(runtime.node_id)
+        self._raylet_busy = False
         self._nameservers: dict[str, Any] = {}  # handles, kept while they answer or time out
         # threads of its own: the broker's I/O threads may all wait on a slow disk, which
         # says nothing of whether the broker can hear the cluster
@@ -76,6 +120,9 @@ class ClusterLease:
 
     def _gcs_done(self, _: asyncio.Future[None]) -> None:
         self._gcs_busy = False
+
+    def _raylet_done(self, _: asyncio.Future[bool]) -> None:
+        self._raylet_busy = False
 
     def start(self) -> None:
         self.rt.lease_renewed = self._clock()  # however long the store took to recover
@@ -103,9 +150,9 @@ class ClusterLease:
                 and self._clock() - self.rt.lease_renewed > cfg.cluster_lease_s
             ):
                 self.rt.fenced = (
-                    f"broker {cfg.actor_name} has heard neither Ray's GCS nor a NameServer "
-                    f"for {cfg.cluster_lease_s:g} s (cluster_lease_s): it may be cut off "
-                    "from the cluster, so it takes no writes"
+                    f"broker {cfg.actor_name} has not heard Ray's GCS or a NameServer, or "
+                    f"its raylet, for {cfg.cluster_lease_s:g} s (cluster_lease_s): it may "
+                    "be cut off from the cluster, so it takes no writes"
                 )
                 log.warning("%s", self.rt.fenced)
             await asyncio.sleep(cfg.lease_renew_interval_s)
@@ -135,7 +182,22 @@ class ClusterLease:
         rt.fenced = None
 
     async def _reach_cluster(self, timeout_s: float) -> bool:
-        """Whether the GCS or any NameServer answers within ``timeout_s``."""
+        """Whether the GCS or any NameServer answers within ``timeout_s``, and the
+        broker's own raylet too."""
+
+        async def raylet() -> bool:
+            if self._raylet_busy:  # the last check has not come back: not answered yet
+                return False
+            self._raylet_busy = True
+            call = self._run(self._raylet.check, min(timeout_s, 5.0))
+            call.add_done_callback(self._raylet_done)
+            try:
+                return await asyncio.wait_for(asyncio.shield(call), timeout_s)
+            except (asyncio.TimeoutError, TimeoutError):
+                return False
+            except Exception as exc:  # noqa: BLE001 - its address unknown: the GCS decides
+                log.info("raylet of %s not checked: %s", self.rt.config.actor_name, exc)
+                return True
 
         async def gcs() -> bool:
             if self._gcs_busy:  # one read at a time: a blocked one must not take the threads
@@ -165,7 +227,8 @@ class ClusterLease:
                 return False
 
         tries = [gcs(), *(nameserver(n) for n in self.rt.config.nameservers)]
-        return any(await asyncio.gather(*tries))
+        local, *cluster = await asyncio.gather(raylet(), *tries)
+        return bool(local) and any(cluster)
 
     async def _node_declared_dead(self) -> bool:
         """Whether the GCS lists this broker's node as dead (a verdict given while the

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -83,5 +84,52 @@ def test_a_broker_whose_raylet_is_gone_exits_and_frees_its_store(
         node.kill_raylet()
         wait_until(lambda: not os.path.exists(f"/proc/{pid}"), timeout_s=30, what="broker exit")
         assert not _store_locked(store_dir)  # a broker started with this disk can open it
+    finally:
+        ray_cluster.remove_node(node, allow_graceful=False)
+
+
+def test_a_broker_whose_raylet_is_paused_takes_no_writes_until_it_answers_again(
+    ray_cluster: Any, make_cluster: Any
+) -> None:
+    # a paused raylet is what Ray's GCS takes for a dead node (a minute later); the broker
+    # beside it still reaches the GCS and its NameServers, and must not go on
+    # acknowledging writes its slave may never have once Ray gives its verdict
+    node = ray_cluster.add_node(num_cpus=1, resources={"rmq-paused-node": 1})
+    try:
+        ray_cluster.wait_for_nodes()
+        cluster = make_cluster(
+            nameservers=1,
+            brokers=[BrokerSpec("broker-a"), BrokerSpec("broker-b", node="rmq-paused-node")],
+            broker_options=LEASE,
+        )
+        cluster.admin.create_topic("Paused", 2, 2, brokers=["broker-b"])
+        broker = cluster.broker("broker-b")
+        producer = cluster.producer(
+            "paused", retry_times_when_send_failed=0, delivery_timeout_s=1.0
+        )
+        producer.send(Message("Paused", b"before"))
+        wait_until(lambda: producer._data_path.is_open("broker-b-0"), what="the socket")
+        raylet = node.all_processes["raylet"][0].process
+        os.kill(raylet.pid, signal.SIGSTOP)
+        try:
+            why = wait_until(
+                lambda: ray.get(broker.status.remote(), timeout=5)["fenced"],
+                timeout_s=10,
+                what="fenced",
+            )
+            assert "raylet" in why
+            with pytest.raises(BrokerUnavailableError, match="cluster_lease_s"):
+                producer.send(Message("Paused", b"while paused"))
+        finally:
+            os.kill(raylet.pid, signal.SIGCONT)
+        wait_until(
+            lambda: ray.get(broker.status.remote())["fenced"] is None,
+            timeout_s=15,
+            what="unfenced",
+        )
+        producer.send(Message("Paused", b"after"))
+        got = drain(cluster.pull_consumer("paused-check"), "Paused")
+        assert sorted(m.body for msgs in got.values() for m in msgs) == [b"after", b"before"]
+        producer.close()
     finally:
         ray_cluster.remove_node(node, allow_graceful=False)
