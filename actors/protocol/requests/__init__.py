@@ -3,7 +3,9 @@
 One module per kind of request, as aiokafka keeps one per request in its ``protocol/``;
 each declaration (``declare.Request``) is what RocketMQ's ``RequestCode`` constant and
 ``*RequestHeader`` class are together: code, fields and their wire keys, body, answer,
-errors, and the coroutine that serves it. From these tables:
+errors, and the coroutine that serves it; the fields several requests share (a group,
+a topic, a transaction's id) are declared once with their wire key in ``fields``. From
+these tables:
 
 * the client's data path frames its calls (``actors.protocol.data_path``): a broker's
   stub carries :data:`BROKER` over the socket, the transaction coordinator's

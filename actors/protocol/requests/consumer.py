@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from actors.protocol.fencing import OffsetFencedError
@@ -16,6 +17,7 @@ from actors.protocol.requests.declare import (
     Request,
     rows,
 )
+from actors.protocol.requests.fields import CLIENT_ID, GROUP
 from storage.errors import InvalidMessageError
 
 
@@ -23,21 +25,19 @@ def _tokens_from_wire(value: Any) -> Any:
     return {(t, q): (e, g) for t, q, e, g in rows(value, 4)} or None
 
 
+_TOKENS = Codec(lambda v: [[t, q, e, g] for (t, q), (e, g) in v.items()], _tokens_from_wire)
+"""Fencing tokens ``{(topic, queue id): (epoch, generation)}`` as rows of four."""
+
+
 COMMIT_OFFSETS = Request(
     "COMMIT_OFFSETS",
     12,
     "commit_offsets",
     (
-        Field("group", "g"),
+        GROUP,
         Field("offsets", "q", QUEUE_OFFSETS),
-        Field("client_id", "i", default=""),
-        Field(
-            "tokens",
-            "k",
-            Codec(lambda v: [[t, q, e, g] for (t, q), (e, g) in v.items()], _tokens_from_wire),
-            default=None,
-            omit=True,
-        ),
+        replace(CLIENT_ID, default=""),
+        Field("tokens", "k", _TOKENS, default=None, omit=True),
     ),
     errors=(InvalidMessageError, OffsetFencedError),
     doc="Commit ``{(topic, queue id): offset}``, all or nothing; how many were committed.",
@@ -48,7 +48,7 @@ SEND_BACK = Request(
     13,
     "consumer_send_msg_back",
     (
-        Field("group", "g"),
+        GROUP,
         Field("commitlog_offsets", "q", INTS),
         Field("max_reconsume_times", "x"),
         Field("reconsume_times", "t", INTS, default=None),
@@ -62,8 +62,8 @@ HEARTBEAT = Request(
     14,
     "heartbeat",
     (
-        Field("group", "g"),
-        Field("client_id", "i"),
+        GROUP,
+        CLIENT_ID,
         Field("topics", "t", LIST),
         Field("ttl_s", "l", default=None),
     ),
@@ -76,7 +76,7 @@ UNREGISTER = Request(
     "UNREGISTER",
     15,
     "unregister_consumer",
-    (Field("group", "g"), Field("client_id", "i")),
+    (GROUP, CLIENT_ID),
     answer=NOTHING,
     errors=(InvalidMessageError,),
     doc="A consumer leaving its group cleanly.",

@@ -158,6 +158,7 @@ class Request:
     _index: dict[str, int] = field(init=False, repr=False, compare=False)
     _positional: int = field(init=False, repr=False, compare=False)
     _defaults: tuple[Any, ...] = field(init=False, repr=False, compare=False)
+    _plan: tuple[tuple[str | None, Any, bool], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         names = [f.name for f in self.fields]
@@ -174,12 +175,32 @@ class Request:
         object.__setattr__(self, "_index", {n: i for i, n in enumerate(names)})
         object.__setattr__(self, "_positional", len(positional))
         object.__setattr__(self, "_defaults", tuple(f.default for f in self.fields))
+        # per field: its key (None: the body), its to_wire (None: as it is), omit
+        plan = tuple(
+            (f.key, None if f.codec.to_wire is _same else f.codec.to_wire, f.omit)
+            for f in self.fields
+        )
+        object.__setattr__(self, "_plan", plan)
 
     # ------------------------------------------------------------ the client's side
     def encode(self, *args: Any, **kwargs: Any) -> Encoded:
         """The call ``method(*args, **kwargs)`` as a frame: (header, body parts, how to
         read the answer). Binds its arguments as the Ray method would (a TypeError for
-        a call it would refuse)."""
+        a call it would refuse). A send's path: one dict per call, no object per field."""
+        values = args if not kwargs and len(args) == len(self.fields) else self._bind(args, kwargs)
+        header: dict[str, Any] = {"c": self.code}
+        parts: list[Any] = []
+        for (key, to_wire, omit), value in zip(self._plan, values):
+            if key is None:
+                parts.append(value)
+            elif value is None or to_wire is None:
+                if not (omit and not value):
+                    header[key] = value
+            elif not (omit and not value):
+                header[key] = to_wire(value)
+        return header, parts, self.answer.read
+
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         if len(args) > self._positional:
             raise TypeError(
                 f"{self.method}() takes {self._positional} positional arguments "
@@ -192,16 +213,10 @@ class Request:
                 why = "an unexpected" if i is None else "multiple values for"
                 raise TypeError(f"{self.method}() got {why} argument {key!r}")
             values[i] = value
-        header: dict[str, Any] = {"c": self.code}
-        parts: list[Any] = []
         for f, value in zip(self.fields, values):
             if value is REQUIRED:
                 raise TypeError(f"{self.method}() missing required argument {f.name!r}")
-            if f.key is None:
-                parts.append(value)
-            elif not (f.omit and not value):
-                header[f.key] = value if value is None else f.codec.to_wire(value)
-        return header, parts, self.answer.read
+        return values
 
     # ------------------------------------------------------------ the server's side
     def decode(self, h: Mapping[str, Any], body: Any) -> tuple[list[Any], dict[str, Any]]:

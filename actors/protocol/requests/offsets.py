@@ -5,13 +5,14 @@ offset stored at or after a time (RocketMQ's ``GET_MIN_OFFSET``/``GET_MAX_OFFSET
 from __future__ import annotations
 
 from actors.protocol.requests.declare import Field, Request, result_as
+from actors.protocol.requests.fields import QUEUE_ID, TOPIC
 from storage.errors import InvalidMessageError, TopicNotFoundError
 
 GET_MAX_OFFSET = Request(
     "GET_MAX_OFFSET",
     24,
     "min_max_offset",
-    (Field("topic", "t"), Field("queue_id", "q")),
+    (TOPIC, QUEUE_ID),
     answer=result_as(tuple),  # (min offset, max offset), as the Ray method answers
     errors=(InvalidMessageError, TopicNotFoundError),
     doc="A queue's min and max offset in one round trip (a pull consumer's "
@@ -22,7 +23,7 @@ SEARCH_OFFSET = Request(
     "SEARCH_OFFSET",
     25,
     "offset_by_time",
-    (Field("topic", "t"), Field("queue_id", "q"), Field("timestamp_ms", "s")),
+    (TOPIC, QUEUE_ID, Field("timestamp_ms", "s")),
     errors=(InvalidMessageError, TopicNotFoundError),
     doc="The first offset of a queue stored at or after ``timestamp_ms`` "
     "(a pull consumer's ``search_offset``).",

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from actors.protocol.pop import PoppedMessage, pops_from_wire
 from actors.protocol.requests.declare import Answer, Codec, Field, Request
+from actors.protocol.requests.fields import GROUP, INVISIBLE_MS, RECEIPT_HANDLE, TOPIC
 from storage.errors import (
     InvalidMessageError,
     InvalidReceiptHandleError,
@@ -28,10 +30,10 @@ POP = Request(
     17,
     "pop",
     (
-        Field("group", "g"),
-        Field("topic", "t"),
+        GROUP,
+        TOPIC,
         Field("max_msgs", "n"),
-        Field("invisible_ms", "i"),
+        INVISIBLE_MS,
         Field("wait_ms", "w", default=0),
         Field("fifo", "ff", default=False, keyword=True),
         Field("tag_expr", "x", default="*", keyword=True),
@@ -49,9 +51,9 @@ ACK = Request(
     18,
     "ack_message",
     (
-        Field("group", "g"),
-        Field("topic", "t"),
-        Field("receipt_handle", "h", Codec(lambda v: v if isinstance(v, str) else list(v))),
+        GROUP,
+        TOPIC,
+        replace(RECEIPT_HANDLE, codec=Codec(lambda v: v if isinstance(v, str) else list(v))),
     ),
     errors=(InvalidMessageError, InvalidReceiptHandleError),
     doc="Ack by receipt handle; a list of handles answers, per handle, None or why not.",
@@ -62,10 +64,10 @@ CHANGE_INVISIBLE = Request(
     19,
     "change_invisible_duration",
     (
-        Field("group", "g"),
-        Field("topic", "t"),
-        Field("receipt_handle", "h"),
-        Field("invisible_ms", "i"),
+        GROUP,
+        TOPIC,
+        RECEIPT_HANDLE,
+        INVISIBLE_MS,
     ),
     errors=(InvalidMessageError, InvalidReceiptHandleError),
     doc="Re-arm a received message's invisible time; its new receipt handle.",

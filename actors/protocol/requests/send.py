@@ -6,7 +6,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from actors.protocol.requests.declare import BODY, INT, Answer, Codec, Field, Request, body
+from actors.protocol.requests.declare import (
+    BODY,
+    INT,
+    Answer,
+    Codec,
+    Field,
+    Request,
+    body,
+)
+from actors.protocol.requests.fields import AUTO_CREATE_QUEUE_NUMS
 from storage.errors import (
     BrokerUnavailableError,
     InvalidMessageError,
@@ -27,7 +36,7 @@ SEND = Request(
     "SEND",
     10,
     "send",
-    (body("blob"), Field("auto_create_queue_nums", "n", INT, default=0)),
+    (body("blob"), AUTO_CREATE_QUEUE_NUMS),
     answer=BODY,
     errors=_ERRORS,
     doc="One encoded batch (``EncodedBatch.to_bytes``) to store; answers its ack's bytes.",
@@ -55,7 +64,7 @@ SEND_SHARED = Request(
         Field("ring", "r", Codec(list, _ring_from_wire)),
         Field("offset", "x", INT),
         Field("length", "l", INT),
-        Field("auto_create_queue_nums", "n", INT, default=0),
+        AUTO_CREATE_QUEUE_NUMS,
     ),
     # "u": the broker cannot read the ring (the producer sends through Ray's store then)
     answer=Answer(_reply_shared, _read_shared),

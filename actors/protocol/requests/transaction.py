@@ -5,6 +5,7 @@ transactional producer's commit or abort to the coordinator (``TXN_END``)
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from actors.protocol.errors import OnePhaseRefusedError, TransactionStateError
@@ -18,6 +19,13 @@ from actors.protocol.requests.declare import (
     by_group,
     rows,
 )
+from actors.protocol.requests.fields import (
+    COMMIT,
+    EPOCH,
+    PRODUCER_GROUP,
+    TRANSACTIONAL_ID,
+    TXN_ID,
+)
 from storage.errors import InvalidMessageError, ProducerFencedError
 
 END_TRANSACTION = Request(
@@ -25,10 +33,10 @@ END_TRANSACTION = Request(
     16,
     "end_transaction",
     (
-        Field("producer_group", "g"),
+        PRODUCER_GROUP,
         Field("half_offset", "q"),
         Field("transaction_id", "i"),
-        Field("commit", "m"),
+        COMMIT,
     ),
     errors=(InvalidMessageError, TransactionStateError),
     doc="Commit or roll back one half message; False when it was ended before.",
@@ -47,12 +55,12 @@ END_TRANSACTION_BATCH = Request(
     20,
     "end_transaction_batch",
     (
-        Field("txn_id", "x"),
-        Field("commit", "m"),
+        TXN_ID,
+        COMMIT,
         Field("half_offsets", "q", LIST, default=None),
         Field("offsets", "k", _OFFSETS_BY_GROUP, default=None, omit=True),
-        Field("transactional_id", "i", default=None),
-        Field("epoch", "e", default=None),
+        replace(TRANSACTIONAL_ID, default=None),
+        replace(EPOCH, default=None),
         Field("retry", "y", default=False),
     ),
     errors=(InvalidMessageError, ProducerFencedError, TransactionStateError),
@@ -64,7 +72,7 @@ END_TRANSACTIONS = Request(
     21,
     "end_transactions",
     (
-        Field("producer_group", "g"),
+        PRODUCER_GROUP,
         Field(
             "ends",
             "q",
@@ -85,9 +93,9 @@ TXN_COMMIT_ONE_PHASE = Request(
     22,
     "commit_one_phase",
     (
-        Field("txn_id", "x"),
-        Field("transactional_id", "i"),
-        Field("epoch", "e"),
+        TXN_ID,
+        TRANSACTIONAL_ID,
+        EPOCH,
         body("blob"),
         Field("offsets", "k", Codec(_rows_by_group), default=None, omit=True),
     ),
@@ -96,7 +104,12 @@ TXN_COMMIT_ONE_PHASE = Request(
     doc="A transaction one broker holds whole, committed there alone.",
 )
 
-BROKER_REQUESTS = (END_TRANSACTION, END_TRANSACTION_BATCH, END_TRANSACTIONS, TXN_COMMIT_ONE_PHASE)
+BROKER_REQUESTS = (
+    END_TRANSACTION,
+    END_TRANSACTION_BATCH,
+    END_TRANSACTIONS,
+    TXN_COMMIT_ONE_PHASE,
+)
 
 
 def _halves_to_wire(value: Any) -> Any:
@@ -112,10 +125,10 @@ TXN_END = Request(
     30,
     "end",
     (
-        Field("txn_id", "x"),
-        Field("transactional_id", "i"),
-        Field("epoch", "e"),
-        Field("commit", "m"),
+        TXN_ID,
+        TRANSACTIONAL_ID,
+        EPOCH,
+        COMMIT,
         Field("halves", "h", Codec(_halves_to_wire), default=None),
         Field("offsets", "k", Codec(_offsets_to_wire), default=None),
         Field("wait", "w", default=True),
