@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import ssl
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -44,7 +46,7 @@ from actors.broker.lease import ClusterLease
 from actors.broker.listener import DataPathListener
 from actors.broker.memory import retain_freed_memory
 from actors.broker.metrics import BrokerMetrics, BrokerMetricsService
-from actors.broker.pop import PoppedMessage, PopProcessor
+from actors.broker.pop import PopProcessor
 from actors.broker.producer_ids import ProducerIdAllocator
 from actors.broker.pull import PullMessageProcessor
 from actors.broker.registration import Registration
@@ -53,13 +55,27 @@ from actors.broker.send import SendMessageProcessor
 from actors.broker.transaction import TransactionProcessor, apply_decision
 from actors.config.broker import BrokerConfig
 from actors.protocol import checks
-from actors.protocol.fencing import FencingToken
 from actors.protocol.shared_ring import RingId
 from actors.protocol.topic import TopicConfig
-from actors.protocol.wire import AckWire, PullWire
 from storage.message import MessageExt
 
 log = logging.getLogger("raymq.actors.broker.broker")
+
+
+def _served_by(processor: str, method: Callable[..., Awaitable[Any]], doc: str = "") -> Any:
+    """A Ray method that is ``method`` of the processor the Broker holds as ``processor``:
+    its signature, its docstring (or ``doc``) and its answer, stated once, in the
+    processor (the data path's requests reach the same coroutines,
+    ``actors.protocol.requests``)."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def ray_method(self: Broker, *args: Any, **kwargs: Any) -> Any:
+        return await getattr(getattr(self, processor), name)(*args, **kwargs)
+
+    if doc:
+        ray_method.__doc__ = doc
+    return ray_method
 
 
 class Broker:
@@ -215,137 +231,53 @@ class Broker:
         return await self.rt.run(self.producer_ids.allocate)
 
     # ------------------------------------------------------------ data path
-    async def send(self, blob: bytes | np.ndarray, auto_create_queue_nums: int = 0) -> AckWire:
+    # A method written ``x = _served_by(processor, Processor.x)`` is the processor's own
+    # (its arguments, checks and docstring are there); the socket's requests that stand
+    # for Ray methods are declared in actors.protocol.requests.
+    send = _served_by(
+        "sender",
+        SendMessageProcessor.send,
         """Store one encoded batch (``EncodedBatch.to_bytes()``, as bytes or a ``uint8``
-        array read in place), validated here first. Answers :meth:`SendAck.to_wire`."""
-        return await self.sender.send(blob, auto_create_queue_nums)
-
-    async def send_shared(
-        self, ring: RingId, offset: int, length: int, auto_create_queue_nums: int = 0
-    ) -> AckWire | None:
+        array read in place), validated here first. Answers :meth:`SendAck.to_wire`.""",
+    )
+    send_shared = _served_by(
+        "sender",
+        SendMessageProcessor.send_shared,
         """:meth:`send` for a blob a producer on this node wrote into its shared ring
         (``actors.protocol.shared_ring``). ``None`` when this broker cannot read that
-        ring: the producer then sends through Ray's object store."""
-        return await self.sender.send_shared(ring, offset, length, auto_create_queue_nums)
+        ring: the producer then sends through Ray's object store.""",
+    )
 
     async def drop_ring(self, ring: RingId) -> None:
         """A producer closed its shared ring: let its memory go now."""
         self.sender.rings.drop(ring)
 
-    async def pull(
-        self,
-        group: str,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        max_count: int = 32,
-        tags: str | None = None,
-        suspend_s: float = 0.0,
-        client_id: str = "",
-    ) -> PullWire:
-        """Records from ``offset`` as one blob (answered as ``pull_to_wire``); with
-        ``suspend_s`` > 0 a pull that finds nothing new waits that long (at most
-        ``max_pull_suspend_s``) for a message."""
-        return await self.puller.pull(
-            group, topic, queue_id, offset, max_count, tags, suspend_s, client_id
-        )
-
-    async def pull_batch(
-        self,
-        group: str,
-        requests: list[tuple[str, int, int]],
-        max_count: int = 32,
-        tags: str | None = None,
-        suspend_s: float = 0.0,
-        client_id: str = "",
-    ) -> list[PullWire]:
-        """:meth:`pull` for several ``(topic, queue_id, offset)`` of this broker in one
-        call (one answer each, in order), held until one of them has a message."""
-        return await self.puller.pull_batch(group, requests, max_count, tags, suspend_s, client_id)
-
-    async def pull_packed(self, request: bytes) -> bytes | list[Any]:
-        """:meth:`pull_batch` with its arguments packed in one blob and its answers in
-        another (``actors.protocol.wire``): the consumers' call."""
-        return await self.puller.pull_packed(request)
+    pull = _served_by("puller", PullMessageProcessor.pull)
+    pull_batch = _served_by("puller", PullMessageProcessor.pull_batch)
+    pull_packed = _served_by("puller", PullMessageProcessor.pull_packed)
 
     # ------------------------------------------------------------ consumer groups
-    async def commit_offsets(
-        self,
-        group: str,
-        offsets: dict[tuple[str, int], int],
-        client_id: str = "",
-        tokens: dict[tuple[str, int], FencingToken] | None = None,
-    ) -> int:
-        """Commit ``{(topic, queue_id): next offset to consume}`` for ``group``; all or
-        nothing, refused whole (OffsetFencedError) when a token is below its fence."""
-        return await self.groups.commit_offsets(group, offsets, client_id, tokens)
+    commit_offsets = _served_by("groups", ConsumerManageProcessor.commit_offsets)
+    fence_offsets = _served_by("groups", ConsumerManageProcessor.fence_offsets)
+    offset_fences = _served_by("groups", ConsumerManageProcessor.offset_fences)
+    query_offsets = _served_by("groups", ConsumerManageProcessor.query_offsets)
+    query_offset = _served_by("groups", ConsumerManageProcessor.query_offset)
 
-    async def fence_offsets(self, group: str, fences: dict[tuple[str, int], FencingToken]) -> int:
-        """Refuse from now on commits of ``group`` on these queues whose token is below
-        the given one; fences only rise. Returns how many rose."""
-        return await self.groups.fence_offsets(group, fences)
-
-    async def offset_fences(self, group: str) -> dict[tuple[str, int], FencingToken]:
-        return await self.groups.offset_fences(group)
-
-    async def query_offsets(self, group: str, topic: str) -> dict[int, int]:
-        return await self.groups.query_offsets(group, topic)
-
-    async def query_offset(self, group: str, topic: str, queue_id: int) -> int:
-        return await self.groups.query_offset(group, topic, queue_id)
-
-    async def save_stream_checkpoint(
-        self, group: str, topic: str, checkpoint: dict[str, Any]
-    ) -> None:
-        """Persist (fsynced) a micro-batch stream's checkpoint (``actors.bridge.streaming``)."""
-        await self.groups.save_stream_checkpoint(group, topic, checkpoint)
-
-    async def load_stream_checkpoint(self, group: str, topic: str) -> dict[str, Any] | None:
-        return await self.groups.load_stream_checkpoint(group, topic)
-
-    async def reset_offsets(
-        self,
-        group: str,
-        topic: str,
-        timestamp_ms: int | None = None,
-        offsets: dict[int, int] | None = None,
-        fence: FencingToken | None = None,
-    ) -> dict[int, int]:
-        """Move ``group`` on ``topic`` to the first message stored at or after
-        ``timestamp_ms``, or to explicit ``offsets`` by queue id, and fence the queues in
-        the same step (``fence``: the group coordinator's token)."""
-        return await self.groups.reset_offsets(group, topic, timestamp_ms, offsets, fence)
-
-    async def consumer_list(self, group: str) -> list[str]:
-        return await self.groups.consumer_list(group)
-
-    async def heartbeat(
-        self, group: str, client_id: str, topics: list[str], ttl_s: float | None = None
-    ) -> None:
-        """A consumer's sign of life; ``ttl_s``: drop it this long after (at most
-        ``channel_expired_s``), so a dead consumer's queues move on soon."""
-        await self.groups.heartbeat(group, client_id, topics, ttl_s)
-
-    async def unregister_consumer(self, group: str, client_id: str) -> None:
-        """A consumer leaving cleanly: off the group's list at once, so the others rebalance."""
-        await self.groups.unregister_consumer(group, client_id)
-
-    async def consumer_lag(self, group: str, topic: str | None = None) -> list[dict[str, Any]]:
-        return await self.groups.consumer_lag(group, topic)
+    save_stream_checkpoint = _served_by("groups", ConsumerManageProcessor.save_stream_checkpoint)
+    load_stream_checkpoint = _served_by("groups", ConsumerManageProcessor.load_stream_checkpoint)
+    reset_offsets = _served_by("groups", ConsumerManageProcessor.reset_offsets)
+    consumer_list = _served_by("groups", ConsumerManageProcessor.consumer_list)
+    heartbeat = _served_by("groups", ConsumerManageProcessor.heartbeat)
+    unregister_consumer = _served_by("groups", ConsumerManageProcessor.unregister_consumer)
+    consumer_lag = _served_by("groups", ConsumerManageProcessor.consumer_lag)
 
     # ------------------------------------------------------------ retries, dead letters, delays
-    async def consumer_send_msg_back(
-        self,
-        group: str,
-        commitlog_offsets: list[int],
-        max_reconsume_times: int,
-        reconsume_times: list[int] | None = None,
-    ) -> list[str]:
+    consumer_send_msg_back = _served_by(
+        "sender",
+        SendMessageProcessor.consumer_send_msg_back,
         """Store retry (or dead-letter) copies of consumed messages (``actors.broker.send_back``);
-        ``reconsume_times``: the consumer's counts, for an orderly consumer's dead letters."""
-        return await self.sender.consumer_send_msg_back(
-            group, commitlog_offsets, max_reconsume_times, reconsume_times
-        )
+        ``reconsume_times``: the consumer's counts, for an orderly consumer's dead letters.""",
+    )
 
     async def create_retry_topic(self, group: str) -> bool:
         """Create ``%RETRY%<group>`` (1 queue) here unless it exists."""
@@ -453,30 +385,7 @@ class Broker:
         return await self.rt.run(self.transactions.pending)
 
     # ------------------------------------------------------------ POP (actors/broker/pop.py)
-    async def pop(
-        self,
-        group: str,
-        topic: str,
-        max_msgs: int,
-        invisible_ms: int,
-        wait_ms: int = 0,
-        *,
-        fifo: bool = False,
-        tag_expr: str = "*",
-        client_id: str = "",
-    ) -> list[PoppedMessage]:
-        """Up to ``max_msgs`` messages of ``topic`` invisible to ``group`` for
-        ``invisible_ms``, each with its receipt handle; waits up to ``wait_ms`` for one."""
-        return await self.popper.pop(
-            group,
-            topic,
-            max_msgs,
-            invisible_ms,
-            wait_ms,
-            fifo=fifo,
-            tag_expr=tag_expr,
-            client_id=client_id,
-        )
+    pop = _served_by("popper", PopProcessor.pop)
 
     async def ack_message(self, group: str, topic: str, receipt_handle: str | list[str]) -> Any:
         """Ack by receipt handle; a list of handles answers, per handle, None or why not."""
@@ -519,21 +428,9 @@ class Broker:
         """Per queue: min and max offset and when its last message was stored."""
         return await self.admin.topic_status(topic)
 
-    async def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
-        return await self.admin.offset_by_time(topic, queue_id, timestamp_ms)
-
-    async def min_max_offset(self, topic: str, queue_id: int) -> tuple[int, int]:
-        return await self.admin.min_max_offset(topic, queue_id)
-
-    async def query_by_key(
-        self,
-        topic: str,
-        key: str,
-        max_count: int = 64,
-        begin_ms: int = 0,
-        end_ms: int | None = None,
-    ) -> list[MessageExt]:
-        return await self.admin.query_by_key(topic, key, max_count, begin_ms, end_ms)
+    offset_by_time = _served_by("admin", AdminBrokerProcessor.offset_by_time)
+    min_max_offset = _served_by("admin", AdminBrokerProcessor.min_max_offset)
+    query_by_key = _served_by("admin", AdminBrokerProcessor.query_by_key)
 
     async def message_by_id(self, msg_id: str, topic: str | None = None) -> MessageExt:
         return await self.admin.message_by_id(msg_id, topic)
