@@ -19,7 +19,6 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from actors.broker.broker import Broker
 from actors.client.admin import Admin
 from actors.client.producer import Producer
 from actors.client.pull_consumer import PullConsumer
@@ -31,6 +30,17 @@ from actors.config.console import ConsoleConfig
 from actors.config.namesrv import NameServerConfig
 from actors.console.server import console_url, start_console
 from actors.coordinator.txn import transaction_coordinator
+from actors.keeper import (
+    ACTOR_MAX_CONCURRENCY,
+    KEEPER_ACTOR_NAME,
+    KeptBroker,
+    resolve_node,
+    start_broker_actor,
+    start_keeper,
+)
+from actors.keeper import (  # also read from here (tests, benchmarks)
+    BROKER_RUNTIME_ENV as BROKER_RUNTIME_ENV,
+)
 from actors.namesrv.client import NAMESERVER_PREFIX, discover_nameservers, named_actors
 from actors.namesrv.nameserver import NameServer
 from actors.protocol import rpc as _rpc
@@ -40,39 +50,7 @@ from storage.errors import BrokerUnavailableError, InvalidConfigError, RayMQErro
 
 log = logging.getLogger("raymq.actors.cluster")
 
-ACTOR_MAX_CONCURRENCY = 1000
 STARTUP_TIMEOUT_S = 120.0
-# A broker's replies (pulls: 4 queues x 256 records of 100 B are ~250 KB) travel
-# inline in Ray's reply up to this size, not through the object store: Ray's
-# default cut is 100 KiB, and an async method returning 245 KB took 3.1-3.3 ms
-# a call through the store against 2.1-2.5 ms inline (1 MB: no difference).
-# Ray reads the setting from the worker's environment when the worker starts.
-BROKER_INLINE_REPLY_BYTES = 1 << 20
-BROKER_RUNTIME_ENV = {
-    "env_vars": {"RAY_max_direct_call_object_size": str(BROKER_INLINE_REPLY_BYTES)}
-}
-
-
-def resolve_node(node: str | None) -> str:
-    """A Ray node id from an id, an IP address, a node name or a custom resource only
-    that node has; ``None`` is the caller's node."""
-    if node is None:
-        return ray.get_runtime_context().get_node_id()
-    alive = [n for n in ray.nodes() if n.get("Alive")]
-    for n in alive:
-        if node == n["NodeID"]:
-            return n["NodeID"]
-    for key in ("NodeManagerAddress", "NodeName"):
-        hits = [n["NodeID"] for n in alive if n.get(key) == node]
-        if len(hits) == 1:
-            return hits[0]
-    hits = [n["NodeID"] for n in alive if node in n.get("Resources", {})]
-    if len(hits) == 1:
-        return hits[0]
-    raise InvalidConfigError(
-        f"node={node!r}: no single live Ray node has that id, address, name or resource "
-        f"({len(alive)} live nodes)"
-    )
 
 
 class Cluster:
@@ -165,6 +143,10 @@ class Cluster:
         """Stop brokers cleanly (offsets saved, stores closed), then every RayMQ actor of
         the namespace."""
         names = named_actors(self.namespace)
+        if KEEPER_ACTOR_NAME in names:  # first: it must not start a broker being stopped
+            with contextlib.suppress(Exception):
+                keeper = ray.get_actor(KEEPER_ACTOR_NAME, namespace=self.namespace)
+                ray.get(keeper.shutdown.remote(), timeout=min(5.0, timeout_s))
         brokers = {}
         for name in names:
             if name.startswith(NAMESERVER_PREFIX):
@@ -211,6 +193,7 @@ def start_cluster(
     nameserver_config: NameServerConfig | None = None,
     max_restarts: int | None = None,
     console: bool | ConsoleConfig = False,
+    auto_promote: bool | None = None,
 ) -> Cluster:
     """Start NameServers and brokers on the current Ray cluster and return a handle.
 
@@ -221,6 +204,9 @@ def start_cluster(
     name>`` (default: ``~/raymq/store/<namespace>/<actor name>`` on each node).
     ``console=True`` (or a :class:`ConsoleConfig`) also starts the web console on the
     head node (``Cluster.console_url()``; default http://127.0.0.1:8280/).
+    A keeper actor starts a broker again on a node that joins with its spec's resource
+    after its own node died (``ClusterConfig.keeper``); ``auto_promote=True`` also
+    promotes a slave when a master's node dies (``actors/keeper/keeper.py``).
     """
     cfg = config or ClusterConfig()
     changes: dict[str, Any] = {}
@@ -242,6 +228,8 @@ def start_cluster(
         changes["nameserver"] = nameserver_config
     if max_restarts is not None:
         changes["max_restarts"] = max_restarts
+    if auto_promote is not None:
+        changes["auto_promote"] = auto_promote
     cfg = dataclasses.replace(cfg, **changes)
     if not ray.is_initialized():
         ray.init(address="local", include_dashboard=False)
@@ -308,14 +296,7 @@ def start_cluster(
     try:
         _rpc.get([h.ping.remote() for h in ns_handles], STARTUP_TIMEOUT_S)
         handles: list[Any] = [
-            ray.remote(Broker)
-            .options(
-                name=bc.actor_name,
-                **common,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-                runtime_env=BROKER_RUNTIME_ENV,
-            )
-            .remote(bc)
+            start_broker_actor(bc, node_id, cfg.max_restarts)
             for bc, node_id in zip(broker_cfgs, placements)
         ]
         _rpc.get([h.ping.remote() for h in handles], STARTUP_TIMEOUT_S)
@@ -324,6 +305,18 @@ def start_cluster(
             (bc.broker_name, 0 if bc.enable_dledger else bc.broker_id) for bc in broker_cfgs
         }
         wait_for_brokers(ns_handles, sorted(expected))
+        if cfg.keeper:
+            start_keeper(
+                ns,
+                [
+                    KeptBroker(bc, spec.node, node_id)
+                    for bc, spec, node_id in zip(broker_cfgs, cfg.brokers, placements)
+                ],
+                resolve_node(None),
+                max_restarts=cfg.max_restarts,
+                interval_s=cfg.keeper_interval_s,
+                auto_promote=cfg.auto_promote,
+            )
         for tc in cfg.topics:
             _rpc.get([h.create_topic.remote(tc) for h in handles], STARTUP_TIMEOUT_S)
         tls_cert, tls_key = cfg.broker.get("data_tls_cert"), cfg.broker.get("data_tls_key")

@@ -47,6 +47,14 @@ class ClusterConfig:
     topics: tuple[TopicConfig, ...] = ()
     store_root: str | None = None
     max_restarts: int = -1
+    keeper: bool = True
+    """Run the keeper (``actors/keeper/keeper.py``): a broker whose node died starts again
+    on a node that joins with the resource (address, name) its spec names."""
+    keeper_interval_s: float = 2.0
+    auto_promote: bool = False
+    """The keeper also promotes a slave when a master/slave group's master died with its
+    node (with the checks of ``raymq broker promote``). Off by default, as RocketMQ's
+    controller mode."""
 
     def __post_init__(self) -> None:
         check_name("ClusterConfig", "namespace", self.namespace)
@@ -62,6 +70,10 @@ class ClusterConfig:
             if key in seen:
                 raise InvalidConfigError(f"ClusterConfig.brokers: {key} appears twice")
             seen.add(key)
+        if not isinstance(self.keeper_interval_s, (int, float)) or not self.keeper_interval_s > 0:
+            raise InvalidConfigError(
+                f"ClusterConfig.keeper_interval_s={self.keeper_interval_s!r}: must be > 0"
+            )
         unknown = set(self.broker) - {f.name for f in dataclasses.fields(BrokerConfig)}
         if unknown:
             raise InvalidConfigError(
