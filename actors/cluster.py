@@ -144,12 +144,11 @@ class Cluster:
         the namespace."""
         names = named_actors(self.namespace)
         if KEEPER_ACTOR_NAME in names:  # first: it must not start a broker being stopped
-            with contextlib.suppress(Exception):
-                keeper = ray.get_actor(KEEPER_ACTOR_NAME, namespace=self.namespace)
-                ray.get(keeper.shutdown.remote(), timeout=min(5.0, timeout_s))
+            with contextlib.suppress(ValueError):  # (it holds nothing to save)
+                ray.kill(ray.get_actor(KEEPER_ACTOR_NAME, namespace=self.namespace))
         brokers = {}
         for name in names:
-            if name.startswith(NAMESERVER_PREFIX):
+            if name.startswith(NAMESERVER_PREFIX) or name == KEEPER_ACTOR_NAME:
                 continue
             try:
                 brokers[name] = ray.get_actor(name, namespace=self.namespace)

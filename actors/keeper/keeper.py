@@ -46,7 +46,6 @@ from storage.errors import InvalidConfigError, RayMQError
 log = logging.getLogger("raymq.actors.keeper")
 
 KEEPER_ACTOR_NAME = "raymq-keeper"
-START_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -234,8 +233,8 @@ def start_keeper(
     interval_s: float = 2.0,
     auto_promote: bool = False,
 ) -> Any:
-    """The cluster's keeper, started on ``node_id`` (the head's, beside the NameServers)
-    and tending once this returns."""
+    """The cluster's keeper, started on ``node_id`` (the head's, beside the NameServers);
+    it tends from when its process is up (not waited for here)."""
     handle: Any = (
         ray.remote(BrokerKeeper)
         .options(
@@ -254,5 +253,6 @@ def start_keeper(
             auto_promote=auto_promote,
         )
     )
-    ray.get(handle.ready.remote(), timeout=START_TIMEOUT_S)
+    # not waited for: a cluster is up without it, and it tends from its first round
+    handle.ready.remote()
     return handle
