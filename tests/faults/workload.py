@@ -53,6 +53,7 @@ def start(spec: dict[str, Any]) -> None:
         ],
         broker_options={"store": SMALL_STORE, **spec["broker_options"]},
         max_restarts=0,
+        auto_promote=spec.get("auto_promote", False),
     )
 
 
@@ -190,6 +191,40 @@ def commands(cluster: actors.Cluster, spec: dict[str, Any], sender: Sender) -> N
     sender.stop.set()
 
 
+def watch(cluster: actors.Cluster, stop: threading.Event, interval_s: float) -> None:
+    """With ``spec["watch"]``: what Ray and the keeper say, as ``watch`` events whenever
+    it changes: the addresses of the nodes Ray counts dead and alive, and the promotions
+    and restarts the keeper made. ``t`` is when the change was seen, ``since`` the look
+    before (the change happened between them)."""
+    from actors.keeper import KEEPER_ACTOR_NAME
+
+    keeper: Any = None
+    last: dict[str, Any] = {}
+    since = time.monotonic()
+    while not stop.wait(interval_s):
+        now = time.monotonic()
+        try:
+            nodes = ray.nodes()
+            dead = sorted(n["NodeManagerAddress"] for n in nodes if not n.get("Alive"))
+            alive = sorted(n["NodeManagerAddress"] for n in nodes if n.get("Alive"))
+            if keeper is None:
+                keeper = ray.get_actor(KEEPER_ACTOR_NAME, namespace=cluster.namespace)
+            kept = ray.get(keeper.status.remote(), timeout=2)
+        except Exception:  # noqa: BLE001 - the keeper starting, the GCS slow: next look
+            keeper = None
+            continue
+        state = {
+            "dead": dead,
+            "alive": alive,
+            "promotions": kept["promotions"],
+            "restarts": {k: v["restarts"] for k, v in kept["brokers"].items()},
+        }
+        if state != last:
+            emit("watch", t=now, since=since, **state)
+            last = state
+        since = now
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     ray.init(address=spec["address"], logging_level="ERROR", log_to_driver=False)
@@ -206,6 +241,9 @@ def main() -> None:
     sender = Sender(producer, spec["topic"], spec["batch"], spec["pace_s"])
     sender.thread.start()
     threading.Thread(target=commands, args=(cluster, spec, sender), daemon=True).start()
+    if spec.get("watch"):
+        args = (cluster, sender.stop, spec["watch"])
+        threading.Thread(target=watch, args=args, daemon=True).start()
     while not sender.stop.wait(0.5):
         emit("progress", ops=len(sender.ops), acked=sender.acked(), hosts=sender.last_hosts())
     sender.thread.join(timeout=60)
