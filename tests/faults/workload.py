@@ -121,7 +121,9 @@ def read_all(cluster: actors.Cluster, topic: str) -> list[str]:
 
 def restart_broker(cluster: actors.Cluster, spec: dict[str, Any], index: int) -> None:
     """Start broker ``spec["brokers"][index]`` again from its store on its node, with the
-    config ``start()`` gave it (an operator restarting a crashed machine's broker)."""
+    config ``start()`` gave it (an operator restarting a crashed machine's broker), unless
+    the cluster's keeper (``actors/keeper``) has already started it there: then wait for
+    that one to answer."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from actors.cluster import ACTOR_MAX_CONCURRENCY, BROKER_RUNTIME_ENV, resolve_node
@@ -144,20 +146,25 @@ def restart_broker(cluster: actors.Cluster, spec: dict[str, Any], index: int) ->
         nameservers=tuple(cluster.nameserver_names),
         store_dir=b["store_dir"],
     )
-    handle = (
-        ray.remote(actors.Broker)
-        .options(
-            name=config.actor_name,
-            namespace=config.namespace,
-            lifetime="detached",
-            num_cpus=0,
-            max_concurrency=ACTOR_MAX_CONCURRENCY,
-            max_restarts=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(resolve_node(b["node"]), soft=False),
-            runtime_env=BROKER_RUNTIME_ENV,
+    try:
+        handle = (
+            ray.remote(actors.Broker)
+            .options(
+                name=config.actor_name,
+                namespace=config.namespace,
+                lifetime="detached",
+                num_cpus=0,
+                max_concurrency=ACTOR_MAX_CONCURRENCY,
+                max_restarts=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(
+                    resolve_node(b["node"]), soft=False
+                ),
+                runtime_env=BROKER_RUNTIME_ENV,
+            )
+            .remote(config)
         )
-        .remote(config)
-    )
+    except ray.exceptions.ActorAlreadyExistsError:  # the keeper was first
+        handle = ray.get_actor(config.actor_name, namespace=config.namespace)
     ray.get(handle.ping.remote(), timeout=60)
 
 
