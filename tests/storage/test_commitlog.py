@@ -8,6 +8,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from storage import Message, MessageStore, StoreConfig, codec
 from storage.mapped_file import MappedFile, offset_to_name
 
@@ -94,6 +96,34 @@ def test_a_commitlog_file_created_cold_is_warmed_while_it_is_written(
         assert [m.body for m in again.get("g", "Warm", 0, 0, 2).messages] == [b"x", b"y"]
     finally:
         again.close()
+
+
+@pytest.mark.default_sizes
+def test_a_roll_to_the_next_1_gib_file_does_not_wait_for_its_warming(tmp_path: Path) -> None:
+    """The next CommitLog file is created in the background and warmed after: a put
+    that rolls waits for the creation (milliseconds), not the warming (2-3 s for a
+    1 GiB file here), which once stalled every put for 2.2 s at each roll of the
+    default files."""
+    config = StoreConfig(store_dir=str(tmp_path / "s"), flush_disk_type="ASYNC_FLUSH")
+    assert config.commitlog_file_size == 1 << 30  # the default
+    store = MessageStore(config)
+    try:
+        batch = [Message("Roll", b"r" * 4000, queue_id=i % 4) for i in range(256)]  # ~1 MiB
+        slowest_roll = 0.0
+        while len(store.commitlog.files) < 3:
+            before = len(store.commitlog.files)
+            t = time.perf_counter()
+            store.put_batch(batch)
+            if len(store.commitlog.files) > before > 0:
+                slowest_roll = max(slowest_roll, time.perf_counter() - t)
+        assert 0 < slowest_roll < 1.0, f"a put that rolled took {slowest_roll:.2f}s"
+        warming = store.commitlog.files.warming
+        assert warming is not None and warming.result(60) is True  # it was warmed after
+    finally:
+        store.close()
+        for f in (tmp_path / "s").rglob("*"):
+            if f.is_file():
+                f.unlink()
 
 
 def test_a_flush_leaves_the_other_threads_running(tmp_path: Path) -> None:
