@@ -47,9 +47,9 @@ import ray
 
 from actors.broker.ha import Replication
 from actors.broker.runtime import BrokerRuntime
-from actors.coordinator.txn import TXN_COORDINATOR_NAME
 from actors.protocol import checks
 from actors.protocol.errors import OnePhaseRefusedError
+from actors.protocol.names import TXN_COORDINATOR_NAME
 from storage import transaction
 from storage.codec import EncodedBatch
 from storage.errors import InvalidMessageError, ProducerFencedError

@@ -45,8 +45,8 @@ import ray
 from actors.broker.ha import Replication
 from actors.broker.one_phase import OnePhaseCommits
 from actors.broker.runtime import BrokerRuntime
-from actors.coordinator.txn import TXN_COORDINATOR_NAME
 from actors.protocol import checks
+from actors.protocol.names import TXN_COORDINATOR_NAME
 from storage import codec, transaction
 from storage.codec import EncodedBatch
 from storage.errors import BrokerUnavailableError, InvalidMessageError, StoreCorruptedError

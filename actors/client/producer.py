@@ -1,15 +1,22 @@
 """The Producer: the public face of sending, wiring the parts that do it.
 
 Messages are validated and encoded on the client (:mod:`.encoder`: the store's
-own rules and errors) and cross Ray as one blob per batch, one queue per batch.
-Queues are picked round robin over the topic's write queues, skipping brokers
-that failed or answered slowly a moment ago (latency fault tolerance); with a
-``sharding_key`` the same key always maps to the same queue
-(:mod:`.queue_selector`). A send that Ray cannot deliver is retried on another
-broker (``retry_times_when_send_failed``, default 2; :mod:`.sender`). A retry
-after a timeout may store a message twice: delivery is at least once, as in
-RocketMQ. How one call reaches a broker (a Ray call, or a co-located broker's
-shared memory ring) is the :mod:`.transport`'s business.
+own rules and errors) and go to the broker as one blob per batch, one queue per
+batch, over the broker's own socket (``actors.protocol.data_path``; Ray is the
+control plane, ``data_path="ray"`` keeps sends on Ray calls). Queues are picked
+round robin over the topic's write queues, skipping brokers that failed or
+answered slowly a moment ago (latency fault tolerance); with a ``sharding_key``
+the same key always maps to the same queue (:mod:`.queue_selector`).
+
+Sends are idempotent by default (``enable_idempotence``, :mod:`.idempotence`):
+each chunk is numbered per queue and the broker stores a numbered run once, so a
+send that may have been stored is retried only on its own queue, as the same
+bytes, and never stored twice; one that certainly never left is retried on
+another broker (``retry_times_when_send_failed``, default 2; :mod:`.sender`).
+With ``enable_idempotence=False`` a retry after a timeout may store a message
+twice: delivery is at least once, as in RocketMQ. How one call reaches a broker
+(the socket data path, a Ray call, or a co-located broker's shared memory ring)
+is the :mod:`.transport`'s business.
 
 Single ``send_async`` messages are coalesced into batches (:mod:`.coalescer`),
 batches waiting behind a broker's calls leave merged (:mod:`.send_lanes`), and

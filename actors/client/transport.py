@@ -2,9 +2,11 @@
 
 The producer's sender decides what to send where and what to do when it fails;
 a :class:`Transport` only carries one call (``batches``, bound for their queues
-already, to one broker) and hands back its pending answer. Today's transport,
-:class:`RayTransport`, makes it a Ray actor call; a socket data path plugs in
-here as a second implementation of the same interface.
+already, to one broker) and hands back its pending answer. The one transport,
+:class:`RayTransport` (named for the handles it calls), calls the broker's handle
+as the NameServer client gives it: with the default ``data_path="socket"`` that is
+a ``BrokerStub`` (``actors.protocol.data_path``) whose ``send`` goes over the
+broker's own socket, with ``data_path="ray"`` a Ray actor handle.
 
 Contract of :meth:`Transport.call`:
 
@@ -84,7 +86,8 @@ class Transport(Protocol):
 
 
 class RayTransport:
-    """Sends through Ray actor calls, or a co-located broker's shared ring when large."""
+    """Sends through the broker's handle (its socket stub, or a Ray actor handle with
+    ``data_path="ray"``), or a co-located broker's shared ring when large."""
 
     def __init__(self, ns: NameServerClient, config: ProducerConfig) -> None:
         self.ns = ns
@@ -101,9 +104,10 @@ class RayTransport:
         batches: Sequence[EncodedBatch],
         auto_n: int,
     ) -> Any:
-        """``broker.send`` of ``batches`` as one call: an ObjectRef, or a
-        :class:`SharedCall` when it went through the broker's shared ring. A broker Ray
-        cannot reach raises ``BrokerUnavailableError``."""
+        """``broker.send`` of ``batches`` as one call: the handle's pending answer (a
+        socket call's or an ObjectRef), or a :class:`SharedCall` when it went through
+        the broker's shared ring. A broker that cannot be reached raises
+        ``BrokerUnavailableError``."""
         try:
             broker = self.ns.broker(route, broker_name)
             parts = EncodedBatch.wire_parts(batches)

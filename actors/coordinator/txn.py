@@ -53,6 +53,7 @@ from actors.protocol.data_path import DataPath
 from actors.protocol.errors import TransactionStateError
 from actors.protocol.frame_server import FrameServer
 from actors.protocol.names import DEFAULT_NAMESPACE
+from actors.protocol.names import TXN_COORDINATOR_NAME as TXN_COORDINATOR_NAME
 from actors.protocol.rpc import PendingCall
 from storage.errors import (
     BrokerUnavailableError,
@@ -66,7 +67,6 @@ _DECIDED = {COMMIT: "committed", ABORT: "aborted"}
 
 log = logging.getLogger("raymq.actors.coordinator.txn")
 
-TXN_COORDINATOR_NAME = "txn-coordinator"
 _COMPACT_EVERY = 10_000  # log records between compactions, at least
 APPLY_WAIT_S = 10.0
 """How long a waiting ``end`` waits for the brokers (the coordinator's ``apply_wait_s``

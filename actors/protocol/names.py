@@ -4,6 +4,8 @@ from __future__ import annotations
 
 DEFAULT_NAMESPACE = "raymq"
 DEFAULT_CLUSTER = "DefaultCluster"
+TXN_COORDINATOR_NAME = "txn-coordinator"
+"""The documented Ray actor name of the transaction coordinator (``actors.coordinator.txn``)."""
 MASTER_ID = 0
 """A broker group's master has broker id 0; slaves have ids >= 1."""
 
