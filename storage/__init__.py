@@ -3,8 +3,8 @@
 Pure Python (numpy for the batch arithmetic); never imports Ray.
 """
 
-from . import _fast_encode  # noqa: F401  (registers the plain-batch encoder with codec)
-from .codec import EncodedBatch, encode_batch
+from . import _fast_encode  # noqa: F401  (registers the plain-batch encoder with batch)
+from .batch import EncodedBatch, encode_batch
 from .config import StoreConfig
 from .errors import (
     BrokerUnavailableError,

@@ -5,8 +5,8 @@ shared by the whole batch (or absent), and either no keys or one key each (an
 order id, as a str or a list or tuple of one str: the C encoder writes it and its
 index hash). Anything else goes through
 :func:`storage.codec.encode_batch`'s general loop. This module builds on
-``storage.codec`` and registers :func:`encode_plain` with it when imported
-(``codec.use_plain_encoder``), so ``encode_batch`` takes this path for plain
+``storage.batch`` and registers :func:`encode_plain` with it when imported
+(``batch.use_plain_encoder``), so ``encode_batch`` takes this path for plain
 batches; the producer calls :func:`encode_plain` directly.
 
 Two encoders give the same bytes. ``storage._native`` (C, built at install
@@ -30,15 +30,15 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from . import codec
+from . import batch, java_hash, properties, record, seq_slots
 from ._crc import crc32, crc32_address
-from .codec import EncodedBatch
+from .batch import EncodedBatch
 from .errors import InvalidMessageError
 from .message import Message
 from .message_id import UniqueKeyGenerator
 from .properties import PROP_TRAN_MSG, SYSTEM_PROPS
 
-_native = codec._native
+_native = record._native
 if _native is not None:
     _native.bind(Message)
 
@@ -84,7 +84,7 @@ def encode_plain(
 ) -> EncodedBatch | None:
     """The batch encoded, or ``None`` when it is not plain (the caller then loops).
 
-    ``seq_slot`` (``codec.seq_slot(producer id)``): an idempotent producer's batch, its
+    ``seq_slot`` (``seq_slots.seq_slot(producer id)``): an idempotent producer's batch, its
     first record ending with that reserved ``PRODUCER_SEQ`` property, so binding it to
     a queue's sequences patches a few bytes in place (``EncodedBatch.with_sequence``)
     instead of copying the batch; ``data`` is then a writable view of a bytearray.
@@ -102,9 +102,9 @@ def encode_plain(
 def _shared_text(shared: Mapping[str, str]) -> bytes | None:
     """``shared`` as the general loop writes a message's own properties (checked as it
     checks them); None when they ask for what it treats its own way (a delivery time)."""
-    if codec.PROP_TIMER_DELIVER_MS in shared or codec.PROP_TIMER_DELAY_SEC in shared:
+    if properties.PROP_TIMER_DELIVER_MS in shared or properties.PROP_TIMER_DELAY_SEC in shared:
         return None
-    return codec.encode_properties({k: v for k, v in shared.items() if k not in SYSTEM_PROPS})
+    return properties.encode_properties({k: v for k, v in shared.items() if k not in SYSTEM_PROPS})
 
 
 def _tail_head(topic: str, tags: str | None, extra: bytes = b"") -> bytes | None:
@@ -114,7 +114,7 @@ def _tail_head(topic: str, tags: str | None, extra: bytes = b"") -> bytes | None
     raw_topic = topic.encode("ascii")
     tag_part = f"TAGS\x01{tags}\x02".encode() if tags is not None else b""
     props_len = len(tag_part) + len(extra) + len(_UNIQ_HEAD) + 32 + 1
-    if props_len > codec.MAX_PROPERTIES_LEN:
+    if props_len > properties.MAX_PROPERTIES_LEN:
         return None
     return (
         bytes((len(raw_topic),))
@@ -150,7 +150,7 @@ def encode_plain_c(
     topic, tags = first.topic, first.tags
     if topic.__class__ is not str or (tags is not None and tags.__class__ is not str):
         return None
-    codec.validate_topic(topic)
+    record.validate_topic(topic)
     if tags is not None and (not tags or "\x01" in tags or "\x02" in tags):
         return None  # the general path names the error
     key = first.keys
@@ -160,11 +160,11 @@ def encode_plain_c(
     head = _keyed_head(topic, tags, extra) if keyed else _tail_head(topic, tags, extra)
     if head is None:
         return None
-    header = codec.HEADER.pack(
-        0, codec.MAGIC, 0, 0, 0, 0, 0, 0, born_ts, born_raw, 0, bytes(8), 0, 0, 0
+    header = record.HEADER.pack(
+        0, record.MAGIC, 0, 0, 0, 0, 0, 0, born_ts, born_raw, 0, bytes(8), 0, 0, 0
     )
     prefix = gen.prefix.encode("ascii")
-    key_base = codec.java_hash_cached(f"{topic}#{gen.prefix}") & 0xFFFFFFFF
+    key_base = java_hash.java_hash_cached(f"{topic}#{gen.prefix}") & 0xFFFFFFFF
     # a batch found not plain has then used up n counter values: harmless, they
     # only need to be unique
     out = _native.encode_plain(
@@ -179,7 +179,7 @@ def encode_plain_c(
         key_base,
         crc32_address,
         keyed,
-        codec.java_hash_cached(f"{topic}#") & 0xFFFFFFFF,
+        java_hash.java_hash_cached(f"{topic}#") & 0xFFFFFFFF,
         seq_slot or b"",
     )
     if out is None:
@@ -190,20 +190,20 @@ def encode_plain_c(
     data = memoryview(raw) if isinstance(raw, bytearray) else raw
     # a keyed record has two index entries, its key's then its unique key's
     owners = np.repeat(np.arange(n, dtype=np.int32), 2) if keyed else np.arange(n, dtype=np.int32)
-    return codec.EncodedBatch(
+    return batch.EncodedBatch(
         data=data,
         sizes=size_arr,
         topics=(topic,),
         topic_idx=np.zeros(n, dtype=np.int16),
         queue_ids=np.frombuffer(queue_ids, dtype=np.int32),
         tag_codes=np.full(
-            n, codec.java_hash_cached(tags) if tags is not None else 0, dtype=np.int64
+            n, java_hash.java_hash_cached(tags) if tags is not None else 0, dtype=np.int64
         ),
         key_hashes=np.frombuffer(key_hashes, dtype=np.int32),
         key_owner=owners,
-        uniq_keys=codec.PackedKeys(uniq_raw),
+        uniq_keys=batch.PackedKeys(uniq_raw),
         checked=True,
-        seq_slot_at=codec.slot_at(int(size_arr[0]), seq_slot) if seq_slot else None,
+        seq_slot_at=seq_slots.slot_at(int(size_arr[0]), seq_slot) if seq_slot else None,
         transactional=shared is not None and shared.get(PROP_TRAN_MSG) == "true",
     )
 
@@ -243,7 +243,7 @@ def encode_plain_numpy(
             return None
         if uniform and (m.queue_id != qid or m.flag != flag):
             uniform = False
-    codec.validate_topic(topic)
+    record.validate_topic(topic)
     if tags is not None and (not tags or "\x01" in tags or "\x02" in tags):
         return None  # the general path names the error
     bodies = [m.body for m in messages]
@@ -282,7 +282,7 @@ def encode_plain_numpy(
     extra = len(seq_slot) if seq_slot else 0
     props_at = head[0] + 1  # PROPLEN in a tail, after the topic section
     if extra and int.from_bytes(head[props_at : props_at + 2], "big") + extra > (
-        codec.MAX_PROPERTIES_LEN
+        properties.MAX_PROPERTIES_LEN
     ):
         return None
     tails = np.empty((n, len(head) + 33), dtype=np.uint8)
@@ -291,11 +291,11 @@ def encode_plain_numpy(
     tails[:, -1] = 2
     tail_len = tails.shape[1]
 
-    sizes = codec.HEADER.size + lengths + tail_len
+    sizes = record.HEADER.size + lengths + tail_len
     sizes[0] += extra  # the first record ends with the reserved slot
-    hdr = np.zeros(n, dtype=codec._HDR)
+    hdr = np.zeros(n, dtype=record._HDR)
     hdr["size"] = sizes
-    hdr["magic"] = codec.MAGIC
+    hdr["magic"] = record.MAGIC
     hdr["crc"] = np.fromiter(map(crc32, bodies), dtype=np.int64, count=n) & 0x7FFFFFFF
     hdr["qid"] = queue_ids
     hdr["flag"] = flags
@@ -306,7 +306,7 @@ def encode_plain_numpy(
 
     # between two bodies lie one record's tail and the next one's header: build those
     # "glue" chunks as rows of one array, then join glue, body, glue, body, ..., glue
-    hs, ts = codec.HEADER.size, tail_len
+    hs, ts = record.HEADER.size, tail_len
     width = ts + hs
     glue = _scratch((n + 1) * width).reshape(n + 1, width)
     glue[1:, :ts] = tails
@@ -326,15 +326,15 @@ def encode_plain_numpy(
 
     # index keys "topic#<prefix><12 digits>": the Java hash of the shared head times
     # 31**12 plus the digits' own, one matrix product for the batch
-    key_hashes = codec.prefixed_java_hashes(f"{topic}#{gen.prefix}", digits)
+    key_hashes = java_hash.prefixed_java_hashes(f"{topic}#{gen.prefix}", digits)
 
     sep = np.zeros((n, 33), dtype=np.uint8)
     sep[:, :32] = uniq
     uniq_raw = sep.tobytes()[:-1]
-    tag_code = codec.java_hash_cached(tags) if tags is not None else 0
+    tag_code = java_hash.java_hash_cached(tags) if tags is not None else 0
     if int(sizes.max()) > (1 << 31) - 1:
         raise InvalidMessageError("a record over 2 GiB")
-    return codec.EncodedBatch(
+    return batch.EncodedBatch(
         data=data,
         sizes=sizes.astype(np.int32),
         topics=(topic,),
@@ -343,10 +343,10 @@ def encode_plain_numpy(
         tag_codes=np.full(n, tag_code, dtype=np.int64),
         key_hashes=key_hashes.copy(),
         key_owner=np.arange(n, dtype=np.int32),
-        uniq_keys=codec.PackedKeys(uniq_raw),
+        uniq_keys=batch.PackedKeys(uniq_raw),
         checked=True,
-        seq_slot_at=codec.slot_at(int(sizes[0]), seq_slot) if seq_slot else None,
+        seq_slot_at=seq_slots.slot_at(int(sizes[0]), seq_slot) if seq_slot else None,
     )
 
 
-codec.use_plain_encoder(encode_plain)
+batch.use_plain_encoder(encode_plain)

@@ -25,7 +25,7 @@ from typing import overload
 
 import numpy as np
 
-from . import codec
+from . import codec, record
 from ._crc import crc32
 from .errors import OffsetOutOfRangeError, StoreCorruptedError
 from .mapped_file import MappedFile, MappedFileQueue
@@ -95,7 +95,7 @@ class CommitLog:
         any byte is written, so a batch that cannot be placed changes nothing.
         """
         n = len(sizes)
-        few = n <= codec.SMALL_BATCH
+        few = n <= record.SMALL_BATCH
         ends: list[int] | np.ndarray
         if few:  # Python ints and struct: numpy's per-call cost would dominate
             size_list = sizes.tolist()

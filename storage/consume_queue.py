@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import codec
+from . import record
 from .errors import StoreCorruptedError
 from .mapped_file import MappedFileQueue
 
@@ -154,7 +154,7 @@ class ConsumeQueue:
                 )
             self.files.reset_empty(queue_offset * UNIT)
             self.min_logic_offset = queue_offset * UNIT
-        if n <= codec.SMALL_BATCH:  # struct beats numpy's per-call cost for a few entries
+        if n <= record.SMALL_BATCH:  # struct beats numpy's per-call cost for a few entries
             packed = map(_ENTRY.pack, phys.tolist(), sizes.tolist(), tags.tolist())
             raw = memoryview(b"".join(packed))
         else:

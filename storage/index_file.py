@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import codec
+from . import codec, record
 from .errors import DiskFullError
 from .mapped_file import MappedFile, drop_if_empty
 
@@ -92,7 +92,7 @@ class IndexFile:
             self.begin_ts = store_ts
             self.begin_offset = int(offsets[0])
         diff = min(max((store_ts - self.begin_ts) // 1000, 0), _INT_MAX)
-        if n <= codec.SMALL_BATCH:
+        if n <= record.SMALL_BATCH:
             self._link_few(hashes[:n].tolist(), offsets[:n].tolist(), diff)
         else:
             self._link_many(hashes[:n].astype(np.int64), offsets[:n].astype(np.int64), diff)

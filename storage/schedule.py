@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from . import codec
-from .codec import EncodedBatch
+from .batch import EncodedBatch
 from .commitlog import CommitLog
 from .config import StoreConfig
 from .config_files import JsonConfigFile

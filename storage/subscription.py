@@ -10,8 +10,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from .codec import java_hash
 from .errors import InvalidMessageError
+from .java_hash import java_hash
 
 
 @lru_cache(maxsize=1024)

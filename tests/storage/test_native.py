@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from storage import InvalidMessageError, Message, MessageStore, StoreCorruptedError, codec
+from storage import InvalidMessageError, Message, MessageStore, StoreCorruptedError, codec, record
 from storage.index_file import IndexFile
 
 
@@ -70,7 +70,7 @@ def test_a_store_filled_through_c_and_through_numpy_is_the_same_byte_for_byte(
     assert codec._native is not None
     batches = _batches(1)
     with_c, answers_c = _fill(tmp_path / "c", make_config, batches)
-    monkeypatch.setattr(codec, "_native", None)
+    monkeypatch.setattr(record, "_native", None)
     with_numpy, answers_numpy = _fill(tmp_path / "numpy", make_config, batches)
     assert len([k for k in with_c if k.startswith("commitlog")]) >= 3  # files rolled
     assert len([k for k in with_c if k.startswith("index")]) >= 2
@@ -99,7 +99,7 @@ def test_record_scans_agree_on_good_and_broken_batches(monkeypatch: pytest.Monke
 
     assert codec._native is not None
     with_c = answers()
-    monkeypatch.setattr(codec, "_native", None)
+    monkeypatch.setattr(record, "_native", None)
     assert with_c == answers()
     assert with_c[0] == (True, (1, 50)) and not any(good for good, _ in with_c[1:])
 
@@ -145,7 +145,7 @@ def test_index_links_agree_with_collisions_and_stale_heads(
 
     assert codec._native is not None
     with_c = fill(tmp_path / "1")
-    monkeypatch.setattr(codec, "_native", None)
+    monkeypatch.setattr(record, "_native", None)
     assert with_c == fill(tmp_path / "2")
 
 
@@ -200,7 +200,7 @@ def test_body_slices_agree_and_refuse_the_same_garbage(
 
     assert codec._native is not None
     with_c = answer()
-    monkeypatch.setattr(codec, "_native", None)
+    monkeypatch.setattr(record, "_native", None)
     assert with_c == answer()
     if damage is None:
         assert with_c == [m.body for m in codec.decode_records(batch.data)]

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from storage import Message, MessageStore, codec, producer_state
+from storage import Message, MessageStore, codec, producer_state, record
 from storage._fast_encode import encode_plain
 from storage.errors import InvalidMessageError
 from tests.storage.conftest import small_config
@@ -120,7 +120,7 @@ def test_the_count_of_marks_agrees_in_c_and_in_python(monkeypatch: pytest.Monkey
 
     assert codec._native is not None
     with_c = counts()
-    monkeypatch.setattr(codec, "_native", None)
+    monkeypatch.setattr(record, "_native", None)
     assert counts() == with_c
     assert with_c[-2:] == [0, 1]
 
@@ -141,7 +141,7 @@ def test_with_a_c_module_built_before_it_counted_marks_the_search_still_finds_th
         def verify_records(*args: object) -> tuple[object, ...]:
             return native.verify_records(*args)[:6]  # type: ignore[arg-type]
 
-    monkeypatch.setattr(codec, "_native", Older())
+    monkeypatch.setattr(record, "_native", Older())
     for bad in cases().values():
         with pytest.raises(InvalidMessageError, match="PRODUCER_SEQ"):
             wire(bad)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from storage import InvalidMessageError, Message, MessageStore, codec
+from storage import InvalidMessageError, Message, MessageStore, codec, record
 from storage.codec import EncodedBatch
 
 
@@ -103,7 +103,7 @@ CASES = [
 @pytest.fixture(params=["c", "python"])
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     if request.param == "python":
-        monkeypatch.setattr(codec, "_native", None)
+        monkeypatch.setattr(record, "_native", None)
     else:
         assert codec._native is not None
     return request.param
@@ -166,7 +166,7 @@ def test_the_c_and_python_checks_agree(monkeypatch: pytest.MonkeyPatch) -> None:
         return out
 
     with_c = answers()
-    monkeypatch.setattr(codec, "_native", None)
+    monkeypatch.setattr(record, "_native", None)
     assert answers() == with_c
     assert with_c[0] == (20, 49)
     missed = [w for (w, _), a in zip(cases, with_c) if w in guarded and not isinstance(a, str)]

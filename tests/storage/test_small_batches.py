@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from storage import InvalidMessageError, Message, MessageStore, codec
+from storage import InvalidMessageError, Message, MessageStore, codec, java_hash
+from storage import record as layout
 from storage.codec import EncodedBatch
 
 NOW_S = 1_700_000_000.0  # one store timestamp for every put: nothing then differs
@@ -44,7 +45,7 @@ def files_under(root: Path) -> dict[str, bytes]:
 @pytest.fixture(params=[None, 0], ids=["scalar-when-small", "always-vectorised"])
 def threshold(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     if request.param is not None:
-        monkeypatch.setattr(codec, "SMALL_BATCH", request.param)
+        monkeypatch.setattr(layout, "SMALL_BATCH", request.param)
 
 
 @pytest.mark.parametrize("n", [5, 40])
@@ -169,7 +170,7 @@ def test_plain_encoding_is_the_same_one_by_one_and_as_a_batch() -> None:
 def test_java_hashes_agree_on_both_paths(
     monkeypatch: pytest.MonkeyPatch, scalar_chars: int
 ) -> None:
-    monkeypatch.setattr(codec, "_SCALAR_HASH_CHARS", scalar_chars)
+    monkeypatch.setattr(java_hash, "_SCALAR_HASH_CHARS", scalar_chars)
     strings = ["", "a", "topic#key1", "é" * 30, "😀x", "Small#" + "Z" * 200] * 3
     assert codec.java_hashes(strings).tolist() == [codec.java_hash(s) for s in strings]
     assert codec.java_hashes(["topic#key1"]).tolist() == [-889947002]

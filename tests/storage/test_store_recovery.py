@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from store_sizes import STORE_SIZES
 
-from storage import GetStatus, Message, MessageStore, StoreConfig, codec
+from storage import GetStatus, Message, MessageStore, StoreConfig, codec, record
 
 CHILD = textwrap.dedent(
     """
@@ -210,7 +210,7 @@ def test_an_index_put_cut_by_a_crash_loses_no_older_key(
     from storage.index_file import HEADER_SIZE, IndexFile
 
     if path == "numpy":
-        monkeypatch.setattr(codec, "_native", None)
+        monkeypatch.setattr(record, "_native", None)
     size = 10 if path == "few" else 60
     rng = np.random.default_rng(11)
     older = rng.integers(0, 1 << 31, size=3 * size)
