@@ -49,7 +49,7 @@ def test_the_top_level_api_is_what_it_was() -> None:
         assert getattr(actors, name) is not None
     # nothing else public leaks out of the package's namespace but the rooms themselves
     rooms = {"bridge", "broker", "client", "cluster", "config", "console", "coordinator"}
-    rooms |= {"fleet", "namesrv", "protocol", "tools"}
+    rooms |= {"fleet", "keeper", "namesrv", "protocol", "tools"}
     extra = {
         n
         for n, v in vars(actors).items()

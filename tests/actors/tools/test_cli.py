@@ -98,7 +98,7 @@ def test_cli_round_trip(
         assert human == 0 and "broker-a" in capsys.readouterr().out
     finally:
         down = run(capsys, "down", "--namespace", ns)
-    assert down["stopped"] == ["broker-a-0", "nameserver-0"]
+    assert down["stopped"] == ["broker-a-0", "nameserver-0", "raymq-keeper"]
     assert main(["status", "--namespace", ns]) == 1
     assert "no RayMQ NameServer" in capsys.readouterr().err
 

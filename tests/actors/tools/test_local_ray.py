@@ -81,6 +81,6 @@ def test_up_local_runs_without_the_environment_on_path_and_down_stops_its_ray(
         result = json.loads(down.stdout)
     finally:  # never leave a Ray behind, and never stop any other
         stop_ray_processes(address)
-    assert result["stopped"] == ["broker-a-0", "nameserver-0"]
+    assert result["stopped"] == ["broker-a-0", "nameserver-0", "raymq-keeper"]
     assert result["ray"].startswith(f"stopped the local Ray at {address}")
     assert not ray_processes(address)

@@ -85,7 +85,10 @@ def test_a_slave_that_was_down_catches_up_with_default_file_sizes(
     assert _commitlog_prefix(slave_dir, behind) == _commitlog_prefix(
         status_of(master)["store_dir"], behind
     )
-    found = ray.get(slave.query_by_key.remote("HAD", "k24999"))
+    # its index follows its CommitLog (dispatched after the bytes are acknowledged)
+    found = wait_until(
+        lambda: ray.get(slave.query_by_key.remote("HAD", "k24999")), what="the key indexed"
+    )
     assert [x.body[:7] for x in found] == [b"m024999"]
     # a restart and a catch-up of ~10 MB: seconds, not the minutes a copy to the end of
     # a 1 GiB file per read would take
