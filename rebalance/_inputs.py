@@ -9,9 +9,27 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from typing import TypeVar
 
 from rebalance._java import java_string_key
 from rebalance.message_queue import MessageQueue, queue_order_key
+
+_T = TypeVar("_T")
+
+
+def items_of(
+    value: object, item_type: type[_T], name: str, collection: str, items: str
+) -> list[_T]:
+    """``value``'s items as a list, after checking it is a collection (not a lone
+    string or queue) of ``item_type``; ``collection`` and ``items`` name what it
+    must be and hold in the error."""
+    if isinstance(value, (str, item_type)) or not isinstance(value, Iterable):
+        raise TypeError(f"{name} must be a collection of {collection}, got {type(value).__name__}")
+    checked = list(value)
+    for item in checked:
+        if not isinstance(item, item_type):
+            raise TypeError(f"{name} must hold {items}, got {item!r}")
+    return checked
 
 
 def check_consumer_group(consumer_group: object) -> None:
@@ -28,13 +46,7 @@ def check_current_cid(current_cid: object) -> None:
 
 def sorted_queues(mq_all: Iterable[MessageQueue]) -> list[MessageQueue]:
     """The distinct queues of ``mq_all`` in RocketMQ's order; never empty."""
-    if isinstance(mq_all, MessageQueue) or not isinstance(mq_all, Iterable):
-        raise TypeError(f"mq_all must be a collection of MessageQueue, got {type(mq_all).__name__}")
-    queues: set[MessageQueue] = set()
-    for mq in mq_all:
-        if not isinstance(mq, MessageQueue):
-            raise TypeError(f"mq_all must hold MessageQueue values, got {mq!r}")
-        queues.add(mq)
+    queues = set(items_of(mq_all, MessageQueue, "mq_all", "MessageQueue", "MessageQueue values"))
     if not queues:
         raise ValueError("mq_all is empty: there are no queues to allocate")
     return sorted(queues, key=queue_order_key)
@@ -46,14 +58,8 @@ def sorted_consumers(cid_all: Iterable[str]) -> list[str]:
     A duplicate id is an error rather than collapsed: two members claiming one
     id would consume the same queues.
     """
-    if isinstance(cid_all, str) or not isinstance(cid_all, Iterable):
-        raise TypeError(
-            f"cid_all must be a collection of consumer ids, got {type(cid_all).__name__}"
-        )
-    consumers = list(cid_all)
+    consumers = items_of(cid_all, str, "cid_all", "consumer ids", "str consumer ids")
     for cid in consumers:
-        if not isinstance(cid, str):
-            raise TypeError(f"cid_all must hold str consumer ids, got {cid!r}")
         if not cid:
             raise ValueError("cid_all holds an empty consumer id")
     if not consumers:

@@ -8,11 +8,10 @@ last ``c - n`` consumers own nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import ClassVar
 
 from rebalance.message_queue import MessageQueue
-from rebalance.strategy import BaseStrategy
+from rebalance.strategy import BaseStrategy, Group
 
 
 class AveragelyStrategy(BaseStrategy):
@@ -20,15 +19,9 @@ class AveragelyStrategy(BaseStrategy):
 
     name: ClassVar[str] = "averagely"
 
-    def _allocate(
-        self,
-        consumer_group: str,
-        current_cid: str,
-        queues: Sequence[MessageQueue],
-        consumers: Sequence[str],
-    ) -> list[MessageQueue]:
-        index = consumers.index(current_cid)
-        size, extra = divmod(len(queues), len(consumers))
+    def _allocate(self, group: Group, current_cid: str) -> list[MessageQueue]:
+        index = group.consumers.index(current_cid)
+        size, extra = divmod(len(group.queues), len(group.consumers))
         start = index * size + min(index, extra)
         end = start + size + (1 if index < extra else 0)
-        return list(queues[start:end])
+        return list(group.queues[start:end])

@@ -8,11 +8,12 @@ consumers that must all read the same queues.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import ClassVar
 
+from rebalance._inputs import items_of
 from rebalance.message_queue import MessageQueue
-from rebalance.strategy import BaseStrategy
+from rebalance.strategy import BaseStrategy, Group
 
 
 class ConfigStrategy(BaseStrategy):
@@ -21,28 +22,18 @@ class ConfigStrategy(BaseStrategy):
     name: ClassVar[str] = "config"
 
     def __init__(self, *, queues: Iterable[MessageQueue]) -> None:
-        if isinstance(queues, MessageQueue) or not isinstance(queues, Iterable):
-            raise TypeError(
-                "config option queues must be a collection of MessageQueue, "
-                f"got {type(queues).__name__}"
+        configured = tuple(
+            items_of(
+                queues, MessageQueue, "config option queues", "MessageQueue", "MessageQueue values"
             )
-        configured = tuple(queues)
-        for mq in configured:
-            if not isinstance(mq, MessageQueue):
-                raise TypeError(f"config option queues must hold MessageQueue values, got {mq!r}")
+        )
         if not configured:
             raise ValueError("config option queues is empty: nothing would be consumed")
         if len(set(configured)) != len(configured):
             raise ValueError("config option queues lists a queue more than once")
         self.queues = configured
 
-    def _allocate(
-        self,
-        consumer_group: str,
-        current_cid: str,
-        queues: Sequence[MessageQueue],
-        consumers: Sequence[str],
-    ) -> list[MessageQueue]:
+    def _allocate(self, group: Group, current_cid: str) -> list[MessageQueue]:
         return list(self.queues)
 
     def __repr__(self) -> str:

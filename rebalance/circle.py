@@ -7,11 +7,10 @@ go to different consumers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import ClassVar
 
 from rebalance.message_queue import MessageQueue
-from rebalance.strategy import BaseStrategy
+from rebalance.strategy import BaseStrategy, Group
 
 
 class CircleStrategy(BaseStrategy):
@@ -19,12 +18,6 @@ class CircleStrategy(BaseStrategy):
 
     name: ClassVar[str] = "circle"
 
-    def _allocate(
-        self,
-        consumer_group: str,
-        current_cid: str,
-        queues: Sequence[MessageQueue],
-        consumers: Sequence[str],
-    ) -> list[MessageQueue]:
-        index = consumers.index(current_cid)
-        return list(queues[index :: len(consumers)])
+    def _allocate(self, group: Group, current_cid: str) -> list[MessageQueue]:
+        index = group.consumers.index(current_cid)
+        return list(group.queues[index :: len(group.consumers)])

@@ -10,12 +10,11 @@ queues only move to it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import ClassVar
 
 from rebalance._hash import HashRing
 from rebalance.message_queue import MessageQueue
-from rebalance.strategy import BaseStrategy
+from rebalance.strategy import BaseStrategy, Group
 
 
 def queue_hash_key(mq: MessageQueue) -> str:
@@ -41,25 +40,14 @@ class ConsistentHashStrategy(BaseStrategy):
             )
         self.virtual_nodes = virtual_nodes
 
-    def _allocate(
-        self,
-        consumer_group: str,
-        current_cid: str,
-        queues: Sequence[MessageQueue],
-        consumers: Sequence[str],
-    ) -> list[MessageQueue]:
-        ring = HashRing(consumers, self.virtual_nodes)
-        return [mq for mq in queues if ring.route(queue_hash_key(mq)) == current_cid]
+    def _allocate(self, group: Group, current_cid: str) -> list[MessageQueue]:
+        ring = HashRing(group.consumers, self.virtual_nodes)
+        return [mq for mq in group.queues if ring.route(queue_hash_key(mq)) == current_cid]
 
-    def _allocate_all(
-        self,
-        consumer_group: str,
-        queues: Sequence[MessageQueue],
-        consumers: Sequence[str],
-    ) -> dict[str, list[MessageQueue]]:
-        ring = HashRing(consumers, self.virtual_nodes)
-        shares: dict[str, list[MessageQueue]] = {cid: [] for cid in consumers}
-        for mq in queues:
+    def _allocate_all(self, group: Group) -> dict[str, list[MessageQueue]]:
+        ring = HashRing(group.consumers, self.virtual_nodes)
+        shares: dict[str, list[MessageQueue]] = {cid: [] for cid in group.consumers}
+        for mq in group.queues:
             shares[ring.route(queue_hash_key(mq))].append(mq)
         return shares
 

@@ -13,12 +13,13 @@ parts that need a queue's room (``machine_room_nearby``'s room resolvers).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import ClassVar
 
+from rebalance._inputs import items_of
 from rebalance._java import java_split
 from rebalance.message_queue import MessageQueue
-from rebalance.strategy import BaseStrategy
+from rebalance.strategy import BaseStrategy, Group
 
 ROOM_SEPARATOR = "@"
 
@@ -36,17 +37,8 @@ class MachineRoomStrategy(BaseStrategy):
     name: ClassVar[str] = "machine_room"
 
     def __init__(self, *, consumer_idcs: Iterable[str]) -> None:
-        if isinstance(consumer_idcs, str) or not isinstance(consumer_idcs, Iterable):
-            raise TypeError(
-                "machine_room option consumer_idcs must be a collection of room "
-                f"names, got {type(consumer_idcs).__name__}"
-            )
-        rooms = frozenset(consumer_idcs)
-        for room in rooms:
-            if not isinstance(room, str):
-                raise TypeError(
-                    f"machine_room option consumer_idcs must hold str room names, got {room!r}"
-                )
+        option = "machine_room option consumer_idcs"
+        rooms = frozenset(items_of(consumer_idcs, str, option, "room names", "str room names"))
         if not rooms:
             raise ValueError(
                 "machine_room option consumer_idcs is empty: no queue would be consumed"
@@ -57,19 +49,13 @@ class MachineRoomStrategy(BaseStrategy):
         """Whether ``mq``'s broker is ``<room>@<broker>`` with a listed room."""
         return room_of_broker(mq.broker_name) in self.consumer_idcs
 
-    def _allocate(
-        self,
-        consumer_group: str,
-        current_cid: str,
-        queues: Sequence[MessageQueue],
-        consumers: Sequence[str],
-    ) -> list[MessageQueue]:
-        eligible = [mq for mq in queues if self.is_eligible(mq)]
-        index = consumers.index(current_cid)
-        size, left_over = divmod(len(eligible), len(consumers))
+    def _allocate(self, group: Group, current_cid: str) -> list[MessageQueue]:
+        eligible = [mq for mq in group.queues if self.is_eligible(mq)]
+        index = group.consumers.index(current_cid)
+        size, left_over = divmod(len(eligible), len(group.consumers))
         share = eligible[index * size : (index + 1) * size]
         if index < left_over:
-            share.append(eligible[size * len(consumers) + index])
+            share.append(eligible[size * len(group.consumers) + index])
         return share
 
     def __repr__(self) -> str:

@@ -16,7 +16,7 @@ from typing import ClassVar, TypeVar
 
 from rebalance._java import java_string_key
 from rebalance.message_queue import MessageQueue
-from rebalance.strategy import AllocateStrategy, BaseStrategy, allocate_all_with
+from rebalance.strategy import AllocateStrategy, BaseStrategy, Group, allocate_all_with
 
 _T = TypeVar("_T")
 
@@ -51,44 +51,33 @@ class MachineRoomNearbyStrategy(BaseStrategy):
         self.broker_room = broker_room
         self.consumer_room = consumer_room
 
-    def _allocate(
-        self,
-        consumer_group: str,
-        current_cid: str,
-        queues: Sequence[MessageQueue],
-        consumers: Sequence[str],
-    ) -> list[MessageQueue]:
-        queues_by_room = self._group(queues, self._room_of_queue)
-        consumers_by_room = self._group(consumers, self._room_of_consumer)
+    def _allocate(self, group: Group, current_cid: str) -> list[MessageQueue]:
+        queues_by_room = self._group(group.queues, self._room_of_queue)
+        consumers_by_room = self._group(group.consumers, self._room_of_consumer)
         own_room = self._room_of_consumer(current_cid)
         share: list[MessageQueue] = []
         own_queues = queues_by_room.pop(own_room, None)
         if own_queues:
             share += self.inner.allocate(
-                consumer_group, current_cid, own_queues, consumers_by_room[own_room]
+                group.name, current_cid, own_queues, consumers_by_room[own_room]
             )
         for room, room_queues in queues_by_room.items():
             if room not in consumers_by_room:
-                share += self.inner.allocate(consumer_group, current_cid, room_queues, consumers)
+                share += self.inner.allocate(group.name, current_cid, room_queues, group.consumers)
         return share
 
-    def _allocate_all(
-        self,
-        consumer_group: str,
-        queues: Sequence[MessageQueue],
-        consumers: Sequence[str],
-    ) -> dict[str, list[MessageQueue]]:
-        queues_by_room = self._group(queues, self._room_of_queue)
-        consumers_by_room = self._group(consumers, self._room_of_consumer)
-        shares: dict[str, list[MessageQueue]] = {cid: [] for cid in consumers}
+    def _allocate_all(self, group: Group) -> dict[str, list[MessageQueue]]:
+        queues_by_room = self._group(group.queues, self._room_of_queue)
+        consumers_by_room = self._group(group.consumers, self._room_of_consumer)
+        shares: dict[str, list[MessageQueue]] = {cid: [] for cid in group.consumers}
         # Each consumer is in one room, so its own room's part comes first.
         for room, room_consumers in consumers_by_room.items():
             room_queues = queues_by_room.get(room)
             if room_queues:
-                self._extend(shares, consumer_group, room_queues, room_consumers)
+                self._extend(shares, group.name, room_queues, room_consumers)
         for room, room_queues in queues_by_room.items():
             if room not in consumers_by_room:
-                self._extend(shares, consumer_group, room_queues, consumers)
+                self._extend(shares, group.name, room_queues, group.consumers)
         return shares
 
     def _extend(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
 from rebalance._inputs import (
@@ -45,6 +46,23 @@ class AllocateStrategy(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class Group:
+    """A rebalance's checked inputs: sorted, distinct and non-empty."""
+
+    name: str
+    queues: Sequence[MessageQueue]
+    consumers: Sequence[str]
+
+    @classmethod
+    def of(
+        cls, consumer_group: str, mq_all: Iterable[MessageQueue], cid_all: Iterable[str]
+    ) -> Group:
+        """The checked inputs; ``TypeError`` or ``ValueError`` for bad ones."""
+        check_consumer_group(consumer_group)
+        return cls(consumer_group, sorted_queues(mq_all), sorted_consumers(cid_all))
+
+
 class BaseStrategy(ABC):
     """Validates and sorts the inputs, then runs ``_allocate`` on them."""
 
@@ -60,17 +78,16 @@ class BaseStrategy(ABC):
         """The queues ``current_cid`` owns; ``[]`` if it is not in ``cid_all``."""
         check_consumer_group(consumer_group)
         check_current_cid(current_cid)
-        queues = sorted_queues(mq_all)
-        consumers = sorted_consumers(cid_all)
-        if current_cid not in consumers:
+        group = Group.of(consumer_group, mq_all, cid_all)
+        if current_cid not in group.consumers:
             _log.warning(
                 "consumer %r is not a member of group %r (members: %s); it gets no queues",
                 current_cid,
                 consumer_group,
-                consumers,
+                group.consumers,
             )
             return []
-        return self._allocate(consumer_group, current_cid, queues, consumers)
+        return self._allocate(group, current_cid)
 
     def allocate_all(
         self,
@@ -79,30 +96,15 @@ class BaseStrategy(ABC):
         cid_all: Iterable[str],
     ) -> dict[str, list[MessageQueue]]:
         """Every member's ``allocate`` result at once, keyed in member order."""
-        check_consumer_group(consumer_group)
-        queues = sorted_queues(mq_all)
-        consumers = sorted_consumers(cid_all)
-        return self._allocate_all(consumer_group, queues, consumers)
+        return self._allocate_all(Group.of(consumer_group, mq_all, cid_all))
 
     @abstractmethod
-    def _allocate(
-        self,
-        consumer_group: str,
-        current_cid: str,
-        queues: Sequence[MessageQueue],
-        consumers: Sequence[str],
-    ) -> list[MessageQueue]:
-        """``current_cid``'s share; inputs are sorted, distinct, non-empty and
-        ``current_cid`` is one of ``consumers``."""
+    def _allocate(self, group: Group, current_cid: str) -> list[MessageQueue]:
+        """``current_cid``'s share; ``current_cid`` is one of ``group.consumers``."""
 
-    def _allocate_all(
-        self,
-        consumer_group: str,
-        queues: Sequence[MessageQueue],
-        consumers: Sequence[str],
-    ) -> dict[str, list[MessageQueue]]:
+    def _allocate_all(self, group: Group) -> dict[str, list[MessageQueue]]:
         """Override where the whole group is cheaper in one pass."""
-        return {cid: self._allocate(consumer_group, cid, queues, consumers) for cid in consumers}
+        return {cid: self._allocate(group, cid) for cid in group.consumers}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -117,9 +119,8 @@ def allocate_all_with(
     """Every member's share under any strategy, in one pass where it has one."""
     if isinstance(strategy, BaseStrategy):
         return strategy.allocate_all(consumer_group, mq_all, cid_all)
-    check_consumer_group(consumer_group)
-    queues = sorted_queues(mq_all)
-    consumers = sorted_consumers(cid_all)
+    group = Group.of(consumer_group, mq_all, cid_all)
     return {
-        cid: list(strategy.allocate(consumer_group, cid, queues, consumers)) for cid in consumers
+        cid: list(strategy.allocate(group.name, cid, group.queues, group.consumers))
+        for cid in group.consumers
     }
