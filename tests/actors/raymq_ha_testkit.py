@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from raymq_testkit import SMALL_STORE, wait_until
 
 import actors
 from actors import BrokerConfig, PullStatus, SendStatus
-from actors.cluster import ACTOR_MAX_CONCURRENCY
+from actors.keeper import start_broker_actor
 from actors.protocol.wire import pull_from_wire
 from rebalance import MessageQueue
 from storage import Message
@@ -69,21 +68,9 @@ def broker_config(
 
 
 def start_broker(config: BrokerConfig, node_id: str | None = None) -> Any:
-    """Start a Broker actor as ``start_cluster`` would (an operator restarting one)."""
-    node = node_id or ray.get_runtime_context().get_node_id()
-    handle = (
-        ray.remote(actors.Broker)
-        .options(
-            name=config.actor_name,
-            namespace=config.namespace,
-            lifetime="detached",
-            num_cpus=0,
-            max_concurrency=ACTOR_MAX_CONCURRENCY,
-            max_restarts=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-        )
-        .remote(config)
-    )
+    """Start a Broker actor the way ``start_cluster`` and the keeper do
+    (``actors.keeper.start_broker_actor``), on ``node_id`` or this node, and wait for it."""
+    handle = start_broker_actor(config, node_id or ray.get_runtime_context().get_node_id(), 0)
     ray.get(handle.ping.remote(), timeout=60)
     return handle
 
