@@ -9,7 +9,9 @@ its Ray session and stores in its own directory. Every Ray process runs with one
 cluster token (``RAY_AUTH_MODE=token``), so no ``~/.ray/auth_token`` is read or written.
 
 Faults: :meth:`FaultLab.partition` drops traffic between sets of nodes with one nftables
-``inet`` table per namespace, :meth:`FaultLab.heal` removes them; :meth:`FaultLab.pause`,
+``inet`` table per namespace (:meth:`FaultLab.drop_one_way`: one direction only),
+:meth:`FaultLab.degrade` delays and drops packets (``tc netem``), :meth:`FaultLab.heal`
+removes both; :meth:`FaultLab.pause`,
 :meth:`FaultLab.resume` and :meth:`FaultLab.kill` signal processes found inside a node's
 namespace (a broker is found by its Ray process title).
 
@@ -44,7 +46,7 @@ SUBNET = "10.77.0"
 LOCK = Path("/run") / f"{PREFIX}.lock"
 GCS_PORT = 6379
 REPO = Path(__file__).resolve().parents[2]
-TOOLS = ("ip", "nft")
+TOOLS = ("ip", "nft", "tc")
 
 
 class LabError(RuntimeError):
@@ -370,7 +372,12 @@ class FaultLab:
             for node in group:
                 self._drop(node, others)
 
-    def _drop(self, node: Node, peers: list[str]) -> None:
+    def drop_one_way(self, src: str, dst: str) -> None:
+        """Drop what ``src`` sends to ``dst``; what ``dst`` sends to ``src`` still arrives
+        (a TCP connection between them stalls both ways, a datagram gets through one way)."""
+        self._drop(self.nodes[dst], [self.nodes[src].ip], outbound=False)
+
+    def _drop(self, node: Node, peers: list[str], *, outbound: bool = True) -> None:
         if not peers:
             return
         addrs = ", ".join(peers)
@@ -380,15 +387,52 @@ class FaultLab:
             f"add chain {t} input {{ type filter hook input priority -10; policy accept; }}\n"
             f"add chain {t} output {{ type filter hook output priority -10; policy accept; }}\n"
             f"add rule {t} input ip saddr {{ {addrs} }} drop\n"
-            f"add rule {t} output ip daddr {{ {addrs} }} drop\n"
         )
+        if outbound:
+            rules += f"add rule {t} output ip daddr {{ {addrs} }} drop\n"
         self.ns_exec(node, "nft", "-f", "-", stdin=rules)
 
+    def degrade(self, node: str, delay_ms: int, jitter_ms: int = 0, loss_pct: float = 0.0) -> str:
+        """Make the node's link slow and lossy: ``tc netem`` delays every packet it sends
+        by ``delay_ms`` (± ``jitter_ms``) and drops ``loss_pct`` percent of them. A kernel
+        without netem (``sch_netem``) gets the nearest it has: an nftables rule dropping
+        that share of the node's packets at random, and a ``tbf`` rate limit whose queue
+        holds a packet up to ``delay_ms`` (a slow link's delay, under load only). Returns
+        which of the two was applied."""
+        n = self.nodes[node]
+        argv = ["tc", "qdisc", "replace", "dev", "eth0", "root", "netem",
+                "delay", f"{delay_ms}ms", f"{jitter_ms}ms"]  # fmt: skip
+        if loss_pct:
+            argv += ["loss", f"{loss_pct:g}%"]
+        try:
+            self.ns_exec(n, *argv)
+            return "netem"
+        except LabError as exc:
+            if "unknown" not in str(exc):
+                raise
+        if loss_pct:
+            t = f"inet {PREFIX}"
+            share = "" if loss_pct >= 100 else f"numgen random mod 10000 < {round(loss_pct * 100)}"
+            self.ns_exec(n, "nft", "-f", "-", stdin=(
+                f"add table {t}\n"
+                f"add chain {t} output {{ type filter hook output priority -10; policy accept; }}\n"
+                f"add rule {t} output {share} drop\n"
+            ))  # fmt: skip
+        if delay_ms:
+            rate = "1mbit" if delay_ms >= 100 else "10mbit"
+            self.ns_exec(n, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
+                         "rate", rate, "burst", "16kb", "latency", f"{delay_ms}ms")  # fmt: skip
+        return "nft+tbf"
+
     def heal(self) -> None:
-        """Remove every cut: each namespace's table goes."""
+        """Remove every cut and every ``degrade``: each namespace's table and qdisc go."""
         for node in self.nodes.values():
             with contextlib.suppress(LabError):
                 self.ns_exec(node, "nft", "delete", "table", "inet", PREFIX)
+            with contextlib.suppress(LabError):
+                shown = self.ns_exec(node, "tc", "qdisc", "show", "dev", "eth0")
+                if "netem" in shown or "tbf" in shown:
+                    self.ns_exec(node, "tc", "qdisc", "del", "dev", "eth0", "root")
 
     def rules(self, node: str) -> str:
         """The node's nft ruleset as nft lists it (what a partition made)."""

@@ -68,6 +68,16 @@ def test_partition_cuts_the_named_sides_both_ways_and_heal_restores_them(
     assert "drop" not in lab.rules("b")
     assert all(reaches(lab, s, d) for s, d in pairs)
 
+    lab.drop_one_way("a", "b")  # a's SYNs to b dropped; b's to a still arrive
+    assert not reaches(lab, "a", "b")
+    assert reaches(lab, "c", "b") and reaches(lab, "b", "c")
+    lab.degrade("c", delay_ms=400, loss_pct=100)  # every packet c sends is dropped
+    assert not reaches(lab, "a", "c")
+    lab.heal()
+    shown = lab.ns_exec(lab.nodes["c"], "tc", "qdisc", "show", "dev", "eth0")
+    assert "netem" not in shown and "tbf" not in shown
+    assert all(reaches(lab, s, d) for s, d in pairs)
+
 
 def test_pause_resume_and_kill_reach_only_the_nodes_processes(lab_factory: Any) -> None:
     lab = lab_factory(["a", "b"], ray=False)

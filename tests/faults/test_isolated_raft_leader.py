@@ -17,8 +17,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from checker import ACK, Op, Verdict, check
-from workload import Workload
+from checker import ACK, Verdict
+from workload import assert_exactly_once, brokers_on, finish, start_workload
 
 RAFT = {
     "enable_dledger": True,
@@ -45,27 +45,7 @@ def test_isolated_raft_leader_commits_nothing_and_a_new_leader_takes_over(
 ) -> None:
     began = time.monotonic()
     lab = lab_factory(["a", *MEMBERS, "client"], cpus={"client": 0})
-    brokers = [
-        {"name": BROKER, "id": i, "node": lab.nodes[n].resource,
-         "store_dir": str(lab.nodes[n].dir / "store" / f"{BROKER}-{i}")}
-        for i, n in enumerate(MEMBERS)
-    ]  # fmt: skip
-    client = Workload(
-        lab,
-        lab.nodes["client"],
-        {
-            "address": lab.address,
-            "head_resource": lab.head.resource,
-            "namespace": "faults",
-            "topic": TOPIC,
-            "queues": 4,
-            "brokers": brokers,
-            "broker_options": RAFT,
-            "send_timeout_s": 3.0,
-            "batch": 4,
-            "pace_s": 0.02,
-        },
-    )
+    client = start_workload(lab, TOPIC, brokers_on(lab, BROKER, MEMBERS), RAFT)
     ready = client.wait_for("ready", timeout_s=120)
     for i, n in enumerate(MEMBERS):
         pid = ready["brokers"][f"{BROKER}-{i}"]["pid"]
@@ -86,12 +66,7 @@ def test_isolated_raft_leader_commits_nothing_and_a_new_leader_takes_over(
     at_heal = client.last["progress"]["acked"]
     client.wait_for("progress", timeout_s=30, until=lambda e: e["acked"] > at_heal)
     time.sleep(QUIET_S)
-    client.stop()
-    history = client.wait_for("history", timeout_s=120)
-    assert client.proc.wait(timeout=60) == 0, client.tail()
-
-    raw = history["ops"]
-    verdict = check([Op.from_json(o) for o in raw], history["read"])
+    raw, verdict = finish(client)
     acks = [o for o in raw if o["outcome"] == ACK]
     during = [o for o in acks if cut <= o["invoked"] < healed]
     by_old = [o for o in during if old_host in o["hosts"]]
@@ -128,7 +103,4 @@ def test_isolated_raft_leader_commits_nothing_and_a_new_leader_takes_over(
     )
     assert len(new_hosts) == 1, f"acknowledged during the cut by {new_hosts} besides {old_host}"
     assert by_new, "no new leader acknowledged a send during the cut"
-    assert verdict.acknowledged > 0
-    assert not verdict.lost, f"acknowledged, never read: {verdict.lost[:20]}"
-    assert not verdict.duplicated, f"read more than once: {verdict.duplicated[:20]}"
-    assert not verdict.unexpected, f"read, never sent: {verdict.unexpected[:20]}"
+    assert_exactly_once(verdict)

@@ -29,8 +29,8 @@ import subprocess
 import time
 from typing import Any
 
-from checker import ACK, Op, Verdict, check
-from workload import Workload
+from checker import ACK, Verdict
+from workload import assert_exactly_once, brokers_on, finish, start_workload
 
 log = logging.getLogger("raymq.tests.faults.paused_raylet")
 
@@ -84,38 +84,19 @@ def test_paused_raylet_fences_promotes_and_brings_the_master_back(lab_factory: A
     began = time.monotonic()
     lab = lab_factory(["a", *MEMBERS, "client"], cpus={"client": 0}, ray_env=HEALTH_CHECKS)
     b = lab.nodes["b"]
-    stores = {n: lab.nodes[n].dir / "store" / f"{BROKER}-{i}" for i, n in enumerate(MEMBERS)}
-    client = Workload(
+    client = start_workload(
         lab,
-        lab.nodes["client"],
+        TOPIC,
+        brokers_on(lab, BROKER, MEMBERS),
         {
-            "address": lab.address,
-            "head_resource": lab.head.resource,
-            "namespace": "faults",
-            "topic": TOPIC,
-            "queues": 4,
-            "brokers": [
-                {
-                    "name": BROKER,
-                    "id": i,
-                    "node": lab.nodes[n].resource,
-                    "store_dir": str(stores[n]),
-                }
-                for i, n in enumerate(MEMBERS)
-            ],  # fmt: skip
-            "broker_options": {
-                "broker_role": "SYNC_MASTER",
-                "sync_replication_timeout_s": 2.0,
-                "slave_sync_interval_s": 0.3,
-                "ha_slave_timeout_s": 2.0,
-                "heartbeat_interval_s": 2.0,
-            },
-            "auto_promote": True,
-            "watch": 0.2,
-            "send_timeout_s": 3.0,
-            "batch": 4,
-            "pace_s": 0.02,
+            "broker_role": "SYNC_MASTER",
+            "sync_replication_timeout_s": 2.0,
+            "slave_sync_interval_s": 0.3,
+            "ha_slave_timeout_s": 2.0,
+            "heartbeat_interval_s": 2.0,
         },
+        auto_promote=True,
+        watch=0.2,
     )
     ready = client.wait_for("ready", timeout_s=120)
     master_pid = ready["brokers"][f"{BROKER}-0"]["pid"]
@@ -170,12 +151,7 @@ def test_paused_raylet_fences_promotes_and_brings_the_master_back(lab_factory: A
             caught_up, reached = time.monotonic(), master_end
         master_end = st[new_master].get("commitlog_max_offset")
     back_status = st.get(name, {})
-    client.stop()
-    history = client.wait_for("history", timeout_s=120)
-    assert client.proc.wait(timeout=60) == 0, client.tail()
-
-    raw = history["ops"]
-    verdict = check([Op.from_json(o) for o in raw], history["read"])
+    raw, verdict = finish(client)
     acks = [o for o in raw if o["outcome"] == ACK]
     by_old = [o for o in acks if any(h.startswith(host_of(b)) for h in o["hosts"])]
     by_new = [o for o in acks if any(h.startswith(host_of(new_node)) for h in o["hosts"])]
@@ -220,7 +196,4 @@ def test_paused_raylet_fences_promotes_and_brings_the_master_back(lab_factory: A
         "after its promotion"
     )
     assert caught_up is not None, f"{name} did not come back caught up: {back_status}"
-    assert verdict.acknowledged > 0
-    assert not verdict.lost, f"acknowledged, never read: {verdict.lost[:20]}"
-    assert not verdict.duplicated, f"read more than once: {verdict.duplicated[:20]}"
-    assert not verdict.unexpected, f"read, never sent: {verdict.unexpected[:20]}"
+    assert_exactly_once(verdict)

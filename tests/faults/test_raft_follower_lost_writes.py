@@ -29,11 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from checker import Op, Verdict, check
+from checker import Verdict
+from store_faults import commitlog_bytes, lose_unflushed
 from test_isolated_raft_leader import BROKER, MEMBERS, RAFT
-from workload import Workload
-
-from storage.checkpoint import CheckpointFile
+from workload import assert_exactly_once, brokers_on, finish, start_workload
 
 DOWN_S = 3.0
 CATCH_UP_S = 15.0
@@ -47,58 +46,14 @@ HEALTH_CHECKS = {
 """The GCS gives a crashed node up in ~2 s (default ~15 s) so Ray can start there again."""
 
 
-def commitlog_bytes(store: Path) -> bytes:
-    """A store's whole CommitLog, file by file, the last file's trailing zeros dropped."""
-    return b"".join(f.read_bytes() for f in sorted((store / "commitlog").iterdir())).rstrip(b"\x00")
-
-
-def lose_unflushed(store: Path) -> tuple[int, int]:
-    """Cut the CommitLog back to the checkpoint's flushed offset, as a power loss may:
-    zeros from there to its file's end, later files gone. Returns (flushed, end before)."""
-    checkpoint = CheckpointFile(store / "checkpoint")
-    checkpoint.close()
-    assert checkpoint.valid, f"no valid checkpoint in {store}"
-    flushed = checkpoint.value.physic_offset
-    end = 0
-    for f in sorted((store / "commitlog").iterdir()):
-        base, size = int(f.name), f.stat().st_size
-        data = f.read_bytes().rstrip(b"\x00")
-        end = max(end, base + len(data)) if data else end
-        if base >= flushed and base > 0:
-            f.unlink()
-        elif base + size > flushed:
-            with f.open("r+b") as out:
-                out.seek(flushed - base)
-                out.write(b"\x00" * (base + size - flushed))
-    return flushed, end
-
-
 def test_follower_losing_unflushed_writes_rejoins_and_nothing_acknowledged_is_lost(
     lab_factory: Any,
 ) -> None:
     began = time.monotonic()
     lab = lab_factory(["a", *MEMBERS, "client"], cpus={"client": 0}, ray_env=HEALTH_CHECKS)
-    stores = {n: lab.nodes[n].dir / "store" / f"{BROKER}-{i}" for i, n in enumerate(MEMBERS)}
-    brokers = [
-        {"name": BROKER, "id": i, "node": lab.nodes[n].resource, "store_dir": str(stores[n])}
-        for i, n in enumerate(MEMBERS)
-    ]
-    client = Workload(
-        lab,
-        lab.nodes["client"],
-        {
-            "address": lab.address,
-            "head_resource": lab.head.resource,
-            "namespace": "faults",
-            "topic": TOPIC,
-            "queues": 4,
-            "brokers": brokers,
-            "broker_options": RAFT,
-            "send_timeout_s": 3.0,
-            "batch": 4,
-            "pace_s": 0.02,
-        },
-    )
+    brokers = brokers_on(lab, BROKER, MEMBERS)
+    stores = {n: Path(b["store_dir"]) for n, b in zip(MEMBERS, brokers)}
+    client = start_workload(lab, TOPIC, brokers, RAFT)
     client.wait_for("ready", timeout_s=120)
     progress = client.wait_for("progress", timeout_s=60, until=lambda e: e["acked"] >= 300)
     node_of = {lab.nodes[n].ip: n for n in MEMBERS}
@@ -130,11 +85,7 @@ def test_follower_losing_unflushed_writes_rejoins_and_nothing_acknowledged_is_lo
             time.sleep(0.3)
     role = st[name].get("raft_role")
     matched = lead.get("match_index", {}).get(name) if lead else None
-    client.stop()
-    history = client.wait_for("history", timeout_s=120)
-    assert client.proc.wait(timeout=60) == 0, client.tail()
-
-    verdict = check([Op.from_json(o) for o in history["ops"]], history["read"])
+    _, verdict = finish(client)
     logs = {n: commitlog_bytes(s) for n, s in stores.items()}
     same = {n: logs[n] == logs[leader] for n in MEMBERS}
     print()
@@ -152,7 +103,4 @@ def test_follower_losing_unflushed_writes_rejoins_and_nothing_acknowledged_is_lo
     assert caught_up is not None, f"{victim} did not catch up: {st[name]}"
     assert role == "follower", st[name]
     assert all(same.values()), f"CommitLogs differ from the leader's: {same}"
-    assert verdict.acknowledged > 0
-    assert not verdict.lost, f"acknowledged, never read: {verdict.lost[:20]}"
-    assert not verdict.duplicated, f"read more than once: {verdict.duplicated[:20]}"
-    assert not verdict.unexpected, f"read, never sent: {verdict.unexpected[:20]}"
+    assert_exactly_once(verdict)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from checker import Op, Verdict, check
-from workload import Workload
+from checker import Verdict
+from workload import assert_exactly_once, brokers_on, finish, start_workload
 
 PARTITION_S = 5.0
 QUIET_S = 5.0
@@ -24,31 +24,16 @@ def test_partitioned_slave_loses_and_duplicates_no_acknowledged_message(
     lab_factory: Any,
 ) -> None:
     lab = lab_factory(["a", "b", "c", "client"], cpus={"client": 0})
-    brokers = [
-        {"name": "broker-a", "id": i, "node": lab.nodes[n].resource,
-         "store_dir": str(lab.nodes[n].dir / "store" / f"broker-a-{i}")}
-        for i, n in enumerate(("b", "c"))
-    ]  # fmt: skip
-    client = Workload(
+    client = start_workload(
         lab,
-        lab.nodes["client"],
+        TOPIC,
+        brokers_on(lab, "broker-a", ["b", "c"]),
         {
-            "address": lab.address,
-            "head_resource": lab.head.resource,
-            "namespace": "faults",
-            "topic": TOPIC,
-            "queues": 4,
-            "brokers": brokers,
-            "broker_options": {
-                "broker_role": "SYNC_MASTER",
-                "sync_replication_timeout_s": 2.0,
-                "slave_sync_interval_s": 0.3,
-                "ha_slave_timeout_s": 2.0,
-                "heartbeat_interval_s": 2.0,
-            },
-            "send_timeout_s": 3.0,
-            "batch": 4,
-            "pace_s": 0.02,
+            "broker_role": "SYNC_MASTER",
+            "sync_replication_timeout_s": 2.0,
+            "slave_sync_interval_s": 0.3,
+            "ha_slave_timeout_s": 2.0,
+            "heartbeat_interval_s": 2.0,
         },
     )
     ready = client.wait_for("ready", timeout_s=120)
@@ -65,16 +50,9 @@ def test_partitioned_slave_loses_and_duplicates_no_acknowledged_message(
     healed = time.monotonic()
     time.sleep(QUIET_S)
     client.wait_for("progress", timeout_s=30, until=lambda e: e["acked"] > 0)
-    client.stop()
-    history = client.wait_for("history", timeout_s=120)
-    assert client.proc.wait(timeout=60) == 0, client.tail()
-
-    verdict = check([Op.from_json(o) for o in history["ops"]], history["read"])
+    _, verdict = finish(client)
     print()
     print(Verdict.HEADER)
     print(verdict.row(f"sync-master b|c {PARTITION_S:.0f}s"))
     print(f"partition {healed - cut:.1f}s; {verdict.messages} messages sent, {verdict.read} read")
-    assert verdict.acknowledged > 0
-    assert not verdict.lost, f"acknowledged, never read: {verdict.lost[:20]}"
-    assert not verdict.duplicated, f"read more than once: {verdict.duplicated[:20]}"
-    assert not verdict.unexpected, f"read, never sent: {verdict.unexpected[:20]}"
+    assert_exactly_once(verdict)

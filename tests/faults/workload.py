@@ -5,7 +5,9 @@ nodes the spec names by resource), sends unique messages through the public API 
 told to stop, then reads every queue back and prints the history. It talks to the test
 in JSON lines: the spec is its argument; it prints ``ready`` (with each broker's pid and
 node), ``progress`` every half second and finally ``history``; a line ``stop`` on its
-stdin ends the sends. :class:`Workload` is the test's end of that conversation.
+stdin ends the sends. :class:`Workload` is the test's end of that conversation;
+:func:`brokers_on`, :func:`start_workload`, :func:`finish` and :func:`assert_exactly_once`
+are the setup and the verdict every scenario (and ``benchmarks.faults``) shares.
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 import ray
+from checker import Op, Verdict, check
 
 import actors
 from actors import BrokerSpec, PullStatus, SendStatus
+from actors.keeper import resolve_node, start_broker_actor
 from storage import Message
 from storage.message_id import parse_offset_msg_id
 
@@ -60,11 +65,13 @@ def start(spec: dict[str, Any]) -> None:
 class Sender:
     """Sends batches of unique bodies, paced, from one thread; keeps every op (with the
     broker groups that answered it, the store hosts, ``ip:port``, of the members that
-    wrote it, when it was answered)."""
+    wrote it, each message's ``[host, CommitLog offset, "broker:queue", queue offset]``,
+    when it was answered)."""
 
     def __init__(self, producer: actors.Producer, topic: str, batch: int, pace_s: float) -> None:
         self.producer, self.topic, self.batch, self.pace_s = producer, topic, batch, pace_s
         self.ops: list[dict[str, Any]] = []
+        self.acked_max: dict[str, int] = {}  # host -> the highest offset it acknowledged
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -76,6 +83,7 @@ class Sender:
             invoked = time.monotonic()
             brokers: list[str] = []
             hosts: list[str] = []
+            offsets: list[list[Any]] = []
             try:
                 results = self.producer.send_batch(
                     [Message(self.topic, b.encode()) for b in bodies]
@@ -83,7 +91,13 @@ class Sender:
                 statuses = {r.status for r in results}
                 brokers = sorted({r.message_queue.broker_name for r in results})
                 # which member of a group acknowledged: its host is in the offset msg id
-                hosts = sorted({parse_offset_msg_id(r.offset_msg_id)[0] for r in results})
+                for r in results:
+                    host, offset = parse_offset_msg_id(r.offset_msg_id)
+                    mq = r.message_queue
+                    offsets.append(
+                        [host, offset, f"{mq.broker_name}:{mq.queue_id}", r.queue_offset]
+                    )
+                hosts = sorted({o[0] for o in offsets})
                 outcome = (
                     "SEND_OK"
                     if statuses == {SendStatus.SEND_OK}
@@ -91,9 +105,12 @@ class Sender:
                 )
             except Exception as exc:  # noqa: BLE001 - every failure is part of the history
                 outcome = type(exc).__name__
+            if outcome == "SEND_OK":
+                for host, offset, *_ in offsets:
+                    self.acked_max[host] = max(self.acked_max.get(host, -1), offset)
             self.ops.append(
                 {"bodies": bodies, "invoked": invoked, "completed": time.monotonic(),
-                 "outcome": outcome, "brokers": brokers, "hosts": hosts}
+                 "outcome": outcome, "brokers": brokers, "hosts": hosts, "offsets": offsets}
             )  # fmt: skip
             self.stop.wait(self.pace_s)
 
@@ -124,10 +141,6 @@ def restart_broker(cluster: actors.Cluster, spec: dict[str, Any], index: int) ->
     config ``start()`` gave it (an operator restarting a crashed machine's broker), unless
     the cluster's keeper (``actors/keeper``) has already started it there: then wait for
     that one to answer."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from actors.cluster import ACTOR_MAX_CONCURRENCY, BROKER_RUNTIME_ENV, resolve_node
-
     b = spec["brokers"][index]
     names = [x for x in spec["brokers"] if x["name"] == b["name"]]
     options = {"store": SMALL_STORE, **spec["broker_options"]}
@@ -147,22 +160,7 @@ def restart_broker(cluster: actors.Cluster, spec: dict[str, Any], index: int) ->
         store_dir=b["store_dir"],
     )
     try:
-        handle = (
-            ray.remote(actors.Broker)
-            .options(
-                name=config.actor_name,
-                namespace=config.namespace,
-                lifetime="detached",
-                num_cpus=0,
-                max_concurrency=ACTOR_MAX_CONCURRENCY,
-                max_restarts=0,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(
-                    resolve_node(b["node"]), soft=False
-                ),
-                runtime_env=BROKER_RUNTIME_ENV,
-            )
-            .remote(config)
-        )
+        handle = start_broker_actor(config, resolve_node(b["node"]), 0)
     except ray.exceptions.ActorAlreadyExistsError:  # the keeper was first
         handle = ray.get_actor(config.actor_name, namespace=config.namespace)
     ray.get(handle.ping.remote(), timeout=60)
@@ -244,7 +242,11 @@ def main() -> None:
         brokers[f"{b['name']}-{b['id']}"] = {"pid": status["pid"], "node": b["node"]}
     emit("ready", brokers=brokers)
 
-    producer = cluster.producer("fault-producer", send_timeout_s=spec["send_timeout_s"])
+    producer = cluster.producer(
+        "fault-producer",
+        send_timeout_s=spec["send_timeout_s"],
+        enable_idempotence=spec.get("idempotence", True),
+    )
     sender = Sender(producer, spec["topic"], spec["batch"], spec["pace_s"])
     sender.thread.start()
     threading.Thread(target=commands, args=(cluster, spec, sender), daemon=True).start()
@@ -252,7 +254,13 @@ def main() -> None:
         args = (cluster, sender.stop, spec["watch"])
         threading.Thread(target=watch, args=args, daemon=True).start()
     while not sender.stop.wait(0.5):
-        emit("progress", ops=len(sender.ops), acked=sender.acked(), hosts=sender.last_hosts())
+        emit(
+            "progress",
+            ops=len(sender.ops),
+            acked=sender.acked(),
+            hosts=sender.last_hosts(),
+            acked_max=dict(sender.acked_max),
+        )
     sender.thread.join(timeout=60)
     read = read_all(cluster, spec["topic"])
     emit("history", ops=sender.ops, read=read)
@@ -317,6 +325,71 @@ class Workload:
     def tail(self, chars: int = 4000) -> str:
         self._err.flush()
         return self.log.read_text(errors="replace")[-chars:]
+
+
+# --- the test's side: a scenario's setup and verdict ----------------------------------
+
+
+def brokers_on(lab: FaultLab, name: str, nodes: Sequence[str]) -> list[dict[str, Any]]:
+    """Broker group ``name``: member ``i`` pinned to ``nodes[i]`` with its store in that
+    node's directory (``<node dir>/store/<name>-<i>``)."""
+    return [
+        {
+            "name": name,
+            "id": i,
+            "node": lab.nodes[n].resource,
+            "store_dir": str(lab.nodes[n].dir / "store" / f"{name}-{i}"),
+        }
+        for i, n in enumerate(nodes)
+    ]
+
+
+def start_workload(
+    lab: FaultLab,
+    topic: str,
+    brokers: list[dict[str, Any]],
+    broker_options: dict[str, Any],
+    client: str = "client",
+    **spec: Any,
+) -> Workload:
+    """The workload in node ``client``'s namespace: a cluster on the lab's Ray with those
+    brokers, 4 queues of ``topic``, an idempotent producer sending batches of 4 every
+    20 ms with a 3 s send timeout (``spec`` overrides any of it: ``idempotence``,
+    ``auto_promote``, ``watch``, ``batch``, ``pace_s``...)."""
+    return Workload(
+        lab,
+        lab.nodes[client],
+        {
+            "address": lab.address,
+            "head_resource": lab.head.resource,
+            "namespace": "faults",
+            "topic": topic,
+            "queues": 4,
+            "brokers": brokers,
+            "broker_options": broker_options,
+            "send_timeout_s": 3.0,
+            "batch": 4,
+            "pace_s": 0.02,
+            **spec,
+        },
+    )
+
+
+def finish(client: Workload, timeout_s: float = 120.0) -> tuple[list[dict[str, Any]], Verdict]:
+    """Stop the sends, read the history back and check it: (the raw ops, the verdict)."""
+    client.stop()
+    history = client.wait_for("history", timeout_s=timeout_s)
+    code = client.proc.wait(timeout=60)
+    assert code == 0, f"the workload exited {code}:\n{client.tail()}"
+    return history["ops"], check([Op.from_json(o) for o in history["ops"]], history["read"])
+
+
+def assert_exactly_once(verdict: Verdict) -> None:
+    """Something was acknowledged, and every acknowledged body was read exactly once."""
+    assert verdict.acknowledged > 0
+    assert not verdict.lost, f"acknowledged, never read: {verdict.lost[:20]}"
+    assert not verdict.duplicated, f"read more than once: {verdict.duplicated[:20]}"
+    assert not verdict.unexpected, f"read, never sent: {verdict.unexpected[:20]}"
 
 
 if __name__ == "__main__":
