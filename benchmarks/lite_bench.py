@@ -1,0 +1,224 @@
+"""Lite topics at a million per store (issue 48), store-level, no Ray.
+
+    python benchmarks/lite_bench.py [--dir PATH] [--topics N] [--batch B]
+
+With the default store file sizes (1 GiB CommitLog files), in one run:
+
+* creation: N lite topics with one 64-byte message each, put in batches of B
+  encoded as a producer encodes them (the time in the store, and with the encoding);
+* the process's anonymous memory (``RssAnon``) before and after, and the in-memory
+  table's share;
+* restart: the LiteStore and its MessageStore closed and opened again (normal start),
+  and again with the lite checkpoint removed (the index's tail checked against the
+  CommitLog from its start);
+* one lite topic among the N vs a normal topic's queue: single-message puts and
+  32-message reads from random offsets, alternated, with the ratio;
+* expiry of all N while a writer thread puts single messages to another parent: the
+  expiry's time, the writer's puts during it, their max and p99 latency, beside the
+  same writer's latencies without expiry.
+
+Prints figures and ratios; deletes its store. Not a test: figures drift on shared
+machines, ratios much less.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import random
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from storage import Message, MessageStore, StoreConfig, encode_batch
+from storage.lite import PROP_LITE_TOPIC, LiteConfig, LiteStore
+
+BODY = b"t" * 64
+
+
+def rss_anon_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    return -1
+
+
+def config(root: Path) -> StoreConfig:
+    return StoreConfig(str(root))  # the default sizes: 1 GiB CommitLog files
+
+
+def open_both(root: Path) -> tuple[MessageStore, LiteStore]:
+    store = MessageStore(config(root))
+    lite = LiteStore(store, LiteConfig())
+    lite.declare_parent("Sessions", quota=2_000_000, ttl_ms=3_600_000)
+    lite.declare_parent("Agents", quota=1000, ttl_ms=24 * 3_600_000)
+    return store, lite
+
+
+def create(lite: LiteStore, n: int, batch: int) -> tuple[float, float]:
+    """Wall time, and the time in ``put_encoded`` alone (what the broker spends on
+    batches its producers encoded)."""
+    started = time.perf_counter()
+    in_store = 0.0
+    for a in range(0, n, batch):
+        messages = [
+            Message("Sessions", BODY, properties={PROP_LITE_TOPIC: f"session-{i:08d}"})
+            for i in range(a, min(n, a + batch))
+        ]
+        encoded = encode_batch(messages)  # the producer's part
+        t = time.perf_counter()
+        lite.put_encoded("Sessions", encoded)
+        in_store += time.perf_counter() - t
+    return time.perf_counter() - started, in_store
+
+
+def put_latencies(fn, stop: threading.Event | None, count: int) -> list[float]:
+    out = []
+    for i in range(count):
+        if stop is not None and stop.is_set() and i > 0:
+            break
+        t = time.perf_counter()
+        fn(i)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def one_among_many(store: MessageStore, lite: LiteStore, rounds: int) -> None:
+    hot = "session-00000007"
+    lite_put = lambda i: lite.put("Sessions", hot, Message("Sessions", BODY))  # noqa: E731
+    plain_put = lambda i: store.put(Message("Plain", BODY))  # noqa: E731
+    for _ in range(200):  # both warm
+        lite_put(0)
+        plain_put(0)
+    lp, pp = [], []
+    for _ in range(rounds):  # alternated
+        t = time.perf_counter()
+        for i in range(1000):
+            lite_put(i)
+        lp.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        for i in range(1000):
+            plain_put(i)
+        pp.append(time.perf_counter() - t)
+    lite_us, plain_us = min(lp) * 1000, min(pp) * 1000  # per put, best of rounds
+    print(f"put one message   lite topic among {lite.count():,}: {lite_us:7.1f} us")
+    print(f"                  normal topic's queue:        {plain_us:7.1f} us")
+    print(f"                  ratio lite/normal:           {lite_us / plain_us:7.2f}")
+    top = lite.max_offset("Sessions", hot)
+    rng = random.Random(7)
+    lr, pr = [], []
+    for _ in range(rounds):
+        offs = [rng.randrange(0, top - 32) for _ in range(500)]
+        t = time.perf_counter()
+        for o in offs:
+            r = lite.get_raw("Sessions", hot, o, 32)
+            assert r.count == 32
+        lr.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        for o in offs:
+            r = store.get_raw("g", "Plain", 0, o, 32)
+            assert r.count == 32
+        pr.append(time.perf_counter() - t)
+    lite_us, plain_us = min(lr) / 500 * 1e6, min(pr) / 500 * 1e6
+    print(f"read 32 messages  lite topic ({top:,} msgs):     {lite_us:7.1f} us")
+    print(f"                  normal topic's queue:        {plain_us:7.1f} us")
+    print(f"                  ratio lite/normal:           {lite_us / plain_us:7.2f}")
+    # a resume near the tail of a long stream, the gateway's case
+    t = time.perf_counter()
+    for _ in range(500):
+        lite.get_raw("Sessions", hot, top - 5, 32)
+    print(
+        f"resume 5 from the tail:                        {(time.perf_counter() - t) / 500 * 1e6:7.1f} us"
+    )
+
+
+def expiry_under_writes(store: MessageStore, lite: LiteStore) -> None:
+    writer = lambda i: lite.put("Agents", f"agent-{i % 100}", Message("Agents", BODY))  # noqa: E731
+    base = np.array(put_latencies(writer, None, 5000)) * 1000
+    stop = threading.Event()
+    got: list[float] = []
+    done = threading.Event()
+
+    def run_writer() -> None:
+        got.extend(put_latencies(writer, stop, 10**9))
+        done.set()
+
+    live = lite.count("Sessions")
+    w = threading.Thread(target=run_writer)
+    w.start()
+    time.sleep(0.2)  # the writer is putting before the expiry starts
+    t = time.perf_counter()
+    expired = lite.expire(store.now_ms() + 3_600_001)  # every Sessions topic is past its TTL
+    took = time.perf_counter() - t
+    stop.set()
+    done.wait()
+    w.join()
+    during = np.array(got) * 1000
+    assert expired == live and lite.count("Sessions") == 0, (expired, live)
+    print(f"expiry of {expired:,} lite topics: {took:.2f} s ({expired / took:,.0f}/s)")
+    print(
+        f"  puts meanwhile: {len(during):,}; max {during.max():.2f} ms, p99 "
+        f"{np.percentile(during, 99):.3f} ms (without expiry: max {base.max():.2f} ms, "
+        f"p99 {np.percentile(base, 99):.3f} ms)"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", default=None, help="parent of the store (default: a temp dir)")
+    parser.add_argument("--topics", type=int, default=1_000_000)
+    parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    top = Path(tempfile.mkdtemp(prefix="lite_bench_", dir=args.dir))
+    root = top / "store"
+    try:
+        store, lite = open_both(root)
+        gc.collect()
+        before = rss_anon_kib()
+        took, in_store = create(lite, args.topics, args.batch)
+        gc.collect()
+        after = rss_anon_kib()
+        print(
+            f"created {args.topics:,} lite topics (one message each, batches of "
+            f"{args.batch}): in the store (put_encoded) {in_store:.2f} s, "
+            f"{args.topics / in_store:,.0f}/s; with the producer's encoding {took:.2f} s, "
+            f"{args.topics / took:,.0f}/s"
+        )
+        print(
+            f"RssAnon: {before / 1024:.0f} MiB before, {after / 1024:.0f} MiB after: "
+            f"+{(after - before) / 1024:.0f} MiB for the lite topics (table "
+            f"{lite.table.memory_bytes() / 2**20:.0f} MiB); index "
+            f"{lite.stats()['lite_index_entries'] * 56 / 2**20:.0f} MiB on disk"
+        )
+        lite.close()
+        store.close()
+        t = time.perf_counter()
+        store, lite = open_both(root)
+        t_open = time.perf_counter() - t
+        assert lite.count("Sessions") == args.topics
+        print(f"restart (MessageStore + LiteStore open, normal): {t_open:.2f} s")
+        lite.close()
+        store.close()
+        os.unlink(root / "lite" / "checkpoint")
+        t = time.perf_counter()
+        store, lite = open_both(root)
+        print(f"restart without the lite checkpoint:             {time.perf_counter() - t:.2f} s")
+        assert lite.count("Sessions") == args.topics
+        one_among_many(store, lite, args.rounds)
+        expiry_under_writes(store, lite)
+        lite.close()
+        store.close()
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

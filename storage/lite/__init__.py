@@ -1,0 +1,19 @@
+"""Lite topics (RocketMQ 5's LiteTopic): millions of ordered, expiring sub-channels of a
+parent topic, kept in the store's one CommitLog with one shared index
+(:mod:`storage.lite.store`). Pure Python and numpy; never imports Ray."""
+
+from .errors import IllegalLiteTopicError, LiteTopicQuotaExceededError, NotALiteParentError
+from .names import MAX_NAME_LEN, validate_lite_name
+from .store import PROP_LITE_TOPIC, LiteConfig, LitePutResult, LiteStore
+
+__all__ = [
+    "MAX_NAME_LEN",
+    "PROP_LITE_TOPIC",
+    "IllegalLiteTopicError",
+    "LiteConfig",
+    "LitePutResult",
+    "LiteStore",
+    "LiteTopicQuotaExceededError",
+    "NotALiteParentError",
+    "validate_lite_name",
+]

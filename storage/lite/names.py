@@ -1,0 +1,105 @@
+"""Lite topic names: the naming rule, and the append-only file that binds names to ids.
+
+A lite topic is known inside the store by a small integer id (its slot in the
+in-memory table, :mod:`storage.lite.table`) and a generation: an id freed by expiry is
+given again with the next generation, so index entries of the topic that held it before
+are told apart from the new topic's. The file ``names`` records, in order:
+
+* ``P``: a parent topic's id and name;
+* ``B``: id, generation, parent id and lite topic name: a lite topic is created;
+* ``D``: id and generation: that lite topic is deleted (expired).
+
+Each record is ``>BIIIH`` (kind, id, generation, parent id, name length) and the
+UTF-8 name. Records are written with ``os.write`` before the index entries that use
+them, so a killed process keeps them (the page cache survives it); ``flush`` fsyncs.
+A torn last record (power lost mid-write) is cut off at open.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+from .errors import IllegalLiteTopicError
+
+MAX_NAME_LEN = 128
+NAME_RE = re.compile(r"[A-Za-z0-9_.:@=-]{1,128}")
+"""Letters, digits and ``_ . : @ = -``, 1 to 128 characters (a session id, a UUID, an
+agent's path like ``planner.step-3``, a tenant key like ``tenant=acme``)."""
+
+REC = struct.Struct(">BIIIH")
+PARENT, BIND, DELETE = b"P"[0], b"B"[0], b"D"[0]
+
+
+def validate_lite_name(name: object) -> str:
+    """``name`` if it is a legal lite topic name, else :class:`IllegalLiteTopicError`."""
+    if not isinstance(name, str) or NAME_RE.fullmatch(name) is None:
+        shown = name if not isinstance(name, str) or len(name) <= 160 else name[:160] + "..."
+        raise IllegalLiteTopicError(
+            f"lite topic {shown!r}: must be 1 to {MAX_NAME_LEN} characters of letters, "
+            "digits and _ . : @ = -"
+        )
+    return name
+
+
+def encode(kind: int, lid: int, gen: int, pid: int, name: str = "") -> bytes:
+    raw = name.encode("utf-8")
+    return REC.pack(kind, lid, gen, pid, len(raw)) + raw
+
+
+class NameLog:
+    """The ``names`` file: read whole at open, appended to after."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.records = 0  # records in the file (what a compaction would drop shows here)
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def read(self) -> Iterator[tuple[int, int, int, int, str]]:
+        """Every whole record as (kind, id, generation, parent id, name); a torn tail is
+        truncated away."""
+        data = self.path.read_bytes()
+        pos, end, size = 0, len(data), REC.size
+        unpack = REC.unpack_from
+        n = 0
+        while pos + size <= end:
+            kind, lid, gen, pid, length = unpack(data, pos)
+            if kind not in (PARENT, BIND, DELETE) or pos + size + length > end:
+                break
+            name = data[pos + size : pos + size + length].decode("utf-8") if length else ""
+            pos += size + length
+            n += 1
+            yield kind, lid, gen, pid, name
+        self.records = n
+        if pos != end:
+            os.truncate(self.path, pos)
+
+    def write(self, data: bytes) -> None:
+        if data:
+            os.write(self._fd, data)
+
+    def count(self, records: int) -> None:
+        self.records += records
+
+    def replace(self, data: bytes, records: int) -> None:
+        """Rewrite the file as ``data`` (a compaction), atomically."""
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        os.close(self._fd)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+        self.records = records
+
+    def flush(self) -> None:
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

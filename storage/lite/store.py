@@ -1,0 +1,831 @@
+"""LiteStore: lite topics (RocketMQ 5's LiteTopic) on top of a :class:`MessageStore`.
+
+A lite message is an ordinary record of the CommitLog: its topic is the parent topic
+(of type LITE) and its ``__LITE_TOPIC`` property names the lite topic. What makes a
+million lite topics cheap is what is *not* made per lite topic: no ConsumeQueue file,
+no directory. Instead:
+
+* one append-only lite index (:mod:`storage.lite.index`): a 56-byte entry per lite
+  message, in CommitLog order, chained backwards per lite topic;
+* an in-memory table (:mod:`storage.lite.table`) from lite topic id to its last entry,
+  count and last write time, and a dict from (parent, name) to id;
+* the ``names`` file (:mod:`storage.lite.names`) that binds names to ids.
+
+Every write goes CommitLog first, then names, then index, all under one lock, so a lite
+topic's index order is its CommitLog order. At open the table is rebuilt from the names
+file and one vectorised pass over the index files; index entries whose records the
+CommitLog lost are dropped, and lite records the index lacks (a crash between the two
+writes, a power cut before the index reached the disk, records a slave received by
+replication) are indexed from the CommitLog from ``covered`` (the end of the last
+record indexed, checkpointed at each flush) to its end.
+
+Expiry (:meth:`LiteStore.expire`): a lite topic with no write for its parent's TTL is
+deleted, in slices of ``expire_slice`` topics, each under the lock for a few
+milliseconds, so writes go on between slices. Its index entries stay where they are
+and leave with the index files once the CommitLog's expiry took their records.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .. import codec, transaction
+from ..errors import InvalidConfigError, InvalidMessageError, StoreClosedError
+from ..message import GetResult, GetStatus, Message, RawGetResult
+from ..store import MessageStore
+from .errors import LiteTopicQuotaExceededError, NotALiteParentError
+from .index import ENTRY, LiteIndex
+from .names import BIND, DELETE, PARENT, NameLog, encode, validate_lite_name
+from .table import LiteTable
+
+log = logging.getLogger("raymq.storage.lite")
+
+PROP_LITE_TOPIC = "__LITE_TOPIC"
+"""The property that names a record's lite topic (RocketMQ's PROPERTY_LITE_TOPIC)."""
+
+_LITE_PROP = (PROP_LITE_TOPIC + codec.NAME_VALUE_SEP).encode("ascii")
+_HEAD = struct.Struct(">iI20xq20xq20xi")  # size, magic, phys, store time, body length
+_SIZE_MAGIC = struct.Struct(">iI")
+_EXPIRE_PAUSE_S = 0.001  # between two slices of an expiry: a waiting writer's turn
+
+
+@dataclass(frozen=True)
+class LiteConfig:
+    """How the lite store keeps its files and defaults for parents.
+
+    ``index_file_entries``: entries per lite index file (56 bytes each; the default,
+    1 Mi entries, makes 56 MiB files). ``default_quota`` and ``default_ttl_ms``: a
+    parent's quota of lite topics and time to live after the last write, unless
+    :meth:`LiteStore.declare_parent` says otherwise. ``expire_slice``: lite topics
+    deleted per hold of the lock.
+    """
+
+    index_file_entries: int = 1 << 20
+    default_quota: int = 1_000_000
+    default_ttl_ms: int = 24 * 3600 * 1000
+    expire_slice: int = 2048
+
+    def __post_init__(self) -> None:
+        for name in ("index_file_entries", "default_quota", "default_ttl_ms", "expire_slice"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise InvalidConfigError(f"{name}={value!r}: must be an int > 0")
+
+
+@dataclass
+class _Parent:
+    pid: int
+    name: str
+    quota: int
+    ttl_ms: int
+    count: int = 0  # live lite topics
+
+
+@dataclass
+class LitePutResult:
+    """Where a batch's messages went: per message its lite offset and CommitLog offset,
+    and the message ids (arrays in the batch's order)."""
+
+    lite_offsets: np.ndarray
+    commitlog_offsets: np.ndarray
+    msg_ids: list[str]
+    flushed: bool = True  # False: SYNC_FLUSH timed out (stored, not yet durable)
+
+
+class LiteStore:
+    """The lite topics of one :class:`MessageStore` (``<store>/lite``).
+
+    The caller closes the LiteStore before the MessageStore. All lite writes go through
+    it (or arrive by replication, then :meth:`catch_up` indexes them).
+    """
+
+    def __init__(self, store: MessageStore, config: LiteConfig | None = None) -> None:
+        self.store = store
+        self.config = config or LiteConfig()
+        self.root = Path(store.root) / "lite"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._parents: dict[str, _Parent] = {}
+        self._parents_by_id: list[_Parent | None] = []
+        self._ids: dict[str, int] = {}  # f"{pid}\x01{name}" -> lite id
+        self._names: list[str | None] = []  # lite id -> name
+        self._free: list[int] = []
+        self.table = LiteTable()
+        self._names_log = NameLog(self.root / "names")
+        self.index = LiteIndex(self.root / "index", self.config.index_file_entries)
+        started = time.monotonic()
+        self._load_names()
+        cut = self._cut_lost_tail()
+        self._rebuild_from_index()
+        self._covered = max(self._read_checkpoint(), self._index_covered())
+        replayed = self.catch_up()
+        self.recovered = {"dropped": cut, "indexed_from_commitlog": replayed}
+        """What the open repaired: index entries past the CommitLog's end dropped, lite
+        records indexed from the CommitLog."""
+        self._compact_names()
+        log.info(
+            "lite store %s opened in %.2fs: %d lite topics, %d index entries (%d dropped "
+            "past the commitlog's end, %d indexed from it)",
+            self.root,
+            time.monotonic() - started,
+            len(self._ids),
+            self.index.end - self.index.min_entry,
+            cut,
+            replayed,
+        )
+
+    # ------------------------------------------------------------ open
+    def _load_names(self) -> None:
+        t = self.table
+        for kind, lid, gen, pid, name in self._names_log.read():
+            if kind == PARENT:
+                self._set_parent(pid, name, self.config.default_quota, self.config.default_ttl_ms)
+            elif kind == BIND:
+                if lid >= t.size:
+                    t.ensure(lid + 1)
+                    self._names.extend([None] * (t.size - len(self._names)))
+                if t.parent[lid] >= 0:  # bound again without a delete: drop the old
+                    self._unbind(lid)
+                t.gen[lid] = gen
+                t.parent[lid] = pid
+                t.last[lid] = -1
+                t.next_off[lid] = 0
+                self._ids[f"{pid}\x01{name}"] = lid
+                self._names[lid] = name
+                parent = self._parents_by_id[pid]
+                assert parent is not None
+                parent.count += 1
+            elif kind == DELETE:
+                if lid >= t.size:
+                    t.ensure(lid + 1)
+                    self._names.extend([None] * (t.size - len(self._names)))
+                if t.parent[lid] >= 0 and t.gen[lid] == gen:
+                    self._unbind(lid)
+                t.gen[lid] = max(int(t.gen[lid]), gen)
+        self._free = np.flatnonzero(t.parent[: t.size] < 0).tolist()[::-1]
+
+    def _set_parent(self, pid: int, name: str, quota: int, ttl_ms: int) -> _Parent:
+        parent = _Parent(pid, name, quota, ttl_ms)
+        while len(self._parents_by_id) <= pid:
+            self._parents_by_id.append(None)
+        self._parents_by_id[pid] = parent
+        self._parents[name] = parent
+        return parent
+
+    def _cut_lost_tail(self) -> int:
+        """Drop index entries whose records are past the CommitLog's end."""
+        end = self.store.commitlog.max_offset
+        cut_at = self.index.end
+        for start, rows in reversed(self.index.written()):
+            over = np.flatnonzero(rows["phys"] + rows["size"] > end)
+            if not len(over):
+                break
+            cut_at = start + int(over[0])
+            if over[0] > 0:
+                break
+        dropped = self.index.end - cut_at
+        if dropped:
+            log.warning(
+                "lite store %s: %d index entries point past the commitlog's end %d "
+                "(lost in a crash): dropped",
+                self.root,
+                dropped,
+                end,
+            )
+            self.index.truncate(cut_at)
+        return dropped
+
+    def _rebuild_from_index(self) -> None:
+        """Each live lite topic's last entry, count and last write time, from one pass
+        over the index files (numpy, a file at a time)."""
+        t = self.table
+        for start, rows in self.index.written():
+            lid = rows["lid"].astype(np.int64)
+            ok = lid < t.size
+            ok[ok] &= (t.parent[lid[ok]] >= 0) & (t.gen[lid[ok]] == rows["gen"][ok])
+            picked = np.flatnonzero(ok)
+            if not len(picked):
+                continue
+            # the last entry of each id in this file: first of the reversed order
+            rev = picked[::-1]
+            ids, first = np.unique(lid[rev], return_index=True)
+            at = rev[first]
+            t.last[ids] = start + at
+            t.next_off[ids] = rows["loff"][at] + 1
+            t.last_ms[ids] = rows["ts"][at]
+        # a topic with no entry left (created by a subscription, or its entries expired
+        # with the commitlog) keeps its creation time: the file's time is a fair floor
+        now = self.store.now_ms()
+        live = np.flatnonzero((t.parent[: t.size] >= 0) & (t.last_ms[: t.size] == 0))
+        t.last_ms[live] = now
+
+    def _index_covered(self) -> int:
+        if self.index.end == 0 or self.index.end == self.index.min_entry:
+            return 0
+        f = self.index.file_of(self.index.end - 1)
+        assert f is not None
+        slot = self.index.end - 1 - f.start
+        return int(f.phys[slot]) + int(f.size[slot])
+
+    def _read_checkpoint(self) -> int:
+        path = self.root / "checkpoint"
+        try:
+            return int(json.loads(path.read_text())["covered"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0
+
+    def _write_checkpoint(self, covered: int) -> None:
+        path = self.root / "checkpoint"
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            f.write(json.dumps({"covered": covered}))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def _compact_names(self) -> None:
+        """Rewrite ``names`` when most of its records are history: parents, live
+        bindings and, for each free id, its generation (so the id's next topic is told
+        apart from the entries of the ones before)."""
+        live = len(self._ids)
+        if self._names_log.records <= 2 * (live + len(self._free)) + 10_000:
+            return
+        parts = [encode(PARENT, p.pid, 0, p.pid, p.name) for p in self._parents.values()]
+        t = self.table
+        for lid in range(t.size):
+            name = self._names[lid]
+            if name is None:
+                parts.append(encode(DELETE, lid, int(t.gen[lid]), 0))
+            else:
+                parts.append(encode(BIND, lid, int(t.gen[lid]), int(t.parent[lid]), name))
+        self._names_log.replace(b"".join(parts), len(parts))
+
+    # ------------------------------------------------------------ parents
+    def declare_parent(
+        self, parent: str, *, quota: int | None = None, ttl_ms: int | None = None
+    ) -> None:
+        """Make ``parent`` a topic of type LITE (again, after a restart: its quota and
+        TTL are the caller's to keep, with its topic config)."""
+        codec.validate_topic(parent)
+        quota = self.config.default_quota if quota is None else quota
+        ttl_ms = self.config.default_ttl_ms if ttl_ms is None else ttl_ms
+        for name, value in (("quota", quota), ("ttl_ms", ttl_ms)):
+            if not isinstance(value, int) or value <= 0:
+                raise InvalidConfigError(f"{name}={value!r}: must be an int > 0")
+        with self._lock:
+            self._check_open()
+            known = self._parents.get(parent)
+            if known is not None:
+                known.quota, known.ttl_ms = quota, ttl_ms
+                return
+            pid = len(self._parents_by_id)
+            self._names_log.write(encode(PARENT, pid, 0, pid, parent))
+            self._names_log.count(1)
+            self._set_parent(pid, parent, quota, ttl_ms)
+
+    def parents(self) -> list[str]:
+        return sorted(self._parents)
+
+    def _parent(self, parent: str) -> _Parent:
+        found = self._parents.get(parent)
+        if found is None:
+            raise NotALiteParentError(f"topic {parent!r} is not a parent of lite topics (LITE)")
+        return found
+
+    # ------------------------------------------------------------ write
+    def put(self, parent: str, lite_topic: str, message: Message) -> LitePutResult:
+        return self.put_batch(parent, [(lite_topic, message)])
+
+    def put_batch(self, parent: str, items: Sequence[tuple[str, Message]]) -> LitePutResult:
+        """Store messages to lite topics of ``parent`` as one CommitLog append; a lite
+        topic a message names is created if new. Checked before anything is written:
+        names (:class:`IllegalLiteTopicError`), the parent's quota
+        (:class:`LiteTopicQuotaExceededError`), the messages."""
+        p = self._parent(parent)
+        if not items:
+            raise InvalidMessageError("a put of no message")
+        lites = [validate_lite_name(lite) for lite, _ in items]
+        messages = []
+        for (lite, m), name in zip(items, lites):
+            if m.topic != parent:
+                raise InvalidMessageError(
+                    f"a message to lite topic {name!r} of {parent!r} has topic={m.topic!r}"
+                )
+            props = dict(m.properties) if m.properties else {}
+            props[PROP_LITE_TOPIC] = lite
+            messages.append(
+                Message(parent, m.body, m.tags, m.keys, props, m.queue_id, m.flag, m.delay_level)
+            )
+        batch = codec.encode_batch(messages, max_message_size=self.store.config.max_message_size)
+        return self._put(p, batch, lites)
+
+    def put_encoded(self, parent: str, batch: codec.EncodedBatch) -> LitePutResult:
+        """Store a batch a producer encoded (the broker's path), each record naming its
+        lite topic in its ``__LITE_TOPIC`` property; checked as :meth:`put_batch`."""
+        p = self._parent(parent)
+        batch.check_structure()
+        if batch.topics != (parent,):
+            raise InvalidMessageError(
+                f"a lite batch for {parent!r} holds records of topics {batch.topics!r}"
+            )
+        lites = [validate_lite_name(name) for name in lite_names(batch.data)]
+        return self._put(p, batch, lites)
+
+    def _put(self, p: _Parent, batch: codec.EncodedBatch, lites: list[str]) -> LitePutResult:
+        if len(lites) != len(batch):
+            raise InvalidMessageError(
+                f"{len(batch) - len(lites)} of {len(batch)} records name no lite topic"
+            )
+        delayed = batch.delay_levels is not None and bool(batch.delay_levels.any())
+        if delayed or batch.timer or transaction.may_hold_transactional(batch):
+            raise InvalidMessageError(
+                "a lite topic takes plain messages: no delay, timer or transaction"
+            )
+        keys = [f"{p.pid}\x01{name}" for name in lites]
+        with self._lock:
+            self._check_open()
+            ids = self._ids
+            new = [k for k in dict.fromkeys(keys) if k not in ids]
+            if new and p.count + len(new) > p.quota:
+                raise LiteTopicQuotaExceededError(
+                    f"parent {p.name!r} holds {p.count} lite topics; {len(new)} more would "
+                    f"pass its quota of {p.quota}"
+                )
+            result, end = self.store.put_encoded_written(batch)
+            ts = self.store.now_ms()
+            self._bind_many(p, new, ts)
+            lids = np.fromiter((ids[k] for k in keys), dtype=np.int64, count=len(keys))
+            phys = np.asarray(result.commitlog_offsets, dtype=np.int64)
+            loffs = self._index(lids, phys, batch.sizes, ts)
+        flushed = True
+        if end:
+            flushed = self.store.wait_durable(end)
+        return LitePutResult(loffs, phys, list(batch.uniq_keys), flushed)
+
+    def create(self, parent: str, lite_topic: str) -> bool:
+        """Create ``lite_topic`` (a subscription naming it); False if it exists."""
+        p = self._parent(parent)
+        name = validate_lite_name(lite_topic)
+        key = f"{p.pid}\x01{name}"
+        with self._lock:
+            self._check_open()
+            if key in self._ids:
+                return False
+            if p.count + 1 > p.quota:
+                raise LiteTopicQuotaExceededError(
+                    f"parent {parent!r} holds {p.count} lite topics, its quota"
+                )
+            self._bind_many(p, [key], self.store.now_ms())
+            return True
+
+    def _bind_many(self, p: _Parent, keys: list[str], ts: int) -> None:
+        """Give each new key an id (lock held) and record it in ``names``."""
+        if not keys:
+            return
+        t = self.table
+        n = len(keys)
+        reuse = min(n, len(self._free))
+        lids = [self._free.pop() for _ in range(reuse)]
+        if reuse < n:
+            base = t.size
+            t.ensure(base + n - reuse)
+            lids.extend(range(base, base + n - reuse))
+            self._names.extend([None] * (t.size - len(self._names)))
+        arr = np.asarray(lids, dtype=np.int64)
+        if reuse:
+            t.gen[arr[:reuse]] += 1
+        t.parent[arr] = p.pid
+        t.last[arr] = -1
+        t.next_off[arr] = 0
+        t.last_ms[arr] = ts
+        gens = t.gen[arr].tolist()
+        prefix = len(str(p.pid)) + 1
+        parts = []
+        for key, lid, gen in zip(keys, lids, gens):
+            name = key[prefix:]
+            self._ids[key] = lid
+            self._names[lid] = name
+            parts.append(encode(BIND, lid, gen, p.pid, name))
+        self._names_log.write(b"".join(parts))
+        self._names_log.count(n)
+        p.count += n
+
+    def _index(self, lids: np.ndarray, phys: np.ndarray, sizes: np.ndarray, ts: int) -> np.ndarray:
+        """Index entries for records just written (lock held); their lite offsets."""
+        t = self.table
+        n = len(lids)
+        if n == 1:
+            return self._index_one(int(lids[0]), int(phys[0]), int(sizes[0]), ts)
+        first = self.index.end
+        rows = np.zeros(n, dtype=ENTRY)
+        rows["lid"] = lids
+        rows["gen"] = t.gen[lids]
+        rows["phys"] = phys
+        rows["size"] = sizes
+        rows["ts"] = ts
+        entries = first + np.arange(n, dtype=np.int64)
+        if n == 1 or len(np.unique(lids)) == n:  # one message per lite topic: vectorised
+            loff = t.next_off[lids]
+            prev = t.last[lids]
+            rows["loff"] = loff
+            rows["prev"] = prev
+            skip = np.where(loff & 1, prev, -1)
+            for i in np.flatnonzero((loff > 0) & ((loff & 1) == 0)).tolist():
+                skip[i] = self._skip_target(int(prev[i]), int(loff[i]), rows, first)
+            rows["skip"] = skip
+            t.next_off[lids] = loff + 1
+            t.last[lids] = entries
+        else:  # several messages per lite topic: in order, each after the one before
+            for i, lid in enumerate(lids.tolist()):
+                o = int(t.next_off[lid])
+                prev_e = int(t.last[lid])
+                rows["loff"][i] = o
+                rows["prev"][i] = prev_e
+                if o == 0:
+                    rows["skip"][i] = -1
+                elif o & 1:
+                    rows["skip"][i] = prev_e
+                else:
+                    rows["skip"][i] = self._skip_target(prev_e, o, rows, first)
+                t.next_off[lid] = o + 1
+                t.last[lid] = first + i
+        t.last_ms[lids] = ts
+        self.index.append(rows)
+        return rows["loff"].copy()
+
+    def _index_one(self, lid: int, phys: int, size: int, ts: int) -> np.ndarray:
+        t = self.table
+        o = int(t.next_off[lid])
+        prev = int(t.last[lid])
+        if o == 0:
+            skip = -1
+        elif o & 1:
+            skip = prev
+        else:
+            skip = self._skip_target(prev, o, None, 0)
+        e = self.index.append_one(lid, int(t.gen[lid]), o, phys, size, ts, prev, skip)
+        t.next_off[lid] = o + 1
+        t.last[lid] = e
+        t.last_ms[lid] = ts
+        return np.array([o], dtype=np.int64)
+
+    def _skip_target(self, prev_e: int, o: int, rows: np.ndarray | None, first: int) -> int:
+        """The entry of offset ``o & (o - 1)``, from the entry of ``o - 1``: its skips
+        clear the low bits of ``o - 1`` one by one (about one step on average).
+        ``rows``: entries from ``first`` on not written yet."""
+        target = o & (o - 1)
+        cur, cur_off = prev_e, o - 1
+        index = self.index
+        while cur_off > target:
+            if rows is not None and cur >= first:
+                cur = int(rows["skip"][cur - first])
+            else:
+                f = index.file_of(cur)
+                if f is None:
+                    return -1
+                cur = f.q[(cur - f.start) * 7 + 6]
+            cur_off &= cur_off - 1
+            if cur < 0:
+                return -1
+        return cur
+
+    # ------------------------------------------------------------ read
+    def get_raw(
+        self, parent: str, lite_topic: str, offset: int, max_count: int = 32
+    ) -> RawGetResult:
+        """Up to ``max_count`` records of the lite topic from ``offset`` as one blob (the
+        statuses of :meth:`MessageStore.get_raw`)."""
+        self._check_open()
+        p = self._parent(parent)
+        name = validate_lite_name(lite_topic)
+        if not isinstance(offset, int) or offset < 0:
+            raise InvalidMessageError(f"offset={offset!r}: must be an int >= 0")
+        if max_count <= 0:
+            raise InvalidMessageError(f"max_count={max_count}: must be > 0")
+        with self._lock:
+            lid = self._ids.get(f"{p.pid}\x01{name}")
+            if lid is None:
+                return RawGetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, b"", 0, 0, 0, 0)
+            max_off = int(self.table.next_off[lid])
+            last = int(self.table.last[lid])
+        if max_off == 0:
+            return RawGetResult(GetStatus.NO_MESSAGE_IN_QUEUE, b"", 0, 0, 0, 0)
+        if offset == max_off:
+            return RawGetResult(GetStatus.OFFSET_OVERFLOW_ONE, b"", 0, offset, 0, max_off)
+        if offset > max_off:
+            return RawGetResult(GetStatus.OFFSET_OVERFLOW_BADLY, b"", 0, max_off, 0, max_off)
+        stop = min(offset + max_count, max_off)  # read [offset, stop)
+        phys, sizes, lowest = self._collect(last, max_off - 1, offset, stop)
+        if lowest > offset:  # entries before the lowest held left with the CommitLog
+            lowest = self._lowest_held(last, max_off - 1, lowest)
+            return RawGetResult(GetStatus.OFFSET_TOO_SMALL, b"", 0, lowest, lowest, max_off)
+        data = self.store.commitlog.read_runs(phys, sizes)
+        return RawGetResult(GetStatus.FOUND, data, len(phys), stop, 0, max_off, sizes)
+
+    def _collect(
+        self, e: int, e_off: int, offset: int, stop: int
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """The CommitLog offsets and sizes of lite offsets [offset, stop), from entry
+        ``e`` (of offset ``e_off``): skips, then prev steps. Also the lowest offset
+        reached, above ``offset`` when the chain ends early (expired entries)."""
+        files = self.index.files
+        if not files:
+            return _EMPTY, _EMPTY32, stop
+        base, per, end = files[0].start, self.index.per_file, self.index.end
+        floor = self.store.commitlog.min_offset
+        target = stop - 1
+        while e_off > target:  # seek
+            if e < base or e >= end:
+                return _EMPTY, _EMPTY32, stop
+            f = files[(e - base) // per]
+            s_off = e_off & (e_off - 1)
+            if s_off >= target:
+                e, e_off = f.q[(e - f.start) * 7 + 6], s_off
+            else:
+                e, e_off = f.q[(e - f.start) * 7 + 5], e_off - 1
+        n = stop - offset
+        phys = [0] * n
+        sizes = [0] * n
+        i = n - 1
+        while i >= 0:
+            if e < base or e >= end:
+                break
+            f = files[(e - base) // per]
+            w = (e - f.start) * 7
+            q = f.q
+            ph = q[w + 2]
+            if ph < floor:
+                break
+            phys[i] = ph
+            sizes[i] = q[w + 3]
+            e = q[w + 5]
+            i -= 1
+        lowest = offset + i + 1
+        return (
+            np.array(phys[i + 1 :], dtype=np.int64),
+            np.array(sizes[i + 1 :], dtype=np.int32),
+            lowest,
+        )
+
+    def _lowest_held(self, e: int, e_off: int, above: int) -> int:
+        """The lowest offset still readable: a binary search in [``above``, ``e_off``]
+        (those held are a suffix of the topic; none below ``above`` is held)."""
+        lo, hi = above, e_off
+        while lo < hi:
+            mid = (lo + hi) // 2
+            phys, _, lowest = self._collect(e, e_off, mid, mid + 1)
+            if lowest <= mid and len(phys):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def get(self, parent: str, lite_topic: str, offset: int, max_count: int = 32) -> GetResult:
+        """Like :meth:`get_raw`, decoded."""
+        raw = self.get_raw(parent, lite_topic, offset, max_count)
+        messages = (
+            codec.decode_records(raw.data, check_crc=False, starts=raw.starts())
+            if raw.count
+            else []
+        )
+        return GetResult(raw.status, messages, raw.next_offset, raw.min_offset, raw.max_offset)
+
+    def max_offset(self, parent: str, lite_topic: str) -> int:
+        """The lite topic's message count (0: none, or no such lite topic)."""
+        lid = self._ids.get(f"{self._parent(parent).pid}\x01{validate_lite_name(lite_topic)}")
+        return 0 if lid is None else int(self.table.next_off[lid])
+
+    def exists(self, parent: str, lite_topic: str) -> bool:
+        return f"{self._parent(parent).pid}\x01{validate_lite_name(lite_topic)}" in self._ids
+
+    def count(self, parent: str | None = None) -> int:
+        """Live lite topics of ``parent`` (of every parent when None)."""
+        if parent is None:
+            return len(self._ids)
+        return self._parent(parent).count
+
+    def lite_topics(self, parent: str) -> list[str]:
+        """The live lite topics of ``parent``, sorted (a walk of the table)."""
+        pid = self._parent(parent).pid
+        t = self.table
+        lids = np.flatnonzero(t.parent[: t.size] == pid).tolist()
+        return sorted(n for n in (self._names[i] for i in lids) if n is not None)
+
+    # ------------------------------------------------------------ expiry
+    def expire(self, now_ms: int | None = None) -> int:
+        """Delete the lite topics with no write for their parent's TTL; return how many.
+        Runs in slices of ``expire_slice`` topics, the lock taken for each slice only."""
+        now = self.store.now_ms() if now_ms is None else now_ms
+        t = self.table
+        ttl = np.array(
+            [p.ttl_ms if p is not None else 1 << 62 for p in self._parents_by_id] or [0],
+            dtype=np.int64,
+        )
+        size = t.size
+        parent = t.parent[:size]
+        live = parent >= 0
+        cutoff = np.full(size, -(1 << 62), dtype=np.int64)
+        cutoff[live] = now - ttl[parent[live]]
+        due = np.flatnonzero(live & (t.last_ms[:size] < cutoff))
+        done = 0
+        step = self.config.expire_slice
+        for a in range(0, len(due), step):
+            chunk = due[a : a + step]
+            with self._lock:
+                if self._closed:
+                    break
+                # written to since the look above: not due any more
+                still = chunk[(t.parent[chunk] >= 0) & (t.last_ms[chunk] < cutoff[chunk])]
+                parts = []
+                for lid, gen in zip(still.tolist(), t.gen[still].tolist()):
+                    parts.append(encode(DELETE, lid, gen, 0))
+                    self._unbind(lid)
+                self._names_log.write(b"".join(parts))
+                self._names_log.count(len(parts))
+                self._free.extend(still.tolist())
+                done += len(still)
+            # threading.Lock is not fair: without a pause, this loop takes it back before
+            # a waiting writer wakes, and writes starve until the expiry ends
+            time.sleep(_EXPIRE_PAUSE_S)
+        if done:
+            log.info("lite store %s: %d lite topics expired", self.root, done)
+        return done
+
+    def _unbind(self, lid: int) -> None:
+        t = self.table
+        pid = int(t.parent[lid])
+        parent = self._parents_by_id[pid]
+        assert parent is not None
+        name = self._names[lid]
+        del self._ids[f"{pid}\x01{name}"]
+        self._names[lid] = None
+        parent.count -= 1
+        t.parent[lid] = -1
+        t.last[lid] = -1
+        t.next_off[lid] = 0
+
+    def clean_expired_files(self) -> int:
+        """Delete the index files the CommitLog's expiry emptied; return how many."""
+        with self._lock:
+            return self.index.delete_below(self.store.commitlog.min_offset)
+
+    # ------------------------------------------------------------ recovery
+    def catch_up(self) -> int:
+        """Index the lite records of the CommitLog from ``covered`` to its dispatched end
+        (after a crash; on a slave, after replicated bytes); return how many."""
+        with self._lock:
+            end = self.store.dispatched_offset
+            start = max(self._covered, self.store.commitlog.min_offset)
+            found = 0
+            batch: list[tuple[str, str, int, int, int]] = []
+            for item in _lite_records(self.store, start, end):
+                batch.append(item)
+                if len(batch) >= 4096:
+                    found += self._index_found(batch)
+                    batch = []
+            if batch:
+                found += self._index_found(batch)
+            self._covered = max(self._covered, end)
+        return found
+
+    def _index_found(self, found: list[tuple[str, str, int, int, int]]) -> int:
+        n = 0
+        for topic, name, phys, size, ts in found:
+            p = self._parents.get(topic)
+            if p is None:  # a parent this store never declared: declared by its records
+                pid = len(self._parents_by_id)
+                self._names_log.write(encode(PARENT, pid, 0, pid, topic))
+                p = self._set_parent(
+                    pid, topic, self.config.default_quota, self.config.default_ttl_ms
+                )
+            key = f"{p.pid}\x01{name}"
+            if key not in self._ids:
+                self._bind_many(p, [key], ts)  # stored and acknowledged: past any quota
+            lid = self._ids[key]
+            self._index(
+                np.array([lid], dtype=np.int64),
+                np.array([phys], dtype=np.int64),
+                np.array([size], dtype=np.int32),
+                ts,
+            )
+            n += 1
+        return n
+
+    # ------------------------------------------------------------ durability
+    def flush(self) -> None:
+        """Names, then index entries, then the checkpoint of what they cover."""
+        with self._lock:
+            if self._closed:
+                return
+            covered = max(self._covered, self._index_covered())
+        self._names_log.flush()
+        self.index.flush()
+        self._write_checkpoint(covered)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.flush()
+        with self._lock:
+            self._closed = True
+            self._names_log.close()
+            self.index.close()
+
+    def __enter__(self) -> LiteStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"lite store {self.root} is closed")
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "lite_topics": len(self._ids),
+            "lite_parents": len(self._parents),
+            "lite_index_entries": self.index.end - self.index.min_entry,
+            "lite_index_files": len(self.index.files),
+            "lite_table_bytes": self.table.memory_bytes(),
+        }
+
+
+_EMPTY = np.empty(0, dtype=np.int64)
+_EMPTY32 = np.empty(0, dtype=np.int32)
+
+
+def _lite_name(props: bytes) -> str | None:
+    """The ``__LITE_TOPIC`` value in a record's raw properties, or None."""
+    at = props.find(_LITE_PROP)
+    while at > 0 and props[at - 1] != 2:  # the end of another property's name
+        at = props.find(_LITE_PROP, at + 1)
+    if at < 0:
+        return None
+    value_at = at + len(_LITE_PROP)
+    value_end = props.find(b"\x02", value_at)
+    return props[value_at : value_end if value_end >= 0 else len(props)].decode("utf-8", "replace")
+
+
+def lite_names(data: bytes | memoryview) -> list[str]:
+    """The lite topic each record of ``data`` (records back to back) names; a record
+    naming none is left out (the caller compares the counts)."""
+    out = []
+    pos, n = 0, len(data)
+    unpack = _HEAD.unpack_from
+    while pos + codec.FIXED_LEN <= n:
+        size, _, _, _, body_len = unpack(data, pos)
+        if size < codec.FIXED_LEN:
+            break
+        t = pos + codec.HEADER.size + body_len
+        p = t + 1 + data[t]
+        plen = (data[p] << 8) | data[p + 1]
+        if plen:
+            name = _lite_name(bytes(data[p + 2 : p + 2 + plen]))
+            if name is not None:
+                out.append(name)
+        pos += size
+    return out
+
+
+def _lite_records(
+    store: MessageStore, start: int, end: int
+) -> Iterable[tuple[str, str, int, int, int]]:
+    """(topic, lite topic, CommitLog offset, size, store time) of each record in
+    ``[start, end)`` with a ``__LITE_TOPIC`` property (headers and properties only)."""
+    cl = store.commitlog
+    pos = start
+    while pos < end:
+        mf = cl.files.find(pos)
+        if mf is None:
+            return
+        buf, base = mf.buffer, mf.from_offset
+        rel = pos - base
+        stop = min(end - base, mf.file_size)
+        while rel + 8 <= stop:
+            size, magic = _SIZE_MAGIC.unpack_from(buf, rel)
+            if magic != codec.MAGIC or size < codec.FIXED_LEN or rel + size > stop:
+                rel = mf.file_size  # a blank marker (or the end): the next file
+                break
+            _, _, phys, store_ms, body_len = _HEAD.unpack_from(buf, rel)
+            t = rel + codec.HEADER.size + body_len
+            p = t + 1 + buf[t]
+            plen = (buf[p] << 8) | buf[p + 1]
+            if plen:
+                name = _lite_name(bytes(buf[p + 2 : p + 2 + plen]))
+                if name is not None:
+                    topic = bytes(buf[t + 1 : t + 1 + buf[t]]).decode("utf-8", "replace")
+                    yield topic, name, base + rel, size, store_ms
+            rel += size
+        pos = base + max(rel, stop) if rel < mf.file_size else base + mf.file_size
