@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from storage import Message, MessageStore, StoreConfig, codec
-from storage.mapped_file import MappedFile, offset_to_name
+from storage.mapped_file import MappedFile, MappedFileQueue, offset_to_name
 
 
 def test_rolls_across_many_small_files_with_blank_markers(
@@ -96,6 +96,24 @@ def test_a_commitlog_file_created_cold_is_warmed_while_it_is_written(
         assert [m.body for m in again.get("g", "Warm", 0, 0, 2).messages] == [b"x", b"y"]
     finally:
         again.close()
+
+
+def test_a_file_created_after_its_queue_closed_starts_no_warming(tmp_path: Path) -> None:
+    """A write that races a close and creates a file after it: the closed queue starts
+    no warming thread again (it would idle there, warming for nobody)."""
+    files = MappedFileQueue(tmp_path / "cl", 1 << 20, warm_new=True)
+    files.create(0)
+    first = files.warming
+    assert first is not None and first.result(30) is True
+    files.close()
+    before = set(threading.enumerate())
+    try:
+        files.create(1 << 20)  # the racing write, arriving after the close
+        started = [t.name for t in set(threading.enumerate()) - before]
+        assert [n for n in started if n.startswith("raymq-warm")] == []
+        assert files.warming is first
+    finally:
+        files.close()
 
 
 @pytest.mark.default_sizes
