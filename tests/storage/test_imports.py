@@ -15,6 +15,7 @@ import pytest
 grimp = pytest.importorskip("grimp")
 
 LAYERS = [  # from the facade down to the values and errors
+    "lite",
     "store",
     {"recovery", "replica"},
     {"schedule", "timer"},
