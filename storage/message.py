@@ -9,13 +9,19 @@ the work. Treat them as read-only once handed to the store.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .errors import InvalidMessageError
 from .message_id import make_offset_msg_id
-from .properties import PROP_TIMER_DELAY_SEC, PROP_TIMER_DELIVER_MS, decode_properties
+from .properties import (
+    PROP_REAL_QID,
+    PROP_REAL_TOPIC,
+    PROP_TIMER_DELAY_SEC,
+    PROP_TIMER_DELIVER_MS,
+    decode_properties,
+)
 
 
 class PutStatus(enum.Enum):
@@ -166,6 +172,30 @@ class MessageExt(_MessageExtFields):
     @property
     def delay_level(self) -> int:
         return int(self.properties.get("DELAY", "0") or 0)
+
+
+def copied(
+    m: MessageExt, topic: str, queue_id: int, properties: Mapping[str, str], delay_level: int = 0
+) -> Message:
+    """A message with ``m``'s body, tags, keys and flag, for ``topic`` and ``queue_id``
+    with ``properties``: the copies the store puts for delivery, transactions and retries."""
+    return Message(
+        topic,
+        m.body,
+        tags=m.tags,
+        keys=m.keys,
+        properties=properties,
+        queue_id=queue_id,
+        flag=m.flag,
+        delay_level=delay_level,
+    )
+
+
+def to_real_topic(m: MessageExt, hidden: Collection[str]) -> Message:
+    """The message a parked copy (schedule, timer or half) stands for: back to the topic
+    and queue its ``REAL_TOPIC`` and ``REAL_QID`` name, without the ``hidden`` properties."""
+    props = {k: v for k, v in m.properties.items() if k not in hidden}
+    return copied(m, m.properties[PROP_REAL_TOPIC], int(m.properties[PROP_REAL_QID]), props)
 
 
 class PutResult(NamedTuple):

@@ -24,13 +24,9 @@ from typing import Protocol
 import numpy as np
 
 from . import codec
-from .batch import EncodedBatch
-from .commitlog import CommitLog
-from .config import StoreConfig
 from .config_files import JsonConfigFile
-from .consume_queue import ConsumeQueue
-from .message import Message, MessageExt
-from .services import ServiceThread
+from .message import Message, MessageExt, copied, to_real_topic
+from .services import DeliveryStore, ServiceThread
 
 log = logging.getLogger("raymq.storage.schedule")
 
@@ -39,33 +35,11 @@ _HIDDEN = (codec.PROP_DELAY, codec.PROP_REAL_TOPIC, codec.PROP_REAL_QID)
 _BATCH = 256
 
 
-class ScheduleStore(Protocol):
-    """What delivery uses of a store: ``MessageStore``, or a DLedger leader's wrapper
-    whose ``_put_encoded`` (the put of a batch the store itself encoded, past the
-    checks for clients' batches) goes through the Raft log."""
-
-    @property
-    def config(self) -> StoreConfig: ...
-
-    @property
-    def commitlog(self) -> CommitLog: ...
-
-    def find_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue | None: ...
-
-    def query_by_key(
-        self,
-        topic: str,
-        key: str,
-        max_count: int = 64,
-        begin_ms: int = 0,
-        end_ms: int | None = None,
-    ) -> list[MessageExt]: ...
+class ScheduleStore(DeliveryStore, Protocol):
+    """What delayed delivery uses of a store: what every delivery service does, and its
+    config files."""
 
     def config_file(self, name: str) -> JsonConfigFile: ...
-
-    def now_ms(self) -> int: ...
-
-    def _put_encoded(self, batch: EncodedBatch) -> object: ...
 
 
 def level_for_delay(seconds: float, levels_ms: Sequence[int]) -> int:
@@ -85,43 +59,17 @@ def to_schedule(m: MessageExt, level: int, queue_id: int | None = None) -> Messa
     props = {k: v for k, v in m.properties.items() if k not in _HIDDEN}
     props[codec.PROP_REAL_TOPIC] = m.topic
     props[codec.PROP_REAL_QID] = str(m.queue_id if queue_id is None else queue_id)
-    return Message(
-        SCHEDULE_TOPIC,
-        m.body,
-        tags=m.tags,
-        keys=m.keys,
-        properties=props,
-        queue_id=level - 1,
-        flag=m.flag,
-        delay_level=level,
-    )
+    return copied(m, SCHEDULE_TOPIC, level - 1, props, delay_level=level)
 
 
 def as_message(m: MessageExt) -> Message:
     """A stored message as a producer would have built it (same unique key)."""
-    return Message(
-        m.topic,
-        m.body,
-        tags=m.tags,
-        keys=m.keys,
-        properties=m.properties,
-        queue_id=m.queue_id,
-        flag=m.flag,
-    )
+    return copied(m, m.topic, m.queue_id, m.properties)
 
 
 def restore(m: MessageExt) -> Message:
     """The message a due schedule entry delivers to its real topic."""
-    props = {k: v for k, v in m.properties.items() if k not in _HIDDEN}
-    return Message(
-        m.properties[codec.PROP_REAL_TOPIC],
-        m.body,
-        tags=m.tags,
-        keys=m.keys,
-        properties=props,
-        queue_id=int(m.properties[codec.PROP_REAL_QID]),
-        flag=m.flag,
-    )
+    return to_real_topic(m, _HIDDEN)
 
 
 def born_of(messages: Sequence[MessageExt]) -> list[tuple[int, str, int]]:

@@ -17,8 +17,11 @@ import threading
 import time
 from typing import Protocol
 
+from .batch import EncodedBatch
 from .commitlog import CommitLog
 from .config import StoreConfig
+from .consume_queue import ConsumeQueue
+from .message import MessageExt
 
 log = logging.getLogger("raymq.storage.services")
 
@@ -38,6 +41,26 @@ class ServicedStore(Protocol):
     def checkpoint_now(self, least_pages: int = 0) -> None: ...
 
     def clean_expired_files(self) -> int: ...
+
+
+class DeliveryStore(Protocol):
+    """What the delivery services (schedule, timer) use of a store: ``MessageStore``, or
+    a DLedger leader's wrapper whose ``_put_encoded`` (the put of a batch the store itself
+    encoded, past the checks for clients' batches) goes through the Raft log."""
+
+    @property
+    def config(self) -> StoreConfig: ...
+
+    @property
+    def commitlog(self) -> CommitLog: ...
+
+    def find_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue | None: ...
+
+    def query_by_key(self, topic: str, key: str, max_count: int = 64) -> list[MessageExt]: ...
+
+    def now_ms(self) -> int: ...
+
+    def _put_encoded(self, batch: EncodedBatch) -> object: ...
 
 
 class ServiceThread:

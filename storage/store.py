@@ -354,10 +354,7 @@ class MessageStore:
 
     def put_encoded(self, batch: codec.EncodedBatch) -> PutBatchResult:
         """Store a batch a producer encoded (the broker's path): patch, append, dispatch."""
-        result, end = self.put_encoded_written(batch)
-        if end and not self.wait_durable(end):
-            result.status = PutStatus.FLUSH_DISK_TIMEOUT
-        return result
+        return self._durable(*self.put_encoded_written(batch))
 
     def put_encoded_written(self, batch: codec.EncodedBatch) -> tuple[PutBatchResult, int]:
         """:meth:`put_encoded` up to the write, without waiting for SYNC_FLUSH's flush:
@@ -461,7 +458,11 @@ class MessageStore:
         return out
 
     def _put_encoded(self, batch: codec.EncodedBatch) -> PutBatchResult:
-        result, end = self._write(batch)
+        return self._durable(*self._write(batch))
+
+    def _durable(self, result: PutBatchResult, end: int) -> PutBatchResult:
+        """``result`` once the CommitLog is durable up to ``end`` (0: at once), or marked
+        ``FLUSH_DISK_TIMEOUT`` when SYNC_FLUSH's flush did not come in time."""
         if end and not self.wait_durable(end):
             result.status = PutStatus.FLUSH_DISK_TIMEOUT
         return result

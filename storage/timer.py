@@ -75,16 +75,12 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
 from . import codec
-from .batch import EncodedBatch
-from .commitlog import CommitLog
 from .config import StoreConfig
 from .config_files import JsonConfigFile
-from .consume_queue import ConsumeQueue
 from .errors import (
     InvalidConfigError,
     InvalidMessageError,
@@ -92,7 +88,7 @@ from .errors import (
     StoreCorruptedError,
     TimerRecallError,
 )
-from .message import Message, MessageExt
+from .message import Message, MessageExt, copied, to_real_topic
 from .properties import (
     PROP_DELAY,
     PROP_REAL_QID,
@@ -106,7 +102,7 @@ from .properties import (
     check_property_text,
     decode_properties,
 )
-from .services import ServiceThread
+from .services import DeliveryStore, ServiceThread
 
 log = logging.getLogger("raymq.storage.timer")
 
@@ -186,9 +182,7 @@ def for_put(m: MessageExt, queue_id: int, now_ms: int, config: StoreConfig) -> M
         props[PROP_REAL_TOPIC] = m.topic
         props[PROP_REAL_QID] = str(queue_id)
         topic, qid = TIMER_TOPIC, 0
-    return Message(
-        topic, m.body, tags=m.tags, keys=m.keys, properties=props, queue_id=qid, flag=m.flag
-    )
+    return copied(m, topic, qid, props)
 
 
 _DELIVER_TAG = f"{PROP_TIMER_DELIVER_MS}\x01".encode()
@@ -230,25 +224,14 @@ def _deliver_ms(raw: bytes) -> int:
 
 def _delivered_copy(m: MessageExt) -> Message:
     """The message a due timer-topic record delivers to its real topic."""
-    props = {k: v for k, v in m.properties.items() if k not in _HIDDEN}
-    return Message(
-        m.properties[PROP_REAL_TOPIC],
-        m.body,
-        tags=m.tags,
-        keys=m.keys,
-        properties=props,
-        queue_id=int(m.properties[PROP_REAL_QID]),
-        flag=m.flag,
-    )
+    return to_real_topic(m, _HIDDEN)
 
 
 def _rolled_copy(m: MessageExt) -> Message:
     """The record put again to the timer topic to re-enter the wheel nearer its time."""
     props = dict(m.properties)
     props[PROP_TIMER_ROLL_TIMES] = str(int(props.get(PROP_TIMER_ROLL_TIMES, "0") or 0) + 1)
-    return Message(
-        TIMER_TOPIC, m.body, tags=m.tags, keys=m.keys, properties=props, queue_id=0, flag=m.flag
-    )
+    return copied(m, TIMER_TOPIC, 0, props)
 
 
 # ------------------------------------------------------------------ the timer log
@@ -623,32 +606,6 @@ class TimerWheel:
 
 
 # ------------------------------------------------------------------ the service
-class TimerStore(Protocol):
-    """What the timer service uses of a store (``MessageStore``, or a DLedger leader's
-    wrapper whose ``_put_encoded`` goes through the Raft log)."""
-
-    @property
-    def config(self) -> StoreConfig: ...
-
-    @property
-    def commitlog(self) -> CommitLog: ...
-
-    def find_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue | None: ...
-
-    def query_by_key(
-        self,
-        topic: str,
-        key: str,
-        max_count: int = 64,
-        begin_ms: int = 0,
-        end_ms: int | None = None,
-    ) -> list[MessageExt]: ...
-
-    def now_ms(self) -> int: ...
-
-    def _put_encoded(self, batch: EncodedBatch) -> object: ...
-
-
 def _born_of(messages: Sequence[MessageExt]) -> list[tuple[int, str, int]]:
     return [(m.born_timestamp, m.born_host, m.reconsume_times) for m in messages]
 
@@ -665,7 +622,7 @@ class TimerMessageService(ServiceThread):
 
     name = "timer"
 
-    def __init__(self, store: TimerStore, wheel: TimerWheel) -> None:
+    def __init__(self, store: DeliveryStore, wheel: TimerWheel) -> None:
         cfg = store.config
         super().__init__(cfg.timer_interval_ms / 1000)
         self.store = store

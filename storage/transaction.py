@@ -28,7 +28,7 @@ import numpy as np
 
 from . import codec
 from .errors import InvalidMessageError, ProducerFencedError
-from .message import Message, MessageExt
+from .message import Message, MessageExt, copied, to_real_topic
 from .properties import (
     MAX_PROPERTIES_LEN,
     PROP_DELAY,
@@ -176,44 +176,24 @@ def to_half(m: MessageExt, queue_id: int) -> Message:
     props = {k: v for k, v in m.properties.items() if k not in (PROP_DELAY, PROP_REAL_TOPIC)}
     props[PROP_REAL_TOPIC] = m.topic
     props[PROP_REAL_QID] = str(queue_id)
-    return Message(
-        HALF_TOPIC, m.body, tags=m.tags, keys=m.keys, properties=props, queue_id=0, flag=m.flag
-    )
+    return copied(m, HALF_TOPIC, 0, props)
 
 
 def committed(half: MessageExt) -> Message:
     """The message a commit writes to the real topic and queue (same unique key)."""
-    props = {k: v for k, v in half.properties.items() if k not in _TXN_PROPS}
-    return Message(
-        half.properties[PROP_REAL_TOPIC],
-        half.body,
-        tags=half.tags,
-        keys=half.keys,
-        properties=props,
-        queue_id=int(half.properties[PROP_REAL_QID]),
-        flag=half.flag,
-    )
+    return to_real_topic(half, _TXN_PROPS)
 
 
 def checked_again(half: MessageExt) -> Message:
     """The half copy a check puts back to the half queue, its check count one higher."""
     props = dict(half.properties)
     props[PROP_CHECK_TIMES] = str(check_times(half) + 1)
-    return Message(
-        HALF_TOPIC, half.body, tags=half.tags, keys=half.keys, properties=props, flag=half.flag
-    )
+    return copied(half, HALF_TOPIC, 0, props)
 
 
 def discarded(half: MessageExt) -> Message:
     """The copy of a half message checked too often, for :data:`CHECK_MAX_TOPIC`."""
-    return Message(
-        CHECK_MAX_TOPIC,
-        half.body,
-        tags=half.tags,
-        keys=half.keys,
-        properties=dict(half.properties),
-        flag=half.flag,
-    )
+    return copied(half, CHECK_MAX_TOPIC, 0, dict(half.properties))
 
 
 def op_message(half_queue_offset: int | list[int]) -> Message:
