@@ -67,16 +67,26 @@ class LiteConfig:
     1 Mi entries, makes 56 MiB files). ``default_quota`` and ``default_ttl_ms``: a
     parent's quota of lite topics and time to live after the last write, unless
     :meth:`LiteStore.declare_parent` says otherwise. ``expire_slice``: lite topics
-    deleted per hold of the lock.
+    deleted per hold of the lock. ``flush_interval_ms`` and ``expire_interval_ms``:
+    how often the upkeep thread (:meth:`LiteStore.start`) flushes and expires.
     """
 
     index_file_entries: int = 1 << 20
     default_quota: int = 1_000_000
     default_ttl_ms: int = 24 * 3600 * 1000
     expire_slice: int = 2048
+    flush_interval_ms: int = 500
+    expire_interval_ms: int = 10_000
 
     def __post_init__(self) -> None:
-        for name in ("index_file_entries", "default_quota", "default_ttl_ms", "expire_slice"):
+        for name in (
+            "index_file_entries",
+            "default_quota",
+            "default_ttl_ms",
+            "expire_slice",
+            "flush_interval_ms",
+            "expire_interval_ms",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise InvalidConfigError(f"{name}={value!r}: must be an int > 0")
@@ -116,6 +126,8 @@ class LiteStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._closed = False
+        self._upkeep: threading.Thread | None = None
+        self._stop = threading.Event()
         self._parents: dict[str, _Parent] = {}
         self._parents_by_id: list[_Parent | None] = []
         self._ids: dict[str, int] = {}  # f"{pid}\x01{name}" -> lite id
@@ -545,6 +557,16 @@ class LiteStore:
         base, per, end = files[0].start, self.index.per_file, self.index.end
         floor = self.store.commitlog.min_offset
         target = stop - 1
+        if e_off > target and base <= e - (e_off - target) and e < end:  # one run: jump
+            f = files[(e - base) // per]
+            to = e - (e_off - target)
+            if to >= f.start:
+                q = f.q
+                if (
+                    q[(to - f.start) * 7 + 1] == target
+                    and q[(to - f.start) * 7] == q[(e - f.start) * 7]
+                ):
+                    e, e_off = to, target
         while e_off > target:  # seek
             if e < base or e >= end:
                 return _EMPTY, _EMPTY32, stop
@@ -555,6 +577,19 @@ class LiteStore:
             else:
                 e, e_off = f.q[(e - f.start) * 7 + 5], e_off - 1
         n = stop - offset
+        if e >= base and e < end:  # the range one run of entries (a lone writer's): sliced
+            f = files[(e - base) // per]
+            last_slot = e - f.start
+            first_slot = last_slot - (n - 1)
+            q = f.q
+            if (
+                first_slot >= 0
+                and q[first_slot * 7 + 1] == offset
+                and q[first_slot * 7] == q[last_slot * 7]  # the same lid and generation
+                and q[first_slot * 7 + 2] >= floor
+            ):
+                run = slice(first_slot, last_slot + 1)
+                return f.phys[run].copy(), f.size[run].copy(), offset
         phys = [0] * n
         sizes = [0] * n
         i = n - 1
@@ -722,6 +757,38 @@ class LiteStore:
             n += 1
         return n
 
+    # ------------------------------------------------------------ upkeep thread
+    def start(self) -> None:
+        """Start the upkeep thread: a flush every ``flush_interval_ms``, an expiry pass
+        and the index files' clean-up every ``expire_interval_ms``."""
+        if self._upkeep is not None:
+            return
+        self._stop.clear()
+        self._upkeep = threading.Thread(target=self._run, name="lite-upkeep", daemon=True)
+        self._upkeep.start()
+
+    def _run(self) -> None:
+        flush_s = self.config.flush_interval_ms / 1000
+        expire_s = self.config.expire_interval_ms / 1000
+        next_expire = time.monotonic() + expire_s
+        while not self._stop.wait(flush_s):
+            try:
+                self.flush()
+                if time.monotonic() >= next_expire:
+                    next_expire = time.monotonic() + expire_s
+                    self.expire()
+                    self.clean_expired_files()
+            except StoreClosedError:
+                return
+            except Exception:
+                log.exception("lite store %s: upkeep failed; retried at the next turn", self.root)
+
+    def _stop_upkeep(self) -> None:
+        thread, self._upkeep = self._upkeep, None
+        if thread is not None:
+            self._stop.set()
+            thread.join()
+
     # ------------------------------------------------------------ durability
     def flush(self) -> None:
         """Names, then index entries, then the checkpoint of what they cover."""
@@ -736,6 +803,7 @@ class LiteStore:
     def close(self) -> None:
         if self._closed:
             return
+        self._stop_upkeep()
         self.flush()
         with self._lock:
             self._closed = True

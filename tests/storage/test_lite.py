@@ -302,3 +302,16 @@ def test_a_crash_under_sync_flush_keeps_every_acknowledged_lite_message(
         assert numbers == sorted(numbers)  # in the order written
     lite.close()
     store.close()
+
+
+def test_the_upkeep_thread_flushes_what_was_written(tmp_path: Path) -> None:
+    store, lite = open_lite(tmp_path / "s")
+    lite.put("Chat", "a", Message("Chat", b"1"))
+    checkpoint = lite.root / "checkpoint"
+    assert not checkpoint.exists()
+    lite.start()
+    end = store.commitlog.max_offset
+    while not checkpoint.exists() or json.loads(checkpoint.read_text())["covered"] < end:
+        lite._stop.wait(0.05)  # the thread's turn comes every flush_interval_ms
+    lite.close()
+    store.close()
