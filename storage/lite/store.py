@@ -127,6 +127,9 @@ class LiteStore:
         self._lock = threading.Lock()
         self._closed = False
         self._upkeep: threading.Thread | None = None
+        self.last_expiry: dict[str, float] = {}
+        """The last :meth:`expire`'s figures: topics expired, slices, the longest hold of
+        the lock (wall clock, and this thread's CPU time)."""
         self._stop = threading.Event()
         self._parents: dict[str, _Parent] = {}
         self._parents_by_id: list[_Parent | None] = []
@@ -673,13 +676,15 @@ class LiteStore:
         cutoff = np.full(size, -(1 << 62), dtype=np.int64)
         cutoff[live] = now - ttl[parent[live]]
         due = np.flatnonzero(live & (t.last_ms[:size] < cutoff))
-        done = 0
+        done = slices = 0
+        held = held_cpu = 0.0
         step = self.config.expire_slice
         for a in range(0, len(due), step):
             chunk = due[a : a + step]
             with self._lock:
                 if self._closed:
                     break
+                held_at, cpu_at = time.perf_counter(), time.thread_time()
                 # written to since the look above: not due any more
                 still = chunk[(t.parent[chunk] >= 0) & (t.last_ms[chunk] < cutoff[chunk])]
                 parts = []
@@ -690,11 +695,27 @@ class LiteStore:
                 self._names_log.count(len(parts))
                 self._free.extend(still.tolist())
                 done += len(still)
+                held = max(held, time.perf_counter() - held_at)
+                held_cpu = max(held_cpu, time.thread_time() - cpu_at)
+                slices += 1
             # threading.Lock is not fair: without a pause, this loop takes it back before
             # a waiting writer wakes, and writes starve until the expiry ends
             time.sleep(_EXPIRE_PAUSE_S)
+        self.last_expiry = {
+            "expired": done,
+            "slices": slices,
+            "max_hold_ms": round(held * 1000, 3),
+            "max_hold_cpu_ms": round(held_cpu * 1000, 3),
+        }
         if done:
-            log.info("lite store %s: %d lite topics expired", self.root, done)
+            log.info(
+                "lite store %s: %d lite topics expired in %d slices (the lock held %.1f ms "
+                "at most)",
+                self.root,
+                done,
+                slices,
+                held * 1000,
+            )
         return done
 
     def _unbind(self, lid: int) -> None:
