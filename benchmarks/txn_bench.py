@@ -21,7 +21,7 @@ SYNC_FLUSH with ``--sync-flush``).
   ``commit(wait=False)`` (the commit answered once decided, applied in the background);
   and *one-phase* transactions of the same size (held by the producer until
   ``commit()``, then stored by their one broker in one append with a commit marker,
-  no coordinator: ``actors.broker.one_phase``), the figure the target is read against
+  no coordinator: ``actors.broker.transaction.one_phase``), the figure the target is read against
   when one broker holds the transaction (the two phases stay for several brokers).
   ``--producers K``: K threads on each side, each with its own producer, at once.
   Each round also prints where a call's time goes (median ms of a plain batch, of a

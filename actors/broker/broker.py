@@ -4,17 +4,17 @@ A thin shell, as RocketMQ's ``BrokerController`` is: it wires the broker's parts
 and hands each call to the processor of its family, so that the Ray methods, and
 later a socket listener and a gRPC gateway, are doors onto the same processors:
 
-* :class:`~actors.broker.send.SendMessageProcessor`: sends and consumer send-back;
-* :class:`~actors.broker.pull.PullMessageProcessor`: pulls, held while nothing is new;
-* :class:`~actors.broker.consumer_manage.ConsumerManageProcessor`: offsets, fences,
+* :class:`~actors.broker.processor.send.SendMessageProcessor`: sends and consumer send-back;
+* :class:`~actors.broker.processor.pull.PullMessageProcessor`: pulls, held while nothing is new;
+* :class:`~actors.broker.processor.consumer_manage.ConsumerManageProcessor`: offsets, fences,
   members, lag;
-* :class:`~actors.broker.admin.AdminBrokerProcessor`: topics, lookups, status;
-* :class:`~actors.broker.transaction.TransactionProcessor`: ends of transactions, the
+* :class:`~actors.broker.processor.admin.AdminBrokerProcessor`: topics, lookups, status;
+* :class:`~actors.broker.transaction.service.TransactionProcessor`: ends of transactions, the
   check service and the transactional producers it checks with;
-* :class:`~actors.broker.pop.PopProcessor`: POP receive, ack and change of invisible
+* :class:`~actors.broker.processor.pop.PopProcessor`: POP receive, ack and change of invisible
   time by receipt handle (RocketMQ 5's SimpleConsumer);
 * the role in its group (``actors.broker.ha``) and the NameServer registration
-  (``actors.broker.registration``).
+  (``actors.broker.out.registration``).
 
 An async actor. Store calls that block (puts, SYNC_FLUSH, reads) run in a thread
 pool so a held pull or a slow fsync never stalls the event loop.
@@ -39,20 +39,20 @@ from typing import Any
 
 import numpy as np
 
-from actors.broker.admin import AdminBrokerProcessor
-from actors.broker.consumer_manage import ConsumerManageProcessor
+from actors.broker.client.producer_ids import ProducerIdAllocator
 from actors.broker.ha import create_replication
 from actors.broker.lease import ClusterLease
 from actors.broker.listener import DataPathListener
 from actors.broker.memory import retain_freed_memory
 from actors.broker.metrics import BrokerMetrics, BrokerMetricsService
-from actors.broker.pop import PopProcessor
-from actors.broker.producer_ids import ProducerIdAllocator
-from actors.broker.pull import PullMessageProcessor
-from actors.broker.registration import Registration
+from actors.broker.out.registration import Registration
+from actors.broker.processor.admin import AdminBrokerProcessor
+from actors.broker.processor.consumer_manage import ConsumerManageProcessor
+from actors.broker.processor.pop import PopProcessor
+from actors.broker.processor.pull import PullMessageProcessor
+from actors.broker.processor.send import SendMessageProcessor
 from actors.broker.runtime import BrokerRuntime
-from actors.broker.send import SendMessageProcessor
-from actors.broker.transaction import TransactionProcessor, apply_decision
+from actors.broker.transaction.service import TransactionProcessor, apply_decision
 from actors.config.broker import BrokerConfig
 from actors.protocol import checks
 from actors.protocol.shared_ring import RingId
@@ -226,7 +226,7 @@ class Broker:
         self.rt.faults.arm(kind, count)
 
     async def allocate_producer_id(self) -> str:
-        """An id for an idempotent producer (``actors.broker.producer_ids``): once per
+        """An id for an idempotent producer (``actors.broker.client.producer_ids``): once per
         producer, through Ray."""
         return await self.rt.run(self.producer_ids.allocate)
 
@@ -275,7 +275,7 @@ class Broker:
     consumer_send_msg_back = _served_by(
         "sender",
         SendMessageProcessor.consumer_send_msg_back,
-        """Store retry (or dead-letter) copies of consumed messages (``actors.broker.send_back``);
+        """Store retry (or dead-letter) copies of consumed messages (``actors.broker.processor.send_back``);
         ``reconsume_times``: the consumer's counts, for an orderly consumer's dead letters.""",
     )
 
@@ -299,7 +299,7 @@ class Broker:
     ) -> bool:
         """Commit (or roll back) the half message at CommitLog offset ``half_offset``,
         whose message id is ``transaction_id``; False when it was ended before
-        (``actors.broker.transaction``)."""
+        (``actors.broker.transaction.service``)."""
         return await self.transactions.end_transaction(
             producer_group, half_offset, transaction_id, commit
         )
@@ -347,7 +347,7 @@ class Broker:
     ) -> dict[str, Any]:
         """Commit multi-message transaction ``txn_id`` here alone: ``blob`` (an encoded
         batch of plain messages) stored as committed, with its marker, in one append
-        (``actors.broker.one_phase``). ``{"count", "again"}``; OnePhaseRefusedError when
+        (``actors.broker.transaction.one_phase``). ``{"count", "again"}``; OnePhaseRefusedError when
         this broker cannot (nothing written: commit through the coordinator). ``offsets``:
         group -> [[topic, queue id, next offset]] of this broker's queues, committed with
         it."""
@@ -384,7 +384,7 @@ class Broker:
         await self.transactions.ensure_loaded()
         return await self.rt.run(self.transactions.pending)
 
-    # ------------------------------------------------------------ POP (actors/broker/pop.py)
+    # ------------------------------------------------------------ POP (actors/broker/processor/pop.py)
     pop = _served_by("popper", PopProcessor.pop)
 
     async def ack_message(self, group: str, topic: str, receipt_handle: str | list[str]) -> Any:

@@ -20,8 +20,8 @@ import logging
 import ssl
 from typing import Any
 
+from actors.broker.processor.send import SendMessageProcessor
 from actors.broker.runtime import BrokerRuntime
-from actors.broker.send import SendMessageProcessor
 from actors.protocol import requests
 from actors.protocol.frame_server import FrameServer
 from actors.protocol.requests.send import SEND, SEND_SHARED

@@ -14,7 +14,7 @@ topic, lag series the consumer group. In Prometheus the names gain Ray's
 | ``raymq_store_disk_used_ratio`` | gauge | used share of the store's disk |
 | ``raymq_commitlog_bytes`` | gauge | CommitLog bytes on disk (max - min offset) |
 | ``raymq_master_epoch`` | gauge | the broker group's master epoch: one more at each failover |
-| ``raymq_transactions_total`` | counter | half messages ended, per ``state``: ``committed``, ``rolled_back`` (by the producer, a check or the coordinator), ``discarded`` (checked ``transaction_check_max`` times); and ``one_phase``: multi-message transactions this broker committed alone (``actors.broker.one_phase``) |
+| ``raymq_transactions_total`` | counter | half messages ended, per ``state``: ``committed``, ``rolled_back`` (by the producer, a check or the coordinator), ``discarded`` (checked ``transaction_check_max`` times); and ``one_phase``: multi-message transactions this broker committed alone (``actors.broker.transaction.one_phase``) |
 
 The data path only adds to plain dicts and a deque, once per batch (a put or a
 pull), never per message (~1 us): a ``ray.util.metrics`` call costs ~5 us, which

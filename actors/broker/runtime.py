@@ -8,7 +8,7 @@ actor runs on and its I/O pool, and the NameServer handles. It knows neither the
 Ray methods (``actors.broker.broker``) nor the broker's role in its group
 (``actors.broker.ha``), so both can depend on it without a circle.
 
-Registration with the NameServers belongs to ``actors.broker.registration``; a part
+Registration with the NameServers belongs to ``actors.broker.out.registration``; a part
 that changed what the NameServers must know (a topic created, a role taken) calls
 :meth:`BrokerRuntime.register_all`, which the Broker wires to it at start, or
 :meth:`BrokerRuntime.request_registration` to have the heartbeat loop run early.
@@ -27,13 +27,13 @@ from typing import Any, TypeVar
 
 import ray
 
-from actors.broker.consumer_manager import ConsumerManager
-from actors.broker.consumer_offset_manager import ConsumerOffsetManager
+from actors.broker.client.consumer_manager import ConsumerManager
 from actors.broker.faults import Faults
-from actors.broker.fence_table import OffsetFenceTable
-from actors.broker.pull_hold_service import PullRequestHoldService
-from actors.broker.stream_checkpoints import StreamCheckpoints
-from actors.broker.topic_config_manager import TopicConfigManager
+from actors.broker.longpolling.pull_hold_service import PullRequestHoldService
+from actors.broker.offset.consumer_offset_manager import ConsumerOffsetManager
+from actors.broker.offset.fence_table import OffsetFenceTable
+from actors.broker.offset.stream_checkpoints import StreamCheckpoints
+from actors.broker.topic.topic_config_manager import TopicConfigManager
 from actors.config.broker import BrokerConfig
 from storage import MessageStore
 from storage.errors import BrokerUnavailableError
@@ -99,8 +99,8 @@ class BrokerRuntime:
             "put_out_of_order": 0,  # idempotent sends refused for a run missing before them
             "get_msgs": 0,
             "pulls": 0,
-            "txn_committed": 0,  # transactions (actors/broker/transaction.py)
-            "txn_one_phase": 0,  # committed here alone (actors/broker/one_phase.py)
+            "txn_committed": 0,  # transactions (actors/broker/transaction/service.py)
+            "txn_one_phase": 0,  # committed here alone (actors/broker/transaction/one_phase.py)
             "txn_one_phase_repeated": 0,  # a commit sent again: answered, not written
             "txn_rolled_back": 0,
             "txn_checks": 0,
@@ -116,10 +116,10 @@ class BrokerRuntime:
         processor: its FIFO groups follow)."""
         self.registration_due = asyncio.Event()
         self.register_all: Callable[[], Awaitable[int]] = _not_wired
-        """Register with every NameServer now (``actors.broker.registration``)."""
+        """Register with every NameServer now (``actors.broker.out.registration``)."""
         self.replay_txn_offsets: Callable[[], int] | None = None
         """Re-apply the offsets of one-phase commits the offset table may lack (set by the
-        broker, ``actors.broker.one_phase``; a promotion calls it)."""
+        broker, ``actors.broker.transaction.one_phase``; a promotion calls it)."""
         self._nameservers: dict[str, Any] = {}
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:

@@ -19,7 +19,7 @@ durably, then has every broker commit (or roll back) all the transaction's half
 messages it holds in one append and apply the offsets. A transaction still all
 buffered at its commit, whose messages and offsets one master can hold, skips all of
 that: the master stores it, committed, in one append (``Transaction.commit``,
-``actors.broker.one_phase``).
+``actors.broker.transaction.one_phase``).
 
 Why a class of its own and not ``Producer.begin()``: a transactional producer *is* its
 ``transactional_id`` at one epoch. Creating it takes the id over at the coordinator
@@ -242,7 +242,7 @@ class Transaction:
         A transaction nothing of which was sent yet (its messages buffered: fewer than
         ``flush_messages``), no shared context, its offsets (if any) on one master, and
         its messages able to go to queues of that master, is committed by that master
-        alone in one append with its offsets (``actors.broker.one_phase``): no half
+        alone in one append with its offsets (``actors.broker.transaction.one_phase``): no half
         copies, no coordinator. Otherwise, or when that broker cannot (it answers so
         before writing), the two phases."""
         if self._commit_one_phase():

@@ -119,13 +119,13 @@ class BrokerConfig:
     max_pull_suspend_s: float = 30.0
     channel_expired_s: float = 120.0
     io_threads: int = 8
-    # transactional messages (actors/broker/transaction.py), RocketMQ's defaults
+    # transactional messages (actors/broker/transaction/service.py), RocketMQ's defaults
     transaction_check_interval_s: float = 60.0
     transaction_timeout_s: float = 6.0
     """A half message is checked with its producer once it is this old (born time)."""
     transaction_check_max: int = 15
     """Checks without an answer before a half message is discarded."""
-    # POP consumption (actors/broker/pop.py, storage/pop.py)
+    # POP consumption (actors/broker/processor/pop.py, storage/pop.py)
     pop_max_reconsume_times: int = 16
     """Deliveries of a POP message after its first before it goes to ``%DLQ%<group>``."""
     pop_revive_interval_s: float = 0.1

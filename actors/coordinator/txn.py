@@ -322,7 +322,7 @@ class TransactionCoordinator:
                 rolled += int(r)
         if missed:
             # a live master without the fence could take the old instance's one-phase
-            # commit (actors.broker.one_phase); one that is gone takes every fence from
+            # commit (actors.broker.transaction.one_phase); one that is gone takes every fence from
             # here before its first. So the new instance does not start yet
             raise BrokerUnavailableError(
                 f"transactional id {tid!r}: epoch {epoch} logged, but {', '.join(missed)} "
@@ -382,7 +382,7 @@ class TransactionCoordinator:
 
     async def fences(self) -> dict[str, int]:
         """Every ``transactional_id``'s current epoch: what a broker takes before its first
-        one-phase commit (``actors.broker.one_phase``)."""
+        one-phase commit (``actors.broker.transaction.one_phase``)."""
         return {tid: p.epoch for tid, p in self.log.producers.items()}
 
     async def end(

@@ -21,7 +21,7 @@ class TransactionStateError(InvalidMessageError):
 
 
 class OnePhaseRefusedError(BrokerUnavailableError):
-    """A broker cannot commit a transaction alone (``actors.broker.one_phase``): the
+    """A broker cannot commit a transaction alone (``actors.broker.transaction.one_phase``): the
     producer's epoch is not known there, or its role keeps two phases. Nothing was
     written; the producer commits through the transaction coordinator instead."""
 

@@ -9,7 +9,7 @@ raises the queue's fence here to the next owner's token; from then on a commit
 carrying an older token is refused, so a stale owner cannot move the group's
 offset backwards (or forwards past messages it never consumed).
 
-The broker's table of fences is ``actors.broker.fence_table``.
+The broker's table of fences is ``actors.broker.offset.fence_table``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a POP receive answers (``actors.broker.pop``; ``actors.client.simple_consumer``),
+"""What a POP receive answers (``actors.broker.processor.pop``; ``actors.client.simple_consumer``),
 and how it crosses the data path's socket.
 
 Over the socket a receive is answered compactly, as pulls are: the records' bytes exactly

@@ -50,7 +50,7 @@ class AutoRenewer:
 
     def __init__(
         self,
-        pop: Any,  # actors.broker.pop.PopProcessor
+        pop: Any,  # actors.broker.processor.pop.PopProcessor
         invisible_s: float,
         ahead_s: float,
         max_s: float,

@@ -3,7 +3,7 @@
 The official RocketMQ 5 clients (Java, Go, Python, Node.js, ...) speak this gRPC
 protocol to RocketMQ's proxy; a broker started with ``grpc_enable`` serves it itself,
 on ``grpc.aio`` in the broker actor's own event loop, onto the same processors as the
-Ray methods and the data path (``actors.broker.send``, ``actors.broker.transaction``).
+Ray methods and the data path (``actors.broker.processor.send``, ``actors.broker.transaction.service``).
 ``QueryRoute`` answers each queue of a topic with the gRPC endpoint of the broker that
 owns it (registered with the NameServers beside the data path's address), so a
 client sends each message straight to its queue's broker: no proxy hop.
@@ -32,8 +32,6 @@ from typing import Any, TypeVar
 import grpc
 import ray
 
-from actors.broker.admin import AdminBrokerProcessor
-from actors.broker.consumer_manage import ConsumerManageProcessor
 from actors.broker.grpc.auth import Authenticator
 from actors.broker.grpc.convert import (
     PROP_TIMER_DELIVER_MS,
@@ -50,10 +48,12 @@ from actors.broker.grpc.renew import AutoRenewer
 from actors.broker.grpc.v2 import definition_pb2 as pb
 from actors.broker.grpc.v2 import service_pb2 as spb
 from actors.broker.grpc.v2 import service_pb2_grpc as sgrpc
-from actors.broker.pop import PopProcessor
+from actors.broker.processor.admin import AdminBrokerProcessor
+from actors.broker.processor.consumer_manage import ConsumerManageProcessor
+from actors.broker.processor.pop import PopProcessor
+from actors.broker.processor.send import SendMessageProcessor
 from actors.broker.runtime import BrokerRuntime
-from actors.broker.send import SendMessageProcessor
-from actors.broker.transaction import TransactionProcessor
+from actors.broker.transaction.service import TransactionProcessor
 from actors.config import broker_actor_name
 from actors.protocol.pop import MAX_INVISIBLE_MS, MIN_INVISIBLE_MS, PoppedMessage
 from actors.protocol.route import TopicRouteData
@@ -503,7 +503,8 @@ class MessagingService(sgrpc.MessagingServiceServicer):
     def _popper(self) -> PopProcessor:
         if self.pop is None:
             raise StatusError(
-                pb.Code.NOT_IMPLEMENTED, "this broker has no POP consumption (actors/broker/pop.py)"
+                pb.Code.NOT_IMPLEMENTED,
+                "this broker has no POP consumption (actors/broker/processor/pop.py)",
             )
         return self.pop
 

@@ -189,7 +189,7 @@ class Replication:
     slaves configured behaves exactly like it): subclasses add the rest."""
 
     role = "ASYNC_MASTER"
-    one_phase = True  # takes one-phase commits (actors.broker.one_phase)
+    one_phase = True  # takes one-phase commits (actors.broker.transaction.one_phase)
 
     def __init__(self, broker: BrokerRuntime) -> None:
         self.broker = broker

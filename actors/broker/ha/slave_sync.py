@@ -114,7 +114,7 @@ class SlaveSynchronize:
         merge_into(offsets, self.local)
         b.offsets.replace(offsets)
         # the master's one-phase commit markers whose offsets its table holds: a promotion
-        # re-applies those of later markers (actors.broker.one_phase)
+        # re-applies those of later markers (actors.broker.transaction.one_phase)
         b.offsets.txn_markers = int(snapshot.get("txn_markers", 0) or 0)
         delay = {int(k): int(v) for k, v in snapshot.get("delay_offsets", {}).items()}
         if delay != self._delay:

@@ -1,5 +1,5 @@
 """A consumer group's requests: offsets, heartbeats, leaving, sending back
-(``actors.broker.consumer_manage``, ``actors.broker.send_back``)."""
+(``actors.broker.processor.consumer_manage``, ``actors.broker.processor.send_back``)."""
 
 from __future__ import annotations
 

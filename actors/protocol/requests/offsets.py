@@ -1,6 +1,6 @@
 """A queue's offsets, for consumers that place themselves: its bounds, and the first
 offset stored at or after a time (RocketMQ's ``GET_MIN_OFFSET``/``GET_MAX_OFFSET`` and
-``SEARCH_OFFSET_BY_TIMESTAMP``; ``actors.broker.admin``)."""
+``SEARCH_OFFSET_BY_TIMESTAMP``; ``actors.broker.processor.admin``)."""
 
 from __future__ import annotations
 

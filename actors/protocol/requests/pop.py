@@ -1,5 +1,5 @@
 """POP consumption: receive, ack and change of invisible time by receipt handle
-(``actors.broker.pop``; RocketMQ 5's SimpleConsumer)."""
+(``actors.broker.processor.pop``; RocketMQ 5's SimpleConsumer)."""
 
 from __future__ import annotations
 

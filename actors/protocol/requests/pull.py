@@ -1,5 +1,5 @@
 """Pulls: several queues of one broker in one call, held until one has a message
-(``actors.broker.pull``)."""
+(``actors.broker.processor.pull``)."""
 
 from __future__ import annotations
 

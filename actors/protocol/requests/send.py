@@ -1,5 +1,5 @@
 """Sends: a batch to store, over the socket or through the producer's shared ring
-(``actors.broker.send``)."""
+(``actors.broker.processor.send``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Ends of transactions: a producer's answers (single-message transactions), the
 transaction coordinator's decision on a broker, a one-phase commit, and a
 transactional producer's commit or abort to the coordinator (``TXN_END``)
-(``actors.broker.transaction``, ``actors.broker.one_phase``, ``actors.coordinator.txn``)."""
+(``actors.broker.transaction.service``, ``actors.broker.transaction.one_phase``, ``actors.coordinator.txn``)."""
 
 from __future__ import annotations
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from actors.broker.consumer_manager import ConsumerManager
-from actors.broker.consumer_offset_manager import ConsumerOffsetManager
-from actors.broker.pull_hold_service import PullRequestHoldService
-from actors.broker.topic_config_manager import TopicConfigManager
+from actors.broker.client.consumer_manager import ConsumerManager
+from actors.broker.longpolling.pull_hold_service import PullRequestHoldService
+from actors.broker.offset.consumer_offset_manager import ConsumerOffsetManager
+from actors.broker.topic.topic_config_manager import TopicConfigManager
 from actors.client.fault import LatencyFaultTolerance
 from actors.protocol.topic import AUTO_CREATE_TOPIC_KEY, TopicConfig
 from storage.config_files import JsonConfigFile

@@ -1,4 +1,4 @@
-"""POP consumption end to end (``actors.broker.pop``, ``actors.client.SimpleConsumer``):
+"""POP consumption end to end (``actors.broker.processor.pop``, ``actors.client.SimpleConsumer``):
 two brokers on a real Ray cluster, messages sent by the native Producer, received by
 body from both brokers, acked, one let lapse and received again, and a broker killed
 and restarted while messages are in flight: nothing acked comes again, nothing unacked

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from actors.broker.broker import Broker
-from actors.broker.one_phase import OnePhaseCommits
-from actors.broker.pop import PopProcessor
+from actors.broker.processor.pop import PopProcessor
+from actors.broker.transaction.one_phase import OnePhaseCommits
 from actors.coordinator.txn import TransactionCoordinator
 from actors.protocol import frames, requests
 from actors.protocol.requests.declare import REQUIRED, Request

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from actors import ConsumeFromWhere, MessageModel, PushConsumerConfig
-from actors.broker.consumer_manager import ConsumerManager
-from actors.broker.send_back import send_back_copy
+from actors.broker.client.consumer_manager import ConsumerManager
+from actors.broker.processor.send_back import send_back_copy
 from actors.client.push.consume_concurrently import replaced
 from actors.client.push.offset_store import LocalFileOffsetStore
 from actors.client.push.process_queue import ProcessQueue

@@ -14,7 +14,7 @@ polling, the revive timer and the dead letters' write.
   when the earliest deadline has passed (no thread hop otherwise); lapsed messages come
   back to the next receive with ``reconsume_times`` + 1, and after
   ``pop_max_reconsume_times`` they go to ``%DLQ%<group>`` as the send-back path's copies
-  do (``actors.broker.send_back.send_back_copy``), written through the broker's role.
+  do (``actors.broker.processor.send_back.send_back_copy``), written through the broker's role.
 * The consumer offset of each queue is the state's floor (the acked prefix), committed
   through the consumer offset manager, so lag and the console count what is not acked.
 * Only a master serves POP: a slave's state would diverge from its master's.
@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from actors.broker.ha import Replication
-from actors.broker.pull_hold_service import PullRequestHoldService
+from actors.broker.longpolling.pull_hold_service import PullRequestHoldService
+from actors.broker.processor.send_back import DLQ_PERM, DLQ_QUEUE_NUMS, send_back_copy
 from actors.broker.runtime import BrokerRuntime
-from actors.broker.send_back import DLQ_PERM, DLQ_QUEUE_NUMS, send_back_copy
 from actors.protocol.checks import check_int, check_str, validate_group
 from actors.protocol.pop import (
     MAX_INVISIBLE_MS,
@@ -53,7 +53,7 @@ from storage.pop import Popped, PopStore, ReceiptHandle
 from storage.store import PutBatchResult
 from storage.subscription import parse_subscription
 
-log = logging.getLogger("raymq.actors.broker.pop")
+log = logging.getLogger("raymq.actors.broker.processor.pop")
 
 __all__ = ["PopProcessor", "PoppedMessage"]
 

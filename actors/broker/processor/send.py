@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from actors.broker import send_back
 from actors.broker.ha import Replication
 from actors.broker.metrics import BrokerMetrics
+from actors.broker.processor import send_back
 from actors.broker.runtime import BrokerRuntime
 from actors.protocol.shared_ring import RingId, RingReader
 from actors.protocol.wire import AckWire, SendAck

@@ -30,7 +30,7 @@ class ConsumerOffsetManager:
         saved = file.load()
         self.txn_markers = int(saved.get("txnMarkersApplied", 0) or 0)
         """The one-phase commit markers (``RMQ_SYS_TXN_COMMIT`` queue offsets) below which
-        every marker's offsets are in this table (``actors.broker.one_phase``): saved with
+        every marker's offsets are in this table (``actors.broker.transaction.one_phase``): saved with
         it, so a restart re-applies only those of later markers."""
         for key, queues in (saved.get("offsetTable") or {}).items():
             topic, sep, group = key.partition(TOPIC_GROUP_SEP)

@@ -12,8 +12,8 @@ import shutil
 import time
 from typing import Any
 
-from actors.broker.dlq import read_dlq as read_dead_letters
 from actors.broker.ha import Replication
+from actors.broker.processor.dlq import read_dlq as read_dead_letters
 from actors.broker.runtime import BrokerRuntime
 from actors.protocol.checks import check_int, check_str, validate_group
 from actors.protocol.topic import TopicConfig, is_system_topic

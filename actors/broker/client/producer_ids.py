@@ -17,7 +17,7 @@ import time
 
 from storage.config_files import JsonConfigFile
 
-log = logging.getLogger("raymq.actors.broker.producer_ids")
+log = logging.getLogger("raymq.actors.broker.client.producer_ids")
 
 BLOCK = 1000
 

@@ -3,7 +3,7 @@ fences, members, lag, resets and stream checkpoints.
 
 Offset commits are all or nothing: every queue's offset is checked (topic known,
 0 <= offset <= the queue's max offset) and every fencing token compared with its
-queue's fence before any is applied (``actors.broker.fence_table``).
+queue's fence before any is applied (``actors.broker.offset.fence_table``).
 
 An offset reset writes the new offsets and raises the queues' fences in one step (no
 await between), so a commit a consumer sends from before the reset is refused: the

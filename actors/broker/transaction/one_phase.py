@@ -56,7 +56,7 @@ from storage.errors import InvalidMessageError, ProducerFencedError
 from storage.message import GetStatus
 from storage.store import PutBatchResult
 
-log = logging.getLogger("raymq.actors.broker.one_phase")
+log = logging.getLogger("raymq.actors.broker.transaction.one_phase")
 
 REMEMBERED = 100_000
 """Transaction ids of one-phase commits kept to answer a repeated commit."""

@@ -43,8 +43,8 @@ import numpy as np
 import ray
 
 from actors.broker.ha import Replication
-from actors.broker.one_phase import OnePhaseCommits
 from actors.broker.runtime import BrokerRuntime
+from actors.broker.transaction.one_phase import OnePhaseCommits
 from actors.protocol import checks
 from actors.protocol.names import TXN_COORDINATOR_NAME
 from storage import codec, transaction
@@ -54,7 +54,7 @@ from storage.message import GetStatus, Message, MessageExt, PutStatus
 from storage.properties import PROP_UNIQ_KEY
 from storage.store import PutBatchResult
 
-log = logging.getLogger("raymq.actors.broker.transaction")
+log = logging.getLogger("raymq.actors.broker.transaction.service")
 
 
 def _epoch_of(half: MessageExt) -> int:

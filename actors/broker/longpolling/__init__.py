@@ -1,0 +1,1 @@
+"""Held requests woken by new messages (RocketMQ's ``broker.longpolling``)."""

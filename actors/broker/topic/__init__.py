@@ -1,0 +1,1 @@
+"""A broker's topics (RocketMQ's ``broker.topic``)."""

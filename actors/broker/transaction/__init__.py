@@ -1,0 +1,2 @@
+"""Transactional messages on the broker (RocketMQ's ``broker.transaction``): half
+messages, their end, their check-back, and one-phase commits."""
