@@ -46,6 +46,7 @@ from ..store import MessageStore
 from .errors import LiteTopicQuotaExceededError, NotALiteParentError
 from .index import ENTRY, LiteIndex
 from .names import BIND, DELETE, PARENT, NameLog, encode, validate_lite_name
+from .offsets import LiteOffsets
 from .table import LiteTable
 
 log = logging.getLogger("raymq.storage.lite")
@@ -139,6 +140,7 @@ class LiteStore:
         self.table = LiteTable()
         self._names_log = NameLog(self.root / "names")
         self.index = LiteIndex(self.root / "index", self.config.index_file_entries)
+        self.offsets = LiteOffsets(self.root / "offsets.npz")
         started = time.monotonic()
         self._load_names()
         cut = self._cut_lost_tail()
@@ -653,6 +655,37 @@ class LiteStore:
             return len(self._ids)
         return self._parent(parent).count
 
+    # ------------------------------------------------------------ consumer offsets
+    def commit_offset(self, group: str, parent: str, lite_topic: str, offset: int) -> None:
+        """Record that ``group`` consumed the lite topic up to ``offset`` (the next one to
+        read). A lite topic that does not exist (expired) takes no commit."""
+        p = self._parent(parent)
+        name = validate_lite_name(lite_topic)
+        if not isinstance(offset, int) or offset < 0:
+            raise InvalidMessageError(f"offset={offset!r}: must be an int >= 0")
+        with self._lock:
+            self._check_open()
+            lid = self._ids.get(f"{p.pid}\x01{name}")
+            if lid is None:
+                return
+            top = int(self.table.next_off[lid])
+            if offset > top:
+                raise InvalidMessageError(
+                    f"offset={offset} is past lite topic {name!r}'s end {top}"
+                )
+            self.offsets.commit(group, lid, int(self.table.gen[lid]), offset)
+
+    def committed_offset(self, group: str, parent: str, lite_topic: str) -> int:
+        """The offset ``group`` committed in the lite topic, or -1 (none: a new group,
+        or a lite topic created again after it expired)."""
+        p = self._parent(parent)
+        name = validate_lite_name(lite_topic)
+        with self._lock:
+            lid = self._ids.get(f"{p.pid}\x01{name}")
+            if lid is None:
+                return -1
+            return self.offsets.get(group, lid, int(self.table.gen[lid]))
+
     def lite_topics(self, parent: str) -> list[str]:
         """The live lite topics of ``parent``, sorted (a walk of the table)."""
         pid = self._parent(parent).pid
@@ -820,6 +853,10 @@ class LiteStore:
         self._names_log.flush()
         self.index.flush()
         self._write_checkpoint(covered)
+        with self._lock:
+            offsets = self.offsets.snapshot()
+        if offsets is not None:
+            self.offsets.write(offsets)
 
     def close(self) -> None:
         if self._closed:

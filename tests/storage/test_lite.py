@@ -315,3 +315,33 @@ def test_the_upkeep_thread_flushes_what_was_written(tmp_path: Path) -> None:
         lite._stop.wait(0.05)  # the thread's turn comes every flush_interval_ms
     lite.close()
     store.close()
+
+
+def test_a_group_s_offsets_survive_a_restart_and_not_a_new_life_of_the_topic(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    store, lite = open_lite(tmp_path / "s", clock)
+    for i in range(5):
+        lite.put("Chat", "a", Message("Chat", f"{i}".encode()))
+    lite.put("Chat", "b", Message("Chat", b"0"))
+    assert lite.committed_offset("g1", "Chat", "a") == -1
+    lite.commit_offset("g1", "Chat", "a", 3)
+    lite.commit_offset("g2", "Chat", "a", 5)
+    lite.commit_offset("g2", "Chat", "b", 1)
+    with pytest.raises(InvalidMessageError, match="past lite topic 'a'"):
+        lite.commit_offset("g1", "Chat", "a", 6)
+    lite.close()
+    store.close()
+    store, lite = open_lite(tmp_path / "s", clock)
+    assert lite.committed_offset("g1", "Chat", "a") == 3
+    assert lite.committed_offset("g2", "Chat", "a") == 5
+    assert lite.committed_offset("g2", "Chat", "b") == 1
+    # resume: from the committed offset, exactly what follows
+    assert bodies(lite, "a", lite.committed_offset("g1", "Chat", "a")) == [b"3", b"4"]
+    clock.now += 2 * HOUR_MS / 1000
+    assert lite.expire() == 2
+    lite.put("Chat", "b", Message("Chat", b"again"))  # created anew: no offset of before
+    assert lite.committed_offset("g2", "Chat", "b") == -1
+    lite.close()
+    store.close()
