@@ -30,3 +30,21 @@ def lab_factory() -> Iterator[Any]:
     finally:
         for lab in labs:
             lab.close()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "long: a long fault run (a seed of benchmarks.faults, minutes each); left out of the "
+        "default run, selected with -m long",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave ``long`` tests out unless the run selects them by marker (``-m long``)."""
+    if "long" in (config.getoption("markexpr") or ""):
+        return
+    kept = [i for i in items if i.get_closest_marker("long") is None]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept

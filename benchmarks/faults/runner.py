@@ -1,0 +1,401 @@
+"""One seed's run: a :class:`harness.FaultLab`, the workload of ``tests/faults/workload.py``,
+the seed's faults injected on schedule, healing and a quiet period, then the checks.
+
+Checks (per mode's promise, ``docs/guarantees.md``):
+
+- lost: an acknowledged body never read back. Under ``ASYNC_FLUSH`` a body acknowledged
+  by a broker before its power loss, at a CommitLog offset at or past where the loss cut
+  its CommitLog, is an *allowed loss*; every other loss is a violation.
+- duplicated: a body read more than once; a violation for an idempotent producer.
+- split brain: two different acknowledged bodies at the same queue offset of the same
+  queue (two members each took a write for one queue slot), unless one is an allowed loss.
+- unavailable: the time no send was acknowledged (gaps over 1 s), and per queue.
+- recovery: after each fault ends, how long until the next acknowledged send.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import queue
+import random
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from checker import ACK, OUTAGE_GAP_S
+from harness import FaultLab, LabError
+from store_faults import (
+    commitlog_end,
+    cut_commitlog,
+    flip_bit,
+    flushed_offset,
+    lose_unflushed,
+    record_end,
+    truncate,
+)
+from workload import SMALL_STORE, brokers_on, finish, start_workload
+
+from .schedule import Fault, Plan
+
+log = logging.getLogger("raymq.benchmarks.faults")
+
+TOPIC = "FaultRunner"
+LEASE = {"cluster_lease_s": 4.0, "lease_renew_interval_s": 0.5, "heartbeat_interval_s": 2.0}
+"""A broker fences itself 4 s after losing Ray and the NameServer: before Ray's verdict
+on its node (``HEALTH_CHECKS``), as the default lease (10 s) is before Ray's default."""
+HEALTH_CHECKS = {
+    "RAY_health_check_initial_delay_ms": "1000",
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "1000",
+    "RAY_health_check_failure_threshold": "4",
+}
+"""The GCS gives a silent node up after ~8 s (Ray's default is about a minute)."""
+RAFT = {
+    "enable_dledger": True,
+    "dledger_tick_ms": 50,
+    "dledger_heartbeat_ms": 150,
+    "dledger_election_timeout_ms": 600,
+    "slave_sync_interval_s": 0.3,
+}
+SYNC_MASTER = {
+    "broker_role": "SYNC_MASTER",
+    "sync_replication_timeout_s": 2.0,
+    "slave_sync_interval_s": 0.3,
+    "ha_slave_timeout_s": 2.0,
+}
+QUIET_S = 10.0
+RECOVER_S = 120.0
+
+
+@dataclass
+class Event:
+    fault: Fault
+    began: float
+    ended: float = 0.0
+    node: str = ""
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Result:
+    plan: Plan
+    ops: int = 0
+    acknowledged: int = 0
+    lost: list[str] = field(default_factory=list)
+    allowed_loss: list[str] = field(default_factory=list)
+    duplicated: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    split_brain: list[str] = field(default_factory=list)
+    unavailable_s: float = 0.0
+    worst_queue_s: float = 0.0
+    recover_s: float = 0.0
+    events: list[dict[str, Any]] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def violations(self) -> list[str]:
+        out = []
+        if self.error:
+            out.append(f"run failed: {self.error}")
+        if self.lost:
+            out.append(f"{len(self.lost)} acknowledged lost")
+        if self.duplicated and self.plan.idempotent:
+            out.append(f"{len(self.duplicated)} duplicated by an idempotent producer")
+        if self.unexpected:
+            out.append(f"{len(self.unexpected)} read, never sent")
+        if self.split_brain:
+            out.append(f"{len(self.split_brain)} queue slots acknowledged twice")
+        return out
+
+    HEADER = (
+        f"{'seed':>4} {'mode':<11} {'idem':<4} {'faults':>6} {'ops':>6} {'acked':>7} "
+        f"{'lost':>5} {'allowed':>7} {'dup':>5} {'split':>5} {'unavail s':>9} "
+        f"{'worst q s':>9} {'recover s':>9}  verdict"
+    )
+
+    def row(self) -> str:
+        p = self.plan
+        return (
+            f"{p.seed:>4} {p.mode:<11} {'yes' if p.idempotent else 'no':<4} "
+            f"{len(self.events):>6} {self.ops:>6} {self.acknowledged:>7} {len(self.lost):>5} "
+            f"{len(self.allowed_loss):>7} {len(self.duplicated):>5} {len(self.split_brain):>5} "
+            f"{self.unavailable_s:>9.1f} {self.worst_queue_s:>9.1f} {self.recover_s:>9.1f}  "
+            + ("; ".join(self.violations) or "ok")
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "plan": self.plan.to_json(),
+            "ops": self.ops,
+            "acknowledged": self.acknowledged,
+            "lost": self.lost[:50],
+            "allowed_loss": len(self.allowed_loss),
+            "duplicated": self.duplicated[:50],
+            "unexpected": self.unexpected[:50],
+            "split_brain": self.split_brain[:50],
+            "unavailable_s": round(self.unavailable_s, 2),
+            "worst_queue_s": round(self.worst_queue_s, 2),
+            "recover_s": round(self.recover_s, 2),
+            "events": self.events,
+            "violations": self.violations,
+        }
+
+
+def layout(lab: FaultLab, plan: Plan) -> tuple[list[dict[str, Any]], dict[str, Any], bool]:
+    """The brokers, their options and auto_promote for the plan's mode."""
+    members = plan.broker_nodes
+    if plan.mode in ("ASYNC_FLUSH", "SYNC_FLUSH"):
+        brokers = [brokers_on(lab, f"broker-{i}", [n])[0] for i, n in enumerate(members)]
+        store = {**SMALL_STORE, "flush_disk_type": plan.mode}
+        return brokers, {"broker_role": "ASYNC_MASTER", "store": store, **LEASE}, False
+    if plan.mode == "SYNC_MASTER":
+        return brokers_on(lab, "broker-a", members), {**SYNC_MASTER, **LEASE}, True
+    return brokers_on(lab, "broker-a", members), {**RAFT, **LEASE}, False
+
+
+class Run:
+    def __init__(self, plan: Plan, keep: bool = False) -> None:
+        self.plan = plan
+        self.keep = keep
+        self.events: list[Event] = []
+        self.crashes: list[tuple[str, int, float]] = []  # (ip, cut offset, when)
+        self.rng = random.Random(plan.seed ^ 0x5EED)
+
+    # --- the workload's events ---------------------------------------------------------
+
+    def drain(self) -> dict[str, Any]:
+        """Take every event the workload printed so far; the latest progress."""
+        with contextlib.suppress(queue.Empty):
+            while (event := self.client.events.get_nowait()) is not None:
+                self.client.last[event["event"]] = event
+        return self.client.last.get("progress", {})
+
+    def statuses(self) -> dict[str, Any]:
+        self.drain()
+        self.client.send("status")
+        return self.client.wait_for("status", timeout_s=60)["brokers"]
+
+    # --- targets -----------------------------------------------------------------------
+
+    def node_of_ip(self, ip: str) -> str:
+        return next(n for n in self.plan.broker_nodes if self.lab.nodes[n].ip == ip)
+
+    def resolve(self, target: str, draw: int) -> str:
+        if target not in ("leader", "follower"):
+            return target
+        hosts = self.drain().get("hosts", [])
+        leader = None
+        for h in hosts:
+            with contextlib.suppress(StopIteration):
+                leader = self.node_of_ip(h.rpartition(":")[0])
+        leader = leader or self.plan.broker_nodes[0]
+        if target == "leader":
+            return leader
+        others = [n for n in self.plan.broker_nodes if n != leader]
+        return others[draw % len(others)]
+
+    def index(self, node: str) -> int:
+        return self.plan.broker_nodes.index(node)
+
+    def store(self, node: str) -> Path:
+        return Path(self.brokers[self.index(node)]["store_dir"])
+
+    # --- faults ------------------------------------------------------------------------
+
+    def inject(self, fault: Fault) -> Event:
+        p, lab = fault.params, self.lab
+        ev = Event(fault, time.monotonic())
+        if fault.kind == "isolate":
+            ev.node = p["node"]
+            lab.partition([p["node"]], [n for n in lab.nodes if n != p["node"]])
+        elif fault.kind == "split":
+            lab.partition(p["minority"], p["majority"])
+        elif fault.kind == "bridge":
+            lab.partition([p["sides"][0]], [p["sides"][1]])
+        elif fault.kind == "one_way":
+            lab.drop_one_way(p["src"], p["dst"])
+        elif fault.kind == "netem":
+            ev.node = p["node"]
+            lab.degrade(p["node"], p["delay_ms"], p["jitter_ms"], p["loss_pct"])
+        elif fault.kind in ("pause_broker", "kill_broker"):
+            ev.node = self.resolve(p["target"], p["draw"])
+            pids = lab.nodes[ev.node].actor_pids("Broker")
+            ev.detail["pids"] = pids
+            (lab.pause if fault.kind == "pause_broker" else lab.kill)(ev.node, pids)
+        elif fault.kind == "pause_node":
+            ev.node = self.resolve(p["target"], p["draw"])
+            pids = list(lab.nodes[ev.node].pids())
+            ev.detail["pids"] = pids
+            for pid in pids:
+                with contextlib.suppress(LabError, ProcessLookupError):
+                    lab.pause(ev.node, [pid])
+        elif fault.kind in ("power_loss", "bad_replica"):
+            ev.node = self.resolve(p["target"], p["draw"])
+            self.power_loss(ev, random.Random(p["draw"]))
+        return ev
+
+    def power_loss(self, ev: Event, rng: random.Random) -> None:
+        """Freeze the node's brokers, let the client hear every answer they sent, crash
+        the node, cut its CommitLog back (to the flushed offset, or past it), and for
+        ``bad_replica`` damage its log."""
+        lab, node = self.lab, self.lab.nodes[ev.node]
+        with contextlib.suppress(LabError, ProcessLookupError):
+            lab.pause(ev.node, node.actor_pids("Broker"))
+        frozen = time.monotonic()
+        self.drain()
+        self.client.wait_for("progress", timeout_s=30)
+        self.client.wait_for("progress", timeout_s=30)  # answers in flight have arrived
+        acked = self.drain().get("acked_max", {})
+        lab.crash(ev.node)
+        store = self.store(ev.node)
+        floor = 0
+        mine = [o for h, o in acked.items() if h.rpartition(":")[0] == node.ip]
+        if mine and self.plan.mode in ("SYNC_FLUSH", "RAFT") and (store / "commitlog").exists():
+            floor = record_end(store, max(mine))  # fsynced before it was acknowledged
+        if not (store / "checkpoint").exists():
+            ev.detail["cut"] = "no store yet"
+            return
+        if ev.fault.params.get("tail") == "between":
+            low = max(flushed_offset(store), floor)
+            end = commitlog_end(store)
+            at = rng.randint(min(low, end), end)
+            cut_commitlog(store, at)
+        else:
+            at, end = lose_unflushed(store, floor)
+        ev.detail.update(cut=at, end=end, floor=floor, lost_bytes=end - at)
+        self.crashes.append((node.ip, at, frozen))
+        if ev.fault.kind == "bad_replica":
+            damage = ev.fault.params["damage"]
+            what = (flip_bit if damage == "flip" else truncate)(store, ev.fault.params["log"], rng)
+            ev.detail["damage"] = what
+
+    def undo(self, ev: Event) -> None:
+        kind, lab = ev.fault.kind, self.lab
+        if kind in ("isolate", "split", "bridge", "one_way", "netem"):
+            lab.heal()
+        elif kind in ("pause_broker", "pause_node"):
+            for pid in ev.detail["pids"]:
+                with contextlib.suppress(LabError, ProcessLookupError):
+                    lab.resume(ev.node, [pid])
+        elif kind in ("power_loss", "bad_replica"):
+            lab.restart(ev.node, timeout_s=RECOVER_S)
+        # kill_broker: recover() starts it again
+        ev.ended = time.monotonic()
+        self.recover()
+
+    def recover(self) -> None:
+        """Every node's Ray up (a node Ray declared dead has lost its raylet: started
+        again) and every broker answering (the keeper starts a broker again on a node that
+        rejoins; one that does not answer is started again as an operator would)."""
+        for name in self.plan.broker_nodes:
+            node = self.lab.nodes[name]
+            if any(p.poll() is not None for p in node.procs) or not node.procs:
+                log.info("Ray on %s is gone: starting it again", name)
+                self.lab.crash(name)
+                self.lab.restart(name, timeout_s=RECOVER_S)
+        deadline = time.monotonic() + RECOVER_S
+        while time.monotonic() < deadline:
+            down = [k for k, v in self.statuses().items() if not v]
+            if not down:
+                return
+            for key in down:
+                i = next(i for i, b in enumerate(self.brokers) if f"{b['name']}-{b['id']}" == key)
+                self.client.send(json.dumps({"restart": i}))
+                restarted = self.client.wait_for("restarted", timeout_s=RECOVER_S)
+                if restarted["error"]:
+                    log.warning("restarting %s: %s", key, restarted["error"])
+            time.sleep(1.0)
+        raise LabError(f"brokers not answering {RECOVER_S:.0f}s after the heal: {down}")
+
+    # --- the run -----------------------------------------------------------------------
+
+    def execute(self, root: Path | None = None) -> Result:
+        plan = self.plan
+        result = Result(plan)
+        nodes = ["a", *plan.broker_nodes, "client"]
+        with FaultLab(
+            nodes, root=root, cpus={"client": 0}, ray_env=HEALTH_CHECKS, keep=self.keep
+        ) as lab:
+            self.lab = lab
+            self.brokers, options, auto_promote = layout(lab, plan)
+            self.client = start_workload(
+                lab,
+                TOPIC,
+                self.brokers,
+                options,
+                auto_promote=auto_promote,
+                idempotence=plan.idempotent,
+            )
+            self.client.wait_for("ready", timeout_s=180)
+            self.client.wait_for("progress", timeout_s=120, until=lambda e: e["acked"] >= 100)
+            start = time.monotonic()
+            try:
+                for fault in plan.faults:
+                    if (wait := start + fault.start_s - time.monotonic()) > 0:
+                        time.sleep(wait)
+                    log.info("seed %d: %s", plan.seed, fault.describe())
+                    ev = self.inject(fault)
+                    self.events.append(ev)
+                    time.sleep(max(0.0, ev.began + fault.duration_s - time.monotonic()))
+                    self.undo(ev)
+            except (LabError, AssertionError) as exc:
+                result.error = f"{type(exc).__name__}: {exc}"[:2000]
+                log.error("seed %d: %s", plan.seed, result.error)
+                lab.heal()
+                with contextlib.suppress(LabError, AssertionError):
+                    self.recover()
+            at = self.drain().get("acked", 0)
+            with contextlib.suppress(AssertionError):
+                self.client.wait_for("progress", timeout_s=60, until=lambda e: e["acked"] > at)
+            time.sleep(QUIET_S)
+            raw, verdict = finish(self.client, timeout_s=300)
+        self.analyse(result, raw, verdict)
+        return result
+
+    def analyse(self, result: Result, raw: list[dict[str, Any]], verdict: Any) -> None:
+        result.ops, result.acknowledged = verdict.ops, verdict.acknowledged
+        result.duplicated, result.unexpected = verdict.duplicated, verdict.unexpected
+        result.unavailable_s = verdict.unavailable_s
+        where: dict[str, tuple[str, int, str, int, float]] = {}
+        for op in raw:
+            if op["outcome"] == ACK:
+                for body, (host, offset, mq, qoffset) in zip(op["bodies"], op["offsets"]):
+                    where[body] = (host.rpartition(":")[0], offset, mq, qoffset, op["completed"])
+        allowed = set()
+        if self.plan.mode == "ASYNC_FLUSH":
+            for body in verdict.lost:
+                ip, offset, _, _, done = where[body]
+                if any(ip == cip and offset >= cut and done <= t for cip, cut, t in self.crashes):
+                    allowed.add(body)
+        result.allowed_loss = sorted(allowed)
+        result.lost = [b for b in verdict.lost if b not in allowed]
+        slots: dict[tuple[str, int], set[str]] = defaultdict(set)
+        for body, (_, _, mq, qoffset, _) in where.items():
+            if body not in allowed:
+                slots[(mq, qoffset)].add(body)
+        result.split_brain = sorted(
+            f"{mq}@{q}: {sorted(b)}" for (mq, q), b in slots.items() if len(b) > 1
+        )
+        per_queue: dict[str, list[float]] = defaultdict(list)
+        for _, _, mq, _, done in where.values():
+            per_queue[mq].append(done)
+        worst = 0.0
+        for times in per_queue.values():
+            times.sort()
+            gaps = [b - a for a, b in zip(times, times[1:]) if b - a > OUTAGE_GAP_S]
+            worst = max(worst, sum(gaps))
+        result.worst_queue_s = worst
+        acks = sorted(op["completed"] for op in raw if op["outcome"] == ACK)
+        recover = 0.0
+        for ev in self.events:
+            after = next((t for t in acks if t >= ev.ended), None)
+            if after is not None:
+                recover = max(recover, after - ev.ended)
+        result.recover_s = recover
+        result.events = [
+            {"fault": ev.fault.describe(), "node": ev.node, **ev.detail} for ev in self.events
+        ]
