@@ -80,22 +80,32 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def _attribute_docs(cls: type) -> dict[str, str]:
+def _attribute_docs(cls: type) -> tuple[dict[str, str], dict[str, str]]:
     """The docstring under each annotated attribute of a class body (PEP 257's
-    attribute docstrings, as Sphinx and griffe read them)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs = {}
-    for node, nxt in zip(body, body[1:]):
+    attribute docstrings, as Sphinx and griffe read them), and the comment lines right
+    above an attribute (a group's heading: "# expiry: CleanCommitLogService")."""
+    source = textwrap.dedent(inspect.getsource(cls))
+    lines = source.splitlines()
+    body = ast.parse(source).body[0].body  # type: ignore[attr-defined]
+    docs, headings = {}, {}
+    for node, nxt in zip(body, [*body[1:], None]):
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        name = node.target.id
         if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(nxt, ast.Expr)
+            isinstance(nxt, ast.Expr)
             and isinstance(nxt.value, ast.Constant)
             and isinstance(nxt.value.value, str)
         ):
-            docs[node.target.id] = _rst_to_md(nxt.value.value)
-    return docs
+            docs[name] = _rst_to_md(nxt.value.value)
+        above = []
+        i = node.lineno - 2
+        while i >= 0 and lines[i].strip().startswith("#"):
+            above.insert(0, lines[i].strip().lstrip("#").strip())
+            i -= 1
+        if above:
+            headings[name] = _rst_to_md(" ".join(above).removeprefix("---").strip(" -"))
+    return docs, headings
 
 
 def _default(f: dataclasses.Field[Any]) -> str:
@@ -111,6 +121,8 @@ def _default(f: dataclasses.Field[Any]) -> str:
         for shift, unit in ((30, "GiB"), (20, "MiB")):
             if value % (1 << shift) == 0:
                 return f"`{value:_}` ({value >> shift} {unit})"
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 10_000:
+        return f"`{value:_}`"
     if dataclasses.is_dataclass(value):
         return f"`{type(value).__name__}()`"
     if f.name.endswith("secret_key"):
@@ -125,11 +137,13 @@ def _settings(kind: str) -> str:
     if conf_map:
         keys = getattr(importlib.import_module(conf_module), conf_map)
         rocketmq = {field: key for key, (field, _convert) in keys.items()}
-    docs = _attribute_docs(cls)
+    docs, headings = _attribute_docs(cls)
     rows = ["| setting | default | RocketMQ | what |", "|---|---|---|---|"]
     for f in dataclasses.fields(cls):
         if f.name.startswith("_") or not f.init:
             continue
+        if f.name in headings:
+            rows.append(f"| | | | *{_cell(headings[f.name])}* |")
         rows.append(
             f"| `{f.name}` | {_cell(_default(f))} | {rocketmq.get(f.name, '')} "
             f"| {_cell(docs.get(f.name, ''))} |"
