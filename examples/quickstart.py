@@ -157,11 +157,14 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     local = args.address == "local"
+    # Ray's logger opens a start with how it connects and whether token authentication
+    # is on: errors only, as the raymq command shows without --verbose
+    logging.getLogger("ray").setLevel(logging.ERROR)
     ray.init(
         address=args.address,
         num_cpus=2 if local else None,
         include_dashboard=False if local else None,
-        logging_level="WARNING",
+        logging_level="ERROR",
         log_to_driver=False,
     )
     with tempfile.TemporaryDirectory(prefix="raymq-quickstart-") as store_root:
