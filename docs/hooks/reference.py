@@ -152,6 +152,20 @@ def _settings(kind: str) -> str:
     return f"`{module}.{name}`: {doc}\n\n" + "\n".join(rows)
 
 
+def _arguments(name: str) -> str:
+    """A public client's constructor arguments besides its config object's fields."""
+    import actors
+
+    cls = getattr(actors, name)
+    rows = ["| argument | default |", "|---|---|"]
+    for p in inspect.signature(cls.__init__).parameters.values():
+        if p.name == "self" or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+            continue
+        default = "required" if p.default is p.empty else f"`{p.default!r}`"
+        rows.append(f"| `{p.name}` | {_cell(default)} |")
+    return f"`actors.{name}(...)`\n\n" + "\n".join(rows)
+
+
 def _cli() -> str:
     import argparse
 
@@ -195,6 +209,8 @@ def _protocol(which: str) -> str:
 def _generate(kind: str, arg: str | None) -> str:
     if kind == "settings" and arg in _SETTINGS:
         return _settings(arg)
+    if kind == "arguments" and arg:
+        return _arguments(arg)
     if kind == "cli":
         return _cli()
     if kind == "protocol" and arg in ("broker", "coordinator"):
