@@ -56,7 +56,7 @@ _STAGES = (  # (class path, method, stage name): each layer's entry on the way o
     ("actors.client.queue_selector.QueueSelector", "select", "queue selection"),
     ("actors.client.idempotence.Sequencer", "bind", "sequence binding"),
     ("actors.client.send_lanes.SendLanes", "send", "send lanes"),
-    ("actors.client.transport.RayTransport", "call", "transport"),
+    ("actors.client.transport.BrokerTransport", "call", "transport"),
     ("actors.protocol.data_path._Method", "remote", "broker stub"),
 )
 

@@ -31,6 +31,7 @@ from ray.data.datasource import Datasource, ReadTask
 
 from actors.bridge.arrow_codec import TOPIC_SCHEMA, records_to_arrow
 from actors.bridge.write import write_to_topic
+from actors.namesrv.brokers import BrokerHandles
 from actors.namesrv.client import NameServerClient
 from actors.protocol import rpc as _rpc
 from actors.protocol.data_path import DataPath
@@ -155,6 +156,7 @@ def plan_topic_read(
         raise InvalidMessageError(f"end_offsets={end_offsets!r}: 'latest' or a mapping")
     ns = NameServerClient(nameservers or discover_nameservers(namespace), namespace, 0.0)
     route = ns.require_route(topic, refresh=True)
+    brokers = BrokerHandles(ns)
     queues: list[tuple[MessageQueue, Any, str, str | None]] = []
     for qd in route.queue_datas:
         bd = route.broker(qd.broker_name)
@@ -162,7 +164,7 @@ def plan_topic_read(
             continue
         actor_name = bd.master_actor_name()
         assert actor_name is not None
-        handle = ns.broker(route, qd.broker_name)
+        handle = brokers.broker(route, qd.broker_name)
         node = bd.node_ids.get(0)
         for q in range(qd.read_queue_nums):
             queues.append((MessageQueue(topic, qd.broker_name, q), handle, actor_name, node))

@@ -54,6 +54,7 @@ from actors.bridge.spark import release_dataframe, topic_to_spark
 from actors.bridge.write import write_to_topic
 from actors.client.pull_consumer import PullConsumer
 from actors.client.transactional import Transaction, TransactionalProducer
+from actors.namesrv.brokers import BrokerHandles
 from actors.namesrv.client import NameServerClient
 from actors.protocol import rpc as _rpc
 from actors.protocol.names import DEFAULT_NAMESPACE
@@ -172,6 +173,7 @@ class _Checkpoints:
 
     def __init__(self, ns: NameServerClient, topic: str, group: str, stop: threading.Event) -> None:
         self.ns, self.topic, self.group = ns, topic, group
+        self.handles = BrokerHandles(ns)
         self._stop = stop
         self._routed = False  # a topic never routed fails at once, not after the wait
 
@@ -204,7 +206,7 @@ class _Checkpoints:
     def _brokers(self) -> dict[str, Any]:
         route = self.ns.require_route(self.topic, refresh=True)
         return {
-            qd.broker_name: self.ns.broker(route, qd.broker_name)
+            qd.broker_name: self.handles.broker(route, qd.broker_name)
             for qd in route.queue_datas
             if route.broker(qd.broker_name) is not None
         }

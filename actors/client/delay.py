@@ -18,7 +18,7 @@ from storage.errors import BrokerUnavailableError, InvalidMessageError
 from storage.schedule import level_for_delay
 
 if TYPE_CHECKING:
-    from actors.namesrv.client import NameServerClient
+    from actors.client.instance import ClientView
 
 DELAY_LEVELS_TIMEOUT_S = 10.0
 _cache: dict[tuple[str, tuple[str, ...]], tuple[int, ...]] = {}
@@ -30,7 +30,7 @@ def default_levels_ms() -> tuple[int, ...]:
     return parse_delay_levels(DEFAULT_DELAY_LEVELS)
 
 
-def broker_levels_ms(ns: NameServerClient, refresh: bool = False) -> tuple[int, ...]:
+def broker_levels_ms(ns: ClientView, refresh: bool = False) -> tuple[int, ...]:
     """The delay levels (ms) of the cluster's live master brokers (they must agree)."""
     key = (ns.namespace, ns.nameservers)
     with _lock:

@@ -30,7 +30,6 @@ import dataclasses
 import logging
 import math
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,14 +38,13 @@ from actors.client.coalescer import SendCoalescer
 from actors.client.encoder import MessageEncoder
 from actors.client.fault import LatencyFaultTolerance
 from actors.client.idempotence import Sequencer
+from actors.client.instance import SharedClient
 from actors.client.queue_selector import QueueSelector
 from actors.client.send_result import BatchSendResult, SendResult
 from actors.client.sender import Sender
-from actors.client.transport import RayTransport
+from actors.client.transport import BrokerTransport
 from actors.config.client import ProducerConfig
 from actors.config.options import with_options
-from actors.namesrv.client import NameServerClient
-from actors.protocol.data_path import DataPath
 from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.route import TopicRouteData
 from actors.protocol.shared_ring import SharedRing
@@ -106,7 +104,7 @@ def _short_list(messages: Any, most: int) -> tuple[list[Message], int] | None:
     return list(messages), nbytes
 
 
-class Producer:
+class Producer(SharedClient):
     """Sends messages to a RayMQ cluster; usable from a driver, a task or an actor."""
 
     def __init__(
@@ -118,23 +116,11 @@ class Producer:
         config: ProducerConfig | None = None,
         **options: Any,
     ) -> None:
-        from actors.namesrv.client import discover_nameservers
-
-        if not isinstance(group, str) or not group:
-            raise InvalidMessageError(f"producer group={group!r}: must be a non-empty str")
-        self.group = group
         self.config = with_options(config or ProducerConfig(), options)
-        self.client_id = f"{group}@{uuid.uuid4().hex[:12]}"
-        self._data_path = DataPath(self.config.data_path, self.config.data_tls_ca)
-        self.ns = NameServerClient(
-            nameservers or discover_nameservers(namespace),
-            namespace,
-            self.config.route_refresh_s,
-            wrap=self._data_path.wrap,
-        )
+        self._join("producer", group, namespace, nameservers, self.config)
         self.fault = LatencyFaultTolerance(self.config.fault_isolation_s)
         self._selector = QueueSelector(self.ns, self.fault, self.config)
-        self._transport = RayTransport(self.ns, self.config)
+        self._transport = BrokerTransport(self.ns, self.config)
         self._budget = AsyncSendBudget(
             self.config.async_send_max_messages, self.config.async_send_max_bytes
         )
@@ -296,7 +282,7 @@ class Producer:
             )
         self._sender.close()
         self._transport.close()
-        self._data_path.close()
+        self._leave()
 
     def __enter__(self) -> Producer:
         return self

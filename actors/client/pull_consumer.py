@@ -12,15 +12,13 @@ import concurrent.futures
 import enum
 import logging
 import struct
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, cast
 
+from actors.client import instance as _instance
 from actors.config.client import ConsumerConfig
 from actors.config.options import with_options
-from actors.namesrv.client import NameServerClient
 from actors.protocol import rpc as _rpc
-from actors.protocol.data_path import DataPath
 from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.topic import is_readable
 from actors.protocol.wire import pull_request_to_wire, pulls_from_wire
@@ -169,7 +167,7 @@ class _Pending(NamedTuple):
     timeout: float
 
 
-class PullConsumer:
+class PullConsumer(_instance.SharedClient):
     """Pulls given queues from given offsets; commits and fetches the group's offsets."""
 
     def __init__(
@@ -181,20 +179,9 @@ class PullConsumer:
         config: ConsumerConfig | None = None,
         **options: Any,
     ) -> None:
-        from actors.namesrv.client import discover_nameservers
-
-        if not isinstance(group, str) or not group:
-            raise InvalidMessageError(f"consumer group={group!r}: must be a non-empty str")
-        self.group = group
-        self.config = with_options(config or ConsumerConfig(), options)
-        self.client_id = f"{group}@{uuid.uuid4().hex[:12]}"
-        self._data_path = DataPath(self.config.data_path, self.config.data_tls_ca)
-        self.ns = NameServerClient(
-            nameservers or discover_nameservers(namespace),
-            namespace,
-            self.config.route_refresh_s,
-            wrap=self._data_path.wrap,
-        )
+        config = with_options(config or ConsumerConfig(), options)
+        self._join("consumer", group, namespace, nameservers, config, _instance.READ)
+        self.config = config
         self._read_from: dict[MessageQueue, int] = {}  # broker id a broker suggested for pulls
         self._waiter: concurrent.futures.ThreadPoolExecutor | None = None  # async pulls
 
@@ -419,12 +406,12 @@ class PullConsumer:
         return self._call(mq, "offset_by_time", mq.topic, mq.queue_id, timestamp_ms)
 
     def close(self) -> None:
-        """Waits for the answers of async pulls still out; offsets are committed
-        explicitly, so nothing else is left to release."""
+        """Waits for the answers of async pulls still out and gives back its share of
+        the client instance; offsets are committed explicitly, nothing else is left."""
         if self._waiter is not None:
             self._waiter.shutdown(wait=True)
             self._waiter = None
-        self._data_path.close()
+        self._leave()
 
     def __enter__(self) -> PullConsumer:
         return self

@@ -1,6 +1,6 @@
 """Which queue a send goes to (RocketMQ's ``TopicPublishInfo`` and ``MQFaultStrategy``).
 
-A topic's route comes from the NameServers (cached by :class:`NameServerClient`,
+A topic's route comes from the NameServers (cached by the client instance's NameServer client,
 refreshed on demand). Its write queues are those of brokers with a live master
 whose perm allows writing; a route with none raises ``PermissionDeniedError``
 (brokers live, none writeable) or ``BrokerUnavailableError`` (no live broker).
@@ -35,7 +35,7 @@ from storage.errors import BrokerUnavailableError, PermissionDeniedError
 
 
 class RouteSource(Protocol):
-    """Where routes come from: the producer's :class:`~actors.namesrv.client.NameServerClient`."""
+    """Where routes come from: the producer's :class:`~actors.client.instance.ClientView`."""
 
     def route(self, topic: str, *, refresh: bool = False) -> TopicRouteData | None: ...
 

@@ -1,4 +1,4 @@
-"""The SimpleConsumer: RocketMQ 5's POP consumption, natively (``actors.broker.pop``).
+"""The SimpleConsumer: RocketMQ 5's POP consumption, natively (``actors.broker.processor.pop``).
 
 No rebalance and no queue ownership: any number of processes, Ray tasks or actors of a
 group call :meth:`SimpleConsumer.receive`, and each message goes to one of them,
@@ -23,15 +23,13 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from actors.client import instance as _instance
 from actors.config.options import check_data_path, check_isolation
-from actors.namesrv.client import NameServerClient, discover_nameservers
 from actors.protocol import rpc as _rpc
 from actors.protocol.checks import check_number, validate_group
-from actors.protocol.data_path import DataPath
 from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.pop import MAX_POP_MSGS, PoppedMessage
 from actors.protocol.topic import is_readable
@@ -80,14 +78,19 @@ class SimpleConsumer:
         self.wait_s = check_number("wait_s", wait_s)
         self.call_timeout_s = check_number("call_timeout_s", call_timeout_s)
         check_data_path("SimpleConsumer", data_path)
-        self.client_id = f"{group}@{uuid.uuid4().hex[:12]}"
-        self._data_path = DataPath(data_path, data_tls_ca)
-        self.ns = NameServerClient(
-            nameservers or discover_nameservers(namespace),
+        self._lease = _instance.share(
+            self,
             namespace,
-            route_refresh_s,
-            wrap=self._data_path.wrap,
+            nameservers,
+            data_path=data_path,
+            tls_ca=data_tls_ca,
+            route_ttl_s=route_refresh_s,
+            kind=_instance.READ,
         )
+        self.instance = self._lease.instance
+        self.client_id = self.instance.new_client_id(group)
+        self.ns = self._lease.view
+        self._data_path = self.ns.data_path
         # broker name -> (pop call: a socket's PendingCall or an ObjectRef, its share)
         self._pending: dict[str, tuple[Any, int]] = {}
         self._buffer: list[PoppedMessage] = []  # received beyond a receive's max_msgs
@@ -113,15 +116,7 @@ class SimpleConsumer:
         return self.ns.broker(route, name)
 
     def _forget(self, name: str) -> None:
-        self.ns.invalidate(self.topic)
-        try:
-            route = self.ns.route(self.topic)
-        except BrokerUnavailableError:  # no NameServer either: the next call finds out
-            return
-        bd = route.broker(name) if route is not None else None
-        actor = bd.master_actor_name() if bd is not None else None
-        if actor is not None:
-            self.ns.forget_broker(actor)
+        self.ns.forget_topic_broker(self.topic, name)
 
     # ------------------------------------------------------------ receive
     def receive(
@@ -284,7 +279,7 @@ class SimpleConsumer:
         self._closed = True
         self._pending.clear()
         self._buffer.clear()
-        self._data_path.close()
+        self._lease.release()
 
     def __enter__(self) -> SimpleConsumer:
         return self

@@ -2,7 +2,7 @@
 
 ``send_message_in_transaction(msg, arg)`` sends ``msg`` as a half message
 (``TRAN_MSG=true``, ``PGROUP=<group>``: the broker keeps it out of its topic,
-``actors.broker.transaction``), runs the listener's
+``actors.broker.processor.end_transaction``), runs the listener's
 ``execute_local_transaction(msg, arg)``, and ends the transaction with the broker that
 holds the half message: COMMIT_MESSAGE makes it visible, ROLLBACK_MESSAGE drops it,
 UNKNOW (or an exception in the executor) leaves it to the broker's check.
@@ -132,8 +132,10 @@ class TransactionProducer(Producer):
         self._stopping = threading.Event()
         self._registered: dict[str, Any] = {}  # broker actor name -> handle
         self.register_with_brokers()
+        # registered again every check_heartbeat_s by the instance's heartbeat thread
+        self._beat_key = ("transaction-producer", self.client_id)
+        self.instance.register(self._beat_key, self.register_with_brokers, check_heartbeat_s)
         self._threads = [
-            threading.Thread(target=self._heartbeat_loop, name="txn-heartbeat", daemon=True),
             threading.Thread(target=self._check_loop, name="txn-check", daemon=True),
         ]
         for t in self._threads:
@@ -210,10 +212,6 @@ class TransactionProducer(Producer):
                 log.info("producer %s: registering with %s failed: %s", self.group, name, exc)
         return done
 
-    def _heartbeat_loop(self) -> None:
-        while not self._stopping.wait(self.check_heartbeat_s):
-            self.register_with_brokers()
-
     def _check_loop(self) -> None:
         while not self._stopping.is_set():
             try:
@@ -268,6 +266,7 @@ class TransactionProducer(Producer):
     def close(self, timeout_s: float | None = None) -> None:
         """Leave the brokers' lists of producers to check with, stop the threads, close."""
         self._stopping.set()
+        self.instance.unregister(self._beat_key)
         for name, handle in self._registered.items():
             try:
                 rpc.get(

@@ -3,10 +3,11 @@
 The producer's sender decides what to send where and what to do when it fails;
 a :class:`Transport` only carries one call (``batches``, bound for their queues
 already, to one broker) and hands back its pending answer. The one transport,
-:class:`RayTransport` (named for the handles it calls), calls the broker's handle
-as the NameServer client gives it: with the default ``data_path="socket"`` that is
-a ``BrokerStub`` (``actors.protocol.data_path``) whose ``send`` goes over the
-broker's own socket, with ``data_path="ray"`` a Ray actor handle.
+:class:`BrokerTransport`, makes the call on the broker's connection from the client
+instance (``actors.client.instance``): with the default ``data_path="socket"`` the
+broker's own socket (``actors.protocol.data_path``; through Ray while it opens or
+when it cannot), with ``data_path="ray"`` its Ray actor handle; or, for a large call
+to a broker on this node, its shared memory ring.
 
 Contract of :meth:`Transport.call`:
 
@@ -26,7 +27,7 @@ Contract of :meth:`Transport.call`:
   cannot read the ring gets the call again through Ray: the bytes read back from the
   ring slot, which is held until then.)
 
-:class:`RayTransport`: a call of ``OUT_OF_BAND_BYTES`` or more to a master on
+:class:`BrokerTransport`: a call of ``OUT_OF_BAND_BYTES`` or more to a master on
 this producer's own Ray node goes through a shared memory ring
 (``actors.protocol.shared_ring``) the broker reads in place, instead of Ray's
 object store; smaller calls, brokers on other nodes and any broker that cannot
@@ -53,9 +54,9 @@ from typing import Any, Protocol
 import ray
 from ray.exceptions import RayError
 
+from actors.client.instance import ClientView
 from actors.client.send_result import _arg
 from actors.config.client import ProducerConfig
-from actors.namesrv.client import NameServerClient
 from actors.protocol.route import TopicRouteData
 from actors.protocol.shared_ring import SharedCall, SharedRing, pass_on
 from actors.protocol.wire import OUT_OF_BAND_BYTES
@@ -85,11 +86,11 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-class RayTransport:
-    """Sends through the broker's handle (its socket stub, or a Ray actor handle with
-    ``data_path="ray"``), or a co-located broker's shared ring when large."""
+class BrokerTransport:
+    """Sends on the broker's connection (its socket, or its Ray actor handle with
+    ``data_path="ray"``), or through a co-located broker's shared ring when large."""
 
-    def __init__(self, ns: NameServerClient, config: ProducerConfig) -> None:
+    def __init__(self, ns: ClientView, config: ProducerConfig) -> None:
         self.ns = ns
         self.config = config
         self.rings: dict[str, SharedRing] = {}  # by co-located master's actor name

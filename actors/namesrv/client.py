@@ -1,5 +1,11 @@
 """The clients' view of the NameServers: ask one, fail over to the next, cache routes.
 
+Only the NameServers: the broker handles a route leads to are
+:class:`actors.namesrv.brokers.BrokerHandles`'s, the connections to brokers
+``actors.protocol.data_path``'s, and what a process's clients share of all three
+``actors.client.instance``'s (``handles`` gives a caller that keeps none of its own
+broker handles over these routes).
+
 Cached routes live for ``route_ttl_s``, but a client also keeps one long poll
 (``NameServer.wait_route_change``) pending on its current NameServer: when a
 broker joins or leaves or a new master takes over, the poll returns and every
@@ -18,7 +24,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
+from ray.exceptions import RayActorError
 
+from actors.namesrv.brokers import BrokerHandles, BrokerWrap
 from actors.protocol import rpc as _rpc
 from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.route import TopicRouteData
@@ -46,12 +54,6 @@ def _rearm(client: weakref.ref[NameServerClient], fut: Any) -> None:
         me._on_route_change(fut)
 
 
-BrokerWrap = Callable[[str, Any], Any]
-"""Turns a broker's Ray handle into what a client calls it through (its actor name,
-the handle): a client with a data path wraps it so that per-message calls go over
-the broker's own socket (``actors.protocol.data_path``)."""
-
-
 class NameServerClient:
     def __init__(
         self,
@@ -65,14 +67,21 @@ class NameServerClient:
         self.nameservers = tuple(nameservers)
         self.namespace = namespace
         self.route_ttl_s = route_ttl_s
-        self._wrap = wrap
         self._handles: dict[str, Any] = {}
         self._current = 0
         self._routes: dict[str, tuple[float, TopicRouteData]] = {}
-        self._brokers: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._route_version = -1
         self._route_watch: Any = None  # the pending wait_route_change ref
+        self._on_brokers_changed: list[Callable[[], Any]] = []
+        self._wrap = wrap
+        self._handles_of_own: BrokerHandles | None = None
+
+    def on_brokers_changed(self, callback: Callable[[], Any]) -> None:
+        """Call ``callback()`` whenever the NameServers report the brokers changed (a
+        broker joined or left, a new master took over): handles cached by actor name
+        are stale then."""
+        self._on_brokers_changed.append(callback)
 
     def _handle(self, name: str) -> Any:
         h = self._handles.get(name)
@@ -80,6 +89,20 @@ class NameServerClient:
             h = ray.get_actor(name, namespace=self.namespace)
             self._handles[name] = h
         return h
+
+    def _call_on(self, name: str, method: str, args: tuple[Any, ...]) -> Any:
+        """``method`` on NameServer ``name``. A cached handle of an actor that died is
+        dropped and the name looked up again once: the NameServers of a cluster
+        started anew in the namespace (this client outlived the first) are other
+        actors under the same names."""
+        cached = name in self._handles
+        try:
+            return _rpc.get(getattr(self._handle(name), method).remote(*args), NS_CALL_TIMEOUT_S)
+        except RayActorError:
+            if not cached:
+                raise
+            self._handles.pop(name, None)
+        return _rpc.get(getattr(self._handle(name), method).remote(*args), NS_CALL_TIMEOUT_S)
 
     def call(self, method: str, *args: Any) -> Any:
         """Call ``method`` on the current NameServer, failing over through the others."""
@@ -91,9 +114,7 @@ class NameServerClient:
             idx = (self._current + i) % n
             name = self.nameservers[idx]
             try:
-                result = _rpc.get(
-                    getattr(self._handle(name), method).remote(*args), NS_CALL_TIMEOUT_S
-                )
+                result = self._call_on(name, method, args)
             except Exception as exc:  # noqa: BLE001 - try the next NameServer
                 if not _rpc.is_retriable(exc) and not isinstance(exc, ValueError):
                     raise
@@ -133,7 +154,8 @@ class NameServerClient:
             version = None
         if version != self._route_version:
             self._routes.clear()
-            self._brokers.clear()  # a broker started anew under its name is a new actor
+            for callback in self._on_brokers_changed:  # a broker started anew is a new actor
+                callback()
         self._route_watch = None
         if version is not None:
             self._route_version = version
@@ -167,16 +189,12 @@ class NameServerClient:
                 return route
         return None
 
-    def cached_broker(self, topic: str, broker_name: str) -> Any | None:
-        """The master broker actor of ``broker_name`` for ``topic`` if neither its route
-        nor its handle needs a call now (a fresh cached route, a cached handle); else
-        None. For threads that must not block, such as the client I/O loop."""
+    def cached_route(self, topic: str) -> TopicRouteData | None:
+        """``topic``'s cached route while fresh, else None (no call made)."""
         cached = self._routes.get(topic)
         if cached is None or time.monotonic() - cached[0] >= self.route_ttl_s:
             return None
-        bd = cached[1].broker(broker_name)
-        name = bd.master_actor_name() if bd is not None else None
-        return None if name is None else self._brokers.get(name)
+        return cached[1]
 
     def require_route(self, topic: str, *, refresh: bool = False) -> TopicRouteData:
         route = self.route(topic, refresh=refresh)
@@ -190,52 +208,19 @@ class NameServerClient:
         self._routes.pop(topic, None)
 
     # ------------------------------------------------------------ brokers
+    @property
+    def handles(self) -> BrokerHandles:
+        """Broker handles over these routes (each wrapped by ``wrap``), for a caller
+        that keeps no :class:`BrokerHandles` of its own."""
+        if self._handles_of_own is None:
+            self._handles_of_own = BrokerHandles(self, self._wrap)
+        return self._handles_of_own
+
     def broker(self, route: TopicRouteData, broker_name: str) -> Any:
-        """The master broker actor of ``broker_name`` (cached by actor name)."""
-        bd = route.broker(broker_name)
-        name = bd.master_actor_name() if bd is not None else None
-        if bd is None or name is None:
-            raise BrokerUnavailableError(f"broker {broker_name!r} has no live master in the route")
-        return self.broker_by_name(name, bd.namespace)
-
-    def broker_by_name(self, actor_name: str, namespace: str | None = None) -> Any:
-        h = self._brokers.get(actor_name)
-        if h is None:
-            try:
-                h = ray.get_actor(actor_name, namespace=namespace or self.namespace)
-            except ValueError as exc:
-                raise BrokerUnavailableError(f"broker actor {actor_name!r} not found") from exc
-            if self._wrap is not None:
-                h = self._wrap(actor_name, h)
-            self._brokers[actor_name] = h
-        return h
-
-    def broker_for_read(self, route: TopicRouteData, broker_name: str, prefer_id: int = 0) -> Any:
-        """A member of ``broker_name`` to read from: ``prefer_id`` (a broker's suggestion)
-        when it is live, else the master, else the lowest live slave (the master is gone)."""
-        bd = route.broker(broker_name)
-        if bd is None or not bd.actor_names:
-            raise BrokerUnavailableError(f"broker {broker_name!r} has no live member in the route")
-        if prefer_id in bd.actor_names:
-            bid = prefer_id
-        elif 0 in bd.actor_names:
-            bid = 0
-        else:
-            bid = min(bd.actor_names)
-        return self.broker_by_name(bd.actor_names[bid], bd.namespace)
-
-    def forget_broker(self, actor_name: str) -> None:
-        self._brokers.pop(actor_name, None)
+        return self.handles.broker(route, broker_name)
 
     def master_brokers(self) -> dict[str, Any]:
-        """Every live master broker: broker name → actor handle."""
-        info = self.call("get_cluster_info")
-        out = {}
-        for broker_name, entry in sorted(info["brokers"].items()):
-            master = entry["members"].get(0)
-            if master is not None:
-                out[broker_name] = self.broker_by_name(master["actor_name"], master["namespace"])
-        return out
+        return self.handles.masters()
 
 
 NAMESERVER_PREFIX = "nameserver-"

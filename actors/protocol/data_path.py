@@ -4,7 +4,7 @@ Ray is the control plane; what a client does per message (send, pull, commit
 offsets, send back, heartbeat, end transactions, POP receive, ack and change of
 invisible time) goes over one connection per broker (``actors.protocol.connection``), as RocketMQ's clients keep to each broker. A
 :class:`BrokerStub` stands where a broker's Ray handle stood
-(``NameServerClient(wrap=...)``): ``stub.send.remote(...)`` goes over the socket
+(``BrokerHandles(wrap=...)``, ``actors.namesrv.brokers``): ``stub.send.remote(...)`` goes over the socket
 and answers a :class:`~actors.protocol.rpc.PendingCall` that ``rpc.get``,
 ``rpc.wait`` and ``.future()`` take as they take an ObjectRef; any other method
 is the Ray handle's. Callers do not change.
@@ -71,7 +71,7 @@ class DataPath:
     def wrap(
         self, actor_name: str, handle: Any, requests: Mapping[str, Request] | None = None
     ) -> Any:
-        """For ``NameServerClient(wrap=...)``: starts opening the broker's connection.
+        """For ``BrokerHandles(wrap=...)``: starts opening the broker's connection.
         ``requests``: the methods that go over the socket, and how each is framed (a
         broker's by default; :data:`COORDINATOR_REQUESTS` for the transaction
         coordinator, whose ``data_path`` answers as a broker's does)."""

@@ -36,6 +36,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from actors.client import instance as _instance
+from actors.client.instance import ClientView
 from actors.client.push.config import (
     ConsumeFromWhere,
     ConsumeStatus,
@@ -58,9 +60,7 @@ from actors.client.push.send_back import SendBackService
 from actors.client.push.timer import Counters, Scheduler
 from actors.config.options import with_options
 from actors.coordinator.strategies import client_id_with_room
-from actors.namesrv.client import NameServerClient
 from actors.protocol import rpc as _rpc
-from actors.protocol.data_path import DataPath
 from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.topic import retry_topic
 from rebalance import MessageQueue
@@ -134,7 +134,7 @@ class PushConsumer:
         self.subscribe(topic, subscription)
         self._nameservers = list(nameservers) if nameservers else None
         self._discover = discover_nameservers
-        self.ns: NameServerClient
+        self.ns: ClientView
         self.stats = Counters()
         self._table: dict[MessageQueue, ProcessQueue] = {}
         self._table_lock = threading.Lock()
@@ -144,6 +144,8 @@ class PushConsumer:
         self._stop = threading.Event()
         self._rebalance_now = threading.Event()
         self._heartbeat_refs: list[Any] = []
+        self._heartbeat_lock = threading.Lock()
+        self._beat_key = ("push-consumer", self.client_id)
         self._retry_topic_on: set[str] = set()
 
     # ------------------------------------------------------------ setup
@@ -171,13 +173,18 @@ class PushConsumer:
                 raise InvalidConfigError(
                     f"listener={self.listener!r}: register a callable before start()"
                 )
-            self._data_path = DataPath(self.config.data_path, self.config.data_tls_ca)
-            self.ns = NameServerClient(
-                self._nameservers or self._discover(self.namespace),
+            self._lease = _instance.share(
+                self,
                 self.namespace,
-                self.config.route_refresh_s,
-                wrap=self._data_path.wrap,
+                self._nameservers or self._discover(self.namespace),
+                data_path=self.config.data_path,
+                tls_ca=self.config.data_tls_ca,
+                route_ttl_s=self.config.route_refresh_s,
+                kind=_instance.READ,
             )
+            self.instance = self._lease.instance
+            self.ns = self._lease.view
+            self._data_path = self.ns.data_path
             if self.config.clustering:
                 self._subscriptions.setdefault(retry_topic(self.group), ("*", None))
                 self.offset_store: OffsetStore = RemoteBrokerOffsetStore(
@@ -211,6 +218,8 @@ class PushConsumer:
             self.pull.start()
             self.send_back.start()
             self.heartbeat(wait=True)
+            # the instance's heartbeat thread beats for every client of the process
+            self.instance.register(self._beat_key, self.heartbeat, self.config.heartbeat_interval_s)
             self.rebalancer.rebalance()
         except BaseException:
             self.shutdown()
@@ -271,20 +280,18 @@ class PushConsumer:
         """After a failed call: re-read the route, and drop a broker's cached handle
         (a broker actor created anew under its name needs a new one)."""
         if broker_name is not None:
-            try:
-                route = self.ns.route(topic)
-                bd = route.broker(broker_name) if route is not None else None
-                name = bd.master_actor_name() if bd is not None else None
-                if name is not None:
-                    self.ns.forget_broker(name)
-            except Exception:  # noqa: BLE001 - best effort
-                pass
-        self.ns.invalidate(topic)
+            self.ns.forget_topic_broker(topic, broker_name)
+        else:
+            self.ns.invalidate(topic)
 
     # ------------------------------------------------------------ group membership
     def heartbeat(self, wait: bool = False) -> None:
         """Tell every live master broker this consumer is in the group (creating the
         group's retry topic where it is missing)."""
+        with self._heartbeat_lock:  # the instance's heartbeat thread, or a rebalance
+            self._heartbeat_once(wait)
+
+    def _heartbeat_once(self, wait: bool) -> None:
         pending, self._heartbeat_refs = self._heartbeat_refs, []
         for ref in pending:  # report last round's failures
             try:
@@ -337,15 +344,11 @@ class PushConsumer:
     def _service_loop(self) -> None:
         cfg = self.config
         now = time.monotonic()
-        next_heartbeat = now + cfg.heartbeat_interval_s
         next_rebalance = now + cfg.rebalance_interval_s
         next_persist = now + cfg.persist_offset_interval_s
         while not self._stop.wait(SERVICE_TICK_S):
             now = time.monotonic()
             try:
-                if now >= next_heartbeat:
-                    next_heartbeat = now + cfg.heartbeat_interval_s
-                    self.heartbeat()
                 if now >= next_rebalance or self._rebalance_now.is_set():
                     self._rebalance_now.clear()
                     next_rebalance = now + cfg.rebalance_interval_s
@@ -396,6 +399,7 @@ class PushConsumer:
                 return
             self._closed = True
         self._stop.set()
+        self.instance.unregister(self._beat_key)
         service = getattr(self, "_service", None)
         if service is not None:
             service.join(timeout=CALL_TIMEOUT_S)
@@ -415,7 +419,7 @@ class PushConsumer:
             self._unregister()
         self.offset_store.close()
         self.scheduler.stop()
-        self._data_path.close()
+        self._lease.release()
         self._closed_event.set()
         log.info("push consumer %s shut down: %s", self.client_id, self.stats.snapshot())
 

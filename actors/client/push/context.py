@@ -20,11 +20,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from actors.client.instance import ClientView
 from actors.client.push.config import Listener, PushConsumerConfig
 from actors.client.push.offset_store import OffsetStore
 from actors.client.push.process_queue import ProcessQueue
 from actors.client.push.timer import Counters, Scheduler
-from actors.namesrv.client import NameServerClient
 from rebalance import MessageQueue
 from storage.message import MessageExt
 
@@ -128,7 +128,7 @@ class RebalanceContext(ConsumerContext, Protocol):
     def topic(self) -> str: ...
 
     @property
-    def ns(self) -> NameServerClient: ...
+    def ns(self) -> ClientView: ...
 
     @property
     def offset_store(self) -> OffsetStore: ...

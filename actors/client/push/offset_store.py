@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from actors.namesrv.client import NameServerClient
+from actors.client.instance import ClientView
 from actors.protocol import rpc as _rpc
 from actors.protocol.fencing import FencingToken, OffsetFencedError
 from rebalance import MessageQueue
@@ -66,7 +66,7 @@ class OffsetStore(Protocol):
 
 
 class RemoteBrokerOffsetStore:
-    def __init__(self, ns: NameServerClient, group: str, client_id: str) -> None:
+    def __init__(self, ns: ClientView, group: str, client_id: str) -> None:
         self.ns = ns
         self.group = group
         self.client_id = client_id

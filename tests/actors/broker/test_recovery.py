@@ -152,8 +152,8 @@ def test_dead_broker_leaves_every_route_at_once(make_cluster: Any) -> None:
     assert {mq.broker_name for r in results for mq, _, _ in r.queues} == {"broker-a"}
     assert (
         "broker-b" in producer.fault.snapshot()
-        or "Dead" not in producer.ns._routes
-        or [q.broker_name for q in producer.ns._routes["Dead"][1].queue_datas] == ["broker-a"]
+        or "Dead" not in producer.ns.names._routes
+        or [q.broker_name for q in producer.ns.names._routes["Dead"][1].queue_datas] == ["broker-a"]
     )
 
 
