@@ -43,6 +43,7 @@ from actors.broker.client.producer_ids import ProducerIdAllocator
 from actors.broker.ha import create_replication
 from actors.broker.lease import ClusterLease
 from actors.broker.listener import DataPathListener
+from actors.broker.lite.processor import LiteProcessor
 from actors.broker.memory import retain_freed_memory
 from actors.broker.metrics import BrokerMetrics, BrokerMetricsService
 from actors.broker.out.registration import Registration
@@ -108,6 +109,7 @@ class Broker:
         self.transactions = TransactionProcessor(rt, self.ha)
         self.transactions.one_phase.attach(self.groups)
         self.popper = PopProcessor(rt, self.ha)
+        self.lite = LiteProcessor(rt, self.ha, self.admin)  # lite topics (issue 48)
         self.producer_ids = ProducerIdAllocator(
             rt.store.config_file("producerIds"), config.actor_name
         )
@@ -384,6 +386,18 @@ class Broker:
         await self.transactions.ensure_loaded()
         return await self.rt.run(self.transactions.pending)
 
+    # ------------------------------------------------------------ lite topics (actors/broker/lite)
+    lite_create_parent = _served_by("lite", LiteProcessor.create_parent)
+    lite_parents = _served_by("lite", LiteProcessor.parents)
+    lite_topics = _served_by("lite", LiteProcessor.lite_topics)
+    lite_send = _served_by("lite", LiteProcessor.send)
+    lite_subscribe = _served_by("lite", LiteProcessor.subscribe)
+    lite_receive = _served_by("lite", LiteProcessor.receive)
+    lite_ack = _served_by("lite", LiteProcessor.ack)
+    lite_pull = _served_by("lite", LiteProcessor.pull)
+    lite_committed_offset = _served_by("lite", LiteProcessor.committed_offset)
+    lite_stats = _served_by("lite", LiteProcessor.stats)
+
     # ------------------------------------------------------------ POP (actors/broker/processor/pop.py)
     pop = _served_by("popper", PopProcessor.pop)
 
@@ -514,6 +528,8 @@ class Broker:
         log.error("broker %s leaves: %s", self.config.actor_name, why)
         self.rt.closing = True
         with contextlib.suppress(Exception):
+            self.lite.close()
+        with contextlib.suppress(Exception):
             self.rt.store.close()
         _exit_process()
 
@@ -542,6 +558,7 @@ class Broker:
             await self.ha.stop()
         await self.registration.unregister_all()
         await rt.run(rt.offsets.persist, True)
+        await rt.run(self.lite.close)
         await rt.run(rt.store.close)
         rt.io.shutdown(wait=False)
         log.info("broker %s shut down cleanly", self.config.actor_name)

@@ -129,6 +129,7 @@ class LiteStore:
         self._closed = False
         self._upkeep: threading.Thread | None = None
         self.last_expiry: dict[str, float] = {}
+        self._flushed_state: tuple[int, int, int, bool] | None = None
         """The last :meth:`expire`'s figures: topics expired, slices, the longest hold of
         the lock (wall clock, and this thread's CPU time)."""
         self._stop = threading.Event()
@@ -313,6 +314,12 @@ class LiteStore:
 
     def parents(self) -> list[str]:
         return sorted(self._parents)
+
+    def parent_settings(self, parent: str) -> dict[str, int]:
+        """A declared parent's quota, TTL and live lite topics
+        (:class:`NotALiteParentError` for another topic)."""
+        p = self._parent(parent)
+        return {"quota": p.quota, "ttl_ms": p.ttl_ms, "lite_topics": p.count}
 
     def _parent(self, parent: str) -> _Parent:
         found = self._parents.get(parent)
@@ -850,6 +857,10 @@ class LiteStore:
             if self._closed:
                 return
             covered = max(self._covered, self._index_covered())
+            state = (covered, self.index.end, self._names_log.records, self.offsets.changed)
+            if state == self._flushed_state:
+                return  # nothing new since the last flush
+            self._flushed_state = state
         self._names_log.flush()
         self.index.flush()
         self._write_checkpoint(covered)

@@ -1,0 +1,286 @@
+"""Lite topics on a broker: the processor over the store's :class:`storage.lite.LiteStore`.
+
+* A parent of type LITE is a topic created with :meth:`LiteProcessor.create_parent`
+  (its quota of lite topics and their TTL after the last write kept in
+  ``config/liteParents.json``, its TopicConfig with the other topics).
+* A send names its lite topic per message; the first send (or subscription) naming a
+  lite topic creates it.
+* Within a consumer group a lite topic is consumed by one client at a time: the first
+  of its subscribers owns it; when the owner unsubscribes or is not heard from for
+  ``owner_lease_s`` (every call of a client renews it), the next subscriber takes it
+  over, from the group's committed offset. A client subscribes and unsubscribes lite
+  topics at any time (RocketMQ's PARTIAL_ADD, PARTIAL_REMOVE and COMPLETE_ADD).
+* :meth:`LiteProcessor.receive` hands a client the messages of the lite topics it owns
+  from where the group stands; :meth:`LiteProcessor.ack` commits a lite topic's offset.
+  :meth:`LiteProcessor.pull` reads one lite topic from an offset the caller names
+  (a gateway resuming a session).
+
+Sends are taken on a master only, and written to its own store: lite messages reach a
+slave with the CommitLog's bytes and are indexed there by ``LiteStore.catch_up``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from actors.broker.ha import Replication
+from actors.broker.runtime import BrokerRuntime
+from actors.protocol.checks import validate_group
+from actors.protocol.topic import TopicConfig
+from storage.errors import BrokerUnavailableError, InvalidMessageError, PermissionDeniedError
+from storage.lite import LiteConfig, LiteStore, validate_lite_name
+from storage.message import GetStatus, Message
+
+log = logging.getLogger("raymq.actors.broker.lite")
+
+_PARENTS = "liteParents"
+SUBSCRIBE_ADD, SUBSCRIBE_REMOVE, SUBSCRIBE_COMPLETE = "add", "remove", "complete"
+
+
+@dataclass
+class _Group:
+    """One consumer group's view of one parent: who subscribes what, who owns what."""
+
+    subscribers: dict[str, list[str]] = field(default_factory=dict)  # lite -> clients, in order
+    owner: dict[str, str] = field(default_factory=dict)  # lite -> client
+    subscribed: dict[str, set[str]] = field(default_factory=dict)  # client -> lites
+    seen: dict[str, float] = field(default_factory=dict)  # client -> monotonic time
+    cursor: dict[str, int] = field(default_factory=dict)  # lite -> next offset handed out
+
+
+class LiteProcessor:
+    def __init__(
+        self,
+        runtime: BrokerRuntime,
+        role: Replication,
+        admin: Any,
+        config: LiteConfig | None = None,
+        owner_lease_s: float = 30.0,
+    ) -> None:
+        self.rt = runtime
+        self.role = role
+        self.admin = admin
+        self.owner_lease_s = owner_lease_s
+        self.store = LiteStore(runtime.store, config)
+        self._parents_file = runtime.store.config_file(_PARENTS)
+        for parent, spec in (self._parents_file.load() or {}).items():
+            self.store.declare_parent(parent, quota=spec["quota"], ttl_ms=spec["ttlMs"])
+        self._groups: dict[tuple[str, str], _Group] = {}
+        self._lock = threading.Lock()  # the groups' tables (read and changed on I/O threads)
+        self.store.start()
+
+    # ------------------------------------------------------------ admin
+    async def create_parent(
+        self,
+        parent: str,
+        quota: int | None = None,
+        ttl_ms: int | None = None,
+        queues: int = 1,
+    ) -> dict[str, Any]:
+        """Create ``parent`` as a topic of type LITE (or change its quota and TTL)."""
+        await self.admin.create_topic(TopicConfig(parent, queues, queues))
+        self.store.declare_parent(parent, quota=quota, ttl_ms=ttl_ms)
+        p = self.store.parent_settings(parent)
+        saved = self._parents_file.load() or {}
+        saved[parent] = {"quota": p["quota"], "ttlMs": p["ttl_ms"]}
+        await self.rt.run(self._parents_file.save, saved)
+        return {"parent": parent, **p}
+
+    async def parents(self) -> dict[str, dict[str, int]]:
+        return dict(self._parents_file.load() or {})
+
+    async def lite_topics(self, parent: str) -> list[str]:
+        return await self.rt.run(self.store.lite_topics, parent)
+
+    # ------------------------------------------------------------ send
+    async def send(
+        self, parent: str, items: Sequence[tuple[str, bytes] | tuple[str, bytes, dict[str, Any]]]
+    ) -> list[dict[str, Any]]:
+        """Store messages to lite topics of ``parent``: ``(lite topic, body)`` or ``(lite
+        topic, body, {"tags", "keys", "properties"})`` each. Per message: its lite topic,
+        offset in it and message id."""
+        self._check_writable()
+        messages = []
+        for item in items:
+            if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
+                raise InvalidMessageError(
+                    "a lite send item is (lite topic, body) or (lite topic, body, options)"
+                )
+            opts = item[2] if len(item) == 3 else {}
+            if not isinstance(opts, dict) or set(opts) - {"tags", "keys", "properties"}:
+                raise InvalidMessageError(f"lite send options {opts!r}: tags, keys, properties")
+            messages.append((item[0], Message(parent, item[1], **opts)))
+        result = await self.rt.run(self.store.put_batch, parent, messages)
+        return [
+            {"lite_topic": lite, "offset": off, "msg_id": mid}
+            for (lite, _), off, mid in zip(messages, result.lite_offsets.tolist(), result.msg_ids)
+        ]
+
+    def _check_writable(self) -> None:
+        if self.rt.closing:
+            raise BrokerUnavailableError(f"broker {self.rt.config.actor_name} is shutting down")
+        self.rt.check_writable()
+        if not self.role.is_master:
+            raise PermissionDeniedError(
+                f"broker {self.rt.config.actor_name} is not a master: lite sends go to the master"
+            )
+
+    # ------------------------------------------------------------ subscriptions
+    async def subscribe(
+        self,
+        group: str,
+        parent: str,
+        client_id: str,
+        lite_topics: Sequence[str],
+        action: str = SUBSCRIBE_ADD,
+    ) -> dict[str, list[str]]:
+        """Change ``client_id``'s lite subscriptions in ``group``: ``add`` these,
+        ``remove`` these, or ``complete``: exactly these. A subscription creates the lite
+        topic if new (within the parent's quota). Returns the lite topics the client
+        subscribes and those it owns (consumes) now."""
+        validate_group(group)
+        self.store.parent_settings(parent)  # NotALiteParentError for another topic
+        names = [validate_lite_name(t) for t in lite_topics]
+        if action not in (SUBSCRIBE_ADD, SUBSCRIBE_REMOVE, SUBSCRIBE_COMPLETE):
+            raise InvalidMessageError(f"action={action!r}: one of add, remove, complete")
+        if action != SUBSCRIBE_REMOVE:
+            for name in names:  # created first: a quota refusal leaves the table as it was
+                await self.rt.run(self.store.create, parent, name)
+        with self._lock:
+            g = self._groups.setdefault((group, parent), _Group())
+            self._touch(g, client_id)
+            mine = g.subscribed.setdefault(client_id, set())
+            if action == SUBSCRIBE_ADD:
+                adds, removes = [n for n in names if n not in mine], []
+            elif action == SUBSCRIBE_REMOVE:
+                adds, removes = [], [n for n in names if n in mine]
+            else:
+                wanted = set(names)
+                adds = [n for n in names if n not in mine]
+                removes = sorted(mine - wanted)
+            for name in adds:
+                mine.add(name)
+                g.subscribers.setdefault(name, []).append(client_id)
+                g.owner.setdefault(name, client_id)
+            for name in removes:
+                mine.discard(name)
+                self._drop(g, name, client_id)
+            return self._view(g, client_id)
+
+    def _touch(self, g: _Group, client_id: str) -> None:
+        now = time.monotonic()
+        g.seen[client_id] = now
+        gone = [c for c, t in g.seen.items() if now - t > self.owner_lease_s]
+        for c in gone:  # not heard from: its lite topics pass to their next subscribers
+            for name in sorted(g.subscribed.pop(c, ())):
+                self._drop(g, name, c)
+            silent = now - g.seen.pop(c)
+            log.info("lite consumer %s silent for %.0fs: its lite topics passed on", c, silent)
+
+    def _drop(self, g: _Group, name: str, client_id: str) -> None:
+        subs = g.subscribers.get(name, [])
+        if client_id in subs:
+            subs.remove(client_id)
+        if g.owner.get(name) == client_id:
+            del g.owner[name]
+            g.cursor.pop(name, None)  # the next owner starts from the committed offset
+            if subs:
+                g.owner[name] = subs[0]
+        if not subs:
+            g.subscribers.pop(name, None)
+
+    def _view(self, g: _Group, client_id: str) -> dict[str, list[str]]:
+        mine = g.subscribed.get(client_id, set())
+        return {
+            "subscribed": sorted(mine),
+            "owned": sorted(n for n in mine if g.owner.get(n) == client_id),
+        }
+
+    # ------------------------------------------------------------ consume
+    async def receive(
+        self, group: str, parent: str, client_id: str, max_count: int = 32
+    ) -> list[dict[str, Any]]:
+        """Messages of the lite topics ``client_id`` owns in ``group``, each topic's from
+        where the group stands (its committed offset, or what was handed out and not yet
+        acknowledged): ``[{"lite_topic", "offset", "messages", "next_offset"}]``."""
+        validate_group(group)
+        with self._lock:
+            g = self._groups.get((group, parent))
+            if g is None:
+                return []
+            self._touch(g, client_id)
+            owned = [
+                n for n in sorted(g.subscribed.get(client_id, ())) if g.owner.get(n) == client_id
+            ]
+            cursors = {n: g.cursor.get(n, -1) for n in owned}
+        out = []
+        left = max_count
+        for name in owned:
+            if left <= 0:
+                break
+            start = cursors[name]
+            if start < 0:
+                start = max(0, self.store.committed_offset(group, parent, name))
+            got = await self.rt.run(self.store.get, parent, name, start, left)
+            if got.status is GetStatus.OFFSET_TOO_SMALL:  # expired under the group
+                start = got.next_offset
+                got = await self.rt.run(self.store.get, parent, name, start, left)
+            if not got.messages:
+                continue
+            left -= len(got.messages)
+            with self._lock:
+                if g.owner.get(name) == client_id:
+                    g.cursor[name] = got.next_offset
+            out.append(
+                {
+                    "lite_topic": name,
+                    "offset": start,
+                    "messages": got.messages,
+                    "next_offset": got.next_offset,
+                }
+            )
+        return out
+
+    async def ack(
+        self, group: str, parent: str, client_id: str, lite_topic: str, offset: int
+    ) -> None:
+        """``client_id`` consumed ``lite_topic`` up to ``offset`` (the next to read):
+        committed for the group. Only the owner commits."""
+        validate_group(group)
+        with self._lock:
+            g = self._groups.get((group, parent))
+            if g is None or g.owner.get(lite_topic) != client_id:
+                raise PermissionDeniedError(
+                    f"client {client_id!r} does not own lite topic {lite_topic!r} in group "
+                    f"{group!r}: another consumer of the group consumes it"
+                )
+            self._touch(g, client_id)
+        await self.rt.run(self.store.commit_offset, group, parent, lite_topic, offset)
+
+    async def pull(
+        self, parent: str, lite_topic: str, offset: int, max_count: int = 32
+    ) -> dict[str, Any]:
+        """Read ``lite_topic`` from ``offset`` whoever owns it (a resume from an offset the
+        caller kept): ``{"status", "messages", "next_offset", "max_offset"}``."""
+        got = await self.rt.run(self.store.get, parent, lite_topic, offset, max_count)
+        return {
+            "status": got.status.value,
+            "messages": got.messages,
+            "next_offset": got.next_offset,
+            "max_offset": got.max_offset,
+        }
+
+    async def committed_offset(self, group: str, parent: str, lite_topic: str) -> int:
+        validate_group(group)
+        return await self.rt.run(self.store.committed_offset, group, parent, lite_topic)
+
+    async def stats(self) -> dict[str, int]:
+        return self.store.stats()
+
+    def close(self) -> None:
+        self.store.close()
