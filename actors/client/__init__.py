@@ -1,5 +1,8 @@
 """The clients: the Producer and its send machinery, the PullConsumer, the PushConsumer
-(``push/``) and the admin client. They talk to brokers only through ``actors.protocol``."""
+(``push/``), the SimpleConsumer, the transactional producers and the admin client. All
+of a process's clients of one cluster share one client instance (``instance``: routes,
+broker handles, connections, heartbeats). They talk to brokers only through
+``actors.protocol``."""
 
 from __future__ import annotations
 

@@ -54,6 +54,7 @@ from actors.coordinator.fencing import BrokerSide, readable_queues
 from actors.coordinator.offset_reset import reset_topic
 from actors.coordinator.state import GroupEvent, GroupState, MemberView
 from actors.coordinator.strategies import StrategySpec
+from actors.namesrv.brokers import BrokerHandles
 from actors.namesrv.client import NameServerClient
 from actors.protocol.names import DEFAULT_NAMESPACE, coordinator_actor_name
 from rebalance import MessageQueue
@@ -129,6 +130,7 @@ class GroupCoordinator(BrokerSide):
         self._loop = asyncio.get_event_loop()  # an async actor runs __init__ in its loop
         self._io = ThreadPoolExecutor(1, thread_name_prefix="coordinator-io")
         self.ns: NameServerClient | None = None
+        self.handles: BrokerHandles  # made with ``ns``
         self.state = GroupState(
             group, time.time_ns() // 1_000_000, self.config.revoke_timeout_s, self.config.log_size
         )
@@ -173,7 +175,8 @@ class GroupCoordinator(BrokerSide):
 
         names = self._nameservers or await self._io_call(discover_nameservers, self.namespace)
         self.ns = NameServerClient(names, self.namespace, self.config.route_refresh_s)
-        brokers = await self._io_call(self.ns.master_brokers)
+        self.handles = BrokerHandles(self.ns)
+        brokers = await self._io_call(self.handles.masters)
         self._brokers.update(brokers)
         highest = 0
         for name, handle in brokers.items():

@@ -13,6 +13,7 @@ from typing import Any
 
 from actors.config.coordinator import CoordinatorConfig
 from actors.coordinator.state import GroupState
+from actors.namesrv.brokers import BrokerHandles
 from actors.namesrv.client import NameServerClient
 from actors.protocol.fencing import FencingToken
 from actors.protocol.route import TopicRouteData
@@ -42,6 +43,7 @@ class BrokerSide:
     group: str
     config: CoordinatorConfig
     ns: NameServerClient | None
+    handles: BrokerHandles
     state: GroupState
     _brokers: dict[str, Any]  # broker name -> master handle, from the routes
     _incarnations: dict[str, str]  # broker name -> incarnation we fenced on
@@ -62,7 +64,7 @@ class BrokerSide:
         route = self.ns.require_route(topic, refresh=True)
         names = {qd.broker_name for qd in route.queue_datas}
         return {
-            bd.broker_name: self.ns.broker(route, bd.broker_name)
+            bd.broker_name: self.handles.broker(route, bd.broker_name)
             for bd in route.broker_datas
             if bd.broker_name in names and bd.master_actor_name()
         }
@@ -146,7 +148,7 @@ class BrokerSide:
             for bd in route.broker_datas:
                 if bd.master_actor_name():
                     with contextlib.suppress(Exception):
-                        brokers[bd.broker_name] = self.ns.broker(route, bd.broker_name)
+                        brokers[bd.broker_name] = self.handles.broker(route, bd.broker_name)
         return queues, brokers
 
     async def _refresh_routes(self, extra: set[str]) -> None:

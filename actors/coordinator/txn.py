@@ -46,7 +46,7 @@ import ray
 
 from actors.coordinator.coordinator import HEAD_NODE_RESOURCE, quiet_blocking_get_warning
 from actors.coordinator.txn_apply import DecisionApplier
-from actors.namesrv.client import NameServerClient
+from actors.namesrv.brokers import BrokerHandles
 from actors.protocol import checks, frames, requests
 from actors.protocol.data_path import DataPath
 from actors.protocol.errors import TransactionStateError
@@ -188,7 +188,7 @@ class TransactionCoordinator(DecisionApplier):
         self.log = TransactionLog(log_dir)
         self.log.compact(self.keep_done_ms)
         self._lock = asyncio.Lock()
-        self._ns: NameServerClient | None = None
+        self._brokers: BrokerHandles | None = None
         # the brokers' sockets carry the decisions (a Ray call costs ~4x a socket round
         # trip here); fencing and anything else stay Ray calls on the same handles
         self._data_path = DataPath(tls_ca=tls[0] if tls else None)

@@ -14,6 +14,7 @@ from typing import Any
 
 from ray.exceptions import RayActorError
 
+from actors.namesrv.brokers import BrokerHandles
 from actors.namesrv.client import NameServerClient, discover_nameservers
 from actors.protocol.data_path import DataPath
 from actors.protocol.rpc import PendingCall
@@ -46,7 +47,7 @@ class DecisionApplier:
     log: TransactionLog
     stats: Counter[str]
     _nameservers: list[str] | None
-    _ns: NameServerClient | None
+    _brokers: BrokerHandles | None
     _data_path: DataPath
     _master_cache: dict[str, Any]
     _lock: asyncio.Lock
@@ -63,12 +64,12 @@ class DecisionApplier:
     async def _masters(self, refresh: bool = False) -> dict[str, Any]:
         """Broker name -> master handle, from the NameServers when asked to refresh (or
         never asked yet): a commit costs no NameServer call."""
-        if self._ns is None:
+        if self._brokers is None:
             names = self._nameservers or await self._io_call(discover_nameservers, self.namespace)
-            self._ns = NameServerClient(names, self.namespace, wrap=self._data_path.wrap)
+            ns = NameServerClient(names, self.namespace)
+            self._brokers = BrokerHandles(ns, wrap=self._data_path.wrap)
         if refresh or not self._master_cache:
-            ns = self._ns
-            self._master_cache = await self._io_call(ns.master_brokers)
+            self._master_cache = await self._io_call(self._brokers.masters)
         return self._master_cache
 
     async def _apply(self, txn: TxnRecord, again: bool = False) -> bool:

@@ -3,8 +3,7 @@
 Only the NameServers: the broker handles a route leads to are
 :class:`actors.namesrv.brokers.BrokerHandles`'s, the connections to brokers
 ``actors.protocol.data_path``'s, and what a process's clients share of all three
-``actors.client.instance``'s (``handles`` gives a caller that keeps none of its own
-broker handles over these routes).
+``actors.client.instance``'s.
 
 Cached routes live for ``route_ttl_s``, but a client also keeps one long poll
 (``NameServer.wait_route_change``) pending on its current NameServer: when a
@@ -26,7 +25,6 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from actors.namesrv.brokers import BrokerHandles, BrokerWrap
 from actors.protocol import rpc as _rpc
 from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.route import TopicRouteData
@@ -60,7 +58,6 @@ class NameServerClient:
         nameservers: Sequence[str],
         namespace: str,
         route_ttl_s: float = 30.0,
-        wrap: BrokerWrap | None = None,
     ) -> None:
         if not nameservers:
             raise BrokerUnavailableError("no NameServer names given")
@@ -74,8 +71,6 @@ class NameServerClient:
         self._route_version = -1
         self._route_watch: Any = None  # the pending wait_route_change ref
         self._on_brokers_changed: list[Callable[[], Any]] = []
-        self._wrap = wrap
-        self._handles_of_own: BrokerHandles | None = None
 
     def on_brokers_changed(self, callback: Callable[[], Any]) -> None:
         """Call ``callback()`` whenever the NameServers report the brokers changed (a
@@ -206,21 +201,6 @@ class NameServerClient:
 
     def invalidate(self, topic: str) -> None:
         self._routes.pop(topic, None)
-
-    # ------------------------------------------------------------ brokers
-    @property
-    def handles(self) -> BrokerHandles:
-        """Broker handles over these routes (each wrapped by ``wrap``), for a caller
-        that keeps no :class:`BrokerHandles` of its own."""
-        if self._handles_of_own is None:
-            self._handles_of_own = BrokerHandles(self, self._wrap)
-        return self._handles_of_own
-
-    def broker(self, route: TopicRouteData, broker_name: str) -> Any:
-        return self.handles.broker(route, broker_name)
-
-    def master_brokers(self) -> dict[str, Any]:
-        return self.handles.masters()
 
 
 NAMESERVER_PREFIX = "nameserver-"
