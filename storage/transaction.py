@@ -9,7 +9,7 @@ copy in :data:`HALF_TOPIC` queue 0, with the real topic and queue in
 same shape as a delayed message's schedule copy (``storage.schedule``); a message
 both delayed and transactional loses its delay, as RocketMQ's producer drops it.
 
-What happens next is the broker's (``actors.broker.transaction.service``): a commit writes
+What happens next is the broker's (``actors.broker.processor.end_transaction``): a commit writes
 :func:`committed` (the real message, SYSFLAG :data:`TRANSACTION_COMMIT_TYPE`) and an
 op message on :data:`OP_HALF_TOPIC` whose body is the half message's queue
 offset; a rollback writes only the op message. This module holds the record

@@ -9,8 +9,14 @@ later a socket listener and a gRPC gateway, are doors onto the same processors:
 * :class:`~actors.broker.processor.consumer_manage.ConsumerManageProcessor`: offsets, fences,
   members, lag;
 * :class:`~actors.broker.processor.admin.AdminBrokerProcessor`: topics, lookups, status;
-* :class:`~actors.broker.transaction.service.TransactionProcessor`: ends of transactions, the
-  check service and the transactional producers it checks with;
+* :class:`~actors.broker.processor.end_transaction.EndTransactionProcessor`: ends of
+  transactions, over the half and op topics
+  (:class:`~actors.broker.transaction.bridge.TransactionalMessageBridge`);
+* :class:`~actors.broker.transaction.check_service.TransactionalMessageCheckService`:
+  checks of old half messages with the producers of
+  :class:`~actors.broker.client.producer_manager.ProducerManager`;
+* :class:`~actors.broker.transaction.one_phase.OnePhaseCommits`: transactions one
+  broker commits alone;
 * :class:`~actors.broker.processor.pop.PopProcessor`: POP receive, ack and change of invisible
   time by receipt handle (RocketMQ 5's SimpleConsumer);
 * the role in its group (``actors.broker.ha``) and the NameServer registration
@@ -40,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from actors.broker.client.producer_ids import ProducerIdAllocator
+from actors.broker.client.producer_manager import ProducerManager
 from actors.broker.ha import create_replication
 from actors.broker.lease import ClusterLease
 from actors.broker.listener import DataPathListener
@@ -49,11 +56,14 @@ from actors.broker.metrics import BrokerMetrics, BrokerMetricsService
 from actors.broker.out.registration import Registration
 from actors.broker.processor.admin import AdminBrokerProcessor
 from actors.broker.processor.consumer_manage import ConsumerManageProcessor
+from actors.broker.processor.end_transaction import EndTransactionProcessor
 from actors.broker.processor.pop import PopProcessor
 from actors.broker.processor.pull import PullMessageProcessor
 from actors.broker.processor.send import SendMessageProcessor
 from actors.broker.runtime import BrokerRuntime
-from actors.broker.transaction.service import TransactionProcessor, apply_decision
+from actors.broker.transaction.bridge import TransactionalMessageBridge
+from actors.broker.transaction.check_service import TransactionalMessageCheckService
+from actors.broker.transaction.one_phase import OnePhaseCommits
 from actors.config.broker import BrokerConfig
 from actors.protocol import checks
 from actors.protocol.shared_ring import RingId
@@ -106,8 +116,14 @@ class Broker:
         self.puller = PullMessageProcessor(rt, self.ha, self.metrics)
         self.groups = ConsumerManageProcessor(rt, self.ha)
         self.admin = AdminBrokerProcessor(rt, self.ha)
-        self.transactions = TransactionProcessor(rt, self.ha)
-        self.transactions.one_phase.attach(self.groups)
+        self.producers = ProducerManager(config.channel_expired_s)
+        self.txn_bridge = TransactionalMessageBridge(rt, self.ha)
+        self.end_txn = EndTransactionProcessor(rt, self.txn_bridge, self.groups)
+        self.txn_check = TransactionalMessageCheckService(
+            rt, self.txn_bridge, self.producers, self.end_txn.end_halves
+        )
+        self.one_phase = OnePhaseCommits(rt, self.ha)
+        self.one_phase.attach(self.groups)
         self.popper = PopProcessor(rt, self.ha)
         self.lite = LiteProcessor(rt, self.ha, self.admin)  # lite topics (issue 48)
         self.producer_ids = ProducerIdAllocator(
@@ -120,7 +136,7 @@ class Broker:
             self.listener = DataPathListener(rt, self, self.sender, _tls_context(config))
         self.grpc: Any = None  # actors.broker.grpc.service.GrpcEndpoint, with grpc_enable
         self.ha.start()
-        self.transactions.start()
+        self.txn_check.start()
         self.popper.start()
         self._startup = loop.create_task(self._start())
         self._offset_flush = loop.create_task(self._offset_flush_loop())
@@ -161,7 +177,8 @@ class Broker:
             endpoint = GrpcEndpoint(
                 self.rt,
                 self.sender,
-                self.transactions,
+                self.end_txn,
+                self.producers,
                 _tls_files(self.config),
                 pop=self.popper,
                 groups=self.groups,
@@ -301,8 +318,8 @@ class Broker:
     ) -> bool:
         """Commit (or roll back) the half message at CommitLog offset ``half_offset``,
         whose message id is ``transaction_id``; False when it was ended before
-        (``actors.broker.transaction.service``)."""
-        return await self.transactions.end_transaction(
+        (``actors.broker.processor.end_transaction``)."""
+        return await self.end_txn.end_transaction(
             producer_group, half_offset, transaction_id, commit
         )
 
@@ -311,7 +328,7 @@ class Broker:
         ``ends`` holds (half message's CommitLog offset, its message id, commit), a
         producer's answers to a check round; how many were ended (those ended before
         are skipped)."""
-        return await self.transactions.end_transactions(producer_group, ends)
+        return await self.end_txn.end_transactions(producer_group, ends)
 
     async def end_transaction_batch(
         self,
@@ -327,9 +344,7 @@ class Broker:
         every half message of it held here committed or rolled back in one append, and
         on commit ``offsets`` (group -> {(topic, queue id): offset}) committed and
         saved. How many half messages it ended (0 when all were ended before)."""
-        return await apply_decision(
-            self.transactions,
-            self.groups,
+        return await self.end_txn.end_transaction_batch(
             txn_id,
             commit,
             half_offsets,
@@ -353,9 +368,7 @@ class Broker:
         this broker cannot (nothing written: commit through the coordinator). ``offsets``:
         group -> [[topic, queue id, next offset]] of this broker's queues, committed with
         it."""
-        return await self.transactions.one_phase.commit(
-            txn_id, transactional_id, epoch, blob, offsets
-        )
+        return await self.one_phase.commit(txn_id, transactional_id, epoch, blob, offsets)
 
     async def fence_transactional(self, transactional_id: str, epoch: int) -> int:
         """Refuse from now on half messages of ``transactional_id`` below ``epoch``, and
@@ -364,27 +377,27 @@ class Broker:
         epoch = checks.check_int("epoch", epoch, 0)
         # after any one-phase commit in progress here: the new instance reads the offsets
         # once this answers, and an older instance's commit must be in them or refused
-        await self.transactions.one_phase.raise_fence(tid, epoch)
-        return await self.transactions.abort_fenced(tid, epoch)
+        await self.one_phase.raise_fence(tid, epoch)
+        return await self.end_txn.abort_fenced(tid, epoch)
 
     async def register_transaction_producer(
         self, producer_group: str, client_id: str, relay: Any, ttl_s: float
     ) -> None:
         """A transactional producer's check handle (its relay actor), live for ``ttl_s``
         (at most ``channel_expired_s``) unless registered again."""
-        self.transactions.register_producer(producer_group, client_id, relay, ttl_s)
+        self.producers.register(producer_group, client_id, relay, ttl_s)
 
     async def unregister_transaction_producer(self, producer_group: str, client_id: str) -> None:
-        self.transactions.unregister_producer(producer_group, client_id)
+        self.producers.unregister(producer_group, client_id)
 
     async def check_transactions(self) -> int:
         """Run one round of the transaction check service now; how many it handled."""
-        return await self.transactions.check_once()
+        return await self.txn_check.check_once()
 
     async def pending_transactions(self) -> list[dict[str, Any]]:
         """Half messages not ended yet, with their age and check count."""
-        await self.transactions.ensure_loaded()
-        return await self.rt.run(self.transactions.pending)
+        await self.txn_bridge.ensure_loaded()
+        return await self.rt.run(self.txn_bridge.pending)
 
     # ------------------------------------------------------------ lite topics (actors/broker/lite)
     lite_create_parent = _served_by("lite", LiteProcessor.create_parent)
@@ -500,7 +513,8 @@ class Broker:
             **await self.admin.status(),
             **self.sender.status(),
             **self.popper.status(),
-            **self.transactions.status(),
+            **self.txn_bridge.status(),
+            **self.one_phase.status(),
             **data_path,
         }
 
@@ -544,7 +558,7 @@ class Broker:
         self.lease.stop()
         rt.holds.wake_all()
         self._offset_flush.cancel()
-        self.transactions.stop()
+        self.txn_check.stop()
         with contextlib.suppress(Exception):
             await self.popper.stop()
         if self.listener is not None:

@@ -3,7 +3,8 @@
 The official RocketMQ 5 clients (Java, Go, Python, Node.js, ...) speak this gRPC
 protocol to RocketMQ's proxy; a broker started with ``grpc_enable`` serves it itself,
 on ``grpc.aio`` in the broker actor's own event loop, onto the same processors as the
-Ray methods and the data path (``actors.broker.processor.send``, ``actors.broker.transaction.service``).
+Ray methods and the data path (``actors.broker.processor.send``,
+``actors.broker.processor.end_transaction``).
 ``QueryRoute`` answers each queue of a topic with the gRPC endpoint of the broker that
 owns it (registered with the NameServers beside the data path's address), so a
 client sends each message straight to its queue's broker: no proxy hop.
@@ -32,6 +33,7 @@ from typing import Any, TypeVar
 import grpc
 import ray
 
+from actors.broker.client.producer_manager import ProducerManager
 from actors.broker.grpc.auth import Authenticator
 from actors.broker.grpc.convert import (
     PROP_TIMER_DELIVER_MS,
@@ -50,10 +52,10 @@ from actors.broker.grpc.v2 import service_pb2 as spb
 from actors.broker.grpc.v2 import service_pb2_grpc as sgrpc
 from actors.broker.processor.admin import AdminBrokerProcessor
 from actors.broker.processor.consumer_manage import ConsumerManageProcessor
+from actors.broker.processor.end_transaction import EndTransactionProcessor
 from actors.broker.processor.pop import PopProcessor
 from actors.broker.processor.send import SendMessageProcessor
 from actors.broker.runtime import BrokerRuntime
-from actors.broker.transaction.service import TransactionProcessor
 from actors.config import broker_actor_name
 from actors.protocol.pop import MAX_INVISIBLE_MS, MIN_INVISIBLE_MS, PoppedMessage
 from actors.protocol.route import TopicRouteData
@@ -124,7 +126,7 @@ def _unary(
 
 class TelemetryStream:
     """One client's Telemetry stream, and for the transaction check service the handle of
-    a producer: ``TransactionProcessor`` calls ``handle.check.remote(broker, offset,
+    a producer: ``TransactionalMessageCheckService`` calls ``handle.check.remote(broker, offset,
     msg_id, message)`` (as on a native producer's relay actor), which sends the client a
     ``RecoverOrphanedTransactionCommand``; its answer comes back as an EndTransaction."""
 
@@ -150,7 +152,8 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         self,
         runtime: BrokerRuntime,
         sender: SendMessageProcessor,
-        transactions: TransactionProcessor,
+        transactions: EndTransactionProcessor,
+        producers: ProducerManager,
         auth: Authenticator,
         pop: PopProcessor | None = None,
         groups: ConsumerManageProcessor | None = None,
@@ -159,6 +162,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         self.rt = runtime
         self.sender = sender
         self.transactions = transactions
+        self.producers = producers
         self.auth = auth
         self.pop = pop
         self.groups = groups
@@ -356,17 +360,13 @@ class MessagingService(sgrpc.MessagingServiceServicer):
     def _renew(self, stream: TelemetryStream) -> None:
         ttl = self.rt.config.channel_expired_s
         for topic in stream.topics:
-            self.transactions.register_producer(
-                TRANSACTION_GROUP_PREFIX + topic, stream.client_id, stream, ttl
-            )
+            self.producers.register(TRANSACTION_GROUP_PREFIX + topic, stream.client_id, stream, ttl)
 
     def _unregister_publisher(self, stream: TelemetryStream) -> None:
         if self._publishers.get(stream.client_id) is stream:
             del self._publishers[stream.client_id]
             for topic in stream.topics:
-                self.transactions.unregister_producer(
-                    TRANSACTION_GROUP_PREFIX + topic, stream.client_id
-                )
+                self.producers.unregister(TRANSACTION_GROUP_PREFIX + topic, stream.client_id)
 
     def settings(self, client: pb.Settings) -> pb.Settings:
         """What the server tells a client: its limits and how to retry."""
@@ -855,7 +855,8 @@ class GrpcEndpoint:
         self,
         runtime: BrokerRuntime,
         sender: SendMessageProcessor,
-        transactions: TransactionProcessor,
+        transactions: EndTransactionProcessor,
+        producers: ProducerManager,
         tls: tuple[bytes, bytes] | None = None,
         pop: PopProcessor | None = None,
         groups: ConsumerManageProcessor | None = None,
@@ -867,6 +868,7 @@ class GrpcEndpoint:
             runtime,
             sender,
             transactions,
+            producers,
             Authenticator(c.grpc_access_key, c.grpc_secret_key, c.grpc_auth_window_s),
             pop,
             groups,

@@ -1,7 +1,8 @@
 """Ends of transactions: a producer's answers (single-message transactions), the
 transaction coordinator's decision on a broker, a one-phase commit, and a
 transactional producer's commit or abort to the coordinator (``TXN_END``)
-(``actors.broker.transaction.service``, ``actors.broker.transaction.one_phase``, ``actors.coordinator.txn``)."""
+(``actors.broker.processor.end_transaction``, ``actors.broker.transaction.one_phase``,
+``actors.coordinator.txn``)."""
 
 from __future__ import annotations
 
@@ -99,7 +100,7 @@ TXN_COMMIT_ONE_PHASE = Request(
         body("blob"),
         Field("offsets", "k", Codec(_rows_by_group), default=None, omit=True),
     ),
-    serve="transactions.one_phase.commit",
+    serve="one_phase.commit",
     errors=(InvalidMessageError, ProducerFencedError, OnePhaseRefusedError),
     doc="A transaction one broker holds whole, committed there alone.",
 )

@@ -50,7 +50,7 @@ def test_each_request_declares_its_ray_methods_arguments(actor: type, request_: 
 
 _SERVED_BY = {
     "popper.pop_packed": PopProcessor.pop_packed,
-    "transactions.one_phase.commit": OnePhaseCommits.commit,
+    "one_phase.commit": OnePhaseCommits.commit,
 }
 
 
