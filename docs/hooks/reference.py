@@ -3,7 +3,8 @@
 A page holds a marker line ``<!-- reference: KIND -->`` (settings of one config class,
 the CLI's help, the wire protocol's requests) and the hook puts the generated Markdown
 in its place, so a setting, a command or a request added to the code shows in the docs
-at the next build and a renamed one cannot linger.
+at the next build and a renamed one cannot linger. It also shows the API pages'
+Sphinx roles as plain code (``on_page_content``).
 """
 
 from __future__ import annotations
@@ -220,3 +221,12 @@ def _generate(kind: str, arg: str | None) -> str:
 
 def on_page_markdown(markdown: str, **kwargs: Any) -> str:
     return _MARKER.sub(lambda m: _generate(m["kind"], m["arg"]), markdown)
+
+
+_ROLE = re.compile(r":(?:class|meth|func|attr|data|mod|exc|obj):(<code>)~?")
+
+
+def on_page_content(html: str, **kwargs: Any) -> str:
+    """Docstrings name code with Sphinx roles (``:class:`Producer```), which Markdown
+    renders as a role followed by code: the API pages show the code alone."""
+    return _ROLE.sub(r"\1", html)
