@@ -69,3 +69,13 @@ def test_the_readmes_links_point_at_files_of_the_repository() -> None:
     assert outside == [], f"links out of the repository: {outside}"
     missing = [link for link in links if not (ROOT / link.split("#")[0]).exists()]
     assert missing == [], f"links to missing files: {missing}"
+
+
+def test_the_pages_link_only_inside_the_repository() -> None:
+    outside = [
+        f"{relative(page)}: {link}"
+        for page in pages()
+        for link in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8"))
+        if "://" in link
+    ]
+    assert outside == [], "\n".join(outside)
