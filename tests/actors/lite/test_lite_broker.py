@@ -12,23 +12,30 @@ import ray
 from raymq_testkit import SMALL_STORE, unique_namespace
 
 import actors
+from actors.client.lite import LiteConsumer, LiteProducer
 from storage.errors import PermissionDeniedError
 from storage.lite import IllegalLiteTopicError, LiteTopicQuotaExceededError
 
 
 @pytest.fixture(scope="module")
-def broker(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[actors.Cluster]:
     c = actors.start_cluster(
         namespace=unique_namespace("lite"),
         nameservers=1,
-        brokers=1,
+        brokers=2,
         store_root=str(tmp_path_factory.mktemp("lite")),
         broker_options={"store": SMALL_STORE},
     )
-    b = c.broker("broker-a")
-    ray.get(b.lite_create_parent.remote("Sessions", quota=5, ttl_ms=3_600_000))
-    yield b
+    for name in ("broker-a", "broker-b"):
+        ray.get(c.broker(name).lite_create_parent.remote("Sessions", quota=5, ttl_ms=3_600_000))
+        ray.get(c.broker(name).lite_create_parent.remote("Agents", quota=100))
+    yield c
     c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def broker(cluster: actors.Cluster) -> Any:
+    return cluster.broker("broker-a")
 
 
 def bodies(batches: list[dict[str, Any]]) -> dict[str, list[bytes]]:
@@ -78,3 +85,35 @@ def test_bad_names_and_the_quota_are_refused_clearly(broker: Any) -> None:
     with pytest.raises(LiteTopicQuotaExceededError, match="quota of 5"):
         ray.get(broker.lite_send.remote("Sessions", [(f"q-{i}", b"z") for i in range(left + 1)]))
     assert ray.get(broker.lite_stats.remote()) == before
+
+
+def test_the_python_clients_route_each_lite_topic_to_one_broker(cluster: actors.Cluster) -> None:
+    ns = cluster.namespace
+    with LiteProducer("Agents", namespace=ns) as producer:
+        agents = [f"agent-{k}" for k in range(6)]
+        sent = producer.send_batch([(a, f"{a}:task{i}".encode()) for i in range(3) for a in agents])
+        assert [s["offset"] for s in sent[:6]] == [0] * 6 and sent[-1]["offset"] == 2
+        on = {
+            n: set(ray.get(cluster.broker(n).lite_topics.remote("Agents")))
+            for n in ("broker-a", "broker-b")
+        }
+        assert on["broker-a"] | on["broker-b"] == set(agents)
+        assert not on["broker-a"] & on["broker-b"]  # each lite topic on one broker
+    first = LiteConsumer("workers", "Agents", namespace=ns)
+    second = LiteConsumer("workers", "Agents", namespace=ns)
+    assert first.subscribe(*agents) == sorted(agents)
+    assert second.subscribe("agent-0", "agent-1") == []  # owned by the first
+    got = {b.lite_topic: b for b in first.receive(100)}
+    assert [m.body for m in got["agent-4"].messages] == [
+        b"agent-4:task0",
+        b"agent-4:task1",
+        b"agent-4:task2",
+    ]
+    first.ack(got["agent-0"])  # agent-0 done; agent-1 not acked
+    first.close()  # its lite topics pass to the second, from the group's offsets
+    assert second.owned() == ["agent-0", "agent-1"]
+    again = {b.lite_topic: [m.body for m in b.messages] for b in second.receive(100)}
+    assert again == {"agent-1": [b"agent-1:task0", b"agent-1:task1", b"agent-1:task2"]}
+    assert second.committed_offset("agent-0") == 3
+    assert [m.body for m in second.pull("agent-4", 2).messages] == [b"agent-4:task2"]
+    second.close()

@@ -1,0 +1,249 @@
+"""Lite topics from Python (issue 48): :class:`LiteProducer` and :class:`LiteConsumer`.
+
+A lite topic lives on one master broker of its parent topic: the one at
+``crc32(name) % n`` of the parent's writable master brokers, sorted by name, so every
+producer and consumer finds it at the same place while the parent's brokers stay the
+same. Calls go through Ray to the broker's ``lite_*`` methods
+(``actors.broker.lite.processor``).
+
+Within a consumer group a lite topic is consumed by one consumer at a time (the first
+subscriber; another takes over when it unsubscribes, closes or falls silent). A
+consumer acks a lite topic up to an offset; the group resumes from there, and
+:meth:`LiteConsumer.pull` reads a lite topic from any offset the caller kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from actors.client import instance as _instance
+from actors.protocol.checks import check_number, validate_group
+from actors.protocol.names import DEFAULT_NAMESPACE
+from actors.protocol.topic import is_writeable
+from storage.codec import validate_topic
+from storage.errors import InvalidMessageError, TopicNotFoundError
+from storage.lite import validate_lite_name
+from storage.message import MessageExt
+
+log = logging.getLogger("raymq.actors.client.lite")
+
+__all__ = ["LiteBatch", "LiteConsumer", "LiteProducer"]
+
+
+@dataclass(frozen=True)
+class LiteBatch:
+    """Messages of one lite topic from ``offset``; ack ``next_offset`` once consumed."""
+
+    lite_topic: str
+    offset: int
+    messages: list[MessageExt]
+    next_offset: int
+
+
+class _LiteClient:
+    def __init__(
+        self,
+        parent: str,
+        namespace: str,
+        nameservers: Sequence[str] | None,
+        call_timeout_s: float,
+        kind: str,
+    ) -> None:
+        self.parent = validate_topic(parent)
+        self.call_timeout_s = check_number("call_timeout_s", call_timeout_s)
+        self._lease = _instance.share(self, namespace, nameservers, data_path="ray", kind=kind)
+        self.ns = self._lease.view
+        self._closed = False
+
+    def _broker_names(self) -> list[str]:
+        route = self.ns.require_route(self.parent)
+        names = sorted({qd.broker_name for qd in route.queue_datas if is_writeable(qd.perm)})
+        if not names:
+            raise TopicNotFoundError(f"topic={self.parent!r}: no broker takes its lite topics")
+        return names
+
+    def _home(self, lite_topic: str) -> str:
+        names = self._broker_names()
+        return names[zlib.crc32(lite_topic.encode()) % len(names)]
+
+    def _call(self, broker_name: str, method: str, *args: Any) -> Any:
+        route = self.ns.require_route(self.parent)
+        broker = self.ns.broker(route, broker_name)
+        try:
+            return ray.get(getattr(broker, method).remote(*args), timeout=self.call_timeout_s)
+        except ray.exceptions.RayActorError:
+            self.ns.forget_topic_broker(self.parent, broker_name)
+            raise
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._lease.release()
+
+    def __enter__(self) -> _LiteClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LiteProducer(_LiteClient):
+    """Sends to lite topics of ``parent`` (a topic created with type LITE)."""
+
+    def __init__(
+        self,
+        parent: str,
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        nameservers: Sequence[str] | None = None,
+        call_timeout_s: float = 10.0,
+    ) -> None:
+        super().__init__(parent, namespace, nameservers, call_timeout_s, _instance.SEND)
+
+    def send(
+        self,
+        lite_topic: str,
+        body: bytes,
+        *,
+        tags: str | None = None,
+        keys: Sequence[str] | str = (),
+        properties: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """Send one message; ``{"lite_topic", "offset", "msg_id"}``."""
+        opts: dict[str, Any] = {"tags": tags, "keys": keys, "properties": properties}
+        return self.send_batch([(lite_topic, body, opts)])[0]
+
+    def send_batch(
+        self, items: Iterable[tuple[str, bytes] | tuple[str, bytes, dict[str, Any]]]
+    ) -> list[dict[str, Any]]:
+        """Send ``(lite topic, body)`` or ``(lite topic, body, {"tags", "keys",
+        "properties"})`` items, one call per broker; the results in the items' order.
+        Names are checked before anything is sent."""
+        items = list(items)
+        per_broker: dict[str, list[int]] = {}
+        for i, item in enumerate(items):
+            if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
+                raise InvalidMessageError(
+                    "a lite send item is (lite topic, body) or (lite topic, body, options)"
+                )
+            validate_lite_name(item[0])
+            per_broker.setdefault(self._home(item[0]), []).append(i)
+        out: list[dict[str, Any]] = [{} for _ in items]
+        for name, picks in per_broker.items():
+            results = self._call(name, "lite_send", self.parent, [items[i] for i in picks])
+            for i, r in zip(picks, results):
+                out[i] = r
+        return out
+
+
+class LiteConsumer(_LiteClient):
+    """Consumes lite topics of ``parent`` for ``group``: subscribe and unsubscribe at
+    any time, receive from the lite topics this consumer owns, ack, or pull from an
+    offset."""
+
+    def __init__(
+        self,
+        group: str,
+        parent: str,
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        nameservers: Sequence[str] | None = None,
+        call_timeout_s: float = 10.0,
+    ) -> None:
+        super().__init__(parent, namespace, nameservers, call_timeout_s, _instance.READ)
+        self.group = validate_group(group)
+        self.client_id = self._lease.instance.new_client_id(group)
+        self._subscribed: set[str] = set()
+
+    def subscribe(self, *lite_topics: str) -> list[str]:
+        """Subscribe these lite topics (created if new); the lite topics this consumer
+        owns among all it subscribes."""
+        return self._change(lite_topics, "add")
+
+    def unsubscribe(self, *lite_topics: str) -> list[str]:
+        return self._change(lite_topics, "remove")
+
+    def _change(self, lite_topics: Iterable[str], action: str) -> list[str]:
+        names = [validate_lite_name(t) for t in lite_topics]
+        per_broker: dict[str, list[str]] = {}
+        for name in names:
+            per_broker.setdefault(self._home(name), []).append(name)
+        for broker, group_names in per_broker.items():
+            self._call(
+                broker,
+                "lite_subscribe",
+                self.group,
+                self.parent,
+                self.client_id,
+                group_names,
+                action,
+            )
+        if action == "add":
+            self._subscribed.update(names)
+        else:
+            self._subscribed.difference_update(names)
+        return self.owned()
+
+    def owned(self) -> list[str]:
+        """The subscribed lite topics this consumer consumes now (renews its claim)."""
+        owned: list[str] = []
+        for broker in sorted({self._home(n) for n in self._subscribed}):
+            view = self._call(
+                broker, "lite_subscribe", self.group, self.parent, self.client_id, [], "add"
+            )
+            owned.extend(view["owned"])
+        return sorted(owned)
+
+    def receive(self, max_count: int = 32) -> list[LiteBatch]:
+        """Messages of the owned lite topics from where the group stands, per topic."""
+        out: list[LiteBatch] = []
+        for broker in sorted({self._home(n) for n in self._subscribed}):
+            got = self._call(
+                broker, "lite_receive", self.group, self.parent, self.client_id, max_count
+            )
+            out.extend(
+                LiteBatch(b["lite_topic"], b["offset"], b["messages"], b["next_offset"])
+                for b in got
+            )
+        return out
+
+    def ack(self, batch_or_topic: LiteBatch | str, next_offset: int | None = None) -> None:
+        """Commit a lite topic for the group up to ``next_offset`` (a batch: its
+        ``next_offset``)."""
+        offset: int | None
+        if isinstance(batch_or_topic, LiteBatch):
+            topic, offset = batch_or_topic.lite_topic, batch_or_topic.next_offset
+        else:
+            topic, offset = batch_or_topic, next_offset
+        if not isinstance(offset, int):
+            raise InvalidMessageError(f"next_offset={offset!r}: an int is needed to ack {topic!r}")
+        self._call(
+            self._home(topic), "lite_ack", self.group, self.parent, self.client_id, topic, offset
+        )
+
+    def pull(self, lite_topic: str, offset: int, max_count: int = 32) -> LiteBatch:
+        """``lite_topic`` from ``offset`` (a resume from where the caller stood)."""
+        validate_lite_name(lite_topic)
+        got = self._call(
+            self._home(lite_topic), "lite_pull", self.parent, lite_topic, offset, max_count
+        )
+        return LiteBatch(lite_topic, offset, got["messages"], got["next_offset"])
+
+    def committed_offset(self, lite_topic: str) -> int:
+        return self._call(
+            self._home(lite_topic), "lite_committed_offset", self.group, self.parent, lite_topic
+        )
+
+    def close(self) -> None:
+        if not self._closed and self._subscribed:
+            try:  # the lite topics pass to the group's other consumers at once
+                self._change(sorted(self._subscribed), "remove")
+            except Exception:  # noqa: BLE001 - they pass on anyway when its claim lapses
+                log.warning("lite consumer %s: unsubscribe at close failed", self.client_id)
+        super().close()
