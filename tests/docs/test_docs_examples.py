@@ -1,6 +1,6 @@
 """Every fenced Python block of README.md and docs/ runs, page by page, against a local
 cluster, so the docs cannot drift from the code (blocks marked ``<!-- norun -->`` are
-fragments: see ``pages.py``)."""
+fragments: see ``raymq_docs_pages.py``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pages import pages, program, python_blocks, relative
+from raymq_docs_pages import pages, program, python_blocks, relative
 
 import actors
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import yaml
-from pages import DOCS, ROOT, pages, python_blocks, relative
+from raymq_docs_pages import DOCS, ROOT, pages, python_blocks, relative
 
 HISTORY = re.compile(
     r"\bstop \d+|\bstops \d+|this stop\b|\bthis step\b|we used to|\bissue #?\d+|"

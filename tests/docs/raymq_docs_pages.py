@@ -1,5 +1,5 @@
-"""The docs' pages and their fenced Python blocks (a module of tests/docs, imported by the
-tests and by nothing else).
+"""The docs' pages and their fenced Python blocks (a uniquely named module of tests/docs,
+imported by its tests by name).
 
 A ```python block runs in CI unless the line before its fence is ``<!-- norun -->``:
 the marker for the few fragments that need what a test cannot give in seconds (a Spark
