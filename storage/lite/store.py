@@ -33,7 +33,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,6 +128,7 @@ class LiteStore:
         self._lock = threading.Lock()
         self._closed = False
         self._upkeep: threading.Thread | None = None
+        self._following: Callable[[], bool] | None = None
         self.last_expiry: dict[str, float] = {}
         self._flushed_state: tuple[int, int, int, bool] | None = None
         """The last :meth:`expire`'s figures: topics expired, slices, the longest hold of
@@ -782,7 +783,7 @@ class LiteStore:
         (after a crash; on a slave, after replicated bytes); return how many."""
         with self._lock:
             end = self.store.dispatched_offset
-            start = max(self._covered, self.store.commitlog.min_offset)
+            start = max(self._covered, self._index_covered(), self.store.commitlog.min_offset)
             found = 0
             batch: list[tuple[str, str, int, int, int]] = []
             for item in _lite_records(self.store, start, end):
@@ -819,11 +820,14 @@ class LiteStore:
         return n
 
     # ------------------------------------------------------------ upkeep thread
-    def start(self) -> None:
+    def start(self, following: Callable[[], bool] | None = None) -> None:
         """Start the upkeep thread: a flush every ``flush_interval_ms``, an expiry pass
-        and the index files' clean-up every ``expire_interval_ms``."""
+        and the index files' clean-up every ``expire_interval_ms``; and, while
+        ``following()`` is true (a slave's store, fed the master's CommitLog bytes),
+        :meth:`catch_up` before each flush."""
         if self._upkeep is not None:
             return
+        self._following = following
         self._stop.clear()
         self._upkeep = threading.Thread(target=self._run, name="lite-upkeep", daemon=True)
         self._upkeep.start()
@@ -834,6 +838,8 @@ class LiteStore:
         next_expire = time.monotonic() + expire_s
         while not self._stop.wait(flush_s):
             try:
+                if self._following is not None and self._following():
+                    self.catch_up()
                 self.flush()
                 if time.monotonic() >= next_expire:
                     next_expire = time.monotonic() + expire_s

@@ -345,3 +345,23 @@ def test_a_group_s_offsets_survive_a_restart_and_not_a_new_life_of_the_topic(
     assert lite.committed_offset("g2", "Chat", "b") == -1
     lite.close()
     store.close()
+
+
+def test_a_slave_indexes_the_lite_records_its_master_s_bytes_bring(tmp_path: Path) -> None:
+    master, lite = open_lite(tmp_path / "m")
+    slave_store = MessageStore(small_config(tmp_path / "sl"), start_services=False)
+    slave = LiteStore(slave_store, SMALL)
+    for i in range(40):
+        lite.put("Chat", f"s{i % 3}", Message("Chat", f"{i}".encode()))
+        if i % 10 == 9:  # the master's bytes reach the slave in chunks
+            at = slave_store.commitlog.max_offset
+            while at < master.commitlog.max_offset:
+                at = slave_store.append_commitlog(at, master.read_commitlog(at))
+            assert slave.catch_up() > 0
+            assert slave.catch_up() == 0  # nothing twice
+    for t in ("s0", "s1", "s2"):
+        assert [m.body for m in slave.get("Chat", t, 0, 100).messages] == bodies(lite, t)
+    for s in (slave, lite):
+        s.close()
+    slave_store.close()
+    master.close()
