@@ -11,6 +11,10 @@ Checks (per mode's promise, ``docs/guarantees.md``):
   queue (two members each took a write for one queue slot), unless one is an allowed loss.
 - unavailable: the time no send was acknowledged (gaps over 1 s), and per queue.
 - recovery: after each fault ends, how long until the next acknowledged send.
+- offsets back: a consumer group pulls and commits all along, reading its committed
+  offsets back; each time one is lower than one read before on its queue is reported
+  (not counted as a violation: a broker saves committed offsets periodically, so a broker
+  process that dies loses the latest, and its consumers get those messages again).
 """
 
 from __future__ import annotations
@@ -90,6 +94,7 @@ class Result:
     duplicated: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
     split_brain: list[str] = field(default_factory=list)
+    offsets_back: list[str] = field(default_factory=list)  # "queue: from -> to"
     unavailable_s: float = 0.0
     worst_queue_s: float = 0.0
     recover_s: float = 0.0
@@ -114,7 +119,7 @@ class Result:
     HEADER = (
         f"{'seed':>4} {'mode':<11} {'idem':<4} {'faults':>6} {'ops':>6} {'acked':>7} "
         f"{'lost':>5} {'allowed':>7} {'dup':>5} {'split':>5} {'unavail s':>9} "
-        f"{'worst q s':>9} {'recover s':>9}  verdict"
+        f"{'worst q s':>9} {'recover s':>9} {'off back':>8}  verdict"
     )
 
     def row(self) -> str:
@@ -123,8 +128,8 @@ class Result:
             f"{p.seed:>4} {p.mode:<11} {'yes' if p.idempotent else 'no':<4} "
             f"{len(self.events):>6} {self.ops:>6} {self.acknowledged:>7} {len(self.lost):>5} "
             f"{len(self.allowed_loss):>7} {len(self.duplicated):>5} {len(self.split_brain):>5} "
-            f"{self.unavailable_s:>9.1f} {self.worst_queue_s:>9.1f} {self.recover_s:>9.1f}  "
-            + ("; ".join(self.violations) or "ok")
+            f"{self.unavailable_s:>9.1f} {self.worst_queue_s:>9.1f} {self.recover_s:>9.1f} "
+            f"{len(self.offsets_back):>8}  " + ("; ".join(self.violations) or "ok")
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -137,6 +142,7 @@ class Result:
             "duplicated": self.duplicated[:50],
             "unexpected": self.unexpected[:50],
             "split_brain": self.split_brain[:50],
+            "offsets_back": self.offsets_back[:50],
             "unavailable_s": round(self.unavailable_s, 2),
             "worst_queue_s": round(self.worst_queue_s, 2),
             "recover_s": round(self.recover_s, 2),
@@ -291,14 +297,9 @@ class Run:
         """Every node's Ray up (a node Ray declared dead has lost its raylet: started
         again) and every broker answering (the keeper starts a broker again on a node that
         rejoins; one that does not answer is started again as an operator would)."""
-        for name in self.plan.broker_nodes:
-            node = self.lab.nodes[name]
-            if any(p.poll() is not None for p in node.procs) or not node.procs:
-                log.info("Ray on %s is gone: starting it again", name)
-                self.lab.crash(name)
-                self.lab.restart(name, timeout_s=RECOVER_S)
         deadline = time.monotonic() + RECOVER_S
         while time.monotonic() < deadline:
+            self.restart_dead_nodes()
             down = [k for k, v in self.statuses().items() if not v]
             if not down:
                 return
@@ -310,6 +311,19 @@ class Run:
                     log.warning("restarting %s: %s", key, restarted["error"])
             time.sleep(1.0)
         raise LabError(f"brokers not answering {RECOVER_S:.0f}s after the heal: {down}")
+
+    def restart_dead_nodes(self) -> None:
+        """Start Ray again on every broker node whose Ray is gone or that the GCS counts
+        dead (a node it gave up during a partition or a pause: its raylet leaves)."""
+        alive = set(self.lab.alive_ips())
+        for name in self.plan.broker_nodes:
+            node = self.lab.nodes[name]
+            gone = not node.procs or any(p.poll() is not None for p in node.procs)
+            if gone or node.ip not in alive:
+                log.info("Ray on %s is gone or declared dead: starting it again", name)
+                self.lab.crash(name)
+                self.lab.restart(name, timeout_s=RECOVER_S)
+                alive = set(self.lab.alive_ips())
 
     # --- the run -----------------------------------------------------------------------
 
@@ -329,6 +343,7 @@ class Run:
                 options,
                 auto_promote=auto_promote,
                 idempotence=plan.idempotent,
+                consume=True,
             )
             self.client.wait_for("ready", timeout_s=180)
             self.client.wait_for("progress", timeout_s=120, until=lambda e: e["acked"] >= 100)
@@ -396,6 +411,15 @@ class Run:
             if after is not None:
                 recover = max(recover, after - ev.ended)
         result.recover_s = recover
+        seen: dict[str, list[tuple[float, int]]] = defaultdict(list)
+        for mq, offset, t in verdict.notes.get("committed", []):
+            seen[mq].append((t, offset))
+        for mq, looks in sorted(seen.items()):
+            high = -1
+            for _, offset in sorted(looks):
+                if offset < high:
+                    result.offsets_back.append(f"{mq}: {high} -> {offset}")
+                high = max(high, offset)
         result.events = [
             {"fault": ev.fault.describe(), "node": ev.node, **ev.detail} for ev in self.events
         ]

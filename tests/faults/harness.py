@@ -300,17 +300,21 @@ class FaultLab:
 
     def alive_nodes(self) -> int:
         """How many Ray nodes the head counts alive."""
+        return len(self.alive_ips())
+
+    def alive_ips(self) -> list[str]:
+        """The addresses of the Ray nodes the head counts alive."""
         script = (
             f"import ray, json; ray.init(address={self.address!r}, logging_level='ERROR');"
-            "print(json.dumps(sum(n['Alive'] for n in ray.nodes())))"
+            "print(json.dumps([n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']]))"
         )
         done = subprocess.run(
             ["ip", "netns", "exec", self.head.netns, sys.executable, "-c", script],
             env=self.env(), capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         if done.returncode != 0:
-            raise LabError(f"could not count Ray nodes: {done.stderr[-2000:]}")
-        return int(done.stdout.strip().splitlines()[-1])
+            raise LabError(f"could not list Ray nodes: {done.stderr[-2000:]}")
+        return list(json.loads(done.stdout.strip().splitlines()[-1]))
 
     def wait_for_nodes(self, count: int, timeout_s: float = 90.0) -> None:
         """Wait until ``count`` nodes are alive in the head's view."""

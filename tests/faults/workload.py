@@ -122,6 +122,35 @@ class Sender:
         return next((op["hosts"] for op in reversed(self.ops) if op["outcome"] == "SEND_OK"), [])
 
 
+class Committer:
+    """A consumer group (``fault-consumer``) pulling every queue and committing what it
+    pulled, from one thread; before each pull it reads the group's committed offset back
+    from the broker and keeps it as ``[broker:queue, offset, when]`` (a committed offset
+    must never move backwards)."""
+
+    def __init__(self, cluster: actors.Cluster, topic: str, stop: threading.Event) -> None:
+        self.consumer = cluster.pull_consumer("fault-consumer")
+        self.topic, self.stop = topic, stop
+        self.seen: list[list[Any]] = []
+        self.failures = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        queues: list[Any] = []
+        while not self.stop.wait(0.1):
+            try:
+                queues = queues or self.consumer.fetch_subscribe_queues(self.topic)
+                for mq in queues:
+                    committed = self.consumer.fetch_offset(mq)
+                    key = f"{mq.broker_name}:{mq.queue_id}"
+                    self.seen.append([key, committed, time.monotonic()])
+                    r = self.consumer.pull(mq, max(committed, 0), 64)
+                    if r.status is PullStatus.FOUND:
+                        self.consumer.commit(mq, r.next_offset)
+            except Exception:  # noqa: BLE001 - a broker down or failing over: next round
+                self.failures += 1
+
+
 def read_all(cluster: actors.Cluster, topic: str) -> list[str]:
     consumer = cluster.pull_consumer("fault-checker")
     out: list[str] = []
@@ -249,6 +278,9 @@ def main() -> None:
     )
     sender = Sender(producer, spec["topic"], spec["batch"], spec["pace_s"])
     sender.thread.start()
+    committer = Committer(cluster, spec["topic"], sender.stop) if spec.get("consume") else None
+    if committer is not None:
+        committer.thread.start()
     threading.Thread(target=commands, args=(cluster, spec, sender), daemon=True).start()
     if spec.get("watch"):
         args = (cluster, sender.stop, spec["watch"])
@@ -262,8 +294,16 @@ def main() -> None:
             acked_max=dict(sender.acked_max),
         )
     sender.thread.join(timeout=60)
+    if committer is not None:
+        committer.thread.join(timeout=60)
     read = read_all(cluster, spec["topic"])
-    emit("history", ops=sender.ops, read=read)
+    emit(
+        "history",
+        ops=sender.ops,
+        read=read,
+        committed=committer.seen if committer else [],
+        commit_failures=committer.failures if committer else 0,
+    )
     producer.close()
     cluster.shutdown(timeout_s=10.0)
 
@@ -376,12 +416,15 @@ def start_workload(
 
 
 def finish(client: Workload, timeout_s: float = 120.0) -> tuple[list[dict[str, Any]], Verdict]:
-    """Stop the sends, read the history back and check it: (the raw ops, the verdict)."""
+    """Stop the sends, read the history back and check it: (the raw ops, the verdict; its
+    ``notes["committed"]``: the committed offsets a ``consume`` workload read back)."""
     client.stop()
     history = client.wait_for("history", timeout_s=timeout_s)
     code = client.proc.wait(timeout=60)
     assert code == 0, f"the workload exited {code}:\n{client.tail()}"
-    return history["ops"], check([Op.from_json(o) for o in history["ops"]], history["read"])
+    verdict = check([Op.from_json(o) for o in history["ops"]], history["read"])
+    verdict.notes["committed"] = history.get("committed", [])
+    return history["ops"], verdict
 
 
 def assert_exactly_once(verdict: Verdict) -> None:
