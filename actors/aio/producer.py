@@ -1,0 +1,481 @@
+"""AsyncProducer: ``await producer.send(message)`` on the caller's event loop.
+
+The synchronous :class:`~actors.client.producer.Producer`'s parts that need no
+thread (the encoder, the queue selector, the latency fault tolerance, the
+idempotent numbering and the judgement of each failed attempt,
+:class:`~actors.client.send_outcome.Outcome`) drive sends over
+:class:`~actors.aio.connection.AsyncBrokers`: each broker's socket, on the loop.
+Routes and broker handles come from the process's client instance
+(``actors.client.instance``); a route or handle not cached yet is looked up on a
+worker thread (a NameServer call through Ray), never per message.
+
+* ``await send(message)`` of one message without a sharding key joins the other
+  single messages sent in the same turn of the loop (from many tasks) in one batch:
+  one frame, one answer for all of them; anything else is sent as it is.
+* Idempotent by default, as the synchronous producer: a chunk is numbered per queue
+  (producer id, epoch, sequence), and one that may be stored is sent again only as
+  the same bytes to the same queue, which stores it once.
+* Backpressure: at most ``async_send_max_messages`` messages (and
+  ``async_send_max_bytes``) unanswered; a send beyond that awaits room.
+* Cancellation: a cancelled ``await send`` either never wrote its frame (its
+  sequence numbers are given back, nothing was sent) or its frame is out: then the
+  send goes on to its outcome in the background (retried as the same numbered run
+  where needed, so it is stored once or, given up, the producer begins a new epoch)
+  and :meth:`close` waits for it. A single message cancelled before its batch left is
+  taken out of the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from actors.aio.connection import AsyncBrokers, NotWritten
+from actors.client import instance as _instance
+from actors.client.encoder import MessageEncoder
+from actors.client.fault import LatencyFaultTolerance
+from actors.client.idempotence import Sequencer
+from actors.client.producer import with_delay
+from actors.client.queue_selector import QueueSelector
+from actors.client.send_outcome import NotSent, Outcome, backoff, stored_before
+from actors.client.send_result import BatchSendResult, SendResult, _Chunk
+from actors.config.client import ProducerConfig
+from actors.config.options import with_options
+from actors.protocol.names import DEFAULT_NAMESPACE
+from actors.protocol.requests.send import SEND as _SEND
+from actors.protocol.route import TopicRouteData
+from actors.protocol.wire import SendAck
+from rebalance import MessageQueue
+from storage.codec import EncodedBatch
+from storage.errors import (
+    BrokerUnavailableError,
+    DuplicateSequenceError,
+    InvalidMessageError,
+    OutOfOrderSequenceError,
+)
+from storage.message import Message
+
+log = logging.getLogger("raymq.actors.aio.producer")
+
+
+class _Budget:
+    """Messages and bytes unanswered; :meth:`acquire` awaits room (never raises)."""
+
+    def __init__(self, max_messages: int, max_bytes: int) -> None:
+        self.max_messages, self.max_bytes = max_messages, max_bytes
+        self.messages = self.bytes = 0
+        self._room = asyncio.Event()
+
+    async def acquire(self, n: int, nbytes: int) -> None:
+        while self.messages and (
+            self.messages + n > self.max_messages or self.bytes + nbytes > self.max_bytes
+        ):
+            self._room.clear()
+            await self._room.wait()
+        self.messages += n
+        self.bytes += nbytes
+
+    def release(self, n: int, nbytes: int) -> None:
+        self.messages -= n
+        self.bytes -= nbytes
+        self._room.set()
+
+
+class _Single:
+    """Single messages of one topic waiting for the loop's next turn to leave as one batch."""
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self.waiters: list[asyncio.Future[SendResult]] = []
+
+
+class _Written:
+    """Whether any frame of a send has left (a cancelled caller's send then goes on)."""
+
+    __slots__ = ("written",)
+
+    def __init__(self) -> None:
+        self.written = False
+
+
+class AsyncProducer:
+    """Sends messages from asyncio code; see the module doc. ``async with`` closes it."""
+
+    def __init__(
+        self,
+        group: str = "DEFAULT_PRODUCER",
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        nameservers: Sequence[str] | None = None,
+        config: ProducerConfig | None = None,
+        **options: Any,
+    ) -> None:
+        if not isinstance(group, str) or not group:
+            raise InvalidMessageError(f"producer group={group!r}: must be a non-empty str")
+        self.group = group
+        self.config = with_options(config or ProducerConfig(), options)
+        self._lease = _instance.share(
+            self,
+            namespace,
+            nameservers,
+            data_path=self.config.data_path,
+            tls_ca=self.config.data_tls_ca,
+            route_ttl_s=self.config.route_refresh_s,
+        )
+        self.instance, self.ns = self._lease.instance, self._lease.view
+        self.client_id = self.instance.new_client_id(group)
+        self.fault = LatencyFaultTolerance(self.config.fault_isolation_s)
+        self._selector = QueueSelector(self.ns, self.fault, self.config)
+        self.sequencer = (
+            Sequencer(_no_blocking_allocation) if self.config.enable_idempotence else None
+        )
+        self._encoder = MessageEncoder(self.config, self.sequencer)
+        self._brokers = AsyncBrokers(self.config.data_tls_ca)
+        self._budget: _Budget | None = None
+        self._singles: dict[str, _Single] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._pid_lock: asyncio.Lock | None = None
+        self.closed = False
+
+    # ------------------------------------------------------------ public API
+    async def send(
+        self,
+        message: Message | Sequence[Message],
+        *,
+        sharding_key: str | None = None,
+        delay_s: float | None = None,
+    ) -> Any:
+        """Send one message (its :class:`SendResult`) or a list (a :class:`BatchSendResult`).
+        ``sharding_key``: the same key, the same queue (orderly); ``delay_s``: delivered
+        that many seconds from now. Invalid messages raise before anything is sent."""
+        if isinstance(message, Message):
+            if sharding_key is None:
+                if delay_s is not None:
+                    message = with_delay([message], delay_s)[0]
+                return await self._send_single(message)
+            return (await self.send_batch([message], sharding_key=sharding_key, delay_s=delay_s))[0]
+        return await self.send_batch(message, sharding_key=sharding_key, delay_s=delay_s)
+
+    async def send_batch(
+        self,
+        messages: Sequence[Message],
+        *,
+        sharding_key: str | None = None,
+        delay_s: float | None = None,
+    ) -> BatchSendResult:
+        """Send many messages: one frame per (topic, chunk), the chunks in flight together."""
+        self._check_open()
+        if delay_s is not None:
+            messages = with_delay(messages, delay_s)
+        await self._ready(messages)
+        chunks = self._encoder.encode(messages)  # validation errors raise here
+        nbytes = sum(len(c.batch) for c in chunks)
+        budget = self._get_budget()
+        await budget.acquire(len(messages), nbytes)
+        try:
+            state = _Written()
+            parts = await self._guarded(self._send_chunks(chunks, sharding_key, state), state)
+        finally:
+            budget.release(len(messages), nbytes)
+        return BatchSendResult(parts, len(messages))
+
+    async def close(self) -> None:
+        """Wait for sends still out (cancelled callers' ones included), then give back
+        the producer's share of the client instance."""
+        if self.closed:
+            return
+        for topic in list(self._singles):
+            self._flush(topic)
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=2 * self.config.delivery_timeout_s)
+        self.closed = True
+        self._brokers.close()
+        self._lease.release()
+
+    async def __aenter__(self) -> AsyncProducer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------ single messages
+    async def _send_single(self, message: Message) -> SendResult:
+        self._check_open()
+        await self._ready([message])
+        try:
+            nbytes = len(message.body)
+        except TypeError:
+            raise InvalidMessageError(
+                f"message body must be bytes, got {type(message.body).__name__}"
+            ) from None
+        if not isinstance(message.topic, str):
+            self._encoder.encode([message])  # raises the encoder's own error
+        budget = self._get_budget()
+        await budget.acquire(1, nbytes)
+        try:
+            single = self._singles.get(message.topic)
+            if single is None:
+                single = self._singles[message.topic] = _Single()
+                asyncio.get_running_loop().call_soon(self._flush, message.topic)
+            fut: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+            single.messages.append(message)
+            single.waiters.append(fut)
+            try:
+                return await fut
+            except asyncio.CancelledError:
+                if self._singles.get(message.topic) is single:  # not left yet: taken out
+                    i = single.waiters.index(fut)
+                    del single.waiters[i], single.messages[i]
+                raise
+        finally:
+            budget.release(1, nbytes)
+
+    def _flush(self, topic: str) -> None:
+        single = self._singles.pop(topic, None)
+        if single is None or not single.messages:
+            return
+        messages, waiters = single.messages, single.waiters
+        try:
+            chunks = self._encoder.encode(messages)
+        except Exception as exc:  # noqa: BLE001 - one bad message fails its batch's callers
+            for w in waiters:
+                if not w.done():
+                    w.set_exception(exc)
+            return
+        task = asyncio.ensure_future(self._send_chunks(chunks, None, _Written()))
+        self._background.add(task)
+
+        def answered(t: asyncio.Task[Any]) -> None:
+            self._background.discard(t)
+            if t.cancelled():
+                exc: BaseException | None = asyncio.CancelledError()
+            else:
+                exc = t.exception()
+            results = None if exc is not None else BatchSendResult(t.result(), len(messages))
+            for i, w in enumerate(waiters):
+                if w.done():
+                    continue
+                if results is None:
+                    assert exc is not None
+                    w.set_exception(exc)
+                else:
+                    w.set_result(results[i])
+
+        task.add_done_callback(answered)
+
+    # ------------------------------------------------------------ sending chunks
+    async def _guarded(self, coro: Any, state: _Written) -> Any:
+        """Run ``coro`` (a send) as a task; a caller cancelled after its frames left lets
+        it finish in the background (its outcome known, see the module doc)."""
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not state.written:
+                task.cancel()  # nothing written yet: its numbers are given back
+            raise
+
+    async def _send_chunks(
+        self, chunks: list[_Chunk], sharding_key: str | None, state: _Written
+    ) -> list[Any]:
+        if len(chunks) == 1:
+            return [await self._send_chunk(chunks[0], sharding_key, state)]
+        states = [_Written() for _ in chunks]
+        tasks = [
+            asyncio.ensure_future(self._send_chunk(c, sharding_key, s, state))
+            for c, s in zip(chunks, states)
+        ]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for t, s in zip(tasks, states):
+                if not t.done() and not s.written:
+                    t.cancel()
+            raise
+
+    async def _send_chunk(
+        self,
+        chunk: _Chunk,
+        sharding_key: str | None,
+        state: _Written,
+        whole: _Written | None = None,
+    ) -> tuple[_Chunk, MessageQueue, SendAck]:
+        """One chunk to its queue, with the synchronous sender's retries (see
+        ``actors.client.sender``): elsewhere when it was certainly not stored, as the
+        same bytes to the same queue when it may be, until ``delivery_timeout_s``."""
+        config = self.config
+        retries = config.retry_times_when_send_failed
+        timeout = config.send_timeout_s
+        deadline = time.monotonic() + max(timeout, config.delivery_timeout_s)
+        run = Outcome(self.sequencer)
+        mq: MessageQueue | None = None
+        attempt = 0
+        while True:
+            reordered = False
+            written = False
+            try:
+                if run.pinned and run.bound is not None and mq is not None:
+                    route = await self._route(chunk.topic)
+                    auto_n = 0
+                    batch = run.bound
+                else:
+                    avoid = mq.broker_name if mq is not None and sharding_key is None else None
+                    mq, route, auto_n = await self._select(
+                        chunk.topic, avoid, sharding_key, attempt > 0
+                    )
+                    await self._producer_id(route, mq.broker_name)
+                    batch = None
+                actor, handle = await self._master(route, mq.broker_name)
+                conn = await self._brokers.connection(actor, handle)
+                if batch is None:  # numbered now: nothing awaits between this and the write
+                    batch = self._bind(chunk, mq, route)
+                    run.bound = batch if self.sequencer is not None else None
+                # joined: the transport may keep what the socket cannot take now, and a
+                # numbered run's bytes are rewritten when it is numbered again
+                blob = b"".join(EncodedBatch.wire_parts([batch]))
+                header, _, decode = _SEND.encode(b"", auto_n)
+                started = time.monotonic()
+                fut = conn.request(header, [blob], decode)
+                written = state.written = True
+                if whole is not None:
+                    whole.written = True
+                if auto_n:
+                    self._selector.created(chunk.topic)
+                try:
+                    wire = await asyncio.wait_for(fut, timeout)
+                except asyncio.TimeoutError:
+                    raise BrokerUnavailableError(
+                        f"no answer from {mq.broker_name} in {timeout} s"
+                    ) from None
+                ack = SendAck.from_wire(wire)
+            except DuplicateSequenceError:
+                assert mq is not None
+                ack = stored_before(mq, len(chunk.batch))
+            except asyncio.CancelledError:
+                if not written and run.bound is not None and mq is not None:
+                    run.failed(NotSent("cancelled before it was written"), mq)
+                raise
+            except Exception as exc:  # noqa: BLE001 - judged by the run's Outcome
+                if isinstance(exc, NotWritten):
+                    exc = NotSent(str(exc))
+                if mq is None or not run.failed(exc, mq):
+                    if run.stored is not None:
+                        return (chunk, *run.stored)
+                    raise exc from None
+                reordered = isinstance(exc, OutOfOrderSequenceError)
+                if run.moved:
+                    self.fault.update(mq.broker_name, timeout, failed=True)
+                    self._selector.invalidate(chunk.topic)
+                log.warning(
+                    "send to %s failed (%s: %s); attempt %d",
+                    mq,
+                    type(exc).__name__,
+                    exc,
+                    attempt + 1,
+                )
+            else:
+                assert mq is not None
+                if attempt < retries and run.not_durable(ack, mq):
+                    log.info("send to %s stored, %s: again, as it is", mq, ack.status.value)
+                else:
+                    run.settle(mq)
+                    self.fault.update(mq.broker_name, time.monotonic() - started)
+                    return chunk, mq, ack
+            if reordered:
+                if time.monotonic() >= deadline:
+                    break
+            else:
+                attempt += 1
+                if attempt > retries and (not run.pinned or time.monotonic() >= deadline):
+                    break
+            if run.pinned:
+                await asyncio.sleep(backoff(attempt))
+        run.give_up(mq)
+        if run.stored is not None:
+            return (chunk, *run.stored)
+        raise BrokerUnavailableError(
+            f"send of {len(chunk.batch)} message(s) to topic {chunk.topic!r} failed after "
+            f"{attempt} attempt(s): {run.last_exc}"
+            + (" (it may have been stored, once)" if run.maybe_stored else "")
+        ) from run.last_exc
+
+    def _bind(self, chunk: _Chunk, mq: MessageQueue, route: TopicRouteData) -> EncodedBatch:
+        if self.sequencer is None:
+            return chunk.batch.with_queue(mq.queue_id)
+        return self.sequencer.bind(chunk.batch, mq, route)
+
+    # ------------------------------------------------------------ routes and brokers
+    async def _ready(self, messages: Sequence[Message]) -> None:
+        """Routes of the messages' topics cached (looked up on a worker thread if not)."""
+        for topic in {getattr(m, "topic", None) for m in messages}:
+            if isinstance(topic, str) and not self._cached(topic):
+                await asyncio.to_thread(self._selector.route, topic)
+
+    def _cached(self, topic: str) -> bool:
+        return (
+            self.ns.names.cached_route(topic) is not None
+            or topic in self._selector._synthetic  # a topic the brokers will create
+        )
+
+    async def _route(self, topic: str) -> TopicRouteData:
+        if not self._cached(topic):
+            return (await asyncio.to_thread(self._selector.route, topic))[0]
+        return self._selector.route(topic)[0]
+
+    async def _select(
+        self, topic: str, avoid: str | None, sharding_key: str | None, refresh: bool
+    ) -> tuple[MessageQueue, TopicRouteData, int]:
+        if refresh or not self._cached(topic):
+            await asyncio.to_thread(self._selector.route, topic, refresh)
+        return tuple(self._selector.select(topic, avoid, sharding_key))  # type: ignore[return-value]
+
+    async def _master(self, route: TopicRouteData, broker_name: str) -> tuple[str, Any]:
+        """The actor name and Ray handle of ``broker_name``'s master."""
+        bd = route.broker(broker_name)
+        actor = bd.master_actor_name() if bd is not None else None
+        if actor is None:
+            raise NotSent(f"broker {broker_name!r} has no live master in the route")
+        stub = self.ns.handles._handles.get(actor)
+        if stub is None:
+            stub = await asyncio.to_thread(self.ns.broker, route, broker_name)
+        return actor, getattr(stub, "handle", stub)
+
+    async def _producer_id(self, route: TopicRouteData, broker_name: str) -> None:
+        """The idempotent producer's id from a broker, before its first send."""
+        seq = self.sequencer
+        if seq is None or seq.producer_id is not None:
+            return
+        if self._pid_lock is None:
+            self._pid_lock = asyncio.Lock()
+        async with self._pid_lock:
+            if seq.producer_id is not None:
+                return
+            _, handle = await self._master(route, broker_name)
+            try:
+                pid = await asyncio.wait_for(
+                    handle.allocate_producer_id.remote(), self.config.send_timeout_s
+                )
+            except Exception as exc:  # noqa: BLE001 - the send fails over as one never sent
+                raise NotSent(f"no producer id from broker {broker_name!r}: {exc}") from exc
+            seq.producer_id = str(pid)
+            log.info("idempotent producer id %s", seq.producer_id)
+
+    def _get_budget(self) -> _Budget:
+        if self._budget is None:
+            self._budget = _Budget(
+                self.config.async_send_max_messages, self.config.async_send_max_bytes
+            )
+        return self._budget
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("the producer is closed")
+
+
+def _no_blocking_allocation(route: TopicRouteData, broker_name: str) -> str:
+    raise NotSent("the producer's id is allocated before its first send")

@@ -1,0 +1,55 @@
+"""AsyncProducer against a real broker over real sockets: what it sends is stored once,
+in order per sharding key, and a cancelled send is either not sent or stored once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import actors
+from actors import PullStatus
+from actors.aio import AsyncProducer
+from actors.client.send_result import SendStatus
+from storage import Message
+
+
+def stored(cluster: actors.Cluster, topic: str) -> list[bytes]:
+    consumer = cluster.pull_consumer(f"check-{topic}")
+    out: list[bytes] = []
+    try:
+        for mq in consumer.fetch_subscribe_queues(topic):
+            r = consumer.pull(mq, 0, 10_000)
+            if r.status is PullStatus.FOUND:
+                out.extend(m.body for m in r.messages)
+    finally:
+        consumer.close()
+    return out
+
+
+def test_send_single_batch_and_sharding_key(one_broker: actors.Cluster) -> None:
+    cluster, topic = one_broker, "AioSend"
+    cluster.admin.create_topic(topic, 4, 4)
+
+    async def main() -> None:
+        async with AsyncProducer("aio-send", namespace=cluster.namespace) as producer:
+            one = await producer.send(Message(topic, b"one"))
+            assert one.status is SendStatus.SEND_OK and one.queue_offset >= 0
+            many = await asyncio.gather(
+                *(producer.send(Message(topic, b"s%d" % i)) for i in range(200))
+            )
+            assert all(r.status is SendStatus.SEND_OK for r in many)
+            batch = await producer.send_batch([Message(topic, b"b%d" % i) for i in range(50)])
+            assert len(batch) == 50
+            keyed = [
+                await producer.send(Message(topic, b"k%d" % i), sharding_key="order-7")
+                for i in range(10)
+            ]
+            assert len({r.message_queue for r in keyed}) == 1
+            offsets = [r.queue_offset for r in keyed]
+            assert offsets == sorted(offsets)
+
+    asyncio.run(main())
+    bodies = Counter(stored(cluster, topic))
+    expected = {b"one"} | {b"s%d" % i for i in range(200)} | {b"b%d" % i for i in range(50)}
+    expected |= {b"k%d" % i for i in range(10)}
+    assert set(bodies) == expected and max(bodies.values()) == 1
