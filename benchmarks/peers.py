@@ -2,13 +2,23 @@
 
     python benchmarks/peers.py [--seconds 5] [--json out.json] [--report docs/benchmarks.md]
                                [--peers raymq-async,raymq-sync,redis,redis-aof,nats,ray-queue]
+                               [--rate 1000,10000] [--rounds 3]
 
 Workloads (OpenMessaging benchmark shapes): one topic of 16 queues (16 Redis
 streams, 16 JetStream subjects); bodies of 100 B and 1 KiB; 1 and 4 producers;
 max-rate produce, consume and both together; produce->consume latency at a
 fixed rate. Every peer uses its best batching: Redis pipelines of XADD and
 XREADGROUP+XACK, JetStream async publish and pull fetch with ack-all, Ray's
-queue with put/get batches, RayMQ's batch send and pull.
+queue with put/get batches, RayMQ's batch send and pull. Beside them, a
+"one per call" produce row: one producer handing its client one message a call
+(RayMQ's ``send_async(message)`` streamed, JetStream's ``publish_async``, Redis's
+``XADD``, the queue's ``put``, the gRPC client's ``send_async``), as a service that
+sends one message per request does.
+
+Every peer is started at once; the latency phases of all peers run interleaved in
+``--rounds`` rounds and each latency figure is the median of the rounds', so a drift
+of the machine hits every peer alike. ``raymq-grpc`` is RayMQ through its RocketMQ 5
+gRPC door, driven by the official Python client.
 
 Raw limits, latency only, measured in the same run: ``tcp-echo`` (one socket round
 trip), ``ray-noop`` (one Ray call), and ``py-relay``: the three processes of
@@ -35,6 +45,7 @@ import platform
 import queue
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -100,7 +111,8 @@ class Figures:
     throughput: dict[str, float] = field(default_factory=dict)  # msg/s
     mbps: dict[str, float] = field(default_factory=dict)
     latency: dict[str, dict[str, float]] = field(default_factory=dict)
-    latency_samples: dict[str, list[float]] = field(default_factory=dict)
+    latency_samples: dict[str, list[float]] = field(default_factory=dict)  # all rounds'
+    latency_rounds: dict[str, list[dict[str, float]]] = field(default_factory=dict)
     skipped: str = ""
     failed: list[str] = field(default_factory=list)  # phases that raised: what and why
     work: str = ""  # what its consume does to mark messages consumed
@@ -130,6 +142,11 @@ class Peer:
 
     def consume(self, expected: int, seconds: float) -> int:
         raise NotImplementedError
+
+    def produce_single(self, body: bytes, seconds: float) -> int | None:
+        """One producer handing the client one message per call, as a service sending
+        one message per request does (``None``: the peer has no such row)."""
+        return None
 
     def together(self, body: bytes, producers: int, seconds: float) -> tuple[int, int]:
         """Produce and consume at once; (produced, consumed) within ``seconds``."""
@@ -171,6 +188,33 @@ def _redis_producer(port: int, body: bytes, seconds: float, out: Any) -> None:
         pipe.execute()
         sent += BATCH
     out.put(sent)
+
+
+def _redis_single_producer(port: int, body: bytes, seconds: float, out: Any) -> None:
+    import redis
+
+    r = redis.Redis(port=port)
+    sent = 0
+    stop = time.monotonic() + seconds
+    while time.monotonic() < stop:
+        r.xadd(f"{TOPIC}:{sent % QUEUES}", {"b": body})
+        sent += 1
+    out.put(sent)
+
+
+def _in_process(target: Callable[..., None], *args: Any, timeout: float) -> int:
+    """``target(*args, out)`` in a spawned process; the count it puts in ``out``."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(target=target, args=(*args, out))
+    proc.start()
+    try:
+        return int(out.get(timeout=timeout))
+    finally:
+        proc.join(10)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join()
 
 
 class RedisPeer(Peer):
@@ -243,6 +287,11 @@ class RedisPeer(Peer):
         for p in procs:
             p.join()
         return total
+
+    def produce_single(self, body: bytes, seconds: float) -> int | None:
+        """XADD one entry a call, each answered before the next (redis-py has no
+        asynchronous single command but a pipeline, which is the batched row)."""
+        return _in_process(_redis_single_producer, self.port, body, seconds, timeout=seconds + 60)
 
     def consume(self, expected: int, seconds: float) -> int:
         r = self._client()
@@ -372,6 +421,27 @@ async def _nats_produce(port: int, body: bytes, seconds: float) -> int:
     return sent
 
 
+def _nats_single_producer(port: int, body: bytes, seconds: float, out: Any) -> None:
+    out.put(asyncio.run(_nats_produce_single(port, body, seconds)))
+
+
+async def _nats_produce_single(port: int, body: bytes, seconds: float) -> int:
+    """``publish_async`` one message a call, the acknowledgements awaited as they come
+    (at most 4,000 pending, the client's own back-pressure), all of them at the end."""
+    import nats
+
+    nc = await nats.connect(f"nats://127.0.0.1:{port}")
+    js = nc.jetstream(publish_async_max_pending=BATCH * 4)
+    sent = 0
+    stop = time.monotonic() + seconds
+    while time.monotonic() < stop:
+        await js.publish_async(f"{TOPIC}.{sent % QUEUES}", body)
+        sent += 1
+    await js.publish_async_completed()
+    await nc.close()
+    return sent
+
+
 class NatsPeer(Peer):
     name = "nats"
     work = "pull fetch of up to 1000, then one ack of the last (AckPolicy.ALL acks all before it)"
@@ -430,6 +500,9 @@ class NatsPeer(Peer):
         for p in procs:
             p.join()
         return total
+
+    def produce_single(self, body: bytes, seconds: float) -> int | None:
+        return _in_process(_nats_single_producer, self.port, body, seconds, timeout=seconds + 60)
 
     def consume(self, expected: int, seconds: float) -> int:
         return asyncio.run(self._consume(expected, seconds, None))
@@ -535,6 +608,21 @@ class RayQueuePeer(Peer):
 
         return sum(ray.get([producer.remote(self.queue, body, seconds) for _ in range(producers)]))
 
+    def produce_single(self, body: bytes, seconds: float) -> int | None:
+        """``put`` of one item a call (an actor call answered before the next)."""
+        import ray
+
+        @ray.remote(num_cpus=0)
+        def producer(queue: Any, body: bytes, seconds: float) -> int:
+            sent = 0
+            stop = time.monotonic() + seconds
+            while time.monotonic() < stop:
+                queue.put(sent.to_bytes(8, "big") + body[8:])
+                sent += 1
+            return sent
+
+        return int(ray.get(producer.remote(self.queue, body, seconds)))
+
     def consume(self, expected: int, seconds: float) -> int:
         from ray.util.queue import Empty
 
@@ -614,6 +702,22 @@ def _raymq_producer(
     return acked
 
 
+def _raymq_single_producer(namespace: str, topic: str, body: bytes, seconds: float) -> int:
+    """``send_async(message)`` one message a call, streamed without waiting (the
+    producer's ``async_send_max_messages`` paces it); counts what was acknowledged."""
+    import actors
+    from storage import Message
+
+    producer = actors.connect(namespace).producer(f"peers-single-{os.getpid()}")
+    sends = Settled()
+    stop = time.monotonic() + seconds
+    while time.monotonic() < stop:
+        sends.track(producer.send_async(Message(topic, body)))
+    sends.wait(120.0)
+    producer.close()
+    return sends.sent - sends.failed
+
+
 class RayMQPeer(Peer):
     """This repository: producers -> one broker actor (its store on local disk) -> pulls."""
 
@@ -675,6 +779,12 @@ class RayMQPeer(Peer):
             for _ in range(producers)
         ]
         return sum(ray.get(refs))
+
+    def produce_single(self, body: bytes, seconds: float) -> int | None:
+        import ray
+
+        task = ray.remote(num_cpus=0)(_raymq_single_producer)
+        return int(ray.get(task.remote(self.namespace, self.topic, body, seconds)))
 
     def consume(self, expected: int, seconds: float, commit: bool = True) -> int:
         """Pull every queue in rounds; after each round commit the offsets of the queues
@@ -1115,6 +1225,11 @@ class RayMQGrpcPeer(Peer):
             print(f"  raymq-grpc   {failed} sends failed", flush=True)
         return sum(a for a, _ in answers)
 
+    def produce_single(self, body: bytes, seconds: float) -> int | None:
+        """The official client sends one message a call (``send_async``): its produce row
+        already is one message per call."""
+        return self.produce(body, 1, seconds)
+
     def _consumer(self, group: str) -> Any:
         from rocketmq import FilterExpression, SimpleConsumer
 
@@ -1190,20 +1305,41 @@ class RayMQGrpcPeer(Peer):
         return samples
 
 
-def run_peer(peer: Peer, args: argparse.Namespace) -> Figures:
+def start_peer(peer: Peer) -> Figures:
+    """Start ``peer``; its figures, marked skipped if it is not installed here."""
     fig = Figures(peer.name, work=peer.work, latency_only=peer.latency_only)
+    print(f"- {peer.name}", flush=True)
     try:
         peer.start()
     except Missing as exc:
         fig.skipped = f"not installed; install with: {exc}"
         print(f"- {peer.name}: skipped, {fig.skipped}", flush=True)
-        return fig
-    try:
-        _throughput(peer, fig, args)
-        _latency(peer, fig, args)
-    finally:
-        peer.stop()
     return fig
+
+
+def run_peers(peers: list[Peer], args: argparse.Namespace) -> list[Figures]:
+    """Every peer started at once; the throughput workloads peer by peer, then the
+    latency phases of all peers interleaved in rounds (a drift of the machine hits all
+    alike), each figure the median of the rounds'."""
+    started: list[tuple[Peer, Figures]] = []
+    try:
+        for peer in peers:
+            fig = start_peer(peer)
+            started.append((peer, fig))
+        live = [(p, f) for p, f in started if not f.skipped]
+        for peer, fig in live:
+            _throughput(peer, fig, args)
+        for i in range(args.rounds):
+            print(f"- latency, round {i + 1} of {args.rounds}", flush=True)
+            for peer, fig in live:
+                _latency(peer, fig, args)
+        for _, fig in live:
+            _summarise_latency(fig)
+    finally:
+        for peer, fig in started:
+            if not fig.skipped:
+                peer.stop()
+    return [f for _, f in started]
 
 
 def _failed(fig: Figures, phase: str, exc: BaseException) -> None:
@@ -1222,6 +1358,17 @@ def _throughput(peer: Peer, fig: Figures, args: argparse.Namespace) -> None:
                 _workload(peer, fig, args, body, producers, key)
             except Exception as exc:  # noqa: BLE001 - reported, the next workload goes on
                 _failed(fig, key, exc)
+        key = f"produce {size}B x1p one per call"
+        try:
+            peer.reset()
+            single = peer.produce_single(body, args.seconds)
+        except Exception as exc:  # noqa: BLE001 - reported, the next workload goes on
+            _failed(fig, key, exc)
+            continue
+        if single is not None:
+            fig.throughput[key] = single / args.seconds
+            fig.mbps[key] = fig.throughput[key] * size / 1e6
+            print(f"  {peer.name:12s} {key}: {fig.throughput[key]:>12,.0f} msg/s", flush=True)
 
 
 def _workload(
@@ -1254,27 +1401,59 @@ def _workload(
 
 
 def _latency(peer: Peer, fig: Figures, args: argparse.Namespace) -> None:
+    """One round of ``peer``'s latency phases: each size at each rate."""
     for size in args.sizes:
-        key = f"{size}B @{args.rate}/s"
-        try:
-            peer.reset()
-            samples = peer.latency(os.urandom(size), args.rate, args.seconds)
-        except Exception as exc:  # noqa: BLE001 - reported, the run goes on
-            _failed(fig, f"latency {key}", exc)
-            continue
-        fig.latency_samples[key] = samples
+        for rate in args.rates:
+            key = f"{size}B @{rate}/s"
+            try:
+                peer.reset()
+                samples = peer.latency(os.urandom(size), rate, args.seconds)
+            except Exception as exc:  # noqa: BLE001 - reported, the run goes on
+                _failed(fig, f"latency {key}", exc)
+                continue
+            fig.latency_samples.setdefault(key, []).extend(samples)
+            lat = {
+                "p50": percentile(samples, 0.5),
+                "p99": percentile(samples, 0.99),
+                "p999": percentile(samples, 0.999),
+                "n": len(samples),
+            }
+            fig.latency_rounds.setdefault(key, []).append(lat)
+            print(
+                f"  {peer.name:12s} latency {key}: p50 {lat['p50']:.2f} ms  p99 {lat['p99']:.2f}"
+                f" ms  p99.9 {lat['p999']:.2f} ms ({len(samples)} samples)",
+                flush=True,
+            )
+
+
+def _summarise_latency(fig: Figures) -> None:
+    """Each latency figure: the median of the rounds' (samples: all rounds')."""
+    for key, rounds in fig.latency_rounds.items():
         fig.latency[key] = {
-            "p50": percentile(samples, 0.5),
-            "p99": percentile(samples, 0.99),
-            "p999": percentile(samples, 0.999),
-            "n": len(samples),
+            q: statistics.median(r[q] for r in rounds) for q in ("p50", "p99", "p999")
         }
-        lat = fig.latency[key]
-        print(
-            f"  {peer.name:12s} latency {key}: p50 {lat['p50']:.2f} ms  p99 {lat['p99']:.2f} ms"
-            f"  p99.9 {lat['p999']:.2f} ms ({len(samples)} samples)",
-            flush=True,
-        )
+        fig.latency[key]["n"] = sum(r["n"] for r in rounds)
+        fig.latency[key]["rounds"] = len(rounds)
+
+
+def latency_ratios(results: list[Figures]) -> dict[str, dict[str, float]]:
+    """RayMQ (async flush) latency over each peer's, per load and percentile (medians
+    of rounds): below 1 is RayMQ faster."""
+    ours = next((f for f in results if f.peer == "raymq-async" and not f.skipped), None)
+    out: dict[str, dict[str, float]] = {}
+    if ours is None:
+        return out
+    for f in results:
+        if f is ours or f.skipped:
+            continue
+        out[f.peer] = {
+            f"{key} {q}": ours.latency[key][q] / lat[q]
+            for key, lat in f.latency.items()
+            if key in ours.latency
+            for q in ("p50", "p99", "p999")
+            if lat[q]
+        }
+    return out
 
 
 def machine() -> dict[str, str]:
@@ -1408,9 +1587,19 @@ def write_report(path: Path, results: list[Figures], info: dict[str, str], comma
         lines.append(
             f"- **{peer}**: " + ", ".join(f"{k} {v:.2f}x" for k, v in sorted(table.items()))
         )
+    lat_table = latency_ratios(results)
+    if lat_table:
+        lines += ["", "## RayMQ / peer latency (below 1: RayMQ faster)", ""]
+        for peer, table in lat_table.items():
+            lines.append(
+                f"- **{peer}**: " + ", ".join(f"{k} {v:.2f}x" for k, v in sorted(table.items()))
+            )
     lines += [
         "",
         "## Latency at a fixed rate (ms)",
+        "",
+        "Each figure is the median of the rounds' (the peers' phases interleaved in every "
+        "round); samples are all rounds'.",
         "",
         "| peer | load | p50 | p99 | p99.9 | samples |",
         "|---|---|---|---|---|---|",
@@ -1453,7 +1642,12 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each phase")
     parser.add_argument("--sizes", default="100,1024")
     parser.add_argument("--producers", default="1,4")
-    parser.add_argument("--rate", type=int, default=1000, help="messages/s for the latency run")
+    parser.add_argument(
+        "--rate", default="1000", help="messages/s for the latency phases (comma-separated)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="latency rounds, the peers interleaved in each"
+    )
     parser.add_argument("--json", default=None)
     parser.add_argument("--report", default=None, help="write a Markdown page with plots here")
     args = parser.parse_args()
@@ -1464,18 +1658,23 @@ def main() -> int:
             parser.error("--report draws its plots with matplotlib: pip install matplotlib")
     args.sizes = [int(x) for x in args.sizes.split(",")]
     args.producers = [int(x) for x in args.producers.split(",")]
+    args.rates = [int(x) for x in args.rate.split(",")]
     logging.basicConfig(level=logging.WARNING)
     info = machine()
     print("machine: " + ", ".join(f"{k} {v}" for k, v in info.items()), flush=True)
-    results = []
     for name in args.peers.split(","):
         if name not in PEERS:
             parser.error(f"unknown peer {name!r}; known: {', '.join(PEERS)}")
-        print(f"- {name}", flush=True)
-        results.append(run_peer(PEERS[name](), args))
+    results = run_peers([PEERS[name]() for name in args.peers.split(",")], args)
     table = ratios(results)
     print("\nRayMQ (ASYNC_FLUSH) / peer throughput:")
     for peer, values in table.items():
+        print(f"  {peer:10s} " + "  ".join(f"{k}: {v:.2f}x" for k, v in sorted(values.items())))
+    lat_table = latency_ratios(results)
+    print(
+        f"\nRayMQ (ASYNC_FLUSH) / peer latency, medians of {args.rounds} rounds (below 1: faster):"
+    )
+    for peer, values in lat_table.items():
         print(f"  {peer:10s} " + "  ".join(f"{k}: {v:.2f}x" for k, v in sorted(values.items())))
     command = "python " + " ".join(sys.argv)
     if args.json:
@@ -1485,6 +1684,7 @@ def main() -> int:
                     "machine": info,
                     "command": command,
                     "ratios": table,
+                    "latency_ratios": lat_table,
                     "results": [
                         {
                             "peer": f.peer,
