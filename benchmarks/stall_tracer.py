@@ -18,7 +18,10 @@ In each traced process the tracer keeps:
   (``sys._current_frames()``): a thread still running Python code then is the one that
   held the GIL (the switch interval hands the GIL over mid-computation);
 * the **event loop's lag**, for every asyncio loop started after the tracer (a
-  callback due every tick; a lag over the threshold is recorded like an oversleep);
+  callback due every tick; a lag over the threshold is recorded like an oversleep)
+  and the callbacks that held it; a uvloop loop (Ray's async actors use uvloop when
+  it is installed, the broker's among them) runs its callbacks from C and is seen
+  only through the canary, as native code under ``threading.py:run``;
 * the **collections**: ``gc.callbacks`` start and stop, generation, duration.
 
 A stall is classified, in this order, as ``gc genN`` (a collection of that process
@@ -177,7 +180,10 @@ class Tracer:
                 stack.append(f"{_short(f.f_code.co_filename)}:{f.f_code.co_name}:{f.f_lineno}")
                 f = f.f_back
             ours = next((s for s in stack if any(o in "/" + s for o in _OURS)), stack[0])
-            running.append((f"{names.get(ident, '?')}: {ours.rsplit(':', 1)[0]}", stack))
+            where = ours.rsplit(":", 1)[0]
+            if where == "threading.py:run":  # the thread's target is native code
+                where = "native code under threading.py:run (a uvloop loop's own work)"
+            running.append((f"{names.get(ident, '?')}: {where}", stack))
         if not running:
             return "no Python thread running (native code or a wait)", []
         running.sort()
