@@ -31,15 +31,17 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from actors.client.admin import Admin
-from actors.client.push.consumer import Listener
 from actors.fleet.config import FleetConfig
+
+if TYPE_CHECKING:
+    from actors.fleet.member import MemberSpec
 from actors.protocol.topic import is_readable
 
 log = logging.getLogger("raymq.actors.fleet")
@@ -127,29 +129,11 @@ class _Member:
 class FleetController:
     """Ray actor class (threaded): ``fleet-<group>``, created by :class:`actors.ConsumerFleet`."""
 
-    def __init__(
-        self,
-        group: str,
-        topic: str,
-        subscription: str,
-        listener: Listener,
-        namespace: str,
-        nameservers: Sequence[str] | None,
-        consumer_options: dict[str, Any],
-        config: FleetConfig,
-    ) -> None:
-        self.group, self.topic, self.namespace = group, topic, namespace
+    def __init__(self, spec: MemberSpec, config: FleetConfig) -> None:
+        self.group, self.topic, self.namespace = spec.group, spec.topic, spec.namespace
         self.config = config
-        self._member_args = (
-            group,
-            topic,
-            subscription,
-            listener,
-            namespace,
-            list(nameservers) if nameservers else None,
-            dict(consumer_options),
-        )
-        self.admin = Admin(namespace, nameservers)
+        self._member_spec = spec
+        self.admin = Admin(spec.namespace, spec.nameservers)
         self.policy = ScalePolicy(config)
         self._lock = threading.Condition()
         self._wake = threading.Event()
@@ -163,7 +147,7 @@ class FleetController:
         self._cap = config.max_consumers
         self._events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS)
         self._no_node: str | None = None  # set while no node has what a member asks
-        self._thread = threading.Thread(target=self._loop, name=f"fleet-{group}", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f"fleet-{self.group}", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------ public (actor methods)
@@ -315,7 +299,7 @@ class FleetController:
                 max_concurrency=MEMBER_MAX_CONCURRENCY,
                 max_restarts=0,
             )
-            .remote(*self._member_args)
+            .remote(self._member_spec)
         )
         member = _Member(
             name,

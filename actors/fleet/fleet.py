@@ -37,6 +37,7 @@ from actors.client.push.consumer import Listener, PushConsumerConfig
 from actors.config.options import with_options
 from actors.fleet.config import FleetConfig
 from actors.fleet.controller import FleetController
+from actors.fleet.member import MemberSpec
 from actors.protocol import rpc as _rpc
 from actors.protocol.names import DEFAULT_NAMESPACE, fleet_actor_name
 from storage.codec import validate_topic
@@ -97,13 +98,15 @@ class ConsumerFleet:
                     max_concurrency=CONTROLLER_MAX_CONCURRENCY,
                 )
                 .remote(
-                    group,
-                    topic,
-                    subscription,
-                    listener,
-                    namespace,
-                    nameservers,
-                    consumer_options,
+                    MemberSpec(
+                        group,
+                        topic,
+                        subscription,
+                        listener,
+                        namespace,
+                        list(nameservers) if nameservers else None,
+                        consumer_options,
+                    ),
                     self.config,
                 )
             )

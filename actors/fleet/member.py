@@ -24,7 +24,7 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -38,23 +38,26 @@ log = logging.getLogger("raymq.actors.fleet")
 MEMBER_MAX_CONCURRENCY = 8
 
 
+@dataclass(frozen=True)
+class MemberSpec:
+    """What every member of one fleet consumes, and with which consumer settings."""
+
+    group: str
+    topic: str
+    subscription: str
+    listener: Listener
+    namespace: str
+    nameservers: list[str] | None
+    consumer_options: dict[str, Any]
+
+
 class FleetMember:
     """Ray actor class: ``ray.remote(FleetMember)``, created by the fleet controller."""
 
-    def __init__(
-        self,
-        group: str,
-        topic: str,
-        subscription: str,
-        listener: Listener,
-        namespace: str,
-        nameservers: Sequence[str] | None,
-        consumer_options: dict[str, Any],
-    ) -> None:
-        self.group = group
-        self.topic = topic
-        self._args = (group, topic, subscription, listener, namespace, nameservers)
-        self._options = dict(consumer_options)
+    def __init__(self, spec: MemberSpec) -> None:
+        self.group = spec.group
+        self.topic = spec.topic
+        self.spec = spec
         self._consumer: PushConsumer | None = None
         self._closed = threading.Event()
         self._lock = threading.Lock()
@@ -62,27 +65,27 @@ class FleetMember:
 
     def start(self) -> str:
         """Start the consumer (it joins the group); returns its client id."""
-        group, topic, subscription, listener, namespace, nameservers = self._args
+        spec = self.spec
         with self._lock:
             if self._consumer is not None:
                 return self._consumer.client_id
             consumer = PushConsumer(
-                group,
-                topic,
-                subscription,
-                listener,
-                namespace=namespace,
-                nameservers=nameservers,
+                spec.group,
+                spec.topic,
+                spec.subscription,
+                spec.listener,
+                namespace=spec.namespace,
+                nameservers=spec.nameservers,
                 # the group's coordinator keeps a wait_closed call pending on this actor
                 actor_handle=ray.get_runtime_context().current_actor,
-                **self._options,
+                **spec.consumer_options,
             )
             consumer.start()
             self._consumer = consumer
             self._started_at = time.monotonic()
             gc.collect()  # what is garbage now is not frozen with the rest
             gc.freeze()  # see the module doc
-        log.info("fleet member of %s started: %s", group, consumer.client_id)
+        log.info("fleet member of %s started: %s", spec.group, consumer.client_id)
         return consumer.client_id
 
     def status(self) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from test_coordinator import DeliveryLog, Load, owners_one_at_a_time, recording
 
 import actors
 from actors import CoordinatorConfig
-from actors.fleet.member import MEMBER_MAX_CONCURRENCY, FleetMember
+from actors.fleet.member import MEMBER_MAX_CONCURRENCY, FleetMember, MemberSpec
 from actors.protocol.rpc import get
 from rebalance import MessageQueue
 
@@ -52,7 +52,7 @@ def start_member(name: str, node_id: str, dlog: Any, namespace: str) -> tuple[An
             max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         )
-        .remote(GROUP, TOPIC, "*", recording(name, dlog), namespace, None, CONSUMER)
+        .remote(MemberSpec(GROUP, TOPIC, "*", recording(name, dlog), namespace, None, CONSUMER))
     )
     return handle, get(handle.start.remote(), 60)
 
