@@ -43,8 +43,6 @@ import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import numpy as np
-
 from actors.broker.client.producer_ids import ProducerIdAllocator
 from actors.broker.client.producer_manager import ProducerManager
 from actors.broker.ha import create_replication
@@ -67,8 +65,6 @@ from actors.broker.transaction.one_phase import OnePhaseCommits
 from actors.config.broker import BrokerConfig
 from actors.protocol import checks
 from actors.protocol.shared_ring import RingId
-from actors.protocol.topic import TopicConfig
-from storage.message import MessageExt
 
 log = logging.getLogger("raymq.actors.broker.broker")
 
@@ -298,77 +294,28 @@ class Broker:
         ``reconsume_times``: the consumer's counts, for an orderly consumer's dead letters.""",
     )
 
-    async def create_retry_topic(self, group: str) -> bool:
-        """Create ``%RETRY%<group>`` (1 queue) here unless it exists."""
-        return await self.sender.create_retry_topic(group)
-
-    async def read_dlq(
-        self, group: str, offset: int = 0, max_count: int = 256
-    ) -> tuple[list[MessageExt], int]:
-        """Dead letters of ``group`` from ``offset``, whatever the DLQ's perm (admin)."""
-        return await self.admin.read_dlq(group, offset, max_count)
-
-    async def delay_levels(self) -> tuple[int, ...]:
-        """The delay of each level in ms (``message_delay_level``)."""
-        return await self.admin.delay_levels()
+    create_retry_topic = _served_by(
+        "sender",
+        SendMessageProcessor.create_retry_topic,
+        """Create ``%RETRY%<group>`` (1 queue) here unless it exists.""",
+    )
+    read_dlq = _served_by("admin", AdminBrokerProcessor.read_dlq)
+    delay_levels = _served_by("admin", AdminBrokerProcessor.delay_levels)
 
     # ------------------------------------------------------------ transactions
-    async def end_transaction(
-        self, producer_group: str, half_offset: int, transaction_id: str, commit: bool
-    ) -> bool:
-        """Commit (or roll back) the half message at CommitLog offset ``half_offset``,
-        whose message id is ``transaction_id``; False when it was ended before
-        (``actors.broker.processor.end_transaction``)."""
-        return await self.end_txn.end_transaction(
-            producer_group, half_offset, transaction_id, commit
-        )
-
-    async def end_transactions(self, producer_group: str, ends: list[tuple[int, str, bool]]) -> int:
-        """End many single-message transactions of ``producer_group`` in one append:
-        ``ends`` holds (half message's CommitLog offset, its message id, commit), a
-        producer's answers to a check round; how many were ended (those ended before
-        are skipped)."""
-        return await self.end_txn.end_transactions(producer_group, ends)
-
-    async def end_transaction_batch(
-        self,
-        txn_id: str,
-        commit: bool,
-        half_offsets: list[int | str] | None = None,
-        offsets: dict[str, dict[tuple[str, int], int]] | None = None,
-        transactional_id: str | None = None,
-        epoch: int | None = None,
-        retry: bool = False,
-    ) -> int:
-        """The transaction coordinator's decision on multi-message transaction ``txn_id``:
-        every half message of it held here committed or rolled back in one append, and
-        on commit ``offsets`` (group -> {(topic, queue id): offset}) committed and
-        saved. How many half messages it ended (0 when all were ended before)."""
-        return await self.end_txn.end_transaction_batch(
-            txn_id,
-            commit,
-            half_offsets,
-            offsets,
-            transactional_id,
-            epoch,
-            retry,
-        )
-
-    async def commit_one_phase(
-        self,
-        txn_id: str,
-        transactional_id: str,
-        epoch: int,
-        blob: bytes | np.ndarray,
-        offsets: dict[str, list[list[Any]]] | None = None,
-    ) -> dict[str, Any]:
+    end_transaction = _served_by("end_txn", EndTransactionProcessor.end_transaction)
+    end_transactions = _served_by("end_txn", EndTransactionProcessor.end_transactions)
+    end_transaction_batch = _served_by("end_txn", EndTransactionProcessor.end_transaction_batch)
+    commit_one_phase = _served_by(
+        "one_phase",
+        OnePhaseCommits.commit,
         """Commit multi-message transaction ``txn_id`` here alone: ``blob`` (an encoded
         batch of plain messages) stored as committed, with its marker, in one append
-        (``actors.broker.transaction.one_phase``). ``{"count", "again"}``; OnePhaseRefusedError when
-        this broker cannot (nothing written: commit through the coordinator). ``offsets``:
-        group -> [[topic, queue id, next offset]] of this broker's queues, committed with
-        it."""
-        return await self.one_phase.commit(txn_id, transactional_id, epoch, blob, offsets)
+        (``actors.broker.transaction.one_phase``). ``{"count", "again"}``;
+        OnePhaseRefusedError when this broker cannot (nothing written: commit through
+        the coordinator). ``offsets``: group -> [[topic, queue id, next offset]] of this
+        broker's queues, committed with it.""",
+    )
 
     async def fence_transactional(self, transactional_id: str, epoch: int) -> int:
         """Refuse from now on half messages of ``transactional_id`` below ``epoch``, and
@@ -390,77 +337,35 @@ class Broker:
     async def unregister_transaction_producer(self, producer_group: str, client_id: str) -> None:
         self.producers.unregister(producer_group, client_id)
 
-    async def check_transactions(self) -> int:
-        """Run one round of the transaction check service now; how many it handled."""
-        return await self.txn_check.check_once()
+    check_transactions = _served_by(
+        "txn_check",
+        TransactionalMessageCheckService.check_once,
+        """Run one round of the transaction check service now; how many it handled.""",
+    )
 
     async def pending_transactions(self) -> list[dict[str, Any]]:
         """Half messages not ended yet, with their age and check count."""
         await self.txn_bridge.ensure_loaded()
         return await self.rt.run(self.txn_bridge.pending)
 
-    # ------------------------------------------------------------ lite topics (actors/broker/lite)
-    lite_create_parent = _served_by("lite", LiteProcessor.create_parent)
-    lite_parents = _served_by("lite", LiteProcessor.parents)
-    lite_topics = _served_by("lite", LiteProcessor.lite_topics)
-    lite_send = _served_by("lite", LiteProcessor.send)
-    lite_subscribe = _served_by("lite", LiteProcessor.subscribe)
-    lite_receive = _served_by("lite", LiteProcessor.receive)
-    lite_ack = _served_by("lite", LiteProcessor.ack)
-    lite_pull = _served_by("lite", LiteProcessor.pull)
-    lite_committed_offset = _served_by("lite", LiteProcessor.committed_offset)
-    lite_stats = _served_by("lite", LiteProcessor.stats)
-
-    # ------------------------------------------------------------ POP (actors/broker/processor/pop.py)
+    # ------------------------------------------------------------ POP (processor/pop.py)
     pop = _served_by("popper", PopProcessor.pop)
-
-    async def ack_message(self, group: str, topic: str, receipt_handle: str | list[str]) -> Any:
-        """Ack by receipt handle; a list of handles answers, per handle, None or why not."""
-        if isinstance(receipt_handle, list):
-            return await self.popper.ack_many(group, topic, receipt_handle)
-        return await self.popper.ack(group, topic, receipt_handle)
-
-    async def change_invisible_duration(
-        self, group: str, topic: str, receipt_handle: str, invisible_ms: int
-    ) -> str:
-        """Re-arm a received message's invisible time from now; its new receipt handle."""
-        return await self.popper.change_invisible(group, topic, receipt_handle, invisible_ms)
-
-    async def set_group_fifo(self, group: str, fifo: bool) -> None:
-        """Make a consumer group FIFO (RocketMQ's ``consumeMessageOrderly``) or not: its
-        POP receives take one batch per queue at a time, in order; kept across restarts."""
-        await self.popper.set_group_fifo(group, fifo)
-
-    async def forward_to_dead_letter_queue(
-        self, group: str, topic: str, receipt_handle: str
-    ) -> None:
-        """Give up on a received message: to ``%DLQ%<group>`` now, and done."""
-        await self.popper.forward_to_dlq(group, topic, receipt_handle)
+    ack_message = _served_by("popper", PopProcessor.ack_message)
+    change_invisible_duration = _served_by("popper", PopProcessor.change_invisible_duration)
+    set_group_fifo = _served_by("popper", PopProcessor.set_group_fifo)
+    forward_to_dead_letter_queue = _served_by("popper", PopProcessor.forward_to_dead_letter_queue)
 
     # ------------------------------------------------------------ topics and lookups (admin)
-    async def create_topic(self, config: TopicConfig) -> TopicConfig:
-        """Create or update a topic and tell every NameServer before returning."""
-        return await self.admin.create_topic(config)
-
-    async def delete_topic(self, topic: str) -> bool:
-        return await self.admin.delete_topic(topic)
-
-    async def get_topic_config(self, topic: str) -> TopicConfig | None:
-        return await self.admin.get_topic_config(topic)
-
-    async def topic_configs(self) -> dict[str, TopicConfig]:
-        return await self.admin.topic_configs()
-
-    async def topic_status(self, topic: str) -> list[dict[str, Any]]:
-        """Per queue: min and max offset and when its last message was stored."""
-        return await self.admin.topic_status(topic)
-
+    create_topic = _served_by("admin", AdminBrokerProcessor.create_topic)
+    delete_topic = _served_by("admin", AdminBrokerProcessor.delete_topic)
+    get_topic_config = _served_by("admin", AdminBrokerProcessor.get_topic_config)
+    topic_configs = _served_by("admin", AdminBrokerProcessor.topic_configs)
+    topic_status = _served_by("admin", AdminBrokerProcessor.topic_status)
     offset_by_time = _served_by("admin", AdminBrokerProcessor.offset_by_time)
     min_max_offset = _served_by("admin", AdminBrokerProcessor.min_max_offset)
     query_by_key = _served_by("admin", AdminBrokerProcessor.query_by_key)
-
-    async def message_by_id(self, msg_id: str, topic: str | None = None) -> MessageExt:
-        return await self.admin.message_by_id(msg_id, topic)
+    message_by_id = _served_by("admin", AdminBrokerProcessor.message_by_id)
+    counters = _served_by("admin", AdminBrokerProcessor.counters)
 
     # ------------------------------------------------------------ the group (replication)
     async def ha_transfer(
@@ -517,10 +422,6 @@ class Broker:
             **self.one_phase.status(),
             **data_path,
         }
-
-    async def counters(self) -> dict[str, Any]:
-        """Running totals for rates (``AdminBrokerProcessor.counters``): the console samples them."""
-        return await self.admin.counters()
 
     async def ping(self) -> str:
         return self.rt.incarnation

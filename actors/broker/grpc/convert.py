@@ -12,8 +12,9 @@
 * **Errors.** :func:`status_of` maps RayMQ's errors to ``apache.rocketmq.v2.Code`` in one
   table; a call answers that code, never a broker crash.
 
-Imports the generated protocol modules: imported only by ``actors.broker.grpc.service``,
-itself imported only when a broker starts its endpoint (see docs/rocketmq5.md).
+Imports the generated protocol modules: imported only by ``actors.broker.grpc.service``
+and its activities, themselves imported only when a broker starts its endpoint (see
+docs/rocketmq5.md).
 """
 
 from __future__ import annotations

@@ -157,7 +157,7 @@ class AutoRenewer:
                     continue
                 started = time.monotonic()
                 try:
-                    held.handle = await self.pop.change_invisible(
+                    held.handle = await self.pop.change_invisible_duration(
                         held.group, held.topic, held.handle, self.invisible_ms
                     )
                 except Exception as exc:  # noqa: BLE001 - acked elsewhere, or lapsed

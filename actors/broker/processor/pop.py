@@ -328,7 +328,14 @@ class PopProcessor:
             self._woke(handle, topic)
         return answers
 
-    async def change_invisible(
+    async def ack_message(self, group: str, topic: str, receipt_handle: str | list[str]) -> Any:
+        """Ack by receipt handle (:meth:`ack`); a list of handles answers, per handle, None
+        or why not (:meth:`ack_many`)."""
+        if isinstance(receipt_handle, list):
+            return await self.ack_many(group, topic, receipt_handle)
+        return await self.ack(group, topic, receipt_handle)
+
+    async def change_invisible_duration(
         self, group: str, topic: str, receipt_handle: str, invisible_ms: int
     ) -> str:
         """Make the message invisible for ``invisible_ms`` from now; its new handle."""
@@ -338,7 +345,9 @@ class PopProcessor:
             self.state.change_invisible, group, topic, receipt_handle, invisible_ms
         )
 
-    async def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
+    async def forward_to_dead_letter_queue(
+        self, group: str, topic: str, receipt_handle: str
+    ) -> None:
         """Give up on the message: its copy goes to ``%DLQ%<group>`` now, and it is done
         (RocketMQ 5's ``ForwardMessageToDeadLetterQueue``)."""
         self._check_handle_call(group, topic)
