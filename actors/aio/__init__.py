@@ -1,4 +1,4 @@
-"""asyncio clients: sends on the caller's event loop.
+"""asyncio clients: sends, consumption and POP on the caller's event loop.
 
 They speak the brokers' framed protocol (``actors.protocol``) over connections of
 their own on the loop that uses them (``actors.aio.connection``), and share routes,
@@ -8,6 +8,14 @@ its calls go through Ray on a worker thread.
 """
 
 from actors.aio.admin import AsyncAdmin
+from actors.aio.consumer import AsyncConsumer, ConsumedMessage
 from actors.aio.producer import AsyncProducer
+from actors.aio.simple_consumer import AsyncSimpleConsumer
 
-__all__ = ["AsyncAdmin", "AsyncProducer"]
+__all__ = [
+    "AsyncAdmin",
+    "AsyncConsumer",
+    "AsyncProducer",
+    "AsyncSimpleConsumer",
+    "ConsumedMessage",
+]

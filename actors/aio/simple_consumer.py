@@ -1,0 +1,208 @@
+"""AsyncSimpleConsumer: POP consumption (RocketMQ 5's SimpleConsumer) awaited on the
+caller's event loop.
+
+``await receive()`` pops from every broker holding the topic at once, over each
+broker's socket on the loop (``actors.aio.connection``), and returns what the first
+answers bring; a pop still out when it returns goes on, and what it brings waits for
+the next ``receive`` (a cancelled ``receive`` leaves its pops the same way: what
+they bring is handed out later, or comes back after its invisible time). ``await
+ack(message)`` and ``await change_invisible_duration(message, seconds)`` go to the
+broker that handed the message out, named by its receipt handle. Errors are the
+synchronous :class:`~actors.client.simple_consumer.SimpleConsumer`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from actors.aio.connection import AsyncBrokers
+from actors.client import instance as _instance
+from actors.protocol.checks import check_number, validate_group
+from actors.protocol.names import DEFAULT_NAMESPACE
+from actors.protocol.pop import MAX_POP_MSGS, PoppedMessage
+from actors.protocol.topic import is_readable
+from storage.codec import validate_topic
+from storage.errors import BrokerUnavailableError, InvalidMessageError, TopicNotFoundError
+from storage.pop import ReceiptHandle
+from storage.subscription import parse_subscription
+
+log = logging.getLogger("raymq.actors.aio.simple_consumer")
+
+
+class AsyncSimpleConsumer:
+    """See the module doc. ``async with AsyncSimpleConsumer(group, topic, ...) as c:``."""
+
+    def __init__(
+        self,
+        group: str,
+        topic: str,
+        tag_expr: str = "*",
+        *,
+        fifo: bool = False,
+        wait_s: float = 5.0,
+        namespace: str = DEFAULT_NAMESPACE,
+        nameservers: Sequence[str] | None = None,
+        call_timeout_s: float = 10.0,
+        data_tls_ca: str | None = None,
+    ) -> None:
+        self.group = validate_group(group)
+        self.topic = validate_topic(topic)
+        parse_subscription(tag_expr)
+        self.tag_expr, self.fifo = tag_expr, bool(fifo)
+        self.wait_s = check_number("wait_s", wait_s)
+        self.call_timeout_s = check_number("call_timeout_s", call_timeout_s)
+        self._lease = _instance.share(
+            self, namespace, nameservers, tls_ca=data_tls_ca, kind=_instance.READ
+        )
+        self.instance, self.ns = self._lease.instance, self._lease.view
+        self.client_id = self.instance.new_client_id(group)
+        self._brokers = AsyncBrokers(data_tls_ca)
+        self._pops: dict[str, asyncio.Task[list[PoppedMessage]]] = {}  # by broker name
+        self._buffer: list[PoppedMessage] = []
+        self.closed = False
+
+    async def receive(
+        self, max_msgs: int = 16, invisible_s: float = 30.0, wait_s: float | None = None
+    ) -> list[PoppedMessage]:
+        """Up to ``max_msgs`` messages, each invisible to the group for ``invisible_s``
+        unless acked; waits up to ``wait_s`` (the consumer's default) for one."""
+        self._check_open()
+        if (
+            not isinstance(max_msgs, int)
+            or isinstance(max_msgs, bool)
+            or not 0 < max_msgs <= MAX_POP_MSGS
+        ):
+            raise InvalidMessageError(f"max_msgs={max_msgs!r}: must be an int in 1..{MAX_POP_MSGS}")
+        invisible_ms = int(check_number("invisible_s", invisible_s) * 1000)
+        wait = self.wait_s if wait_s is None else check_number("wait_s", wait_s)
+        self._take_answered()
+        if not self._buffer:
+            names = await asyncio.to_thread(self._readable_brokers)
+            free = [n for n in names if n not in self._pops]
+            for i, name in enumerate(free):
+                share = max_msgs // len(free) + (1 if i < max_msgs % len(free) else 0)
+                if share:
+                    self._pops[name] = asyncio.ensure_future(
+                        self._pop(name, share, invisible_ms, int(wait * 1000))
+                    )
+            if self._pops:
+                await asyncio.wait(
+                    list(self._pops.values()),
+                    timeout=wait + self.call_timeout_s,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            self._take_answered()
+        got, self._buffer = self._buffer[:max_msgs], self._buffer[max_msgs:]
+        return got
+
+    def _take_answered(self) -> None:
+        for name, task in list(self._pops.items()):
+            if not task.done():
+                continue
+            del self._pops[name]
+            if task.cancelled():
+                continue
+            exc = task.exception()
+            if exc is None:
+                self._buffer.extend(task.result())
+            elif isinstance(exc, BrokerUnavailableError):
+                log.warning("receive: broker %s failed (%s): trying it again", name, exc)
+                self.ns.forget_topic_broker(self.topic, name)
+            else:
+                raise exc
+
+    async def _pop(self, name: str, share: int, invisible_ms: int, wait_ms: int) -> Any:
+        actor, handle = await self._master(name)
+        return await asyncio.wait_for(
+            self._brokers.call(
+                actor, handle, "pop", self.group, self.topic, share, invisible_ms, wait_ms,
+                self.fifo, self.tag_expr, self.client_id,
+            ),
+            wait_ms / 1000 + self.call_timeout_s,
+        )  # fmt: skip
+
+    async def ack(self, message: PoppedMessage) -> None:
+        """Done with ``message``: it is not delivered again."""
+        handle = _handle_of(message)
+        await self._on_broker(handle, "ack_message", handle)
+
+    async def change_invisible_duration(
+        self, message: PoppedMessage, invisible_s: float
+    ) -> PoppedMessage:
+        """Make ``message`` invisible for ``invisible_s`` from now; it gets its new
+        receipt handle (the old one is refused from now on)."""
+        invisible_ms = int(check_number("invisible_s", invisible_s) * 1000)
+        handle = _handle_of(message)
+        message.receipt_handle = await self._on_broker(
+            handle, "change_invisible_duration", handle, invisible_ms
+        )
+        return message
+
+    async def _on_broker(self, receipt: str, method: str, *args: Any) -> Any:
+        self._check_open()
+        name = ReceiptHandle.parse(receipt).broker
+        actor, handle = await self._master(name)
+        return await asyncio.wait_for(
+            self._brokers.call(actor, handle, method, self.group, self.topic, *args),
+            self.call_timeout_s,
+        )
+
+    def _readable_brokers(self) -> list[str]:
+        route = self.ns.require_route(self.topic)
+        names = sorted(
+            {
+                qd.broker_name
+                for qd in route.queue_datas
+                if is_readable(qd.perm) and qd.read_queue_nums
+            }
+        )
+        if not names:
+            raise TopicNotFoundError(f"topic={self.topic!r}: no broker lets it be read")
+        return names
+
+    async def _master(self, name: str) -> tuple[str, Any]:
+        route = self.ns.names.cached_route(self.topic)
+        if route is None or route.broker(name) is None:
+            route = await asyncio.to_thread(self.ns.require_route, self.topic, refresh=True)
+        bd = route.broker(name)
+        actor = bd.master_actor_name() if bd is not None else None
+        if actor is None:
+            raise BrokerUnavailableError(f"broker {name!r} has no live master")
+        stub = self.ns.handles._handles.get(actor)
+        if stub is None:
+            stub = await asyncio.to_thread(self.ns.broker, route, name)
+        return actor, getattr(stub, "handle", stub)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise InvalidMessageError("the AsyncSimpleConsumer is closed")
+
+    async def close(self) -> None:
+        """Stop receiving; messages received and not acked come back after their
+        invisible time (and those of pops still out, which are dropped)."""
+        if self.closed:
+            return
+        self.closed = True
+        for task in self._pops.values():
+            task.cancel()
+        await asyncio.gather(*self._pops.values(), return_exceptions=True)
+        self._pops.clear()
+        self._buffer.clear()
+        self._brokers.close()
+        self._lease.release()
+
+    async def __aenter__(self) -> AsyncSimpleConsumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def _handle_of(msg: object) -> str:
+    handle = getattr(msg, "receipt_handle", None)
+    if not isinstance(handle, str):
+        raise InvalidMessageError(f"{msg!r:.80}: not a received message (no receipt handle)")
+    return handle

@@ -1,0 +1,129 @@
+"""AsyncConsumer against a real broker: ``async for`` commits what its body finished,
+a cancelled loop commits nothing it did not finish (its message comes again), and a
+``nack``-ed message comes back from the group's retry topic."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from raymq_testkit import start_push_cluster
+
+import actors
+from actors.aio import AsyncConsumer, AsyncProducer
+from storage import Message
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[actors.Cluster]:
+    """Two brokers whose retry levels are short (a nack-ed message is back in ~0.3 s)."""
+    c = start_push_cluster(
+        "aio", str(tmp_path_factory.mktemp("aio")), message_delay_level="100ms 200ms 300ms 400ms"
+    )
+    yield c
+    c.shutdown()
+
+
+def committed(cluster: actors.Cluster, group: str, topic: str) -> int:
+    consumer = cluster.pull_consumer(group)
+    try:
+        return sum(max(0, o) for o in consumer.fetch_offsets(topic).values())
+    finally:
+        consumer.close()
+
+
+def test_async_for_commits_what_the_body_finished(cluster: actors.Cluster) -> None:
+    topic, group = "AioConsume", "aio-consume"
+    cluster.admin.create_topic(topic, 2, 2)
+
+    async def main() -> list[bytes]:
+        got: list[bytes] = []
+        async with AsyncConsumer(
+            group, topic, namespace=cluster.namespace, consume_from="first"
+        ) as consumer:
+            async with AsyncProducer("aio-consume-p", namespace=cluster.namespace) as producer:
+                await producer.send_batch([Message(topic, b"m%d" % i) for i in range(40)])
+            async for message in consumer:
+                got.append(message.body)
+                if len(got) == 40:
+                    break
+        return got
+
+    got = asyncio.run(asyncio.wait_for(main(), 60))
+    assert sorted(got) == sorted(b"m%d" % i for i in range(40))
+    # the 40th message's body did not finish through the loop (break): 39 are committed
+    assert committed(cluster, group, topic) == 39
+
+
+def test_cancelled_loop_commits_nothing_it_did_not_finish(cluster: actors.Cluster) -> None:
+    topic, group = "AioCancel", "aio-cancel"
+    cluster.admin.create_topic(topic, 1, 1)
+    with cluster.producer("aio-cancel-p") as producer:  # one batch: one queue, in order
+        producer.send_batch([Message(topic, b"c%d" % i) for i in range(10)])
+
+    async def first() -> list[bytes]:
+        finished: list[bytes] = []
+        in_body = asyncio.Event()
+        consumer = AsyncConsumer(group, topic, namespace=cluster.namespace, consume_from="first")
+
+        async def loop() -> None:
+            async for message in consumer:
+                if message.body == b"c5":
+                    in_body.set()
+                    await asyncio.Event().wait()  # held here until cancelled
+                finished.append(message.body)
+                await asyncio.sleep(0)  # an await point inside the body
+
+        task = asyncio.create_task(loop())
+        await in_body.wait()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await consumer.close()
+        return finished
+
+    assert asyncio.run(asyncio.wait_for(first(), 60)) == [b"c%d" % i for i in range(5)]
+    assert committed(cluster, group, topic) == 5  # c5's loop was cancelled: not committed
+
+    async def second() -> list[bytes]:
+        got: list[bytes] = []
+        async with AsyncConsumer(group, topic, namespace=cluster.namespace) as consumer:
+            async for message in consumer:
+                got.append(message.body)
+                await message.ack()
+                if len(got) == 5:
+                    break
+        return got
+
+    assert asyncio.run(asyncio.wait_for(second(), 60)) == [
+        b"c%d" % i for i in range(5, 10)
+    ]  # nothing lost
+    assert committed(cluster, group, topic) == 10
+
+
+def test_nack_comes_back_from_the_retry_topic(cluster: actors.Cluster) -> None:
+    topic, group = "AioNack", "aio-nack"
+    cluster.admin.create_topic(topic, 1, 1)
+
+    async def main() -> list[tuple[bytes, int]]:
+        seen: list[tuple[bytes, int]] = []
+        async with AsyncConsumer(
+            group,
+            topic,
+            namespace=cluster.namespace,
+            consume_from="first",
+            rebalance_interval_s=0.5,
+        ) as consumer:
+            async with AsyncProducer("aio-nack-p", namespace=cluster.namespace) as producer:
+                await producer.send(Message(topic, b"again"))
+            async for message in consumer:
+                seen.append((message.body, message.reconsume_times))
+                if len(seen) == 1:
+                    await message.nack()
+                else:
+                    break
+        return seen
+
+    seen = asyncio.run(asyncio.wait_for(main(), 60))
+    assert seen == [(b"again", 0), (b"again", 1)]
