@@ -14,6 +14,7 @@ import typing as _typing
 from actors import _compat
 
 if _typing.TYPE_CHECKING:
+    from actors.aio import AsyncAdmin, AsyncConsumer, AsyncProducer
     from actors.broker.broker import Broker
     from actors.client import (
         Admin,
@@ -75,6 +76,9 @@ if _typing.TYPE_CHECKING:
 # NameServer imports the NameServer's modules, not the console's web server, the
 # broker's store or the clients. Each actor's process starts that much sooner.
 _EXPORTS: dict[str, str] = {
+    "AsyncAdmin": "actors.aio",
+    "AsyncConsumer": "actors.aio",
+    "AsyncProducer": "actors.aio",
     "Broker": "actors.broker.broker",
     "Admin": "actors.client",
     "BatchSendResult": "actors.client",
@@ -152,6 +156,9 @@ __all__ = [
     "PERM_READ",
     "PERM_WRITE",
     "Admin",
+    "AsyncAdmin",
+    "AsyncConsumer",
+    "AsyncProducer",
     "BatchSendResult",
     "Broker",
     "BrokerConfig",

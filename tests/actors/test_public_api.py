@@ -27,6 +27,9 @@ PUBLIC_0_1 = {
     "nameserver_actor_name", "start_cluster",
 }  # fmt: skip
 ADDED_SINCE_0_1 = {
+    "AsyncAdmin",
+    "AsyncConsumer",
+    "AsyncProducer",
     "LocalTransactionState",
     "TransactionProducer",
     "TransactionSendResult",
@@ -39,7 +42,8 @@ ADDED_SINCE_0_1 = {
     "transaction_coordinator",
 }
 """Names the top level gained after 0.1, and only these (none may go): transactional
-messages (issue #24, with its multi-message transactions), POP consumption (issue #25)."""
+messages (issue #24, with its multi-message transactions), POP consumption (issue #25),
+the asyncio clients (issue #47)."""
 
 
 def test_the_top_level_api_is_what_it_was() -> None:
@@ -48,7 +52,7 @@ def test_the_top_level_api_is_what_it_was() -> None:
     for name in public:
         assert getattr(actors, name) is not None
     # nothing else public leaks out of the package's namespace but the rooms themselves
-    rooms = {"bridge", "broker", "client", "cluster", "config", "console", "coordinator"}
+    rooms = {"aio", "bridge", "broker", "client", "cluster", "config", "console", "coordinator"}
     rooms |= {"fleet", "keeper", "namesrv", "protocol", "tools"}
     extra = {
         n
