@@ -45,3 +45,23 @@ def test_the_exactly_once_example_bills_every_order_once_across_its_crashes(
     assert ex.check(result["invoices"], 400) == []
     assert sum(n for n in result["invoices"].values()) == 400
     assert any("crashed" in line for line in result["runs"]), result["runs"]
+
+
+def test_a_ray_async_actor_consumes_with_async_for(one_broker: actors.Cluster) -> None:
+    ex = example("async_actor_consumer")
+    ray.cloudpickle.register_pickle_by_value(ex)  # its actor runs in a worker process
+    assert ex.run(one_broker, 100) == (100, 5050)
+
+
+def test_a_ray_serve_deployment_answers_from_the_topic_it_consumes(
+    one_broker: actors.Cluster,
+) -> None:
+    from ray import serve
+
+    ex = example("serve_consumer")
+    ray.cloudpickle.register_pickle_by_value(ex)  # its deployment runs in a replica
+    try:
+        answers = ex.run(one_broker, 20)
+    finally:
+        serve.shutdown()
+    assert answers == {f"o{i}": "shipped" for i in range(20)}
