@@ -1,0 +1,220 @@
+"""The asyncio clients beside the synchronous ones, in the same run.
+
+    python benchmarks/aio_bench.py [--rate 1000] [--seconds 5] [--messages 20000] [--rounds 2]
+
+One broker (ASYNC_FLUSH), 100 B messages, producer and consumer in this process:
+
+* latency: messages sent at ``--rate`` a second for ``--seconds``, each stamped with
+  its send time, and the time from the send to the consumer handing it over:
+  sync (``Producer.send_async`` paced on a thread, a ``PullConsumer`` long-polling on a
+  thread) against async (``await AsyncProducer.send`` paced on the loop, ``async for``
+  over an ``AsyncConsumer``); p50, p99 and p99.9 of each, and async / sync;
+* rate: ``--messages`` single messages, ``await send(message)`` from 256 tasks on one
+  loop against ``send_async(message)`` futures from one thread (all answered), in
+  messages a second, and async / sync.
+
+The two ways alternate ``--rounds`` times in the one run (the machine's drift is
+shared); each round's figures are printed and the ratios are the medians'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import struct
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+import ray
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _local import start_local_ray  # noqa: E402
+
+import actors  # noqa: E402
+from actors import PullStatus  # noqa: E402
+from actors.aio import AsyncConsumer, AsyncProducer  # noqa: E402
+from storage import Message  # noqa: E402
+
+STAMP = struct.Struct(">d")
+BODY = b"x" * (100 - STAMP.size)
+LAT_TOPIC, RATE_TOPIC = "AioLatency", "AioRate"
+
+
+def percentiles(samples: list[float]) -> tuple[float, float, float]:
+    s = sorted(samples)
+    pick = lambda q: s[min(len(s) - 1, int(q * len(s)))]  # noqa: E731
+    return pick(0.5), pick(0.99), pick(0.999)
+
+
+def pace(rate: int, seconds: float) -> list[float]:
+    start = time.perf_counter() + 0.05
+    return [start + i / rate for i in range(int(rate * seconds))]
+
+
+# ------------------------------------------------------------ latency, sync
+def sync_latency(cluster: Any, rate: int, seconds: float, group: str) -> list[float]:
+    producer = cluster.producer(f"{group}-p")
+    consumer = cluster.pull_consumer(group)
+    queues = consumer.fetch_subscribe_queues(LAT_TOPIC)
+    offsets = {mq: consumer.max_offset(mq) for mq in queues}
+    times = pace(rate, seconds)
+    latencies: list[float] = []
+    stop = threading.Event()
+
+    def consume() -> None:
+        while not stop.is_set() or len(latencies) < len(times):
+            results = consumer.pull_many(list(offsets.items()), 256, long_poll_s=1.0)
+            now = time.perf_counter()
+            for r in results:
+                if r.status is PullStatus.FOUND:
+                    latencies.extend(now - STAMP.unpack_from(b)[0] for b in r.bodies)
+                offsets[r.queue] = r.next_offset
+            if stop.is_set() and len(latencies) >= len(times):
+                return
+
+    reader = threading.Thread(target=consume, daemon=True)
+    reader.start()
+    futures = []
+    for at in times:
+        while (now := time.perf_counter()) < at:
+            time.sleep(min(at - now, 0.0005))
+        futures.append(
+            producer.send_async(Message(LAT_TOPIC, STAMP.pack(time.perf_counter()) + BODY))
+        )
+    for f in futures:
+        f.result(timeout=30)
+    stop.set()
+    reader.join(timeout=30)
+    consumer.close()
+    producer.close()
+    return latencies
+
+
+# ------------------------------------------------------------ latency, async
+async def async_latency(namespace: str, rate: int, seconds: float, group: str) -> list[float]:
+    times = pace(rate, seconds)
+    latencies: list[float] = []
+    async with (
+        AsyncProducer(f"{group}-p", namespace=namespace) as producer,
+        AsyncConsumer(group, LAT_TOPIC, namespace=namespace) as consumer,
+    ):
+        await producer.send(Message(LAT_TOPIC, STAMP.pack(time.perf_counter()) + BODY))
+        await consumer.__anext__()  # the consumer has its queues and is pulling
+
+        async def consume() -> None:
+            async for m in consumer:
+                latencies.append(time.perf_counter() - STAMP.unpack_from(m.body)[0])
+                if len(latencies) >= len(times):
+                    return
+
+        reader = asyncio.ensure_future(consume())
+        sends = []
+        for at in times:
+            wait = at - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            message = Message(LAT_TOPIC, STAMP.pack(time.perf_counter()) + BODY)
+            sends.append(asyncio.ensure_future(producer.send(message)))
+        await asyncio.gather(*sends)
+        await asyncio.wait_for(reader, 60)
+    return latencies
+
+
+# ------------------------------------------------------------ rate
+def sync_rate(cluster: Any, n: int) -> float:
+    producer = cluster.producer("rate-sync")
+    producer.send(Message(RATE_TOPIC, BODY))  # routes, connection, producer id
+    message = Message(RATE_TOPIC, BODY)
+    t0 = time.perf_counter()
+    futures = [producer.send_async(message) for _ in range(n)]
+    for f in futures:
+        f.result(timeout=60)
+    elapsed = time.perf_counter() - t0
+    producer.close()
+    return n / elapsed
+
+
+async def async_rate(namespace: str, n: int, tasks: int = 256) -> float:
+    async with AsyncProducer("rate-async", namespace=namespace) as producer:
+        await producer.send(Message(RATE_TOPIC, BODY))
+        message = Message(RATE_TOPIC, BODY)
+        per = n // tasks
+
+        async def worker() -> None:
+            for _ in range(per):
+                await producer.send(message)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(tasks)))
+        return per * tasks / (time.perf_counter() - t0)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--messages", type=int, default=20000)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    start_local_ray()
+    root = tempfile.mkdtemp(prefix="raymq-aio-bench-")
+    namespace = "raymq-aio-bench"
+    cluster = actors.start_cluster(
+        namespace=namespace,
+        nameservers=1,
+        brokers=1,
+        store_root=root,
+        topics=[actors.TopicConfig(LAT_TOPIC, 4, 4), actors.TopicConfig(RATE_TOPIC, 4, 4)],
+        broker_options={"store": {"flush_disk_type": "ASYNC_FLUSH"}},
+    )
+    lat: dict[str, list[tuple[float, float, float]]] = {"sync": [], "async": []}
+    rate: dict[str, list[float]] = {"sync": [], "async": []}
+    try:
+        for r in range(args.rounds):
+            s = percentiles(sync_latency(cluster, args.rate, args.seconds, f"lat-sync-{r}"))
+            a = percentiles(
+                asyncio.run(async_latency(namespace, args.rate, args.seconds, f"lat-async-{r}"))
+            )
+            lat["sync"].append(s)
+            lat["async"].append(a)
+            rs = sync_rate(cluster, args.messages)
+            ra = asyncio.run(async_rate(namespace, args.messages))
+            rate["sync"].append(rs)
+            rate["async"].append(ra)
+            ms = lambda t: " / ".join(f"{x * 1000:.2f}" for x in t)  # noqa: E731
+            print(f"round {r + 1}: latency p50/p99/p99.9 ms  sync {ms(s)}  async {ms(a)}")
+            print(f"round {r + 1}: single-message rate msg/s  sync {rs:,.0f}  async {ra:,.0f}")
+        med = {k: [statistics.median(x[i] for x in v) for i in range(3)] for k, v in lat.items()}
+        print(f"\nproduce -> consume latency at {args.rate} msg/s (median of rounds), ms:")
+        for k in ("sync", "async"):
+            print(
+                f"  {k:5s}  p50 {med[k][0] * 1000:.2f}  p99 {med[k][1] * 1000:.2f}"
+                f"  p99.9 {med[k][2] * 1000:.2f}"
+            )
+        print(
+            "  async / sync: "
+            + "  ".join(
+                f"{name} {med['async'][i] / med['sync'][i]:.2f}"
+                for i, name in enumerate(("p50", "p99", "p99.9"))
+            )
+        )
+        rs, ra = statistics.median(rate["sync"]), statistics.median(rate["async"])
+        print(
+            f"single-message sends: sync send_async {rs:,.0f} msg/s, "
+            f"async await send (256 tasks) {ra:,.0f} msg/s, async / sync {ra / rs:.2f}"
+        )
+    finally:
+        cluster.shutdown()
+        ray.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
