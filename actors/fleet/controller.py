@@ -126,6 +126,14 @@ class _Member:
         }
 
 
+def _answered(calls: dict[Any, _Member]) -> list[tuple[_Member, Any]]:
+    """The members whose call (an ObjectRef, the key) has answered, with that ref."""
+    if not calls:
+        return []
+    done, _ = ray.wait(list(calls), num_returns=len(calls), timeout=0)
+    return [(calls[ref], ref) for ref in done]
+
+
 class FleetController:
     """Ray actor class (threaded): ``fleet-<group>``, created by :class:`actors.ConsumerFleet`."""
 
@@ -372,61 +380,51 @@ class FleetController:
         (wait_closed returned or failed)."""
         with self._lock:
             members = [m for m in self._members.values() if m.state != STOPPING]
-        closed = {m.closed: m for m in members}
-        if closed:
-            done, _ = ray.wait(list(closed), num_returns=len(closed), timeout=0)
-            for ref in done:
-                m = closed[ref]
-                try:
-                    ray.get(ref, timeout=0.01)
-                    why = "shut down"
-                except Exception as exc:  # noqa: BLE001 - an actor death
-                    why = f"died ({type(exc).__name__})"
-                with self._lock:
-                    self._members.pop(m.name, None)
-                    self._event("lost", f"{m.name} {why}")
-                log.warning("fleet %s: member %s %s", self.group, m.name, why)
-                ray.kill(m.handle, no_restart=True)
+        for m, ref in _answered({m.closed: m for m in members}):
+            try:
+                ray.get(ref, timeout=0.01)
+                why = "shut down"
+            except Exception as exc:  # noqa: BLE001 - an actor death
+                why = f"died ({type(exc).__name__})"
+            with self._lock:
+                self._members.pop(m.name, None)
+                self._event("lost", f"{m.name} {why}")
+            log.warning("fleet %s: member %s %s", self.group, m.name, why)
+            ray.kill(m.handle, no_restart=True)
         with self._lock:
             pending = {
                 m.placed: m for m in members if m.state == PENDING and m.name in self._members
             }
-        if pending:
-            done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
-            for ref in done:
-                m = pending[ref]
-                try:
-                    node = ray.get(ref, timeout=0.01)
-                except Exception:  # noqa: BLE001 - its start fails too: handled below
-                    continue
-                with self._lock:
-                    if m.state == PENDING:
-                        m.state, m.node, m.since = STARTING, node, time.monotonic()
+        for m, ref in _answered(pending):
+            try:
+                node = ray.get(ref, timeout=0.01)
+            except Exception:  # noqa: BLE001 - its start fails too: handled below
+                continue
+            with self._lock:
+                if m.state == PENDING:
+                    m.state, m.node, m.since = STARTING, node, time.monotonic()
         with self._lock:
             starting = {
                 m.started: m
                 for m in members
                 if m.state in (PENDING, STARTING) and m.name in self._members
             }
-        if starting:
-            done, _ = ray.wait(list(starting), num_returns=len(starting), timeout=0)
-            for ref in done:
-                m = starting[ref]
-                try:
-                    client_id = ray.get(ref, timeout=0.01)
-                except Exception as exc:  # noqa: BLE001 - a member that cannot start
-                    log.error("fleet %s: member %s failed to start: %s", self.group, m.name, exc)
-                    with self._lock:
-                        self._members.pop(m.name, None)
-                        self._event("failed", f"{m.name}: {type(exc).__name__}: {exc}")
-                    ray.kill(m.handle, no_restart=True)
-                    continue
+        for m, ref in _answered(starting):
+            try:
+                client_id = ray.get(ref, timeout=0.01)
+            except Exception as exc:  # noqa: BLE001 - a member that cannot start
+                log.error("fleet %s: member %s failed to start: %s", self.group, m.name, exc)
                 with self._lock:
-                    m.state, m.client_id, m.since = RUNNING, client_id, time.monotonic()
-                    if m.node is None:  # started before its placement was read
-                        with contextlib.suppress(Exception):
-                            m.node = ray.get(m.placed, timeout=0.01)
-                    self._event("running", m.name)
+                    self._members.pop(m.name, None)
+                    self._event("failed", f"{m.name}: {type(exc).__name__}: {exc}")
+                ray.kill(m.handle, no_restart=True)
+                continue
+            with self._lock:
+                m.state, m.client_id, m.since = RUNNING, client_id, time.monotonic()
+                if m.node is None:  # started before its placement was read
+                    with contextlib.suppress(Exception):
+                        m.node = ray.get(m.placed, timeout=0.01)
+                self._event("running", m.name)
 
     def _poll(self) -> None:
         with self._lock:
