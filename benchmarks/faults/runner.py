@@ -316,14 +316,16 @@ class Run:
         """Start Ray again on every broker node whose Ray is gone or that the GCS counts
         dead (a node it gave up during a partition or a pause: its raylet leaves)."""
         alive = set(self.lab.alive_ips())
+        dead = []
         for name in self.plan.broker_nodes:
             node = self.lab.nodes[name]
             gone = not node.procs or any(p.poll() is not None for p in node.procs)
             if gone or node.ip not in alive:
                 log.info("Ray on %s is gone or declared dead: starting it again", name)
-                self.lab.crash(name)
-                self.lab.restart(name, timeout_s=RECOVER_S)
-                alive = set(self.lab.alive_ips())
+                self.lab.crash(name)  # every dead node's leftovers first: the restart
+                dead.append(name)  # checks that no node's Ray has exited
+        if dead:
+            self.lab.restart_nodes(dead, timeout_s=RECOVER_S)
 
     # --- the run -----------------------------------------------------------------------
 
@@ -357,7 +359,7 @@ class Run:
                     self.events.append(ev)
                     time.sleep(max(0.0, ev.began + fault.duration_s - time.monotonic()))
                     self.undo(ev)
-            except (LabError, AssertionError) as exc:
+            except Exception as exc:  # noqa: BLE001 - reported as the seed's failure
                 result.error = f"{type(exc).__name__}: {exc}"[:2000]
                 log.error("seed %d: %s", plan.seed, result.error)
                 lab.heal()

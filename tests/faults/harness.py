@@ -314,7 +314,10 @@ class FaultLab:
         )  # fmt: skip
         if done.returncode != 0:
             raise LabError(f"could not list Ray nodes: {done.stderr[-2000:]}")
-        return list(json.loads(done.stdout.strip().splitlines()[-1]))
+        last = [line for line in done.stdout.splitlines() if line.startswith("[")]
+        if not last:
+            raise LabError(f"no node list from the head: {done.stdout[-2000:]!r}")
+        return list(json.loads(last[-1]))
 
     def wait_for_nodes(self, count: int, timeout_s: float = 90.0) -> None:
         """Wait until ``count`` nodes are alive in the head's view."""
@@ -478,15 +481,19 @@ class FaultLab:
         resource and directory, once the GCS has given the crashed one up (its health
         checks, ``RAY_health_check_*`` in ``ray_env``, decide how soon); returns when
         the new node is alive."""
-        n = self.nodes[node]
-        if n.head:
+        self.restart_nodes([node], timeout_s)
+
+    def restart_nodes(self, nodes: Sequence[str], timeout_s: float = 90.0) -> None:
+        """:meth:`restart` for several crashed nodes at once."""
+        if any(self.nodes[n].head for n in nodes):
             raise LabError("the head node cannot be restarted: the GCS lives there")
         deadline = time.monotonic() + timeout_s
-        while (alive := self.alive_nodes()) >= len(self.nodes):
+        while (alive := self.alive_nodes()) > len(self.nodes) - len(nodes):
             if time.monotonic() > deadline:
                 raise LabError(f"the GCS still counts {alive} nodes alive after {timeout_s}s")
             time.sleep(0.2)
-        self._start_ray(n)
+        for n in nodes:
+            self._start_ray(self.nodes[n])
         self.wait_for_nodes(len(self.nodes), max(1.0, deadline - time.monotonic()))
 
 
