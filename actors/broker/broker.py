@@ -479,6 +479,11 @@ class Broker:
         log.info("broker %s shut down cleanly", self.config.actor_name)
 
 
+# lite topics (actors/broker/lite): lite_create_parent, lite_send ... are LiteProcessor's own
+for _name in LiteProcessor.REQUESTS:
+    setattr(Broker, f"lite_{_name}", _served_by("lite", getattr(LiteProcessor, _name)))
+
+
 def _exit_process() -> None:
     logging.shutdown()
     os._exit(1)

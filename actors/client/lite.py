@@ -15,6 +15,7 @@ consumer acks a lite topic up to an offset; the group resumes from there, and
 from __future__ import annotations
 
 import logging
+import time
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -155,8 +156,11 @@ class LiteConsumer(_LiteClient):
         namespace: str = DEFAULT_NAMESPACE,
         nameservers: Sequence[str] | None = None,
         call_timeout_s: float = 10.0,
+        resync_s: float = 10.0,
     ) -> None:
         super().__init__(parent, namespace, nameservers, call_timeout_s, _instance.READ)
+        self.resync_s = check_number("resync_s", resync_s)
+        self._synced = 0.0
         self.group = validate_group(group)
         self.client_id = self._lease.instance.new_client_id(group)
         self._subscribed: set[str] = set()
@@ -184,6 +188,7 @@ class LiteConsumer(_LiteClient):
                 group_names,
                 action,
             )
+        self._synced = time.monotonic()
         if action == "add":
             self._subscribed.update(names)
         else:
@@ -201,7 +206,11 @@ class LiteConsumer(_LiteClient):
         return sorted(owned)
 
     def receive(self, max_count: int = 32) -> list[LiteBatch]:
-        """Messages of the owned lite topics from where the group stands, per topic."""
+        """Messages of the owned lite topics from where the group stands, per topic.
+        Every ``resync_s`` it first sends its whole subscription again (a broker started
+        anew knows none)."""
+        if time.monotonic() - self._synced >= self.resync_s and self._subscribed:
+            self._change(sorted(self._subscribed), "add")
         out: list[LiteBatch] = []
         for broker in sorted({self._home(n) for n in self._subscribed}):
             got = self._call(

@@ -54,6 +54,20 @@ class _Group:
 
 
 class LiteProcessor:
+    REQUESTS = (
+        "create_parent",
+        "parents",
+        "topics",
+        "send",
+        "subscribe",
+        "receive",
+        "ack",
+        "pull",
+        "committed_offset",
+        "stats",
+    )
+    """The coroutines a Broker serves as Ray methods named ``lite_<name>``."""
+
     def __init__(
         self,
         runtime: BrokerRuntime,
@@ -72,7 +86,8 @@ class LiteProcessor:
             self.store.declare_parent(parent, quota=spec["quota"], ttl_ms=spec["ttlMs"])
         self._groups: dict[tuple[str, str], _Group] = {}
         self._lock = threading.Lock()  # the groups' tables (read and changed on I/O threads)
-        self.store.start()
+        # a slave indexes the lite records its master's bytes bring
+        self.store.start(following=lambda: not role.is_master)
 
     # ------------------------------------------------------------ admin
     async def create_parent(
@@ -94,7 +109,7 @@ class LiteProcessor:
     async def parents(self) -> dict[str, dict[str, int]]:
         return dict(self._parents_file.load() or {})
 
-    async def lite_topics(self, parent: str) -> list[str]:
+    async def topics(self, parent: str) -> list[str]:
         return await self.rt.run(self.store.lite_topics, parent)
 
     # ------------------------------------------------------------ send
