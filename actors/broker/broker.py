@@ -437,11 +437,14 @@ class Broker:
         await self._closed.wait()
 
     def _leave(self, why: str) -> None:
-        """The broker's node is gone from the cluster (``lease``): close the store,
-        releasing its lock and flushing what it holds, and end the process, so the
-        broker Ray starts again on a node with this disk can open it."""
+        """The broker's node is gone from the cluster (``lease``): save the consumer
+        offsets committed since the last periodic save, close the store, releasing its
+        lock and flushing what it holds, and end the process, so the broker Ray starts
+        again on a node with this disk can open it with every commit it acknowledged."""
         log.error("broker %s leaves: %s", self.config.actor_name, why)
         self.rt.closing = True
+        with contextlib.suppress(Exception):
+            self.rt.offsets.persist(True)
         with contextlib.suppress(Exception):
             self.lite.close()
         with contextlib.suppress(Exception):

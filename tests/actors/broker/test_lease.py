@@ -17,6 +17,7 @@ from raymq_testkit import drain, wait_until
 
 from actors import BrokerSpec
 from storage import Message
+from storage.config_files import JsonConfigFile
 from storage.errors import BrokerUnavailableError
 
 LEASE = {"cluster_lease_s": 1.5, "lease_renew_interval_s": 0.25}
@@ -76,14 +77,20 @@ def test_a_broker_whose_raylet_is_gone_exits_and_frees_its_store(
             nameservers=1,
             topics=["LeaseNode"],
             brokers=[BrokerSpec("broker-a"), BrokerSpec("broker-b", node="rmq-lease-node")],
-            broker_options=LEASE,
+            # no periodic save of consumer offsets before the broker leaves
+            broker_options={**LEASE, "flush_consumer_offset_interval_s": 3600.0},
         )
-        status = ray.get(cluster.broker("broker-b").status.remote())
+        broker = cluster.broker("broker-b")
+        status = ray.get(broker.status.remote())
         pid, store_dir = status["pid"], status["store_dir"]
         assert _store_locked(store_dir)
+        ray.get(broker.commit_offsets.remote("left-behind", {("LeaseNode", 0): 0}))
         node.kill_raylet()
         wait_until(lambda: not os.path.exists(f"/proc/{pid}"), timeout_s=30, what="broker exit")
         assert not _store_locked(store_dir)  # a broker started with this disk can open it
+        # and it finds the offsets committed before the broker left
+        saved = JsonConfigFile(Path(store_dir) / "config" / "consumerOffset.json").load()
+        assert saved["offsetTable"]["LeaseNode@left-behind"] == {"0": 0}
     finally:
         ray_cluster.remove_node(node, allow_graceful=False)
 
