@@ -137,7 +137,7 @@ class AsyncProducer:
         self._budget: _Budget | None = None
         self._singles: dict[str, _Single] = {}
         self._background: set[asyncio.Task[Any]] = set()
-        self._pid_lock: asyncio.Lock | None = None
+        self._pid_task: asyncio.Future[None] | None = None  # the id's allocation, once
         self.closed = False
 
     # ------------------------------------------------------------ public API
@@ -446,24 +446,30 @@ class AsyncProducer:
         return actor, getattr(stub, "handle", stub)
 
     async def _producer_id(self, route: TopicRouteData, broker_name: str) -> None:
-        """The idempotent producer's id from a broker, before its first send."""
+        """The idempotent producer's id from a broker, before its first send. The
+        allocation is the producer's own task, which a cancelled send only stops
+        waiting for: cancelled sends never leave the producer without an id."""
         seq = self.sequencer
         if seq is None or seq.producer_id is not None:
             return
-        if self._pid_lock is None:
-            self._pid_lock = asyncio.Lock()
-        async with self._pid_lock:
-            if seq.producer_id is not None:
-                return
-            _, handle = await self._master(route, broker_name)
-            try:
-                pid = await asyncio.wait_for(
-                    handle.allocate_producer_id.remote(), self.config.send_timeout_s
-                )
-            except Exception as exc:  # noqa: BLE001 - the send fails over as one never sent
-                raise NotSent(f"no producer id from broker {broker_name!r}: {exc}") from exc
-            seq.producer_id = str(pid)
-            log.info("idempotent producer id %s", seq.producer_id)
+        task = self._pid_task
+        if task is None or (task.done() and seq.producer_id is None):  # none yet, or failed
+            task = self._pid_task = asyncio.ensure_future(self._allocate_id(route, broker_name))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved
+        await asyncio.shield(task)
+
+    async def _allocate_id(self, route: TopicRouteData, broker_name: str) -> None:
+        seq = self.sequencer
+        assert seq is not None
+        _, handle = await self._master(route, broker_name)
+        try:
+            pid = await asyncio.wait_for(
+                handle.allocate_producer_id.remote(), self.config.send_timeout_s
+            )
+        except Exception as exc:  # noqa: BLE001 - the send fails over as one never sent
+            raise NotSent(f"no producer id from broker {broker_name!r}: {exc}") from exc
+        seq.producer_id = str(pid)
+        log.info("idempotent producer id %s", seq.producer_id)
 
     def _get_budget(self) -> _Budget:
         if self._budget is None:
