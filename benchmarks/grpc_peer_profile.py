@@ -12,7 +12,7 @@ send, receive, ack) and of the broker's process (from ``/proc``), and how many g
 the broker served per message (``grpc_endpoint()["stats"]["calls"]``). With
 ``--py-spy DIR`` (py-spy installed) the broker's Python stacks are sampled at 200 Hz
 during the phase into ``DIR/broker-<pid>.txt`` (collapsed stacks). docs/rocketmq5.md
-("peers.py, this stop") reads its figures. Not a test.
+reads its figures. Not a test.
 """
 
 from __future__ import annotations

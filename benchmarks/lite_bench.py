@@ -1,4 +1,4 @@
-"""Lite topics at a million per store (issue 48), store-level, no Ray.
+"""Lite topics at a million per store, store-level, no Ray.
 
     python benchmarks/lite_bench.py [--dir PATH] [--topics N] [--batch B]
 

@@ -1,4 +1,4 @@
-"""A Ray async actor that consumes a topic with ``async for`` (issue 47).
+"""A Ray async actor that consumes a topic with ``async for``.
 
     python examples/async_actor_consumer.py
 

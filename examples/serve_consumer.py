@@ -1,4 +1,4 @@
-"""A Ray Serve deployment that consumes a topic and answers requests from it (issue 47).
+"""A Ray Serve deployment that consumes a topic and answers requests from it.
 
     python examples/serve_consumer.py
 

@@ -121,7 +121,7 @@ class Broker:
         self.one_phase = OnePhaseCommits(rt, self.ha)
         self.one_phase.attach(self.groups)
         self.popper = PopProcessor(rt, self.ha)
-        self.lite = LiteProcessor(rt, self.ha, self.admin)  # lite topics (issue 48)
+        self.lite = LiteProcessor(rt, self.ha, self.admin)  # lite topics
         self.producer_ids = ProducerIdAllocator(
             rt.store.config_file("producerIds"), config.actor_name
         )

@@ -1,4 +1,4 @@
-"""Lite topics from Python (issue 48): :class:`LiteProducer` and :class:`LiteConsumer`.
+"""Lite topics from Python: :class:`LiteProducer` and :class:`LiteConsumer`.
 
 A lite topic lives on one master broker of its parent topic: the one at
 ``crc32(name) % n`` of the parent's writable master brokers, sorted by name, so every

@@ -1,4 +1,4 @@
-"""The long fault runner (issue 44): ``python3 -m benchmarks.faults --seeds 20 --minutes 5``.
+"""The long fault runner: ``python3 -m benchmarks.faults --seeds 20 --minutes 5``.
 
 Per seed, a schedule of faults drawn from the seed (:mod:`.schedule`) is injected into
 real Ray nodes in network namespaces (``tests/faults/harness.py``) while the workload of

@@ -1,4 +1,4 @@
-"""A SYNC_MASTER's raylet is paused under load (issue 50's acceptance run): the master
+"""A SYNC_MASTER's raylet is paused under load: the master
 fences itself within its cluster lease, Ray declares its node dead, the keeper promotes
 a slave, the producer sends to it at once, the old master's process leaves with its
 raylet, and Ray started again on its node brings it back from its store as a slave of
@@ -50,7 +50,7 @@ HEALTH_CHECKS = {
     "RAY_health_check_failure_threshold": "7",
 }
 """The GCS gives a silent raylet up after ~15 s (7 failed checks, each a 1 s timeout and
-a 1 s period): later than the lease, as Ray's default (~60 s seen in issue 50) is, but
+a 1 s period): later than the lease, as Ray's default (~60 s) is, but
 short enough for CI."""
 CATCH_UP_S = 20.0
 

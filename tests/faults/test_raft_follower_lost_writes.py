@@ -12,7 +12,7 @@ for ``DOWN_S`` with the two others; Ray started again on the node and the broker
 from its store; sends until it has caught up, then every queue read back from offset 0
 and the three CommitLogs compared byte for byte.
 
-Issue 44, fixed: the leader never probed the follower below the match index it had
+What this guards: the leader once never probed the follower below the match index it had
 acknowledged before the crash (``probe_from`` clamped to ``match + 1``), so a follower
 that lost entries it had acknowledged was refused forever. Now a refusal at or below
 ``match`` makes the leader forget it and probe from what the follower holds

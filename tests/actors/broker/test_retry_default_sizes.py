@@ -2,7 +2,7 @@
 files): answered with the stored offsets about as fast as a first send, each message
 stored once, and the broker answering its other clients meanwhile.
 
-Issue 43: with the default sizes such a retry froze its broker for a minute (finding
+With the default sizes such a retry once froze its broker for a minute (finding
 the stored records sliced the mapped file from each record to its end), and no test
 saw it, because every other test runs small files.
 """
