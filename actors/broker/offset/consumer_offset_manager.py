@@ -99,9 +99,9 @@ class ConsumerOffsetManager:
     def persist(self, force: bool = False) -> bool:
         """Save the table; False when nothing changed since the last save. Every commit
         made before the call is on disk when it returns. Callers in several threads (the
-        periodic save, transactional commits) take turns: before, two saves at once
+        periodic save, transactional commits) take turns, since two saves at once
         could rename each other's temp file away (FileNotFoundError to a commit that
-        was stored) and the older table could be the one left on disk."""
+        was stored) and leave the older table on disk."""
         with self._saving:
             with self._lock:
                 if not (self._dirty or force):
