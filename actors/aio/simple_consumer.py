@@ -22,7 +22,7 @@ from actors.aio.connection import AsyncBrokers
 from actors.client import instance as _instance
 from actors.protocol.checks import check_number, validate_group
 from actors.protocol.names import DEFAULT_NAMESPACE
-from actors.protocol.pop import MAX_POP_MSGS, PoppedMessage
+from actors.protocol.pop import PoppedMessage, check_receive_args
 from actors.protocol.topic import is_readable
 from storage.codec import validate_topic
 from storage.errors import BrokerUnavailableError, InvalidMessageError, TopicNotFoundError
@@ -70,14 +70,9 @@ class AsyncSimpleConsumer:
         """Up to ``max_msgs`` messages, each invisible to the group for ``invisible_s``
         unless acked; waits up to ``wait_s`` (the consumer's default) for one."""
         self._check_open()
-        if (
-            not isinstance(max_msgs, int)
-            or isinstance(max_msgs, bool)
-            or not 0 < max_msgs <= MAX_POP_MSGS
-        ):
-            raise InvalidMessageError(f"max_msgs={max_msgs!r}: must be an int in 1..{MAX_POP_MSGS}")
-        invisible_ms = int(check_number("invisible_s", invisible_s) * 1000)
-        wait = self.wait_s if wait_s is None else check_number("wait_s", wait_s)
+        max_msgs, invisible_ms, wait = check_receive_args(
+            max_msgs, invisible_s, wait_s, self.wait_s
+        )
         self._take_answered()
         if not self._buffer:
             names = await asyncio.to_thread(self._readable_brokers)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from actors.protocol.checks import check_number
 from storage.codec import decode_records
 from storage.errors import InvalidMessageError
 from storage.message import MessageExt
@@ -24,8 +25,26 @@ __all__ = [
     "MAX_POP_MSGS",
     "MIN_INVISIBLE_MS",
     "PoppedMessage",
+    "check_receive_args",
     "pops_from_wire",
 ]
+
+
+def check_receive_args(
+    max_msgs: object, invisible_s: object, wait_s: object, default_wait_s: float
+) -> tuple[int, int, float]:
+    """A receive's arguments checked: (``max_msgs``, the invisible time in ms, the wait
+    in seconds, ``default_wait_s`` when ``wait_s`` is None). Raises
+    InvalidMessageError naming the first bad one."""
+    if (
+        not isinstance(max_msgs, int)
+        or isinstance(max_msgs, bool)
+        or not 0 < max_msgs <= MAX_POP_MSGS
+    ):
+        raise InvalidMessageError(f"max_msgs={max_msgs!r}: must be an int in 1..{MAX_POP_MSGS}")
+    invisible_ms = int(check_number("invisible_s", invisible_s) * 1000)
+    wait = default_wait_s if wait_s is None else check_number("wait_s", wait_s)
+    return max_msgs, invisible_ms, wait
 
 
 @dataclass(slots=True)
