@@ -34,10 +34,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from actors.aio.connection import AsyncBrokers, NotWritten
-from actors.client import instance as _instance
 from actors.client.encoder import MessageEncoder
 from actors.client.fault import LatencyFaultTolerance
 from actors.client.idempotence import Sequencer
+from actors.client.instance import SharedClient
 from actors.client.producer import with_delay
 from actors.client.queue_selector import QueueSelector
 from actors.client.send_outcome import NotSent, Outcome, backoff, stored_before
@@ -101,7 +101,7 @@ class _Written:
         self.written = False
 
 
-class AsyncProducer:
+class AsyncProducer(SharedClient):
     """Sends messages from asyncio code; see the module doc. ``async with`` closes it."""
 
     def __init__(
@@ -113,20 +113,8 @@ class AsyncProducer:
         config: ProducerConfig | None = None,
         **options: Any,
     ) -> None:
-        if not isinstance(group, str) or not group:
-            raise InvalidMessageError(f"producer group={group!r}: must be a non-empty str")
-        self.group = group
         self.config = with_options(config or ProducerConfig(), options)
-        self._lease = _instance.share(
-            self,
-            namespace,
-            nameservers,
-            data_path=self.config.data_path,
-            tls_ca=self.config.data_tls_ca,
-            route_ttl_s=self.config.route_refresh_s,
-        )
-        self.instance, self.ns = self._lease.instance, self._lease.view
-        self.client_id = self.instance.new_client_id(group)
+        self._join("producer", group, namespace, nameservers, self.config)
         self.fault = LatencyFaultTolerance(self.config.fault_isolation_s)
         self._selector = QueueSelector(self.ns, self.fault, self.config)
         self.sequencer = (
@@ -193,7 +181,7 @@ class AsyncProducer:
             await asyncio.wait(list(self._background), timeout=2 * self.config.delivery_timeout_s)
         self.closed = True
         self._brokers.close()
-        self._lease.release()
+        self._leave()
 
     async def __aenter__(self) -> AsyncProducer:
         return self

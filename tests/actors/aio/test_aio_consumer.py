@@ -5,25 +5,10 @@ a cancelled loop commits nothing it did not finish (its message comes again), an
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from typing import Any
-
-import pytest
-from raymq_testkit import start_push_cluster
 
 import actors
 from actors.aio import AsyncConsumer, AsyncProducer
 from storage import Message
-
-
-@pytest.fixture(scope="module")
-def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[actors.Cluster]:
-    """Two brokers whose retry levels are short (a nack-ed message is back in ~0.3 s)."""
-    c = start_push_cluster(
-        "aio", str(tmp_path_factory.mktemp("aio")), message_delay_level="100ms 200ms 300ms 400ms"
-    )
-    yield c
-    c.shutdown()
 
 
 def committed(cluster: actors.Cluster, group: str, topic: str) -> int:
@@ -34,7 +19,8 @@ def committed(cluster: actors.Cluster, group: str, topic: str) -> int:
         consumer.close()
 
 
-def test_async_for_commits_what_the_body_finished(cluster: actors.Cluster) -> None:
+def test_async_for_commits_what_the_body_finished(aio_cluster: actors.Cluster) -> None:
+    cluster = aio_cluster
     topic, group = "AioConsume", "aio-consume"
     cluster.admin.create_topic(topic, 2, 2)
 
@@ -57,7 +43,8 @@ def test_async_for_commits_what_the_body_finished(cluster: actors.Cluster) -> No
     assert committed(cluster, group, topic) == 39
 
 
-def test_cancelled_loop_commits_nothing_it_did_not_finish(cluster: actors.Cluster) -> None:
+def test_cancelled_loop_commits_nothing_it_did_not_finish(aio_cluster: actors.Cluster) -> None:
+    cluster = aio_cluster
     topic, group = "AioCancel", "aio-cancel"
     cluster.admin.create_topic(topic, 1, 1)
     with cluster.producer("aio-cancel-p") as producer:  # one batch: one queue, in order
@@ -102,7 +89,8 @@ def test_cancelled_loop_commits_nothing_it_did_not_finish(cluster: actors.Cluste
     assert committed(cluster, group, topic) == 10
 
 
-def test_nack_comes_back_from_the_retry_topic(cluster: actors.Cluster) -> None:
+def test_nack_comes_back_from_the_retry_topic(aio_cluster: actors.Cluster) -> None:
+    cluster = aio_cluster
     topic, group = "AioNack", "aio-nack"
     cluster.admin.create_topic(topic, 1, 1)
 

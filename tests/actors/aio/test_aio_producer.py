@@ -5,29 +5,18 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Callable
 
 import actors
-from actors import PullStatus
 from actors.aio import AsyncProducer
 from actors.client.send_result import SendStatus
 from storage import Message
 
 
-def stored(cluster: actors.Cluster, topic: str) -> list[bytes]:
-    consumer = cluster.pull_consumer(f"check-{topic}")
-    out: list[bytes] = []
-    try:
-        for mq in consumer.fetch_subscribe_queues(topic):
-            r = consumer.pull(mq, 0, 10_000)
-            if r.status is PullStatus.FOUND:
-                out.extend(m.body for m in r.messages)
-    finally:
-        consumer.close()
-    return out
-
-
-def test_send_single_batch_and_sharding_key(one_broker: actors.Cluster) -> None:
-    cluster, topic = one_broker, "AioSend"
+def test_send_single_batch_and_sharding_key(
+    aio_cluster: actors.Cluster, stored: Callable[[str], list[bytes]]
+) -> None:
+    cluster, topic = aio_cluster, "AioSend"
     cluster.admin.create_topic(topic, 4, 4)
 
     async def main() -> None:
@@ -49,7 +38,7 @@ def test_send_single_batch_and_sharding_key(one_broker: actors.Cluster) -> None:
             assert offsets == sorted(offsets)
 
     asyncio.run(main())
-    bodies = Counter(stored(cluster, topic))
+    bodies = Counter(stored(topic))
     expected = {b"one"} | {b"s%d" % i for i in range(200)} | {b"b%d" % i for i in range(50)}
     expected |= {b"k%d" % i for i in range(10)}
     assert set(bodies) == expected and max(bodies.values()) == 1

@@ -5,33 +5,21 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Callable
 
 import actors
-from actors import PullStatus
 from actors.aio import AsyncProducer
 from storage import Message
 
 
-def stored(cluster: actors.Cluster, topic: str) -> list[bytes]:
-    consumer = cluster.pull_consumer(f"check-{topic}")
-    out: list[bytes] = []
-    try:
-        for mq in consumer.fetch_subscribe_queues(topic):
-            r = consumer.pull(mq, 0, 10_000)
-            if r.status is PullStatus.FOUND:
-                out.extend(m.body for m in r.messages)
-    finally:
-        consumer.close()
-    return out
-
-
 def test_a_cancelled_send_is_stored_at_most_once_and_the_producer_goes_on(
-    one_broker: actors.Cluster,
+    aio_cluster: actors.Cluster,
+    stored: Callable[[str], list[bytes]],
 ) -> None:
     """Cancelled after 0, 1, 2... turns of the loop, a send is caught at its await points
     in turn: whatever it was doing, its message is stored once or not at all, and the
     sends after it are stored."""
-    cluster, topic = one_broker, "AioCancelSend"
+    cluster, topic = aio_cluster, "AioCancelSend"
     cluster.admin.create_topic(topic, 2, 2)
     outcomes: dict[bytes, str] = {}
 
@@ -53,7 +41,7 @@ def test_a_cancelled_send_is_stored_at_most_once_and_the_producer_goes_on(
             assert len(after) == 5
 
     asyncio.run(main())
-    bodies = Counter(stored(cluster, topic))
+    bodies = Counter(stored(topic))
     assert max(bodies.values()) == 1  # nothing stored twice
     assert {b"after%d" % i for i in range(5)} <= set(bodies)
     for body, outcome in outcomes.items():
@@ -63,8 +51,10 @@ def test_a_cancelled_send_is_stored_at_most_once_and_the_producer_goes_on(
     assert any(bodies[body] == 0 for body in cancelled)  # cancelled before its frame left
 
 
-def test_a_full_budget_suspends_the_caller(one_broker: actors.Cluster) -> None:
-    cluster, topic = one_broker, "AioBudget"
+def test_a_full_budget_suspends_the_caller(
+    aio_cluster: actors.Cluster, stored: Callable[[str], list[bytes]]
+) -> None:
+    cluster, topic = aio_cluster, "AioBudget"
     cluster.admin.create_topic(topic, 2, 2)
 
     async def main() -> int:
@@ -84,4 +74,4 @@ def test_a_full_budget_suspends_the_caller(one_broker: actors.Cluster) -> None:
         return most
 
     assert asyncio.run(main()) <= 8
-    assert len(stored(cluster, topic)) == 100
+    assert len(stored(topic)) == 100

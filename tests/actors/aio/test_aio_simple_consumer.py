@@ -14,8 +14,8 @@ from storage import Message
 from storage.errors import InvalidReceiptHandleError
 
 
-def test_receive_ack_and_change_invisible_duration(one_broker: actors.Cluster) -> None:
-    cluster, topic, group = one_broker, "AioPop", "aio-pop"
+def test_receive_ack_and_change_invisible_duration(aio_cluster: actors.Cluster) -> None:
+    cluster, topic, group = aio_cluster, "AioPop", "aio-pop"
     cluster.admin.create_topic(topic, 2, 2)
 
     async def main() -> None:
