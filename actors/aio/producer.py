@@ -160,15 +160,21 @@ class AsyncProducer(SharedClient):
             messages = with_delay(messages, delay_s)
         await self._ready(messages)
         chunks = self._encoder.encode(messages)  # validation errors raise here
+        return await self._send_encoded(chunks, len(messages), sharding_key)
+
+    async def _send_encoded(
+        self, chunks: list[_Chunk], n: int, sharding_key: str | None
+    ) -> BatchSendResult:
+        """``n`` messages encoded as ``chunks``, sent within the budget (see send_batch)."""
         nbytes = sum(len(c.batch) for c in chunks)
         budget = self._get_budget()
-        await budget.acquire(len(messages), nbytes)
+        await budget.acquire(n, nbytes)
         try:
             state = _Written()
             parts = await self._guarded(self._send_chunks(chunks, sharding_key, state), state)
         finally:
-            budget.release(len(messages), nbytes)
-        return BatchSendResult(parts, len(messages))
+            budget.release(n, nbytes)
+        return BatchSendResult(parts, n)
 
     async def close(self) -> None:
         """Wait for sends still out (cancelled callers' ones included), then give back

@@ -1,0 +1,139 @@
+"""AsyncTransactionalProducer against real brokers over real sockets: a half message
+shows once committed and never once rolled back; one whose producer went away before
+ending it is checked back by a live producer of the group, whose checker answers on
+its event loop; a transaction over both brokers shows whole on commit (with its
+offsets) and not at all on abort."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+
+import actors
+from actors.aio import AsyncTransactionalProducer
+from actors.client.transaction import LocalTransactionState
+from storage import Message
+from storage.errors import InvalidMessageError
+
+COMMIT = LocalTransactionState.COMMIT_MESSAGE
+ROLLBACK = LocalTransactionState.ROLLBACK_MESSAGE
+
+
+async def until(check: Callable[[], object], what: str, timeout_s: float = 30.0) -> None:
+    """Until ``check()`` (run on a worker thread: it makes blocking calls) is true."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await asyncio.to_thread(check):
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"no {what} in {timeout_s} s")
+        await asyncio.sleep(0.1)
+
+
+def test_half_messages_commit_and_roll_back(
+    aio_cluster: actors.Cluster, stored: Callable[[str], list[bytes]]
+) -> None:
+    cluster, topic = aio_cluster, "AioTxHalf"
+    cluster.admin.create_topic(topic, 2, 2)
+    executed: list[bytes] = []
+
+    async def execute(message: Message) -> LocalTransactionState:
+        executed.append(message.body)
+        await asyncio.sleep(0)  # a local transaction awaits its database
+        return COMMIT if message.body.startswith(b"yes") else ROLLBACK
+
+    async def main() -> None:
+        async with AsyncTransactionalProducer("aio-tx-half", namespace=cluster.namespace) as p:
+            kept = await p.send_half(Message(topic, b"kept"))
+            dropped = await p.send_half(Message(topic, b"dropped"))
+            assert stored(topic) == []  # half messages: no consumer sees them
+            assert await kept.commit() is True
+            assert await dropped.rollback() is True
+            assert await kept.rollback() is False  # ended before: nothing changes
+            results = [
+                await p.send_message_in_transaction(Message(topic, body), execute)
+                for body in (b"yes-1", b"no-1", b"yes-2")
+            ]
+            assert [r.local_state for r in results] == [COMMIT, ROLLBACK, COMMIT]
+            with pytest.raises(InvalidMessageError):
+                await p.send_half(b"not a message")  # type: ignore[arg-type]
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    assert executed == [b"yes-1", b"no-1", b"yes-2"]
+    assert Counter(stored(topic)) == Counter([b"kept", b"yes-1", b"yes-2"])
+
+
+def test_a_vanished_producers_half_message_is_checked_back_on_the_loop(
+    aio_cluster: actors.Cluster, stored: Callable[[str], list[bytes]]
+) -> None:
+    """The producer that sent two half messages goes away without ending them; the
+    brokers ask the group's live producer, whose checker runs on its loop's thread."""
+    cluster, topic, group = aio_cluster, "AioTxCheck", "aio-tx-check"
+    cluster.admin.create_topic(topic, 2, 2)
+    checked: list[tuple[bytes, int]] = []
+
+    async def checker(message: Message) -> LocalTransactionState:
+        checked.append((message.body, threading.get_ident()))
+        return COMMIT if message.body == b"commit me" else ROLLBACK
+
+    async def main() -> int:
+        async with AsyncTransactionalProducer(group, namespace=cluster.namespace) as gone:
+            await gone.send_half(Message(topic, b"commit me"))
+            await gone.send_half(Message(topic, b"roll me back"))
+        async with AsyncTransactionalProducer(
+            group, checker, namespace=cluster.namespace, check_heartbeat_s=1.0
+        ):
+            await until(lambda: stored(topic) == [b"commit me"], "checked commit")
+            await until(
+                lambda: not cluster.admin.pending_transactions(group), "end of both half messages"
+            )
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(asyncio.wait_for(main(), 90))
+    assert {t for _, t in checked} == {loop_thread}
+    assert stored(topic) == [b"commit me"]
+    assert {b for b, _ in checked} == {b"commit me", b"roll me back"}
+
+
+def test_a_transaction_over_both_brokers_commits_whole_or_aborts(
+    aio_cluster: actors.Cluster, stored: Callable[[str], list[bytes]]
+) -> None:
+    cluster, topic, group = aio_cluster, "AioTxMulti", "aio-tx-in"
+    cluster.admin.create_topic(topic, 2, 2)
+    consumer = cluster.pull_consumer(group)
+    queues = consumer.fetch_subscribe_queues(topic)
+    assert len({mq.broker_name for mq in queues}) == 2
+    assert {consumer.fetch_offset(mq) for mq in queues} == {-1}  # none committed yet
+
+    async def main() -> tuple[set[str], list[bytes]]:
+        async with AsyncTransactionalProducer(
+            "aio-tx-multi",
+            transactional_id="aio-tx-1",
+            namespace=cluster.namespace,
+            flush_messages=5,
+        ) as producer:
+            async with producer.begin() as txn:
+                for i in range(20):  # four flushes of five, to the queues in turn
+                    await txn.send(Message(topic, b"t%d" % i))
+                txn.send_offsets(group, {mq: 0 for mq in queues})
+                brokers = set(txn._txn._halves)
+                before = await asyncio.to_thread(stored, topic)
+            with pytest.raises(RuntimeError):
+                async with producer.begin() as txn:
+                    await txn.send(Message(topic, b"aborted"))
+                    await txn.flush()
+                    txn.send_offsets(group, {mq: 9 for mq in queues})
+                    raise RuntimeError("the body failed: abort")
+            assert txn.state.value == "aborted"
+        return brokers, before
+
+    brokers, before = asyncio.run(asyncio.wait_for(main(), 90))
+    assert brokers == {mq.broker_name for mq in queues}  # the commit spans both brokers
+    assert before == []  # nothing showed before the commit
+    assert Counter(stored(topic)) == Counter(b"t%d" % i for i in range(20))
+    try:
+        assert {mq: consumer.fetch_offset(mq) for mq in queues} == {mq: 0 for mq in queues}
+    finally:
+        consumer.close()
