@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import actors
 from actors.aio import AsyncProducer
 from storage import Message
+from storage.message import PutStatus
 
 
 def test_a_cancelled_send_is_stored_at_most_once_and_the_producer_goes_on(
@@ -75,3 +77,66 @@ def test_a_full_budget_suspends_the_caller(
 
     assert asyncio.run(main()) <= 8
     assert len(stored(topic)) == 100
+
+
+def test_a_send_cancelled_after_its_frame_left_ends_stored_once_and_known(
+    aio_cluster: actors.Cluster, stored: Callable[[str], list[bytes]]
+) -> None:
+    """Both brokers hold the answer of their next send after storing it
+    (``hang_after_store``): the caller is cancelled once its message is seen stored,
+    so its frame certainly left. The send goes on without it: no answer in
+    ``send_timeout_s``, it is sent again as the same numbered bytes to the same queue,
+    which the broker answers as stored before; the outcome is known (``close`` waits
+    for it, and the background send ends with the stored message's result), the
+    message is stored once and the producer's next sends to that queue are stored in
+    order after it."""
+    cluster, topic = aio_cluster, "AioCancelAfterWrite"
+    cluster.admin.create_topic(topic, 1, 1)  # one queue on each broker
+    brokers = [cluster.broker(name) for name in ("broker-a", "broker-b")]
+
+    async def main(single: bool) -> tuple[list[Any], list[Any]]:
+        body = b"held-%d" % single
+        async with AsyncProducer(
+            "aio-cancel-after", namespace=cluster.namespace, send_timeout_s=1.0
+        ) as producer:
+            await producer.send_batch(
+                [Message(topic, b"warm-up-%d" % single)]
+            )  # routes and id known
+            await asyncio.gather(*(b.inject_fault.remote("hang_after_store", 1) for b in brokers))
+            before = set(producer._background)
+            message = Message(topic, body)
+            send = producer.send(message) if single else producer.send_batch([message])
+            task = asyncio.ensure_future(send)
+            while body not in await asyncio.to_thread(stored, topic):
+                assert not task.done()  # its answer is held: the caller still waits
+                await asyncio.sleep(0.05)
+            task.cancel()
+            assert isinstance(
+                (await asyncio.gather(task, return_exceptions=True))[0], asyncio.CancelledError
+            )
+            going_on = list(set(producer._background) - before)
+            assert going_on  # the send was not abandoned with its caller
+            done, _ = await asyncio.wait(going_on, timeout=30)
+            outcomes = [t.result() for t in done]
+            after = await producer.send_batch(
+                [Message(topic, b"after-%d-%d" % (single, i)) for i in range(3)]
+            )
+            # the next sends of both queues
+            more = await asyncio.gather(
+                *(producer.send(Message(topic, b"more-%d-%d" % (single, i))) for i in range(6))
+            )
+        await asyncio.gather(*(b.inject_fault.remote("hang_after_store", 0) for b in brokers))
+        return outcomes, [*after, *more]
+
+    for single in (True, False):
+        outcomes, later = asyncio.run(asyncio.wait_for(main(single), 60))
+        assert len(outcomes) == 1 and len(outcomes[0]) == 1  # one chunk, its outcome known
+        _, _, ack = outcomes[0][0]
+        assert ack.status is PutStatus.PUT_OK  # stored (answered now, or as stored before)
+        assert len(later) == 9
+        assert Counter(stored(topic))[b"held-%d" % single] == 1  # stored once
+    bodies = Counter(stored(topic))
+    assert max(bodies.values()) == 1
+    expected = {b"after-%d-%d" % (s, i) for s in (0, 1) for i in range(3)}
+    expected |= {b"more-%d-%d" % (s, i) for s in (0, 1) for i in range(6)}
+    assert expected <= set(bodies)
