@@ -951,8 +951,13 @@ class MessageStore:
             self._write_producers(snapshot)
 
     def _real_disk_usage(self) -> float:
+        """The share of the disk a writer can no longer use: ``1 - free / total``, where
+        ``free`` is the space available to this process. Not ``used / total``: blocks
+        reserved for root or held back by a thin pool or a quota make that ratio low
+        while a file's allocation already fails for want of space, and the pressure
+        cleaning and the write refusal must come before that."""
         usage = shutil.disk_usage(self.root)
-        return usage.used / usage.total if usage.total else 0.0
+        return 1.0 - usage.free / usage.total if usage.total else 0.0
 
     def clean_expired_files(self) -> int:
         """One expiry pass; return how many CommitLog files were deleted.

@@ -97,3 +97,16 @@ def test_a_full_disk_refuses_writes_leaves_no_partial_file_and_the_store_reopens
         assert r.queue_offset == len(acked) and not store.disk_full
     sizes = files_of(small_disk / "store")
     assert {s for n, s in sizes.items() if n.startswith("commitlog/")} == {1 << 20}
+
+
+def test_the_disk_is_measured_by_the_space_a_writer_can_still_use(
+    tmp_path: Path, make_config
+) -> None:
+    """Root-reserved blocks, a thin pool or a quota leave less space to write than
+    ``total - used`` says: the store's ratio follows what an allocation can still get
+    (statvfs's f_bavail), so cleaning and refusal start before an allocation fails."""
+    with MessageStore(make_config(tmp_path / "s"), start_services=False) as store:
+        ratio = store.stats()["disk_used_ratio"]
+        st = os.statvfs(tmp_path)
+        writable = 1.0 - st.f_bavail / st.f_blocks
+        assert ratio == pytest.approx(writable, abs=0.01)
