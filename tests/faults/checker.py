@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ACK = "SEND_OK"
+ABORTED = "ABORTED"
 OUTAGE_GAP_S = 1.0
 """Two acknowledgements further apart than this (the workload paces its sends a few
 tens of milliseconds apart) count the time between them as unavailable."""
@@ -100,3 +101,88 @@ def check(ops: Sequence[Op], read: Iterable[str]) -> Verdict:
         unavailable_s=sum(outages),
         longest_outage_s=max(outages, default=0.0),
     )
+
+
+def torn_transactions(txns: Sequence[Op], read: Iterable[str]) -> list[str]:
+    """Transactions read back in part: each of ``txns`` is one transaction (its bodies,
+    its outcome: ``SEND_OK`` for a commit that was answered, ``ABORTED`` for one the
+    producer aborted, an exception's name for one whose end is unknown). A commit must
+    be read whole, an abort not at all, an unknown end whole or not at all."""
+    copies = Counter(read)
+    torn = []
+    for txn in txns:
+        seen = sum(1 for b in txn.bodies if copies[b])
+        whole = seen == len(txn.bodies)
+        if txn.outcome == ACK:
+            ok = whole
+        elif txn.outcome == ABORTED:
+            ok = seen == 0
+        else:
+            ok = whole or seen == 0
+        if not ok:
+            torn.append(f"{txn.bodies[0]}..: {txn.outcome}, {seen} of {len(txn.bodies)} read")
+    return torn
+
+
+@dataclass(frozen=True)
+class Look:
+    """What one broker member said of itself at ``t`` (monotonic s): its host (the IP its
+    store writes into message ids), whether it took writes (master or Raft leader, not
+    fenced) and its epoch (the Raft term, or the master epoch of a master/slave group)."""
+
+    t: float
+    member: str
+    host: str
+    leads: bool
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Write:
+    """An acknowledged write: the queue (``broker:queue_id``), the host that wrote it and
+    when its send was invoked and answered."""
+
+    queue: str
+    host: str
+    invoked: float
+    completed: float
+
+
+def split_brains(writes: Sequence[Write], history: Sequence[Look]) -> list[str]:
+    """Two brokers acknowledging writes for one queue in overlapping time.
+
+    Each write is given the epoch its host led in at the time (the role history's look at
+    that host nearest the write in which it led; none: epoch -1), and the writes of one
+    queue are grouped into tenures, (host, epoch) -> [first, last] answer. A tenure of one
+    host overlapping a tenure of another on the same queue is a split brain: both took
+    that queue's writes at once. A host that leads again later, in a newer epoch, starts
+    a new tenure, so a failover and a failback are not one."""
+    leading: dict[str, list[tuple[float, int]]] = {}
+    for look in sorted(history, key=lambda x: x.t):
+        if look.leads:
+            leading.setdefault(look.host, []).append((look.t, look.epoch))
+
+    def epoch_of(w: Write) -> int:
+        looks = leading.get(w.host)
+        if not looks:
+            return -1
+        mid = (w.invoked + w.completed) / 2
+        return min(looks, key=lambda lk: abs(lk[0] - mid))[1]
+
+    tenures: dict[tuple[str, str, int], list[float]] = {}
+    for w in writes:
+        span = tenures.setdefault((w.queue, w.host, epoch_of(w)), [w.invoked, w.completed])
+        span[0], span[1] = min(span[0], w.invoked), max(span[1], w.completed)
+    found = []
+    keys = sorted(tenures)
+    for i, a in enumerate(keys):
+        for b in keys[i + 1 :]:
+            if a[0] != b[0] or a[1] == b[1]:
+                continue
+            (a0, a1), (b0, b1) = tenures[a], tenures[b]
+            if a0 < b1 and b0 < a1:
+                found.append(
+                    f"{a[0]}: {a[1]} (epoch {a[2]}) {a0:.2f}-{a1:.2f} and "
+                    f"{b[1]} (epoch {b[2]}) {b0:.2f}-{b1:.2f}"
+                )
+    return found

@@ -1,0 +1,56 @@
+"""The fault checker's verdicts on made-up histories (no Ray, no namespaces): torn
+transactions and split brains against the brokers' role history."""
+
+from __future__ import annotations
+
+from checker import ABORTED, ACK, Look, Op, Write, split_brains, torn_transactions
+
+
+def txn(first: int, outcome: str, n: int = 3) -> Op:
+    return Op(tuple(f"t-{first + i}" for i in range(n)), 0.0, 1.0, outcome)
+
+
+def test_a_transaction_is_read_whole_or_not_at_all_as_its_outcome_says() -> None:
+    txns = [
+        txn(0, ACK),  # committed, read whole: fine
+        txn(10, ACK),  # committed, one body missing: torn
+        txn(20, ABORTED),  # aborted, nothing read: fine
+        txn(30, ABORTED),  # aborted, one read: torn
+        txn(40, "TimeoutError"),  # unknown end, nothing read: fine
+        txn(50, "TimeoutError"),  # unknown end, whole: fine
+        txn(60, "TimeoutError"),  # unknown end, in part: torn
+    ]
+    read = ["t-0", "t-1", "t-2", "t-10", "t-11", "t-30", "t-50", "t-51", "t-52", "t-61"]
+    torn = torn_transactions(txns, read)
+    assert [t.split("..")[0] for t in torn] == ["t-10", "t-30", "t-60"]
+    assert "2 of 3 read" in torn[0]
+
+
+def writes(host: str, times: list[float], queue: str = "broker-a:0") -> list[Write]:
+    return [Write(queue, host, t, t + 0.01) for t in times]
+
+
+def test_a_failover_and_a_failback_in_new_epochs_are_no_split_brain() -> None:
+    history = [
+        Look(0.0, "broker-a-0", "10.0.0.1", True, 1),
+        Look(0.0, "broker-a-1", "10.0.0.2", False, 1),
+        Look(5.0, "broker-a-1", "10.0.0.2", True, 2),
+        Look(9.0, "broker-a-0", "10.0.0.1", True, 3),
+    ]
+    w = writes("10.0.0.1", [1, 2, 3]) + writes("10.0.0.2", [5, 6, 7]) + writes("10.0.0.1", [9])
+    assert split_brains(w, history) == []
+
+
+def test_two_hosts_taking_one_queues_writes_at_once_is_a_split_brain() -> None:
+    history = [
+        Look(0.0, "broker-a-0", "10.0.0.1", True, 1),
+        Look(5.0, "broker-a-1", "10.0.0.2", True, 2),
+    ]
+    # the old master goes on acknowledging in its old epoch after the new one took over
+    w = writes("10.0.0.1", [1, 2, 6.5]) + writes("10.0.0.2", [5, 6, 7])
+    found = split_brains(w, history)
+    assert len(found) == 1 and "10.0.0.1 (epoch 1)" in found[0] and "10.0.0.2" in found[0]
+    # other queues, or one host alone, are not
+    assert (
+        split_brains(writes("10.0.0.1", [1, 6.5]) + writes("10.0.0.2", [5], "b:1"), history) == []
+    )
