@@ -24,7 +24,11 @@ Acknowledgement:
   group's retry topic's) by ``rebalance_strategy`` over the members the brokers
   list, every ``rebalance_interval_s``; a queue given up is committed first.
 * BROADCASTING (``broadcasting=True``): every consumer gets every message; offsets
-  are kept by the consumer only (a new consumer starts at ``consume_from``).
+  are kept by the consumer, in a file of its own (``offset_store_dir``, default
+  ``~/.raymq_offsets``, ``<group>/<instance_name>.json``, as the synchronous push
+  consumer's: one consumer at a time per file), written (fsynced) at each commit. A
+  consumer started again goes on from there; one without a file starts at
+  ``consume_from``.
 * Orderly (``orderly=True``): a queue's next message is handed out only when the one
   before it is done, so messages of one sharding key come in order; a message
   ``nack``-ed is handed out again (after ``suspend_s``) before anything after it,
@@ -44,8 +48,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from actors.aio.connection import AsyncBrokers
+from actors.aio.coordinated import CoordinatedGroup
 from actors.client import instance as _instance
 from actors.client.pull_consumer import PullResult, PullStatus
+from actors.client.push.offset_store import LocalFileOffsetStore
+from actors.config.coordinator import CoordinatorConfig
+from actors.protocol.fencing import FencingToken, OffsetFencedError
 from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.requests import BROKER, by_method
 from actors.protocol.topic import is_readable, retry_topic
@@ -104,9 +112,14 @@ class _Queue:
         self.busy = False  # orderly: a message of it is out
         self.resume_at = 0.0  # orderly: a nack-ed message waits until then
         self.dropped = False
+        self.revoking = False  # coordinated: being handed to another member
 
     def commit_offset(self) -> int:
         return next(iter(self.undone), self.next_offset)
+
+    def handed_out(self) -> bool:
+        """Whether a message of it is out in a loop's body (undone, not buffered)."""
+        return len(self.undone) > len(self.buffer)
 
 
 class AsyncConsumer:
@@ -133,6 +146,10 @@ class AsyncConsumer:
         heartbeat_interval_s: float = 10.0,
         session_timeout_s: float = 30.0,
         data_tls_ca: str | None = None,
+        instance_name: str = "DEFAULT",
+        offset_store_dir: str | None = None,
+        coordinated: bool = True,
+        coordinator_config: CoordinatorConfig | None = None,
     ) -> None:
         if not isinstance(group, str) or not group:
             raise InvalidMessageError(f"consumer group={group!r}: must be a non-empty str")
@@ -143,6 +160,14 @@ class AsyncConsumer:
         for name, value in (("pull_batch", pull_batch), ("buffer_messages", buffer_messages)):
             if not isinstance(value, int) or value <= 0:
                 raise InvalidMessageError(f"{name}={value!r}: must be an int > 0")
+        if (
+            not isinstance(instance_name, str)
+            or not instance_name
+            or not all(c.isalnum() or c in "_-." for c in instance_name)
+        ):
+            raise InvalidMessageError(
+                f"instance_name={instance_name!r}: letters, digits, '_', '-' or '.'"
+            )
         self.group, self.topic, self.tags = group, topic, tags
         self._subscribed = parse_subscription(tags)
         self.broadcasting, self.orderly = broadcasting, orderly
@@ -154,12 +179,21 @@ class AsyncConsumer:
         self.rebalance_interval_s = rebalance_interval_s
         self.heartbeat_interval_s = heartbeat_interval_s
         self.session_timeout_s = session_timeout_s
+        self.namespace = namespace
         self._lease = _instance.share(
             self, namespace, nameservers, tls_ca=data_tls_ca, kind=_instance.READ
         )
         self.instance, self.ns = self._lease.instance, self._lease.view
         self.client_id = self.instance.new_client_id(group)
+        # broadcasting: the consumer's own offsets, in its file (taken last: nothing
+        # above can fail and leave the file locked)
+        self._local = (
+            LocalFileOffsetStore(offset_store_dir, group, instance_name) if broadcasting else None
+        )
         self._brokers = AsyncBrokers(data_tls_ca)
+        self._group = (
+            CoordinatedGroup(self, coordinator_config) if coordinated and not broadcasting else None
+        )
         self.topics = [topic] if broadcasting else [topic, retry_topic(group)]
         self._queues: dict[MessageQueue, _Queue] = {}
         self._changed = asyncio.Event()
@@ -185,8 +219,12 @@ class AsyncConsumer:
             self.instance.register(
                 ("aio", self.client_id), self._heartbeat, self.heartbeat_interval_s
             )
-        await self._rebalance()
-        self._tasks.append(asyncio.ensure_future(self._rebalance_loop()))
+        if self._group is not None:
+            await self._group.join()
+            self._tasks.append(asyncio.ensure_future(self._group.follow()))
+        else:
+            await self._rebalance()
+            self._tasks.append(asyncio.ensure_future(self._rebalance_loop()))
 
     async def close(self) -> None:
         """Commit what is done, stop pulling and leave the group."""
@@ -196,12 +234,16 @@ class AsyncConsumer:
         for task in [*self._tasks, *self._fetchers.values()]:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._fetchers.values(), return_exceptions=True)
-        if self._started:
+        if self._started and self._group is not None:
+            await self._group.leave()
+        elif self._started:
             await self.commit()
         self.instance.unregister(("aio", self.client_id))
         if not self.broadcasting and self._started:
             await asyncio.to_thread(self._unregister)
         self._brokers.close()
+        if self._local is not None:
+            self._local.close()
         self._lease.release()
 
     async def __aenter__(self) -> AsyncConsumer:
@@ -266,7 +308,7 @@ class AsyncConsumer:
         now = time.monotonic()
         for i in range(len(queues)):
             q = queues[(self._rr + i) % len(queues)]
-            if not q.buffer or (self.orderly and (q.busy or now < q.resume_at)):
+            if not q.buffer or q.revoking or (self.orderly and (q.busy or now < q.resume_at)):
                 continue
             self._rr = (self._rr + i + 1) % max(1, len(queues))
             msg = q.buffer.popleft()
@@ -334,29 +376,55 @@ class AsyncConsumer:
 
     async def commit(self) -> None:
         """Commit every queue's offset (the first message not yet done) that moved."""
+        await self._commit_queues([(q, q.commit_offset()) for q in self._queues.values()])
+
+    async def _commit_queues(self, items: list[tuple[_Queue, int]]) -> set[str]:
+        """Commit each (queue, offset) that moved: one call per broker (a coordinated
+        group's with the queues' fencing tokens, only queues holding one), or the
+        consumer's own file (broadcasting). The brokers that refused or failed."""
         assert self._commit_lock is not None
+        tokens = self._group.tokens if self._group is not None else None
+        failed: set[str] = set()
         async with self._commit_lock:
             self._dirty = False
-            by_broker: dict[str, dict[tuple[str, int], int]] = {}
-            queues: dict[str, list[tuple[_Queue, int]]] = {}
-            for q in self._queues.values():
-                off = q.commit_offset()
-                if off != q.committed and not self.broadcasting:
-                    by_broker.setdefault(q.mq.broker_name, {})[(q.mq.topic, q.mq.queue_id)] = off
-                    queues.setdefault(q.mq.broker_name, []).append((q, off))
-                elif self.broadcasting:
+            moved = [(q, off) for q, off in items if off != q.committed]
+            if tokens is not None:
+                moved = [(q, off) for q, off in moved if q.mq in tokens]
+            if not moved:
+                return failed
+            if self._local is not None:  # written and fsynced off the loop
+                offsets = {q.mq: off for q, off in moved}
+                await asyncio.to_thread(self._local.commit, offsets, wait=True)
+                for q, off in moved:
                     q.committed = off
-            for broker_name, table in by_broker.items():
-                mq = queues[broker_name][0][0].mq
-                actor, handle = await self._master(mq)
-                await asyncio.wait_for(
-                    self._brokers.call(
-                        actor, handle, "commit_offsets", self.group, table, self.client_id
-                    ),
-                    CALL_TIMEOUT_S,
-                )
-                for q, off in queues[broker_name]:
+                return failed
+            by_broker: dict[str, list[tuple[_Queue, int]]] = {}
+            for q, off in moved:
+                by_broker.setdefault(q.mq.broker_name, []).append((q, off))
+            for broker_name, queues in by_broker.items():
+                table = {(q.mq.topic, q.mq.queue_id): off for q, off in queues}
+                args: list[Any] = [self.group, table, self.client_id]
+                if tokens is not None:
+                    args.append({(q.mq.topic, q.mq.queue_id): tokens[q.mq] for q, _ in queues})
+                try:
+                    actor, handle = await self._master(queues[0][0].mq)
+                    await asyncio.wait_for(
+                        self._brokers.call(actor, handle, "commit_offsets", *args),
+                        CALL_TIMEOUT_S,
+                    )
+                except OffsetFencedError as exc:  # another member holds them now
+                    log.warning("group %s: commit on %s fenced: %s", self.group, broker_name, exc)
+                    failed.add(broker_name)
+                    continue
+                except Exception:
+                    if tokens is None:
+                        raise
+                    log.warning("group %s: commit on %s failed", self.group, broker_name)
+                    failed.add(broker_name)
+                    continue
+                for q, off in queues:
                     q.committed = off
+        return failed
 
     # ------------------------------------------------------------ queues
     async def _rebalance_loop(self) -> None:
@@ -385,7 +453,14 @@ class AsyncConsumer:
             q = self._queues.pop(mq)
             q.dropped = True
         for mq in sorted(mine - set(self._queues)):
-            self._queues[mq] = _Queue(mq, await self._start_offset(mq))
+            self._add_queue(mq, await self._start_offset(mq))
+        self._start_fetchers()
+
+    def _add_queue(self, mq: MessageQueue, offset: int) -> None:
+        self._queues[mq] = _Queue(mq, offset)
+
+    def _start_fetchers(self) -> None:
+        """A pulling task for each broker holding a queue of ours (one not running yet)."""
         for broker_name in {mq.broker_name for mq in self._queues}:
             task = self._fetchers.get(broker_name)
             if task is None or task.done():
@@ -419,9 +494,14 @@ class AsyncConsumer:
                 log.warning("group %s: no member list from %s: %s", self.group, bd.broker_name, exc)
         return []
 
-    async def _start_offset(self, mq: MessageQueue) -> int:
+    async def _start_offset(self, mq: MessageQueue, token: FencingToken | None = None) -> int:
+        """Where ``mq`` starts: the group's committed offset (broadcasting: the one in
+        the consumer's file, if it lies within the queue); with none, its first message
+        (``consume_from="first"``, and the retry topic) or its end. A group's start is
+        committed at once (with ``token``), so a member dying before its first commit
+        skips nothing."""
         actor, handle = await self._master(mq)
-        if not self.broadcasting:
+        if self._local is None:
             stored = await asyncio.wait_for(
                 handle.query_offset.remote(self.group, mq.topic, mq.queue_id), CALL_TIMEOUT_S
             )
@@ -431,18 +511,26 @@ class AsyncConsumer:
             self._brokers.call(actor, handle, "min_max_offset", mq.topic, mq.queue_id),
             CALL_TIMEOUT_S,
         )
-        start = int(low) if self.consume_from == "first" or mq.topic != self.topic else int(high)
-        if not self.broadcasting:  # so a member dying before its first commit skips nothing
-            await asyncio.wait_for(
-                self._brokers.call(
-                    actor,
-                    handle,
-                    "commit_offsets",
+        if self._local is not None:
+            kept = self._local.read(mq)
+            if low <= kept <= high:
+                return kept
+            if kept >= 0:  # a file of another cluster's, or a queue cleaned since
+                log.warning(
+                    "group %s: kept offset %d of %s is outside %d..%d: starting anew",
                     self.group,
-                    {(mq.topic, mq.queue_id): start},
-                    self.client_id,
-                ),
-                CALL_TIMEOUT_S,
+                    kept,
+                    mq,
+                    low,
+                    high,
+                )
+        start = int(low) if self.consume_from == "first" or mq.topic != self.topic else int(high)
+        if self._local is None:
+            args: list[Any] = [self.group, {(mq.topic, mq.queue_id): start}, self.client_id]
+            if token is not None:
+                args.append({(mq.topic, mq.queue_id): token})
+            await asyncio.wait_for(
+                self._brokers.call(actor, handle, "commit_offsets", *args), CALL_TIMEOUT_S
             )
         return start
 
@@ -467,7 +555,9 @@ class AsyncConsumer:
             wanted = [
                 q
                 for q in self._queues.values()
-                if q.mq.broker_name == broker_name and len(q.buffer) < self.buffer_messages
+                if q.mq.broker_name == broker_name
+                and len(q.buffer) < self.buffer_messages
+                and not q.revoking
             ]
             if not wanted:
                 if not any(q.mq.broker_name == broker_name for q in self._queues.values()):
