@@ -21,8 +21,14 @@ Acknowledgement:
   everything after it is delivered again (to this consumer or another one of the
   group), nothing is committed that was not finished.
 * CLUSTERING (default): the group's members share the topic's queues (and the
-  group's retry topic's) by ``rebalance_strategy`` over the members the brokers
-  list, every ``rebalance_interval_s``; a queue given up is committed first.
+  group's retry topic's) by ``rebalance_strategy``. ``coordinated=True`` (the
+  default, as the synchronous push consumer's): the group's coordinator actor hands
+  the queues out, each with a fencing token its commits carry
+  (``actors.aio.coordinated``): a queue handed over is committed first, and a
+  member fenced off (taken for dead, or the group's offsets reset) can commit
+  nothing more of it. ``coordinated=False``: each member computes its share over the
+  members the brokers list, every ``rebalance_interval_s``; a queue given up is
+  committed first.
 * BROADCASTING (``broadcasting=True``): every consumer gets every message; offsets
   are kept by the consumer, in a file of its own (``offset_store_dir``, default
   ``~/.raymq_offsets``, ``<group>/<instance_name>.json``, as the synchronous push
@@ -32,7 +38,10 @@ Acknowledgement:
 * Orderly (``orderly=True``): a queue's next message is handed out only when the one
   before it is done, so messages of one sharding key come in order; a message
   ``nack``-ed is handed out again (after ``suspend_s``) before anything after it,
-  up to ``max_reconsume_times``, then sent to the dead-letter topic.
+  up to ``max_reconsume_times``, then sent to the dead-letter topic. In a
+  coordinated group a queue handed to another member goes once the message out of
+  it is done (or after half the coordinator's revoke timeout): it is never out in
+  two members at once.
 
 Heartbeats run on the process's client instance (``actors.client.instance``), as
 the synchronous consumers' do.
