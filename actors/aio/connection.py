@@ -29,6 +29,7 @@ from typing import Any
 from actors.protocol import frames
 from actors.protocol.frames import Code
 from actors.protocol.requests import BROKER, Request, by_method
+from actors.protocol.route import TopicRouteData
 from storage.errors import BrokerUnavailableError
 
 log = logging.getLogger("raymq.actors.aio.connection")
@@ -232,6 +233,28 @@ class AsyncBrokers:
         conns, self._conns = self._conns, {}
         for conn in conns.values():
             conn.close()
+
+
+async def master(
+    ns: Any, topic: str, broker_name: str, route: TopicRouteData | None = None
+) -> tuple[str, Any]:
+    """The actor name and Ray handle of ``broker_name``'s master, by ``route`` or else
+    by ``topic``'s cached route in the client view ``ns`` (read again on a worker
+    thread when it does not name the broker; the handle too, when not cached yet).
+    Raises :class:`NotWritten` when the broker has no live master."""
+    if route is None:
+        cached = ns.names.cached_route(topic)
+        if cached is None or cached.broker(broker_name) is None:
+            cached = await asyncio.to_thread(ns.require_route, topic, refresh=True)
+        route = cached
+    bd = route.broker(broker_name)
+    actor = bd.master_actor_name() if bd is not None else None
+    if actor is None:
+        raise NotWritten(f"broker {broker_name!r} has no live master in the route")
+    stub = ns.handles._handles.get(actor)
+    if stub is None:
+        stub = await asyncio.to_thread(ns.broker, route, broker_name)
+    return actor, getattr(stub, "handle", stub)
 
 
 def _tls(ca: str | None) -> Any:

@@ -56,7 +56,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from actors.aio.connection import AsyncBrokers
+from actors.aio.connection import AsyncBrokers, master
 from actors.aio.coordinated import CoordinatedGroup
 from actors.client import instance as _instance
 from actors.client.pull_consumer import PullResult, PullStatus
@@ -68,7 +68,7 @@ from actors.protocol.requests import BROKER, by_method
 from actors.protocol.topic import is_readable, retry_topic
 from actors.protocol.wire import pull_request_to_wire, pulls_from_wire
 from rebalance import MessageQueue, assign
-from storage.errors import BrokerUnavailableError, InvalidMessageError
+from storage.errors import InvalidMessageError
 from storage.message import MessageExt
 from storage.subscription import parse_subscription
 
@@ -544,17 +544,7 @@ class AsyncConsumer:
         return start
 
     async def _master(self, mq: MessageQueue) -> tuple[str, Any]:
-        route = self.ns.names.cached_route(mq.topic)
-        if route is None or route.broker(mq.broker_name) is None:
-            route = await asyncio.to_thread(self.ns.require_route, mq.topic, refresh=True)
-        bd = route.broker(mq.broker_name)
-        actor = bd.master_actor_name() if bd is not None else None
-        if actor is None:
-            raise BrokerUnavailableError(f"broker {mq.broker_name!r} has no live master")
-        stub = self.ns.handles._handles.get(actor)
-        if stub is None:
-            stub = await asyncio.to_thread(self.ns.broker, route, mq.broker_name)
-        return actor, getattr(stub, "handle", stub)
+        return await master(self.ns, mq.topic, mq.broker_name)
 
     # ------------------------------------------------------------ pulling
     async def _fetch(self, broker_name: str) -> None:

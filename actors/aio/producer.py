@@ -33,7 +33,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from actors.aio.connection import AsyncBrokers, NotWritten
+from actors.aio.connection import AsyncBrokers, NotWritten, master
 from actors.client.encoder import MessageEncoder
 from actors.client.fault import LatencyFaultTolerance
 from actors.client.idempotence import Sequencer
@@ -430,14 +430,7 @@ class AsyncProducer(SharedClient):
 
     async def _master(self, route: TopicRouteData, broker_name: str) -> tuple[str, Any]:
         """The actor name and Ray handle of ``broker_name``'s master."""
-        bd = route.broker(broker_name)
-        actor = bd.master_actor_name() if bd is not None else None
-        if actor is None:
-            raise NotSent(f"broker {broker_name!r} has no live master in the route")
-        stub = self.ns.handles._handles.get(actor)
-        if stub is None:
-            stub = await asyncio.to_thread(self.ns.broker, route, broker_name)
-        return actor, getattr(stub, "handle", stub)
+        return await master(self.ns, "", broker_name, route)
 
     async def _producer_id(self, route: TopicRouteData, broker_name: str) -> None:
         """The idempotent producer's id from a broker, before its first send. The

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from actors.aio.connection import AsyncBrokers
+from actors.aio.connection import AsyncBrokers, master
 from actors.client import instance as _instance
 from actors.protocol.checks import check_number, validate_group
 from actors.protocol.names import DEFAULT_NAMESPACE
@@ -159,17 +159,7 @@ class AsyncSimpleConsumer:
         return names
 
     async def _master(self, name: str) -> tuple[str, Any]:
-        route = self.ns.names.cached_route(self.topic)
-        if route is None or route.broker(name) is None:
-            route = await asyncio.to_thread(self.ns.require_route, self.topic, refresh=True)
-        bd = route.broker(name)
-        actor = bd.master_actor_name() if bd is not None else None
-        if actor is None:
-            raise BrokerUnavailableError(f"broker {name!r} has no live master")
-        stub = self.ns.handles._handles.get(actor)
-        if stub is None:
-            stub = await asyncio.to_thread(self.ns.broker, route, name)
-        return actor, getattr(stub, "handle", stub)
+        return await master(self.ns, self.topic, name)
 
     def _check_open(self) -> None:
         if self.closed:
