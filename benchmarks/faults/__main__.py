@@ -83,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         print(result.row(), flush=True)
         for ev in result.events:
             print(f"       {json.dumps(ev)}", flush=True)
+        if result.failures:
+            print(f"       failed ops: {json.dumps(result.failures)}", flush=True)
         print(f"       seed {plan.seed}: {time.monotonic() - t:.0f} s", flush=True)
         if args.out:
             with args.out.open("a") as out:
@@ -97,13 +99,16 @@ def main(argv: list[str] | None = None) -> int:
         by_mode.setdefault(result.plan.mode, []).append(result)
     print()
     print(f"{'mode':<11} {'seeds':>5} {'acked':>8} {'lost':>5} {'allowed':>7} {'dup (idem)':>10} "
-          f"{'split':>5} {'unavail s':>9} {'recover s max':>13}")  # fmt: skip
+          f"{'split':>5} {'roles':>5} {'torn':>4} {'grpc':>6} {'txns':>5} {'unavail s':>9} "
+          f"{'recover s max':>13}")  # fmt: skip
     for mode, rs in by_mode.items():
         print(
             f"{mode:<11} {len(rs):>5} {sum(r.acknowledged for r in rs):>8} "
             f"{sum(len(r.lost) for r in rs):>5} {sum(len(r.allowed_loss) for r in rs):>7} "
             f"{sum(len(r.duplicated) for r in rs if r.plan.idempotent):>10} "
-            f"{sum(len(r.split_brain) for r in rs):>5} "
+            f"{sum(len(r.split_brain) for r in rs):>5} {sum(len(r.split_roles) for r in rs):>5} "
+            f"{sum(len(r.torn) for r in rs):>4} {sum(r.grpc_acked for r in rs):>6} "
+            f"{sum(r.txns_committed for r in rs):>5} "
             f"{sum(r.unavailable_s for r in rs):>9.1f} {max(r.recover_s for r in rs):>13.1f}"
         )
     bad = [r for r in results if r.violations]

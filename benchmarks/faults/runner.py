@@ -1,14 +1,24 @@
 """One seed's run: a :class:`harness.FaultLab`, the workload of ``tests/faults/workload.py``,
 the seed's faults injected on schedule, healing and a quiet period, then the checks.
 
+The workload sends through three doors at once: the native producer (batches of 4,
+idempotent or not as the seed says), the RocketMQ 5 gRPC door (the official client, one
+message every 0.1 s) and multi-message transactions (4 messages over every queue, every
+5th aborted on purpose); a consumer group commits offsets all along.
+
 Checks (per mode's promise, ``docs/guarantees.md``):
 
 - lost: an acknowledged body never read back. Under ``ASYNC_FLUSH`` a body acknowledged
   by a broker before its power loss, at a CommitLog offset at or past where the loss cut
   its CommitLog, is an *allowed loss*; every other loss is a violation.
 - duplicated: a body read more than once; a violation for an idempotent producer.
-- split brain: two different acknowledged bodies at the same queue offset of the same
-  queue (two members each took a write for one queue slot), unless one is an allowed loss.
+- split brain, two ways: two different acknowledged bodies at the same queue offset of
+  the same queue (two members each took a write for one queue slot), unless one is an
+  allowed loss; and against the role history (each member's role and epoch, looked at
+  every 0.3 s): two members' tenures, (host, epoch), taking one queue's writes in
+  overlapping time (``checker.split_brains``).
+- torn: a transaction read in part (a commit not whole, an abort at all, one whose end
+  is unknown in part).
 - unavailable: the time no send was acknowledged (gaps over 1 s), and per queue.
 - recovery: after each fault ends, how long until the next acknowledged send.
 - offsets back: a consumer group pulls and commits all along, reading its committed
@@ -30,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from checker import ACK, OUTAGE_GAP_S
+from checker import ACK, OUTAGE_GAP_S, Look, Write, split_brains
 from harness import FaultLab, LabError
 from store_faults import (
     commitlog_end,
@@ -71,6 +81,14 @@ SYNC_MASTER = {
     "slave_sync_interval_s": 0.3,
     "ha_slave_timeout_s": 2.0,
 }
+GRPC = {
+    "grpc_enable": True,
+    "grpc_port": 18081,
+    "grpc_access_key": "fault-runner",
+    "grpc_secret_key": "fault-runner-secret-0123456789abcdef0123456789",
+}
+"""The gRPC door on every broker, on one port of its node's address (a broker started
+again keeps it, so the client's endpoints stay right)."""
 QUIET_S = 10.0
 RECOVER_S = 120.0
 
@@ -93,7 +111,14 @@ class Result:
     allowed_loss: list[str] = field(default_factory=list)
     duplicated: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
-    split_brain: list[str] = field(default_factory=list)
+    split_brain: list[str] = field(default_factory=list)  # one queue slot, two bodies
+    split_roles: list[str] = field(default_factory=list)  # overlapping tenures
+    role_changes: int = 0
+    txns: int = 0
+    txns_committed: int = 0
+    torn: list[str] = field(default_factory=list)
+    grpc_acked: int = 0
+    failures: dict[str, int] = field(default_factory=dict)  # "door outcome" -> ops
     offsets_back: list[str] = field(default_factory=list)  # "queue: from -> to"
     unavailable_s: float = 0.0
     worst_queue_s: float = 0.0
@@ -114,12 +139,17 @@ class Result:
             out.append(f"{len(self.unexpected)} read, never sent")
         if self.split_brain:
             out.append(f"{len(self.split_brain)} queue slots acknowledged twice")
+        if self.split_roles:
+            out.append(f"{len(self.split_roles)} split brains in the role history")
+        if self.torn:
+            out.append(f"{len(self.torn)} transactions read in part")
         return out
 
     HEADER = (
         f"{'seed':>4} {'mode':<11} {'idem':<4} {'faults':>6} {'ops':>6} {'acked':>7} "
         f"{'lost':>5} {'allowed':>7} {'dup':>5} {'split':>5} {'unavail s':>9} "
-        f"{'worst q s':>9} {'recover s':>9} {'off back':>8}  verdict"
+        f"{'worst q s':>9} {'recover s':>9} {'off back':>8} {'grpc':>5} {'txns':>5} "
+        f"{'torn':>4}  verdict"
     )
 
     def row(self) -> str:
@@ -129,7 +159,8 @@ class Result:
             f"{len(self.events):>6} {self.ops:>6} {self.acknowledged:>7} {len(self.lost):>5} "
             f"{len(self.allowed_loss):>7} {len(self.duplicated):>5} {len(self.split_brain):>5} "
             f"{self.unavailable_s:>9.1f} {self.worst_queue_s:>9.1f} {self.recover_s:>9.1f} "
-            f"{len(self.offsets_back):>8}  " + ("; ".join(self.violations) or "ok")
+            f"{len(self.offsets_back):>8} {self.grpc_acked:>5} {self.txns_committed:>5} "
+            f"{len(self.torn):>4}  " + ("; ".join(self.violations) or "ok")
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -142,6 +173,13 @@ class Result:
             "duplicated": self.duplicated[:50],
             "unexpected": self.unexpected[:50],
             "split_brain": self.split_brain[:50],
+            "split_roles": self.split_roles[:50],
+            "role_changes": self.role_changes,
+            "txns": self.txns,
+            "txns_committed": self.txns_committed,
+            "torn": self.torn[:50],
+            "grpc_acked": self.grpc_acked,
+            "failures": self.failures,
             "offsets_back": self.offsets_back[:50],
             "unavailable_s": round(self.unavailable_s, 2),
             "worst_queue_s": round(self.worst_queue_s, 2),
@@ -157,10 +195,10 @@ def layout(lab: FaultLab, plan: Plan) -> tuple[list[dict[str, Any]], dict[str, A
     if plan.mode in ("ASYNC_FLUSH", "SYNC_FLUSH"):
         brokers = [brokers_on(lab, f"broker-{i}", [n])[0] for i, n in enumerate(members)]
         store = {**SMALL_STORE, "flush_disk_type": plan.mode}
-        return brokers, {"broker_role": "ASYNC_MASTER", "store": store, **LEASE}, False
+        return brokers, {"broker_role": "ASYNC_MASTER", "store": store, **LEASE, **GRPC}, False
     if plan.mode == "SYNC_MASTER":
-        return brokers_on(lab, "broker-a", members), {**SYNC_MASTER, **LEASE}, True
-    return brokers_on(lab, "broker-a", members), {**RAFT, **LEASE}, False
+        return brokers_on(lab, "broker-a", members), {**SYNC_MASTER, **LEASE, **GRPC}, True
+    return brokers_on(lab, "broker-a", members), {**RAFT, **LEASE, **GRPC}, False
 
 
 class Run:
@@ -346,6 +384,11 @@ class Run:
                 auto_promote=auto_promote,
                 idempotence=plan.idempotent,
                 consume=True,
+                grpc=True,
+                grpc_port=GRPC["grpc_port"],
+                transactions=True,
+                txn_log_dir=str(lab.head.dir / "txn"),
+                roles_s=0.3,
             )
             self.client.wait_for("ready", timeout_s=180)
             self.client.wait_for("progress", timeout_s=120, until=lambda e: e["acked"] >= 100)
@@ -377,29 +420,69 @@ class Run:
         result.ops, result.acknowledged = verdict.ops, verdict.acknowledged
         result.duplicated, result.unexpected = verdict.duplicated, verdict.unexpected
         result.unavailable_s = verdict.unavailable_s
-        where: dict[str, tuple[str, int, str, int, float]] = {}
+        where: dict[str, tuple[str, int, str, int | None, float]] = {}
+        writes: list[Write] = []
         for op in raw:
             if op["outcome"] == ACK:
                 for body, (host, offset, mq, qoffset) in zip(op["bodies"], op["offsets"]):
-                    where[body] = (host.rpartition(":")[0], offset, mq, qoffset, op["completed"])
+                    ip = host.rpartition(":")[0] if host else ""  # gRPC: the member unknown
+                    where[body] = (ip, offset if host else -1, mq, qoffset, op["completed"])
+                    if host:
+                        writes.append(Write(mq, ip, op["invoked"], op["completed"]))
+        txn_ops = [{"door": "txn", "outcome": t.outcome} for t in verdict.notes.get("txns", [])]
+        for op in raw + txn_ops:
+            if op["outcome"] != ACK:
+                key = f"{op.get('door', 'send')} {op['outcome']}"
+                result.failures[key] = result.failures.get(key, 0) + 1
+        result.grpc_acked = sum(
+            len(op["bodies"]) for op in raw if op.get("door") == "grpc" and op["outcome"] == ACK
+        )
+        txns = verdict.notes.get("txns", [])
+        result.txns = len(txns)
+        result.txns_committed = sum(1 for t in txns if t.outcome == ACK)
+        roles = [Look(*r) for r in verdict.notes.get("roles", [])]
+        result.role_changes = len(roles)
+        result.split_roles = split_brains(writes, roles)
+        # ASYNC_FLUSH's allowed loss: acknowledged before a power loss of the broker that
+        # wrote it, past where the loss cut its CommitLog. A gRPC send's receipt names
+        # the broker but not the CommitLog offset, a transaction's neither: those count
+        # as allowed when acknowledged before a power loss of their broker (of any
+        # broker, for a transaction), and so does a commit read in part then.
         allowed = set()
+        single = {b["name"]: b["ip"] for b in self.brokers if sum(
+            x["name"] == b["name"] for x in self.brokers) == 1}  # fmt: skip
+        txn_of = {b: t for t in txns for b in t.bodies}
+        crashed_before = lambda done: any(done <= t for _, _, t in self.crashes)  # noqa: E731
         if self.plan.mode == "ASYNC_FLUSH":
             for body in verdict.lost:
-                ip, offset, _, _, done = where[body]
+                if body in txn_of:
+                    if crashed_before(txn_of[body].completed):
+                        allowed.add(body)
+                    continue
+                ip, offset, mq, _, done = where[body]
+                if not ip:  # gRPC: its broker, not its offset
+                    ip, offset = single.get(mq.partition(":")[0], ""), 1 << 62
                 if any(ip == cip and offset >= cut and done <= t for cip, cut, t in self.crashes):
                     allowed.add(body)
+        result.torn = [
+            t for t in verdict.notes.get("torn", [])
+            if self.plan.mode != "ASYNC_FLUSH"
+            or txn_of[t.partition("..")[0]].outcome != ACK
+            or not crashed_before(txn_of[t.partition("..")[0]].completed)
+        ]  # fmt: skip
         result.allowed_loss = sorted(allowed)
         result.lost = [b for b in verdict.lost if b not in allowed]
         slots: dict[tuple[str, int], set[str]] = defaultdict(set)
         for body, (_, _, mq, qoffset, _) in where.items():
-            if body not in allowed:
+            if body not in allowed and qoffset is not None:  # a gRPC send's is unknown
                 slots[(mq, qoffset)].add(body)
         result.split_brain = sorted(
             f"{mq}@{q}: {sorted(b)}" for (mq, q), b in slots.items() if len(b) > 1
         )
         per_queue: dict[str, list[float]] = defaultdict(list)
-        for _, _, mq, _, done in where.values():
-            per_queue[mq].append(done)
+        for _, _, mq, qoffset, done in where.values():
+            if qoffset is not None:
+                per_queue[mq].append(done)
         worst = 0.0
         for times in per_queue.values():
             times.sort()

@@ -12,7 +12,9 @@ are the setup and the verdict every scenario (and ``benchmarks.faults``) shares.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import queue
 import subprocess
 import sys
@@ -22,7 +24,7 @@ from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 import ray
-from checker import Op, Verdict, check
+from checker import ABORTED, Op, Verdict, check, torn_transactions
 
 import actors
 from actors import BrokerSpec, PullStatus, SendStatus
@@ -32,6 +34,8 @@ from storage.message_id import parse_offset_msg_id
 
 if TYPE_CHECKING:
     from harness import FaultLab, Node
+
+log = logging.getLogger("raymq.tests.faults.workload")
 
 SMALL_STORE = {
     "commitlog_file_size": 8 << 20,
@@ -120,6 +124,147 @@ class Sender:
     def last_hosts(self) -> list[str]:
         """The store hosts that wrote the latest acknowledged send (a group's leader)."""
         return next((op["hosts"] for op in reversed(self.ops) if op["outcome"] == "SEND_OK"), [])
+
+
+class GrpcSender:
+    """Sends single unique bodies (``g-...``) through the RocketMQ 5 gRPC door with the
+    official client (``rocketmq-python-client``), paced, from one thread; its ops are
+    kept as :class:`Sender`'s, with only the broker group the receipt names (its
+    message id does not name the member that wrote it, nor the receipt the queue)."""
+
+    def __init__(self, cluster: actors.Cluster, spec: dict[str, Any]) -> None:
+        self.cluster, self.topic, self.pace_s = cluster, spec["topic"], spec["grpc_pace_s"]
+        self.addrs = [f"{b['ip']}:{spec['grpc_port']}" for b in spec["brokers"]]
+        self.ops: list[dict[str, Any]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        from rocketmq import ClientConfiguration, Credentials
+        from rocketmq import Message as GrpcMessage
+        from rocketmq import Producer as GrpcProducer
+
+        producer = None
+        while producer is None and not self.stop.is_set():
+            try:  # the first route query needs a broker that answers
+                ak, sk = self.cluster.grpc_credentials()
+                endpoints = ";".join(self.addrs)
+                config = ClientConfiguration(endpoints, Credentials(ak, sk), request_timeout=3)
+                producer = GrpcProducer(config, (self.topic,))
+                producer.startup()
+            except Exception:  # noqa: BLE001 - told on stderr, tried again
+                log.exception("the gRPC producer did not start; trying again")
+                producer = None
+                self.stop.wait(1.0)
+        seq = 0
+        while producer is not None and not self.stop.is_set():
+            body = f"g-{seq:08d}"
+            seq += 1
+            msg = GrpcMessage()
+            msg.topic, msg.body = self.topic, body.encode()
+            invoked = time.monotonic()
+            offsets: list[list[Any]] = []
+            try:
+                receipt = producer.send(msg)
+                # the broker the client sent to (kept private, name-mangled); the queue
+                # is the broker's choice, as RocketMQ's proxy's, so the receipt's queue id
+                # is not where the message went, nor its offset in which queue
+                broker = receipt.message_queue._MessageQueue__broker_name
+                offsets.append([None, None, f"{broker}:", None])
+                outcome = "SEND_OK"
+            except Exception as exc:  # noqa: BLE001 - every failure is part of the history
+                outcome = type(exc).__name__
+            self.ops.append(
+                {"bodies": [body], "invoked": invoked, "completed": time.monotonic(),
+                 "outcome": outcome, "brokers": [], "hosts": [], "offsets": offsets,
+                 "door": "grpc"}
+            )  # fmt: skip
+            self.stop.wait(self.pace_s)
+        if producer is not None:
+            with contextlib.suppress(Exception):
+                producer.shutdown()
+
+
+class TxnSender:
+    """Multi-message transactions (``TransactionalProducer``) of ``txn_size`` unique
+    bodies (``t-...``) spread over every queue, hence over every broker of the topic,
+    from one thread; every ``abort_every``-th is aborted on purpose. Each transaction is
+    one op, its outcome ``SEND_OK`` (the commit answered), ``ABORTED`` or the
+    exception's name (its end unknown)."""
+
+    def __init__(self, cluster: actors.Cluster, spec: dict[str, Any]) -> None:
+        self.cluster, self.spec = cluster, spec
+        self.ops: list[dict[str, Any]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        spec = self.spec
+        producer = self.cluster.transactional_producer(
+            "fault-txn",
+            "fault-txn-1",
+            coordinator_log_dir=spec["txn_log_dir"],
+            send_timeout_s=spec["send_timeout_s"],
+        )
+        seq = 0
+        n = 0
+        while not self.stop.is_set():
+            bodies = [f"t-{seq + i:08d}" for i in range(spec["txn_size"])]
+            seq += len(bodies)
+            n += 1
+            invoked = time.monotonic()
+            txn = None
+            try:
+                txn = producer.begin()
+                txn.send([Message(spec["topic"], b.encode()) for b in bodies])
+                if n % spec["abort_every"] == 0:
+                    txn.abort()
+                    outcome = ABORTED
+                else:
+                    txn.commit()
+                    outcome = "SEND_OK"
+            except Exception as exc:  # noqa: BLE001 - every failure is part of the history
+                outcome = type(exc).__name__
+                if txn is not None:
+                    with contextlib.suppress(Exception):
+                        txn.abort()  # what the coordinator decides stands; free the producer
+            self.ops.append(
+                {"bodies": bodies, "invoked": invoked, "completed": time.monotonic(),
+                 "outcome": outcome, "door": "txn"}
+            )  # fmt: skip
+            self.stop.wait(spec["txn_pace_s"])
+        with contextlib.suppress(Exception):
+            producer.close()
+
+
+def watch_roles(
+    cluster: actors.Cluster, spec: dict[str, Any], stop: threading.Event, out: list[list[Any]]
+) -> None:
+    """The role history: every ``roles_s`` each broker member's own word on its role, kept
+    as ``[t, member, host ip, leads, epoch]`` whenever it changes (``leads``: a master or
+    Raft leader that is not fenced; ``epoch``: its Raft term or its master epoch)."""
+    last: dict[str, tuple[Any, ...]] = {}
+    handles: dict[str, Any] = {}
+    while not stop.wait(spec["roles_s"]):
+        for b in spec["brokers"]:
+            key = f"{b['name']}-{b['id']}"
+            t = time.monotonic()
+            try:
+                if key not in handles:
+                    handles[key] = cluster.broker(b["name"], b["id"])
+                st = ray.get(handles[key].status.remote(), timeout=1.0)
+            except Exception:  # noqa: BLE001 - down, restarting or partitioned
+                handles.pop(key, None)
+                continue
+            raft = st.get("raft_role")
+            leads = (raft == "leader" if raft else st.get("role") == "MASTER") and not st.get(
+                "fenced"
+            )
+            epoch = int(st.get("term", st.get("master_epoch", 0)) or 0)
+            state = (st.get("node_ip"), leads, epoch)
+            if last.get(key) != state:
+                out.append([t, key, st.get("node_ip"), leads, epoch])
+                last[key] = state
 
 
 class Committer:
@@ -281,6 +426,18 @@ def main() -> None:
     committer = Committer(cluster, spec["topic"], sender.stop) if spec.get("consume") else None
     if committer is not None:
         committer.thread.start()
+    doors: list[GrpcSender | TxnSender] = []
+    if spec.get("grpc"):
+        doors.append(GrpcSender(cluster, spec))
+    if spec.get("transactions"):
+        doors.append(TxnSender(cluster, spec))
+    for door in doors:
+        door.stop = sender.stop
+        door.thread.start()
+    roles: list[list[Any]] = []
+    if spec.get("roles_s"):
+        args = (cluster, spec, sender.stop, roles)
+        threading.Thread(target=watch_roles, args=args, daemon=True).start()
     threading.Thread(target=commands, args=(cluster, spec, sender), daemon=True).start()
     if spec.get("watch"):
         args = (cluster, sender.stop, spec["watch"])
@@ -296,10 +453,14 @@ def main() -> None:
     sender.thread.join(timeout=60)
     if committer is not None:
         committer.thread.join(timeout=60)
+    for door in doors:
+        door.thread.join(timeout=60)
     read = read_all(cluster, spec["topic"])
     emit(
         "history",
-        ops=sender.ops,
+        ops=sender.ops + [op for d in doors if isinstance(d, GrpcSender) for op in d.ops],
+        txns=[op for d in doors if isinstance(d, TxnSender) for op in d.ops],
+        roles=roles,
         read=read,
         committed=committer.seen if committer else [],
         commit_failures=committer.failures if committer else 0,
@@ -379,6 +540,7 @@ def brokers_on(lab: FaultLab, name: str, nodes: Sequence[str]) -> list[dict[str,
             "id": i,
             "node": lab.nodes[n].resource,
             "store_dir": str(lab.nodes[n].dir / "store" / f"{name}-{i}"),
+            "ip": lab.nodes[n].ip,
         }
         for i, n in enumerate(nodes)
     ]
@@ -395,7 +557,12 @@ def start_workload(
     """The workload in node ``client``'s namespace: a cluster on the lab's Ray with those
     brokers, 4 queues of ``topic``, an idempotent producer sending batches of 4 every
     20 ms with a 3 s send timeout (``spec`` overrides any of it: ``idempotence``,
-    ``auto_promote``, ``watch``, ``batch``, ``pace_s``...)."""
+    ``auto_promote``, ``watch``, ``batch``, ``pace_s``...). Also, when asked:
+    ``consume`` (a group committing offsets), ``grpc`` (single sends through the gRPC
+    door every ``grpc_pace_s``; the brokers need ``grpc_enable`` on ``grpc_port``),
+    ``transactions`` (transactions of ``txn_size`` every ``txn_pace_s``, every
+    ``abort_every``-th aborted, the coordinator's log in ``txn_log_dir``), ``roles_s``
+    (the role history, looked at that often)."""
     return Workload(
         lab,
         lab.nodes[client],
@@ -410,6 +577,11 @@ def start_workload(
             "send_timeout_s": 3.0,
             "batch": 4,
             "pace_s": 0.02,
+            "grpc_pace_s": 0.1,
+            "txn_size": 4,
+            "txn_pace_s": 0.2,
+            "abort_every": 5,
+            "roles_s": 0,
             **spec,
         },
     )
@@ -417,13 +589,19 @@ def start_workload(
 
 def finish(client: Workload, timeout_s: float = 120.0) -> tuple[list[dict[str, Any]], Verdict]:
     """Stop the sends, read the history back and check it: (the raw ops, the verdict; its
-    ``notes["committed"]``: the committed offsets a ``consume`` workload read back)."""
+    ``notes["committed"]``: the committed offsets a ``consume`` workload read back;
+    ``notes["txns"]`` and ``notes["torn"]``: a ``transactions`` workload's transactions
+    and those read in part; ``notes["roles"]``: the role history of a ``roles_s`` one)."""
     client.stop()
     history = client.wait_for("history", timeout_s=timeout_s)
     code = client.proc.wait(timeout=60)
     assert code == 0, f"the workload exited {code}:\n{client.tail()}"
-    verdict = check([Op.from_json(o) for o in history["ops"]], history["read"])
+    txns = [Op.from_json(o) for o in history.get("txns", [])]
+    verdict = check([Op.from_json(o) for o in history["ops"]] + txns, history["read"])
     verdict.notes["committed"] = history.get("committed", [])
+    verdict.notes["torn"] = torn_transactions(txns, history["read"])
+    verdict.notes["txns"] = txns
+    verdict.notes["roles"] = history.get("roles", [])
     return history["ops"], verdict
 
 
