@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -700,6 +701,40 @@ class LiteStore:
         t = self.table
         lids = np.flatnonzero(t.parent[: t.size] == pid).tolist()
         return sorted(n for n in (self._names[i] for i in lids) if n is not None)
+
+    def describe(self, parent: str, lite_topic: str) -> dict[str, Any] | None:
+        """A live lite topic's message count (its max offset), the store time of its
+        last write and each group's committed offset in it; None if it does not exist."""
+        p = self._parent(parent)
+        name = validate_lite_name(lite_topic)
+        with self._lock:
+            lid = self._ids.get(f"{p.pid}\x01{name}")
+            if lid is None:
+                return None
+            t, gen = self.table, int(self.table.gen[lid])
+            committed = {g: self.offsets.get(g, lid, gen) for g in self.offsets.groups()}
+            return {
+                "max_offset": int(t.next_off[lid]),
+                "last_write_ms": int(t.last_ms[lid]),
+                "committed": {g: off for g, off in committed.items() if off >= 0},
+            }
+
+    def delete(self, parent: str, lite_topic: str) -> bool:
+        """Delete ``lite_topic`` now, as its TTL would: its groups' offsets go with it
+        and a later send creates it anew from offset 0. False if it does not exist."""
+        p = self._parent(parent)
+        name = validate_lite_name(lite_topic)
+        with self._lock:
+            self._check_open()
+            lid = self._ids.get(f"{p.pid}\x01{name}")
+            if lid is None:
+                return False
+            self._names_log.write(encode(DELETE, lid, int(self.table.gen[lid]), 0))
+            self._names_log.count(1)
+            self._unbind(lid)
+            self._free.append(lid)
+        log.info("lite store %s: lite topic %r of %r deleted", self.root, name, parent)
+        return True
 
     # ------------------------------------------------------------ expiry
     def expire(self, now_ms: int | None = None) -> int:

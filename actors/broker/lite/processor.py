@@ -21,6 +21,7 @@ slave with the CommitLog's bytes and are indexed there by ``LiteStore.catch_up``
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
@@ -32,7 +33,13 @@ from actors.broker.ha import Replication
 from actors.broker.runtime import BrokerRuntime
 from actors.protocol.checks import validate_group
 from actors.protocol.topic import TopicConfig
-from storage.errors import BrokerUnavailableError, InvalidMessageError, PermissionDeniedError
+from storage.codec import validate_topic
+from storage.errors import (
+    BrokerUnavailableError,
+    InvalidConfigError,
+    InvalidMessageError,
+    PermissionDeniedError,
+)
 from storage.lite import LiteConfig, LiteStore, validate_lite_name
 from storage.message import GetStatus, Message
 
@@ -65,6 +72,10 @@ class LiteProcessor:
         "pull",
         "committed_offset",
         "stats",
+        "describe_parent",
+        "topics_page",
+        "describe_topic",
+        "delete_topic",
     )
     """The coroutines a Broker serves as Ray methods named ``lite_<name>``."""
 
@@ -98,6 +109,17 @@ class LiteProcessor:
         queues: int = 1,
     ) -> dict[str, Any]:
         """Create ``parent`` as a topic of type LITE (or change its quota and TTL)."""
+        validate_topic(parent)
+        for name, value in (("quota", quota), ("ttl_ms", ttl_ms)):
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise InvalidConfigError(f"{name}={value!r}: must be an int > 0")
+        if parent in self.store.parents():
+            used = self.store.count(parent)
+            if quota is not None and quota < used:
+                raise InvalidConfigError(
+                    f"quota={quota} for LITE topic {parent!r}: below the {used} lite topics "
+                    "it holds now"
+                )
         await self.admin.create_topic(TopicConfig(parent, queues, queues))
         self.store.declare_parent(parent, quota=quota, ttl_ms=ttl_ms)
         p = self.store.parent_settings(parent)
@@ -111,6 +133,67 @@ class LiteProcessor:
 
     async def topics(self, parent: str) -> list[str]:
         return await self.rt.run(self.store.lite_topics, parent)
+
+    async def describe_parent(self, parent: str) -> dict[str, int]:
+        """A parent's quota, TTL and live lite topics (``NotALiteParentError`` for a
+        topic of another type)."""
+        return self.store.parent_settings(parent)
+
+    async def topics_page(self, parent: str, after: str = "", limit: int = 100) -> dict[str, Any]:
+        """The live lite topics of ``parent`` sorted by name, the first ``limit`` after
+        ``after``: ``{"lite_topics", "total"}``."""
+        if not isinstance(limit, int) or not 1 <= limit <= 10_000:
+            raise InvalidMessageError(f"limit={limit!r}: an int from 1 to 10000")
+        if not isinstance(after, str):
+            raise InvalidMessageError(f"after={after!r}: a lite topic name or ''")
+        names = await self.rt.run(self.store.lite_topics, parent)
+        start = bisect.bisect_right(names, after) if after else 0
+        return {"lite_topics": names[start : start + limit], "total": len(names)}
+
+    async def describe_topic(self, parent: str, lite_topic: str) -> dict[str, Any] | None:
+        """One lite topic: its min and max offsets, last write time, and per group that
+        committed in it or consumes it: committed offset, lag and owning client. None
+        if it does not exist here."""
+        found = await self.rt.run(self.store.describe, parent, lite_topic)
+        if found is None:
+            return None
+        first = await self.rt.run(self.store.get_raw, parent, lite_topic, 0, 1)
+        top = found["max_offset"]
+        groups: dict[str, dict[str, Any]] = {}
+        with self._lock:
+            owners = {
+                group: g.owner.get(lite_topic)
+                for (group, p), g in self._groups.items()
+                if p == parent and lite_topic in g.subscribers
+            }
+        for group in sorted(set(found["committed"]) | set(owners)):
+            committed = found["committed"].get(group, -1)
+            groups[group] = {
+                "committed_offset": committed,
+                "lag": top - max(committed, first.min_offset),
+                "owner": owners.get(group),
+            }
+        return {
+            "parent": parent,
+            "lite_topic": lite_topic,
+            "min_offset": min(first.min_offset, top),
+            "max_offset": top,
+            "last_write_ms": found["last_write_ms"],
+            "groups": groups,
+        }
+
+    async def delete_topic(self, parent: str, lite_topic: str) -> bool:
+        """Delete a lite topic now with its groups' offsets and subscriptions; False
+        if it does not exist here."""
+        deleted = await self.rt.run(self.store.delete, parent, lite_topic)
+        with self._lock:
+            for (_, p), g in self._groups.items():
+                if p != parent:
+                    continue
+                for client in list(g.subscribers.get(lite_topic, ())):
+                    g.subscribed.get(client, set()).discard(lite_topic)
+                    self._drop(g, lite_topic, client)
+        return deleted
 
     # ------------------------------------------------------------ send
     async def send(
