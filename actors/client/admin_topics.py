@@ -20,11 +20,13 @@ from actors.protocol.topic import (
 )
 from storage import codec
 from storage.errors import (
+    InvalidConfigError,
     InvalidMessageError,
     OffsetOutOfRangeError,
     PermissionDeniedError,
     TopicNotFoundError,
 )
+from storage.lite import validate_lite_name
 from storage.message import MessageExt
 
 log = logging.getLogger("raymq.actors.admin")
@@ -108,6 +110,104 @@ class TopicAdmin(AdminBase):
         ):
             rows.extend(part)
         return rows
+
+    # ------------------------------------------------------------ LITE parents
+    def create_lite_topic(
+        self,
+        parent: str,
+        *,
+        quota: int | None = None,
+        ttl_ms: int | None = None,
+        brokers: Sequence[str] | None = None,
+    ) -> dict[str, dict[str, int]]:
+        """Create ``parent`` as a topic of type LITE on the given brokers (default: every
+        live master), or change its quota (live lite topics per broker) and TTL (ms after
+        a lite topic's last write); the brokers' defaults when None. Checked on every
+        broker before any changes: a quota below a broker's live lite topics is
+        refused. Per broker: quota, TTL, live lite topics."""
+        codec.validate_topic(parent)
+        for what, value in (("quota", quota), ("ttl_ms", ttl_ms)):
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value <= 0
+            ):
+                raise InvalidConfigError(f"{what}={value!r}: must be an int > 0")
+        self._refuse_system(parent, "a LITE parent")
+        targets = self._brokers_for(brokers)
+        if quota is not None:
+            held = self._on_all(targets, "lite_parents")
+            for name, used in self._lite_counts(parent, targets, held).items():
+                if quota < used:
+                    raise InvalidConfigError(
+                        f"quota={quota} for LITE topic {parent!r}: broker {name} holds "
+                        f"{used} of its lite topics"
+                    )
+        done: dict[str, dict[str, int]] = {}
+        for name, made in self._on_all(
+            targets, "lite_create_parent", parent, quota, ttl_ms
+        ).items():
+            done[name] = {k: v for k, v in made.items() if k != "parent"}
+        self.ns.invalidate(parent)
+        return done
+
+    def _lite_counts(
+        self, parent: str, targets: dict[str, Any], held: dict[str, Any]
+    ) -> dict[str, int]:
+        asked = [n for n in targets if parent in held[n]]
+        counts = self._on_all({n: targets[n] for n in asked}, "lite_describe_parent", parent)
+        return {n: c["lite_topics"] for n, c in counts.items()}
+
+    def lite_parents(self) -> list[str]:
+        """The topics of type LITE on the live masters, sorted."""
+        found = self._on_all(self.brokers(), "lite_parents")
+        return sorted({p for parents in found.values() for p in parents})
+
+    def describe_lite_topic(self, parent: str) -> dict[str, Any]:
+        """A LITE parent: per broker its quota, TTL and live lite topics, and the totals
+        (``lite_topics``, ``quota``, ``quota_used`` as a fraction)."""
+        per = self._on_all(self._topic_brokers(parent), "lite_describe_parent", parent)
+        total = sum(p["lite_topics"] for p in per.values())
+        quota = sum(p["quota"] for p in per.values())
+        return {
+            "parent": parent,
+            "lite_topics": total,
+            "quota": quota,
+            "quota_used": total / quota if quota else 0.0,
+            "ttl_ms": max((p["ttl_ms"] for p in per.values()), default=0),
+            "brokers": dict(sorted(per.items())),
+        }
+
+    def list_lite_topics(self, parent: str, after: str = "", limit: int = 100) -> dict[str, Any]:
+        """One page of ``parent``'s live lite topics sorted by name, those after
+        ``after``: ``{"lite_topics", "total", "next"}``; ``next`` is the ``after`` of the
+        next page (None on the last). Each broker sorts its own: a page costs a walk
+        of every broker's table."""
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 10_000:
+            raise InvalidMessageError(f"limit={limit!r}: an int from 1 to 10000")
+        pages = self._on_all(self._topic_brokers(parent), "lite_topics_page", parent, after, limit)
+        names = sorted(n for page in pages.values() for n in page["lite_topics"])[:limit]
+        total = sum(page["total"] for page in pages.values())
+        more = sum(page["remaining"] for page in pages.values()) > len(names)
+        last = names[-1] if names else None
+        return {"lite_topics": names, "total": total, "next": last if more else None}
+
+    def lite_topic_status(self, parent: str, lite_topic: str) -> dict[str, Any]:
+        """One lite topic: its broker, min and max offsets, last write (ms) and per
+        consumer group its committed offset, lag and owning client."""
+        validate_lite_name(lite_topic)
+        found = self._on_all(self._topic_brokers(parent), "lite_describe_topic", parent, lite_topic)
+        for name, info in sorted(found.items()):
+            if info is not None:
+                return {"broker": name, **info}
+        raise TopicNotFoundError(f"lite topic {lite_topic!r} of {parent!r} does not exist")
+
+    def delete_lite_topic(self, parent: str, lite_topic: str) -> list[str]:
+        """Delete a lite topic now with its groups' offsets (a later send creates it
+        anew from offset 0): the brokers it was deleted on."""
+        validate_lite_name(lite_topic)
+        done = self._on_all(self._topic_brokers(parent), "lite_delete_topic", parent, lite_topic)
+        if not any(done.values()):
+            raise TopicNotFoundError(f"lite topic {lite_topic!r} of {parent!r} does not exist")
+        return sorted(name for name, deleted in done.items() if deleted)
 
     # ------------------------------------------------------------ lookups
     def query_by_key(

@@ -2,6 +2,8 @@
 
     raymq up [--config cluster.yaml] [--nameservers 2] [--brokers 2] [--local] [--console] ...
     raymq status | down | topic create|update|delete|list|status | send | consume
+    raymq topic create P --type LITE [--quota N] [--ttl-ms MS]   (a parent of lite topics)
+    raymq lite describe P | list P [--after NAME] [--limit 100] | status|delete P LITE_TOPIC
     raymq query --key K --topic T [--begin TIME] [--end TIME] | --id ID
     raymq lag --group G      raymq offset reset --group G --topic T --to TIME|earliest|latest
     raymq broker promote BROKER [--id N] [--role SYNC_MASTER] [--force]
@@ -238,7 +240,21 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 def cmd_topic(args: argparse.Namespace) -> int:
     admin = _cluster(args).admin
-    if args.topic_cmd == "create":
+    if args.topic_cmd == "create" and args.type == "LITE":
+        brokers = args.brokers.split(",") if args.brokers else None
+        made = admin.create_lite_topic(
+            args.name, quota=args.quota, ttl_ms=args.ttl_ms, brokers=brokers
+        )
+        rows = [{"broker": b, **v} for b, v in sorted(made.items())]
+        _emit(
+            args,
+            {"topic": args.name, "type": "LITE", "brokers": made},
+            f"created {args.name} (LITE)\n"
+            + _table(rows, ["broker", "quota", "ttl_ms", "lite_topics"]),
+        )
+    elif args.topic_cmd == "create":
+        if args.quota is not None or args.ttl_ms is not None:
+            raise RayMQError("--quota and --ttl-ms are for --type LITE")
         brokers = args.brokers.split(",") if args.brokers else None
         tc = admin.create_topic(
             args.name, args.read_queues, args.write_queues, args.perm, brokers=brokers
@@ -286,6 +302,48 @@ def cmd_topic(args: argparse.Namespace) -> int:
             args,
             rows,
             _table(rows, ["broker", "queue_id", "min_offset", "max_offset", "last_update_ms"]),
+        )
+    return 0
+
+
+def cmd_lite(args: argparse.Namespace) -> int:
+    """``lite``: the lite topics of a parent of type LITE."""
+    admin = _cluster(args).admin
+    if args.lite_cmd == "describe":
+        d = admin.describe_lite_topic(args.parent)
+        rows = [{"broker": b, **v} for b, v in d["brokers"].items()]
+        _emit(
+            args,
+            d,
+            f"{args.parent} (LITE): {d['lite_topics']} lite topics, quota {d['quota']} "
+            f"({d['quota_used']:.1%} used), ttl {d['ttl_ms']} ms\n"
+            + _table(rows, ["broker", "quota", "ttl_ms", "lite_topics"]),
+        )
+    elif args.lite_cmd == "list":
+        page = admin.list_lite_topics(args.parent, args.after, args.limit)
+        more = f"\n(next page: --after {page['next']})" if page["next"] is not None else ""
+        _emit(
+            args,
+            page,
+            "\n".join(page["lite_topics"] or ["(none)"])
+            + f"\n({len(page['lite_topics'])} of {page['total']}){more}",
+        )
+    elif args.lite_cmd == "status":
+        st = admin.lite_topic_status(args.parent, args.lite_topic)
+        rows = [{"group": g, **v} for g, v in st["groups"].items()]
+        _emit(
+            args,
+            st,
+            f"{args.parent}/{args.lite_topic} on {st['broker']}: offsets "
+            f"{st['min_offset']}..{st['max_offset']}, last write {st['last_write_ms']}\n"
+            + _table(rows, ["group", "committed_offset", "lag", "owner"]),
+        )
+    else:
+        brokers = admin.delete_lite_topic(args.parent, args.lite_topic)
+        _emit(
+            args,
+            {"parent": args.parent, "lite_topic": args.lite_topic, "deleted_on": brokers},
+            f"deleted lite topic {args.lite_topic} of {args.parent} on {brokers}",
         )
     return 0
 
@@ -720,6 +778,16 @@ def _parser() -> argparse.ArgumentParser:
         )
         if name == "create":
             t.add_argument("--brokers", help="comma-separated broker names (default: all)")
+            t.add_argument(
+                "--type",
+                choices=["NORMAL", "LITE"],
+                default="NORMAL",
+                help="LITE: a parent of lite topics",
+            )
+            t.add_argument("--quota", type=_count, help="LITE: live lite topics per broker at most")
+            t.add_argument(
+                "--ttl-ms", type=_count, help="LITE: a lite topic's life after its last write"
+            )
         t.set_defaults(fn=cmd_topic)
     t = tsub.add_parser("delete", parents=[common])
     t.add_argument("name", type=_name)
@@ -730,6 +798,22 @@ def _parser() -> argparse.ArgumentParser:
     t = tsub.add_parser("status", parents=[common])
     t.add_argument("name", type=_name)
     t.set_defaults(fn=cmd_topic)
+
+    lite = sub.add_parser("lite", help="lite topics of a LITE parent: describe, list, ...")
+    lsub = lite.add_subparsers(dest="lite_cmd", required=True)
+    x = lsub.add_parser("describe", parents=[common], help="quota, TTL, lite topics")
+    x.add_argument("parent", type=_name)
+    x.set_defaults(fn=cmd_lite)
+    x = lsub.add_parser("list", parents=[common], help="a page of lite topics by name")
+    x.add_argument("parent", type=_name)
+    x.add_argument("--after", default="", help="the last name of the page before")
+    x.add_argument("--limit", type=_count, default=100, help="names per page")
+    x.set_defaults(fn=cmd_lite)
+    for cmd, what in (("status", "offsets, groups' offsets and lag"), ("delete", "delete now")):
+        x = lsub.add_parser(cmd, parents=[common], help=what)
+        x.add_argument("parent", type=_name)
+        x.add_argument("lite_topic", type=_name)
+        x.set_defaults(fn=cmd_lite)
 
     send = sub.add_parser(
         "send", parents=[common], help="send messages (body, file or stdin lines)"

@@ -141,14 +141,19 @@ class LiteProcessor:
 
     async def topics_page(self, parent: str, after: str = "", limit: int = 100) -> dict[str, Any]:
         """The live lite topics of ``parent`` sorted by name, the first ``limit`` after
-        ``after``: ``{"lite_topics", "total"}``."""
+        ``after``: ``{"lite_topics", "total", "remaining"}`` (``remaining``: the names
+        after ``after``, this page's included)."""
         if not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise InvalidMessageError(f"limit={limit!r}: an int from 1 to 10000")
         if not isinstance(after, str):
             raise InvalidMessageError(f"after={after!r}: a lite topic name or ''")
         names = await self.rt.run(self.store.lite_topics, parent)
         start = bisect.bisect_right(names, after) if after else 0
-        return {"lite_topics": names[start : start + limit], "total": len(names)}
+        return {
+            "lite_topics": names[start : start + limit],
+            "total": len(names),
+            "remaining": len(names) - start,
+        }
 
     async def describe_topic(self, parent: str, lite_topic: str) -> dict[str, Any] | None:
         """One lite topic: its min and max offsets, last write time, and per group that
