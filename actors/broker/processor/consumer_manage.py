@@ -86,6 +86,8 @@ class ConsumerManageProcessor:
             self.rt.offsets.commit(group, topic, qid, off)
         self.role.on_commit_offsets(group, offsets)
         self.rt.consumers.touch(group, client_id, frozenset(t for t, _ in offsets))
+        if self.rt.store.config.sync_flush:  # answered once on disk, as a SYNC_FLUSH write
+            await self.rt.run(self.rt.offsets.sync)
         return len(offsets)
 
     async def fence_offsets(self, group: str, fences: dict[tuple[str, int], FencingToken]) -> int:
@@ -185,6 +187,8 @@ class ConsumerManageProcessor:
         for (t, qid), off in table.items():
             self.rt.offsets.commit(group, t, qid, off)
         self.role.on_commit_offsets(group, table)
+        if self.rt.store.config.sync_flush:
+            await self.rt.run(self.rt.offsets.sync)
         return {qid: off for (_, qid), off in table.items()}
 
     async def consumer_list(self, group: str) -> list[str]:
