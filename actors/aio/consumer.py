@@ -207,7 +207,7 @@ class AsyncConsumer:
         self._queues: dict[MessageQueue, _Queue] = {}
         self._changed = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
-        self._fetchers: dict[str, asyncio.Task[Any]] = {}
+        self._fetchers: dict[tuple[str, str], asyncio.Task[Any]] = {}  # by (broker, topic)
         self._last: dict[asyncio.Task[Any] | None, ConsumedMessage] = {}  # by loop's task
         self._dirty = False
         self._commit_lock: asyncio.Lock | None = None
@@ -469,11 +469,13 @@ class AsyncConsumer:
         self._queues[mq] = _Queue(mq, offset)
 
     def _start_fetchers(self) -> None:
-        """A pulling task for each broker holding a queue of ours (one not running yet)."""
-        for broker_name in {mq.broker_name for mq in self._queues}:
-            task = self._fetchers.get(broker_name)
+        """A pulling task for each broker and topic of our queues (one not running yet):
+        the retry topic's queues, empty most of the time, are held apart from the
+        topic's, whose pulls a message wakes."""
+        for key in {(mq.broker_name, mq.topic) for mq in self._queues}:
+            task = self._fetchers.get(key)
             if task is None or task.done():
-                self._fetchers[broker_name] = asyncio.ensure_future(self._fetch(broker_name))
+                self._fetchers[key] = asyncio.ensure_future(self._fetch(*key))
         self._changed.set()
 
     def _readable_queues(self, topic: str) -> list[MessageQueue]:
@@ -547,19 +549,19 @@ class AsyncConsumer:
         return await master(self.ns, mq.topic, mq.broker_name)
 
     # ------------------------------------------------------------ pulling
-    async def _fetch(self, broker_name: str) -> None:
-        """Pulls of this consumer's queues on ``broker_name``, one held call at a time."""
+    async def _fetch(self, broker_name: str, topic: str) -> None:
+        """Pulls of this consumer's queues of ``topic`` on ``broker_name``, one held
+        call at a time."""
         failures = 0
         while not self.closed:
-            wanted = [
+            mine = [
                 q
                 for q in self._queues.values()
-                if q.mq.broker_name == broker_name
-                and len(q.buffer) < self.buffer_messages
-                and not q.revoking
+                if q.mq.broker_name == broker_name and q.mq.topic == topic
             ]
+            wanted = [q for q in mine if len(q.buffer) < self.buffer_messages and not q.revoking]
             if not wanted:
-                if not any(q.mq.broker_name == broker_name for q in self._queues.values()):
+                if not mine:
                     return
                 self._changed.clear()
                 await self._changed.wait()
