@@ -11,7 +11,11 @@ One broker (ASYNC_FLUSH), 100 B messages, producer and consumer in this process:
   over an ``AsyncConsumer``); p50, p99 and p99.9 of each, and async / sync;
 * rate: ``--messages`` single messages, ``await send(message)`` from 256 tasks on one
   loop against ``send_async(message)`` futures from one thread (all answered), in
-  messages a second, and async / sync.
+  messages a second, and async / sync;
+* transactions: ``--messages`` / 10 one-message transactions committed one after
+  another (half message, local transaction, end answered by the broker):
+  ``TransactionProducer.send_message_in_transaction`` (``end_oneway=False``) against
+  ``await AsyncTransactionalProducer.send_message_in_transaction``, a second each.
 
 The two ways alternate ``--rounds`` times in the one run (the machine's drift is
 shared); each round's figures are printed and the ratios are the medians'.
@@ -37,13 +41,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _local import start_local_ray  # noqa: E402
 
 import actors  # noqa: E402
-from actors import PullStatus  # noqa: E402
-from actors.aio import AsyncConsumer, AsyncProducer  # noqa: E402
+from actors import LocalTransactionState, PullStatus, TransactionProducer  # noqa: E402
+from actors.aio import AsyncConsumer, AsyncProducer, AsyncTransactionalProducer  # noqa: E402
 from storage import Message  # noqa: E402
 
 STAMP = struct.Struct(">d")
 BODY = b"x" * (100 - STAMP.size)
-LAT_TOPIC, RATE_TOPIC = "AioLatency", "AioRate"
+LAT_TOPIC, RATE_TOPIC, TXN_TOPIC = "AioLatency", "AioRate", "AioTxn"
+COMMIT = LocalTransactionState.COMMIT_MESSAGE
 
 
 def percentiles(samples: list[float]) -> tuple[float, float, float]:
@@ -155,6 +160,39 @@ async def async_rate(namespace: str, n: int, tasks: int = 256) -> float:
         return per * tasks / (time.perf_counter() - t0)
 
 
+# ------------------------------------------------------------ transactions
+class Commit:
+    def execute_local_transaction(self, msg: Message, arg: Any) -> LocalTransactionState:
+        return COMMIT
+
+    def check_local_transaction(self, msg: Message) -> LocalTransactionState:
+        return COMMIT
+
+
+def sync_txn_rate(namespace: str, n: int) -> float:
+    producer = TransactionProducer("txn-sync", Commit(), namespace=namespace, end_oneway=False)
+    try:
+        producer.send_message_in_transaction(Message(TXN_TOPIC, BODY))  # routes, connection
+        t0 = time.perf_counter()
+        for _ in range(n):
+            producer.send_message_in_transaction(Message(TXN_TOPIC, BODY))
+        return n / (time.perf_counter() - t0)
+    finally:
+        producer.close()
+
+
+async def async_txn_rate(namespace: str, n: int) -> float:
+    async def execute(message: Message) -> LocalTransactionState:
+        return COMMIT
+
+    async with AsyncTransactionalProducer("txn-async", namespace=namespace) as producer:
+        await producer.send_message_in_transaction(Message(TXN_TOPIC, BODY), execute)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            await producer.send_message_in_transaction(Message(TXN_TOPIC, BODY), execute)
+        return n / (time.perf_counter() - t0)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=int, default=1000)
@@ -170,11 +208,17 @@ def main() -> int:
         nameservers=1,
         brokers=1,
         store_root=root,
-        topics=[actors.TopicConfig(LAT_TOPIC, 4, 4), actors.TopicConfig(RATE_TOPIC, 4, 4)],
+        topics=[
+            actors.TopicConfig(LAT_TOPIC, 4, 4),
+            actors.TopicConfig(RATE_TOPIC, 4, 4),
+            actors.TopicConfig(TXN_TOPIC, 4, 4),
+        ],
         broker_options={"store": {"flush_disk_type": "ASYNC_FLUSH"}},
     )
     lat: dict[str, list[tuple[float, float, float]]] = {"sync": [], "async": []}
     rate: dict[str, list[float]] = {"sync": [], "async": []}
+    txn: dict[str, list[float]] = {"sync": [], "async": []}
+    n_txn = max(1, args.messages // 10)
     try:
         for r in range(args.rounds):
             s = percentiles(sync_latency(cluster, args.rate, args.seconds, f"lat-sync-{r}"))
@@ -190,6 +234,13 @@ def main() -> int:
             ms = lambda t: " / ".join(f"{x * 1000:.2f}" for x in t)  # noqa: E731
             print(f"round {r + 1}: latency p50/p99/p99.9 ms  sync {ms(s)}  async {ms(a)}")
             print(f"round {r + 1}: single-message rate msg/s  sync {rs:,.0f}  async {ra:,.0f}")
+            ts = sync_txn_rate(namespace, n_txn)
+            ta = asyncio.run(async_txn_rate(namespace, n_txn))
+            txn["sync"].append(ts)
+            txn["async"].append(ta)
+            print(
+                f"round {r + 1}: transactions a second, one at a time  sync {ts:,.0f}  async {ta:,.0f}"
+            )
         med = {k: [statistics.median(x[i] for x in v) for i in range(3)] for k, v in lat.items()}
         print(f"\nproduce -> consume latency at {args.rate} msg/s (median of rounds), ms:")
         for k in ("sync", "async"):
@@ -208,6 +259,11 @@ def main() -> int:
         print(
             f"single-message sends: sync send_async {rs:,.0f} msg/s, "
             f"async await send (256 tasks) {ra:,.0f} msg/s, async / sync {ra / rs:.2f}"
+        )
+        ts, ta = statistics.median(txn["sync"]), statistics.median(txn["async"])
+        print(
+            f"one-message transactions one at a time: sync {ts:,.0f}/s, "
+            f"async {ta:,.0f}/s, async / sync {ta / ts:.2f}"
         )
     finally:
         cluster.shutdown()
