@@ -10,7 +10,7 @@ is indeterminate, so reading it zero times or once is fine, twice is a duplicate
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,3 +186,26 @@ def split_brains(writes: Sequence[Write], history: Sequence[Look]) -> list[str]:
                     f"{b[1]} (epoch {b[2]}) {b0:.2f}-{b1:.2f}"
                 )
     return found
+
+
+def offsets_moved_back(
+    looks: Sequence[tuple[str, int, float]], excused: Callable[[str, float, float], bool]
+) -> tuple[list[str], list[str]]:
+    """A consumer group's committed offsets read back, ``(queue, offset, when)``, that are
+    lower than one read before on the same queue: (violations, excused). ``excused(queue,
+    high_at, low_at)`` says whether a fault between the two looks allows it (a failover to
+    a member that had not copied the latest commits; a power loss of a broker that does
+    not fsync them)."""
+    seen: dict[str, list[tuple[float, int]]] = {}
+    for queue, offset, t in looks:
+        seen.setdefault(queue, []).append((t, offset))
+    bad, allowed = [], []
+    for queue, series in sorted(seen.items()):
+        high, high_at = -1, 0.0
+        for t, offset in sorted(series):
+            if offset < high:
+                what = f"{queue}: {high} at {high_at:.1f} -> {offset} at {t:.1f}"
+                (allowed if excused(queue, high_at, t) else bad).append(what)
+            if offset > high:
+                high, high_at = offset, t
+    return bad, allowed

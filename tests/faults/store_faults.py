@@ -3,7 +3,9 @@
 Each function takes a store directory (``BrokerConfig.store_dir``) of a broker that is
 not running and changes its files as that fault would: :func:`lose_unflushed` (a power
 loss: the CommitLog cut back to a point at or after what the store confirmed flushed),
-:func:`flip_bit` and :func:`truncate` (one replica's CommitLog or Raft index damaged).
+:func:`lose_offset_journal` (the consumer offsets committed since the last save, when
+the broker does not fsync them), :func:`flip_bit` and :func:`truncate` (one replica's
+CommitLog or Raft index damaged).
 """
 
 from __future__ import annotations
@@ -68,6 +70,18 @@ def lose_unflushed(store: Path, floor: int = 0) -> tuple[int, int]:
     at = min(max(flushed_offset(store), floor), end)
     cut_commitlog(store, at)
     return at, end
+
+
+def lose_offset_journal(store: Path) -> int:
+    """A power loss of a broker that does not fsync its consumer offsets' journal
+    (``ASYNC_FLUSH``): the journal's changes since the last save are gone (the save
+    fsynced the one before). Returns how many bytes were lost."""
+    journal = store / "config" / "consumerOffset.journal"
+    if not journal.exists():
+        return 0
+    size = journal.stat().st_size
+    journal.write_bytes(b"")
+    return size
 
 
 def _target(store: Path, log: str) -> Path:

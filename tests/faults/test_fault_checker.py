@@ -3,7 +3,16 @@ transactions and split brains against the brokers' role history."""
 
 from __future__ import annotations
 
-from checker import ABORTED, ACK, Look, Op, Write, split_brains, torn_transactions
+from checker import (
+    ABORTED,
+    ACK,
+    Look,
+    Op,
+    Write,
+    offsets_moved_back,
+    split_brains,
+    torn_transactions,
+)
 
 
 def txn(first: int, outcome: str, n: int = 3) -> Op:
@@ -54,3 +63,18 @@ def test_two_hosts_taking_one_queues_writes_at_once_is_a_split_brain() -> None:
     assert (
         split_brains(writes("10.0.0.1", [1, 6.5]) + writes("10.0.0.2", [5], "b:1"), history) == []
     )
+
+
+def test_committed_offsets_moving_back_are_violations_unless_a_fault_excuses_them() -> None:
+    looks = [
+        ("b:0", 10, 1.0),
+        ("b:0", 20, 2.0),
+        ("b:0", 15, 3.0),  # back, during a failover at 2.5
+        ("b:0", 30, 4.0),
+        ("b:0", 25, 6.0),  # back, no fault
+        ("b:1", 5, 1.0),
+        ("b:1", 5, 2.0),  # the same: fine
+    ]
+    bad, allowed = offsets_moved_back(looks, lambda q, hi, lo: hi < 2.5 <= lo)
+    assert allowed == ["b:0: 20 at 2.0 -> 15 at 3.0"]
+    assert bad == ["b:0: 30 at 4.0 -> 25 at 6.0"]
