@@ -526,6 +526,8 @@ class Run:
         acks = sorted(op["completed"] for op in raw if op["outcome"] == ACK)
         recover = 0.0
         for ev in self.events:
+            if not ev.ended:  # the run failed in it
+                continue
             after = next((t for t in acks if t >= ev.ended), None)
             if after is not None:
                 recover = max(recover, after - ev.ended)

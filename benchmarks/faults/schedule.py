@@ -85,8 +85,9 @@ def draw(seed: int, minutes: float, nodes: int, modes: tuple[str, ...] = MODES) 
         elif kind == "split":
             shuffled = rng.sample(everyone, len(everyone))
             cut = rng.randrange(1, (len(shuffled) + 1) // 2)
-            params["minority"] = sorted(shuffled[:cut])
-            params["majority"] = sorted(shuffled[cut:])
+            params["minority"], params["majority"] = _with_head(
+                shuffled[:cut], shuffled[cut:], members
+            )
         elif kind == "bridge":
             params["sides"] = sorted(rng.sample(members, 2))
         elif kind == "one_way":
@@ -112,3 +113,20 @@ def draw(seed: int, minutes: float, nodes: int, modes: tuple[str, ...] = MODES) 
         faults.append(Fault(kind, round(t, 1), round(duration, 1), params))
         t += duration + rng.uniform(5.0, 15.0)
     return Plan(seed, mode, idempotent, members, faults)
+
+
+def _with_head(minority: list[str], majority: list[str], members: list[str]) -> tuple[list, list]:
+    """A split's sides with the client on the head's side: the client is a Ray driver,
+    and Ray ends a driver whose node it cannot reach for seconds, the history with it.
+    A side left empty takes the first broker node of the other side."""
+    sides = [set(minority), set(majority)]
+    head, other = (sides[0], sides[1]) if "a" in sides[0] else (sides[1], sides[0])
+    if "client" in other:
+        other.discard("client")
+        head.add("client")
+        if not other:
+            moved = next(n for n in members if n in head)
+            head.discard(moved)
+            other.add(moved)
+    small, large = sorted((sorted(x) for x in sides), key=len)
+    return small, large
