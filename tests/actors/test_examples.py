@@ -65,3 +65,29 @@ def test_a_ray_serve_deployment_answers_from_the_topic_it_consumes(
     finally:
         serve.shutdown()
     assert answers == {f"o{i}": "shipped" for i in range(20)}
+
+
+def test_a_gateway_resumes_a_dropped_token_stream_exactly_after_its_offset(
+    one_broker: actors.Cluster,
+) -> None:
+    from ray import serve
+
+    ex = example("lite_token_stream")
+    ray.cloudpickle.register_pickle_by_value(ex)  # its deployment runs in a replica
+    try:
+        result = ex.run(one_broker, sessions=3)
+    finally:
+        serve.shutdown()
+    assert ex.check(result) == []
+    for session, r in result.items():
+        assert r["resumed_at"] == 5 and r["n"] == len(ex.reply_tokens(session))
+        assert r["second"][0] == ex.reply_tokens(session)[5]
+
+
+def test_sub_agents_take_their_own_tasks_in_the_planned_order(
+    one_broker: actors.Cluster,
+) -> None:
+    ex = example("lite_sub_agents")
+    ray.cloudpickle.register_pickle_by_value(ex)  # its agents run in worker processes
+    reports = ex.run(one_broker)
+    assert reports == {a: [f"done {t!r}" for t in tasks] for a, tasks in ex.PLAN.items()}
