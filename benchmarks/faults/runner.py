@@ -9,8 +9,9 @@ message every 0.1 s) and multi-message transactions (4 messages over every queue
 Checks (per mode's promise, ``docs/guarantees.md``):
 
 - lost: an acknowledged body never read back. Under ``ASYNC_FLUSH`` a body acknowledged
-  by a broker before its power loss, at a CommitLog offset at or past where the loss cut
-  its CommitLog, is an *allowed loss*; every other loss is a violation.
+  by a broker before its power loss, in a CommitLog record at or past where the loss
+  cut its CommitLog or one the cut went through, is an *allowed loss*; every other
+  loss is a violation.
 - duplicated: a body read more than once; a violation for an idempotent producer.
 - split brain, two ways: two different acknowledged bodies at the same queue offset of
   the same queue (two members each took a write for one queue slot), unless one is an
@@ -50,6 +51,7 @@ from store_faults import (
     lose_offset_journal,
     lose_unflushed,
     record_end,
+    record_start,
     truncate,
 )
 from workload import SMALL_STORE, brokers_on, finish, start_workload
@@ -316,11 +318,13 @@ class Run:
             low = max(flushed_offset(store), floor)
             end = commitlog_end(store)
             at = rng.randint(min(low, end), end)
+            torn = record_start(store, at)  # the record the cut goes through is lost whole
             cut_commitlog(store, at)
-        else:
+        else:  # the flushed offset, or the end of an fsynced record: a record's start
             at, end = lose_unflushed(store, floor)
-        ev.detail.update(cut=at, end=end, floor=floor, lost_bytes=end - at)
-        self.crashes.append((node.ip, at, frozen))
+            torn = at
+        ev.detail.update(cut=at, end=end, floor=floor, lost_bytes=end - at, torn_from=torn)
+        self.crashes.append((node.ip, torn, frozen))
         if ev.fault.kind == "bad_replica":
             damage = ev.fault.params["damage"]
             what = (flip_bit if damage == "flip" else truncate)(store, ev.fault.params["log"], rng)

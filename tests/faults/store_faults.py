@@ -40,6 +40,27 @@ def record_end(store: Path, offset: int) -> int:
         return offset + int.from_bytes(raw.read(4), "big", signed=True)
 
 
+def record_start(store: Path, at: int) -> int:
+    """The start of the CommitLog record that holds byte ``at`` (``at`` itself when a
+    record starts there or nothing is written there): a cut at ``at`` loses that whole
+    record, not only the records that start at or after it."""
+    files = sorted((store / "commitlog").iterdir(), key=lambda f: int(f.name))
+    f = next((f for f in reversed(files) if int(f.name) <= at), None)
+    if f is None:
+        return at
+    base = int(f.name)
+    data = f.read_bytes()
+    pos = 0
+    while pos < at - base:
+        size = int.from_bytes(data[pos : pos + 4], "big", signed=True)
+        if size <= 0:
+            return at  # nothing written from here
+        if pos + size > at - base:
+            return base + pos
+        pos += size
+    return at
+
+
 def flushed_offset(store: Path) -> int:
     """The CommitLog offset the store's checkpoint confirms flushed (it lags the real
     fsync: the checkpoint is written periodically)."""

@@ -10,9 +10,11 @@ from harness import can_admin_network
 from benchmarks.faults.runner import Run
 from benchmarks.faults.schedule import draw
 
-SEEDS: list[tuple[int, float]] = [(0, 1.0), (1, 1.0), (2, 1.0), (3, 1.0)]
+SEEDS: list[tuple[int, float]] = [(0, 1.0), (1, 1.0), (2, 1.0), (3, 1.0), (0, 2.0)]
 """(seed, minutes), with ``--nodes 3``: one minute of each mode (seeds 0-3: ASYNC_FLUSH,
-SYNC_FLUSH, SYNC_MASTER, Raft), and every schedule that found a violation."""
+SYNC_FLUSH, SYNC_MASTER, Raft), and every schedule that found a violation: seed 0's
+two minutes kill a broker under load (its group's committed offsets read back lower
+after its restart when a broker kept them only in memory between saves)."""
 
 
 @pytest.mark.long
