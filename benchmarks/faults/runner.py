@@ -122,6 +122,8 @@ class Result:
     torn: list[str] = field(default_factory=list)
     grpc_acked: int = 0
     failures: dict[str, int] = field(default_factory=dict)  # "door outcome" -> ops
+    lost_where: dict[str, list[Any]] = field(default_factory=dict)  # [ip, offset, queue, ...]
+    crashes: list[list[Any]] = field(default_factory=list)  # [ip, lost from, when]
     offsets_back: list[str] = field(default_factory=list)  # "queue: from -> to", unexcused
     offsets_back_allowed: list[str] = field(default_factory=list)  # after a failover or loss
     unavailable_s: float = 0.0
@@ -186,6 +188,8 @@ class Result:
             "torn": self.torn[:50],
             "grpc_acked": self.grpc_acked,
             "failures": self.failures,
+            "lost_where": self.lost_where,
+            "crashes": self.crashes,
             "offsets_back": self.offsets_back[:50],
             "offsets_back_allowed": self.offsets_back_allowed[:50],
             "unavailable_s": round(self.unavailable_s, 2),
@@ -510,6 +514,11 @@ class Run:
         ]  # fmt: skip
         result.allowed_loss = sorted(allowed)
         result.lost = [b for b in verdict.lost if b not in allowed]
+        result.lost_where = {  # what a lost message's send was answered with, to look into
+            b: list(where[b]) if b in where else ["txn", txn_of[b].completed]
+            for b in result.lost[:50]
+        }
+        result.crashes = [list(c) for c in self.crashes]
         slots: dict[tuple[str, int], set[str]] = defaultdict(set)
         for body, (_, _, mq, qoffset, _) in where.items():
             if body not in allowed and qoffset is not None:  # a gRPC send's is unknown
