@@ -123,6 +123,7 @@ class Result:
     grpc_acked: int = 0
     failures: dict[str, int] = field(default_factory=dict)  # "door outcome" -> ops
     lost_where: dict[str, list[Any]] = field(default_factory=dict)  # [ip, offset, queue, ...]
+    txn_errors: dict[str, list[str]] = field(default_factory=dict)  # outcome -> first errors
     crashes: list[list[Any]] = field(default_factory=list)  # [ip, lost from, when]
     offsets_back: list[str] = field(default_factory=list)  # "queue: from -> to", unexcused
     offsets_back_allowed: list[str] = field(default_factory=list)  # after a failover or loss
@@ -151,6 +152,8 @@ class Result:
             out.append(f"{len(self.torn)} transactions read in part")
         if self.offsets_back:
             out.append(f"{len(self.offsets_back)} committed offsets moved back")
+        if fenced := self.failures.get("txn ProducerFencedError"):
+            out.append(f"{fenced} transactions of a producer fenced with no successor")
         return out
 
     HEADER = (
@@ -189,6 +192,7 @@ class Result:
             "grpc_acked": self.grpc_acked,
             "failures": self.failures,
             "lost_where": self.lost_where,
+            "txn_errors": self.txn_errors,
             "crashes": self.crashes,
             "offsets_back": self.offsets_back[:50],
             "offsets_back_allowed": self.offsets_back_allowed[:50],
@@ -481,6 +485,7 @@ class Run:
         )
         txns = verdict.notes.get("txns", [])
         result.txns = len(txns)
+        result.txn_errors = verdict.notes.get("txn_errors", {})
         result.txns_committed = sum(1 for t in txns if t.outcome == ACK)
         roles = [Look(*r) for r in verdict.notes.get("roles", [])]
         result.role_changes = len(roles)

@@ -30,6 +30,7 @@ import actors
 from actors import BrokerSpec, PullStatus, SendStatus
 from actors.keeper import resolve_node, start_broker_actor
 from storage import Message
+from storage.errors import ProducerFencedError
 from storage.message_id import parse_offset_msg_id
 
 if TYPE_CHECKING:
@@ -195,17 +196,21 @@ class TxnSender:
     def __init__(self, cluster: actors.Cluster, spec: dict[str, Any]) -> None:
         self.cluster, self.spec = cluster, spec
         self.ops: list[dict[str, Any]] = []
+        self.details: dict[str, list[str]] = {}  # outcome -> its first errors' text
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        spec = self.spec
-        producer = self.cluster.transactional_producer(
+    def _producer(self) -> actors.TransactionalProducer:
+        return self.cluster.transactional_producer(
             "fault-txn",
             "fault-txn-1",
-            coordinator_log_dir=spec["txn_log_dir"],
-            send_timeout_s=spec["send_timeout_s"],
+            coordinator_log_dir=self.spec["txn_log_dir"],
+            send_timeout_s=self.spec["send_timeout_s"],
         )
+
+    def _run(self) -> None:
+        spec = self.spec
+        producer = self._producer()
         seq = 0
         n = 0
         while not self.stop.is_set():
@@ -225,9 +230,16 @@ class TxnSender:
                     outcome = "SEND_OK"
             except Exception as exc:  # noqa: BLE001 - every failure is part of the history
                 outcome = type(exc).__name__
+                seen = self.details.setdefault(outcome, [])
+                if len(seen) < 3:
+                    seen.append(f"{exc}"[:500])
                 if txn is not None:
                     with contextlib.suppress(Exception):
                         txn.abort()  # what the coordinator decides stands; free the producer
+                if isinstance(exc, ProducerFencedError):  # no other instance exists: a
+                    with contextlib.suppress(Exception):  # new one takes the id over, as
+                        producer.close()  # an operator's restart would; the history keeps it
+                    producer = self._producer()
             self.ops.append(
                 {"bodies": bodies, "invoked": invoked, "completed": time.monotonic(),
                  "outcome": outcome, "door": "txn"}
@@ -460,6 +472,7 @@ def main() -> None:
         "history",
         ops=sender.ops + [op for d in doors if isinstance(d, GrpcSender) for op in d.ops],
         txns=[op for d in doors if isinstance(d, TxnSender) for op in d.ops],
+        txn_errors=next((d.details for d in doors if isinstance(d, TxnSender)), {}),
         roles=roles,
         read=read,
         committed=committer.seen if committer else [],
@@ -602,6 +615,7 @@ def finish(client: Workload, timeout_s: float = 120.0) -> tuple[list[dict[str, A
     verdict.notes["torn"] = torn_transactions(txns, history["read"])
     verdict.notes["txns"] = txns
     verdict.notes["roles"] = history.get("roles", [])
+    verdict.notes["txn_errors"] = history.get("txn_errors", {})
     return history["ops"], verdict
 
 
