@@ -179,6 +179,7 @@ class Broker:
                 pop=self.popper,
                 groups=self.groups,
                 admin=self.admin,
+                lite=self.lite,
             )
             self.rt.grpc_addr = await endpoint.start()
             self.grpc = endpoint

@@ -23,6 +23,7 @@ from actors.broker.grpc.convert import (
 from actors.broker.grpc.renew import AutoRenewer
 from actors.broker.grpc.v2 import definition_pb2 as pb
 from actors.broker.grpc.v2 import service_pb2 as spb
+from actors.broker.lite.processor import LiteProcessor
 from actors.broker.processor.admin import AdminBrokerProcessor
 from actors.broker.processor.consumer_manage import ConsumerManageProcessor
 from actors.broker.processor.end_transaction import EndTransactionProcessor
@@ -114,6 +115,7 @@ class Activity:
         pop: PopProcessor | None = None,
         groups: ConsumerManageProcessor | None = None,
         admin: AdminBrokerProcessor | None = None,
+        lite: LiteProcessor | None = None,
     ) -> None:
         self.rt = runtime
         self.sender = sender
@@ -123,6 +125,13 @@ class Activity:
         self.pop = pop
         self.groups = groups
         self.admin = admin
+        self.lite = lite
+        # lite topics (actors.broker.grpc.lite_activity): each client's (group, parent)
+        # subscriptions, the receives waiting on a parent, the acks committing a lite topic
+        self._lite_clients: dict[str, set[tuple[str, str]]] = {}
+        self._lite_waiting: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Event]] = {}
+        self._lite_acking: dict[tuple[str, str, str], list[Any]] = {}
+        self._listening = False
         c = runtime.config
         self.renewer = (
             AutoRenewer(pop, c.grpc_renew_invisible_s, c.grpc_renew_ahead_s, c.grpc_renew_max_s)

@@ -14,7 +14,6 @@ from actors.broker.grpc.activity import (
     ACCEPT_TYPES,
     ROUTE_TIMEOUT_S,
     TRANSACTION_GROUP_PREFIX,
-    Activity,
     TelemetryStream,
     unary,
 )
@@ -24,6 +23,7 @@ from actors.broker.grpc.convert import (
     status,
     status_of,
 )
+from actors.broker.grpc.lite_activity import LITE_CLIENT_TYPES, LiteActivity
 from actors.broker.grpc.v2 import definition_pb2 as pb
 from actors.broker.grpc.v2 import service_pb2 as spb
 from actors.protocol.route import TopicRouteData
@@ -49,7 +49,7 @@ def _seconds(s: int) -> Any:
     return Duration(seconds=s)
 
 
-class ClientActivity(Activity):
+class ClientActivity(LiteActivity):
     """Routes, assignments, heartbeats and each client's Telemetry stream (RocketMQ's proxy
     ``RouteActivity`` and ``ClientActivity``)."""
 
@@ -148,6 +148,7 @@ class ClientActivity(Activity):
                 self.rt.consumers.unregister(group, client)
         if self.renewer is not None:  # what it still held lapses and goes to the others
             self.renewer.forget_client(self.client_id(context))
+        await self.release_lite(self.client_id(context))  # its lite topics pass on too
         return spb.NotifyClientTerminationResponse(status=status())
 
     async def Telemetry(
@@ -226,6 +227,8 @@ class ClientActivity(Activity):
             except StatusError:  # a bad group name: not a FIFO group
                 fifo = False
             sub.fifo = fifo
+            if client.client_type in LITE_CLIENT_TYPES:
+                self.lite_settings(out)
             # RocketMQ's retry delays (delay levels 3..18), 16 deliveries before the DLQ
             out.backoff_policy.max_attempts = 16
             out.backoff_policy.customized_backoff.next.extend(

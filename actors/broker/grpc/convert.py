@@ -43,6 +43,12 @@ from storage.errors import (
     StoreClosedError,
     TopicNotFoundError,
 )
+from storage.lite import (
+    PROP_LITE_TOPIC,
+    IllegalLiteTopicError,
+    LiteTopicQuotaExceededError,
+    NotALiteParentError,
+)
 from storage.message import Message, MessageExt
 from storage.properties import (
     PROP_KEYS,
@@ -58,7 +64,7 @@ MAX_DELAY_S = 40 * 86400  # a delivery time further ahead is ILLEGAL_DELIVERY_TI
 _MESSAGE_ID_RE = re.compile(r"[0-9A-Za-z_.:-]{1,128}")
 _SYSTEM_USER_KEYS = frozenset(
     {PROP_UNIQ_KEY, PROP_TAGS, PROP_KEYS, PROP_SHARDING_KEY, PROP_TIMER_DELIVER_MS}
-    | {PROP_TRAN_MSG, PROP_PRODUCER_GROUP, "DELAY", "REAL_TOPIC", "REAL_QID"}
+    | {PROP_TRAN_MSG, PROP_PRODUCER_GROUP, "DELAY", "REAL_TOPIC", "REAL_QID", PROP_LITE_TOPIC}
 )
 
 
@@ -74,6 +80,9 @@ class StatusError(Exception):
 _ERROR_CODES: tuple[tuple[type[BaseException], int], ...] = (
     # first match wins: subclasses before their bases
     (AuthError, pb.Code.UNAUTHORIZED),
+    (IllegalLiteTopicError, pb.Code.ILLEGAL_LITE_TOPIC),
+    (LiteTopicQuotaExceededError, pb.Code.LITE_TOPIC_QUOTA_EXCEEDED),
+    (NotALiteParentError, pb.Code.BAD_REQUEST),
     (TopicNotFoundError, pb.Code.TOPIC_NOT_FOUND),
     (InvalidReceiptHandleError, pb.Code.INVALID_RECEIPT_HANDLE),
     (PermissionDeniedError, pb.Code.FORBIDDEN),

@@ -1,6 +1,5 @@
 """Offsets over gRPC: ``QueryOffset``, ``GetOffset`` and ``UpdateOffset``, onto the
-broker's consumer-management and admin processors; and the RPCs not served
-(``PullMessage``, ``SyncLiteSubscription``).
+broker's consumer-management and admin processors; and ``PullMessage``, not served.
 """
 
 from __future__ import annotations
@@ -95,10 +94,6 @@ class OffsetActivity(Activity):
             group, {(topic, qid): int(request.offset)}, self.client_id(context)
         )
         return spb.UpdateOffsetResponse(status=status())
-
-    @unary(spb.SyncLiteSubscriptionResponse)
-    async def SyncLiteSubscription(self, request: Any, context: Any) -> Any:
-        raise StatusError(pb.Code.NOT_IMPLEMENTED, "lite topics are not supported")
 
     async def PullMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
         """Not served yet: one status (no client of the official ones calls it)."""

@@ -10,7 +10,6 @@ from typing import Any, TypeVar
 
 from actors.broker.grpc.activity import (
     MAX_RECEIVE_BATCH,
-    Activity,
     unary,
 )
 from actors.broker.grpc.convert import (
@@ -20,10 +19,12 @@ from actors.broker.grpc.convert import (
     status_of,
     to_pb_message,
 )
+from actors.broker.grpc.lite_activity import LiteActivity, parse_lite_handle
 from actors.broker.grpc.v2 import definition_pb2 as pb
 from actors.broker.grpc.v2 import service_pb2 as spb
 from actors.broker.processor.pop import PopProcessor
 from actors.protocol.pop import MAX_INVISIBLE_MS, MIN_INVISIBLE_MS, PoppedMessage
+from storage.message import MessageExt
 
 R = TypeVar("R")
 
@@ -36,7 +37,7 @@ def _handle_status(exc: BaseException) -> tuple[int, str]:
     return code, message
 
 
-class ReceiveActivity(Activity):
+class ReceiveActivity(LiteActivity):
     """POP consumption (RocketMQ's proxy ``ReceiveMessageActivity``, ``AckMessageActivity``,
     ``ChangeInvisibleDurationActivity`` and ``ForwardMessageToDLQActivity``)."""
 
@@ -50,18 +51,27 @@ class ReceiveActivity(Activity):
         return self.pop
 
     async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
-        """POP receive from this broker's queues of the topic: the delivery time, the
-        messages, then the status (``MESSAGE_NOT_FOUND`` when the long poll ends empty)."""
+        """POP receive from this broker's queues of the topic (or, from a LITE parent, of
+        the lite topics the client owns): the delivery time, the messages, then the
+        status (``MESSAGE_NOT_FOUND`` when the long poll ends empty)."""
+        lite: list[tuple[str, int, MessageExt]] = []
+        found: list[PoppedMessage] = []
         try:
             self.authenticate(context)
-            found, invisible_ms = await self._receive(request, context)
+            parent = raymq_name(request.message_queue.topic)
+            if self.is_lite_parent(parent):
+                invisible_ms = self._invisible_ms(request, None)
+                wait_ms = self._wait_ms(request, context)
+                lite = await self.receive_lite(request, context, parent, wait_ms)
+            else:
+                found, invisible_ms = await self._receive(request, context)
         except Exception as exc:  # noqa: BLE001 - every error is an answer
             code, message = status_of(exc)
             self.refused("ReceiveMessage", code, message, exc)
             yield spb.ReceiveMessageResponse(status=status(code, message))
             return
         topic = request.message_queue.topic
-        if found:  # when the broker handed them out (the clients time their delivery by it)
+        if found or lite:  # when the broker handed them out (the clients time their delivery by it)
             delivered = spb.ReceiveMessageResponse()
             delivered.delivery_timestamp.GetCurrentTime()
             yield delivered
@@ -75,28 +85,21 @@ class ReceiveActivity(Activity):
                     delivery_attempt=popped.reconsume_times + 1,
                 )
             )
-        if found:
+        for lite_topic, offset, ext in lite:
+            yield spb.ReceiveMessageResponse(
+                message=self.lite_message(lite_topic, offset, ext, topic, invisible_ms)
+            )
+        if found or lite:
             yield spb.ReceiveMessageResponse(status=status())
         else:
             yield spb.ReceiveMessageResponse(
                 status=status(pb.Code.MESSAGE_NOT_FOUND, "no new message")
             )
 
-    async def _receive(self, request: Any, context: Any) -> tuple[list[PoppedMessage], int]:
-        pop = self._popper()
-        group = raymq_name(request.group, "group")
-        topic = raymq_name(request.message_queue.topic)
-        if not 1 <= request.batch_size <= MAX_RECEIVE_BATCH:
-            raise StatusError(pb.Code.BAD_REQUEST, f"batch_size must be in 1..{MAX_RECEIVE_BATCH}")
-        tag_expr = "*"
-        if request.HasField("filter_expression"):
-            fe = request.filter_expression
-            if fe.type == pb.FilterType.SQL:
-                raise StatusError(pb.Code.UNSUPPORTED, "SQL92 filters are not supported yet")
-            tag_expr = fe.expression or "*"
-        renewer = self.renewer if request.auto_renew else None
+    @staticmethod
+    def _invisible_ms(request: Any, renewer: Any) -> int:
         if renewer is not None:  # a push consumer: invisible while it is alive and has not
-            invisible_ms = renewer.invisible_ms  # acked (renewed here, actors.broker.grpc.renew)
+            invisible_ms = int(renewer.invisible_ms)  # acked (renewed, actors.broker.grpc.renew)
         elif request.HasField("invisible_duration"):
             invisible_ms = request.invisible_duration.ToMilliseconds()
         else:
@@ -106,15 +109,37 @@ class ReceiveActivity(Activity):
                 pb.Code.ILLEGAL_INVISIBLE_TIME,
                 f"invisible_duration must be in {MIN_INVISIBLE_MS}..{MAX_INVISIBLE_MS} ms",
             )
+        if not 1 <= request.batch_size <= MAX_RECEIVE_BATCH:
+            raise StatusError(pb.Code.BAD_REQUEST, f"batch_size must be in 1..{MAX_RECEIVE_BATCH}")
+        return invisible_ms
+
+    @staticmethod
+    def _wait_ms(request: Any, context: Any) -> int:
+        """The long poll asked for, cut to answer before the client's deadline (long
+        polling + its request timeout)."""
         wait_ms = 0
         if request.HasField("long_polling_timeout"):
             wait_ms = request.long_polling_timeout.ToMilliseconds()
             if wait_ms < 0:
                 raise StatusError(pb.Code.ILLEGAL_POLLING_TIME, "long_polling_timeout < 0")
-        # answer before the client's deadline (long polling + its request timeout)
         remaining = context.time_remaining()
         if remaining is not None:
             wait_ms = max(0, min(wait_ms, int((remaining - 0.5) * 1000)))
+        return int(wait_ms)
+
+    async def _receive(self, request: Any, context: Any) -> tuple[list[PoppedMessage], int]:
+        pop = self._popper()
+        group = raymq_name(request.group, "group")
+        topic = raymq_name(request.message_queue.topic)
+        tag_expr = "*"
+        if request.HasField("filter_expression"):
+            fe = request.filter_expression
+            if fe.type == pb.FilterType.SQL:
+                raise StatusError(pb.Code.UNSUPPORTED, "SQL92 filters are not supported yet")
+            tag_expr = fe.expression or "*"
+        renewer = self.renewer if request.auto_renew else None
+        invisible_ms = self._invisible_ms(request, renewer)
+        wait_ms = self._wait_ms(request, context)
         client = self.client_id(context)
         started = time.monotonic()
         found = await pop.pop(
@@ -144,10 +169,15 @@ class ReceiveActivity(Activity):
     async def AckMessage(self, request: Any, context: Any) -> Any:
         """The entries acked as one store operation (``PopProcessor.ack_each``: one journal
         write), each answering its own status; a push consumer's message renewed here is
-        acked under its current handle, on its own (``actors.broker.grpc.renew``)."""
+        acked under its current handle, on its own (``actors.broker.grpc.renew``). A
+        LITE parent's messages commit their lite topics' offsets."""
+        topic = raymq_name(request.topic)
+        if not request.entries:
+            raise StatusError(pb.Code.BAD_REQUEST, "no entries")
+        if self.is_lite_parent(topic):
+            return await self.ack_lite(request, context, topic)
         pop = self._popper()
         group = raymq_name(request.group, "group")
-        topic = raymq_name(request.topic)
         if not request.entries:
             raise StatusError(pb.Code.BAD_REQUEST, "no entries")
         handles = [entry.receipt_handle for entry in request.entries]
@@ -193,8 +223,8 @@ class ReceiveActivity(Activity):
 
     @unary(spb.ChangeInvisibleDurationResponse)
     async def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
-        pop = self._popper()
-        group = raymq_name(request.group, "group")
+        """A message's new invisible time. A lite topic's messages stay with the client
+        that owns it until acked (no invisible time): its handle answers as it is."""
         topic = raymq_name(request.topic)
         invisible_ms = request.invisible_duration.ToMilliseconds()
         if not MIN_INVISIBLE_MS <= invisible_ms <= MAX_INVISIBLE_MS:
@@ -202,6 +232,13 @@ class ReceiveActivity(Activity):
                 pb.Code.ILLEGAL_INVISIBLE_TIME,
                 f"invisible_duration must be in {MIN_INVISIBLE_MS}..{MAX_INVISIBLE_MS} ms",
             )
+        if self.is_lite_parent(topic):
+            parse_lite_handle(request.receipt_handle)
+            return spb.ChangeInvisibleDurationResponse(
+                status=status(), receipt_handle=request.receipt_handle
+            )
+        pop = self._popper()
+        group = raymq_name(request.group, "group")
         try:
             handle = await self._settle(
                 group,

@@ -14,7 +14,6 @@ import ray
 from actors.broker.grpc.activity import (
     ROUTE_TIMEOUT_S,
     TRANSACTION_GROUP_PREFIX,
-    Activity,
     RecallRefused,
     unary,
 )
@@ -26,6 +25,7 @@ from actors.broker.grpc.convert import (
     status,
     to_store_message,
 )
+from actors.broker.grpc.lite_activity import LiteActivity
 from actors.broker.grpc.v2 import definition_pb2 as pb
 from actors.broker.grpc.v2 import service_pb2 as spb
 from actors.config import broker_actor_name
@@ -54,7 +54,7 @@ def _born_host(context: Any) -> str:
     return "0.0.0.0:0"
 
 
-class SendActivity(Activity):
+class SendActivity(LiteActivity):
     """Sends, ends of transactions and recalls of timer messages (RocketMQ's proxy
     ``SendMessageActivity``, ``EndTransactionActivity`` and ``RecallMessageActivity``)."""
 
@@ -63,6 +63,8 @@ class SendActivity(Activity):
     async def SendMessage(self, request: Any, context: Any) -> Any:
         if not request.messages:
             raise StatusError(pb.Code.BAD_REQUEST, "no messages")
+        if any(m.system_properties.HasField("lite_topic") for m in request.messages):
+            return await self.send_lite(request)
         rt = self.rt
         max_body = rt.store.config.max_message_size
         messages, transactional = [], []

@@ -30,10 +30,12 @@ import grpc
 from actors.broker.client.producer_manager import ProducerManager
 from actors.broker.grpc.auth import Authenticator
 from actors.broker.grpc.client_activity import ClientActivity
+from actors.broker.grpc.lite_activity import LiteActivity
 from actors.broker.grpc.offset_activity import OffsetActivity
 from actors.broker.grpc.receive_activity import ReceiveActivity
 from actors.broker.grpc.send_activity import SendActivity
 from actors.broker.grpc.v2 import service_pb2_grpc as sgrpc
+from actors.broker.lite.processor import LiteProcessor
 from actors.broker.processor.admin import AdminBrokerProcessor
 from actors.broker.processor.consumer_manage import ConsumerManageProcessor
 from actors.broker.processor.end_transaction import EndTransactionProcessor
@@ -45,11 +47,16 @@ log = logging.getLogger("raymq.actors.broker.grpc")
 
 
 class MessagingService(
-    ClientActivity, SendActivity, ReceiveActivity, OffsetActivity, sgrpc.MessagingServiceServicer
+    ClientActivity,
+    SendActivity,
+    ReceiveActivity,
+    OffsetActivity,
+    LiteActivity,
+    sgrpc.MessagingServiceServicer,
 ):
     """The RPCs, onto one broker's processors: each group of them is an activity, as in
     RocketMQ's proxy (``client_activity``, ``send_activity``, ``receive_activity``,
-    ``offset_activity``; what they share is ``activity``)."""
+    ``offset_activity``, ``lite_activity``; what they share is ``activity``)."""
 
 
 class GrpcEndpoint:
@@ -65,6 +72,7 @@ class GrpcEndpoint:
         pop: PopProcessor | None = None,
         groups: ConsumerManageProcessor | None = None,
         admin: AdminBrokerProcessor | None = None,
+        lite: LiteProcessor | None = None,
     ) -> None:
         c = runtime.config
         self.rt = runtime
@@ -77,6 +85,7 @@ class GrpcEndpoint:
             pop,
             groups,
             admin,
+            lite,
         )
         self.tls = tls
         self.addr = ""

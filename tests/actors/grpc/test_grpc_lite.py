@@ -1,0 +1,185 @@
+"""Lite topics through RayMQ's RocketMQ 5 gRPC door, driven by the official Python client
+(``rocketmq-python-client``): its ``LiteSimpleConsumer`` receives in order what RayMQ's
+``LiteProducer`` and the official ``Producer`` send to lite topics, resumes after a
+reconnect from the group's offset, and a bad lite topic name or a full parent gets the
+v2 protocol's codes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
+from rocketmq import ClientConfiguration, Credentials, LiteSimpleConsumer, Message, Producer
+from rocketmq.v5.exception import BadRequestException, LiteTopicQuotaExceededException
+
+import actors
+from actors.client.lite import LiteConsumer, LiteProducer
+
+PARENT = "grpc-sessions"
+SMALL_PARENT = "grpc-small"
+GROUP = "grpc-gateway"
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    root: Path = tmp_path_factory.mktemp("grpc-lite")
+    c = actors.start_cluster(
+        namespace=unique_namespace("grpc-lite"),
+        nameservers=1,
+        brokers=1,
+        store_root=str(root),
+        broker_options={"store": SMALL_STORE, "grpc_enable": True, "grpc_bind": "127.0.0.1"},
+    )
+    broker = c.broker("broker-a")
+    ray.get(broker.lite_create_parent.remote(PARENT, quota=1000, ttl_ms=3_600_000))
+    ray.get(broker.lite_create_parent.remote(SMALL_PARENT, quota=2, ttl_ms=3_600_000))
+    yield c
+    c.shutdown(timeout_s=10.0)
+
+
+@pytest.fixture(scope="module")
+def config(cluster: Any) -> ClientConfiguration:
+    ak, sk = cluster.grpc_credentials()
+    (info,) = cluster.grpc_endpoints().values()
+    return ClientConfiguration(info["addr"], Credentials(ak, sk), request_timeout=5)
+
+
+@pytest.fixture(scope="module")
+def producer(config: ClientConfiguration) -> Iterator[Producer]:
+    p = Producer(config, (PARENT, SMALL_PARENT))
+    p.startup()
+    yield p
+    p.shutdown()
+
+
+def _lite_message(parent: str, lite_topic: str, body: bytes) -> Message:
+    m = Message()
+    m.topic = parent
+    m.body = body
+    m.lite_topic = lite_topic
+    return m
+
+
+def _consumer(config: ClientConfiguration, *lite_topics: str) -> LiteSimpleConsumer:
+    c = LiteSimpleConsumer(PARENT, config, GROUP, await_duration=5)
+    c.startup()
+    # the client takes its lite subscription quota from the settings the broker answers
+    # on its Telemetry stream, which its startup does not wait for
+    manager = c._LiteSimpleConsumer__subscription_manager  # type: ignore[attr-defined]
+    wait_until(lambda: manager.lite_subscription_quota > 0, what="the broker's settings")
+    assert manager.max_lite_topic_size == 128
+    for name in lite_topics:
+        c.subscribe_lite(name)
+    return c
+
+
+def _receive(consumer: LiteSimpleConsumer, want: int, ack: bool = True) -> list[Any]:
+    got: list[Any] = []
+    for _ in range(10):  # each a long poll the broker answers as soon as messages are there
+        if len(got) >= want:
+            break
+        for m in consumer.receive(32, 15):
+            got.append(m)
+            if ack:
+                consumer.ack(m)
+    return got
+
+
+def test_lite_simple_consumer_receives_in_order_and_resumes(
+    cluster: Any, config: ClientConfiguration, producer: Producer
+) -> None:
+    native = LiteProducer(PARENT, namespace=cluster.namespace)
+    try:
+        native.send_batch([("chat-1", b"n0"), ("chat-2", b"m0"), ("chat-1", b"n1")])
+        ids = [  # the official producer: each message to its lite topic
+            producer.send(_lite_message(PARENT, "chat-1", f"o{i}".encode())).message_id
+            for i in range(3)
+        ]
+        producer.send(_lite_message(PARENT, "chat-2", b"m1"))
+    finally:
+        native.close()
+    consumer = _consumer(config, "chat-1", "chat-2")
+    try:
+        # the client's one-name subscription arrives whole: no lite topic per character
+        topics = ray.get(cluster.broker("broker-a").lite_topics.remote(PARENT))
+        assert "c" not in topics and {"chat-1", "chat-2"} <= set(topics)
+        got = _receive(consumer, 7)
+    finally:
+        consumer.shutdown()
+    by_topic: dict[str, list[bytes]] = {}
+    for m in got:
+        assert m.topic == PARENT
+        by_topic.setdefault(m.lite_topic, []).append(m.body)
+    assert by_topic == {"chat-1": [b"n0", b"n1", b"o0", b"o1", b"o2"], "chat-2": [b"m0", b"m1"]}
+    assert [m.message_id for m in got if m.lite_topic == "chat-1"][2:] == ids
+
+    # acked up to here for the group: a reconnecting consumer gets exactly what follows
+    native = LiteProducer(PARENT, namespace=cluster.namespace)
+    try:
+        native.send_batch([("chat-1", b"n2"), ("chat-1", b"n3")])
+    finally:
+        native.close()
+    again = _consumer(config, "chat-1")
+    try:
+        resumed = _receive(again, 2)
+    finally:
+        again.shutdown()
+    assert [(m.lite_topic, m.body) for m in resumed] == [("chat-1", b"n2"), ("chat-1", b"n3")]
+    reader = LiteConsumer("offset-check", PARENT, namespace=cluster.namespace)
+    try:
+        assert reader.committed_offset("chat-1") == -1  # another group: nothing committed
+        assert [m.body for m in reader.pull("chat-1", offset=5).messages] == [b"n2", b"n3"]
+    finally:
+        reader.close()
+    assert (
+        ray.get(cluster.broker("broker-a").lite_committed_offset.remote(GROUP, PARENT, "chat-1"))
+        == 7
+    )
+
+
+def test_lite_unsubscribe_passes_ownership(cluster: Any, config: ClientConfiguration) -> None:
+    first = _consumer(config, "task-9")
+    second = _consumer(config, "task-9")
+    try:
+        native = LiteProducer(PARENT, namespace=cluster.namespace)
+        try:
+            native.send("task-9", b"t0")
+        finally:
+            native.close()
+        assert [m.body for m in _receive(first, 1)] == [b"t0"]
+        first.unsubscribe_lite("task-9")  # the group's next subscriber owns it now
+        native = LiteProducer(PARENT, namespace=cluster.namespace)
+        try:
+            native.send("task-9", b"t1")
+        finally:
+            native.close()
+        assert [m.body for m in _receive(second, 1)] == [b"t1"]
+    finally:
+        first.shutdown()
+        second.shutdown()
+
+
+def test_lite_bad_name_and_quota_refused(
+    cluster: Any, config: ClientConfiguration, producer: Producer
+) -> None:
+    broker = cluster.broker("broker-a")
+    with pytest.raises(BadRequestException) as bad:
+        producer.send(_lite_message(PARENT, "no spaces/here", b"x"))
+    assert "ILLEGAL_LITE_TOPIC" in str(bad.value) or "lite topic" in str(bad.value)
+    assert "no spaces/here" not in ray.get(broker.lite_topics.remote(PARENT))
+    consumer = _consumer(config)
+    try:
+        with pytest.raises(BadRequestException):
+            consumer.subscribe_lite("bad/name")
+    finally:
+        consumer.shutdown()
+    producer.send(_lite_message(SMALL_PARENT, "a", b"1"))
+    producer.send(_lite_message(SMALL_PARENT, "b", b"2"))
+    with pytest.raises(LiteTopicQuotaExceededException):
+        producer.send(_lite_message(SMALL_PARENT, "c", b"3"))
+    assert ray.get(broker.lite_topics.remote(SMALL_PARENT)) == ["a", "b"]
+    producer.send(_lite_message(SMALL_PARENT, "a", b"4"))  # a full parent takes writes still
