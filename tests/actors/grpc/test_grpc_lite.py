@@ -6,6 +6,8 @@ v2 protocol's codes."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -183,3 +185,26 @@ def test_lite_bad_name_and_quota_refused(
         producer.send(_lite_message(SMALL_PARENT, "c", b"3"))
     assert ray.get(broker.lite_topics.remote(SMALL_PARENT)) == ["a", "b"]
     producer.send(_lite_message(SMALL_PARENT, "a", b"4"))  # a full parent takes writes still
+
+
+def test_a_waiting_receive_wakes_on_a_write(cluster: Any, config: ClientConfiguration) -> None:
+    consumer = LiteSimpleConsumer(PARENT, config, "grpc-waker", await_duration=20)
+    consumer.startup()
+    manager = consumer._LiteSimpleConsumer__subscription_manager  # type: ignore[attr-defined]
+    wait_until(lambda: manager.lite_subscription_quota > 0, what="the broker's settings")
+    consumer.subscribe_lite("wake-1")
+    got: list[Any] = []
+    started = time.monotonic()
+    receiver = threading.Thread(target=lambda: got.extend(consumer.receive(32, 15)))
+    try:
+        receiver.start()  # long-polls up to 20 s: the write below wakes it
+        native = LiteProducer(PARENT, namespace=cluster.namespace)
+        try:
+            native.send("wake-1", b"w0")
+        finally:
+            native.close()
+        receiver.join(30)
+    finally:
+        consumer.shutdown()
+    assert [m.body for m in got] == [b"w0"]
+    assert time.monotonic() - started < 10  # answered on the write, not at the poll's end
