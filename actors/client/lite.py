@@ -3,8 +3,10 @@
 A lite topic lives on one master broker of its parent topic: the one at
 ``crc32(name) % n`` of the parent's writable master brokers, sorted by name, so every
 producer and consumer finds it at the same place while the parent's brokers stay the
-same. Calls go through Ray to the broker's ``lite_*`` methods
-(``actors.broker.lite.processor``).
+same. Calls go over the broker's socket as a normal send or pull does (the lite
+requests of ``actors.protocol.requests.lite``, served by
+``actors.broker.lite.processor``); ``data_path="ray"`` makes them Ray calls to the
+broker's ``lite_*`` methods instead.
 
 Within a consumer group a lite topic is consumed by one consumer at a time (the first
 subscriber; another takes over when it unsubscribes, closes or falls silent). A
@@ -24,6 +26,7 @@ from typing import Any
 import ray
 
 from actors.client import instance as _instance
+from actors.protocol import rpc
 from actors.protocol.checks import check_number, validate_group
 from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.topic import is_writeable
@@ -55,10 +58,13 @@ class _LiteClient:
         nameservers: Sequence[str] | None,
         call_timeout_s: float,
         kind: str,
+        data_path: str,
     ) -> None:
         self.parent = validate_topic(parent)
         self.call_timeout_s = check_number("call_timeout_s", call_timeout_s)
-        self._lease = _instance.share(self, namespace, nameservers, data_path="ray", kind=kind)
+        if data_path not in ("socket", "ray"):
+            raise ValueError(f"data_path={data_path!r}: 'socket' or 'ray'")
+        self._lease = _instance.share(self, namespace, nameservers, data_path=data_path, kind=kind)
         self.ns = self._lease.view
         self._closed = False
 
@@ -77,7 +83,7 @@ class _LiteClient:
         route = self.ns.require_route(self.parent)
         broker = self.ns.broker(route, broker_name)
         try:
-            return ray.get(getattr(broker, method).remote(*args), timeout=self.call_timeout_s)
+            return rpc.get(getattr(broker, method).remote(*args), timeout=self.call_timeout_s)
         except ray.exceptions.RayActorError:
             self.ns.forget_topic_broker(self.parent, broker_name)
             raise
@@ -104,8 +110,9 @@ class LiteProducer(_LiteClient):
         namespace: str = DEFAULT_NAMESPACE,
         nameservers: Sequence[str] | None = None,
         call_timeout_s: float = 10.0,
+        data_path: str = "socket",
     ) -> None:
-        super().__init__(parent, namespace, nameservers, call_timeout_s, _instance.SEND)
+        super().__init__(parent, namespace, nameservers, call_timeout_s, _instance.SEND, data_path)
 
     def send(
         self,
@@ -157,8 +164,9 @@ class LiteConsumer(_LiteClient):
         nameservers: Sequence[str] | None = None,
         call_timeout_s: float = 10.0,
         resync_s: float = 10.0,
+        data_path: str = "socket",
     ) -> None:
-        super().__init__(parent, namespace, nameservers, call_timeout_s, _instance.READ)
+        super().__init__(parent, namespace, nameservers, call_timeout_s, _instance.READ, data_path)
         self.resync_s = check_number("resync_s", resync_s)
         self._synced = 0.0
         self.group = validate_group(group)

@@ -61,6 +61,7 @@ from actors.protocol.errors import (
 from actors.protocol.fencing import OffsetFencedError
 from storage import errors as store_errors
 from storage.errors import BrokerUnavailableError, InvalidMessageError, RayMQError
+from storage.lite import errors as lite_errors
 
 VERSION = 1
 NONCE_BYTES = 16
@@ -163,6 +164,7 @@ _ERRORS: dict[str, type[RayMQError]] = {
     cls.__name__: cls
     for cls in (
         *(v for v in vars(store_errors).values() if isinstance(v, type)),
+        *(v for v in vars(lite_errors).values() if isinstance(v, type)),
         OffsetFencedError,
         PromotionRefusedError,
         AnswerDroppedError,

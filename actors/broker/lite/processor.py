@@ -311,7 +311,32 @@ class LiteProcessor:
         """Messages of the lite topics ``client_id`` owns in ``group``, each topic's from
         where the group stands (its committed offset, or what was handed out and not yet
         acknowledged): ``[{"lite_topic", "offset", "messages", "next_offset"}]``."""
+        got = await self._receive(group, parent, client_id, max_count, self.store.get)
+        return [
+            {
+                "lite_topic": name,
+                "offset": start,
+                "messages": r.messages,
+                "next_offset": r.next_offset,
+            }
+            for name, start, r in got
+        ]
+
+    async def receive_packed(
+        self, group: str, parent: str, client_id: str, max_count: int = 32
+    ) -> tuple[list[list[Any]], list[Any]]:
+        """:meth:`receive` as the socket answers it: ``[lite topic, offset, count, next
+        offset]`` per lite topic, and their records as stored, back to back."""
+        got = await self._receive(group, parent, client_id, max_count, self.store.get_raw)
+        heads = [[name, start, r.count, r.next_offset] for name, start, r in got]
+        return heads, [r.data for _, _, r in got]
+
+    async def _receive(
+        self, group: str, parent: str, client_id: str, max_count: int, read: Any
+    ) -> list[tuple[str, int, Any]]:
         validate_group(group)
+        if not isinstance(max_count, int) or max_count <= 0:
+            raise InvalidMessageError(f"max_count={max_count!r}: an int > 0")
         with self._lock:
             g = self._groups.get((group, parent))
             if g is None:
@@ -329,24 +354,18 @@ class LiteProcessor:
             start = cursors[name]
             if start < 0:
                 start = max(0, self.store.committed_offset(group, parent, name))
-            got = await self.rt.run(self.store.get, parent, name, start, left)
+            got = await self.rt.run(read, parent, name, start, left)
             if got.status is GetStatus.OFFSET_TOO_SMALL:  # expired under the group
                 start = got.next_offset
-                got = await self.rt.run(self.store.get, parent, name, start, left)
-            if not got.messages:
+                got = await self.rt.run(read, parent, name, start, left)
+            count = got.count if hasattr(got, "count") else len(got.messages)
+            if not count:
                 continue
-            left -= len(got.messages)
+            left -= count
             with self._lock:
                 if g.owner.get(name) == client_id:
                     g.cursor[name] = got.next_offset
-            out.append(
-                {
-                    "lite_topic": name,
-                    "offset": start,
-                    "messages": got.messages,
-                    "next_offset": got.next_offset,
-                }
-            )
+            out.append((name, start, got))
         return out
 
     async def ack(
@@ -377,6 +396,20 @@ class LiteProcessor:
             "next_offset": got.next_offset,
             "max_offset": got.max_offset,
         }
+
+    async def pull_packed(
+        self, parent: str, lite_topic: str, offset: int, max_count: int = 32
+    ) -> tuple[dict[str, Any], bytes | memoryview]:
+        """:meth:`pull` as the socket answers it: its status and offsets, and the
+        records as stored."""
+        got = await self.rt.run(self.store.get_raw, parent, lite_topic, offset, max_count)
+        head = {
+            "status": got.status.value,
+            "count": got.count,
+            "next_offset": got.next_offset,
+            "max_offset": got.max_offset,
+        }
+        return head, got.data
 
     async def committed_offset(self, group: str, parent: str, lite_topic: str) -> int:
         validate_group(group)

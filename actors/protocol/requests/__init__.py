@@ -20,7 +20,7 @@ it): the stub, the listener and the Ray fallback follow.
 from __future__ import annotations
 
 from actors.protocol import frames
-from actors.protocol.requests import consumer, offsets, pop, pull, send, transaction
+from actors.protocol.requests import consumer, lite, offsets, pop, pull, send, transaction
 from actors.protocol.requests.declare import Dispatch, Request, by_method
 
 BROKER: tuple[Request, ...] = (
@@ -30,6 +30,7 @@ BROKER: tuple[Request, ...] = (
     *transaction.BROKER_REQUESTS,
     *pop.REQUESTS,
     *offsets.REQUESTS,
+    *lite.REQUESTS,
 )
 """What a broker serves on its socket (``actors.broker.listener``)."""
 

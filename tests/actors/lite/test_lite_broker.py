@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import ray
-from raymq_testkit import SMALL_STORE, unique_namespace
+from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
 
 import actors
 from actors.client.lite import LiteConsumer, LiteProducer
@@ -87,33 +87,54 @@ def test_bad_names_and_the_quota_are_refused_clearly(broker: Any) -> None:
     assert ray.get(broker.lite_stats.remote()) == before
 
 
-def test_the_python_clients_route_each_lite_topic_to_one_broker(cluster: actors.Cluster) -> None:
+@pytest.mark.parametrize("data_path", ["socket", "ray"])
+def test_the_python_clients_route_each_lite_topic_to_one_broker(
+    cluster: actors.Cluster, data_path: str
+) -> None:
     ns = cluster.namespace
-    with LiteProducer("Agents", namespace=ns) as producer:
-        agents = [f"agent-{k}" for k in range(6)]
+    brokers = ("broker-a-0", "broker-b-0")
+    with LiteProducer("Agents", namespace=ns, data_path=data_path) as producer:
+        if data_path == "socket":  # each broker's socket opens on the first call
+            producer.send_batch([(f"open-{k}", b"o") for k in range(8)])
+            for b in brokers:
+                wait_until(lambda b=b: producer.ns.data_path.is_open(b), what=f"{b}'s socket")
+        agents = [f"agent-{data_path}-{k}" for k in range(6)]
         sent = producer.send_batch([(a, f"{a}:task{i}".encode()) for i in range(3) for a in agents])
         assert [s["offset"] for s in sent[:6]] == [0] * 6 and sent[-1]["offset"] == 2
         on = {
             n: set(ray.get(cluster.broker(n).lite_topics.remote("Agents")))
             for n in ("broker-a", "broker-b")
         }
-        assert on["broker-a"] | on["broker-b"] == set(agents)
+        assert (on["broker-a"] | on["broker-b"]) & set(agents) == set(agents)
         assert not on["broker-a"] & on["broker-b"]  # each lite topic on one broker
-    first = LiteConsumer("workers", "Agents", namespace=ns)
-    second = LiteConsumer("workers", "Agents", namespace=ns)
+        a0, a1, a4 = agents[0], agents[1], agents[4]
+        on_socket = [producer.ns.data_path.is_open(b) for b in brokers]
+    assert on_socket == [data_path == "socket"] * 2  # "ray" keeps every call on Ray
+    group = f"workers-{data_path}"
+    first = LiteConsumer(group, "Agents", namespace=ns, data_path=data_path)
+    second = LiteConsumer(group, "Agents", namespace=ns, data_path=data_path)
+    if data_path == "socket":  # the consumers' pool opens its own sockets
+        for a in agents:  # on both brokers
+            first.pull(a, 0)
+        for b in brokers:
+            wait_until(lambda b=b: first.ns.data_path.is_open(b), what=f"{b}'s socket")
     assert first.subscribe(*agents) == sorted(agents)
-    assert second.subscribe("agent-0", "agent-1") == []  # owned by the first
+    assert second.subscribe(a0, a1) == []  # owned by the first
     got = {b.lite_topic: b for b in first.receive(100)}
-    assert [m.body for m in got["agent-4"].messages] == [
-        b"agent-4:task0",
-        b"agent-4:task1",
-        b"agent-4:task2",
-    ]
-    first.ack(got["agent-0"])  # agent-0 done; agent-1 not acked
+    assert [m.body for m in got[a4].messages] == [f"{a4}:task{i}".encode() for i in range(3)]
+    first.ack(got[a0])  # a0 done; a1 not acked
+    with pytest.raises(PermissionDeniedError):  # the same type over either path
+        second.ack(a1, 1)
     first.close()  # its lite topics pass to the second, from the group's offsets
-    assert second.owned() == ["agent-0", "agent-1"]
+    assert second.owned() == [a0, a1]
     again = {b.lite_topic: [m.body for m in b.messages] for b in second.receive(100)}
-    assert again == {"agent-1": [b"agent-1:task0", b"agent-1:task1", b"agent-1:task2"]}
-    assert second.committed_offset("agent-0") == 3
-    assert [m.body for m in second.pull("agent-4", 2).messages] == [b"agent-4:task2"]
+    assert again == {a1: [f"{a1}:task{i}".encode() for i in range(3)]}
+    assert second.committed_offset(a0) == 3
+    assert [m.body for m in second.pull(a4, 2).messages] == [f"{a4}:task2".encode()]
+    assert second.pull(a4, 3).messages == []
+    with (
+        LiteProducer("Sessions", namespace=ns, data_path=data_path) as p,
+        pytest.raises(LiteTopicQuotaExceededError),
+    ):
+        p.send_batch([(f"q-{data_path}-{i}", b"x") for i in range(20)])
     second.close()

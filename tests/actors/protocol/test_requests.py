@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from actors.broker.broker import Broker
+from actors.broker.lite.processor import LiteProcessor
 from actors.broker.processor.pop import PopProcessor
 from actors.broker.transaction.one_phase import OnePhaseCommits
 from actors.coordinator.txn import TransactionCoordinator
@@ -51,6 +52,10 @@ def test_each_request_declares_its_ray_methods_arguments(actor: type, request_: 
 _SERVED_BY = {
     "popper.pop_packed": PopProcessor.pop_packed,
     "one_phase.commit": OnePhaseCommits.commit,
+    **{
+        f"lite.{n}": getattr(LiteProcessor, n)
+        for n in ("send", "subscribe", "ack", "committed_offset", "receive_packed", "pull_packed")
+    },
 }
 
 
@@ -109,6 +114,20 @@ _CALLS: dict[str, tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]] = {
     "change_invisible_duration": (("g", "T", "h1", 60_000), {}, {}),
     "min_max_offset": (("T", 3), {}, {}),
     "offset_by_time": (("T", 3), {"timestamp_ms": 1_700_000_000_000}, {}),
+    "lite_send": (
+        ("P", [("s1", b"a"), ("s2", b"b", {"tags": "t"})]),
+        {},
+        {"items": [["s1", b"a"], ["s2", b"b", {"tags": "t"}]]},
+    ),
+    "lite_subscribe": (
+        ("g", "P", "c1", ("s1", "s2")),
+        {"action": "remove"},
+        {"lite_topics": ["s1", "s2"]},
+    ),
+    "lite_receive": (("g", "P", "c1", 8), {}, {}),
+    "lite_ack": (("g", "P", "c1", "s1", 5), {}, {}),
+    "lite_pull": (("P", "s1", 3), {"max_count": 4}, {}),
+    "lite_committed_offset": (("g", "P", "s1"), {}, {}),
     "end": (
         ("tx", "tid", 3, True, {"b": (1, 2), "c": None}, {"b": {"g": [("T", 0, 5)]}}),
         {},
