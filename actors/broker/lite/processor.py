@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.broker.ha import Replication
+from actors.broker.ha import DLedgerReplication, MasterSlaveReplication, Replication
 from actors.broker.runtime import BrokerRuntime
 from actors.protocol.checks import validate_group
 from actors.protocol.topic import TopicConfig
@@ -40,8 +40,8 @@ from storage.errors import (
     InvalidMessageError,
     PermissionDeniedError,
 )
-from storage.lite import LiteConfig, LiteStore, validate_lite_name
-from storage.message import GetStatus, Message
+from storage.lite import LiteConfig, LitePutResult, LiteStore, validate_lite_name
+from storage.message import GetStatus, Message, PutStatus
 
 log = logging.getLogger("raymq.actors.broker.lite")
 
@@ -219,10 +219,28 @@ class LiteProcessor:
                 raise InvalidMessageError(f"lite send options {opts!r}: tags, keys, properties")
             messages.append((item[0], Message(parent, item[1], **opts)))
         result = await self.rt.run(self.store.put_batch, parent, messages)
+        status = (await self._replicated(result)).value
         return [
-            {"lite_topic": lite, "offset": off, "msg_id": mid}
+            {"lite_topic": lite, "offset": off, "msg_id": mid, "status": status}
             for (lite, _), off, mid in zip(messages, result.lite_offsets.tolist(), result.msg_ids)
         ]
+
+    async def _replicated(self, result: LitePutResult) -> PutStatus:
+        """A stored batch's status once it is where a normal send's would be before its
+        answer: durable under SYNC_FLUSH, on the slave too from a SYNC_MASTER."""
+        status = PutStatus.PUT_OK if result.flushed else PutStatus.FLUSH_DISK_TIMEOUT
+        role = self.role
+        if (
+            isinstance(role, MasterSlaveReplication)
+            and role.role == "SYNC_MASTER"
+            and len(result.commitlog_offsets)
+        ):
+            last = int(result.commitlog_offsets[-1])
+            end = last + self.rt.store.commitlog.size_at(last)
+            slave = await role.service.wait_for_slave(end)
+            if slave is not PutStatus.PUT_OK:
+                status = slave
+        return status
 
     def _check_writable(self) -> None:
         if self.rt.closing:
@@ -231,6 +249,11 @@ class LiteProcessor:
         if not self.role.is_master:
             raise PermissionDeniedError(
                 f"broker {self.rt.config.actor_name} is not a master: lite sends go to the master"
+            )
+        if isinstance(self.role, DLedgerReplication):
+            raise PermissionDeniedError(
+                f"broker {self.rt.config.actor_name} is in a Raft (DLedger) group: lite topics "
+                "are served by master/slave brokers"
             )
 
     # ------------------------------------------------------------ subscriptions
