@@ -14,7 +14,13 @@ import typing as _typing
 from actors import _compat
 
 if _typing.TYPE_CHECKING:
-    from actors.aio import AsyncAdmin, AsyncConsumer, AsyncProducer
+    from actors.aio import (
+        AsyncAdmin,
+        AsyncConsumer,
+        AsyncLiteConsumer,
+        AsyncLiteProducer,
+        AsyncProducer,
+    )
     from actors.broker.broker import Broker
     from actors.client import (
         Admin,
@@ -78,6 +84,8 @@ if _typing.TYPE_CHECKING:
 _EXPORTS: dict[str, str] = {
     "AsyncAdmin": "actors.aio",
     "AsyncConsumer": "actors.aio",
+    "AsyncLiteConsumer": "actors.aio",
+    "AsyncLiteProducer": "actors.aio",
     "AsyncProducer": "actors.aio",
     "Broker": "actors.broker.broker",
     "Admin": "actors.client",
@@ -158,6 +166,8 @@ __all__ = [
     "Admin",
     "AsyncAdmin",
     "AsyncConsumer",
+    "AsyncLiteConsumer",
+    "AsyncLiteProducer",
     "AsyncProducer",
     "BatchSendResult",
     "Broker",

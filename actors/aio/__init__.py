@@ -10,6 +10,7 @@ its calls go through Ray on a worker thread.
 
 from actors.aio.admin import AsyncAdmin
 from actors.aio.consumer import AsyncConsumer, ConsumedMessage
+from actors.aio.lite import AsyncLiteConsumer, AsyncLiteProducer
 from actors.aio.producer import AsyncProducer
 from actors.aio.simple_consumer import AsyncSimpleConsumer
 from actors.aio.transaction import AsyncHalf, AsyncTransaction, AsyncTransactionalProducer
@@ -18,6 +19,8 @@ __all__ = [
     "AsyncAdmin",
     "AsyncConsumer",
     "AsyncHalf",
+    "AsyncLiteConsumer",
+    "AsyncLiteProducer",
     "AsyncProducer",
     "AsyncSimpleConsumer",
     "AsyncTransaction",

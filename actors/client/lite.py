@@ -37,7 +37,7 @@ from storage.message import MessageExt
 
 log = logging.getLogger("raymq.actors.client.lite")
 
-__all__ = ["LiteBatch", "LiteConsumer", "LiteProducer"]
+__all__ = ["LiteBatch", "LiteConsumer", "LiteProducer", "home_broker"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,15 @@ class LiteBatch:
     offset: int
     messages: list[MessageExt]
     next_offset: int
+
+
+def home_broker(route: Any, parent: str, lite_topic: str) -> str:
+    """The broker of ``parent``'s route that holds ``lite_topic``: ``crc32(name) % n`` of
+    its writable brokers sorted by name."""
+    names = sorted({qd.broker_name for qd in route.queue_datas if is_writeable(qd.perm)})
+    if not names:
+        raise TopicNotFoundError(f"topic={parent!r}: no broker takes its lite topics")
+    return names[zlib.crc32(lite_topic.encode()) % len(names)]
 
 
 class _LiteClient:
@@ -68,16 +77,8 @@ class _LiteClient:
         self.ns = self._lease.view
         self._closed = False
 
-    def _broker_names(self) -> list[str]:
-        route = self.ns.require_route(self.parent)
-        names = sorted({qd.broker_name for qd in route.queue_datas if is_writeable(qd.perm)})
-        if not names:
-            raise TopicNotFoundError(f"topic={self.parent!r}: no broker takes its lite topics")
-        return names
-
     def _home(self, lite_topic: str) -> str:
-        names = self._broker_names()
-        return names[zlib.crc32(lite_topic.encode()) % len(names)]
+        return home_broker(self.ns.require_route(self.parent), self.parent, lite_topic)
 
     def _call(self, broker_name: str, method: str, *args: Any) -> Any:
         route = self.ns.require_route(self.parent)

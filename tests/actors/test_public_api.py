@@ -29,6 +29,8 @@ PUBLIC_0_1 = {
 ADDED_SINCE_0_1 = {
     "AsyncAdmin",
     "AsyncConsumer",
+    "AsyncLiteConsumer",
+    "AsyncLiteProducer",
     "AsyncProducer",
     "LocalTransactionState",
     "TransactionProducer",

@@ -4,6 +4,7 @@ subscriptions, acks that a new owner resumes from, and a resume from an offset."
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,8 +13,9 @@ import ray
 from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
 
 import actors
+from actors.aio import AsyncLiteConsumer, AsyncLiteProducer
 from actors.client.lite import LiteConsumer, LiteProducer
-from storage.errors import PermissionDeniedError
+from storage.errors import InvalidMessageError, PermissionDeniedError
 from storage.lite import IllegalLiteTopicError, LiteTopicQuotaExceededError
 
 
@@ -138,3 +140,51 @@ def test_the_python_clients_route_each_lite_topic_to_one_broker(
     ):
         p.send_batch([(f"q-{data_path}-{i}", b"x") for i in range(20)])
     second.close()
+
+
+def test_the_async_clients_send_receive_ack_and_resume_on_the_callers_loop(
+    cluster: actors.Cluster,
+) -> None:
+    ns = cluster.namespace
+    sessions = [f"aio-{k}" for k in range(4)]
+
+    async def main() -> None:
+        async with (
+            AsyncLiteProducer("Agents", namespace=ns) as producer,
+            AsyncLiteConsumer("aio-readers", "Agents", namespace=ns) as first,
+            AsyncLiteConsumer("aio-readers", "Agents", namespace=ns) as second,
+        ):
+            sent = await producer.send_batch(
+                [(s, f"{s}:{i}".encode()) for i in range(3) for s in sessions]
+            )
+            assert [r["offset"] for r in sent] == [0] * 4 + [1] * 4 + [2] * 4
+            assert {r["status"] for r in sent} == {"PUT_OK"}
+            one = await producer.send(sessions[0], b"last", tags="t")
+            assert one["offset"] == 3
+            # the same homes as the synchronous clients
+            for s in sessions:
+                home = await producer._home(s)
+                assert s in ray.get(cluster.broker(home).lite_topics.remote("Agents"))
+            assert await first.subscribe(*sessions) == sessions
+            assert await second.subscribe(*sessions) == []
+            got = {b.lite_topic: b for b in await first.receive(100)}
+            assert [m.body for m in got[sessions[0]].messages] == [
+                f"{sessions[0]}:{i}".encode() for i in range(3)
+            ] + [b"last"]
+            await first.ack(got[sessions[1]])
+            await first.ack(sessions[2], 1)
+            with pytest.raises(PermissionDeniedError):
+                await second.ack(sessions[3], 1)
+            await first.unsubscribe(*sessions)
+            assert await second.owned() == sessions
+            again = {b.lite_topic: [m.body for m in b.messages] for b in await second.receive(100)}
+            assert sessions[1] not in again
+            assert again[sessions[2]] == [f"{sessions[2]}:{i}".encode() for i in (1, 2)]
+            assert await second.committed_offset(sessions[1]) == 3
+            resumed = await second.pull(sessions[0], 2)
+            assert [m.body for m in resumed.messages] == [f"{sessions[0]}:2".encode(), b"last"]
+            assert resumed.next_offset == 4
+        with pytest.raises(InvalidMessageError, match="closed"):
+            await producer.send(sessions[0], b"x")
+
+    asyncio.run(asyncio.wait_for(main(), 60))
