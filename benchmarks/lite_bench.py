@@ -17,6 +17,12 @@ With the default store file sizes (1 GiB CommitLog files), in one run:
   expiry's time, the writer's puts during it, their max and p99 latency, beside the
   same writer's latencies without expiry.
 
+With ``--socket N`` it measures instead, on a local Ray cluster of one broker whose
+parent holds N lite topics: a send to one lite topic (``LiteProducer.send``) against a
+send to a normal topic's queue (``Producer.send``), and a 32-message read of each
+(``LiteConsumer.pull`` against ``PullConsumer.pull``), both over the broker's socket,
+alternated, with the ratios.
+
 Prints figures and ratios; deletes its store. Not a test: figures drift on shared
 machines, ratios much less.
 """
@@ -174,15 +180,97 @@ def expiry_under_writes(store: MessageStore, lite: LiteStore) -> None:
     )
 
 
+def over_socket(lite_topics: int, rounds: int, root: Path) -> None:
+    import sys
+
+    import ray
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _local import start_local_ray
+
+    import actors
+    from actors.client.lite import LiteConsumer, LiteProducer
+    from rebalance import MessageQueue
+
+    start_local_ray()
+    cluster = actors.start_cluster(
+        namespace="raymq-lite-bench",
+        nameservers=1,
+        brokers=1,
+        store_root=str(root),
+        topics=[actors.TopicConfig("Plain", 1, 1)],
+        broker_options={"store": {"flush_disk_type": "ASYNC_FLUSH"}},
+    )
+    try:
+        broker = cluster.broker("broker-a")
+        ray.get(broker.lite_create_parent.remote("Sessions", quota=lite_topics + 10))
+        ns = cluster.namespace
+        lp = LiteProducer("Sessions", namespace=ns)
+        lc = LiteConsumer("bench", "Sessions", namespace=ns)
+        producer = cluster.producer("bench-p")
+        consumer = cluster.pull_consumer("bench")
+        for start in range(0, lite_topics, 1000):  # the other lite topics, one message each
+            lp.send_batch([(f"other-{i:07d}", BODY) for i in range(start, start + 1000)])
+        hot, mq = "session-hot", MessageQueue("Plain", "broker-a", 0)
+        lite_send = lambda: lp.send(hot, BODY)  # noqa: E731
+        plain_send = lambda: producer.send(Message("Plain", BODY))  # noqa: E731
+        for _ in range(300):  # both warm, the sockets open
+            lite_send()
+            plain_send()
+        n = 1000
+        ls, ps, lr, pr = [], [], [], []
+        rng = random.Random(7)
+        for _ in range(rounds):  # alternated
+            t = time.perf_counter()
+            for _ in range(n):
+                lite_send()
+            ls.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            for _ in range(n):
+                plain_send()
+            ps.append(time.perf_counter() - t)
+            top = min(lp.send(hot, BODY)["offset"], consumer.max_offset(mq)) - 32
+            offs = [rng.randrange(0, top) for _ in range(n)]
+            t = time.perf_counter()
+            for o in offs:
+                assert len(lc.pull(hot, o, 32).messages) == 32
+            lr.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            for o in offs:
+                assert len(consumer.pull(mq, o, 32).messages) == 32
+            pr.append(time.perf_counter() - t)
+        for what, a, b in (("send one message", ls, ps), ("read 32 messages", lr, pr)):
+            lite_us, plain_us = min(a) / n * 1e6, min(b) / n * 1e6
+            print(
+                f"over the socket, {what}: lite topic among {lite_topics + 1:,} "
+                f"{lite_us:7.1f} us, normal queue {plain_us:7.1f} us, "
+                f"ratio {lite_us / plain_us:5.2f}"
+            )
+        for c in (lp, lc, producer, consumer):
+            c.close()
+    finally:
+        cluster.shutdown()
+        ray.shutdown()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", default=None, help="parent of the store (default: a temp dir)")
     parser.add_argument("--topics", type=int, default=1_000_000)
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--socket", type=int, default=None, metavar="N", help="over a broker's socket instead"
+    )
     args = parser.parse_args()
     top = Path(tempfile.mkdtemp(prefix="lite_bench_", dir=args.dir))
     root = top / "store"
+    if args.socket is not None:
+        try:
+            over_socket(args.socket, args.rounds, root)
+        finally:
+            shutil.rmtree(top, ignore_errors=True)
+        return 0
     try:
         store, lite = open_both(root)
         gc.collect()
