@@ -379,6 +379,8 @@ class LiteStore:
                 "a lite topic takes plain messages: no delay, timer or transaction"
             )
         keys = [f"{p.pid}\x01{name}" for name in lites]
+        if len(keys) == 1:
+            return self._put_one(p, batch, keys[0])
         with self._lock:
             self._check_open()
             ids = self._ids
@@ -394,6 +396,28 @@ class LiteStore:
             lids = np.fromiter((ids[k] for k in keys), dtype=np.int64, count=len(keys))
             phys = np.asarray(result.commitlog_offsets, dtype=np.int64)
             loffs = self._index(lids, phys, batch.sizes, ts)
+        flushed = True
+        if end:
+            flushed = self.store.wait_durable(end)
+        return LitePutResult(loffs, phys, list(batch.uniq_keys), flushed)
+
+    def _put_one(self, p: _Parent, batch: codec.EncodedBatch, key: str) -> LitePutResult:
+        """:meth:`_put` of one message: plain ints, no per-batch arrays."""
+        with self._lock:
+            self._check_open()
+            lid = self._ids.get(key)
+            if lid is None and p.count + 1 > p.quota:
+                raise LiteTopicQuotaExceededError(
+                    f"parent {p.name!r} holds {p.count} lite topics; 1 more would "
+                    f"pass its quota of {p.quota}"
+                )
+            result, end = self.store.put_encoded_written(batch)
+            ts = self.store.now_ms()
+            if lid is None:
+                self._bind_many(p, [key], ts)
+                lid = self._ids[key]
+            phys = np.asarray(result.commitlog_offsets, dtype=np.int64)
+            loffs = self._index_one(lid, int(phys[0]), int(batch.sizes[0]), ts)
         flushed = True
         if end:
             flushed = self.store.wait_durable(end)

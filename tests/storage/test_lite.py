@@ -144,6 +144,10 @@ def test_the_quota_of_a_parent_refuses_new_lite_topics_and_writes_nothing(
     lite.put("Small", "c", Message("Small", b"3"))  # the third fits
     with pytest.raises(LiteTopicQuotaExceededError):
         lite.create("Small", "d")
+    end = store.commitlog.max_offset
+    with pytest.raises(LiteTopicQuotaExceededError, match="quota of 3"):  # one message
+        lite.put("Small", "d", Message("Small", b"4"))
+    assert store.commitlog.max_offset == end and not lite.exists("Small", "d")
     lite.put("Small", "a", Message("Small", b"5"))  # a full parent takes writes to its own
     assert lite.max_offset("Small", "a") == 2 and lite.count("Small") == 3
     lite.close()
