@@ -24,6 +24,7 @@ from actors.config.console import ConsoleConfig
 from actors.console.access import Access
 from actors.console.core import MAX_REQUEST_BYTES, Console
 from actors.console.groups import Groups
+from actors.console.lite import LiteTopics
 from actors.console.messages import Messages
 from actors.console.topics import Topics
 
@@ -34,9 +35,10 @@ def build_app(config: ConsoleConfig, admin: Admin) -> web.Application:
     """The console as an aiohttp application over ``admin`` (served by the ``console``
     actor, ``actors.console.server``, or in-process by a test)."""
     console = Console(config, admin)
-    access, topics, groups, messages = (
+    access, topics, lite, groups, messages = (
         Access(console),
         Topics(console),
+        LiteTopics(console),
         Groups(console),
         Messages(console),
     )
@@ -50,6 +52,9 @@ def build_app(config: ConsoleConfig, admin: Admin) -> web.Application:
     r.add_post("/topics/{topic}/send", topics.send)
     r.add_post("/topics/{topic}/update", topics.update_topic)
     r.add_post("/topics/{topic}/delete", topics.delete_topic)
+    r.add_post("/topics/{topic}/lite-settings", lite.settings)
+    r.add_get("/topics/{topic}/lite/{lite}", lite.lite_topic)
+    r.add_post("/topics/{topic}/lite/{lite}/delete", lite.delete)
     r.add_get("/groups", groups.groups)
     r.add_get("/groups/{group}", groups.group)
     r.add_post("/groups/{group}/reset", groups.reset)

@@ -253,6 +253,7 @@ def topics_page(
             e(", ".join(t["brokers"])),
             e(f"{t['messages']:,}") if t.get("messages") is not None else "",
             e(rate(t.get("tps"))),
+            e(t.get("type", "")),
         )
         for t in topics
     ]
@@ -273,11 +274,19 @@ def topics_page(
             for v, label in ((6, "read + write (6)"), (4, "read only (4)"), (2, "write only (2)"))
         )
         + "</select></label>"
+        + '<label>type <select name="type">'
+        + "".join(
+            f'<option value="{v}"{" selected" if form.get("type", "NORMAL") == v else ""}>{e(label)}</option>'
+            for v, label in (("NORMAL", "normal"), ("LITE", "LITE: a parent of lite topics"))
+        )
+        + "</select></label>"
+        + f'<label>LITE quota <input name="quota" value="{e(form.get("quota", ""))}" size="8" placeholder="default"></label>'
+        + f'<label>LITE TTL (ms) <input name="ttl_ms" value="{e(form.get("ttl_ms", ""))}" size="10" placeholder="default"></label>'
         + '<button type="submit">Create topic</button></form>'
         + f"<p>{toggle}</p>"
         + table(
             rows,
-            ["topic", "read queues", "write queues", "perm", "brokers", "messages", "TPS"],
+            ["topic", "read queues", "write queues", "perm", "brokers", "messages", "TPS", "type"],
             numeric=(1, 2, 5, 6),
             id="topics",
             empty="no topics",

@@ -11,6 +11,7 @@ from aiohttp import web
 from actors.console import pages
 from actors.console.core import CSRF, View
 from actors.console.forms import MAX_QUEUES, Refused, int_field, perm_field, topic_name
+from actors.console.lite import LiteTopics, quota_ttl
 from actors.protocol.checks import MAX_KEY_LEN, check_str
 from actors.protocol.topic import (
     DLQ_GROUP_TOPIC_PREFIX,
@@ -39,6 +40,7 @@ class Topics(View):
             for topic, (_, n) in counters["topics"].items():
                 held[topic] = held.get(topic, 0) + n
         tps = self.sampler.topic_rates()
+        lite = set(self.admin.lite_parents())
         for name in sorted(self.admin.list_topics(include_system=show_system)):
             if not show_system and name.startswith(
                 (RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)
@@ -58,6 +60,7 @@ class Topics(View):
                     "brokers": sorted(q.broker_name for q in qds),
                     "messages": held.get(name),
                     "tps": tps.get(name),
+                    "type": "LITE" if name in lite else "",
                 }
             )
         return rows
@@ -84,15 +87,32 @@ class Topics(View):
                 (RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)
             ):
                 raise Refused(f"topic {name!r} is a system name: the brokers make such topics")
+            kind = form.get("type", "NORMAL")
+            if kind not in ("NORMAL", "LITE"):
+                raise Refused(f"type={kind!r}: NORMAL or LITE")
             read = int_field(form, "read_queues", 1, MAX_QUEUES)
             write = int_field(form, "write_queues", 1, MAX_QUEUES)
             perm = perm_field(form)
+            quota, ttl_ms = quota_ttl(form)
             existing = await self.call(self._all_topics)
             if name in existing:
                 raise Refused(f"topic {name!r} exists already: nothing was changed")
-            await self.call(self.admin.create_topic, name, read, write, perm)
+            if kind == "LITE":
+                made = await self.call(
+                    lambda: self.admin.create_lite_topic(name, quota=quota, ttl_ms=ttl_ms)
+                )
+            else:
+                await self.call(self.admin.create_topic, name, read, write, perm)
         except (Refused, RayMQError, ValueError) as exc:
             return await self.topics(request, error=str(exc), form=form)
+        if kind == "LITE":
+            first = next(iter(made.values()))
+            log.info("console: created LITE topic %s (%s)", name, first)
+            return self.redirect(
+                f"/topics/{pages.seg(name)}",
+                f"created LITE topic {name}: quota {first['quota']} lite topics per broker, "
+                f"TTL {first['ttl_ms']} ms",
+            )
         log.info("console: created topic %s (%d/%d queues, perm %d)", name, read, write, perm)
         return self.redirect(
             f"/topics/{pages.seg(name)}",
@@ -127,6 +147,7 @@ class Topics(View):
         body = pages.topic_page(
             topic, route, queues, request[CSRF], self.config.max_body_bytes, form or {}
         )
+        body = await LiteTopics(self.console).section(request, topic) + body
         return self.render(
             request,
             f"Topic {topic}",

@@ -925,3 +925,73 @@ def test_raymq_up_console_prints_a_url_that_opens(
     finally:
         assert cli(["down", *ns, "--keep-ray"]) == 0
     assert "console" in capsys.readouterr().out  # the console actor was stopped with the rest
+
+
+def test_a_lite_parent_shows_its_lite_topics_by_page_and_each_one_s_groups(
+    cluster: actors.Cluster, base: str, browser: WebDriver
+) -> None:
+    from actors.client.lite import LiteConsumer, LiteProducer
+
+    open_page(browser, base + "/topics")
+    submit(
+        browser, "create-topic", {"name": "ConsoleSessions", "type": "LITE", "quota": "0"}, ok=False
+    )
+    assert "quota=0: must be in 1.." in text(browser, "error")
+    assert "ConsoleSessions" not in cluster.admin.list_topics()
+    submit(
+        browser,
+        "create-topic",
+        {"name": "ConsoleSessions", "type": "LITE", "quota": "40", "ttl_ms": "600000"},
+    )
+    assert text(browser, "notice") == (
+        "created LITE topic ConsoleSessions: quota 40 lite topics per broker, TTL 600000 ms"
+    )
+    assert browser.current_url == base + "/topics/ConsoleSessions"
+    assert text(browser, "lite-summary").startswith("(0 of quota 80, 0.0% used")
+
+    names = [f"s{i:03d}" for i in range(60)]
+    with LiteProducer("ConsoleSessions", namespace=cluster.namespace) as producer:
+        producer.send_batch([(n, n.encode()) for n in names])
+        producer.send_batch([("s007", b"t1"), ("s007", b"t2")])
+    consumer = LiteConsumer("console-gw", "ConsoleSessions", namespace=cluster.namespace)
+    try:
+        consumer.subscribe("s007")
+        (batch,) = consumer.receive(1)
+        consumer.ack(batch)
+
+        open_page(browser, base + "/topics/ConsoleSessions")  # 50 a page, in name order
+        assert column(rows(browser, "lite-topics"), 0) == names[:50]
+        assert text(browser, "lite-page") == "50 shown of 60 next page"
+        mark_page(browser)
+        browser.find_element(By.ID, "lite-next").click()
+        wait_next_page(browser)
+        assert column(rows(browser, "lite-topics"), 0) == names[50:]
+        assert text(browser, "lite-page") == "10 shown of 60"
+
+        open_page(browser, base + "/topics")
+        assert {r[0]: r[7] for r in rows(browser, "topics")}["ConsoleSessions"] == "LITE"
+
+        open_page(browser, base + "/topics/ConsoleSessions")
+        mark_page(browser)
+        browser.find_element(By.LINK_TEXT, "s007").click()
+        wait_next_page(browser)
+        [offsets] = rows(browser, "lite-offsets")
+        assert offsets[1:3] == ["0", "3"]
+        assert rows(browser, "lite-groups") == [["console-gw", "1", "2", consumer.client_id]]
+
+        # a quota below what a broker holds (about 30 each): refused, nothing changed
+        open_page(browser, base + "/topics/ConsoleSessions")
+        submit(browser, "lite-settings", {"quota": "10"}, ok=False)
+        assert "quota=10 for LITE topic 'ConsoleSessions': broker" in text(browser, "error")
+        assert cluster.admin.describe_lite_topic("ConsoleSessions")["quota"] == 80
+
+        open_page(browser, base + "/topics/ConsoleSessions/lite/s007")
+        submit(browser, "delete-lite-topic", {}, confirm=True)
+        assert text(browser, "notice").startswith("deleted lite topic s007 of ConsoleSessions on")
+        assert text(browser, "lite-summary").startswith("(59 of quota 80")
+        open_page(browser, base + "/topics/ConsoleSessions/lite/s007", ok=False)
+        assert "does not exist" in text(browser, "error")
+        open_page(browser, base + "/topics/ConsoleSessions/lite/bad%2Fname", ok=False)
+        assert "nothing was done" in text(browser, "error")
+    finally:
+        consumer.close()
