@@ -57,6 +57,7 @@ _PSEQ = (codec.PROP_PRODUCER_SEQ + codec.NAME_VALUE_SEP).encode("ascii")
 # size, magic, queue id, queue offset, physical offset, store timestamp, body length
 _HEAD = struct.Struct(">iI4xi4xqq20xq20xi")
 _SIZE_MAGIC = struct.Struct(">iI")
+_BODY_LEN = struct.Struct(">i")  # the header's last field
 
 STORED_LONG_AGO = (-1, -1)
 """What :meth:`ProducerStateTable.check` says of a run of a merged call that was stored
@@ -297,7 +298,21 @@ def replay(table: ProducerStateTable, cl: CommitLog, start: int, end: int) -> in
 def _records_with_pseq(
     cl: CommitLog, start: int, end: int
 ) -> Iterable[tuple[str, int, int, int, int, bytes]]:
-    pos = max(start, cl.min_offset)
+    for buf, _, rel, _, t, props in records_with_properties(cl, max(start, cl.min_offset), end):
+        value = pseq_value(props)
+        if value is not None:
+            _, _, qid, qoff, phys, store_ms, _ = _HEAD.unpack_from(buf, rel)
+            topic = bytes(buf[t + 1 : t + 1 + buf[t]]).decode("utf-8", "replace")
+            yield topic, qid, qoff, phys, store_ms, value
+
+
+def records_with_properties(
+    cl: CommitLog, start: int, end: int
+) -> Iterable[tuple[Any, int, int, int, int, bytes]]:
+    """``(buffer, file base, offset in the buffer, size, topic offset, properties)`` of
+    each record in ``[start, end)`` that has properties, read from the mapped files
+    (headers and properties only); a blank marker ends a file."""
+    pos = start
     while pos < end:
         mf = cl.files.find(pos)
         if mf is None:
@@ -310,14 +325,11 @@ def _records_with_pseq(
             if magic != codec.MAGIC or size < codec.FIXED_LEN or rel + size > stop:
                 rel = mf.file_size  # a blank marker (or the end): the next file
                 break
-            _, _, qid, qoff, phys, store_ms, body_len = _HEAD.unpack_from(buf, rel)
+            body_len = _BODY_LEN.unpack_from(buf, rel + codec.HEADER.size - _BODY_LEN.size)[0]
             t = rel + codec.HEADER.size + body_len
             p = t + 1 + buf[t]
             plen = (buf[p] << 8) | buf[p + 1]
             if plen:
-                value = pseq_value(bytes(buf[p + 2 : p + 2 + plen]))
-                if value is not None:
-                    topic = bytes(buf[t + 1 : t + 1 + buf[t]]).decode("utf-8", "replace")
-                    yield topic, qid, qoff, phys, store_ms, value
+                yield buf, base, rel, size, t, bytes(buf[p + 2 : p + 2 + plen])
             rel += size
         pos = base + max(rel, stop) if rel < mf.file_size else base + mf.file_size
