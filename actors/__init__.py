@@ -17,9 +17,13 @@ if _typing.TYPE_CHECKING:
     from actors.aio import (
         AsyncAdmin,
         AsyncConsumer,
+        AsyncHalf,
         AsyncLiteConsumer,
         AsyncLiteProducer,
         AsyncProducer,
+        AsyncSimpleConsumer,
+        AsyncTransaction,
+        AsyncTransactionalProducer,
     )
     from actors.broker.broker import Broker
     from actors.client import (
@@ -84,9 +88,13 @@ if _typing.TYPE_CHECKING:
 _EXPORTS: dict[str, str] = {
     "AsyncAdmin": "actors.aio",
     "AsyncConsumer": "actors.aio",
+    "AsyncHalf": "actors.aio",
     "AsyncLiteConsumer": "actors.aio",
     "AsyncLiteProducer": "actors.aio",
     "AsyncProducer": "actors.aio",
+    "AsyncSimpleConsumer": "actors.aio",
+    "AsyncTransaction": "actors.aio",
+    "AsyncTransactionalProducer": "actors.aio",
     "Broker": "actors.broker.broker",
     "Admin": "actors.client",
     "BatchSendResult": "actors.client",
@@ -166,9 +174,13 @@ __all__ = [
     "Admin",
     "AsyncAdmin",
     "AsyncConsumer",
+    "AsyncHalf",
     "AsyncLiteConsumer",
     "AsyncLiteProducer",
     "AsyncProducer",
+    "AsyncSimpleConsumer",
+    "AsyncTransaction",
+    "AsyncTransactionalProducer",
     "BatchSendResult",
     "Broker",
     "BrokerConfig",

@@ -29,9 +29,13 @@ PUBLIC_0_1 = {
 ADDED_SINCE_0_1 = {
     "AsyncAdmin",
     "AsyncConsumer",
+    "AsyncHalf",
     "AsyncLiteConsumer",
     "AsyncLiteProducer",
     "AsyncProducer",
+    "AsyncSimpleConsumer",
+    "AsyncTransaction",
+    "AsyncTransactionalProducer",
     "LocalTransactionState",
     "TransactionProducer",
     "TransactionSendResult",
