@@ -43,6 +43,7 @@ import numpy as np
 from .. import codec, transaction
 from ..errors import InvalidConfigError, InvalidMessageError, StoreClosedError
 from ..message import GetResult, GetStatus, Message, RawGetResult
+from ..producer_state import records_with_properties
 from ..store import MessageStore
 from .errors import LiteTopicQuotaExceededError, NotALiteParentError
 from .index import ENTRY, LiteIndex
@@ -57,7 +58,6 @@ PROP_LITE_TOPIC = "__LITE_TOPIC"
 
 _LITE_PROP = (PROP_LITE_TOPIC + codec.NAME_VALUE_SEP).encode("ascii")
 _HEAD = struct.Struct(">iI20xq20xq20xi")  # size, magic, phys, store time, body length
-_SIZE_MAGIC = struct.Struct(">iI")
 _EXPIRE_PAUSE_S = 0.001  # between two slices of an expiry: a waiting writer's turn
 
 
@@ -1006,28 +1006,9 @@ def _lite_records(
 ) -> Iterable[tuple[str, str, int, int, int]]:
     """(topic, lite topic, CommitLog offset, size, store time) of each record in
     ``[start, end)`` with a ``__LITE_TOPIC`` property (headers and properties only)."""
-    cl = store.commitlog
-    pos = start
-    while pos < end:
-        mf = cl.files.find(pos)
-        if mf is None:
-            return
-        buf, base = mf.buffer, mf.from_offset
-        rel = pos - base
-        stop = min(end - base, mf.file_size)
-        while rel + 8 <= stop:
-            size, magic = _SIZE_MAGIC.unpack_from(buf, rel)
-            if magic != codec.MAGIC or size < codec.FIXED_LEN or rel + size > stop:
-                rel = mf.file_size  # a blank marker (or the end): the next file
-                break
-            _, _, phys, store_ms, body_len = _HEAD.unpack_from(buf, rel)
-            t = rel + codec.HEADER.size + body_len
-            p = t + 1 + buf[t]
-            plen = (buf[p] << 8) | buf[p + 1]
-            if plen:
-                name = _lite_name(bytes(buf[p + 2 : p + 2 + plen]))
-                if name is not None:
-                    topic = bytes(buf[t + 1 : t + 1 + buf[t]]).decode("utf-8", "replace")
-                    yield topic, name, base + rel, size, store_ms
-            rel += size
-        pos = base + max(rel, stop) if rel < mf.file_size else base + mf.file_size
+    for buf, base, rel, size, t, props in records_with_properties(store.commitlog, start, end):
+        name = _lite_name(props)
+        if name is not None:
+            store_ms = _HEAD.unpack_from(buf, rel)[3]
+            topic = bytes(buf[t + 1 : t + 1 + buf[t]]).decode("utf-8", "replace")
+            yield topic, name, base + rel, size, store_ms
