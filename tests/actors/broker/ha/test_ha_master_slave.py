@@ -250,6 +250,12 @@ def test_a_consumer_far_behind_is_sent_to_the_slave(make_cluster: Any) -> None:
     producer = cluster.producer("p-hal")
     producer.send_batch([Message("HAL", b"x" * 200) for _ in range(1000)])
     wait_until(lambda: caught_up(master, slave), what="slave caught up")
+    # the slave holds the bytes; its ConsumeQueue is built from them a moment later (a
+    # slave behind on that answers an empty queue: what is asserted below is the redirect)
+    wait_until(
+        lambda: ray.get(slave.min_max_offset.remote("HAL", 0))[1] == 1000,
+        what="the slave's ConsumeQueue built",
+    )
     consumer = cluster.pull_consumer("g-hal")
     mq = MessageQueue("HAL", "broker-a", 0)
     first = consumer.pull(mq, 0, 10)  # ~290 KB behind: the master points at the slave
