@@ -164,6 +164,14 @@ def init_spark(
     os.environ["PYSPARK_DRIVER_PYTHON"] = merged["spark.pyspark.driver.python"]
     if not ray.is_initialized():
         ray.init()
+    logs = _session_logs_dir()
+    if logs is not None:
+        # RayDP's Java agent writes the driver's log under -Dray.logging.dir, else under
+        # /tmp/ray/session_latest/logs: a link that the newest Ray started on this machine
+        # (any user's, any cluster's) moves, and that dangles once its session is removed,
+        # which fails the driver's JVM at start ("Error create log dir.").
+        key = "spark.driver.extraJavaOptions"
+        merged[key] = f"-Dray.logging.dir={logs} {merged[key]}"
     log.info(
         "starting Spark %r on Ray: %d executor(s) x %d core(s), %s each",
         app_name,
@@ -174,6 +182,14 @@ def init_spark(
     return raydp.init_spark(
         app_name, num_executors, executor_cores, executor_memory, configs=merged, **kwargs
     )
+
+
+def _session_logs_dir() -> str | None:
+    """The logs directory of the Ray session this process is connected to, on this node;
+    ``None`` where Ray does not say (a Ray Client connection)."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    get = getattr(node, "get_logs_dir_path", None)
+    return str(get()) if get is not None else None
 
 
 def stop_spark(cleanup_data: bool = True) -> None:

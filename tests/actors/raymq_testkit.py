@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import time
 import uuid
 from collections import defaultdict
@@ -49,6 +51,16 @@ STORE_SIZES = [
 ]
 """For ``@pytest.mark.parametrize("make_cluster", STORE_SIZES, indirect=True)``: the
 test with small store files and again with ``DEFAULT_SIZES`` (marked ``default_sizes``)."""
+
+
+_RAY_STREAMED_LINE = re.compile(r"^(\x1b\[[0-9;]*m)*\(")
+
+
+def printed_json(out: str) -> Any:
+    """The JSON a CLI command printed to ``out`` (captured stdout), without the lines Ray
+    streams from workers to this driver's stdout meanwhile (``(name pid=N) ...``, colored
+    or not): a JSON document never starts a line with ``(``."""
+    return json.loads("\n".join(ln for ln in out.splitlines() if not _RAY_STREAMED_LINE.match(ln)))
 
 
 def unique_namespace(prefix: str = "t") -> str:

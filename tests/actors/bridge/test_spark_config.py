@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+import ray
 
 from actors.bridge.spark import _JAVA_OPTION_KEYS, JAVA17_OPTIONS, _merge_configs
 
@@ -39,3 +42,14 @@ def test_caller_configs_override_and_java_options_append():
     assert configs["spark.sql.shuffle.partitions"] == "64"
     assert configs["spark.executor.extraJavaOptions"].split() == [*JAVA17_OPTIONS, "-Xss4m"]
     assert configs["spark.driver.extraJavaOptions"].split() == list(JAVA17_OPTIONS)
+
+
+def test_the_driver_logs_into_the_connected_session_not_the_newest_one_on_the_machine(spark):
+    """RayDP's agent falls back to /tmp/ray/session_latest/logs, which another Ray started
+    on the machine moves, and which dangles once that session is removed."""
+    logs = Path(ray._private.worker._global_node.get_logs_dir_path())
+    options = spark.sparkContext.getConf().get("spark.driver.extraJavaOptions").split()
+
+    assert f"-Dray.logging.dir={logs}" in options
+    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    assert (logs / f"slf4j-{pid}.log").is_file()

@@ -6,7 +6,6 @@ after it."""
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ from typing import Any
 
 import pytest
 import ray
-from raymq_testkit import SMALL_STORE, drain, unique_namespace, wait_until
+from raymq_testkit import SMALL_STORE, drain, printed_json, unique_namespace, wait_until
 
 import actors
 from actors import LocalTransactionState, TransactionProducer
@@ -480,7 +479,7 @@ def test_check_immunity_delays_the_check_and_txn_list_shows_what_waits(
             main(["txn", "list", "--group", "pg-i", "--namespace", cluster.namespace, "--json"])
             == 0
         )
-        rows = json.loads(capsys.readouterr().out)
+        rows = printed_json(capsys.readouterr().out)
         assert {r["msg_id"] for r in rows} == {a.msg_id, b.msg_id}
         assert {r["broker"] for r in rows} == {"broker-a"} and {r["topic"] for r in rows} == {"TxF"}
         assert [r["age_s"] for r in rows] == sorted((r["age_s"] for r in rows), reverse=True)

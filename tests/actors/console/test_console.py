@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import ray
 from aiohttp import web
-from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
+from raymq_testkit import SMALL_STORE, printed_json, unique_namespace, wait_until
 from selenium import webdriver
 from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
@@ -896,7 +896,7 @@ def test_raymq_console_and_status_print_the_console_url(
 ) -> None:
     ns = ["--namespace", cluster.namespace]
     assert cli(["console", *ns, "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    out = printed_json(capsys.readouterr().out)
     assert out["url"] == base + "/" and out["already_running"] is True
     assert cli(["status", *ns]) == 0
     assert f"console: {base}/" in capsys.readouterr().out
@@ -918,7 +918,7 @@ def test_raymq_up_console_prints_a_url_that_opens(
     up = ["up", *ns, "--nameservers", "1", "--brokers", "1", "--store-root", store]
     assert cli([*up, "--console", "--console-port", "0", "--json"]) == 0
     try:
-        url = json.loads(capsys.readouterr().out)["console"]
+        url = printed_json(capsys.readouterr().out)["console"]
         assert url.startswith("http://127.0.0.1:")
         open_page(browser, url)
         assert column(rows(browser, "brokers"), 0) == ["broker-a"]

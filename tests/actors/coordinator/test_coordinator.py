@@ -5,7 +5,6 @@ consumers scaling 1 -> 4 -> 2 -> 3 under load with every queue owned at most onc
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 import time
@@ -16,7 +15,7 @@ from typing import Any
 
 import pytest
 import ray
-from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
+from raymq_testkit import SMALL_STORE, printed_json, unique_namespace, wait_until
 
 import actors
 from actors import (
@@ -201,7 +200,7 @@ def test_a_queue_moves_only_after_its_owner_confirms_the_revoke(
     owners_one_at_a_time(log)
 
     assert main(["group", "status", group, "--namespace", cluster.namespace, "--json"]) == 0
-    shown = json.loads(capsys.readouterr().out)
+    shown = printed_json(capsys.readouterr().out)
     assert shown["generation"] == status(coord)["generation"]
     assert {row["owner"] for row in shown["assignment"]} == {"a", "b"}
     assert len(shown["pending_revokes"]) == 1 and shown["log"][-1]["event"] == "assign"
