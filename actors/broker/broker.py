@@ -392,6 +392,12 @@ class Broker:
         """Offsets consumers committed to this slave that its master has not merged yet."""
         return self.ha.local_offsets()
 
+    async def ha_log_tail(self, offset: int, max_bytes: int) -> Any:
+        """Slave side: where this slave's CommitLog ends (its last whole record), its
+        epochs and up to ``max_bytes`` of it from ``offset``, for a master that restarted
+        behind it (``actors.broker.ha.master_slave``)."""
+        return await self.ha.log_tail(offset, max_bytes)
+
     async def ha_merge_offsets(self, table: dict[tuple[str, str], dict[int, int]]) -> int:
         """Take a slave's consumer commits (the larger offset of each queue wins)."""
         return self.ha.merge_offsets(table)

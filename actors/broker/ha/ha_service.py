@@ -69,6 +69,9 @@ class HAService:
         self._seq = itertools.count()
         self._data = self.loop.create_future()
         self._data_waiting = 0
+        self.catching_up = False  # a master starting: slaves wait while it copies from them
+        self._writes_from: int | None = None  # where this master's first write goes
+        self._verified: set[str] = set()  # slaves whose log was checked against that
         self.store.add_dispatch_listener(self._on_dispatch)
 
     # ------------------------------------------------------------ GroupTransferService
@@ -114,6 +117,14 @@ class HAService:
                 fut.set_exception(exc)
                 fut.exception()  # retrieved: a waiter that timed out never reads it
 
+    def writes_from(self, offset: int | None) -> None:
+        """The master is done catching up from its slaves and writes from ``offset`` on: a
+        slave whose log goes past it before it ever asked this master holds bytes from
+        before the restart that the master's new writes do not match. ``None`` for a
+        promoted master: its new epoch starts at its end, and the epochs say it all."""
+        self._writes_from = offset
+        self.catching_up = False
+
     def clear(self) -> None:
         """Forget the slaves (a new epoch begins, or this broker stops being master)."""
         self.slaves.clear()
@@ -147,7 +158,16 @@ class HAService:
             raise BrokerUnavailableError(
                 f"broker {name} is a slave, not the master of {self.config.broker_name}"
             )
+        if self.catching_up:
+            raise BrokerUnavailableError(
+                f"broker {name} is starting: it copies what its slaves hold past its own "
+                "commitlog before it serves them"
+            )
         cl = self.store.commitlog
+        if slave not in self._verified:
+            cut = self._first_contact(slave, offset, epochs)
+            if cut is not None:
+                return self._reply(offset, [], truncate_to=cut)
         state = self.slaves.get(slave)
         if state is None:
             state = self.slaves[slave] = SlaveState(slave_id)
@@ -178,9 +198,31 @@ class HAService:
             if not self.repl.is_master:
                 raise BrokerUnavailableError(f"broker {name} was deposed")
             await asyncio.sleep(0)  # let puts already queued on the loop join this round
-        return self._reply(offset, self._read(offset, max_bytes))
+        return self._reply(offset, self.read(offset, max_bytes))
 
-    def _read(self, offset: int, max_bytes: int) -> list[np.ndarray]:
+    def _first_contact(self, slave: str, offset: int, epochs: list[tuple[int, int]]) -> int | None:
+        """Where a slave asking this master for the first time must cut its log, if
+        anywhere beyond what the epochs say: the bytes it holds in this master's epoch past
+        :meth:`writes_from` were written before this master restarted, and its new writes
+        there are other bytes (the master copied what the slaves it could reach held)."""
+        start = self._writes_from
+        newest = epochs[-1][0] if epochs else 0
+        if start is not None and offset > start and newest == self.repl.state.epoch:
+            log.error(
+                "%s: slave %s holds the commitlog up to %d, past %d where this master "
+                "started writing after a restart without reaching it: the slave cuts "
+                "the %d bytes off (messages only it held are lost)",
+                self.config.actor_name,
+                slave,
+                offset,
+                start,
+                offset - start,
+            )
+            return start
+        self._verified.add(slave)
+        return None
+
+    def read(self, offset: int, max_bytes: int) -> list[np.ndarray]:
         """Up to ``max_bytes`` from ``offset``, one piece per file, as numpy buffers (Ray
         ships those out of band: no copy into the pickled reply, none out of it)."""
         chunks: list[np.ndarray] = []

@@ -28,20 +28,23 @@ that first cuts off whatever it wrote that the new master never had.
 Invariants: a put acknowledged ``PUT_OK`` by a SYNC_MASTER is in the CommitLog
 of at least one slave; only a slave at or past the last such offset can be
 promoted; a master serves writes only after the NameServers accepted it (a
-deposed master returning learns of its successor before it takes a write).
+deposed master returning learns of its successor before it takes a write), and a
+master restarting behind a slave of its epoch (a power loss took its unflushed tail)
+first copies that slave's tail, so no acknowledged queue offset is given twice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 import ray
 
-from actors.broker.ha.epochs import HAState
+from actors.broker.ha.epochs import Epochs, HAState, consistent_point
 from actors.broker.ha.ha_client import HAClient, TransferReply
 from actors.broker.ha.ha_service import HAService
 from actors.broker.ha.replication import (
@@ -71,6 +74,8 @@ MASTER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER")
 EX_MASTER_SLAVE_ID = 1000
 """The id a deposed master (configured as id 0) registers under as a slave."""
 GATHER_TIMEOUT_S = 3.0
+COPY_TIMEOUT_S = 30.0
+"""A master copying a slave's tail gives up on a read that takes longer than this."""
 SLOW_PROMOTION_S = 5.0  # a promotion slower than this logs each step's time
 
 
@@ -122,6 +127,7 @@ class MasterSlaveReplication(Replication):
             self._ready.set()
         else:  # the schedule service starts once the NameServers accept this master
             self.state.ensure_started(self.store.commitlog.max_offset)
+            self.service.catching_up = True
             self._tasks.append(self.loop.create_task(self._gather_then_ready()))
 
     async def stop(self) -> None:
@@ -148,13 +154,75 @@ class MasterSlaveReplication(Replication):
 
     async def _gather_then_ready(self) -> None:
         """A master (re)starting takes the offsets consumers committed to its slaves while
-        it was gone, before it registers (and so before consumers come back to it)."""
+        it was gone, and the CommitLog bytes a slave holds past its own end, before it
+        registers (and so before it takes a write or consumers come back to it)."""
         try:
             await asyncio.wait_for(self._gather_slave_offsets(), GATHER_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - best effort: slaves also push them later
             log.debug("%s: gathering slave offsets: %s", self.config.actor_name, exc)
+        try:
+            await self._catch_up_from_slaves()
+        except Exception as exc:  # noqa: BLE001 - a slave gone meanwhile: see HAService
+            log.warning(
+                "%s: copying the commitlog from a slave ahead failed: %s",
+                self.config.actor_name,
+                exc,
+            )
         finally:
+            self.service.writes_from(self.store.commitlog.max_offset)
             self._ready.set()
+
+    async def _catch_up_from_slaves(self) -> None:
+        """A master that restarts after a power loss may have lost the unflushed tail of
+        its CommitLog while a slave holds it (under SYNC_MASTER, acknowledged to producers
+        because the slave had it). Writing from its own end again would give acknowledged
+        queue offsets to new messages, and the slave would be told to cut the tail off. So
+        first it copies, from the slave furthest ahead in its own epoch, the whole records
+        past its end, and dispatches them as a slave does."""
+        name = self.config.actor_name
+        my_end = self.store.commitlog.max_offset
+        best: tuple[int, str, Any] | None = None
+        for bid, actor_name in (await self._group_members()).items():
+            if actor_name == name or bid == MASTER_ID:
+                continue
+            try:
+                handle = await self.broker.run(self._get_actor, actor_name)
+                end, epochs, _ = await asyncio.wait_for(handle.ha_log_tail.remote(0, 0), 2.0)
+            except Exception:  # noqa: BLE001 - that slave is gone: HAService fences it later
+                continue
+            newest = epochs[-1][0] if epochs else 0
+            if (
+                end > my_end
+                and newest == self.state.epoch
+                and consistent_point(self.state.epochs, my_end, epochs, end) == my_end
+                and (best is None or end > best[0])
+            ):
+                best = (end, actor_name, handle)
+        if best is None:
+            return
+        end, slave, handle = best
+        log.warning(
+            "%s: restarted with its commitlog ending at %d, behind slave %s at %d: copying "
+            "the %d bytes past its end before taking writes",
+            name,
+            my_end,
+            slave,
+            end,
+            end - my_end,
+        )
+        append = functools.partial(self.store.append_commitlog, dispatch=False)
+        offset = my_end
+        step = self.config.ha_transfer_batch_bytes
+        while offset < end:
+            _, _, chunks = await asyncio.wait_for(
+                handle.ha_log_tail.remote(offset, min(step, end - offset)), COPY_TIMEOUT_S
+            )
+            if not chunks:
+                break
+            for chunk in chunks:
+                offset = await self.broker.run(append, offset, memoryview(chunk))
+        await self.broker.run(self.store.dispatch_replicated)
+        log.warning("%s: copied the commitlog up to %d from %s", name, offset, slave)
 
     async def _gather_slave_offsets(self) -> None:
         members = await self._group_members()
@@ -308,6 +376,18 @@ class MasterSlaveReplication(Replication):
     def local_offsets(self) -> OffsetTable:
         return dict(self.sync.local) if self.sync is not None else {}
 
+    async def log_tail(self, offset: int, max_bytes: int) -> tuple[int, Epochs, list[Any]]:
+        """A slave's CommitLog for a master that restarted behind it: its end at the last
+        whole record (what arrived of a record is not the master's to reuse), its epochs
+        and up to ``max_bytes`` from ``offset``, not past that end."""
+        if self.role != SLAVE:
+            raise BrokerUnavailableError(f"broker {self.config.actor_name} is not a slave")
+        await self.broker.run(self.store.dispatch_replicated)
+        end = self.store.dispatched_offset
+        size = min(max_bytes, end - offset)
+        chunks = self.service.read(offset, size) if size > 0 else []
+        return end, list(self.state.epochs), chunks
+
     # ------------------------------------------------------------ role changes
     async def promote(self, role: str | None, min_offset: int, force: bool) -> dict[str, Any]:
         """Make this slave the master (``raymq broker promote``)."""
@@ -351,6 +431,7 @@ class MasterSlaveReplication(Replication):
         self.state.set_role(new_role)
         self.role = new_role
         self.service.clear()
+        self.service.writes_from(None)
         self.services.start_schedule()
         self._ready.set()
         log.warning(

@@ -325,6 +325,11 @@ class Replication:
     def local_offsets(self) -> OffsetTable:
         return {}
 
+    async def log_tail(self, offset: int, max_bytes: int) -> Any:
+        raise BrokerUnavailableError(
+            f"broker {self.config.actor_name} is not a slave of a master/slave group"
+        )
+
     def merge_offsets(self, table: OffsetTable) -> int:
         return self.broker.offsets.merge_max(table)
 

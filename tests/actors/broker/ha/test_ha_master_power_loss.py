@@ -1,0 +1,144 @@
+"""A SYNC_MASTER's machine loses power and the master starts again on its own disk before
+any slave is promoted: its CommitLog lost the unflushed tail that its slave holds and that
+producers were told was stored (SYNC_MASTER acknowledges once a slave has the bytes).
+
+The master copies that tail back from the slave before it takes a write: every
+acknowledged message is read back once, no queue offset is given twice, and master and
+slave hold the same CommitLog. (Writing again from its own end gave the acknowledged
+queue offsets to new messages, and the slave, ahead in the same epoch, was told to cut
+the acknowledged tail off.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from raymq_ha_testkit import (
+    broker_config,
+    commitlog_bytes,
+    kill,
+    members,
+    read_all,
+    start_broker,
+    status_of,
+)
+from raymq_testkit import SMALL_STORE, wait_until
+
+import actors
+from actors import BrokerSpec, SendStatus
+from storage import Message
+from storage.message_id import parse_offset_msg_id
+
+GROUP = [BrokerSpec("broker-a", 0), BrokerSpec("broker-a", 1)]
+OPTIONS = {
+    "broker_role": "SYNC_MASTER",
+    "slave_sync_interval_s": 0.2,
+    "ha_slave_timeout_s": 1.5,
+    # nothing flushed by time: what the master's page cache held is what the cut takes
+    "store": {**SMALL_STORE, "flush_interval_commitlog_ms": 600_000},
+}
+TOPIC = "PowerLoss"
+
+
+def cut_commitlog(store: Path, at: int) -> None:
+    """Zeros from ``at`` to its file's end and no later files: the disk after a power
+    loss that kept only the bytes before ``at``."""
+    for f in sorted((store / "commitlog").iterdir(), key=lambda f: int(f.name)):
+        base, size = int(f.name), f.stat().st_size
+        if base >= at and base > 0:
+            f.unlink()
+        elif base + size > at:
+            with f.open("r+b") as out:
+                out.seek(at - base)
+                out.write(b"\x00" * (base + size - at))
+
+
+def test_a_master_restarted_behind_its_slave_copies_the_acknowledged_tail_first(
+    make_cluster: Any, tmp_path: Path
+) -> None:
+    root = str(tmp_path / "power-loss")
+    cluster = make_cluster(
+        nameservers=1,
+        brokers=GROUP,
+        topics=[actors.TopicConfig(TOPIC, 2, 2)],
+        store_root=root,
+        broker_options=OPTIONS,
+    )
+    master, slave = cluster.broker("broker-a", 0), cluster.broker("broker-a", 1)
+    producer = cluster.producer("p-power-loss", max_batch_messages=20)
+    before = [
+        producer.send_batch([Message(TOPIC, b"before-%04d" % (i + j)) for j in range(20)])
+        for i in range(0, 200, 20)
+    ]
+    acked = [r for batch in before for r in batch]
+    assert {r.status for r in acked} == {SendStatus.SEND_OK}
+    store = Path(status_of(master)["store_dir"])
+    slave_store = status_of(slave)["store_dir"]
+    kill(master)
+
+    # the power loss: the master's disk keeps the CommitLog up to the record of the 50th
+    # acknowledged message; the slave holds all 200
+    cut = min(parse_offset_msg_id(r.offset_msg_id)[1] for r in acked[50:])
+    cut_commitlog(store, cut)
+    assert len(commitlog_bytes(str(store))) <= cut < len(commitlog_bytes(slave_store))
+    master = start_broker(broker_config(cluster, root, "broker-a", 0, **OPTIONS))
+    wait_until(lambda: 0 in members(cluster, "broker-a"), what="master registered again")
+
+    after = cluster.producer("p-power-loss-2").send_batch(
+        [Message(TOPIC, b"after-%04d" % i) for i in range(40)]
+    )
+    assert {r.status for r in after} == {SendStatus.SEND_OK}
+    slots = [(r.message_queue.queue_id, r.queue_offset) for r in [*acked, *after]]
+    assert len(set(slots)) == len(slots), "a queue offset was acknowledged twice"
+
+    bodies = read_all(cluster.pull_consumer("g-power-loss"), TOPIC)
+    expected = [b"before-%04d" % i for i in range(200)] + [b"after-%04d" % i for i in range(40)]
+    assert sorted(bodies) == sorted(expected)
+    m = status_of(master)
+    wait_until(
+        lambda: status_of(slave)["commitlog_max_offset"] == m["commitlog_max_offset"],
+        what="slave caught up",
+    )
+    assert commitlog_bytes(m["store_dir"]) == commitlog_bytes(slave_store)
+
+
+def test_a_slave_back_after_its_master_restarted_without_it_drops_the_old_tail(
+    make_cluster: Any, tmp_path: Path
+) -> None:
+    """The master restarts behind its slave while the slave is down, so it cannot copy
+    the tail; it takes writes from its own end. When the slave comes back, its old tail
+    is cut off at that end before it replicates: the acknowledged messages only it held
+    are lost (said in the master's log), but the two CommitLogs never mix."""
+    root = str(tmp_path / "slave-away")
+    cluster = make_cluster(
+        nameservers=1,
+        brokers=GROUP,
+        topics=[actors.TopicConfig(TOPIC, 2, 2)],
+        store_root=root,
+        broker_options=OPTIONS,
+    )
+    master, slave = cluster.broker("broker-a", 0), cluster.broker("broker-a", 1)
+    acked = cluster.producer("p-slave-away", max_batch_messages=20).send_batch(
+        [Message(TOPIC, b"before-%04d" % i) for i in range(100)]
+    )
+    assert {r.status for r in acked} == {SendStatus.SEND_OK}
+    store = Path(status_of(master)["store_dir"])
+    kill(master)
+    kill(slave)
+    cut = min(parse_offset_msg_id(r.offset_msg_id)[1] for r in acked[50:])
+    cut_commitlog(store, cut)
+    master = start_broker(broker_config(cluster, root, "broker-a", 0, **OPTIONS))
+    wait_until(lambda: 0 in members(cluster, "broker-a"), what="master registered again")
+    alone = cluster.producer("p-slave-away-2").send_batch(
+        [Message(TOPIC, b"alone-%04d" % i) for i in range(30)]
+    )  # stored on the master, answered SLAVE_NOT_AVAILABLE: no slave has them
+    assert {r.status for r in alone} == {SendStatus.SLAVE_NOT_AVAILABLE}
+
+    slave = start_broker(broker_config(cluster, root, "broker-a", 1, **OPTIONS))
+    m = status_of(master)
+    wait_until(
+        lambda: status_of(slave).get("commitlog_max_offset") == m["commitlog_max_offset"],
+        what="slave caught up",
+    )
+    assert commitlog_bytes(m["store_dir"]) == commitlog_bytes(status_of(slave)["store_dir"])
