@@ -74,6 +74,7 @@ MASTER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER")
 EX_MASTER_SLAVE_ID = 1000
 """The id a deposed master (configured as id 0) registers under as a slave."""
 GATHER_TIMEOUT_S = 3.0
+_BEHIND_ON_SLAVE = (GetStatus.OFFSET_OVERFLOW_BADLY, GetStatus.OFFSET_TOO_SMALL)
 COPY_TIMEOUT_S = 30.0
 """A master copying a slave's tail gives up on a read that takes longer than this."""
 SLOW_PROMOTION_S = 5.0  # a promotion slower than this logs each step's time
@@ -341,6 +342,14 @@ class MasterSlaveReplication(Replication):
         return self.role == "ASYNC_MASTER" and self._writable.is_set()
 
     def readable(self, raw: RawGetResult, offset: int) -> tuple[RawGetResult, bool]:
+        if self.role == SLAVE and (
+            raw.status in _BEHIND_ON_SLAVE
+            or (raw.status is GetStatus.NO_MESSAGE_IN_QUEUE and offset > 0)
+        ):
+            # an offset out of this slave's queue is one it has not built yet (or has no
+            # longer): a pull waits here and goes back to the master, and the consumer's
+            # offset stays where it is (RocketMQ: PULL_RETRY_IMMEDIATELY on a slave)
+            return with_suggestion(self.nothing_yet(raw, offset), MASTER_ID), False
         if not self.config.slave_read_enable or raw.status is not GetStatus.FOUND:
             return raw, False
         behind = self.store.commitlog.max_offset - first_commitlog_offset(raw)

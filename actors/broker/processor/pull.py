@@ -112,6 +112,8 @@ class PullMessageProcessor:
                 await self.role.wait_readable(remaining)
                 continue
             status = raw.status
+            if getattr(raw, "suggest_broker_id", -1) >= 0:
+                break  # the role sends the consumer elsewhere: answered at once, not held
             if status is GetStatus.NO_MATCHED_MESSAGE and raw.next_offset >= raw.max_offset:
                 offset = raw.next_offset  # everything so far filtered out: wait past it
             elif status not in _HOLDABLE:

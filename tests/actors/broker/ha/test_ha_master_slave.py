@@ -28,6 +28,7 @@ from rebalance import MessageQueue
 from storage import Message
 from storage.codec import encode_batch
 from storage.errors import BrokerUnavailableError, TopicNotFoundError
+from storage.message import GetStatus
 
 GROUP = [BrokerSpec("broker-a", 0), BrokerSpec("broker-a", 1)]
 FAST = {"slave_sync_interval_s": 0.2, "ha_slave_timeout_s": 1.5}
@@ -269,6 +270,17 @@ def test_a_consumer_far_behind_is_sent_to_the_slave(make_cluster: Any) -> None:
     before = status_of(master)["pulls"]
     consumer.pull(mq, 1000, 10)
     assert status_of(master)["pulls"] == before + 1
+
+    # an offset past what the slave's queue holds (its dispatch behind its CommitLog, or
+    # the master's newer messages) is not illegal there: the answer keeps the offset and
+    # sends the consumer back to the master at once (not held for the 30 s asked), as
+    # RocketMQ's PULL_RETRY_IMMEDIATELY does
+    ahead = pull_from_wire(ray.get(slave.pull.remote("g-hal", "HAL", 0, 5000, 10, None, 30.0)))
+    assert (ahead.status, ahead.next_offset, ahead.suggest_broker_id) == (
+        GetStatus.OFFSET_OVERFLOW_ONE,
+        5000,
+        0,
+    )
 
 
 def test_a_topic_created_just_before_the_master_dies_is_read_from_the_slave(
