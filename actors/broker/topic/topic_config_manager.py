@@ -112,31 +112,35 @@ class TopicConfigManager:
                     log.info(
                         "auto-created topic %s on %s with %d queues", topic, self.broker_name, nums
                     )
-        if not tc.writeable:
-            raise PermissionDeniedError(
-                f"topic={topic!r} on broker {self.broker_name} has perm={tc.perm}: writing is forbidden"
-            )
-        if queue_id >= tc.write_queue_nums:
-            raise InvalidMessageError(
-                f"queue_id={queue_id} for topic {topic!r} on broker {self.broker_name}: "
-                f"must be < write_queue_nums={tc.write_queue_nums}"
-            )
+        self._check_queue(tc, queue_id, write=True)
         return tc, created
 
     def for_read(self, topic: str, queue_id: int) -> TopicConfig:
         tc = self._table.get(topic)
         if tc is None:
             raise TopicNotFoundError(f"topic={topic!r} does not exist on broker {self.broker_name}")
-        if not tc.readable:
-            raise PermissionDeniedError(
-                f"topic={topic!r} on broker {self.broker_name} has perm={tc.perm}: reading is forbidden"
-            )
-        if queue_id >= tc.read_queue_nums:
-            raise InvalidMessageError(
-                f"queue_id={queue_id} for topic {topic!r} on broker {self.broker_name}: "
-                f"must be < read_queue_nums={tc.read_queue_nums}"
-            )
+        self._check_queue(tc, queue_id, write=False)
         return tc
+
+    def _check_queue(self, tc: TopicConfig, queue_id: int, *, write: bool) -> None:
+        """``PermissionDeniedError`` if ``tc``'s perm forbids the access,
+        ``InvalidMessageError`` if ``queue_id`` is not one of its write (read) queues."""
+        access, allowed = ("writing", tc.writeable) if write else ("reading", tc.readable)
+        if not allowed:
+            raise PermissionDeniedError(
+                f"topic={tc.topic_name!r} on broker {self.broker_name} has perm={tc.perm}: "
+                f"{access} is forbidden"
+            )
+        field, nums = (
+            ("write_queue_nums", tc.write_queue_nums)
+            if write
+            else ("read_queue_nums", tc.read_queue_nums)
+        )
+        if queue_id >= nums:
+            raise InvalidMessageError(
+                f"queue_id={queue_id} for topic {tc.topic_name!r} on broker {self.broker_name}: "
+                f"must be < {field}={nums}"
+            )
 
     def describe(self) -> list[dict[str, Any]]:
         return [{"topic": name, **tc.to_dict()} for name, tc in sorted(self._table.items())]
