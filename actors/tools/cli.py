@@ -35,9 +35,9 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import ray
 
@@ -670,12 +670,20 @@ def _bench_summary_text(s: BenchSummary, consume: bool) -> str:
 
 
 # ------------------------------------------------------------ parser
+_T = TypeVar("_T")
+
+
+def _converted(text: str, kind: Callable[[str], _T], noun: str) -> _T:
+    """``text`` as ``kind``; an ``ArgumentTypeError`` naming ``noun`` if it is not one."""
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+
+
 def _count(text: str) -> int:
     """An argument that counts something: an int >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    value = _converted(text, int, "an integer")
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
@@ -683,10 +691,7 @@ def _count(text: str) -> int:
 
 def _seconds(text: str) -> float:
     """A duration: a number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    value = _converted(text, float, "a number")
     if not value >= 0:  # NaN too
         raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text}")
     return value
@@ -694,10 +699,7 @@ def _seconds(text: str) -> float:
 
 def _port(text: str) -> int:
     """A TCP port: 0..65535 (0: any free port)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    value = _converted(text, int, "a port number")
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be in 0..65535, got {value}")
     return value
