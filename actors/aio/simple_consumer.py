@@ -23,9 +23,8 @@ from actors.client import instance as _instance
 from actors.protocol.checks import check_number, validate_group
 from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.pop import PoppedMessage, check_receive_args
-from actors.protocol.topic import is_readable
 from storage.codec import validate_topic
-from storage.errors import BrokerUnavailableError, InvalidMessageError, TopicNotFoundError
+from storage.errors import BrokerUnavailableError, InvalidMessageError
 from storage.pop import ReceiptHandle
 from storage.subscription import parse_subscription
 
@@ -146,17 +145,7 @@ class AsyncSimpleConsumer:
         )
 
     def _readable_brokers(self) -> list[str]:
-        route = self.ns.require_route(self.topic)
-        names = sorted(
-            {
-                qd.broker_name
-                for qd in route.queue_datas
-                if is_readable(qd.perm) and qd.read_queue_nums
-            }
-        )
-        if not names:
-            raise TopicNotFoundError(f"topic={self.topic!r}: no broker lets it be read")
-        return names
+        return self.ns.require_route(self.topic).readable_brokers()
 
     async def _master(self, name: str) -> tuple[str, Any]:
         return await master(self.ns, self.topic, name)

@@ -53,19 +53,24 @@ from actors.client.transaction import (
     LocalTransactionState,
     TransactionCheckRelay,
     TransactionSendResult,
+    register_check_relay,
+    unregister_check_relay,
 )
 from actors.client.transactional import (
     Transaction,
     TransactionalProducer,
     TransactionState,
     TransactionStateError,
+    commit_arguments,
+    settling_commit,
+    warn_if_applied_later,
 )
 from actors.config.client import ProducerConfig
 from actors.coordinator.txn import APPLY_WAIT_S, transaction_coordinator
 from actors.protocol import checks
 from actors.protocol.names import DEFAULT_NAMESPACE
 from rebalance import MessageQueue
-from storage.errors import InvalidMessageError, ProducerFencedError
+from storage.errors import InvalidMessageError
 from storage.message import Message
 from storage.message_id import parse_offset_msg_id
 from storage.properties import PROP_PRODUCER_GROUP, PROP_TRAN_MSG
@@ -172,35 +177,12 @@ class AsyncTransaction:
             txn.state = TransactionState.COMMITTED
             p._ended(self)
             return
-        offsets = {
-            b: {g: [(t, q, o) for (t, q), o in qs.items()] for g, qs in groups.items()}
-            for b, groups in txn._offsets.items()
-        }
-        try:
+        halves, offsets = commit_arguments(txn)
+        with settling_commit(txn, p._ended, self):
             answer = await p._call(
-                "end",
-                txn.txn_id,
-                p.transactional_id,
-                p.epoch,
-                True,
-                dict(txn._halves),
-                offsets,
-                wait,
+                "end", txn.txn_id, p.transactional_id, p.epoch, True, halves, offsets, wait
             )
-        except ProducerFencedError:
-            txn.state = TransactionState.ABORTED
-            p._ended(self)
-            raise
-        except BaseException:
-            txn.state = TransactionState.FAILED
-            raise
-        txn.state = TransactionState.COMMITTED
-        p._ended(self)
-        if wait and not answer["done"]:
-            log.warning(
-                "transaction %s committed; a broker applies it later (the coordinator retries)",
-                txn.txn_id,
-            )
+        warn_if_applied_later(txn.txn_id, wait, answer)
 
     async def abort(self) -> None:
         """Drop what is buffered and roll back what was sent; the offsets stay."""
@@ -396,44 +378,10 @@ class AsyncTransactionalProducer(AsyncProducer):
     def register_with_brokers(self) -> int:
         """Register the relay with every master broker now (a worker thread's or the
         instance's heartbeat's call); how many took it."""
-        from actors.protocol import rpc
-
-        ttl = 3 * self.check_heartbeat_s
-        try:
-            masters = self.ns.master_brokers()
-        except Exception as exc:  # noqa: BLE001 - the next beat tries again
-            log.warning("producer %s: no broker list (%s)", self.group, exc)
-            return 0
-        refs = [
-            (
-                name,
-                h.register_transaction_producer.remote(
-                    self.group, self.client_id, self._relay, ttl
-                ),
-            )
-            for name, h in masters.items()
-        ]
-        done = 0
-        for name, ref in refs:
-            try:
-                rpc.get(ref, self.config.send_timeout_s)
-                self._registered[name] = masters[name]
-                done += 1
-            except Exception as exc:  # noqa: BLE001 - a broker restarting: the next beat
-                log.info("producer %s: registering with %s failed: %s", self.group, name, exc)
-        return done
+        return register_check_relay(self, self.ns, self._relay, 3 * self.check_heartbeat_s)
 
     def _unregister(self) -> None:
-        from actors.protocol import rpc
-
-        for name, handle in self._registered.items():
-            try:
-                rpc.get(
-                    handle.unregister_transaction_producer.remote(self.group, self.client_id),
-                    self.config.send_timeout_s,
-                )
-            except Exception as exc:  # noqa: BLE001 - it expires there anyway
-                log.info("producer %s: unregistering from %s failed: %s", self.group, name, exc)
+        unregister_check_relay(self)
 
     async def _check_loop(self) -> None:
         """Take the brokers' checks from the relay, answer each with the checker, end

@@ -32,13 +32,11 @@ from actors.protocol import rpc as _rpc
 from actors.protocol.checks import check_number, validate_group
 from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.pop import PoppedMessage, check_receive_args
-from actors.protocol.topic import is_readable
 from storage.codec import validate_topic
 from storage.errors import (
     BrokerUnavailableError,
     InvalidMessageError,
     InvalidReceiptHandleError,
-    TopicNotFoundError,
 )
 from storage.pop import ReceiptHandle
 from storage.subscription import parse_subscription
@@ -99,17 +97,7 @@ class SimpleConsumer:
 
     # ------------------------------------------------------------ brokers
     def _brokers(self) -> list[str]:
-        route = self.ns.require_route(self.topic)
-        names = sorted(
-            {
-                qd.broker_name
-                for qd in route.queue_datas
-                if is_readable(qd.perm) and qd.read_queue_nums
-            }
-        )
-        if not names:
-            raise TopicNotFoundError(f"topic={self.topic!r}: no broker lets it be read")
-        return names
+        return self.ns.require_route(self.topic).readable_brokers()
 
     def _broker(self, name: str, refresh: bool = False) -> Any:
         route = self.ns.require_route(self.topic, refresh=refresh)

@@ -187,30 +187,7 @@ class TransactionProducer(Producer):
     # ------------------------------------------------------------ checks
     def register_with_brokers(self) -> int:
         """Register the relay with every master broker now; how many took it."""
-        ttl = 3 * self.check_heartbeat_s
-        try:
-            masters = self.ns.master_brokers()
-        except Exception as exc:  # noqa: BLE001 - the next beat tries again
-            log.warning("producer %s: no broker list (%s)", self.group, exc)
-            return 0
-        refs = [
-            (
-                name,
-                h.register_transaction_producer.remote(
-                    self.group, self.client_id, self._relay, ttl
-                ),
-            )
-            for name, h in masters.items()
-        ]
-        done = 0
-        for name, ref in refs:
-            try:
-                rpc.get(ref, self.config.send_timeout_s)
-                self._registered[name] = masters[name]
-                done += 1
-            except Exception as exc:  # noqa: BLE001 - a broker restarting: the next beat
-                log.info("producer %s: registering with %s failed: %s", self.group, name, exc)
-        return done
+        return register_check_relay(self, self.ns, self._relay, 3 * self.check_heartbeat_s)
 
     def _check_loop(self) -> None:
         while not self._stopping.is_set():
@@ -267,15 +244,54 @@ class TransactionProducer(Producer):
         """Leave the brokers' lists of producers to check with, stop the threads, close."""
         self._stopping.set()
         self.instance.unregister(self._beat_key)
-        for name, handle in self._registered.items():
-            try:
-                rpc.get(
-                    handle.unregister_transaction_producer.remote(self.group, self.client_id),
-                    self.config.send_timeout_s,
-                )
-            except Exception as exc:  # noqa: BLE001 - it expires there anyway
-                log.info("producer %s: unregistering from %s failed: %s", self.group, name, exc)
+        unregister_check_relay(self)
         ray.kill(self._relay)  # ends the check thread's held call
         for t in self._threads:
             t.join(timeout=_TAKE_WAIT_S + 1)
         super().close(timeout_s)
+
+
+class _RelayOwner(Protocol):
+    """What registering a check relay needs of the producer that owns it (the threaded
+    and the asyncio transaction producers both are one)."""
+
+    group: str
+    client_id: str
+    config: ProducerConfig
+    _registered: dict[str, Any]
+
+
+def register_check_relay(owner: _RelayOwner, ns: Any, relay: Any, ttl_s: float) -> int:
+    """Register ``relay`` (where brokers send their checks of ``owner``'s half messages)
+    with every master broker ``ns`` knows, for ``ttl_s``; how many took it. Blocking: a
+    thread's (or the client instance's heartbeat's) call."""
+    try:
+        masters = ns.master_brokers()
+    except Exception as exc:  # noqa: BLE001 - the next beat tries again
+        log.warning("producer %s: no broker list (%s)", owner.group, exc)
+        return 0
+    refs = [
+        (name, h.register_transaction_producer.remote(owner.group, owner.client_id, relay, ttl_s))
+        for name, h in masters.items()
+    ]
+    done = 0
+    for name, ref in refs:
+        try:
+            rpc.get(ref, owner.config.send_timeout_s)
+            owner._registered[name] = masters[name]
+            done += 1
+        except Exception as exc:  # noqa: BLE001 - a broker restarting: the next beat
+            log.info("producer %s: registering with %s failed: %s", owner.group, name, exc)
+    return done
+
+
+def unregister_check_relay(owner: _RelayOwner) -> None:
+    """Leave the check lists of the brokers ``owner`` registered with (blocking)."""
+    for name, handle in owner._registered.items():
+        try:
+            rpc.get(
+                handle.unregister_transaction_producer.remote(owner.group, owner.client_id),
+                owner.config.send_timeout_s,
+            )
+        except Exception as exc:  # noqa: BLE001 - it expires there anyway
+            log.info("producer %s: unregistering from %s failed: %s", owner.group, name, exc)

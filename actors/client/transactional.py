@@ -38,7 +38,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -67,6 +67,43 @@ from storage.properties import PROP_PRODUCER_GROUP, PROP_TRAN_MSG
 from storage.transaction import PROP_GLOBAL_TXN, PROP_TXN_EPOCH, PROP_TXN_PRODUCER
 
 log = logging.getLogger("raymq.actors.client.transactional")
+
+
+def commit_arguments(txn: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A transaction's half messages per broker and its consumed offsets, as the
+    coordinator's ``end`` takes them (``broker -> group -> [(topic, queue, offset)]``)."""
+    offsets = {
+        b: {g: [(t, q, o) for (t, q), o in qs.items()] for g, qs in groups.items()}
+        for b, groups in txn._offsets.items()
+    }
+    return dict(txn._halves), offsets
+
+
+@contextlib.contextmanager
+def settling_commit(txn: Any, ended: Any, handle: Any) -> Iterator[None]:
+    """Around a transaction's ``end`` call: COMMITTED once it returns; ABORTED (and over,
+    ``ended(handle)``) when the producer was fenced, FAILED on any other error (the
+    outcome unknown: the coordinator decides it)."""
+    try:
+        yield
+    except ProducerFencedError:
+        txn.state = TransactionState.ABORTED
+        ended(handle)
+        raise
+    except BaseException:
+        txn.state = TransactionState.FAILED
+        raise
+    txn.state = TransactionState.COMMITTED
+    ended(handle)
+
+
+def warn_if_applied_later(txn_id: str, wait: bool, answer: Mapping[str, Any]) -> None:
+    if wait and not answer["done"]:
+        log.warning(
+            "transaction %s committed; a broker applies it later (the coordinator retries)",
+            txn_id,
+        )
+
 
 ONE_PHASE_MAX_BYTES = 4 << 20
 """A transaction's messages over this many encoded bytes commit in two phases."""
@@ -253,29 +290,12 @@ class Transaction:
             self.producer._ended(self)
             return
         p = self.producer
-        halves = dict(self._halves)
-        offsets = {
-            b: {g: [(t, q, o) for (t, q), o in qs.items()] for g, qs in groups.items()}
-            for b, groups in self._offsets.items()
-        }
-        try:
+        halves, offsets = commit_arguments(self)
+        with settling_commit(self, p._ended, self):
             answer = p._call(
                 "end", self.txn_id, p.transactional_id, p.epoch, True, halves, offsets, wait
             )
-        except ProducerFencedError:
-            self.state = TransactionState.ABORTED
-            p._ended(self)
-            raise
-        except BaseException:
-            self.state = TransactionState.FAILED
-            raise
-        self.state = TransactionState.COMMITTED
-        p._ended(self)
-        if wait and not answer["done"]:
-            log.warning(
-                "transaction %s committed; a broker applies it later (the coordinator retries)",
-                self.txn_id,
-            )
+        warn_if_applied_later(self.txn_id, wait, answer)
 
     def _commit_one_phase(self) -> bool:
         """The one-phase commit where it applies (see :meth:`commit`): True once done."""

@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.protocol.topic import TopicConfig
+from actors.protocol.topic import TopicConfig, is_readable
+from storage.errors import TopicNotFoundError
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,20 @@ class TopicRouteData:
     topic: str
     queue_datas: tuple[QueueData, ...]
     broker_datas: tuple[BrokerData, ...]
+
+    def readable_brokers(self) -> list[str]:
+        """The broker groups that let this topic be read (perm and read queues), by name;
+        ``TopicNotFoundError`` when none does."""
+        names = sorted(
+            {
+                qd.broker_name
+                for qd in self.queue_datas
+                if is_readable(qd.perm) and qd.read_queue_nums
+            }
+        )
+        if not names:
+            raise TopicNotFoundError(f"topic={self.topic!r}: no broker lets it be read")
+        return names
 
     def broker(self, broker_name: str) -> BrokerData | None:
         for bd in self.broker_datas:
