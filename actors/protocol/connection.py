@@ -24,6 +24,11 @@ always write through the loop (an SSL object is not shared between threads).
 ``RAYMQ_CLIENT_DIRECT_WRITES=0`` in a process's environment turns direct writes off
 (a diagnostic switch, to compare both ways in one benchmark).
 
+A stream (:meth:`BrokerConnection.stream`) is a request with many answers: each
+answer the broker flags ``STREAM`` goes to the caller's handler, in the order the
+broker wrote them, and the request stays open until an answer without the flag, an
+error, or the connection's end settles its future.
+
 Invariant: a request's future is completed exactly once, by its own answer, by
 the connection's failure, or by the caller's timeout, never by another's answer.
 """
@@ -53,6 +58,9 @@ Answer = tuple[dict[str, Any], bytes]
 """A response: its header, and its body."""
 Decode = Callable[[dict[str, Any], Any], Any]
 """What a request's caller makes of its answer's header and body (on the I/O thread)."""
+OnAnswer = Callable[[dict[str, Any], Any], None]
+"""What a stream's caller does with each of its answers flagged STREAM (on the I/O
+thread; what it raises is logged and the stream goes on)."""
 
 
 class IOLoop:
@@ -107,6 +115,8 @@ class BrokerConnection:
         self._io = IOLoop.get()
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[concurrent.futures.Future[Any], Decode | None]] = {}
+        self._streams: dict[int, OnAnswer] = {}  # request id -> its STREAM answers' handler
+        self._opening_streams: dict[int, OnAnswer] = {}  # id(future) -> handler, until sent
         self._writer: asyncio.WriteTransport | None = None  # after the handshake
         self._broken: BaseException | None = None  # why the broker's frames stopped
         self._stream: asyncio.StreamWriter | None = None
@@ -135,8 +145,19 @@ class BrokerConnection:
         connection's failure. One future per request: a caller that wants the answer
         decoded needs no second future settled from the first's callback."""
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        return self._request_into(fut, header, body, oneway=oneway, decode=decode)
+
+    def _request_into(
+        self,
+        fut: concurrent.futures.Future[Any],
+        header: dict[str, Any],
+        body: Sequence[Any],
+        *,
+        oneway: bool = False,
+        decode: Decode | None = None,
+    ) -> concurrent.futures.Future[Any]:
         if self.closed:
-            fut.set_exception(BrokerUnavailableError(f"connection to {self.name} is closed"))
+            _settle(fut, exc=BrokerUnavailableError(f"connection to {self.name} is closed"))
             return fut
         with self._wlock:
             direct = self._direct_ok
@@ -151,6 +172,24 @@ class BrokerConnection:
             fut.set_result(({}, b""))  # its callbacks run outside the write lock
         return fut
 
+    def stream(
+        self, header: dict[str, Any], on_answer: OnAnswer, body: Sequence[Any] = ()
+    ) -> concurrent.futures.Future[Any]:
+        """Send a request that has many answers: each answer flagged ``STREAM`` is given
+        to ``on_answer(header, body)`` on the I/O thread, in the order the broker wrote
+        them. The future settles with the last answer (``(header, body)``, without the
+        flag), the broker's error, or the connection's failure; no ``on_answer`` call
+        comes after it settles."""
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._wlock:
+            self._opening_streams[id(fut)] = on_answer
+        fut.add_done_callback(self._forget_stream)
+        return self._request_into(fut, header, body)
+
+    def _forget_stream(self, fut: concurrent.futures.Future[Any]) -> None:
+        with self._wlock:
+            self._opening_streams.pop(id(fut), None)
+
     def _register(
         self, fut: concurrent.futures.Future[Any], oneway: bool, decode: Decode | None
     ) -> int:
@@ -163,6 +202,9 @@ class BrokerConnection:
         opaque = next(self._ids)
         if not oneway:
             self._pending[opaque] = (fut, decode)
+            on_answer = self._opening_streams.pop(id(fut), None)
+            if on_answer is not None:
+                self._streams[opaque] = on_answer
         return opaque
 
     def _send_direct(self, parts: list[Any]) -> None:
@@ -356,6 +398,16 @@ class BrokerConnection:
             raise frames.AuthError(f"{self.name} could not prove it holds the cluster's secret")
 
     def _on_frame(self, header: dict[str, Any], body: bytes | memoryview) -> None:
+        flags = header.get("f", 0)
+        if isinstance(flags, int) and flags & Flag.STREAM and header["c"] == Code.OK:
+            on_answer = self._streams.get(header["o"])
+            if on_answer is not None:
+                try:
+                    on_answer(header, body)
+                except Exception:  # noqa: BLE001 - the caller's handler; the stream goes on
+                    log.exception("%s: a stream's handler failed", self.name)
+            return
+        self._streams.pop(header["o"], None)
         entry = self._pending.pop(header["o"], None)
         if entry is None:
             return  # not a request of this connection's (or answered already)
@@ -407,6 +459,7 @@ class BrokerConnection:
                 self._writer = None
                 self._drop_sock()
         pending, self._pending = self._pending, {}
+        self._streams = {}
         for fut, _ in pending.values():
             _settle(fut, exc=error)
 

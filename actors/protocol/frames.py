@@ -97,8 +97,12 @@ class Code(enum.IntEnum):
 
 
 class Flag(enum.IntFlag):
+    """A frame's flags. ``STREAM`` on a response: one of many answers to its request,
+    more to come (the request stays open); its last answer has no ``STREAM``."""
+
     RESPONSE = 1
     ONEWAY = 2
+    STREAM = 4
 
 
 class FrameError(InvalidMessageError):
