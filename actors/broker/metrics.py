@@ -70,37 +70,35 @@ class BrokerMetrics:
         self.bytes_out = metrics.Counter(
             "raymq_bytes_out_total", "Record bytes served by pulls", tag_keys=topic_keys
         )
+        broker_keys = ("broker", "broker_id")
         self.put_latency = metrics.Histogram(
             "raymq_put_latency_seconds",
             "Time to store one batch",
             boundaries=_LATENCY_BOUNDS,
-            tag_keys=("broker", "broker_id"),
+            tag_keys=broker_keys,
         )
         self.flush_latency = metrics.Histogram(
             "raymq_flush_latency_seconds",
             "Time of one CommitLog flush (fsync)",
             boundaries=_LATENCY_BOUNDS,
-            tag_keys=("broker", "broker_id"),
+            tag_keys=broker_keys,
         )
         self.lag = metrics.Gauge(
             "raymq_consumer_lag",
             "Messages stored but not yet consumed",
             tag_keys=("broker", "broker_id", "group", "topic"),
         )
-        self.disk_used_ratio = metrics.Gauge(
-            "raymq_store_disk_used_ratio",
-            "Used share of the disk holding the store",
-            tag_keys=("broker", "broker_id"),
-        )
-        self.commitlog_bytes = metrics.Gauge(
-            "raymq_commitlog_bytes",
-            "CommitLog bytes kept on disk",
-            tag_keys=("broker", "broker_id"),
-        )
-        self.master_epoch = metrics.Gauge(
-            "raymq_master_epoch",
-            "The broker group's master epoch as this broker knows it (one more per failover)",
-            tag_keys=("broker", "broker_id"),
+        self.disk_used_ratio, self.commitlog_bytes, self.master_epoch = (
+            metrics.Gauge(name, doc, tag_keys=broker_keys)
+            for name, doc in (
+                ("raymq_store_disk_used_ratio", "Used share of the disk holding the store"),
+                ("raymq_commitlog_bytes", "CommitLog bytes kept on disk"),
+                (
+                    "raymq_master_epoch",
+                    "The broker group's master epoch as this broker knows it "
+                    "(one more per failover)",
+                ),
+            )
         )
         self.transactions = metrics.Counter(
             "raymq_transactions_total",
