@@ -25,7 +25,7 @@ import contextlib
 import re
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from actors.broker.grpc.auth import AuthError
@@ -109,6 +109,16 @@ def status_of(exc: BaseException) -> tuple[int, str]:
 
 def status(code: int = pb.Code.OK, message: str = "OK") -> pb.Status:
     return pb.Status(code=code, message=message)  # type: ignore[arg-type]
+
+
+def overall_status(entries: Sequence[Any]) -> pb.Status:
+    """A batch answer's status from its entries': OK if all are, an only entry's own,
+    else ``MULTIPLE_RESULTS``."""
+    if {e.status.code for e in entries} == {pb.Code.OK}:
+        return status()
+    if len(entries) == 1:
+        return entries[0].status  # type: ignore[no-any-return]
+    return status(pb.Code.MULTIPLE_RESULTS, "some entries failed")
 
 
 # ---------------------------------------------------------------- names

@@ -26,6 +26,7 @@ from typing import Any
 from actors.broker.grpc.activity import Activity, unary
 from actors.broker.grpc.convert import (
     StatusError,
+    overall_status,
     raymq_name,
     status,
     status_of,
@@ -304,11 +305,4 @@ class LiteActivity(Activity):
                     message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=st
                 )
             )
-        codes = {e.status.code for e in entries}
-        if codes == {pb.Code.OK}:
-            overall = status()
-        elif len(entries) == 1:
-            overall = entries[0].status
-        else:
-            overall = status(pb.Code.MULTIPLE_RESULTS, "some entries failed")
-        return spb.AckMessageResponse(status=overall, entries=entries)
+        return spb.AckMessageResponse(status=overall_status(entries), entries=entries)

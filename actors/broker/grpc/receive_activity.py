@@ -14,6 +14,7 @@ from actors.broker.grpc.activity import (
 )
 from actors.broker.grpc.convert import (
     StatusError,
+    overall_status,
     raymq_name,
     status,
     status_of,
@@ -212,14 +213,7 @@ class ReceiveActivity(LiteActivity):
                     status=status(code, message),
                 )
             )
-        codes = {e.status.code for e in entries}
-        if codes == {pb.Code.OK}:
-            overall = status()
-        elif len(entries) == 1:
-            overall = entries[0].status
-        else:
-            overall = status(pb.Code.MULTIPLE_RESULTS, "some entries failed")
-        return spb.AckMessageResponse(status=overall, entries=entries)
+        return spb.AckMessageResponse(status=overall_status(entries), entries=entries)
 
     @unary(spb.ChangeInvisibleDurationResponse)
     async def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
