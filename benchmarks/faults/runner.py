@@ -48,6 +48,7 @@ from store_faults import (
     cut_commitlog,
     flip_bit,
     flushed_offset,
+    last_record_holding,
     lose_offset_journal,
     lose_unflushed,
     record_end,
@@ -309,13 +310,19 @@ class Run:
         self.drain()
         self.client.wait_for("progress", timeout_s=30)
         self.client.wait_for("progress", timeout_s=30)  # answers in flight have arrived
-        acked = self.drain().get("acked_max", {})
+        progress = self.drain()
+        acked = progress.get("acked_max", {})
         lab.crash(ev.node)
         store = self.store(ev.node)
         floor = 0
         mine = [o for h, o in acked.items() if h.rpartition(":")[0] == node.ip]
         if mine and self.plan.mode in ("SYNC_FLUSH", "RAFT") and (store / "commitlog").exists():
             floor = record_end(store, max(mine))  # fsynced before it was acknowledged
+        if self.plan.mode == "SYNC_FLUSH" and (store / "commitlog").exists():
+            # the gRPC door's and the transactions' acknowledged writes, found by body:
+            # their answers name no CommitLog offset, and were fsynced before them too
+            bodies = [b.encode() for b in progress.get("door_acked", [])]
+            floor = last_record_holding(store, bodies, floor)
         if self.plan.mode != "SYNC_FLUSH":  # the offsets' journal was not fsynced
             ev.detail["offset_journal_lost"] = lose_offset_journal(store)
             self.offset_losses.append((node.ip, frozen))

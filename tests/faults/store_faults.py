@@ -11,6 +11,7 @@ CommitLog or Raft index damaged).
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from pathlib import Path
 
 from storage.checkpoint import CheckpointFile
@@ -59,6 +60,26 @@ def record_start(store: Path, at: int) -> int:
             return base + pos
         pos += size
     return at
+
+
+def last_record_holding(store: Path, needles: Iterable[bytes], start: int) -> int:
+    """The end of the last CommitLog record at or after ``start`` whose bytes hold one of
+    ``needles`` (unique message bodies), or ``start`` when none does: what a door whose
+    answers name no CommitLog offset (the gRPC door, a transaction's commit) had written
+    when it acknowledged them."""
+    wanted = [n for n in needles if n]
+    end = start
+    for f in sorted((store / "commitlog").iterdir(), key=lambda f: int(f.name)):
+        base = int(f.name)
+        data = f.read_bytes().rstrip(b"\x00")
+        if base + len(data) <= start:
+            continue
+        lo = max(start - base, 0)
+        hits = [at for n in wanted if (at := data.rfind(n, lo)) >= 0]
+        if hits:
+            first = record_start(store, base + max(hits))
+            end = max(end, record_end(store, first))
+    return end
 
 
 def flushed_offset(store: Path) -> int:

@@ -127,6 +127,19 @@ class Sender:
         return next((op["hosts"] for op in reversed(self.ops) if op["outcome"] == "SEND_OK"), [])
 
 
+def door_acked(doors: Sequence[GrpcSender | TxnSender], last: int = 200) -> list[str]:
+    """The bodies of each door's latest ``last`` acknowledged ops (gRPC sends, committed
+    transactions): their answers name no CommitLog offset, so a power loss finds them in
+    the store (``store_faults.last_record_holding``) to know what was fsynced."""
+    return [
+        body
+        for door in doors
+        for op in door.ops[-last:]
+        if op["outcome"] == "SEND_OK"
+        for body in op["bodies"]
+    ]
+
+
 class GrpcSender:
     """Sends single unique bodies (``g-...``) through the RocketMQ 5 gRPC door with the
     official client (``rocketmq-python-client``), paced, from one thread; its ops are
@@ -461,6 +474,7 @@ def main() -> None:
             acked=sender.acked(),
             hosts=sender.last_hosts(),
             acked_max=dict(sender.acked_max),
+            door_acked=door_acked(doors),
         )
     sender.thread.join(timeout=60)
     if committer is not None:
