@@ -9,6 +9,7 @@ is indeterminate, so reading it zero times or once is fine, twice is a duplicate
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -151,23 +152,32 @@ class Write:
 def split_brains(writes: Sequence[Write], history: Sequence[Look]) -> list[str]:
     """Two brokers acknowledging writes for one queue in overlapping time.
 
-    Each write is given the epoch its host led in at the time (the role history's look at
-    that host nearest the write in which it led; none: epoch -1), and the writes of one
+    Each write is given the epoch its host led in at the time: the role history is a
+    list of changes, so each of a host's looks in which it led opens a stretch of
+    leading, (epoch, from, until its next look), and a write belongs to the stretch it
+    was answered in, else to the nearest one (the history is sampled, so
+    a stretch is seen to start a little late); no stretch: epoch -1. The writes of one
     queue are grouped into tenures, (host, epoch) -> [first, last] answer. A tenure of one
     host overlapping a tenure of another on the same queue is a split brain: both took
     that queue's writes at once. A host that leads again later, in a newer epoch, starts
     a new tenure, so a failover and a failback are not one."""
-    leading: dict[str, list[tuple[float, int]]] = {}
+    by_host: dict[str, list[Look]] = {}
     for look in sorted(history, key=lambda x: x.t):
-        if look.leads:
-            leading.setdefault(look.host, []).append((look.t, look.epoch))
+        by_host.setdefault(look.host, []).append(look)
+    stretches: dict[str, list[tuple[float, float, int]]] = {}
+    for host, looks in by_host.items():
+        for i, look in enumerate(looks):
+            if look.leads:
+                until = looks[i + 1].t if i + 1 < len(looks) else math.inf
+                stretches.setdefault(host, []).append((look.t, until, look.epoch))
 
     def epoch_of(w: Write) -> int:
-        looks = leading.get(w.host)
-        if not looks:
-            return -1
-        mid = (w.invoked + w.completed) / 2
-        return min(looks, key=lambda lk: abs(lk[0] - mid))[1]
+        def distance(stretch: tuple[float, float, int]) -> float:
+            start, until, _ = stretch
+            return max(start - w.completed, w.completed - until, 0.0)
+
+        found = stretches.get(w.host)
+        return min(found, key=distance)[2] if found else -1
 
     tenures: dict[tuple[str, str, int], list[float]] = {}
     for w in writes:

@@ -65,6 +65,29 @@ def test_two_hosts_taking_one_queues_writes_at_once_is_a_split_brain() -> None:
     )
 
 
+def test_a_write_belongs_to_the_stretch_its_host_led_in_not_the_nearest_change() -> None:
+    """The role history records changes, sampled: a host that led (epoch 3), stepped
+    down, and leads again (epoch 5) after another (epoch 4) did, has its writes just
+    before stepping down in epoch 3, however near its look of epoch 5 is; and its first
+    writes of epoch 5, answered a moment before the sampled look saw it lead, in 5."""
+    history = [
+        Look(10.0, "broker-a-0", "10.0.0.1", True, 3),
+        Look(50.0, "broker-a-0", "10.0.0.1", False, 3),
+        Look(50.5, "broker-a-1", "10.0.0.2", True, 4),
+        Look(59.9, "broker-a-1", "10.0.0.2", False, 4),
+        Look(60.3, "broker-a-0", "10.0.0.1", True, 5),
+    ]
+    w = (
+        writes("10.0.0.1", [11, 30, 49.5])
+        + writes("10.0.0.2", [51, 55, 59.5])
+        + writes("10.0.0.1", [60.1, 65, 70])  # the first a moment before its look
+    )
+    assert split_brains(w, history) == []
+    # the old leader acknowledging in epoch 3 while epoch 4 leads is one
+    found = split_brains(w + writes("10.0.0.1", [52]), history)
+    assert len(found) == 1 and "10.0.0.1 (epoch 3)" in found[0] and "(epoch 4)" in found[0]
+
+
 def test_committed_offsets_moving_back_are_violations_unless_a_fault_excuses_them() -> None:
     looks = [
         ("b:0", 10, 1.0),
