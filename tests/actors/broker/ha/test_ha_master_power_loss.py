@@ -24,6 +24,7 @@ from raymq_ha_testkit import (
     status_of,
 )
 from raymq_testkit import SMALL_STORE, wait_until
+from store_faults import cut_commitlog
 
 import actors
 from actors import BrokerSpec, SendStatus
@@ -39,19 +40,6 @@ OPTIONS = {
     "store": {**SMALL_STORE, "flush_interval_commitlog_ms": 600_000},
 }
 TOPIC = "PowerLoss"
-
-
-def cut_commitlog(store: Path, at: int) -> None:
-    """Zeros from ``at`` to its file's end and no later files: the disk after a power
-    loss that kept only the bytes before ``at``."""
-    for f in sorted((store / "commitlog").iterdir(), key=lambda f: int(f.name)):
-        base, size = int(f.name), f.stat().st_size
-        if base >= at and base > 0:
-            f.unlink()
-        elif base + size > at:
-            with f.open("r+b") as out:
-                out.seek(at - base)
-                out.write(b"\x00" * (base + size - at))
 
 
 def test_a_master_restarted_behind_its_slave_copies_the_acknowledged_tail_first(
