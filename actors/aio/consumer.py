@@ -60,12 +60,14 @@ from actors.aio.connection import AsyncBrokers, master
 from actors.aio.coordinated import CoordinatedGroup
 from actors.client import instance as _instance
 from actors.client.pull_consumer import PullResult, PullStatus
+from actors.client.push.config import valid_instance_name
 from actors.client.push.offset_store import LocalFileOffsetStore
+from actors.client.push.rebalance import readable_queues
 from actors.config.coordinator import CoordinatorConfig
 from actors.protocol.fencing import FencingToken, OffsetFencedError
 from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.requests import BROKER, by_method
-from actors.protocol.topic import is_readable, retry_topic
+from actors.protocol.topic import retry_topic
 from actors.protocol.wire import pull_request_to_wire, pulls_from_wire
 from rebalance import MessageQueue, assign
 from storage.errors import InvalidMessageError
@@ -169,11 +171,7 @@ class AsyncConsumer:
         for name, value in (("pull_batch", pull_batch), ("buffer_messages", buffer_messages)):
             if not isinstance(value, int) or value <= 0:
                 raise InvalidMessageError(f"{name}={value!r}: must be an int > 0")
-        if (
-            not isinstance(instance_name, str)
-            or not instance_name
-            or not all(c.isalnum() or c in "_-." for c in instance_name)
-        ):
+        if not valid_instance_name(instance_name):
             raise InvalidMessageError(
                 f"instance_name={instance_name!r}: letters, digits, '_', '-' or '.'"
             )
@@ -480,15 +478,7 @@ class AsyncConsumer:
 
     def _readable_queues(self, topic: str) -> list[MessageQueue]:
         route = self.ns.route(topic, refresh=True)
-        if route is None:
-            return []
-        live = {bd.broker_name for bd in route.broker_datas if bd.master_actor_name()}
-        return sorted(
-            MessageQueue(topic, qd.broker_name, q)
-            for qd in route.queue_datas
-            if is_readable(qd.perm) and qd.broker_name in live
-            for q in range(qd.read_queue_nums)
-        )
+        return [] if route is None else readable_queues(route)
 
     async def _members(self) -> list[str]:
         route = await asyncio.to_thread(self.ns.require_route, self.topic)

@@ -20,6 +20,12 @@ from storage.errors import InvalidConfigError
 from storage.message import MessageExt
 
 
+def valid_instance_name(name: object) -> bool:
+    """A consumer's ``instance_name`` (a part of its client id): a non-empty str of
+    letters, digits, ``_``, ``-`` and ``.``."""
+    return isinstance(name, str) and bool(name) and all(c.isalnum() or c in "_-." for c in name)
+
+
 class ConsumeStatus(enum.Enum):
     """What a listener returns. Anything but SUCCESS (an exception, ``None``, a
     call that ran past ``consume_timeout_s``) counts as RECONSUME_LATER."""
@@ -189,12 +195,7 @@ class PushConsumerConfig:
                 )
         if not isinstance(self.orderly, bool):
             raise InvalidConfigError(f"PushConsumerConfig.orderly={self.orderly!r}: must be a bool")
-        name = self.instance_name
-        if (
-            not isinstance(name, str)
-            or not name
-            or not all(c.isalnum() or c in "_-." for c in name)
-        ):
+        if not valid_instance_name(name := self.instance_name):
             raise InvalidConfigError(
                 f"PushConsumerConfig.instance_name={name!r}: letters, digits, '_', '-' or '.'"
             )

@@ -49,6 +49,7 @@ from actors.coordinator.strategies import (
 )
 from actors.protocol import rpc as _rpc
 from actors.protocol.fencing import FencingToken, check_token
+from actors.protocol.route import TopicRouteData
 from actors.protocol.topic import is_readable, is_retry_topic
 from rebalance import MessageQueue
 from storage.errors import TopicNotFoundError
@@ -58,6 +59,18 @@ log = logging.getLogger("raymq.actors.push_consumer")
 CALL_TIMEOUT_S = 10.0
 DEFAULT_TIMESTAMP_AGO_S = 1800.0  # RocketMQ's consumeTimestamp default: half an hour ago
 NO_FENCE: FencingToken = (0, 0)
+
+
+def readable_queues(route: TopicRouteData) -> list[MessageQueue]:
+    """The queues of ``route``'s topic a consumer may read: readable queues of the broker
+    groups whose master is alive, sorted (what every rebalance strategy is given)."""
+    live = {bd.broker_name for bd in route.broker_datas if bd.master_actor_name()}
+    return sorted(
+        MessageQueue(route.topic, qd.broker_name, q)
+        for qd in route.queue_datas
+        if is_readable(qd.perm) and qd.broker_name in live
+        for q in range(qd.read_queue_nums)
+    )
 
 
 class RebalanceService:
@@ -79,14 +92,7 @@ class RebalanceService:
 
     # ------------------------------------------------------------ inputs
     def readable_queues(self, topic: str) -> list[MessageQueue]:
-        route = self.c.ns.require_route(topic, refresh=True)
-        live = {bd.broker_name for bd in route.broker_datas if bd.master_actor_name()}
-        return sorted(
-            MessageQueue(topic, qd.broker_name, q)
-            for qd in route.queue_datas
-            if is_readable(qd.perm) and qd.broker_name in live
-            for q in range(qd.read_queue_nums)
-        )
+        return readable_queues(self.c.ns.require_route(topic, refresh=True))
 
     def consumer_ids(self) -> list[str]:
         """The group's members as the first live broker of the main topic lists them."""
