@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from actors.protocol import frames
+from actors.protocol.connection import client_handshake
 from actors.protocol.frames import Code
 from actors.protocol.requests import BROKER, Request, by_method
 from actors.protocol.route import TopicRouteData
@@ -94,22 +95,7 @@ class AsyncConnection:
     async def _handshake(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: bytes
     ) -> None:
-        hello, _ = await frames.read_frame(reader, frames.HANDSHAKE_MAX_BYTES)
-        theirs = hello.get("n")
-        if hello.get("c") != Code.HELLO or not isinstance(theirs, bytes):
-            raise frames.AuthError(f"{self.name} did not greet as a RayMQ broker")
-        mine = frames.nonce()
-        auth = {"c": int(Code.AUTH), "o": 0, "n": mine}
-        auth["p"] = frames.proof(secret, b"client", theirs, mine)
-        writer.writelines(frames.encode(auth))
-        try:
-            reply, _ = await frames.read_frame(reader, frames.HANDSHAKE_MAX_BYTES)
-        except asyncio.IncompleteReadError:
-            raise frames.AuthError(f"{self.name} refused this client's proof") from None
-        if reply.get("c") != Code.OK or not frames.check_proof(
-            secret, b"broker", mine, theirs, reply.get("p")
-        ):
-            raise frames.AuthError(f"{self.name} could not prove it holds the cluster's secret")
+        await client_handshake(reader, writer, secret, self.name)
 
     @property
     def usable(self) -> bool:

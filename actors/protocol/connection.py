@@ -92,6 +92,30 @@ class IOLoop:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
 
+async def client_handshake(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: bytes, name: str
+) -> None:
+    """The client's half of a connection's mutual proof: the broker greets with its
+    nonce, the client answers with its own and its proof of the cluster's secret, the
+    broker proves it holds the secret too. Raises ``AuthError`` naming ``name``."""
+    hello, _ = await frames.read_frame(reader, frames.HANDSHAKE_MAX_BYTES)
+    theirs = hello.get("n")
+    if hello.get("c") != Code.HELLO or not isinstance(theirs, bytes):
+        raise frames.AuthError(f"{name} did not greet as a RayMQ broker")
+    mine = frames.nonce()
+    auth = {"c": int(Code.AUTH), "o": 0, "n": mine}
+    auth["p"] = frames.proof(secret, b"client", theirs, mine)
+    writer.writelines(frames.encode(auth))
+    try:
+        reply, _ = await frames.read_frame(reader, frames.HANDSHAKE_MAX_BYTES)
+    except asyncio.IncompleteReadError:
+        raise frames.AuthError(f"{name} refused this client's proof") from None
+    if reply.get("c") != Code.OK or not frames.check_proof(
+        secret, b"broker", mine, theirs, reply.get("p")
+    ):
+        raise frames.AuthError(f"{name} could not prove it holds the cluster's secret")
+
+
 class BrokerConnection:
     """A connection to one broker incarnation's data path, shared by every thread."""
 
@@ -380,22 +404,7 @@ class BrokerConnection:
             self._allow_direct()
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        hello, _ = await frames.read_frame(reader, frames.HANDSHAKE_MAX_BYTES)
-        theirs = hello.get("n")
-        if hello.get("c") != Code.HELLO or not isinstance(theirs, bytes):
-            raise frames.AuthError(f"{self.name} did not greet as a RayMQ broker")
-        mine = frames.nonce()
-        auth = {"c": int(Code.AUTH), "o": 0, "n": mine}
-        auth["p"] = frames.proof(self._secret, b"client", theirs, mine)
-        writer.writelines(frames.encode(auth))
-        try:
-            reply, _ = await frames.read_frame(reader, frames.HANDSHAKE_MAX_BYTES)
-        except asyncio.IncompleteReadError:
-            raise frames.AuthError(f"{self.name} refused this client's proof") from None
-        if reply.get("c") != Code.OK or not frames.check_proof(
-            self._secret, b"broker", mine, theirs, reply.get("p")
-        ):
-            raise frames.AuthError(f"{self.name} could not prove it holds the cluster's secret")
+        await client_handshake(reader, writer, self._secret, self.name)
 
     def _on_frame(self, header: dict[str, Any], body: bytes | memoryview) -> None:
         flags = header.get("f", 0)
