@@ -42,7 +42,6 @@ import itertools
 import logging
 import sys
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -62,6 +61,7 @@ from actors.client.transactional import (
     TransactionState,
     TransactionStateError,
     commit_arguments,
+    next_txn_id,
     settling_commit,
     warn_if_applied_later,
 )
@@ -445,18 +445,7 @@ class AsyncTransactionalProducer(AsyncProducer):
             raise TransactionStateError(
                 "begin() needs a transactional_id and a started producer (async with, start())"
             )
-        current = self._current
-        if current is not None and current.state in (
-            TransactionState.OPEN,
-            TransactionState.FAILED,
-        ):
-            raise TransactionStateError(
-                f"transaction {current.txn_id} is still {current.state.value}: "
-                "commit or abort it first"
-            )
-        txn_id = (
-            f"{self.transactional_id}.{self.epoch}.{next(self._counter)}.{uuid.uuid4().hex[:8]}"
-        )
+        txn_id = next_txn_id(self._current, self.transactional_id, self.epoch, self._counter)
         self._current = AsyncTransaction(self, txn_id)
         return self._current
 

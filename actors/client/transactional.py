@@ -69,6 +69,17 @@ from storage.transaction import PROP_GLOBAL_TXN, PROP_TXN_EPOCH, PROP_TXN_PRODUC
 log = logging.getLogger("raymq.actors.client.transactional")
 
 
+def next_txn_id(current: Any, transactional_id: str, epoch: int, counter: Iterator[int]) -> str:
+    """The id of a producer's next transaction (``<transactional id>.<epoch>.<n>.<random>``);
+    ``TransactionStateError`` while ``current`` (its last one, or None) is still open or
+    failed: one transaction at a time per producer."""
+    if current is not None and current.state in (TransactionState.OPEN, TransactionState.FAILED):
+        raise TransactionStateError(
+            f"transaction {current.txn_id} is still {current.state.value}: commit or abort it first"
+        )
+    return f"{transactional_id}.{epoch}.{next(counter)}.{uuid.uuid4().hex[:8]}"
+
+
 def commit_arguments(txn: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """A transaction's half messages per broker and its consumed offsets, as the
     coordinator's ``end`` takes them (``broker -> group -> [(topic, queue, offset)]``)."""
@@ -526,17 +537,7 @@ class TransactionalProducer(Producer):
 
     def begin(self) -> Transaction:
         """Start a transaction (one at a time per producer); no Ray call."""
-        if self._current is not None and self._current.state in (
-            TransactionState.OPEN,
-            TransactionState.FAILED,
-        ):
-            raise TransactionStateError(
-                f"transaction {self._current.txn_id} is still {self._current.state.value}: "
-                "commit or abort it first"
-            )
-        txn_id = (
-            f"{self.transactional_id}.{self.epoch}.{next(self._counter)}.{uuid.uuid4().hex[:8]}"
-        )
+        txn_id = next_txn_id(self._current, self.transactional_id, self.epoch, self._counter)
         self._current = Transaction(self, txn_id)
         return self._current
 
