@@ -35,16 +35,10 @@ from typing import Any
 
 from actors.aio.connection import AsyncBrokers, NotWritten, master
 from actors.client.encoder import MessageEncoder
-from actors.client.fault import LatencyFaultTolerance
 from actors.client.idempotence import Sequencer
-from actors.client.instance import SharedClient
-from actors.client.producer import with_delay
-from actors.client.queue_selector import QueueSelector
+from actors.client.producer import ProducerCore, with_delay
 from actors.client.send_outcome import NotSent, Outcome, backoff, stored_before
 from actors.client.send_result import BatchSendResult, SendResult, _Chunk
-from actors.config.client import ProducerConfig
-from actors.config.options import with_options
-from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.requests.send import SEND as _SEND
 from actors.protocol.route import TopicRouteData
 from actors.protocol.wire import SendAck
@@ -101,22 +95,11 @@ class _Written:
         self.written = False
 
 
-class AsyncProducer(SharedClient):
-    """Sends messages from asyncio code; see the module doc. ``async with`` closes it."""
+class AsyncProducer(ProducerCore):
+    """Sends messages from asyncio code; see the module doc. ``async with`` closes it.
+    Takes :class:`~actors.client.producer.Producer`'s arguments."""
 
-    def __init__(
-        self,
-        group: str = "DEFAULT_PRODUCER",
-        *,
-        namespace: str = DEFAULT_NAMESPACE,
-        nameservers: Sequence[str] | None = None,
-        config: ProducerConfig | None = None,
-        **options: Any,
-    ) -> None:
-        self.config = with_options(config or ProducerConfig(), options)
-        self._join("producer", group, namespace, nameservers, self.config)
-        self.fault = LatencyFaultTolerance(self.config.fault_isolation_s)
-        self._selector = QueueSelector(self.ns, self.fault, self.config)
+    def _setup(self) -> None:
         self.sequencer = (
             Sequencer(_no_blocking_allocation) if self.config.enable_idempotence else None
         )

@@ -104,8 +104,10 @@ def _short_list(messages: Any, most: int) -> tuple[list[Message], int] | None:
     return list(messages), nbytes
 
 
-class Producer(SharedClient):
-    """Sends messages to a RayMQ cluster; usable from a driver, a task or an actor."""
+class ProducerCore(SharedClient):
+    """What every producer (threaded or asyncio) sets up: its config (``ProducerConfig``
+    fields may be given as keywords), its share of the client instance, the brokers it
+    isolates after failures and its queue selector."""
 
     def __init__(
         self,
@@ -120,6 +122,17 @@ class Producer(SharedClient):
         self._join("producer", group, namespace, nameservers, self.config)
         self.fault = LatencyFaultTolerance(self.config.fault_isolation_s)
         self._selector = QueueSelector(self.ns, self.fault, self.config)
+        self._setup()
+
+    def _setup(self) -> None:
+        """The rest of the producer's own parts (its way of sending)."""
+        raise NotImplementedError
+
+
+class Producer(ProducerCore):
+    """Sends messages to a RayMQ cluster; usable from a driver, a task or an actor."""
+
+    def _setup(self) -> None:
         self._transport = BrokerTransport(self.ns, self.config)
         self._budget = AsyncSendBudget(
             self.config.async_send_max_messages, self.config.async_send_max_bytes
