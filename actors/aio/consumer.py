@@ -62,8 +62,8 @@ from actors.client import instance as _instance
 from actors.client.pull_consumer import PullResult, PullStatus
 from actors.client.push.config import valid_instance_name
 from actors.client.push.offset_store import LocalFileOffsetStore
-from actors.client.push.rebalance import readable_queues
 from actors.config.coordinator import CoordinatorConfig
+from actors.coordinator.fencing import readable_queues
 from actors.protocol.fencing import FencingToken, OffsetFencedError
 from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.requests import BROKER, by_method

@@ -37,6 +37,7 @@ from actors.client.push.config import ConsumeFromWhere
 from actors.client.push.context import RebalanceContext
 from actors.client.push.offset_store import RemoteBrokerOffsetStore
 from actors.client.push.process_queue import ProcessQueue
+from actors.coordinator.fencing import readable_queues
 from actors.coordinator.strategies import (
     DEFAULT_ROOM,
     MACHINE_ROOM_STRATEGIES,
@@ -49,8 +50,7 @@ from actors.coordinator.strategies import (
 )
 from actors.protocol import rpc as _rpc
 from actors.protocol.fencing import FencingToken, check_token
-from actors.protocol.route import TopicRouteData
-from actors.protocol.topic import is_readable, is_retry_topic
+from actors.protocol.topic import is_retry_topic
 from rebalance import MessageQueue
 from storage.errors import TopicNotFoundError
 
@@ -59,18 +59,6 @@ log = logging.getLogger("raymq.actors.push_consumer")
 CALL_TIMEOUT_S = 10.0
 DEFAULT_TIMESTAMP_AGO_S = 1800.0  # RocketMQ's consumeTimestamp default: half an hour ago
 NO_FENCE: FencingToken = (0, 0)
-
-
-def readable_queues(route: TopicRouteData) -> list[MessageQueue]:
-    """The queues of ``route``'s topic a consumer may read: readable queues of the broker
-    groups whose master is alive, sorted (what every rebalance strategy is given)."""
-    live = {bd.broker_name for bd in route.broker_datas if bd.master_actor_name()}
-    return sorted(
-        MessageQueue(route.topic, qd.broker_name, q)
-        for qd in route.queue_datas
-        if is_readable(qd.perm) and qd.broker_name in live
-        for q in range(qd.read_queue_nums)
-    )
 
 
 class RebalanceService:
