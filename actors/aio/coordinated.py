@@ -30,8 +30,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from ray.exceptions import ActorDiedError
-
+from actors.client.push.coordinated import coordinator_gone
 from actors.coordinator.coordinator import coordinator_for
 from actors.coordinator.state import MemberView
 from actors.protocol import rpc
@@ -114,20 +113,10 @@ class CoordinatedGroup:
                 await asyncio.sleep(RETRY_S)
 
     async def _failed(self, exc: BaseException) -> None:
-        c = self.c
-        if isinstance(exc, ActorDiedError):
-            log.warning(
-                "group %s: the coordinator is gone (%s): giving every queue up, joining again",
-                c.group,
-                type(exc).__name__,
-            )
+        if coordinator_gone(self.c.group, exc):
             await self._give_up_all()
             self._coordinator = None
             self._joined = False
-        else:
-            log.warning(
-                "group %s: coordinator call failed: %s: %s", c.group, type(exc).__name__, exc
-            )
 
     async def leave(self) -> None:
         """Commit every queue (the consumer is closed: nothing more is handed out) and

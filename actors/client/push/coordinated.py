@@ -55,6 +55,21 @@ def _name(mq: MessageQueue) -> str:
     return f"{mq.topic}:{mq.broker_name}:{mq.queue_id}"
 
 
+def coordinator_gone(group: str, exc: BaseException) -> bool:
+    """Whether a failed call to ``group``'s coordinator means it is gone (Ray reports its
+    actor dead): the member then gives every queue up and joins the next one. Either
+    way the failure is logged."""
+    if isinstance(exc, ActorDiedError):
+        log.warning(
+            "group %s: the coordinator is gone (%s): giving every queue up, joining again",
+            group,
+            type(exc).__name__,
+        )
+        return True
+    log.warning("group %s: coordinator call failed: %s: %s", group, type(exc).__name__, exc)
+    return False
+
+
 class CoordinatedRebalanceService:
     """Takes and gives up queues as the group's coordinator says."""
 
@@ -179,20 +194,10 @@ class CoordinatedRebalanceService:
                 self._stop.wait(RETRY_S)
 
     def _failed(self, exc: BaseException) -> None:
-        c = self.c
-        if isinstance(exc, ActorDiedError):
-            log.warning(
-                "group %s: the coordinator is gone (%s): giving every queue up, joining again",
-                c.group,
-                type(exc).__name__,
-            )
+        if coordinator_gone(self.c.group, exc):
             self._give_up_all()
             self._coordinator = None
             self._joined = False
-        else:
-            log.warning(
-                "group %s: coordinator call failed: %s: %s", c.group, type(exc).__name__, exc
-            )
 
     # ------------------------------------------------------------ applying a view
     def _apply(self, view: MemberView | None) -> None:
