@@ -52,6 +52,8 @@ from actors.client.transaction import (
     LocalTransactionState,
     TransactionCheckRelay,
     TransactionSendResult,
+    half_of,
+    local_state,
     register_check_relay,
     unregister_check_relay,
 )
@@ -73,7 +75,6 @@ from rebalance import MessageQueue
 from storage.errors import InvalidMessageError
 from storage.message import Message
 from storage.message_id import parse_offset_msg_id
-from storage.properties import PROP_PRODUCER_GROUP, PROP_TRAN_MSG
 
 log = logging.getLogger("raymq.actors.aio.transaction")
 
@@ -327,11 +328,7 @@ class AsyncTransactionalProducer(AsyncProducer):
         if not isinstance(message, Message):
             raise InvalidMessageError(f"message: must be a Message, got {type(message).__name__}")
         await self.start()
-        props = dict(message.properties or {})
-        props[PROP_TRAN_MSG] = "true"
-        props[PROP_PRODUCER_GROUP] = self.group
-        half = dataclasses.replace(message, properties=props, delay_level=0)
-        result = (await self.send_batch([half]))[0]
+        result = (await self.send_batch([half_of(message, self.group)]))[0]
         return AsyncHalf(self, result)
 
     async def send_message_in_transaction(
@@ -345,10 +342,7 @@ class AsyncTransactionalProducer(AsyncProducer):
             state = LocalTransactionState.ROLLBACK_MESSAGE
         else:
             try:
-                state = await execute(message)
-                if not isinstance(state, LocalTransactionState):
-                    log.warning("the local transaction answered %r: UNKNOW", state)
-                    state = LocalTransactionState.UNKNOW
+                state = local_state(await execute(message), "the local transaction")
             except Exception:  # noqa: BLE001 - the broker's check decides then
                 log.exception("the local transaction raised: UNKNOW")
                 state = LocalTransactionState.UNKNOW

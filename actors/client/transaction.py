@@ -100,6 +100,23 @@ class TransactionCheckRelay:
         return out
 
 
+def half_of(msg: Message, group: str) -> Message:
+    """``msg`` as the half message of a transaction of producer ``group``."""
+    props = dict(msg.properties or {})
+    props[PROP_TRAN_MSG] = "true"
+    props[PROP_PRODUCER_GROUP] = group
+    return dataclasses.replace(msg, properties=props, delay_level=0)
+
+
+def local_state(state: object, what: str) -> LocalTransactionState:
+    """What the local transaction (``what``) answered, as a state: anything but a
+    :class:`LocalTransactionState` is UNKNOW (logged), left to the broker's check."""
+    if isinstance(state, LocalTransactionState):
+        return state
+    log.warning("%s answered %r: UNKNOW", what, state)
+    return LocalTransactionState.UNKNOW
+
+
 class TransactionProducer(Producer):
     """A Producer that also sends messages in transactions (RocketMQ's semantics)."""
 
@@ -146,19 +163,13 @@ class TransactionProducer(Producer):
         """Send ``msg`` as a half message, run the local transaction, end it with the broker."""
         if not isinstance(msg, Message):
             raise InvalidMessageError(f"msg: must be a Message, got {type(msg).__name__}")
-        props = dict(msg.properties or {})
-        props[PROP_TRAN_MSG] = "true"
-        props[PROP_PRODUCER_GROUP] = self.group
-        half = dataclasses.replace(msg, properties=props, delay_level=0)
-        result = self.send(half)
+        result = self.send(half_of(msg, self.group))
         if result.status is not SendStatus.SEND_OK:
             state = LocalTransactionState.ROLLBACK_MESSAGE
         else:
             try:
-                state = self.listener.execute_local_transaction(msg, arg)
-                if not isinstance(state, LocalTransactionState):
-                    log.warning("execute_local_transaction answered %r: UNKNOW", state)
-                    state = LocalTransactionState.UNKNOW
+                answered = self.listener.execute_local_transaction(msg, arg)
+                state = local_state(answered, "execute_local_transaction")
             except Exception:  # noqa: BLE001 - the broker's check decides then
                 log.exception("execute_local_transaction raised: UNKNOW")
                 state = LocalTransactionState.UNKNOW
