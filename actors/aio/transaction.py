@@ -52,6 +52,7 @@ from actors.client.transaction import (
     LocalTransactionState,
     TransactionCheckRelay,
     TransactionSendResult,
+    decision_of,
     half_of,
     local_state,
     register_check_relay,
@@ -406,11 +407,7 @@ class AsyncTransactionalProducer(AsyncProducer):
         except Exception:  # noqa: BLE001 - asked again at the next check
             log.exception("the checker raised: UNKNOW")
             return None
-        if state is LocalTransactionState.COMMIT_MESSAGE:
-            return True
-        if state is LocalTransactionState.ROLLBACK_MESSAGE:
-            return False
-        return None
+        return decision_of(state)
 
     async def _end_checked(self, broker: str, ends: list[tuple[int, str, bool]]) -> None:
         try:

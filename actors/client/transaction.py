@@ -117,6 +117,16 @@ def local_state(state: object, what: str) -> LocalTransactionState:
     return LocalTransactionState.UNKNOW
 
 
+def decision_of(state: object) -> bool | None:
+    """A checked transaction's end as its local state says: commit (True), roll back
+    (False), or None (UNKNOW or anything else: asked again at the next check)."""
+    if state is LocalTransactionState.COMMIT_MESSAGE:
+        return True
+    if state is LocalTransactionState.ROLLBACK_MESSAGE:
+        return False
+    return None
+
+
 class TransactionProducer(Producer):
     """A Producer that also sends messages in transactions (RocketMQ's semantics)."""
 
@@ -226,11 +236,7 @@ class TransactionProducer(Producer):
         except Exception:  # noqa: BLE001 - asked again at the next check
             log.exception("check_local_transaction raised: UNKNOW")
             return None
-        if state is LocalTransactionState.COMMIT_MESSAGE:
-            return True
-        if state is LocalTransactionState.ROLLBACK_MESSAGE:
-            return False
-        return None
+        return decision_of(state)
 
     def _end_checked(self, broker: str, ends: list[tuple[int, str, bool]]) -> None:
         """End the checked transactions with the broker that asked: one call per
