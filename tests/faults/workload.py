@@ -365,17 +365,32 @@ def restart_broker(cluster: actors.Cluster, spec: dict[str, Any], index: int) ->
     ray.get(handle.ping.remote(), timeout=60)
 
 
-def statuses(cluster: actors.Cluster, spec: dict[str, Any]) -> dict[str, Any]:
-    """Each broker's status ({} for one that does not answer)."""
-    out = {}
-    for b in spec["brokers"]:
-        try:
-            out[f"{b['name']}-{b['id']}"] = ray.get(
-                cluster.broker(b["name"], b["id"]).status.remote(), timeout=5
+def statuses(
+    cluster: actors.Cluster, spec: dict[str, Any], timeout_s: float = 10.0
+) -> dict[str, Any]:
+    """Each broker's status ({} for one that does not answer), all asked at once and
+    answered within ``timeout_s`` in all: a broker whose node Ray has yet to declare
+    dead, or a slow name lookup, holds none of the others' answers (nor the runner,
+    which waits for this reply)."""
+    got: dict[str, Any] = {}
+
+    def ask(key: str, b: dict[str, Any]) -> None:
+        with contextlib.suppress(Exception):  # dead, restarting or unreachable
+            got[key] = ray.get(
+                cluster.broker(b["name"], b["id"]).status.remote(), timeout=timeout_s
             )
-        except Exception:  # noqa: BLE001 - dead, restarting or unreachable
-            out[f"{b['name']}-{b['id']}"] = {}
-    return out
+
+    keys = [f"{b['name']}-{b['id']}" for b in spec["brokers"]]
+    askers = [
+        threading.Thread(target=ask, args=(key, b), daemon=True)
+        for key, b in zip(keys, spec["brokers"])
+    ]
+    for t in askers:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    for t in askers:
+        t.join(max(deadline - time.monotonic(), 0.0))
+    return {key: got.get(key, {}) for key in keys}
 
 
 def commands(cluster: actors.Cluster, spec: dict[str, Any], sender: Sender) -> None:
