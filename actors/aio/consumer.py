@@ -58,13 +58,13 @@ from typing import Any
 
 from actors.aio.connection import AsyncBrokers, master
 from actors.aio.coordinated import CoordinatedGroup
+from actors.aio.offsets import GroupOffsets
 from actors.client import instance as _instance
 from actors.client.pull_consumer import PullResult, PullStatus
 from actors.client.push.config import valid_instance_name
 from actors.client.push.offset_store import LocalFileOffsetStore
 from actors.config.coordinator import CoordinatorConfig
 from actors.coordinator.fencing import readable_queues
-from actors.protocol.fencing import FencingToken, OffsetFencedError
 from actors.protocol.names import DEFAULT_NAMESPACE
 from actors.protocol.requests import BROKER, by_method
 from actors.protocol.topic import retry_topic
@@ -209,6 +209,7 @@ class AsyncConsumer:
         self._last: dict[asyncio.Task[Any] | None, ConsumedMessage] = {}  # by loop's task
         self._dirty = False
         self._commit_lock: asyncio.Lock | None = None
+        self.offsets = GroupOffsets(self)
         self._started = False
         self.closed = False
         self._rr = 0
@@ -383,55 +384,7 @@ class AsyncConsumer:
 
     async def commit(self) -> None:
         """Commit every queue's offset (the first message not yet done) that moved."""
-        await self._commit_queues([(q, q.commit_offset()) for q in self._queues.values()])
-
-    async def _commit_queues(self, items: list[tuple[_Queue, int]]) -> set[str]:
-        """Commit each (queue, offset) that moved: one call per broker (a coordinated
-        group's with the queues' fencing tokens, only queues holding one), or the
-        consumer's own file (broadcasting). The brokers that refused or failed."""
-        assert self._commit_lock is not None
-        tokens = self._group.tokens if self._group is not None else None
-        failed: set[str] = set()
-        async with self._commit_lock:
-            self._dirty = False
-            moved = [(q, off) for q, off in items if off != q.committed]
-            if tokens is not None:
-                moved = [(q, off) for q, off in moved if q.mq in tokens]
-            if not moved:
-                return failed
-            if self._local is not None:  # written and fsynced off the loop
-                offsets = {q.mq: off for q, off in moved}
-                await asyncio.to_thread(self._local.commit, offsets, wait=True)
-                for q, off in moved:
-                    q.committed = off
-                return failed
-            by_broker: dict[str, list[tuple[_Queue, int]]] = {}
-            for q, off in moved:
-                by_broker.setdefault(q.mq.broker_name, []).append((q, off))
-            for broker_name, queues in by_broker.items():
-                table = {(q.mq.topic, q.mq.queue_id): off for q, off in queues}
-                args: list[Any] = [self.group, table, self.client_id]
-                if tokens is not None:
-                    args.append({(q.mq.topic, q.mq.queue_id): tokens[q.mq] for q, _ in queues})
-                try:
-                    actor, handle = await self._master(queues[0][0].mq)
-                    await asyncio.wait_for(
-                        self._brokers.call(actor, handle, "commit_offsets", *args),
-                        CALL_TIMEOUT_S,
-                    )
-                except OffsetFencedError as exc:  # another member holds them now
-                    log.warning("group %s: commit on %s fenced: %s", self.group, broker_name, exc)
-                    failed.add(broker_name)
-                    continue
-                except Exception:
-                    if tokens is None:
-                        raise
-                    log.warning("group %s: commit on %s failed", self.group, broker_name)
-                    failed.add(broker_name)
-                    continue
-                for q, off in queues:
-                    q.committed = off
-        return failed
+        await self.offsets.commit([(q, q.commit_offset()) for q in self._queues.values()])
 
     # ------------------------------------------------------------ queues
     async def _rebalance_loop(self) -> None:
@@ -460,7 +413,7 @@ class AsyncConsumer:
             q = self._queues.pop(mq)
             q.dropped = True
         for mq in sorted(mine - set(self._queues)):
-            self._add_queue(mq, await self._start_offset(mq))
+            self._add_queue(mq, await self.offsets.start(mq))
         self._start_fetchers()
 
     def _add_queue(self, mq: MessageQueue, offset: int) -> None:
@@ -494,46 +447,6 @@ class AsyncConsumer:
             except Exception as exc:  # noqa: BLE001 - ask the next broker
                 log.warning("group %s: no member list from %s: %s", self.group, bd.broker_name, exc)
         return []
-
-    async def _start_offset(self, mq: MessageQueue, token: FencingToken | None = None) -> int:
-        """Where ``mq`` starts: the group's committed offset (broadcasting: the one in
-        the consumer's file, if it lies within the queue); with none, its first message
-        (``consume_from="first"``, and the retry topic) or its end. A group's start is
-        committed at once (with ``token``), so a member dying before its first commit
-        skips nothing."""
-        actor, handle = await self._master(mq)
-        if self._local is None:
-            stored = await asyncio.wait_for(
-                handle.query_offset.remote(self.group, mq.topic, mq.queue_id), CALL_TIMEOUT_S
-            )
-            if stored is not None and stored >= 0:
-                return int(stored)
-        low, high = await asyncio.wait_for(
-            self._brokers.call(actor, handle, "min_max_offset", mq.topic, mq.queue_id),
-            CALL_TIMEOUT_S,
-        )
-        if self._local is not None:
-            kept = self._local.read(mq)
-            if low <= kept <= high:
-                return kept
-            if kept >= 0:  # a file of another cluster's, or a queue cleaned since
-                log.warning(
-                    "group %s: kept offset %d of %s is outside %d..%d: starting anew",
-                    self.group,
-                    kept,
-                    mq,
-                    low,
-                    high,
-                )
-        start = int(low) if self.consume_from == "first" or mq.topic != self.topic else int(high)
-        if self._local is None:
-            args: list[Any] = [self.group, {(mq.topic, mq.queue_id): start}, self.client_id]
-            if token is not None:
-                args.append({(mq.topic, mq.queue_id): token})
-            await asyncio.wait_for(
-                self._brokers.call(actor, handle, "commit_offsets", *args), CALL_TIMEOUT_S
-            )
-        return start
 
     async def _master(self, mq: MessageQueue) -> tuple[str, Any]:
         return await master(self.ns, mq.topic, mq.broker_name)

@@ -125,7 +125,7 @@ class CoordinatedGroup:
             return
         c = self.c
         held = list(c._queues.values())
-        failed = await c._commit_queues([(q, q.commit_offset()) for q in held])
+        failed = await c.offsets.commit([(q, q.commit_offset()) for q in held])
         released = sorted(
             {q.mq for q in held if q.mq.broker_name not in failed} | set(self._unstarted)
         )
@@ -202,7 +202,7 @@ class CoordinatedGroup:
     async def _revoke(self, revoke: dict[MessageQueue, FencingToken]) -> MemberView | None:
         c = self.c
         qs = await self._stop(revoke)
-        failed = await c._commit_queues([(q, q.commit_offset()) for q in qs])
+        failed = await c.offsets.commit([(q, q.commit_offset()) for q in qs])
         for q in qs:
             self.tokens.pop(q.mq, None)
         if failed:
@@ -240,7 +240,7 @@ class CoordinatedGroup:
         """Drop every queue, committing what was finished (refused where fenced)."""
         c = self.c
         qs = await self._stop(list(c._queues))
-        await c._commit_queues([(q, q.commit_offset()) for q in qs])
+        await c.offsets.commit([(q, q.commit_offset()) for q in qs])
         for q in qs:
             self.tokens.pop(q.mq, None)
         self._unstarted.clear()
@@ -251,7 +251,7 @@ class CoordinatedGroup:
         started = []
         for mq, token in sorted(self._unstarted.items()):
             try:
-                offset = await c._start_offset(mq, token)
+                offset = await c.offsets.start(mq, token)
             except Exception as exc:  # noqa: BLE001 - tried again after the next poll
                 log.warning("group %s: cannot start %s yet: %s", c.group, mq, exc)
                 continue
