@@ -363,13 +363,9 @@ class AsyncProducer(ProducerCore):
                     run.settle(mq)
                     self.fault.update(mq.broker_name, time.monotonic() - started)
                     return chunk, mq, ack
-            if reordered:
-                if time.monotonic() >= deadline:
-                    break
-            else:
-                attempt += 1
-                if attempt > retries and (not run.pinned or time.monotonic() >= deadline):
-                    break
+            attempt, again = run.next_attempt(attempt, retries, reordered, deadline)
+            if not again:
+                break
             if run.pinned:
                 await asyncio.sleep(backoff(attempt))
         run.give_up(mq)

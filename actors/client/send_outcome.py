@@ -139,6 +139,20 @@ class Outcome:
         self.maybe_stored = self.pinned = True
         return True
 
+    def next_attempt(
+        self, attempt: int, retries: int, reordered: bool, deadline: float
+    ) -> tuple[int, bool]:
+        """After an attempt that settled nothing: the attempt count, and whether to make
+        another. A refusal for the order of runs (``reordered``) is no failed attempt,
+        bounded by the deadline, not by the retries; a pinned run (it may be stored, or
+        waits for the run before it) is tried past the retries until the deadline."""
+        if reordered:
+            return attempt, time.monotonic() < deadline
+        attempt += 1
+        if attempt > retries and (not self.pinned or time.monotonic() >= deadline):
+            return attempt, False
+        return attempt, True
+
     def settle(self, mq: MessageQueue) -> None:
         """Answered: the run is over."""
         if self.bound is not None and self.sequencer is not None:

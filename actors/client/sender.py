@@ -168,13 +168,9 @@ class Sender(AsyncSending):
                     run.settle(mq)
                     self._answered_in(chunk, mq, time.monotonic() - started)
                     return chunk, mq, ack
-            if reordered:  # bounded by the deadline, not by the retries
-                if time.monotonic() >= deadline:
-                    break
-            else:
-                attempt += 1
-                if attempt > retries and (not run.pinned or time.monotonic() >= deadline):
-                    break
+            attempt, again = run.next_attempt(attempt, retries, reordered, deadline)
+            if not again:
+                break
             if run.pinned:
                 time.sleep(backoff(attempt))  # a failover, or the run before it, to come
         run.give_up(mq)
