@@ -30,7 +30,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from actors.client.push.coordinated import coordinator_gone
+from actors.client.push.coordinated import ViewFollower, coordinator_gone
 from actors.coordinator.coordinator import coordinator_for
 from actors.coordinator.state import MemberView
 from actors.protocol import rpc
@@ -44,7 +44,7 @@ JOIN_TIMEOUT_S = 30.0
 RETRY_S = 0.5
 
 
-class CoordinatedGroup:
+class CoordinatedGroup(ViewFollower):
     """Takes and gives up an AsyncConsumer's queues as its group's coordinator says."""
 
     def __init__(self, consumer: Any, config: Any = None) -> None:
@@ -146,17 +146,10 @@ class CoordinatedGroup:
     async def _apply_once(self, view: MemberView) -> MemberView | None:
         """Apply ``view``; return a newer one to apply next (the answer to a confirm)."""
         c = self.c
-        if not view.member:
-            if self._joined:
-                log.warning(
-                    "group %s: the coordinator dropped %s: joining again", c.group, c.client_id
-                )
+        if self._dropped(view):
             await self._give_up_all()
             self._joined = False
             return None
-        self.generation = view.generation
-        self._revoke_timeout_s = view.revoke_timeout_s
-        self._version = view.version
         if view.revoke:
             follow = await self._revoke(view.revoke)
             if follow is not None:

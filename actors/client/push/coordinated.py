@@ -70,7 +70,35 @@ def coordinator_gone(group: str, exc: BaseException) -> bool:
     return False
 
 
-class CoordinatedRebalanceService:
+class ViewFollower:
+    """What a coordinated member (threaded or asyncio) keeps of its coordinator's views:
+    the generation, the revoke timeout and the version of the latest one."""
+
+    c: Any  # the consumer: its group and client id
+    generation: int
+    _joined: bool
+    _revoke_timeout_s: float
+    _version: int
+
+    def _dropped(self, view: MemberView) -> bool:
+        """Whether ``view`` no longer counts this member (logged if it had joined: it is
+        to give every queue up and join again); else the view's generation, revoke
+        timeout and version are taken."""
+        if not view.member:
+            if self._joined:
+                log.warning(
+                    "group %s: the coordinator dropped %s: joining again",
+                    self.c.group,
+                    self.c.client_id,
+                )
+            return True
+        self.generation = view.generation
+        self._revoke_timeout_s = view.revoke_timeout_s
+        self._version = view.version
+        return False
+
+
+class CoordinatedRebalanceService(ViewFollower):
     """Takes and gives up queues as the group's coordinator says."""
 
     def __init__(self, consumer: CoordinatedContext) -> None:
@@ -207,17 +235,10 @@ class CoordinatedRebalanceService:
     def _apply_once(self, view: MemberView) -> MemberView | None:
         """Apply ``view``; return a newer one to apply next (the answer to a confirm)."""
         c = self.c
-        if not view.member:
-            if self._joined:
-                log.warning(
-                    "group %s: the coordinator dropped %s: joining again", c.group, c.client_id
-                )
+        if self._dropped(view):
             self._give_up_all()
             self._joined = False
             return None
-        self.generation = view.generation
-        self._revoke_timeout_s = view.revoke_timeout_s
-        self._version = view.version
         if view.revoke:
             follow = self._revoke(view.revoke)
             if follow is not None:
