@@ -61,6 +61,7 @@ from actors.client.transaction import (
 from actors.client.transactional import (
     Transaction,
     TransactionalProducer,
+    TransactionContext,
     TransactionState,
     TransactionStateError,
     commit_arguments,
@@ -149,6 +150,18 @@ class AsyncTransaction:
     def send_offsets(self, group: str, offsets: Mapping[MessageQueue, int]) -> None:
         """Commit ``group``'s offsets (``{queue: next offset}``) with the transaction."""
         self._txn.send_offsets(group, offsets)
+
+    def context(self) -> TransactionContext:
+        """The transaction as other processes join it (see :class:`TransactionContext`):
+        they send half messages marked with its ``properties()`` and hand where they were
+        stored back through :meth:`add_halves`; only those are committed."""
+        return self._txn.context()
+
+    def add_halves(self, halves: Mapping[str, Sequence[int | str]], count: int) -> None:
+        """Take ``count`` half messages another process sent with :meth:`context`
+        (``halves``: broker -> their CommitLog offsets or message ids, as
+        ``BatchSendResult.halves_by_broker`` gives them) into the commit."""
+        self._txn.add_halves(halves, count)
 
     async def flush(self) -> None:
         """Send what is buffered now (as half messages)."""

@@ -10,6 +10,7 @@ import asyncio
 import threading
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -137,3 +138,41 @@ def test_a_transaction_over_both_brokers_commits_whole_or_aborts(
         assert {mq: consumer.fetch_offset(mq) for mq in queues} == {mq: 0 for mq in queues}
     finally:
         consumer.close()
+
+
+def test_other_processes_send_into_a_transaction_through_its_context(
+    aio_cluster: actors.Cluster, stored: Callable[[str], list[bytes]]
+) -> None:
+    """A transaction's context lets another sender (a plain producer, as a Spark task
+    is) send half messages into it; the commit takes the ones handed back with
+    ``add_halves`` and no others."""
+    cluster, topic = aio_cluster, "AioTxContext"
+    cluster.admin.create_topic(topic, 2, 2)
+    sender = cluster.producer("aio-tx-context-sender")
+
+    async def main() -> None:
+        async with (
+            AsyncTransactionalProducer(
+                "aio-tx-context", transactional_id="aio-tx-ctx", namespace=cluster.namespace
+            ) as producer,
+            producer.begin() as txn,
+        ):
+            await txn.send(Message(topic, b"own"))
+            marks = txn.context().properties()
+
+            def send(prefix: bytes) -> Any:
+                msgs = [Message(topic, prefix + b"%d" % i, properties=marks) for i in range(3)]
+                return sender.send_batch(msgs)
+
+            await asyncio.to_thread(send, b"lost-")  # never handed back
+            counted = await asyncio.to_thread(send, b"joined-")
+            with pytest.raises(InvalidMessageError, match="half message id"):
+                txn.add_halves({"broker-x": [""]}, 1)
+            txn.add_halves(counted.halves_by_broker(), 3)
+            assert await asyncio.to_thread(stored, topic) == []  # nothing before the commit
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 60))
+    finally:
+        sender.close()
+    assert Counter(stored(topic)) == Counter([b"own", b"joined-0", b"joined-1", b"joined-2"])
