@@ -62,7 +62,7 @@ from actors.protocol.names import MASTER_ID, broker_actor_name
 from storage.codec import EncodedBatch
 from storage.errors import BrokerUnavailableError, InvalidConfigError
 from storage.message import GetStatus, RawGetResult
-from storage.store import PutBatchResult
+from storage.store import MessageStore, PutBatchResult
 
 if TYPE_CHECKING:
     from actors.broker.runtime import BrokerRuntime
@@ -77,6 +77,8 @@ GATHER_TIMEOUT_S = 3.0
 _BEHIND_ON_SLAVE = (GetStatus.OFFSET_OVERFLOW_BADLY, GetStatus.OFFSET_TOO_SMALL)
 COPY_TIMEOUT_S = 30.0
 """A master copying a slave's tail gives up on a read that takes longer than this."""
+COPY_PROGRESS_BYTES = 256 << 20
+"""A master copying a slave's tail logs its progress each time this many bytes arrived."""
 SLOW_PROMOTION_S = 5.0  # a promotion slower than this logs each step's time
 
 
@@ -101,6 +103,22 @@ class _StepTimer:
                 total,
                 ", ".join(f"{step} {took:.2f} s" for step, took in self._steps),
             )
+
+
+def keep_whole_records(store: MessageStore) -> int:
+    """Index the records a master copied from a slave and drop a record the copy cut in
+    two (the slave gone or promoted mid-copy), so that the master's first write starts
+    where a whole record ends. Returns that end."""
+    store.dispatch_replicated()
+    end = store.dispatched_offset
+    if store.commitlog.max_offset > end:
+        log.warning(
+            "%s: dropping the %d bytes of a record the copy from a slave cut in two",
+            store.config.store_dir,
+            store.commitlog.max_offset - end,
+        )
+        store.truncate_commitlog(end)
+    return end
 
 
 class MasterSlaveReplication(Replication):
@@ -214,16 +232,35 @@ class MasterSlaveReplication(Replication):
         append = functools.partial(self.store.append_commitlog, dispatch=False)
         offset = my_end
         step = self.config.ha_transfer_batch_bytes
-        while offset < end:
-            _, _, chunks = await asyncio.wait_for(
-                handle.ha_log_tail.remote(offset, min(step, end - offset)), COPY_TIMEOUT_S
-            )
-            if not chunks:
-                break
-            for chunk in chunks:
-                offset = await self.broker.run(append, offset, memoryview(chunk))
-        await self.broker.run(self.store.dispatch_replicated)
-        log.warning("%s: copied the commitlog up to %d from %s", name, offset, slave)
+        logged = offset
+        try:
+            while offset < end:
+                _, _, chunks = await asyncio.wait_for(
+                    handle.ha_log_tail.remote(offset, min(step, end - offset)), COPY_TIMEOUT_S
+                )
+                if not chunks:
+                    break
+                for chunk in chunks:
+                    offset = await self.broker.run(append, offset, memoryview(chunk))
+                if offset - logged >= COPY_PROGRESS_BYTES:
+                    logged = offset
+                    log.info(
+                        "%s: copied %d of %d bytes from %s",
+                        name,
+                        offset - my_end,
+                        end - my_end,
+                        slave,
+                    )
+        except Exception:  # cut short (the slave gone or promoted): keep its whole records
+            await self.broker.run(keep_whole_records, self.store)
+            raise
+        await self.broker.run(keep_whole_records, self.store)
+        log.warning(
+            "%s: copied the commitlog up to %d from %s",
+            name,
+            self.store.commitlog.max_offset,
+            slave,
+        )
 
     async def _gather_slave_offsets(self) -> None:
         members = await self._group_members()
