@@ -7,6 +7,26 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import ray
+from ray.cluster_utils import Cluster as RayTestCluster
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[RayTestCluster]:
+    """One Ray cluster for every test of the run that needs one (tests/actors and the
+    docs' examples): a ``ray.cluster_utils.Cluster`` head this process starts itself
+    (never a cluster someone else runs on the machine), so multi-node tests can add and
+    remove nodes. Started at the first test that asks for it, shut down at the end."""
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = RayTestCluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 4, "include_dashboard": False},
+    )
+    ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
 
 
 @pytest.fixture

@@ -1,6 +1,5 @@
-"""One Ray cluster for the actors tests: a ``ray.cluster_utils.Cluster`` head this
-process starts itself (never a cluster someone else runs on the machine), so
-multi-node tests can add and remove nodes. Every test gets its own namespace."""
+"""Clusters for the actors tests, on the run's one Ray cluster (``ray_cluster`` of
+tests/conftest.py). Every test gets its own namespace."""
 
 from __future__ import annotations
 
@@ -10,26 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
 from ray.cluster_utils import Cluster as RayTestCluster
 from raymq_testkit import DEFAULT_SIZES, SMALL_STORE, unique_namespace
 
 import actors
-
-
-@pytest.fixture(scope="package")
-def ray_cluster() -> Iterator[RayTestCluster]:
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster = RayTestCluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 4, "include_dashboard": False},
-    )
-    ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
-
 
 ClusterFactory = Callable[..., actors.Cluster]
 

@@ -1,5 +1,5 @@
-"""The docs' examples run against a real local cluster: a Ray head this process starts
-itself (as tests/actors/conftest.py's ``ray_cluster``) and one NameServer with one broker
+"""The docs' examples run against a real local cluster: on the run's one Ray cluster
+(``ray_cluster`` of tests/conftest.py), one NameServer with one broker
 (small store files) in a namespace of their own, shared by the pages whose examples use
 a ``cluster`` they do not start."""
 
@@ -8,25 +8,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-import ray
 from ray.cluster_utils import Cluster as RayTestCluster
 from raymq_testkit import SMALL_STORE, unique_namespace
 
 import actors
-
-
-@pytest.fixture(scope="package")
-def ray_cluster() -> Iterator[RayTestCluster]:
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster = RayTestCluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 4, "include_dashboard": False},
-    )
-    ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
 
 
 @pytest.fixture(scope="package")
