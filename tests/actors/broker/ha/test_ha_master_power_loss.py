@@ -45,31 +45,49 @@ TOPIC = "PowerLoss"
 def test_a_master_restarted_behind_its_slave_copies_the_acknowledged_tail_first(
     make_cluster: Any, tmp_path: Path
 ) -> None:
+    """Two slaves at different ends: the master copies from the one furthest ahead, and
+    the other, whose log is a prefix of it, replicates on from its own end (no cut)."""
     root = str(tmp_path / "power-loss")
     cluster = make_cluster(
         nameservers=1,
-        brokers=GROUP,
+        brokers=[*GROUP, BrokerSpec("broker-a", 2)],
         topics=[actors.TopicConfig(TOPIC, 2, 2)],
         store_root=root,
         broker_options=OPTIONS,
     )
     master, slave = cluster.broker("broker-a", 0), cluster.broker("broker-a", 1)
+    behind = cluster.broker("broker-a", 2)
     producer = cluster.producer("p-power-loss", max_batch_messages=20)
-    before = [
-        producer.send_batch([Message(TOPIC, b"before-%04d" % (i + j)) for j in range(20)])
-        for i in range(0, 200, 20)
-    ]
-    acked = [r for batch in before for r in batch]
+
+    def send(first: int, last: int) -> list[Any]:
+        return [
+            r
+            for i in range(first, last, 20)
+            for r in producer.send_batch(
+                [Message(TOPIC, b"before-%04d" % (i + j)) for j in range(20)]
+            )
+        ]
+
+    acked = send(0, 100)
+    m_end = status_of(master)["commitlog_max_offset"]
+    wait_until(
+        lambda: status_of(behind)["commitlog_max_offset"] == m_end, what="both slaves caught up"
+    )
+    behind_store = status_of(behind)["store_dir"]
+    kill(behind)  # it holds the first 100 messages only
+    acked += send(100, 200)
     assert {r.status for r in acked} == {SendStatus.SEND_OK}
     store = Path(status_of(master)["store_dir"])
     slave_store = status_of(slave)["store_dir"]
     kill(master)
 
     # the power loss: the master's disk keeps the CommitLog up to the record of the 50th
-    # acknowledged message; the slave holds all 200
+    # acknowledged message; one slave holds all 200, the other the first 100
     cut = min(parse_offset_msg_id(r.offset_msg_id)[1] for r in acked[50:])
     cut_commitlog(store, cut)
-    assert len(commitlog_bytes(str(store))) <= cut < len(commitlog_bytes(slave_store))
+    assert len(commitlog_bytes(str(store))) <= cut < m_end < len(commitlog_bytes(slave_store))
+    behind = start_broker(broker_config(cluster, root, "broker-a", 2, **OPTIONS))
+    wait_until(lambda: 2 in members(cluster, "broker-a"), what="second slave registered again")
     master = start_broker(broker_config(cluster, root, "broker-a", 0, **OPTIONS))
     wait_until(lambda: 0 in members(cluster, "broker-a"), what="master registered again")
 
@@ -84,11 +102,17 @@ def test_a_master_restarted_behind_its_slave_copies_the_acknowledged_tail_first(
     expected = [b"before-%04d" % i for i in range(200)] + [b"after-%04d" % i for i in range(40)]
     assert sorted(bodies) == sorted(expected)
     m = status_of(master)
-    wait_until(
-        lambda: status_of(slave)["commitlog_max_offset"] == m["commitlog_max_offset"],
-        what="slave caught up",
-    )
+    for member in (slave, behind):
+        wait_until(
+            lambda member=member: (
+                status_of(member)["commitlog_max_offset"] == m["commitlog_max_offset"]
+            ),
+            what="slave caught up",
+        )
     assert commitlog_bytes(m["store_dir"]) == commitlog_bytes(slave_store)
+    assert commitlog_bytes(behind_store) == commitlog_bytes(slave_store)
+    # the slave behind got only the bytes past its own end: it was not cut back first
+    assert status_of(behind)["ha_received_bytes"] == m["commitlog_max_offset"] - m_end
 
 
 def test_a_slave_back_after_its_master_restarted_without_it_drops_the_old_tail(
