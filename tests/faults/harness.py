@@ -212,8 +212,13 @@ class FaultLab:
             raise LabError("needs root with CAP_NET_ADMIN: it makes network namespaces")
         if missing := missing_tools():
             raise LabError(f"missing tools {missing}: apt-get install iproute2 nftables")
-        self._lock = LOCK.open("w")
-        fcntl.flock(self._lock, fcntl.LOCK_EX)  # another lab on this machine: wait for it
+        lock = LOCK.open("w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another lab on this machine: wait for it
+        except BaseException:  # interrupted while waiting: the other lab's is not ours
+            lock.close()
+            raise
+        self._lock = lock  # from here on what rmqf-* holds is this lab's to take down
         sweep()
         # short: Ray's socket paths under the session dir must fit in 107 bytes
         self.root = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-", dir=self._root_given or "/tmp"))
@@ -349,7 +354,11 @@ class FaultLab:
         raise LabError(f"{alive} of {count} Ray nodes up after {timeout_s}s: {last}")
 
     def close(self) -> None:
-        """Take down everything the lab made (safe to call twice, and after a failed build)."""
+        """Take down everything the lab made (safe to call twice, and after a failed build).
+        A lab that never held the lock made nothing: the namespaces there are another
+        lab's, left alone."""
+        if self._lock is None:
+            return
         try:
             for node in self.nodes.values():
                 with contextlib.suppress(LabError):

@@ -3,6 +3,9 @@ own processes, and nothing the lab made outlives it (nor a crashed run's leftove
 
 from __future__ import annotations
 
+import fcntl
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -10,7 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import BRIDGE, PREFIX, FaultLab, LabError, _namespaces
+from harness import (
+    BRIDGE,
+    PREFIX,
+    FaultLab,
+    LabError,
+    _namespaces,
+    can_admin_network,
+    missing_tools,
+)
 
 PORT = 7000
 SERVER = (
@@ -113,3 +124,39 @@ def test_the_lab_removes_what_it_made_and_what_a_crashed_run_left(lab_factory: A
         if stale.poll() is None:
             stale.kill()
         subprocess.run(["ip", "netns", "del", f"{PREFIX}-stale"], capture_output=True)
+
+
+def test_a_lab_stopped_while_it_waits_for_the_lock_leaves_the_other_labs_alone(
+    tmp_path: Path,
+) -> None:
+    """A lab waiting for another lab's lock that is interrupted (Ctrl-C, the runner's
+    SIGTERM) has made nothing, so it takes nothing down: the namespaces are the
+    running lab's."""
+    if not can_admin_network():
+        pytest.skip("needs root with CAP_NET_ADMIN to make network namespaces")
+    if missing := missing_tools():
+        pytest.fail(f"missing {missing}: .ci/run installs iproute2 and nftables")
+    lock = tmp_path / "lock"
+    other = f"{PREFIX}-otherlab"
+    waiter = (
+        "import harness\n"
+        f"harness.LOCK = harness.Path({str(lock)!r})\n"
+        "with harness.FaultLab(['w'], ray=False):\n"
+        "    pass\n"
+    )
+    held = lock.open("w")
+    fcntl.flock(held, fcntl.LOCK_EX)  # the running lab's
+    subprocess.run(["ip", "netns", "add", other], check=True)
+    try:
+        here = Path(__file__).parent
+        proc = subprocess.Popen(
+            [sys.executable, "-c", waiter], cwd=here, env={**os.environ, "PYTHONPATH": str(here)}
+        )
+        waits = f"-> FLOCK  ADVISORY  WRITE {proc.pid} "
+        wait_until(lambda: waits in Path("/proc/locks").read_text(), "the lab to wait for the lock")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) != 0
+        assert other in _namespaces()
+    finally:
+        held.close()
+        subprocess.run(["ip", "netns", "del", other], capture_output=True)
