@@ -118,6 +118,8 @@ class Result:
     split_brain: list[str] = field(default_factory=list)  # one queue slot, two bodies
     split_roles: list[str] = field(default_factory=list)  # overlapping tenures
     role_changes: int = 0
+    roles: list[list[Any]] = field(default_factory=list)  # [t, member, host, leads, epoch]
+    started: float = 0.0  # the schedule's time 0 (monotonic s, as every time here)
     txns: int = 0
     txns_committed: int = 0
     torn: list[str] = field(default_factory=list)
@@ -187,6 +189,8 @@ class Result:
             "split_brain": self.split_brain[:50],
             "split_roles": self.split_roles[:50],
             "role_changes": self.role_changes,
+            "roles": self.roles[:1000],
+            "started": round(self.started, 3),
             "txns": self.txns,
             "txns_committed": self.txns_committed,
             "torn": self.torn[:50],
@@ -420,7 +424,7 @@ class Run:
             )
             self.client.wait_for("ready", timeout_s=180)
             self.client.wait_for("progress", timeout_s=120, until=lambda e: e["acked"] >= 100)
-            start = time.monotonic()
+            start = result.started = time.monotonic()
             try:
                 for fault in plan.faults:
                     if (wait := start + fault.start_s - time.monotonic()) > 0:
@@ -496,6 +500,7 @@ class Run:
         result.txns_committed = sum(1 for t in txns if t.outcome == ACK)
         roles = [Look(*r) for r in verdict.notes.get("roles", [])]
         result.role_changes = len(roles)
+        result.roles = [[round(lk.t, 3), lk.member, lk.host, lk.leads, lk.epoch] for lk in roles]
         result.split_roles = split_brains(writes, roles)
         # ASYNC_FLUSH's allowed loss: acknowledged before a power loss of the broker that
         # wrote it, past where the loss cut its CommitLog. A gRPC send's receipt names
