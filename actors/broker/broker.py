@@ -63,7 +63,7 @@ from actors.broker.transaction.bridge import TransactionalMessageBridge
 from actors.broker.transaction.check_service import TransactionalMessageCheckService
 from actors.broker.transaction.one_phase import OnePhaseCommits
 from actors.config.broker import BrokerConfig
-from actors.protocol import checks
+from actors.protocol import checks, requests
 from actors.protocol.shared_ring import RingId
 
 log = logging.getLogger("raymq.actors.broker.broker")
@@ -248,21 +248,12 @@ class Broker:
 
     # ------------------------------------------------------------ data path
     # A method written ``x = _served_by(processor, Processor.x)`` is the processor's own
-    # (its arguments, checks and docstring are there); the socket's requests that stand
-    # for Ray methods are declared in actors.protocol.requests.
-    send = _served_by(
-        "sender",
-        SendMessageProcessor.send,
-        """Store one encoded batch (``EncodedBatch.to_bytes()``, as bytes or a ``uint8``
-        array read in place), validated here first. Answers :meth:`SendAck.to_wire`.""",
-    )
-    send_shared = _served_by(
-        "sender",
-        SendMessageProcessor.send_shared,
-        """:meth:`send` for a blob a producer on this node wrote into its shared ring
-        (``actors.protocol.shared_ring``). ``None`` when this broker cannot read that
-        ring: the producer then sends through Ray's object store.""",
-    )
+    # (its arguments, checks and docstring are there). Those the socket serves too are
+    # not written here: each is derived from its declaration's ``served_by``
+    # (actors.protocol.requests; ``_derive_served_methods`` below): send, send_shared,
+    # pull_packed, commit_offsets, heartbeat, unregister_consumer, consumer_send_msg_back,
+    # end_transaction(s/_batch), commit_one_phase, pop, ack_message,
+    # change_invisible_duration, min_max_offset, offset_by_time.
 
     async def drop_ring(self, ring: RingId) -> None:
         """A producer closed its shared ring: let its memory go now."""
@@ -270,10 +261,8 @@ class Broker:
 
     pull = _served_by("puller", PullMessageProcessor.pull)
     pull_batch = _served_by("puller", PullMessageProcessor.pull_batch)
-    pull_packed = _served_by("puller", PullMessageProcessor.pull_packed)
 
     # ------------------------------------------------------------ consumer groups
-    commit_offsets = _served_by("groups", ConsumerManageProcessor.commit_offsets)
     fence_offsets = _served_by("groups", ConsumerManageProcessor.fence_offsets)
     offset_fences = _served_by("groups", ConsumerManageProcessor.offset_fences)
     query_offsets = _served_by("groups", ConsumerManageProcessor.query_offsets)
@@ -283,18 +272,9 @@ class Broker:
     load_stream_checkpoint = _served_by("groups", ConsumerManageProcessor.load_stream_checkpoint)
     reset_offsets = _served_by("groups", ConsumerManageProcessor.reset_offsets)
     consumer_list = _served_by("groups", ConsumerManageProcessor.consumer_list)
-    heartbeat = _served_by("groups", ConsumerManageProcessor.heartbeat)
-    unregister_consumer = _served_by("groups", ConsumerManageProcessor.unregister_consumer)
     consumer_lag = _served_by("groups", ConsumerManageProcessor.consumer_lag)
 
     # ------------------------------------------------------------ retries, dead letters, delays
-    consumer_send_msg_back = _served_by(
-        "sender",
-        SendMessageProcessor.consumer_send_msg_back,
-        """Store retry (or dead-letter) copies of consumed messages (``actors.broker.processor.send_back``);
-        ``reconsume_times``: the consumer's counts, for an orderly consumer's dead letters.""",
-    )
-
     create_retry_topic = _served_by(
         "sender",
         SendMessageProcessor.create_retry_topic,
@@ -304,19 +284,6 @@ class Broker:
     delay_levels = _served_by("admin", AdminBrokerProcessor.delay_levels)
 
     # ------------------------------------------------------------ transactions
-    end_transaction = _served_by("end_txn", EndTransactionProcessor.end_transaction)
-    end_transactions = _served_by("end_txn", EndTransactionProcessor.end_transactions)
-    end_transaction_batch = _served_by("end_txn", EndTransactionProcessor.end_transaction_batch)
-    commit_one_phase = _served_by(
-        "one_phase",
-        OnePhaseCommits.commit,
-        """Commit multi-message transaction ``txn_id`` here alone: ``blob`` (an encoded
-        batch of plain messages) stored as committed, with its marker, in one append
-        (``actors.broker.transaction.one_phase``). ``{"count", "again"}``;
-        OnePhaseRefusedError when this broker cannot (nothing written: commit through
-        the coordinator). ``offsets``: group -> [[topic, queue id, next offset]] of this
-        broker's queues, committed with it.""",
-    )
 
     async def fence_transactional(self, transactional_id: str, epoch: int) -> int:
         """Refuse from now on half messages of ``transactional_id`` below ``epoch``, and
@@ -350,9 +317,6 @@ class Broker:
         return await self.rt.run(self.txn_bridge.pending)
 
     # ------------------------------------------------------------ POP (processor/pop.py)
-    pop = _served_by("popper", PopProcessor.pop)
-    ack_message = _served_by("popper", PopProcessor.ack_message)
-    change_invisible_duration = _served_by("popper", PopProcessor.change_invisible_duration)
     set_group_fifo = _served_by("popper", PopProcessor.set_group_fifo)
     forward_to_dead_letter_queue = _served_by("popper", PopProcessor.forward_to_dead_letter_queue)
 
@@ -362,8 +326,6 @@ class Broker:
     get_topic_config = _served_by("admin", AdminBrokerProcessor.get_topic_config)
     topic_configs = _served_by("admin", AdminBrokerProcessor.topic_configs)
     topic_status = _served_by("admin", AdminBrokerProcessor.topic_status)
-    offset_by_time = _served_by("admin", AdminBrokerProcessor.offset_by_time)
-    min_max_offset = _served_by("admin", AdminBrokerProcessor.min_max_offset)
     query_by_key = _served_by("admin", AdminBrokerProcessor.query_by_key)
     message_by_id = _served_by("admin", AdminBrokerProcessor.message_by_id)
     counters = _served_by("admin", AdminBrokerProcessor.counters)
@@ -492,6 +454,43 @@ class Broker:
 # lite topics (actors/broker/lite): lite_create_parent, lite_send ... are LiteProcessor's own
 for _name in LiteProcessor.REQUESTS:
     setattr(Broker, f"lite_{_name}", _served_by("lite", getattr(LiteProcessor, _name)))
+
+
+_PROCESSORS: dict[str, type] = {
+    "sender": SendMessageProcessor,
+    "puller": PullMessageProcessor,
+    "groups": ConsumerManageProcessor,
+    "end_txn": EndTransactionProcessor,
+    "one_phase": OnePhaseCommits,
+    "popper": PopProcessor,
+    "admin": AdminBrokerProcessor,
+    "lite": LiteProcessor,
+}
+"""The class of each processor the Broker holds, by attribute (a declaration's
+``served_by`` names one)."""
+
+
+def _derive_served_methods() -> None:
+    """The Broker's Ray method of each socket request declared ``served_by`` a
+    processor (``actors.protocol.requests.BROKER``): a new request is its declaration
+    and its processor's coroutine."""
+    for request in requests.BROKER:
+        if request.served_by is None:
+            continue
+        attribute, name = request.served_by
+        if request.method in vars(Broker):
+            raise TypeError(f"{request.name}: Broker.{request.method} is written by hand too")
+        processor = _PROCESSORS.get(attribute)
+        if processor is None or not callable(getattr(processor, name, None)):
+            raise TypeError(f"{request.name}: served_by {request.served_by} is no processor's")
+        method = getattr(processor, name)
+        ray_method = _served_by(attribute, method, "" if method.__doc__ else request.doc)
+        ray_method.__name__ = request.method
+        ray_method.__qualname__ = f"Broker.{request.method}"
+        setattr(Broker, request.method, ray_method)
+
+
+_derive_served_methods()
 
 
 def _exit_process() -> None:

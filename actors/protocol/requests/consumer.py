@@ -39,6 +39,7 @@ COMMIT_OFFSETS = Request(
         replace(CLIENT_ID, default=""),
         Field("tokens", "k", _TOKENS, default=None, omit=True),
     ),
+    served_by=("groups", "commit_offsets"),
     errors=(InvalidMessageError, OffsetFencedError),
     doc="Commit ``{(topic, queue id): offset}``, all or nothing; how many were committed.",
 )
@@ -53,6 +54,7 @@ SEND_BACK = Request(
         Field("max_reconsume_times", "x"),
         Field("reconsume_times", "t", INTS, default=None),
     ),
+    served_by=("sender", "consumer_send_msg_back"),
     errors=(InvalidMessageError,),
     doc="Retry (or dead-letter) copies of consumed messages; where each went.",
 )
@@ -67,6 +69,7 @@ HEARTBEAT = Request(
         Field("topics", "t", LIST),
         Field("ttl_s", "l", default=None),
     ),
+    served_by=("groups", "heartbeat"),
     answer=NOTHING,
     errors=(InvalidMessageError,),
     doc="A consumer's sign of life.",
@@ -77,6 +80,7 @@ UNREGISTER = Request(
     15,
     "unregister_consumer",
     (GROUP, CLIENT_ID),
+    served_by=("groups", "unregister_consumer"),
     answer=NOTHING,
     errors=(InvalidMessageError,),
     doc="A consumer leaving its group cleanly.",

@@ -138,9 +138,12 @@ Encoded = tuple[dict[str, Any], list[Any], Callable[[Mapping[str, Any], Any], An
 class Request:
     """One request of the framed protocol, declared once (see the module's docstring).
 
-    ``method``: the Ray method the request stands for; ``serve``: the coroutine that
-    serves it, as attribute names from the server's actor ("popper.pop_packed"; the
-    ``method`` itself by default); ``ordered``: whether it must reach the broker after
+    ``method``: the Ray method the request stands for; ``served_by``: (the attribute
+    holding the processor, the processor's coroutine) that is that Ray method: the
+    broker's ``Broker`` gets ``method`` from it (``actors.broker.broker``), and its
+    socket serves the request with it unless ``serve`` names another coroutine, as
+    attribute names from the server's actor ("popper.pop_packed"; without either, the
+    server's ``method`` itself); ``ordered``: whether it must reach the broker after
     the calls made before it through Ray (a send) or takes the socket at once (a read
     the broker may hold); ``errors``: what it may answer with besides a broken
     connection (the client raises the same type).
@@ -152,6 +155,7 @@ class Request:
     fields: tuple[Field, ...]
     answer: Answer = RESULT
     serve: str | None = None
+    served_by: tuple[str, str] | None = None
     ordered: bool = True
     errors: tuple[type[RayMQError], ...] = ()
     doc: str = ""
@@ -172,6 +176,12 @@ class Request:
         positional = [f for f in self.fields if not f.keyword]
         if positional != list(self.fields[: len(positional)]):
             raise ValueError(f"{self.name}: keyword-only fields come last")
+        if self.served_by is not None and (
+            len(self.served_by) != 2 or not all(n.isidentifier() for n in self.served_by)
+        ):
+            raise ValueError(
+                f"{self.name}: served_by {self.served_by!r} is not (attribute, method)"
+            )
         object.__setattr__(self, "_index", {n: i for i, n in enumerate(names)})
         object.__setattr__(self, "_positional", len(positional))
         object.__setattr__(self, "_defaults", tuple(f.default for f in self.fields))
@@ -181,6 +191,14 @@ class Request:
             for f in self.fields
         )
         object.__setattr__(self, "_plan", plan)
+
+    @property
+    def serving(self) -> str:
+        """The coroutine serving the request on the socket, as attribute names from the
+        server's actor ("popper.pop_packed")."""
+        if self.serve is not None:
+            return self.serve
+        return ".".join(self.served_by) if self.served_by is not None else self.method
 
     # ------------------------------------------------------------ the client's side
     def encode(self, *args: Any, **kwargs: Any) -> Encoded:
@@ -248,7 +266,7 @@ class Dispatch:
 
     def __init__(self, target: object, requests: Iterable[Request]) -> None:
         self.table: dict[int, tuple[Request, Handler]] = {
-            r.code: (r, operator.attrgetter(r.serve or r.method)(target)) for r in requests
+            r.code: (r, operator.attrgetter(r.serving)(target)) for r in requests
         }
 
     async def __call__(self, code: int, h: Mapping[str, Any], body: Any) -> Reply:

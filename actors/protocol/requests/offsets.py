@@ -13,6 +13,7 @@ GET_MAX_OFFSET = Request(
     24,
     "min_max_offset",
     (TOPIC, QUEUE_ID),
+    served_by=("admin", "min_max_offset"),
     answer=result_as(tuple),  # (min offset, max offset), as the Ray method answers
     errors=(InvalidMessageError, TopicNotFoundError),
     doc="A queue's min and max offset in one round trip (a pull consumer's "
@@ -24,6 +25,7 @@ SEARCH_OFFSET = Request(
     25,
     "offset_by_time",
     (TOPIC, QUEUE_ID, Field("timestamp_ms", "s")),
+    served_by=("admin", "offset_by_time"),
     errors=(InvalidMessageError, TopicNotFoundError),
     doc="The first offset of a queue stored at or after ``timestamp_ms`` "
     "(a pull consumer's ``search_offset``).",

@@ -39,6 +39,7 @@ POP = Request(
         Field("tag_expr", "x", default="*", keyword=True),
         Field("client_id", "id", default="", keyword=True),
     ),
+    served_by=("popper", "pop"),
     answer=Answer(_reply_popped, _read_popped),
     serve="popper.pop_packed",  # the records as stored, the handles in the header
     ordered=False,
@@ -55,6 +56,7 @@ ACK = Request(
         TOPIC,
         replace(RECEIPT_HANDLE, codec=Codec(lambda v: v if isinstance(v, str) else list(v))),
     ),
+    served_by=("popper", "ack_message"),
     errors=(InvalidMessageError, InvalidReceiptHandleError),
     doc="Ack by receipt handle; a list of handles answers, per handle, None or why not.",
 )
@@ -69,6 +71,7 @@ CHANGE_INVISIBLE = Request(
         RECEIPT_HANDLE,
         INVISIBLE_MS,
     ),
+    served_by=("popper", "change_invisible_duration"),
     errors=(InvalidMessageError, InvalidReceiptHandleError),
     doc="Re-arm a received message's invisible time; its new receipt handle.",
 )

@@ -23,6 +23,7 @@ PULL = Request(
     "pull_packed",
     (body("request"),),
     # the answer's blob, in parts (records out of band): joined again by the socket
+    served_by=("puller", "pull_packed"),
     answer=Answer(_reply_pulls, _read_pulls),
     ordered=False,  # a read the broker may hold: it neither waits for nor holds others
     errors=(InvalidMessageError, TopicNotFoundError),

@@ -37,6 +37,7 @@ SEND = Request(
     10,
     "send",
     (body("blob"), AUTO_CREATE_QUEUE_NUMS),
+    served_by=("sender", "send"),
     answer=BODY,
     errors=_ERRORS,
     doc="One encoded batch (``EncodedBatch.to_bytes``) to store; answers its ack's bytes.",
@@ -67,6 +68,7 @@ SEND_SHARED = Request(
         AUTO_CREATE_QUEUE_NUMS,
     ),
     # "u": the broker cannot read the ring (the producer sends through Ray's store then)
+    served_by=("sender", "send_shared"),
     answer=Answer(_reply_shared, _read_shared),
     errors=_ERRORS,
     doc="A send whose batch waits in the producer's shared ring (``actors.protocol.shared_ring``).",

@@ -39,6 +39,7 @@ END_TRANSACTION = Request(
         Field("transaction_id", "i"),
         COMMIT,
     ),
+    served_by=("end_txn", "end_transaction"),
     errors=(InvalidMessageError, TransactionStateError),
     doc="Commit or roll back one half message; False when it was ended before.",
 )
@@ -64,6 +65,7 @@ END_TRANSACTION_BATCH = Request(
         replace(EPOCH, default=None),
         Field("retry", "y", default=False),
     ),
+    served_by=("end_txn", "end_transaction_batch"),
     errors=(InvalidMessageError, ProducerFencedError, TransactionStateError),
     doc="The coordinator's decision on every half message of a transaction held here.",
 )
@@ -80,6 +82,7 @@ END_TRANSACTIONS = Request(
             Codec(lambda v: [list(e) for e in v], lambda v: rows(v, 3)),
         ),
     ),
+    served_by=("end_txn", "end_transactions"),
     errors=(InvalidMessageError,),
     doc="A producer's answers to a check round, ended in one append; how many were.",
 )
@@ -100,7 +103,7 @@ TXN_COMMIT_ONE_PHASE = Request(
         body("blob"),
         Field("offsets", "k", Codec(_rows_by_group), default=None, omit=True),
     ),
-    serve="one_phase.commit",
+    served_by=("one_phase", "commit"),
     errors=(InvalidMessageError, ProducerFencedError, OnePhaseRefusedError),
     doc="A transaction one broker holds whole, committed there alone.",
 )

@@ -10,10 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from actors.broker.broker import Broker
-from actors.broker.lite.processor import LiteProcessor
-from actors.broker.processor.pop import PopProcessor
-from actors.broker.transaction.one_phase import OnePhaseCommits
+from actors.broker.broker import _PROCESSORS, Broker, _derive_served_methods
 from actors.coordinator.txn import TransactionCoordinator
 from actors.protocol import frames, requests
 from actors.protocol.requests.declare import REQUIRED, Request
@@ -49,25 +46,53 @@ def test_each_request_declares_its_ray_methods_arguments(actor: type, request_: 
     assert _declared(request_) == _parameters(getattr(actor, request_.method))
 
 
-_SERVED_BY = {
-    "popper.pop_packed": PopProcessor.pop_packed,
-    "one_phase.commit": OnePhaseCommits.commit,
-    **{
-        f"lite.{n}": getattr(LiteProcessor, n)
-        for n in ("send", "subscribe", "ack", "committed_offset", "receive_packed", "pull_packed")
-    },
-}
+def _processors_coroutine(path: str) -> Any:
+    """``"popper.pop_packed"``: the processor's coroutine that path names on a Broker."""
+    attribute, name = path.split(".")
+    return getattr(_PROCESSORS[attribute], name)
 
 
 @pytest.mark.parametrize("request_", requests.BROKER, ids=lambda r: r.name)
 def test_the_coroutine_serving_a_request_takes_its_fields(request_: Request) -> None:
-    """A request served by a processor's coroutine rather than the Broker's Ray method
-    (``serve``) passes it the same fields."""
-    if request_.serve is None:  # the Broker's own Ray method: checked above
+    """The processor's coroutine serving a request on the socket (``serve``, or else
+    ``served_by``) takes the same fields as the Ray method."""
+    if request_.serving == request_.method:  # the Broker's own Ray method: checked above
         return
-    serve = _SERVED_BY[request_.serve]
+    serve = _processors_coroutine(request_.serving)
     assert inspect.iscoroutinefunction(serve)
     assert _parameters(serve) == _declared(request_)
+
+
+_DERIVED = [r for r in requests.BROKER if r.served_by is not None]
+
+
+@pytest.mark.parametrize("request_", _DERIVED, ids=lambda r: r.name)
+def test_the_brokers_ray_method_of_a_request_is_derived_from_its_served_by(
+    request_: Request,
+) -> None:
+    """``served_by=(attribute, method)`` makes ``Broker.<method>`` an async Ray method
+    calling that processor's coroutine, with its signature."""
+    ray_method = getattr(Broker, request_.method)
+    processor_method = _processors_coroutine(".".join(request_.served_by or ()))
+    assert inspect.iscoroutinefunction(ray_method)
+    assert ray_method.__wrapped__ is processor_method
+    assert ray_method.__name__ == request_.method
+    assert ray_method.__doc__
+
+
+def test_a_served_by_that_is_not_an_attribute_and_a_method_is_refused() -> None:
+    for bad in (("sender",), ("sender", "send", "x"), ("sender", "send()")):
+        with pytest.raises(ValueError, match="served_by"):
+            Request("X", 99, "x", (), served_by=bad)  # type: ignore[arg-type]
+
+
+def test_a_method_both_derived_and_written_on_the_broker_is_refused() -> None:
+    """Deriving again finds each method already on the class: a declaration whose
+    ``served_by`` names a Broker method also written by hand fails at import."""
+    before = dict(vars(Broker))
+    with pytest.raises(TypeError, match="written by hand too"):
+        _derive_served_methods()
+    assert dict(vars(Broker)) == before
 
 
 def test_codes_and_wire_keys_are_each_used_once() -> None:
