@@ -79,6 +79,8 @@ COPY_TIMEOUT_S = 30.0
 """A master copying a slave's tail gives up on a read that takes longer than this."""
 COPY_PROGRESS_BYTES = 256 << 20
 """A master copying a slave's tail logs its progress each time this many bytes arrived."""
+REGISTER_RETRY_S = 1.0
+"""A master no NameServer has accepted yet registers again after this long."""
 SLOW_PROMOTION_S = 5.0  # a promotion slower than this logs each step's time
 
 
@@ -311,9 +313,15 @@ class MasterSlaveReplication(Replication):
                     )
                 )
                 return
-        if not self._writable.is_set():
-            self.services.start_schedule()
-            self._writable.set()
+        if self._writable.is_set():
+            return
+        if self.config.nameservers and not any(a.get("accepted", True) for a in answers):
+            # no NameServer took this master yet (none answered): a slave may have been
+            # promoted meanwhile, so it takes no write before one does; ask again soon
+            self.loop.call_later(REGISTER_RETRY_S, self.broker.request_registration)
+            return
+        self.services.start_schedule()
+        self._writable.set()
 
     async def _group_members(self) -> dict[int, str]:
         """Registered id -> actor name of this group's live members, per the NameServers."""
@@ -542,5 +550,6 @@ class MasterSlaveReplication(Replication):
             out["ha_received_bytes"] = c.received if c is not None else 0
             out["metadata_syncs"] = self.sync.rounds if self.sync is not None else 0
         else:
+            out["accepted_as_master"] = self._writable.is_set()
             out.update(self.service.status())
         return out
