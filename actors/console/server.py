@@ -95,18 +95,13 @@ def start_console(config: ConsoleConfig) -> str:
     running = console_url(config.namespace)
     if running:
         return running
-    handle: Any = (
-        ray.remote(ConsoleServer)
-        .options(
-            name=CONSOLE_ACTOR,
-            namespace=config.namespace,
-            lifetime="detached",
-            num_cpus=0,
-            max_concurrency=100,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(head_node_id(), soft=False),
-        )
-        .remote(config)
-    )
+    handle: Any = _rpc.service_actor(
+        ConsoleServer,
+        CONSOLE_ACTOR,
+        config.namespace,
+        max_concurrency=100,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(head_node_id(), soft=False),
+    ).remote(config)
     try:
         url: str = _rpc.get(handle.start.remote(), START_TIMEOUT_S)
     except BaseException as exc:

@@ -88,27 +88,19 @@ class ConsumerFleet:
         name = fleet_actor_name(group)
         try:
             # an ActorHandle; Any, as Ray's typing of a class's methods knows no ``.remote``
-            controller: Any = (
-                ray.remote(FleetController)
-                .options(
-                    name=name,
-                    namespace=namespace,
-                    lifetime="detached",
-                    num_cpus=0,
-                    max_concurrency=CONTROLLER_MAX_CONCURRENCY,
-                )
-                .remote(
-                    MemberSpec(
-                        group,
-                        topic,
-                        subscription,
-                        listener,
-                        namespace,
-                        list(nameservers) if nameservers else None,
-                        consumer_options,
-                    ),
-                    self.config,
-                )
+            controller: Any = _rpc.service_actor(
+                FleetController, name, namespace, max_concurrency=CONTROLLER_MAX_CONCURRENCY
+            ).remote(
+                MemberSpec(
+                    group,
+                    topic,
+                    subscription,
+                    listener,
+                    namespace,
+                    list(nameservers) if nameservers else None,
+                    consumer_options,
+                ),
+                self.config,
             )
         except ValueError as exc:  # Ray: the name is taken
             raise RayMQError(

@@ -39,6 +39,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from actors.client.admin import Admin
 from actors.config.broker import BrokerConfig
 from actors.keeper.placement import resolve_node, start_broker_actor
+from actors.protocol import rpc as _rpc
 from actors.protocol.errors import PromotionRefusedError
 from actors.protocol.names import MASTER_ID
 from storage.errors import InvalidConfigError, RayMQError
@@ -235,23 +236,18 @@ def start_keeper(
 ) -> Any:
     """The cluster's keeper, started on ``node_id`` (the head's, beside the NameServers);
     it tends from when its process is up (not waited for here)."""
-    handle: Any = (
-        ray.remote(BrokerKeeper)
-        .options(
-            name=KEEPER_ACTOR_NAME,
-            namespace=namespace,
-            lifetime="detached",
-            num_cpus=0,
-            max_restarts=-1,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-        )
-        .remote(
-            namespace,
-            list(brokers),
-            max_restarts=max_restarts,
-            interval_s=interval_s,
-            auto_promote=auto_promote,
-        )
+    handle: Any = _rpc.service_actor(
+        BrokerKeeper,
+        KEEPER_ACTOR_NAME,
+        namespace,
+        max_restarts=-1,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+    ).remote(
+        namespace,
+        list(brokers),
+        max_restarts=max_restarts,
+        interval_s=interval_s,
+        auto_promote=auto_promote,
     )
     # not waited for: a cluster is up without it, and it tends from its first round
     handle.ready.remote()

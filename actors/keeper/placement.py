@@ -11,6 +11,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.broker.broker import Broker
 from actors.config.broker import BrokerConfig
+from actors.protocol import rpc as _rpc
 from storage.errors import InvalidConfigError
 
 ACTOR_MAX_CONCURRENCY = 1000
@@ -49,17 +50,12 @@ def resolve_node(node: str | None, nodes: Sequence[dict[str, Any]] | None = None
 
 def start_broker_actor(config: BrokerConfig, node_id: str, max_restarts: int) -> Any:
     """The broker's actor, started on ``node_id`` (not waited for: ping it)."""
-    return (
-        ray.remote(Broker)
-        .options(
-            name=config.actor_name,
-            namespace=config.namespace,
-            lifetime="detached",
-            num_cpus=0,
-            max_concurrency=ACTOR_MAX_CONCURRENCY,
-            max_restarts=max_restarts,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            runtime_env=BROKER_RUNTIME_ENV,
-        )
-        .remote(config)
-    )
+    return _rpc.service_actor(
+        Broker,
+        config.actor_name,
+        config.namespace,
+        max_concurrency=ACTOR_MAX_CONCURRENCY,
+        max_restarts=max_restarts,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        runtime_env=BROKER_RUNTIME_ENV,
+    ).remote(config)

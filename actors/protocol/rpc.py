@@ -1,4 +1,5 @@
-"""Calling actors: a RayMQError raised inside an actor comes back as itself (not
+"""Starting and calling actors: RayMQ's named service actors start one way
+(:func:`service_actor`); a RayMQError raised inside an actor comes back as itself (not
 wrapped in Ray's ``RayTaskError``), and Ray's own failures (actor dead, restarting,
 unreachable, timed out) are told apart as retriable."""
 
@@ -96,3 +97,12 @@ def wait(refs: Sequence[Any], timeout: float | None) -> tuple[list[Any], list[An
     ready = [r for r in refs if (r.done() if isinstance(r, PendingCall) else r in ready_objects)]
     chosen = {id(r) for r in ready}
     return ready, [r for r in refs if id(r) not in chosen]
+
+
+def service_actor(cls: type, name: str, namespace: str, **options: Any) -> Any:
+    """``cls`` as one of RayMQ's named service actors, ready for ``.remote(...)``: named
+    ``name`` in ``namespace``, detached (it outlives the program that starts it) and
+    holding no CPU (it waits on I/O); ``options`` are Ray's other actor options."""
+    return ray.remote(cls).options(
+        name=name, namespace=namespace, lifetime="detached", num_cpus=0, **options
+    )
