@@ -3,11 +3,13 @@
 Ray is the control plane; what a client does per message (send, pull, commit
 offsets, send back, heartbeat, end transactions, POP receive, ack and change of
 invisible time) goes over one connection per broker (``actors.protocol.connection``), as RocketMQ's clients keep to each broker. A
-:class:`BrokerStub` stands where a broker's Ray handle stood
-(``BrokerHandles(wrap=...)``, ``actors.namesrv.brokers``): ``stub.send.remote(...)`` goes over the socket
-and answers a :class:`~actors.protocol.rpc.PendingCall` that ``rpc.get``,
-``rpc.wait`` and ``.future()`` take as they take an ObjectRef; any other method
-is the Ray handle's. Callers do not change.
+``BrokerStub`` stands where a broker's Ray handle stood
+(``BrokerHandles(wrap=...)``, ``actors.namesrv.brokers``): its class has a method per
+request the broker declares (``actors.protocol.requests``): ``stub.send.remote(...)``
+goes over the socket and answers a :class:`~actors.protocol.rpc.PendingCall` that
+``rpc.get``, ``rpc.wait`` and ``.future()`` take as they take an ObjectRef; the
+broker's other Ray methods (:data:`BROKER_RAY_ONLY`) are the Ray handle's, and
+``stub.handle`` is the handle itself.
 
 Finding a broker's socket: its address and this incarnation's secret come from the
 broker itself, through Ray (``Broker.data_path``), once per incarnation. A broker
@@ -27,7 +29,7 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from actors.protocol import rpc
@@ -73,12 +75,19 @@ class DataPath:
     ) -> Any:
         """For ``BrokerHandles(wrap=...)``: starts opening the broker's connection.
         ``requests``: the methods that go over the socket, and how each is framed (a
-        broker's by default; :data:`COORDINATOR_REQUESTS` for the transaction
-        coordinator, whose ``data_path`` answers as a broker's does)."""
+        broker's by default: a :data:`BrokerStub`; :data:`COORDINATOR_REQUESTS` for the
+        transaction coordinator, whose ``data_path`` answers as a broker's does: a
+        :data:`CoordinatorStub`)."""
         if self.mode != "socket":
             return handle
+        if requests is None or requests is BrokerStub.requests:
+            stub_class = BrokerStub
+        elif requests is COORDINATOR_REQUESTS:
+            stub_class = CoordinatorStub
+        else:
+            raise ValueError("requests: the broker's (None) or COORDINATOR_REQUESTS")
         self._start_open(actor_name, handle)
-        return BrokerStub(self, actor_name, handle, _REQUESTS if requests is None else requests)
+        return stub_class(self, actor_name, handle)
 
     def connection(
         self, actor_name: str, handle: Any, ordered: bool = True
@@ -201,22 +210,19 @@ _OPENER = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="raymq-dat
 """Opens connections off the callers' threads (shared by every client of the process)."""
 
 
-class BrokerStub:
-    """A broker's Ray handle whose per-message methods go over its socket."""
+class _Stub:
+    """An actor's stub (a broker's, the transaction coordinator's): what its class
+    declares as socket requests go over the socket (:class:`_Declared`), the other Ray
+    methods it names go to the Ray handle (:class:`_ThroughRay`); nothing else (the
+    handle itself is ``stub.handle``)."""
 
-    def __init__(
-        self, data_path: DataPath, actor_name: str, handle: Any, requests: Mapping[str, Request]
-    ) -> None:
+    requests: Mapping[str, Request] = {}
+    """The actor's socket requests, by Ray method name."""
+
+    def __init__(self, data_path: DataPath, actor_name: str, handle: Any) -> None:
         self._dp = data_path
         self.actor_name = actor_name
         self.handle = handle
-        self._requests = requests
-
-    def __getattr__(self, method: str) -> Any:
-        request = self.__dict__.get("_requests", _REQUESTS).get(method)
-        if request is None:
-            return getattr(self.handle, method)
-        return _Method(self, method, request)
 
     def on_socket(self) -> bool:
         """Whether its calls go over an open connection now (none goes through Ray, and
@@ -227,7 +233,146 @@ class BrokerStub:
         return (_identity, (self.handle,))
 
     def __repr__(self) -> str:
-        return f"BrokerStub({self.actor_name})"
+        return f"{type(self).__name__}({self.actor_name})"
+
+
+class _Declared:
+    """A socket request as a stub's method: ``stub.<method>`` is a :class:`_Method`
+    framing the call as ``request`` declares."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+
+    def __get__(self, stub: _Stub | None, owner: type | None = None) -> Any:
+        if stub is None:
+            return self
+        return _Method(stub, self.request.method, self.request)
+
+
+class _ThroughRay:
+    """A Ray method the actor serves only through Ray: ``stub.<name>`` is the Ray
+    handle's method."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, stub: _Stub | None, owner: type | None = None) -> Any:
+        if stub is None:
+            return self
+        return getattr(stub.handle, self.name)
+
+
+def _stub_class(
+    name: str, requests: Sequence[Request], through_ray: frozenset[str], doc: str
+) -> type[_Stub]:
+    """A stub class with a method per declared request and per Ray-only method."""
+    table = by_method(requests)
+    both = set(table) & through_ray
+    if both:
+        raise ValueError(f"{name}: {sorted(both)} declared as socket requests and Ray-only")
+    namespace: dict[str, Any] = {"__doc__": doc, "requests": table, "__slots__": ()}
+    namespace.update({method: _Declared(r) for method, r in table.items()})
+    namespace.update({method: _ThroughRay(method) for method in sorted(through_ray)})
+    return type(name, (_Stub,), namespace)
+
+
+BROKER_RAY_ONLY = frozenset(
+    {
+        "allocate_producer_id",
+        "check_transactions",
+        "consumer_lag",
+        "consumer_list",
+        "counters",
+        "create_retry_topic",
+        "create_topic",
+        "data_path",
+        "delay_levels",
+        "delete_topic",
+        "drop_ring",
+        "fence_offsets",
+        "fence_transactional",
+        "forward_to_dead_letter_queue",
+        "get_topic_config",
+        "grpc_endpoint",
+        "ha_config_snapshot",
+        "ha_local_offsets",
+        "ha_log_tail",
+        "ha_merge_offsets",
+        "ha_transfer",
+        "inject_fault",
+        "lite_create_parent",
+        "lite_delete_topic",
+        "lite_describe_parent",
+        "lite_describe_topic",
+        "lite_parents",
+        "lite_stats",
+        "lite_topics",
+        "lite_topics_page",
+        "load_stream_checkpoint",
+        "message_by_id",
+        "offset_fences",
+        "pending_transactions",
+        "persist",
+        "ping",
+        "promote",
+        "pull",
+        "pull_batch",
+        "query_by_key",
+        "query_offset",
+        "query_offsets",
+        "raft_receive",
+        "read_dlq",
+        "recall_timer",
+        "register_all",
+        "register_transaction_producer",
+        "reset_offsets",
+        "save_stream_checkpoint",
+        "set_group_fifo",
+        "shutdown",
+        "status",
+        "topic_configs",
+        "topic_status",
+        "unregister_transaction_producer",
+        "wait_closed",
+    }
+)
+"""The broker's Ray methods not declared as socket requests: a broker stub passes
+them to its Ray handle (``actors.broker.broker.Broker``'s other methods)."""
+
+COORDINATOR_RAY_ONLY = frozenset(
+    {
+        "data_path",
+        "fences",
+        "init_producer",
+        "inject_fault",
+        "ping",
+        "resolve",
+        "settings",
+        "shutdown",
+        "status",
+        "transaction",
+    }
+)
+"""The transaction coordinator's Ray methods not declared as socket requests."""
+
+BrokerStub = _stub_class(
+    "BrokerStub",
+    BROKER,
+    BROKER_RAY_ONLY,
+    """A broker's stub: its socket requests (``requests.BROKER``) over its connection,
+    its other Ray methods through its Ray handle.""",
+)
+CoordinatorStub = _stub_class(
+    "CoordinatorStub",
+    COORDINATOR,
+    COORDINATOR_RAY_ONLY,
+    """The transaction coordinator's stub: ``end`` (``TXN_END``) over its connection,
+    its other Ray methods through its Ray handle.""",
+)
 
 
 class _Method:
@@ -237,7 +382,7 @@ class _Method:
 
     __slots__ = ("_stub", "_name", "_encode", "_ordered")
 
-    def __init__(self, stub: BrokerStub, name: str, request: Request) -> None:
+    def __init__(self, stub: _Stub, name: str, request: Request) -> None:
         self._stub, self._name = stub, name
         self._encode, self._ordered = request.encode, request.ordered
 
@@ -271,9 +416,5 @@ def _identity(value: Any) -> Any:
 
 
 # ------------------------------------------------------------ the requests
-_REQUESTS = by_method(BROKER)
-"""The broker's per-message methods, each framed as its declaration says
-(``actors.protocol.requests``)."""
-
-COORDINATOR_REQUESTS = by_method(COORDINATOR)
+COORDINATOR_REQUESTS = CoordinatorStub.requests
 """The transaction coordinator's per-transaction method, framed (``TXN_END``)."""
