@@ -46,6 +46,7 @@ from typing import Any
 from actors.broker.client.producer_ids import ProducerIdAllocator
 from actors.broker.client.producer_manager import ProducerManager
 from actors.broker.ha import create_replication
+from actors.broker.ha.ha_service import HAService
 from actors.broker.lease import ClusterLease
 from actors.broker.listener import DataPathListener
 from actors.broker.lite.processor import LiteProcessor
@@ -58,6 +59,7 @@ from actors.broker.processor.end_transaction import EndTransactionProcessor
 from actors.broker.processor.pop import PopProcessor
 from actors.broker.processor.pull import PullMessageProcessor
 from actors.broker.processor.send import SendMessageProcessor
+from actors.broker.processor.subscribe import SubscribeProcessor
 from actors.broker.runtime import BrokerRuntime
 from actors.broker.transaction.bridge import TransactionalMessageBridge
 from actors.broker.transaction.check_service import TransactionalMessageCheckService
@@ -110,6 +112,7 @@ class Broker:
         self.lease = ClusterLease(rt, self._leave)
         self.sender = SendMessageProcessor(rt, self.ha, self.metrics)
         self.puller = PullMessageProcessor(rt, self.ha, self.metrics)
+        self.subscriber = SubscribeProcessor(rt, self.ha, self.metrics)  # socket streams
         self.groups = ConsumerManageProcessor(rt, self.ha)
         self.admin = AdminBrokerProcessor(rt, self.ha)
         self.producers = ProducerManager(config.channel_expired_s)
@@ -331,20 +334,13 @@ class Broker:
     counters = _served_by("admin", AdminBrokerProcessor.counters)
 
     # ------------------------------------------------------------ the group (replication)
-    async def ha_transfer(
-        self,
-        slave: str,
-        slave_id: int,
-        offset: int,
-        epochs: list[tuple[int, int]],
-        max_bytes: int,
-        wait_s: float,
-        acked: int | None = None,
-    ) -> Any:
+    ha_transfer = _served_by(
+        "ha",
+        HAService.transfer,
         """Master side of replication: a slave asks for the CommitLog's bytes from
         ``offset`` (held up to ``wait_s`` until there are some) and acknowledges what it
-        holds (``acked``); see ``actors.broker.ha.master_slave``."""
-        return await self.ha.transfer(slave, slave_id, offset, epochs, max_bytes, wait_s, acked)
+        holds (``acked``); see ``actors.broker.ha.master_slave``.""",
+    )
 
     async def ha_config_snapshot(self) -> dict[str, Any]:
         """Topics, consumer offsets and delay progress, for slaves (SlaveSynchronize)."""
@@ -465,6 +461,7 @@ _PROCESSORS: dict[str, type] = {
     "popper": PopProcessor,
     "admin": AdminBrokerProcessor,
     "lite": LiteProcessor,
+    "subscriber": SubscribeProcessor,
 }
 """The class of each processor the Broker holds, by attribute (a declaration's
 ``served_by`` names one)."""

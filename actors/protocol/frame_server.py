@@ -20,6 +20,13 @@ both share is here:
   dispatched from it. A RayMQError a request raises is its answer (the same type on
   the client's side); the connection goes on.
 
+A request may answer many times (a stream, the wire's ``STREAM`` flag): while it
+runs as a task its serving coroutine finds its :class:`ServerStream` with
+:func:`current_stream` (None when it was called through Ray), writes answers flagged
+``STREAM`` with :meth:`ServerStream.send`, and its return is the last answer. The
+connection's state (:class:`Peer`) holds what its streams left open (a broker's
+subscriptions) and says when the connection is gone.
+
 A server is given its requests' table (``actors.protocol.requests.Dispatch``: each
 code's declaration and the coroutine serving it); a subclass names itself and may
 answer some requests at once (:meth:`FrameServer._answer_now`).
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import secrets
 import ssl
@@ -41,6 +49,82 @@ from actors.protocol.requests import Dispatch
 from storage.errors import RayMQError
 
 log = logging.getLogger("raymq.actors.protocol.frame_server")
+
+
+class Peer:
+    """One proved connection's state, shared by its requests: ``streams`` holds what
+    its open streams keep by their request id (a broker's subscriptions), ``on_lost``
+    callbacks run once when the connection ends."""
+
+    def __init__(self) -> None:
+        self.streams: dict[int, Any] = {}
+        self.lost = False
+        self._on_lost: list[Any] = []
+
+    def on_lost(self, callback: Any) -> None:
+        """``callback()`` when the connection ends (at once if it has)."""
+        if self.lost:
+            callback()
+        else:
+            self._on_lost.append(callback)
+
+    def forget(self, callback: Any) -> None:
+        with contextlib.suppress(ValueError):
+            self._on_lost.remove(callback)
+
+    def _end(self) -> None:
+        if self.lost:
+            return
+        self.lost = True
+        callbacks, self._on_lost = self._on_lost, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - one stream's cleanup; the others go on
+                log.exception("a connection's end callback failed")
+
+
+class ServerStream:
+    """The request a serving coroutine is answering, when it came on a connection:
+    its id, its connection (:class:`Peer`), and :meth:`send` for answers before the
+    last one."""
+
+    def __init__(
+        self, opaque: int, peer: Peer, transport: asyncio.WriteTransport, proto: Any
+    ) -> None:
+        self.opaque = opaque
+        self.peer = peer
+        self._transport = transport
+        self._proto = proto
+        self.sent = 0
+
+    @property
+    def lost(self) -> bool:
+        return self.peer.lost or self._transport.is_closing()
+
+    async def send(self, fields: dict[str, Any], parts: list[Any]) -> bool:
+        """One answer flagged ``STREAM`` (the request stays open); it waits while the
+        connection's write buffer is over its high-water mark. False: the connection
+        is gone, nothing was written."""
+        if self.lost:
+            return False
+        reply = {"c": int(Code.OK), **fields, "o": self.opaque}
+        reply["f"] = int(Flag.RESPONSE | Flag.STREAM)
+        frames.write_frame(self._transport, reply, parts)
+        self.sent += 1
+        await self._proto.drain()
+        return not self.lost
+
+
+_CURRENT: contextvars.ContextVar[ServerStream | None] = contextvars.ContextVar(
+    "raymq_frame_request", default=None
+)
+
+
+def current_stream() -> ServerStream | None:
+    """The request the running serving coroutine answers on a connection (None when it
+    was called through Ray or outside a request)."""
+    return _CURRENT.get()
 
 
 class FrameServer:
@@ -129,6 +213,7 @@ class FrameServer:
         transport = writer.transport
         lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         tasks: set[asyncio.Task[None]] = set()
+        peer = Peer()
 
         cap = self.max_requests
         paused = False
@@ -156,7 +241,7 @@ class FrameServer:
                 and self._answered_now(header, body, transport)
             ):
                 return
-            task = asyncio.ensure_future(self._request(header, body, transport, proto))
+            task = asyncio.ensure_future(self._request(header, body, transport, proto, peer))
             tasks.add(task)
             task.add_done_callback(ended)
             if len(tasks) >= cap and not paused:  # read no more until some end
@@ -169,6 +254,7 @@ class FrameServer:
             log.warning("%s: closing %s: %s", self.name, peer, exc)
 
         def on_lost(exc: Exception | None) -> None:
+            peer._end()
             if not lost.done():
                 lost.set_result(None)
 
@@ -177,7 +263,10 @@ class FrameServer:
         leftover = bytes(getattr(reader, "_buffer", b""))  # requests sent right behind AUTH
         if leftover:
             proto.feed(leftover)
-        await lost
+        try:
+            await lost
+        finally:
+            peer._end()
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         mine = frames.nonce()
@@ -207,9 +296,11 @@ class FrameServer:
         body: bytes | memoryview,
         transport: asyncio.WriteTransport,
         proto: frames.FrameReader,
+        peer: Peer,
     ) -> None:
         self.stats["requests"] += 1
         opaque = header["o"]
+        _CURRENT.set(ServerStream(opaque, peer, transport, proto))  # this task's own
         flags = _flags_of(header)
         try:
             if flags is None:  # refused before anything is done

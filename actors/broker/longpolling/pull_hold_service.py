@@ -7,6 +7,10 @@ wake-up is handed over with ``call_soon_threadsafe``. A pull registers its
 waiter *before* re-checking the queue's max offset, so a message dispatched
 between its read and its wait is never missed.
 
+A subscription (``actors.broker.processor.subscribe``) is a lasting waiter: its
+callback, registered with :meth:`listen` for each queue it follows, is called on every
+dispatch to them (on the loop's thread) until :meth:`unlisten`; no timer.
+
 ``woken`` counts the pulls woken so far: a send that woke one yields to the
 loop once, so the held pull answers before the send's own acknowledgement
 does (the consumer's latency is the one a held pull exists for).
@@ -15,17 +19,19 @@ does (the consumer's latency is the one a held pull exists for).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 
 class PullRequestHoldService:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
+        self._listeners: dict[tuple[str, int], set[Callable[[], None]]] = {}
         self.woken = 0
 
     def on_dispatch(self, topic: str, queue_id: int, max_offset: int) -> None:
         key = (topic, queue_id)
-        if key in self._waiters:
+        if key in self._waiters or key in self._listeners:
             try:
                 here = asyncio.get_running_loop() is self._loop
             except RuntimeError:  # a thread without a loop
@@ -40,6 +46,20 @@ class PullRequestHoldService:
             if not fut.done():
                 fut.set_result(None)
                 self.woken += 1
+        for wake in tuple(self._listeners.get(key, ())):
+            wake()
+            self.woken += 1
+
+    def listen(self, key: tuple[str, int], wake: Callable[[], None]) -> None:
+        """``wake()`` on every dispatch to ``key``'s queue until :meth:`unlisten`."""
+        self._listeners.setdefault(key, set()).add(wake)
+
+    def unlisten(self, key: tuple[str, int], wake: Callable[[], None]) -> None:
+        listeners = self._listeners.get(key)
+        if listeners is not None:
+            listeners.discard(wake)
+            if not listeners:
+                del self._listeners[key]
 
     def register(self, topic: str, queue_id: int) -> asyncio.Future[None]:
         fut: asyncio.Future[None] = self._loop.create_future()
@@ -88,7 +108,7 @@ class PullRequestHoldService:
             self.discard(topic, queue_id, fut)
 
     def wake_all(self) -> None:
-        for key in list(self._waiters):
+        for key in list(self._waiters) + list(self._listeners):
             self._wake(key)
 
     @property

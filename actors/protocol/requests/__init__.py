@@ -20,7 +20,16 @@ it): the stub, the listener and the Ray fallback follow.
 from __future__ import annotations
 
 from actors.protocol import frames
-from actors.protocol.requests import consumer, lite, offsets, pop, pull, send, transaction
+from actors.protocol.requests import (
+    consumer,
+    lite,
+    offsets,
+    pop,
+    pull,
+    send,
+    subscribe,
+    transaction,
+)
 from actors.protocol.requests.declare import Dispatch, Request, by_method
 
 BROKER: tuple[Request, ...] = (
@@ -31,6 +40,7 @@ BROKER: tuple[Request, ...] = (
     *pop.REQUESTS,
     *offsets.REQUESTS,
     *lite.REQUESTS,
+    *subscribe.REQUESTS,
 )
 """What a broker serves on its socket (``actors.broker.listener``)."""
 

@@ -153,6 +153,14 @@ _CALLS: dict[str, tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]] = {
     "lite_ack": (("g", "P", "c1", "s1", 5), {}, {}),
     "lite_pull": (("P", "s1", 3), {"max_count": 4}, {}),
     "lite_committed_offset": (("g", "P", "s1"), {}, {}),
+    "subscribe": (
+        ("g", {("T", 0): 5, ("T", 1): 0}),
+        {"tags": "a || b", "credit": 32, "credit_bytes": 1 << 20, "max_count": 16},
+        {},
+    ),
+    "subscription_credit": ((3, 10), {"credit_bytes": 100}, {}),
+    "update_subscription": ((3,), {"add": {("T", 2): 4}, "drop": [["T", 0]]}, {}),
+    "unsubscribe": ((3,), {}, {}),
     "end": (
         ("tx", "tid", 3, True, {"b": (1, 2), "c": None}, {"b": {"g": [("T", 0, 5)]}}),
         {},

@@ -1,0 +1,135 @@
+"""A subscription on a real broker's socket: SUBSCRIBE opens a stream of the new
+records of the queues it names, within the credit CREDIT renews; SUBSCRIPTION_UPDATE
+adds and drops queues, UNSUBSCRIBE ends it; bad requests get a clear error."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import ray
+
+import actors
+from actors.protocol.connection import BrokerConnection
+from actors.protocol.requests.subscribe import (
+    CREDIT,
+    SUBSCRIBE,
+    SUBSCRIPTION_UPDATE,
+    UNSUBSCRIBE,
+)
+from actors.protocol.wire import pulls_from_wire
+from storage.errors import InvalidMessageError, TopicNotFoundError
+from storage.message import Message
+from storage.record import decode_records
+
+WAIT_S = 20.0
+
+
+@pytest.fixture
+def conn(one_broker: actors.Cluster) -> Iterator[BrokerConnection]:
+    handle = one_broker.broker("broker-a")
+    info = ray.get(handle.data_path.remote())
+    c = BrokerConnection(info["addr"], info["secret"], tls=info["tls"], name="broker-a-0")
+    c.open()
+    yield c
+    c.close()
+
+
+class Received:
+    """A stream's answers as ``(topic, queue id, status, next offset, bodies)``."""
+
+    def __init__(self) -> None:
+        self.answers: queue.Queue[tuple[str, int, str, int, list[bytes]]] = queue.Queue()
+        self.ids: queue.Queue[int] = queue.Queue()
+
+    def __call__(self, header: dict[str, Any], body: Any) -> None:
+        if "s" in header:  # the first answer: the subscription's id
+            self.ids.put(header["s"])
+            return
+        for (topic, qid), raw in zip(header["k"], pulls_from_wire(bytes(body))):
+            bodies = [m.body for m in decode_records(raw.data)]
+            self.answers.put((topic, qid, raw.status.name, raw.next_offset, bodies))
+
+    def bodies(self, n: int) -> list[tuple[str, bytes]]:
+        """The next ``n`` records, as (topic, body)."""
+        got: list[tuple[str, bytes]] = []
+        while len(got) < n:
+            topic, _, _, _, bodies = self.answers.get(timeout=WAIT_S)
+            got.extend((topic, b) for b in bodies)
+        assert len(got) == n, got
+        return got
+
+
+def call(conn: BrokerConnection, request: Any, *args: Any, **kwargs: Any) -> Any:
+    header, parts, read = request.encode(*args, **kwargs)
+    h, body = conn.request(header, parts).result(WAIT_S)
+    return read(h, body)
+
+
+def send(cluster: actors.Cluster, topic: str, bodies: list[bytes]) -> None:
+    """``bodies`` to ``topic`` (one queue), in order."""
+    producer = cluster.producer(f"p-{topic}")
+    try:
+        producer.send_batch([Message(topic, b) for b in bodies])
+    finally:
+        producer.close()
+
+
+def test_a_subscription_streams_within_its_credit(
+    one_broker: actors.Cluster, conn: BrokerConnection
+) -> None:
+    topic, other = "SubStream", "SubStreamMore"
+    for t in (topic, other):
+        one_broker.admin.create_topic(t, read_queue_nums=1, write_queue_nums=1)
+    first = [f"a{i}".encode() for i in range(20)]
+    send(one_broker, topic, first)
+
+    got = Received()
+    header, parts, read = SUBSCRIBE.encode("g-sub", {(topic, 0): 0}, credit=5, max_count=4)
+    stream = conn.stream(header, got, parts)
+    assert got.bodies(5) == [(topic, b) for b in first[:5]]  # the credit, in order
+    with pytest.raises(queue.Empty):  # no credit left: the stream stops
+        got.answers.get(timeout=0.5)
+    sid = got.ids.get(timeout=WAIT_S)
+    call(conn, CREDIT, sid, 100)
+    assert got.bodies(15) == [(topic, b) for b in first[5:]]  # resumed where it stood
+
+    # a new queue on rebalance; new records arrive as they are stored
+    call(conn, SUBSCRIPTION_UPDATE, sid, add={(other, 0): 0}, drop=[[topic, 0]])
+    send(one_broker, other, [b"b0", b"b1"])
+    send(one_broker, topic, [b"dropped"])
+    assert got.bodies(2) == [(other, b"b0"), (other, b"b1")]
+    send(one_broker, other, [b"b2"])
+    assert got.bodies(1) == [(other, b"b2")]  # the dropped queue's record never came
+
+    call(conn, UNSUBSCRIBE, sid)
+    assert read(*stream.result(WAIT_S)) == "unsubscribed"
+    assert got.answers.empty()
+
+
+def test_bad_subscription_requests_get_a_clear_error(
+    one_broker: actors.Cluster, conn: BrokerConnection
+) -> None:
+    topic = "SubBad"
+    one_broker.admin.create_topic(topic, read_queue_nums=1, write_queue_nums=1)
+    header, parts, _ = SUBSCRIBE.encode("g-bad", {("NoSuchTopic", 0): 0}, credit=1)
+    with pytest.raises(TopicNotFoundError):
+        conn.stream(header, Received(), parts).result(WAIT_S)
+    header, parts, _ = SUBSCRIBE.encode("g-bad", {(topic, 0): 0}, credit=-1)
+    with pytest.raises(InvalidMessageError, match="credit"):
+        conn.stream(header, Received(), parts).result(WAIT_S)
+    with pytest.raises(InvalidMessageError, match="no subscription"):
+        call(conn, CREDIT, 999_999, 1)
+
+    header, parts, read = SUBSCRIBE.encode("g-bad", {(topic, 0): 0}, credit=1)
+    opened = Received()
+    stream = conn.stream(header, opened, parts)
+    sid = opened.ids.get(timeout=WAIT_S)
+    with pytest.raises(InvalidMessageError, match="credit"):
+        call(conn, CREDIT, sid, -5)
+    with pytest.raises(InvalidMessageError):
+        call(conn, SUBSCRIPTION_UPDATE, sid, add={(topic, 7): 0})
+    call(conn, UNSUBSCRIBE, sid)  # the errors changed nothing: it is still open
+    assert read(*stream.result(WAIT_S)) == "unsubscribed"
