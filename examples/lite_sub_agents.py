@@ -32,12 +32,12 @@ PLAN = {
 
 
 def wait_for(receive, timeout_s: float = 30.0) -> list:
-    """Batches from ``receive()`` once there are some (lite receives answer at once)."""
+    """Batches from ``receive(wait_s=...)`` once there are some (the broker holds each
+    receive until a send to one of its lite topics, or ``wait_s``)."""
     deadline = time.monotonic() + timeout_s
-    while not (batches := receive()):
+    while not (batches := receive(wait_s=min(5.0, max(0.0, deadline - time.monotonic())))):
         if time.monotonic() > deadline:
             raise TimeoutError(f"nothing received in {timeout_s} s")
-        time.sleep(0.01)
     return batches
 
 

@@ -59,9 +59,11 @@ class Gateway:
         self.offsets = dict(offsets or {})
         self.text: dict[str, list[str]] = {}
 
-    def poll(self, session: str, max_tokens: int = 64) -> list[str]:
-        """The session's tokens since the last poll (none yet: an empty list)."""
-        batch = self.consumer.pull(session, self.offsets.get(session, 0), max_tokens)
+    def poll(self, session: str, max_tokens: int = 64, wait_s: float = 0.0) -> list[str]:
+        """The session's tokens since the last poll; none yet: the broker holds the pull
+        up to ``wait_s`` for the next one (then an empty list)."""
+        offset = self.offsets.get(session, 0)
+        batch = self.consumer.pull(session, offset, max_tokens, wait_s=wait_s)
         tokens = [m.body.decode() for m in batch.messages]
         self.offsets[session] = batch.next_offset
         self.text.setdefault(session, []).extend(tokens)
@@ -76,8 +78,7 @@ class Gateway:
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"session {session}: no end of stream in {timeout_s} s")
-            if not self.poll(session, max_tokens=room):
-                time.sleep(0.01)  # lite pulls answer at once: wait for the next token
+            self.poll(session, max_tokens=room, wait_s=max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
         self.consumer.close()

@@ -54,12 +54,13 @@ class _AsyncLiteClient:
             route = await asyncio.to_thread(self.ns.require_route, self.parent)
         return home_broker(route, self.parent, lite_topic)
 
-    async def _call(self, broker_name: str, method: str, *args: Any) -> Any:
+    async def _call(self, broker_name: str, method: str, *args: Any, wait_s: float = 0.0) -> Any:
+        """``method`` on a broker; a held call's timeout counts ``wait_s`` more."""
         if self.closed:
             raise InvalidMessageError(f"the {type(self).__name__} is closed")
         actor, handle = await master(self.ns, self.parent, broker_name)
         return await asyncio.wait_for(
-            self._brokers.call(actor, handle, method, *args), self.call_timeout_s
+            self._brokers.call(actor, handle, method, *args), self.call_timeout_s + wait_s
         )
 
     async def _close(self) -> None:
@@ -202,15 +203,25 @@ class AsyncLiteConsumer(_AsyncLiteClient):
         )
         return sorted(name for view in views for name in view["owned"])
 
-    async def receive(self, max_count: int = 32) -> list[LiteBatch]:
-        """Messages of the owned lite topics from where the group stands, per topic
-        (every ``resync_s`` the whole subscription is sent again first)."""
+    async def receive(self, max_count: int = 32, wait_s: float = 0.0) -> list[LiteBatch]:
+        """Messages of the owned lite topics from where the group stands, per topic;
+        with none, each broker holds the call up to ``wait_s`` for a send (asked at once,
+        answered when each has answered). Every ``resync_s`` the whole subscription is
+        sent again first."""
+        wait_ms = int(check_number("wait_s", wait_s) * 1000)
         if time.monotonic() - self._synced >= self.resync_s and self._subscribed:
             await self._change(sorted(self._subscribed), "add")
         answers = await asyncio.gather(
             *(
                 self._call(
-                    broker, "lite_receive", self.group, self.parent, self.client_id, max_count
+                    broker,
+                    "lite_receive",
+                    self.group,
+                    self.parent,
+                    self.client_id,
+                    max_count,
+                    wait_ms,
+                    wait_s=wait_s,
                 )
                 for broker in await self._brokers_of_subscription()
             )
@@ -241,12 +252,16 @@ class AsyncLiteConsumer(_AsyncLiteClient):
             offset,
         )
 
-    async def pull(self, lite_topic: str, offset: int, max_count: int = 32) -> LiteBatch:
-        """``lite_topic`` from ``offset`` (a resume from where the caller stood)."""
+    async def pull(
+        self, lite_topic: str, offset: int, max_count: int = 32, wait_s: float = 0.0
+    ) -> LiteBatch:
+        """``lite_topic`` from ``offset`` (a resume from where the caller stood); with
+        nothing there yet the broker holds the call up to ``wait_s`` for a send to it."""
         validate_lite_name(lite_topic)
-        got = await self._call(
-            await self._home(lite_topic), "lite_pull", self.parent, lite_topic, offset, max_count
-        )
+        wait_ms = int(check_number("wait_s", wait_s) * 1000)
+        home = await self._home(lite_topic)
+        args = (self.parent, lite_topic, offset, max_count, wait_ms)
+        got = await self._call(home, "lite_pull", *args, wait_s=wait_s)
         return LiteBatch(lite_topic, offset, got["messages"], got["next_offset"])
 
     async def committed_offset(self, lite_topic: str) -> int:

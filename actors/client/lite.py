@@ -81,12 +81,27 @@ class _LiteClient:
         return home_broker(self.ns.require_route(self.parent), self.parent, lite_topic)
 
     def _call(self, broker_name: str, method: str, *args: Any) -> Any:
+        return self._call_many([broker_name], method, lambda _: args)[0]
+
+    def _call_many(
+        self,
+        broker_names: Sequence[str],
+        method: str,
+        args_of: Any,
+        wait_s: float = 0.0,
+    ) -> list[Any]:
+        """``method`` on each broker at once with ``args_of(broker name)``; the answers in
+        order, once all came (a held call's timeout counts ``wait_s`` more)."""
         route = self.ns.require_route(self.parent)
-        broker = self.ns.broker(route, broker_name)
+        calls = []
+        for name in broker_names:
+            broker = self.ns.broker(route, name)
+            calls.append(getattr(broker, method).remote(*args_of(name)))
         try:
-            return rpc.get(getattr(broker, method).remote(*args), timeout=self.call_timeout_s)
+            return list(rpc.get(calls, timeout=self.call_timeout_s + wait_s))
         except ray.exceptions.RayActorError:
-            self.ns.forget_topic_broker(self.parent, broker_name)
+            for name in broker_names:
+                self.ns.forget_topic_broker(self.parent, name)
             raise
 
     def close(self) -> None:
@@ -214,22 +229,27 @@ class LiteConsumer(_LiteClient):
             owned.extend(view["owned"])
         return sorted(owned)
 
-    def receive(self, max_count: int = 32) -> list[LiteBatch]:
+    def receive(self, max_count: int = 32, wait_s: float = 0.0) -> list[LiteBatch]:
         """Messages of the owned lite topics from where the group stands, per topic.
-        Every ``resync_s`` it first sends its whole subscription again (a broker started
-        anew knows none)."""
+        With none, each broker holds the call up to ``wait_s`` for a send to one of them
+        (the brokers are asked at once; the answer comes when each has answered). Every
+        ``resync_s`` it first sends its whole subscription again (a broker started anew
+        knows none)."""
+        wait_ms = int(check_number("wait_s", wait_s) * 1000)
         if time.monotonic() - self._synced >= self.resync_s and self._subscribed:
             self._change(sorted(self._subscribed), "add")
-        out: list[LiteBatch] = []
-        for broker in sorted({self._home(n) for n in self._subscribed}):
-            got = self._call(
-                broker, "lite_receive", self.group, self.parent, self.client_id, max_count
-            )
-            out.extend(
-                LiteBatch(b["lite_topic"], b["offset"], b["messages"], b["next_offset"])
-                for b in got
-            )
-        return out
+        brokers = sorted({self._home(n) for n in self._subscribed})
+        answers = self._call_many(
+            brokers,
+            "lite_receive",
+            lambda _: (self.group, self.parent, self.client_id, max_count, wait_ms),
+            wait_s,
+        )
+        return [
+            LiteBatch(b["lite_topic"], b["offset"], b["messages"], b["next_offset"])
+            for got in answers
+            for b in got
+        ]
 
     def ack(self, batch_or_topic: LiteBatch | str, next_offset: int | None = None) -> None:
         """Commit a lite topic for the group up to ``next_offset`` (a batch: its
@@ -245,12 +265,15 @@ class LiteConsumer(_LiteClient):
             self._home(topic), "lite_ack", self.group, self.parent, self.client_id, topic, offset
         )
 
-    def pull(self, lite_topic: str, offset: int, max_count: int = 32) -> LiteBatch:
-        """``lite_topic`` from ``offset`` (a resume from where the caller stood)."""
+    def pull(
+        self, lite_topic: str, offset: int, max_count: int = 32, wait_s: float = 0.0
+    ) -> LiteBatch:
+        """``lite_topic`` from ``offset`` (a resume from where the caller stood); with
+        nothing there yet the broker holds the call up to ``wait_s`` for a send to it."""
         validate_lite_name(lite_topic)
-        got = self._call(
-            self._home(lite_topic), "lite_pull", self.parent, lite_topic, offset, max_count
-        )
+        wait_ms = int(check_number("wait_s", wait_s) * 1000)
+        args = (self.parent, lite_topic, offset, max_count, wait_ms)
+        got = self._call_many([self._home(lite_topic)], "lite_pull", lambda _: args, wait_s)[0]
         return LiteBatch(lite_topic, offset, got["messages"], got["next_offset"])
 
     def committed_offset(self, lite_topic: str) -> int:

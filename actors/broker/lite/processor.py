@@ -14,6 +14,10 @@
   from where the group stands; :meth:`LiteProcessor.ack` commits a lite topic's offset.
   :meth:`LiteProcessor.pull` reads one lite topic from an offset the caller names
   (a gateway resuming a session).
+* A receive or pull that finds nothing and names ``wait_ms`` is held (the broker's
+  :class:`~actors.broker.longpolling.pull_hold_service.PullRequestHoldService`, keyed
+  by parent and lite topic) until a send to one of its lite topics wakes it or
+  ``wait_ms`` passes; then it reads once more.
 
 Sends are taken on a master only, and written to its own store: lite messages reach a
 slave with the CommitLog's bytes and are indexed there by ``LiteStore.catch_up``.
@@ -219,11 +223,39 @@ class LiteProcessor:
                 raise InvalidMessageError(f"lite send options {opts!r}: tags, keys, properties")
             messages.append((item[0], Message(parent, item[1], **opts)))
         result = await self.rt.run(self.store.put_batch, parent, messages)
+        self._wake(parent, {lite for lite, _ in messages})
         status = (await self._replicated(result)).value
         return [
             {"lite_topic": lite, "offset": off, "msg_id": mid, "status": status}
             for (lite, _), off, mid in zip(messages, result.lite_offsets.tolist(), result.msg_ids)
         ]
+
+    def _wake(self, parent: str, lite_topics: set[str]) -> None:
+        """Wake the receives and pulls held on these lite topics (on the loop's thread)."""
+        for lite in lite_topics:
+            self.rt.holds.on_dispatch(_hold_key(parent, lite), 0, 0)
+
+    async def _held(self, parent: str, lite_topics: Sequence[str], wait_ms: int, read: Any) -> Any:
+        """``read()`` (a coroutine function); if it finds nothing and ``wait_ms`` > 0,
+        once more after a send to one of ``lite_topics`` or after ``wait_ms``. The
+        waiter is registered before the look, so a send between them is not missed."""
+        if not isinstance(wait_ms, int) or wait_ms < 0:
+            raise InvalidMessageError(f"wait_ms={wait_ms!r}: an int >= 0")
+        if not wait_ms or not lite_topics or self.rt.closing:
+            return await read()
+        holds = self.rt.holds
+        keys = [(_hold_key(parent, lite), 0) for lite in lite_topics]
+        fut = holds.register_many(keys)
+        try:
+            got = await read()
+        except BaseException:
+            holds.discard_many(keys, fut)
+            raise
+        if _found(got):
+            holds.discard_many(keys, fut)
+            return got
+        await holds.wait_many(keys, fut, wait_ms / 1000)
+        return await read()
 
     async def _replicated(self, result: LitePutResult) -> PutStatus:
         """A stored batch's status once it is where a normal send's would be before its
@@ -329,12 +361,13 @@ class LiteProcessor:
 
     # ------------------------------------------------------------ consume
     async def receive(
-        self, group: str, parent: str, client_id: str, max_count: int = 32
+        self, group: str, parent: str, client_id: str, max_count: int = 32, wait_ms: int = 0
     ) -> list[dict[str, Any]]:
         """Messages of the lite topics ``client_id`` owns in ``group``, each topic's from
         where the group stands (its committed offset, or what was handed out and not yet
-        acknowledged): ``[{"lite_topic", "offset", "messages", "next_offset"}]``."""
-        got = await self._receive(group, parent, client_id, max_count, self.store.get)
+        acknowledged): ``[{"lite_topic", "offset", "messages", "next_offset"}]``. With
+        nothing to hand out it is held up to ``wait_ms`` for a send to one of them."""
+        got = await self._receive(group, parent, client_id, max_count, self.store.get, wait_ms)
         return [
             {
                 "lite_topic": name,
@@ -346,28 +379,42 @@ class LiteProcessor:
         ]
 
     async def receive_packed(
-        self, group: str, parent: str, client_id: str, max_count: int = 32
+        self, group: str, parent: str, client_id: str, max_count: int = 32, wait_ms: int = 0
     ) -> tuple[list[list[Any]], list[Any]]:
         """:meth:`receive` as the socket answers it: ``[lite topic, offset, count, next
         offset]`` per lite topic, and their records as stored, back to back."""
-        got = await self._receive(group, parent, client_id, max_count, self.store.get_raw)
+        got = await self._receive(group, parent, client_id, max_count, self.store.get_raw, wait_ms)
         heads = [[name, start, r.count, r.next_offset] for name, start, r in got]
         return heads, [r.data for _, _, r in got]
 
     async def _receive(
-        self, group: str, parent: str, client_id: str, max_count: int, read: Any
+        self, group: str, parent: str, client_id: str, max_count: int, read: Any, wait_ms: int
     ) -> list[tuple[str, int, Any]]:
         validate_group(group)
         if not isinstance(max_count, int) or max_count <= 0:
             raise InvalidMessageError(f"max_count={max_count!r}: an int > 0")
         with self._lock:
             g = self._groups.get((group, parent))
+            owned = [] if g is None else self._owned(g, client_id)
+        return await self._held(
+            parent,
+            owned,
+            wait_ms,
+            lambda: self._receive_once(group, parent, client_id, max_count, read),
+        )
+
+    def _owned(self, g: _Group, client_id: str) -> list[str]:
+        return [n for n in sorted(g.subscribed.get(client_id, ())) if g.owner.get(n) == client_id]
+
+    async def _receive_once(
+        self, group: str, parent: str, client_id: str, max_count: int, read: Any
+    ) -> list[tuple[str, int, Any]]:
+        with self._lock:
+            g = self._groups.get((group, parent))
             if g is None:
                 return []
             self._touch(g, client_id)
-            owned = [
-                n for n in sorted(g.subscribed.get(client_id, ())) if g.owner.get(n) == client_id
-            ]
+            owned = self._owned(g, client_id)
             cursors = {n: g.cursor.get(n, -1) for n in owned}
         out = []
         left = max_count
@@ -395,7 +442,8 @@ class LiteProcessor:
         self, group: str, parent: str, client_id: str, lite_topic: str, offset: int
     ) -> None:
         """``client_id`` consumed ``lite_topic`` up to ``offset`` (the next to read):
-        committed for the group. Only the owner commits."""
+        committed for the group. Only the owner commits; an ack past what the group was
+        handed (the owner read on by pulls) moves the next receive there too."""
         validate_group(group)
         with self._lock:
             g = self._groups.get((group, parent))
@@ -405,14 +453,17 @@ class LiteProcessor:
                     f"{group!r}: another consumer of the group consumes it"
                 )
             self._touch(g, client_id)
+            if lite_topic in g.cursor and isinstance(offset, int):
+                g.cursor[lite_topic] = max(g.cursor[lite_topic], offset)
         await self.rt.run(self.store.commit_offset, group, parent, lite_topic, offset)
 
     async def pull(
-        self, parent: str, lite_topic: str, offset: int, max_count: int = 32
+        self, parent: str, lite_topic: str, offset: int, max_count: int = 32, wait_ms: int = 0
     ) -> dict[str, Any]:
         """Read ``lite_topic`` from ``offset`` whoever owns it (a resume from an offset the
-        caller kept): ``{"status", "messages", "next_offset", "max_offset"}``."""
-        got = await self.rt.run(self.store.get, parent, lite_topic, offset, max_count)
+        caller kept): ``{"status", "messages", "next_offset", "max_offset"}``. With
+        nothing from ``offset`` on it is held up to ``wait_ms`` for a send to it."""
+        got = await self._pull(self.store.get, parent, lite_topic, offset, max_count, wait_ms)
         return {
             "status": got.status.value,
             "messages": got.messages,
@@ -421,11 +472,11 @@ class LiteProcessor:
         }
 
     async def pull_packed(
-        self, parent: str, lite_topic: str, offset: int, max_count: int = 32
+        self, parent: str, lite_topic: str, offset: int, max_count: int = 32, wait_ms: int = 0
     ) -> tuple[dict[str, Any], bytes | memoryview]:
         """:meth:`pull` as the socket answers it: its status and offsets, and the
         records as stored."""
-        got = await self.rt.run(self.store.get_raw, parent, lite_topic, offset, max_count)
+        got = await self._pull(self.store.get_raw, parent, lite_topic, offset, max_count, wait_ms)
         head = {
             "status": got.status.value,
             "count": got.count,
@@ -433,6 +484,14 @@ class LiteProcessor:
             "max_offset": got.max_offset,
         }
         return head, got.data
+
+    async def _pull(
+        self, read: Any, parent: str, lite_topic: str, offset: int, max_count: int, wait_ms: int
+    ) -> Any:
+        async def once() -> Any:
+            return await self.rt.run(read, parent, lite_topic, offset, max_count)
+
+        return await self._held(parent, [lite_topic], wait_ms, once)
 
     async def committed_offset(self, group: str, parent: str, lite_topic: str) -> int:
         validate_group(group)
@@ -443,3 +502,23 @@ class LiteProcessor:
 
     def close(self) -> None:
         self.store.close()
+
+
+def _hold_key(parent: str, lite_topic: str) -> str:
+    """The hold service's key of a lite topic (no topic name holds ``\\x01``)."""
+    return f"{parent}\x01{lite_topic}"
+
+
+_WAIT = (
+    GetStatus.NO_MATCHED_LOGIC_QUEUE,  # not created yet: its first send creates it
+    GetStatus.NO_MESSAGE_IN_QUEUE,
+    GetStatus.OFFSET_OVERFLOW_ONE,
+)
+
+
+def _found(got: Any) -> bool:
+    """A receive's or a pull's read has its answer: messages, or a pull's offset that
+    no send makes good (too small, too far)."""
+    if isinstance(got, list):
+        return bool(got)
+    return got.status not in _WAIT

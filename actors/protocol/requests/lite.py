@@ -35,6 +35,7 @@ _ERRORS = (
 PARENT = Field("parent", "p")
 LITE_TOPIC = Field("lite_topic", "l")
 MAX_COUNT = Field("max_count", "n", INT, default=32)
+WAIT_MS = Field("wait_ms", "w", INT, default=0)
 
 
 def _items(value: Any) -> list[Any]:
@@ -103,12 +104,13 @@ LITE_RECEIVE = Request(
     "LITE_RECEIVE",
     42,
     "lite_receive",
-    (GROUP, PARENT, CLIENT_ID, MAX_COUNT),
+    (GROUP, PARENT, CLIENT_ID, MAX_COUNT, WAIT_MS),
     answer=Answer(_reply_parts, _read_batches),
     serve="lite.receive_packed",
     ordered=False,
     errors=_ERRORS,
-    doc="Messages of the lite topics a consumer owns, per lite topic from where the group stands.",
+    doc="Messages of the lite topics a consumer owns, per lite topic from where the group "
+    "stands; held up to ``wait_ms`` for a send when there are none.",
 )
 
 LITE_ACK = Request(
@@ -125,12 +127,13 @@ LITE_PULL = Request(
     "LITE_PULL",
     44,
     "lite_pull",
-    (PARENT, LITE_TOPIC, Field("offset", "x", INT), MAX_COUNT),
+    (PARENT, LITE_TOPIC, Field("offset", "x", INT), MAX_COUNT, WAIT_MS),
     answer=Answer(_reply_parts, _read_pull),
     serve="lite.pull_packed",
     ordered=False,
     errors=_ERRORS,
-    doc="A lite topic from an offset, whoever owns it (a resume).",
+    doc="A lite topic from an offset, whoever owns it (a resume); held up to ``wait_ms`` "
+    "for a send when there is nothing there yet.",
 )
 
 LITE_COMMITTED_OFFSET = Request(

@@ -5,6 +5,8 @@ subscriptions, acks that a new owner resumes from, and a resume from an offset."
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +16,7 @@ from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
 
 import actors
 from actors.aio import AsyncLiteConsumer, AsyncLiteProducer
-from actors.client.lite import LiteConsumer, LiteProducer
+from actors.client.lite import LiteConsumer, LiteProducer, home_broker
 from storage.errors import InvalidMessageError, PermissionDeniedError
 from storage.lite import IllegalLiteTopicError, LiteTopicQuotaExceededError
 
@@ -188,3 +190,43 @@ def test_the_async_clients_send_receive_ack_and_resume_on_the_callers_loop(
             await producer.send(sessions[0], b"x")
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_held_receive_and_pull_answer_at_the_send_and_empty_at_their_timeout(
+    cluster: actors.Cluster,
+) -> None:
+    """Over the socket: a receive or pull that finds nothing waits at the broker (no
+    polling) until a send to its lite topic, or answers empty when ``wait_s`` is up."""
+    ns = cluster.namespace
+    lite = "held-1"
+    with (
+        LiteProducer("Agents", namespace=ns) as producer,
+        LiteConsumer("held", "Agents", namespace=ns) as consumer,
+        concurrent.futures.ThreadPoolExecutor(1) as pool,
+    ):
+        assert consumer.subscribe(lite) == [lite]
+        home = cluster.broker(home_broker(producer.ns.require_route("Agents"), "Agents", lite))
+        for held_call in (
+            lambda: consumer.receive(wait_s=30.0),
+            lambda: consumer.pull(lite, 1, wait_s=30.0),
+        ):
+            before = ray.get(home.status.remote())["held_pulls"]
+            answer = pool.submit(held_call)
+            wait_until(
+                lambda before=before: ray.get(home.status.remote())["held_pulls"] > before,
+                what="the call held at the broker",
+            )
+            sent_at = time.monotonic()
+            producer.send(lite, b"now")
+            got = answer.result(timeout=30)
+            latency = time.monotonic() - sent_at
+            batch = got[0] if isinstance(got, list) else got
+            assert batch.lite_topic == lite and [m.body for m in batch.messages] == [b"now"]
+            assert latency < 1.0, latency  # woken by the send: far from wait_s
+        consumer.ack(lite, 2)  # both sends consumed
+        started = time.monotonic()
+        assert consumer.receive(wait_s=0.3) == []
+        assert consumer.pull(lite, 2, wait_s=0.3).messages == []
+        assert time.monotonic() - started >= 0.55  # each waited its wait_s out
+        with pytest.raises(InvalidMessageError, match="wait_s"):
+            consumer.receive(wait_s=-1)
