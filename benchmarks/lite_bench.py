@@ -15,6 +15,8 @@ With the default store file sizes (1 GiB CommitLog files), in one run:
   puts of a normal message carrying the same ``__LITE_TOPIC`` property, the lite
   record's size, without the lite index) and 32-message reads from random offsets,
   alternated, with the ratios;
+* pages of 100 lite topic names from random places (``lite_topics_page``) against
+  sorting every name per page;
 * expiry of all N while a writer thread puts single messages to another parent: the
   expiry's time, the writer's puts during it, their max and p99 latency, beside the
   same writer's latencies without expiry.
@@ -32,6 +34,7 @@ machines, ratios much less.
 from __future__ import annotations
 
 import argparse
+import bisect
 import gc
 import os
 import random
@@ -148,6 +151,35 @@ def one_among_many(store: MessageStore, lite: LiteStore, rounds: int) -> None:
     print(
         f"resume 5 from the tail:                        {(time.perf_counter() - t) / 500 * 1e6:7.1f} us"
     )
+
+
+def pages(lite: LiteStore, rounds: int) -> None:
+    """Pages of 100 names from random places among all lite topics: with the sorted
+    index (built by the first page) against sorting every name per page."""
+    t = time.perf_counter()
+    lite.lite_topics_page("Sessions", "", 100)
+    first_s = time.perf_counter() - t
+    rng = random.Random(11)
+    names = lite.lite_topics("Sessions")
+    afters = [rng.choice(names) for _ in range(200)]
+    indexed = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for after in afters:
+            assert len(lite.lite_topics_page("Sessions", after, 100)[0]) <= 100
+        indexed.append((time.perf_counter() - t) / len(afters))
+    sorted_all = []
+    for after in afters[:3]:  # the baseline: sort all, then bisect
+        t = time.perf_counter()
+        every = lite.lite_topics("Sessions")
+        start = bisect.bisect_right(every, after)
+        assert every[start : start + 100] == lite.lite_topics_page("Sessions", after, 100)[0]
+        sorted_all.append(time.perf_counter() - t)
+    idx_us, all_us = min(indexed) * 1e6, min(sorted_all) * 1e6
+    print(f"page of 100 names among {len(names):,}: sorted index {idx_us:9.1f} us")
+    print(f"                  (the first page builds it: {first_s:.2f} s)")
+    print(f"                  sorting all names per page:  {all_us:9.1f} us")
+    print(f"                  ratio all/index:             {all_us / idx_us:9.0f}")
 
 
 def expiry_under_writes(store: MessageStore, lite: LiteStore) -> None:
@@ -311,6 +343,7 @@ def main() -> int:
         print(f"restart without the lite checkpoint:             {time.perf_counter() - t:.2f} s")
         assert lite.count("Sessions") == args.topics
         one_among_many(store, lite, args.rounds)
+        pages(lite, args.rounds)
         expiry_under_writes(store, lite)
         lite.close()
         store.close()

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from sortedcontainers import SortedList
 
 from .. import codec, transaction
 from ..errors import InvalidConfigError, InvalidMessageError, StoreClosedError
@@ -101,6 +102,9 @@ class _Parent:
     quota: int
     ttl_ms: int
     count: int = 0  # live lite topics
+    # The live names kept sorted once a page of them was asked for (None before: a
+    # parent never listed pays nothing on its writes).
+    sorted_names: SortedList | None = None
 
 
 @dataclass
@@ -470,6 +474,8 @@ class LiteStore:
         self._names_log.write(b"".join(parts))
         self._names_log.count(n)
         p.count += n
+        if p.sorted_names is not None:
+            p.sorted_names.update(key[prefix:] for key in keys)
 
     def _index(self, lids: np.ndarray, phys: np.ndarray, sizes: np.ndarray, ts: int) -> np.ndarray:
         """Index entries for records just written (lock held); their lite offsets."""
@@ -726,6 +732,23 @@ class LiteStore:
         lids = np.flatnonzero(t.parent[: t.size] == pid).tolist()
         return sorted(n for n in (self._names[i] for i in lids) if n is not None)
 
+    def lite_topics_page(self, parent: str, after: str, limit: int) -> tuple[list[str], int, int]:
+        """The first ``limit`` live lite topics of ``parent`` whose names sort after
+        ``after`` (``""``: from the first), with the parent's live count and how many
+        names sort after ``after``. The names are kept sorted from the first call on,
+        so a page costs O(limit + log n)."""
+        p = self._parent(parent)
+        with self._lock:
+            names = p.sorted_names
+            if names is None:
+                t = self.table
+                lids = np.flatnonzero(t.parent[: t.size] == p.pid).tolist()
+                names = SortedList(n for n in (self._names[i] for i in lids) if n is not None)
+                p.sorted_names = names
+            start = names.bisect_right(after) if after else 0
+            page = list(names.islice(start, start + limit))
+            return page, len(names), len(names) - start
+
     def describe(self, parent: str, lite_topic: str) -> dict[str, Any] | None:
         """A live lite topic's message count (its max offset), the store time of its
         last write and each group's committed offset in it; None if it does not exist."""
@@ -827,6 +850,8 @@ class LiteStore:
         del self._ids[f"{pid}\x01{name}"]
         self._names[lid] = None
         parent.count -= 1
+        if parent.sorted_names is not None:
+            parent.sorted_names.remove(name)
         t.parent[lid] = -1
         t.last[lid] = -1
         t.next_off[lid] = 0

@@ -369,3 +369,35 @@ def test_a_slave_indexes_the_lite_records_its_master_s_bytes_bring(tmp_path: Pat
         s.close()
     slave_store.close()
     master.close()
+
+
+def test_pages_of_lite_topics_follow_creates_deletes_and_expiry_in_name_order(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    store, lite = open_lite(tmp_path / "s", clock)
+    for name in ["m", "c", "x", "a"]:
+        assert lite.create("Chat", name)
+    assert lite.lite_topics_page("Chat", "", 2) == (["a", "c"], 4, 4)
+    # kept sorted from here on: later creates, sends and deletes show in the next page
+    lite.put("Chat", "b", Message("Chat", b"b1"))
+    assert lite.create("Chat", "d")
+    assert lite.delete("Chat", "m")
+    assert lite.lite_topics_page("Chat", "a", 3) == (["b", "c", "d"], 5, 4)
+    assert lite.lite_topics_page("Chat", "d", 3) == (["x"], 5, 1)
+    assert lite.lite_topics_page("Chat", "x", 3) == ([], 5, 0)
+    clock.now += 0.6 * HOUR_MS / 1000
+    lite.put("Chat", "c", Message("Chat", b"c1"))
+    clock.now += 0.6 * HOUR_MS / 1000  # all but c: no write for 1.2 h
+    assert lite.expire() == 4
+    assert lite.lite_topics_page("Chat", "", 10) == (["c"], 1, 1)
+    lite.close()
+    store.close()
+    store, lite = open_lite(tmp_path / "s", clock)
+    lite.put("Chat", "a", Message("Chat", b"a2"))
+    assert lite.lite_topics_page("Chat", "", 10) == (["a", "c"], 2, 2)
+    assert lite.lite_topics_page("Chat", "b", 10)[0] == lite.lite_topics("Chat")[1:]
+    with pytest.raises(NotALiteParentError):
+        lite.lite_topics_page("Other", "", 10)
+    lite.close()
+    store.close()

@@ -25,7 +25,6 @@ slave with the CommitLog's bytes and are indexed there by ``LiteStore.catch_up``
 
 from __future__ import annotations
 
-import bisect
 import logging
 import threading
 import time
@@ -151,13 +150,10 @@ class LiteProcessor:
             raise InvalidMessageError(f"limit={limit!r}: an int from 1 to 10000")
         if not isinstance(after, str):
             raise InvalidMessageError(f"after={after!r}: a lite topic name or ''")
-        names = await self.rt.run(self.store.lite_topics, parent)
-        start = bisect.bisect_right(names, after) if after else 0
-        return {
-            "lite_topics": names[start : start + limit],
-            "total": len(names),
-            "remaining": len(names) - start,
-        }
+        page, total, remaining = await self.rt.run(
+            self.store.lite_topics_page, parent, after, limit
+        )
+        return {"lite_topics": page, "total": total, "remaining": remaining}
 
     async def describe_topic(self, parent: str, lite_topic: str) -> dict[str, Any] | None:
         """One lite topic: its min and max offsets, last write time, and per group that
