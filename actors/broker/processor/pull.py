@@ -14,9 +14,7 @@ import asyncio
 from functools import partial
 from typing import Any
 
-from actors.broker.ha import Replication
-from actors.broker.metrics import BrokerMetrics
-from actors.broker.runtime import BrokerRuntime
+from actors.broker.processor.base import DataPathProcessor
 from actors.protocol.wire import PullWire, pull_request_from_wire, pull_to_wire, pulls_to_wire
 from storage.codec import validate_queue_id, validate_topic
 from storage.message import GetStatus, RawGetResult
@@ -28,15 +26,8 @@ _HOLDABLE = (
 )
 
 
-class PullMessageProcessor:
+class PullMessageProcessor(DataPathProcessor):
     """Pulls of one queue or several, plain or packed, held or not."""
-
-    def __init__(
-        self, runtime: BrokerRuntime, role: Replication, metrics: BrokerMetrics | None
-    ) -> None:
-        self.rt = runtime
-        self.role = role
-        self.metrics = metrics
 
     async def _get(self, *args: Any) -> RawGetResult:
         """A pull's read. Its records are a view of the CommitLog (``get_raw(view=True)``):

@@ -24,6 +24,7 @@ import numpy as np
 from actors.broker.ha import Replication
 from actors.broker.metrics import BrokerMetrics
 from actors.broker.processor import send_back
+from actors.broker.processor.base import DataPathProcessor
 from actors.broker.runtime import BrokerRuntime
 from actors.protocol.shared_ring import RingId, RingReader
 from actors.protocol.wire import AckWire, SendAck
@@ -38,15 +39,13 @@ def _highest(queue_ids: np.ndarray) -> int:
     return max(queue_ids.tolist()) if len(queue_ids) <= SMALL_BATCH else int(queue_ids.max())
 
 
-class SendMessageProcessor:
+class SendMessageProcessor(DataPathProcessor):
     """Sends, shared-ring sends and consumer send-back for one broker."""
 
     def __init__(
         self, runtime: BrokerRuntime, role: Replication, metrics: BrokerMetrics | None
     ) -> None:
-        self.rt = runtime
-        self.role = role
-        self.metrics = metrics
+        super().__init__(runtime, role, metrics)
         self.rings = RingReader()
         self._inline_puts = runtime.config.inline_async_puts and not runtime.store.config.sync_flush
 
