@@ -66,8 +66,10 @@ def _lite_message(parent: str, lite_topic: str, body: bytes) -> Message:
     return m
 
 
-def _consumer(config: ClientConfiguration, *lite_topics: str) -> LiteSimpleConsumer:
-    c = LiteSimpleConsumer(PARENT, config, GROUP, await_duration=5)
+def _consumer(
+    config: ClientConfiguration, *lite_topics: str, group: str = GROUP
+) -> LiteSimpleConsumer:
+    c = LiteSimpleConsumer(PARENT, config, group, await_duration=5)
     c.startup()
     # the client takes its lite subscription quota from the settings the broker answers
     # on its Telemetry stream, which its startup does not wait for
@@ -208,3 +210,50 @@ def test_a_waiting_receive_wakes_on_a_write(cluster: Any, config: ClientConfigur
         consumer.shutdown()
     assert [m.body for m in got] == [b"w0"]
     assert time.monotonic() - started < 10  # answered on the write, not at the poll's end
+
+
+def test_two_groups_each_keep_their_own_offsets_and_subscriptions(
+    cluster: Any, config: ClientConfiguration, producer: Producer
+) -> None:
+    broker = cluster.broker("broker-a")
+    for i in range(4):
+        producer.send(_lite_message(PARENT, "multi-1", f"x{i}".encode()))
+    producer.send(_lite_message(PARENT, "multi-2", b"y0"))
+    first = _consumer(config, "multi-1", "multi-2", group="grpc-group-1")
+    second = _consumer(config, "multi-1", group="grpc-group-2")
+    try:
+        one = _receive(first, 5)  # acked
+        two = _receive(second, 4, ack=False)
+        for m in two[:2]:
+            second.ack(m)
+        assert sorted((m.lite_topic, m.body) for m in one) == [
+            ("multi-1", b"x0"),
+            ("multi-1", b"x1"),
+            ("multi-1", b"x2"),
+            ("multi-1", b"x3"),
+            ("multi-2", b"y0"),
+        ]
+        assert [m.body for m in two] == [b"x0", b"x1", b"x2", b"x3"]  # only what it subscribed
+
+        def committed(group: str, lite: str) -> int:
+            return ray.get(broker.lite_committed_offset.remote(group, PARENT, lite))
+
+        wait_until(lambda: committed("grpc-group-2", "multi-1") == 2, what="group 2's ack")
+        assert committed("grpc-group-1", "multi-1") == 4
+        assert committed("grpc-group-1", "multi-2") == 1
+        assert committed("grpc-group-2", "multi-2") == -1
+        first.unsubscribe_lite("multi-1")  # group 1's subscription only
+        producer.send(_lite_message(PARENT, "multi-1", b"x4"))
+        producer.send(_lite_message(PARENT, "multi-2", b"y1"))
+        assert [(m.lite_topic, m.body) for m in _receive(first, 1)] == [("multi-2", b"y1")]
+        # group 2 still holds x2 and x3 unacked, handed out to it; x4 follows them
+        assert committed("grpc-group-1", "multi-1") == 4
+    finally:
+        first.shutdown()
+        second.shutdown()
+    # a new consumer of group 2 resumes from group 2's own offset
+    again = _consumer(config, "multi-1", group="grpc-group-2")
+    try:
+        assert [m.body for m in _receive(again, 3)] == [b"x2", b"x3", b"x4"]
+    finally:
+        again.shutdown()
