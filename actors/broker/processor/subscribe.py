@@ -21,6 +21,7 @@ from typing import Any
 
 from actors.broker.ha import Replication
 from actors.broker.metrics import BrokerMetrics
+from actors.broker.processor.base import DataPathProcessor
 from actors.broker.runtime import BrokerRuntime
 from actors.protocol.frame_server import Peer, ServerStream, current_stream
 from actors.protocol.wire import pulls_to_wire
@@ -80,15 +81,13 @@ def _credit(credit: int, credit_bytes: int) -> None:
             raise InvalidMessageError(f"{name} must be an int >= 0, got {value!r:.40}")
 
 
-class SubscribeProcessor:
+class SubscribeProcessor(DataPathProcessor):
     """SUBSCRIBE, CREDIT, SUBSCRIPTION_UPDATE and UNSUBSCRIBE."""
 
     def __init__(
         self, runtime: BrokerRuntime, role: Replication, metrics: BrokerMetrics | None
     ) -> None:
-        self.rt = runtime
-        self.role = role
-        self.metrics = metrics
+        super().__init__(runtime, role, metrics)
         self.open = 0
 
     # ------------------------------------------------------------ the requests
