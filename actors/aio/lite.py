@@ -19,7 +19,7 @@ from typing import Any
 
 from actors.aio.connection import AsyncBrokers, master
 from actors.client import instance as _instance
-from actors.client.lite import LiteBatch, home_broker
+from actors.client.lite import LiteBatch, home_broker, send_item_topic
 from actors.protocol.checks import check_number, validate_group
 from actors.protocol.names import DEFAULT_NAMESPACE
 from storage.codec import validate_topic
@@ -108,12 +108,7 @@ class AsyncLiteProducer(_AsyncLiteClient):
         items = list(items)
         per_broker: dict[str, list[int]] = {}
         for i, item in enumerate(items):
-            if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
-                raise InvalidMessageError(
-                    "a lite send item is (lite topic, body) or (lite topic, body, options)"
-                )
-            validate_lite_name(item[0])
-            per_broker.setdefault(await self._home(item[0]), []).append(i)
+            per_broker.setdefault(await self._home(send_item_topic(item)), []).append(i)
         answers = await asyncio.gather(
             *(
                 self._call(name, "lite_send", self.parent, [items[i] for i in picks])

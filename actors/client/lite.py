@@ -37,7 +37,7 @@ from storage.message import MessageExt
 
 log = logging.getLogger("raymq.actors.client.lite")
 
-__all__ = ["LiteBatch", "LiteConsumer", "LiteProducer", "home_broker"]
+__all__ = ["LiteBatch", "LiteConsumer", "LiteProducer", "home_broker", "send_item_topic"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,16 @@ def home_broker(route: Any, parent: str, lite_topic: str) -> str:
     if not names:
         raise TopicNotFoundError(f"topic={parent!r}: no broker takes its lite topics")
     return names[zlib.crc32(lite_topic.encode()) % len(names)]
+
+
+def send_item_topic(item: Any) -> str:
+    """A send item's lite topic, checked with the item's shape: ``(lite topic, body)``
+    or ``(lite topic, body, options)``."""
+    if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
+        raise InvalidMessageError(
+            "a lite send item is (lite topic, body) or (lite topic, body, options)"
+        )
+    return validate_lite_name(item[0])
 
 
 class _LiteClient:
@@ -152,12 +162,7 @@ class LiteProducer(_LiteClient):
         items = list(items)
         per_broker: dict[str, list[int]] = {}
         for i, item in enumerate(items):
-            if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
-                raise InvalidMessageError(
-                    "a lite send item is (lite topic, body) or (lite topic, body, options)"
-                )
-            validate_lite_name(item[0])
-            per_broker.setdefault(self._home(item[0]), []).append(i)
+            per_broker.setdefault(self._home(send_item_topic(item)), []).append(i)
         out: list[dict[str, Any]] = [{} for _ in items]
         for name, picks in per_broker.items():
             results = self._call(name, "lite_send", self.parent, [items[i] for i in picks])
