@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import ray
+from raymq_testkit import wait_until
 
 import actors
 from actors.protocol.connection import BrokerConnection
@@ -107,6 +108,30 @@ def test_a_subscription_streams_within_its_credit(
     call(conn, UNSUBSCRIBE, sid)
     assert read(*stream.result(WAIT_S)) == "unsubscribed"
     assert got.answers.empty()
+    assert open_subscriptions(one_broker) == 0
+
+
+def open_subscriptions(cluster: actors.Cluster) -> int:
+    """The broker's open subscriptions (asked in its actor)."""
+
+    def count(broker: Any) -> int:  # local: sent by value, not by this module's name
+        return int(broker.subscriber.open)
+
+    return int(ray.get(cluster.broker("broker-a").__ray_call__.remote(count)))
+
+
+def test_a_lost_connection_ends_its_subscriptions(
+    one_broker: actors.Cluster, conn: BrokerConnection
+) -> None:
+    topic = "SubLost"
+    one_broker.admin.create_topic(topic, read_queue_nums=1, write_queue_nums=1)
+    got = Received()
+    header, parts, _ = SUBSCRIBE.encode("g-lost", {(topic, 0): 0}, credit=10)
+    conn.stream(header, got, parts)
+    got.ids.get(timeout=WAIT_S)
+    assert open_subscriptions(one_broker) == 1
+    conn.close()
+    wait_until(lambda: open_subscriptions(one_broker) == 0, what="the subscription's end")
 
 
 def test_bad_subscription_requests_get_a_clear_error(
