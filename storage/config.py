@@ -46,6 +46,7 @@ _CONF_KEYS: dict[str, tuple[str, Any]] = {
     "diskMaxUsedSpaceRatio": ("disk_max_used_ratio", lambda v: int(v) / 100.0),
     # RocketMQ 4 reads it as a ratio (0.90), RocketMQ 5 as a percentage (90): either works
     "diskSpaceWarningLevelRatio": ("disk_space_warning_level_ratio", lambda v: _ratio(v)),
+    "diskSpaceCleanForciblyRatio": ("disk_clean_forcibly_ratio", lambda v: _ratio(v)),
     "cleanResourceInterval": ("clean_resource_interval_ms", int),
     "messageIndexEnable": ("message_index_enable", lambda v: v.strip().lower() == "true"),
     "checkCRCOnRecover": ("check_crc_on_recover", lambda v: v.strip().lower() == "true"),
@@ -173,7 +174,12 @@ class StoreConfig:
     # expiry: CleanCommitLogService
     file_reserved_hours: float = 72.0
     delete_when: str = "04"
+    # past disk_max_used_ratio, files older than file_reserved_hours go at any hour; past
+    # disk_clean_forcibly_ratio (RocketMQ's diskSpaceCleanForciblyRatio), the oldest go
+    # whatever their age. Ratios are of the space a writer can have, as df and RocketMQ
+    # count it: used / (used + available)
     disk_max_used_ratio: float = 0.75
+    disk_clean_forcibly_ratio: float = 0.85
     # writes: refused (DiskFullError) while the disk is used over this ratio
     disk_space_warning_level_ratio: float = 0.90
     clean_resource_interval_ms: int = 10_000
@@ -232,7 +238,11 @@ class StoreConfig:
         ):
             if getattr(self, name) < 1:
                 raise InvalidConfigError(f"{name}={getattr(self, name)}: must be >= 1")
-        for name in ("disk_max_used_ratio", "disk_space_warning_level_ratio"):
+        for name in (
+            "disk_max_used_ratio",
+            "disk_clean_forcibly_ratio",
+            "disk_space_warning_level_ratio",
+        ):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise InvalidConfigError(f"{name}={getattr(self, name)}: must be in (0, 1]")
         host, _, port = self.store_host.rpartition(":")

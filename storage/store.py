@@ -73,6 +73,19 @@ log = logging.getLogger("raymq.storage.store")
 DispatchListener = Callable[[str, int, int], None]
 _PRODUCER_STATE = "producer_state"  # config/producer_state.json: the table's snapshot
 _DISK_CHECK_S = 0.1  # while writes are taken, the disk's use is looked at this often
+
+
+def disk_used_ratio(path: str | os.PathLike[str]) -> float:
+    """The used share of the space a writer can have on ``path``'s disk, as df's Use% and
+    RocketMQ's getDiskPartitionSpaceUsedPercent count it: ``used / (used + available)``.
+    Blocks reserved for root, or held back by a thin pool or a quota, are neither: a disk
+    whose available space runs out reads 100 % however much of it is reserved, and one
+    whose reserve is large does not read nearly full while it holds little."""
+    usage = shutil.disk_usage(path)
+    room = usage.used + usage.free
+    return usage.used / room if room else 0.0
+
+
 _RECORD_SIZE = struct.Struct(">i")  # a CommitLog record's TOTALSIZE
 MAX_SCAN_ENTRIES = 800  # ConsumeQueue entries one filtered pull may look at
 
@@ -951,20 +964,15 @@ class MessageStore:
             self._write_producers(snapshot)
 
     def _real_disk_usage(self) -> float:
-        """The share of the disk a writer can no longer use: ``1 - free / total``, where
-        ``free`` is the space available to this process. Not ``used / total``: blocks
-        reserved for root or held back by a thin pool or a quota make that ratio low
-        while a file's allocation already fails for want of space, and the pressure
-        cleaning and the write refusal must come before that."""
-        usage = shutil.disk_usage(self.root)
-        return 1.0 - usage.free / usage.total if usage.total else 0.0
+        return disk_used_ratio(self.root)
 
     def clean_expired_files(self) -> int:
         """One expiry pass; return how many CommitLog files were deleted.
 
-        At a ``delete_when`` hour, files untouched for ``file_reserved_hours``
-        go; when the disk is over ``disk_max_used_ratio`` the oldest files go at
-        once whatever their age. The file being written is never deleted.
+        At a ``delete_when`` hour, files untouched for ``file_reserved_hours`` go; while
+        the disk is used over ``disk_max_used_ratio`` they go at any hour, and over
+        ``disk_clean_forcibly_ratio`` the oldest go at once whatever their age (RocketMQ's
+        CleanCommitLogService). The file being written is never deleted.
         """
         now = self._clock()
         hour = time.localtime(now).tm_hour
@@ -976,9 +984,13 @@ class MessageStore:
             if len(files) <= 1:
                 break
             oldest = files[0]
-            pressure = self._disk_usage() > self.config.disk_max_used_ratio
-            expired = at_delete_hour and now - oldest.mtime() >= reserved_s
-            if not (expired or pressure):
+            ratio = self._disk_usage()
+            pressure = ratio > self.config.disk_max_used_ratio
+            forcibly = ratio > min(
+                self.config.disk_clean_forcibly_ratio, self.config.disk_space_warning_level_ratio
+            )
+            old_enough = now - oldest.mtime() >= reserved_s
+            if not (forcibly or (old_enough and (at_delete_hour or pressure))):
                 break
             with self._put_lock:
                 if self._closed:
@@ -987,8 +999,8 @@ class MessageStore:
             log.info(
                 "deleted commitlog file %s (%s)",
                 oldest.path.name,
-                "disk over %.0f%%" % (100 * self.config.disk_max_used_ratio)
-                if pressure
+                "disk %.0f%% used, over disk_clean_forcibly_ratio" % (100 * ratio)
+                if forcibly and not old_enough
                 else "expired",
             )
             deleted += 1

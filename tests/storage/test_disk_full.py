@@ -9,6 +9,8 @@ and a store that then never opened again (``posix_fallocate`` on that file, ENOS
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import pytest
 
 from storage import DiskFullError, GetStatus, Message, MessageStore, PutResult
 from storage.mapped_file import offset_to_name
+from storage.store import disk_used_ratio
 
 
 def test_writes_are_refused_over_the_warning_level_and_resume_below_it(
@@ -99,14 +102,42 @@ def test_a_full_disk_refuses_writes_leaves_no_partial_file_and_the_store_reopens
     assert {s for n, s in sizes.items() if n.startswith("commitlog/")} == {1 << 20}
 
 
-def test_the_disk_is_measured_by_the_space_a_writer_can_still_use(
-    tmp_path: Path, make_config
-) -> None:
-    """Root-reserved blocks, a thin pool or a quota leave less space to write than
-    ``total - used`` says: the store's ratio follows what an allocation can still get
-    (statvfs's f_bavail), so cleaning and refusal start before an allocation fails."""
+def test_the_disk_is_measured_as_df_measures_it(tmp_path: Path, make_config) -> None:
+    """The store's ratio is df's Use% and RocketMQ's: used / (used + available)."""
     with MessageStore(make_config(tmp_path / "s"), start_services=False) as store:
         ratio = store.stats()["disk_used_ratio"]
         st = os.statvfs(tmp_path)
-        writable = 1.0 - st.f_bavail / st.f_blocks
-        assert ratio == pytest.approx(writable, abs=0.01)
+        used = st.f_blocks - st.f_bfree
+        assert ratio == pytest.approx(used / (used + st.f_bavail), abs=0.01)
+
+
+def test_the_disk_ratio_is_of_the_space_a_writer_can_have(tmp_path: Path) -> None:
+    # an ext4 with half its blocks reserved for root: df and RocketMQ read it as nearly
+    # empty; reading the reserve as used (1 - available / total) called it 50 % full
+    # before a byte was written, and a broker's pressure cleaning deleted fresh files
+    image, where = tmp_path / "disk.img", tmp_path / "disk"
+    where.mkdir()
+    with open(image, "wb") as fh:
+        fh.truncate(64 << 20)
+    made = subprocess.run(["mkfs.ext4", "-q", "-m", "50", str(image)], capture_output=True)
+    mounted = (
+        made.returncode == 0
+        and (
+            subprocess.run(["mount", "-o", "loop", str(image), str(where)], capture_output=True)
+        ).returncode
+        == 0
+    )
+    if not mounted:
+        pytest.skip("cannot make and mount an ext4 image here (needs root and a loop device)")
+    try:
+        empty = disk_used_ratio(where)
+        assert empty < 0.05
+        free = shutil.disk_usage(where).free
+        with open(where / "half", "wb") as fh:
+            fh.write(b"x" * (free // 2))
+            fh.flush()
+            os.fsync(fh.fileno())
+        assert 0.45 < disk_used_ratio(where) < 0.6
+    finally:
+        if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(where)], capture_output=True)

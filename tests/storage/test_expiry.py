@@ -100,6 +100,30 @@ def test_disk_pressure_deletes_at_once_whatever_the_age(tmp_path: Path, make_con
         assert len(store.commitlog.files) == 1, "never the file being written"
 
 
+def test_over_the_max_used_ratio_only_expired_files_go_but_at_any_hour(
+    tmp_path: Path, make_config
+) -> None:
+    # RocketMQ's CleanCommitLogService: over diskMaxUsedSpaceRatio files past their
+    # reserved time go without waiting for deleteWhen; young files stay until the disk is
+    # over diskSpaceCleanForciblyRatio
+    cfg = make_config(
+        tmp_path / "s",
+        file_reserved_hours=48,
+        delete_when=f"{(HOUR + 3) % 24:02d}",
+        delete_files_batch_max=100,
+        disk_space_warning_level_ratio=1.0,
+    )
+    assert (cfg.disk_max_used_ratio, cfg.disk_clean_forcibly_ratio) == (0.75, 0.85)
+    with MessageStore(
+        cfg, clock=lambda: NOW, disk_usage=lambda: 0.80, start_services=False
+    ) as store:
+        fill(store, 4)
+        age_all_but_last(store, 47)
+        assert store.clean_expired_files() == 0, "young files stay at 80 %"
+        age_all_but_last(store, 49)
+        assert store.clean_expired_files() == 3 and len(store.commitlog.files) == 1
+
+
 def _mapped(path: Path) -> bool:
     with open("/proc/self/maps") as fh:
         return any(str(path) in line for line in fh)  # " (deleted)" once unlinked

@@ -20,6 +20,7 @@ from actors.protocol.topic import TopicConfig, is_system_topic
 from storage.codec import decode_records, validate_queue_id, validate_topic
 from storage.errors import PermissionDeniedError, TopicNotFoundError
 from storage.message import MessageExt
+from storage.store import disk_used_ratio
 
 MAX_QUERY = 4096
 """The most messages one lookup by key returns."""
@@ -196,6 +197,7 @@ class AdminBrokerProcessor:
     async def status(self) -> dict[str, Any]:
         c = self.rt.config
         disk = shutil.disk_usage(self.rt.store_dir)
+        ratio = disk_used_ratio(self.rt.store_dir)
         return {
             "cluster": c.cluster_name,
             "broker_name": c.broker_name,
@@ -211,11 +213,11 @@ class AdminBrokerProcessor:
             "flush_disk_type": self.rt.store.config.flush_disk_type,
             "disk_total": disk.total,
             "disk_used": disk.used,
-            "disk_used_ratio": round(disk.used / disk.total, 4) if disk.total else 0.0,
+            "disk_used_ratio": round(ratio, 4),
             # writes are refused until there is room (a put notices at once; this looks too)
             "fenced": self.rt.fenced,  # why it takes no writes (its cluster lease lapsed)
             "disk_full": self.rt.store.disk_full
-            or disk.used / max(disk.total, 1) > self.rt.store.config.disk_space_warning_level_ratio,
+            or ratio > self.rt.store.config.disk_space_warning_level_ratio,
             "commitlog_min_offset": self.rt.store.commitlog.min_offset,
             "commitlog_max_offset": self.rt.store.commitlog.max_offset,
             "topics": len(self.rt.topics.snapshot()),
