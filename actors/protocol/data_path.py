@@ -229,6 +229,11 @@ class _Stub:
         none waits for a connection to open)."""
         return self._dp.is_open(self.actor_name)
 
+    def connection(self) -> BrokerConnection | None:
+        """Its open connection, for a stream (``BrokerConnection.stream``), or None
+        while none is open (one starts opening)."""
+        return self._dp.connection(self.actor_name, self.handle, ordered=False)
+
     def __reduce__(self) -> Any:  # a stub handed to a Ray task arrives as the Ray handle
         return (_identity, (self.handle,))
 
