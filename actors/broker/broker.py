@@ -171,19 +171,19 @@ class Broker:
         """Serve RocketMQ 5's gRPC protocol (``actors.broker.grpc``); imported here only,
         so a process that never starts it never loads the generated protocol modules."""
         try:
+            from actors.broker.grpc.activity import Processors
             from actors.broker.grpc.service import GrpcEndpoint
 
-            endpoint = GrpcEndpoint(
-                self.rt,
+            processors = Processors(
                 self.sender,
                 self.end_txn,
                 self.producers,
-                _tls_files(self.config),
                 pop=self.popper,
                 groups=self.groups,
                 admin=self.admin,
                 lite=self.lite,
             )
+            endpoint = GrpcEndpoint(self.rt, processors, _tls_files(self.config))
             self.rt.grpc_addr = await endpoint.start()
             self.grpc = endpoint
         except Exception as exc:  # noqa: BLE001 - the rest of the broker still serves

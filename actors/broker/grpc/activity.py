@@ -10,6 +10,7 @@ import functools
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from actors.broker.client.producer_manager import ProducerManager
@@ -101,31 +102,34 @@ class RecallRefused(StatusError):
         super().__init__(pb.Code.INTERNAL_SERVER_ERROR, message)
 
 
+@dataclass(frozen=True)
+class Processors:
+    """The broker's processors the RPCs serve onto; None for one the broker runs
+    without (the RPCs that need it are then refused)."""
+
+    sender: SendMessageProcessor
+    transactions: EndTransactionProcessor
+    producers: ProducerManager
+    pop: PopProcessor | None = None
+    groups: ConsumerManageProcessor | None = None
+    admin: AdminBrokerProcessor | None = None
+    lite: LiteProcessor | None = None
+
+
 class Activity:
     """What every group of RPCs shares: the broker's processors, the call counts,
     authentication and how a refusal is logged (RocketMQ's proxy ``AbstractMessingActivity``)."""
 
-    def __init__(
-        self,
-        runtime: BrokerRuntime,
-        sender: SendMessageProcessor,
-        transactions: EndTransactionProcessor,
-        producers: ProducerManager,
-        auth: Authenticator,
-        pop: PopProcessor | None = None,
-        groups: ConsumerManageProcessor | None = None,
-        admin: AdminBrokerProcessor | None = None,
-        lite: LiteProcessor | None = None,
-    ) -> None:
+    def __init__(self, runtime: BrokerRuntime, processors: Processors, auth: Authenticator) -> None:
         self.rt = runtime
-        self.sender = sender
-        self.transactions = transactions
-        self.producers = producers
         self.auth = auth
-        self.pop = pop
-        self.groups = groups
-        self.admin = admin
-        self.lite = lite
+        self.sender = processors.sender
+        self.transactions = processors.transactions
+        self.producers = processors.producers
+        self.pop = pop = processors.pop
+        self.groups = processors.groups
+        self.admin = processors.admin
+        self.lite = processors.lite
         # lite topics (actors.broker.grpc.lite_activity): each client's (group, parent)
         # subscriptions, the receives waiting on a parent, the acks committing a lite topic
         self._lite_clients: dict[str, set[tuple[str, str]]] = {}

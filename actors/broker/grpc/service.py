@@ -27,7 +27,7 @@ from typing import Any
 
 import grpc
 
-from actors.broker.client.producer_manager import ProducerManager
+from actors.broker.grpc.activity import Processors
 from actors.broker.grpc.auth import Authenticator
 from actors.broker.grpc.client_activity import ClientActivity
 from actors.broker.grpc.lite_activity import LiteActivity
@@ -35,12 +35,6 @@ from actors.broker.grpc.offset_activity import OffsetActivity
 from actors.broker.grpc.receive_activity import ReceiveActivity
 from actors.broker.grpc.send_activity import SendActivity
 from actors.broker.grpc.v2 import service_pb2_grpc as sgrpc
-from actors.broker.lite.processor import LiteProcessor
-from actors.broker.processor.admin import AdminBrokerProcessor
-from actors.broker.processor.consumer_manage import ConsumerManageProcessor
-from actors.broker.processor.end_transaction import EndTransactionProcessor
-from actors.broker.processor.pop import PopProcessor
-from actors.broker.processor.send import SendMessageProcessor
 from actors.broker.runtime import BrokerRuntime
 
 log = logging.getLogger("raymq.actors.broker.grpc")
@@ -65,27 +59,15 @@ class GrpcEndpoint:
     def __init__(
         self,
         runtime: BrokerRuntime,
-        sender: SendMessageProcessor,
-        transactions: EndTransactionProcessor,
-        producers: ProducerManager,
+        processors: Processors,
         tls: tuple[bytes, bytes] | None = None,
-        pop: PopProcessor | None = None,
-        groups: ConsumerManageProcessor | None = None,
-        admin: AdminBrokerProcessor | None = None,
-        lite: LiteProcessor | None = None,
     ) -> None:
         c = runtime.config
         self.rt = runtime
         self.service = MessagingService(
             runtime,
-            sender,
-            transactions,
-            producers,
+            processors,
             Authenticator(c.grpc_access_key, c.grpc_secret_key, c.grpc_auth_window_s),
-            pop,
-            groups,
-            admin,
-            lite,
         )
         self.tls = tls
         self.addr = ""
