@@ -15,6 +15,7 @@ iteration, comparison).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, SupportsIndex, overload
 
 import numpy as np
@@ -23,39 +24,18 @@ from . import codec
 from .message import PutResult, PutStatus
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class PutBatchResult:
     """The outcome of one batch put, kept as arrays (one object per batch, not per message)."""
 
-    __slots__ = (
-        "status",
-        "topics",
-        "topic_idx",
-        "queue_ids",
-        "queue_offsets",
-        "commitlog_offsets",
-        "uniq_keys",
-        "store_host",
-    )
-
-    def __init__(
-        self,
-        status: PutStatus,
-        topics: tuple[str, ...],
-        topic_idx: np.ndarray,
-        queue_ids: np.ndarray,
-        queue_offsets: np.ndarray,
-        commitlog_offsets: np.ndarray,
-        uniq_keys: Sequence[str],
-        store_host: str,
-    ):
-        self.status = status
-        self.topics = topics
-        self.topic_idx = topic_idx
-        self.queue_ids = queue_ids
-        self.queue_offsets = queue_offsets
-        self.commitlog_offsets = commitlog_offsets
-        self.uniq_keys = uniq_keys
-        self.store_host = store_host
+    status: PutStatus
+    topics: tuple[str, ...]
+    topic_idx: np.ndarray
+    queue_ids: np.ndarray
+    queue_offsets: np.ndarray
+    commitlog_offsets: np.ndarray
+    uniq_keys: Sequence[str]
+    store_host: str
 
     def __len__(self) -> int:
         return len(self.queue_offsets)
