@@ -5,6 +5,7 @@ parent's quota and TTL changed."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -145,13 +146,20 @@ class LiteTopics(View):
         described, page = found
         return parent_section(parent, described, page, request[CSRF])
 
-    async def lite_topic(self, request: web.Request) -> web.Response:
+    async def _on_lite_topic(
+        self, request: web.Request, fn: Callable[..., Any], unknown: str = ""
+    ) -> tuple[str, str, Any]:
+        """The parent and lite topic the URL names, and ``fn(parent, name)``'s answer
+        from the cluster; one it does not know is refused 404 (``unknown`` after why)."""
         parent = topic_name(request.match_info["topic"])
         name = lite_name(request.match_info["lite"])
         try:
-            st = await self.call(self.admin.lite_topic_status, parent, name)
+            return parent, name, await self.call(fn, parent, name)
         except TopicNotFoundError as exc:
-            raise Refused(str(exc), 404) from None
+            raise Refused(f"{exc}{unknown}", 404) from None
+
+    async def lite_topic(self, request: web.Request) -> web.Response:
+        parent, name, st = await self._on_lite_topic(request, self.admin.lite_topic_status)
         return self.render(
             request,
             f"Lite topic {name} of {parent}",
@@ -160,12 +168,9 @@ class LiteTopics(View):
         )
 
     async def delete(self, request: web.Request) -> web.Response:
-        parent = topic_name(request.match_info["topic"])
-        name = lite_name(request.match_info["lite"])
-        try:
-            on = await self.call(self.admin.delete_lite_topic, parent, name)
-        except TopicNotFoundError as exc:
-            raise Refused(f"{exc}: nothing was deleted", 404) from None
+        parent, name, on = await self._on_lite_topic(
+            request, self.admin.delete_lite_topic, ": nothing was deleted"
+        )
         log.info("console: deleted lite topic %s of %s on %s", name, parent, on)
         return self.redirect(
             f"/topics/{seg(parent)}", f"deleted lite topic {name} of {parent} on {', '.join(on)}"
