@@ -10,17 +10,15 @@ import pytest
 
 from storage import InvalidMessageError, Message, MessageStore, StoreConfig, codec, transaction
 from storage.recovery import open_group_at
+from tests.storage.conftest import small_config
 
 
 def config(path: Path) -> StoreConfig:
-    return StoreConfig(
-        store_dir=str(path),
-        commitlog_file_size=64 * 1024,
+    """Small files, with room for every queue entry and index entry these tests write."""
+    return small_config(
+        path,
         consume_queue_file_entries=4096,
-        index_hash_slots=97,
         index_max_entries=20_000,
-        max_message_size=16 * 1024,
-        store_host="10.0.0.1:10911",
         flush_disk_type="SYNC_FLUSH",
     )
 
