@@ -367,6 +367,15 @@ class ConnectionOptions(Protocol):
     def route_refresh_s(self) -> float: ...
 
 
+@dataclass(frozen=True)
+class Connection:
+    """:class:`ConnectionOptions` given one by one, for a client without a config."""
+
+    data_path: str = "socket"
+    data_tls_ca: str | None = None
+    route_refresh_s: float = DEFAULT_ROUTE_TTL_S
+
+
 class SharedClient:
     """A client with a share of its process's instance: :meth:`_join` takes it (and
     names the client), :meth:`_leave` gives it back."""

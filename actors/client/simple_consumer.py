@@ -46,7 +46,41 @@ log = logging.getLogger("raymq.actors.simple_consumer")
 __all__ = ["PoppedMessage", "SimpleConsumer"]
 
 
-class SimpleConsumer:
+class PopClient(_instance.SharedClient):
+    """A POP consumer's checked subscription (topic, tag expression, FIFO, its waits) and
+    its share of the process's client instance, its calls on the ``READ`` pool: what
+    :class:`SimpleConsumer` and the awaited ``actors.aio.AsyncSimpleConsumer`` share."""
+
+    topic: str
+    tag_expr: str
+    fifo: bool
+    wait_s: float
+    call_timeout_s: float
+
+    def _join_pop(
+        self,
+        group: str,
+        topic: str,
+        tag_expr: str,
+        fifo: bool,
+        wait_s: float,
+        call_timeout_s: float,
+        namespace: str,
+        nameservers: Sequence[str] | None,
+        connection: _instance.ConnectionOptions,
+    ) -> None:
+        """Check every argument, then join the instance: a bad one changes nothing."""
+        validate_group(group)
+        self.topic = validate_topic(topic)
+        parse_subscription(tag_expr)
+        self.tag_expr = tag_expr
+        self.fifo = bool(fifo)
+        self.wait_s = check_number("wait_s", wait_s)
+        self.call_timeout_s = check_number("call_timeout_s", call_timeout_s)
+        self._join("simple consumer", group, namespace, nameservers, connection, _instance.READ)
+
+
+class SimpleConsumer(PopClient):
     """Receive, ack and change the invisible duration of messages of one topic for
     ``group``. ``tag_expr``: ``"*"`` or ``"TagA || TagB"``; ``fifo``: at most one batch
     in flight per queue, so a queue's messages are received in order."""
@@ -68,27 +102,18 @@ class SimpleConsumer:
         isolation: str = "read_committed",
     ) -> None:
         check_isolation("SimpleConsumer", isolation)  # before anything is made
-        self.group = validate_group(group)
-        self.topic = validate_topic(topic)
-        parse_subscription(tag_expr)
-        self.tag_expr = tag_expr
-        self.fifo = bool(fifo)
-        self.wait_s = check_number("wait_s", wait_s)
-        self.call_timeout_s = check_number("call_timeout_s", call_timeout_s)
         check_data_path("SimpleConsumer", data_path)
-        self._lease = _instance.share(
-            self,
+        self._join_pop(
+            group,
+            topic,
+            tag_expr,
+            fifo,
+            wait_s,
+            call_timeout_s,
             namespace,
             nameservers,
-            data_path=data_path,
-            tls_ca=data_tls_ca,
-            route_ttl_s=route_refresh_s,
-            kind=_instance.READ,
+            _instance.Connection(data_path, data_tls_ca, route_refresh_s),
         )
-        self.instance = self._lease.instance
-        self.client_id = self.instance.new_client_id(group)
-        self.ns = self._lease.view
-        self._data_path = self.ns.data_path
         # broker name -> (pop call: a socket's PendingCall or an ObjectRef, its share)
         self._pending: dict[str, tuple[Any, int]] = {}
         self._buffer: list[PoppedMessage] = []  # received beyond a receive's max_msgs
@@ -262,7 +287,7 @@ class SimpleConsumer:
         self._closed = True
         self._pending.clear()
         self._buffer.clear()
-        self._lease.release()
+        self._leave()
 
     def __enter__(self) -> SimpleConsumer:
         return self
