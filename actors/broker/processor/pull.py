@@ -65,20 +65,31 @@ class PullMessageProcessor(DataPathProcessor):
         suspend_s: float,
         client_id: str,
     ) -> RawGetResult:
-        validate_topic(topic)
-        validate_queue_id(queue_id)
-        self.rt.topics.for_read(topic, queue_id)
-        if group:
-            self.rt.consumers.touch(group, client_id, frozenset((topic,)))
+        self._admit(group, client_id, [(topic, queue_id, offset)])
         raw = await self._held_get(group, topic, queue_id, offset, max_count, tags, suspend_s)
-        self.rt.stats["pulls"] += 1
-        self.rt.stats["get_msgs"] += raw.count
-        if group and raw.count:
-            gets = self.rt.group_gets
-            gets[group] = gets.get(group, 0) + raw.count
-        if self.metrics is not None:
-            self.metrics.on_get(topic, raw.count, len(raw.data))
+        self._count(group, [topic], [raw])
         return raw
+
+    def _admit(self, group: str, client_id: str, requests: list[tuple[str, int, int]]) -> None:
+        """Refuse a pull of a bad or unreadable queue; the group's consumer is live."""
+        for topic, queue_id, _ in requests:
+            validate_topic(topic)
+            validate_queue_id(queue_id)
+            self.rt.topics.for_read(topic, queue_id)
+        if group:
+            self.rt.consumers.touch(group, client_id, frozenset(t for t, _, _ in requests))
+
+    def _count(self, group: str, topics: list[str], answers: list[RawGetResult]) -> None:
+        """One pull's figures: the broker's, its group's and each topic's metrics."""
+        count = sum(raw.count for raw in answers)
+        self.rt.stats["pulls"] += 1
+        self.rt.stats["get_msgs"] += count
+        if group and count:
+            gets = self.rt.group_gets
+            gets[group] = gets.get(group, 0) + count
+        if self.metrics is not None:
+            for topic, raw in zip(topics, answers):
+                self.metrics.on_get(topic, raw.count, len(raw.data))
 
     async def _held_get(
         self,
@@ -159,26 +170,12 @@ class PullMessageProcessor(DataPathProcessor):
                     group, topic, queue_id, offset, max_count, tags, suspend_s, client_id
                 )
             ]
-        for topic, queue_id, _ in requests:
-            validate_topic(topic)
-            validate_queue_id(queue_id)
-            self.rt.topics.for_read(topic, queue_id)
-        if group:
-            self.rt.consumers.touch(group, client_id, frozenset(t for t, _, _ in requests))
+        self._admit(group, client_id, requests)
         answers = await self._get_many(group, requests, max_count, tags)
         hold = self.rt.config.long_polling_enable and suspend_s > 0 and not self.rt.closing
         if hold and not any(raw.count or raw.status not in _HOLDABLE for raw in answers):
             answers = await self._hold_many(group, requests, max_count, tags, suspend_s, answers)
-        count = sum(raw.count for raw in answers)
-        self.rt.stats["pulls"] += 1
-        self.rt.stats["get_msgs"] += count
-        if group and count:
-            gets = self.rt.group_gets
-            gets[group] = gets.get(group, 0) + count
-        if self.metrics is not None:
-            for (topic, _, _), raw in zip(requests, answers):
-                if raw.count:
-                    self.metrics.on_get(topic, raw.count, len(raw.data))
+        self._count(group, [topic for topic, _, _ in requests], answers)
         return answers
 
     async def _hold_many(
