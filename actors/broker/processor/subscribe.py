@@ -5,8 +5,8 @@ consumer renews.
 A subscription is a lasting waiter of the hold service (``PullRequestHoldService.listen``)
 on each of its queues: a dispatch to one sets its event, and the stream's task reads
 every queue with news from where it stands, writes one answer (the queues with
-records or a new offset, as a pull of several queues answers them) and takes what it
-wrote off the credit. With no credit left it writes nothing until CREDIT adds some: a
+records or a new offset, as a pull of several queues answers them, each with the offset
+it was read from) and takes what it wrote off the credit. With no credit left it writes nothing until CREDIT adds some: a
 consumer whose process queue is full stops its stream by not renewing. What may be
 read is the role's call, as for pulls (``Replication.readable``). A queue whose offset
 is refused (too small, too far) is answered once with the store's status and next
@@ -171,9 +171,9 @@ class SubscribeProcessor(DataPathProcessor):
         while not sub.ended and not self.rt.closing:
             sub.event.clear()  # before the reads: a dispatch after them is not missed
             if sub.has_credit and sub.offsets:
-                keys, answers, pending = self._read(sub)
+                keys, starts, answers, pending = self._read(sub)
                 if keys:
-                    if not await stream.send({"k": keys}, _parts(answers)):
+                    if not await stream.send({"k": keys, "p": starts}, _parts(answers)):
                         sub.end("lost")
                         break
                     continue  # more may be there (a read is at most max_count)
@@ -182,11 +182,15 @@ class SubscribeProcessor(DataPathProcessor):
                     continue
             await sub.event.wait()
 
-    def _read(self, sub: Subscription) -> tuple[list[list[Any]], list[RawGetResult], bool]:
-        """The queues with news, their answers, and whether some have records that may
-        not be read yet; takes them off the credit and moves the offsets."""
+    def _read(
+        self, sub: Subscription
+    ) -> tuple[list[list[Any]], list[int], list[RawGetResult], bool]:
+        """The queues with news, the offsets they were read from, their answers, and
+        whether some have records that may not be read yet; takes them off the credit
+        and moves the offsets."""
         get, readable, store = self.rt.store.get_raw, self.role.readable, self.rt.store
         keys: list[list[Any]] = []
+        starts: list[int] = []
         answers: list[RawGetResult] = []
         pending_any = False
         for key, offset in list(sub.offsets.items()):
@@ -212,10 +216,11 @@ class SubscribeProcessor(DataPathProcessor):
             sub.credit -= raw.count
             sub.credit_bytes -= len(raw.data)
             keys.append([topic, qid])
+            starts.append(offset)
             answers.append(raw)
             if raw.count:
                 self._count(sub.group, topic, raw)
-        return keys, answers, pending_any
+        return keys, starts, answers, pending_any
 
     def _count(self, group: str, topic: str, raw: RawGetResult) -> None:
         self.rt.stats["get_msgs"] += raw.count

@@ -4,7 +4,9 @@ a credit it renews (``actors.broker.processor.subscribe``).
 SUBSCRIBE opens the stream on the consumer's connection; the broker answers it many
 times (the wire's ``STREAM`` flag): first ``{"s": id}``, the subscription's id, once it
 is open, then each answer the new records of some of its queues
-(``pulls_to_wire``'s blob, the queues in ``"k"`` in the same order), until UNSUBSCRIBE,
+(``pulls_to_wire``'s blob, the queues in ``"k"`` in the same order and in ``"p"`` the
+offset each was read from: a consumer takes an answer that starts where it expects the
+queue to be and knows any other for one written before its last update), until UNSUBSCRIBE,
 the connection's end or the broker's shutdown gives its last answer. CREDIT adds to
 the messages (and bytes) the broker may still write; SUBSCRIPTION_UPDATE adds and
 drops queues (a rebalance). The three name the subscription by that id, on the same
@@ -54,7 +56,7 @@ SUBSCRIBE = Request(
     ordered=False,  # a stream the broker holds open: it takes the socket at once
     errors=_ERRORS,
     doc="Answers many times (STREAM): ``{'s': id}`` once open, then "
-    "``{'k': [[topic, queue id]]}`` and ``pulls_to_wire``'s blob; the last answer's "
+    "``{'k': [[topic, queue id]], 'p': [offset read from]}`` and ``pulls_to_wire``'s blob; the last answer's "
     "result is why it ended.",
 )
 
