@@ -67,6 +67,10 @@ def _enum(kind: type[enum.Enum], name: str, value: object) -> enum.Enum:
     )
 
 
+DELIVERIES = ("pull", "stream")
+"""``PushConsumerConfig.delivery``: held pulls, or a subscription stream per broker."""
+
+
 @dataclass(frozen=True)
 class PushConsumerConfig:
     """Client settings of a :class:`actors.PushConsumer`.
@@ -128,6 +132,12 @@ class PushConsumerConfig:
     """Pulls, offset commits, send-back and heartbeats over each broker's own socket
     (``"socket"``) or as Ray actor calls (``"ray"``); see ``ProducerConfig.data_path``."""
     data_tls_ca: str | None = None
+    delivery: str = "pull"
+    """How records reach the process queues: ``"pull"``, a held pull per broker, again
+    after each answer; ``"stream"``, one subscription per broker (and tag expression)
+    that the broker writes new records to as it stores them, within a credit the
+    consumer renews as its queues take them (``actors.client.push.stream_service``).
+    ``"stream"`` needs ``data_path="socket"``."""
     dedup_window_s: float | None = None
     """Drop redeliveries of messages the listener acknowledged within this many seconds
     (by ``msg_id``; at most ``dedup_max_ids`` remembered): ``actors.client.push.dedup``.
@@ -141,6 +151,15 @@ class PushConsumerConfig:
     def __post_init__(self) -> None:
         check_data_path("PushConsumerConfig", self.data_path)
         check_isolation("PushConsumerConfig", self.isolation)
+        if self.delivery not in DELIVERIES:
+            raise InvalidConfigError(
+                f"PushConsumerConfig.delivery={self.delivery!r}: must be one of {DELIVERIES}"
+            )
+        if self.delivery == "stream" and self.data_path != "socket":
+            raise InvalidConfigError(
+                'PushConsumerConfig.delivery="stream" is served on the brokers\' sockets: it '
+                f'needs data_path="socket", not {self.data_path!r}'
+            )
         if self.dedup_window_s is not None and not self.dedup_window_s > 0:
             raise InvalidConfigError(
                 f"PushConsumerConfig.dedup_window_s={self.dedup_window_s!r}: must be > 0 or None"

@@ -13,7 +13,8 @@ Usable from a driver, a Ray task or a Ray actor (it runs its own threads).
 Parts, each in its own module: :mod:`.coordinated` (which queues this
 consumer owns, as the group's ``GroupCoordinator`` hands them out; the
 uncoordinated way is :mod:`.rebalance`), :mod:`.pull_service` (long-polling pulls,
-flow control), :mod:`.consume_concurrently` (the listener's thread pool, per-queue
+flow control; with ``delivery="stream"`` :mod:`.stream_service`, a subscription per
+broker), :mod:`.consume_concurrently` (the listener's thread pool, per-queue
 order, outcomes), :mod:`.consume_orderly` (``orderly=True``: one batch per queue at
 a time, failures retried in place, RocketMQ's ``MessageListenerOrderly``),
 :mod:`.send_back` (failed messages back to the broker, batched),
@@ -57,6 +58,7 @@ from actors.client.push.process_queue import ProcessQueue
 from actors.client.push.pull_service import PullMessageService
 from actors.client.push.rebalance import RebalanceService
 from actors.client.push.send_back import SendBackService
+from actors.client.push.stream_service import StreamService
 from actors.client.push.timer import Counters, Scheduler
 from actors.config.options import with_options
 from actors.coordinator.strategies import client_id_with_room
@@ -201,7 +203,11 @@ class PushConsumer:
                 else ConsumeMessageService(self)
             )
             self.send_back = SendBackService(self)
-            self.pull = PullMessageService(self)
+            self.pull: PullMessageService | StreamService = (
+                StreamService(self)
+                if self.config.delivery == "stream"
+                else PullMessageService(self)
+            )
             self.rebalancer: RebalanceService | CoordinatedRebalanceService = (
                 CoordinatedRebalanceService(self)
                 if self.config.clustering and self.config.coordinated
