@@ -53,7 +53,7 @@ from actors.protocol.names import TXN_COORDINATOR_NAME
 from storage import transaction
 from storage.codec import EncodedBatch
 from storage.errors import InvalidMessageError, ProducerFencedError
-from storage.message import GetStatus
+from storage.message import GetStatus, Message
 from storage.store import PutBatchResult
 
 log = logging.getLogger("raymq.actors.broker.transaction.one_phase")
@@ -187,9 +187,16 @@ class OnePhaseCommits:
     ) -> dict[str, Any]:
         """The commit counted in flight (:meth:`commit`), stored and settled."""
         rt = self.rt
+        marker = transaction.commit_marker(
+            txn_id,
+            tid,
+            epoch,
+            len(batch),
+            {g: [[t, q, o] for (t, q), o in qs.items()] for g, qs in by_group.items()},
+        )
         appended: list[bool] = []
         try:
-            created = await self._store(txn_id, tid, epoch, batch, by_group, appended)
+            created = await self._store(batch, marker, by_group, appended)
         except BaseException as exc:
             if not appended:  # refused before its append (a slave, a full disk): no marker
                 self._settle(bound)
@@ -223,16 +230,14 @@ class OnePhaseCommits:
 
     async def _store(
         self,
-        txn_id: str,
-        tid: str,
-        epoch: int,
         batch: EncodedBatch,
+        marker: Message,
         by_group: dict[str, dict[tuple[str, int], int]],
         appended: list[bool],
     ) -> bool:
-        """The group appended (and durable, replicated, as the role wants: ``appended``
-        gets True once it is in the log), then its offsets committed; whether a topic was
-        created for it."""
+        """The group (``batch`` and its ``marker``) appended (and durable, replicated, as
+        the role wants: ``appended`` gets True once it is in the log), then its offsets
+        committed; whether a topic was created for it."""
         rt = self.rt
         created = False
         for i, topic in enumerate(batch.topics):
@@ -241,13 +246,6 @@ class OnePhaseCommits:
             )
             _, new = rt.topics.for_write(topic, int(ids.max()), 0)
             created |= new
-        marker = transaction.commit_marker(
-            txn_id,
-            tid,
-            epoch,
-            len(batch),
-            {g: [[t, q, o] for (t, q), o in qs.items()] for g, qs in by_group.items()},
-        )
 
         async def local_put(b: EncodedBatch) -> PutBatchResult:
             if self._inline:  # a copy into the mapped file: as a send's put
