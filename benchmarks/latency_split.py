@@ -5,8 +5,12 @@ latency and beside a TCP echo round trip paced the same way in the same run.
     python benchmarks/latency_split.py [--rounds 3] [--rate 1000] [--seconds 3]
 
 One broker (ASYNC_FLUSH); single ``send_async`` messages of 100 B from this process
-at ``--rate``, to a long-polling PushConsumer in its own process (an actor, as
-``peers.py`` measures RayMQ's latency). For each round it prints the latency
+at ``--rate``, to a PushConsumer in its own process (an actor, as ``peers.py``
+measures RayMQ's latency): each round measures one consumer with held pulls
+(``delivery="pull"``) and one on the broker's subscription stream
+(``delivery="stream"``), each on its own topic, in alternating order from round to
+round, and reports the stream's figures beside the pulls' with their ratio. For each
+round and each it prints the latency
 (p50/p99), the CPU each process spent per message (user and system, all its
 threads, read from ``/proc/<pid>/stat``: broker, producer, consumer), and the full
 (generation 2) collections in the producer's and the consumer's processes with their
@@ -33,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -69,11 +74,25 @@ class GcTimer:
 
 
 class _Consumer(peers._RayMQPushLatency):
-    """The PushConsumer actor of ``peers.py``, telling its pid and its collections."""
+    """The PushConsumer actor of ``peers.py`` (in a group of its own, with ``delivery``),
+    telling its pid and its collections."""
 
-    def __init__(self, namespace: str, topic: str, data_path: str) -> None:
+    def __init__(self, namespace: str, topic: str, delivery: str) -> None:
+        from actors import ConsumeStatus, PushConsumer
+
         self.gc_timer = GcTimer()
-        super().__init__(namespace, topic, data_path)
+        self.samples: list[float] = []
+        self.arrived = threading.Condition()
+        self.success = ConsumeStatus.SUCCESS
+        self.consumer = PushConsumer(
+            f"split-{delivery}",
+            topic,
+            listener=self._on,
+            namespace=namespace,
+            delivery=delivery,
+            consume_threads=2,
+        )
+        self.consumer.start()
 
     def pid(self) -> int:
         return os.getpid()
@@ -82,10 +101,10 @@ class _Consumer(peers._RayMQPushLatency):
         return self.gc_timer.take()
 
 
-def _spy(pids: dict[str, int], args: argparse.Namespace) -> list[subprocess.Popen[bytes]]:
+def _spy(pids: dict[str, int], args: argparse.Namespace, out: str) -> list[subprocess.Popen[bytes]]:
     """``py-spy record`` of each process for the round's length (raw stacks, active
     threads only: where the CPU goes), written to ``args.profile``."""
-    os.makedirs(args.profile, exist_ok=True)
+    os.makedirs(out, exist_ok=True)
     return [
         subprocess.Popen(
             [
@@ -101,7 +120,7 @@ def _spy(pids: dict[str, int], args: argparse.Namespace) -> list[subprocess.Pope
                 "raw",
                 "--nonblocking",
                 "--output",
-                os.path.join(args.profile, f"{name}.txt"),
+                os.path.join(out, f"{name}.txt"),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -118,7 +137,7 @@ def main() -> int:
     parser.add_argument(
         "--profile",
         metavar="DIR",
-        help="py-spy each process through the last round: DIR/<process>.txt (raw stacks)",
+        help="py-spy each process through the last round: DIR/<pull|stream>/<process>.txt (raw stacks)",
     )
     args = parser.parse_args()
     if args.profile and shutil.which("py-spy") is None:
@@ -126,91 +145,71 @@ def main() -> int:
     start_local_ray()
     root = tempfile.mkdtemp(prefix="raymq-split-")
     namespace = "raymq-split"
+    topics = {"pull": "Split", "stream": "SplitStream"}
     cluster = actors.start_cluster(
         namespace=namespace,
         nameservers=1,
         brokers=1,
         store_root=root,
-        topics=[actors.TopicConfig("Split", 4, 4)],
+        topics=[actors.TopicConfig(t, 4, 4) for t in topics.values()],
         broker_options={"store": {"flush_disk_type": "ASYNC_FLUSH"}},
     )
     echo = peers.RawLimit("tcp-echo")
     relay = peers.RawLimit("py-relay")
-    consumer: Any = None
+    consumers: dict[str, Any] = {}
+    rows: dict[str, list[float]] = {}
     try:
         echo.start()
         relay.start()
-        consumer = ray.remote(num_cpus=0)(_Consumer).remote(namespace, "Split", "socket")
         producer = cluster.producer("split")
         body = b"x" * 100
-        peers.warm_up(producer, consumer, "Split", body)
-        pids = {
-            "broker": actor_pids("Broker")[0],
-            "producer": os.getpid(),
-            "consumer": ray.get(consumer.pid.remote()),
-        }
+        for mode, topic in topics.items():
+            consumers[mode] = ray.remote(num_cpus=0)(_Consumer).remote(namespace, topic, mode)
+            peers.warm_up(producer, consumers[mode], topic, body)
+        broker_pid = actor_pids("Broker")[0]
+        consumer_pids = {m: ray.get(c.pid.remote()) for m, c in consumers.items()}
         mine = GcTimer()
-        rows: dict[str, list[float]] = {}
         for rnd in range(args.rounds + 1):
             echo_ms = echo.latency(body, args.rate, min(1.0, args.seconds))
             relay_ms = relay.latency(body, args.rate, args.seconds)
-            ray.get(consumer.gc_pauses.remote())
-            mine.take()
-            spies = _spy(pids, args) if args.profile and rnd == args.rounds else []
-            before = {k: cpu_s(p) for k, p in pids.items()}
-            sends = peers.Settled()
-            peers.paced(
-                args.rate,
-                args.seconds,
-                lambda i, out=sends: out.track(
-                    producer.send_async(Message("Split", peers.stamp(body)))
-                ),
-            )
-            sends.wait()
-            if sends.errors:
-                raise sends.errors[0]
-            n = sends.sent
-            lat: list[float] = ray.get(consumer.take_when.remote(n, 30.0))
-            after = {k: cpu_s(p) for k, p in pids.items()}
-            for spy in spies:
-                spy.wait()
-            per = {k: tuple(1e6 * (a - b) / n for a, b in zip(after[k], before[k])) for k in pids}
-            full_p, long_p = mine.take()
-            full_c, long_c = ray.get(consumer.gc_pauses.remote())
-            line = (
-                f"latency p50 {peers.percentile(lat, 0.5):.2f} ms p99 {peers.percentile(lat, 0.99):.2f} ms"
-                f" (tcp echo p50 {peers.percentile(echo_ms, 0.5):.2f} ms); CPU us/msg user+sys: "
-                + ", ".join(f"{k} {u:.0f}+{s:.0f}" for k, (u, s) in per.items())
-                + f"; full GCs: producer {full_p} (longest {long_p:.1f} ms),"
-                f" consumer {full_c} (longest {long_c:.1f} ms)"
-            )
             relay_cpu = relay.cpu_per_message_us
-            line += (
-                f"; py-relay (the same three processes, sockets alone): p50"
-                f" {peers.percentile(relay_ms, 0.5):.2f} ms p99 {peers.percentile(relay_ms, 0.99):.2f}"
-                f" ms, CPU us/msg {', '.join(f'{k} {v:.0f}' for k, v in relay_cpu.items())}"
+            print(
+                f"round {rnd}{' (warm-up)' if rnd == 0 else ''}: tcp echo p50"
+                f" {peers.percentile(echo_ms, 0.5):.2f} ms; py-relay (the same three processes,"
+                f" sockets alone): p50 {peers.percentile(relay_ms, 0.5):.2f} ms p99"
+                f" {peers.percentile(relay_ms, 0.99):.2f} ms, CPU us/msg"
+                f" {', '.join(f'{k} {v:.0f}' for k, v in relay_cpu.items())}",
+                flush=True,
             )
-            print(f"round {rnd}{' (warm-up)' if rnd == 0 else ''}: {line}", flush=True)
-            if rnd == 0:
-                continue
-            rows.setdefault("py-relay latency p50 (ms)", []).append(peers.percentile(relay_ms, 0.5))
-            rows.setdefault("py-relay latency p99 (ms)", []).append(
-                peers.percentile(relay_ms, 0.99)
-            )
-            rows.setdefault("py-relay, all three, CPU per message (us)", []).append(
-                sum(relay_cpu.values())
-            )
-            rows.setdefault("latency p50 (ms)", []).append(peers.percentile(lat, 0.5))
-            rows.setdefault("latency p99 (ms)", []).append(peers.percentile(lat, 0.99))
-            rows.setdefault("tcp echo p50 (ms)", []).append(peers.percentile(echo_ms, 0.5))
-            for k, (u, s) in per.items():
-                rows.setdefault(f"{k} CPU per message (us)", []).append(u + s)
-            rows.setdefault("all three, CPU per message (us)", []).append(
-                sum(u + s for u, s in per.values())
-            )
+            if rnd:
+                rows.setdefault("py-relay latency p50 (ms)", []).append(
+                    peers.percentile(relay_ms, 0.5)
+                )
+                rows.setdefault("py-relay latency p99 (ms)", []).append(
+                    peers.percentile(relay_ms, 0.99)
+                )
+                rows.setdefault("py-relay, all three, CPU per message (us)", []).append(
+                    sum(relay_cpu.values())
+                )
+                rows.setdefault("tcp echo p50 (ms)", []).append(peers.percentile(echo_ms, 0.5))
+            order = list(topics) if rnd % 2 else list(reversed(topics))
+            for mode in order:
+                pids = {
+                    "broker": broker_pid,
+                    "producer": os.getpid(),
+                    "consumer": consumer_pids[mode],
+                }
+                profile = args.profile and rnd == args.rounds
+                got = _phase(
+                    args, producer, consumers[mode], topics[mode], body, pids, mine, profile
+                )
+                print(f"  {mode:<6}: {got.pop('line')}", flush=True)
+                if rnd:
+                    for name, value in got.items():
+                        rows.setdefault(f"{mode}: {name}", []).append(value)
         producer.close()
     finally:
-        if consumer is not None:
+        for consumer in consumers.values():
             ray.get(consumer.close.remote())
             ray.kill(consumer)
         echo.stop()
@@ -220,18 +219,83 @@ def main() -> int:
         shutil.rmtree(root, ignore_errors=True)
     print(f"\nmedians of {args.rounds} rounds at {args.rate} msg/s")
     for name, values in rows.items():
-        print(f"  {name:<40}{statistics.median(values):>10.2f}")
-    latency = statistics.median(rows["latency p50 (ms)"])
-    floor = statistics.median(rows["tcp echo p50 (ms)"])
-    busy = statistics.median(rows["all three, CPU per message (us)"]) * args.rate / 1e6
-    print(f"  latency p50 / tcp echo p50: {latency / floor:.1f}x")
-    relay_p50 = statistics.median(rows["py-relay latency p50 (ms)"])
-    relay_cpu = statistics.median(rows["py-relay, all three, CPU per message (us)"])
-    cpu = statistics.median(rows["all three, CPU per message (us)"])
-    print(f"  latency p50 / py-relay p50: {latency / relay_p50:.1f}x")
-    print(f"  CPU per message / py-relay's: {cpu / relay_cpu:.1f}x")
-    print(f"  cores kept busy by the three processes: {busy:.2f} of {os.cpu_count()}")
+        print(f"  {name:<48}{statistics.median(values):>10.2f}")
+
+    def med(name: str) -> float:
+        return statistics.median(rows[name])
+
+    floor = med("tcp echo p50 (ms)")
+    relay_p50 = med("py-relay latency p50 (ms)")
+    relay_cpu = med("py-relay, all three, CPU per message (us)")
+    for mode in topics:
+        latency = med(f"{mode}: latency p50 (ms)")
+        cpu = med(f"{mode}: all three, CPU per message (us)")
+        busy = cpu * args.rate / 1e6
+        print(
+            f"  {mode}: latency p50 / tcp echo p50 {latency / floor:.1f}x, / py-relay p50"
+            f" {latency / relay_p50:.1f}x; CPU per message / py-relay's {cpu / relay_cpu:.1f}x;"
+            f" cores kept busy by the three processes {busy:.2f} of {os.cpu_count()}"
+        )
+    for name in (
+        "latency p50 (ms)",
+        "latency p99 (ms)",
+        "consumer CPU per message (us)",
+        "broker CPU per message (us)",
+        "all three, CPU per message (us)",
+    ):
+        print(f"  stream / pull, {name}: {med(f'stream: {name}') / med(f'pull: {name}'):.2f}")
     return 0
+
+
+def _phase(
+    args: argparse.Namespace,
+    producer: Any,
+    consumer: Any,
+    topic: str,
+    body: bytes,
+    pids: dict[str, int],
+    mine: GcTimer,
+    profile: str,
+) -> dict[str, Any]:
+    """One consumer's latency phase: its figures, and the line that prints them."""
+    ray.get(consumer.gc_pauses.remote())
+    mine.take()
+    spies = _spy(pids, args, profile) if profile else []
+    before = {k: cpu_s(p) for k, p in pids.items()}
+    sends = peers.Settled()
+    peers.paced(
+        args.rate,
+        args.seconds,
+        lambda i, out=sends: out.track(producer.send_async(Message(topic, peers.stamp(body)))),
+    )
+    sends.wait()
+    if sends.errors:
+        raise sends.errors[0]
+    n = sends.sent
+    lat: list[float] = ray.get(consumer.take_when.remote(n, 30.0))
+    after = {k: cpu_s(p) for k, p in pids.items()}
+    for spy in spies:
+        spy.wait()
+    per = {k: tuple(1e6 * (a - b) / n for a, b in zip(after[k], before[k])) for k in pids}
+    full_p, long_p = mine.take()
+    full_c, long_c = ray.get(consumer.gc_pauses.remote())
+    got: dict[str, Any] = {
+        "line": (
+            f"latency p50 {peers.percentile(lat, 0.5):.2f} ms p99"
+            f" {peers.percentile(lat, 0.99):.2f} ms p99.9 {peers.percentile(lat, 0.999):.2f} ms;"
+            " CPU us/msg user+sys: "
+            + ", ".join(f"{k} {u:.0f}+{s:.0f}" for k, (u, s) in per.items())
+            + f"; full GCs: producer {full_p} (longest {long_p:.1f} ms),"
+            f" consumer {full_c} (longest {long_c:.1f} ms)"
+        ),
+        "latency p50 (ms)": peers.percentile(lat, 0.5),
+        "latency p99 (ms)": peers.percentile(lat, 0.99),
+        "latency p99.9 (ms)": peers.percentile(lat, 0.999),
+    }
+    for k, (u, s) in per.items():
+        got[f"{k} CPU per message (us)"] = u + s
+    got["all three, CPU per message (us)"] = sum(u + s for u, s in per.values())
+    return got
 
 
 if __name__ == "__main__":
