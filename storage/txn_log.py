@@ -9,7 +9,8 @@ before :meth:`TransactionLog.append` returns (when asked to sync), replayed at s
 Records (``op``):
 
 * ``epoch``: a ``transactional_id`` now belongs to ``(producer id, epoch)``: a new
-  producer instance took it over (the fence);
+  producer instance took it over (the fence); ``instance`` names that instance (the
+  token it asks with), so that its repeated asks answer the epoch it was given;
 * ``begin``: transaction ``txn`` of ``(tid, epoch)`` has half messages on ``brokers``
   (written before the producer sends there, so a transaction with half messages is
   always known; later ``begin`` records of the same ``txn`` add brokers);
@@ -22,7 +23,7 @@ Records (``op``):
 
 A torn last line (a crash during a write) is dropped at replay: its record was never
 acknowledged. :meth:`compact` rewrites the file with only what is still needed (the
-epochs, open and undecided-applied transactions, and done ones younger than
+epochs and the last :data:`KEEP_INSTANCES` instances of each id, open and undecided-applied transactions, and done ones younger than
 ``keep_done_ms``, so a late question about them is still answered right), atomically.
 """
 
@@ -39,6 +40,10 @@ from typing import Any
 from .errors import InvalidConfigError, StoreCorruptedError
 
 log = logging.getLogger("raymq.storage.txn_log")
+
+KEEP_INSTANCES = 16
+"""Instances of a ``transactional_id`` remembered with their epochs (the latest ones):
+an older instance's repeated ask is still known as fenced, not taken for a new one."""
 
 OPEN = "open"
 COMMIT = "commit"
@@ -69,6 +74,7 @@ class TxnRecord:
 class ProducerEpoch:
     producer_id: str
     epoch: int
+    instance: str = ""  # the instance that holds ``epoch`` ("" where not named)
 
 
 class TransactionLog:
@@ -85,6 +91,9 @@ class TransactionLog:
         self.path = self.dir / self.FILE
         self._clock = clock
         self.producers: dict[str, ProducerEpoch] = {}
+        # transactional id -> instance token -> the epoch that instance was given (the
+        # last KEEP_INSTANCES of each id, oldest first)
+        self.instances: dict[str, dict[str, int]] = {}
         self.txns: dict[str, TxnRecord] = {}
         # decided and not done yet, in the order they were decided: what the coordinator
         # still has to apply (kept here so its rounds need not walk every transaction)
@@ -130,7 +139,13 @@ class TransactionLog:
     def _apply(self, r: dict[str, Any]) -> None:
         op = r["op"]
         if op == "epoch":
-            self.producers[r["tid"]] = ProducerEpoch(str(r["pid"]), int(r["epoch"]))
+            tid, epoch, instance = r["tid"], int(r["epoch"]), str(r.get("instance", ""))
+            self.producers[tid] = ProducerEpoch(str(r["pid"]), epoch, instance)
+            if instance:
+                known = self.instances.setdefault(tid, {})
+                known[instance] = epoch
+                while len(known) > KEEP_INSTANCES:
+                    del known[next(iter(known))]
         elif op == "begin":
             txn = self.txns.get(r["txn"])
             if txn is None:
@@ -174,8 +189,17 @@ class TransactionLog:
             os.fsync(self._file.fileno())
         self.records += 1
 
-    def set_epoch(self, tid: str, producer_id: str, epoch: int) -> None:
-        self.append({"op": "epoch", "tid": tid, "pid": producer_id, "epoch": epoch})
+    def set_epoch(self, tid: str, producer_id: str, epoch: int, instance: str = "") -> None:
+        """``tid`` now belongs to ``epoch`` (of ``instance``, when named)."""
+        record: dict[str, Any] = {"op": "epoch", "tid": tid, "pid": producer_id, "epoch": epoch}
+        if instance:
+            record["instance"] = instance
+        self.append(record)
+
+    def epoch_of_instance(self, tid: str, instance: str) -> int | None:
+        """The epoch ``instance`` of ``tid`` was given; None when it was given none (or
+        is older than the last :data:`KEEP_INSTANCES`)."""
+        return self.instances.get(tid, {}).get(instance)
 
     def begin(self, txn: TxnRecord | tuple[str, str, int], brokers: set[str]) -> TxnRecord:
         if isinstance(txn, TxnRecord):
@@ -234,10 +258,18 @@ class TransactionLog:
         ]
         for txn_id in forget:
             del self.txns[txn_id]
-        lines = [
-            {"op": "epoch", "tid": tid, "pid": p.producer_id, "epoch": p.epoch, "at": now}
-            for tid, p in self.producers.items()
-        ]
+        lines: list[dict[str, Any]] = []
+        for tid, p in self.producers.items():
+            # the earlier instances first, the current one last: what replay rebuilds
+            earlier = self.instances.get(tid, {})
+            for instance, epoch in earlier.items():
+                if instance != p.instance:
+                    lines.append(
+                        {"op": "epoch", "tid": tid, "pid": p.producer_id, "epoch": epoch}
+                        | {"instance": instance, "at": now}
+                    )
+            current = {"op": "epoch", "tid": tid, "pid": p.producer_id, "epoch": p.epoch}
+            lines.append(current | ({"instance": p.instance} if p.instance else {}) | {"at": now})
         for t in self.txns.values():
             lines.append(
                 {

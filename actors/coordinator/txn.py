@@ -6,10 +6,13 @@ One detached actor per cluster (``txn-coordinator`` in the cluster's namespace, 
 head node, restarted by Ray), its state in a :class:`~storage.txn_log.TransactionLog`
 on that node. What it does:
 
-* **Producers.** :meth:`init_producer` gives a ``transactional_id`` its next epoch
-  (logged, fsynced) and raises every master's fence (``Broker.fence_transactional``):
-  the old instance's half messages are refused there from then on, and those it left
-  pending are rolled back; its commits here are refused too (ProducerFencedError).
+* **Producers.** :meth:`init_producer` gives a new instance of a ``transactional_id``
+  its next epoch (logged, fsynced, with the instance's token) and raises every master's
+  fence (``Broker.fence_transactional``): the old instance's half messages are refused
+  there from then on, and those it left pending are rolled back; its commits here are
+  refused too (ProducerFencedError). The same instance asking again (a retried call,
+  one that ran late: Ray runs an async actor's calls in any order) is answered the
+  epoch it was given, never the next one: an instance is fenced only by another.
 * **Participants.** Not named ahead: a producer's half messages are durable on their
   brokers once its sends are answered (that is the *prepare* of this two-phase commit),
   and the decision names where they are. A transaction this coordinator has not
@@ -36,6 +39,7 @@ import logging
 import os
 import ssl
 import time
+import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -235,28 +239,52 @@ class TransactionCoordinator(DecisionApplier):
         if epoch > current.epoch:
             raise InvalidMessageError(f"transactional id {tid!r}: epoch {epoch} was never given")
 
-    async def init_producer(self, transactional_id: str) -> tuple[str, int]:
-        """``transactional_id``'s producer id and next epoch. Earlier epochs are fenced
-        from now on: here, and at every master broker, which also rolls back their half
-        messages still pending (what the previous instance left open)."""
+    async def init_producer(
+        self, transactional_id: str, instance: str | None = None
+    ) -> tuple[str, int]:
+        """``transactional_id``'s producer id and the epoch of ``instance`` (the token a
+        producer instance asks with every time; None: a new instance at each call).
+
+        A new instance is given the next epoch (logged, fsynced, with its token): earlier
+        epochs are fenced from now on, here and at every master broker, which also rolls
+        back their half messages still pending (what the previous instance left open).
+        An instance that asks again is answered the epoch it was given, and what a
+        failed ask left undone (a broker down) is done again; one whose epoch a later
+        instance took over is refused (ProducerFencedError)."""
         tid = checks.check_str("transactional_id", transactional_id)
+        token = uuid.uuid4().hex if instance is None else checks.check_str("instance", instance)
         async with self._lock:
-            prev = self.log.producers.get(tid)
-            pid = prev.producer_id if prev else f"{tid}@{time.time_ns() // 1000}"
-            epoch = prev.epoch + 1 if prev else 0
-            await self._io_call(self.log.set_epoch, tid, pid, epoch)
+            current = self.log.producers.get(tid)
+            given = self.log.epoch_of_instance(tid, token)
+            if current is not None and given is not None:
+                if given < current.epoch:
+                    self.stats["fenced"] += 1
+                    raise ProducerFencedError(
+                        f"transactional id {tid!r}: instance {token} was given epoch {given}, "
+                        f"fenced by epoch {current.epoch}"
+                    )
+                pid, epoch = current.producer_id, given  # asked again: its own epoch
+                self.stats["init_repeated"] += 1
+            else:
+                pid = current.producer_id if current else f"{tid}@{time.time_ns() // 1000}"
+                epoch = current.epoch + 1 if current else 0
+                await self._io_call(self.log.set_epoch, tid, pid, epoch, token)
+                if self._fault == "crash_after_epoch":
+                    log.warning("fault: exiting after logging epoch %d of %s", epoch, tid)
+                    os._exit(1)
         # what the predecessor decided is applied before the new instance reads offsets:
         # a consume-transform-produce loop must not start from offsets a commit has
         # yet to move (Kafka's consumers wait for pending transactional offsets alike).
         # And before the fence: raising it rolls back every half message of an earlier
-        # epoch still pending, which would drop a commit decided but not yet applied
+        # epoch still pending, which would drop a commit decided but not yet applied.
+        # Both steps are done again when the instance asks again (they may have failed)
         for t in [t for t in self.log.txns.values() if t.tid == tid and not t.done]:
-            if not await self._apply(t):
+            if t.epoch < epoch and not await self._apply(t):
                 raise BrokerUnavailableError(
                     f"transaction {t.txn_id} of {tid!r} is {_DECIDED[t.state]} but not applied yet "
                     "(a broker is down): try again"
                 )
-        if prev is not None:
+        if epoch > 0:  # an earlier epoch exists: fence it
             await self._fence_brokers(tid, epoch)
         return pid, epoch
 
@@ -420,8 +448,9 @@ class TransactionCoordinator(DecisionApplier):
     # ------------------------------------------------------------ admin
     async def inject_fault(self, kind: str | None) -> None:
         """Test hook: ``crash_after_decision`` exits the process right after the next
-        decision is logged, before any broker hears of it."""
-        if kind not in (None, "crash_after_decision"):
+        decision is logged, before any broker hears of it; ``crash_after_epoch`` right
+        after the next new instance's epoch is logged, before its answer and its fence."""
+        if kind not in (None, "crash_after_decision", "crash_after_epoch"):
             raise InvalidMessageError(f"fault kind={kind!r}: unknown")
         self._fault = kind
 
