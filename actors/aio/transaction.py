@@ -42,6 +42,7 @@ import itertools
 import logging
 import sys
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -271,6 +272,9 @@ class AsyncTransactionalProducer(AsyncProducer):
         self.coordinator: Any = None
         self.producer_id: str | None = None
         self.epoch = -1
+        # every try of init_producer carries this token: a try the coordinator runs late
+        # is answered this instance's epoch instead of taking the next and fencing it
+        self.instance_token = uuid.uuid4().hex
         self._apply_wait_s = APPLY_WAIT_S
         self._counter = itertools.count()
         self._current: AsyncTransaction | None = None
@@ -303,7 +307,9 @@ class AsyncTransactionalProducer(AsyncProducer):
                 nameservers=self.ns.nameservers,
                 **self._coordinator_options,  # type: ignore[arg-type]
             )
-            self.producer_id, self.epoch = await self._call("init_producer", self.transactional_id)
+            self.producer_id, self.epoch = await self._call(
+                "init_producer", self.transactional_id, self.instance_token
+            )
             # a coordinator older than its settings keeps the default
             with contextlib.suppress(AttributeError):
                 self._apply_wait_s = float((await self._call("settings"))["apply_wait_s"])

@@ -459,7 +459,13 @@ class TransactionalProducer(Producer):
             TXN_COORDINATOR_NAME, self.coordinator, requests=COORDINATOR_REQUESTS
         )
         self._apply_wait_s = APPLY_WAIT_S
-        self.producer_id, self.epoch = self._call("init_producer", self.transactional_id)
+        # this instance's token: every try of init_producer carries it, so one that the
+        # coordinator runs late (Ray keeps no order of an async actor's calls) is
+        # answered this instance's epoch instead of taking the next and fencing it
+        self.instance_token = uuid.uuid4().hex
+        self.producer_id, self.epoch = self._call(
+            "init_producer", self.transactional_id, self.instance_token
+        )
         # the coordinator this call found may have been made with another wait (one
         # older than its settings keeps the default)
         with contextlib.suppress(AttributeError):
