@@ -1,7 +1,8 @@
 """PushConsumers with ``delivery="stream"`` on a real 2-broker cluster: each queue's
 messages reach the listeners in order, none lost and none twice, while a second
 consumer joins (a rebalance) and while a broker restarts; a slow listener's stream
-stops at its credit and resumes."""
+stops at its credit and resumes; tags are filtered and a failed message comes back
+through the group's retry topic, as with pulls."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ WAIT_S = 60.0
 
 @pytest.fixture(scope="module")
 def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[actors.Cluster]:
-    c = start_push_cluster("stream", str(tmp_path_factory.mktemp("stream")))
+    c = start_push_cluster(
+        "stream", str(tmp_path_factory.mktemp("stream")), message_delay_level="100ms 200ms"
+    )
     yield c
     c.shutdown()
 
@@ -164,3 +167,38 @@ def test_a_slow_listener_s_stream_stops_at_its_credit_and_resumes(
         consumer.shutdown()
     assert sorted(seen.bodies) == [b"%04d" % i for i in range(n)]
     assert consumer.status()["credits"] > 0
+
+
+def test_a_stream_filters_tags_and_redelivers_through_the_retry_topic(
+    cluster: actors.Cluster,
+) -> None:
+    topic, group = "StreamTags", "g-stream-tags"
+    cluster.admin.create_topic(topic, 1, 1)
+    lock = threading.Lock()
+    got: list[tuple[bytes, str | None, int]] = []
+
+    def listener(messages: list[Any]) -> ConsumeStatus:
+        with lock:
+            got.extend((m.body, m.tags, m.reconsume_times) for m in messages)
+        if any(m.body == b"a3" and not m.reconsume_times for m in messages):
+            return ConsumeStatus.RECONSUME_LATER
+        return ConsumeStatus.SUCCESS
+
+    consumer = PushConsumer(
+        group,
+        topic,
+        "TagA",
+        listener=listener,
+        namespace=cluster.namespace,
+        **{**PUSH_FAST, "delivery": "stream", "consume_from": "FIRST"},
+    ).start()
+    try:
+        producer = cluster.producer("p-stream-tags")
+        for i in range(6):
+            producer.send(Message(topic, b"a%d" % i, tags="TagA"))
+            producer.send(Message(topic, b"b%d" % i, tags="TagB"))
+        producer.close()
+        wait_until(lambda: len(got) >= 7, timeout_s=WAIT_S, what="6 TagA and a retry")
+    finally:
+        consumer.shutdown()
+    assert sorted(got) == sorted([(b"a%d" % i, "TagA", 0) for i in range(6)] + [(b"a3", "TagA", 1)])
