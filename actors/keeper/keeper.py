@@ -21,7 +21,11 @@ master/slave group's master is dead with its node (Ray's verdict, so its lease h
 long fenced it) and the NameServers have dropped it, the keeper promotes a slave with
 the safety checks :meth:`actors.client.admin.Admin.promote` makes (the slave holding
 the most; refused for a slave behind what a SYNC_MASTER acknowledged, or while a slave
-does not answer). DLedger groups elect their own leader and are not touched.
+does not answer). It also waits while a slave of the group's config is not registered:
+after the whole group went down, a slave that came back first may lack what its master
+acknowledged with another slave's copy, and promoting it would have the others cut that
+off when they return. A refusal is logged once and kept in :meth:`BrokerKeeper.status`
+(``refused``). DLedger groups elect their own leader and are not touched.
 """
 
 from __future__ import annotations
@@ -175,6 +179,7 @@ class BrokerKeeper:
             if kept.config.broker_id == MASTER_ID and not kept.config.enable_dledger
         ]
         if not any(m.node_id not in alive for m in masters):
+            self._refused.clear()  # every master is up: nothing is waiting
             return
         if self._admin is None:
             self._admin = Admin(self.namespace, list(masters[0].config.nameservers))
@@ -182,11 +187,26 @@ class BrokerKeeper:
         for master in masters:
             group = master.config.broker_name
             if master.node_id in alive or master.config.actor_name in self._starting:
+                self._refused.pop(group, None)
                 continue
             members = info["brokers"].get(group, {}).get("members", {})
             if not members or MASTER_ID in members:
                 continue  # no slave left, or a master registered (promoted already)
+            registered = {m["actor_name"] for m in members.values()}
+            away = sorted(
+                kept.config.actor_name
+                for kept in self.brokers.values()
+                if kept.config.broker_name == group
+                and kept is not master
+                and kept.config.actor_name not in registered
+            )
             try:
+                if away:
+                    raise PromotionRefusedError(
+                        f"slave(s) {', '.join(away)} of {group} are not registered: one of "
+                        "them may hold messages the master acknowledged that the others "
+                        "lack; promoting when every slave is back (or by hand)"
+                    )
                 result = self._admin.promote(group)
             except (PromotionRefusedError, RayMQError) as exc:
                 why = f"{type(exc).__name__}: {exc}"
@@ -215,6 +235,7 @@ class BrokerKeeper:
                 for name, kept in self.brokers.items()
             },
             "promotions": list(self.promotions),
+            "refused": dict(self._refused),
         }
 
     async def shutdown(self) -> None:

@@ -10,8 +10,11 @@ point before it replicates (a deposed master drops the tail nobody
 acknowledged), the way Kafka's leader epochs and RocketMQ 5's controller do.
 
 The file also keeps the role a broker took at runtime (a promoted slave stays
-master, a deposed master stays slave, across restarts) and the highest epoch
-it has heard of, so a promotion always starts a newer epoch.
+master, a deposed master stays slave, across restarts), the highest epoch
+it has heard of, so a promotion always starts a newer epoch, and, on a slave, the
+highest offset its master said a SYNC_MASTER acknowledged (``confirmed``, with the
+master's epoch then): after the whole group went down, a slave restarted behind
+that offset still knows it, and refuses a promotion that would lose it.
 """
 
 from __future__ import annotations
@@ -64,6 +67,11 @@ class HAState:
         self.role: str | None = data.get("role")
         self.epochs: Epochs = [(int(e), int(s)) for e, s in data.get("epochs", [])]
         self.max_epoch: int = int(data.get("maxEpoch", self.epochs[-1][0] if self.epochs else 0))
+        confirmed = data.get("confirmed") or (0, 0)
+        self.confirmed_epoch, self.confirmed = int(confirmed[0]), int(confirmed[1])
+        """The highest acknowledged SYNC_MASTER offset a master told this slave of, and
+        that master's epoch (saved by :meth:`save`, which the slave calls at most about
+        once a second: see ``HAClient``)."""
 
     def save(self) -> None:
         self._file.save(
@@ -71,6 +79,7 @@ class HAState:
                 "role": self.role,
                 "epochs": [list(e) for e in self.epochs],
                 "maxEpoch": self.max_epoch,
+                "confirmed": [self.confirmed_epoch, self.confirmed],
             }
         )
 
@@ -103,10 +112,12 @@ class HAState:
             self.save()
 
     def truncated(self, end: int) -> None:
-        """The log was cut back to ``end``: forget epochs that began after it."""
+        """The log was cut back to ``end``: forget epochs that began after it, and a
+        confirmed offset past it (the master that cut it never had those bytes)."""
         kept = [(e, s) for e, s in self.epochs if s <= end]
-        if kept != self.epochs:
+        if kept != self.epochs or self.confirmed > end:
             self.epochs = kept
+            self.confirmed = min(self.confirmed, end)
             self.save()
 
     def set_role(self, role: str) -> None:

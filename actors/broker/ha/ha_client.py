@@ -8,6 +8,11 @@ the same offsets and dispatches them itself, so its ConsumeQueues and index
 are its own. When the master says the slave's tail diverges (a deposed master
 rejoining), the slave cuts its CommitLog back first.
 
+The offset the master says a SYNC_MASTER acknowledged (``confirmed``) is kept in the
+slave's ``haState.json`` too, saved within ``CONFIRMED_SAVE_S`` of each rise, so a slave
+restarted behind it (its unflushed tail lost, or the whole group down) still refuses a
+promotion that would lose it.
+
 Invariant: the slave's CommitLog is always a prefix of its master's, up to the
 consistent point of their epochs (``actors.broker.ha.epochs``).
 """
@@ -45,6 +50,8 @@ log = logging.getLogger("raymq.actors.ha")
 
 MAX_BACKOFF_S = 0.2
 """Between looks for a master while there is none: a promoted slave is found this fast."""
+CONFIRMED_SAVE_S = 1.0
+"""A slave saves a risen confirmed offset at most this often (each save is two fsyncs)."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +76,9 @@ class HAClient:
         self.store = repl.store
         self.connected = False
         self.last_contact = 0.0
-        self.confirmed = 0
+        self.confirmed = repl.state.confirmed  # as saved before a restart
+        self.confirmed_saved = repl.state.confirmed
+        self._saving: asyncio.Task[None] | None = None
         self.master_end = 0
         self.master: str | None = None
         self.rounds = 0  # answers applied
@@ -158,7 +167,10 @@ class HAClient:
         self.master = reply.master
         self.last_contact = asyncio.get_running_loop().time()
         self.master_end = reply.master_end
-        self.confirmed = max(self.confirmed, reply.confirmed)
+        if reply.confirmed > self.confirmed:
+            self.confirmed = reply.confirmed
+            if self._saving is None or self._saving.done():
+                self._saving = asyncio.get_running_loop().create_task(self._save_confirmed())
         if reply.truncate_to is not None:
             log.warning(
                 "%s: cutting the commitlog from %d back to %d, where it diverges from %s",
@@ -169,6 +181,8 @@ class HAClient:
             )
             await run(store.truncate_commitlog, reply.truncate_to)
             self.repl.state.truncated(reply.truncate_to)
+            self.confirmed = min(self.confirmed, reply.truncate_to)
+            self.confirmed_saved = min(self.confirmed_saved, reply.truncate_to)
             return
         if reply.offset != store.commitlog.max_offset:
             return  # an answer to a request from before a truncation
@@ -179,3 +193,15 @@ class HAClient:
         self.rounds += 1
         self.received += offset - reply.offset
         self.repl.state.adopt(reply.epochs, offset)
+
+    async def _save_confirmed(self) -> None:
+        """Save the confirmed offset in ``haState.json``, then again while it rose
+        meanwhile, at most once per ``CONFIRMED_SAVE_S``."""
+        state = self.repl.state
+        while self.confirmed > self.confirmed_saved:
+            value, epoch = self.confirmed, state.epoch
+            if value > state.confirmed:
+                state.confirmed, state.confirmed_epoch = value, epoch
+                await self.broker.run(state.save)
+            self.confirmed_saved = value
+            await asyncio.sleep(CONFIRMED_SAVE_S)

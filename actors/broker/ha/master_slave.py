@@ -203,7 +203,9 @@ class MasterSlaveReplication(Replication):
         name = self.config.actor_name
         my_end = self.store.commitlog.max_offset
         best: tuple[int, str, Any] | None = None
-        for bid, actor_name in (await self._group_members()).items():
+        members = await self._group_members()
+        newer = 0  # the newest epoch a member's log holds, when newer than this master's
+        for bid, actor_name in members.items():
             if actor_name == name or bid == MASTER_ID:
                 continue
             try:
@@ -212,6 +214,8 @@ class MasterSlaveReplication(Replication):
             except Exception:  # noqa: BLE001 - that slave is gone: HAService fences it later
                 continue
             newest = epochs[-1][0] if epochs else 0
+            if newest > self.state.epoch:
+                newer = max(newer, newest)
             if (
                 end > my_end
                 and newest == self.state.epoch
@@ -219,6 +223,12 @@ class MasterSlaveReplication(Replication):
                 and (best is None or end > best[0])
             ):
                 best = (end, actor_name, handle)
+        if newer:
+            # a slave follows a master of a newer epoch: this one was replaced while it was
+            # down, whether or not a NameServer still knows it (one restarted forgets)
+            master = members.get(MASTER_ID)
+            await self._demote(master if master != name else None, newer)
+            return
         if best is None:
             return
         end, slave, handle = best
@@ -457,11 +467,18 @@ class MasterSlaveReplication(Replication):
                 f"broker {name} still replicates from master {client.master}: a live master "
                 "is not replaced (force=True overrides)"
             )
+        master = (await self._group_members()).get(MASTER_ID)
+        if master is not None and master != name and not force:
+            raise PromotionRefusedError(
+                f"broker {name}: {master} is registered as master of "
+                f"{self.config.broker_name} (it came back meanwhile): a live master is not "
+                "replaced (force=True overrides)"
+            )
         steps = _StepTimer()
         await self.broker.run(self.store.dispatch_replicated)  # what arrived is whole records
         steps.mark("dispatch")
         end = self.store.dispatched_offset  # the last whole record
-        needed = max(min_offset, client.confirmed if client is not None else 0)
+        needed = max(min_offset, self.state.confirmed, client.confirmed if client else 0)
         if end < needed:
             raise PromotionRefusedError(
                 f"broker {name} holds the commitlog up to offset {end}, behind the last "
@@ -503,8 +520,23 @@ class MasterSlaveReplication(Replication):
         steps.mark("gather_slave_offsets")
         await self.broker.register_all()
         steps.mark("register")
+        await self._depose_old_master()
         steps.report(f"{name} promotion")
         return {"broker": name, "role": new_role, "epoch": epoch, "commitlog_offset": end}
+
+    async def _depose_old_master(self) -> None:
+        """A master configured as id 0 that restarted and registered in its old epoch
+        while this slave was being promoted takes writes until its next registration is
+        refused: have it register now, so it learns of the new epoch and becomes a slave
+        at once (best effort: a master that is down learns it when it registers)."""
+        old = broker_actor_name(self.config.broker_name, MASTER_ID)
+        if old == self.config.actor_name:
+            return
+        try:
+            handle = await self.broker.run(self._get_actor, old)
+            await asyncio.wait_for(handle.register_all.remote(), GATHER_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - down: the NameServers refuse it later
+            log.debug("%s: asking %s to register: %s", self.config.actor_name, old, exc)
 
     async def _demote(self, master: str | None, epoch: int) -> None:
         """The NameServers know a newer master: become its slave."""
@@ -544,7 +576,8 @@ class MasterSlaveReplication(Replication):
             c = self.client
             out["master"] = c.master if c is not None else self._master_name
             out["ha_connected"] = bool(c and c.connected)
-            out["ha_confirmed_offset"] = c.confirmed if c is not None else 0
+            out["ha_confirmed_offset"] = c.confirmed if c is not None else self.state.confirmed
+            out["ha_confirmed_saved"] = self.state.confirmed
             out["ha_master_offset"] = c.master_end if c is not None else 0
             out["ha_rounds"] = c.rounds if c is not None else 0
             out["ha_received_bytes"] = c.received if c is not None else 0

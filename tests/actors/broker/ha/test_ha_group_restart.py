@@ -1,0 +1,156 @@
+"""A whole SYNC_MASTER group goes down and comes back in an order that favours a slave
+behind what the master acknowledged.
+
+A slave was stopped while the other one acknowledged the master's writes; then master
+and slave went down too. The slave that comes back first lacks the acknowledged tail:
+promoted, it would start a new epoch at its end, and the master and the other slave,
+returning, would cut the acknowledged messages off to follow it. The keeper's automatic
+promotion waits until every slave of the group is registered again, and a slave keeps
+the offset its master said was acknowledged across a restart, so it refuses a promotion
+that would lose it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+from raymq_ha_testkit import (
+    broker_config,
+    commitlog_bytes,
+    kill,
+    members,
+    read_all,
+    start_broker,
+    status_of,
+)
+from raymq_testkit import SMALL_STORE, wait_until
+from store_faults import cut_commitlog
+
+import actors
+from actors import BrokerSpec, SendStatus
+from actors.client.admin import Admin
+from actors.keeper import BrokerKeeper, KeptBroker
+from actors.protocol.errors import PromotionRefusedError
+from storage import Message
+
+OPTIONS = {
+    "broker_role": "SYNC_MASTER",
+    "slave_sync_interval_s": 0.2,
+    "ha_slave_timeout_s": 1.5,
+    "store": {**SMALL_STORE, "flush_interval_commitlog_ms": 600_000},
+}
+TOPIC = "GroupRestart"
+GONE_NODE = "f" * 56  # a node id Ray never gave: the node the keeper saw die
+
+
+def send(cluster: actors.Cluster, prefix: bytes, count: int) -> list[Any]:
+    producer = cluster.producer(f"p-{prefix.decode()}", max_batch_messages=20)
+    out = []
+    for i in range(0, count, 20):
+        out += producer.send_batch([Message(TOPIC, prefix + b"-%04d" % (i + j)) for j in range(20)])
+    return out
+
+
+def test_the_keeper_does_not_promote_a_slave_behind_while_the_other_is_away(
+    make_cluster: Any, tmp_path: Path
+) -> None:
+    root = str(tmp_path / "group-restart")
+    cluster = make_cluster(
+        nameservers=1,
+        brokers=[BrokerSpec("broker-a", i) for i in range(3)],
+        topics=[actors.TopicConfig(TOPIC, 2, 2)],
+        store_root=root,
+        broker_options=OPTIONS,
+    )
+    master = cluster.broker("broker-a", 0)
+    ahead, behind = cluster.broker("broker-a", 1), cluster.broker("broker-a", 2)
+    acked = send(cluster, b"first", 60)
+    m_end = status_of(master)["commitlog_max_offset"]
+    wait_until(lambda: status_of(behind)["commitlog_max_offset"] == m_end, what="caught up")
+    kill(behind)
+    acked += send(cluster, b"second", 60)  # acknowledged with the other slave's copy
+    assert {r.status for r in acked} == {SendStatus.SEND_OK}
+    kill(master)
+    kill(ahead)
+
+    configs = [broker_config(cluster, root, "broker-a", i, **OPTIONS) for i in range(3)]
+    here = ray.get_runtime_context().get_node_id()
+    behind = start_broker(configs[2])
+    wait_until(lambda: 2 in members(cluster, "broker-a"), what="the slave behind registered")
+    keeper = BrokerKeeper(
+        cluster.namespace,
+        [
+            KeptBroker(configs[0], None, GONE_NODE),  # its node is dead: an orphan group
+            KeptBroker(configs[1], None, GONE_NODE),
+            KeptBroker(configs[2], None, here),
+        ],
+        auto_promote=True,
+    )
+    keeper.tend()
+    assert keeper.promotions == []
+    assert status_of(behind)["role"] == "SLAVE"
+    assert "broker-a-1" in asyncio.run(keeper.status())["refused"]["broker-a"]
+
+    ahead = start_broker(configs[1])
+    wait_until(lambda: 1 in members(cluster, "broker-a"), what="the slave ahead registered")
+    keeper.tend()  # every slave answers now: the one holding the most is promoted
+    assert [p["broker"] for p in keeper.promotions] == ["broker-a-1"]
+    master = start_broker(configs[0])  # deposed: it follows the promoted slave
+    wait_until(lambda: status_of(master).get("role") == "SLAVE", what="old master demoted")
+
+    after = send(cluster, b"after", 20)
+    assert {r.status for r in after} == {SendStatus.SEND_OK}
+    bodies = read_all(cluster.pull_consumer("g-group-restart"), TOPIC)
+    expected = [b"first-%04d" % i for i in range(60)] + [b"second-%04d" % i for i in range(60)]
+    assert sorted(bodies) == sorted(expected + [b"after-%04d" % i for i in range(20)])
+    new_end = status_of(ahead)["commitlog_max_offset"]
+    for member in (master, behind):
+        wait_until(
+            lambda member=member: status_of(member)["commitlog_max_offset"] == new_end,
+            what="the others follow the promoted slave",
+        )
+    assert commitlog_bytes(status_of(master)["store_dir"]) == commitlog_bytes(
+        status_of(ahead)["store_dir"]
+    )
+
+
+def test_a_slave_restarted_behind_the_acknowledged_offset_refuses_promotion(
+    make_cluster: Any, tmp_path: Path
+) -> None:
+    """Its unflushed tail lost with its machine's power: the slave still knows, from its
+    ``haState.json``, how far the master acknowledged, and is not promoted below it."""
+    root = str(tmp_path / "slave-power-loss")
+    cluster = make_cluster(
+        nameservers=1,
+        brokers=[BrokerSpec("broker-a", 0), BrokerSpec("broker-a", 1)],
+        topics=[actors.TopicConfig(TOPIC, 2, 2)],
+        store_root=root,
+        broker_options=OPTIONS,
+    )
+    master, slave = cluster.broker("broker-a", 0), cluster.broker("broker-a", 1)
+    acked = send(cluster, b"first", 60)
+    assert {r.status for r in acked} == {SendStatus.SEND_OK}
+    m_end = status_of(master)["commitlog_max_offset"]
+    wait_until(lambda: status_of(slave)["ha_confirmed_saved"] == m_end, what="confirmed saved")
+    store = Path(status_of(slave)["store_dir"])
+    kill(master)
+    kill(slave)
+    cut_commitlog(store, m_end // 2)  # the power loss takes its unflushed tail
+
+    configs = [broker_config(cluster, root, "broker-a", i, **OPTIONS) for i in range(2)]
+    slave = start_broker(configs[1])
+    wait_until(lambda: 1 in members(cluster, "broker-a"), what="slave registered")
+    st = status_of(slave)
+    assert st["commitlog_max_offset"] < m_end == st["ha_confirmed_offset"]
+    with pytest.raises(PromotionRefusedError, match="acknowledged SYNC_MASTER offset"):
+        Admin(cluster.namespace, list(cluster.nameserver_names)).promote("broker-a")
+    assert status_of(slave)["role"] == "SLAVE"
+
+    master = start_broker(configs[0])  # back as master: it holds every acknowledged one
+    wait_until(lambda: status_of(slave)["commitlog_max_offset"] == m_end, what="slave caught up")
+    bodies = read_all(cluster.pull_consumer("g-slave-power-loss"), TOPIC)
+    assert sorted(bodies) == sorted(b"first-%04d" % i for i in range(60))
