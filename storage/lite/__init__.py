@@ -4,13 +4,14 @@ parent topic, kept in the store's one CommitLog with one shared index
 
 from .errors import IllegalLiteTopicError, LiteTopicQuotaExceededError, NotALiteParentError
 from .names import MAX_NAME_LEN, validate_lite_name
-from .store import PROP_LITE_TOPIC, LiteConfig, LitePutResult, LiteStore
+from .store import PROP_LITE_TOPIC, LiteConfig, LiteProposal, LitePutResult, LiteStore
 
 __all__ = [
     "MAX_NAME_LEN",
     "PROP_LITE_TOPIC",
     "IllegalLiteTopicError",
     "LiteConfig",
+    "LiteProposal",
     "LitePutResult",
     "LiteStore",
     "LiteTopicQuotaExceededError",

@@ -102,6 +102,7 @@ class _Parent:
     quota: int
     ttl_ms: int
     count: int = 0  # live lite topics
+    reserved: int = 0  # new lite topics named by proposals not yet indexed
     # The live names kept sorted once a page of them was asked for (None before: a
     # parent never listed pays nothing on its writes).
     sorted_names: SortedList | None = None
@@ -118,6 +119,20 @@ class LitePutResult:
     flushed: bool = True  # False: SYNC_FLUSH timed out (stored, not yet durable)
 
 
+@dataclass
+class LiteProposal:
+    """A lite batch checked and encoded for a group's log (:meth:`LiteStore.prepare`):
+    written to the CommitLog by the group's leader and indexed once committed. It holds
+    a place in its parent's quota for each new lite topic it names until
+    :meth:`LiteStore.settle` or :meth:`LiteStore.release`."""
+
+    parent: str
+    batch: codec.EncodedBatch
+    lites: list[str]
+    reserved: list[str]  # keys of the new lite topics it counts in the quota
+    released: bool = False
+
+
 class LiteStore:
     """The lite topics of one :class:`MessageStore` (``<store>/lite``).
 
@@ -125,9 +140,20 @@ class LiteStore:
     it (or arrive by replication, then :meth:`catch_up` indexes them).
     """
 
-    def __init__(self, store: MessageStore, config: LiteConfig | None = None) -> None:
+    def __init__(
+        self,
+        store: MessageStore,
+        config: LiteConfig | None = None,
+        committed: Callable[[], int] | None = None,
+    ) -> None:
+        """``committed``: in a replicated group whose log may cut off an uncommitted
+        tail (Raft), the CommitLog offset below which every record is committed; only
+        records below it are indexed (:meth:`catch_up`), so a lite read sees only
+        committed messages. None: every record dispatched is indexed."""
         self.store = store
         self.config = config or LiteConfig()
+        self._committed_end = committed
+        self._reserved: dict[str, int] = {}  # key -> proposals naming it, not yet bound
         self.root = Path(store.root) / "lite"
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
@@ -343,6 +369,14 @@ class LiteStore:
         names (:class:`IllegalLiteTopicError`), the parent's quota
         (:class:`LiteTopicQuotaExceededError`), the messages."""
         p = self._parent(parent)
+        batch, lites = self._encode(parent, items)
+        return self._put(p, batch, lites)
+
+    def _encode(
+        self, parent: str, items: Sequence[tuple[str, Message]]
+    ) -> tuple[codec.EncodedBatch, list[str]]:
+        """The batch of records that ``items`` make (each naming its lite topic in its
+        ``__LITE_TOPIC`` property), and the lite topics' names."""
         if not items:
             raise InvalidMessageError("a put of no message")
         lites = [validate_lite_name(lite) for lite, _ in items]
@@ -358,7 +392,94 @@ class LiteStore:
                 Message(parent, m.body, m.tags, m.keys, props, m.queue_id, m.flag, m.delay_level)
             )
         batch = codec.encode_batch(messages, max_message_size=self.store.config.max_message_size)
-        return self._put(p, batch, lites)
+        return batch, lites
+
+    # ------------------------------------------------------------ write through a log
+    def prepare(self, parent: str, items: Sequence[tuple[str, Message]]) -> LiteProposal:
+        """Check and encode a lite batch that a group's log will write (a Raft
+        leader's send): the checks of :meth:`put_batch`, the quota counting the new
+        lite topics of the proposals still in flight. Nothing is written; the caller
+        writes ``batch`` through its log, then calls :meth:`settle` once it is
+        committed, or :meth:`release` if it is not."""
+        p = self._parent(parent)
+        batch, lites = self._encode(parent, items)
+        self._check_kind(batch, lites)
+        keys = [f"{p.pid}\x01{name}" for name in lites]
+        with self._lock:
+            self._check_open()
+            new = [k for k in dict.fromkeys(keys) if k not in self._ids]
+            fresh = sum(1 for k in new if k not in self._reserved)
+            if new and p.count + p.reserved + fresh > p.quota:
+                raise LiteTopicQuotaExceededError(
+                    f"parent {p.name!r} holds {p.count} lite topics ({p.reserved} more on "
+                    f"their way); {fresh} more would pass its quota of {p.quota}"
+                )
+            for k in new:
+                self._reserved[k] = self._reserved.get(k, 0) + 1
+            p.reserved += fresh
+        return LiteProposal(parent, batch, lites, new)
+
+    def release(self, proposal: LiteProposal) -> None:
+        """Give back the places a proposal held in its parent's quota."""
+        with self._lock:
+            self._release(proposal)
+
+    def _release(self, proposal: LiteProposal) -> None:
+        if proposal.released:
+            return
+        proposal.released = True
+        p = self._parents.get(proposal.parent)
+        for k in proposal.reserved:
+            left = self._reserved.get(k, 1) - 1
+            if left > 0:
+                self._reserved[k] = left
+            else:
+                self._reserved.pop(k, None)
+                if p is not None:
+                    p.reserved -= 1
+
+    def settle(self, proposal: LiteProposal, commitlog_offsets: np.ndarray) -> LitePutResult:
+        """A committed proposal, written at ``commitlog_offsets``: indexed (with every
+        committed record before it) and its places in the quota given back; per message
+        its lite offset (-1 if its record is not committed yet)."""
+        self.catch_up()
+        phys = np.asarray(commitlog_offsets, dtype=np.int64)
+        with self._lock:
+            self._release(proposal)
+            loffs = self._loffs_at(phys)
+        return LitePutResult(loffs, phys, list(proposal.batch.uniq_keys))
+
+    def _loffs_at(self, phys: np.ndarray) -> np.ndarray:
+        """The lite offsets of the indexed records at these CommitLog offsets (lock held;
+        -1: none indexed there). The index is in CommitLog order: a binary search per
+        file, from the newest."""
+        out = np.full(len(phys), -1, dtype=np.int64)
+        if not len(phys):
+            return out
+        lowest = int(phys.min())
+        for _, rows in reversed(self.index.written()):
+            column = rows["phys"]
+            if not len(column):
+                continue
+            at = np.searchsorted(column, phys)
+            inside = at < len(column)
+            hit = inside.copy()
+            hit[inside] = column[at[inside]] == phys[inside]
+            out[hit] = rows["loff"][at[hit]]
+            if int(column[0]) <= lowest:
+                break
+        return out
+
+    def behind(self) -> bool:
+        """Whether committed records lie past what is indexed (:meth:`catch_up` would
+        index them): a new Raft leader's store, before its first lite put or read."""
+        return self._covered < self._catch_up_end()
+
+    def _catch_up_end(self) -> int:
+        end = self.store.dispatched_offset
+        if self._committed_end is not None:
+            end = min(end, self._committed_end())
+        return end
 
     def put_encoded(self, parent: str, batch: codec.EncodedBatch) -> LitePutResult:
         """Store a batch a producer encoded (the broker's path), each record naming its
@@ -372,7 +493,7 @@ class LiteStore:
         lites = [validate_lite_name(name) for name in lite_names(batch.data)]
         return self._put(p, batch, lites)
 
-    def _put(self, p: _Parent, batch: codec.EncodedBatch, lites: list[str]) -> LitePutResult:
+    def _check_kind(self, batch: codec.EncodedBatch, lites: list[str]) -> None:
         if len(lites) != len(batch):
             raise InvalidMessageError(
                 f"{len(batch) - len(lites)} of {len(batch)} records name no lite topic"
@@ -382,6 +503,9 @@ class LiteStore:
             raise InvalidMessageError(
                 "a lite topic takes plain messages: no delay, timer or transaction"
             )
+
+    def _put(self, p: _Parent, batch: codec.EncodedBatch, lites: list[str]) -> LitePutResult:
+        self._check_kind(batch, lites)
         keys = [f"{p.pid}\x01{name}" for name in lites]
         if len(keys) == 1:
             return self._put_one(p, batch, keys[0])
@@ -864,9 +988,10 @@ class LiteStore:
     # ------------------------------------------------------------ recovery
     def catch_up(self) -> int:
         """Index the lite records of the CommitLog from ``covered`` to its dispatched end
-        (after a crash; on a slave, after replicated bytes); return how many."""
+        (after a crash; on a slave, after replicated bytes), in a Raft group no further
+        than its committed end; return how many."""
         with self._lock:
-            end = self.store.dispatched_offset
+            end = self._catch_up_end()
             start = max(self._covered, self._index_covered(), self.store.commitlog.min_offset)
             found = 0
             batch: list[tuple[str, str, int, int, int]] = []

@@ -19,12 +19,19 @@
   by parent and lite topic) until a send to one of its lite topics wakes it or
   ``wait_ms`` passes; then it reads once more.
 
-Sends are taken on a master only, and written to its own store: lite messages reach a
-slave with the CommitLog's bytes and are indexed there by ``LiteStore.catch_up``.
+Sends are taken on a master only. A master of a master/slave group writes them to its
+own store: lite messages reach a slave with the CommitLog's bytes and are indexed there
+by ``LiteStore.catch_up``. The leader of a Raft (DLedger) group proposes them through
+the group's log like any put and answers once a majority holds them; every member
+indexes only committed records (``LiteStore(committed=...)``), so a lite read sees only
+committed messages, and a new leader's lite store catches up before its first lite
+send or read. A Raft follower copies its leader's LITE parents (quota, TTL) every
+``slave_sync_interval_s``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -94,14 +101,23 @@ class LiteProcessor:
         self.role = role
         self.admin = admin
         self.owner_lease_s = owner_lease_s
-        self.store = LiteStore(runtime.store, config)
+        self.raft = role if isinstance(role, DLedgerReplication) else None
+        raft = self.raft
+        # in a Raft group only committed records are indexed: a divergent tail cut off
+        # by a new leader was never in the lite index
+        committed = (lambda: raft.readable_end) if raft is not None else None
+        self.store = LiteStore(runtime.store, config, committed=committed)
         self._parents_file = runtime.store.config_file(_PARENTS)
         for parent, spec in (self._parents_file.load() or {}).items():
             self.store.declare_parent(parent, quota=spec["quota"], ttl_ms=spec["ttlMs"])
         self._groups: dict[tuple[str, str], _Group] = {}
         self._lock = threading.Lock()  # the groups' tables (read and changed on I/O threads)
-        # a slave indexes the lite records its master's bytes bring
-        self.store.start(following=lambda: not role.is_master)
+        # a slave indexes the lite records its master's bytes bring; every Raft member
+        # indexes the records the group committed
+        self.store.start(following=lambda: raft is not None or not role.is_master)
+        self._follow: asyncio.Task[None] | None = None
+        if raft is not None:
+            self._follow = runtime.loop.create_task(self._follow_parents(raft))
 
     # ------------------------------------------------------------ admin
     async def create_parent(
@@ -133,6 +149,34 @@ class LiteProcessor:
 
     async def parents(self) -> dict[str, dict[str, int]]:
         return dict(self._parents_file.load() or {})
+
+    async def _follow_parents(self, raft: DLedgerReplication) -> None:
+        """A Raft follower takes its leader's LITE parents (quota and TTL), so that it
+        serves them as the leader did once it leads."""
+        interval = self.rt.config.slave_sync_interval_s
+        while True:
+            await asyncio.sleep(interval)
+            if raft.node.is_leader or self.rt.closing:
+                continue
+            try:
+                handle = await raft._leader_handle()
+                if handle is None:
+                    continue
+                theirs = await asyncio.wait_for(handle.lite_parents.remote(), 10.0)
+                await self._take_parents(theirs)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the next turn asks again
+                log.debug("lite parents not copied from the Raft leader: %s", exc)
+
+    async def _take_parents(self, theirs: dict[str, dict[str, int]]) -> None:
+        saved = self._parents_file.load() or {}
+        if all(saved.get(name) == spec for name, spec in theirs.items()):
+            return
+        for name, spec in theirs.items():
+            self.store.declare_parent(name, quota=spec["quota"], ttl_ms=spec["ttlMs"])
+            saved[name] = dict(spec)
+        await self.rt.run(self._parents_file.save, saved)
 
     async def topics(self, parent: str) -> list[str]:
         return await self.rt.run(self.store.lite_topics, parent)
@@ -218,6 +262,8 @@ class LiteProcessor:
             if not isinstance(opts, dict) or set(opts) - {"tags", "keys", "properties"}:
                 raise InvalidMessageError(f"lite send options {opts!r}: tags, keys, properties")
             messages.append((item[0], Message(parent, item[1], **opts)))
+        if self.raft is not None:
+            return await self._send_through_log(self.raft, parent, messages)
         result = await self.rt.run(self.store.put_batch, parent, messages)
         self._wake(parent, {lite for lite, _ in messages})
         status = (await self._replicated(result)).value
@@ -225,6 +271,39 @@ class LiteProcessor:
             {"lite_topic": lite, "offset": off, "msg_id": mid, "status": status}
             for (lite, _), off, mid in zip(messages, result.lite_offsets.tolist(), result.msg_ids)
         ]
+
+    async def _send_through_log(
+        self, raft: DLedgerReplication, parent: str, messages: list[tuple[str, Message]]
+    ) -> list[dict[str, Any]]:
+        """A Raft leader's lite send: proposed through the group's log as a normal put
+        is, answered once committed and indexed (``status`` ``FLUSH_SLAVE_TIMEOUT`` and
+        offset -1 when a majority did not take it in time: it is indexed when it is)."""
+        store = self.store
+        await self._caught_up()
+        proposal = store.prepare(parent, messages)
+        try:
+            result = await raft.put(proposal.batch, _no_local_put)
+        except BaseException:
+            store.release(proposal)
+            raise
+        if result.status is PutStatus.PUT_OK:
+            done = await self.rt.run(store.settle, proposal, result.commitlog_offsets)
+            offsets = done.lite_offsets.tolist()
+        else:
+            store.release(proposal)
+            offsets = [-1] * len(messages)
+        self._wake(parent, {lite for lite, _ in messages})
+        status = result.status.value
+        return [
+            {"lite_topic": lite, "offset": off, "msg_id": mid, "status": status}
+            for lite, off, mid in zip(proposal.lites, offsets, proposal.batch.uniq_keys)
+        ]
+
+    async def _caught_up(self) -> None:
+        """In a Raft group: the lite store has indexed every committed record (a new
+        leader's, before it answers its first lite send or read)."""
+        if self.raft is not None and self.store.behind():
+            await self.rt.run(self.store.catch_up)
 
     def _wake(self, parent: str, lite_topics: set[str]) -> None:
         """Wake the receives and pulls held on these lite topics (on the loop's thread)."""
@@ -237,6 +316,7 @@ class LiteProcessor:
         waiter is registered before the look, so a send between them is not missed."""
         if not isinstance(wait_ms, int) or wait_ms < 0:
             raise InvalidMessageError(f"wait_ms={wait_ms!r}: an int >= 0")
+        await self._caught_up()
         if not wait_ms or not lite_topics or self.rt.closing:
             return await read()
         holds = self.rt.holds
@@ -277,11 +357,6 @@ class LiteProcessor:
         if not self.role.is_master:
             raise PermissionDeniedError(
                 f"broker {self.rt.config.actor_name} is not a master: lite sends go to the master"
-            )
-        if isinstance(self.role, DLedgerReplication):
-            raise PermissionDeniedError(
-                f"broker {self.rt.config.actor_name} is in a Raft (DLedger) group: lite topics "
-                "are served by master/slave brokers"
             )
 
     # ------------------------------------------------------------ subscriptions
@@ -497,7 +572,13 @@ class LiteProcessor:
         return self.store.stats()
 
     def close(self) -> None:
+        if self._follow is not None:
+            self._follow.cancel()
         self.store.close()
+
+
+async def _no_local_put(batch: Any) -> Any:
+    raise AssertionError("a Raft group's put is its proposal")  # never called by DLedger
 
 
 def _hold_key(parent: str, lite_topic: str) -> str:
