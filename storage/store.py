@@ -256,8 +256,12 @@ class MessageStore:
             self.index.flush()
             assert self._checkpoint is not None
             now = int(self._clock() * 1000)
-            self._write_producers(self._producer_snapshot(end))
-            self._checkpoint.write(Checkpoint(now, now, now, end, end, end))
+            # clean only when every record has its entries: a slave's records appended but
+            # not dispatched yet get them (and their producers' numbers) from the recovery
+            # at the next start
+            done = self._dispatched
+            self._write_producers(self._producer_snapshot(done))
+            self._checkpoint.write(Checkpoint(now, now, now, end, done, end if done == end else -1))
             (self.root / "abort").unlink(missing_ok=True)
         self._release_files()
         log.info("store %s closed cleanly at commitlog offset %d", self.root, end)
@@ -942,7 +946,8 @@ class MessageStore:
         with self._put_lock:
             if self._closed:
                 return
-            logics = self.commitlog.max_offset
+            # a slave's records appended but not dispatched yet have no entries to flush
+            logics = self._dispatched
             cqs = list(self._cqs.values())
         for cq in cqs:
             pending = cq.flush(least_pages)
