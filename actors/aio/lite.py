@@ -200,12 +200,25 @@ class AsyncLiteConsumer(_AsyncLiteClient):
 
     async def receive(self, max_count: int = 32, wait_s: float = 0.0) -> list[LiteBatch]:
         """Messages of the owned lite topics from where the group stands, per topic;
-        with none, each broker holds the call up to ``wait_s`` for a send (asked at once,
-        answered when each has answered). Every ``resync_s`` the whole subscription is
-        sent again first."""
+        with none, held up to ``wait_s`` for a send: on one broker, by that broker; on
+        several, each is asked at once whether it has any (held there) and the first
+        that has is received from. Every ``resync_s`` the whole subscription is sent
+        again first."""
         wait_ms = int(check_number("wait_s", wait_s) * 1000)
         if time.monotonic() - self._synced >= self.resync_s and self._subscribed:
             await self._change(sorted(self._subscribed), "add")
+        brokers = await self._brokers_of_subscription()
+        if len(brokers) > 1 and wait_ms:
+            got = await self._receive_from(brokers, max_count, 0)
+            if got:
+                return got
+            ready = await self._first_with_messages(brokers, wait_ms)
+            return await self._receive_from(ready, max_count, 0) if ready else []
+        return await self._receive_from(brokers, max_count, wait_ms)
+
+    async def _receive_from(
+        self, brokers: Sequence[str], max_count: int, wait_ms: int
+    ) -> list[LiteBatch]:
         answers = await asyncio.gather(
             *(
                 self._call(
@@ -216,9 +229,9 @@ class AsyncLiteConsumer(_AsyncLiteClient):
                     self.client_id,
                     max_count,
                     wait_ms,
-                    wait_s=wait_s,
+                    wait_s=wait_ms / 1000,
                 )
-                for broker in await self._brokers_of_subscription()
+                for broker in brokers
             )
         )
         return [
@@ -226,6 +239,40 @@ class AsyncLiteConsumer(_AsyncLiteClient):
             for got in answers
             for b in got
         ]
+
+    async def _first_with_messages(self, brokers: Sequence[str], wait_ms: int) -> list[str]:
+        """The brokers that have messages for this consumer, as soon as one has: a held
+        peek to each at once (nothing handed out; those still held when one answers
+        time out at their brokers). None within ``wait_ms``: []."""
+        wait_s = wait_ms / 1000
+        peeks: dict[asyncio.Future[Any], str] = {
+            asyncio.ensure_future(
+                self._call(
+                    b,
+                    "lite_receive",
+                    self.group,
+                    self.parent,
+                    self.client_id,
+                    32,
+                    wait_ms,
+                    True,
+                    wait_s=wait_s,
+                )
+            ): b
+            for b in brokers
+        }
+        pending: set[asyncio.Future[Any]] = set(peeks)
+        ready: list[str] = []
+        while pending and not ready:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for fut in done:
+                if fut.exception() is not None:
+                    log.debug("lite peek on %s failed: %s", peeks[fut], fut.exception())
+                elif fut.result():
+                    ready.append(peeks[fut])
+        for fut in pending:  # answered empty at their brokers' timeout; nobody waits
+            fut.add_done_callback(_retrieved)
+        return sorted(ready)
 
     async def ack(self, batch_or_topic: LiteBatch | str, next_offset: int | None = None) -> None:
         """Commit a lite topic for the group up to ``next_offset`` (a batch: its
@@ -284,3 +331,9 @@ class AsyncLiteConsumer(_AsyncLiteClient):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    """Take a left peek's outcome, so that a failed one is not reported unretrieved."""
+    if not fut.cancelled():
+        fut.exception()

@@ -16,6 +16,7 @@ consumer acks a lite topic up to an offset; the group resumes from there, and
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 import zlib
@@ -57,6 +58,18 @@ def home_broker(route: Any, parent: str, lite_topic: str) -> str:
     if not names:
         raise TopicNotFoundError(f"topic={parent!r}: no broker takes its lite topics")
     return names[zlib.crc32(lite_topic.encode()) % len(names)]
+
+
+def _wait_first(calls: Sequence[Any], timeout: float) -> list[Any]:
+    """Those of ``calls`` answered, once at least one is (at most ``timeout`` s)."""
+    if all(isinstance(c, rpc.PendingCall) for c in calls):
+        concurrent.futures.wait(
+            [c.future() for c in calls], timeout, concurrent.futures.FIRST_COMPLETED
+        )
+        return [c for c in calls if c.done()]
+    if not any(isinstance(c, rpc.PendingCall) for c in calls):
+        return list(ray.wait(list(calls), num_returns=1, timeout=timeout)[0])
+    return rpc.wait(calls, timeout)[0]  # mixed paths: all of them
 
 
 def send_item_topic(item: Any) -> str:
@@ -236,14 +249,20 @@ class LiteConsumer(_LiteClient):
 
     def receive(self, max_count: int = 32, wait_s: float = 0.0) -> list[LiteBatch]:
         """Messages of the owned lite topics from where the group stands, per topic.
-        With none, each broker holds the call up to ``wait_s`` for a send to one of them
-        (the brokers are asked at once; the answer comes when each has answered). Every
-        ``resync_s`` it first sends its whole subscription again (a broker started anew
-        knows none)."""
+        With none, the call is held up to ``wait_s`` for a send to one of them: on one
+        broker, by that broker; on several, each is asked at once whether it has any
+        (held there) and the first that has is received from. Every ``resync_s`` it
+        first sends its whole subscription again (a broker started anew knows none)."""
         wait_ms = int(check_number("wait_s", wait_s) * 1000)
         if time.monotonic() - self._synced >= self.resync_s and self._subscribed:
             self._change(sorted(self._subscribed), "add")
         brokers = sorted({self._home(n) for n in self._subscribed})
+        if len(brokers) > 1 and wait_ms:
+            got = self._receive_from(brokers, max_count)
+            if got:
+                return got
+            ready = self._first_with_messages(brokers, wait_ms)
+            return self._receive_from(ready, max_count) if ready else []
         answers = self._call_many(
             brokers,
             "lite_receive",
@@ -255,6 +274,44 @@ class LiteConsumer(_LiteClient):
             for got in answers
             for b in got
         ]
+
+    def _receive_from(self, brokers: Sequence[str], max_count: int) -> list[LiteBatch]:
+        """What each of ``brokers`` hands out now (asked at once)."""
+        answers = self._call_many(
+            brokers,
+            "lite_receive",
+            lambda _: (self.group, self.parent, self.client_id, max_count, 0),
+        )
+        return [
+            LiteBatch(b["lite_topic"], b["offset"], b["messages"], b["next_offset"])
+            for got in answers
+            for b in got
+        ]
+
+    def _first_with_messages(self, brokers: Sequence[str], wait_ms: int) -> list[str]:
+        """The brokers that have messages for this consumer, as soon as one has: each is
+        asked at once with a held peek (nothing handed out, so the peeks still held
+        when one answers are left to time out at their brokers). None within
+        ``wait_ms``: []."""
+        route = self.ns.require_route(self.parent)
+        args = (self.group, self.parent, self.client_id, 32, wait_ms, True)
+        calls = {self.ns.broker(route, b).lite_receive.remote(*args): b for b in brokers}
+        pending = list(calls)
+        deadline = time.monotonic() + wait_ms / 1000 + self.call_timeout_s
+        ready: list[str] = []
+        while pending and not ready:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            done = _wait_first(pending, left)
+            for call in done:
+                pending.remove(call)
+                try:
+                    if rpc.get([call], timeout=0)[0]:
+                        ready.append(calls[call])
+                except Exception as exc:  # noqa: BLE001 - the receive that follows tells
+                    log.debug("lite peek on %s failed: %s", calls[call], exc)
+        return sorted(ready)
 
     def ack(self, batch_or_topic: LiteBatch | str, next_offset: int | None = None) -> None:
         """Commit a lite topic for the group up to ``next_offset`` (a batch: its

@@ -432,12 +432,28 @@ class LiteProcessor:
 
     # ------------------------------------------------------------ consume
     async def receive(
-        self, group: str, parent: str, client_id: str, max_count: int = 32, wait_ms: int = 0
+        self,
+        group: str,
+        parent: str,
+        client_id: str,
+        max_count: int = 32,
+        wait_ms: int = 0,
+        peek: bool = False,
     ) -> list[dict[str, Any]]:
         """Messages of the lite topics ``client_id`` owns in ``group``, each topic's from
         where the group stands (its committed offset, or what was handed out and not yet
         acknowledged): ``[{"lite_topic", "offset", "messages", "next_offset"}]``. With
-        nothing to hand out it is held up to ``wait_ms`` for a send to one of them."""
+        nothing to hand out it is held up to ``wait_ms`` for a send to one of them.
+
+        With ``peek`` nothing is handed out: the owned lite topics that have messages to
+        hand out, each with no messages and offsets -1, held as above while there are
+        none (a client that asks several brokers waits for the first with messages,
+        then receives from it)."""
+        if peek:
+            names = await self._peek(group, parent, client_id, wait_ms)
+            return [
+                {"lite_topic": n, "offset": -1, "messages": [], "next_offset": -1} for n in names
+            ]
         got = await self._receive(group, parent, client_id, max_count, self.store.get, wait_ms)
         return [
             {
@@ -450,10 +466,19 @@ class LiteProcessor:
         ]
 
     async def receive_packed(
-        self, group: str, parent: str, client_id: str, max_count: int = 32, wait_ms: int = 0
+        self,
+        group: str,
+        parent: str,
+        client_id: str,
+        max_count: int = 32,
+        wait_ms: int = 0,
+        peek: bool = False,
     ) -> tuple[list[list[Any]], list[Any]]:
         """:meth:`receive` as the socket answers it: ``[lite topic, offset, count, next
         offset]`` per lite topic, and their records as stored, back to back."""
+        if peek:
+            names = await self._peek(group, parent, client_id, wait_ms)
+            return [[n, -1, 0, -1] for n in names], []
         got = await self._receive(group, parent, client_id, max_count, self.store.get_raw, wait_ms)
         heads = [[name, start, r.count, r.next_offset] for name, start, r in got]
         return heads, [r.data for _, _, r in got]
@@ -473,6 +498,30 @@ class LiteProcessor:
             wait_ms,
             lambda: self._receive_once(group, parent, client_id, max_count, read),
         )
+
+    async def _peek(self, group: str, parent: str, client_id: str, wait_ms: int) -> list[str]:
+        """The lite topics ``client_id`` owns in ``group`` with messages past where the
+        group stands, held up to ``wait_ms`` while there are none."""
+        validate_group(group)
+        with self._lock:
+            g = self._groups.get((group, parent))
+            owned = [] if g is None else self._owned(g, client_id)
+
+        async def look() -> list[str]:
+            with self._lock:
+                if g is None:
+                    return []
+                self._touch(g, client_id)
+                cursors = {n: g.cursor.get(n, -1) for n in self._owned(g, client_id)}
+            store = self.store
+            return [
+                name
+                for name, at in cursors.items()
+                if store.max_offset(parent, name)
+                > (at if at >= 0 else max(0, store.committed_offset(group, parent, name)))
+            ]
+
+        return await self._held(parent, owned, wait_ms, look)
 
     def _owned(self, g: _Group, client_id: str) -> list[str]:
         return [n for n in sorted(g.subscribed.get(client_id, ())) if g.owner.get(n) == client_id]

@@ -104,13 +104,14 @@ LITE_RECEIVE = Request(
     "LITE_RECEIVE",
     42,
     "lite_receive",
-    (GROUP, PARENT, CLIENT_ID, MAX_COUNT, WAIT_MS),
+    (GROUP, PARENT, CLIENT_ID, MAX_COUNT, WAIT_MS, Field("peek", "k", default=False, omit=True)),
     answer=Answer(_reply_parts, _read_batches),
     serve="lite.receive_packed",
     ordered=False,
     errors=_ERRORS,
     doc="Messages of the lite topics a consumer owns, per lite topic from where the group "
-    "stands; held up to ``wait_ms`` for a send when there are none.",
+    "stands; held up to ``wait_ms`` for a send when there are none. With ``peek``: only "
+    "which of them have messages (none handed out).",
 )
 
 LITE_ACK = Request(

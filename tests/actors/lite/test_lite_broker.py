@@ -230,3 +230,62 @@ def test_a_held_receive_and_pull_answer_at_the_send_and_empty_at_their_timeout(
         assert time.monotonic() - started >= 0.55  # each waited its wait_s out
         with pytest.raises(InvalidMessageError, match="wait_s"):
             consumer.receive(wait_s=-1)
+
+
+def test_a_held_receive_over_two_brokers_answers_when_one_has_messages(
+    cluster: actors.Cluster,
+) -> None:
+    """A consumer whose lite topics live on two brokers: a held receive answers with the
+    first broker's messages at its send, not once the other broker's hold is over; the
+    other broker hands nothing out meanwhile."""
+    ns = cluster.namespace
+    with LiteProducer("Agents", namespace=ns) as producer:
+        route = producer.ns.require_route("Agents")
+    homes: dict[str, str] = {}
+    for k in range(64):  # a lite topic on each broker
+        homes.setdefault(home_broker(route, "Agents", f"spread-{k}"), f"spread-{k}")
+    quiet, busy = homes["broker-a"], homes["broker-b"]
+    held = {n: cluster.broker(n) for n in ("broker-a", "broker-b")}
+
+    def holding() -> dict[str, int]:
+        return {n: ray.get(h.status.remote())["held_pulls"] for n, h in held.items()}
+
+    def held_on_both(before: dict[str, int]) -> bool:
+        return all(v > before[n] for n, v in holding().items())
+
+    with (
+        LiteProducer("Agents", namespace=ns) as producer,
+        LiteConsumer("spread", "Agents", namespace=ns) as consumer,
+        concurrent.futures.ThreadPoolExecutor(1) as pool,
+    ):
+        assert consumer.subscribe(quiet, busy) == sorted([quiet, busy])
+        before = holding()
+        answer = pool.submit(consumer.receive, 32, 30.0)
+        wait_until(lambda: held_on_both(before), what="the receive held on both brokers")
+        sent_at = time.monotonic()
+        producer.send(busy, b"first")
+        got = answer.result(timeout=30)
+        assert time.monotonic() - sent_at < 5.0  # not the quiet broker's 30 s
+        assert [(b.lite_topic, [m.body for m in b.messages]) for b in got] == [(busy, [b"first"])]
+        consumer.ack(got[0])
+        producer.send(quiet, b"second")  # the quiet broker handed nothing out before
+        assert [(b.lite_topic, b.offset) for b in consumer.receive(32, 30.0)] == [(quiet, 0)]
+
+    async def from_asyncio() -> list[Any]:
+        async with (
+            AsyncLiteProducer("Agents", namespace=ns) as producer,
+            AsyncLiteConsumer("spread-aio", "Agents", namespace=ns) as consumer,
+        ):
+            assert await consumer.subscribe(quiet, busy) == sorted([quiet, busy])
+            for batch in await consumer.receive(32):
+                await consumer.ack(batch)
+            before = await asyncio.to_thread(holding)
+            receiving = asyncio.ensure_future(consumer.receive(32, 30.0))
+            await asyncio.to_thread(
+                wait_until, lambda: held_on_both(before), what="the async receive held"
+            )
+            await producer.send(busy, b"third")
+            return await asyncio.wait_for(receiving, 5.0)
+
+    got = asyncio.run(from_asyncio())
+    assert [(b.lite_topic, [m.body for m in b.messages]) for b in got] == [(busy, [b"third"])]
