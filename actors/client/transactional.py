@@ -119,6 +119,42 @@ def warn_if_applied_later(txn_id: str, wait: bool, answer: Mapping[str, Any]) ->
 ONE_PHASE_MAX_BYTES = 4 << 20
 """A transaction's messages over this many encoded bytes commit in two phases."""
 
+
+def one_phase_batch(
+    encoder: Any, selector: Any, messages: Sequence[Message], broker: str | None = None
+) -> tuple[Any, str, bytes] | None:
+    """Where ``messages`` go as one broker's one-phase commit: (the route, the broker's
+    name, the encoded batch), each topic's messages to one queue of that broker
+    (``broker``, the one holding the transaction's offsets; else where a send of the
+    first topic would go); None when not every topic has a queue there (or the batch is
+    too large for one append). The routes must be cached in ``selector``."""
+    chunks = encoder.encode(messages, numbered=False)
+    picked: dict[str, MessageQueue] = {}
+    if broker is None:
+        mq, route, _ = selector.select(chunks[0].topic, None, None)
+        broker = mq.broker_name
+        picked[chunks[0].topic] = mq
+    else:
+        route = selector.route(chunks[0].topic)[0]
+    bound = []
+    for chunk in chunks:
+        q = picked.get(chunk.topic)
+        if q is None:
+            queues = [
+                m
+                for m in selector.write_queues(selector.route(chunk.topic)[0])
+                if m.broker_name == broker
+            ]
+            if not queues:
+                return None
+            q = picked[chunk.topic] = random.choice(queues)
+        bound.append(chunk.batch.with_queue(q.queue_id))
+    blob = EncodedBatch.wire_of(bound)
+    if len(blob) > ONE_PHASE_MAX_BYTES:
+        return None
+    return route, broker, blob
+
+
 __all__ = [
     "ProducerFencedError",
     "Transaction",
@@ -509,36 +545,12 @@ class TransactionalProducer(Producer):
     def _one_phase_plan(
         self, messages: Sequence[Message], broker: str | None = None
     ) -> tuple[Any, str, bytes] | None:
-        """Where ``messages`` go as one broker's one-phase commit: (its handle, its name,
-        the encoded batch), each topic's messages to one queue of that broker (``broker``,
-        the one holding the transaction's offsets; else where a send of the first topic
-        would go); None when not every topic has a queue there (or the batch is too
-        large for one append)."""
-        chunks = self._encoder.encode(messages, numbered=False)
-        selector = self._sender.selector
-        picked: dict[str, MessageQueue] = {}
-        if broker is None:
-            mq, route, _ = selector.select(chunks[0].topic, None, None)
-            broker = mq.broker_name
-            picked[chunks[0].topic] = mq
-        else:
-            route = selector.route(chunks[0].topic)[0]
-        bound = []
-        for chunk in chunks:
-            q = picked.get(chunk.topic)
-            if q is None:
-                queues = [
-                    m
-                    for m in selector.write_queues(selector.route(chunk.topic)[0])
-                    if m.broker_name == broker
-                ]
-                if not queues:
-                    return None
-                q = picked[chunk.topic] = random.choice(queues)
-            bound.append(chunk.batch.with_queue(q.queue_id))
-        blob = EncodedBatch.wire_of(bound)
-        if len(blob) > ONE_PHASE_MAX_BYTES:
+        """Where ``messages`` go as one broker's one-phase commit (:func:`one_phase_batch`),
+        with that broker's handle; None when they cannot."""
+        plan = one_phase_batch(self._encoder, self._sender.selector, messages, broker)
+        if plan is None:
             return None
+        route, broker, blob = plan
         return self.ns.broker(route, broker), broker, blob
 
     def begin(self) -> Transaction:
