@@ -26,8 +26,11 @@ Both kinds the synchronous clients have (``docs/how-to/transactions.md``):
   broker holding a part apply it; an abort (or an exception in the ``async with``)
   rolls every part back and leaves the offsets. Starting the producer takes
   ``transactional_id`` over at the coordinator: an older instance is fenced and what
-  it left open is rolled back. The commit always takes the coordinator's two
-  phases (the synchronous producer's one-phase shortcut is not taken).
+  it left open is rolled back. A transaction still all buffered at its commit (fewer
+  than ``flush_messages``, its context never handed out), whose messages and offsets
+  one master can hold, is committed by that master alone in one append, over its
+  socket (``one_phase``, as the synchronous producer's:
+  ``actors.broker.transaction.one_phase``): no half copies, no coordinator.
 
 Half messages travel the producer's data path (:class:`~actors.aio.producer.AsyncProducer`):
 idempotent, over each broker's socket on the loop.
@@ -47,6 +50,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
+from actors.aio.connection import NotWritten
 from actors.aio.producer import AsyncProducer
 from actors.client.send_result import SendResult, SendStatus
 from actors.client.transaction import (
@@ -67,15 +71,22 @@ from actors.client.transactional import (
     TransactionStateError,
     commit_arguments,
     next_txn_id,
+    one_phase_batch,
     settling_commit,
     warn_if_applied_later,
 )
 from actors.config.client import ProducerConfig
 from actors.coordinator.txn import APPLY_WAIT_S, transaction_coordinator
 from actors.protocol import checks
+from actors.protocol.errors import OnePhaseRefusedError, refused
 from actors.protocol.names import DEFAULT_NAMESPACE
 from rebalance import MessageQueue
-from storage.errors import InvalidMessageError
+from storage.errors import (
+    BrokerUnavailableError,
+    InvalidMessageError,
+    ProducerFencedError,
+    RayMQError,
+)
 from storage.message import Message
 from storage.message_id import parse_offset_msg_id
 
@@ -186,7 +197,14 @@ class AsyncTransaction:
         """Send what is buffered, then have the coordinator decide COMMIT (durably) and
         the brokers apply it; ``wait`` as the synchronous ``Transaction.commit``.
         Raises ProducerFencedError when a newer instance took the transactional id
-        over (the transaction is then aborted)."""
+        over (the transaction is then aborted).
+
+        A transaction nothing of which was sent yet, its context never handed out, its
+        offsets (if any) on one master and its messages able to go to queues of that
+        master, is committed by that master alone (see the module doc); when that
+        broker cannot (it answers so before writing), the two phases."""
+        if await self._commit_one_phase():
+            return
         await self.flush()
         txn, p = self._txn, self.producer
         if not txn._halves and not txn._offsets:
@@ -199,6 +217,94 @@ class AsyncTransaction:
                 "end", txn.txn_id, p.transactional_id, p.epoch, True, halves, offsets, wait
             )
         warn_if_applied_later(txn.txn_id, wait, answer)
+
+    async def _commit_one_phase(self) -> bool:
+        """The one-phase commit where it applies (see :meth:`commit`): True once done.
+        A commit whose answer is lost goes again to the same broker, which stores it
+        once; never elsewhere."""
+        txn, p = self._txn, self.producer
+        txn._require_open()
+        if not (p.one_phase and txn._buffer) or txn._halves or txn._shared:
+            return False
+        if len(txn._offsets) > 1:  # offsets on two brokers: two participants
+            return False
+        offsets = target = None
+        if txn._offsets:
+            target, groups = next(iter(txn._offsets.items()))
+            offsets = {g: [[t, q, o] for (t, q), o in qs.items()] for g, qs in groups.items()}
+        try:
+            await p._ready(txn._buffer)
+            plan = one_phase_batch(p._encoder, p._selector, txn._buffer, target)
+        except Exception as exc:  # noqa: BLE001 - the two phases meet it again, and say so
+            log.debug("transaction %s: no one-phase plan: %s", txn.txn_id, exc)
+            return False
+        if plan is None:
+            return False
+        route, broker, blob = plan
+        deadline = time.monotonic() + max(30.0, p.config.send_timeout_s)
+        delay, unknown = 0.05, False
+        while True:
+            try:
+                actor, handle = await p._master(route, broker)
+                answer = await asyncio.wait_for(
+                    p._brokers.call(
+                        actor,
+                        handle,
+                        "commit_one_phase",
+                        txn.txn_id,
+                        p.transactional_id,
+                        p.epoch,
+                        blob,
+                        offsets,
+                    ),
+                    p.config.send_timeout_s,
+                )
+                break
+            except ProducerFencedError:
+                txn.state = TransactionState.ABORTED
+                p._ended(self)
+                raise
+            except Exception as exc:  # noqa: BLE001 - sorted below
+                failure: BaseException = exc
+                if not unknown and (
+                    isinstance(exc, (OnePhaseRefusedError, NotWritten))
+                    or (isinstance(exc, BrokerUnavailableError) and refused(exc))
+                ):
+                    # nothing of it written anywhere (refused, a slave now, no
+                    # connection): the two phases, whose sends find the master
+                    log.debug("transaction %s: %s", txn.txn_id, exc)
+                    p.one_phase_refused += 1
+                    return False
+                if isinstance(exc, RayMQError) and refused(exc):
+                    if not isinstance(exc, OnePhaseRefusedError):
+                        txn.state = TransactionState.FAILED  # an answer: final
+                        raise
+                elif not isinstance(exc, (BrokerUnavailableError, asyncio.TimeoutError)):
+                    txn.state = TransactionState.FAILED
+                    raise
+            except BaseException:  # cancelled: whether it is committed is not known
+                txn.state = TransactionState.FAILED
+                raise
+            # the outcome is unknown: the same commit again, to the same broker (it
+            # answers a repeat without writing it twice); never elsewhere
+            unknown = True
+            if time.monotonic() > deadline:
+                txn.state = TransactionState.FAILED
+                raise BrokerUnavailableError(
+                    f"transaction {txn.txn_id}: broker {broker} did not answer its commit "
+                    f"({failure!r}); whether it is committed is not known"
+                ) from failure
+            log.warning("transaction %s: commit on %s: %r; again", txn.txn_id, broker, failure)
+            await asyncio.sleep(delay)  # the broker restarts or the connection reopens
+            delay = min(1.0, delay * 2)
+        txn.sent += len(txn._buffer)
+        txn._buffer = []
+        txn.state = TransactionState.COMMITTED
+        p.one_phase_commits += 1
+        p._ended(self)
+        if answer.get("again"):
+            log.info("transaction %s was committed already on %s", txn.txn_id, broker)
+        return True
 
     async def abort(self) -> None:
         """Drop what is buffered and roll back what was sent; the offsets stay."""
@@ -249,6 +355,7 @@ class AsyncTransactionalProducer(AsyncProducer):
         coordinator_log_dir: str | None = None,
         txn_timeout_s: float = 60.0,
         flush_messages: int = 1000,
+        one_phase: bool = True,
         **options: Any,
     ) -> None:
         if checker is not None and not callable(checker):
@@ -268,6 +375,9 @@ class AsyncTransactionalProducer(AsyncProducer):
         self.namespace = namespace
         self.check_heartbeat_s = check_heartbeat_s
         self.flush_messages = flush_messages
+        self.one_phase = bool(one_phase)
+        self.one_phase_commits = 0  # transactions one broker committed alone
+        self.one_phase_refused = 0  # ... that a broker left to the two phases
         self._coordinator_options = {"log_dir": coordinator_log_dir, "txn_timeout_s": txn_timeout_s}
         self.coordinator: Any = None
         self.producer_id: str | None = None

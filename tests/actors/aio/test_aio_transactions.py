@@ -2,7 +2,7 @@
 shows once committed and never once rolled back; one whose producer went away before
 ending it is checked back by a live producer of the group, whose checker answers on
 its event loop; a transaction over both brokers shows whole on commit (with its
-offsets) and not at all on abort."""
+offsets) and not at all on abort; one a single broker holds is committed there alone."""
 
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import ray
 
 import actors
 from actors.aio import AsyncTransactionalProducer
 from actors.client.transaction import LocalTransactionState
 from storage import Message
-from storage.errors import InvalidMessageError
+from storage.errors import InvalidMessageError, ProducerFencedError
 
 COMMIT = LocalTransactionState.COMMIT_MESSAGE
 ROLLBACK = LocalTransactionState.ROLLBACK_MESSAGE
@@ -176,3 +177,61 @@ def test_other_processes_send_into_a_transaction_through_its_context(
     finally:
         sender.close()
     assert Counter(stored(topic)) == Counter([b"own", b"joined-0", b"joined-1", b"joined-2"])
+
+
+def test_a_transaction_one_broker_holds_is_committed_there_alone(
+    aio_cluster: actors.Cluster, stored: Callable[[str], list[bytes]]
+) -> None:
+    """A transaction still buffered at its commit, its offsets on one broker, goes to
+    that broker in one call: no half copy, no coordinator. One with offsets on both
+    brokers takes the two phases; an instance fenced by a newer one is refused."""
+    cluster, topic, group = aio_cluster, "AioTxOnePhase", "aio-tx-1p-in"
+    cluster.admin.create_topic(topic, 2, 2)
+    consumer = cluster.pull_consumer(group)
+    queues = consumer.fetch_subscribe_queues(topic)
+    on_b = [mq for mq in queues if mq.broker_name == "broker-b"]
+    assert on_b and len({mq.broker_name for mq in queues}) == 2
+
+    def offsets() -> dict[Any, int]:
+        return {mq: consumer.fetch_offset(mq) for mq in queues}
+
+    def one_phase_count(broker: str) -> int:
+        return int(ray.get(cluster.broker(broker).status.remote())["txn_one_phase"])
+
+    async def main() -> tuple[int, int, int]:
+        options: dict[str, Any] = {"transactional_id": "aio-tx-1p", "namespace": cluster.namespace}
+        async with AsyncTransactionalProducer("aio-tx-1p", **options) as producer:
+            decided = await producer._call("status")
+            before = dict(decided["stats"])
+            async with producer.begin() as txn:
+                await txn.send([Message(topic, b"one-%d" % i) for i in range(6)])
+                txn.send_offsets(group, {on_b[0]: 0})
+            assert txn.state.value == "committed" and producer.one_phase_commits == 1
+            assert await asyncio.to_thread(offsets) == {
+                mq: 0 if mq in on_b[:1] else -1 for mq in queues
+            }
+            async with producer.begin() as txn:  # offsets on both brokers: two phases
+                await txn.send(Message(topic, b"two"))
+                txn.send_offsets(group, {mq: 0 for mq in queues})
+            after = dict((await producer._call("status"))["stats"])
+            assert producer.one_phase_commits == 1
+            assert after.get("committed", 0) == before.get("committed", 0) + 1
+            async with AsyncTransactionalProducer("aio-tx-1p", **options) as newer:
+                old = producer.begin()
+                await old.send(Message(topic, b"fenced"))
+                with pytest.raises(ProducerFencedError):
+                    await old.commit()
+                assert old.state.value == "aborted"
+                async with newer.begin() as txn:
+                    await txn.send(Message(topic, b"newer"))
+                return producer.one_phase_commits, newer.one_phase_commits, after["committed"]
+
+    b_before = one_phase_count("broker-b")
+    old_commits, newer_commits, _ = asyncio.run(asyncio.wait_for(main(), 60))
+    assert (old_commits, newer_commits) == (1, 1)
+    assert one_phase_count("broker-b") >= b_before + 1
+    assert Counter(stored(topic)) == Counter([*(b"one-%d" % i for i in range(6)), b"two", b"newer"])
+    try:
+        assert offsets() == {mq: 0 for mq in queues}  # the two-phase commit's offsets too
+    finally:
+        consumer.close()
