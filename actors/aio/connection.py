@@ -23,8 +23,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from actors.protocol import frames
 from actors.protocol.connection import client_handshake
@@ -39,6 +39,42 @@ CONNECT_TIMEOUT_S = 5.0
 DATA_PATH_CALL_S = 5.0
 Decode = Callable[[dict[str, Any], Any], Any]
 _REQUESTS: Mapping[str, Request] = by_method(BROKER)
+T = TypeVar("T")
+
+
+async def within(aw: Awaitable[T], timeout: float | None) -> T:
+    """``await aw`` for at most ``timeout`` seconds (None: no bound); asyncio.TimeoutError
+    after it, ``aw`` cancelled. As ``asyncio.wait_for``, except that a cancellation of
+    the caller is never lost: before Python 3.12, ``wait_for`` drops one that arrives in
+    the loop turn ``aw`` finishes and returns ``aw``'s result, so a cancelled consume
+    loop went on consuming. The asyncio clients await every bounded call through this."""
+    task = asyncio.ensure_future(aw)
+    if timeout is None:
+        return await task
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        task.cancel()
+
+    timer = asyncio.get_running_loop().call_later(max(0.0, timeout), expire)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if expired and task.cancelled():
+            current = asyncio.current_task()
+            if current is None or not _cancelling(current):
+                raise asyncio.TimeoutError() from None
+        raise
+    finally:
+        timer.cancel()
+
+
+def _cancelling(task: asyncio.Task[Any]) -> bool:
+    """Whether ``task`` itself was asked to cancel (Python 3.11+ knows; before, no)."""
+    cancelling = getattr(task, "cancelling", None)
+    return bool(cancelling()) if cancelling is not None else False
 
 
 class NotWritten(BrokerUnavailableError):
@@ -67,16 +103,14 @@ class AsyncConnection:
         conn = cls(name or addr)
         host, _, port = addr.rpartition(":")
         try:
-            reader, writer = await asyncio.wait_for(
+            reader, writer = await within(
                 asyncio.open_connection(host, int(port), ssl=ssl, limit=1 << 20),
                 CONNECT_TIMEOUT_S,
             )
         except (OSError, asyncio.TimeoutError) as exc:
             raise NotWritten(f"cannot connect to {conn.name}: {exc}") from exc
         try:
-            await asyncio.wait_for(
-                conn._handshake(reader, writer, secret), frames.HANDSHAKE_TIMEOUT_S
-            )
+            await within(conn._handshake(reader, writer, secret), frames.HANDSHAKE_TIMEOUT_S)
         except BaseException as exc:
             writer.close()
             if isinstance(exc, BrokerUnavailableError):
@@ -194,7 +228,7 @@ class AsyncBrokers:
 
     async def _open(self, actor_name: str, handle: Any) -> AsyncConnection:
         try:
-            info = await asyncio.wait_for(handle.data_path.remote(), DATA_PATH_CALL_S)
+            info = await within(handle.data_path.remote(), DATA_PATH_CALL_S)
         except Exception as exc:  # noqa: BLE001 - Ray's failure, as a broker unavailable
             raise NotWritten(f"broker {actor_name}: no data path ({exc})") from exc
         if not info:

@@ -56,7 +56,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from actors.aio.connection import AsyncBrokers, master
+from actors.aio.connection import AsyncBrokers, master, within
 from actors.aio.coordinated import CoordinatedGroup
 from actors.aio.offsets import GroupOffsets
 from actors.client import instance as _instance
@@ -298,7 +298,7 @@ class AsyncConsumer:
                 if wait is None:
                     await self._changed.wait()
                 else:
-                    await asyncio.wait_for(self._changed.wait(), wait)
+                    await within(self._changed.wait(), wait)
             except asyncio.TimeoutError:
                 pass
             if self.closed:
@@ -307,7 +307,7 @@ class AsyncConsumer:
     async def receive(self, timeout_s: float | None = None) -> ConsumedMessage | None:
         """The next message (None after ``timeout_s``); acknowledged as ``async for``'s are."""
         try:
-            return await asyncio.wait_for(self.__anext__(), timeout_s)
+            return await within(self.__anext__(), timeout_s)
         except asyncio.TimeoutError:
             return None
 
@@ -378,7 +378,7 @@ class AsyncConsumer:
         args: list[Any] = [self.group, [msg.commitlog_offset], self.max_reconsume_times]
         if reconsume_times is not None:
             args.append([reconsume_times])
-        await asyncio.wait_for(
+        await within(
             self._brokers.call(actor, handle, "consumer_send_msg_back", *args), CALL_TIMEOUT_S
         )
 
@@ -440,9 +440,7 @@ class AsyncConsumer:
                 continue
             try:
                 _, handle = await self._master(MessageQueue(self.topic, bd.broker_name, 0))
-                ids = await asyncio.wait_for(
-                    handle.consumer_list.remote(self.group), CALL_TIMEOUT_S
-                )
+                ids = await within(handle.consumer_list.remote(self.group), CALL_TIMEOUT_S)
                 return list(ids)
             except Exception as exc:  # noqa: BLE001 - ask the next broker
                 log.warning("group %s: no member list from %s: %s", self.group, bd.broker_name, exc)
@@ -489,7 +487,7 @@ class AsyncConsumer:
             self.long_poll_s,
             self.client_id,
         )
-        wire = await asyncio.wait_for(
+        wire = await within(
             self._brokers.call(actor, handle, "pull_packed", blob),
             self.long_poll_s + CALL_TIMEOUT_S,
         )

@@ -30,6 +30,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from actors.aio.connection import within
 from actors.client.push.coordinated import ViewFollower, coordinator_gone
 from actors.coordinator.coordinator import coordinator_for
 from actors.coordinator.state import MemberView
@@ -75,7 +76,7 @@ class CoordinatedGroup(ViewFollower):
         """Join the group and take the first share of its queues."""
         c = self.c
         handle = await self._handle()
-        view: MemberView = await asyncio.wait_for(
+        view: MemberView = await within(
             handle.join.remote(
                 c.client_id,
                 c.topics,
@@ -99,7 +100,7 @@ class CoordinatedGroup(ViewFollower):
                 else:
                     timeout = min(c.heartbeat_interval_s, c.session_timeout_s / 3)
                     handle = await self._handle()
-                    view = await asyncio.wait_for(
+                    view = await within(
                         handle.poll.remote(c.client_id, self._version, timeout),
                         timeout + CALL_TIMEOUT_S,
                     )
@@ -133,7 +134,7 @@ class CoordinatedGroup(ViewFollower):
         self._unstarted.clear()
         try:
             handle = await self._handle()
-            await asyncio.wait_for(handle.leave.remote(c.client_id, released), CALL_TIMEOUT_S)
+            await within(handle.leave.remote(c.client_id, released), CALL_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - the coordinator fences us instead
             log.warning("group %s: leaving the coordinator failed: %s", c.group, exc)
         self._joined = False
@@ -178,7 +179,7 @@ class CoordinatedGroup(ViewFollower):
         while any(q.handed_out() for q in qs) and loop.time() < deadline:
             c._changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(c._changed.wait(), min(0.05, deadline - loop.time()))
+                await within(c._changed.wait(), min(0.05, deadline - loop.time()))
         for q in qs:
             if q.handed_out():
                 log.warning(
@@ -207,7 +208,7 @@ class CoordinatedGroup(ViewFollower):
         log.info("group %s: %s gave up %s", c.group, c.client_id, sorted(revoke))
         try:
             handle = await self._handle()
-            view: MemberView = await asyncio.wait_for(
+            view: MemberView = await within(
                 handle.confirm.remote(c.client_id, list(revoke)), CALL_TIMEOUT_S
             )
             return view

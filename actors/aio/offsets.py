@@ -8,6 +8,7 @@ import asyncio
 import logging
 from typing import Any
 
+from actors.aio.connection import within
 from actors.protocol.fencing import FencingToken, OffsetFencedError
 from rebalance import MessageQueue
 
@@ -54,7 +55,7 @@ class GroupOffsets:
                     args.append({(q.mq.topic, q.mq.queue_id): tokens[q.mq] for q, _ in queues})
                 try:
                     actor, handle = await c._master(queues[0][0].mq)
-                    await asyncio.wait_for(
+                    await within(
                         c._brokers.call(actor, handle, "commit_offsets", *args),
                         CALL_TIMEOUT_S,
                     )
@@ -81,12 +82,12 @@ class GroupOffsets:
         c = self.c
         actor, handle = await c._master(mq)
         if c._local is None:
-            stored = await asyncio.wait_for(
+            stored = await within(
                 handle.query_offset.remote(c.group, mq.topic, mq.queue_id), CALL_TIMEOUT_S
             )
             if stored is not None and stored >= 0:
                 return int(stored)
-        low, high = await asyncio.wait_for(
+        low, high = await within(
             c._brokers.call(actor, handle, "min_max_offset", mq.topic, mq.queue_id),
             CALL_TIMEOUT_S,
         )
@@ -108,7 +109,5 @@ class GroupOffsets:
             args: list[Any] = [c.group, {(mq.topic, mq.queue_id): start}, c.client_id]
             if token is not None:
                 args.append({(mq.topic, mq.queue_id): token})
-            await asyncio.wait_for(
-                c._brokers.call(actor, handle, "commit_offsets", *args), CALL_TIMEOUT_S
-            )
+            await within(c._brokers.call(actor, handle, "commit_offsets", *args), CALL_TIMEOUT_S)
         return start

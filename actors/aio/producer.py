@@ -33,7 +33,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from actors.aio.connection import AsyncBrokers, NotWritten, master
+from actors.aio.connection import AsyncBrokers, NotWritten, master, within
 from actors.client.encoder import MessageEncoder
 from actors.client.idempotence import Sequencer
 from actors.client.producer import ProducerCore, with_delay
@@ -324,7 +324,7 @@ class AsyncProducer(ProducerCore):
                 if auto_n:
                     self._selector.created(chunk.topic)
                 try:
-                    wire = await asyncio.wait_for(fut, timeout)
+                    wire = await within(fut, timeout)
                 except asyncio.TimeoutError:
                     raise BrokerUnavailableError(
                         f"no answer from {mq.broker_name} in {timeout} s"
@@ -429,9 +429,7 @@ class AsyncProducer(ProducerCore):
         assert seq is not None
         _, handle = await self._master(route, broker_name)
         try:
-            pid = await asyncio.wait_for(
-                handle.allocate_producer_id.remote(), self.config.send_timeout_s
-            )
+            pid = await within(handle.allocate_producer_id.remote(), self.config.send_timeout_s)
         except Exception as exc:  # noqa: BLE001 - the send fails over as one never sent
             raise NotSent(f"no producer id from broker {broker_name!r}: {exc}") from exc
         seq.producer_id = str(pid)

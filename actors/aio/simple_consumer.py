@@ -18,7 +18,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from actors.aio.connection import AsyncBrokers, master
+from actors.aio.connection import AsyncBrokers, master, within
 from actors.client import instance as _instance
 from actors.protocol.checks import check_number, validate_group
 from actors.protocol.names import DEFAULT_NAMESPACE
@@ -110,7 +110,7 @@ class AsyncSimpleConsumer:
 
     async def _pop(self, name: str, share: int, invisible_ms: int, wait_ms: int) -> Any:
         actor, handle = await self._master(name)
-        return await asyncio.wait_for(
+        return await within(
             self._brokers.call(
                 actor, handle, "pop", self.group, self.topic, share, invisible_ms, wait_ms,
                 self.fifo, self.tag_expr, self.client_id,
@@ -139,7 +139,7 @@ class AsyncSimpleConsumer:
         self._check_open()
         name = ReceiptHandle.parse(receipt).broker
         actor, handle = await self._master(name)
-        return await asyncio.wait_for(
+        return await within(
             self._brokers.call(actor, handle, method, self.group, self.topic, *args),
             self.call_timeout_s,
         )

@@ -50,7 +50,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from actors.aio.connection import NotWritten
+from actors.aio.connection import NotWritten, within
 from actors.aio.producer import AsyncProducer
 from actors.client.send_result import SendResult, SendStatus
 from actors.client.transaction import (
@@ -246,7 +246,7 @@ class AsyncTransaction:
         while True:
             try:
                 actor, handle = await p._master(route, broker)
-                answer = await asyncio.wait_for(
+                answer = await within(
                     p._brokers.call(
                         actor,
                         handle,
@@ -490,7 +490,7 @@ class AsyncTransactionalProducer(AsyncProducer):
         actor, handle = await self._master(route, result.message_queue.broker_name)
         _, offset = parse_offset_msg_id(result.offset_msg_id)
         return bool(
-            await asyncio.wait_for(
+            await within(
                 self._brokers.call(
                     actor, handle, "end_transaction", self.group, offset, result.msg_id, commit
                 ),
@@ -548,7 +548,7 @@ class AsyncTransactionalProducer(AsyncProducer):
         for start in range(0, len(ends), _END_CHUNK):
             chunk = ends[start : start + _END_CHUNK]
             try:
-                await asyncio.wait_for(
+                await within(
                     self._brokers.call(broker, handle, "end_transactions", self.group, chunk),
                     self.config.send_timeout_s,
                 )
@@ -581,9 +581,7 @@ class AsyncTransactionalProducer(AsyncProducer):
         delay = 0.05
         while True:
             try:
-                return await asyncio.wait_for(
-                    getattr(self.coordinator, method).remote(*args), timeout
-                )
+                return await within(getattr(self.coordinator, method).remote(*args), timeout)
             except Exception as exc:  # noqa: BLE001 - sorted below
                 if isinstance(exc, asyncio.TimeoutError):
                     retry = True

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 import actors
 from actors.aio import AsyncConsumer, AsyncProducer
 from storage import Message
@@ -115,3 +117,53 @@ def test_nack_comes_back_from_the_retry_topic(aio_cluster: actors.Cluster) -> No
 
     seen = asyncio.run(asyncio.wait_for(main(), 60))
     assert seen == [(b"again", 0), (b"again", 1)]
+
+
+@pytest.mark.parametrize("coordinated", [True, False], ids=["coordinated", "uncoordinated"])
+def test_a_loop_cancelled_at_any_await_commits_what_it_acked_and_nothing_else(
+    aio_cluster: actors.Cluster, coordinated: bool
+) -> None:
+    """Loops acknowledging each message, cancelled before their first message or a few
+    turns of the event loop after their 1st or 3rd ack (inside ``await message.ack()``
+    with its commit out, or between): the loop ends, the group's committed offset is
+    exactly past the messages whose ack was called, and the next member of the group
+    (joining the coordinator, or not) starts there."""
+    cluster, topic = aio_cluster, f"AioCancelAck{coordinated}"
+    cluster.admin.create_topic(topic, 1, 1)
+    with cluster.producer("aio-cancel-ack-p") as producer:  # one batch: one queue, in order
+        result = producer.send_batch([Message(topic, b"a%d" % i) for i in range(200)])
+    queue = result[0].message_queue
+    options = {"namespace": cluster.namespace, "consume_from": "first", "coordinated": coordinated}
+
+    async def run(group: str, acks: int, turns: int) -> tuple[list[int], int | None]:
+        acked: list[int] = []
+        async with AsyncConsumer(group, topic, **options) as consumer:  # type: ignore[arg-type]
+            while queue not in consumer._queues or not consumer._queues[queue].buffer:
+                await asyncio.sleep(0.01)  # pulled: the loop starts at once
+
+            async def loop() -> None:
+                async for message in consumer:
+                    acked.append(message.queue_offset)  # ack() marks it done at once
+                    await message.ack()
+
+            task = asyncio.ensure_future(loop())
+            while len(acked) < acks:
+                await asyncio.sleep(0.001)
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            assert task.cancelled()  # the loop ended there, and took nothing more
+        async with AsyncConsumer(group, topic, **options) as after:  # type: ignore[arg-type]
+            nxt = await after.receive(10)
+            return acked, None if nxt is None else nxt.queue_offset
+
+    lengths = []
+    for acks, turns in ((0, 0), (1, 2), (3, 0), (3, 5)):
+        group = f"aio-cancel-ack-{coordinated}-{acks}-{turns}"
+        acked, nxt = asyncio.run(asyncio.wait_for(run(group, acks, turns), 30))
+        lengths.append(len(acked))
+        assert acked == list(range(len(acked)))  # in order, each once
+        assert committed(cluster, group, topic) == len(acked)
+        assert nxt == len(acked)  # the first message not acked comes next
+    assert lengths[0] == 0 and lengths[2] >= 3, lengths
