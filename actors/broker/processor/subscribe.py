@@ -6,11 +6,14 @@ A subscription is a lasting waiter of the hold service (``PullRequestHoldService
 on each of its queues: a dispatch to one sets its event, and the stream's task reads
 every queue with news from where it stands, writes one answer (the queues with
 records or a new offset, as a pull of several queues answers them, each with the offset
-it was read from) and takes what it wrote off the credit. With no credit left it writes nothing until CREDIT adds some: a
-consumer whose process queue is full stops its stream by not renewing. What may be
+it was read from) and takes what it wrote off the credit. With no credit left it writes
+nothing until CREDIT adds some: a consumer whose process queue is full stops its stream
+by not renewing. What may be
 read is the role's call, as for pulls (``Replication.readable``). A queue whose offset
 is refused (too small, too far) is answered once with the store's status and next
-offset, then left out until SUBSCRIPTION_UPDATE gives it again.
+offset, then left out until SUBSCRIPTION_UPDATE gives it again. A queue with news that
+may no longer be read (its topic's perm, its read queue count changed) ends the
+subscription with that refusal as SUBSCRIBE's answer, as a pull of it is refused.
 """
 
 from __future__ import annotations
@@ -199,6 +202,8 @@ class SubscribeProcessor(DataPathProcessor):
             topic, qid = key
             if store.max_offset(topic, qid) == offset:  # nothing new (past it: refused)
                 continue
+            # a perm or queue count changed since: SUBSCRIBE's answer is the refusal
+            self.rt.topics.for_read(topic, qid)
             count = min(sub.max_count, sub.credit)
             got = get(sub.group, topic, qid, offset, count, sub.tags, view=True)
             raw, pending = readable(got, offset)

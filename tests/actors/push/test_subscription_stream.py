@@ -21,7 +21,7 @@ from actors.protocol.requests.subscribe import (
     UNSUBSCRIBE,
 )
 from actors.protocol.wire import pulls_from_wire
-from storage.errors import InvalidMessageError, TopicNotFoundError
+from storage.errors import InvalidMessageError, PermissionDeniedError, TopicNotFoundError
 from storage.message import Message
 from storage.record import decode_records
 
@@ -158,3 +158,21 @@ def test_bad_subscription_requests_get_a_clear_error(
         call(conn, SUBSCRIPTION_UPDATE, sid, add={(topic, 7): 0})
     call(conn, UNSUBSCRIBE, sid)  # the errors changed nothing: it is still open
     assert read(*stream.result(WAIT_S)) == "unsubscribed"
+
+
+def test_a_queue_no_longer_readable_ends_its_subscription_with_the_refusal(
+    one_broker: actors.Cluster, conn: BrokerConnection
+) -> None:
+    topic = "SubPerm"
+    one_broker.admin.create_topic(topic, read_queue_nums=1, write_queue_nums=1)
+    got = Received()
+    header, parts, _ = SUBSCRIBE.encode("g-perm", {(topic, 0): 0}, credit=10)
+    stream = conn.stream(header, got, parts)
+    send(one_broker, topic, [b"r0"])
+    assert got.bodies(1) == [(topic, b"r0")]
+    one_broker.admin.update_topic(topic, perm=2)  # write only: the records to come are refused
+    send(one_broker, topic, [b"r1"])
+    with pytest.raises(PermissionDeniedError):
+        stream.result(WAIT_S)
+    assert got.answers.empty()
+    assert open_subscriptions(one_broker) == 0
