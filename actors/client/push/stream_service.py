@@ -7,13 +7,14 @@ broker filters a subscription's records by one), and the broker writes their new
 records to it as it stores them. Records arrive on the client I/O thread and go
 straight into the process queues and to the consume threads.
 
-Credit: a subscription opens with a window of ``4 x pull_batch_size`` messages (at most
+Credit: a subscription opens with a window of ``pull_batch_size`` messages (at most
 ``pull_threshold_for_queue``) and ``pull_threshold_size_for_queue_mib`` bytes; what its
-queues take is given back (one CREDIT when half a window was taken) unless one of them
-is over its threshold (messages, bytes, or for a concurrent consumer its span): then that
-queue is ``PAUSED``, as a pull would leave it, and the subscription gets no credit until
-consumption brings it back under (the consume service asks for it with ``request``).
-So a slow listener stops its stream within a window of its threshold.
+queues take is given back (one CREDIT when half a window was taken, so at most one per
+answer) unless one of them is over its threshold (messages, bytes, or for a concurrent
+consumer its span): then that queue is ``PAUSED``, as a pull would leave it, and the
+subscription gets no credit until consumption brings it back under (the consume service
+asks for it with ``request``). So a slow listener's stream stops with its queue at most
+a window and an answer past its threshold (a pull stops one answer past it).
 
 Rebalance: a queue taken joins its broker's subscription (SUBSCRIPTION_UPDATE, from the
 queue's next offset); a queue dropped leaves it on the consumer's next service tick
@@ -92,6 +93,7 @@ class _Stream:
         self.owed_bytes = 0
         self.ended = False
         self.closing = False  # this consumer ended it
+        self.read: Any = None  # what the SUBSCRIBE's last answer says
 
 
 class StreamService:
@@ -105,7 +107,7 @@ class StreamService:
         self._max_buffer = cfg.pull_threshold_for_queue
         self._max_bytes = cfg.pull_threshold_size_for_queue_mib << 20
         self._max_span = None if cfg.orderly else CONSUME_CONCURRENTLY_MAX_SPAN
-        self.window = max(1, min(4 * cfg.pull_batch_size, cfg.pull_threshold_for_queue))
+        self.window = max(1, min(cfg.pull_batch_size, cfg.pull_threshold_for_queue))
         self.window_bytes = self._max_bytes
         self._max_count = min(cfg.pull_batch_size, MAX_COUNT)
         self._lock = threading.Lock()
@@ -257,7 +259,7 @@ class StreamService:
             self._streams[skey] = stream
             for pq in stream.queues.values():
                 self._of[pq] = stream
-        header, parts, _ = SUBSCRIBE.encode(
+        header, parts, stream.read = SUBSCRIBE.encode(
             c.group,
             {key: offset for key, (_, offset) in queues.items()},
             tags=skey[1],
@@ -356,8 +358,9 @@ class StreamService:
                 self._events.put((_ADD, pq))
             return
         if cause is None:  # the broker ended it (its shutdown)
+            header, body = fut.result()
             cause = BrokerUnavailableError(
-                f"{stream.key[0]} ended the subscription: {fut.result()!r}"
+                f"{stream.key[0]} ended the subscription: {stream.read(header, body)!r:.80}"
             )
         self._failed(mine, cause)
 
