@@ -196,9 +196,7 @@ def encode_plain_c(
         topics=(topic,),
         topic_idx=np.zeros(n, dtype=np.int16),
         queue_ids=np.frombuffer(queue_ids, dtype=np.int32),
-        tag_codes=np.full(
-            n, java_hash.java_hash_cached(tags) if tags is not None else 0, dtype=np.int64
-        ),
+        tag_codes=_tag_codes(java_hash.java_hash_cached(tags) if tags is not None else 0, n),
         key_hashes=np.frombuffer(key_hashes, dtype=np.int32),
         key_owner=owners,
         uniq_keys=batch.PackedKeys(uniq_raw),
@@ -206,6 +204,14 @@ def encode_plain_c(
         seq_slot_at=seq_slots.slot_at(int(size_arr[0]), seq_slot) if seq_slot else None,
         transactional=shared is not None and shared.get(PROP_TRAN_MSG) == "true",
     )
+
+
+def _tag_codes(code: int, n: int) -> np.ndarray:
+    """``n`` copies of a tag's hash code (one message's without ``np.full``, several
+    times its cost for a single element)."""
+    if n == 1:
+        return np.array((code,), dtype=np.int64)
+    return np.full(n, code, dtype=np.int64)
 
 
 def _keyed_head(topic: str, tags: str | None, extra: bytes = b"") -> bytes:

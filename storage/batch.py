@@ -462,14 +462,15 @@ class EncodedBatch:
             topics,
             uniq,
             producer,
-            self.sizes.astype("<i4").tobytes(),
-            self.topic_idx.astype("<i2").tobytes(),
-            self.queue_ids.astype("<i4").tobytes(),
-            self.tag_codes.astype("<i8").tobytes(),
-            self.key_hashes.astype("<i4").tobytes(),
-            self.key_owner.astype("<i4").tobytes(),
-            b"" if delays is None else delays.astype("<i4").tobytes(),
-            b"" if runs is None else runs.astype("<i8").tobytes(),
+            # copy=False: an array of the wire's type already is not copied twice
+            self.sizes.astype("<i4", copy=False).tobytes(),
+            self.topic_idx.astype("<i2", copy=False).tobytes(),
+            self.queue_ids.astype("<i4", copy=False).tobytes(),
+            self.tag_codes.astype("<i8", copy=False).tobytes(),
+            self.key_hashes.astype("<i4", copy=False).tobytes(),
+            self.key_owner.astype("<i4", copy=False).tobytes(),
+            b"" if delays is None else delays.astype("<i4", copy=False).tobytes(),
+            b"" if runs is None else runs.astype("<i8", copy=False).tobytes(),
         ]
 
     @classmethod

@@ -41,6 +41,14 @@ from storage.codec import EncodedBatch, encode_batch
 from storage.errors import InvalidMessageError
 from storage.message import Message
 
+_ONE = np.arange(1)
+_ONE.flags.writeable = False
+
+
+def _positions(n: int) -> np.ndarray:
+    """``0 .. n-1``: a single message's (the most common send) shared, read-only."""
+    return _ONE if n == 1 else np.arange(n)
+
 
 class MessageEncoder:
     """Turns a send's messages (or batches encoded already) into chunks; see the module doc."""
@@ -93,7 +101,7 @@ class MessageEncoder:
                 shared,
             )
             if batch is not None and len(batch.data) <= cfg.max_batch_bytes:
-                return [_Chunk(first.topic, batch, np.arange(len(messages)))]
+                return [_Chunk(first.topic, batch, _positions(len(messages)))]
         if shared:  # the general loop: each message with the shared properties as its own
             messages = [
                 dataclasses.replace(
