@@ -38,7 +38,7 @@ Submit = Callable[..., Any]  # sends its batches as one call to the lane's broke
 OnAck = Callable[[SendAck | None, BaseException | None], None]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Waiting:
     batch: EncodedBatch  # bound for its queue (``with_queue``)
     submit: Submit
@@ -93,8 +93,16 @@ class SendLanes:
         lane = self._lane(broker)
         with lane.lock:
             bound = batch() if callable(batch) else batch
-            lane.waiting.append(_Waiting(bound, submit, on_done))
-        self._pump(broker, lane)
+            if lane.waiting or lane.in_flight >= self._max_in_flight:
+                lane.waiting.append(_Waiting(bound, submit, on_done))
+                group = None
+            else:  # an idle lane (the usual single send at a low rate): it leaves now
+                group = [_Waiting(bound, submit, on_done)]
+                ref, exc = self._call(lane, group)
+        if group is None:
+            self._pump(broker, lane)
+        else:
+            self._sent(broker, group, ref, exc)
 
     def _pump(self, broker: str, lane: _Lane) -> None:
         while True:
@@ -102,16 +110,30 @@ class SendLanes:
                 if not lane.waiting or lane.in_flight >= self._max_in_flight:
                     return
                 group = self._take(lane)
-                lane.in_flight += 1
-                # made under the lock: the next group cannot overtake it on the wire
-                try:
-                    ref, exc = group[0].submit(*(w.batch for w in group)), None
-                except BaseException as error:  # noqa: BLE001 - each part hears of it
-                    ref, exc = None, error
+                ref, exc = self._call(lane, group)
             if ref is None:
                 self._finish(broker, group, None, exc)
                 continue
             ref.future().add_done_callback(functools.partial(self._answered, broker, group))
+
+    @staticmethod
+    def _call(lane: _Lane, group: list[_Waiting]) -> tuple[Any, BaseException | None]:
+        """``group`` submitted as one call, under ``lane.lock`` (so the next group cannot
+        overtake it on the wire): its pending answer, or what kept it from the wire."""
+        lane.in_flight += 1
+        try:
+            return group[0].submit(*(w.batch for w in group)), None
+        except BaseException as error:  # noqa: BLE001 - each part hears of it
+            return None, error
+
+    def _sent(
+        self, broker: str, group: list[_Waiting], ref: Any, exc: BaseException | None
+    ) -> None:
+        """After :meth:`_call`, outside the lock: the answer awaited, or the failure told."""
+        if ref is None:
+            self._finish(broker, group, None, exc)
+            return
+        ref.future().add_done_callback(functools.partial(self._answered, broker, group))
 
     def _take(self, lane: _Lane) -> list[_Waiting]:
         """The longest run of waiting batches within the call limits (at least one)."""
