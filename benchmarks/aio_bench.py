@@ -8,7 +8,9 @@ One broker (ASYNC_FLUSH), 100 B messages, producer and consumer in this process:
   its send time, and the time from the send to the consumer handing it over:
   sync (``Producer.send_async`` paced on a thread, a ``PullConsumer`` long-polling on a
   thread) against async (``await AsyncProducer.send`` paced on the loop, ``async for``
-  over an ``AsyncConsumer``); p50, p99 and p99.9 of each, and async / sync;
+  over an ``AsyncConsumer`` of a coordinated group, the default); p50, p99 and p99.9
+  of each, and async / sync; and the same ``AsyncConsumer`` with ``coordinated=False``
+  beside it, and coordinated / uncoordinated;
 * rate: ``--messages`` single messages, ``await send(message)`` from 256 tasks on one
   loop against ``send_async(message)`` futures from one thread (all answered), in
   messages a second, and async / sync;
@@ -102,12 +104,14 @@ def sync_latency(cluster: Any, rate: int, seconds: float, group: str) -> list[fl
 
 
 # ------------------------------------------------------------ latency, async
-async def async_latency(namespace: str, rate: int, seconds: float, group: str) -> list[float]:
+async def async_latency(
+    namespace: str, rate: int, seconds: float, group: str, coordinated: bool = True
+) -> list[float]:
     times = pace(rate, seconds)
     latencies: list[float] = []
     async with (
         AsyncProducer(f"{group}-p", namespace=namespace) as producer,
-        AsyncConsumer(group, LAT_TOPIC, namespace=namespace) as consumer,
+        AsyncConsumer(group, LAT_TOPIC, namespace=namespace, coordinated=coordinated) as consumer,
     ):
         await producer.send(Message(LAT_TOPIC, STAMP.pack(time.perf_counter()) + BODY))
         await consumer.__anext__()  # the consumer has its queues and is pulling
@@ -215,7 +219,7 @@ def main() -> int:
         ],
         broker_options={"store": {"flush_disk_type": "ASYNC_FLUSH"}},
     )
-    lat: dict[str, list[tuple[float, float, float]]] = {"sync": [], "async": []}
+    lat: dict[str, list[tuple[float, float, float]]] = {"sync": [], "async": [], "uncoord": []}
     rate: dict[str, list[float]] = {"sync": [], "async": []}
     txn: dict[str, list[float]] = {"sync": [], "async": []}
     n_txn = max(1, args.messages // 10)
@@ -225,14 +229,23 @@ def main() -> int:
             a = percentiles(
                 asyncio.run(async_latency(namespace, args.rate, args.seconds, f"lat-async-{r}"))
             )
+            u = percentiles(
+                asyncio.run(
+                    async_latency(namespace, args.rate, args.seconds, f"lat-uncoord-{r}", False)
+                )
+            )
             lat["sync"].append(s)
             lat["async"].append(a)
+            lat["uncoord"].append(u)
             rs = sync_rate(cluster, args.messages)
             ra = asyncio.run(async_rate(namespace, args.messages))
             rate["sync"].append(rs)
             rate["async"].append(ra)
             ms = lambda t: " / ".join(f"{x * 1000:.2f}" for x in t)  # noqa: E731
-            print(f"round {r + 1}: latency p50/p99/p99.9 ms  sync {ms(s)}  async {ms(a)}")
+            print(
+                f"round {r + 1}: latency p50/p99/p99.9 ms  sync {ms(s)}  async {ms(a)}"
+                f"  async coordinated=False {ms(u)}"
+            )
             print(f"round {r + 1}: single-message rate msg/s  sync {rs:,.0f}  async {ra:,.0f}")
             ts = sync_txn_rate(namespace, n_txn)
             ta = asyncio.run(async_txn_rate(namespace, n_txn))
@@ -243,15 +256,22 @@ def main() -> int:
             )
         med = {k: [statistics.median(x[i] for x in v) for i in range(3)] for k, v in lat.items()}
         print(f"\nproduce -> consume latency at {args.rate} msg/s (median of rounds), ms:")
-        for k in ("sync", "async"):
+        for k in ("sync", "async", "uncoord"):
             print(
-                f"  {k:5s}  p50 {med[k][0] * 1000:.2f}  p99 {med[k][1] * 1000:.2f}"
+                f"  {k:7s}  p50 {med[k][0] * 1000:.2f}  p99 {med[k][1] * 1000:.2f}"
                 f"  p99.9 {med[k][2] * 1000:.2f}"
             )
         print(
             "  async / sync: "
             + "  ".join(
                 f"{name} {med['async'][i] / med['sync'][i]:.2f}"
+                for i, name in enumerate(("p50", "p99", "p99.9"))
+            )
+        )
+        print(
+            "  async coordinated / coordinated=False: "
+            + "  ".join(
+                f"{name} {med['async'][i] / med['uncoord'][i]:.2f}"
                 for i, name in enumerate(("p50", "p99", "p99.9"))
             )
         )
