@@ -85,6 +85,21 @@ class HAClient:
         self.received = 0  # bytes appended
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:  # stopped (the broker stops, or it was promoted): the last rise saved too
+            if self._saving is not None:
+                self._saving.cancel()
+            self._save_now()
+
+    def _save_now(self) -> None:
+        state = self.repl.state
+        if self.confirmed > state.confirmed:
+            state.confirmed, state.confirmed_epoch = self.confirmed, state.epoch
+            state.save()
+            self.confirmed_saved = self.confirmed
+
+    async def _run(self) -> None:
         backoff = 0.05
         while True:
             handle = await self.repl.master_handle()
@@ -199,9 +214,9 @@ class HAClient:
         meanwhile, at most once per ``CONFIRMED_SAVE_S``."""
         state = self.repl.state
         while self.confirmed > self.confirmed_saved:
-            value, epoch = self.confirmed, state.epoch
+            value = self.confirmed
             if value > state.confirmed:
-                state.confirmed, state.confirmed_epoch = value, epoch
+                state.confirmed, state.confirmed_epoch = value, state.epoch
                 await self.broker.run(state.save)
             self.confirmed_saved = value
             await asyncio.sleep(CONFIRMED_SAVE_S)
