@@ -48,6 +48,7 @@ from storage.errors import (
     BrokerUnavailableError,
     InvalidConfigError,
     InvalidMessageError,
+    OffsetOutOfRangeError,
     PermissionDeniedError,
 )
 from storage.lite import LiteConfig, LitePutResult, LiteStore, validate_lite_name
@@ -300,9 +301,21 @@ class LiteProcessor:
         ]
 
     async def _caught_up(self) -> None:
-        """In a Raft group: the lite store has indexed every committed record (a new
-        leader's, before it answers its first lite send or read)."""
-        if self.raft is not None and self.store.behind():
+        """In a Raft group: the lite store has indexed every committed record. A new
+        leader knows what its predecessors committed once an entry of its own term
+        (its election's no-op) commits: it waits for that first, at most
+        ``sync_replication_timeout_s``, before it answers its first lite send or read."""
+        raft = self.raft
+        if raft is None:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.rt.config.sync_replication_timeout_s
+        while not _own_term_committed(raft):
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            await raft.wait_readable(left)
+        if self.store.behind():
             await self.rt.run(self.store.catch_up)
 
     def _wake(self, parent: str, lite_topics: set[str]) -> None:
@@ -624,6 +637,17 @@ class LiteProcessor:
         if self._follow is not None:
             self._follow.cancel()
         self.store.close()
+
+
+def _own_term_committed(raft: DLedgerReplication) -> bool:
+    """Not the leader, or a leader that committed an entry of its own term."""
+    node = raft.node
+    if not node.is_leader:
+        return True
+    try:
+        return raft.raft_log.term_at(node.commit_index) == node.term
+    except OffsetOutOfRangeError:
+        return True
 
 
 async def _no_local_put(batch: Any) -> Any:
