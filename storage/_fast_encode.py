@@ -150,21 +150,17 @@ def encode_plain_c(
     topic, tags = first.topic, first.tags
     if topic.__class__ is not str or (tags is not None and tags.__class__ is not str):
         return None
-    record.validate_topic(topic)
-    if tags is not None and (not tags or "\x01" in tags or "\x02" in tags):
-        return None  # the general path names the error
     key = first.keys
     if (key.__class__ is list or key.__class__ is tuple) and len(key) == 1:
         key = key[0]  # keys=[order_id]: one key, as the C encoder takes it
     keyed = key.__class__ is str and bool(key)
-    head = _keyed_head(topic, tags, extra) if keyed else _tail_head(topic, tags, extra)
-    if head is None:
+    consts = _consts(topic, tags, keyed, extra, gen.prefix)
+    if consts is None:
         return None
+    head, prefix, key_base, topic_hash, tag_code = consts
     header = record.HEADER.pack(
         0, record.MAGIC, 0, 0, 0, 0, 0, 0, born_ts, born_raw, 0, bytes(8), 0, 0, 0
     )
-    prefix = gen.prefix.encode("ascii")
-    key_base = java_hash.java_hash_cached(f"{topic}#{gen.prefix}") & 0xFFFFFFFF
     # a batch found not plain has then used up n counter values: harmless, they
     # only need to be unique
     out = _native.encode_plain(
@@ -179,7 +175,7 @@ def encode_plain_c(
         key_base,
         crc32_address,
         keyed,
-        java_hash.java_hash_cached(f"{topic}#") & 0xFFFFFFFF,
+        topic_hash,
         seq_slot or b"",
     )
     if out is None:
@@ -196,7 +192,7 @@ def encode_plain_c(
         topics=(topic,),
         topic_idx=np.zeros(n, dtype=np.int16),
         queue_ids=np.frombuffer(queue_ids, dtype=np.int32),
-        tag_codes=_tag_codes(java_hash.java_hash_cached(tags) if tags is not None else 0, n),
+        tag_codes=_tag_codes(tag_code, n),
         key_hashes=np.frombuffer(key_hashes, dtype=np.int32),
         key_owner=owners,
         uniq_keys=batch.PackedKeys(uniq_raw),
@@ -204,6 +200,38 @@ def encode_plain_c(
         seq_slot_at=seq_slots.slot_at(int(size_arr[0]), seq_slot) if seq_slot else None,
         transactional=shared is not None and shared.get(PROP_TRAN_MSG) == "true",
     )
+
+
+_Consts = tuple[bytes, bytes, int, int, int]
+_CONSTS: dict[tuple[str, str | None, bool, bytes, str], _Consts | None] = {}
+"""What :func:`encode_plain_c` derives from a batch's topic, tags, kind of key, shared
+properties and key prefix alone, by those (checked once: a bad topic is not kept)."""
+
+
+def _consts(topic: str, tags: str | None, keyed: bool, extra: bytes, prefix: str) -> _Consts | None:
+    """(record tail head, key prefix, unique key hash base, topic hash, tag code), or None
+    when the general path is to encode (and name the error of) such a batch."""
+    key = (topic, tags, keyed, extra, prefix)
+    try:
+        return _CONSTS[key]
+    except KeyError:
+        pass
+    record.validate_topic(topic)
+    consts: _Consts | None = None
+    if tags is None or (tags and "\x01" not in tags and "\x02" not in tags):
+        head = _keyed_head(topic, tags, extra) if keyed else _tail_head(topic, tags, extra)
+        if head is not None:
+            consts = (
+                head,
+                prefix.encode("ascii"),
+                java_hash.java_hash(f"{topic}#{prefix}") & 0xFFFFFFFF,
+                java_hash.java_hash(f"{topic}#") & 0xFFFFFFFF,
+                java_hash.java_hash(tags) if tags is not None else 0,
+            )
+    if len(_CONSTS) >= 4096:
+        _CONSTS.clear()
+    _CONSTS[key] = consts
+    return consts
 
 
 def _tag_codes(code: int, n: int) -> np.ndarray:
