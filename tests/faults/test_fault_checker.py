@@ -101,3 +101,18 @@ def test_committed_offsets_moving_back_are_violations_unless_a_fault_excuses_the
     bad, allowed = offsets_moved_back(looks, lambda q, hi, lo: hi < 2.5 <= lo)
     assert allowed == ["b:0: 20 at 2.0 -> 15 at 3.0"]
     assert bad == ["b:0: 30 at 4.0 -> 25 at 6.0"]
+
+
+def test_the_grpc_doors_copies_are_allowed_where_the_idempotent_producers_are_not() -> None:
+    # the official client sends again after a refusal (a slave that did not confirm in
+    # time), with the same message id: RocketMQ keeps both copies, and so does RayMQ
+    from benchmarks.faults.runner import Result
+    from benchmarks.faults.schedule import Plan
+
+    def verdict(idempotent: bool, twice: list[str]) -> list[str]:
+        plan = Plan(2, "SYNC_MASTER", idempotent, ["n1", "n2", "n3"], [])
+        return Result(plan, duplicated=twice).violations
+
+    assert verdict(True, ["g-00001131", "g-00001132"]) == []
+    assert verdict(True, ["g-00001131", "m-00000007"]) == ["1 duplicated by an idempotent producer"]
+    assert verdict(False, ["m-00000007"]) == []

@@ -140,6 +140,11 @@ def door_acked(doors: Sequence[GrpcSender | TxnSender], last: int = 200) -> list
     ]
 
 
+GRPC_BODY_PREFIX = "g-"
+"""The gRPC door's bodies: at least once (the official client sends again after a
+refusal, and no broker drops the copy), where the idempotent producer's are once."""
+
+
 class GrpcSender:
     """Sends single unique bodies (``g-...``) through the RocketMQ 5 gRPC door with the
     official client (``rocketmq-python-client``), paced, from one thread; its ops are
@@ -172,7 +177,7 @@ class GrpcSender:
                 self.stop.wait(1.0)
         seq = 0
         while producer is not None and not self.stop.is_set():
-            body = f"g-{seq:08d}"
+            body = f"{GRPC_BODY_PREFIX}{seq:08d}"
             seq += 1
             msg = GrpcMessage()
             msg.topic, msg.body = self.topic, body.encode()
