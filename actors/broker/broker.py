@@ -49,6 +49,7 @@ from actors.broker.ha import create_replication
 from actors.broker.ha.ha_service import HAService
 from actors.broker.lease import ClusterLease
 from actors.broker.listener import DataPathListener
+from actors.broker.lite.parents import LiteParents
 from actors.broker.lite.processor import LiteProcessor
 from actors.broker.memory import retain_freed_memory
 from actors.broker.metrics import BrokerMetrics, BrokerMetricsService
@@ -125,6 +126,7 @@ class Broker:
         self.one_phase.attach(self.groups)
         self.popper = PopProcessor(rt, self.ha)
         self.lite = LiteProcessor(rt, self.ha, self.admin)  # lite topics
+        self.lite_parents = self.lite.parents  # LITE parents and their listings
         self.producer_ids = ProducerIdAllocator(
             rt.store.config_file("producerIds"), config.actor_name
         )
@@ -450,6 +452,8 @@ class Broker:
 # lite topics (actors/broker/lite): lite_create_parent, lite_send ... are LiteProcessor's own
 for _name in LiteProcessor.REQUESTS:
     setattr(Broker, f"lite_{_name}", _served_by("lite", getattr(LiteProcessor, _name)))
+for _name in LiteParents.REQUESTS:
+    setattr(Broker, f"lite_{_name}", _served_by("lite_parents", getattr(LiteParents, _name)))
 
 
 _PROCESSORS: dict[str, type] = {
@@ -461,6 +465,7 @@ _PROCESSORS: dict[str, type] = {
     "popper": PopProcessor,
     "admin": AdminBrokerProcessor,
     "lite": LiteProcessor,
+    "lite_parents": LiteParents,
     "subscriber": SubscribeProcessor,
 }
 """The class of each processor the Broker holds, by attribute (a declaration's

@@ -1,15 +1,17 @@
 """Lite topics on a broker: the processor over the store's :class:`storage.lite.LiteStore`.
 
-* A parent of type LITE is a topic created with :meth:`LiteProcessor.create_parent`
-  (its quota of lite topics and their TTL after the last write kept in
-  ``config/liteParents.json``, its TopicConfig with the other topics).
+* A parent of type LITE is a topic created with
+  :meth:`actors.broker.lite.parents.LiteParents.create_parent` (its quota of lite
+  topics and their TTL after the last write kept in ``config/liteParents.json``, its
+  TopicConfig with the other topics).
 * A send names its lite topic per message; the first send (or subscription) naming a
   lite topic creates it.
 * Within a consumer group a lite topic is consumed by one client at a time: the first
   of its subscribers owns it; when the owner unsubscribes or is not heard from for
   ``owner_lease_s`` (every call of a client renews it), the next subscriber takes it
-  over, from the group's committed offset. A client subscribes and unsubscribes lite
-  topics at any time (RocketMQ's PARTIAL_ADD, PARTIAL_REMOVE and COMPLETE_ADD).
+  over, from the group's committed offset (:mod:`actors.broker.lite.groups`). A client
+  subscribes and unsubscribes lite topics at any time (RocketMQ's PARTIAL_ADD,
+  PARTIAL_REMOVE and COMPLETE_ADD).
 * :meth:`LiteProcessor.receive` hands a client the messages of the lite topics it owns
   from where the group stands; :meth:`LiteProcessor.ack` commits a lite topic's offset.
   :meth:`LiteProcessor.pull` reads one lite topic from an offset the caller names
@@ -22,33 +24,30 @@
 Sends are taken on a master only. A master of a master/slave group writes them to its
 own store: lite messages reach a slave with the CommitLog's bytes and are indexed there
 by ``LiteStore.catch_up``. The leader of a Raft (DLedger) group proposes them through
-the group's log like any put and answers once a majority holds them; every member
-indexes only committed records (``LiteStore(committed=...)``), so a lite read sees only
-committed messages, and a new leader's lite store catches up before its first lite
-send or read. A Raft follower copies its leader's LITE parents (quota, TTL) every
-``slave_sync_interval_s``.
+the group's log (:mod:`actors.broker.lite.raft`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from actors.broker.ha import DLedgerReplication, MasterSlaveReplication, Replication
+from actors.broker.lite.groups import (
+    SUBSCRIBE_ADD,
+    SUBSCRIBE_COMPLETE,
+    SUBSCRIBE_REMOVE,
+    LiteGroup,
+)
+from actors.broker.lite.parents import LiteParents
+from actors.broker.lite.raft import RaftLiteLog
 from actors.broker.runtime import BrokerRuntime
 from actors.protocol.checks import validate_group
-from actors.protocol.topic import TopicConfig
-from storage.codec import validate_topic
 from storage.errors import (
     BrokerUnavailableError,
-    InvalidConfigError,
     InvalidMessageError,
-    OffsetOutOfRangeError,
     PermissionDeniedError,
 )
 from storage.lite import LiteConfig, LitePutResult, LiteStore, validate_lite_name
@@ -56,26 +55,9 @@ from storage.message import GetStatus, Message, PutStatus
 
 log = logging.getLogger("raymq.actors.broker.lite")
 
-_PARENTS = "liteParents"
-SUBSCRIBE_ADD, SUBSCRIBE_REMOVE, SUBSCRIBE_COMPLETE = "add", "remove", "complete"
-
-
-@dataclass
-class _Group:
-    """One consumer group's view of one parent: who subscribes what, who owns what."""
-
-    subscribers: dict[str, list[str]] = field(default_factory=dict)  # lite -> clients, in order
-    owner: dict[str, str] = field(default_factory=dict)  # lite -> client
-    subscribed: dict[str, set[str]] = field(default_factory=dict)  # client -> lites
-    seen: dict[str, float] = field(default_factory=dict)  # client -> monotonic time
-    cursor: dict[str, int] = field(default_factory=dict)  # lite -> next offset handed out
-
 
 class LiteProcessor:
     REQUESTS = (
-        "create_parent",
-        "parents",
-        "topics",
         "send",
         "subscribe",
         "receive",
@@ -83,8 +65,6 @@ class LiteProcessor:
         "pull",
         "committed_offset",
         "stats",
-        "describe_parent",
-        "topics_page",
         "describe_topic",
         "delete_topic",
     )
@@ -102,104 +82,20 @@ class LiteProcessor:
         self.role = role
         self.admin = admin
         self.owner_lease_s = owner_lease_s
-        self.raft = role if isinstance(role, DLedgerReplication) else None
-        raft = self.raft
+        raft = role if isinstance(role, DLedgerReplication) else None
         # in a Raft group only committed records are indexed: a divergent tail cut off
         # by a new leader was never in the lite index
         committed = (lambda: raft.readable_end) if raft is not None else None
         self.store = LiteStore(runtime.store, config, committed=committed)
-        self._parents_file = runtime.store.config_file(_PARENTS)
-        for parent, spec in (self._parents_file.load() or {}).items():
-            self.store.declare_parent(parent, quota=spec["quota"], ttl_ms=spec["ttlMs"])
-        self._groups: dict[tuple[str, str], _Group] = {}
+        self.parents = LiteParents(runtime, self.store, admin, raft)  # declared before start
+        self._groups: dict[tuple[str, str], LiteGroup] = {}
         self._lock = threading.Lock()  # the groups' tables (read and changed on I/O threads)
         # a slave indexes the lite records its master's bytes bring; every Raft member
         # indexes the records the group committed
         self.store.start(following=lambda: raft is not None or not role.is_master)
-        self._follow: asyncio.Task[None] | None = None
-        if raft is not None:
-            self._follow = runtime.loop.create_task(self._follow_parents(raft))
+        self.raft = RaftLiteLog(runtime, self.store, raft) if raft is not None else None
 
     # ------------------------------------------------------------ admin
-    async def create_parent(
-        self,
-        parent: str,
-        quota: int | None = None,
-        ttl_ms: int | None = None,
-        queues: int = 1,
-    ) -> dict[str, Any]:
-        """Create ``parent`` as a topic of type LITE (or change its quota and TTL)."""
-        validate_topic(parent)
-        for name, value in (("quota", quota), ("ttl_ms", ttl_ms)):
-            if value is not None and (not isinstance(value, int) or value <= 0):
-                raise InvalidConfigError(f"{name}={value!r}: must be an int > 0")
-        if parent in self.store.parents():
-            used = self.store.count(parent)
-            if quota is not None and quota < used:
-                raise InvalidConfigError(
-                    f"quota={quota} for LITE topic {parent!r}: below the {used} lite topics "
-                    "it holds now"
-                )
-        await self.admin.create_topic(TopicConfig(parent, queues, queues))
-        self.store.declare_parent(parent, quota=quota, ttl_ms=ttl_ms)
-        p = self.store.parent_settings(parent)
-        saved = self._parents_file.load() or {}
-        saved[parent] = {"quota": p["quota"], "ttlMs": p["ttl_ms"]}
-        await self.rt.run(self._parents_file.save, saved)
-        return {"parent": parent, **p}
-
-    async def parents(self) -> dict[str, dict[str, int]]:
-        return dict(self._parents_file.load() or {})
-
-    async def _follow_parents(self, raft: DLedgerReplication) -> None:
-        """A Raft follower takes its leader's LITE parents (quota and TTL), so that it
-        serves them as the leader did once it leads."""
-        interval = self.rt.config.slave_sync_interval_s
-        while True:
-            await asyncio.sleep(interval)
-            if raft.node.is_leader or self.rt.closing:
-                continue
-            try:
-                handle = await raft._leader_handle()
-                if handle is None:
-                    continue
-                theirs = await asyncio.wait_for(handle.lite_parents.remote(), 10.0)
-                await self._take_parents(theirs)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the next turn asks again
-                log.debug("lite parents not copied from the Raft leader: %s", exc)
-
-    async def _take_parents(self, theirs: dict[str, dict[str, int]]) -> None:
-        saved = self._parents_file.load() or {}
-        if all(saved.get(name) == spec for name, spec in theirs.items()):
-            return
-        for name, spec in theirs.items():
-            self.store.declare_parent(name, quota=spec["quota"], ttl_ms=spec["ttlMs"])
-            saved[name] = dict(spec)
-        await self.rt.run(self._parents_file.save, saved)
-
-    async def topics(self, parent: str) -> list[str]:
-        return await self.rt.run(self.store.lite_topics, parent)
-
-    async def describe_parent(self, parent: str) -> dict[str, int]:
-        """A parent's quota, TTL and live lite topics (``NotALiteParentError`` for a
-        topic of another type)."""
-        return self.store.parent_settings(parent)
-
-    async def topics_page(self, parent: str, after: str = "", limit: int = 100) -> dict[str, Any]:
-        """The live lite topics of ``parent`` sorted by name, the first ``limit`` after
-        ``after``: ``{"lite_topics", "total", "remaining"}`` (``remaining``: the names
-        after ``after``, this page's included)."""
-        if not isinstance(limit, int) or not 1 <= limit <= 10_000:
-            raise InvalidMessageError(f"limit={limit!r}: an int from 1 to 10000")
-        if not isinstance(after, str):
-            raise InvalidMessageError(f"after={after!r}: a lite topic name or ''")
-        page, total, remaining = await self.rt.run(
-            self.store.lite_topics_page, parent, after, limit
-        )
-        return {"lite_topics": page, "total": total, "remaining": remaining}
-
     async def describe_topic(self, parent: str, lite_topic: str) -> dict[str, Any] | None:
         """One lite topic: its min and max offsets, last write time, and per group that
         committed in it or consumes it: committed offset, lag and owning client. None
@@ -240,9 +136,7 @@ class LiteProcessor:
             for (_, p), g in self._groups.items():
                 if p != parent:
                     continue
-                for client in list(g.subscribers.get(lite_topic, ())):
-                    g.subscribed.get(client, set()).discard(lite_topic)
-                    self._drop(g, lite_topic, client)
+                g.unsubscribe_all(lite_topic)
         return deleted
 
     # ------------------------------------------------------------ send
@@ -274,49 +168,19 @@ class LiteProcessor:
         ]
 
     async def _send_through_log(
-        self, raft: DLedgerReplication, parent: str, messages: list[tuple[str, Message]]
+        self, raft: RaftLiteLog, parent: str, messages: list[tuple[str, Message]]
     ) -> list[dict[str, Any]]:
-        """A Raft leader's lite send: proposed through the group's log as a normal put
-        is, answered once committed and indexed (``status`` ``FLUSH_SLAVE_TIMEOUT`` and
-        offset -1 when a majority did not take it in time: it is indexed when it is)."""
-        store = self.store
-        await self._caught_up()
-        proposal = store.prepare(parent, messages)
-        try:
-            result = await raft.put(proposal.batch, _no_local_put)
-        except BaseException:
-            store.release(proposal)
-            raise
-        if result.status is PutStatus.PUT_OK:
-            done = await self.rt.run(store.settle, proposal, result.commitlog_offsets)
-            offsets = done.lite_offsets.tolist()
-        else:
-            store.release(proposal)
-            offsets = [-1] * len(messages)
+        """A Raft leader's lite send, answered once committed and indexed."""
+        lites, offsets, msg_ids, status = await raft.send(parent, messages)
         self._wake(parent, {lite for lite, _ in messages})
-        status = result.status.value
         return [
-            {"lite_topic": lite, "offset": off, "msg_id": mid, "status": status}
-            for lite, off, mid in zip(proposal.lites, offsets, proposal.batch.uniq_keys)
+            {"lite_topic": lite, "offset": off, "msg_id": mid, "status": status.value}
+            for lite, off, mid in zip(lites, offsets, msg_ids)
         ]
 
     async def _caught_up(self) -> None:
-        """In a Raft group: the lite store has indexed every committed record. A new
-        leader knows what its predecessors committed once an entry of its own term
-        (its election's no-op) commits: it waits for that first, at most
-        ``sync_replication_timeout_s``, before it answers its first lite send or read."""
-        raft = self.raft
-        if raft is None:
-            return
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.rt.config.sync_replication_timeout_s
-        while not _own_term_committed(raft):
-            left = deadline - loop.time()
-            if left <= 0:
-                break
-            await raft.wait_readable(left)
-        if self.store.behind():
-            await self.rt.run(self.store.catch_up)
+        if self.raft is not None:
+            await self.raft.caught_up()
 
     def _wake(self, parent: str, lite_topics: set[str]) -> None:
         """Wake the receives and pulls held on these lite topics (on the loop's thread)."""
@@ -394,54 +258,10 @@ class LiteProcessor:
             for name in names:  # created first: a quota refusal leaves the table as it was
                 await self.rt.run(self.store.create, parent, name)
         with self._lock:
-            g = self._groups.setdefault((group, parent), _Group())
-            self._touch(g, client_id)
-            mine = g.subscribed.setdefault(client_id, set())
-            if action == SUBSCRIBE_ADD:
-                adds, removes = [n for n in names if n not in mine], []
-            elif action == SUBSCRIBE_REMOVE:
-                adds, removes = [], [n for n in names if n in mine]
-            else:
-                wanted = set(names)
-                adds = [n for n in names if n not in mine]
-                removes = sorted(mine - wanted)
-            for name in adds:
-                mine.add(name)
-                g.subscribers.setdefault(name, []).append(client_id)
-                g.owner.setdefault(name, client_id)
-            for name in removes:
-                mine.discard(name)
-                self._drop(g, name, client_id)
-            return self._view(g, client_id)
-
-    def _touch(self, g: _Group, client_id: str) -> None:
-        now = time.monotonic()
-        g.seen[client_id] = now
-        gone = [c for c, t in g.seen.items() if now - t > self.owner_lease_s]
-        for c in gone:  # not heard from: its lite topics pass to their next subscribers
-            for name in sorted(g.subscribed.pop(c, ())):
-                self._drop(g, name, c)
-            silent = now - g.seen.pop(c)
-            log.info("lite consumer %s silent for %.0fs: its lite topics passed on", c, silent)
-
-    def _drop(self, g: _Group, name: str, client_id: str) -> None:
-        subs = g.subscribers.get(name, [])
-        if client_id in subs:
-            subs.remove(client_id)
-        if g.owner.get(name) == client_id:
-            del g.owner[name]
-            g.cursor.pop(name, None)  # the next owner starts from the committed offset
-            if subs:
-                g.owner[name] = subs[0]
-        if not subs:
-            g.subscribers.pop(name, None)
-
-    def _view(self, g: _Group, client_id: str) -> dict[str, list[str]]:
-        mine = g.subscribed.get(client_id, set())
-        return {
-            "subscribed": sorted(mine),
-            "owned": sorted(n for n in mine if g.owner.get(n) == client_id),
-        }
+            g = self._groups.setdefault((group, parent), LiteGroup())
+            g.touch(client_id, self.owner_lease_s)
+            g.change(client_id, names, action)
+            return g.view(client_id)
 
     # ------------------------------------------------------------ consume
     async def receive(
@@ -504,7 +324,7 @@ class LiteProcessor:
             raise InvalidMessageError(f"max_count={max_count!r}: an int > 0")
         with self._lock:
             g = self._groups.get((group, parent))
-            owned = [] if g is None else self._owned(g, client_id)
+            owned = [] if g is None else g.owned(client_id)
         return await self._held(
             parent,
             owned,
@@ -518,14 +338,14 @@ class LiteProcessor:
         validate_group(group)
         with self._lock:
             g = self._groups.get((group, parent))
-            owned = [] if g is None else self._owned(g, client_id)
+            owned = [] if g is None else g.owned(client_id)
 
         async def look() -> list[str]:
             with self._lock:
                 if g is None:
                     return []
-                self._touch(g, client_id)
-                cursors = {n: g.cursor.get(n, -1) for n in self._owned(g, client_id)}
+                g.touch(client_id, self.owner_lease_s)
+                cursors = {n: g.cursor.get(n, -1) for n in g.owned(client_id)}
             store = self.store
             return [
                 name
@@ -536,9 +356,6 @@ class LiteProcessor:
 
         return await self._held(parent, owned, wait_ms, look)
 
-    def _owned(self, g: _Group, client_id: str) -> list[str]:
-        return [n for n in sorted(g.subscribed.get(client_id, ())) if g.owner.get(n) == client_id]
-
     async def _receive_once(
         self, group: str, parent: str, client_id: str, max_count: int, read: Any
     ) -> list[tuple[str, int, Any]]:
@@ -546,8 +363,8 @@ class LiteProcessor:
             g = self._groups.get((group, parent))
             if g is None:
                 return []
-            self._touch(g, client_id)
-            owned = self._owned(g, client_id)
+            g.touch(client_id, self.owner_lease_s)
+            owned = g.owned(client_id)
             cursors = {n: g.cursor.get(n, -1) for n in owned}
         out = []
         left = max_count
@@ -585,7 +402,7 @@ class LiteProcessor:
                     f"client {client_id!r} does not own lite topic {lite_topic!r} in group "
                     f"{group!r}: another consumer of the group consumes it"
                 )
-            self._touch(g, client_id)
+            g.touch(client_id, self.owner_lease_s)
             if lite_topic in g.cursor and isinstance(offset, int):
                 g.cursor[lite_topic] = max(g.cursor[lite_topic], offset)
         await self.rt.run(self.store.commit_offset, group, parent, lite_topic, offset)
@@ -634,24 +451,8 @@ class LiteProcessor:
         return self.store.stats()
 
     def close(self) -> None:
-        if self._follow is not None:
-            self._follow.cancel()
+        self.parents.close()
         self.store.close()
-
-
-def _own_term_committed(raft: DLedgerReplication) -> bool:
-    """Not the leader, or a leader that committed an entry of its own term."""
-    node = raft.node
-    if not node.is_leader:
-        return True
-    try:
-        return raft.raft_log.term_at(node.commit_index) == node.term
-    except OffsetOutOfRangeError:
-        return True
-
-
-async def _no_local_put(batch: Any) -> Any:
-    raise AssertionError("a Raft group's put is its proposal")  # never called by DLedger
 
 
 def _hold_key(parent: str, lite_topic: str) -> str:

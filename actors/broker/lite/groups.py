@@ -1,0 +1,88 @@
+"""Who consumes which lite topic in a consumer group: one group's table for one parent.
+
+Within a group a lite topic is consumed by one client at a time: the first of its
+subscribers owns it; when the owner unsubscribes or is not heard from for the owner
+lease (every call of a client renews it), the next subscriber takes it over, from the
+group's committed offset (its cursor is forgotten). The table is read and changed
+under the processor's lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+log = logging.getLogger("raymq.actors.broker.lite")
+
+SUBSCRIBE_ADD, SUBSCRIBE_REMOVE, SUBSCRIBE_COMPLETE = "add", "remove", "complete"
+
+
+@dataclass
+class LiteGroup:
+    """One consumer group's view of one parent: who subscribes what, who owns what."""
+
+    subscribers: dict[str, list[str]] = field(default_factory=dict)  # lite -> clients, in order
+    owner: dict[str, str] = field(default_factory=dict)  # lite -> client
+    subscribed: dict[str, set[str]] = field(default_factory=dict)  # client -> lites
+    seen: dict[str, float] = field(default_factory=dict)  # client -> monotonic time
+    cursor: dict[str, int] = field(default_factory=dict)  # lite -> next offset handed out
+
+    def change(self, client_id: str, names: Sequence[str], action: str) -> None:
+        """``add`` these lite topics to ``client_id``'s subscriptions, ``remove`` these,
+        or ``complete``: exactly these."""
+        mine = self.subscribed.setdefault(client_id, set())
+        if action == SUBSCRIBE_ADD:
+            adds, removes = [n for n in names if n not in mine], []
+        elif action == SUBSCRIBE_REMOVE:
+            adds, removes = [], [n for n in names if n in mine]
+        else:
+            wanted = set(names)
+            adds = [n for n in names if n not in mine]
+            removes = sorted(mine - wanted)
+        for name in adds:
+            mine.add(name)
+            self.subscribers.setdefault(name, []).append(client_id)
+            self.owner.setdefault(name, client_id)
+        for name in removes:
+            mine.discard(name)
+            self.drop(name, client_id)
+
+    def touch(self, client_id: str, lease_s: float) -> None:
+        """``client_id`` was heard from; the clients silent for ``lease_s`` lose theirs."""
+        now = time.monotonic()
+        self.seen[client_id] = now
+        gone = [c for c, t in self.seen.items() if now - t > lease_s]
+        for c in gone:  # not heard from: its lite topics pass to their next subscribers
+            for name in sorted(self.subscribed.pop(c, ())):
+                self.drop(name, c)
+            silent = now - self.seen.pop(c)
+            log.info("lite consumer %s silent for %.0fs: its lite topics passed on", c, silent)
+
+    def unsubscribe_all(self, name: str) -> None:
+        """Every client's subscription of ``name`` ends (the lite topic was deleted)."""
+        for client in list(self.subscribers.get(name, ())):
+            self.subscribed.get(client, set()).discard(name)
+            self.drop(name, client)
+
+    def drop(self, name: str, client_id: str) -> None:
+        subs = self.subscribers.get(name, [])
+        if client_id in subs:
+            subs.remove(client_id)
+        if self.owner.get(name) == client_id:
+            del self.owner[name]
+            self.cursor.pop(name, None)  # the next owner starts from the committed offset
+            if subs:
+                self.owner[name] = subs[0]
+        if not subs:
+            self.subscribers.pop(name, None)
+
+    def owned(self, client_id: str) -> list[str]:
+        """The lite topics ``client_id`` consumes, by name."""
+        mine = self.subscribed.get(client_id, ())
+        return [n for n in sorted(mine) if self.owner.get(n) == client_id]
+
+    def view(self, client_id: str) -> dict[str, list[str]]:
+        mine = self.subscribed.get(client_id, set())
+        return {"subscribed": sorted(mine), "owned": self.owned(client_id)}
