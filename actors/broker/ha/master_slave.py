@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -47,6 +46,7 @@ import ray
 from actors.broker.ha.epochs import Epochs, HAState, consistent_point
 from actors.broker.ha.ha_client import HAClient, TransferReply
 from actors.broker.ha.ha_service import HAService
+from actors.broker.ha.master_restart import copy_tail, gather_slave_offsets
 from actors.broker.ha.replication import (
     LocalPut,
     OffsetTable,
@@ -62,7 +62,7 @@ from actors.protocol.names import MASTER_ID, broker_actor_name
 from storage.codec import EncodedBatch
 from storage.errors import BrokerUnavailableError, InvalidConfigError
 from storage.message import GetStatus, RawGetResult
-from storage.store import MessageStore, PutBatchResult
+from storage.store import PutBatchResult
 
 if TYPE_CHECKING:
     from actors.broker.runtime import BrokerRuntime
@@ -75,10 +75,6 @@ EX_MASTER_SLAVE_ID = 1000
 """The id a deposed master (configured as id 0) registers under as a slave."""
 GATHER_TIMEOUT_S = 3.0
 _BEHIND_ON_SLAVE = (GetStatus.OFFSET_OVERFLOW_BADLY, GetStatus.OFFSET_TOO_SMALL)
-COPY_TIMEOUT_S = 30.0
-"""A master copying a slave's tail gives up on a read that takes longer than this."""
-COPY_PROGRESS_BYTES = 256 << 20
-"""A master copying a slave's tail logs its progress each time this many bytes arrived."""
 REGISTER_RETRY_S = 1.0
 """A master no NameServer has accepted yet registers again after this long."""
 SLOW_PROMOTION_S = 5.0  # a promotion slower than this logs each step's time
@@ -105,22 +101,6 @@ class _StepTimer:
                 total,
                 ", ".join(f"{step} {took:.2f} s" for step, took in self._steps),
             )
-
-
-def keep_whole_records(store: MessageStore) -> int:
-    """Index the records a master copied from a slave and drop a record the copy cut in
-    two (the slave gone or promoted mid-copy), so that the master's first write starts
-    where a whole record ends. Returns that end."""
-    store.dispatch_replicated()
-    end = store.dispatched_offset
-    if store.commitlog.max_offset > end:
-        log.warning(
-            "%s: dropping the %d bytes of a record the copy from a slave cut in two",
-            store.config.store_dir,
-            store.commitlog.max_offset - end,
-        )
-        store.truncate_commitlog(end)
-    return end
 
 
 class MasterSlaveReplication(Replication):
@@ -177,8 +157,12 @@ class MasterSlaveReplication(Replication):
         """A master (re)starting takes the offsets consumers committed to its slaves while
         it was gone, and the CommitLog bytes a slave holds past its own end, before it
         registers (and so before it takes a write or consumers come back to it)."""
+
+        async def gather() -> None:
+            await gather_slave_offsets(self, await self._group_members(), self._get_actor)
+
         try:
-            await asyncio.wait_for(self._gather_slave_offsets(), GATHER_TIMEOUT_S)
+            await asyncio.wait_for(gather(), GATHER_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - best effort: slaves also push them later
             log.debug("%s: gathering slave offsets: %s", self.config.actor_name, exc)
         try:
@@ -232,66 +216,7 @@ class MasterSlaveReplication(Replication):
         if best is None:
             return
         end, slave, handle = best
-        log.warning(
-            "%s: restarted with its commitlog ending at %d, behind slave %s at %d: copying "
-            "the %d bytes past its end before taking writes",
-            name,
-            my_end,
-            slave,
-            end,
-            end - my_end,
-        )
-        append = functools.partial(self.store.append_commitlog, dispatch=False)
-        offset = my_end
-        step = self.config.ha_transfer_batch_bytes
-        logged = offset
-        try:
-            while offset < end:
-                _, _, chunks = await asyncio.wait_for(
-                    handle.ha_log_tail.remote(offset, min(step, end - offset)), COPY_TIMEOUT_S
-                )
-                if not chunks:
-                    break
-                for chunk in chunks:
-                    offset = await self.broker.run(append, offset, memoryview(chunk))
-                if offset - logged >= COPY_PROGRESS_BYTES:
-                    logged = offset
-                    log.info(
-                        "%s: copied %d of %d bytes from %s",
-                        name,
-                        offset - my_end,
-                        end - my_end,
-                        slave,
-                    )
-        except Exception:  # cut short (the slave gone or promoted): keep its whole records
-            await self.broker.run(keep_whole_records, self.store)
-            raise
-        await self.broker.run(keep_whole_records, self.store)
-        log.warning(
-            "%s: copied the commitlog up to %d from %s",
-            name,
-            self.store.commitlog.max_offset,
-            slave,
-        )
-
-    async def _gather_slave_offsets(self) -> None:
-        members = await self._group_members()
-        for bid, actor_name in members.items():
-            if actor_name == self.config.actor_name or bid == MASTER_ID:
-                continue
-            try:
-                handle = await self.broker.run(self._get_actor, actor_name)
-                table = await asyncio.wait_for(handle.ha_local_offsets.remote(), 2.0)
-            except Exception:  # noqa: BLE001
-                continue
-            moved = self.broker.offsets.merge_max(table)
-            if moved:
-                log.info(
-                    "%s: took %d queue offset(s) consumers committed to %s",
-                    self.config.actor_name,
-                    moved,
-                    actor_name,
-                )
+        await copy_tail(self, slave, handle, my_end, end)
 
     # ------------------------------------------------------------ NameServers
     @property
@@ -516,7 +441,10 @@ class MasterSlaveReplication(Replication):
         await self._unregister(old_id)
         steps.mark("unregister")
         with contextlib.suppress(Exception):  # commits consumers made to the other slaves
-            await asyncio.wait_for(self._gather_slave_offsets(), GATHER_TIMEOUT_S)
+            await asyncio.wait_for(
+                gather_slave_offsets(self, await self._group_members(), self._get_actor),
+                GATHER_TIMEOUT_S,
+            )
         steps.mark("gather_slave_offsets")
         await self.broker.register_all()
         steps.mark("register")

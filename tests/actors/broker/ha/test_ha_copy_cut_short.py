@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from actors.broker.ha.master_slave import keep_whole_records
+from actors.broker.ha.master_restart import keep_whole_records
 from storage import Message, MessageStore, StoreConfig
 from storage.message import GetStatus
 
