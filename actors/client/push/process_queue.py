@@ -34,14 +34,18 @@ Invariants, all under ``lock``:
 from __future__ import annotations
 
 import enum
+import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from actors.client.pull_consumer import PullResult, PullStatus
 from rebalance import MessageQueue
 from storage.message import MessageExt
+
+log = logging.getLogger("raymq.actors.push_consumer")
 
 
 class PullState(enum.Enum):
@@ -108,6 +112,27 @@ class ProcessQueue:
         if next_offset > self.next_offset:
             self.next_offset = next_offset
         return added
+
+    def take_result(self, result: PullResult, messages: Iterable[MessageExt]) -> int:
+        """A read of this queue answered (lock held by the caller): its ``messages``
+        (``result.messages``, decoded before the lock was taken) buffered, or the offset
+        to go on from taken (an illegal offset is logged); return how many were new."""
+        status = result.status
+        if status is PullStatus.FOUND:
+            return self.add(messages, result.next_offset)
+        if status is PullStatus.NO_MATCHED_MSG:
+            self.next_offset = max(self.next_offset, result.next_offset)
+        elif status is PullStatus.OFFSET_ILLEGAL:
+            log.warning(
+                "%s: offset %d is illegal (queue holds [%d, %d]); going on from %d",
+                self,
+                self.next_offset,
+                result.min_offset,
+                result.max_offset,
+                result.next_offset,
+            )
+            self.next_offset = result.next_offset
+        return 0
 
     def remove(self, messages: Iterable[MessageExt]) -> int:
         """Forget consumed messages (lock held by the caller); return how many were here."""

@@ -295,27 +295,14 @@ class PullMessageService:
         _, tags = self.c.subscription_of(pq.mq.topic)
         result = PullResult(pq.mq, raw, tags, self.c.config.check_crc)
         status = result.status
-        messages = result.messages if status is PullStatus.FOUND else []
+        messages = result.messages if status is PullStatus.FOUND else []  # decoded unlocked
         added = 0
         with pq.lock:
             if pq.dropped or gen != pq.pull_gen:
                 return
             pq.state = PullState.IDLE
             pq.last_pull = time.monotonic()
-            if status is PullStatus.FOUND:
-                added = pq.add(messages, result.next_offset)
-            elif status is PullStatus.NO_MATCHED_MSG:
-                pq.next_offset = max(pq.next_offset, result.next_offset)
-            elif status is PullStatus.OFFSET_ILLEGAL:
-                log.warning(
-                    "%s: offset %d is illegal (queue holds [%d, %d]); going on from %d",
-                    pq,
-                    pq.next_offset,
-                    result.min_offset,
-                    result.max_offset,
-                    result.next_offset,
-                )
-                pq.next_offset = result.next_offset
+            added = pq.take_result(result, messages)
         if added:
             self.c.stats.add("pulled", added)
             self.c.consume.dispatch(pq)

@@ -461,27 +461,14 @@ class StreamService:
         _, tags = self.c.subscription_of(pq.mq.topic)
         result = PullResult(pq.mq, raw, tags, self.c.config.check_crc)
         status = result.status
-        messages = result.messages if status is PullStatus.FOUND else []
-        added = 0
-        reset = False
+        messages = result.messages if status is PullStatus.FOUND else []  # decoded unlocked
+        added, reset = 0, False
         with pq.lock:
             if pq.dropped or pq.next_offset != expected:
                 return False
-            if status is PullStatus.FOUND:
-                added = pq.add(messages, result.next_offset)
-            elif status is PullStatus.NO_MATCHED_MSG:
-                pq.next_offset = max(pq.next_offset, result.next_offset)
-            elif status is PullStatus.OFFSET_ILLEGAL:
-                log.warning(
-                    "%s: offset %d is illegal (queue holds [%d, %d]); going on from %d",
-                    pq,
-                    pq.next_offset,
-                    result.min_offset,
-                    result.max_offset,
-                    result.next_offset,
-                )
-                pq.next_offset = result.next_offset
-                reset = True  # the broker left it out until it is given again
+            added = pq.take_result(result, messages)
+            # an illegal offset: the broker left the queue out until it is given again
+            reset = status is PullStatus.OFFSET_ILLEGAL
             pq.last_pull = time.monotonic()
             if pq.state is PullState.PULLING and pq.over_threshold(
                 self._max_buffer, self._max_bytes, self._max_span
