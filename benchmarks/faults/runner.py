@@ -28,7 +28,9 @@ Checks (per mode's promise, ``docs/guarantees.md``):
 - offsets back: a consumer group pulls and commits all along, reading its committed
   offsets back; one lower than one read before on its queue is a violation unless a
   failover or a power loss that lost the broker's offset journal (not fsynced: any mode
-  but SYNC_FLUSH) came between the two looks (``Run.offsets_excused``).
+  but SYNC_FLUSH) came between the two looks, or the lower one was read while a fault
+  kept the client from the leading member (it reads a slave's copy then)
+  (``Run.offsets_excused``).
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ from store_faults import (
     truncate,
 )
 from workload import GRPC_BODY_PREFIX, SMALL_STORE, brokers_on, finish, start_workload
+
+from actors.client.instance import DEFAULT_ROUTE_TTL_S
 
 from .schedule import Fault, Plan
 
@@ -496,9 +500,13 @@ class Run:
                 stepped_down.append((lk.t, lk.host))
             leading[lk.member] = lk.leads
 
+        cut_off = self.leader_cut_off(leads)
+
         def excused(queue: str, high_at: float, low_at: float) -> bool:
             group = ips[queue.partition(":")[0]]
             if any(ip in group and high_at <= t <= low_at for ip, t in self.offset_losses):
+                return True
+            if any(ip in group and began <= low_at <= until for began, until, ip in cut_off):
                 return True
             if any(high_at - slack <= t <= low_at + slack for t, h in stepped_down if h in group):
                 return True
@@ -510,6 +518,35 @@ class Run:
             )
 
         return excused
+
+    def leader_cut_off(self, leads: list[tuple[float, str, int]]) -> list[tuple[float, float, str]]:
+        """``(from, until, leader's IP)`` for each fault that kept the client or the
+        NameServers (on the head, ``a``) from the member leading when it began: the
+        client then reads committed offsets from a slave, whose copy of the master's
+        table is up to ``slave_sync_interval_s`` old (``docs/guarantees.md``), and keeps
+        reading there until its route is refreshed (up to ``DEFAULT_ROUTE_TTL_S``)."""
+        node_of = {b["ip"]: b["node"].removeprefix("node-") for b in self.brokers}
+        out = []
+        for ev in self.events:
+            kind, p = ev.fault.kind, ev.fault.params
+            led = [h for t, h, _ in leads if t <= ev.began]
+            if not led or led[-1] not in node_of:
+                continue
+            node = node_of[led[-1]]
+            if kind == "split":
+                cut = next(s for s in (p["minority"], p["majority"]) if node in s)
+                unreachable = "a" not in cut or "client" not in cut
+            elif kind in ("bridge", "one_way"):
+                ends = set(p["sides"] if kind == "bridge" else (p["src"], p["dst"]))
+                unreachable = node in ends and bool(ends & {"a", "client"})
+            elif kind == "isolate":
+                unreachable = p["node"] == node
+            else:  # a pause, a kill, a power loss or a slow network of the leader's node
+                unreachable = ev.node == node
+            if unreachable:
+                until = (ev.ended or ev.began) + DEFAULT_ROUTE_TTL_S + 2.0
+                out.append((ev.began, until, led[-1]))
+        return out
 
     def analyse(self, result: Result, raw: list[dict[str, Any]], verdict: Any) -> None:
         result.ops, result.acknowledged = verdict.ops, verdict.acknowledged

@@ -128,7 +128,9 @@ def test_offsets_read_back_lower_while_a_leader_stepped_down_and_none_was_seen_a
     from benchmarks.faults.schedule import Plan
 
     run = Run(Plan(3, "RAFT", True, ["n1", "n2", "n3"], []))
-    run.brokers = [{"name": "broker-a", "ip": f"10.0.0.{i}"} for i in (1, 2, 3)]
+    run.brokers = [
+        {"name": "broker-a", "ip": f"10.0.0.{i}", "node": f"node-n{i}"} for i in (1, 2, 3)
+    ]
     roles = [
         Look(0.0, "broker-a-1", "10.0.0.2", True, 2),
         Look(1.3, "broker-a-1", "10.0.0.2", False, 2),
@@ -138,3 +140,26 @@ def test_offsets_read_back_lower_while_a_leader_stepped_down_and_none_was_seen_a
     assert excused("broker-a:2", 0.3, 5.0)
     steady = run.offsets_excused(roles[:1])
     assert not steady("broker-a:2", 0.3, 5.0)
+
+
+def test_offsets_read_back_lower_while_the_client_was_cut_off_from_the_master_are_excused() -> None:
+    # seed 6 (SYNC_MASTER): a split put the master's node n1 away from the client and the
+    # head at 7 s; at 15 s the client read the committed offsets from the slave on n2,
+    # whose copy of the master's table was a sync behind; no member changed roles
+    from benchmarks.faults.runner import Event, Run
+    from benchmarks.faults.schedule import Fault, Plan
+
+    split = Fault("split", 7.0, 12.0, {"minority": ["n1", "n3"], "majority": ["a", "client", "n2"]})
+    run = Run(Plan(6, "SYNC_MASTER", False, ["n1", "n2", "n3"], [split]))
+    run.brokers = [
+        {"name": "broker-a", "ip": f"10.0.0.{i}", "node": f"node-n{i}"} for i in (1, 2, 3)
+    ]
+    roles = [Look(0.0, "broker-a-0", "10.0.0.1", True, 0)]
+    run.events = [Event(split, 7.0, 19.0)]
+    excused = run.offsets_excused(roles)
+    assert excused("broker-a:0", 6.9, 15.0)
+    assert not excused("broker-a:0", 1.0, 5.0)  # before the split: a violation
+    # a split that leaves the master with the client and the head excuses nothing
+    kept = Fault("split", 7.0, 12.0, {"minority": ["n2", "n3"], "majority": ["a", "client", "n1"]})
+    run.events = [Event(kept, 7.0, 19.0)]
+    assert not run.offsets_excused(roles)("broker-a:0", 6.9, 15.0)
