@@ -198,6 +198,35 @@ class CommitLog:
             mf.publish(rel + len(segment))
         return self._after_append(phys)
 
+    def append_one(
+        self,
+        data: bytes | memoryview,
+        queue_id: int,
+        queue_offset: int,
+        store_ts: int,
+        store_host: bytes,
+    ) -> int:
+        """:meth:`append` of a batch of one record (``data`` is that record), in plain
+        ints: the same bytes, placed the same way. Returns its offset."""
+        size = len(data)
+        if size + codec.END_FILE_MIN_BLANK > self.file_size:
+            raise StoreCorruptedError(
+                f"a record of {size} bytes cannot fit in a {self.file_size}-byte file"
+            )
+        last = self.files.last()
+        at = self.max_offset
+        room = last.remaining if last is not None else 0
+        if size > room - codec.END_FILE_MIN_BLANK:  # it does not fit: in a new file
+            at += room
+        self.files.reserve(self.max_offset, at + size)
+        mf = self._file_for(at)
+        rel = mf.stage(data)
+        _patch_record(mf.buffer, rel, queue_id, queue_offset, at, store_ts, store_host)
+        mf.publish(rel + size)
+        if mf.wrote_position * 2 > self.file_size:  # as _after_append
+            self.files.prepare_next()
+        return at
+
     def _after_append(self, phys: np.ndarray) -> np.ndarray:
         """Start preparing the next file once the current one is half written."""
         last = self.files.last()

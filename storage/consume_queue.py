@@ -171,6 +171,18 @@ class ConsumeQueue:
             mf.append(raw[pos : pos + take])
             pos += take
 
+    def append_one(self, queue_offset: int, phys: int, size: int, tag: int) -> None:
+        """:meth:`append` of one entry in plain ints (a single send's)."""
+        if queue_offset != self.max_offset:  # a gap or a re-dispatch: as append decides
+            self.append(
+                queue_offset,
+                np.array([phys], dtype=np.int64),
+                np.array([size], dtype=np.int32),
+                np.array([tag], dtype=np.int64),
+            )
+            return
+        self.files.last_writable(queue_offset * UNIT).append(_ENTRY.pack(phys, size, tag))
+
     def reserve(self, queue_offset: int, count: int) -> None:
         """Allocate now the files ``count`` entries from ``queue_offset`` need (see
         ``MappedFileQueue.reserve``): a put reserves before it writes anything."""
@@ -272,6 +284,23 @@ class ConsumeQueue:
             return self._entries_of(mf, rel, count)
         except ValueError:  # the file was deleted under us by expiry
             return np.empty(0, dtype=ENTRY)
+
+    def read_few(self, offset: int, max_count: int) -> list[tuple[int, int, int]]:
+        """:meth:`read` of a few entries (at most ``record.SMALL_BATCH``) as
+        ``(commitlog offset, size, tag code)`` tuples: a held pull's answer reads one or
+        two, for which a structured array costs more than the entries."""
+        byte = offset * UNIT
+        mf = self.files.find(byte)
+        if mf is None:
+            return []
+        rel = byte - mf.from_offset
+        count = min(max_count, (mf.wrote_position - rel) // UNIT)
+        if count <= 0:
+            return []
+        try:
+            return list(_ENTRY.iter_unpack(mf.buffer[rel : rel + count * UNIT]))
+        except ValueError:  # the file was deleted under us by expiry
+            return []
 
     def entry(self, offset: int) -> tuple[int, int, int] | None:
         e = self.read(offset, 1)

@@ -1,0 +1,147 @@
+"""A single send's put and a held pull's read take scalar paths (``_append_one``,
+``_get_few``): they leave the same files and give the same answers as the array paths."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from storage import Message, MessageStore, codec
+from storage.codec import EncodedBatch
+
+NOW_S = 1_700_000_000.0  # one store timestamp for every put: nothing then differs
+BORN_MS = 1_600_000_000_000
+
+
+def message(i: int) -> Message:
+    """Two topics, three queues, keys or none, bodies that roll 64 KiB files."""
+    return Message(
+        "One" if i % 4 else "Other",
+        bytes([i % 251]) * (20 + (i * 397) % 3000),
+        tags=f"t{i % 2}",
+        keys=[f"k{i % 5}", f"u{i}"] if i % 3 else [],
+        properties={codec.PROP_UNIQ_KEY: f"ID{i:030d}"},
+        queue_id=i % 3,
+    )
+
+
+def wire(i: int) -> EncodedBatch:
+    """Message ``i`` alone as a broker receives it; every fifth from an idempotent
+    producer (numbered on its queue)."""
+    batch = codec.encode_batch([message(i)], born_timestamp=BORN_MS)
+    if i % 5 == 0:  # numbered from 0 on each of its queues
+        m = message(i)
+        seq = sum(1 for j in range(0, i, 5) if (message(j).topic, j % 3) == (m.topic, m.queue_id))
+        batch = batch.with_sequence("producer-1", 0, seq, m.queue_id)
+    return EncodedBatch.from_bytes(batch.to_bytes())
+
+
+def files_under(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.fixture
+def two_stores(
+    tmp_path: Path, make_config: Callable[..., object], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[MessageStore, MessageStore]]:
+    """A store on the scalar paths and one on the array paths (``_append_many``,
+    ``get_raw``'s general read), same clock."""
+    scalar = MessageStore(
+        make_config(tmp_path / "scalar"), clock=lambda: NOW_S, start_services=False
+    )
+    arrays = MessageStore(
+        make_config(tmp_path / "arrays"), clock=lambda: NOW_S, start_services=False
+    )
+    monkeypatch.setattr(arrays, "_append_one", arrays._append_many)
+    monkeypatch.setattr(arrays, "_get_few", lambda *args: None)
+    try:
+        yield scalar, arrays
+    finally:
+        scalar.close()
+        arrays.close()
+
+
+def test_single_puts_write_the_same_bytes_entries_and_keys(
+    two_stores: tuple[MessageStore, MessageStore],
+) -> None:
+    scalar, arrays = two_stores
+    calls = []
+    real = scalar._append_one
+    scalar._append_one = lambda batch: calls.append(1) or real(batch)  # type: ignore[method-assign]
+    n = 90  # rolls the 64 KiB CommitLog files and the 64-entry ConsumeQueue files
+    results = [[s.put_encoded(wire(i)) for i in range(n)] for s in (scalar, arrays)]
+    assert len(calls) == n
+    for a, b in zip(*results):
+        assert (a.status, a.queue_offsets.tolist(), a.commitlog_offsets.tolist()) == (
+            b.status,
+            b.queue_offsets.tolist(),
+            b.commitlog_offsets.tolist(),
+        )
+    assert scalar.commitlog.max_offset == arrays.commitlog.max_offset
+    assert len(scalar.commitlog.files) > 2
+    assert scalar.queues() == arrays.queues()
+    for topic in ("One", "Other"):
+        for key in [f"k{j}" for j in range(5)] + ["u7", "u8"]:
+            found = [[m.commitlog_offset for m in s.query_by_key(topic, key)] for s in two_stores]
+            assert found[0] == found[1]
+    assert scalar.query_by_key("One", "u7")  # the keys were indexed at all
+    scalar.flush()
+    arrays.flush()
+    for part in ("commitlog", "consumequeue"):
+        assert files_under(scalar.root / part) == files_under(arrays.root / part)
+    indexes = [sorted(files_under(s.root / "index").values()) for s in two_stores]
+    assert indexes[0] == indexes[1]
+    # a retry of an idempotent send is answered from the producer table, not written again
+    again = [s.put_encoded(wire(10)) for s in two_stores]
+    for retry in again:
+        assert retry.commitlog_offsets.tolist() == results[0][10].commitlog_offsets.tolist()
+    assert scalar.commitlog.max_offset == arrays.commitlog.max_offset
+
+
+@pytest.mark.parametrize("view", [False, True])
+def test_reads_of_a_queue_tail_give_the_same_answers(
+    two_stores: tuple[MessageStore, MessageStore], view: bool
+) -> None:
+    scalar, arrays = two_stores
+    answered: list[bool] = []
+    real = scalar._get_few
+
+    def counted(*args: object) -> object:
+        got = real(*args)  # type: ignore[arg-type]
+        answered.append(got is not None)
+        return got
+
+    scalar._get_few = counted  # type: ignore[method-assign]
+    for i in range(90):
+        for s in two_stores:
+            s.put_encoded(wire(i))
+    # queue 0 of "One" holds records apart (the others' are between them); a batch of
+    # four is one run of records
+    together = codec.encode_batch(
+        [Message("One", b"r%d" % j, queue_id=1) for j in range(4)], born_timestamp=BORN_MS
+    )
+    for s in two_stores:
+        s.put_encoded(EncodedBatch.from_bytes(together.to_bytes()))
+    for topic, qid in scalar.queues():
+        top = scalar.max_offset(topic, qid)
+        for offset in range(max(0, top - codec.SMALL_BATCH - 2), top + 2):
+            for max_count in (1, 2, 32):
+                got = [s.get_raw("g", topic, qid, offset, max_count, view=view) for s in two_stores]
+                a, b = got
+                assert (a.status, a.count, a.next_offset, a.min_offset, a.max_offset) == (
+                    b.status,
+                    b.count,
+                    b.next_offset,
+                    b.min_offset,
+                    b.max_offset,
+                ), (topic, qid, offset, max_count)
+                assert bytes(a.data) == bytes(b.data)
+                assert (a.sizes is None and b.sizes is None) or a.sizes.tolist() == b.sizes.tolist()
+                assert isinstance(a.data, memoryview) == isinstance(b.data, memoryview)
+    assert sum(answered) > 50 and not all(answered)  # scalar where it can, else arrays
+    decoded = scalar.get("g", "One", 1, scalar.max_offset("One", 1) - 4, 32)
+    assert [m.body for m in decoded.messages] == [b"r0", b"r1", b"r2", b"r3"]
