@@ -102,8 +102,8 @@ class _Consumer(peers._RayMQPushLatency):
 
 
 def _spy(pids: dict[str, int], args: argparse.Namespace, out: str) -> list[subprocess.Popen[bytes]]:
-    """``py-spy record`` of each process for the round's length (raw stacks, active
-    threads only: where the CPU goes), written to ``args.profile``."""
+    """``py-spy record`` of each process for the round's length (raw stacks of the thread
+    holding the GIL: where the Python CPU goes), written to ``out``."""
     os.makedirs(out, exist_ok=True)
     return [
         subprocess.Popen(
@@ -116,6 +116,7 @@ def _spy(pids: dict[str, int], args: argparse.Namespace, out: str) -> list[subpr
                 str(max(1, int(args.seconds))),
                 "--rate",
                 "500",
+                "--gil",
                 "--format",
                 "raw",
                 "--nonblocking",
@@ -199,7 +200,9 @@ def main() -> int:
                     "producer": os.getpid(),
                     "consumer": consumer_pids[mode],
                 }
-                profile = args.profile and rnd == args.rounds
+                profile = (
+                    os.path.join(args.profile, mode) if args.profile and rnd == args.rounds else ""
+                )
                 got = _phase(
                     args, producer, consumers[mode], topics[mode], body, pids, mine, profile
                 )
