@@ -41,10 +41,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import itertools
 import logging
 import sys
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
@@ -64,29 +62,26 @@ from actors.client.transaction import (
     unregister_check_relay,
 )
 from actors.client.transactional import (
+    CoordinatorTries,
+    OnePhaseTries,
     Transaction,
-    TransactionalProducer,
     TransactionContext,
+    TransactionSlot,
     TransactionState,
     TransactionStateError,
+    abort_failure_logged,
     commit_arguments,
-    next_txn_id,
-    one_phase_batch,
+    one_phase_plan,
+    one_phase_target,
     settling_commit,
     warn_if_applied_later,
 )
 from actors.config.client import ProducerConfig
 from actors.coordinator.txn import APPLY_WAIT_S, transaction_coordinator
 from actors.protocol import checks
-from actors.protocol.errors import OnePhaseRefusedError, refused
 from actors.protocol.names import DEFAULT_NAMESPACE
 from rebalance import MessageQueue
-from storage.errors import (
-    BrokerUnavailableError,
-    InvalidMessageError,
-    ProducerFencedError,
-    RayMQError,
-)
+from storage.errors import InvalidMessageError
 from storage.message import Message
 from storage.message_id import parse_offset_msg_id
 
@@ -223,29 +218,20 @@ class AsyncTransaction:
         A commit whose answer is lost goes again to the same broker, which stores it
         once; never elsewhere."""
         txn, p = self._txn, self.producer
-        txn._require_open()
-        if not (p.one_phase and txn._buffer) or txn._halves or txn._shared:
+        if one_phase_target(txn, p.one_phase) is None:
             return False
-        if len(txn._offsets) > 1:  # offsets on two brokers: two participants
-            return False
-        offsets = target = None
-        if txn._offsets:
-            target, groups = next(iter(txn._offsets.items()))
-            offsets = {g: [[t, q, o] for (t, q), o in qs.items()] for g, qs in groups.items()}
-        try:
+        try:  # the routes the plan reads, cached off the loop
             await p._ready(txn._buffer)
-            plan = one_phase_batch(p._encoder, p._selector, txn._buffer, target)
         except Exception as exc:  # noqa: BLE001 - the two phases meet it again, and say so
-            log.debug("transaction %s: no one-phase plan: %s", txn.txn_id, exc)
+            log.debug("transaction %s: no routes for a one-phase commit: %s", txn.txn_id, exc)
             return False
+        plan = one_phase_plan(txn, p.one_phase, p._encoder, p._selector)
         if plan is None:
             return False
-        route, broker, blob = plan
-        deadline = time.monotonic() + max(30.0, p.config.send_timeout_s)
-        delay, unknown = 0.05, False
+        tries = OnePhaseTries(txn, p, self, plan.broker)
         while True:
             try:
-                actor, handle = await p._master(route, broker)
+                actor, handle = await p._master(plan.route, plan.broker)
                 answer = await within(
                     p._brokers.call(
                         actor,
@@ -254,56 +240,25 @@ class AsyncTransaction:
                         txn.txn_id,
                         p.transactional_id,
                         p.epoch,
-                        blob,
-                        offsets,
+                        plan.blob,
+                        plan.offsets,
                     ),
                     p.config.send_timeout_s,
                 )
                 break
-            except ProducerFencedError:
-                txn.state = TransactionState.ABORTED
-                p._ended(self)
-                raise
-            except Exception as exc:  # noqa: BLE001 - sorted below
-                failure: BaseException = exc
-                if not unknown and (
-                    isinstance(exc, (OnePhaseRefusedError, NotWritten))
-                    or (isinstance(exc, BrokerUnavailableError) and refused(exc))
-                ):
-                    # nothing of it written anywhere (refused, a slave now, no
-                    # connection): the two phases, whose sends find the master
-                    log.debug("transaction %s: %s", txn.txn_id, exc)
-                    p.one_phase_refused += 1
+            except Exception as exc:  # noqa: BLE001 - sorted by the tries
+                pause = tries.failed(
+                    exc,
+                    transient=isinstance(exc, asyncio.TimeoutError),
+                    not_written=isinstance(exc, NotWritten),
+                )
+                if pause is None:
                     return False
-                if isinstance(exc, RayMQError) and refused(exc):
-                    if not isinstance(exc, OnePhaseRefusedError):
-                        txn.state = TransactionState.FAILED  # an answer: final
-                        raise
-                elif not isinstance(exc, (BrokerUnavailableError, asyncio.TimeoutError)):
-                    txn.state = TransactionState.FAILED
-                    raise
             except BaseException:  # cancelled: whether it is committed is not known
                 txn.state = TransactionState.FAILED
                 raise
-            # the outcome is unknown: the same commit again, to the same broker (it
-            # answers a repeat without writing it twice); never elsewhere
-            unknown = True
-            if time.monotonic() > deadline:
-                txn.state = TransactionState.FAILED
-                raise BrokerUnavailableError(
-                    f"transaction {txn.txn_id}: broker {broker} did not answer its commit "
-                    f"({failure!r}); whether it is committed is not known"
-                ) from failure
-            log.warning("transaction %s: commit on %s: %r; again", txn.txn_id, broker, failure)
-            await asyncio.sleep(delay)  # the broker restarts or the connection reopens
-            delay = min(1.0, delay * 2)
-        txn.sent += len(txn._buffer)
-        txn._buffer = []
-        txn.state = TransactionState.COMMITTED
-        p.one_phase_commits += 1
-        p._ended(self)
-        if answer.get("again"):
-            log.info("transaction %s was committed already on %s", txn.txn_id, broker)
+            await asyncio.sleep(pause)  # the broker restarts or the connection reopens
+        tries.committed(answer)
         return True
 
     async def abort(self) -> None:
@@ -332,10 +287,8 @@ class AsyncTransaction:
         if exc_type is None:
             await self.commit()
             return
-        try:
+        with abort_failure_logged(self.txn_id, exc):
             await self.abort()
-        except Exception as abort_exc:  # noqa: BLE001 - the first error is the one to see
-            log.warning("aborting %s after %r failed: %s", self.txn_id, exc, abort_exc)
 
 
 class AsyncTransactionalProducer(AsyncProducer):
@@ -386,8 +339,7 @@ class AsyncTransactionalProducer(AsyncProducer):
         # is answered this instance's epoch instead of taking the next and fencing it
         self.instance_token = uuid.uuid4().hex
         self._apply_wait_s = APPLY_WAIT_S
-        self._counter = itertools.count()
-        self._current: AsyncTransaction | None = None
+        self._txns: TransactionSlot[AsyncTransaction] = TransactionSlot()
         self._relay: Any = None
         self._registered: dict[str, Any] = {}  # broker actor name -> handle
         self._beat_key = ("aio-transaction-producer", self.client_id)
@@ -565,30 +517,22 @@ class AsyncTransactionalProducer(AsyncProducer):
             raise TransactionStateError(
                 "begin() needs a transactional_id and a started producer (async with, start())"
             )
-        txn_id = next_txn_id(self._current, self.transactional_id, self.epoch, self._counter)
-        self._current = AsyncTransaction(self, txn_id)
-        return self._current
+        return self._txns.begin(self.transactional_id, self.epoch, self._transaction)
+
+    def _transaction(self, txn_id: str) -> AsyncTransaction:
+        return AsyncTransaction(self, txn_id)
 
     def _ended(self, txn: AsyncTransaction) -> None:
-        if self._current is txn:
-            self._current = None
+        self._txns.ended(txn)
 
     async def _call(self, method: str, *args: Any) -> Any:
         """A coordinator call through Ray, tried again while the coordinator restarts
-        (its calls are idempotent: a repeated end answers the decision taken)."""
-        deadline = time.monotonic() + max(30.0, self.config.send_timeout_s)
-        timeout = self.config.send_timeout_s + (self._apply_wait_s if method == "end" else 0.0)
-        delay = 0.05
+        (:class:`~actors.client.transactional.CoordinatorTries`)."""
+        tries = CoordinatorTries(method, self.config.send_timeout_s, self._apply_wait_s)
         while True:
             try:
-                return await within(getattr(self.coordinator, method).remote(*args), timeout)
-            except Exception as exc:  # noqa: BLE001 - sorted below
-                if isinstance(exc, asyncio.TimeoutError):
-                    retry = True
-                else:
-                    retry = TransactionalProducer._may_retry(method, exc)
-                if not retry or time.monotonic() > deadline:
-                    raise
-                log.warning("transaction coordinator %s: %s; trying again", method, exc)
-                await asyncio.sleep(delay)
-                delay = min(1.0, delay * 2)
+                call = getattr(self.coordinator, method).remote(*args)
+                return await within(call, tries.timeout)
+            except Exception as exc:  # noqa: BLE001 - sorted by the tries
+                timed_out = isinstance(exc, asyncio.TimeoutError)
+                await asyncio.sleep(tries.again(exc, transient=timed_out))

@@ -38,9 +38,9 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from actors.client.producer import Producer
 from actors.config.client import ProducerConfig
@@ -68,16 +68,37 @@ from storage.transaction import PROP_GLOBAL_TXN, PROP_TXN_EPOCH, PROP_TXN_PRODUC
 
 log = logging.getLogger("raymq.actors.client.transactional")
 
+T = TypeVar("T")
 
-def next_txn_id(current: Any, transactional_id: str, epoch: int, counter: Iterator[int]) -> str:
-    """The id of a producer's next transaction (``<transactional id>.<epoch>.<n>.<random>``);
-    ``TransactionStateError`` while ``current`` (its last one, or None) is still open or
-    failed: one transaction at a time per producer."""
-    if current is not None and current.state in (TransactionState.OPEN, TransactionState.FAILED):
-        raise TransactionStateError(
-            f"transaction {current.txn_id} is still {current.state.value}: commit or abort it first"
-        )
-    return f"{transactional_id}.{epoch}.{next(counter)}.{uuid.uuid4().hex[:8]}"
+
+class TransactionSlot(Generic[T]):
+    """A producer's one transaction at a time, and the ids of its transactions
+    (``<transactional id>.<epoch>.<n>.<random>``)."""
+
+    def __init__(self) -> None:
+        self.current: T | None = None
+        self._counter = itertools.count()
+
+    def begin(self, transactional_id: str, epoch: int, make: Callable[[str], T]) -> T:
+        """``make(txn_id)``, now the current transaction; ``TransactionStateError``
+        while the last one is still open or failed."""
+        current: Any = self.current
+        if current is not None and current.state in (
+            TransactionState.OPEN,
+            TransactionState.FAILED,
+        ):
+            raise TransactionStateError(
+                f"transaction {current.txn_id} is still {current.state.value}: "
+                "commit or abort it first"
+            )
+        txn_id = f"{transactional_id}.{epoch}.{next(self._counter)}.{uuid.uuid4().hex[:8]}"
+        self.current = make(txn_id)
+        return self.current
+
+    def ended(self, txn: T) -> None:
+        """``txn`` is over: the producer may begin another."""
+        if self.current is txn:
+            self.current = None
 
 
 def commit_arguments(txn: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -108,12 +129,145 @@ def settling_commit(txn: Any, ended: Any, handle: Any) -> Iterator[None]:
     ended(handle)
 
 
+@contextlib.contextmanager
+def abort_failure_logged(txn_id: str, exc: BaseException | None) -> Iterator[None]:
+    """Around the abort of a transaction that ``exc`` ended: an abort that fails is
+    logged, and ``exc``, the first error, is the one raised."""
+    try:
+        yield
+    except Exception as abort_exc:  # noqa: BLE001 - the first error is the one to see
+        log.warning("aborting %s after %r failed: %s", txn_id, exc, abort_exc)
+
+
 def warn_if_applied_later(txn_id: str, wait: bool, answer: Mapping[str, Any]) -> None:
     if wait and not answer["done"]:
         log.warning(
             "transaction %s committed; a broker applies it later (the coordinator retries)",
             txn_id,
         )
+
+
+class Backoff:
+    """The pauses between tries of one call: 0.05 s, doubling up to 1 s, for at least
+    30 s (or ``limit_s``, when longer)."""
+
+    def __init__(self, limit_s: float) -> None:
+        self.deadline = time.monotonic() + max(30.0, limit_s)
+        self.delay = 0.05
+
+    def expired(self) -> bool:
+        return time.monotonic() > self.deadline
+
+    def pause(self) -> float:
+        pause, self.delay = self.delay, min(1.0, self.delay * 2)
+        return pause
+
+
+def coordinator_may_retry(method: str, exc: Exception) -> bool:
+    """Ray could not deliver the call or the coordinator's socket broke (it restarts:
+    its calls are idempotent), or a new instance waits for its predecessor's decision
+    to reach a broker that is restarting (the coordinator retries that meanwhile); any
+    other answer is final."""
+    if isinstance(exc, BrokerUnavailableError):
+        return method == "init_producer" or not refused(exc)
+    return not isinstance(exc, RayMQError) and rpc.is_retriable(exc)
+
+
+class CoordinatorTries(Backoff):
+    """The tries of one call on the transaction coordinator, tried again while it
+    restarts (its calls are idempotent: a repeated end answers the decision taken)."""
+
+    def __init__(self, method: str, send_timeout_s: float, apply_wait_s: float) -> None:
+        super().__init__(send_timeout_s)
+        self.method = method
+        # an end waits for the brokers up to the coordinator's apply_wait_s before it answers
+        self.timeout = send_timeout_s + (apply_wait_s if method == "end" else 0.0)
+
+    def again(self, exc: Exception, *, transient: bool = False) -> float:
+        """The pause before the next try after ``exc`` (``transient``, or one
+        :func:`coordinator_may_retry` allows); raises ``exc`` when it is final or the
+        tries took too long. A restart (Ray's or a broker's) has nothing to wait on."""
+        if not (transient or coordinator_may_retry(self.method, exc)) or self.expired():
+            raise exc
+        log.warning("transaction coordinator %s: %s; trying again", self.method, exc)
+        return self.pause()
+
+
+def one_phase_target(txn: Any, enabled: bool) -> tuple[str | None, Any] | None:
+    """Whether an open transaction commits in one phase: None when it cannot (the
+    producer's ``one_phase`` off, nothing buffered, halves sent or its context shared,
+    offsets on two brokers); else (the broker holding its offsets or None, the offsets
+    as ``commit_one_phase`` takes them: ``group -> [[topic, queue, offset]]``, or None)."""
+    txn._require_open()
+    if not (enabled and txn._buffer) or txn._halves or txn._shared:
+        return None
+    if len(txn._offsets) > 1:  # offsets on two brokers: two participants
+        return None
+    if not txn._offsets:
+        return None, None
+    target, groups = next(iter(txn._offsets.items()))
+    return target, {g: [[t, q, o] for (t, q), o in qs.items()] for g, qs in groups.items()}
+
+
+class OnePhaseTries(Backoff):
+    """The tries of one transaction's one-phase commit on its broker, whoever makes the
+    call (a thread or an event loop): what a failed try means, the pause before the
+    next, and the end. ``txn`` is the :class:`Transaction` (its state and buffer),
+    ``producer`` what counts the commits and ends it (``_ended(handle)``)."""
+
+    def __init__(self, txn: Any, producer: Any, handle: Any, broker: str) -> None:
+        super().__init__(producer.config.send_timeout_s)
+        self.txn, self.producer, self.handle, self.broker = txn, producer, handle, broker
+        self.unknown = False  # a try may have been stored: never the two phases now
+
+    def failed(self, exc: Exception, *, transient: bool, not_written: bool = False) -> float | None:
+        """After a try that raised ``exc``: None when nothing of the commit was written
+        anywhere (refused before writing, a slave now, ``not_written``: the two phases
+        take it over, and their sends find the master); else the pause before the same
+        commit again to the same broker, which answers a repeat without writing it twice
+        (``exc`` a broker unavailable, ``transient``, or a refusal once a try may have
+        been stored). Raises what is final: the producer fenced (ABORTED), any other
+        error or the deadline passed (FAILED)."""
+        txn = self.txn
+        if isinstance(exc, ProducerFencedError):
+            txn.state = TransactionState.ABORTED
+            self.producer._ended(self.handle)
+            raise exc
+        if not self.unknown and (
+            isinstance(exc, OnePhaseRefusedError)
+            or not_written
+            or (isinstance(exc, BrokerUnavailableError) and refused(exc))
+        ):
+            log.debug("transaction %s: %s", txn.txn_id, exc)
+            self.producer.one_phase_refused += 1
+            return None
+        if isinstance(exc, RayMQError) and refused(exc):
+            if not isinstance(exc, OnePhaseRefusedError):
+                txn.state = TransactionState.FAILED  # an answer: final
+                raise exc
+        elif not (isinstance(exc, BrokerUnavailableError) or transient):
+            txn.state = TransactionState.FAILED
+            raise exc
+        self.unknown = True
+        if self.expired():
+            txn.state = TransactionState.FAILED
+            raise BrokerUnavailableError(
+                f"transaction {txn.txn_id}: broker {self.broker} did not answer its commit "
+                f"({exc!r}); whether it is committed is not known"
+            ) from exc
+        log.warning("transaction %s: commit on %s: %r; again", txn.txn_id, self.broker, exc)
+        return self.pause()
+
+    def committed(self, answer: Mapping[str, Any]) -> None:
+        """The broker answered the commit: the buffer is sent, the transaction over."""
+        txn = self.txn
+        txn.sent += len(txn._buffer)
+        txn._buffer = []
+        txn.state = TransactionState.COMMITTED
+        self.producer.one_phase_commits += 1
+        self.producer._ended(self.handle)
+        if answer.get("again"):
+            log.info("transaction %s was committed already on %s", txn.txn_id, self.broker)
 
 
 ONE_PHASE_MAX_BYTES = 4 << 20
@@ -153,6 +307,34 @@ def one_phase_batch(
     if len(blob) > ONE_PHASE_MAX_BYTES:
         return None
     return route, broker, blob
+
+
+@dataclasses.dataclass(frozen=True)
+class OnePhasePlan:
+    """A transaction as one broker's one-phase commit: that broker's route and name,
+    the encoded batch and the offsets, as ``commit_one_phase`` takes them."""
+
+    route: Any
+    broker: str
+    blob: bytes
+    offsets: Any
+
+
+def one_phase_plan(txn: Any, enabled: bool, encoder: Any, selector: Any) -> OnePhasePlan | None:
+    """The one-phase commit of an open transaction (:func:`one_phase_target`,
+    :func:`one_phase_batch`); None when it does not apply, or when the plan fails (the
+    two phases meet the error again, and say so). The routes must be cached in
+    ``selector``."""
+    where = one_phase_target(txn, enabled)
+    if where is None:
+        return None
+    target, offsets = where
+    try:
+        plan = one_phase_batch(encoder, selector, txn._buffer, target)
+    except Exception as exc:  # noqa: BLE001 - the two phases meet it again
+        log.debug("transaction %s: no one-phase plan: %s", txn.txn_id, exc)
+        return None
+    return None if plan is None else OnePhasePlan(*plan, offsets)
 
 
 __all__ = [
@@ -346,79 +528,27 @@ class Transaction:
 
     def _commit_one_phase(self) -> bool:
         """The one-phase commit where it applies (see :meth:`commit`): True once done."""
-        self._require_open()
         p = self.producer
-        if not (p.one_phase and self._buffer) or self._halves or self._shared:
-            return False
-        if len(self._offsets) > 1:  # offsets on two brokers: two participants
-            return False
-        offsets = None
-        target = None
-        if self._offsets:
-            target, groups = next(iter(self._offsets.items()))
-            offsets = {g: [[t, q, o] for (t, q), o in qs.items()] for g, qs in groups.items()}
-        try:
-            plan = p._one_phase_plan(self._buffer, target)
-        except Exception as exc:  # noqa: BLE001 - the two phases meet it again, and say so
-            log.debug("transaction %s: no one-phase plan: %s", self.txn_id, exc)
-            return False
+        plan = one_phase_plan(self, p.one_phase, p._encoder, p._sender.selector)
         if plan is None:
             return False
-        handle, broker, blob = plan
-        deadline = time.monotonic() + max(30.0, p.config.send_timeout_s)
-        delay, unknown = 0.05, False
+        handle = p.ns.broker(plan.route, plan.broker)
+        tries = OnePhaseTries(self, p, self, plan.broker)
         while True:
             try:
                 answer = rpc.get(
                     handle.commit_one_phase.remote(
-                        self.txn_id, p.transactional_id, p.epoch, blob, offsets
+                        self.txn_id, p.transactional_id, p.epoch, plan.blob, plan.offsets
                     ),
                     p.config.send_timeout_s,
                 )
                 break
-            except OnePhaseRefusedError as exc:
-                if not unknown:  # nothing of it written anywhere: the two phases
-                    log.debug("transaction %s: %s", self.txn_id, exc)
-                    p.one_phase_refused += 1
+            except Exception as exc:  # noqa: BLE001 - sorted by the tries
+                pause = tries.failed(exc, transient=rpc.is_retriable(exc))
+                if pause is None:
                     return False
-                failure: BaseException = exc
-            except ProducerFencedError:
-                self.state = TransactionState.ABORTED
-                p._ended(self)
-                raise
-            except Exception as exc:  # noqa: BLE001 - sorted below
-                if isinstance(exc, RayMQError) and refused(exc):
-                    if isinstance(exc, BrokerUnavailableError) and not unknown:
-                        # a slave now, or not registered yet: nothing written; the two
-                        # phases' sends find the master as any send does
-                        log.debug("transaction %s: %s", self.txn_id, exc)
-                        p.one_phase_refused += 1
-                        return False
-                    self.state = TransactionState.FAILED
-                    raise
-                if not (isinstance(exc, BrokerUnavailableError) or rpc.is_retriable(exc)):
-                    self.state = TransactionState.FAILED
-                    raise
-                failure = exc
-            # the outcome is unknown: the same commit again, to the same broker (it
-            # answers a repeat without writing it twice); never elsewhere
-            unknown = True
-            if time.monotonic() > deadline:
-                self.state = TransactionState.FAILED
-                raise BrokerUnavailableError(
-                    f"transaction {self.txn_id}: broker {broker} did not answer its commit "
-                    f"({failure}); whether it is committed is not known"
-                ) from failure
-            log.warning("transaction %s: commit on %s: %s; again", self.txn_id, broker, failure)
-            time.sleep(delay)  # the broker restarts or the connection reopens
-            delay = min(1.0, delay * 2)
-        self.sent += len(self._buffer)
-        self._buffer = []
-        self.state = TransactionState.COMMITTED
-        p.one_phase_commits += 1
-        p._ended(self)
-        if answer.get("again"):
-            log.info("transaction %s was committed already on %s", self.txn_id, broker)
+                time.sleep(pause)  # the broker restarts or the connection reopens
+        tries.committed(answer)
         return True
 
     def abort(self) -> None:
@@ -449,10 +579,8 @@ class Transaction:
         if exc_type is None:
             self.commit()
             return
-        try:
+        with abort_failure_logged(self.txn_id, exc):
             self.abort()
-        except Exception as abort_exc:  # noqa: BLE001 - the first error is the one to see
-            log.warning("aborting %s after %r failed: %s", self.txn_id, exc, abort_exc)
 
 
 class TransactionalProducer(Producer):
@@ -506,8 +634,7 @@ class TransactionalProducer(Producer):
         # older than its settings keeps the default)
         with contextlib.suppress(AttributeError):
             self._apply_wait_s = float(self._call("settings")["apply_wait_s"])
-        self._counter = itertools.count()
-        self._current: Transaction | None = None
+        self._txns: TransactionSlot[Transaction] = TransactionSlot()
         log.info(
             "transactional producer %s: id %s epoch %d",
             self.transactional_id,
@@ -516,49 +643,21 @@ class TransactionalProducer(Producer):
         )
 
     def _call(self, method: str, *args: Any) -> Any:
-        """A coordinator call, tried again while the coordinator restarts (its calls
-        are idempotent: a repeated end answers the decision taken)."""
-        deadline = time.monotonic() + max(30.0, self.config.send_timeout_s)
-        # an end waits for the brokers up to the coordinator's apply_wait_s before it answers
-        timeout = self.config.send_timeout_s + (self._apply_wait_s if method == "end" else 0.0)
-        delay = 0.05
+        """A coordinator call, tried again while the coordinator restarts
+        (:class:`CoordinatorTries`)."""
+        tries = CoordinatorTries(method, self.config.send_timeout_s, self._apply_wait_s)
         while True:
             try:
-                return rpc.get(getattr(self._coordinator, method).remote(*args), timeout)
-            except Exception as exc:  # noqa: BLE001 - sorted below
-                if not self._may_retry(method, exc) or time.monotonic() > deadline:
-                    raise
-                log.warning("transaction coordinator %s: %s; trying again", method, exc)
-                time.sleep(delay)  # a restart (Ray's or a broker's): nothing to wait on
-                delay = min(1.0, delay * 2)
-
-    @staticmethod
-    def _may_retry(method: str, exc: Exception) -> bool:
-        """Ray could not deliver the call or the coordinator's socket broke (it
-        restarts: its calls are idempotent), or a new instance waits for its
-        predecessor's decision to reach a broker that is restarting (the coordinator
-        retries that meanwhile); any other answer is final."""
-        if isinstance(exc, BrokerUnavailableError):
-            return method == "init_producer" or not refused(exc)
-        return not isinstance(exc, RayMQError) and rpc.is_retriable(exc)
-
-    def _one_phase_plan(
-        self, messages: Sequence[Message], broker: str | None = None
-    ) -> tuple[Any, str, bytes] | None:
-        """Where ``messages`` go as one broker's one-phase commit (:func:`one_phase_batch`),
-        with that broker's handle; None when they cannot."""
-        plan = one_phase_batch(self._encoder, self._sender.selector, messages, broker)
-        if plan is None:
-            return None
-        route, broker, blob = plan
-        return self.ns.broker(route, broker), broker, blob
+                return rpc.get(getattr(self._coordinator, method).remote(*args), tries.timeout)
+            except Exception as exc:  # noqa: BLE001 - sorted by the tries
+                time.sleep(tries.again(exc))
 
     def begin(self) -> Transaction:
         """Start a transaction (one at a time per producer); no Ray call."""
-        txn_id = next_txn_id(self._current, self.transactional_id, self.epoch, self._counter)
-        self._current = Transaction(self, txn_id)
-        return self._current
+        return self._txns.begin(self.transactional_id, self.epoch, self._transaction)
+
+    def _transaction(self, txn_id: str) -> Transaction:
+        return Transaction(self, txn_id)
 
     def _ended(self, txn: Transaction) -> None:
-        if self._current is txn:
-            self._current = None
+        self._txns.ended(txn)
