@@ -188,8 +188,8 @@ class PullMessageProcessor(DataPathProcessor):
         answers: list[RawGetResult],
     ) -> list[RawGetResult]:
         """A pull of several queues that found nothing, held: one waiter on all of them,
-        woken by the first message dispatched to any, then every queue read at once. (A
-        task per queue cost creating and cancelling that many tasks each round.)"""
+        woken by the first message dispatched to any, then the queues that moved read at
+        once. (A task per queue cost creating and cancelling that many tasks each round.)"""
         deadline = self.rt.loop.time() + min(suspend_s, self.rt.config.max_pull_suspend_s)
         keys = [(topic, qid) for topic, qid, _ in requests]
 
@@ -205,7 +205,15 @@ class PullMessageProcessor(DataPathProcessor):
                 self.rt.holds.discard_many(keys, fut)
             else:
                 await self.rt.holds.wait_many(keys, fut, remaining)
-            answers = await self._get_many(group, requests, max_count, tags)
+            # read again only the queues that moved (usually the one a send woke): the
+            # others' answers stand, as nothing was dispatched to them
+            store = self.rt.store
+            moved = [i for i, (t, q, off) in enumerate(requests) if store.max_offset(t, q) != off]
+            if moved:
+                again = await self._get_many(group, [requests[i] for i in moved], max_count, tags)
+                answers = list(answers)
+                for i, raw in zip(moved, again):
+                    answers[i] = raw
             if any(raw.count or raw.status not in _HOLDABLE for raw in answers):
                 return answers
             if news():  # dispatched but not readable yet (DLedger): each queue waits for it
