@@ -20,18 +20,17 @@ from typing import Any
 
 from actors.aio.connection import AsyncBrokers, master, within
 from actors.client import instance as _instance
-from actors.protocol.checks import check_number, validate_group
+from actors.client.simple_consumer import PopClient
+from actors.protocol.checks import check_number
 from actors.protocol.names import DEFAULT_NAMESPACE
-from actors.protocol.pop import PoppedMessage, check_receive_args
-from storage.codec import validate_topic
-from storage.errors import BrokerUnavailableError, InvalidMessageError
+from actors.protocol.pop import PoppedMessage
+from storage.errors import BrokerUnavailableError
 from storage.pop import ReceiptHandle
-from storage.subscription import parse_subscription
 
 log = logging.getLogger("raymq.actors.aio.simple_consumer")
 
 
-class AsyncSimpleConsumer:
+class AsyncSimpleConsumer(PopClient):
     """See the module doc. ``async with AsyncSimpleConsumer(group, topic, ...) as c:``."""
 
     def __init__(
@@ -47,31 +46,20 @@ class AsyncSimpleConsumer:
         call_timeout_s: float = 10.0,
         data_tls_ca: str | None = None,
     ) -> None:
-        self.group = validate_group(group)
-        self.topic = validate_topic(topic)
-        parse_subscription(tag_expr)
-        self.tag_expr, self.fifo = tag_expr, bool(fifo)
-        self.wait_s = check_number("wait_s", wait_s)
-        self.call_timeout_s = check_number("call_timeout_s", call_timeout_s)
-        self._lease = _instance.share(
-            self, namespace, nameservers, tls_ca=data_tls_ca, kind=_instance.READ
+        connection = _instance.Connection(data_tls_ca=data_tls_ca)
+        self._join_pop(
+            group, topic, tag_expr, fifo, wait_s, call_timeout_s, namespace, nameservers, connection
         )
-        self.instance, self.ns = self._lease.instance, self._lease.view
-        self.client_id = self.instance.new_client_id(group)
         self._brokers = AsyncBrokers(data_tls_ca)
         self._pops: dict[str, asyncio.Task[list[PoppedMessage]]] = {}  # by broker name
         self._buffer: list[PoppedMessage] = []
-        self.closed = False
 
     async def receive(
         self, max_msgs: int = 16, invisible_s: float = 30.0, wait_s: float | None = None
     ) -> list[PoppedMessage]:
         """Up to ``max_msgs`` messages, each invisible to the group for ``invisible_s``
         unless acked; waits up to ``wait_s`` (the consumer's default) for one."""
-        self._check_open()
-        max_msgs, invisible_ms, wait = check_receive_args(
-            max_msgs, invisible_s, wait_s, self.wait_s
-        )
+        max_msgs, invisible_ms, wait = self._receive_args(max_msgs, invisible_s, wait_s)
         self._take_answered()
         if not self._buffer:
             names = await asyncio.to_thread(self._readable_brokers)
@@ -120,7 +108,7 @@ class AsyncSimpleConsumer:
 
     async def ack(self, message: PoppedMessage) -> None:
         """Done with ``message``: it is not delivered again."""
-        handle = _handle_of(message)
+        handle = self._handle_of(message)
         await self._on_broker(handle, "ack_message", handle)
 
     async def change_invisible_duration(
@@ -129,7 +117,7 @@ class AsyncSimpleConsumer:
         """Make ``message`` invisible for ``invisible_s`` from now; it gets its new
         receipt handle (the old one is refused from now on)."""
         invisible_ms = int(check_number("invisible_s", invisible_s) * 1000)
-        handle = _handle_of(message)
+        handle = self._handle_of(message)
         message.receipt_handle = await self._on_broker(
             handle, "change_invisible_duration", handle, invisible_ms
         )
@@ -144,39 +132,29 @@ class AsyncSimpleConsumer:
             self.call_timeout_s,
         )
 
-    def _readable_brokers(self) -> list[str]:
-        return self.ns.require_route(self.topic).readable_brokers()
-
     async def _master(self, name: str) -> tuple[str, Any]:
         return await master(self.ns, self.topic, name)
 
-    def _check_open(self) -> None:
-        if self.closed:
-            raise InvalidMessageError("the AsyncSimpleConsumer is closed")
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     async def close(self) -> None:
         """Stop receiving; messages received and not acked come back after their
         invisible time (and those of pops still out, which are dropped)."""
-        if self.closed:
+        if self._closed:
             return
-        self.closed = True
+        self._closed = True
         for task in self._pops.values():
             task.cancel()
         await asyncio.gather(*self._pops.values(), return_exceptions=True)
         self._pops.clear()
         self._buffer.clear()
         self._brokers.close()
-        self._lease.release()
+        self._leave()
 
     async def __aenter__(self) -> AsyncSimpleConsumer:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-def _handle_of(msg: object) -> str:
-    handle = getattr(msg, "receipt_handle", None)
-    if not isinstance(handle, str):
-        raise InvalidMessageError(f"{msg!r:.80}: not a received message (no receipt handle)")
-    return handle

@@ -79,6 +79,31 @@ class PopClient(_instance.SharedClient):
         self.call_timeout_s = check_number("call_timeout_s", call_timeout_s)
         self._join("simple consumer", group, namespace, nameservers, connection, _instance.READ)
 
+    _closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidMessageError(f"the {type(self).__name__} is closed")
+
+    def _receive_args(
+        self, max_msgs: object, invisible_s: object, wait_s: object
+    ) -> tuple[int, int, float]:
+        """A receive's arguments checked (:func:`check_receive_args`), the consumer open."""
+        self._check_open()
+        return check_receive_args(max_msgs, invisible_s, wait_s, self.wait_s)
+
+    def _readable_brokers(self) -> list[str]:
+        """The brokers the topic's route names readable (its cached route)."""
+        return self.ns.require_route(self.topic).readable_brokers()
+
+    @staticmethod
+    def _handle_of(msg: object) -> str:
+        """The receipt handle of a received message; a clear error for anything else."""
+        handle = getattr(msg, "receipt_handle", None)
+        if not isinstance(handle, str):
+            raise InvalidMessageError(f"{msg!r:.80}: not a received message (no receipt handle)")
+        return handle
+
 
 class SimpleConsumer(PopClient):
     """Receive, ack and change the invisible duration of messages of one topic for
@@ -118,12 +143,8 @@ class SimpleConsumer(PopClient):
         self._pending: dict[str, tuple[Any, int]] = {}
         self._buffer: list[PoppedMessage] = []  # received beyond a receive's max_msgs
         self._turn = 0
-        self._closed = False
 
     # ------------------------------------------------------------ brokers
-    def _brokers(self) -> list[str]:
-        return self.ns.require_route(self.topic).readable_brokers()
-
     def _broker(self, name: str, refresh: bool = False) -> Any:
         route = self.ns.require_route(self.topic, refresh=refresh)
         return self.ns.broker(route, name)
@@ -137,10 +158,7 @@ class SimpleConsumer(PopClient):
     ) -> list[PoppedMessage]:
         """Up to ``max_msgs`` messages, each invisible to the group for ``invisible_s``
         unless acked; waits up to ``wait_s`` (the consumer's default) for one."""
-        self._check_open()
-        max_msgs, invisible_ms, wait = check_receive_args(
-            max_msgs, invisible_s, wait_s, self.wait_s
-        )
+        max_msgs, invisible_ms, wait = self._receive_args(max_msgs, invisible_s, wait_s)
         if self._buffer:  # received for an earlier call beyond its max_msgs
             got, self._buffer = self._buffer[:max_msgs], self._buffer[max_msgs:]
             return got
@@ -161,7 +179,7 @@ class SimpleConsumer(PopClient):
                 return got
 
     def _start_pops(self, max_msgs: int, invisible_ms: int, wait_ms: int) -> None:
-        names = self._brokers()
+        names = self._readable_brokers()
         free = [n for n in names if n not in self._pending]
         room = max_msgs - sum(share for _, share in self._pending.values())
         if not free or room <= 0:
@@ -247,7 +265,7 @@ class SimpleConsumer(PopClient):
     def ack(self, msg: PoppedMessage) -> None:
         """Done with ``msg``: it is not delivered again."""
         self._check_open()
-        self._on_broker(_handle_of(msg), "ack_message", _handle_of(msg))
+        self._on_broker(self._handle_of(msg), "ack_message", self._handle_of(msg))
 
     def ack_many(self, msgs: Iterable[PoppedMessage]) -> None:
         """:meth:`ack` of many messages, one call per broker; raises after acking all it
@@ -255,7 +273,7 @@ class SimpleConsumer(PopClient):
         self._check_open()
         by_broker: dict[str, list[str]] = {}
         for m in msgs:
-            h = _handle_of(m)
+            h = self._handle_of(m)
             by_broker.setdefault(ReceiptHandle.parse(h).broker, []).append(h)
         refused: list[str] = []
         for handles in by_broker.values():
@@ -271,16 +289,12 @@ class SimpleConsumer(PopClient):
         receipt handle (the old one is refused from now on)."""
         self._check_open()
         invisible_ms = int(check_number("invisible_s", invisible_s) * 1000)
-        h = _handle_of(msg)
+        h = self._handle_of(msg)
         new = self._on_broker(h, "change_invisible_duration", h, invisible_ms)
         msg.receipt_handle = new
         return msg
 
     # ------------------------------------------------------------ lifecycle
-    def _check_open(self) -> None:
-        if self._closed:
-            raise InvalidMessageError("the SimpleConsumer is closed")
-
     def close(self) -> None:
         """Stop receiving; messages received and not acked come back after their
         invisible time (and those of receives still waiting, which are dropped)."""
@@ -294,10 +308,3 @@ class SimpleConsumer(PopClient):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _handle_of(msg: object) -> str:
-    handle = getattr(msg, "receipt_handle", None)
-    if not isinstance(handle, str):
-        raise InvalidMessageError(f"{msg!r:.80}: not a received message (no receipt handle)")
-    return handle
