@@ -10,7 +10,7 @@ from actors.client.admin import Admin
 from actors.client.backpressure import ProducerBusyError
 from actors.client.producer import Producer
 from actors.client.pull_consumer import PullConsumer, PullResult, PullStatus
-from actors.client.push.consumer import (
+from actors.client.push import (
     ConsumeFromWhere,
     ConsumeStatus,
     MessageModel,

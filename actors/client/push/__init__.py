@@ -4,14 +4,14 @@ offset stores and send-back."""
 
 from __future__ import annotations
 
-from actors.client.push.consumer import (
+from actors.client.push.config import (
     ConsumeFromWhere,
     ConsumeStatus,
     Listener,
     MessageModel,
-    PushConsumer,
     PushConsumerConfig,
 )
+from actors.client.push.consumer import PushConsumer
 
 __all__ = [
     "ConsumeFromWhere",

@@ -40,8 +40,6 @@ from typing import Any
 from actors.client import instance as _instance
 from actors.client.instance import ClientView
 from actors.client.push.config import (
-    ConsumeFromWhere,
-    ConsumeStatus,
     Listener,
     MessageModel,
     PushConsumerConfig,
@@ -75,14 +73,7 @@ log = logging.getLogger("raymq.actors.push_consumer")
 CALL_TIMEOUT_S = 10.0
 SERVICE_TICK_S = 0.05
 
-__all__ = [
-    "ConsumeFromWhere",
-    "ConsumeStatus",
-    "Listener",
-    "MessageModel",
-    "PushConsumer",
-    "PushConsumerConfig",
-]
+__all__ = ["PushConsumer"]
 
 
 class PushConsumer:
