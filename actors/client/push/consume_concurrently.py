@@ -138,25 +138,35 @@ class ConsumeMessageService:
 
     def _consume(self, pq: ProcessQueue) -> bool:
         """Run batches of ``pq`` until none is ready or the time slice is over; False when
-        the watchdog took the task's batch (and ended the task for it)."""
+        the task ended without the queue (see :meth:`_batch_done`)."""
         size = self.c.config.consume_batch_size
         slice_end = time.monotonic() + TIME_SLICE_S
         while True:
             with pq.lock:
-                if pq.dropped or not pq.ready or self._stopping:
+                if pq.dropped or not pq.ready or self._stopping or self._held(pq):
                     return True
                 ready = pq.ready
                 batch = [ready.popleft() for _ in range(min(size, len(ready)))]
                 inflight = Inflight(batch)
                 pq.inflight.add(inflight)
-            ok = self._call_listener(pq, batch)
-            with pq.lock:
-                if inflight.abandoned:  # the watchdog settled it and ended this task
-                    return False
-                pq.inflight.discard(inflight)
-            self.settle(pq, batch, ok)
+            ended = self._batch_done(pq, batch, inflight, self._call_listener(pq, batch))
+            if ended is not None:
+                return ended
             if time.monotonic() > slice_end:
                 return True
+
+    def _batch_done(
+        self, pq: ProcessQueue, batch: list[MessageExt], inflight: Inflight, ok: bool
+    ) -> bool | None:
+        """After the listener answered ``ok`` for ``batch``: None when the task goes on
+        with the next batch; else it ends, True with the queue still its own, False
+        when the watchdog took the batch (and ended the task for it)."""
+        with pq.lock:
+            if inflight.abandoned:  # the watchdog settled it and ended this task
+                return False
+            pq.inflight.discard(inflight)
+        self.settle(pq, batch, ok)
+        return None
 
     def _call_listener(self, pq: ProcessQueue, batch: list[MessageExt]) -> bool:
         dedup = self._dedup

@@ -28,10 +28,9 @@ is logged, and counted as failed when it returns.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 
-from actors.client.push.consume_concurrently import TIME_SLICE_S, ConsumeMessageService, replaced
+from actors.client.push.consume_concurrently import ConsumeMessageService, replaced
 from actors.client.push.context import ConsumeContext
 from actors.client.push.process_queue import Inflight, ProcessQueue
 from actors.protocol import rpc as _rpc
@@ -69,27 +68,18 @@ class ConsumeMessageOrderlyService(ConsumeMessageService):
     def _held(self, pq: ProcessQueue) -> bool:
         return pq in self._suspended  # a failed batch waits out its suspension first
 
-    def _consume(self, pq: ProcessQueue) -> bool:
-        size = self.c.config.consume_batch_size
-        slice_end = time.monotonic() + TIME_SLICE_S
-        while True:
+    def _batch_done(
+        self, pq: ProcessQueue, batch: list[MessageExt], inflight: Inflight, ok: bool
+    ) -> bool | None:
+        if ok:
+            self.c.stats.add("consumed", len(batch))
+            self.forget(pq, batch)  # before the queue counts as idle: commit sees it
             with pq.lock:
-                if pq.dropped or not pq.ready or self._stopping or pq in self._suspended:
-                    return True
-                ready = pq.ready
-                batch = [ready.popleft() for _ in range(min(size, len(ready)))]
-                inflight = Inflight(batch)
-                pq.inflight.add(inflight)
-            ok = self._call_listener(pq, batch)
-            if ok:
-                self.c.stats.add("consumed", len(batch))
-                self.forget(pq, batch)  # before the queue counts as idle: commit sees it
-                with pq.lock:
-                    pq.inflight.discard(inflight)
-            elif not self._failed(pq, inflight):
-                return True  # suspended (or dropped): the task ends, the queue waits
-            if time.monotonic() > slice_end:
-                return True
+                pq.inflight.discard(inflight)
+            return None
+        if not self._failed(pq, inflight):
+            return True  # suspended (or dropped): the task ends, the queue waits
+        return None
 
     # ------------------------------------------------------------ failures
     def _failed(self, pq: ProcessQueue, inflight: Inflight) -> bool:

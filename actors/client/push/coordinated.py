@@ -35,7 +35,7 @@ from ray.exceptions import ActorDiedError
 from actors.client.push.context import CoordinatedContext
 from actors.client.push.offset_store import RemoteBrokerOffsetStore
 from actors.client.push.process_queue import ProcessQueue
-from actors.client.push.rebalance import RebalanceService
+from actors.client.push.rebalance import RebalanceService, queue_name, rebalanced
 from actors.coordinator.coordinator import coordinator_for
 from actors.coordinator.state import MemberView
 from actors.protocol import rpc as _rpc
@@ -49,10 +49,6 @@ log = logging.getLogger("raymq.actors.coordinator")
 CALL_TIMEOUT_S = 10.0
 JOIN_TIMEOUT_S = 30.0
 RETRY_S = 0.5
-
-
-def _name(mq: MessageQueue) -> str:
-    return f"{mq.topic}:{mq.broker_name}:{mq.queue_id}"
 
 
 def coordinator_gone(group: str, exc: BaseException) -> bool:
@@ -283,7 +279,7 @@ class CoordinatedRebalanceService(ViewFollower):
                 log.warning(
                     "group %s: the batch in flight on %s outlived %.1fs: handing it over anyway",
                     c.group,
-                    _name(pq.mq),
+                    queue_name(pq.mq),
                     bound,
                 )
         return pqs, tokens
@@ -300,7 +296,9 @@ class CoordinatedRebalanceService(ViewFollower):
                 len(offsets) - len(committed),
             )
         c.stats.add("revoked", len(revoke))
-        log.info("group %s: %s gave up %s", c.group, c.client_id, sorted(_name(q) for q in revoke))
+        log.info(
+            "group %s: %s gave up %s", c.group, c.client_id, sorted(queue_name(q) for q in revoke)
+        )
         try:
             view: MemberView = _rpc.get(
                 self._handle().confirm.remote(c.client_id, list(revoke)), CALL_TIMEOUT_S
@@ -325,7 +323,7 @@ class CoordinatedRebalanceService(ViewFollower):
             "group %s: %s dropped %s without a commit (fenced, or its offset was reset)",
             c.group,
             c.client_id,
-            _name(pq.mq),
+            queue_name(pq.mq),
         )
 
     def _give_up_all(self) -> None:
@@ -348,7 +346,7 @@ class CoordinatedRebalanceService(ViewFollower):
             try:
                 offset, was_stored = self.helper.start_offset(mq, stored[mq])
             except Exception as exc:  # noqa: BLE001 - tried again after the next poll
-                log.warning("group %s: cannot start %s yet: %s", c.group, _name(mq), exc)
+                log.warning("group %s: cannot start %s yet: %s", c.group, queue_name(mq), exc)
                 continue
             token = want[mq]
             self.store.grant(mq, token)
@@ -361,11 +359,4 @@ class CoordinatedRebalanceService(ViewFollower):
             c.pull.request(pq)
             started.append(mq)
         if started:
-            c.stats.add("rebalances")
-            log.info(
-                "group %s: %s took %s (generation %d)",
-                c.group,
-                c.client_id,
-                sorted(_name(q) for q in started),
-                self.generation,
-            )
+            rebalanced(c, "took %s (generation %d)", started, self.generation)

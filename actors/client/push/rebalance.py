@@ -32,9 +32,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from actors.client.push.config import ConsumeFromWhere
-from actors.client.push.context import RebalanceContext
+from actors.client.push.context import ConsumerContext, RebalanceContext
 from actors.client.push.offset_store import RemoteBrokerOffsetStore
 from actors.client.push.process_queue import ProcessQueue
 from actors.coordinator.fencing import readable_queues
@@ -59,6 +60,19 @@ log = logging.getLogger("raymq.actors.push_consumer")
 CALL_TIMEOUT_S = 10.0
 DEFAULT_TIMESTAMP_AGO_S = 1800.0  # RocketMQ's consumeTimestamp default: half an hour ago
 NO_FENCE: FencingToken = (0, 0)
+
+
+def queue_name(mq: MessageQueue) -> str:
+    """``topic:broker:queue``, as logs name a queue."""
+    return f"{mq.topic}:{mq.broker_name}:{mq.queue_id}"
+
+
+def rebalanced(c: ConsumerContext, what: str, queues: Iterable[MessageQueue], *args: Any) -> None:
+    """A rebalance changed the consumer's queues: counted, and logged as ``group g: <client
+    id> <what>``, ``what``'s first ``%s`` the names of ``queues``, then ``args``."""
+    c.stats.add("rebalances")
+    names = sorted(queue_name(q) for q in queues)
+    log.info("group %s: %s " + what, c.group, c.client_id, names, *args)
 
 
 class RebalanceService:
@@ -180,13 +194,7 @@ class RebalanceService:
                 mine = set(queues)
             changed |= self._apply(topic, mine)
         if changed:
-            c.stats.add("rebalances")
-            log.info(
-                "group %s: %s owns %s",
-                c.group,
-                c.client_id,
-                sorted(f"{mq.topic}:{mq.broker_name}:{mq.queue_id}" for mq in c.assigned_queues()),
-            )
+            rebalanced(c, "owns %s", c.assigned_queues())
         return changed
 
     def restart_reset(self) -> bool:
