@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
-import threading
 import time
 from concurrent.futures import Future
 from typing import Any
@@ -45,15 +43,14 @@ from typing import Any
 from actors.client.pull_consumer import PullResult, PullStatus
 from actors.client.push.context import PullContext
 from actors.client.push.process_queue import (
-    CONSUME_CONCURRENTLY_MAX_SPAN,
     ProcessQueue,
     PullState,
 )
+from actors.client.push.read_service import ReadService
 from actors.protocol import rpc as _rpc
 from actors.protocol.data_path import BrokerStub
 from actors.protocol.wire import pull_request_to_wire, pulls_from_wire
 from rebalance import MessageQueue
-from storage.errors import RayMQError
 
 log = logging.getLogger("raymq.actors.push_consumer")
 
@@ -66,28 +63,10 @@ _SPIN_GUARD_S = 0.1  # a pull that comes back empty this fast was not held: wait
 Due = list[tuple[ProcessQueue, tuple[PullState, ...]]]  # queues to pull, from which states
 
 
-class PullMessageService:
+class PullMessageService(ReadService[tuple[int, Any, Any]]):
     def __init__(self, consumer: PullContext) -> None:
-        self.c = consumer
-        cfg = consumer.config
-        self._events: queue.SimpleQueue[tuple[int, Any, Any] | None] = queue.SimpleQueue()
-        self._stopped = False
-        self._max_buffer = cfg.pull_threshold_for_queue
-        self._max_bytes = cfg.pull_threshold_size_for_queue_mib << 20
-        # an orderly queue is consumed in order: its span never outgrows its buffer
-        self._max_span = None if cfg.orderly else CONSUME_CONCURRENTLY_MAX_SPAN
+        super().__init__(consumer, "pull")
         self._alone: set[MessageQueue] = set()  # refused in a shared call: pulled by itself
-        self._thread = threading.Thread(
-            target=self._loop, name=f"raymq-pull-{consumer.group}", daemon=True
-        )
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopped = True
-        self._events.put(None)
-        self._thread.join(timeout=10.0)
 
     def request(self, pq: ProcessQueue) -> None:
         """Pull ``pq`` now if it is idle or paused (any thread)."""
@@ -103,12 +82,7 @@ class PullMessageService:
     # ------------------------------------------------------------ the loop
     def _loop(self) -> None:
         while True:
-            events = [self._events.get()]
-            while True:  # everything else already waiting goes in this round
-                try:
-                    events.append(self._events.get_nowait())
-                except queue.Empty:
-                    break
+            events = self._round()
             due: Due = []
             for ev in events:
                 if ev is None or self._stopped:
@@ -158,10 +132,7 @@ class PullMessageService:
             with pq.lock:
                 if pq.dropped or self._stopped or pq.state not in from_states:
                     continue
-                if pq.over_threshold(self._max_buffer, self._max_bytes, self._max_span):
-                    if pq.state is not PullState.PAUSED:
-                        c.stats.add("flow_control_pauses")
-                    pq.state = PullState.PAUSED
+                if self._paused(pq):
                     continue
                 pq.state = PullState.PULLING
                 pq.pull_gen += 1
@@ -316,13 +287,8 @@ class PullMessageService:
 
     def _failed(self, pq: ProcessQueue, gen: int, exc: BaseException) -> None:
         c = self.c
-        c.stats.add("pull_errors")
-        if _rpc.is_retriable(exc):
-            c.forget_route(pq.mq.topic, pq.mq.broker_name)
-        elif not isinstance(exc, RayMQError):
-            c.forget_route(pq.mq.topic)
         log.log(
-            logging.DEBUG if _rpc.is_retriable(exc) else logging.WARNING,
+            self._read_failed([pq], exc),
             "%s: pull failed (%s: %s); again in %.1fs",
             pq,
             type(exc).__name__,

@@ -36,7 +36,6 @@ meanwhile): streams are served on sockets only.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from concurrent.futures import Future
@@ -45,10 +44,10 @@ from typing import Any
 from actors.client.pull_consumer import PullResult, PullStatus
 from actors.client.push.context import PullContext
 from actors.client.push.process_queue import (
-    CONSUME_CONCURRENTLY_MAX_SPAN,
     ProcessQueue,
     PullState,
 )
+from actors.client.push.read_service import ReadService
 from actors.protocol import rpc as _rpc
 from actors.protocol.connection import BrokerConnection
 from actors.protocol.data_path import BrokerStub
@@ -60,7 +59,7 @@ from actors.protocol.requests.subscribe import (
 )
 from actors.protocol.wire import pulls_from_wire
 from rebalance import MessageQueue
-from storage.errors import BrokerUnavailableError, RayMQError
+from storage.errors import BrokerUnavailableError
 
 log = logging.getLogger("raymq.actors.push_consumer")
 
@@ -96,17 +95,12 @@ class _Stream:
         self.read: Any = None  # what the SUBSCRIBE's last answer says
 
 
-class StreamService:
+class StreamService(ReadService[tuple[int, Any]]):
     """The :class:`~actors.client.push.context.Pulls` of a ``delivery="stream"`` consumer."""
 
     def __init__(self, consumer: PullContext) -> None:
-        self.c = consumer
+        super().__init__(consumer, "stream")
         cfg = consumer.config
-        self._events: queue.SimpleQueue[tuple[int, Any] | None] = queue.SimpleQueue()
-        self._stopped = False
-        self._max_buffer = cfg.pull_threshold_for_queue
-        self._max_bytes = cfg.pull_threshold_size_for_queue_mib << 20
-        self._max_span = None if cfg.orderly else CONSUME_CONCURRENTLY_MAX_SPAN
         self.window = max(1, min(cfg.pull_batch_size, cfg.pull_threshold_for_queue))
         self.window_bytes = self._max_bytes
         self._max_count = min(cfg.pull_batch_size, MAX_COUNT)
@@ -114,19 +108,11 @@ class StreamService:
         self._streams: dict[StreamKey, _Stream] = {}  # the live ones
         self._of: dict[ProcessQueue, _Stream] = {}  # which stream a queue is in
         self._alone: set[MessageQueue] = set()
-        self._thread = threading.Thread(
-            target=self._loop, name=f"raymq-stream-{consumer.group}", daemon=True
-        )
 
     # ------------------------------------------------------------ Pulls
-    def start(self) -> None:
-        self._thread.start()
-
     def stop(self) -> None:
         """Ends every subscription (its records from here on are not buffered)."""
-        self._stopped = True
-        self._events.put(None)
-        self._thread.join(timeout=10.0)
+        super().stop()
         with self._lock:
             streams = list(self._streams.values())
             self._streams.clear()
@@ -172,12 +158,7 @@ class StreamService:
     # ------------------------------------------------------------ the service thread
     def _loop(self) -> None:
         while True:
-            events = [self._events.get()]
-            while True:
-                try:
-                    events.append(self._events.get_nowait())
-                except queue.Empty:
-                    break
+            events = self._round()
             adds: list[ProcessQueue] = []
             for ev in events:
                 if ev is None or self._stopped:
@@ -213,10 +194,7 @@ class StreamService:
             with pq.lock:
                 if pq.dropped or self._stopped:
                     continue
-                if pq.over_threshold(self._max_buffer, self._max_bytes, self._max_span):
-                    if pq.state is not PullState.PAUSED:
-                        c.stats.add("flow_control_pauses")
-                    pq.state = PullState.PAUSED  # the consume service asks again once under
+                if self._paused(pq):
                     continue
                 pq.state = PullState.PULLING
                 offset = pq.next_offset
@@ -366,14 +344,8 @@ class StreamService:
 
     def _failed(self, pqs: list[ProcessQueue], exc: BaseException) -> None:
         c = self.c
-        c.stats.add("pull_errors")
-        for pq in pqs:
-            if _rpc.is_retriable(exc):
-                c.forget_route(pq.mq.topic, pq.mq.broker_name)
-            elif not isinstance(exc, RayMQError):
-                c.forget_route(pq.mq.topic)
         log.log(
-            logging.DEBUG if _rpc.is_retriable(exc) else logging.WARNING,
+            self._read_failed(pqs, exc),
             "%d queues: subscription failed (%s: %s); again in %.1fs",
             len(pqs),
             type(exc).__name__,
@@ -398,7 +370,7 @@ class StreamService:
             with pq.lock:
                 if pq.dropped or pq.state is not PullState.PAUSED:
                     return
-                if pq.over_threshold(self._max_buffer, self._max_bytes, self._max_span):
+                if self._over_threshold(pq):
                     return
                 pq.state = PullState.PULLING
             stream.paused.discard(key)
@@ -470,9 +442,7 @@ class StreamService:
             # an illegal offset: the broker left the queue out until it is given again
             reset = status is PullStatus.OFFSET_ILLEGAL
             pq.last_pull = time.monotonic()
-            if pq.state is PullState.PULLING and pq.over_threshold(
-                self._max_buffer, self._max_bytes, self._max_span
-            ):
+            if pq.state is PullState.PULLING and self._over_threshold(pq):
                 pq.state = PullState.PAUSED
                 stream.paused.add(key)
                 self.c.stats.add("flow_control_pauses")
