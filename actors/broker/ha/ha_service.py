@@ -9,7 +9,9 @@ covers, so many concurrent puts share one replication round.
 
 Invariants: an acknowledgement counts only after the slave's epochs were
 checked against the master's (a slave whose tail diverges is told where to cut
-it instead, and acknowledges nothing); a waiting put is released only by an
+it instead, and acknowledges nothing); a slave whose log holds a newer epoch than
+the master's is never told to cut it: a newer master was promoted, and this one
+becomes a slave (:meth:`MasterSide.newer_epoch`); a waiting put is released only by an
 acknowledgement at or past its end, or answered FLUSH_SLAVE_TIMEOUT /
 SLAVE_NOT_AVAILABLE, never PUT_OK otherwise.
 """
@@ -46,6 +48,9 @@ class MasterSide(Protocol):
 
     @property
     def is_master(self) -> bool: ...
+
+    def newer_epoch(self, slave: str, epoch: int) -> None:
+        """``slave``'s log holds ``epoch``, newer than this master's: it was deposed."""
 
 
 log = logging.getLogger("raymq.actors.ha")
@@ -157,6 +162,15 @@ class HAService:
         if not self.repl.is_master:
             raise BrokerUnavailableError(
                 f"broker {name} is a slave, not the master of {self.config.broker_name}"
+            )
+        newest = epochs[-1][0] if epochs else 0
+        if newest > self.repl.state.epoch:
+            # a master of that epoch was promoted while this one was away (a NameServer
+            # that restarted forgot it): cutting the slave back would drop what it holds
+            self.repl.newer_epoch(slave, newest)
+            raise BrokerUnavailableError(
+                f"broker {name} is master in epoch {self.repl.state.epoch}, but slave "
+                f"{slave} follows epoch {newest}: a newer master replaced it"
             )
         if self.catching_up:
             raise BrokerUnavailableError(

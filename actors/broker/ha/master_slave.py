@@ -74,6 +74,12 @@ MASTER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER")
 EX_MASTER_SLAVE_ID = 1000
 """The id a deposed master (configured as id 0) registers under as a slave."""
 GATHER_TIMEOUT_S = 3.0
+ASK_SLAVE_S = 2.0
+"""A master (re)starting gives a slave this long to say where its log ends, each time."""
+ASK_SLAVES_S = 30.0
+"""A master (re)starting asks its registered slaves again for this long at most, while
+one does not answer, before it registers (see ``_ask_slaves``)."""
+ASK_SLAVES_RETRY_S = 0.5
 _BEHIND_ON_SLAVE = (GetStatus.OFFSET_OVERFLOW_BADLY, GetStatus.OFFSET_TOO_SMALL)
 REGISTER_RETRY_S = 1.0
 """A master no NameServer has accepted yet registers again after this long."""
@@ -117,6 +123,7 @@ class MasterSlaveReplication(Replication):
         self._master_handle: Any = None
         self.client: HAClient | None = None
         self.sync: SlaveSynchronize | None = None
+        self._waiting_for: list[str] = []  # a starting master: who it waits to hear from
         window = self.config.slave_read_window_bytes
         self.read_window = window if window is not None else int(physical_memory() * 0.4)
 
@@ -183,20 +190,14 @@ class MasterSlaveReplication(Replication):
         because the slave had it). Writing from its own end again would give acknowledged
         queue offsets to new messages, and the slave would be told to cut the tail off. So
         first it copies, from the slave furthest ahead in its own epoch, the whole records
-        past its end, and dispatches them as a slave does."""
+        past its end, and dispatches them as a slave does. A slave whose log holds a newer
+        epoch says this master was replaced while it was down: it becomes a slave."""
         name = self.config.actor_name
         my_end = self.store.commitlog.max_offset
         best: tuple[int, str, Any] | None = None
-        members = await self._group_members()
+        members, tails = await self._ask_slaves()
         newer = 0  # the newest epoch a member's log holds, when newer than this master's
-        for bid, actor_name in members.items():
-            if actor_name == name or bid == MASTER_ID:
-                continue
-            try:
-                handle = await self.broker.run(self._get_actor, actor_name)
-                end, epochs, _ = await asyncio.wait_for(handle.ha_log_tail.remote(0, 0), 2.0)
-            except Exception:  # noqa: BLE001 - that slave is gone: HAService fences it later
-                continue
+        for actor_name, (end, epochs, handle) in tails.items():
             newest = epochs[-1][0] if epochs else 0
             if newest > self.state.epoch:
                 newer = max(newer, newest)
@@ -217,6 +218,48 @@ class MasterSlaveReplication(Replication):
             return
         end, slave, handle = best
         await copy_tail(self, slave, handle, my_end, end)
+
+    async def _ask_slaves(self) -> tuple[dict[int, str], dict[str, tuple[int, Epochs, Any]]]:
+        """The group's registered members and, for each slave among them, its log's end,
+        epochs and handle. A slave registered but slow to answer (a loaded machine, a
+        pause) is asked again until it answers or leaves the NameServers' routes, for
+        ``ASK_SLAVES_S`` at most: its log may say that a newer master replaced this one,
+        which a NameServer that restarted no longer knows. (With no NameServer answering
+        there is no one to ask: registering waits for one anyway.)"""
+        name = self.config.actor_name
+        deadline = self.loop.time() + ASK_SLAVES_S
+        tails: dict[str, tuple[int, Epochs, Any]] = {}
+        while True:
+            members = await self._group_members()
+            waiting = []
+            for bid, actor_name in members.items():
+                if actor_name == name or bid == MASTER_ID or actor_name in tails:
+                    continue
+                try:
+                    handle = await self.broker.run(self._get_actor, actor_name)
+                    end, epochs, _ = await asyncio.wait_for(
+                        handle.ha_log_tail.remote(0, 0), ASK_SLAVE_S
+                    )
+                except ValueError:  # its actor is gone: the NameServers drop it soon
+                    continue
+                except Exception:  # noqa: BLE001 - slow, restarting or cut off: again
+                    waiting.append(actor_name)
+                    continue
+                tails[actor_name] = (end, epochs, handle)
+            self._waiting_for = waiting
+            if not waiting:
+                return members, tails
+            if self.loop.time() >= deadline:
+                self._waiting_for = []
+                log.warning(
+                    "%s: starting as master without an answer from %s in %.0f s: a newer "
+                    "epoch that one's log may hold is found when it replicates",
+                    name,
+                    ", ".join(waiting),
+                    ASK_SLAVES_S,
+                )
+                return members, tails
+            await asyncio.sleep(ASK_SLAVES_RETRY_S)
 
     # ------------------------------------------------------------ NameServers
     @property
@@ -466,6 +509,21 @@ class MasterSlaveReplication(Replication):
         except Exception as exc:  # noqa: BLE001 - down: the NameServers refuse it later
             log.debug("%s: asking %s to register: %s", self.config.actor_name, old, exc)
 
+    def newer_epoch(self, slave: str, epoch: int) -> None:
+        """A slave asking this master for the CommitLog follows a newer epoch: a newer
+        master replaced this one while it was away (and the NameServers it registered
+        with did not know: one restarted): it becomes a slave at once."""
+        if self.role == SLAVE:
+            return
+        log.warning(
+            "%s: slave %s follows epoch %d, newer than this master's %d",
+            self.config.actor_name,
+            slave,
+            epoch,
+            self.state.epoch,
+        )
+        self._tasks.append(self.loop.create_task(self._demote(None, epoch)))
+
     async def _demote(self, master: str | None, epoch: int) -> None:
         """The NameServers know a newer master: become its slave."""
         if self.role == SLAVE:
@@ -512,5 +570,7 @@ class MasterSlaveReplication(Replication):
             out["metadata_syncs"] = self.sync.rounds if self.sync is not None else 0
         else:
             out["accepted_as_master"] = self._writable.is_set()
+            if self._waiting_for:  # starting: a registered slave has yet to answer
+                out["waiting_for"] = list(self._waiting_for)
             out.update(self.service.status())
         return out

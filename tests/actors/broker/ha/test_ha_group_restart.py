@@ -13,6 +13,8 @@ that would lose it.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -112,12 +114,23 @@ def test_the_keeper_does_not_promote_a_slave_behind_while_the_other_is_away(
     # the new master goes down, and a NameServer restarted forgets the group's epochs:
     # the old master, back, would be accepted in its old epoch and take writes that the
     # slave (cut back to follow it) and then the new master's return would drop; the
-    # slave's log says a newer epoch began, so it becomes a slave before it registers
+    # slave's log says a newer epoch began, so it becomes a slave before it registers,
+    # also when the slave is slow to say so (paused here: a loaded machine, a GC pause)
     kill(ahead)
     nameserver = cluster.nameserver(0)
     ray.kill(nameserver, no_restart=False)
     wait_until(lambda: registered(cluster).get(2) == "broker-a-2", what="the slave re-registered")
-    master = start_broker(configs[0])
+    paused = status_of(behind)["pid"]
+    os.kill(paused, signal.SIGSTOP)
+    try:
+        master = start_broker(configs[0])
+        wait_until(
+            lambda: status_of(master).get("waiting_for") == ["broker-a-2"],
+            what="the old master waiting for the paused slave's answer",
+        )
+        assert 0 not in registered(cluster)
+    finally:
+        os.kill(paused, signal.SIGCONT)
     wait_until(
         lambda: registered(cluster).get(1000) == "broker-a-0", what="old master back as a slave"
     )
