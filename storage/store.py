@@ -90,6 +90,9 @@ _RECORD_SIZE = struct.Struct(">i")  # a CommitLog record's TOTALSIZE
 MAX_SCAN_ENTRIES = 800  # ConsumeQueue entries one filtered pull may look at
 
 
+LITE_STATE_TOPIC = "RMQ_SYS_LITE_STATE"
+"""The topic of lite consumer state records (``storage.lite.state``), written by a Raft
+leader through its log only."""
 _RESERVED = frozenset(
     {
         SCHEDULE_TOPIC,
@@ -390,6 +393,8 @@ class MessageStore:
                 raise InvalidMessageError(f"topic={topic!r} is reserved for timer messages")
             if topic == transaction.COMMIT_TOPIC:
                 raise InvalidMessageError(f"topic={topic!r} is reserved for commit markers")
+            if topic == LITE_STATE_TOPIC:
+                raise InvalidMessageError(f"topic={topic!r} is reserved for lite consumer state")
         if batch.producer_id is None and _needs_copies(batch):
             batch = self._to_copies(batch)
         return self._write(batch)
@@ -660,19 +665,21 @@ class MessageStore:
         topic = batch.topics[0]
         (queue_id,) = batch.queue_ids.tolist()
         (tag,) = batch.tag_codes.tolist()
+        (size,) = batch.sizes.tolist()
+        data = batch.data if len(batch.data) == size else memoryview(batch.data)[:size]
         store_ts = int(self._clock() * 1000)
         cq = self._cq(topic, queue_id)
         base = cq.max_offset
         try:  # every file this put needs, then the bytes
             cq.reserve(base, 1)
-            phys = self.commitlog.append_one(batch.data, queue_id, base, store_ts, self._store_host)
+            phys = self.commitlog.append_one(data, queue_id, base, store_ts, self._store_host)
         except DiskFullError as exc:
             if not self._allocation_failed:
                 log.error("store %s: refusing writes: %s", self.root, exc)
             self._allocation_failed = True
             raise
         self._allocation_failed = False
-        cq.append_one(base, phys, len(batch.data), tag)
+        cq.append_one(base, phys, size, tag)
         if self.config.message_index_enable and len(batch.key_hashes):
             hashes = np.abs(batch.key_hashes) & 0x7FFFFFFF  # as _append's
             self.index.put(hashes, np.full(len(hashes), phys, dtype=np.int64), store_ts)
