@@ -15,8 +15,13 @@ Acknowledgement:
   the dead-letter topic ``%DLQ%<group>`` after ``max_reconsume_times`` (the push
   consumer's rule).
 * Offsets: a queue's committed offset is the first of its messages not yet done
-  (messages done out of order wait for the ones before them), committed to the
-  queue's broker soon after (``await message.ack()`` returns once it is). A loop
+  (messages done out of order wait for the ones before them). The offsets that moved
+  are committed to their brokers together, ``commit_interval_s`` after the first of
+  them moved (one commit call per broker per interval, off the message's path, as
+  the synchronous push consumer persists its offsets every few seconds); ``await
+  message.ack()`` commits at once and returns once it is, and closing the consumer
+  or giving a queue up commits too. A consumer that dies re-delivers at most what
+  was done in its last interval. A loop
   that is cancelled, or that raises, leaves the message it was in undone: it and
   everything after it is delivered again (to this consumer or another one of the
   group), nothing is committed that was not finished.
@@ -161,6 +166,7 @@ class AsyncConsumer:
         offset_store_dir: str | None = None,
         coordinated: bool = True,
         coordinator_config: CoordinatorConfig | None = None,
+        commit_interval_s: float = 0.5,
     ) -> None:
         if not isinstance(group, str) or not group:
             raise InvalidMessageError(f"consumer group={group!r}: must be a non-empty str")
@@ -171,6 +177,14 @@ class AsyncConsumer:
         for name, value in (("pull_batch", pull_batch), ("buffer_messages", buffer_messages)):
             if not isinstance(value, int) or value <= 0:
                 raise InvalidMessageError(f"{name}={value!r}: must be an int > 0")
+        if (
+            not isinstance(commit_interval_s, (int, float))
+            or isinstance(commit_interval_s, bool)
+            or not 0 <= commit_interval_s <= 60
+        ):
+            raise InvalidMessageError(
+                f"commit_interval_s={commit_interval_s!r}: must be a number of seconds in 0..60"
+            )
         if not valid_instance_name(instance_name):
             raise InvalidMessageError(
                 f"instance_name={instance_name!r}: letters, digits, '_', '-' or '.'"
@@ -182,6 +196,7 @@ class AsyncConsumer:
         self.max_reconsume_times, self.suspend_s = max_reconsume_times, suspend_s
         self.pull_batch, self.buffer_messages = pull_batch, buffer_messages
         self.long_poll_s = long_poll_s
+        self.commit_interval_s = float(commit_interval_s)
         self.strategy = rebalance_strategy
         self.rebalance_interval_s = rebalance_interval_s
         self.heartbeat_interval_s = heartbeat_interval_s
@@ -342,12 +357,12 @@ class AsyncConsumer:
         q.undone.pop(msg.queue_offset, None)
         q.busy = False
         self._changed.set()
-        if not self._dirty:
+        if not self._dirty:  # the first offset moved since the last commit
             self._dirty = True
-            asyncio.get_running_loop().call_soon(self._commit_soon)
+            asyncio.get_running_loop().call_later(self.commit_interval_s, self._commit_soon)
 
     def _commit_soon(self) -> None:
-        if self.closed:
+        if self.closed or not self._dirty:  # closing commits; or an ack() committed it
             return
         task = asyncio.ensure_future(self.commit())
         task.add_done_callback(_log_failure)

@@ -1,6 +1,7 @@
-"""AsyncConsumer against a real broker: ``async for`` commits what its body finished,
-a cancelled loop commits nothing it did not finish (its message comes again), and a
-``nack``-ed message comes back from the group's retry topic."""
+"""AsyncConsumer against a real broker: ``async for`` commits what its body finished
+(every ``commit_interval_s`` while it runs, and at close), a cancelled loop commits
+nothing it did not finish (its message comes again), and a ``nack``-ed message comes
+back from the group's retry topic."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import actors
 from actors.aio import AsyncConsumer, AsyncProducer
 from storage import Message
+from storage.errors import InvalidMessageError
 
 
 def committed(cluster: actors.Cluster, group: str, topic: str) -> int:
@@ -43,6 +45,35 @@ def test_async_for_commits_what_the_body_finished(aio_cluster: actors.Cluster) -
     assert sorted(got) == sorted(b"m%d" % i for i in range(40))
     # the 40th message's body did not finish through the loop (break): 39 are committed
     assert committed(cluster, group, topic) == 39
+
+
+def test_finished_bodies_are_committed_every_interval_while_the_loop_runs(
+    aio_cluster: actors.Cluster,
+) -> None:
+    cluster = aio_cluster
+    topic, group = "AioInterval", "aio-interval"
+    cluster.admin.create_topic(topic, 1, 1)
+    with pytest.raises(InvalidMessageError, match="commit_interval_s"):
+        AsyncConsumer(group, topic, namespace=cluster.namespace, commit_interval_s=-1)
+    with cluster.producer("aio-interval-p") as producer:
+        producer.send_batch([Message(topic, b"i%d" % i) for i in range(10)])
+
+    async def main() -> int:
+        async with AsyncConsumer(
+            group, topic, namespace=cluster.namespace, consume_from="first", commit_interval_s=0.2
+        ) as consumer:
+            async for message in consumer:
+                if message.queue_offset == 9:
+                    break  # the 10th body did not finish
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 20
+            while (seen := await asyncio.to_thread(committed, cluster, group, topic)) < 9:
+                assert loop.time() < deadline, f"committed {seen} of 9 while open"
+                await asyncio.sleep(0.05)
+            return seen
+
+    assert asyncio.run(asyncio.wait_for(main(), 60)) == 9  # before close, without an ack
+    assert committed(cluster, group, topic) == 9
 
 
 def test_cancelled_loop_commits_nothing_it_did_not_finish(aio_cluster: actors.Cluster) -> None:
