@@ -81,6 +81,7 @@ def encode_plain(
     gen: UniqueKeyGenerator,
     seq_slot: bytes | None = None,
     shared: Mapping[str, str] | None = None,
+    extras: Sequence[bytes] | None = None,
 ) -> EncodedBatch | None:
     """The batch encoded, or ``None`` when it is not plain (the caller then loops).
 
@@ -91,10 +92,16 @@ def encode_plain(
 
     ``shared``: properties every message carries, none of its own (a transaction's
     marks): written as the general loop writes a message whose properties they are
-    (the C encoder only; without it, None)."""
+    (the C encoder only; without it, None).
+
+    ``extras``: per message, properties of its own already encoded
+    (``properties.encode_properties``), written after ``shared`` (a lite topic named
+    per message; the C encoder only)."""
     if _native is not None:
-        return encode_plain_c(messages, max_message_size, born_ts, born_raw, gen, seq_slot, shared)
-    if shared:
+        return encode_plain_c(
+            messages, max_message_size, born_ts, born_raw, gen, seq_slot, shared, extras
+        )
+    if shared or extras is not None:
         return None
     return encode_plain_numpy(messages, max_message_size, born_ts, born_raw, gen, seq_slot)
 
@@ -134,6 +141,7 @@ def encode_plain_c(
     gen: UniqueKeyGenerator,
     seq_slot: bytes | None = None,
     shared: Mapping[str, str] | None = None,
+    extras: Sequence[bytes] | None = None,
 ) -> EncodedBatch | None:
     """:func:`encode_plain` through ``storage._native``."""
     assert _native is not None
@@ -177,6 +185,7 @@ def encode_plain_c(
         keyed,
         topic_hash,
         seq_slot or b"",
+        extras,
     )
     if out is None:
         return None

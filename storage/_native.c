@@ -163,7 +163,11 @@ PyDoc_STRVAR(encode_plain_doc,
              "``slot`` (optional, bytes): a property ('name\\x01value\\x02') written after the\n"
              "first record's unique key, its PROPLEN and TOTALSIZE counting it (an idempotent\n"
              "producer's PRODUCER_SEQ, patched in place when the batch is bound: see\n"
-             "storage.codec.EncodedBatch.with_sequence); ``data`` is then a bytearray.");
+             "storage.codec.EncodedBatch.with_sequence); ``data`` is then a bytearray.\n\n"
+             "``extras`` (optional, a list of n bytes or None): per record, properties\n"
+             "('name\\x01value\\x02' each) written after the head's shared ones (before\n"
+             "'KEYS' or 'UNIQ_KEY'), its PROPLEN and TOTALSIZE counting them (a lite topic\n"
+             "named per record); the head of an unkeyed batch then ends with 'UNIQ_KEY\\x01'.");
 
 static PyObject *encode_plain(PyObject *self, PyObject *args) {
     PyObject *messages, *topic, *tags;
@@ -173,9 +177,10 @@ static PyObject *encode_plain(PyObject *self, PyObject *args) {
     unsigned long key_hash_base, key_topic_base = 0;
     int keyed = 0;
     Py_buffer slot = {0};
-    if (!PyArg_ParseTuple(args, "OOOny*y*y*KkK|pky*", &messages, &topic, &tags, &max_size, &header,
-                          &head, &prefix, &start, &key_hash_base, &crc_address, &keyed,
-                          &key_topic_base, &slot))
+    PyObject *extras_arg = Py_None;
+    if (!PyArg_ParseTuple(args, "OOOny*y*y*KkK|pky*O", &messages, &topic, &tags, &max_size,
+                          &header, &head, &prefix, &start, &key_hash_base, &crc_address, &keyed,
+                          &key_topic_base, &slot, &extras_arg))
         return NULL;
     const Py_ssize_t slot_len = slot.buf != NULL ? slot.len : 0;
     PyObject *result = NULL;
@@ -189,6 +194,9 @@ static PyObject *encode_plain(PyObject *self, PyObject *args) {
     uint32_t *lens = NULL;
     int32_t *qids = NULL, *flags = NULL;
     PyObject *data = NULL, *sizes = NULL, *queue_ids = NULL, *key_hashes = NULL, *text = NULL;
+    PyObject *extras = NULL; /* the per-record properties' list, held */
+    const unsigned char **ex = NULL;
+    uint32_t *ex_lens = NULL;
     Py_ssize_t n = 0, held = 0, keys_held = 0;
 
     if (bound_type == NULL) {
@@ -220,6 +228,35 @@ static PyObject *encode_plain(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
+    if (extras_arg != Py_None) {
+        extras = PySequence_Fast(extras_arg, "extras must be a sequence of bytes");
+        if (extras == NULL) goto done;
+        if (PySequence_Fast_GET_SIZE(extras) != n) {
+            PyErr_SetString(PyExc_ValueError, "extras: one bytes per message");
+            goto done;
+        }
+        if (!keyed && (head.len < 9 || memcmp((const char *)head.buf + head.len - 9,
+                                              "UNIQ_KEY\x01", 9) != 0)) {
+            PyErr_SetString(PyExc_ValueError, "extras: head must end with 'UNIQ_KEY\\x01'");
+            goto done;
+        }
+        ex = PyMem_Malloc(n * sizeof *ex);
+        ex_lens = PyMem_Malloc(n * sizeof *ex_lens);
+        if (!ex || !ex_lens) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        PyObject **ex_items = PySequence_Fast_ITEMS(extras);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (!PyBytes_CheckExact(ex_items[i])) {
+                PyErr_SetString(PyExc_TypeError, "extras: bytes each");
+                goto done;
+            }
+            ex[i] = (const unsigned char *)PyBytes_AS_STRING(ex_items[i]);
+            ex_lens[i] = (uint32_t)PyBytes_GET_SIZE(ex_items[i]);
+            if (ex_lens[i] > 32767) goto not_plain;
+        }
+    }
     if (keyed) {
         key_owners = PyMem_Malloc(n * sizeof *key_owners);
         keys = PyMem_Malloc(n * sizeof *keys);
@@ -241,6 +278,12 @@ static PyObject *encode_plain(PyObject *self, PyObject *args) {
     const Py_ssize_t fixed = HDR_LEN + head.len + UNIQ_LEN + 1 + (keyed ? 5 + 1 + 9 : 0);
     const Py_ssize_t topic_section = keyed ? ((const unsigned char *)head.buf)[0] + 1 : 0;
     const Py_ssize_t props_base = keyed ? head.len - topic_section - 2 + 5 + 1 + 9 + UNIQ_LEN + 1 : 0;
+    /* unkeyed: the properties the head's PROPLEN counts */
+    const Py_ssize_t tsec0 = ((const unsigned char *)head.buf)[0] + 1;
+    const Py_ssize_t head_props =
+        !keyed && head.len >= tsec0 + 2
+            ? (((const unsigned char *)head.buf)[tsec0] << 8) | ((const unsigned char *)head.buf)[tsec0 + 1]
+            : 0;
     Py_ssize_t total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *m = items[i];
@@ -286,22 +329,25 @@ static PyObject *encode_plain(PyObject *self, PyObject *args) {
         if (overflow || qv < 0 || qv > 0x7FFFFFFFL) goto not_plain;
         long fv = PyLong_AsLongAndOverflow(fl, &overflow);
         if (overflow || fv < INT32_MIN || fv > INT32_MAX) goto not_plain;
-        if (fixed + blen + klen > INT32_MAX) goto not_plain;
+        const Py_ssize_t exl = ex != NULL ? ex_lens[i] : 0;
+        if (exl && (keyed ? props_base + klen : head_props) + exl > 32767) goto not_plain;
+        if (fixed + blen + klen + exl > INT32_MAX) goto not_plain;
         owners[i] = Py_NewRef(body);
         held = i + 1;
         bodies[i] = (const unsigned char *)PyBytes_AS_STRING(body);
         lens[i] = (uint32_t)blen;
         qids[i] = (int32_t)qv;
         flags[i] = (int32_t)fv;
-        total += fixed + blen + klen;
+        total += fixed + blen + klen + exl;
     }
     if (slot_len > 0) {
         /* the first record's properties with the slot must still fit PROPLEN's 15 bits */
         const Py_ssize_t tsec = ((const unsigned char *)head.buf)[0] + 1;
+        const Py_ssize_t ex0 = ex != NULL ? ex_lens[0] : 0;
         const Py_ssize_t props0 =
-            keyed ? props_base + key_lens[0] : head.len - tsec - 2 + UNIQ_LEN + 1;
-        if (props0 + slot_len > 32767 || fixed + lens[0] + (keyed ? key_lens[0] : 0) + slot_len >
-                                              INT32_MAX)
+            (keyed ? props_base + key_lens[0] : head.len - tsec - 2 + UNIQ_LEN + 1) + ex0;
+        if (props0 + slot_len > 32767 ||
+            fixed + lens[0] + (keyed ? key_lens[0] : 0) + ex0 + slot_len > INT32_MAX)
             goto not_plain;
         total += slot_len;
     }
@@ -332,7 +378,8 @@ static PyObject *encode_plain(PyObject *self, PyObject *args) {
             const uint32_t blen = lens[i];
             const uint32_t klen = keyed ? key_lens[i] : 0;
             const uint32_t extra = i == 0 ? (uint32_t)slot_len : 0;
-            const uint32_t size = (uint32_t)fixed + blen + klen + extra;
+            const uint32_t exl = ex != NULL ? ex_lens[i] : 0;
+            const uint32_t size = (uint32_t)fixed + blen + klen + extra + exl;
             unsigned char *r = out;
             memcpy(r, hdr, HDR_LEN);
             put_be32(r, size);
@@ -343,17 +390,23 @@ static PyObject *encode_plain(PyObject *self, PyObject *args) {
             r += HDR_LEN;
             memcpy(r, bodies[i], blen);
             r += blen;
-            memcpy(r, hd, head_len);
+            /* the record's own properties (extras) go after the head's shared ones:
+             * an unkeyed head's 'UNIQ_KEY\x01' (its last 9 bytes) follows them */
+            const Py_ssize_t cut = (ex != NULL && !keyed) ? head_len - 9 : head_len;
+            memcpy(r, hd, cut);
+            if (exl) memcpy(r + cut, ex[i], exl);
+            if (cut < head_len) memcpy(r + cut + exl, hd + cut, head_len - cut);
             if (keyed) {
-                const uint32_t props = (uint32_t)props_base + klen + extra;
+                const uint32_t props = (uint32_t)props_base + klen + extra + exl;
                 r[topic_section] = (unsigned char)(props >> 8);
                 r[topic_section + 1] = (unsigned char)props;
-            } else if (extra) {
-                const uint32_t props = (((uint32_t)r[slot_at] << 8) | r[slot_at + 1]) + extra;
+            } else if (extra || exl) {
+                const uint32_t props =
+                    (((uint32_t)r[slot_at] << 8) | r[slot_at + 1]) + extra + exl;
                 r[slot_at] = (unsigned char)(props >> 8);
                 r[slot_at + 1] = (unsigned char)props;
             }
-            r += head_len;
+            r += head_len + exl;
             if (keyed) {
                 memcpy(r, "KEYS\x01", 5);
                 memcpy(r + 5, keys[i], klen);
@@ -401,6 +454,9 @@ done:
     PyMem_Free(key_owners);
     PyMem_Free(keys);
     PyMem_Free(key_lens);
+    PyMem_Free(ex);
+    PyMem_Free(ex_lens);
+    Py_XDECREF(extras);
     Py_XDECREF(data);
     Py_XDECREF(sizes);
     Py_XDECREF(queue_ids);

@@ -17,6 +17,7 @@ def encode_plain(
     keyed: bool = False,
     key_topic_base: int = 0,
     slot: bytes = b"",
+    extras: Sequence[bytes] | None = None,
     /,
 ) -> tuple[bytes | bytearray, bytes, bytes, bytes, bytes] | None: ...
 def crc32_builtin(data: Any, /) -> int: ...

@@ -403,20 +403,38 @@ class LiteStore:
         self, parent: str, items: Sequence[tuple[str, Message]], lites: list[str]
     ) -> codec.EncodedBatch | None:
         """The batch through the C encoder when every message is plain (no properties of
-        its own) and all name one lite topic (a single put, a stream's batch): its
-        ``__LITE_TOPIC`` written as a property all records share, the same bytes as the
-        general loop writes. None otherwise (or without ``storage._native``)."""
+        its own): its ``__LITE_TOPIC`` written as a property all records share when all
+        name one lite topic (a single put, a stream's batch), else as each record's own;
+        the same bytes as the general loop writes. None otherwise (or without
+        ``storage._native``)."""
         name = lites[0]
+        one = True
         for (_, m), lite in zip(items, lites):
-            if m.properties or lite != name or m.topic != parent:
+            if m.properties or m.topic != parent:
                 return None
+            if lite != name:
+                one = False
+        messages = [m for _, m in items]
+        stamp = int(time.time() * 1000)
+        size = self.store.config.max_message_size
+        if one:
+            return _fast_encode.encode_plain(
+                messages,
+                size,
+                stamp,
+                _BORN_LOCAL,
+                default_generator,
+                shared={PROP_LITE_TOPIC: name},
+            )
+        texts: dict[str, bytes] = {}
+        extras = []
+        for lite in lites:
+            text = texts.get(lite)
+            if text is None:
+                text = texts[lite] = _LITE_PROP + lite.encode() + b"\x02"
+            extras.append(text)
         return _fast_encode.encode_plain(
-            [m for _, m in items],
-            self.store.config.max_message_size,
-            int(time.time() * 1000),
-            _BORN_LOCAL,
-            default_generator,
-            shared={PROP_LITE_TOPIC: name},
+            messages, size, stamp, _BORN_LOCAL, default_generator, extras=extras
         )
 
     # ------------------------------------------------------------ write through a log

@@ -1,7 +1,8 @@
-"""A lite put's records through the C encoder (one lite topic, plain messages: its
-``__LITE_TOPIC`` a property all records share) are byte for byte what the general
-loop writes for messages carrying that property, which stays the path of every
-other lite batch."""
+"""A lite put's records through the C encoder (plain messages: their ``__LITE_TOPIC``
+a property all records share when they name one lite topic, each record's own when
+they name several) are byte for byte what the general loop writes for messages
+carrying that property, which stays the path of messages with properties of their
+own."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import small_config
 
-from storage import Message, MessageStore, codec, record
+from storage import Message, MessageStore, codec, properties, record
 from storage import _fast_encode as fast
 from storage.lite import PROP_LITE_TOPIC, LiteConfig, LiteStore
 
@@ -56,12 +57,37 @@ def test_the_c_encoder_writes_a_lite_record_as_the_general_loop_does(case: str) 
     got.check_structure()
 
 
+@needs_native
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_c_encoder_writes_records_naming_lite_topics_of_their_own_as_the_loop_does(
+    case: str,
+) -> None:
+    messages = CASES[case]
+    names = ["n" * 128 if case == "a long name" else f"chat-{i % 2}" for i in range(len(messages))]
+    extras = [properties.encode_properties({PROP_LITE_TOPIC: n}) for n in names]
+    born = codec.host_to_bytes("127.0.0.1:0")
+    got = fast.encode_plain(messages, 1 << 20, 7, born, Keys(), extras=extras)
+    tagged = [
+        Message(m.topic, m.body, m.tags, m.keys, {PROP_LITE_TOPIC: n})
+        for m, n in zip(messages, names)
+    ]
+    want = codec.encode_batch(tagged, born_timestamp=7, uniq=Keys())
+    assert got is not None
+    assert bytes(got.data) == bytes(want.data)
+    assert got.sizes.tolist() == want.sizes.tolist()
+    assert list(got.uniq_keys) == list(want.uniq_keys)
+    assert got.key_hashes.tolist() == want.key_hashes.tolist()
+    got.check_structure()
+    with pytest.raises(ValueError):  # one per message
+        fast.encode_plain(messages, 1 << 20, 7, born, Keys(), extras=extras + [b""])
+
+
 def test_a_lite_store_puts_through_either_path_the_same_records(tmp_path: Path) -> None:
     store = MessageStore(small_config(tmp_path / "s"), start_services=False)
     lite = LiteStore(store, LiteConfig(index_file_entries=64))
     lite.declare_parent("Chat", quota=10, ttl_ms=3_600_000)
     try:
-        # one lite topic, plain: the C encoder (when built); two lite topics, or a
+        # plain messages, to one lite topic or several: the C encoder (when built); a
         # message with properties of its own: the general loop
         lite.put_batch("Chat", [("a", Message("Chat", b"a%d" % i, tags="T")) for i in range(3)])
         lite.put_batch("Chat", [("a", Message("Chat", b"a3")), ("b", Message("Chat", b"b0"))])
