@@ -51,6 +51,7 @@ from .errors import LiteTopicQuotaExceededError, NotALiteParentError
 from .index import ENTRY, LiteIndex
 from .names import BIND, DELETE, PARENT, NameLog, encode, validate_lite_name
 from .offsets import LiteOffsets
+from .state import PROP_LITE_STATE, STATE_TOPIC, decode_state
 from .table import LiteTable
 
 log = logging.getLogger("raymq.storage.lite")
@@ -59,6 +60,7 @@ PROP_LITE_TOPIC = "__LITE_TOPIC"
 """The property that names a record's lite topic (RocketMQ's PROPERTY_LITE_TOPIC)."""
 
 _LITE_PROP = (PROP_LITE_TOPIC + codec.NAME_VALUE_SEP).encode("ascii")
+_STATE_PROP = (PROP_LITE_STATE + codec.NAME_VALUE_SEP).encode("ascii")
 _HEAD = struct.Struct(">iI20xq20xq20xi")  # size, magic, phys, store time, body length
 _BORN_LOCAL = host_to_bytes("127.0.0.1:0")  # the born host encode_batch gives by default
 _EXPIRE_PAUSE_S = 0.001  # between two slices of an expiry: a waiting writer's turn
@@ -155,6 +157,9 @@ class LiteStore:
         self.store = store
         self.config = config or LiteConfig()
         self._committed_end = committed
+        self.state_listener: Callable[[dict[str, Any]], None] | None = None
+        """Called (the store's lock held, in CommitLog order) with each consumer state
+        change :meth:`catch_up` applies (:mod:`storage.lite.state`)."""
         self._reserved: dict[str, int] = {}  # key -> proposals naming it, not yet bound
         self.root = Path(store.root) / "lite"
         self.root.mkdir(parents=True, exist_ok=True)
@@ -610,6 +615,21 @@ class LiteStore:
             self._bind_many(p, [key], self.store.now_ms())
             return True
 
+    def check_room(self, parent: str, lite_topics: Sequence[str]) -> None:
+        """:class:`LiteTopicQuotaExceededError` if creating those of ``lite_topics`` that
+        do not exist would pass ``parent``'s quota (a subscription a group's log will
+        carry; proposals in flight counted). Nothing is created."""
+        p = self._parent(parent)
+        names = [validate_lite_name(n) for n in lite_topics]
+        with self._lock:
+            self._check_open()
+            new = {n for n in names if f"{p.pid}\x01{n}" not in self._ids}
+            if new and p.count + p.reserved + len(new) > p.quota:
+                raise LiteTopicQuotaExceededError(
+                    f"parent {parent!r} holds {p.count} lite topics; {len(new)} more would "
+                    f"pass its quota of {p.quota}"
+                )
+
     def _bind_many(self, p: _Parent, keys: list[str], ts: int) -> None:
         """Give each new key an id (lock held) and record it in ``names``."""
         if not keys:
@@ -865,21 +885,32 @@ class LiteStore:
     def commit_offset(self, group: str, parent: str, lite_topic: str, offset: int) -> None:
         """Record that ``group`` consumed the lite topic up to ``offset`` (the next one to
         read). A lite topic that does not exist (expired) takes no commit."""
+        with self._lock:
+            self._check_open()
+            lid = self._check_commit(group, parent, lite_topic, offset)
+            if lid is not None:
+                self.offsets.commit(group, lid, int(self.table.gen[lid]), offset)
+
+    def check_commit(self, group: str, parent: str, lite_topic: str, offset: int) -> bool:
+        """Whether :meth:`commit_offset` would record this commit (False: no such lite
+        topic), its errors raised; nothing is written (a commit a group's log carries)."""
+        with self._lock:
+            self._check_open()
+            return self._check_commit(group, parent, lite_topic, offset) is not None
+
+    def _check_commit(self, group: str, parent: str, lite_topic: str, offset: int) -> int | None:
         p = self._parent(parent)
         name = validate_lite_name(lite_topic)
         if not isinstance(offset, int) or offset < 0:
             raise InvalidMessageError(f"offset={offset!r}: must be an int >= 0")
-        with self._lock:
-            self._check_open()
-            lid = self._ids.get(f"{p.pid}\x01{name}")
-            if lid is None:
-                return
-            top = int(self.table.next_off[lid])
-            if offset > top:
-                raise InvalidMessageError(
-                    f"offset={offset} is past lite topic {name!r}'s end {top}"
-                )
-            self.offsets.commit(group, lid, int(self.table.gen[lid]), offset)
+        codec.validate_topic(group)  # a group's name follows the topic rule
+        lid = self._ids.get(f"{p.pid}\x01{name}")
+        if lid is None:
+            return None
+        top = int(self.table.next_off[lid])
+        if offset > top:
+            raise InvalidMessageError(f"offset={offset} is past lite topic {name!r}'s end {top}")
+        return lid
 
     def committed_offset(self, group: str, parent: str, lite_topic: str) -> int:
         """The offset ``group`` committed in the lite topic, or -1 (none: a new group,
@@ -940,14 +971,19 @@ class LiteStore:
         name = validate_lite_name(lite_topic)
         with self._lock:
             self._check_open()
-            lid = self._ids.get(f"{p.pid}\x01{name}")
-            if lid is None:
+            if not self._delete(p, name):
                 return False
-            self._names_log.write(encode(DELETE, lid, int(self.table.gen[lid]), 0))
-            self._names_log.count(1)
-            self._unbind(lid)
-            self._free.append(lid)
         log.info("lite store %s: lite topic %r of %r deleted", self.root, name, parent)
+        return True
+
+    def _delete(self, p: _Parent, name: str) -> bool:
+        lid = self._ids.get(f"{p.pid}\x01{name}")
+        if lid is None:
+            return False
+        self._names_log.write(encode(DELETE, lid, int(self.table.gen[lid]), 0))
+        self._names_log.count(1)
+        self._unbind(lid)
+        self._free.append(lid)
         return True
 
     # ------------------------------------------------------------ expiry
@@ -1032,14 +1068,20 @@ class LiteStore:
     def catch_up(self) -> int:
         """Index the lite records of the CommitLog from ``covered`` to its dispatched end
         (after a crash; on a slave, after replicated bytes), in a Raft group no further
-        than its committed end; return how many."""
+        than its committed end, and apply the consumer state records among them
+        (:mod:`storage.lite.state`); return how many lite records it indexed."""
         with self._lock:
             end = self._catch_up_end()
             start = max(self._covered, self._index_covered(), self.store.commitlog.min_offset)
             found = 0
             batch: list[tuple[str, str, int, int, int]] = []
-            for item in _lite_records(self.store, start, end):
-                batch.append(item)
+            for topic, name, phys, size, ts, op in _lite_records(self.store, start, end):
+                if op is not None:  # in CommitLog order: the records before it first
+                    found += self._index_found(batch)
+                    batch = []
+                    self._apply_state(op)
+                    continue
+                batch.append((topic, name, phys, size, ts))
                 if len(batch) >= 4096:
                     found += self._index_found(batch)
                     batch = []
@@ -1048,16 +1090,44 @@ class LiteStore:
             self._covered = max(self._covered, end)
         return found
 
+    def _apply_state(self, op: dict[str, Any]) -> None:
+        """A committed consumer state change (lock held): offsets, deletes and the lite
+        topics a subscription creates here, then the listener."""
+        kind = op["op"]
+        if kind == "subscribe":
+            if op["action"] != "remove":
+                p = self._parent_of_record(op["parent"])
+                keys = [f"{p.pid}\x01{n}" for n in dict.fromkeys(op["names"])]
+                # accepted by the leader within the quota: created past any quota here
+                self._bind_many(p, [k for k in keys if k not in self._ids], self.store.now_ms())
+        elif kind in ("commit", "delete"):
+            known = self._parents.get(op["parent"])
+            lid = None if known is None else self._ids.get(f"{known.pid}\x01{op['lite']}")
+            if known is None or lid is None:
+                pass  # deleted or expired since: nothing to change
+            elif kind == "delete":
+                self._delete(known, op["lite"])
+            else:
+                offset = min(int(op["offset"]), int(self.table.next_off[lid]))
+                self.offsets.commit(op["group"], lid, int(self.table.gen[lid]), offset)
+        listener = self.state_listener
+        if listener is not None:
+            listener(op)
+
+    def _parent_of_record(self, topic: str) -> _Parent:
+        """The parent a replicated record names, declared (default quota and TTL) if this
+        store never was told of it."""
+        p = self._parents.get(topic)
+        if p is None:
+            pid = len(self._parents_by_id)
+            self._names_log.write(encode(PARENT, pid, 0, pid, topic))
+            p = self._set_parent(pid, topic, self.config.default_quota, self.config.default_ttl_ms)
+        return p
+
     def _index_found(self, found: list[tuple[str, str, int, int, int]]) -> int:
         n = 0
         for topic, name, phys, size, ts in found:
-            p = self._parents.get(topic)
-            if p is None:  # a parent this store never declared: declared by its records
-                pid = len(self._parents_by_id)
-                self._names_log.write(encode(PARENT, pid, 0, pid, topic))
-                p = self._set_parent(
-                    pid, topic, self.config.default_quota, self.config.default_ttl_ms
-                )
+            p = self._parent_of_record(topic)
             key = f"{p.pid}\x01{name}"
             if key not in self._ids:
                 self._bind_many(p, [key], ts)  # stored and acknowledged: past any quota
@@ -1119,13 +1189,13 @@ class LiteStore:
             if state == self._flushed_state:
                 return  # nothing new since the last flush
             self._flushed_state = state
-        self._names_log.flush()
-        self.index.flush()
-        self._write_checkpoint(covered)
         with self._lock:
             offsets = self.offsets.snapshot()
-        if offsets is not None:
+        self._names_log.flush()
+        self.index.flush()
+        if offsets is not None:  # before the checkpoint: the state records it covers
             self.offsets.write(offsets)
+        self._write_checkpoint(covered)
 
     def close(self) -> None:
         if self._closed:
@@ -1161,16 +1231,21 @@ _EMPTY = np.empty(0, dtype=np.int64)
 _EMPTY32 = np.empty(0, dtype=np.int32)
 
 
-def _lite_name(props: bytes) -> str | None:
-    """The ``__LITE_TOPIC`` value in a record's raw properties, or None."""
-    at = props.find(_LITE_PROP)
+def _prop(props: bytes, prefix: bytes) -> str | None:
+    """The value of the property ``prefix`` names in a record's raw properties, or None."""
+    at = props.find(prefix)
     while at > 0 and props[at - 1] != 2:  # the end of another property's name
-        at = props.find(_LITE_PROP, at + 1)
+        at = props.find(prefix, at + 1)
     if at < 0:
         return None
-    value_at = at + len(_LITE_PROP)
+    value_at = at + len(prefix)
     value_end = props.find(b"\x02", value_at)
     return props[value_at : value_end if value_end >= 0 else len(props)].decode("utf-8", "replace")
+
+
+def _lite_name(props: bytes) -> str | None:
+    """The ``__LITE_TOPIC`` value in a record's raw properties, or None."""
+    return _prop(props, _LITE_PROP)
 
 
 def lite_names(data: bytes | memoryview) -> list[str]:
@@ -1196,12 +1271,19 @@ def lite_names(data: bytes | memoryview) -> list[str]:
 
 def _lite_records(
     store: MessageStore, start: int, end: int
-) -> Iterable[tuple[str, str, int, int, int]]:
-    """(topic, lite topic, CommitLog offset, size, store time) of each record in
-    ``[start, end)`` with a ``__LITE_TOPIC`` property (headers and properties only)."""
+) -> Iterable[tuple[str, str, int, int, int, dict[str, Any] | None]]:
+    """(topic, lite topic, CommitLog offset, size, store time, None) of each record in
+    ``[start, end)`` with a ``__LITE_TOPIC`` property (headers and properties only), and
+    (topic, "", offset, size, store time, change) of each consumer state record."""
     for buf, base, rel, size, t, props in records_with_properties(store.commitlog, start, end):
         name = _lite_name(props)
         if name is not None:
             store_ms = _HEAD.unpack_from(buf, rel)[3]
             topic = bytes(buf[t + 1 : t + 1 + buf[t]]).decode("utf-8", "replace")
-            yield topic, name, base + rel, size, store_ms
+            yield topic, name, base + rel, size, store_ms, None
+        elif _prop(props, _STATE_PROP) is not None:
+            _, _, _, store_ms, body_len = _HEAD.unpack_from(buf, rel)
+            topic = bytes(buf[t + 1 : t + 1 + buf[t]]).decode("utf-8", "replace")
+            op = decode_state(bytes(buf[t - body_len : t])) if topic == STATE_TOPIC else None
+            if op is not None:
+                yield topic, "", base + rel, size, store_ms, op

@@ -138,7 +138,7 @@ class DLedgerReplication(Replication):
         self._registered_as: int | None = None
         self._reregister = asyncio.Lock()
         self.sync = SlaveSynchronize(
-            broker, self._leader_handle, cfg.slave_sync_interval_s, self.learned
+            broker, self.leader_handle, cfg.slave_sync_interval_s, self.learned
         )
         self._leader_handle_cache: tuple[str, Any] | None = None
         self.leader_changes = 0
@@ -323,7 +323,9 @@ class DLedgerReplication(Replication):
     def master_epoch(self) -> int:
         return self.node.term if self.node.is_leader else 0
 
-    async def _leader_handle(self) -> Any:
+    async def leader_handle(self) -> Any:
+        """The actor handle of the group's leader; None while none is known or this
+        member leads."""
         leader = self.node.leader_id
         if leader is None or leader == self.name:
             return None

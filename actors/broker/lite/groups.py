@@ -49,16 +49,43 @@ class LiteGroup:
             mine.discard(name)
             self.drop(name, client_id)
 
-    def touch(self, client_id: str, lease_s: float) -> None:
-        """``client_id`` was heard from; the clients silent for ``lease_s`` lose theirs."""
+    def touch(self, client_id: str, lease_s: float, drop: bool = True) -> list[str]:
+        """``client_id`` was heard from; the clients silent for ``lease_s``, returned,
+        lose theirs (with ``drop``; else the caller has them dropped: :meth:`forget`)."""
         now = time.monotonic()
         self.seen[client_id] = now
         gone = [c for c, t in self.seen.items() if now - t > lease_s]
-        for c in gone:  # not heard from: its lite topics pass to their next subscribers
-            for name in sorted(self.subscribed.pop(c, ())):
-                self.drop(name, c)
-            silent = now - self.seen.pop(c)
-            log.info("lite consumer %s silent for %.0fs: its lite topics passed on", c, silent)
+        if drop:
+            for c in gone:
+                self.forget(c)
+        return gone
+
+    def forget(self, client_id: str) -> None:
+        """``client_id``'s lite topics pass to their next subscribers."""
+        for name in sorted(self.subscribed.pop(client_id, ())):
+            self.drop(name, client_id)
+        seen = self.seen.pop(client_id, None)
+        if seen is not None:
+            silent = time.monotonic() - seen
+            log.info(
+                "lite consumer %s silent for %.0fs: its lite topics passed on", client_id, silent
+            )
+
+    def unchanged(self, client_id: str, names: Sequence[str], action: str) -> bool:
+        """Whether :meth:`change` with these would change nothing."""
+        mine = self.subscribed.get(client_id, set())
+        if action == SUBSCRIBE_ADD:
+            return all(n in mine for n in names)
+        if action == SUBSCRIBE_REMOVE:
+            return not any(n in mine for n in names)
+        return set(names) == mine
+
+    def renew_all(self) -> None:
+        """Every client counts as heard from now (a new Raft leader: it heard none of
+        them while it followed)."""
+        now = time.monotonic()
+        for client in self.seen:
+            self.seen[client] = now
 
     def unsubscribe_all(self, name: str) -> None:
         """Every client's subscription of ``name`` ends (the lite topic was deleted)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from actors.broker.ha import DLedgerReplication
@@ -42,6 +43,9 @@ class LiteParents:
         for parent, spec in (self._file.load() or {}).items():
             store.declare_parent(parent, quota=spec["quota"], ttl_ms=spec["ttlMs"])
         self._following: asyncio.Task[None] | None = None
+        self.caught_up: Callable[[], Awaitable[None]] | None = None
+        """Awaited before a listing: a Raft leader's lite store takes what its group
+        committed first (set by the processor)."""
         if raft is not None:
             self._following = runtime.loop.create_task(self._follow(raft))
 
@@ -88,7 +92,7 @@ class LiteParents:
             if raft.node.is_leader or self.rt.closing:
                 continue
             try:
-                handle = await raft._leader_handle()
+                handle = await raft.leader_handle()
                 if handle is None:
                     continue
                 theirs = await asyncio.wait_for(handle.lite_parents.remote(), 10.0)
@@ -107,12 +111,18 @@ class LiteParents:
             saved[name] = dict(spec)
         await self.rt.run(self._file.save, saved)
 
+    async def _ready(self) -> None:
+        if self.caught_up is not None:
+            await self.caught_up()
+
     async def topics(self, parent: str) -> list[str]:
+        await self._ready()
         return await self.rt.run(self.store.lite_topics, parent)
 
     async def describe_parent(self, parent: str) -> dict[str, int]:
         """A parent's quota, TTL and live lite topics (``NotALiteParentError`` for a
         topic of another type)."""
+        await self._ready()
         return self.store.parent_settings(parent)
 
     async def topics_page(self, parent: str, after: str = "", limit: int = 100) -> dict[str, Any]:
@@ -123,6 +133,7 @@ class LiteParents:
             raise InvalidMessageError(f"limit={limit!r}: an int from 1 to 10000")
         if not isinstance(after, str):
             raise InvalidMessageError(f"after={after!r}: a lite topic name or ''")
+        await self._ready()
         page, total, remaining = await self.rt.run(
             self.store.lite_topics_page, parent, after, limit
         )

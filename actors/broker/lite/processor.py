@@ -24,13 +24,21 @@
 Sends are taken on a master only. A master of a master/slave group writes them to its
 own store: lite messages reach a slave with the CommitLog's bytes and are indexed there
 by ``LiteStore.catch_up``. The leader of a Raft (DLedger) group proposes them through
-the group's log (:mod:`actors.broker.lite.raft`).
+the group's log (:mod:`actors.broker.lite.raft`), and with them every change of
+consumer state: a commit, a subscription change, a lite topic deleted, the clients it
+stopped hearing from. Every member applies these once committed, so the group's next
+leader serves the subscriptions, owners and committed offsets its predecessor
+acknowledged (not the messages handed out and not yet acknowledged: they are handed
+out again from the committed offset). A new leader counts every client as heard from
+when it starts to serve.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -90,16 +98,23 @@ class LiteProcessor:
         self.parents = LiteParents(runtime, self.store, admin, raft)  # declared before start
         self._groups: dict[tuple[str, str], LiteGroup] = {}
         self._lock = threading.Lock()  # the groups' tables (read and changed on I/O threads)
+        self._forgetting: set[tuple[str, str, str]] = set()  # silent clients being proposed
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._term = -1  # the Raft term this member last served lite calls in
+        self.store.state_listener = self._on_state
         # a slave indexes the lite records its master's bytes bring; every Raft member
         # indexes the records the group committed
         self.store.start(following=lambda: raft is not None or not role.is_master)
         self.raft = RaftLiteLog(runtime, self.store, raft) if raft is not None else None
+        if self.raft is not None:
+            self.parents.caught_up = self._lead
 
     # ------------------------------------------------------------ admin
     async def describe_topic(self, parent: str, lite_topic: str) -> dict[str, Any] | None:
         """One lite topic: its min and max offsets, last write time, and per group that
         committed in it or consumes it: committed offset, lag and owning client. None
         if it does not exist here."""
+        await self._caught_up()
         found = await self.rt.run(self.store.describe, parent, lite_topic)
         if found is None:
             return None
@@ -131,13 +146,76 @@ class LiteProcessor:
     async def delete_topic(self, parent: str, lite_topic: str) -> bool:
         """Delete a lite topic now with its groups' offsets and subscriptions; False
         if it does not exist here."""
+        if self.raft is not None:
+            await self._lead()
+            if not await self.rt.run(self.store.exists, parent, lite_topic):
+                return False
+            await self.raft.change({"op": "delete", "parent": parent, "lite": lite_topic})
+            return True
         deleted = await self.rt.run(self.store.delete, parent, lite_topic)
+        self._unsubscribe_all(parent, lite_topic)
+        return deleted
+
+    def _unsubscribe_all(self, parent: str, lite_topic: str) -> None:
         with self._lock:
             for (_, p), g in self._groups.items():
-                if p != parent:
-                    continue
-                g.unsubscribe_all(lite_topic)
-        return deleted
+                if p == parent:
+                    g.unsubscribe_all(lite_topic)
+
+    def _on_state(self, op: dict[str, Any]) -> None:
+        """A consumer state change the group committed (any thread, the lite store's
+        lock held): the subscription tables follow it."""
+        kind = op["op"]
+        if kind == "delete":
+            self._unsubscribe_all(op["parent"], op["lite"])
+            return
+        key = (op["group"], op["parent"])
+        with self._lock:
+            if kind == "subscribe":
+                g = self._groups.setdefault(key, LiteGroup())
+                g.seen[op["client"]] = time.monotonic()
+                g.change(op["client"], op["names"], op["action"])
+            elif kind == "gone" and key in self._groups:
+                for client in op["clients"]:
+                    self._groups[key].forget(client)
+
+    def _touch(self, g: LiteGroup, group: str, parent: str, client_id: str) -> None:
+        """``client_id`` was heard from (the lock held, on the event loop). The clients
+        silent for the owner lease lose their lite topics: here at once, or in a Raft
+        group through its log."""
+        gone = g.touch(client_id, self.owner_lease_s, drop=self.raft is None)
+        if self.raft is None or not gone:
+            return
+        fresh = [c for c in gone if (group, parent, c) not in self._forgetting]
+        if not fresh:
+            return
+        self._forgetting.update((group, parent, c) for c in fresh)
+        task = asyncio.get_running_loop().create_task(self._forget(group, parent, fresh))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _forget(self, group: str, parent: str, clients: list[str]) -> None:
+        assert self.raft is not None
+        op = {"op": "gone", "group": group, "parent": parent, "clients": clients}
+        try:
+            await self.raft.change(op)
+        except Exception as exc:  # noqa: BLE001 - the next call of the group proposes again
+            log.info("lite consumers %s of %s not dropped: %s", clients, group, exc)
+        finally:
+            self._forgetting.difference_update((group, parent, c) for c in clients)
+
+    async def _lead(self) -> None:
+        """A Raft leader's lite state is its group's before it serves a lite call: every
+        committed record indexed and applied; on its first call of a term, every client
+        counts as heard from now."""
+        assert self.raft is not None
+        await self.raft.caught_up()
+        node = self.raft.raft.node
+        if node.is_leader and node.term != self._term:
+            self._term = node.term
+            with self._lock:
+                for g in self._groups.values():
+                    g.renew_all()
 
     # ------------------------------------------------------------ send
     async def send(
@@ -180,7 +258,7 @@ class LiteProcessor:
 
     async def _caught_up(self) -> None:
         if self.raft is not None:
-            await self.raft.caught_up()
+            await self._lead()
 
     def _wake(self, parent: str, lite_topics: set[str]) -> None:
         """Wake the receives and pulls held on these lite topics (on the loop's thread)."""
@@ -254,13 +332,42 @@ class LiteProcessor:
         names = [validate_lite_name(t) for t in lite_topics]
         if action not in (SUBSCRIBE_ADD, SUBSCRIBE_REMOVE, SUBSCRIBE_COMPLETE):
             raise InvalidMessageError(f"action={action!r}: one of add, remove, complete")
+        if self.raft is not None:
+            return await self._subscribe_through_log(group, parent, client_id, names, action)
         if action != SUBSCRIBE_REMOVE:
             for name in names:  # created first: a quota refusal leaves the table as it was
                 await self.rt.run(self.store.create, parent, name)
         with self._lock:
             g = self._groups.setdefault((group, parent), LiteGroup())
-            g.touch(client_id, self.owner_lease_s)
+            self._touch(g, group, parent, client_id)
             g.change(client_id, names, action)
+            return g.view(client_id)
+
+    async def _subscribe_through_log(
+        self, group: str, parent: str, client_id: str, names: list[str], action: str
+    ) -> dict[str, list[str]]:
+        """A Raft leader's subscription change: proposed, and in its table once the
+        group committed it (a change that changes nothing only renews the client)."""
+        assert self.raft is not None
+        await self._lead()
+        with self._lock:
+            g = self._groups.setdefault((group, parent), LiteGroup())
+            self._touch(g, group, parent, client_id)
+            same = g.unchanged(client_id, names, action)
+        if not same:
+            if action != SUBSCRIBE_REMOVE:  # a quota refusal proposes nothing
+                await self.rt.run(self.store.check_room, parent, names)
+            op = {
+                "op": "subscribe",
+                "group": group,
+                "parent": parent,
+                "client": client_id,
+                "names": names,
+                "action": action,
+            }
+            await self.raft.change(op)
+        with self._lock:
+            g = self._groups.setdefault((group, parent), LiteGroup())
             return g.view(client_id)
 
     # ------------------------------------------------------------ consume
@@ -344,7 +451,7 @@ class LiteProcessor:
             with self._lock:
                 if g is None:
                     return []
-                g.touch(client_id, self.owner_lease_s)
+                self._touch(g, group, parent, client_id)
                 cursors = {n: g.cursor.get(n, -1) for n in g.owned(client_id)}
             store = self.store
             return [
@@ -363,7 +470,7 @@ class LiteProcessor:
             g = self._groups.get((group, parent))
             if g is None:
                 return []
-            g.touch(client_id, self.owner_lease_s)
+            self._touch(g, group, parent, client_id)
             owned = g.owned(client_id)
             cursors = {n: g.cursor.get(n, -1) for n in owned}
         out = []
@@ -395,6 +502,8 @@ class LiteProcessor:
         committed for the group. Only the owner commits; an ack past what the group was
         handed (the owner read on by pulls) moves the next receive there too."""
         validate_group(group)
+        if self.raft is not None:
+            await self._lead()
         with self._lock:
             g = self._groups.get((group, parent))
             if g is None or g.owner.get(lite_topic) != client_id:
@@ -402,10 +511,20 @@ class LiteProcessor:
                     f"client {client_id!r} does not own lite topic {lite_topic!r} in group "
                     f"{group!r}: another consumer of the group consumes it"
                 )
-            g.touch(client_id, self.owner_lease_s)
+            self._touch(g, group, parent, client_id)
             if lite_topic in g.cursor and isinstance(offset, int):
                 g.cursor[lite_topic] = max(g.cursor[lite_topic], offset)
-        await self.rt.run(self.store.commit_offset, group, parent, lite_topic, offset)
+        if self.raft is None:
+            await self.rt.run(self.store.commit_offset, group, parent, lite_topic, offset)
+        elif await self.rt.run(self.store.check_commit, group, parent, lite_topic, offset):
+            op = {
+                "op": "commit",
+                "group": group,
+                "parent": parent,
+                "lite": lite_topic,
+                "offset": offset,
+            }
+            await self.raft.change(op)
 
     async def pull(
         self, parent: str, lite_topic: str, offset: int, max_count: int = 32, wait_ms: int = 0
@@ -445,12 +564,15 @@ class LiteProcessor:
 
     async def committed_offset(self, group: str, parent: str, lite_topic: str) -> int:
         validate_group(group)
+        await self._caught_up()
         return await self.rt.run(self.store.committed_offset, group, parent, lite_topic)
 
     async def stats(self) -> dict[str, int]:
         return self.store.stats()
 
     def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
         self.parents.close()
         self.store.close()
 

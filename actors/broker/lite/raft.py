@@ -1,7 +1,13 @@
-"""Lite sends in a Raft (DLedger) group: the leader proposes them through the group's
-log like any put and answers once a majority holds them; every member indexes only
-committed records (``LiteStore(committed=...)``), so a lite read sees only committed
-messages, and a new leader's lite store catches up before its first lite send or read.
+"""Lite sends and consumer state in a Raft (DLedger) group: the leader proposes them
+through the group's log like any put and answers once a majority holds them; every
+member indexes only committed records (``LiteStore(committed=...)``), so a lite read
+sees only committed messages, and a new leader's lite store catches up before its first
+lite send or read.
+
+Consumer state (committed offsets, subscriptions, lite topics deleted by hand) travels
+as state records (:mod:`storage.lite.state`): the leader proposes a change, and every
+member applies it once committed, the leader too (:meth:`RaftLiteLog.change`), so a new
+leader holds every change its predecessor acknowledged.
 """
 
 from __future__ import annotations
@@ -11,8 +17,8 @@ from typing import Any
 
 from actors.broker.ha import DLedgerReplication
 from actors.broker.runtime import BrokerRuntime
-from storage.errors import OffsetOutOfRangeError
-from storage.lite import LiteStore
+from storage.errors import BrokerUnavailableError, OffsetOutOfRangeError
+from storage.lite import LiteStore, encode_state
 from storage.message import Message, PutStatus
 
 
@@ -46,6 +52,21 @@ class RaftLiteLog:
             store.release(proposal)
             offsets = [-1] * len(messages)
         return proposal.lites, offsets, list(proposal.batch.uniq_keys), result.status
+
+    async def change(self, op: dict[str, Any]) -> None:
+        """Propose a consumer state change (:mod:`storage.lite.state`) and return once
+        the group committed it and this member applied it. ``BrokerUnavailableError``
+        when a majority did not take it within ``sync_replication_timeout_s`` (it is
+        applied if it commits later) or this member does not lead."""
+        await self.caught_up()
+        batch = encode_state(op, self.rt.store.config.max_message_size)
+        result = await self.raft.put_internal(batch)
+        if result.status is not PutStatus.PUT_OK:
+            raise BrokerUnavailableError(
+                f"broker {self.rt.config.actor_name}: a lite {op['op']} was not committed by "
+                f"a majority of the group in time ({result.status.value})"
+            )
+        await self.rt.run(self.store.catch_up)
 
     async def caught_up(self) -> None:
         """The lite store has indexed every committed record. A new leader knows what

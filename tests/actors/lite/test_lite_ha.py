@@ -1,7 +1,8 @@
 """Lite sends and a broker's replication (real Ray): a SYNC_MASTER answers a lite send
 once its slave holds it, as it answers a normal send; a Raft group's leader answers one
 once the group committed it, and after the leader dies the new one serves every lite
-message it acknowledged."""
+message it acknowledged, and the subscriptions, committed offsets and deletes of lite
+topics it acknowledged."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from raymq_testkit import wait_until
 
 from actors import BrokerSpec
 from actors.client.lite import LiteConsumer, LiteProducer
+from storage.errors import BrokerUnavailableError
 
 FAST = {"slave_sync_interval_s": 0.2, "ha_slave_timeout_s": 1.5}
 
@@ -38,7 +40,7 @@ def test_a_sync_master_answers_a_lite_send_once_its_slave_holds_it(make_cluster:
         assert [m.body for m in got.messages] == [b"token 1", b"token 3"]
 
 
-def test_a_raft_group_commits_lite_sends_and_a_new_leader_serves_them(
+def test_a_raft_group_s_new_leader_serves_the_lite_messages_and_consumer_state_it_took(
     make_cluster: Any,
 ) -> None:
     cluster = make_cluster(
@@ -54,7 +56,13 @@ def test_a_raft_group_commits_lite_sends_and_a_new_leader_serves_them(
         lambda: all(ray.get(h.lite_parents.remote()) == settings for h in group.values()),
         what="the followers took the leader's LITE parent",
     )
-    with LiteProducer("Chats", namespace=cluster.namespace) as producer:
+    ns = cluster.namespace
+    # resync_s: a subscription is sent once; the new leader must know it from the group
+    reader = LiteConsumer("readers", "Chats", namespace=ns, resync_s=3600)
+    other = LiteConsumer("readers", "Chats", namespace=ns, resync_s=3600)
+    assert reader.subscribe("chat-0", "chat-1", "chat-2") == ["chat-0", "chat-1", "chat-2"]
+    assert other.subscribe("chat-1") == []  # the reader owns it: this one waits its turn
+    with LiteProducer("Chats", namespace=ns) as producer:
         sent = producer.send_batch([(f"chat-{i % 2}", b"token %d" % i) for i in range(6)])
         sent.append(producer.send("chat-1", b"token 6"))
     assert [(s["lite_topic"], s["offset"], s["status"]) for s in sent] == [
@@ -73,20 +81,63 @@ def test_a_raft_group_commits_lite_sends_and_a_new_leader_serves_them(
         for n, h in group.items()
         if n != old
     )
+    got = {b.lite_topic: b for b in reader.receive()}
+    assert [m.body for m in got["chat-0"].messages] == [b"token 0", b"token 2", b"token 4"]
+    assert [m.body for m in got["chat-1"].messages] == [
+        b"token 1",
+        b"token 3",
+        b"token 5",
+        b"token 6",
+    ]
+    reader.ack(got["chat-0"])  # all of chat-0
+    reader.ack("chat-1", 2)  # chat-1 up to "token 5": the rest was handed out, not acked
+    assert ray.get(group[old].lite_delete_topic.remote("Chats", "chat-2")) is True
+
     kill(group[old])
     new = wait_until(
         lambda: (n := members(cluster, "broker-r").get(0)) != old and n, what="a new leader"
     )
-    assert ray.get(group[new].lite_describe_parent.remote("Chats"))["quota"] == 10
-    with LiteConsumer("readers", "Chats", namespace=cluster.namespace) as consumer:
-        got = consumer.pull("chat-1", 0)  # the new leader's first lite call
-        assert [m.body for m in got.messages] == [b"token 1", b"token 3", b"token 5", b"token 6"]
-        with LiteProducer("Chats", namespace=cluster.namespace) as producer:
-            after = producer.send("chat-1", b"token 7")  # the new leader's first lite send
-        assert (after["offset"], after["status"]) == (4, "PUT_OK")
-        assert [m.body for m in consumer.pull("chat-1", 4).messages] == [b"token 7"]
-        assert [m.body for m in consumer.pull("chat-0", 0).messages] == [
-            b"token 0",
-            b"token 2",
-            b"token 4",
-        ]
+    leader = group[new]
+    assert ray.get(leader.lite_describe_parent.remote("Chats"))["quota"] == 10
+    assert ray.get(leader.lite_topics.remote("Chats")) == ["chat-0", "chat-1"]  # chat-2 deleted
+    chat1 = ray.get(leader.lite_describe_topic.remote("Chats", "chat-1"))
+    assert chat1["groups"]["readers"] == {
+        "committed_offset": 2,
+        "lag": 2,
+        "owner": reader.client_id,
+    }
+    # the reader goes on where it committed: chat-1 from "token 5", nothing of chat-0
+    again = answered(lambda: reader.receive())
+    assert {b.lite_topic: [m.body for m in b.messages] for b in again} == {
+        "chat-1": [b"token 5", b"token 6"]
+    }
+    reader.ack(again[0])
+    with LiteProducer("Chats", namespace=ns) as producer:
+        after = producer.send("chat-0", b"token 7")  # the new leader's first lite send
+    assert (after["offset"], after["status"]) == (3, "PUT_OK")
+    assert [(b.lite_topic, b.offset) for b in reader.receive()] == [("chat-0", 3)]
+    # the other consumer's subscription survived too: it takes chat-1 over from the
+    # group's committed offset once the reader leaves it
+    reader.unsubscribe("chat-1")
+    assert other.owned() == ["chat-1"]
+    assert other.receive() == []  # nothing past the reader's commit
+    assert [m.body for m in reader.pull("chat-1", 0).messages] == [
+        b"token 1",
+        b"token 3",
+        b"token 5",
+        b"token 6",
+    ]
+    reader.close()
+    other.close()
+
+
+def answered(call: Any) -> Any:
+    """``call()``'s answer once the client found the group's new leader."""
+
+    def attempt() -> list[Any] | None:
+        try:
+            return [call()]
+        except (ray.exceptions.RayActorError, BrokerUnavailableError):
+            return None
+
+    return wait_until(attempt, what="an answer from the new leader")[0]

@@ -1,6 +1,7 @@
 """A lite store in a Raft group (real store on a temp dir, no Ray): a batch written
 through the group's log is indexed only once committed, a tail cut off before its
-commit never reaches the lite index, and the quota counts proposals in flight."""
+commit never reaches the lite index, the quota counts proposals in flight, and consumer
+state records apply once committed, in the log's order."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 from conftest import small_config
 
 from storage import GetStatus, Message, MessageStore
-from storage.lite import LiteConfig, LiteStore, LiteTopicQuotaExceededError
+from storage.errors import InvalidMessageError
+from storage.lite import LiteConfig, LiteStore, LiteTopicQuotaExceededError, encode_state
 
 
 class Commit:
@@ -130,6 +132,58 @@ def test_a_member_restarted_indexes_nothing_past_what_it_knows_committed(tmp_pat
         commit.end = store.commitlog.max_offset  # the group commits the rest
         lite.catch_up()
         assert bodies(lite, "a") == [b"kept", b"maybe"]
+    finally:
+        lite.close()
+        store.close()
+
+
+def test_consumer_state_records_apply_once_committed_in_log_order(tmp_path: Path) -> None:
+    commit = Commit()
+    store, lite = open_member(tmp_path / "s", commit)
+    seen: list[str] = []
+    lite.state_listener = lambda op: seen.append(op["op"])
+    size = store.config.max_message_size
+    sent = lite.prepare("Chat", [("a", Message("Chat", b"a%d" % i)) for i in range(4)])
+    result = store.put_encoded(sent.batch)
+    commit.end = store.commitlog.max_offset
+    lite.settle(sent, result.commitlog_offsets)
+    changes = [
+        {
+            "op": "subscribe",
+            "group": "g",
+            "parent": "Chat",
+            "client": "c1",
+            "names": ["a", "b"],
+            "action": "add",
+        },
+        {"op": "commit", "group": "g", "parent": "Chat", "lite": "a", "offset": 2},
+        {"op": "delete", "parent": "Chat", "lite": "b"},
+        {"op": "commit", "group": "g", "parent": "Chat", "lite": "a", "offset": 3},
+        {"op": "commit", "group": "g", "parent": "Chat", "lite": "b", "offset": 0},
+    ]
+    try:
+        for op in changes:
+            with pytest.raises(InvalidMessageError):  # a producer may not write them
+                store.put_encoded(encode_state(op, size))
+            store._put_encoded(encode_state(op, size))  # the Raft leader's own proposal
+        lite.catch_up()  # not committed yet: nothing applied
+        assert (seen, lite.committed_offset("g", "Chat", "a")) == ([], -1)
+        commit.end = store.commitlog.max_offset
+        lite.catch_up()
+        assert seen == ["subscribe", "commit", "delete", "commit", "commit"]
+        assert lite.committed_offset("g", "Chat", "a") == 3
+        assert not lite.exists("Chat", "b")  # created by the subscription, then deleted
+        lite.catch_up()  # applied once
+        assert len(seen) == 5
+        with pytest.raises(InvalidMessageError):
+            encode_state({"op": "commit", "group": "g", "parent": "Chat"}, size)
+    finally:
+        lite.close()
+        store.close()
+    store, lite = open_member(tmp_path / "s", commit)  # a restart keeps what was applied
+    try:
+        assert lite.committed_offset("g", "Chat", "a") == 3
+        assert sorted(lite.lite_topics("Chat")) == ["a"]
     finally:
         lite.close()
         store.close()
