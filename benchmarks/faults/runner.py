@@ -466,7 +466,8 @@ class Run:
                     self.undo(ev)
             except Exception as exc:  # noqa: BLE001 - reported as the seed's failure
                 result.error = f"{type(exc).__name__}: {exc}"[:2000]
-                log.error("seed %d: %s", plan.seed, result.error)
+                # whole: the workload's log tail and, for a late answer, its threads' stacks
+                log.error("seed %d: %s: %s", plan.seed, type(exc).__name__, exc)
                 lab.heal()
                 with contextlib.suppress(LabError, AssertionError):
                     self.recover()

@@ -13,9 +13,11 @@ are the setup and the verdict every scenario (and ``benchmarks.faults``) shares.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import logging
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -450,6 +452,9 @@ def watch(cluster: actors.Cluster, stop: threading.Event, interval_s: float) -> 
 
 
 def main() -> None:
+    # every thread's stack on stderr when the test finds an answer late (even with the
+    # interpreter stuck: the dump is written from the signal handler, in C)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     spec = json.loads(sys.argv[1])
     ray.init(address=spec["address"], logging_level="ERROR", log_to_driver=False)
     head = {"num_cpus": 0, "resources": {spec["head_resource"]: 0.001}}
@@ -559,7 +564,28 @@ class Workload:
             self.last[event["event"]] = event
             if event["event"] == name and (until is None or until(event)):
                 return event
-        raise AssertionError(f"no {name!r} from the workload in {timeout_s}s:\n{self.tail()}")
+        raise AssertionError(
+            f"no {name!r} from the workload in {timeout_s}s:\n{self.tail()}\n{self.stacks()}"
+        )
+
+    def stacks(self, settle_s: float = 2.0) -> str:
+        """Every thread's stack in the workload, as it dumps them on SIGUSR1 (where a late
+        answer waits); "" when it has exited."""
+        if self.proc.poll() is not None:
+            return ""
+        self._err.flush()
+        start = self.log.stat().st_size
+        self.proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + settle_s
+        size = start
+        while time.monotonic() < deadline:  # written at once, in a few writes
+            time.sleep(0.1)
+            if (now := self.log.stat().st_size) == size and size > start:
+                break
+            size = now
+        with self.log.open("rb") as f:
+            f.seek(start)
+            return "the workload's threads:\n" + f.read().decode(errors="replace")
 
     def stop(self) -> None:
         self.send("stop")
