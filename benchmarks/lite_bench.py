@@ -16,9 +16,9 @@ With the default store file sizes (1 GiB CommitLog files), in one run:
   puts of a normal message carrying the same ``__LITE_TOPIC`` property, the lite
   record's size, without the lite index; and lite puts whose records the general
   Python loop encodes instead of the C encoder), batches of 32 messages to 32 lite
-  topics against a normal batch of 32 (and the same lite batches encoded by the
-  general loop), and 32-message reads from random offsets, alternated, best and
-  median of the rounds, with the ratios;
+  topics against a normal batch of 32, plain and with a property each (and the same
+  lite batches encoded by the general loop), and 32-message reads from random
+  offsets, alternated, best and median of the rounds, with the ratios;
 * pages of 100 lite topic names from random places (``lite_topics_page``) against
   sorting every name per page;
 * expiry of all N while a writer thread puts single messages to another parent: the
@@ -183,36 +183,51 @@ def one_among_many(store: MessageStore, lite: LiteStore, rounds: int) -> None:
 
 def batch_puts(store: MessageStore, lite: LiteStore, rounds: int, ratio) -> None:
     """A batch of 32 plain messages, each to a lite topic of its own (a gateway's
-    tokens for 32 sessions), against a normal batch of 32 to one queue, and the lite
-    batch encoded by the general loop instead of the C encoder: alternated."""
-    items = [(f"session-{i * 7919 % 1_000_000:08d}", Message("Sessions", BODY)) for i in range(32)]
-    lite_put = lambda: lite.put_batch("Sessions", items)  # noqa: E731
-    plain_put = lambda: store.put_batch([Message("Plain", BODY) for _ in range(32)])  # noqa: E731
+    tokens for 32 sessions), against a normal batch of 32 to one queue; the same with
+    a property of their own on every message; and the lite batches encoded by the
+    general loop instead of the C encoder: alternated."""
+    names = [f"session-{i * 7919 % 1_000_000:08d}" for i in range(32)]
+    trace = {"trace": "on"}
 
-    def slow_put() -> None:
+    def lite_put(props: dict[str, str] | None) -> None:
+        lite.put_batch(
+            "Sessions", [(n, Message("Sessions", BODY, properties=props)) for n in names]
+        )
+
+    def plain_put(props: dict[str, str] | None) -> None:
+        store.put_batch([Message("Plain", BODY, properties=props) for _ in range(32)])
+
+    def slow_put(props: dict[str, str] | None) -> None:
         lite._encode_plain = lambda *a: None  # type: ignore[method-assign]
         try:
-            lite_put()
+            lite_put(props)
         finally:
             del lite._encode_plain
 
-    for _ in range(50):  # all warm
-        lite_put()
-        plain_put()
-        slow_put()
-    lb, pb, sb = [], [], []
-    for _ in range(rounds):  # alternated
-        for fn, times in ((lite_put, lb), (plain_put, pb), (slow_put, sb)):
-            t = time.perf_counter()
-            for _ in range(100):
-                fn()
-            times.append(time.perf_counter() - t)
-    per = [(min(x) / 3200 * 1e6, float(np.median(x)) / 3200 * 1e6) for x in (lb, pb, sb)]
-    print(f"put a batch of 32 messages (best / median of {rounds} alternated rounds of 100)")
-    print(f"  to 32 lite topics:                 {per[0][0]:6.2f} / {per[0][1]:6.2f} us a message")
-    print(f"  to a normal topic's queue:         {per[1][0]:6.2f} / {per[1][1]:6.2f} us a message")
-    print(f"  lite, general-loop encoding:       {per[2][0]:6.2f} / {per[2][1]:6.2f} us a message")
-    print(f"  ratios: lite/normal {ratio(lb, pb)}; general-loop lite/normal {ratio(sb, pb)}")
+    for props, what in ((None, "plain messages"), (trace, "messages with a property")):
+        for _ in range(50):  # all warm
+            lite_put(props)
+            plain_put(props)
+            slow_put(props)
+        lb, pb, sb = [], [], []
+        for _ in range(rounds):  # alternated
+            for fn, times in ((lite_put, lb), (plain_put, pb), (slow_put, sb)):
+                t = time.perf_counter()
+                for _ in range(100):
+                    fn(props)
+                times.append(time.perf_counter() - t)
+        per = [(min(x) / 3200 * 1e6, float(np.median(x)) / 3200 * 1e6) for x in (lb, pb, sb)]
+        print(f"put a batch of 32 {what} (best / median of {rounds} alternated rounds of 100)")
+        print(
+            f"  to 32 lite topics:               {per[0][0]:6.2f} / {per[0][1]:6.2f} us a message"
+        )
+        print(
+            f"  to a normal topic's queue:       {per[1][0]:6.2f} / {per[1][1]:6.2f} us a message"
+        )
+        print(
+            f"  lite, general-loop encoding:     {per[2][0]:6.2f} / {per[2][1]:6.2f} us a message"
+        )
+        print(f"  ratios: lite/normal {ratio(lb, pb)}; general-loop lite/normal {ratio(sb, pb)}")
 
 
 def pages(lite: LiteStore, rounds: int) -> None:

@@ -167,7 +167,8 @@ PyDoc_STRVAR(encode_plain_doc,
              "``extras`` (optional, a list of n bytes or None): per record, properties\n"
              "('name\\x01value\\x02' each) written after the head's shared ones (before\n"
              "'KEYS' or 'UNIQ_KEY'), its PROPLEN and TOTALSIZE counting them (a lite topic\n"
-             "named per record); the head of an unkeyed batch then ends with 'UNIQ_KEY\\x01'.");
+             "named per record, with the message's own properties, which the messages may\n"
+             "then have); the head of an unkeyed batch then ends with 'UNIQ_KEY\\x01'.");
 
 static PyObject *encode_plain(PyObject *self, PyObject *args) {
     PyObject *messages, *topic, *tags;
@@ -296,7 +297,8 @@ static PyObject *encode_plain(PyObject *self, PyObject *args) {
         if (same_text(v[F_TOPIC], topic) != 1) goto not_plain;
         if (tags == Py_None ? v[F_TAGS] != Py_None : same_text(v[F_TAGS], tags) != 1)
             goto not_plain;
-        if (is_true(v[F_PROPS]) != 0 || is_true(v[F_DELAY]) != 0) goto not_plain;
+        /* with extras, a message's own properties are the caller's to write there */
+        if ((ex == NULL && is_true(v[F_PROPS]) != 0) || is_true(v[F_DELAY]) != 0) goto not_plain;
         Py_ssize_t klen = 0;
         if (!keyed) {
             if (is_true(v[F_KEYS]) != 0) goto not_plain;

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from sortedcontainers import SortedList
 
-from .. import _fast_encode, codec, transaction
+from .. import _fast_encode, codec, properties, transaction
 from ..batch import default_generator, host_to_bytes
 from ..errors import InvalidConfigError, InvalidMessageError, StoreClosedError
 from ..message import GetResult, GetStatus, Message, RawGetResult
@@ -63,6 +63,13 @@ _LITE_PROP = (PROP_LITE_TOPIC + codec.NAME_VALUE_SEP).encode("ascii")
 _STATE_PROP = (PROP_LITE_STATE + codec.NAME_VALUE_SEP).encode("ascii")
 _HEAD = struct.Struct(">iI20xq20xq20xi")  # size, magic, phys, store time, body length
 _BORN_LOCAL = host_to_bytes("127.0.0.1:0")  # the born host encode_batch gives by default
+_OWN_WAY = properties.SYSTEM_PROPS | {
+    properties.PROP_TRAN_MSG,
+    properties.PROP_TIMER_DELIVER_MS,
+    properties.PROP_TIMER_DELAY_SEC,
+}
+"""Properties the general loop writes its own way: a message carrying one is encoded
+by it."""
 _EXPIRE_PAUSE_S = 0.001  # between two slices of an expiry: a waiting writer's turn
 
 
@@ -407,22 +414,27 @@ class LiteStore:
     def _encode_plain(
         self, parent: str, items: Sequence[tuple[str, Message]], lites: list[str]
     ) -> codec.EncodedBatch | None:
-        """The batch through the C encoder when every message is plain (no properties of
-        its own): its ``__LITE_TOPIC`` written as a property all records share when all
-        name one lite topic (a single put, a stream's batch), else as each record's own;
-        the same bytes as the general loop writes. None otherwise (or without
+        """The batch through the C encoder, the same bytes as the general loop writes:
+        when no message has properties of its own and all name one lite topic (a single
+        put, a stream's batch), its ``__LITE_TOPIC`` written as a property all records
+        share; else as each record's own, after the message's own properties when
+        these are plain (none the loop treats its own way: tags, keys, unique key,
+        delay, transaction or timer marks). None otherwise (or without
         ``storage._native``)."""
         name = lites[0]
         one = True
+        own = False
         for (_, m), lite in zip(items, lites):
-            if m.properties or m.topic != parent:
+            if m.topic != parent:
                 return None
+            if m.properties:
+                own = True
             if lite != name:
                 one = False
         messages = [m for _, m in items]
         stamp = int(time.time() * 1000)
         size = self.store.config.max_message_size
-        if one:
+        if one and not own:
             return _fast_encode.encode_plain(
                 messages,
                 size,
@@ -433,7 +445,15 @@ class LiteStore:
             )
         texts: dict[str, bytes] = {}
         extras = []
-        for lite in lites:
+        for m, lite in zip(messages, lites):
+            props = m.properties
+            if props:
+                if any(k in _OWN_WAY for k in props):
+                    return None
+                mine = dict(props)
+                mine[PROP_LITE_TOPIC] = lite
+                extras.append(properties.encode_properties(mine))
+                continue
             text = texts.get(lite)
             if text is None:
                 text = texts[lite] = _LITE_PROP + lite.encode() + b"\x02"

@@ -65,10 +65,19 @@ def test_the_c_encoder_writes_records_naming_lite_topics_of_their_own_as_the_loo
     messages = CASES[case]
     names = ["n" * 128 if case == "a long name" else f"chat-{i % 2}" for i in range(len(messages))]
     extras = [properties.encode_properties({PROP_LITE_TOPIC: n}) for n in names]
+    if case == "tags":  # messages with properties of their own, written before the name
+        messages = [
+            Message(m.topic, m.body, m.tags, m.keys, {"trace": f"t{i}", "turn": "x" * i})
+            for i, m in enumerate(messages)
+        ]
+        extras = [
+            properties.encode_properties({**m.properties, PROP_LITE_TOPIC: n})
+            for m, n in zip(messages, names)
+        ]
     born = codec.host_to_bytes("127.0.0.1:0")
     got = fast.encode_plain(messages, 1 << 20, 7, born, Keys(), extras=extras)
     tagged = [
-        Message(m.topic, m.body, m.tags, m.keys, {PROP_LITE_TOPIC: n})
+        Message(m.topic, m.body, m.tags, m.keys, {**(m.properties or {}), PROP_LITE_TOPIC: n})
         for m, n in zip(messages, names)
     ]
     want = codec.encode_batch(tagged, born_timestamp=7, uniq=Keys())
@@ -87,17 +96,20 @@ def test_a_lite_store_puts_through_either_path_the_same_records(tmp_path: Path) 
     lite = LiteStore(store, LiteConfig(index_file_entries=64))
     lite.declare_parent("Chat", quota=10, ttl_ms=3_600_000)
     try:
-        # plain messages, to one lite topic or several: the C encoder (when built); a
-        # message with properties of its own: the general loop
+        # plain messages, to one lite topic or several, or with properties of their
+        # own: the C encoder (when built); a message naming its unique key: the loop
         lite.put_batch("Chat", [("a", Message("Chat", b"a%d" % i, tags="T")) for i in range(3)])
         lite.put_batch("Chat", [("a", Message("Chat", b"a3")), ("b", Message("Chat", b"b0"))])
         lite.put("Chat", "a", Message("Chat", b"a4", properties={"trace": "on"}))
+        uniq = {"UNIQ_KEY": "0A0000010000000000000000000000AB", PROP_LITE_TOPIC: "z"}
+        lite.put("Chat", "a", Message("Chat", b"a5", properties=uniq))
         got = lite.get("Chat", "a", 0, 10).messages
-        assert [m.body for m in got] == [b"a%d" % i for i in range(5)]
+        assert [m.body for m in got] == [b"a%d" % i for i in range(6)]
         assert {m.properties[PROP_LITE_TOPIC] for m in got} == {"a"}
-        assert [m.tags for m in got] == ["T", "T", "T", None, None]
+        assert [m.tags for m in got] == ["T", "T", "T", None, None, None]
         assert got[4].properties["trace"] == "on"
-        assert len({m.msg_id for m in got}) == 5
+        assert got[5].msg_id == uniq["UNIQ_KEY"]
+        assert len({m.msg_id for m in got}) == 6
         assert [m.body for m in lite.get("Chat", "b", 0).messages] == [b"b0"]
     finally:
         lite.close()
