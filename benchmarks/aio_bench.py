@@ -1,11 +1,15 @@
 """The asyncio clients beside the synchronous ones, in the same run.
 
-    python benchmarks/aio_bench.py [--rate 1000] [--seconds 5] [--messages 20000] [--rounds 2]
+    python benchmarks/aio_bench.py [--rate 1000] [--seconds 5] [--warmup 0.5]
+                                   [--messages 20000] [--rounds 3]
 
 One broker (ASYNC_FLUSH), 100 B messages, producer and consumer in this process:
 
-* latency: messages sent at ``--rate`` a second for ``--seconds``, each stamped with
-  its send time, and the time from the send to the consumer handing it over:
+* latency: messages sent at ``--rate`` a second for ``--warmup`` then ``--seconds``
+  seconds, each stamped with its send time, and the time from the send to the
+  consumer handing it over, of the messages sent after the warm-up (a run's own
+  start, its connections, first pulls and a coordinated group's coordinator, is not
+  the steady state measured):
   sync (``Producer.send_async`` paced on a thread, a ``PullConsumer`` long-polling on a
   thread) against async (``await AsyncProducer.send`` paced on the loop, ``async for``
   over an ``AsyncConsumer`` of a coordinated group, the default); p50, p99 and p99.9
@@ -19,8 +23,10 @@ One broker (ASYNC_FLUSH), 100 B messages, producer and consumer in this process:
   ``TransactionProducer.send_message_in_transaction`` (``end_oneway=False``) against
   ``await AsyncTransactionalProducer.send_message_in_transaction``, a second each.
 
-The two ways alternate ``--rounds`` times in the one run (the machine's drift is
-shared); each round's figures are printed and the ratios are the medians'.
+The ways alternate ``--rounds`` times in the one run (the machine's drift is shared),
+the latency runs in reverse order every other round so that none always runs first,
+after one uncounted pass of each (the cluster's first seconds); each round's figures
+are printed and the ratios are the medians'.
 """
 
 from __future__ import annotations
@@ -65,24 +71,32 @@ def pace(rate: int, seconds: float) -> list[float]:
 
 
 # ------------------------------------------------------------ latency, sync
-def sync_latency(cluster: Any, rate: int, seconds: float, group: str) -> list[float]:
+def sync_latency(
+    cluster: Any, rate: int, seconds: float, group: str, warmup_s: float = 0.0
+) -> list[float]:
     producer = cluster.producer(f"{group}-p")
     consumer = cluster.pull_consumer(group)
     queues = consumer.fetch_subscribe_queues(LAT_TOPIC)
     offsets = {mq: consumer.max_offset(mq) for mq in queues}
-    times = pace(rate, seconds)
+    times = pace(rate, warmup_s + seconds)
+    measured_from = times[int(rate * warmup_s)]
     latencies: list[float] = []
+    received = [0]
     stop = threading.Event()
 
     def consume() -> None:
-        while not stop.is_set() or len(latencies) < len(times):
+        while not stop.is_set() or received[0] < len(times):
             results = consumer.pull_many(list(offsets.items()), 256, long_poll_s=1.0)
             now = time.perf_counter()
             for r in results:
                 if r.status is PullStatus.FOUND:
-                    latencies.extend(now - STAMP.unpack_from(b)[0] for b in r.bodies)
+                    for b in r.bodies:
+                        sent = STAMP.unpack_from(b)[0]
+                        received[0] += 1
+                        if sent >= measured_from:
+                            latencies.append(now - sent)
                 offsets[r.queue] = r.next_offset
-            if stop.is_set() and len(latencies) >= len(times):
+            if stop.is_set() and received[0] >= len(times):
                 return
 
     reader = threading.Thread(target=consume, daemon=True)
@@ -105,9 +119,13 @@ def sync_latency(cluster: Any, rate: int, seconds: float, group: str) -> list[fl
 
 # ------------------------------------------------------------ latency, async
 async def async_latency(
-    namespace: str, rate: int, seconds: float, group: str, coordinated: bool = True
+    namespace: str,
+    rate: int,
+    seconds: float,
+    group: str,
+    coordinated: bool = True,
+    warmup_s: float = 0.0,
 ) -> list[float]:
-    times = pace(rate, seconds)
     latencies: list[float] = []
     async with (
         AsyncProducer(f"{group}-p", namespace=namespace) as producer,
@@ -115,11 +133,18 @@ async def async_latency(
     ):
         await producer.send(Message(LAT_TOPIC, STAMP.pack(time.perf_counter()) + BODY))
         await consumer.__anext__()  # the consumer has its queues and is pulling
+        times = pace(rate, warmup_s + seconds)
+        measured_from = times[int(rate * warmup_s)]
+        received = 0
 
         async def consume() -> None:
+            nonlocal received
             async for m in consumer:
-                latencies.append(time.perf_counter() - STAMP.unpack_from(m.body)[0])
-                if len(latencies) >= len(times):
+                sent = STAMP.unpack_from(m.body)[0]
+                received += 1
+                if sent >= measured_from:
+                    latencies.append(time.perf_counter() - sent)
+                if received >= len(times):
                     return
 
         reader = asyncio.ensure_future(consume())
@@ -197,12 +222,24 @@ async def async_txn_rate(namespace: str, n: int) -> float:
         return n / (time.perf_counter() - t0)
 
 
+def latency_run(cluster: Any, namespace: str, args: Any, kind: str, r: int) -> list[float]:
+    """One latency run of ``kind`` ("sync", "async" or "uncoord"), round ``r``."""
+    group = f"lat-{kind}-{r}"
+    if kind == "sync":
+        return sync_latency(cluster, args.rate, args.seconds, group, args.warmup)
+    coordinated = kind == "async"
+    return asyncio.run(
+        async_latency(namespace, args.rate, args.seconds, group, coordinated, args.warmup)
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--messages", type=int, default=20000)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=float, default=0.5)
     args = parser.parse_args()
     start_local_ray()
     root = tempfile.mkdtemp(prefix="raymq-aio-bench-")
@@ -224,27 +261,31 @@ def main() -> int:
     txn: dict[str, list[float]] = {"sync": [], "async": []}
     n_txn = max(1, args.messages // 10)
     try:
+        # the cluster's first seconds (its broker warming up, Ray starting workers)
+        # would fall on whichever way ran first: a pass of each, not counted
+        sync_latency(cluster, args.rate, 1.0, "lat-warm-sync")
+        asyncio.run(async_latency(namespace, args.rate, 1.0, "lat-warm-async"))
+        asyncio.run(async_latency(namespace, args.rate, 1.0, "lat-warm-uncoord", False))
         for r in range(args.rounds):
-            s = percentiles(sync_latency(cluster, args.rate, args.seconds, f"lat-sync-{r}"))
-            a = percentiles(
-                asyncio.run(async_latency(namespace, args.rate, args.seconds, f"lat-async-{r}"))
-            )
-            u = percentiles(
-                asyncio.run(
-                    async_latency(namespace, args.rate, args.seconds, f"lat-uncoord-{r}", False)
-                )
-            )
+            kinds = ["sync", "async", "uncoord"]
+            order = kinds if r % 2 == 0 else kinds[::-1]  # neither always first
+            got = {k: percentiles(latency_run(cluster, namespace, args, k, r)) for k in order}
+            s, a, u = got["sync"], got["async"], got["uncoord"]
             lat["sync"].append(s)
             lat["async"].append(a)
             lat["uncoord"].append(u)
-            rs = sync_rate(cluster, args.messages)
-            ra = asyncio.run(async_rate(namespace, args.messages))
+            if r % 2 == 0:
+                rs = sync_rate(cluster, args.messages)
+                ra = asyncio.run(async_rate(namespace, args.messages))
+            else:
+                ra = asyncio.run(async_rate(namespace, args.messages))
+                rs = sync_rate(cluster, args.messages)
             rate["sync"].append(rs)
             rate["async"].append(ra)
             ms = lambda t: " / ".join(f"{x * 1000:.2f}" for x in t)  # noqa: E731
             print(
-                f"round {r + 1}: latency p50/p99/p99.9 ms  sync {ms(s)}  async {ms(a)}"
-                f"  async coordinated=False {ms(u)}"
+                f"round {r + 1} ({', '.join(order)}): latency p50/p99/p99.9 ms  sync {ms(s)}"
+                f"  async {ms(a)}  async coordinated=False {ms(u)}"
             )
             print(f"round {r + 1}: single-message rate msg/s  sync {rs:,.0f}  async {ra:,.0f}")
             ts = sync_txn_rate(namespace, n_txn)
