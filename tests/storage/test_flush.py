@@ -44,7 +44,9 @@ def test_sustained_sync_writers_share_fsyncs(tmp_path: Path, make_config) -> Non
 def test_a_flush_slower_than_the_timeout_answers_flush_disk_timeout(
     tmp_path: Path, make_config
 ) -> None:
-    cfg = make_config(tmp_path / "s", flush_disk_type="SYNC_FLUSH", sync_flush_timeout_ms=10)
+    # long enough for a real fsync on a loaded machine (the quick puts must make it),
+    # waited out once by the put whose disk never answers
+    cfg = make_config(tmp_path / "s", flush_disk_type="SYNC_FLUSH", sync_flush_timeout_ms=1000)
     with MessageStore(cfg, start_services=False) as store:
         assert store.put(Message("T", b"quick")).status is PutStatus.PUT_OK
         disk = threading.Event()  # the disk answers when the test says so
