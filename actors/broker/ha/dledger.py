@@ -27,7 +27,8 @@ in the same ``AppendEntries``.
   new leader at once instead of after an election timeout.
 * Metadata: followers copy topics, consumer offsets and delay progress from the
   leader (SlaveSynchronize); only the leader runs the schedule service, and its
-  deliveries go through the Raft log like any put.
+  deliveries go through the Raft log like any put. Lite topics' sends and consumer
+  state go through the log too (``actors.broker.lite.raft``).
 """
 
 from __future__ import annotations
