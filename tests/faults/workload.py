@@ -49,8 +49,18 @@ SMALL_STORE = {
 }
 
 
+_EMITTING = threading.Lock()
+
+
 def emit(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, **fields}), flush=True)
+    """One JSON line on stdout. Several threads emit (progress, status, history): each
+    line is written whole under a lock, since ``print`` writes the text and its newline
+    in two calls, and two events run together into one line the runner cannot parse
+    (a ``status`` lost that way stopped seeds 4 and 6 with "no 'status' in 60s")."""
+    line = json.dumps({"event": event, **fields}) + "\n"
+    with _EMITTING:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 def start(spec: dict[str, Any]) -> None:
@@ -544,8 +554,9 @@ class Workload:
         for line in self.proc.stdout:
             try:
                 event = json.loads(line)
-            except ValueError:
-                continue  # a library's stray print
+            except ValueError:  # a library's stray print
+                log.warning("workload: a stdout line that is no event: %.200r", line)
+                continue
             self.events.put(event)
         self.events.put(None)
 
