@@ -9,6 +9,15 @@ moment a call is answered everything waiting for that broker leaves as one call
 rate a batch leaves at once; at a high rate calls grow by themselves, as
 Kafka's producer accumulator does.
 
+The calls of a lane reach the broker in the order they were made only on a channel
+that keeps it: the broker's socket (frames are read, and sends stored, in the order
+written; a ring call is announced on it too). Through Ray (while the socket opens,
+after it broke, ``data_path="ray"``) an async actor starts a call as soon as its
+arguments are there, so a call whose batch went through the object store (100 KiB
+or more) may be stored after a smaller one made later, and an idempotent queue's
+run would be refused for the gap before it. So while one of its calls goes through
+Ray, a lane makes no other: the next call leaves, merged, with its answer.
+
 Each waiting batch keeps the queue it was given, so per-queue order and
 RocketMQ's queue selection are unchanged, and each caller still gets its own
 acknowledgement (the merged answer is cut back into parts). A merged call that
@@ -29,12 +38,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.protocol import rpc as _rpc
+from actors.protocol.rpc import PendingCall
 from actors.protocol.wire import SendAck
 from storage.codec import EncodedBatch
 
 log = logging.getLogger("raymq.actors.producer")
 
-Submit = Callable[..., Any]  # sends its batches as one call to the lane's broker: an ObjectRef
+Submit = Callable[..., Any]
+"""Sends its batches as one call to the lane's broker: the call's pending answer (a
+:class:`PendingCall` on a channel that keeps the lane's order, else an ObjectRef or a
+``PendingCall`` subclass)."""
 OnAck = Callable[[SendAck | None, BaseException | None], None]
 
 
@@ -55,7 +68,7 @@ class _Lane:
     __slots__ = ("in_flight", "lock", "waiting")
 
     def __init__(self) -> None:
-        self.in_flight = 0
+        self.in_flight = 0  # calls unanswered; a call through Ray counts as the lane's limit
         self.waiting: list[_Waiting] = []
         self.lock = threading.Lock()
 
@@ -98,11 +111,11 @@ class SendLanes:
                 group = None
             else:  # an idle lane (the usual single send at a low rate): it leaves now
                 group = [_Waiting(bound, submit, on_done)]
-                ref, exc = self._call(lane, group)
+                ref, exc, weight = self._call(lane, group)
         if group is None:
             self._pump(broker, lane)
         else:
-            self._sent(broker, group, ref, exc)
+            self._sent(broker, group, ref, exc, weight)
 
     def _pump(self, broker: str, lane: _Lane) -> None:
         while True:
@@ -110,30 +123,30 @@ class SendLanes:
                 if not lane.waiting or lane.in_flight >= self._max_in_flight:
                     return
                 group = self._take(lane)
-                ref, exc = self._call(lane, group)
-            if ref is None:
-                self._finish(broker, group, None, exc)
-                continue
-            ref.future().add_done_callback(functools.partial(self._answered, broker, group))
+                ref, exc, weight = self._call(lane, group)
+            self._sent(broker, group, ref, exc, weight)
 
-    @staticmethod
-    def _call(lane: _Lane, group: list[_Waiting]) -> tuple[Any, BaseException | None]:
+    def _call(self, lane: _Lane, group: list[_Waiting]) -> tuple[Any, BaseException | None, int]:
         """``group`` submitted as one call, under ``lane.lock`` (so the next group cannot
-        overtake it on the wire): its pending answer, or what kept it from the wire."""
-        lane.in_flight += 1
+        overtake it on the wire): its pending answer, or what kept it from the wire, and
+        what it counts in ``lane.in_flight`` until answered (a call through Ray, not a
+        socket's :class:`PendingCall`, counts as the limit: see the module doc)."""
         try:
-            return group[0].submit(*(w.batch for w in group)), None
+            ref = group[0].submit(*(w.batch for w in group))
         except BaseException as error:  # noqa: BLE001 - each part hears of it
-            return None, error
+            return None, error, 0
+        weight = 1 if ref.__class__ is PendingCall else self._max_in_flight
+        lane.in_flight += weight
+        return ref, None, weight
 
     def _sent(
-        self, broker: str, group: list[_Waiting], ref: Any, exc: BaseException | None
+        self, broker: str, group: list[_Waiting], ref: Any, exc: BaseException | None, weight: int
     ) -> None:
         """After :meth:`_call`, outside the lock: the answer awaited, or the failure told."""
         if ref is None:
-            self._finish(broker, group, None, exc)
+            self._finish(broker, group, None, exc, 0)
             return
-        ref.future().add_done_callback(functools.partial(self._answered, broker, group))
+        ref.future().add_done_callback(functools.partial(self._answered, broker, group, weight))
 
     def _take(self, lane: _Lane) -> list[_Waiting]:
         """The longest run of waiting batches within the call limits (at least one)."""
@@ -151,13 +164,13 @@ class SendLanes:
         group, lane.waiting = lane.waiting[:n], lane.waiting[n:]
         return group
 
-    def _answered(self, broker: str, group: list[_Waiting], fut: Any) -> None:
+    def _answered(self, broker: str, group: list[_Waiting], weight: int, fut: Any) -> None:
         try:
             ack = SendAck.from_wire(fut.result())
         except BaseException as exc:  # noqa: BLE001 - each part hears of it
-            self._finish(broker, group, None, exc)
+            self._finish(broker, group, None, exc, weight)
             return
-        self._finish(broker, group, ack, None)
+        self._finish(broker, group, ack, None, weight)
 
     def _finish(
         self,
@@ -165,11 +178,13 @@ class SendLanes:
         group: list[_Waiting],
         ack: SendAck | None,
         exc: BaseException | None,
+        weight: int,
     ) -> None:
+        """``group``'s call is over (``weight``: what it counted in ``lane.in_flight``)."""
         refused = exc is not None and len(group) > 1 and not _rpc.send_may_retry(exc)
         lane = self._lanes[broker]
         with lane.lock:
-            lane.in_flight -= 1
+            lane.in_flight -= weight
             if refused:
                 lane.waiting[:0] = [dataclasses.replace(w, alone=True) for w in group]
         if refused:

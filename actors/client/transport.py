@@ -19,6 +19,10 @@ Contract of :meth:`Transport.call`:
   (the sender marks the broker failed and retries elsewhere); any other error is
   the call's own;
 * ``auto_n`` > 0 asks the broker to create the topic with that many queues;
+* the reply is a plain :class:`~actors.protocol.rpc.PendingCall` only when the call
+  keeps its place among the broker's calls made before it (the broker's socket);
+  through Ray it is an ObjectRef or a :class:`RingCallThroughRay`
+  (``actors.client.send_lanes`` sends nothing else to that broker meanwhile);
 * the batches' bytes are copied (into the ring, into the call's argument) before
   :meth:`Transport.call` returns: an idempotent producer's chunk is bound in place
   (``EncodedBatch.with_sequence`` on a reserved slot), and bound again, rewriting those
@@ -58,6 +62,7 @@ from actors.client.instance import ClientView
 from actors.client.send_result import _arg
 from actors.config.client import ProducerConfig
 from actors.protocol.route import TopicRouteData
+from actors.protocol.rpc import PendingCall
 from actors.protocol.shared_ring import SharedCall, SharedRing, pass_on
 from actors.protocol.wire import OUT_OF_BAND_BYTES
 from storage.codec import EncodedBatch
@@ -84,6 +89,14 @@ class Transport(Protocol):
     ) -> Reply: ...
 
     def close(self) -> None: ...
+
+
+class RingCallThroughRay(PendingCall):
+    """A ring call announced through Ray (its socket not open): Ray may start it before
+    a call made earlier, so the send lanes make no other call to its broker meanwhile
+    (``actors.client.send_lanes``)."""
+
+    __slots__ = ()
 
 
 class BrokerTransport:
@@ -197,7 +210,8 @@ class BrokerTransport:
             again.future().add_done_callback(functools.partial(pass_on, out))
 
         ref.future().add_done_callback(answered)
-        return SharedCall(out)
+        # announced on the socket, the call keeps its place among the broker's calls
+        return SharedCall(out) if ref.__class__ is PendingCall else RingCallThroughRay(out)
 
     def _drop_ring(self, ring: SharedRing) -> None:
         with self._rings_lock:
