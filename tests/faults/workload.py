@@ -555,7 +555,14 @@ class Workload:
             try:
                 event = json.loads(line)
             except ValueError:  # a library's stray print
-                log.warning("workload: a stdout line that is no event: %.200r", line)
+                # Ray's driver prints raylet deaths (and their indented stack traces)
+                # on stdout even with log_to_driver off: expected under node faults.
+                ray_s = line[:1].isspace() or line.startswith((b"\x1b[", b"(raylet)"))
+                log.log(
+                    logging.DEBUG if ray_s else logging.WARNING,
+                    "workload: a stdout line that is no event: %.200r",
+                    line,
+                )
                 continue
             self.events.put(event)
         self.events.put(None)
