@@ -4,6 +4,7 @@ to say what bounds them."""
 
 from __future__ import annotations
 
+import logging
 import os
 
 import ray
@@ -18,7 +19,7 @@ def start_local_ray(num_cpus: int = 2) -> None:
         address="local",
         num_cpus=num_cpus,
         include_dashboard=False,
-        logging_level="WARNING",
+        logging_level=logging.WARNING,
         log_to_driver=False,
     )
 

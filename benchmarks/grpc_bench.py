@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import multiprocessing as mp
 import os
 import queue
@@ -351,7 +352,7 @@ def main() -> None:
                 address="local",  # never another cluster
                 num_cpus=4,
                 include_dashboard=False,
-                logging_level="WARNING",
+                logging_level=logging.WARNING,
                 namespace=f"raymq-grpc-bench-{os.getpid()}",
             )
         for target in ("ray-noop", "ray-thread"):

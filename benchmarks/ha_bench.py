@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 import sys
 import tempfile
@@ -334,7 +335,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not ray.is_initialized():
         ray.init(
-            address="local", include_dashboard=False, logging_level="WARNING", log_to_driver=False
+            address="local",
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+            log_to_driver=False,
         )
     mb = args.mb or (20 if args.quick else 50)
     windows = [int(w) for w in args.windows.split(",")]

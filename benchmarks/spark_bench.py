@@ -203,7 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     n = args.rows
 
     ray.init(
-        address="local", num_cpus=args.num_cpus, include_dashboard=False, logging_level="WARNING"
+        address="local",
+        num_cpus=args.num_cpus,
+        include_dashboard=False,
+        logging_level=logging.WARNING,
     )
     ray.data.DataContext.get_current().enable_progress_bars = False
     results: dict[str, Any] = {
