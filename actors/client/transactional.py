@@ -42,6 +42,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
+from ray.exceptions import ActorDiedError, ActorUnavailableError
+
 from actors.client.producer import Producer
 from actors.config.client import ProducerConfig
 from actors.coordinator.txn import (
@@ -209,16 +211,29 @@ def one_phase_target(txn: Any, enabled: bool) -> tuple[str | None, Any] | None:
     return target, {g: [[t, q, o] for (t, q), o in qs.items()] for g, qs in groups.items()}
 
 
+UNAVAILABLE_GRACE_S = 2.0
+"""How long a broker's actor may answer ``ActorUnavailableError`` (Ray restarting it,
+or its node out of reach) before a one-phase commit looks the broker up again."""
+
+
 class OnePhaseTries(Backoff):
     """The tries of one transaction's one-phase commit on its broker, whoever makes the
     call (a thread or an event loop): what a failed try means, the pause before the
     next, and the end. ``txn`` is the :class:`Transaction` (its state and buffer),
-    ``producer`` what counts the commits and ends it (``_ended(handle)``)."""
+    ``producer`` what counts the commits and ends it (``_ended(handle)``).
+
+    A try that found the broker's actor dead (``ActorDiedError``, or
+    ``ActorUnavailableError`` for :data:`UNAVAILABLE_GRACE_S`) sets :attr:`gone` and
+    drops the actor's cached handle: a dead handle never comes back, and a broker
+    started again under its name is another actor, so the next try looks the broker
+    up by name again and reaches the new one as soon as it is there."""
 
     def __init__(self, txn: Any, producer: Any, handle: Any, broker: str) -> None:
         super().__init__(producer.config.send_timeout_s)
         self.txn, self.producer, self.handle, self.broker = txn, producer, handle, broker
         self.unknown = False  # a try may have been stored: never the two phases now
+        self.gone = False  # the last try found the broker's actor dead: look it up again
+        self._unavailable_since: float | None = None
 
     def failed(self, exc: Exception, *, transient: bool, not_written: bool = False) -> float | None:
         """After a try that raised ``exc``: None when nothing of the commit was written
@@ -255,8 +270,38 @@ class OnePhaseTries(Backoff):
                 f"transaction {txn.txn_id}: broker {self.broker} did not answer its commit "
                 f"({exc!r}); whether it is committed is not known"
             ) from exc
-        log.warning("transaction %s: commit on %s: %r; again", txn.txn_id, self.broker, exc)
+        self.gone = self._actor_gone(exc)
+        log.warning(
+            "transaction %s: commit on %s: %r; again%s",
+            txn.txn_id,
+            self.broker,
+            exc,
+            " (its actor looked up again)" if self.gone else "",
+        )
         return self.pause()
+
+    def _actor_gone(self, exc: Exception) -> bool:
+        """Whether ``exc`` says the broker's actor is dead (or unavailable past its
+        grace); if so, its cached handle is dropped (by the name the cached route of
+        the transaction's first topic gives its master; no call is made)."""
+        if isinstance(exc, ActorUnavailableError):
+            now = time.monotonic()
+            if self._unavailable_since is None:
+                self._unavailable_since = now
+            if now - self._unavailable_since < UNAVAILABLE_GRACE_S:
+                return False
+        elif not isinstance(exc, ActorDiedError):
+            self._unavailable_since = None
+            return False
+        self._unavailable_since = None
+        ns = self.producer.ns
+        with contextlib.suppress(Exception):  # no cached route: nothing cached to drop
+            route = ns.names.cached_route(self.txn._buffer[0].topic)
+            bd = route.broker(self.broker) if route is not None else None
+            actor = bd.master_actor_name() if bd is not None else None
+            if actor is not None:
+                ns.forget_broker(actor)
+        return True
 
     def committed(self, answer: Mapping[str, Any]) -> None:
         """The broker answered the commit: the buffer is sent, the transaction over."""
@@ -335,6 +380,21 @@ def one_phase_plan(txn: Any, enabled: bool, encoder: Any, selector: Any) -> OneP
         log.debug("transaction %s: no one-phase plan: %s", txn.txn_id, exc)
         return None
     return None if plan is None else OnePhasePlan(*plan, offsets)
+
+
+def _master_again(ns: Any, broker: str, topic: str) -> Any:
+    """The connection to ``broker``'s master after its actor was found dead, by
+    ``topic``'s route read again from the NameServers (a broker started again under its
+    name is another actor; a promoted slave another name). Raises
+    ``BrokerUnavailableError`` while there is none."""
+    ns.forget_topic_broker(topic, broker)
+    try:
+        route = ns.route(topic)
+    except Exception as exc:  # noqa: BLE001 - no NameServer answered: try again later
+        raise BrokerUnavailableError(f"no route of {topic!r}: {exc!r}") from exc
+    if route is None:
+        raise BrokerUnavailableError(f"no route of {topic!r}")
+    return ns.broker(route, broker)
 
 
 __all__ = [
@@ -532,10 +592,16 @@ class Transaction:
         plan = one_phase_plan(self, p.one_phase, p._encoder, p._sender.selector)
         if plan is None:
             return False
-        handle = p.ns.broker(plan.route, plan.broker)
         tries = OnePhaseTries(self, p, self, plan.broker)
+        handle: Any = None
         while True:
             try:
+                if handle is None:  # first by the plan's route; after a dead actor, anew
+                    handle = (
+                        _master_again(p.ns, plan.broker, self._buffer[0].topic)
+                        if tries.unknown
+                        else p.ns.broker(plan.route, plan.broker)
+                    )
                 answer = rpc.get(
                     handle.commit_one_phase.remote(
                         self.txn_id, p.transactional_id, p.epoch, plan.blob, plan.offsets
@@ -544,9 +610,13 @@ class Transaction:
                 )
                 break
             except Exception as exc:  # noqa: BLE001 - sorted by the tries
-                pause = tries.failed(exc, transient=rpc.is_retriable(exc))
+                pause = tries.failed(
+                    exc, transient=rpc.is_retriable(exc), not_written=handle is None
+                )
                 if pause is None:
                     return False
+                if tries.gone:
+                    handle = None  # a dead handle never comes back: look the broker up
                 time.sleep(pause)  # the broker restarts or the connection reopens
         tries.committed(answer)
         return True
