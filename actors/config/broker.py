@@ -150,6 +150,10 @@ class BrokerConfig:
     ha_max_gap_not_in_sync: int = 256 << 20
     ha_slave_timeout_s: float = 5.0
     ha_poll_s: float = 1.0
+    ha_ask_slaves_s: float = 30.0
+    """A master (re)starting asks its registered slaves where their logs end, again while
+    one does not answer, for this long at most before it registers (a slave whose log
+    holds a newer epoch makes it a slave; ``actors/broker/ha/master_slave.py``)."""
     slave_sync_interval_s: float = 2.0
     slave_read_enable: bool = False
     slave_read_window_bytes: int | None = None
@@ -371,6 +375,7 @@ def _check_ha(c: BrokerConfig) -> None:
         ha_max_gap_not_in_sync=c.ha_max_gap_not_in_sync,
         ha_slave_timeout_s=c.ha_slave_timeout_s,
         ha_poll_s=c.ha_poll_s,
+        ha_ask_slaves_s=c.ha_ask_slaves_s,
         slave_sync_interval_s=c.slave_sync_interval_s,
         dledger_tick_ms=c.dledger_tick_ms,
         dledger_heartbeat_ms=c.dledger_heartbeat_ms,
