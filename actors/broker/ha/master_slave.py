@@ -76,9 +76,6 @@ EX_MASTER_SLAVE_ID = 1000
 GATHER_TIMEOUT_S = 3.0
 ASK_SLAVE_S = 2.0
 """A master (re)starting gives a slave this long to say where its log ends, each time."""
-ASK_SLAVES_S = 30.0
-"""A master (re)starting asks its registered slaves again for this long at most, while
-one does not answer, before it registers (see ``_ask_slaves``)."""
 ASK_SLAVES_RETRY_S = 0.5
 _BEHIND_ON_SLAVE = (GetStatus.OFFSET_OVERFLOW_BADLY, GetStatus.OFFSET_TOO_SMALL)
 REGISTER_RETRY_S = 1.0
@@ -223,11 +220,11 @@ class MasterSlaveReplication(Replication):
         """The group's registered members and, for each slave among them, its log's end,
         epochs and handle. A slave registered but slow to answer (a loaded machine, a
         pause) is asked again until it answers or leaves the NameServers' routes, for
-        ``ASK_SLAVES_S`` at most: its log may say that a newer master replaced this one,
+        ``ha_ask_slaves_s`` (30 s) at most: its log may say that a newer master replaced this one,
         which a NameServer that restarted no longer knows. (With no NameServer answering
         there is no one to ask: registering waits for one anyway.)"""
         name = self.config.actor_name
-        deadline = self.loop.time() + ASK_SLAVES_S
+        deadline = self.loop.time() + self.config.ha_ask_slaves_s
         tails: dict[str, tuple[int, Epochs, Any]] = {}
         while True:
             members = await self._group_members()
@@ -256,7 +253,7 @@ class MasterSlaveReplication(Replication):
                     "epoch that one's log may hold is found when it replicates",
                     name,
                     ", ".join(waiting),
-                    ASK_SLAVES_S,
+                    self.config.ha_ask_slaves_s,
                 )
                 return members, tails
             await asyncio.sleep(ASK_SLAVES_RETRY_S)
