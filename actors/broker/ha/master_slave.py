@@ -43,10 +43,10 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from actors.broker.ha.epochs import Epochs, HAState, consistent_point
+from actors.broker.ha.epochs import Epochs, HAState
 from actors.broker.ha.ha_client import HAClient, TransferReply
 from actors.broker.ha.ha_service import HAService
-from actors.broker.ha.master_restart import copy_tail, gather_slave_offsets
+from actors.broker.ha.master_restart import GATHER_TIMEOUT_S, MasterStart, gather_slave_offsets
 from actors.broker.ha.replication import (
     LocalPut,
     OffsetTable,
@@ -73,10 +73,6 @@ SLAVE = "SLAVE"
 MASTER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER")
 EX_MASTER_SLAVE_ID = 1000
 """The id a deposed master (configured as id 0) registers under as a slave."""
-GATHER_TIMEOUT_S = 3.0
-ASK_SLAVE_S = 2.0
-"""A master (re)starting gives a slave this long to say where its log ends, each time."""
-ASK_SLAVES_RETRY_S = 0.5
 _BEHIND_ON_SLAVE = (GetStatus.OFFSET_OVERFLOW_BADLY, GetStatus.OFFSET_TOO_SMALL)
 REGISTER_RETRY_S = 1.0
 """A master no NameServer has accepted yet registers again after this long."""
@@ -120,7 +116,7 @@ class MasterSlaveReplication(Replication):
         self._master_handle: Any = None
         self.client: HAClient | None = None
         self.sync: SlaveSynchronize | None = None
-        self._waiting_for: list[str] = []  # a starting master: who it waits to hear from
+        self.starting = MasterStart(self)  # a master (re)starting: its catch-up first
         window = self.config.slave_read_window_bytes
         self.read_window = window if window is not None else int(physical_memory() * 0.4)
 
@@ -158,105 +154,13 @@ class MasterSlaveReplication(Replication):
         self._tasks.append(self.loop.create_task(self.sync.run()))
 
     async def _gather_then_ready(self) -> None:
-        """A master (re)starting takes the offsets consumers committed to its slaves while
-        it was gone, and the CommitLog bytes a slave holds past its own end, before it
-        registers (and so before it takes a write or consumers come back to it)."""
-
-        async def gather() -> None:
-            await gather_slave_offsets(self, await self._group_members(), self._get_actor)
-
+        """A master (re)starting catches up from its slaves (``master_restart``), then
+        takes writes from its log's end; it registers once ready."""
         try:
-            await asyncio.wait_for(gather(), GATHER_TIMEOUT_S)
-        except Exception as exc:  # noqa: BLE001 - best effort: slaves also push them later
-            log.debug("%s: gathering slave offsets: %s", self.config.actor_name, exc)
-        try:
-            await self._catch_up_from_slaves()
-        except Exception as exc:  # noqa: BLE001 - a slave gone meanwhile: see HAService
-            log.warning(
-                "%s: copying the commitlog from a slave ahead failed: %s",
-                self.config.actor_name,
-                exc,
-            )
+            await self.starting.run()
         finally:
             self.service.writes_from(self.store.commitlog.max_offset)
             self._ready.set()
-
-    async def _catch_up_from_slaves(self) -> None:
-        """A master that restarts after a power loss may have lost the unflushed tail of
-        its CommitLog while a slave holds it (under SYNC_MASTER, acknowledged to producers
-        because the slave had it). Writing from its own end again would give acknowledged
-        queue offsets to new messages, and the slave would be told to cut the tail off. So
-        first it copies, from the slave furthest ahead in its own epoch, the whole records
-        past its end, and dispatches them as a slave does. A slave whose log holds a newer
-        epoch says this master was replaced while it was down: it becomes a slave."""
-        name = self.config.actor_name
-        my_end = self.store.commitlog.max_offset
-        best: tuple[int, str, Any] | None = None
-        members, tails = await self._ask_slaves()
-        newer = 0  # the newest epoch a member's log holds, when newer than this master's
-        for actor_name, (end, epochs, handle) in tails.items():
-            newest = epochs[-1][0] if epochs else 0
-            if newest > self.state.epoch:
-                newer = max(newer, newest)
-            if (
-                end > my_end
-                and newest == self.state.epoch
-                and consistent_point(self.state.epochs, my_end, epochs, end) == my_end
-                and (best is None or end > best[0])
-            ):
-                best = (end, actor_name, handle)
-        if newer:
-            # a slave follows a master of a newer epoch: this one was replaced while it was
-            # down, whether or not a NameServer still knows it (one restarted forgets)
-            master = members.get(MASTER_ID)
-            await self._demote(master if master != name else None, newer)
-            return
-        if best is None:
-            return
-        end, slave, handle = best
-        await copy_tail(self, slave, handle, my_end, end)
-
-    async def _ask_slaves(self) -> tuple[dict[int, str], dict[str, tuple[int, Epochs, Any]]]:
-        """The group's registered members and, for each slave among them, its log's end,
-        epochs and handle. A slave registered but slow to answer (a loaded machine, a
-        pause) is asked again until it answers or leaves the NameServers' routes, for
-        ``ha_ask_slaves_s`` (30 s) at most: its log may say that a newer master replaced this one,
-        which a NameServer that restarted no longer knows. (With no NameServer answering
-        there is no one to ask: registering waits for one anyway.)"""
-        name = self.config.actor_name
-        deadline = self.loop.time() + self.config.ha_ask_slaves_s
-        tails: dict[str, tuple[int, Epochs, Any]] = {}
-        while True:
-            members = await self._group_members()
-            waiting = []
-            for bid, actor_name in members.items():
-                if actor_name == name or bid == MASTER_ID or actor_name in tails:
-                    continue
-                try:
-                    handle = await self.broker.run(self._get_actor, actor_name)
-                    end, epochs, _ = await asyncio.wait_for(
-                        handle.ha_log_tail.remote(0, 0), ASK_SLAVE_S
-                    )
-                except ValueError:  # its actor is gone: the NameServers drop it soon
-                    continue
-                except Exception:  # noqa: BLE001 - slow, restarting or cut off: again
-                    waiting.append(actor_name)
-                    continue
-                tails[actor_name] = (end, epochs, handle)
-            self._waiting_for = waiting
-            if not waiting:
-                return members, tails
-            if self.loop.time() >= deadline:
-                self._waiting_for = []
-                log.warning(
-                    "%s: starting as master without an answer from %s in %.0f s: a newer "
-                    "epoch that one's log may hold is found when it replicates",
-                    name,
-                    ", ".join(waiting),
-                    self.config.ha_ask_slaves_s,
-                )
-                return members, tails
-            await asyncio.sleep(ASK_SLAVES_RETRY_S)
 
     # ------------------------------------------------------------ NameServers
     @property
@@ -283,9 +187,7 @@ class MasterSlaveReplication(Replication):
                 and answer.get("master_epoch", 0) > self.state.epoch
             ):
                 self._tasks.append(
-                    self.loop.create_task(
-                        self._demote(answer.get("master"), answer["master_epoch"])
-                    )
+                    self.loop.create_task(self.demote(answer.get("master"), answer["master_epoch"]))
                 )
                 return
         if self._writable.is_set():
@@ -298,7 +200,7 @@ class MasterSlaveReplication(Replication):
         self.services.start_schedule()
         self._writable.set()
 
-    async def _group_members(self) -> dict[int, str]:
+    async def group_members(self) -> dict[int, str]:
         """Registered id -> actor name of this group's live members, per the NameServers."""
         b = self.broker
         for name in b.config.nameservers:
@@ -311,7 +213,7 @@ class MasterSlaveReplication(Replication):
             return {int(bid): m["actor_name"] for bid, m in members.items()}
         return {}
 
-    def _get_actor(self, name: str) -> Any:
+    def get_actor(self, name: str) -> Any:
         return ray.get_actor(name, namespace=self.config.namespace)
 
     async def master_handle(self) -> Any:
@@ -322,7 +224,7 @@ class MasterSlaveReplication(Replication):
         if name == self.config.actor_name or self.role != SLAVE:
             return None
         try:
-            self._master_handle = await self.broker.run(self._get_actor, name)
+            self._master_handle = await self.broker.run(self.get_actor, name)
         except ValueError:
             await self.forget_master()
         return self._master_handle
@@ -330,7 +232,7 @@ class MasterSlaveReplication(Replication):
     async def forget_master(self) -> None:
         """The master did not answer: look it up again (a slave may have been promoted)."""
         self._master_handle = None
-        members = await self._group_members()
+        members = await self.group_members()
         master = members.get(MASTER_ID)
         if master and master != self.config.actor_name:
             self._master_name = master
@@ -432,7 +334,7 @@ class MasterSlaveReplication(Replication):
                 f"broker {name} still replicates from master {client.master}: a live master "
                 "is not replaced (force=True overrides)"
             )
-        master = (await self._group_members()).get(MASTER_ID)
+        master = (await self.group_members()).get(MASTER_ID)
         if master is not None and master != name and not force:
             raise PromotionRefusedError(
                 f"broker {name}: {master} is registered as master of "
@@ -482,7 +384,7 @@ class MasterSlaveReplication(Replication):
         steps.mark("unregister")
         with contextlib.suppress(Exception):  # commits consumers made to the other slaves
             await asyncio.wait_for(
-                gather_slave_offsets(self, await self._group_members(), self._get_actor),
+                gather_slave_offsets(self, await self.group_members(), self.get_actor),
                 GATHER_TIMEOUT_S,
             )
         steps.mark("gather_slave_offsets")
@@ -501,7 +403,7 @@ class MasterSlaveReplication(Replication):
         if old == self.config.actor_name:
             return
         try:
-            handle = await self.broker.run(self._get_actor, old)
+            handle = await self.broker.run(self.get_actor, old)
             await asyncio.wait_for(handle.register_all.remote(), GATHER_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - down: the NameServers refuse it later
             log.debug("%s: asking %s to register: %s", self.config.actor_name, old, exc)
@@ -519,9 +421,9 @@ class MasterSlaveReplication(Replication):
             epoch,
             self.state.epoch,
         )
-        self._tasks.append(self.loop.create_task(self._demote(None, epoch)))
+        self._tasks.append(self.loop.create_task(self.demote(None, epoch)))
 
-    async def _demote(self, master: str | None, epoch: int) -> None:
+    async def demote(self, master: str | None, epoch: int) -> None:
         """The NameServers know a newer master: become its slave."""
         if self.role == SLAVE:
             return
@@ -567,7 +469,7 @@ class MasterSlaveReplication(Replication):
             out["metadata_syncs"] = self.sync.rounds if self.sync is not None else 0
         else:
             out["accepted_as_master"] = self._writable.is_set()
-            if self._waiting_for:  # starting: a registered slave has yet to answer
-                out["waiting_for"] = list(self._waiting_for)
+            if self.starting.waiting_for:  # starting: a registered slave has yet to answer
+                out["waiting_for"] = list(self.starting.waiting_for)
             out.update(self.service.status())
         return out
