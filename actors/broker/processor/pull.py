@@ -11,6 +11,7 @@ its time runs out; a pull of several queues waits on one waiter for all of them.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -25,13 +26,31 @@ _HOLDABLE = (
     GetStatus.NO_MATCHED_LOGIC_QUEUE,
 )
 
+#: The queues of a pull: ``(topic, queue_id, offset)`` each.
+Queues = list[tuple[str, int, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """How a pull reads each of its queues: for ``group``, up to ``max_count`` records
+    whose tags match ``tags``."""
+
+    group: str
+    max_count: int
+    tags: str | None
+
+    def args(self, topic: str, queue_id: int, offset: int) -> tuple[Any, ...]:
+        """The store's ``get_raw`` arguments for one queue."""
+        return (self.group, topic, queue_id, offset, self.max_count, self.tags)
+
 
 class PullMessageProcessor(DataPathProcessor):
     """Pulls of one queue or several, plain or packed, held or not."""
 
-    async def _get(self, *args: Any) -> RawGetResult:
+    async def _get(self, read: _Read, topic: str, queue_id: int, offset: int) -> RawGetResult:
         """A pull's read. Its records are a view of the CommitLog (``get_raw(view=True)``):
         the answer copies them once, into its blob or (large) into Ray's object store."""
+        args = read.args(topic, queue_id, offset)
         if self.rt.config.inline_reads:
             return self.rt.store.get_raw(*args, view=True)
         return await self.rt.run(partial(self.rt.store.get_raw, view=True), *args)
@@ -50,27 +69,11 @@ class PullMessageProcessor(DataPathProcessor):
         """Records from ``offset`` as one blob (answered as :func:`pull_to_wire`); with
         ``suspend_s`` > 0 a pull that finds nothing new waits that long (at most
         ``max_pull_suspend_s``) for a message."""
-        return pull_to_wire(
-            await self._pull(group, topic, queue_id, offset, max_count, tags, suspend_s, client_id)
-        )
+        queues = [(topic, queue_id, offset)]
+        raws = await self._pull_batch(group, queues, max_count, tags, suspend_s, client_id)
+        return pull_to_wire(raws[0])
 
-    async def _pull(
-        self,
-        group: str,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        max_count: int,
-        tags: str | None,
-        suspend_s: float,
-        client_id: str,
-    ) -> RawGetResult:
-        self._admit(group, client_id, [(topic, queue_id, offset)])
-        raw = await self._held_get(group, topic, queue_id, offset, max_count, tags, suspend_s)
-        self._count(group, [topic], [raw])
-        return raw
-
-    def _admit(self, group: str, client_id: str, requests: list[tuple[str, int, int]]) -> None:
+    def _admit(self, group: str, client_id: str, requests: Queues) -> None:
         """Refuse a pull of a bad or unreadable queue; the group's consumer is live."""
         for topic, queue_id, _ in requests:
             validate_topic(topic)
@@ -92,20 +95,13 @@ class PullMessageProcessor(DataPathProcessor):
                 self.metrics.on_get(topic, raw.count, len(raw.data))
 
     async def _held_get(
-        self,
-        group: str,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        max_count: int,
-        tags: str | None,
-        suspend_s: float,
+        self, read: _Read, topic: str, queue_id: int, offset: int, suspend_s: float
     ) -> RawGetResult:
         """One queue's readable records; held up to ``suspend_s`` while there are none."""
         hold = self.rt.config.long_polling_enable and suspend_s > 0
         deadline = self.rt.loop.time() + min(suspend_s, self.rt.config.max_pull_suspend_s)
         while True:
-            raw = await self._get(group, topic, queue_id, offset, max_count, tags)
+            raw = await self._get(read, topic, queue_id, offset)
             raw, pending = self.role.readable(raw, offset)
             if pending:  # only records a majority does not hold yet (DLedger): await them
                 remaining = deadline - self.rt.loop.time()
@@ -133,7 +129,7 @@ class PullMessageProcessor(DataPathProcessor):
     async def pull_batch(
         self,
         group: str,
-        requests: list[tuple[str, int, int]],
+        requests: Queues,
         max_count: int = 32,
         tags: str | None = None,
         suspend_s: float = 0.0,
@@ -155,7 +151,7 @@ class PullMessageProcessor(DataPathProcessor):
     async def _pull_batch(
         self,
         group: str,
-        requests: list[tuple[str, int, int]],
+        requests: Queues,
         max_count: int,
         tags: str | None,
         suspend_s: float,
@@ -163,29 +159,20 @@ class PullMessageProcessor(DataPathProcessor):
     ) -> list[RawGetResult]:
         if not requests:
             return []
-        if len(requests) == 1:  # a long-polling consumer of one queue: no extra hops
-            topic, queue_id, offset = requests[0]
-            return [
-                await self._pull(
-                    group, topic, queue_id, offset, max_count, tags, suspend_s, client_id
-                )
-            ]
         self._admit(group, client_id, requests)
-        answers = await self._get_many(group, requests, max_count, tags)
-        hold = self.rt.config.long_polling_enable and suspend_s > 0 and not self.rt.closing
-        if hold and not any(raw.count or raw.status not in _HOLDABLE for raw in answers):
-            answers = await self._hold_many(group, requests, max_count, tags, suspend_s, answers)
+        read = _Read(group, max_count, tags)
+        if len(requests) == 1:  # a long-polling consumer of one queue: no extra hops
+            answers = [await self._held_get(read, *requests[0], suspend_s)]
+        else:
+            answers = await self._get_many(read, requests)
+            hold = self.rt.config.long_polling_enable and suspend_s > 0 and not self.rt.closing
+            if hold and not any(raw.count or raw.status not in _HOLDABLE for raw in answers):
+                answers = await self._hold_many(read, requests, suspend_s, answers)
         self._count(group, [topic for topic, _, _ in requests], answers)
         return answers
 
     async def _hold_many(
-        self,
-        group: str,
-        requests: list[tuple[str, int, int]],
-        max_count: int,
-        tags: str | None,
-        suspend_s: float,
-        answers: list[RawGetResult],
+        self, read: _Read, requests: Queues, suspend_s: float, answers: list[RawGetResult]
     ) -> list[RawGetResult]:
         """A pull of several queues that found nothing, held: one waiter on all of them,
         woken by the first message dispatched to any, then the queues that moved read at
@@ -210,30 +197,23 @@ class PullMessageProcessor(DataPathProcessor):
             store = self.rt.store
             moved = [i for i, (t, q, off) in enumerate(requests) if store.max_offset(t, q) != off]
             if moved:
-                again = await self._get_many(group, [requests[i] for i in moved], max_count, tags)
+                again = await self._get_many(read, [requests[i] for i in moved])
                 answers = list(answers)
                 for i, raw in zip(moved, again):
                     answers[i] = raw
             if any(raw.count or raw.status not in _HOLDABLE for raw in answers):
                 return answers
             if news():  # dispatched but not readable yet (DLedger): each queue waits for it
-                return await self._hold_each(group, requests, max_count, tags, deadline)
+                return await self._hold_each(read, requests, deadline)
 
     async def _hold_each(
-        self,
-        group: str,
-        requests: list[tuple[str, int, int]],
-        max_count: int,
-        tags: str | None,
-        deadline: float,
+        self, read: _Read, requests: Queues, deadline: float
     ) -> list[RawGetResult]:
         """Each queue held by itself (:meth:`_held_get` knows records a majority does
         not hold yet) until the first has news; then every queue read at once."""
         suspend_s = max(0.0, deadline - self.rt.loop.time())
         held = [
-            asyncio.ensure_future(
-                self._held_get(group, topic, qid, off, max_count, tags, suspend_s)
-            )
+            asyncio.ensure_future(self._held_get(read, topic, qid, off, suspend_s))
             for topic, qid, off in requests
         ]
         done, waiting = await asyncio.wait(held, return_when=asyncio.FIRST_COMPLETED)
@@ -241,25 +221,14 @@ class PullMessageProcessor(DataPathProcessor):
             task.cancel()
         await asyncio.gather(*waiting, return_exceptions=True)
         next(iter(done)).result()  # raises what the pull raised
-        return await self._get_many(group, requests, max_count, tags)
+        return await self._get_many(read, requests)
 
-    async def _get_many(
-        self, group: str, requests: list[tuple[str, int, int]], max_count: int, tags: str | None
-    ) -> list[RawGetResult]:
+    async def _get_many(self, read: _Read, requests: Queues) -> list[RawGetResult]:
         if self.rt.config.inline_reads:  # reads are copies out of the page cache: no thread hop
-            return self._get_batch(group, requests, max_count, tags)
-        return await self.rt.run(self._get_batch, group, requests, max_count, tags)
+            return self._get_batch(read, requests)
+        return await self.rt.run(self._get_batch, read, requests)
 
-    def _get_batch(
-        self,
-        group: str,
-        requests: list[tuple[str, int, int]],
-        max_count: int,
-        tags: str | None,
-    ) -> list[RawGetResult]:
+    def _get_batch(self, read: _Read, requests: Queues) -> list[RawGetResult]:
         """The store's answers for ``requests``, each limited to what may be read here."""
         get, readable = self.rt.store.get_raw, self.role.readable
-        return [
-            readable(get(group, topic, qid, off, max_count, tags, view=True), off)[0]
-            for topic, qid, off in requests
-        ]
+        return [readable(get(*read.args(*q), view=True), q[2])[0] for q in requests]
