@@ -60,20 +60,34 @@ SUBSCRIBE = Request(
     "result is why it ended.",
 )
 
-CREDIT = Request(
+
+def _control(name: str, code: int, method: str, fields: tuple[Field, ...], doc: str) -> Request:
+    """A request about an open subscription (named by its id, on the connection that
+    opened it): served by the subscriber's coroutine of the same name, answered with
+    nothing, taking the socket at once as its SUBSCRIBE did."""
+    return Request(
+        name,
+        code,
+        method,
+        fields,
+        answer=NOTHING,
+        served_by=("subscriber", method),
+        ordered=False,
+        errors=_ERRORS,
+        doc=doc,
+    )
+
+
+CREDIT = _control(
     "CREDIT",
     51,
     "subscription_credit",
     (SUBSCRIPTION, CREDIT_MESSAGES, CREDIT_BYTES),
-    answer=NOTHING,
-    served_by=("subscriber", "subscription_credit"),
-    ordered=False,
-    errors=_ERRORS,
-    doc="Adds ``credit`` messages (``credit_bytes`` bytes, when the subscription counts "
+    "Adds ``credit`` messages (``credit_bytes`` bytes, when the subscription counts "
     "bytes) to what the broker may write; neither may be negative.",
 )
 
-SUBSCRIPTION_UPDATE = Request(
+SUBSCRIPTION_UPDATE = _control(
     "SUBSCRIPTION_UPDATE",
     52,
     "update_subscription",
@@ -82,24 +96,16 @@ SUBSCRIPTION_UPDATE = Request(
         Field("add", "a", QUEUE_OFFSETS, default=None),
         Field("drop", "d", LIST, default=None),
     ),
-    answer=NOTHING,
-    served_by=("subscriber", "update_subscription"),
-    ordered=False,
-    errors=_ERRORS,
-    doc="Adds queues (``{(topic, queue id): offset}``) and drops others "
+    "Adds queues (``{(topic, queue id): offset}``) and drops others "
     "(``[[topic, queue id]]``): a rebalance.",
 )
 
-UNSUBSCRIBE = Request(
+UNSUBSCRIBE = _control(
     "UNSUBSCRIBE",
     53,
     "unsubscribe",
     (SUBSCRIPTION,),
-    answer=NOTHING,
-    served_by=("subscriber", "unsubscribe"),
-    ordered=False,
-    errors=_ERRORS,
-    doc="Ends the subscription: its SUBSCRIBE gets its last answer.",
+    "Ends the subscription: its SUBSCRIBE gets its last answer.",
 )
 
 REQUESTS = (SUBSCRIBE, CREDIT, SUBSCRIPTION_UPDATE, UNSUBSCRIBE)
