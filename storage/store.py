@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import numpy as np
 
@@ -113,6 +114,31 @@ def _needs_copies(batch: codec.EncodedBatch) -> bool:
     if batch.delay_levels is not None and batch.delay_levels.any():
         return True
     return batch.timer or transaction.may_hold_transactional(batch)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Answers:
+    """The answers of one read of a queue (:meth:`MessageStore.get_raw`), each naming
+    the queue's bounds as the read found them."""
+
+    min_off: int
+    max_off: int
+
+    def empty(self, status: GetStatus, next_offset: int) -> RawGetResult:
+        return RawGetResult(status, b"", 0, next_offset, self.min_off, self.max_off)
+
+    def found(self, data: bytes | memoryview, sizes: Any, next_offset: int) -> RawGetResult:
+        """``data``: the records of ``sizes`` (a list or an array) back to back."""
+        sizes = np.asarray(sizes, dtype=np.int32)
+        return RawGetResult(
+            GetStatus.FOUND, data, len(sizes), next_offset, self.min_off, self.max_off, sizes
+        )
+
+    def expired(self, cq: ConsumeQueue) -> RawGetResult:
+        """The records were deleted under the read (their CommitLog file expired): the
+        consumer is sent to where the queue starts now."""
+        first = cq.min_offset
+        return RawGetResult(GetStatus.OFFSET_TOO_SMALL, b"", 0, first, first, self.max_off)
 
 
 class MessageStore:
@@ -834,25 +860,27 @@ class MessageStore:
         subscribed = parse_subscription(tags)
         cq = self._cqs.get((topic, queue_id))
         if cq is None:
-            return RawGetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, b"", 0, 0, 0, 0)
+            return _Answers(0, 0).empty(GetStatus.NO_MATCHED_LOGIC_QUEUE, 0)
         min_off, max_off = cq.min_offset, cq.max_offset
+        answers = _Answers(min_off, max_off)
         if max_off == 0:
-            return RawGetResult(GetStatus.NO_MESSAGE_IN_QUEUE, b"", 0, 0, min_off, max_off)
+            return answers.empty(GetStatus.NO_MESSAGE_IN_QUEUE, 0)
         if offset < min_off:
-            return RawGetResult(GetStatus.OFFSET_TOO_SMALL, b"", 0, min_off, min_off, max_off)
+            return answers.empty(GetStatus.OFFSET_TOO_SMALL, min_off)
         if offset == max_off:
-            return RawGetResult(GetStatus.OFFSET_OVERFLOW_ONE, b"", 0, offset, min_off, max_off)
+            return answers.empty(GetStatus.OFFSET_OVERFLOW_ONE, offset)
         if offset > max_off:
-            nxt = min_off if min_off == 0 else max_off
-            return RawGetResult(GetStatus.OFFSET_OVERFLOW_BADLY, b"", 0, nxt, min_off, max_off)
+            return answers.empty(
+                GetStatus.OFFSET_OVERFLOW_BADLY, min_off if min_off == 0 else max_off
+            )
         if subscribed is None and max_off - offset <= codec.SMALL_BATCH:
-            few = self._get_few(cq, offset, max_count, view, min_off, max_off)
+            few = self._get_few(cq, offset, max_count, view, answers)
             if few is not None:
                 return few
         scan = max_count if subscribed is None else max(max_count, MAX_SCAN_ENTRIES)
         entries = cq.read(offset, scan)
         if not len(entries):
-            return RawGetResult(GetStatus.OFFSET_FOUND_NULL, b"", 0, offset, min_off, max_off)
+            return answers.empty(GetStatus.OFFSET_FOUND_NULL, offset)
         phys = entries["offset"].astype(np.int64)
         keep = (phys >= self.commitlog.min_offset) & (entries["size"] > 0)  # not holes
         if subscribed is not None:
@@ -863,32 +891,23 @@ class MessageStore:
         else:
             next_offset = offset + len(entries)
         if not len(picked):
-            return RawGetResult(GetStatus.NO_MATCHED_MESSAGE, b"", 0, next_offset, min_off, max_off)
+            return answers.empty(GetStatus.NO_MATCHED_MESSAGE, next_offset)
+        sizes = entries["size"][picked]
         try:
-            data = self.commitlog.read_runs(phys[picked], entries["size"][picked], view=view)
-        except (OffsetOutOfRangeError, ValueError):  # expired under us
-            return RawGetResult(
-                GetStatus.OFFSET_TOO_SMALL, b"", 0, cq.min_offset, cq.min_offset, max_off
-            )
-        return RawGetResult(
-            GetStatus.FOUND,
-            data,
-            len(picked),
-            next_offset,
-            min_off,
-            max_off,
-            entries["size"][picked].astype(np.int32),
-        )
+            data = self.commitlog.read_runs(phys[picked], sizes, view=view)
+        except (OffsetOutOfRangeError, ValueError):
+            return answers.expired(cq)
+        return answers.found(data, sizes, next_offset)
 
     def _get_few(
-        self, cq: ConsumeQueue, offset: int, max_count: int, view: bool, min_off: int, max_off: int
+        self, cq: ConsumeQueue, offset: int, max_count: int, view: bool, answers: _Answers
     ) -> RawGetResult | None:
         """:meth:`get_raw` of the few newest records of a queue, with no tag filter (a
         held pull's answer), in plain ints: the same result, or None when they are not
         one run of live records in one file (the general path's case)."""
         entries = cq.read_few(offset, max_count)
         if not entries:
-            return RawGetResult(GetStatus.OFFSET_FOUND_NULL, b"", 0, offset, min_off, max_off)
+            return answers.empty(GetStatus.OFFSET_FOUND_NULL, offset)
         start = end = entries[0][0]
         if start < self.commitlog.min_offset:
             return None
@@ -903,19 +922,9 @@ class MessageStore:
             if mf is None or end - mf.from_offset > mf.file_size:
                 return None
             data = (self.commitlog.view if view else self.commitlog.read)(start, end - start)
-        except (OffsetOutOfRangeError, ValueError):  # expired under us
-            return RawGetResult(
-                GetStatus.OFFSET_TOO_SMALL, b"", 0, cq.min_offset, cq.min_offset, max_off
-            )
-        return RawGetResult(
-            GetStatus.FOUND,
-            data,
-            len(entries),
-            offset + len(entries),
-            min_off,
-            max_off,
-            np.array(sizes, dtype=np.int32),
-        )
+        except (OffsetOutOfRangeError, ValueError):
+            return answers.expired(cq)
+        return answers.found(data, sizes, offset + len(entries))
 
     def get(
         self,
