@@ -20,8 +20,8 @@ replication) are indexed from the CommitLog from ``covered`` (the end of the las
 record indexed, checkpointed at each flush) to its end.
 
 Expiry (:meth:`LiteStore.expire`): a lite topic with no write for its parent's TTL is
-deleted, in slices of ``expire_slice`` topics, each under the lock for a few
-milliseconds, so writes go on between slices. Its index entries stay where they are
+deleted, in slices that each hold the lock for ``expire_slice_ms`` (2 ms) at most,
+so writes go on between slices. Its index entries stay where they are
 and leave with the index files once the CommitLog's expiry took their records.
 """
 
@@ -71,6 +71,11 @@ _OWN_WAY = properties.SYSTEM_PROPS | {
 """Properties the general loop writes its own way: a message carrying one is encoded
 by it."""
 _EXPIRE_PAUSE_S = 0.001  # between two slices of an expiry: a waiting writer's turn
+_EXPIRE_STEP = 128  # lite topics an expiry slice deletes between two looks at the clock
+_DELETE_REC = np.dtype(
+    [("kind", "u1"), ("lid", ">u4"), ("gen", ">u4"), ("pid", ">u4"), ("len", ">u2")]
+)
+"""A ``names`` file's ``D`` record (:data:`storage.lite.names.REC`, no name)."""
 
 
 @dataclass(frozen=True)
@@ -80,15 +85,17 @@ class LiteConfig:
     ``index_file_entries``: entries per lite index file (56 bytes each; the default,
     1 Mi entries, makes 56 MiB files). ``default_quota`` and ``default_ttl_ms``: a
     parent's quota of lite topics and time to live after the last write, unless
-    :meth:`LiteStore.declare_parent` says otherwise. ``expire_slice``: lite topics
-    deleted per hold of the lock. ``flush_interval_ms`` and ``expire_interval_ms``:
+    :meth:`LiteStore.declare_parent` says otherwise. ``expire_slice_ms`` and
+    ``expire_slice``: an expiry holds the lock for about that long, and deletes at
+    most that many lite topics per hold. ``flush_interval_ms`` and ``expire_interval_ms``:
     how often the upkeep thread (:meth:`LiteStore.start`) flushes and expires.
     """
 
     index_file_entries: int = 1 << 20
     default_quota: int = 1_000_000
     default_ttl_ms: int = 24 * 3600 * 1000
-    expire_slice: int = 2048
+    expire_slice: int = 65536
+    expire_slice_ms: float = 2.0
     flush_interval_ms: int = 500
     expire_interval_ms: int = 10_000
 
@@ -104,6 +111,9 @@ class LiteConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise InvalidConfigError(f"{name}={value!r}: must be an int > 0")
+        ms = self.expire_slice_ms
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 < ms <= 1000:
+            raise InvalidConfigError(f"expire_slice_ms={ms!r}: a number of ms in (0, 1000]")
 
 
 @dataclass
@@ -1009,7 +1019,13 @@ class LiteStore:
     # ------------------------------------------------------------ expiry
     def expire(self, now_ms: int | None = None) -> int:
         """Delete the lite topics with no write for their parent's TTL; return how many.
-        Runs in slices of ``expire_slice`` topics, the lock taken for each slice only."""
+
+        Runs in slices, the lock taken for each slice only: a slice ends after
+        ``expire_slice_ms`` of work or ``expire_slice`` topics, whichever comes first,
+        and the next one starts after a pause, so a writer waits one short slice at
+        most. What needs no lock (which topics are due, their ``names`` records) is
+        done outside it, with numpy; inside, only the dictionaries' entries go one by
+        one."""
         now = self.store.now_ms() if now_ms is None else now_ms
         t = self.table
         ttl = np.array(
@@ -1024,23 +1040,31 @@ class LiteStore:
         due = np.flatnonzero(live & (t.last_ms[:size] < cutoff))
         done = slices = 0
         held = held_cpu = 0.0
-        step = self.config.expire_slice
-        for a in range(0, len(due), step):
-            chunk = due[a : a + step]
+        budget = self.config.expire_slice_ms / 1000
+        most = self.config.expire_slice
+        a = 0
+        while a < len(due):
             with self._lock:
                 if self._closed:
                     break
                 held_at, cpu_at = time.perf_counter(), time.thread_time()
-                # written to since the look above: not due any more
-                still = chunk[(t.parent[chunk] >= 0) & (t.last_ms[chunk] < cutoff[chunk])]
-                parts = []
-                for lid, gen in zip(still.tolist(), t.gen[still].tolist()):
-                    parts.append(encode(DELETE, lid, gen, 0))
-                    self._unbind(lid)
-                self._names_log.write(b"".join(parts))
-                self._names_log.count(len(parts))
-                self._free.extend(still.tolist())
-                done += len(still)
+                end = min(len(due), a + most)
+                records = []
+                while a < end:
+                    # a step's worth at a time, the clock read between steps
+                    chunk = due[a : min(end, a + _EXPIRE_STEP)]
+                    a += len(chunk)
+                    # written to since the look above: not due any more
+                    still = chunk[(t.parent[chunk] >= 0) & (t.last_ms[chunk] < cutoff[chunk])]
+                    if len(still):
+                        records.append(self._unbind_many(still))
+                        done += len(still)
+                    if time.perf_counter() - held_at >= budget:
+                        break
+                if records:
+                    data = b"".join(records)
+                    self._names_log.write(data)
+                    self._names_log.count(len(data) // _DELETE_REC.itemsize)
                 held = max(held, time.perf_counter() - held_at)
                 held_cpu = max(held_cpu, time.thread_time() - cpu_at)
                 slices += 1
@@ -1063,6 +1087,30 @@ class LiteStore:
                 held * 1000,
             )
         return done
+
+    def _unbind_many(self, lids: np.ndarray) -> bytes:
+        """Free these live lite topics' ids (lock held); their ``D`` records."""
+        t = self.table
+        recs = np.zeros(len(lids), dtype=_DELETE_REC)
+        recs["kind"] = DELETE
+        recs["lid"] = lids
+        recs["gen"] = t.gen[lids]
+        pids = t.parent[lids]
+        names, ids = self._names, self._ids
+        for lid, pid in zip(lids.tolist(), pids.tolist()):
+            parent = self._parents_by_id[pid]
+            assert parent is not None
+            name = names[lid]
+            names[lid] = None
+            del ids[f"{pid}\x01{name}"]
+            parent.count -= 1
+            if parent.sorted_names is not None:
+                parent.sorted_names.remove(name)
+        t.parent[lids] = -1
+        t.last[lids] = -1
+        t.next_off[lids] = 0
+        self._free.extend(lids.tolist())
+        return recs.tobytes()
 
     def _unbind(self, lid: int) -> None:
         t = self.table
