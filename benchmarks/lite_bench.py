@@ -1,7 +1,7 @@
 """Lite topics at a million per store, store-level, no Ray.
 
     python benchmarks/lite_bench.py [--dir PATH] [--topics N] [--batch B] [--rounds R]
-                                    [--puts-only]
+                                    [--puts-only] [--expiry-only] [--expiry-rounds E]
 
 With the default store file sizes (1 GiB CommitLog files), in one run:
 
@@ -22,8 +22,10 @@ With the default store file sizes (1 GiB CommitLog files), in one run:
 * pages of 100 lite topic names from random places (``lite_topics_page``) against
   sorting every name per page;
 * expiry of all N while a writer thread puts single messages to another parent: the
-  expiry's time, the writer's puts during it, their max and p99 latency, beside the
-  same writer's latencies without expiry.
+  expiry's time, its slices and the longest, the writer's puts during it, their max,
+  p99, p99.9 and how many took over 50 ms, beside the same writer as long without
+  expiry right after; ``--expiry-rounds`` times (the N created again before each),
+  with the medians and ratios.
 
 With ``--socket N`` it measures instead, on a local Ray cluster of one broker whose
 parent holds N lite topics: a send to one lite topic (``LiteProducer.send``) against a
@@ -31,7 +33,8 @@ send to a normal topic's queue (``Producer.send``), and a 32-message read of eac
 (``LiteConsumer.pull`` against ``PullConsumer.pull``), both over the broker's socket,
 alternated, with the ratios.
 
-``--puts-only`` stops after the single puts and reads. Prints figures and ratios;
+``--puts-only`` stops after the single puts and reads; ``--expiry-only`` skips from the
+restart to the expiry. Prints figures and ratios;
 deletes its store. Not a test: figures drift on shared
 machines, ratios much less.
 """
@@ -259,39 +262,66 @@ def pages(lite: LiteStore, rounds: int) -> None:
     print(f"                  ratio all/index:             {all_us / idx_us:9.0f}")
 
 
-def expiry_under_writes(store: MessageStore, lite: LiteStore) -> None:
+def writer_during(lite: LiteStore, work, seconds: float | None) -> tuple[np.ndarray, float]:
+    """Single puts to another parent on a thread of their own while ``work()`` runs
+    (or, with ``work`` None, for ``seconds``): each put's latency in ms, and the time
+    ``work`` took."""
     writer = lambda i: lite.put("Agents", f"agent-{i % 100}", Message("Agents", BODY))  # noqa: E731
-    base = np.array(put_latencies(writer, None, 20000)) * 1000
     stop = threading.Event()
     got: list[float] = []
-    done = threading.Event()
-
-    def run_writer() -> None:
-        got.extend(put_latencies(writer, stop, 10**9))
-        done.set()
-
-    live = lite.count("Sessions")
-    w = threading.Thread(target=run_writer)
+    w = threading.Thread(target=lambda: got.extend(put_latencies(writer, stop, 10**9)))
     w.start()
-    time.sleep(0.2)  # the writer is putting before the expiry starts
+    time.sleep(0.2)  # the writer is putting before the work starts
     t = time.perf_counter()
-    expired = lite.expire(store.now_ms() + 3_600_001)  # every Sessions topic is past its TTL
+    if work is None:
+        stop.wait(seconds)
+    else:
+        work()
     took = time.perf_counter() - t
     stop.set()
-    done.wait()
     w.join()
-    during = np.array(got) * 1000
-    assert expired == live and lite.count("Sessions") == 0, (expired, live)
-    held = lite.last_expiry
+    return np.array(got) * 1000, took
+
+
+def expiry_under_writes(
+    store: MessageStore, lite: LiteStore, n: int, batch: int, rounds: int
+) -> None:
+    """Expiry of all of ``Sessions`` while a writer puts to ``Agents``, alternated with
+    the same writer as long without expiry (the topics are created again before each
+    expiry, outside the times)."""
+    rows = []
+    for r in range(rounds):
+        if r:
+            create(lite, n, batch)
+        live = lite.count("Sessions")
+        expired_box: list[int] = []
+        expire = lambda box=expired_box: box.append(lite.expire(store.now_ms() + 3_600_001))  # noqa: E731
+        during, took = writer_during(lite, expire, None)
+        assert expired_box == [live] and lite.count("Sessions") == 0, (expired_box, live)
+        held = dict(lite.last_expiry)
+        base, _ = writer_during(lite, None, took)
+        rows.append((took, held, during, base))
+        print(
+            f"round {r}: expiry of {live:,} lite topics {took:.2f} s ({live / took:,.0f}/s), "
+            f"{held['slices']} slices, longest {held['max_hold_ms']:.2f} ms "
+            f"({held['max_hold_cpu_ms']:.2f} ms CPU)"
+        )
+        for label, lat in (("during expiry", during), ("without expiry", base)):
+            print(
+                f"  writer {label:14}: {len(lat):7,} puts, max {lat.max():6.2f} ms, p99 "
+                f"{np.percentile(lat, 99):.3f} ms, p99.9 {np.percentile(lat, 99.9):.3f} ms, "
+                f"> 50 ms: {int((lat > 50).sum())}"
+            )
+    med = lambda xs: float(np.median(xs))  # noqa: E731
+    d_max = med([row[2].max() for row in rows])
+    b_max = med([row[3].max() for row in rows])
+    d_99 = med([np.percentile(row[2], 99) for row in rows])
+    b_99 = med([np.percentile(row[3], 99) for row in rows])
     print(
-        f"expiry of {expired:,} lite topics: {took:.2f} s ({expired / took:,.0f}/s) in "
-        f"{held['slices']} slices; the lock held at most {held['max_hold_ms']:.1f} ms "
-        f"({held['max_hold_cpu_ms']:.1f} ms of CPU)"
-    )
-    print(
-        f"  puts meanwhile: {len(during):,}; max {during.max():.2f} ms, p99 "
-        f"{np.percentile(during, 99):.3f} ms (without expiry: max {base.max():.2f} ms, "
-        f"p99 {np.percentile(base, 99):.3f} ms)"
+        f"median of {rounds} rounds: expiry {med([row[0] for row in rows]):.2f} s, longest "
+        f"slice {med([row[1]['max_hold_ms'] for row in rows]):.2f} ms; writer max "
+        f"{d_max:.2f} ms during vs {b_max:.2f} ms without (ratio {d_max / b_max:.2f}), "
+        f"p99 {d_99:.3f} vs {b_99:.3f} ms (ratio {d_99 / b_99:.2f})"
     )
 
 
@@ -382,6 +412,17 @@ def main() -> int:
         action="store_true",
         help="after creating the lite topics, only the single puts and reads",
     )
+    parser.add_argument(
+        "--expiry-only",
+        action="store_true",
+        help="after creating the lite topics, only the expiry under writes",
+    )
+    parser.add_argument(
+        "--expiry-rounds",
+        type=int,
+        default=3,
+        help="expiries (all lite topics created again before each), alternated with the writer alone",
+    )
     args = parser.parse_args()
     top = Path(tempfile.mkdtemp(prefix="lite_bench_", dir=args.dir))
     root = top / "store"
@@ -424,13 +465,18 @@ def main() -> int:
         store, lite = open_both(root)
         print(f"restart without the lite checkpoint:             {time.perf_counter() - t:.2f} s")
         assert lite.count("Sessions") == args.topics
+        if args.expiry_only:
+            expiry_under_writes(store, lite, args.topics, args.batch, args.expiry_rounds)
+            lite.close()
+            store.close()
+            return 0
         one_among_many(store, lite, args.rounds)
         if args.puts_only:
             lite.close()
             store.close()
             return 0
         pages(lite, args.rounds)
-        expiry_under_writes(store, lite)
+        expiry_under_writes(store, lite, args.topics, args.batch, args.expiry_rounds)
         lite.close()
         store.close()
     finally:
