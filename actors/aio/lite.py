@@ -18,15 +18,8 @@ from typing import Any, TypeVar
 
 from actors.aio.connection import AsyncBrokers, master
 from actors.client import instance as _instance
-from actors.client.lite_core import (
-    LiteBatch,
-    LiteCall,
-    LiteClientCore,
-    LiteConsumerCore,
-    LiteSendPlan,
-    send_item,
-    wait_ms_of,
-)
+from actors.client import lite_core as core
+from actors.client.lite_core import LiteBatch
 from actors.protocol.names import DEFAULT_NAMESPACE
 from storage.errors import InvalidMessageError
 
@@ -37,7 +30,7 @@ __all__ = ["AsyncLiteConsumer", "AsyncLiteProducer"]
 _C = TypeVar("_C", bound="_AsyncLiteCalls")
 
 
-class _AsyncLiteCalls(LiteClientCore):
+class _AsyncLiteCalls(core.LiteClientCore):
     """The calls of an awaited lite client: socket requests over ``AsyncBrokers``
     (``self._brokers``, made on the first call), awaited on the caller's loop."""
 
@@ -52,7 +45,7 @@ class _AsyncLiteCalls(LiteClientCore):
     async def _home(self, lite_topic: str) -> str:
         return self.home(await self._route(), lite_topic)
 
-    async def _call(self, call: LiteCall) -> Any:
+    async def _call(self, call: core.LiteCall) -> Any:
         if self.closed:
             raise InvalidMessageError(f"the {type(self).__name__} is closed")
         actor, handle = await master(self.ns, self.parent, call.broker)
@@ -61,7 +54,7 @@ class _AsyncLiteCalls(LiteClientCore):
             self.call_timeout_s + call.wait_s,
         )
 
-    async def _run(self, calls: Sequence[LiteCall]) -> list[Any]:
+    async def _run(self, calls: Sequence[core.LiteCall]) -> list[Any]:
         """``calls`` all at once; their answers in order, once all came."""
         return list(await asyncio.gather(*(self._call(c) for c in calls)))
 
@@ -105,18 +98,20 @@ class AsyncLiteProducer(_AsyncLiteCalls):
         properties: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """Send one message; ``{"lite_topic", "offset", "msg_id", "status"}``."""
-        return (await self.send_batch([send_item(lite_topic, body, tags, keys, properties)]))[0]
+        return (await self.send_batch([core.send_item(lite_topic, body, tags, keys, properties)]))[
+            0
+        ]
 
     async def send_batch(
         self, items: Iterable[tuple[str, bytes] | tuple[str, bytes, dict[str, Any]]]
     ) -> list[dict[str, Any]]:
         """:meth:`LiteProducer.send_batch <actors.client.lite.LiteProducer.send_batch>`:
         one request per broker, all at once; the results in the items' order."""
-        plan = LiteSendPlan(self.parent, await self._route(), items)
+        plan = core.LiteSendPlan(self.parent, await self._route(), items)
         return plan.results(await self._run(plan.calls))
 
 
-class AsyncLiteConsumer(_AsyncLiteCalls, LiteConsumerCore):
+class AsyncLiteConsumer(_AsyncLiteCalls, core.LiteConsumerCore):
     """Consumes lite topics of ``parent`` for ``group`` on the caller's loop: the API of
     :class:`~actors.client.lite.LiteConsumer`, each call awaited."""
 
@@ -160,7 +155,7 @@ class AsyncLiteConsumer(_AsyncLiteCalls, LiteConsumerCore):
         several, each is asked at once whether it has any (held there) and the first
         that has is received from. Every ``resync_s`` the whole subscription is sent
         again first."""
-        wait_ms = wait_ms_of(wait_s)
+        wait_ms = core.wait_ms_of(wait_s)
         if again := self.resync_due():
             await self._change(again, "add")
         brokers = self.subscribed_brokers(await self._route())

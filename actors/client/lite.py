@@ -25,17 +25,8 @@ from typing import Any, TypeVar
 import ray
 
 from actors.client import instance as _instance
-from actors.client.lite_core import (
-    LiteBatch,
-    LiteCall,
-    LiteClientCore,
-    LiteConsumerCore,
-    LiteSendPlan,
-    home_broker,
-    send_item,
-    send_item_topic,
-    wait_ms_of,
-)
+from actors.client import lite_core as core
+from actors.client.lite_core import LiteBatch, home_broker, send_item_topic
 from actors.protocol import rpc
 from actors.protocol.names import DEFAULT_NAMESPACE
 
@@ -66,7 +57,7 @@ def _path(data_path: str) -> dict[str, str]:
 _C = TypeVar("_C", bound="_LiteCalls")
 
 
-class _LiteCalls(LiteClientCore):
+class _LiteCalls(core.LiteClientCore):
     """The calls of a threaded lite client: each over the broker's socket, or through Ray
     with ``data_path="ray"``; the caller's thread waits for them."""
 
@@ -76,10 +67,10 @@ class _LiteCalls(LiteClientCore):
     def _home(self, lite_topic: str) -> str:
         return self.home(self._route(), lite_topic)
 
-    def _start(self, route: Any, call: LiteCall) -> Any:
+    def _start(self, route: Any, call: core.LiteCall) -> Any:
         return getattr(self.ns.broker(route, call.broker), call.method).remote(*call.args)
 
-    def _run(self, calls: Sequence[LiteCall]) -> list[Any]:
+    def _run(self, calls: Sequence[core.LiteCall]) -> list[Any]:
         """``calls`` all at once; their answers in order, once all came."""
         route = self._route()
         wait_s = max((c.wait_s for c in calls), default=0.0)
@@ -128,7 +119,7 @@ class LiteProducer(_LiteCalls):
         properties: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """Send one message; ``{"lite_topic", "offset", "msg_id"}``."""
-        return self.send_batch([send_item(lite_topic, body, tags, keys, properties)])[0]
+        return self.send_batch([core.send_item(lite_topic, body, tags, keys, properties)])[0]
 
     def send_batch(
         self, items: Iterable[tuple[str, bytes] | tuple[str, bytes, dict[str, Any]]]
@@ -136,11 +127,11 @@ class LiteProducer(_LiteCalls):
         """Send ``(lite topic, body)`` or ``(lite topic, body, {"tags", "keys",
         "properties"})`` items, one call per broker (all at once); the results in the
         items' order. Names are checked before anything is sent."""
-        plan = LiteSendPlan(self.parent, self._route(), items)
+        plan = core.LiteSendPlan(self.parent, self._route(), items)
         return plan.results(self._run(plan.calls))
 
 
-class LiteConsumer(_LiteCalls, LiteConsumerCore):
+class LiteConsumer(_LiteCalls, core.LiteConsumerCore):
     """Consumes lite topics of ``parent`` for ``group``: subscribe and unsubscribe at
     any time, receive from the lite topics this consumer owns, ack, or pull from an
     offset."""
@@ -184,7 +175,7 @@ class LiteConsumer(_LiteCalls, LiteConsumerCore):
         broker, by that broker; on several, each is asked at once whether it has any
         (held there) and the first that has is received from. Every ``resync_s`` it
         first sends its whole subscription again (a broker started anew knows none)."""
-        wait_ms = wait_ms_of(wait_s)
+        wait_ms = core.wait_ms_of(wait_s)
         if again := self.resync_due():
             self._change(again, "add")
         brokers = self.subscribed_brokers(self._route())
