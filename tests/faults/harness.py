@@ -309,27 +309,39 @@ class FaultLab:
 
     def alive_ips(self) -> list[str]:
         """The addresses of the Ray nodes the head counts alive."""
+        done, answer = self._ask_head(
+            "[n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']]"
+        )
+        if done.returncode != 0:
+            raise LabError(f"could not list Ray nodes: {done.stderr[-2000:]}")
+        if answer is None:
+            raise LabError(f"no node list from the head: {done.stdout[-2000:]!r}")
+        return list(answer)
+
+    _ANSWER = "raymq-lab-answer "
+
+    def _ask_head(self, expr: str) -> tuple[subprocess.CompletedProcess[str], Any]:
+        """Run a driver in the head's namespace that prints ``expr`` (on ``ray``): the
+        finished process and the answer (None if it printed none). A driver asking the
+        GCS needs no dashboard, which ``ray status`` does. Ray prints other nodes'
+        raylet deaths on a driver's stdout, so the answer is the marked line."""
         script = (
-            f"import ray, json; ray.init(address={self.address!r}, logging_level='ERROR');"
-            "print(json.dumps([n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']]))"
+            f"import ray, json; ray.init(address={self.address!r}, logging_level='ERROR',"
+            f" log_to_driver=False); print({self._ANSWER!r} + json.dumps({expr}), flush=True)"
         )
         done = subprocess.run(
             ["ip", "netns", "exec", self.head.netns, sys.executable, "-c", script],
             env=self.env(), capture_output=True, text=True, timeout=120,
         )  # fmt: skip
-        if done.returncode != 0:
-            raise LabError(f"could not list Ray nodes: {done.stderr[-2000:]}")
-        last = [line for line in done.stdout.splitlines() if line.startswith("[")]
-        if not last:
-            raise LabError(f"no node list from the head: {done.stdout[-2000:]!r}")
-        return list(json.loads(last[-1]))
+        answers = [
+            line[len(self._ANSWER) :]
+            for line in done.stdout.splitlines()
+            if line.startswith(self._ANSWER)
+        ]
+        return done, json.loads(answers[-1]) if answers else None
 
     def wait_for_nodes(self, count: int, timeout_s: float = 90.0) -> None:
         """Wait until ``count`` nodes are alive in the head's view."""
-        script = (
-            f"import ray, json; ray.init(address={self.address!r}, logging_level='ERROR');"
-            "print(json.dumps(sum(n['Alive'] for n in ray.nodes())))"
-        )
         deadline = time.monotonic() + timeout_s
         alive, last = 0, ""
         while time.monotonic() < deadline:
@@ -340,13 +352,9 @@ class FaultLab:
                             f"ray on {node.name} exited {p.returncode}:\n"
                             + (node.dir / "ray-start.log").read_text()[-3000:]
                         )
-            # `ray status` needs the dashboard; a driver asking the GCS does not
-            done = subprocess.run(
-                ["ip", "netns", "exec", self.head.netns, sys.executable, "-c", script],
-                env=self.env(), capture_output=True, text=True, timeout=120,
-            )  # fmt: skip
-            if done.returncode == 0:
-                alive = int(done.stdout.strip().splitlines()[-1])
+            done, answer = self._ask_head("sum(n['Alive'] for n in ray.nodes())")
+            if done.returncode == 0 and answer is not None:
+                alive = int(answer)
                 if alive >= count:
                     return
             last = done.stderr[-2000:]
