@@ -726,13 +726,17 @@ class RayMQPeer(Peer):
         "(one broker call per round); 'consume ... no commit' is the same loop without it"
     )
 
-    def __init__(self, flush: str, data_path: str = "socket") -> None:
+    def __init__(self, flush: str, data_path: str = "socket", delivery: str = "pull") -> None:
         self.flush = flush
         self.data_path = data_path
+        self.delivery = delivery
         self.name = "raymq-sync" if flush == "SYNC_FLUSH" else "raymq-async"
         if data_path != "socket":
             self.name = f"raymq-{data_path}"
             self.work += f"; every per-message call through {data_path} (data_path={data_path!r})"
+        if delivery != "pull":
+            self.name = f"raymq-{delivery}"
+            self.work += f"; the latency phase's PushConsumer with delivery={delivery!r}"
         self.round = 0
 
     def start(self) -> None:
@@ -818,7 +822,7 @@ class RayMQPeer(Peer):
         from storage import Message
 
         consumer = ray.remote(num_cpus=0)(_RayMQPushLatency).remote(
-            self.namespace, self.topic, self.data_path
+            self.namespace, self.topic, self.data_path, self.delivery
         )
         producer = self.cluster.producer("peers-latency", data_path=self.data_path)
         warm_up(producer, consumer, self.topic, body)
@@ -841,7 +845,7 @@ class RayMQPeer(Peer):
 class _RayMQPushLatency:
     """A PushConsumer in its own process; its listener records each message's age."""
 
-    def __init__(self, namespace: str, topic: str, data_path: str) -> None:
+    def __init__(self, namespace: str, topic: str, data_path: str, delivery: str) -> None:
         from actors import ConsumeStatus, PushConsumer
 
         self.samples: list[float] = []
@@ -853,6 +857,7 @@ class _RayMQPushLatency:
             listener=self._on,
             namespace=namespace,
             data_path=data_path,
+            delivery=delivery,
             consume_threads=2,
         )
         self.consumer.start()
@@ -881,8 +886,8 @@ class _RayMQPushLatency:
         self.consumer.shutdown()
 
 
-def raymq_peer(flush: str, data_path: str = "socket") -> Peer:
-    return RayMQPeer(flush, data_path)
+def raymq_peer(flush: str, data_path: str = "socket", delivery: str = "pull") -> Peer:
+    return RayMQPeer(flush, data_path, delivery)
 
 
 # ------------------------------------------------------------------ raw limits
@@ -1327,7 +1332,7 @@ def run_peers(peers: list[Peer], args: argparse.Namespace) -> list[Figures]:
             fig = start_peer(peer)
             started.append((peer, fig))
         live = [(p, f) for p, f in started if not f.skipped]
-        for peer, fig in live:
+        for peer, fig in [] if args.latency_only else live:
             _throughput(peer, fig, args)
         for i in range(args.rounds):
             print(f"- latency, round {i + 1} of {args.rounds}", flush=True)
@@ -1625,6 +1630,7 @@ PEERS: dict[str, Callable[[], Peer]] = {
     "raymq-async": lambda: raymq_peer("ASYNC_FLUSH"),
     "raymq-sync": lambda: raymq_peer("SYNC_FLUSH"),
     "raymq-ray": lambda: raymq_peer("ASYNC_FLUSH", "ray"),
+    "raymq-stream": lambda: raymq_peer("ASYNC_FLUSH", delivery="stream"),
     "raymq-grpc": RayMQGrpcPeer,
     "tcp-echo": lambda: RawLimit("tcp-echo"),
     "ray-noop": lambda: RawLimit("ray-noop"),
@@ -1647,6 +1653,11 @@ def main() -> int:
     )
     parser.add_argument(
         "--rounds", type=int, default=3, help="latency rounds, the peers interleaved in each"
+    )
+    parser.add_argument(
+        "--latency-only",
+        action="store_true",
+        help="only the latency rounds (for alternated runs of one change)",
     )
     parser.add_argument("--json", default=None)
     parser.add_argument("--report", default=None, help="write a Markdown page with plots here")
