@@ -845,7 +845,7 @@ class RayMQPeer(Peer):
 class _RayMQPushLatency:
     """A PushConsumer in its own process; its listener records each message's age."""
 
-    def __init__(self, namespace: str, topic: str, data_path: str, delivery: str) -> None:
+    def __init__(self, namespace: str, topic: str, data_path: str, delivery: str = "pull") -> None:
         from actors import ConsumeStatus, PushConsumer
 
         self.samples: list[float] = []
