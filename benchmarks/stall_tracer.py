@@ -297,9 +297,9 @@ import peers  # noqa: E402
 class _PushConsumer(peers._RayMQPushLatency):
     """``peers.py``'s PushConsumer actor, keeping each message's send stamp and arrival."""
 
-    def __init__(self, namespace: str, topic: str, data_path: str) -> None:
+    def __init__(self, namespace: str, topic: str, data_path: str, delivery: str = "pull") -> None:
         self.arrivals: list[tuple[int, int]] = []
-        super().__init__(namespace, topic, data_path)
+        super().__init__(namespace, topic, data_path, delivery)
 
     def _on(self, msgs: list[Any]) -> Any:
         now = time.time_ns()
@@ -353,7 +353,9 @@ def _run_raymq(peer: Any, rate: int, seconds: float) -> list[Message]:
     from storage import Message as RMessage
 
     peer.reset()
-    consumer = ray.remote(num_cpus=0)(_PushConsumer).remote(peer.namespace, peer.topic, "socket")
+    consumer = ray.remote(num_cpus=0)(_PushConsumer).remote(
+        peer.namespace, peer.topic, "socket", peer.delivery
+    )
     producer = peer.cluster.producer("stall-tracer", data_path="socket")
     body = b"x" * 100
     peers.warm_up(producer, consumer, peer.topic, body)
@@ -518,8 +520,10 @@ def main() -> int:
     args = parser.parse_args()
     names = args.peers.split(",")
     for name in names:
-        if name not in ("raymq-async", "raymq-sync", "py-relay"):
-            parser.error(f"unknown peer {name!r}: raymq-async, raymq-sync or py-relay")
+        if name not in ("raymq-async", "raymq-sync", "raymq-stream", "py-relay"):
+            parser.error(
+                f"unknown peer {name!r}: raymq-async, raymq-sync, raymq-stream or py-relay"
+            )
     import ray
 
     out_dir = Path(tempfile.mkdtemp(prefix="raymq-stalls-"))
