@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -39,6 +40,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+
+log = logging.getLogger("raymq.tests.faults.harness")
 
 PREFIX = "rmqf"
 BRIDGE = f"{PREFIX}-br"
@@ -137,6 +140,7 @@ class Node:
     dir: Path
     head: bool = False
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    ray_start: subprocess.Popen[bytes] | None = None  # its `ray start --block`
 
     @property
     def netns(self) -> str:
@@ -299,7 +303,9 @@ class FaultLab:
         ]  # fmt: skip
         log = (node.dir / "ray-start.log").open("wb")
         self._stack.callback(log.close)
-        self.popen(node, argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        node.ray_start = self.popen(
+            node, argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+        )
         if node.head:
             self.wait_for_nodes(1)
 
@@ -344,14 +350,26 @@ class FaultLab:
         """Wait until ``count`` nodes are alive in the head's view."""
         deadline = time.monotonic() + timeout_s
         alive, last = 0, ""
+        starts = 0
         while time.monotonic() < deadline:
             for node in self.nodes.values():
                 for p in node.procs:
-                    if p.poll() is not None:
-                        raise LabError(
-                            f"ray on {node.name} exited {p.returncode}:\n"
-                            + (node.dir / "ray-start.log").read_text()[-3000:]
+                    if p.poll() is None:
+                        continue
+                    if p is node.ray_start and not node.head and starts < 2:
+                        # a worker node's `ray start` gives up after 30 s when the GCS
+                        # answers late (a loaded machine): the lab's own step, tried again
+                        starts += 1
+                        log.warning(
+                            "ray start on %s exited %s: starting it again", node.name, p.returncode
                         )
+                        self.crash(node.name)
+                        self._start_ray(node)
+                        break
+                    raise LabError(
+                        f"ray on {node.name} exited {p.returncode}:\n"
+                        + (node.dir / "ray-start.log").read_text()[-3000:]
+                    )
             done, answer = self._ask_head("sum(n['Alive'] for n in ray.nodes())")
             if done.returncode == 0 and answer is not None:
                 alive = int(answer)
