@@ -46,6 +46,7 @@ import hashlib
 import hmac
 import os
 import struct
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -70,6 +71,17 @@ HANDSHAKE_TIMEOUT_S = 5.0
 DEFAULT_MAX_FRAME_BYTES = 128 << 20
 MAX_HEADER_BYTES = 1 << 20
 _PREFIX = struct.Struct(">II")
+_packers = threading.local()
+
+
+def _packb(obj: Any) -> bytes:
+    """``msgpack.packb(obj)`` with this thread's packer, reused (its buffer too): making a
+    packer is most of what packing a frame's small header costs."""
+    try:
+        packer = _packers.packer
+    except AttributeError:
+        packer = _packers.packer = msgpack.Packer()
+    return packer.pack(obj)  # type: ignore[no-any-return]
 
 
 class Code(enum.IntEnum):
@@ -115,7 +127,7 @@ class AuthError(BrokerUnavailableError):
 
 def encode(header: Mapping[str, Any], body: Sequence[Any] = ()) -> list[Any]:
     """The frame as buffers to write back to back (``body``: bytes-like parts, not joined)."""
-    head = msgpack.packb(dict(header))
+    head = _packb(header if type(header) is dict else dict(header))
     size = sum(memoryview(p).nbytes for p in body)
     return [_PREFIX.pack(4 + len(head) + size, len(head)), head, *body]
 
@@ -381,12 +393,19 @@ def write_frame(
     """Write one frame. A small one is joined and written at once; a large body's parts
     are handed to the transport one by one, so they are copied only if the socket
     cannot take them now (asyncio's ``writelines`` joins them all first)."""
-    parts = encode(header, body)
-    if len(parts) <= 2 or sum(memoryview(p).nbytes for p in parts[2:]) < SCRATCH_BYTES:
-        transport.write(b"".join(parts))
+    head = _packb(header if type(header) is dict else dict(header))
+    if not body:  # an answer without a body: most of them
+        transport.write(_PREFIX.pack(4 + len(head), len(head)) + head)
         return
-    transport.write(parts[0] + parts[1])
-    for part in parts[2:]:
+    size = 0
+    for part in body:
+        size += len(part) if type(part) is bytes else memoryview(part).nbytes
+    prefix = _PREFIX.pack(4 + len(head) + size, len(head))
+    if size < SCRATCH_BYTES:  # one write: joined, the socket takes it whole
+        transport.write(b"".join((prefix, head, *body)))
+        return
+    transport.write(prefix + head)
+    for part in body:
         view = memoryview(part).cast("B")  # numpy arrays too: the transport takes views
         if view.nbytes:
             transport.write(view)

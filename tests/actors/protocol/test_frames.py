@@ -123,3 +123,48 @@ def test_the_frame_reader_refuses_a_bad_frame_and_delivers_nothing_after(bad: by
     assert [h["o"] for h, _ in got] == [1]  # the frame before, not the one after
     assert len(errors) == 1 and isinstance(errors[0], frames.FrameError)
     assert reader.transport.closed
+
+
+class _Written:
+    """What write_frame needs of a transport: to take bytes (kept, in order)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+
+    def write(self, data: Any) -> None:
+        self.chunks.append(bytes(data))
+
+
+def test_written_frames_read_back_whatever_their_body_and_writing_thread() -> None:
+    import threading
+
+    import numpy as np
+
+    big = np.arange(1 << 17, dtype=np.int64)  # 1 MiB: its parts written one by one
+    bodies: list[list[Any]] = [
+        [],
+        [b"abc"],
+        [memoryview(b"de"), bytearray(b"f"), np.arange(3, dtype=np.int32)],
+        [b"head", big],
+    ]
+    joined = [b"".join(bytes(memoryview(p).cast("B")) for p in body) for body in bodies]
+
+    def write_all(out: _Written, tag: int) -> None:
+        for i, body in enumerate(bodies * 50):
+            frames.write_frame(out, {"c": 10, "o": i, "t": tag, "k": ["T", tag]}, body)
+
+    outs = [_Written() for _ in range(4)]
+    threads = [threading.Thread(target=write_all, args=(out, t)) for t, out in enumerate(outs)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for tag, out in enumerate(outs):
+        reader, got, errors = _reader()
+        _receive(reader, b"".join(out.chunks), 1 << 20)
+        assert not errors
+        assert len(got) == 200
+        for i, (header, body) in enumerate(got):
+            assert header == {"c": 10, "o": i, "t": tag, "k": ["T", tag]}
+            assert body == joined[i % 4]
+    assert any(len(c) == big.nbytes for c in outs[0].chunks)  # not copied into one write
