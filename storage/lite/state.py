@@ -50,12 +50,20 @@ _FIELDS = {
 
 def encode_state(op: dict[str, Any], max_message_size: int) -> codec.EncodedBatch:
     """The one-record batch that carries ``op`` (checked: its kind and fields)."""
-    kind = op.get("op")
-    if kind not in _FIELDS or set(op) != {"op", *_FIELDS[kind]}:
-        raise InvalidMessageError(f"a lite state change {op!r}: op one of {OPS} and its fields")
-    body = json.dumps(op, separators=(",", ":")).encode("utf-8")
-    message = Message(STATE_TOPIC, body, properties={PROP_LITE_STATE: kind})
-    return codec.encode_batch([message], max_message_size=max_message_size)
+    return encode_states([op], max_message_size)
+
+
+def encode_states(ops: list[dict[str, Any]], max_message_size: int) -> codec.EncodedBatch:
+    """One batch of a record per change, in order (each checked: its kind and fields):
+    a group's log takes them in one entry, every member applies them in order."""
+    messages = []
+    for op in ops:
+        kind = op.get("op")
+        if kind not in _FIELDS or set(op) != {"op", *_FIELDS[kind]}:
+            raise InvalidMessageError(f"a lite state change {op!r}: op one of {OPS} and its fields")
+        body = json.dumps(op, separators=(",", ":")).encode("utf-8")
+        messages.append(Message(STATE_TOPIC, body, properties={PROP_LITE_STATE: kind}))
+    return codec.encode_batch(messages, max_message_size=max_message_size)
 
 
 def decode_state(body: bytes) -> dict[str, Any] | None:
