@@ -568,11 +568,18 @@ class LiteProcessor:
         return await self.rt.run(self.store.committed_offset, group, parent, lite_topic)
 
     async def stats(self) -> dict[str, int]:
-        return self.store.stats()
+        """The lite store's counts; in a Raft group also the consumer state changes
+        proposed (``state_changes``) and the log entries they took (``state_rounds``)."""
+        out = self.store.stats()
+        if self.raft is not None:
+            out = {**out, "state_rounds": self.raft.rounds, "state_changes": self.raft.changes}
+        return out
 
     def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
+        if self.raft is not None:
+            self.raft.close()
         self.parents.close()
         self.store.close()
 

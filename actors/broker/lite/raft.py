@@ -7,7 +7,9 @@ lite send or read.
 Consumer state (committed offsets, subscriptions, lite topics deleted by hand) travels
 as state records (:mod:`storage.lite.state`): the leader proposes a change, and every
 member applies it once committed, the leader too (:meth:`RaftLiteLog.change`), so a new
-leader holds every change its predecessor acknowledged.
+leader holds every change its predecessor acknowledged. The changes asked for while one
+entry of them is under way go together in the next (group commit): the acks of many
+lite topics cost one round of the log, not one each.
 """
 
 from __future__ import annotations
@@ -18,8 +20,12 @@ from typing import Any
 from actors.broker.ha import DLedgerReplication
 from actors.broker.runtime import BrokerRuntime
 from storage.errors import BrokerUnavailableError, OffsetOutOfRangeError
-from storage.lite import LiteStore, encode_state
+from storage.lite import LiteStore
+from storage.lite.state import encode_states
 from storage.message import Message, PutStatus
+
+MAX_CHANGES = 512
+"""Consumer state changes proposed in one entry of the log at most."""
 
 
 class RaftLiteLog:
@@ -29,6 +35,12 @@ class RaftLiteLog:
         self.rt = runtime
         self.store = store
         self.raft = raft
+        self._queued: list[tuple[dict[str, Any], asyncio.Future[None]]] = []
+        self._proposing: asyncio.Task[None] | None = None
+        self.rounds = 0
+        """Entries of consumer state changes proposed (each one log round)."""
+        self.changes = 0
+        """Consumer state changes proposed in them."""
 
     async def send(
         self, parent: str, messages: list[tuple[str, Message]]
@@ -57,16 +69,54 @@ class RaftLiteLog:
         """Propose a consumer state change (:mod:`storage.lite.state`) and return once
         the group committed it and this member applied it. ``BrokerUnavailableError``
         when a majority did not take it within ``sync_replication_timeout_s`` (it is
-        applied if it commits later) or this member does not lead."""
+        applied if it commits later) or this member does not lead.
+
+        Changes asked for while a proposal of them is under way wait for it and go
+        together, in the order asked, as one entry of the log: one round for the acks
+        of many lite topics (at most :data:`MAX_CHANGES` per entry)."""
         await self.caught_up()
-        batch = encode_state(op, self.rt.store.config.max_message_size)
+        encode_states([op], self.rt.store.config.max_message_size)  # checked before queued
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queued.append((op, fut))
+        if self._proposing is None:
+            self._proposing = asyncio.get_running_loop().create_task(self._propose_queued())
+        await fut
+
+    async def _propose_queued(self) -> None:
+        """Propose the changes queued, one entry at a time, until none is left."""
+        batch: list[tuple[dict[str, Any], asyncio.Future[None]]] = []
+        try:
+            while self._queued:
+                batch = self._queued[:MAX_CHANGES]
+                del self._queued[:MAX_CHANGES]
+                try:
+                    await self._propose([op for op, _ in batch])
+                except Exception as exc:  # noqa: BLE001 - each caller of the entry gets it
+                    _answer(batch, exc)
+                else:
+                    _answer(batch, None)
+        finally:
+            self._proposing = None
+            # cancelled (the broker closes): the callers still waiting get an error
+            _answer(batch + self._queued, BrokerUnavailableError("the broker is closing"))
+            self._queued.clear()
+
+    async def _propose(self, ops: list[dict[str, Any]]) -> None:
+        batch = encode_states(ops, self.rt.store.config.max_message_size)
         result = await self.raft.put_internal(batch)
+        self.rounds += 1
+        self.changes += len(ops)
         if result.status is not PutStatus.PUT_OK:
+            kinds = ", ".join(sorted({op["op"] for op in ops}))
             raise BrokerUnavailableError(
-                f"broker {self.rt.config.actor_name}: a lite {op['op']} was not committed by "
-                f"a majority of the group in time ({result.status.value})"
+                f"broker {self.rt.config.actor_name}: lite {kinds} ({len(ops)} changes) not "
+                f"committed by a majority of the group in time ({result.status.value})"
             )
         await self.rt.run(self.store.catch_up)
+
+    def close(self) -> None:
+        if self._proposing is not None:
+            self._proposing.cancel()
 
     async def caught_up(self) -> None:
         """The lite store has indexed every committed record. A new leader knows what
@@ -94,6 +144,18 @@ def _own_term_committed(raft: DLedgerReplication) -> bool:
         return raft.raft_log.term_at(node.commit_index) == node.term
     except OffsetOutOfRangeError:
         return True
+
+
+def _answer(
+    waiting: list[tuple[dict[str, Any], asyncio.Future[None]]], exc: Exception | None
+) -> None:
+    for _, fut in waiting:
+        if fut.done():
+            continue
+        if exc is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(exc)
 
 
 async def _no_local_put(batch: Any) -> Any:

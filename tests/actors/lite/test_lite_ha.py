@@ -141,3 +141,50 @@ def answered(call: Any) -> Any:
             return None
 
     return wait_until(attempt, what="an answer from the new leader")[0]
+
+
+def test_a_raft_leader_commits_acks_arriving_together_in_fewer_rounds_than_acks(
+    make_cluster: Any,
+) -> None:
+    cluster = make_cluster(
+        nameservers=1,
+        brokers=[BrokerSpec("broker-q", i) for i in range(3)],
+        broker_options=RAFT,
+    )
+    group = {f"broker-q-{i}": cluster.broker("broker-q", i) for i in range(3)}
+    name = wait_until(lambda: members(cluster, "broker-q").get(0), what="a Raft leader")
+    leader = group[name]
+    ray.get(leader.lite_create_parent.remote("Tasks", quota=100))
+    lites = [f"task-{i}" for i in range(24)]
+    view = ray.get(leader.lite_subscribe.remote("workers", "Tasks", "w1", lites))
+    assert view["owned"] == sorted(lites)
+    sent = ray.get(leader.lite_send.remote("Tasks", [(n, b"job") for n in lites for _ in "ab"]))
+    assert {s["status"] for s in sent} == {"PUT_OK"}
+    before = ray.get(leader.lite_stats.remote())
+    # every ack at once: each answered only once its change is committed and applied
+    ray.get(
+        [
+            leader.lite_ack.remote("workers", "Tasks", "w1", n, 1 + i % 2)
+            for i, n in enumerate(lites)
+        ]
+    )
+    after = ray.get(leader.lite_stats.remote())
+    assert after["state_changes"] - before["state_changes"] == len(lites)
+    rounds = after["state_rounds"] - before["state_rounds"]
+    assert 1 <= rounds <= len(lites) // 2, rounds
+    lead = status_of(leader)
+    assert lead["commit_index"] == lead["last_index"]
+    want = [1 + i % 2 for i in range(len(lites))]
+    assert [
+        ray.get(leader.lite_committed_offset.remote("workers", "Tasks", n)) for n in lites
+    ] == want
+    # the followers apply the same records, in one entry or several
+    for member, handle in group.items():
+        if member != name:
+            wait_until(
+                lambda h=handle: (
+                    [ray.get(h.lite_committed_offset.remote("workers", "Tasks", n)) for n in lites]
+                    == want
+                ),
+                what=f"{member} applied the acks",
+            )
