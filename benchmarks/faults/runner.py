@@ -23,8 +23,19 @@ Checks (per mode's promise, ``docs/guarantees.md``):
   overlapping time (``checker.split_brains``).
 - torn: a transaction read in part (a commit not whole, an abort at all, one whose end
   is unknown in part).
-- unavailable: the time no send was acknowledged (gaps over 1 s), and per queue.
-- recovery: after each fault ends, how long until the next acknowledged send.
+- unavailable: the time no send was acknowledged (gaps over 1 s). Per queue
+  (``worst_queue_s``, :func:`queue_outages`): the time a queue took no write while the
+  producer's sends were acknowledged on other queues (passed over: its broker down,
+  fenced or avoided). A gap between two writes to one queue is not that by itself: the
+  producer takes the queues in turn, so one queue's writes are as far apart as the
+  sends to all the others take (12 queues of three single masters: over 1 s whenever a
+  send takes 85 ms, as under a slowed network or a loaded machine).
+- recovery: after each fault ends, how long until the next acknowledged send; per
+  event, ``lab_recover_s``: how long the lab took to have every node's Ray and every
+  broker answering again after it (a node Ray declared dead is started again then, as
+  an operator would, and its brokers with it), and ``began_s``/``ended_s``, the
+  fault's times from the schedule's start (a fault starts late when the recovery from
+  the one before took longer than the gap between them).
 - offsets back: a consumer group pulls and commits all along, reading its committed
   offsets back; one lower than one read before on its queue is a violation unless a
   failover or a power loss that lost the broker's offset journal (not fsynced: any mode
@@ -138,7 +149,10 @@ class Result:
     offsets_back: list[str] = field(default_factory=list)  # "queue: from -> to", unexcused
     offsets_back_allowed: list[str] = field(default_factory=list)  # after a failover or loss
     unavailable_s: float = 0.0
-    worst_queue_s: float = 0.0
+    worst_queue_s: float = 0.0  # the worst queue's time passed over (:func:`queue_outages`)
+    worst_queue: str = ""
+    queue_outages: dict[str, list[list[float]]] = field(default_factory=dict)  # from, to
+    queue_gaps_s: float = 0.0  # the worst queue's gaps over 1 s, however many sends between
     recover_s: float = 0.0
     events: list[dict[str, Any]] = field(default_factory=list)
     error: str = ""
@@ -215,10 +229,59 @@ class Result:
             "offsets_back_allowed": self.offsets_back_allowed[:50],
             "unavailable_s": round(self.unavailable_s, 2),
             "worst_queue_s": round(self.worst_queue_s, 2),
+            "worst_queue": self.worst_queue,
+            "queue_outages": self.queue_outages,
+            "queue_gaps_s": round(self.queue_gaps_s, 2),
             "recover_s": round(self.recover_s, 2),
             "events": self.events,
             "violations": self.violations,
         }
+
+
+PASSED_OVER_ROUNDS = 2
+"""A queue is passed over when the producer had this many rounds of sends (one per
+queue each) acknowledged on other queues between two of its own writes."""
+
+
+def queue_outages(acks: list[tuple[float, str]]) -> dict[str, list[tuple[float, float]]]:
+    """Per queue, the spans over ``OUTAGE_GAP_S`` between two of its acknowledged writes
+    (``acks``: ``(when, queue)``, in time order) in which at least
+    :data:`PASSED_OVER_ROUNDS` rounds of writes were acknowledged on the other queues: the
+    queue took none while the topic took writes (its broker down, fenced, or avoided by
+    the producer). A queue passed over until the end counts until the last write. A gap
+    with fewer writes between is the pace of the sends (every queue gets every
+    ``len(queues)``-th), or the whole topic unavailable (``unavailable_s`` counts that)."""
+    queues = {q for _, q in acks}
+    rounds = PASSED_OVER_ROUNDS * len(queues)
+    last: dict[str, tuple[float, int]] = {}
+    out: dict[str, list[tuple[float, float]]] = {q: [] for q in queues}
+
+    def passed_over(q: str, until: float, index: int) -> None:
+        at, i = last[q]
+        if until - at > OUTAGE_GAP_S and index - i - 1 >= rounds:
+            out[q].append((at, until))
+
+    for index, (t, q) in enumerate(acks):
+        if q in last:
+            passed_over(q, t, index)
+        last[q] = (t, index)
+    if acks:
+        for q in queues:
+            passed_over(q, acks[-1][0], len(acks))
+    return out
+
+
+def queue_gaps(acks: list[tuple[float, str]]) -> float:
+    """The worst queue's gaps over ``OUTAGE_GAP_S`` between two of its acknowledged
+    writes, however many writes other queues took meanwhile (what ``worst_queue_s``
+    was before :func:`queue_outages`: it counts the pace of the sends as unavailable)."""
+    times: dict[str, list[float]] = defaultdict(list)
+    for t, q in acks:
+        times[q].append(t)
+    return max(
+        (sum(b - a for a, b in zip(ts, ts[1:]) if b - a > OUTAGE_GAP_S) for ts in times.values()),
+        default=0.0,
+    )
 
 
 def layout(lab: FaultLab, plan: Plan) -> tuple[list[dict[str, Any]], dict[str, Any], bool]:
@@ -391,18 +454,24 @@ class Run:
             lab.restart(ev.node, timeout_s=RECOVER_S)
         # kill_broker: recover() starts it again
         ev.ended = time.monotonic()
-        self.recover()
+        restarted = self.recover()
+        ev.detail["lab_recover_s"] = round(time.monotonic() - ev.ended, 2)
+        if restarted:
+            ev.detail["restarted"] = restarted
 
-    def recover(self) -> None:
+    def recover(self) -> list[str]:
         """Every node's Ray up (a node Ray declared dead has lost its raylet: started
         again) and every broker answering (the keeper starts a broker again on a node that
-        rejoins; one that does not answer is started again as an operator would)."""
+        rejoins; one that does not answer is started again as an operator would). Returns
+        what was started again: nodes' Ray (``ray@n1``) and brokers (``broker-0-0``)."""
         deadline = time.monotonic() + RECOVER_S
+        again: list[str] = []
         while time.monotonic() < deadline:
-            self.restart_dead_nodes()
+            again += [f"ray@{n}" for n in self.restart_dead_nodes()]
             down = [k for k, v in self.statuses().items() if not v]
             if not down:
-                return
+                return again
+            again += down
             for key in down:
                 i = next(i for i, b in enumerate(self.brokers) if f"{b['name']}-{b['id']}" == key)
                 self.client.send(json.dumps({"restart": i}))
@@ -412,9 +481,10 @@ class Run:
             time.sleep(1.0)
         raise LabError(f"brokers not answering {RECOVER_S:.0f}s after the heal: {down}")
 
-    def restart_dead_nodes(self) -> None:
+    def restart_dead_nodes(self) -> list[str]:
         """Start Ray again on every broker node whose Ray is gone or that the GCS counts
-        dead (a node it gave up during a partition or a pause: its raylet leaves)."""
+        dead (a node it gave up during a partition or a pause: its raylet leaves); returns
+        those nodes."""
         alive = set(self.lab.alive_ips())
         dead = []
         for name in self.plan.broker_nodes:
@@ -426,6 +496,7 @@ class Run:
                 dead.append(name)  # checks that no node's Ray has exited
         if dead:
             self.lab.restart_nodes(dead, timeout_s=RECOVER_S)
+        return dead
 
     # --- the run -----------------------------------------------------------------------
 
@@ -619,16 +690,23 @@ class Run:
         result.split_brain = sorted(
             f"{mq}@{q}: {sorted(b)}" for (mq, q), b in slots.items() if len(b) > 1
         )
-        per_queue: dict[str, list[float]] = defaultdict(list)
-        for _, _, mq, qoffset, done in where.values():
-            if qoffset is not None:
-                per_queue[mq].append(done)
-        worst = 0.0
-        for times in per_queue.values():
-            times.sort()
-            gaps = [b - a for a, b in zip(times, times[1:]) if b - a > OUTAGE_GAP_S]
-            worst = max(worst, sum(gaps))
-        result.worst_queue_s = worst
+        queue_acks = sorted(
+            (op["completed"], mq)
+            for op in raw
+            if op["outcome"] == ACK
+            for mq in {o[2] for o in op["offsets"] if o[3] is not None}  # not the gRPC door's
+        )
+        outages = queue_outages(queue_acks)
+        per_queue = {q: sum(b - a for a, b in spans) for q, spans in outages.items()}
+        if per_queue:
+            result.worst_queue = max(per_queue, key=lambda q: per_queue[q])
+            result.worst_queue_s = per_queue[result.worst_queue]
+        result.queue_outages = {
+            q: [[round(a - result.started, 1), round(b - result.started, 1)] for a, b in spans]
+            for q, spans in sorted(outages.items())
+            if spans
+        }
+        result.queue_gaps_s = queue_gaps(queue_acks)
         acks = sorted(op["completed"] for op in raw if op["outcome"] == ACK)
         recover = 0.0
         for ev in self.events:
@@ -637,10 +715,18 @@ class Run:
             after = next((t for t in acks if t >= ev.ended), None)
             if after is not None:
                 recover = max(recover, after - ev.ended)
+                ev.detail["first_ack_s"] = round(after - ev.ended, 2)
         result.recover_s = recover
         result.offsets_back, result.offsets_back_allowed = offsets_moved_back(
             verdict.notes.get("committed", []), self.offsets_excused(roles)
         )
         result.events = [
-            {"fault": ev.fault.describe(), "node": ev.node, **ev.detail} for ev in self.events
+            {
+                "fault": ev.fault.describe(),
+                "node": ev.node,
+                "began_s": round(ev.began - result.started, 1),
+                "ended_s": round(ev.ended - result.started, 1) if ev.ended else None,
+                **ev.detail,
+            }
+            for ev in self.events
         ]
