@@ -3,8 +3,9 @@ consumer's new records to its open stream as they are stored, within the credit 
 consumer renews.
 
 A subscription is a lasting waiter of the hold service (``PullRequestHoldService.listen``)
-on each of its queues: a dispatch to one sets its event, and the stream's task reads
-every queue with news from where it stands, writes one answer (the queues with
+on each of its queues: a dispatch to one marks that queue as having news and sets its
+event, and the stream's task reads the queues with news (only those: a subscription of
+many queues costs no more per message than one of a single queue) from where they stand, writes one answer (the queues with
 records or a new offset, as a pull of several queues answers them, each with the offset
 it was read from) and takes what it wrote off the credit. With no credit left it writes
 nothing until CREDIT adds some: a consumer whose process queue is full stops its stream
@@ -62,11 +63,27 @@ class Subscription:
         self.credit_bytes = credit_bytes
         self.counts_bytes = credit_bytes > 0
         self.offsets: dict[tuple[str, int], int] = {}
+        self.news: dict[tuple[str, int], None] = {}
+        """The queues that may have records past their offset, in the order they got them
+        (an ordered set): a dispatch, an added queue, a read that left some behind."""
+        self.wakers: dict[tuple[str, int], Any] = {}
+        """Each queue's callback for the hold service (what ``unlisten`` is given)."""
         self.event = asyncio.Event()
         self.ended = ""
 
     def wake(self) -> None:
         self.event.set()
+
+    def waker(self, key: tuple[str, int]) -> Any:
+        """The hold service's callback for queue ``key``: news there, and a wake-up."""
+        news, event = self.news, self.event
+
+        def wake() -> None:
+            news[key] = None
+            event.set()
+
+        self.wakers[key] = wake
+        return wake
 
     def end(self, why: str) -> None:
         if not self.ended:
@@ -128,8 +145,8 @@ class SubscribeProcessor(DataPathProcessor):
             self.open -= 1
             stream.peer.forget(on_lost)
             stream.peer.streams.pop(stream.opaque, None)
-            for key in sub.offsets:
-                self.rt.holds.unlisten(key, sub.wake)
+            for key, wake in sub.wakers.items():
+                self.rt.holds.unlisten(key, wake)
         return sub.ended or "closing"
 
     async def subscription_credit(
@@ -160,7 +177,7 @@ class SubscribeProcessor(DataPathProcessor):
             gone.append((item[0], item[1]))
         for key in gone:
             if sub.offsets.pop(key, None) is not None:
-                self.rt.holds.unlisten(key, sub.wake)
+                self._leave(sub, key)
         self._add(sub, add)
         if add:
             self.rt.consumers.touch(sub.group, sub.client_id, frozenset(t for t, _ in add))
@@ -190,17 +207,26 @@ class SubscribeProcessor(DataPathProcessor):
     ) -> tuple[list[list[Any]], list[int], list[RawGetResult], bool]:
         """The queues with news, the offsets they were read from, their answers, and
         whether some have records that may not be read yet; takes them off the credit
-        and moves the offsets."""
+        and moves the offsets. Only the queues with news are read; a queue stays among
+        them while it may have more than was read (the credit or ``max_count`` ran out,
+        records a majority does not hold yet)."""
         get, readable, store = self.rt.store.get_raw, self.role.readable, self.rt.store
         keys: list[list[Any]] = []
         starts: list[int] = []
         answers: list[RawGetResult] = []
         pending_any = False
-        for key, offset in list(sub.offsets.items()):
+        news, offsets = sub.news, sub.offsets
+        for key in list(news):
             if not sub.has_credit:
                 break
+            offset = offsets.get(key)
+            if offset is None:  # dropped since
+                del news[key]
+                continue
             topic, qid = key
-            if store.max_offset(topic, qid) == offset:  # nothing new (past it: refused)
+            end = store.max_offset(topic, qid)
+            if end == offset:  # nothing new (past it: refused)
+                del news[key]
                 continue
             # a perm or queue count changed since: SUBSCRIBE's answer is the refusal
             self.rt.topics.for_read(topic, qid)
@@ -209,15 +235,21 @@ class SubscribeProcessor(DataPathProcessor):
             raw, pending = readable(got, offset)
             pending_any = pending_any or pending
             status = raw.status
-            if status in _NOTHING_NEW or (pending and not raw.count):
+            if pending and not raw.count:  # looked at again once a majority holds them
+                continue
+            if status in _NOTHING_NEW:
+                del news[key]
                 continue
             if raw.count or status is GetStatus.NO_MATCHED_MESSAGE:
                 if raw.next_offset == offset and not raw.count:
+                    del news[key]
                     continue
-                sub.offsets[key] = raw.next_offset
+                offsets[key] = raw.next_offset
+                if raw.next_offset >= end and not pending:
+                    del news[key]
             else:  # refused: the consumer says where this queue goes on
-                del sub.offsets[key]
-                self.rt.holds.unlisten(key, sub.wake)
+                del offsets[key]
+                self._leave(sub, key)
             sub.credit -= raw.count
             sub.credit_bytes -= len(raw.data)
             keys.append([topic, qid])
@@ -248,8 +280,15 @@ class SubscribeProcessor(DataPathProcessor):
     def _add(self, sub: Subscription, queues: dict[tuple[str, int], int]) -> None:
         for key, offset in queues.items():
             if key not in sub.offsets:
-                self.rt.holds.listen(key, sub.wake)
+                self.rt.holds.listen(key, sub.waker(key))
             sub.offsets[key] = offset
+            sub.news[key] = None  # read once from there: it may have records already
+
+    def _leave(self, sub: Subscription, key: tuple[str, int]) -> None:
+        wake = sub.wakers.pop(key, None)
+        if wake is not None:
+            self.rt.holds.unlisten(key, wake)
+        sub.news.pop(key, None)
 
     def _on_lost(self, sub: Subscription) -> Any:
         def lost() -> None:

@@ -111,6 +111,33 @@ def test_a_subscription_streams_within_its_credit(
     assert open_subscriptions(one_broker) == 0
 
 
+def test_queues_left_with_records_when_the_credit_ran_out_come_after_it_is_renewed(
+    one_broker: actors.Cluster, conn: BrokerConnection
+) -> None:
+    first, second = "SubNewsA", "SubNewsB"
+    for t in (first, second):
+        one_broker.admin.create_topic(t, read_queue_nums=1, write_queue_nums=1)
+        send(one_broker, t, [f"{t}-{i}".encode() for i in range(6)])
+    got = Received()
+    queues = {(first, 0): 0, (second, 0): 0}
+    header, parts, read = SUBSCRIBE.encode("g-news", queues, credit=4, max_count=4)
+    stream = conn.stream(header, got, parts)
+    sid = got.ids.get(timeout=WAIT_S)
+    before = got.bodies(4)
+    with pytest.raises(queue.Empty):  # no credit left, records left in both queues
+        got.answers.get(timeout=0.5)
+    call(conn, CREDIT, sid, 100)  # no dispatch since: what was left comes all the same
+    after = got.bodies(8)
+    for t in (first, second):
+        assert [b for topic, b in before + after if topic == t] == [
+            f"{t}-{i}".encode() for i in range(6)
+        ]
+    send(one_broker, second, [b"late"])  # and a dispatch to one of them still wakes it
+    assert got.bodies(1) == [(second, b"late")]
+    call(conn, UNSUBSCRIBE, sid)
+    assert read(*stream.result(WAIT_S)) == "unsubscribed"
+
+
 def open_subscriptions(cluster: actors.Cluster) -> int:
     """The broker's open subscriptions (asked in its actor)."""
 
