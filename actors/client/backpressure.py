@@ -32,7 +32,8 @@ class AsyncSendBudget:
     def __init__(self, max_messages: int, max_bytes: int) -> None:
         self.max_messages = max_messages
         self.max_bytes = max_bytes
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._messages = 0
         self._bytes = 0
         self._delivering = threading.local()
@@ -46,6 +47,16 @@ class AsyncSendBudget:
     def acquire(self, messages: int, nbytes: int, timeout_s: float) -> None:
         """Take room for a send, waiting up to ``timeout_s``; :class:`ProducerBusyError`
         past it (nothing taken)."""
+        with self._lock:  # the common case, room at once: no frame of the condition's
+            taken = self._messages
+            if (
+                not taken
+                or taken + messages <= self.max_messages
+                and self._bytes + nbytes <= self.max_bytes
+            ):
+                self._messages = taken + messages
+                self._bytes += nbytes
+                return
         with self._cond:
             if not getattr(self._delivering, "active", False):
                 deadline = time.monotonic() + timeout_s

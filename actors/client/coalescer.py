@@ -31,9 +31,10 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from actors.client.send_future import SendFuture, settle_all
 from actors.client.send_result import BatchSendResult
 from actors.protocol import rpc as _rpc
 from storage import Message
@@ -58,15 +59,22 @@ class SendCoalescer:
         self._max_batch = max_batch
         self._max_bytes = max_bytes  # of bodies, with room for each record's head
         self._lock = threading.Lock()
+        self._futures = threading.Condition()  # the condition its futures share
         self._pending: dict[str, list[_Entry]] = {}
         self._in_flight: dict[str, int] = {}
 
     def submit(self, message: Message, nbytes: int = 0) -> concurrent.futures.Future[Any]:
         """``message`` sent with its neighbours; ``nbytes`` of the budget it holds."""
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        future = SendFuture(self._futures)
+        topic = message.topic
         with self._lock:
-            self._pending.setdefault(message.topic, []).append((message, future, nbytes))
-        self._pump(message.topic)
+            waiting = self._pending.get(topic)
+            if waiting is None:
+                waiting = self._pending[topic] = []
+            waiting.append((message, future, nbytes))
+            if self._in_flight.get(topic, 0) >= self._max_in_flight:
+                return future  # leaves with the next batch, when one is answered
+        self._pump(topic)
         return future
 
     def submit_list(
@@ -74,7 +82,7 @@ class SendCoalescer:
     ) -> concurrent.futures.Future[Any]:
         """``messages`` (of one topic, a short list) sent whole inside a batch with its
         neighbours: a future of their :class:`BatchSendResult`; ``nbytes`` of the budget."""
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        future = SendFuture(self._futures)
         topic = messages[0].topic
         with self._lock:
             self._pending.setdefault(topic, []).append((messages, future, nbytes))
@@ -136,16 +144,10 @@ class SendCoalescer:
         if self._release is not None:
             count = sum(len(m) if m.__class__ is list else 1 for m, _, _ in batch)
             self._release(count, sum(n for _, _, n in batch))
-        at = 0
-        for m, future, _ in batch:
-            if exc is not None:
-                future.set_exception(exc)
-            elif m.__class__ is list:
-                future.set_result(_part(results, at, at + len(m)))
-                at += len(m)
-            else:
-                future.set_result(results[at])
-                at += 1
+        if exc is not None:
+            settle_all(self._futures, [(future, None, exc) for _, future, _ in batch])
+        else:
+            settle_all(self._futures, list(_outcomes(batch, results)))  # outside its lock
         self._pump(topic)
 
     def _alone(self, entry: _Entry) -> None:
@@ -180,6 +182,20 @@ class SendCoalescer:
 _RECORD_HEAD = 192
 """What a record takes beyond its body, about (its fixed head, topic, message id):
 a batch's ``max_bytes`` counts it, so the batch is encoded as one chunk."""
+
+
+def _outcomes(
+    batch: list[_Entry], results: Any
+) -> Iterator[tuple[concurrent.futures.Future[Any], Any, None]]:
+    """Each entry's future and its share of the batch's ``results``."""
+    at = 0
+    for m, future, _ in batch:
+        if m.__class__ is list:
+            yield future, _part(results, at, at + len(m)), None
+            at += len(m)
+        else:
+            yield future, results[at], None
+            at += 1
 
 
 def _flat(batch: list[_Entry]) -> list[Message]:

@@ -134,6 +134,7 @@ class Producer(ProducerCore):
 
     def _setup(self) -> None:
         self._transport = BrokerTransport(self.ns, self.config)
+        self._send_timeout_s = self.config.send_timeout_s
         self._budget = AsyncSendBudget(
             self.config.async_send_max_messages, self.config.async_send_max_bytes
         )
@@ -217,6 +218,14 @@ class Producer(ProducerCore):
         ``async_send_max_messages`` / ``_bytes`` stay full for ``send_timeout_s``: the
         call waits for earlier sends to be answered first, as RocketMQ's backpressure does.
         """
+        if messages.__class__ is Message and sharding_key is None and delay_s is None:
+            # the commonest call, one plain message: coalesced with its neighbours
+            try:
+                nbytes = len(messages.body)  # type: ignore[union-attr]
+            except TypeError:  # not bytes: the coalesced batch's validation names it
+                nbytes = 0
+            self._budget.acquire(1, nbytes, self._send_timeout_s)
+            return self._coalescer.submit(messages, nbytes)  # type: ignore[arg-type]
         if delay_s is not None:
             delayed = with_delay([messages] if isinstance(messages, Message) else messages, delay_s)
             messages = delayed[0] if isinstance(messages, Message) else delayed

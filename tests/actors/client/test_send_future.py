@@ -1,0 +1,66 @@
+"""SendFuture: futures sharing one condition, settled a batch at a time, behave as
+``concurrent.futures.Future`` does for each one's waiter and callbacks."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+
+import pytest
+
+from actors.client.send_future import SendFuture, settle_all
+
+
+def test_each_future_of_a_batch_gets_its_own_result_error_and_callbacks() -> None:
+    cond = threading.Condition()
+    a, b, c = SendFuture(cond), SendFuture(cond), SendFuture(cond)
+    seen: list[tuple[str, object]] = []
+    a.add_done_callback(lambda f: seen.append(("a1", f.result())))
+    a.add_done_callback(lambda f: seen.append(("a2", f.result())))
+    b.add_done_callback(lambda f: seen.append(("b", type(f.exception()).__name__)))
+    settle_all(cond, [(a, 1, None), (b, None, ValueError("b's own"))])
+    assert seen == [("a1", 1), ("a2", 1), ("b", "ValueError")]
+    assert a.result(0) == 1 and a.exception(0) is None
+    with pytest.raises(ValueError, match="b's own"):
+        b.result(0)
+    assert not c.done()
+    settle_all(cond, [(a, 99, None)])  # settled already: left as it was
+    assert a.result(0) == 1
+    late: list[object] = []
+    a.add_done_callback(lambda f: late.append(f.result()))  # done: runs at once
+    assert late == [1]
+
+
+def test_a_waiter_woken_for_another_future_waits_on_for_its_own() -> None:
+    cond = threading.Condition()
+    mine, other = SendFuture(cond), SendFuture(cond)
+    started = threading.Event()
+    got: list[object] = []
+
+    def wait() -> None:
+        started.set()
+        got.append(mine.result(30))
+
+    t = threading.Thread(target=wait)
+    t.start()
+    started.wait()
+    settle_all(cond, [(other, "not mine", None)])  # wakes the waiter, not its answer
+    t.join(0.2)  # woken, it must wait on: neither the other's answer nor a timeout
+    assert t.is_alive() and got == []
+    settle_all(cond, [(mine, "mine", None)])
+    t.join(30)
+    assert got == ["mine"]
+
+
+def test_timeout_cancel_and_the_module_helpers() -> None:
+    cond = threading.Condition()
+    f, g = SendFuture(cond), SendFuture(cond)
+    with pytest.raises(TimeoutError):
+        f.result(0.01)
+    with pytest.raises(TimeoutError):
+        f.exception(0.01)
+    assert f.cancel() is False and not f.cancelled()
+    settle_all(cond, [(f, "f", None), (g, None, KeyError("g"))])
+    done, not_done = concurrent.futures.wait([f, g], timeout=1)
+    assert done == {f, g} and not not_done
+    assert [x.done() for x in concurrent.futures.as_completed([f, g], timeout=1)] == [True] * 2
