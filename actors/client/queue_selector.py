@@ -79,8 +79,10 @@ class QueueSelector:
             return synthetic
         template = self.ns.route(AUTO_CREATE_TOPIC_KEY, refresh=refresh)
         if template is None or not template.queue_datas:
-            self.ns.require_route(topic, refresh=True)  # raises TopicNotFoundError
-        assert template is not None
+            # the topic's own route again: it raises TopicNotFoundError, or a broker
+            # took the topic up while the template was asked for
+            self._synthetic.pop(topic, None)
+            return self.ns.require_route(topic, refresh=True), 0
         n = self.config.default_topic_queue_nums
         qds = tuple(
             QueueData(

@@ -98,3 +98,31 @@ def test_a_topic_without_a_route_gets_a_synthetic_one_until_it_is_created() -> N
     assert s.route("New")[0] is not picked.route
     with pytest.raises(TopicNotFoundError):
         selector().select("Nowhere", None, None)
+
+
+class LateRoutes(Routes):
+    """A NameServer view where the topic shows up between two questions: the first
+    asks before any broker has it, the refresh after."""
+
+    def __init__(self, late: TopicRouteData) -> None:
+        super().__init__()
+        self.late = late
+
+    def route(self, topic: str, *, refresh: bool = False) -> TopicRouteData | None:
+        if topic == self.late.topic and refresh:
+            self.routes[topic] = self.late
+        return self.routes.get(topic)
+
+    def require_route(self, topic: str, *, refresh: bool = False) -> TopicRouteData:
+        self.route(topic, refresh=refresh)
+        return super().require_route(topic, refresh=refresh)
+
+
+def test_a_topic_that_appears_while_no_template_exists_is_sent_to() -> None:
+    # the fault lab's seed 8: no route, no auto-create template, then the refresh found
+    # the topic: that send failed with an AssertionError
+    late = route("T", ("a", 2, RW))
+    s = QueueSelector(LateRoutes(late), LatencyFaultTolerance(), ProducerConfig())  # type: ignore[arg-type]
+    picked = s.select("T", None, None)
+    assert (picked.route, picked.auto_n) == (late, 0)
+    assert picked.mq.broker_name == "a"
