@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 from .batch import EncodedBatch
 from .commitlog import CommitLog
@@ -222,3 +222,18 @@ class CleanCommitLogService(ServiceThread):
 
     def run_once(self) -> None:
         self.store.clean_expired_files()
+
+
+class DiskWatchService(ServiceThread):
+    """Measures the store's disk use when a put finds the last measure stale, off the
+    put's thread: ``statvfs`` on a busy disk can take milliseconds, and a broker puts
+    on its event loop. Also every ``interval_s`` without puts."""
+
+    name = "disk-watch"
+
+    def __init__(self, store: Any, interval_s: float = 10.0) -> None:
+        super().__init__(interval_s)
+        self.store = store
+
+    def run_once(self) -> None:
+        self.store.measure_disk()

@@ -63,6 +63,7 @@ from .schedule import (
 )
 from .services import (
     CleanCommitLogService,
+    DiskWatchService,
     FlushConsumeQueueService,
     FlushRealTimeService,
     GroupCommitService,
@@ -174,6 +175,8 @@ class MessageStore:
         self._disk_ratio = 0.0  # the disk's used share, when last looked at
         self._disk_checked = float("-inf")  # when, by ``clock``
         self._over_warning_level = False
+        self._disk_lock = threading.Lock()  # one measure at a time (a put's, the watch's)
+        self._disk_watch: DiskWatchService | None = None  # measures off the put's thread
         self._allocation_failed = False  # the last put found no room for a file
         self._services: list = []
         self.root.mkdir(parents=True, exist_ok=True)
@@ -237,6 +240,8 @@ class MessageStore:
                 self._services.append(FlushRealTimeService(self))
             self._services.append(FlushConsumeQueueService(self))
             self._services.append(CleanCommitLogService(self))
+            self._disk_watch = DiskWatchService(self)
+            self._services.append(self._disk_watch)
             for service in self._services:
                 service.start()
 
@@ -729,14 +734,31 @@ class MessageStore:
                 f"disk_space_warning_level_ratio={limit}: writes are refused until it is below"
             )
 
-    def _look_at_disk(self) -> None:
+    def _look_at_disk(self, wait: bool = False) -> None:
         """Measure the disk's use: at most every 100 ms while writes are taken, at every
-        call once they are not (so they resume at the first put after room is made)."""
+        call once they are not (so they resume at the first put after room is made).
+        While writes are taken and the store's services run, the measure is the disk
+        watch's (``DiskWatchService``), woken here: a put does not wait for it (``wait``:
+        measured here all the same)."""
         now = self._clock()
         if not self.disk_full and abs(now - self._disk_checked) < _DISK_CHECK_S:
             return
-        self._disk_checked = now
-        ratio = self._disk_ratio = self._disk_usage()
+        watch = self._disk_watch
+        if watch is not None and not self.disk_full and not wait:
+            self._disk_checked = now  # asked once per interval, not by every put till then
+            watch.wakeup()
+            return
+        self.measure_disk()
+
+    def measure_disk(self) -> None:
+        """Measure the disk's use now; writes are refused while it is over
+        ``disk_space_warning_level_ratio``, taken again once it is below."""
+        with self._disk_lock:
+            self._disk_checked = self._clock()
+            ratio = self._disk_ratio = self._disk_usage()
+            self._disk_level(ratio)
+
+    def _disk_level(self, ratio: float) -> None:
         limit = self.config.disk_space_warning_level_ratio
         over = ratio > limit
         if over != self._over_warning_level:
@@ -1127,7 +1149,7 @@ class MessageStore:
         """What a broker shows of its store: CommitLog offsets, flushes since open, and
         its disk (``disk_full``: writes refused for want of space)."""
         cl = self.commitlog
-        self._look_at_disk()
+        self._look_at_disk(wait=True)  # not on a message's path: the figure of now
         return {
             "commitlog_min_offset": cl.min_offset,
             "commitlog_max_offset": cl.max_offset,

@@ -141,3 +141,32 @@ def test_the_disk_ratio_is_of_the_space_a_writer_can_have(tmp_path: Path) -> Non
     finally:
         if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
             subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_a_put_does_not_wait_for_the_disk_to_be_measured(tmp_path: Path, make_config) -> None:
+    import threading
+    import time
+
+    usage, now = [0.5], [1_000.0]
+    measuring, answer = threading.Event(), threading.Event()
+
+    def slow_disk() -> float:  # statvfs on a busy disk
+        measuring.set()
+        answer.wait(10)
+        return usage[0]
+
+    cfg = make_config(tmp_path / "s")
+    with MessageStore(cfg, disk_usage=slow_disk, clock=lambda: now[0]) as store:
+        usage[0] = 0.93
+        store.put(Message("D", b"a"))  # the measure is due: the disk watch takes it
+        assert measuring.wait(10)
+        assert store.put(Message("D", b"b")).queue_offset == 1  # taken meanwhile
+        answer.set()
+        deadline = time.monotonic() + 10
+        while not store.disk_full and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store.disk_full  # the watch's measure refuses what comes next
+        with pytest.raises(DiskFullError):
+            store.put(Message("D", b"refused"))
+        usage[0] = 0.5  # room again: a store refusing writes measures at the next put
+        assert store.put(Message("D", b"c")).queue_offset == 2
