@@ -1,0 +1,296 @@
+"""The consumers of lite topics on a broker: per consumer group and parent, who
+subscribes which lite topic and who owns (consumes) it (:mod:`actors.broker.lite.groups`),
+what a receive hands out, and the acks that commit a group's offsets.
+
+In a Raft group every change of these tables (a subscription, a commit, the clients the
+leader stopped hearing from) goes through the group's log (:class:`RaftLiteLog.change
+<actors.broker.lite.raft.RaftLiteLog.change>`), and the tables follow what the group
+committed (:meth:`LiteConsumers.on_state`), on every member.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from actors.broker.lite.groups import (
+    SUBSCRIBE_ADD,
+    SUBSCRIBE_COMPLETE,
+    SUBSCRIBE_REMOVE,
+    LiteGroup,
+)
+from actors.broker.lite.holds import LiteHolds
+from actors.broker.lite.raft import RaftLiteLog
+from actors.broker.runtime import BrokerRuntime
+from actors.protocol.checks import validate_group
+from storage.errors import InvalidMessageError, PermissionDeniedError
+from storage.lite import LiteStore, validate_lite_name
+from storage.message import GetStatus
+
+log = logging.getLogger("raymq.actors.broker.lite")
+
+
+class LiteConsumers:
+    """The subscription tables of a broker's lite topics, and the calls that use them."""
+
+    def __init__(
+        self,
+        runtime: BrokerRuntime,
+        store: LiteStore,
+        raft: RaftLiteLog | None,
+        holds: LiteHolds,
+        owner_lease_s: float,
+    ) -> None:
+        self.rt = runtime
+        self.store = store
+        self.raft = raft
+        self.holds = holds
+        self.owner_lease_s = owner_lease_s
+        self._groups: dict[tuple[str, str], LiteGroup] = {}
+        self._lock = threading.Lock()  # the groups' tables (read and changed on I/O threads)
+        self._forgetting: set[tuple[str, str, str]] = set()  # silent clients being proposed
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._term = -1  # the Raft term this member last served lite calls in
+
+    def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+    # ------------------------------------------------------------ the tables
+    def owners(self, parent: str, lite_topic: str) -> dict[str, str | None]:
+        """Per group subscribing ``lite_topic``: the client that owns it (or None)."""
+        with self._lock:
+            return {
+                group: g.owner.get(lite_topic)
+                for (group, p), g in self._groups.items()
+                if p == parent and lite_topic in g.subscribers
+            }
+
+    def unsubscribe_all(self, parent: str, lite_topic: str) -> None:
+        with self._lock:
+            for (_, p), g in self._groups.items():
+                if p == parent:
+                    g.unsubscribe_all(lite_topic)
+
+    def on_state(self, op: dict[str, Any]) -> None:
+        """A consumer state change the group committed (any thread, the lite store's
+        lock held): the subscription tables follow it."""
+        kind = op["op"]
+        if kind == "delete":
+            self.unsubscribe_all(op["parent"], op["lite"])
+            return
+        key = (op["group"], op["parent"])
+        with self._lock:
+            if kind == "subscribe":
+                g = self._groups.setdefault(key, LiteGroup())
+                g.seen[op["client"]] = time.monotonic()
+                g.change(op["client"], op["names"], op["action"])
+            elif kind == "gone" and key in self._groups:
+                for client in op["clients"]:
+                    self._groups[key].forget(client)
+
+    def _touch(self, g: LiteGroup, group: str, parent: str, client_id: str) -> None:
+        """``client_id`` was heard from (the lock held, on the event loop). The clients
+        silent for the owner lease lose their lite topics: here at once, or in a Raft
+        group through its log."""
+        gone = g.touch(client_id, self.owner_lease_s, drop=self.raft is None)
+        if self.raft is None or not gone:
+            return
+        fresh = [c for c in gone if (group, parent, c) not in self._forgetting]
+        if not fresh:
+            return
+        self._forgetting.update((group, parent, c) for c in fresh)
+        task = asyncio.get_running_loop().create_task(self._forget(group, parent, fresh))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _forget(self, group: str, parent: str, clients: list[str]) -> None:
+        assert self.raft is not None
+        op = {"op": "gone", "group": group, "parent": parent, "clients": clients}
+        try:
+            await self.raft.change(op)
+        except Exception as exc:  # noqa: BLE001 - the next call of the group proposes again
+            log.info("lite consumers %s of %s not dropped: %s", clients, group, exc)
+        finally:
+            self._forgetting.difference_update((group, parent, c) for c in clients)
+
+    async def lead(self) -> None:
+        """A Raft leader's lite state is its group's before it serves a lite call: every
+        committed record indexed and applied; on its first call of a term, every client
+        counts as heard from now."""
+        assert self.raft is not None
+        await self.raft.caught_up()
+        node = self.raft.raft.node
+        if node.is_leader and node.term != self._term:
+            self._term = node.term
+            with self._lock:
+                for g in self._groups.values():
+                    g.renew_all()
+
+    # ------------------------------------------------------------ subscriptions
+    async def subscribe(
+        self,
+        group: str,
+        parent: str,
+        client_id: str,
+        lite_topics: Sequence[str],
+        action: str = SUBSCRIBE_ADD,
+    ) -> dict[str, list[str]]:
+        """Change ``client_id``'s lite subscriptions in ``group``: ``add`` these,
+        ``remove`` these, or ``complete``: exactly these. A subscription creates the lite
+        topic if new (within the parent's quota). Returns the lite topics the client
+        subscribes and those it owns (consumes) now."""
+        validate_group(group)
+        self.store.parent_settings(parent)  # NotALiteParentError for another topic
+        names = [validate_lite_name(t) for t in lite_topics]
+        if action not in (SUBSCRIBE_ADD, SUBSCRIBE_REMOVE, SUBSCRIBE_COMPLETE):
+            raise InvalidMessageError(f"action={action!r}: one of add, remove, complete")
+        if self.raft is not None:
+            return await self._subscribe_through_log(group, parent, client_id, names, action)
+        if action != SUBSCRIBE_REMOVE:
+            for name in names:  # created first: a quota refusal leaves the table as it was
+                await self.rt.run(self.store.create, parent, name)
+        with self._lock:
+            g = self._groups.setdefault((group, parent), LiteGroup())
+            self._touch(g, group, parent, client_id)
+            g.change(client_id, names, action)
+            return g.view(client_id)
+
+    async def _subscribe_through_log(
+        self, group: str, parent: str, client_id: str, names: list[str], action: str
+    ) -> dict[str, list[str]]:
+        """A Raft leader's subscription change: proposed, and in its table once the
+        group committed it (a change that changes nothing only renews the client)."""
+        assert self.raft is not None
+        await self.lead()
+        with self._lock:
+            g = self._groups.setdefault((group, parent), LiteGroup())
+            self._touch(g, group, parent, client_id)
+            same = g.unchanged(client_id, names, action)
+        if not same:
+            if action != SUBSCRIBE_REMOVE:  # a quota refusal proposes nothing
+                await self.rt.run(self.store.check_room, parent, names)
+            op = {
+                "op": "subscribe",
+                "group": group,
+                "parent": parent,
+                "client": client_id,
+                "names": names,
+                "action": action,
+            }
+            await self.raft.change(op)
+        with self._lock:
+            g = self._groups.setdefault((group, parent), LiteGroup())
+            return g.view(client_id)
+
+    # ------------------------------------------------------------ consume
+    async def receive(
+        self, group: str, parent: str, client_id: str, max_count: int, read: Any, wait_ms: int
+    ) -> list[tuple[str, int, Any]]:
+        """Per lite topic ``client_id`` owns in ``group`` with messages from where the
+        group stands: its name, that offset and ``read``'s result (the store's ``get``
+        or ``get_raw``), ``max_count`` messages in all at most, held up to ``wait_ms``
+        while there are none."""
+        validate_group(group)
+        if not isinstance(max_count, int) or max_count <= 0:
+            raise InvalidMessageError(f"max_count={max_count!r}: an int > 0")
+        with self._lock:
+            g = self._groups.get((group, parent))
+            owned = [] if g is None else g.owned(client_id)
+        return await self.holds.held(
+            parent,
+            owned,
+            wait_ms,
+            lambda: self._receive_once(group, parent, client_id, max_count, read),
+        )
+
+    async def peek(self, group: str, parent: str, client_id: str, wait_ms: int) -> list[str]:
+        """The lite topics ``client_id`` owns in ``group`` with messages past where the
+        group stands, held up to ``wait_ms`` while there are none."""
+        validate_group(group)
+        with self._lock:
+            g = self._groups.get((group, parent))
+            owned = [] if g is None else g.owned(client_id)
+
+        async def look() -> list[str]:
+            with self._lock:
+                if g is None:
+                    return []
+                self._touch(g, group, parent, client_id)
+                cursors = {n: g.cursor.get(n, -1) for n in g.owned(client_id)}
+            store = self.store
+            return [
+                name
+                for name, at in cursors.items()
+                if store.max_offset(parent, name)
+                > (at if at >= 0 else max(0, store.committed_offset(group, parent, name)))
+            ]
+
+        return await self.holds.held(parent, owned, wait_ms, look)
+
+    async def _receive_once(
+        self, group: str, parent: str, client_id: str, max_count: int, read: Any
+    ) -> list[tuple[str, int, Any]]:
+        with self._lock:
+            g = self._groups.get((group, parent))
+            if g is None:
+                return []
+            self._touch(g, group, parent, client_id)
+            owned = g.owned(client_id)
+            cursors = {n: g.cursor.get(n, -1) for n in owned}
+        out = []
+        left = max_count
+        for name in owned:
+            if left <= 0:
+                break
+            start = cursors[name]
+            if start < 0:
+                start = max(0, self.store.committed_offset(group, parent, name))
+            got = await self.rt.run(read, parent, name, start, left)
+            if got.status is GetStatus.OFFSET_TOO_SMALL:  # expired under the group
+                start = got.next_offset
+                got = await self.rt.run(read, parent, name, start, left)
+            count = got.count if hasattr(got, "count") else len(got.messages)
+            if not count:
+                continue
+            left -= count
+            with self._lock:
+                if g.owner.get(name) == client_id:
+                    g.cursor[name] = got.next_offset
+            out.append((name, start, got))
+        return out
+
+    async def ack(
+        self, group: str, parent: str, client_id: str, lite_topic: str, offset: int
+    ) -> None:
+        """``client_id`` consumed ``lite_topic`` up to ``offset`` (the next to read):
+        committed for the group. Only the owner commits; an ack past what the group was
+        handed (the owner read on by pulls) moves the next receive there too."""
+        validate_group(group)
+        if self.raft is not None:
+            await self.lead()
+        with self._lock:
+            g = self._groups.get((group, parent))
+            if g is None or g.owner.get(lite_topic) != client_id:
+                raise PermissionDeniedError(
+                    f"client {client_id!r} does not own lite topic {lite_topic!r} in group "
+                    f"{group!r}: another consumer of the group consumes it"
+                )
+            self._touch(g, group, parent, client_id)
+            if lite_topic in g.cursor and isinstance(offset, int):
+                g.cursor[lite_topic] = max(g.cursor[lite_topic], offset)
+        if self.raft is None:
+            await self.rt.run(self.store.commit_offset, group, parent, lite_topic, offset)
+        elif await self.rt.run(self.store.check_commit, group, parent, lite_topic, offset):
+            op = {
+                "op": "commit",
+                "group": group,
+                "parent": parent,
+                "lite": lite_topic,
+                "offset": offset,
+            }
+            await self.raft.change(op)
