@@ -245,9 +245,18 @@ class AsyncBrokers:
     async def call(self, actor_name: str, handle: Any, method: str, *args: Any) -> Any:
         """``method(*args)`` of the broker, framed as ``actors.protocol.requests``
         declares it, over its socket; its answer as the Ray method would return it."""
+        return await (await self.request(actor_name, handle, method, *args))
+
+    async def request(
+        self, actor_name: str, handle: Any, method: str, *args: Any
+    ) -> asyncio.Future[Any]:
+        """:meth:`call` written now (without a suspension when the connection is
+        open): the future of its answer. Awaited through :func:`within`, a future
+        costs no task and no turn of the loop, as a coroutine would (each pull and
+        commit's answer reaches its caller in the turn it arrives in)."""
         conn = await self.connection(actor_name, handle)
         header, body, decode = _REQUESTS[method].encode(*args)
-        return await conn.request(header, body, decode)
+        return conn.request(header, body, decode)
 
     def close(self) -> None:
         conns, self._conns = self._conns, {}

@@ -98,13 +98,11 @@ class AsyncSimpleConsumer(PopClient):
 
     async def _pop(self, name: str, share: int, invisible_ms: int, wait_ms: int) -> Any:
         actor, handle = await self._master(name)
-        return await within(
-            self._brokers.call(
-                actor, handle, "pop", self.group, self.topic, share, invisible_ms, wait_ms,
-                self.fifo, self.tag_expr, self.client_id,
-            ),
-            wait_ms / 1000 + self.call_timeout_s,
+        answer = await self._brokers.request(
+            actor, handle, "pop", self.group, self.topic, share, invisible_ms, wait_ms,
+            self.fifo, self.tag_expr, self.client_id,
         )  # fmt: skip
+        return await within(answer, wait_ms / 1000 + self.call_timeout_s)
 
     async def ack(self, message: PoppedMessage) -> None:
         """Done with ``message``: it is not delivered again."""
@@ -127,10 +125,8 @@ class AsyncSimpleConsumer(PopClient):
         self._check_open()
         name = ReceiptHandle.parse(receipt).broker
         actor, handle = await self._master(name)
-        return await within(
-            self._brokers.call(actor, handle, method, self.group, self.topic, *args),
-            self.call_timeout_s,
-        )
+        answer = await self._brokers.request(actor, handle, method, self.group, self.topic, *args)
+        return await within(answer, self.call_timeout_s)
 
     async def _master(self, name: str) -> tuple[str, Any]:
         return await master(self.ns, self.topic, name)
