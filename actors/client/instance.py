@@ -401,6 +401,18 @@ class SharedClient:
         if not isinstance(group, str) or not group:
             raise InvalidMessageError(f"{what} group={group!r}: must be a non-empty str")
         self.group = group
+        self._share(namespace, nameservers, options, kind)
+        self.client_id = self.instance.new_client_id(group)
+
+    def _share(
+        self,
+        namespace: str,
+        nameservers: Sequence[str] | None,
+        options: ConnectionOptions,
+        kind: str = SEND,
+    ) -> None:
+        """Take this client's share of the instance for ``namespace`` and ``options``,
+        its calls on the ``kind`` pool (:meth:`_join` without a group)."""
         self._lease = share(
             self,
             namespace,
@@ -411,7 +423,6 @@ class SharedClient:
             kind=kind,
         )
         self.instance, self.ns = self._lease.instance, self._lease.view
-        self.client_id = self.instance.new_client_id(group)
         self._data_path = self.ns.data_path
 
     def _leave(self) -> None:
