@@ -188,13 +188,16 @@ def _outcomes(
     batch: list[_Entry], results: Any
 ) -> Iterator[tuple[concurrent.futures.Future[Any], Any, None]]:
     """Each entry's future and its share of the batch's ``results``."""
+    each: list[Any] | None = None  # expanded once, for the single messages only
     at = 0
     for m, future, _ in batch:
         if m.__class__ is list:
             yield future, _part(results, at, at + len(m)), None
             at += len(m)
         else:
-            yield future, results[at], None
+            if each is None:
+                each = list(results)
+            yield future, each[at], None
             at += 1
 
 

@@ -64,3 +64,16 @@ def test_timeout_cancel_and_the_module_helpers() -> None:
     done, not_done = concurrent.futures.wait([f, g], timeout=1)
     assert done == {f, g} and not not_done
     assert [x.done() for x in concurrent.futures.as_completed([f, g], timeout=1)] == [True] * 2
+
+
+def test_a_result_made_by_the_fast_constructor_is_the_dataclass_s_own() -> None:
+    from actors.client.send_result import SendResult, SendStatus, _result
+    from rebalance import MessageQueue
+
+    mq = MessageQueue("T", "broker-a", 3)
+    fast = _result(SendStatus.SEND_OK, "ID", "OFF", mq, 7)
+    plain = SendResult(SendStatus.SEND_OK, "ID", "OFF", mq, 7)
+    assert type(fast) is SendResult and fast == plain and hash(fast) == hash(plain)
+    assert repr(fast) == repr(plain) and fast.queue_offset == 7
+    with pytest.raises(AttributeError):  # still frozen
+        fast.queue_offset = 8  # type: ignore[misc]
