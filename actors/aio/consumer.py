@@ -502,10 +502,8 @@ class AsyncConsumer:
             self.long_poll_s,
             self.client_id,
         )
-        wire = await within(
-            self._brokers.call(actor, handle, "pull_packed", blob),
-            self.long_poll_s + CALL_TIMEOUT_S,
-        )
+        answer = await self._brokers.request(actor, handle, "pull_packed", blob)
+        wire = await within(answer, self.long_poll_s + CALL_TIMEOUT_S)
         for q, raw in zip(wanted, pulls_from_wire(wire)):
             if q.dropped or self._queues.get(q.mq) is not q:
                 continue

@@ -55,10 +55,8 @@ class GroupOffsets:
                     args.append({(q.mq.topic, q.mq.queue_id): tokens[q.mq] for q, _ in queues})
                 try:
                     actor, handle = await c._master(queues[0][0].mq)
-                    await within(
-                        c._brokers.call(actor, handle, "commit_offsets", *args),
-                        CALL_TIMEOUT_S,
-                    )
+                    answer = await c._brokers.request(actor, handle, "commit_offsets", *args)
+                    await within(answer, CALL_TIMEOUT_S)
                 except OffsetFencedError as exc:  # another member holds them now
                     log.warning("group %s: commit on %s fenced: %s", c.group, broker_name, exc)
                     failed.add(broker_name)

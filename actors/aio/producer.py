@@ -164,8 +164,6 @@ class AsyncProducer(ProducerCore):
         the producer's share of the client instance."""
         if self.closed:
             return
-        for topic in list(self._singles):
-            self._flush(topic)
         if self._background:
             await asyncio.wait(list(self._background), timeout=2 * self.config.delivery_timeout_s)
         self.closed = True
@@ -194,9 +192,11 @@ class AsyncProducer(ProducerCore):
         await budget.acquire(1, nbytes)
         try:
             single = self._singles.get(message.topic)
-            if single is None:
+            if single is None:  # its batch leaves in the next turn, from its own task
                 single = self._singles[message.topic] = _Single()
-                asyncio.get_running_loop().call_soon(self._flush, message.topic)
+                task = asyncio.ensure_future(self._flush(message.topic, single))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
             fut: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
             single.messages.append(message)
             single.waiters.append(fut)
@@ -210,38 +210,34 @@ class AsyncProducer(ProducerCore):
         finally:
             budget.release(1, nbytes)
 
-    def _flush(self, topic: str) -> None:
-        single = self._singles.pop(topic, None)
-        if single is None or not single.messages:
-            return
+    async def _flush(self, topic: str, single: _Single) -> list[Any]:
+        """Send the single messages of ``topic`` gathered in this turn of the loop as one
+        batch, and answer their callers as soon as it is answered; its chunks' outcomes
+        (none when nothing was sent). The task that sends it is the one created with the
+        batch (no turn of the loop between the batch closing and its frame's write, none
+        between its answer and its callers)."""
+        if self._singles.get(topic) is single:
+            del self._singles[topic]
         messages, waiters = single.messages, single.waiters
+        if not messages:  # every caller was cancelled
+            return []
         try:
             chunks = self._encoder.encode(messages)
-        except Exception as exc:  # noqa: BLE001 - one bad message fails its batch's callers
+            parts = await self._send_chunks(chunks, None, _Written())
+        except BaseException as exc:  # noqa: BLE001 - the batch's callers hear it
             for w in waiters:
                 if not w.done():
-                    w.set_exception(exc)
-            return
-        task = asyncio.ensure_future(self._send_chunks(chunks, None, _Written()))
-        self._background.add(task)
-
-        def answered(t: asyncio.Task[Any]) -> None:
-            self._background.discard(t)
-            if t.cancelled():
-                exc: BaseException | None = asyncio.CancelledError()
-            else:
-                exc = t.exception()
-            results = None if exc is not None else BatchSendResult(t.result(), len(messages))
-            for i, w in enumerate(waiters):
-                if w.done():
-                    continue
-                if results is None:
-                    assert exc is not None
-                    w.set_exception(exc)
-                else:
-                    w.set_result(results[i])
-
-        task.add_done_callback(answered)
+                    w.set_exception(
+                        asyncio.CancelledError() if isinstance(exc, asyncio.CancelledError) else exc
+                    )
+            if not isinstance(exc, Exception):
+                raise
+            return []
+        results = BatchSendResult(parts, len(messages))
+        for i, w in enumerate(waiters):
+            if not w.done():
+                w.set_result(results[i])
+        return parts
 
     # ------------------------------------------------------------ sending chunks
     async def _guarded(self, coro: Any, state: _Written) -> Any:
