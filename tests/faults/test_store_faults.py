@@ -7,7 +7,7 @@ from pathlib import Path
 
 from store_faults import commitlog_end, last_record_holding, record_end, record_start
 
-from storage import Message, MessageStore, StoreConfig
+from storage import Message, MessageStore, StoreConfig, codec, transaction
 
 
 def test_a_cut_through_a_record_loses_it_from_its_start(tmp_path: Path) -> None:
@@ -58,3 +58,25 @@ def test_the_floor_of_a_door_without_offsets_is_the_record_holding_its_last_body
     assert last_record_holding(store_dir, [b"g-00000465"], tail) == tail
     assert last_record_holding(store_dir, [b"x-never"], begin) == begin
     assert last_record_holding(store_dir, [], begin) == begin
+
+
+def test_the_floor_of_a_one_phase_commit_is_its_marker(tmp_path: Path) -> None:
+    """A one-phase commit's last record is its marker, which holds the transaction's id
+    and no body: a cut between its messages and its marker loses the whole commit
+    (recovery drops a group without its marker). The fault lab's seed 1 cut there after
+    a SYNC_FLUSH commit was acknowledged: its floor must reach the marker."""
+    config = StoreConfig(
+        store_dir=str(tmp_path / "store"), commitlog_file_size=8192, max_message_size=2048
+    )
+    bodies = [f"t-{i:08d}" for i in range(968, 972)]
+    txn_id = "fault-txn-1.0.10.b113b9d0"
+    with MessageStore(config, start_services=False) as store:
+        first = store.put(Message("T", b"m-00000001"))
+        group = codec.encode_batch([Message("T", b.encode()) for b in bodies])
+        store.put_group(group, transaction.commit_marker(txn_id, "fault-txn-1", 0, len(bodies)))
+    store_dir = tmp_path / "store"
+    begin = first.commitlog_offset
+    by_bodies = last_record_holding(store_dir, [b.encode() for b in bodies], begin)
+    assert by_bodies < commitlog_end(store_dir)  # the marker lies past the last body
+    needles = [n.encode() for n in (*bodies, txn_id)]  # what the workload reports
+    assert last_record_holding(store_dir, needles, begin) == commitlog_end(store_dir)

@@ -141,14 +141,16 @@ class Sender:
 
 def door_acked(doors: Sequence[GrpcSender | TxnSender], last: int = 200) -> list[str]:
     """The bodies of each door's latest ``last`` acknowledged ops (gRPC sends, committed
-    transactions): their answers name no CommitLog offset, so a power loss finds them in
-    the store (``store_faults.last_record_holding``) to know what was fsynced."""
+    transactions), and each committed transaction's id: their answers name no CommitLog
+    offset, so a power loss finds them in the store (``store_faults.last_record_holding``)
+    to know what was fsynced. A one-phase commit's last record is its marker, which holds
+    no body but the transaction's id."""
     return [
-        body
+        needle
         for door in doors
         for op in door.ops[-last:]
         if op["outcome"] == "SEND_OK"
-        for body in op["bodies"]
+        for needle in (*op["bodies"], *([op["txn"]] if op.get("txn") else []))
     ]
 
 
@@ -272,7 +274,7 @@ class TxnSender:
                     producer = self._producer()
             self.ops.append(
                 {"bodies": bodies, "invoked": invoked, "completed": time.monotonic(),
-                 "outcome": outcome, "door": "txn"}
+                 "outcome": outcome, "door": "txn", "txn": txn and txn.txn_id}
             )  # fmt: skip
             self.stop.wait(spec["txn_pace_s"])
         with contextlib.suppress(Exception):
