@@ -301,7 +301,7 @@ class Run:
         self.plan = plan
         self.keep = keep
         self.events: list[Event] = []
-        self.crashes: list[tuple[str, int, float]] = []  # (ip, cut offset, when)
+        self.crashes: list[tuple[str, int, float]] = []  # (ip, cut offset, crashed at)
         self.offset_losses: list[tuple[str, float]] = []  # (ip, when): its journal lost
         self.rng = random.Random(plan.seed ^ 0x5EED)
 
@@ -410,6 +410,10 @@ class Run:
         progress = self.settled_progress(node.ip, frozen)
         acked = progress.get("acked_max", {})
         lab.crash(ev.node)
+        # what its brokers answered, they answered before the freeze; the client may read
+        # an answer later (seed 0 read 4 of them 0.6 ms after): until now, every answer
+        # from that address is one of theirs
+        crashed = time.monotonic()
         store = self.store(ev.node)
         floor = 0
         mine = [o for h, o in acked.items() if h.rpartition(":")[0] == node.ip]
@@ -436,7 +440,7 @@ class Run:
             at, end = lose_unflushed(store, floor)
             torn = at
         ev.detail.update(cut=at, end=end, floor=floor, lost_bytes=end - at, torn_from=torn)
-        self.crashes.append((node.ip, torn, frozen))
+        self.crashes.append((node.ip, torn, crashed))
         if ev.fault.kind == "bad_replica":
             damage = ev.fault.params["damage"]
             what = (flip_bit if damage == "flip" else truncate)(store, ev.fault.params["log"], rng)
