@@ -240,10 +240,9 @@ class MessageStore:
                 self._services.append(FlushRealTimeService(self))
             self._services.append(FlushConsumeQueueService(self))
             self._services.append(CleanCommitLogService(self))
-            self._disk_watch = DiskWatchService(self)
-            self._services.append(self._disk_watch)
             for service in self._services:
                 service.start()
+            self.watch_disk()
 
     # ------------------------------------------------------------ lifecycle
     def _acquire_lock(self) -> int:
@@ -749,6 +748,16 @@ class MessageStore:
             watch.wakeup()
             return
         self.measure_disk()
+
+    def watch_disk(self) -> None:
+        """From now on, measure the disk's use on a thread of its own (``DiskWatchService``,
+        stopped with the store): a put no longer waits for ``statvfs``. Started with the
+        store's services; a broker's role, which starts them itself, starts it too."""
+        if self._disk_watch is None:
+            watch = DiskWatchService(self)
+            self._services.append(watch)
+            watch.start()
+            self._disk_watch = watch
 
     def measure_disk(self) -> None:
         """Measure the disk's use now; writes are refused while it is over

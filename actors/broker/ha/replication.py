@@ -134,6 +134,7 @@ class StoreServices:
         self._always.append(CleanCommitLogService(store))
         for service in self._always:
             service.start()
+        store.watch_disk()  # puts do not wait for statvfs (the store stops it on close)
 
     @property
     def schedule(self) -> ScheduleMessageService | None:
