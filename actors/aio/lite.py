@@ -32,9 +32,15 @@ _C = TypeVar("_C", bound="_AsyncLiteCalls")
 
 class _AsyncLiteCalls(core.LiteClientCore):
     """The calls of an awaited lite client: socket requests over ``AsyncBrokers``
-    (``self._brokers``, made on the first call), awaited on the caller's loop."""
+    (``self._brokers``), awaited on the caller's loop."""
 
     _brokers: AsyncBrokers
+
+    def _connect(self, data_tls_ca: str | None) -> _instance.Connection:
+        """The client's sockets to brokers (``self._brokers``, none open yet) and its
+        share's connection options, both with ``data_tls_ca``."""
+        self._brokers = AsyncBrokers(data_tls_ca)
+        return _instance.Connection(data_tls_ca=data_tls_ca)
 
     async def _route(self) -> Any:
         route = self.ns.names.cached_route(self.parent)
@@ -70,7 +76,7 @@ class _AsyncLiteCalls(core.LiteClientCore):
         await self.close()
 
 
-class AsyncLiteProducer(_AsyncLiteCalls):
+class AsyncLiteProducer(_AsyncLiteCalls, core.LiteProducerCore):
     """Sends to lite topics of ``parent`` (a topic of type LITE) on the caller's loop.
     ``async with AsyncLiteProducer(parent, ...) as p: await p.send(lite, body)``."""
 
@@ -83,10 +89,8 @@ class AsyncLiteProducer(_AsyncLiteCalls):
         call_timeout_s: float = 10.0,
         data_tls_ca: str | None = None,
     ) -> None:
-        super().__init__(
-            parent, namespace, nameservers, call_timeout_s, _instance.SEND, tls_ca=data_tls_ca
-        )
-        self._brokers = AsyncBrokers(data_tls_ca)
+        connection = self._connect(data_tls_ca)
+        super().__init__(parent, namespace, nameservers, call_timeout_s, connection)
 
     async def send(
         self,
@@ -126,10 +130,10 @@ class AsyncLiteConsumer(_AsyncLiteCalls, core.LiteConsumerCore):
         resync_s: float = 10.0,
         data_tls_ca: str | None = None,
     ) -> None:
+        connection = self._connect(data_tls_ca)
         super().__init__(
-            group, parent, namespace, nameservers, call_timeout_s, resync_s, tls_ca=data_tls_ca
+            group, parent, namespace, nameservers, call_timeout_s, resync_s, connection
         )
-        self._brokers = AsyncBrokers(data_tls_ca)
 
     async def subscribe(self, *lite_topics: str) -> list[str]:
         """Subscribe these lite topics (created if new); the lite topics this consumer

@@ -47,11 +47,11 @@ def _wait_first(calls: Sequence[Any], timeout: float) -> list[Any]:
     return rpc.wait(calls, timeout)[0]  # mixed paths: all of them
 
 
-def _path(data_path: str) -> dict[str, str]:
-    """The lease's transport: ``data_path`` checked."""
+def _path(data_path: str) -> _instance.Connection:
+    """The client's connection: ``data_path`` checked."""
     if data_path not in ("socket", "ray"):
         raise ValueError(f"data_path={data_path!r}: 'socket' or 'ray'")
-    return {"data_path": data_path}
+    return _instance.Connection(data_path=data_path)
 
 
 _C = TypeVar("_C", bound="_LiteCalls")
@@ -93,7 +93,7 @@ class _LiteCalls(core.LiteClientCore):
         self.close()
 
 
-class LiteProducer(_LiteCalls):
+class LiteProducer(_LiteCalls, core.LiteProducerCore):
     """Sends to lite topics of ``parent`` (a topic created with type LITE)."""
 
     def __init__(
@@ -105,9 +105,7 @@ class LiteProducer(_LiteCalls):
         call_timeout_s: float = 10.0,
         data_path: str = "socket",
     ) -> None:
-        super().__init__(
-            parent, namespace, nameservers, call_timeout_s, _instance.SEND, **_path(data_path)
-        )
+        super().__init__(parent, namespace, nameservers, call_timeout_s, _path(data_path))
 
     def send(
         self,
@@ -148,7 +146,7 @@ class LiteConsumer(_LiteCalls, core.LiteConsumerCore):
         data_path: str = "socket",
     ) -> None:
         super().__init__(
-            group, parent, namespace, nameservers, call_timeout_s, resync_s, **_path(data_path)
+            group, parent, namespace, nameservers, call_timeout_s, resync_s, _path(data_path)
         )
 
     def subscribe(self, *lite_topics: str) -> list[str]:

@@ -28,6 +28,7 @@ __all__ = [
     "LiteCall",
     "LiteClientCore",
     "LiteConsumerCore",
+    "LiteProducerCore",
     "LiteSendPlan",
     "home_broker",
     "send_item",
@@ -126,10 +127,28 @@ class LiteSendPlan:
         return out
 
 
-class LiteClientCore:
-    """A lite client of ``parent``: its checked settings and its lease on the process's
-    client core (NameServers, routes, broker handles); ``transport`` goes to
-    :func:`actors.client.instance.share` (``data_path=`` or ``tls_ca=``)."""
+class LiteClientCore(_instance.SharedClient):
+    """A lite client of ``parent`` with its checked settings; it takes its share of the
+    process's client instance (NameServers, routes, broker handles) as every client
+    does: ``_share`` for a producer, ``_join`` for a consumer."""
+
+    def __init__(self, parent: str, call_timeout_s: float) -> None:
+        self.parent = validate_topic(parent)
+        self.call_timeout_s = check_number("call_timeout_s", call_timeout_s)
+        self.closed = False
+
+    def home(self, route: Any, lite_topic: str) -> str:
+        return home_broker(route, self.parent, lite_topic)
+
+    def _release(self) -> None:
+        """Give the share back (once)."""
+        if not self.closed:
+            self.closed = True
+            self._leave()
+
+
+class LiteProducerCore(LiteClientCore):
+    """A lite producer: its sends on the instance's send pool."""
 
     def __init__(
         self,
@@ -137,28 +156,15 @@ class LiteClientCore:
         namespace: str,
         nameservers: Sequence[str] | None,
         call_timeout_s: float,
-        kind: str,
-        **transport: Any,
+        connection: _instance.ConnectionOptions,
     ) -> None:
-        self.parent = validate_topic(parent)
-        self.call_timeout_s = check_number("call_timeout_s", call_timeout_s)
-        self._lease = _instance.share(self, namespace, nameservers, kind=kind, **transport)
-        self.instance, self.ns = self._lease.instance, self._lease.view
-        self.closed = False
-
-    def home(self, route: Any, lite_topic: str) -> str:
-        return home_broker(route, self.parent, lite_topic)
-
-    def _release(self) -> None:
-        """Give the lease back (once)."""
-        if not self.closed:
-            self.closed = True
-            self._lease.release()
+        super().__init__(parent, call_timeout_s)
+        self._share(namespace, nameservers, connection, _instance.SEND)
 
 
 class LiteConsumerCore(LiteClientCore):
     """A lite consumer of ``group``: the lite topics it subscribes, when to send them all
-    again, and its requests."""
+    again, and its requests, on the instance's read pool."""
 
     def __init__(
         self,
@@ -168,14 +174,12 @@ class LiteConsumerCore(LiteClientCore):
         nameservers: Sequence[str] | None,
         call_timeout_s: float,
         resync_s: float,
-        **transport: Any,
+        connection: _instance.ConnectionOptions,
     ) -> None:
-        self.group = validate_group(group)
+        super().__init__(parent, call_timeout_s)
         self.resync_s = check_number("resync_s", resync_s)
-        super().__init__(
-            parent, namespace, nameservers, call_timeout_s, _instance.READ, **transport
-        )
-        self.client_id = self.instance.new_client_id(group)
+        group = validate_group(group)
+        self._join("lite consumer", group, namespace, nameservers, connection, _instance.READ)
         self._subscribed: set[str] = set()
         self._synced = 0.0
 
