@@ -73,6 +73,7 @@ from actors.client.transactional import (
     commit_arguments,
     one_phase_plan,
     one_phase_target,
+    route_again,
     settling_commit,
     warn_if_applied_later,
 )
@@ -229,9 +230,13 @@ class AsyncTransaction:
         if plan is None:
             return False
         tries = OnePhaseTries(txn, p, self, plan.broker)
+        route: Any = plan.route
         while True:
             try:
-                actor, handle = await p._master(plan.route, plan.broker)
+                if route is None:  # after a failed try: the master the route names now
+                    topic = txn._buffer[0].topic
+                    route = await asyncio.to_thread(route_again, p.ns, plan.broker, topic)
+                actor, handle = await p._master(route, plan.broker)
                 answer = await within(
                     p._brokers.call(
                         actor,
@@ -254,6 +259,10 @@ class AsyncTransaction:
                 )
                 if pause is None:
                     return False
+                # the broker's actor may be dead (the data path says so as NotWritten,
+                # not as ActorDiedError), and a promoted slave is another actor: the
+                # route is read again, and the master's handle looked up again
+                route = None
             except BaseException:  # cancelled: whether it is committed is not known
                 txn.state = TransactionState.FAILED
                 raise

@@ -382,11 +382,12 @@ def one_phase_plan(txn: Any, enabled: bool, encoder: Any, selector: Any) -> OneP
     return None if plan is None else OnePhasePlan(*plan, offsets)
 
 
-def _master_again(ns: Any, broker: str, topic: str) -> Any:
-    """The connection to ``broker``'s master after its actor was found dead, by
-    ``topic``'s route read again from the NameServers (a broker started again under its
-    name is another actor; a promoted slave another name). Raises
-    ``BrokerUnavailableError`` while there is none."""
+def route_again(ns: Any, broker: str, topic: str) -> Any:
+    """``topic``'s route read again from the NameServers after ``broker``'s master's
+    actor was found dead (a broker started again under its name is another actor; a
+    promoted slave another name), the dead actor's handle dropped. Blocking (the
+    awaited producer runs it on a thread). Raises ``BrokerUnavailableError`` while no
+    NameServer gives one."""
     ns.forget_topic_broker(topic, broker)
     try:
         route = ns.route(topic)
@@ -394,7 +395,13 @@ def _master_again(ns: Any, broker: str, topic: str) -> Any:
         raise BrokerUnavailableError(f"no route of {topic!r}: {exc!r}") from exc
     if route is None:
         raise BrokerUnavailableError(f"no route of {topic!r}")
-    return ns.broker(route, broker)
+    return route
+
+
+def _master_again(ns: Any, broker: str, topic: str) -> Any:
+    """The connection to ``broker``'s master after its actor was found dead, by
+    ``topic``'s route read again (:func:`route_again`)."""
+    return ns.broker(route_again(ns, broker, topic), broker)
 
 
 __all__ = [
