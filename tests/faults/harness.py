@@ -350,21 +350,24 @@ class FaultLab:
         """Wait until ``count`` nodes are alive in the head's view."""
         deadline = time.monotonic() + timeout_s
         alive, last = 0, ""
-        starts = 0
+        starts: dict[str, int] = {}
         while time.monotonic() < deadline:
             for node in self.nodes.values():
                 for p in node.procs:
                     if p.poll() is None:
                         continue
-                    if p is node.ray_start and not node.head and starts < 2:
+                    if p is node.ray_start and not node.head and starts.get(node.name, 0) < 3:
                         # a worker node's `ray start` gives up after 30 s when the GCS
-                        # answers late (a loaded machine): the lab's own step, tried again
-                        starts += 1
+                        # answers late (a loaded machine, or four nodes joining at once on
+                        # two cores): the lab's own step, tried again, each node up to three
+                        # times, with the time the new try takes added to the wait
+                        starts[node.name] = starts.get(node.name, 0) + 1
                         log.warning(
                             "ray start on %s exited %s: starting it again", node.name, p.returncode
                         )
                         self.crash(node.name)
                         self._start_ray(node)
+                        deadline = max(deadline, time.monotonic() + 45.0)
                         break
                     raise LabError(
                         f"ray on {node.name} exited {p.returncode}:\n"

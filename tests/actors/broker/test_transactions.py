@@ -299,12 +299,7 @@ def test_a_half_message_survives_a_broker_restart_and_is_resolved(
         broker = cluster.broker("broker-a")
         before = ray.get(broker.ping.remote())
         ray.kill(broker, no_restart=False)  # Ray restarts it; the store recovers
-        wait_until(
-            lambda: _incarnation(broker) not in (None, before),
-            timeout_s=60,
-            interval_s=0.2,
-            what="the restart",
-        )
+        _wait_for_restart(cluster, broker, before, "TxE")
         assert visible(cluster, "TxE") == []
         with listener.lock:
             listener.answers[b"survivor"] = COMMIT
@@ -416,6 +411,27 @@ def test_a_backlog_of_half_messages_is_checked_and_ended_in_batches(
         producer.close()
 
 
+def _wait_for_restart(cluster: actors.Cluster, broker: Any, before: str, topic: str) -> None:
+    """Wait until Ray has restarted ``broker`` and the broker is back in ``topic``'s route:
+    the NameServer drops a dead broker's routes, and the new incarnation registers again on
+    its own loop, after it already answers pings."""
+    wait_until(
+        lambda: _incarnation(broker) not in (None, before),
+        timeout_s=60,
+        interval_s=0.2,
+        what="the restart",
+    )
+    nameserver = cluster.nameserver(0)
+    wait_until(
+        lambda: (
+            (route := ray.get(nameserver.get_route.remote(topic))) is not None and route.queue_datas
+        ),
+        timeout_s=30,
+        interval_s=0.1,
+        what=f"the restarted broker back in {topic}'s route",
+    )
+
+
 def _incarnation(broker: Any) -> str | None:
     try:
         return str(ray.get(broker.ping.remote(), timeout=5))
@@ -522,12 +538,7 @@ def test_half_messages_are_checked_back_and_survive_a_restart_with_default_file_
         broker = cluster.broker("broker-a")
         before = ray.get(broker.ping.remote())
         ray.kill(broker, no_restart=False)  # Ray restarts it; the store recovers
-        wait_until(
-            lambda: _incarnation(broker) not in (None, before),
-            timeout_s=60,
-            interval_s=0.2,
-            what="the restart",
-        )
+        _wait_for_restart(cluster, broker, before, "TxDefault")
         with listener.lock:
             listener.answers.update({b: COMMIT for b in bodies})
         reader = cluster.pull_consumer("reader-default")
