@@ -55,10 +55,9 @@ class Registration:
 
     async def _register_one(self, name: str, reg: BrokerRegistration) -> dict[str, Any] | None:
         try:
-            handle = await self.rt.run(self.rt.nameserver, name)
-            return await asyncio.wait_for(
-                handle.register_broker.remote(reg), self.rt.config.register_timeout_s
-            )
+            timeout = self.rt.config.register_timeout_s  # a GCS that does not answer: next beat
+            handle = await asyncio.wait_for(self.rt.run(self.rt.nameserver, name), timeout)
+            return await asyncio.wait_for(handle.register_broker.remote(reg), timeout)
         except Exception as exc:  # noqa: BLE001 - a NameServer being down is normal
             self.rt.forget_nameserver(name)
             log.debug("register with %s failed: %s", name, exc)
