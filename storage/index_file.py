@@ -18,6 +18,7 @@ message.
 from __future__ import annotations
 
 import logging
+import operator
 import struct
 import time
 from pathlib import Path
@@ -31,6 +32,10 @@ from .mapped_file import MappedFile, drop_if_empty
 log = logging.getLogger("raymq.storage.index_file")
 
 HEADER = struct.Struct(">qqqqii")
+HEADER_FIELDS = ("begin_ts", "end_ts", "begin_offset", "end_offset", "slot_count", "index_count")
+"""The header's fields in ``HEADER``'s order: an :class:`IndexFile`'s attributes of those
+names are read from it on open and written back by ``_write_header``."""
+_header_values = operator.attrgetter(*HEADER_FIELDS)
 HEADER_SIZE = HEADER.size
 assert HEADER_SIZE == 40
 ENTRY = np.dtype([("hash", ">i4"), ("offset", ">i8"), ("diff", ">i4"), ("prev", ">i4")])
@@ -41,6 +46,8 @@ _INT_MAX = 0x7FFFFFFF
 
 
 class IndexFile:
+    begin_ts = end_ts = begin_offset = end_offset = slot_count = index_count = 0  # HEADER_FIELDS
+
     def __init__(
         self, path: Path, slots: int, max_entries: int, *, create: bool, preallocate: bool = True
     ) -> None:
@@ -48,14 +55,8 @@ class IndexFile:
         self.max_entries = max_entries
         self.size = HEADER_SIZE + slots * 4 + max_entries * ENTRY_SIZE
         self.file = MappedFile(path, self.size, create=create, preallocate=preallocate)
-        (
-            self.begin_ts,
-            self.end_ts,
-            self.begin_offset,
-            self.end_offset,
-            self.slot_count,
-            self.index_count,
-        ) = HEADER.unpack_from(self.file.buffer, 0)
+        for name, value in zip(HEADER_FIELDS, HEADER.unpack_from(self.file.buffer, 0)):
+            setattr(self, name, value)
         if self.index_count <= 0:
             self.index_count = 1
         self._slot_table = np.frombuffer(
@@ -203,17 +204,7 @@ class IndexFile:
         return number
 
     def _write_header(self) -> None:
-        self.file.write_at(
-            0,
-            HEADER.pack(
-                self.begin_ts,
-                self.end_ts,
-                self.begin_offset,
-                self.end_offset,
-                self.slot_count,
-                self.index_count,
-            ),
-        )
+        self.file.write_at(0, HEADER.pack(*_header_values(self)))
 
     def time_matched(self, begin: int, end: int) -> bool:
         return self.begin_ts > 0 and self.begin_ts <= end and self.end_ts >= begin
