@@ -177,6 +177,9 @@ class LiteStore:
         self.state_listener: Callable[[dict[str, Any]], None] | None = None
         """Called (the store's lock held, in CommitLog order) with each consumer state
         change :meth:`catch_up` applies (:mod:`storage.lite.state`)."""
+        self.state_at = 0
+        """Where the state record whose change the listener is given ends (its CommitLog
+        offset plus size): a listener that saved its state tells a change it holds."""
         self._reserved: dict[str, int] = {}  # key -> proposals naming it, not yet bound
         self.root = Path(store.root) / "lite"
         self.root.mkdir(parents=True, exist_ok=True)
@@ -1095,34 +1098,29 @@ class LiteStore:
         recs["kind"] = DELETE
         recs["lid"] = lids
         recs["gen"] = t.gen[lids]
-        pids = t.parent[lids]
-        names, ids = self._names, self._ids
-        for lid, pid in zip(lids.tolist(), pids.tolist()):
-            parent = self._parents_by_id[pid]
-            assert parent is not None
-            name = names[lid]
-            names[lid] = None
-            del ids[f"{pid}\x01{name}"]
-            parent.count -= 1
-            if parent.sorted_names is not None:
-                parent.sorted_names.remove(name)
+        for lid, pid in zip(lids.tolist(), t.parent[lids].tolist()):
+            self._forget_name(lid, pid)
         t.parent[lids] = -1
         t.last[lids] = -1
         t.next_off[lids] = 0
         self._free.extend(lids.tolist())
         return recs.tobytes()
 
-    def _unbind(self, lid: int) -> None:
-        t = self.table
-        pid = int(t.parent[lid])
+    def _forget_name(self, lid: int, pid: int) -> None:
+        """Take live lite topic ``lid`` (of parent ``pid``) out of the names and its
+        parent's count (lock held); its table row is the caller's to clear."""
         parent = self._parents_by_id[pid]
         assert parent is not None
         name = self._names[lid]
-        del self._ids[f"{pid}\x01{name}"]
         self._names[lid] = None
+        del self._ids[f"{pid}\x01{name}"]
         parent.count -= 1
         if parent.sorted_names is not None:
             parent.sorted_names.remove(name)
+
+    def _unbind(self, lid: int) -> None:
+        t = self.table
+        self._forget_name(lid, int(t.parent[lid]))
         t.parent[lid] = -1
         t.last[lid] = -1
         t.next_off[lid] = 0
@@ -1147,7 +1145,7 @@ class LiteStore:
                 if op is not None:  # in CommitLog order: the records before it first
                     found += self._index_found(batch)
                     batch = []
-                    self._apply_state(op)
+                    self._apply_state(op, phys + size)
                     continue
                 batch.append((topic, name, phys, size, ts))
                 if len(batch) >= 4096:
@@ -1158,7 +1156,19 @@ class LiteStore:
             self._covered = max(self._covered, end)
         return found
 
-    def _apply_state(self, op: dict[str, Any]) -> None:
+    def state_changes(self, start: int) -> list[tuple[int, dict[str, Any]]]:
+        """The consumer state changes this store applied from CommitLog offset ``start``
+        on (those the CommitLog still holds): ``(where its record ends, change)`` each,
+        in order; a listener that saved its state at ``start`` replays them."""
+        with self._lock:
+            start = max(start, self.store.commitlog.min_offset)
+            return [
+                (phys + size, op)
+                for _, _, phys, size, _, op in _lite_records(self.store, start, self._covered)
+                if op is not None
+            ]
+
+    def _apply_state(self, op: dict[str, Any], end: int) -> None:
         """A committed consumer state change (lock held): offsets, deletes and the lite
         topics a subscription creates here, then the listener."""
         kind = op["op"]
@@ -1180,6 +1190,7 @@ class LiteStore:
                 self.offsets.commit(op["group"], lid, int(self.table.gen[lid]), offset)
         listener = self.state_listener
         if listener is not None:
+            self.state_at = end
             listener(op)
 
     def _parent_of_record(self, topic: str) -> _Parent:
