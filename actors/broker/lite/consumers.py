@@ -6,6 +6,13 @@ In a Raft group every change of these tables (a subscription, a commit, the clie
 leader stopped hearing from) goes through the group's log (:class:`RaftLiteLog.change
 <actors.broker.lite.raft.RaftLiteLog.change>`), and the tables follow what the group
 committed (:meth:`LiteConsumers.on_state`), on every member.
+
+The tables are saved beside the lite offsets (:mod:`actors.broker.lite.saved`) within
+``flush_interval_ms`` of a change and at a clean stop, and loaded at start, so the
+subscriptions and owners survive a restart before any client sends them again (the
+messages handed out and not acknowledged do not: they are handed out again from the
+committed offset). In a Raft group the file says up to which state record of the log
+it holds them: the changes after it are replayed from the log, each applied once.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from actors.broker.lite.groups import (
 )
 from actors.broker.lite.holds import LiteHolds
 from actors.broker.lite.raft import RaftLiteLog
+from actors.broker.lite.saved import Key, Part, SavedTables, SavedTablesError, part_of
 from actors.broker.runtime import BrokerRuntime
 from actors.protocol.checks import validate_group
 from storage.errors import InvalidMessageError, PermissionDeniedError
@@ -55,12 +63,123 @@ class LiteConsumers:
         self._forgetting: set[tuple[str, str, str]] = set()  # silent clients being proposed
         self._tasks: set[asyncio.Task[None]] = set()
         self._term = -1  # the Raft term this member last served lite calls in
+        self._file = SavedTables(store.root)
+        self._at = 0  # where the last state record the tables hold ends (Raft)
+        self._dirty: set[Key] = set()  # groups changed since the last save
+        self._changed = False  # a save is due
+        self._parts: dict[Key, Part] = {}  # what the file holds of each group
+        self._saving = threading.Lock()  # one save at a time, in order
+        self.saves = 0
+        """Saves of the tables since start."""
 
     def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
+        try:
+            self.save()
+        except Exception:  # noqa: BLE001 - a clean stop goes on; the last save stands
+            log.exception("lite subscriptions %s not saved at close", self._file.path)
+
+    # ------------------------------------------------------------ saved tables
+    def load(self, replay: bool) -> None:
+        """The saved tables, then with ``replay`` (a Raft group) the state changes the
+        log holds after them; before the store's listener is set and its upkeep started.
+        A file that cannot be read is set aside with an error logged: the tables start
+        empty (with ``replay``, rebuilt from what the log still holds)."""
+        path = self._file.path
+        try:
+            saved = self._file.read()
+        except (OSError, SavedTablesError) as exc:
+            aside = self._file.set_aside()
+            log.error(
+                "lite subscriptions %s unreadable (%s), moved to %s: the subscription "
+                "tables start empty%s",
+                path,
+                exc,
+                aside,
+                " and are rebuilt from the Raft log" if replay else "",
+            )
+            saved = None
+        at, groups = saved if saved is not None else (0, {})
+        end = self.store.store.commitlog.max_offset
+        if at > end:
+            log.error(
+                "lite subscriptions %s hold the log up to %d, past the CommitLog's end %d: "
+                "the subscription tables start empty",
+                path,
+                at,
+                end,
+            )
+            at, groups = 0, {}
+        with self._lock:
+            self._groups = groups
+            self._parts = {k: part_of(g) for k, g in groups.items()}
+            self._at = at
+        replayed = self.store.state_changes(at) if replay else []
+        for end_at, op in replayed:
+            self._apply(op, end_at)
+        log.info(
+            "lite subscriptions loaded from %s: %d groups, %d subscriptions, %d changes "
+            "replayed from the log",
+            path,
+            len(groups),
+            sum(len(g.subscribers) for g in groups.values()),
+            len(replayed),
+        )
+
+    def save(self) -> bool:
+        """Write the tables if they changed since the last save; whether it wrote."""
+        with self._saving:
+            with self._lock:
+                if not self._changed:
+                    return False
+                for key in self._dirty:
+                    g = self._groups.get(key)
+                    part = part_of(g) if g is not None else {}
+                    if part:
+                        self._parts[key] = part
+                    else:
+                        self._parts.pop(key, None)
+                self._dirty.clear()
+                self._changed = False
+                at, parts = self._at, list(self._parts.items())
+            try:
+                self._file.write(at, parts)
+            except BaseException:
+                self._changed = True  # the next turn tries again
+                raise
+            self.saves += 1
+            return True
+
+    def start_saving(self) -> None:
+        """Save the changed tables every ``flush_interval_ms`` (on an I/O thread)."""
+        task = self.rt.loop.create_task(self._keep_saved())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _keep_saved(self) -> None:
+        interval = self.store.config.flush_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            if not self._changed:
+                continue
+            try:
+                await self.rt.run(self.save)
+            except Exception:  # noqa: BLE001 - the next turn tries again
+                log.exception("lite subscriptions %s not saved", self._file.path)
+
+    def _mark(self, key: Key) -> None:
+        """``key``'s table changed (the lock held): saved at the next turn."""
+        self._dirty.add(key)
+        self._changed = True
 
     # ------------------------------------------------------------ the tables
+    def tables(self) -> dict[Key, Part]:
+        """Per (group, parent) with subscriptions: each lite topic's subscribers in
+        order, its owner first (a copy)."""
+        with self._lock:
+            return {k: p for k, g in self._groups.items() if (p := part_of(g))}
+
     def owners(self, parent: str, lite_topic: str) -> dict[str, str | None]:
         """Per group subscribing ``lite_topic``: the client that owns it (or None)."""
         with self._lock:
@@ -72,26 +191,42 @@ class LiteConsumers:
 
     def unsubscribe_all(self, parent: str, lite_topic: str) -> None:
         with self._lock:
-            for (_, p), g in self._groups.items():
-                if p == parent:
-                    g.unsubscribe_all(lite_topic)
+            self._unsubscribe_all(parent, lite_topic)
+
+    def _unsubscribe_all(self, parent: str, lite_topic: str) -> None:
+        for key, g in self._groups.items():
+            if key[1] == parent and lite_topic in g.subscribers:
+                g.unsubscribe_all(lite_topic)
+                self._mark(key)
 
     def on_state(self, op: dict[str, Any]) -> None:
         """A consumer state change the group committed (any thread, the lite store's
-        lock held): the subscription tables follow it."""
+        lock held): the subscription tables follow it, unless they hold it already
+        (saved after it)."""
+        self._apply(op, self.store.state_at)
+
+    def _apply(self, op: dict[str, Any], at: int) -> None:
+        """The state change whose record ends at ``at`` in the CommitLog."""
         kind = op["op"]
-        if kind == "delete":
-            self.unsubscribe_all(op["parent"], op["lite"])
-            return
-        key = (op["group"], op["parent"])
         with self._lock:
+            if at <= self._at:
+                return  # the saved tables held it
+            self._at = at
+            if kind == "delete":
+                self._unsubscribe_all(op["parent"], op["lite"])
+                return
+            if kind not in ("subscribe", "gone"):
+                return
+            key = (op["group"], op["parent"])
             if kind == "subscribe":
                 g = self._groups.setdefault(key, LiteGroup())
                 g.seen[op["client"]] = time.monotonic()
                 g.change(op["client"], op["names"], op["action"])
-            elif kind == "gone" and key in self._groups:
+                self._mark(key)
+            elif key in self._groups:
                 for client in op["clients"]:
                     self._groups[key].forget(client)
+                self._mark(key)
 
     def _touch(self, g: LiteGroup, group: str, parent: str, client_id: str) -> None:
         """``client_id`` was heard from (the lock held, on the event loop). The clients
@@ -99,6 +234,8 @@ class LiteConsumers:
         group through its log."""
         gone = g.touch(client_id, self.owner_lease_s, drop=self.raft is None)
         if self.raft is None or not gone:
+            if gone:
+                self._mark((group, parent))
             return
         fresh = [c for c in gone if (group, parent, c) not in self._forgetting]
         if not fresh:
@@ -158,6 +295,7 @@ class LiteConsumers:
             g = self._groups.setdefault((group, parent), LiteGroup())
             self._touch(g, group, parent, client_id)
             g.change(client_id, names, action)
+            self._mark((group, parent))
             return g.view(client_id)
 
     async def _subscribe_through_log(

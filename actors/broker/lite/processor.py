@@ -11,7 +11,9 @@
   ``owner_lease_s`` (every call of a client renews it), the next subscriber takes it
   over, from the group's committed offset (:mod:`actors.broker.lite.groups`). A client
   subscribes and unsubscribes lite topics at any time (RocketMQ's PARTIAL_ADD,
-  PARTIAL_REMOVE and COMPLETE_ADD).
+  PARTIAL_REMOVE and COMPLETE_ADD). The subscription tables are saved beside the lite
+  offsets and loaded at start: the subscriptions and owners survive a restart
+  (:mod:`actors.broker.lite.consumers`).
 * :meth:`LiteProcessor.receive` hands a client the messages of the lite topics it owns
   from where the group stands; :meth:`LiteProcessor.ack` commits a lite topic's offset.
   :meth:`LiteProcessor.pull` reads one lite topic from an offset the caller names
@@ -102,10 +104,12 @@ class LiteProcessor:
         self.raft = RaftLiteLog(runtime, self.store, raft) if raft is not None else None
         self.holds = LiteHolds(runtime, self._caught_up)
         self.consumers = LiteConsumers(runtime, self.store, self.raft, self.holds, owner_lease_s)
+        self.consumers.load(replay=raft is not None)  # in a Raft group the log after the file
         self.store.state_listener = self.consumers.on_state
         # a slave indexes the lite records its master's bytes bring; every Raft member
         # indexes the records the group committed
         self.store.start(following=lambda: raft is not None or not role.is_master)
+        self.consumers.start_saving()
         if self.raft is not None:
             self.parents.caught_up = self.consumers.lead
 
@@ -341,9 +345,10 @@ class LiteProcessor:
         return await self.rt.run(self.store.committed_offset, group, parent, lite_topic)
 
     async def stats(self) -> dict[str, int]:
-        """The lite store's counts; in a Raft group also the consumer state changes
+        """The lite store's counts and the saves of the subscription tables since start
+        (``subscription_saves``); in a Raft group also the consumer state changes
         proposed (``state_changes``) and the log entries they took (``state_rounds``)."""
-        out = self.store.stats()
+        out = {**self.store.stats(), "subscription_saves": self.consumers.saves}
         if self.raft is not None:
             out = {**out, "state_rounds": self.raft.rounds, "state_changes": self.raft.changes}
         return out

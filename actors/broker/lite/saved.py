@@ -1,0 +1,123 @@
+"""The lite subscription tables of a broker saved beside the lite offsets:
+``<store>/lite/subscriptions.json``, written whole and atomically (a temp file, fsync,
+rename) by :class:`~actors.broker.lite.consumers.LiteConsumers` when they changed.
+
+The file holds, per consumer group and parent, each lite topic's subscribers in the
+order they came (the first owns it, :mod:`actors.broker.lite.groups`), and ``at``: in a
+Raft group, where the last consumer state record the tables hold ends in the CommitLog
+(the changes after it are replayed from the log at start); 0 elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from actors.broker.lite.groups import LiteGroup
+
+VERSION = 1
+FILE = "subscriptions.json"
+
+Key = tuple[str, str]  # (group, parent)
+Part = dict[str, list[str]]  # lite topic -> its subscribers, the owner first
+
+
+class SavedTablesError(ValueError):
+    """The file does not hold subscription tables."""
+
+
+def part_of(g: LiteGroup) -> Part:
+    """What the file keeps of one group's table (a copy)."""
+    return {name: list(clients) for name, clients in g.subscribers.items() if clients}
+
+
+class SavedTables:
+    """The subscription tables' file of one lite store."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / FILE
+
+    def write(self, at: int, parts: Iterable[tuple[Key, Part]]) -> None:
+        """Replace the file with these tables (atomically: a reader finds the old file
+        or the new one, whole)."""
+        doc = {
+            "version": VERSION,
+            "at": at,
+            "groups": [
+                {"group": group, "parent": parent, "subscribers": part}
+                for (group, parent), part in parts
+                if part
+            ],
+        }
+        text = json.dumps(doc, separators=(",", ":"))
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def read(self) -> tuple[int, dict[Key, LiteGroup]] | None:
+        """``(at, tables)`` as saved, every client counting as heard from now; None
+        without a file. ``OSError`` when it cannot be read, :class:`SavedTablesError`
+        when it holds no tables."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            doc = json.loads(raw)
+        except ValueError as exc:  # UnicodeDecodeError is one
+            raise SavedTablesError(f"not JSON: {exc}") from None
+        return _tables(doc)
+
+    def set_aside(self) -> Path | None:
+        """Move an unreadable file out of the way (kept for a look); where it went."""
+        aside = self.path.with_name(self.path.name + ".corrupt")
+        try:
+            os.replace(self.path, aside)
+        except OSError:
+            return None
+        return aside
+
+
+def _tables(doc: Any) -> tuple[int, dict[Key, LiteGroup]]:
+    if not isinstance(doc, dict) or doc.get("version") != VERSION:
+        raise SavedTablesError(f"not a version {VERSION} object")
+    at, groups = doc.get("at"), doc.get("groups")
+    if isinstance(at, bool) or not isinstance(at, int) or at < 0:
+        raise SavedTablesError(f"at={at!r}: an int >= 0")
+    if not isinstance(groups, list):
+        raise SavedTablesError("groups: a list")
+    now = time.monotonic()
+    out: dict[Key, LiteGroup] = {}
+    for entry in groups:
+        if not isinstance(entry, dict):
+            raise SavedTablesError(f"a group entry {entry!r}: an object")
+        group, parent, subs = entry.get("group"), entry.get("parent"), entry.get("subscribers")
+        if not isinstance(group, str) or not isinstance(parent, str) or not isinstance(subs, dict):
+            raise SavedTablesError(f"a group entry of {group!r}: group, parent, subscribers")
+        g = out.setdefault((group, parent), LiteGroup())
+        for name, clients in subs.items():
+            if (
+                not isinstance(clients, list)
+                or not clients
+                or not all(isinstance(c, str) for c in clients)
+                or len(set(clients)) != len(clients)
+            ):
+                raise SavedTablesError(f"lite topic {name!r} of group {group!r}: its clients")
+            g.subscribers[name] = list(clients)
+            g.owner[name] = clients[0]
+            for c in clients:
+                g.subscribed.setdefault(c, set()).add(name)
+                g.seen[c] = now
+    return at, out
