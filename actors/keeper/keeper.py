@@ -16,16 +16,25 @@ to the caller's node, is never moved: no other node can be that one.
 The keeper leaves alone a broker whose node lives (Ray or an operator decides) and a
 name someone else took (a broker started by hand).
 
-``auto_promote`` (off by default, as RocketMQ's controller mode is an opt-in): when a
-master/slave group's master is dead with its node (Ray's verdict, so its lease has
-long fenced it) and the NameServers have dropped it, the keeper promotes a slave with
-the safety checks :meth:`actors.client.admin.Admin.promote` makes (the slave holding
-the most; refused for a slave behind what a SYNC_MASTER acknowledged, or while a slave
-does not answer). It also waits while a slave of the group's config is not registered:
-after the whole group went down, a slave that came back first may lack what its master
-acknowledged with another slave's copy, and promoting it would have the others cut that
-off when they return. A refusal is logged once and kept in :meth:`BrokerKeeper.status`
-(``refused``). DLedger groups elect their own leader and are not touched.
+``auto_promote`` (off by default, as RocketMQ's controller mode is an opt-in): the keeper
+watches each master/slave group's *current* master, as the NameServers register it (id 0:
+its actor name and node; at first the configured master, then a promoted slave), and the
+slaves registered beside it. When that master is dead with its node (Ray's verdict, so
+its lease has long fenced it) and the NameServers have dropped it, the keeper promotes a
+slave with the safety checks :meth:`actors.client.admin.Admin.promote` makes (the slave
+holding the most; refused for a slave behind what a SYNC_MASTER acknowledged, or while a
+slave does not answer). So a group whose promoted slave dies in turn gets a master again,
+also when its configured master is back as a slave. It also waits while a slave that may
+hold what the dead master acknowledged is not registered: every slave seen beside it
+since the keeper saw it take over, or, for a master the keeper did not see take over
+(its first rounds), every other member of the group's config: after the whole group went
+down, a slave that came back first may lack what its master acknowledged with another
+slave's copy, and promoting it would have the others cut that off when they return. A
+member already gone when the master took over holds nothing it acknowledged. A refusal
+is logged once and kept in :meth:`BrokerKeeper.status` (``refused``; ``masters`` is each
+group's master as last registered). Each round asks the NameServers once, each call
+bounded (``NS_CALL_TIMEOUT_S``, ``Admin.promote``'s timeouts): a NameServer that does
+not answer costs a round. DLedger groups elect their own leader and are not touched.
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ from actors.keeper.placement import resolve_node, start_broker_actor
 from actors.protocol import rpc as _rpc
 from actors.protocol.errors import PromotionRefusedError
 from actors.protocol.names import MASTER_ID
-from storage.errors import InvalidConfigError, RayMQError
+from storage.errors import BrokerUnavailableError, InvalidConfigError, RayMQError
 
 log = logging.getLogger("raymq.actors.keeper")
 
@@ -64,6 +73,19 @@ class KeptBroker:
     restarts: int = 0
     waiting: str | None = None
     """Why it is down and not started again yet (None while it runs)."""
+
+
+@dataclass
+class Reign:
+    """A group's master as the NameServers last registered it, and the slaves registered
+    beside it since the keeper first saw it master the group."""
+
+    actor_name: str
+    node_id: str
+    slaves: set[str]
+    watched: bool
+    """The keeper saw it take over (so ``slaves`` holds every slave that may have its
+    acknowledged messages); False for the master it found at its first rounds."""
 
 
 class BrokerKeeper:
@@ -90,6 +112,8 @@ class BrokerKeeper:
         # actor name -> (the ping of the broker it started, the node it started it on)
         self._starting: dict[str, tuple[Any, str]] = {}
         self._refused: dict[str, str] = {}  # broker name -> why the last promotion was refused
+        self._reigns: dict[str, Reign] = {}  # broker name -> its master as last registered
+        self._ns_error: str | None = None  # why the NameServers did not answer last round
         self._admin: Admin | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -172,34 +196,99 @@ class BrokerKeeper:
             return False
         return True
 
-    def _promote_orphans(self, alive: set[str]) -> None:
-        masters = [
-            kept
-            for kept in self.brokers.values()
-            if kept.config.broker_id == MASTER_ID and not kept.config.enable_dledger
-        ]
-        if not any(m.node_id not in alive for m in masters):
-            self._refused.clear()  # every master is up: nothing is waiting
-            return
+    def _groups(self) -> dict[str, list[KeptBroker]]:
+        """The master/slave groups the keeper watches (DLedger groups elect their own)."""
+        groups: dict[str, list[KeptBroker]] = {}
+        for kept in self.brokers.values():
+            if not kept.config.enable_dledger:
+                groups.setdefault(kept.config.broker_name, []).append(kept)
+        return groups
+
+    def _cluster_info(self, nameservers: Sequence[str]) -> dict[str, Any] | None:
+        """The NameServers' cluster info, or None when none answered (each call is
+        bounded: the round is lost, not the keeper)."""
         if self._admin is None:
-            self._admin = Admin(self.namespace, list(masters[0].config.nameservers))
-        info = self._admin.ns.call("get_cluster_info")
-        for master in masters:
-            group = master.config.broker_name
-            if master.node_id in alive or master.config.actor_name in self._starting:
-                self._refused.pop(group, None)
-                continue
+            self._admin = Admin(self.namespace, list(nameservers))
+        try:
+            info: dict[str, Any] = self._admin.ns.call("get_cluster_info")
+        except Exception as exc:  # noqa: BLE001 - a NameServer down or slow: next round
+            why = f"{type(exc).__name__}: {exc}"
+            if self._ns_error != why:
+                log.warning("keeper of %s: the NameServers did not answer: %s", self.namespace, why)
+            self._ns_error = why
+            return None
+        self._ns_error = None
+        return info
+
+    def _watch(self, group: str, members: dict[int, Any]) -> Reign | None:
+        """Remember the group's registered master (and the slaves beside it); the reign
+        to judge when none is registered: the last one seen, else the configured master
+        the keeper never saw register (its first rounds)."""
+        registered = {m["actor_name"] for m in members.values()}
+        reign = self._reigns.get(group)
+        master = members.get(MASTER_ID)
+        if master is not None:
+            slaves = registered - {master["actor_name"]}
+            if reign is not None and reign.actor_name == master["actor_name"]:
+                reign.node_id = master["node_id"]  # the same master, maybe started elsewhere
+                reign.slaves |= slaves
+            else:
+                if reign is not None:
+                    log.info(
+                        "keeper: %s now masters %s (was %s)",
+                        master["actor_name"],
+                        group,
+                        reign.actor_name,
+                    )
+                self._reigns[group] = Reign(
+                    master["actor_name"], master["node_id"], slaves, watched=reign is not None
+                )
+            return None
+        if reign is not None:
+            return reign
+        configured = [
+            k
+            for k in self.brokers.values()
+            if k.config.broker_name == group and k.config.broker_id == MASTER_ID
+        ]
+        if not configured:
+            return None
+        # kept: a slave promoted from here on is a master the keeper saw take over
+        reign = Reign(configured[0].config.actor_name, configured[0].node_id, set(), False)
+        self._reigns[group] = reign
+        return reign
+
+    def _promote_orphans(self, alive: set[str]) -> None:
+        groups = self._groups()
+        if not groups:
+            return
+        first = next(iter(groups.values()))[0]
+        info = self._cluster_info(first.config.nameservers)
+        if info is None:
+            return
+        for group, kept in groups.items():
             members = info["brokers"].get(group, {}).get("members", {})
-            if not members or MASTER_ID in members:
-                continue  # no slave left, or a master registered (promoted already)
+            reign = self._watch(group, members)
+            if reign is None:
+                self._refused.pop(group, None)  # a master is registered (or none to watch)
+                continue
+            mine = self.brokers.get(reign.actor_name)  # a master the keeper starts
+            if (
+                reign.node_id in alive
+                or reign.actor_name in self._starting
+                or (mine is not None and mine.node_id in alive)
+            ):
+                self._refused.pop(group, None)  # its node lives: Ray or the keeper decides
+                continue
+            if not members:
+                continue  # no slave left
             registered = {m["actor_name"] for m in members.values()}
-            away = sorted(
-                kept.config.actor_name
-                for kept in self.brokers.values()
-                if kept.config.broker_name == group
-                and kept is not master
-                and kept.config.actor_name not in registered
+            needed = (
+                reign.slaves
+                if reign.watched
+                else {k.config.actor_name for k in kept} | reign.slaves
             )
+            away = sorted(needed - registered - {reign.actor_name})
             try:
                 if away:
                     raise PromotionRefusedError(
@@ -207,7 +296,7 @@ class BrokerKeeper:
                         "them may hold messages the master acknowledged that the others "
                         "lack; promoting when every slave is back (or by hand)"
                     )
-                result = self._admin.promote(group)
+                result = self._admin_promote(group)
             except (PromotionRefusedError, RayMQError) as exc:
                 why = f"{type(exc).__name__}: {exc}"
                 if self._refused.get(group) != why:
@@ -217,8 +306,27 @@ class BrokerKeeper:
             self._refused.pop(group, None)
             self.promotions.append({"broker_name": group, **result})
             log.warning(
-                "keeper: promoted a slave of %s (its master's node is dead): %s", group, result
+                "keeper: promoted a slave of %s (its master %s died with its node %s): %s",
+                group,
+                reign.actor_name,
+                reign.node_id[:12],
+                result,
             )
+
+    def _admin_promote(self, group: str) -> dict[str, Any]:
+        """``Admin.promote``; Ray failing the calls (a timeout, an actor gone) is a
+        refusal for this round."""
+        assert self._admin is not None
+        try:
+            return self._admin.promote(group)
+        except (PromotionRefusedError, RayMQError):
+            raise
+        except Exception as exc:
+            if not _rpc.is_retriable(exc):
+                raise
+            raise BrokerUnavailableError(
+                f"promoting a slave of {group} failed on the way: {type(exc).__name__}"
+            ) from exc
 
     async def status(self) -> dict[str, Any]:
         return {
@@ -236,6 +344,11 @@ class BrokerKeeper:
             },
             "promotions": list(self.promotions),
             "refused": dict(self._refused),
+            "masters": {
+                group: {"actor_name": r.actor_name, "node_id": r.node_id}
+                for group, r in self._reigns.items()
+            },
+            "nameservers_error": self._ns_error,
         }
 
     async def shutdown(self) -> None:
