@@ -151,6 +151,11 @@ class LiteConsumers:
             self.saves += 1
             return True
 
+    @property
+    def unsaved(self) -> bool:
+        """Whether a change of the tables is not in the file yet."""
+        return self._changed or self._saving.locked()
+
     def start_saving(self) -> None:
         """Save the changed tables every ``flush_interval_ms`` (on an I/O thread)."""
         task = self.rt.loop.create_task(self._keep_saved())

@@ -345,10 +345,16 @@ class LiteProcessor:
         return await self.rt.run(self.store.committed_offset, group, parent, lite_topic)
 
     async def stats(self) -> dict[str, int]:
-        """The lite store's counts and the saves of the subscription tables since start
-        (``subscription_saves``); in a Raft group also the consumer state changes
-        proposed (``state_changes``) and the log entries they took (``state_rounds``)."""
-        out = {**self.store.stats(), "subscription_saves": self.consumers.saves}
+        """The lite store's counts, the saves of the subscription tables since start
+        (``subscription_saves``) and whether a change of them is not saved yet
+        (``subscriptions_unsaved``, 0 or 1); in a Raft group also the consumer state
+        changes proposed (``state_changes``) and the log entries they took
+        (``state_rounds``)."""
+        out = {
+            **self.store.stats(),
+            "subscription_saves": self.consumers.saves,
+            "subscriptions_unsaved": int(self.consumers.unsaved),
+        }
         if self.raft is not None:
             out = {**out, "state_rounds": self.raft.rounds, "state_changes": self.raft.changes}
         return out
