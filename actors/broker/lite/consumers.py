@@ -163,15 +163,21 @@ class LiteConsumers:
         task.add_done_callback(self._tasks.discard)
 
     async def _keep_saved(self) -> None:
+        """A save every ``flush_interval_ms`` while the tables change, and no sooner
+        than ten times the last save took after it: large tables (their JSON is written
+        holding the GIL) cost the broker a tenth of its time at most."""
         interval = self.store.config.flush_interval_ms / 1000
+        wait = interval
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(wait)
             if not self._changed:
                 continue
+            started = time.monotonic()
             try:
                 await self.rt.run(self.save)
             except Exception:  # noqa: BLE001 - the next turn tries again
                 log.exception("lite subscriptions %s not saved", self._file.path)
+            wait = max(interval, 10 * (time.monotonic() - started))
 
     def _mark(self, key: Key) -> None:
         """``key``'s table changed (the lock held): saved at the next turn."""
@@ -179,11 +185,12 @@ class LiteConsumers:
         self._changed = True
 
     # ------------------------------------------------------------ the tables
-    def tables(self) -> dict[Key, Part]:
+    def tables(self) -> dict[Key, dict[str, list[str]]]:
         """Per (group, parent) with subscriptions: each lite topic's subscribers in
         order, its owner first (a copy)."""
         with self._lock:
-            return {k: p for k, g in self._groups.items() if (p := part_of(g))}
+            parts = {k: part_of(g) for k, g in self._groups.items()}
+        return {k: {n: list(c) for n, c in p.items()} for k, p in parts.items() if p}
 
     def owners(self, parent: str, lite_topic: str) -> dict[str, str | None]:
         """Per group subscribing ``lite_topic``: the client that owns it (or None)."""

@@ -23,7 +23,8 @@ SUBSCRIBE_ADD, SUBSCRIBE_REMOVE, SUBSCRIBE_COMPLETE = "add", "remove", "complete
 class LiteGroup:
     """One consumer group's view of one parent: who subscribes what, who owns what."""
 
-    subscribers: dict[str, list[str]] = field(default_factory=dict)  # lite -> clients, in order
+    # lite -> clients in order, a tuple replaced on each change (a save copies the dict)
+    subscribers: dict[str, tuple[str, ...]] = field(default_factory=dict)
     owner: dict[str, str] = field(default_factory=dict)  # lite -> client
     subscribed: dict[str, set[str]] = field(default_factory=dict)  # client -> lites
     seen: dict[str, float] = field(default_factory=dict)  # client -> monotonic time
@@ -43,7 +44,7 @@ class LiteGroup:
             removes = sorted(mine - wanted)
         for name in adds:
             mine.add(name)
-            self.subscribers.setdefault(name, []).append(client_id)
+            self.subscribers[name] = (*self.subscribers.get(name, ()), client_id)
             self.owner.setdefault(name, client_id)
         for name in removes:
             mine.discard(name)
@@ -94,9 +95,10 @@ class LiteGroup:
             self.drop(name, client)
 
     def drop(self, name: str, client_id: str) -> None:
-        subs = self.subscribers.get(name, [])
+        subs = self.subscribers.get(name, ())
         if client_id in subs:
-            subs.remove(client_id)
+            subs = tuple(c for c in subs if c != client_id)
+            self.subscribers[name] = subs
         if self.owner.get(name) == client_id:
             del self.owner[name]
             self.cursor.pop(name, None)  # the next owner starts from the committed offset

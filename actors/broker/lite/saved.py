@@ -23,7 +23,7 @@ VERSION = 1
 FILE = "subscriptions.json"
 
 Key = tuple[str, str]  # (group, parent)
-Part = dict[str, list[str]]  # lite topic -> its subscribers, the owner first
+Part = dict[str, tuple[str, ...]]  # lite topic -> its subscribers, the owner first
 
 
 class SavedTablesError(ValueError):
@@ -31,8 +31,9 @@ class SavedTablesError(ValueError):
 
 
 def part_of(g: LiteGroup) -> Part:
-    """What the file keeps of one group's table (a copy)."""
-    return {name: list(clients) for name, clients in g.subscribers.items() if clients}
+    """What the file keeps of one group's table: a copy of the dict, its tuples shared
+    (a change replaces a tuple, never changes one), taken under the tables' lock."""
+    return dict(g.subscribers)
 
 
 class SavedTables:
@@ -78,7 +79,10 @@ class SavedTables:
             doc = json.loads(raw)
         except ValueError as exc:  # UnicodeDecodeError is one
             raise SavedTablesError(f"not JSON: {exc}") from None
-        return _tables(doc)
+        try:
+            return _tables(doc)
+        except TypeError as exc:  # an unhashable client name
+            raise SavedTablesError(str(exc)) from None
 
     def set_aside(self) -> Path | None:
         """Move an unreadable file out of the way (kept for a look); where it went."""
@@ -107,17 +111,28 @@ def _tables(doc: Any) -> tuple[int, dict[Key, LiteGroup]]:
         if not isinstance(group, str) or not isinstance(parent, str) or not isinstance(subs, dict):
             raise SavedTablesError(f"a group entry of {group!r}: group, parent, subscribers")
         g = out.setdefault((group, parent), LiteGroup())
-        for name, clients in subs.items():
-            if (
-                not isinstance(clients, list)
-                or not clients
-                or not all(isinstance(c, str) for c in clients)
-                or len(set(clients)) != len(clients)
-            ):
-                raise SavedTablesError(f"lite topic {name!r} of group {group!r}: its clients")
-            g.subscribers[name] = list(clients)
-            g.owner[name] = clients[0]
-            for c in clients:
-                g.subscribed.setdefault(c, set()).add(name)
-                g.seen[c] = now
+        _fill(g, group, subs, now)
     return at, out
+
+
+def _fill(g: LiteGroup, group: str, subs: dict[str, Any], now: float) -> None:
+    """One group's table from its saved subscribers (checked)."""
+    subscribers, owner, subscribed = g.subscribers, g.owner, g.subscribed
+    for name, clients in subs.items():
+        if type(clients) is not list or not clients:
+            raise SavedTablesError(f"lite topic {name!r} of group {group!r}: its clients")
+        held = tuple(clients)
+        subscribers[name] = held
+        owner[name] = held[0]
+        for c in held:
+            mine = subscribed.get(c)
+            if mine is None:
+                if type(c) is not str:
+                    raise SavedTablesError(f"lite topic {name!r} of group {group!r}: client {c!r}")
+                mine = subscribed[c] = set()
+            mine.add(name)
+    # a client twice in a lite topic's list would be dropped once and own it still
+    if sum(len(m) for m in subscribed.values()) != sum(len(c) for c in subscribers.values()):
+        raise SavedTablesError(f"group {group!r}: a client twice among a lite topic's subscribers")
+    for c in subscribed:
+        g.seen[c] = now

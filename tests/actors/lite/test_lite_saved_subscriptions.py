@@ -113,7 +113,12 @@ def test_an_unreadable_file_starts_empty_tables_with_an_error(
     want = m.tables.tables()
     m.close()
     saved = tmp_path / "lite" / "subscriptions.json"
-    for damage in (b'{"version": 1, "at": 0, "groups": [{"group": 7}]}', b"\x00\xff{trunc"):
+    twice = b'"subscribers": {"a": ["c1", "c1"]}'
+    for damage in (
+        b'{"version": 1, "at": 0, "groups": [{"group": 7}]}',
+        b'{"version": 1, "at": 0, "groups": [{"group": "g", "parent": "Chat", %s}]}' % twice,
+        b"\x00\xff{trunc",
+    ):
         saved.write_bytes(damage)
         with caplog.at_level(logging.ERROR, logger="raymq.actors.broker.lite"):
             again = Member(tmp_path, replay=replay)
