@@ -1,6 +1,6 @@
 """What saving and loading a broker's lite subscription tables costs, no Ray.
 
-    python benchmarks/lite_subscriptions_bench.py [--topics N] [--clients C] [--rounds R]
+    python -m benchmarks.lite_subscriptions_bench [--topics N] [--clients C] [--rounds R]
 
 One consumer group of C clients subscribing N lite topics of one parent (each lite
 topic subscribed by two clients, the tables' usual shape under exclusive consumption):
