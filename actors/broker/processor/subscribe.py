@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 from actors.broker.ha import Replication
@@ -43,33 +44,29 @@ _NOTHING_NEW = (
 _READABLE_WAIT_S = 1.0  # records a majority does not hold yet (DLedger): looked at again
 
 
+@dataclass(eq=False)
 class Subscription:
     """One consumer's open stream: its queues' next offsets, its credit, its event."""
 
-    def __init__(
-        self,
-        group: str,
-        client_id: str,
-        tags: str | None,
-        max_count: int,
-        credit: int,
-        credit_bytes: int,
-    ) -> None:
-        self.group = group
-        self.client_id = client_id
-        self.tags = tags
-        self.max_count = max_count
-        self.credit = credit
-        self.credit_bytes = credit_bytes
-        self.counts_bytes = credit_bytes > 0
-        self.offsets: dict[tuple[str, int], int] = {}
-        self.news: dict[tuple[str, int], None] = {}
-        """The queues that may have records past their offset, in the order they got them
-        (an ordered set): a dispatch, an added queue, a read that left some behind."""
-        self.wakers: dict[tuple[str, int], Any] = {}
-        """Each queue's callback for the hold service (what ``unlisten`` is given)."""
-        self.event = asyncio.Event()
-        self.ended = ""
+    group: str
+    client_id: str
+    tags: str | None
+    max_count: int
+    credit: int
+    credit_bytes: int
+    counts_bytes: bool = field(init=False)
+    """Whether bytes count against the credit: a byte credit was given at the start."""
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict, init=False)
+    news: dict[tuple[str, int], None] = field(default_factory=dict, init=False)
+    """The queues that may have records past their offset, in the order they got them
+    (an ordered set): a dispatch, an added queue, a read that left some behind."""
+    wakers: dict[tuple[str, int], Any] = field(default_factory=dict, init=False)
+    """Each queue's callback for the hold service (what ``unlisten`` is given)."""
+    event: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    ended: str = field(default="", init=False)
+
+    def __post_init__(self) -> None:
+        self.counts_bytes = self.credit_bytes > 0
 
     def wake(self) -> None:
         self.event.set()
