@@ -105,10 +105,11 @@ class LiteConsumers:
         if at > end:
             log.error(
                 "lite subscriptions %s hold the log up to %d, past the CommitLog's end %d: "
-                "the subscription tables start empty",
+                "the subscription tables start empty%s",
                 path,
                 at,
                 end,
+                " and are rebuilt from the Raft log" if replay else "",
             )
             at, groups = 0, {}
         with self._lock:

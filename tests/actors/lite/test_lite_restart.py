@@ -1,0 +1,125 @@
+"""Lite subscriptions across a broker's restart (real Ray, real store): a broker killed
+and restarted by Ray serves the subscriptions and owners it had before any client sends
+them again, and a restarted member of a Raft group holds the same tables as the rest
+of its group, and the changes its group commits after."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+from raymq_ha_testkit import RAFT, members, status_of
+from raymq_testkit import wait_until
+
+from actors import BrokerSpec
+
+
+def owners(broker: Any, lite_topics: list[str]) -> dict[str, dict[str, str | None]]:
+    """Per lite topic of ``Chats``: the owner per group subscribing it."""
+    out = {}
+    for name in lite_topics:
+        found = ray.get(broker.lite_describe_topic.remote("Chats", name))
+        out[name] = {g: v["owner"] for g, v in (found or {"groups": {}})["groups"].items()}
+    return out
+
+
+def saved(broker: Any) -> bool:
+    """The broker's subscription tables are in its file (no change unsaved)."""
+    stats = ray.get(broker.lite_stats.remote())
+    return stats["subscription_saves"] > 0 and not stats["subscriptions_unsaved"]
+
+
+def restart(broker: Any) -> None:
+    """SIGKILL: Ray starts the broker again on its store."""
+    before = status_of(broker)["incarnation"]
+    ray.kill(broker, no_restart=False)
+    wait_until(
+        lambda: status_of(broker, 2.0).get("incarnation") not in (None, before),
+        timeout_s=60,
+        what="the broker restarted",
+    )
+
+
+def test_a_restarted_broker_serves_its_subscriptions_before_any_client_resends_them(
+    make_cluster: Any,
+) -> None:
+    cluster = make_cluster(nameservers=1, brokers=1)
+    broker = cluster.broker("broker-a")
+    ray.get(broker.lite_create_parent.remote("Chats", quota=10, ttl_ms=3_600_000))
+
+    def subscribe(group: str, client: str, *names: str, action: str = "add") -> Any:
+        return ray.get(broker.lite_subscribe.remote(group, "Chats", client, list(names), action))
+
+    subscribe("readers", "c1", "chat-0", "chat-1")
+    subscribe("readers", "c2", "chat-1", "chat-0")
+    subscribe("readers", "c3", "chat-1")
+    subscribe("audit", "c9", "chat-1")
+    subscribe("readers", "c1", "chat-1", action="remove")  # c2 takes it, c3 waits
+    sent = ray.get(broker.lite_send.remote("Chats", [("chat-1", b"m%d" % i) for i in range(3)]))
+    assert [s["offset"] for s in sent] == [0, 1, 2]
+    got = ray.get(broker.lite_receive.remote("readers", "Chats", "c2"))
+    assert [(b["lite_topic"], len(b["messages"])) for b in got] == [("chat-1", 3)]
+    ray.get(broker.lite_ack.remote("readers", "Chats", "c2", "chat-1", 2))
+    before = owners(broker, ["chat-0", "chat-1"])
+    assert before == {
+        "chat-0": {"readers": "c1"},
+        "chat-1": {"audit": "c9", "readers": "c2"},
+    }
+    wait_until(lambda: saved(broker), what="the subscription tables saved")
+
+    restart(broker)
+    assert owners(broker, ["chat-0", "chat-1"]) == before  # no client sent them again
+    # c2 receives where the group committed; c1 and c3 own nothing of chat-1
+    got = ray.get(broker.lite_receive.remote("readers", "Chats", "c2"))
+    assert [(b["lite_topic"], b["offset"], len(b["messages"])) for b in got] == [("chat-1", 2, 1)]
+    assert ray.get(broker.lite_receive.remote("readers", "Chats", "c3")) == []
+    # the order of the subscribers came back too: c3 is next for chat-1, c2 for chat-0
+    subscribe("readers", "c2", "chat-1", action="remove")
+    subscribe("readers", "c1", "chat-0", action="remove")
+    assert owners(broker, ["chat-0", "chat-1"]) == {
+        "chat-0": {"readers": "c2"},
+        "chat-1": {"audit": "c9", "readers": "c3"},
+    }
+
+
+def test_a_restarted_raft_member_holds_the_same_subscriptions_as_its_group(
+    make_cluster: Any,
+) -> None:
+    cluster = make_cluster(
+        nameservers=1,
+        brokers=[BrokerSpec("broker-s", i) for i in range(3)],
+        broker_options=RAFT,
+    )
+    group = {f"broker-s-{i}": cluster.broker("broker-s", i) for i in range(3)}
+    lead = wait_until(lambda: members(cluster, "broker-s").get(0), what="a Raft leader")
+    leader = group[lead]
+    ray.get(leader.lite_create_parent.remote("Chats", quota=10, ttl_ms=3_600_000))
+    names = ["chat-0", "chat-1", "chat-2"]
+
+    def subscribe(client: str, *lites: str, action: str = "add", grp: str = "readers") -> Any:
+        return ray.get(leader.lite_subscribe.remote(grp, "Chats", client, list(lites), action))
+
+    subscribe("c1", *names)
+    subscribe("c2", "chat-1", "chat-2")
+    subscribe("c3", "chat-2", "chat-1")
+    subscribe("c9", "chat-0", grp="audit")
+    subscribe("c1", "chat-2", action="remove")  # c2 takes chat-2
+    want = owners(leader, names)
+    assert want == {
+        "chat-0": {"audit": "c9", "readers": "c1"},
+        "chat-1": {"readers": "c1"},
+        "chat-2": {"readers": "c2"},
+    }
+    follower = next(h for n, h in group.items() if n != lead)
+    wait_until(
+        lambda: owners(follower, names) == want and saved(follower),
+        what="a follower applied and saved the subscriptions",
+    )
+
+    restart(follower)
+    assert owners(follower, names) == want  # from its file, before the group told it more
+    # a change committed after the restart reaches it from the log
+    subscribe("c1", "chat-1", action="remove")  # c2 next (before c3)
+    want["chat-1"] = {"readers": "c2"}
+    assert owners(leader, names) == want
+    wait_until(lambda: owners(follower, names) == want, what="the restarted member applied it")
