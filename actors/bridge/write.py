@@ -266,7 +266,7 @@ class TopicDatasink(Datasink[_TaskWrite]):
     ) -> None:
         if transaction is not None:
             _check_transaction(transaction)
-        self.spec = _spec(
+        spec = _spec(
             topic,
             namespace,
             nameservers,
@@ -274,9 +274,19 @@ class TopicDatasink(Datasink[_TaskWrite]):
             batch_rows,
             batch_bytes,
             producer_options,
-            None if transaction is None else transaction.context(),
         )
-        self.topic = topic
+        self._start(spec, transaction)
+
+    @classmethod
+    def _of(cls, spec: _WriteSpec, transaction: Transaction | None) -> TopicDatasink:
+        """The sink of ``write_to_topic``'s spec (checked already), ``transaction`` checked."""
+        sink = cls.__new__(cls)
+        sink._start(spec, transaction)
+        return sink
+
+    def _start(self, spec: _WriteSpec, transaction: Transaction | None) -> None:
+        self.spec = spec if transaction is None else _with_txn(spec, transaction)
+        self.topic = spec.topic
         self.result: WriteResult | None = None
         self._transaction = transaction  # the driver's; never pickled into a task
 
@@ -526,20 +536,7 @@ def _write_dataset(
 ) -> WriteResult:
     """Every row of a Dataset sent by Ray Data write tasks (``TopicDatasink``); with
     ``txn`` as its half messages, the returned tasks' added to it."""
-    c = spec.columns
-    sink = TopicDatasink(
-        spec.topic,
-        namespace=spec.namespace,
-        nameservers=spec.nameservers,
-        body_col=c.body,
-        key_col=c.key,
-        tag_col=c.tag,
-        properties_col=c.properties,
-        batch_rows=spec.batch_rows,
-        batch_bytes=spec.batch_bytes,
-        producer_options=dict(spec.producer_options),
-        transaction=txn,
-    )
+    sink = TopicDatasink._of(spec, txn)
     ds.write_datasink(sink, ray_remote_args=dict(ray_remote_args or {}), concurrency=concurrency)
     assert sink.result is not None
     return sink.result
