@@ -666,9 +666,7 @@ class MessageStore:
                 self._store_host,
             )
         except DiskFullError as exc:
-            if not self._allocation_failed:
-                log.error("store %s: refusing writes: %s", self.root, exc)
-            self._allocation_failed = True
+            self._no_room(exc)
             raise
         self._allocation_failed = False
         for base, ((topic, qid), members) in zip(bases, groups):
@@ -704,9 +702,7 @@ class MessageStore:
             cq.reserve(base, 1)
             phys = self.commitlog.append_one(data, queue_id, base, store_ts, self._store_host)
         except DiskFullError as exc:
-            if not self._allocation_failed:
-                log.error("store %s: refusing writes: %s", self.root, exc)
-            self._allocation_failed = True
+            self._no_room(exc)
             raise
         self._allocation_failed = False
         cq.append_one(base, phys, size, tag)
@@ -722,6 +718,13 @@ class MessageStore:
         )
 
     # ------------------------------------------------------------ disk space
+    def _no_room(self, exc: DiskFullError) -> None:
+        """A put found no room for the files it needs: writes are refused until one
+        finds some (logged once, when it starts)."""
+        if not self._allocation_failed:
+            log.error("store %s: refusing writes: %s", self.root, exc)
+        self._allocation_failed = True
+
     def _refuse_if_disk_full(self) -> None:
         """Raise ``DiskFullError`` while the disk is used over
         ``disk_space_warning_level_ratio`` (RocketMQ's diskSpaceWarningLevelRatio)."""
