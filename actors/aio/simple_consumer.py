@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from actors.aio.connection import AsyncBrokers, master, within
@@ -116,17 +116,36 @@ class AsyncSimpleConsumer(PopClient):
         receipt handle (the old one is refused from now on)."""
         invisible_ms = int(check_number("invisible_s", invisible_s) * 1000)
         handle = self._handle_of(message)
-        message.receipt_handle = await self._on_broker(
-            handle, "change_invisible_duration", handle, invisible_ms
+
+        def take(answer: asyncio.Future[Any]) -> None:
+            # the broker's new handle, also when the caller stopped waiting for it
+            # (cancelled, timed out) after the request was written: the old one is
+            # refused from then on, and the message would be left with it
+            written = not answer.cancelled() and answer.exception() is None
+            if written and message.receipt_handle == handle:
+                message.receipt_handle = answer.result()
+
+        await self._on_broker(
+            handle, "change_invisible_duration", handle, invisible_ms, settled=take
         )
         return message
 
-    async def _on_broker(self, receipt: str, method: str, *args: Any) -> Any:
+    async def _on_broker(
+        self,
+        receipt: str,
+        method: str,
+        *args: Any,
+        settled: Callable[[asyncio.Future[Any]], None] | None = None,
+    ) -> Any:
         self._check_open()
         name = ReceiptHandle.parse(receipt).broker
         actor, handle = await self._master(name)
         answer = await self._brokers.request(actor, handle, method, self.group, self.topic, *args)
-        return await within(answer, self.call_timeout_s)
+        if settled is None:
+            return await within(answer, self.call_timeout_s)
+        # written: the answer is taken when it comes, whether or not the caller waits
+        answer.add_done_callback(settled)
+        return await within(asyncio.shield(answer), self.call_timeout_s)
 
     async def _master(self, name: str) -> tuple[str, Any]:
         return await master(self.ns, self.topic, name)
