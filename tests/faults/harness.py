@@ -234,9 +234,12 @@ class FaultLab:
             self._add_namespace(node, i)
             self.nodes[name] = node
         if self.with_ray:
-            for node in self.nodes.values():
+            # one node at a time: a raylet that has not registered with the GCS 30 s after
+            # its `ray start` began makes that start give up (a bound Ray hard-codes), and
+            # four nodes' processes starting at once on two cores took longer than that
+            for joined, node in enumerate(self.nodes.values(), start=1):
                 self._start_ray(node)
-            self.wait_for_nodes(len(self.nodes))
+                self.wait_for_nodes(joined)
 
     def _add_namespace(self, node: Node, index: int) -> None:
         outside = f"{PREFIX}-v{index}"
