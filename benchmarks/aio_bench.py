@@ -8,8 +8,8 @@ One broker (ASYNC_FLUSH), 100 B messages, producer and consumer in this process:
 * latency: messages sent at ``--rate`` a second for ``--warmup`` then ``--seconds``
   seconds, each stamped with its send time, and the time from the send to the
   consumer handing it over, of the messages sent after the warm-up (a run's own
-  start, its connections, first pulls and a coordinated group's coordinator, is not
-  the steady state measured):
+  start, its connections and first pulls, is not the steady state measured; every
+  coordinated group's coordinator is started, and idle, before the first run):
   sync (``Producer.send_async`` paced on a thread, a ``PullConsumer`` long-polling on a
   thread) against async (``await AsyncProducer.send`` paced on the loop, ``async for``
   over an ``AsyncConsumer`` of a coordinated group, the default); p50, p99 and p99.9
@@ -51,6 +51,7 @@ from _local import start_local_ray  # noqa: E402
 import actors  # noqa: E402
 from actors import LocalTransactionState, PullStatus, TransactionProducer  # noqa: E402
 from actors.aio import AsyncConsumer, AsyncProducer, AsyncTransactionalProducer  # noqa: E402
+from actors.coordinator.coordinator import coordinator_for  # noqa: E402
 from storage import Message  # noqa: E402
 
 STAMP = struct.Struct(">d")
@@ -261,6 +262,10 @@ def main() -> int:
     txn: dict[str, list[float]] = {"sync": [], "async": []}
     n_txn = max(1, args.messages // 10)
     try:
+        # each coordinated group's coordinator (a Ray worker process of its own) started
+        # and idle before the first run, so that none starts within a measured window
+        groups = ["lat-warm-async", *(f"lat-async-{r}" for r in range(args.rounds))]
+        ray.get([coordinator_for(g, namespace).ping.remote() for g in groups], timeout=120)
         # the cluster's first seconds (its broker warming up, Ray starting workers)
         # would fall on whichever way ran first: a pass of each, not counted
         sync_latency(cluster, args.rate, 1.0, "lat-warm-sync")

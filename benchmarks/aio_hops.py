@@ -46,6 +46,7 @@ import actors  # noqa: E402
 import actors.aio.connection as aio_connection  # noqa: E402
 from actors.aio import AsyncConsumer, AsyncProducer  # noqa: E402
 from actors.aio.connection import AsyncConnection  # noqa: E402
+from actors.coordinator.coordinator import coordinator_for  # noqa: E402
 from actors.protocol import connection as sync_connection  # noqa: E402
 from actors.protocol import frames  # noqa: E402
 from actors.protocol.connection import BrokerConnection  # noqa: E402
@@ -220,6 +221,9 @@ def main() -> int:
     )
     got: dict[str, list[dict[str, tuple[float, float]]]] = {"sync": [], "async": [], "uncoord": []}
     try:
+        # each coordinated group's coordinator started, and idle, before the first run
+        groups = ["warm-a", *(f"async{r}" for r in range(args.rounds))]
+        ray.get([coordinator_for(g, namespace).ping.remote() for g in groups], timeout=120)
         sync_run(cluster, args.rate, 1.0, "warm-s")  # the cluster's first seconds: uncounted
         asyncio.run(async_run(namespace, args.rate, 1.0, "warm-a", True))
         asyncio.run(async_run(namespace, args.rate, 1.0, "warm-u", False))
