@@ -237,9 +237,11 @@ class FaultLab:
             # one node at a time: a raylet that has not registered with the GCS 30 s after
             # its `ray start` began makes that start give up (a bound Ray hard-codes), and
             # four nodes' processes starting at once on two cores took longer than that
-            for joined, node in enumerate(self.nodes.values(), start=1):
+            for node in self.nodes.values():
                 self._start_ray(node)
-                self.wait_for_nodes(joined)
+                if not node.head:
+                    self._wait_started(node)
+            self.wait_for_nodes(len(self.nodes))
 
     def _add_namespace(self, node: Node, index: int) -> None:
         outside = f"{PREFIX}-v{index}"
@@ -311,6 +313,33 @@ class FaultLab:
         )
         if node.head:
             self.wait_for_nodes(1)
+
+    def _wait_started(self, node: Node, timeout_s: float = 120.0) -> None:
+        """Wait until a worker's ``ray start`` says its node joined (its raylet registered
+        with the GCS), starting it again if it gave up: read from its log, which costs
+        nothing, where asking the head costs a driver's start."""
+        log_path = node.dir / "ray-start.log"
+        deadline = time.monotonic() + timeout_s
+        tries = 1
+        while time.monotonic() < deadline:
+            with contextlib.suppress(FileNotFoundError):
+                if "Ray runtime started" in log_path.read_text(errors="replace"):
+                    return
+            proc = node.ray_start
+            if proc is not None and proc.poll() is not None:
+                if tries >= 3:
+                    raise LabError(
+                        f"ray on {node.name} exited {proc.returncode} {tries} times:\n"
+                        + log_path.read_text(errors="replace")[-3000:]
+                    )
+                tries += 1
+                log.warning(
+                    "ray start on %s exited %s: starting it again", node.name, proc.returncode
+                )
+                self.crash(node.name)
+                self._start_ray(node)
+            time.sleep(0.1)
+        raise LabError(f"ray on {node.name} did not start in {timeout_s}s")
 
     def alive_nodes(self) -> int:
         """How many Ray nodes the head counts alive."""
