@@ -305,6 +305,10 @@ class BrokerKeeper:
                 continue
             self._refused.pop(group, None)
             self.promotions.append({"broker_name": group, **result})
+            # the group's master from now on, even if it dies before the next round
+            name = str(result.get("broker", ""))
+            node = next((m["node_id"] for m in members.values() if m["actor_name"] == name), "")
+            self._reigns[group] = Reign(name, node, registered - {name}, watched=True)
             log.warning(
                 "keeper: promoted a slave of %s (its master %s died with its node %s): %s",
                 group,
