@@ -69,9 +69,14 @@ def test_a_restarted_broker_serves_its_subscriptions_before_any_client_resends_t
 
     restart(broker)
     assert owners(broker, ["chat-0", "chat-1"]) == before  # no client sent them again
-    # c2 receives where the group committed; c1 and c3 own nothing of chat-1
+    # c2 receives where the group committed, or again from the last commit the lite store
+    # flushed before the SIGKILL (its offsets are saved with its periodic flush: a kill
+    # within it delivers again, at least once); c1 and c3 own nothing of chat-1
     got = ray.get(broker.lite_receive.remote("readers", "Chats", "c2"))
-    assert [(b["lite_topic"], b["offset"], len(b["messages"])) for b in got] == [("chat-1", 2, 1)]
+    assert [(b["lite_topic"], b["offset"], len(b["messages"])) for b in got] in (
+        [("chat-1", 2, 1)],
+        [("chat-1", 0, 3)],
+    )
     assert ray.get(broker.lite_receive.remote("readers", "Chats", "c3")) == []
     # the order of the subscribers came back too: c3 is next for chat-1, c2 for chat-0
     subscribe("readers", "c2", "chat-1", action="remove")
