@@ -184,13 +184,14 @@ class LiteStore:
         self.root = Path(store.root) / "lite"
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._flushing = threading.Lock()  # one flush at a time: its files written in order
         self._closed = False
         self._upkeep: threading.Thread | None = None
         self._following: Callable[[], bool] | None = None
         self.last_expiry: dict[str, float] = {}
-        self._flushed_state: tuple[int, int, int, bool] | None = None
         """The last :meth:`expire`'s figures: topics expired, slices, the longest hold of
         the lock (wall clock, and this thread's CPU time)."""
+        self._flushed_state: tuple[int, int, int] | None = None
         self._stop = threading.Event()
         self._parents: dict[str, _Parent] = {}
         self._parents_by_id: list[_Parent | None] = []
@@ -1259,22 +1260,31 @@ class LiteStore:
 
     # ------------------------------------------------------------ durability
     def flush(self) -> None:
-        """Names, then index entries, then the checkpoint of what they cover."""
-        with self._lock:
-            if self._closed:
-                return
-            covered = max(self._covered, self._index_covered())
-            state = (covered, self.index.end, self._names_log.records, self.offsets.changed)
-            if state == self._flushed_state:
-                return  # nothing new since the last flush
+        """Names, then index entries, then the consumer offsets committed since the last
+        flush, then the checkpoint of what they cover: on disk when it returns. The
+        upkeep thread calls it every ``flush_interval_ms``, the broker at each persist
+        and at a clean stop; one runs at a time, so offsets are written in the order
+        they were taken."""
+        with self._flushing:
+            with self._lock:
+                if self._closed:
+                    return
+                covered = max(self._covered, self._index_covered())
+                state = (covered, self.index.end, self._names_log.records)
+                offsets = self.offsets.snapshot()  # None: no commit since the last one
+                if state == self._flushed_state and offsets is None:
+                    return  # nothing new since the last flush
+            try:
+                self._names_log.flush()
+                self.index.flush()
+                if offsets is not None:  # before the checkpoint: the state records it covers
+                    self.offsets.write(offsets)
+                self._write_checkpoint(covered)
+            except BaseException:
+                if offsets is not None:
+                    self.offsets.changed = True  # written again at the next flush
+                raise
             self._flushed_state = state
-        with self._lock:
-            offsets = self.offsets.snapshot()
-        self._names_log.flush()
-        self.index.flush()
-        if offsets is not None:  # before the checkpoint: the state records it covers
-            self.offsets.write(offsets)
-        self._write_checkpoint(covered)
 
     def close(self) -> None:
         if self._closed:
