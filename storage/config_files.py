@@ -1,20 +1,21 @@
 """The store's ``config/*.json`` files, written atomically.
 
 A write goes to ``name.json.tmp``, is fsynced, the previous file is kept as
-``name.json.bak`` and the temp file is renamed over the original, so a crash
-leaves either the old or the new content, never a torn file. Writes of one file
-from several threads take turns (they share the temp file's name).
+``name.json.bak`` and the temp file is renamed over the original
+(:func:`storage.atomic_file.write_atomically`), so a crash leaves either the old or
+the new content, never a torn file. Writes of one file from several threads take
+turns (they share the temp file's name).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from pathlib import Path
 from typing import Any
 
+from .atomic_file import write_atomically
 from .errors import StoreCorruptedError
 
 log = logging.getLogger("raymq.storage.config_files")
@@ -56,16 +57,9 @@ class JsonConfigFile:
 
     def _write(self, text: str) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".json.tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if self.path.exists():
-            os.replace(self.path, self.path.with_suffix(".json.bak"))
-        os.replace(tmp, self.path)
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_atomically(
+            self.path,
+            text,
+            tmp=self.path.with_suffix(".json.tmp"),
+            backup=self.path.with_suffix(".json.bak"),
+        )

@@ -39,6 +39,7 @@ LAYERS = [  # from the facade down to the values and errors
     "message",
     {"message_id", "properties"},
     {"checkpoint", "config", "config_files", "_crc", "raft", "txn_log"},
+    "atomic_file",
     "errors",
 ]
 

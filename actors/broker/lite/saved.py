@@ -1,6 +1,7 @@
 """The lite subscription tables of a broker saved beside the lite offsets:
-``<store>/lite/subscriptions.json``, written whole and atomically (a temp file, fsync,
-rename) by :class:`~actors.broker.lite.consumers.LiteConsumers` when they changed.
+``<store>/lite/subscriptions.json``, written whole and atomically
+(:func:`storage.atomic_file.write_atomically`) by
+:class:`~actors.broker.lite.consumers.LiteConsumers` when they changed.
 
 The file holds, per consumer group and parent, each lite topic's subscribers in the
 order they came (the first owns it, :mod:`actors.broker.lite.groups`), and ``at``: in a
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.broker.lite.groups import LiteGroup
+from storage.atomic_file import write_atomically
 
 VERSION = 1
 FILE = "subscriptions.json"
@@ -55,17 +57,7 @@ class SavedTables:
             ],
         }
         text = json.dumps(doc, separators=(",", ":"))
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_atomically(self.path, text)
 
     def read(self) -> tuple[int, dict[Key, LiteGroup]] | None:
         """``(at, tables)`` as saved, every client counting as heard from now; None
