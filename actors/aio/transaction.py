@@ -40,11 +40,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
-import sys
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -64,8 +62,7 @@ from actors.client.transaction import (
 from actors.client.transactional import (
     CoordinatorTries,
     OnePhaseTries,
-    Transaction,
-    TransactionContext,
+    TransactionCore,
     TransactionSlot,
     TransactionState,
     TransactionStateError,
@@ -81,7 +78,6 @@ from actors.config.client import ProducerConfig
 from actors.coordinator.txn import APPLY_WAIT_S, transaction_coordinator
 from actors.protocol import checks
 from actors.protocol.names import DEFAULT_NAMESPACE
-from rebalance import MessageQueue
 from storage.errors import InvalidMessageError
 from storage.message import Message
 from storage.message_id import parse_offset_msg_id
@@ -116,78 +112,41 @@ class AsyncHalf:
         return await self.producer._end(self.send_result, False)
 
 
-@dataclasses.dataclass
-class _Owner:
-    """What a :class:`Transaction` reads of its producer to mark and check messages;
-    the async transaction flushes by itself, so the buffer never flushes there."""
-
-    group: str
-    transactional_id: str
-    epoch: int
-    flush_messages: int = sys.maxsize
-
-
-class AsyncTransaction:
+class AsyncTransaction(TransactionCore):
     """One multi-message transaction of an :class:`AsyncTransactionalProducer`
-    (``begin()``); ``async with`` commits on a clean exit and aborts on an exception."""
+    (``begin()``); ``async with`` commits on a clean exit and aborts on an exception.
+    What it is and what may be added to it is the synchronous transaction's
+    (:class:`~actors.client.transactional.TransactionCore`); its sends and ends are
+    awaited here."""
 
     def __init__(self, producer: AsyncTransactionalProducer, txn_id: str) -> None:
-        self.producer = producer
         tid = producer.transactional_id
         assert tid is not None
-        # the synchronous transaction keeps the buffer, the marks, the halves and the
-        # offsets, and checks what is added; the sends and the ends are awaited here
-        owner = _Owner(producer.group, tid, producer.epoch)
-        self._txn = Transaction(owner, txn_id)  # type: ignore[arg-type]
-
-    @property
-    def txn_id(self) -> str:
-        return self._txn.txn_id
-
-    @property
-    def state(self) -> TransactionState:
-        return self._txn.state
+        super().__init__(txn_id, producer.group, tid, producer.epoch)
+        self.producer = producer
 
     async def send(self, messages: Message | Sequence[Message]) -> None:
         """Add messages (any topics): sent as half messages as the buffer fills and at
         the commit, visible to consumers only after it."""
-        self._txn.send(messages)  # checked, then buffered
-        if len(self._txn._buffer) >= self.producer.flush_messages:
+        self._add(messages)
+        if len(self._buffer) >= self.producer.flush_messages:
             await self.flush()
-
-    def send_offsets(self, group: str, offsets: Mapping[MessageQueue, int]) -> None:
-        """Commit ``group``'s offsets (``{queue: next offset}``) with the transaction."""
-        self._txn.send_offsets(group, offsets)
-
-    def context(self) -> TransactionContext:
-        """The transaction as other processes join it (see :class:`TransactionContext`):
-        they send half messages marked with its ``properties()`` and hand where they were
-        stored back through :meth:`add_halves`; only those are committed."""
-        return self._txn.context()
-
-    def add_halves(self, halves: Mapping[str, Sequence[int | str]], count: int) -> None:
-        """Take ``count`` half messages another process sent with :meth:`context`
-        (``halves``: broker -> their CommitLog offsets or message ids, as
-        ``BatchSendResult.halves_by_broker`` gives them) into the commit."""
-        self._txn.add_halves(halves, count)
 
     async def flush(self) -> None:
         """Send what is buffered now (as half messages)."""
-        txn, p = self._txn, self.producer
-        txn._require_open()
-        if not txn._buffer:
+        buffer = self._take_buffer()
+        if not buffer:
             return
-        buffer, txn._buffer = txn._buffer, []
+        p = self.producer
         try:
             await p._ready(buffer)
-            chunks = p._encoder.encode(buffer, shared=txn._marks)
+            chunks = p._encoder.encode(buffer, shared=self._marks)
             result = await p._send_encoded(chunks, len(buffer), None)
             halves = result.halves_by_broker()
         except BaseException:
-            txn.state = TransactionState.FAILED
+            self.state = TransactionState.FAILED
             raise
-        txn._name_halves(halves)
-        txn.sent += len(buffer)
+        self._flushed(halves, len(buffer))
 
     async def commit(self, wait: bool = True) -> None:
         """Send what is buffered, then have the coordinator decide COMMIT (durably) and
@@ -202,39 +161,39 @@ class AsyncTransaction:
         if await self._commit_one_phase():
             return
         await self.flush()
-        txn, p = self._txn, self.producer
-        if not txn._halves and not txn._offsets:
-            txn.state = TransactionState.COMMITTED
+        p = self.producer
+        if self._nothing_to_end():
+            self.state = TransactionState.COMMITTED
             p._ended(self)
             return
-        halves, offsets = commit_arguments(txn)
-        with settling_commit(txn, p._ended, self):
+        halves, offsets = commit_arguments(self)
+        with settling_commit(self, p._ended, self):
             answer = await p._call(
-                "end", txn.txn_id, p.transactional_id, p.epoch, True, halves, offsets, wait
+                "end", self.txn_id, p.transactional_id, p.epoch, True, halves, offsets, wait
             )
-        warn_if_applied_later(txn.txn_id, wait, answer)
+        warn_if_applied_later(self.txn_id, wait, answer)
 
     async def _commit_one_phase(self) -> bool:
         """The one-phase commit where it applies (see :meth:`commit`): True once done.
         A commit whose answer is lost goes again to the same broker, which stores it
         once; never elsewhere."""
-        txn, p = self._txn, self.producer
-        if one_phase_target(txn, p.one_phase) is None:
+        p = self.producer
+        if one_phase_target(self, p.one_phase) is None:
             return False
         try:  # the routes the plan reads, cached off the loop
-            await p._ready(txn._buffer)
+            await p._ready(self._buffer)
         except Exception as exc:  # noqa: BLE001 - the two phases meet it again, and say so
-            log.debug("transaction %s: no routes for a one-phase commit: %s", txn.txn_id, exc)
+            log.debug("transaction %s: no routes for a one-phase commit: %s", self.txn_id, exc)
             return False
-        plan = one_phase_plan(txn, p.one_phase, p._encoder, p._selector)
+        plan = one_phase_plan(self, p.one_phase, p._encoder, p._selector)
         if plan is None:
             return False
-        tries = OnePhaseTries(txn, p, self, plan.broker)
+        tries = OnePhaseTries(self, p, self, plan.broker)
         route: Any = plan.route
         while True:
             try:
                 if route is None:  # after a failed try: the master the route names now
-                    topic = txn._buffer[0].topic
+                    topic = self._buffer[0].topic
                     route = await asyncio.to_thread(route_again, p.ns, plan.broker, topic)
                 actor, handle = await p._master(route, plan.broker)
                 answer = await within(
@@ -242,7 +201,7 @@ class AsyncTransaction:
                         actor,
                         handle,
                         "commit_one_phase",
-                        txn.txn_id,
+                        self.txn_id,
                         p.transactional_id,
                         p.epoch,
                         plan.blob,
@@ -264,7 +223,7 @@ class AsyncTransaction:
                 # route is read again, and the master's handle looked up again
                 route = None
             except BaseException:  # cancelled: whether it is committed is not known
-                txn.state = TransactionState.FAILED
+                self.state = TransactionState.FAILED
                 raise
             await asyncio.sleep(pause)  # the broker restarts or the connection reopens
         tries.committed(answer)
@@ -272,16 +231,13 @@ class AsyncTransaction:
 
     async def abort(self) -> None:
         """Drop what is buffered and roll back what was sent; the offsets stay."""
-        txn, p = self._txn, self.producer
-        if txn.state is TransactionState.COMMITTED:
-            raise TransactionStateError(f"transaction {txn.txn_id} is committed")
-        if txn.state is TransactionState.ABORTED:
+        if not self._abort_needed():
             return
-        txn._buffer.clear()
-        if txn._halves:  # each broker finds the transaction's half messages by its id
-            brokers = dict.fromkeys(txn._halves)
-            await p._call("end", txn.txn_id, p.transactional_id, p.epoch, False, brokers, None)
-        txn.state = TransactionState.ABORTED
+        p = self.producer
+        if self._halves:  # each broker finds the transaction's half messages by its id
+            brokers = dict.fromkeys(self._halves)
+            await p._call("end", self.txn_id, p.transactional_id, p.epoch, False, brokers, None)
+        self.state = TransactionState.ABORTED
         p._ended(self)
 
     async def __aenter__(self) -> AsyncTransaction:

@@ -103,7 +103,7 @@ class TransactionSlot(Generic[T]):
             self.current = None
 
 
-def commit_arguments(txn: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def commit_arguments(txn: TransactionCore) -> tuple[dict[str, Any], dict[str, Any]]:
     """A transaction's half messages per broker and its consumed offsets, as the
     coordinator's ``end`` takes them (``broker -> group -> [(topic, queue, offset)]``)."""
     offsets = {
@@ -114,7 +114,7 @@ def commit_arguments(txn: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def settling_commit(txn: Any, ended: Any, handle: Any) -> Iterator[None]:
+def settling_commit(txn: TransactionCore, ended: Any, handle: Any) -> Iterator[None]:
     """Around a transaction's ``end`` call: COMMITTED once it returns; ABORTED (and over,
     ``ended(handle)``) when the producer was fenced, FAILED on any other error (the
     outcome unknown: the coordinator decides it)."""
@@ -195,7 +195,7 @@ class CoordinatorTries(Backoff):
         return self.pause()
 
 
-def one_phase_target(txn: Any, enabled: bool) -> tuple[str | None, Any] | None:
+def one_phase_target(txn: TransactionCore, enabled: bool) -> tuple[str | None, Any] | None:
     """Whether an open transaction commits in one phase: None when it cannot (the
     producer's ``one_phase`` off, nothing buffered, halves sent or its context shared,
     offsets on two brokers); else (the broker holding its offsets or None, the offsets
@@ -228,7 +228,7 @@ class OnePhaseTries(Backoff):
     started again under its name is another actor, so the next try looks the broker
     up by name again and reaches the new one as soon as it is there."""
 
-    def __init__(self, txn: Any, producer: Any, handle: Any, broker: str) -> None:
+    def __init__(self, txn: TransactionCore, producer: Any, handle: Any, broker: str) -> None:
         super().__init__(producer.config.send_timeout_s)
         self.txn, self.producer, self.handle, self.broker = txn, producer, handle, broker
         self.unknown = False  # a try may have been stored: never the two phases now
@@ -365,7 +365,9 @@ class OnePhasePlan:
     offsets: Any
 
 
-def one_phase_plan(txn: Any, enabled: bool, encoder: Any, selector: Any) -> OnePhasePlan | None:
+def one_phase_plan(
+    txn: TransactionCore, enabled: bool, encoder: Any, selector: Any
+) -> OnePhasePlan | None:
     """The one-phase commit of an open transaction (:func:`one_phase_target`,
     :func:`one_phase_batch`); None when it does not apply, or when the plan fails (the
     two phases meet the error again, and say so). The routes must be cached in
@@ -445,13 +447,17 @@ class TransactionContext:
         }
 
 
-class Transaction:
-    """One multi-message transaction of a :class:`TransactionalProducer` (``begin()``)."""
+class TransactionCore:
+    """What a multi-message transaction is, whoever makes its calls (a thread:
+    :class:`Transaction`; an event loop: ``actors.aio.transaction.AsyncTransaction``):
+    its id and state, the messages buffered, the half messages sent per broker, the
+    offsets to commit with it, and the checks of what is added. No I/O here: the sends
+    and the ends are the subclass's."""
 
-    def __init__(self, producer: TransactionalProducer, txn_id: str) -> None:
-        self.producer = producer
+    def __init__(self, txn_id: str, group: str, transactional_id: str, epoch: int) -> None:
         self.txn_id = txn_id
         self.state = TransactionState.OPEN
+        self._owner = (group, transactional_id, epoch)
         self._buffer: list[Message] = []
         # broker -> its half messages (CommitLog offsets, or ids where not known)
         self._halves: dict[str, list[int | str] | None] = {}
@@ -460,10 +466,10 @@ class Transaction:
         self.sent = 0
         self._marks = {  # what makes a message one of this transaction's half messages
             PROP_TRAN_MSG: "true",
-            PROP_PRODUCER_GROUP: producer.group,
+            PROP_PRODUCER_GROUP: group,
             PROP_GLOBAL_TXN: txn_id,
-            PROP_TXN_PRODUCER: producer.transactional_id,
-            PROP_TXN_EPOCH: str(producer.epoch),
+            PROP_TXN_PRODUCER: transactional_id,
+            PROP_TXN_EPOCH: str(epoch),
         }
 
     # ------------------------------------------------------------ building
@@ -471,9 +477,8 @@ class Transaction:
         if self.state is not TransactionState.OPEN:
             raise TransactionStateError(f"transaction {self.txn_id} is {self.state.value}")
 
-    def send(self, messages: Message | Sequence[Message]) -> None:
-        """Add messages (any topics); they are sent in batches as the buffer fills and
-        at the commit, visible to consumers only after it."""
+    def _add(self, messages: Message | Sequence[Message]) -> None:
+        """Buffer ``messages``, each checked first: a refused one changes nothing."""
         self._require_open()
         batch = [messages] if isinstance(messages, Message) else list(messages)
         for m in batch:  # the usual mistakes refused here, before the buffer changes
@@ -487,23 +492,17 @@ class Transaction:
                     f"a message to {m.topic!r} with a delay: transactions do not delay"
                 )
         self._buffer.extend(batch)
-        if len(self._buffer) >= self.producer.flush_messages:
-            self.flush()
 
-    def flush(self) -> None:
-        """Send what is buffered now (as half messages)."""
+    def _take_buffer(self) -> list[Message]:
+        """What is buffered, to be sent now as half messages (the buffer empties)."""
         self._require_open()
-        if not self._buffer:
-            return
-        p = self.producer
         buffer, self._buffer = self._buffer, []
-        try:  # the marks go on every message as it is encoded: one encoding per batch
-            stored = p._send_marked(buffer, self._marks).halves_by_broker()
-        except BaseException:
-            self.state = TransactionState.FAILED
-            raise
-        self._name_halves(stored)
-        self.sent += len(buffer)
+        return buffer
+
+    def _flushed(self, halves: Mapping[str, Sequence[int | str]], count: int) -> None:
+        """``count`` messages taken from the buffer were stored as ``halves``."""
+        self._name_halves(halves)
+        self.sent += count
 
     def _name_halves(self, halves: Mapping[str, Sequence[int | str]]) -> None:
         for broker, refs in halves.items():
@@ -516,11 +515,13 @@ class Transaction:
                 known.extend(refs)
 
     def context(self) -> TransactionContext:
-        """The transaction as other processes join it (see :class:`TransactionContext`)."""
+        """The transaction as other processes join it (see :class:`TransactionContext`):
+        they send half messages marked with its ``properties()`` and hand where they
+        were stored back through :meth:`add_halves`; only those are committed."""
         self._require_open()
         self._shared = True
-        p = self.producer
-        return TransactionContext(self.txn_id, p.transactional_id, p.epoch, p.group)
+        group, transactional_id, epoch = self._owner
+        return TransactionContext(self.txn_id, transactional_id, epoch, group)
 
     def add_halves(self, halves: Mapping[str, Sequence[int | str]], count: int) -> None:
         """Take ``count`` half messages another process sent with this transaction's
@@ -543,8 +544,7 @@ class Transaction:
             ]
             for b, offs in halves.items()
         }
-        self._name_halves(checked)
-        self.sent += count
+        self._flushed(checked, count)
 
     def send_offsets(self, group: str, offsets: Mapping[MessageQueue, int]) -> None:
         """Commit ``group``'s offsets (``{queue: next offset to consume}``) with the
@@ -560,6 +560,48 @@ class Transaction:
         for mq, offset in checked:
             queues = self._offsets.setdefault(mq.broker_name, {}).setdefault(group, {})
             queues[(mq.topic, mq.queue_id)] = offset
+
+    # ------------------------------------------------------------ ending
+    def _nothing_to_end(self) -> bool:
+        """Whether the commit has nothing for the coordinator (no halves, no offsets)."""
+        return not self._halves and not self._offsets
+
+    def _abort_needed(self) -> bool:
+        """Whether an abort has anything to do (not once ABORTED; refused once
+        COMMITTED); the buffer is dropped."""
+        if self.state is TransactionState.COMMITTED:
+            raise TransactionStateError(f"transaction {self.txn_id} is committed")
+        if self.state is TransactionState.ABORTED:
+            return False
+        self._buffer.clear()
+        return True
+
+
+class Transaction(TransactionCore):
+    """One multi-message transaction of a :class:`TransactionalProducer` (``begin()``)."""
+
+    def __init__(self, producer: TransactionalProducer, txn_id: str) -> None:
+        super().__init__(txn_id, producer.group, producer.transactional_id, producer.epoch)
+        self.producer = producer
+
+    def send(self, messages: Message | Sequence[Message]) -> None:
+        """Add messages (any topics); they are sent in batches as the buffer fills and
+        at the commit, visible to consumers only after it."""
+        self._add(messages)
+        if len(self._buffer) >= self.producer.flush_messages:
+            self.flush()
+
+    def flush(self) -> None:
+        """Send what is buffered now (as half messages)."""
+        buffer = self._take_buffer()
+        if not buffer:
+            return
+        try:  # the marks go on every message as it is encoded: one encoding per batch
+            stored = self.producer._send_marked(buffer, self._marks).halves_by_broker()
+        except BaseException:
+            self.state = TransactionState.FAILED
+            raise
+        self._flushed(stored, len(buffer))
 
     # ------------------------------------------------------------ ending
     def commit(self, wait: bool = True) -> None:
@@ -581,7 +623,7 @@ class Transaction:
         if self._commit_one_phase():
             return
         self.flush()
-        if not self._halves and not self._offsets:
+        if self._nothing_to_end():
             self.state = TransactionState.COMMITTED
             self.producer._ended(self)
             return
@@ -630,11 +672,8 @@ class Transaction:
 
     def abort(self) -> None:
         """Drop what is buffered and roll back what was sent; the offsets stay."""
-        if self.state in (TransactionState.COMMITTED, TransactionState.ABORTED):
-            if self.state is TransactionState.COMMITTED:
-                raise TransactionStateError(f"transaction {self.txn_id} is committed")
+        if not self._abort_needed():
             return
-        self._buffer.clear()
         p = self.producer
         brokers: dict[str, None] = dict.fromkeys(self._halves)
         if self._shared:  # halves never handed back (a failed task's) may be anywhere

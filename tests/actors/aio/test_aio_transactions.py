@@ -120,7 +120,7 @@ def test_a_transaction_over_both_brokers_commits_whole_or_aborts(
                 for i in range(20):  # four flushes of five, to the queues in turn
                     await txn.send(Message(topic, b"t%d" % i))
                 txn.send_offsets(group, {mq: 0 for mq in queues})
-                brokers = set(txn._txn._halves)
+                brokers = set(txn._halves)
                 before = await asyncio.to_thread(stored, topic)
             with pytest.raises(RuntimeError):
                 async with producer.begin() as txn:
