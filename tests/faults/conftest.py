@@ -1,35 +1,113 @@
-"""Fault runs on real Ray nodes in network namespaces (``harness.FaultLab``)."""
+"""Fault runs on real Ray nodes in network namespaces (``harness.FaultLab``).
+
+Building a lab of five Ray nodes takes half a minute (one node at a time: see
+``FaultLab._build``). Tests that ask for the same nodes and options share one: a test
+that passed hands its lab on to the next one (:meth:`FaultLab.reuse` heals it and
+removes what the test left), a test that failed, or a lab that cannot be made as new,
+takes it down. Modules whose tests can share a lab say so with the same ``LAB_GROUP``;
+their tests run next to each other, after this folder's other tests.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from harness import FaultLab, can_admin_network, missing_tools
 
+log = logging.getLogger("raymq.tests.faults")
+
+
+class LabPool:
+    """At most one lab kept between tests: the last Ray lab, by its nodes and options."""
+
+    def __init__(self) -> None:
+        self.lab: FaultLab | None = None
+        self.key = ""
+
+    def get(self, nodes: list[str], options: dict[str, Any]) -> tuple[FaultLab, bool]:
+        """A lab for those nodes and options: (the lab, whether the pool keeps it). A Ray
+        lab is kept; a lab without Ray (the harness's own tests) is the test's own, and
+        the kept one goes first (the labs of one machine share its names and lock)."""
+        key = json.dumps([nodes, options], sort_keys=True, default=str)
+        if self.lab is not None and key == self.key:
+            return self.lab, True
+        self.close()
+        lab = FaultLab(nodes, **options).__enter__()
+        if not options.get("ray", True) or options.get("keep"):
+            return lab, False
+        self.lab, self.key = lab, key
+        return lab, True
+
+    def handed_back(self, passed: bool) -> None:
+        """After a test: keep the lab for the next if the test passed and the lab can be
+        made as new, else take it down."""
+        if self.lab is None:
+            return
+        why = "its test failed" if not passed else self.lab.reuse()
+        if why is not None:
+            log.info("fault lab taken down: %s", why)
+            self.close()
+
+    def close(self) -> None:
+        if self.lab is not None:
+            lab, self.lab, self.key = self.lab, None, ""
+            lab.close()
+
+
+@pytest.fixture(scope="package")
+def lab_pool() -> Iterator[LabPool]:
+    pool = LabPool()
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.when == "call":
+        item.stash[CALL_PASSED] = report.passed
+    return report
+
+
+CALL_PASSED = pytest.StashKey[bool]()
+
 
 @pytest.fixture
-def lab_factory() -> Iterator[Any]:
-    """``lab_factory(nodes, **options)``: a :class:`FaultLab`, taken down after the test.
-    Skipped only where the platform forbids it (not root / no CAP_NET_ADMIN); a missing
-    tool fails the test, as CI must have it."""
+def lab_factory(request: pytest.FixtureRequest, lab_pool: LabPool) -> Iterator[Any]:
+    """``lab_factory(nodes, **options)``: a :class:`FaultLab`, made as new for the test
+    (shared with the tests before and after it that ask for the same). Skipped only where
+    the platform forbids it (not root / no CAP_NET_ADMIN); a missing tool fails the
+    test, as CI must have it."""
     if not can_admin_network():
         pytest.skip("needs root with CAP_NET_ADMIN to make network namespaces")
     if missing := missing_tools():
         pytest.fail(f"missing {missing}: .ci/run installs iproute2 and nftables")
-    labs: list[FaultLab] = []
+    own: list[FaultLab] = []
+    pooled = False
 
     def make(nodes: list[str], **options: Any) -> FaultLab:
-        lab = FaultLab(nodes, **options)
-        labs.append(lab)
-        return lab.__enter__()
+        nonlocal pooled
+        lab, kept = lab_pool.get(list(nodes), options)
+        if kept:
+            pooled = True
+        else:
+            own.append(lab)
+        return lab
 
     try:
         yield make
     finally:
-        for lab in labs:
+        for lab in own:
             lab.close()
+        if pooled:
+            lab_pool.handed_back(request.node.stash.get(CALL_PASSED, False))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -48,3 +126,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if len(kept) != len(items):
         config.hook.pytest_deselected(items=[i for i in items if i not in kept])
         items[:] = kept
+    # the tests of one LAB_GROUP next to each other, after this folder's tests that build
+    # no lab (the session's other tests keep their places)
+    folder = Path(__file__).parent
+    mine = [i for i, item in enumerate(items) if folder in Path(item.path).parents]
+    if not mine:
+        return
+    block = [items[i] for i in mine]
+    labs = [i for i in block if "lab_factory" in getattr(i, "fixturenames", ())]
+    groups: dict[str, int] = {}
+    for item in labs:
+        groups.setdefault(_group(item), len(groups))
+    labs.sort(key=lambda i: groups[_group(i)])
+    ordered = [i for i in block if i not in labs] + labs
+    for i, item in zip(mine, ordered):
+        items[i] = item
+
+
+def _group(item: pytest.Item) -> str:
+    module = getattr(item, "module", None)
+    return str(getattr(module, "LAB_GROUP", item.nodeid))

@@ -437,6 +437,46 @@ class FaultLab:
                 self._lock.close()  # releases the flock
                 self._lock = None
 
+    def reuse(self) -> str | None:
+        """Make the lab what it was once built, for another test: every cut and delay
+        healed, nothing left paused, every process a test started killed, each node's
+        files but Ray's removed (stores, workload logs). Returns why it cannot be
+        reused (a node down, an actor left alive), or None when it can; a lab that
+        cannot is for :meth:`close`."""
+        self.heal()
+        for node in self.nodes.values():
+            for pid in _pids_in(node.netns):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+            for p in [p for p in node.procs if p is not node.ray_start]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)  # its own session (popen)
+                with contextlib.suppress(Exception):
+                    p.wait(timeout=10)
+                node.procs.remove(p)
+            if node.ray_start is None or node.ray_start.poll() is not None:
+                return f"Ray on {node.name} is not running"
+        done, answer = self._ask_head(  # one driver: each costs a second or two
+            "[sum(n['Alive'] for n in ray.nodes()),"
+            " ray.util.list_named_actors(all_namespaces=True)]"
+        )
+        if done.returncode != 0 or answer is None:
+            return f"could not ask the head: {done.stderr[-2000:]}"
+        alive, named = answer
+        if alive != len(self.nodes):
+            return f"{alive} of {len(self.nodes)} Ray nodes alive"
+        if named:
+            return f"actors left alive: {named[:10]}"
+        for node in self.nodes.values():
+            for path in node.dir.iterdir():
+                if path.name in ("ray", "ray-start.log"):
+                    continue
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+        return None
+
     # --- faults ---------------------------------------------------------------------
 
     def partition(self, *sides: Iterable[str]) -> None:

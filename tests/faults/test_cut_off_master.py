@@ -5,7 +5,8 @@ acknowledged is read back exactly once.
 
 Nodes: ``a`` (Ray head: the GCS and the NameServer), ``b`` (the only broker, a master
 with no slave: nothing but the lease stops it from acknowledging) and ``client`` (the
-producer and the checker), each in its own network namespace. Schedule: sends for a
+producer and the checker), each in its own network namespace (``c`` and ``d`` idle: the
+lab is shared with other tests). Schedule: sends for a
 while, b partitioned from a (the client still reaches both) for ``CUT_S``, longer than
 the lease, healed, a quiet period of ``QUIET_S`` with sends going on, then every queue
 read back from offset 0. The lease is shortened to ``LEASE_S`` (renewed every
@@ -18,7 +19,9 @@ import time
 from typing import Any
 
 from checker import ACK, Verdict
-from workload import assert_exactly_once, brokers_on, finish, start_workload
+from workload import SHARED_NODES, assert_exactly_once, brokers_on, finish, start_workload
+
+LAB_GROUP = "shared"  # one lab for the tests on SHARED_NODES (conftest.py)
 
 LEASE_S = 4.0
 RENEW_S = 0.5
@@ -34,7 +37,7 @@ BROKER = "broker-a"
 
 def test_cut_off_master_stops_acknowledging_within_its_lease(lab_factory: Any) -> None:
     began = time.monotonic()
-    lab = lab_factory(["a", "b", "client"], cpus={"client": 0})
+    lab = lab_factory(SHARED_NODES, cpus={"client": 0})
     b = lab.nodes["b"]
     client = start_workload(
         lab,

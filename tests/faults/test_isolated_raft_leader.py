@@ -18,7 +18,9 @@ import time
 from typing import Any
 
 from checker import ACK, Verdict
-from workload import assert_exactly_once, brokers_on, finish, start_workload
+from workload import SHARED_NODES, assert_exactly_once, brokers_on, finish, start_workload
+
+LAB_GROUP = "shared"  # one lab for the tests on SHARED_NODES (conftest.py)
 
 RAFT = {
     "enable_dledger": True,
@@ -44,7 +46,7 @@ def test_isolated_raft_leader_commits_nothing_and_a_new_leader_takes_over(
     lab_factory: Any,
 ) -> None:
     began = time.monotonic()
-    lab = lab_factory(["a", *MEMBERS, "client"], cpus={"client": 0})
+    lab = lab_factory(SHARED_NODES, cpus={"client": 0})
     client = start_workload(lab, TOPIC, brokers_on(lab, BROKER, MEMBERS), RAFT)
     ready = client.wait_for("ready", timeout_s=120)
     for i, n in enumerate(MEMBERS):

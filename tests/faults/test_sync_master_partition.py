@@ -2,7 +2,8 @@
 idempotent producer sends: every acknowledged message is read back exactly once.
 
 Nodes: ``a`` (Ray head, the NameServer), ``b`` (the master), ``c`` (the slave) and
-``client`` (the producer and the checker), each in its own network namespace. Schedule:
+``client`` (the producer and the checker), each in its own network namespace (``d`` idle:
+the lab is shared with other tests). Schedule:
 sends for a while, b and c partitioned for ``PARTITION_S``, healed, a quiet period of
 ``QUIET_S`` with sends going on, then every queue read back from offset 0.
 """
@@ -13,7 +14,9 @@ import time
 from typing import Any
 
 from checker import Verdict
-from workload import assert_exactly_once, brokers_on, finish, start_workload
+from workload import SHARED_NODES, assert_exactly_once, brokers_on, finish, start_workload
+
+LAB_GROUP = "shared"  # one lab for the tests on SHARED_NODES (conftest.py)
 
 PARTITION_S = 5.0
 QUIET_S = 5.0
@@ -23,7 +26,7 @@ TOPIC = "FaultSyncMaster"
 def test_partitioned_slave_loses_and_duplicates_no_acknowledged_message(
     lab_factory: Any,
 ) -> None:
-    lab = lab_factory(["a", "b", "c", "client"], cpus={"client": 0})
+    lab = lab_factory(SHARED_NODES, cpus={"client": 0})
     client = start_workload(
         lab,
         TOPIC,

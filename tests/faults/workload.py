@@ -624,6 +624,13 @@ class Workload:
 # --- the test's side: a scenario's setup and verdict ----------------------------------
 
 
+SHARED_NODES = ["a", "b", "c", "d", "client"]
+"""The nodes of the fault tests that share one lab (their modules' ``LAB_GROUP`` is
+``"shared"``, see conftest.py): ``a`` the Ray head (GCS and NameServer), ``b``, ``c``,
+``d`` for brokers, ``client`` for the workload (no CPU for actors). A test that needs
+fewer broker nodes leaves the others idle, which costs less than a lab of its own."""
+
+
 def brokers_on(lab: FaultLab, name: str, nodes: Sequence[str]) -> list[dict[str, Any]]:
     """Broker group ``name``: member ``i`` pinned to ``nodes[i]`` with its store in that
     node's directory (``<node dir>/store/<name>-<i>``)."""
