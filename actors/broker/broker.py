@@ -394,9 +394,11 @@ class Broker:
         return self.rt.incarnation
 
     async def persist(self) -> None:
-        """Save consumer offsets and flush the store now."""
+        """Save consumer offsets and flush the store now, then the lite store: its
+        groups' committed offsets and subscription tables too."""
         await self.rt.run(self.rt.offsets.persist, True)
         await self.rt.run(self.rt.store.flush)
+        await self.rt.run(self.lite.persist)
 
     async def wait_closed(self) -> None:
         """Returns when the broker shuts down; NameServers keep this call pending so

@@ -6,10 +6,12 @@ topics it acknowledged."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import ray
-from raymq_ha_testkit import RAFT, kill, members, status_of
+from conftest import RaftGroup
+from raymq_ha_testkit import kill, members, status_of
 from raymq_testkit import wait_until
 
 from actors import BrokerSpec
@@ -41,21 +43,10 @@ def test_a_sync_master_answers_a_lite_send_once_its_slave_holds_it(make_cluster:
 
 
 def test_a_raft_group_s_new_leader_serves_the_lite_messages_and_consumer_state_it_took(
-    make_cluster: Any,
+    raft_group: Callable[..., RaftGroup],
 ) -> None:
-    cluster = make_cluster(
-        nameservers=1,
-        brokers=[BrokerSpec("broker-r", i) for i in range(3)],
-        broker_options=RAFT,
-    )
-    group = {f"broker-r-{i}": cluster.broker("broker-r", i) for i in range(3)}
-    old = wait_until(lambda: members(cluster, "broker-r").get(0), what="a Raft leader")
-    ray.get(group[old].lite_create_parent.remote("Chats", quota=10, ttl_ms=3_600_000))
-    settings = {"Chats": {"quota": 10, "ttlMs": 3_600_000}}
-    wait_until(
-        lambda: all(ray.get(h.lite_parents.remote()) == settings for h in group.values()),
-        what="the followers took the leader's LITE parent",
-    )
+    started = raft_group("broker-r", "Chats")
+    cluster, group, old = started.cluster, started.handles, started.leader
     ns = cluster.namespace
     # resync_s: a subscription is sent once; the new leader must know it from the group
     reader = LiteConsumer("readers", "Chats", namespace=ns, resync_s=3600)
@@ -144,17 +135,10 @@ def answered(call: Any) -> Any:
 
 
 def test_a_raft_leader_commits_acks_arriving_together_in_fewer_rounds_than_acks(
-    make_cluster: Any,
+    raft_group: Callable[..., RaftGroup],
 ) -> None:
-    cluster = make_cluster(
-        nameservers=1,
-        brokers=[BrokerSpec("broker-q", i) for i in range(3)],
-        broker_options=RAFT,
-    )
-    group = {f"broker-q-{i}": cluster.broker("broker-q", i) for i in range(3)}
-    name = wait_until(lambda: members(cluster, "broker-q").get(0), what="a Raft leader")
-    leader = group[name]
-    ray.get(leader.lite_create_parent.remote("Tasks", quota=100))
+    started = raft_group("broker-q", "Tasks", quota=100)
+    group, name, leader = started.handles, started.leader, started.leader_handle()
     lites = [f"task-{i}" for i in range(24)]
     view = ray.get(leader.lite_subscribe.remote("workers", "Tasks", "w1", lites))
     assert view["owned"] == sorted(lites)

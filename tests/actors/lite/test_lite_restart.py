@@ -1,17 +1,18 @@
-"""Lite subscriptions across a broker's restart (real Ray, real store): a broker killed
-and restarted by Ray serves the subscriptions and owners it had before any client sends
-them again, and a restarted member of a Raft group holds the same tables as the rest
-of its group, and the changes its group commits after."""
+"""Lite subscriptions and offsets across a broker's restart (real Ray, real store): a
+broker killed and restarted by Ray serves the subscriptions and owners it had before
+any client sends them again; a lite commit followed by the broker's persist or a clean
+stop survives the restart exactly; a restarted member of a Raft group holds the same
+tables as the rest of its group, and the changes its group commits after."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import ray
-from raymq_ha_testkit import RAFT, members, status_of
+from conftest import RaftGroup
+from raymq_ha_testkit import status_of
 from raymq_testkit import wait_until
-
-from actors import BrokerSpec
 
 
 def owners(broker: Any, lite_topics: list[str]) -> dict[str, dict[str, str | None]]:
@@ -29,9 +30,10 @@ def saved(broker: Any) -> bool:
     return stats["subscription_saves"] > 0 and not stats["subscriptions_unsaved"]
 
 
-def restart(broker: Any) -> None:
-    """SIGKILL: Ray starts the broker again on its store."""
-    before = status_of(broker)["incarnation"]
+def restart(broker: Any, before: str | None = None) -> None:
+    """SIGKILL: Ray starts the broker again on its store (``before``: its incarnation,
+    if it no longer answers ``status``)."""
+    before = before or status_of(broker)["incarnation"]
     ray.kill(broker, no_restart=False)
     wait_until(
         lambda: status_of(broker, 2.0).get("incarnation") not in (None, before),
@@ -59,24 +61,22 @@ def test_a_restarted_broker_serves_its_subscriptions_before_any_client_resends_t
     assert [s["offset"] for s in sent] == [0, 1, 2]
     got = ray.get(broker.lite_receive.remote("readers", "Chats", "c2"))
     assert [(b["lite_topic"], len(b["messages"])) for b in got] == [("chat-1", 3)]
-    ray.get(broker.lite_ack.remote("readers", "Chats", "c2", "chat-1", 2))
     before = owners(broker, ["chat-0", "chat-1"])
     assert before == {
         "chat-0": {"readers": "c1"},
         "chat-1": {"audit": "c9", "readers": "c2"},
     }
     wait_until(lambda: saved(broker), what="the subscription tables saved")
+    # a commit, saved by persist (not left to the lite store's periodic flush): it
+    # survives the SIGKILL that follows at once
+    ray.get(broker.lite_ack.remote("readers", "Chats", "c2", "chat-1", 2))
+    ray.get(broker.persist.remote())
 
     restart(broker)
     assert owners(broker, ["chat-0", "chat-1"]) == before  # no client sent them again
-    # c2 receives where the group committed, or again from the last commit the lite store
-    # flushed before the SIGKILL (its offsets are saved with its periodic flush: a kill
-    # within it delivers again, at least once); c1 and c3 own nothing of chat-1
+    # c2 receives exactly where the group committed; c1 and c3 own nothing of chat-1
     got = ray.get(broker.lite_receive.remote("readers", "Chats", "c2"))
-    assert [(b["lite_topic"], b["offset"], len(b["messages"])) for b in got] in (
-        [("chat-1", 2, 1)],
-        [("chat-1", 0, 3)],
-    )
+    assert [(b["lite_topic"], b["offset"], len(b["messages"])) for b in got] == [("chat-1", 2, 1)]
     assert ray.get(broker.lite_receive.remote("readers", "Chats", "c3")) == []
     # the order of the subscribers came back too: c3 is next for chat-1, c2 for chat-0
     subscribe("readers", "c2", "chat-1", action="remove")
@@ -87,18 +87,35 @@ def test_a_restarted_broker_serves_its_subscriptions_before_any_client_resends_t
     }
 
 
-def test_a_restarted_raft_member_holds_the_same_subscriptions_as_its_group(
+def test_a_lite_commit_followed_by_a_persist_or_a_clean_stop_survives_a_restart(
     make_cluster: Any,
 ) -> None:
-    cluster = make_cluster(
-        nameservers=1,
-        brokers=[BrokerSpec("broker-s", i) for i in range(3)],
-        broker_options=RAFT,
-    )
-    group = {f"broker-s-{i}": cluster.broker("broker-s", i) for i in range(3)}
-    lead = wait_until(lambda: members(cluster, "broker-s").get(0), what="a Raft leader")
-    leader = group[lead]
-    ray.get(leader.lite_create_parent.remote("Chats", quota=10, ttl_ms=3_600_000))
+    cluster = make_cluster(nameservers=1, brokers=1)
+    broker = cluster.broker("broker-a")
+    ray.get(broker.lite_create_parent.remote("Chats", quota=10, ttl_ms=3_600_000))
+    ray.get(broker.lite_subscribe.remote("readers", "Chats", "c1", ["chat-0"]))
+    ray.get(broker.lite_send.remote("Chats", [("chat-0", b"m%d" % i) for i in range(4)]))
+    ray.get(broker.lite_ack.remote("readers", "Chats", "c1", "chat-0", 1))
+    ray.get(broker.persist.remote())
+    # a second commit with nothing else written since the flush: saved by the clean stop
+    ray.get(broker.lite_ack.remote("readers", "Chats", "c1", "chat-0", 3))
+    incarnation = status_of(broker)["incarnation"]
+    ray.get(broker.shutdown.remote())
+
+    restart(broker, incarnation)
+    assert ray.get(broker.lite_committed_offset.remote("readers", "Chats", "chat-0")) == 3
+    got = ray.get(broker.lite_receive.remote("readers", "Chats", "c1"))
+    # exactly what follows the commit: nothing delivered again
+    assert [(b["lite_topic"], b["offset"], [m.body for m in b["messages"]]) for b in got] == [
+        ("chat-0", 3, [b"m3"])
+    ]
+
+
+def test_a_restarted_raft_member_holds_the_same_subscriptions_as_its_group(
+    raft_group: Callable[..., RaftGroup],
+) -> None:
+    started = raft_group("broker-s", "Chats")
+    group, lead, leader = started.handles, started.leader, started.leader_handle()
     names = ["chat-0", "chat-1", "chat-2"]
 
     def subscribe(client: str, *lites: str, action: str = "add", grp: str = "readers") -> Any:
