@@ -218,7 +218,7 @@ def test_a_held_receive_and_pull_answer_at_the_send_and_empty_at_their_timeout(
             )
             sent_at = time.monotonic()
             producer.send(lite, b"now")
-            got = answer.result(timeout=30)
+            got: Any = answer.result(timeout=30)  # a receive's batches or a pull's answer
             latency = time.monotonic() - sent_at
             batch = got[0] if isinstance(got, list) else got
             assert batch.lite_topic == lite and [m.body for m in batch.messages] == [b"now"]
