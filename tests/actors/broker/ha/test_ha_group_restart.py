@@ -20,29 +20,16 @@ from typing import Any
 
 import pytest
 import ray
-from raymq_ha_testkit import (
-    broker_config,
-    commitlog_bytes,
-    kill,
-    members,
-    read_all,
-    start_broker,
-    status_of,
-)
+from raymq_ha_testkit import commitlog_bytes, kill, members, status_of
 from raymq_testkit import SMALL_STORE, wait_until
 from store_faults import cut_commitlog
 
-import actors
-from actors import BrokerSpec, SendStatus
+from actors import SendStatus
 from actors.client.admin import Admin
 from actors.keeper import BrokerKeeper, KeptBroker
 from actors.protocol.errors import PromotionRefusedError
-from storage import Message
 
 OPTIONS = {
-    "broker_role": "SYNC_MASTER",
-    "slave_sync_interval_s": 0.2,
-    "ha_slave_timeout_s": 1.5,
     "heartbeat_interval_s": 0.5,  # registrations again soon after a NameServer restart
     "store": {**SMALL_STORE, "flush_interval_commitlog_ms": 600_000},
 }
@@ -50,39 +37,25 @@ TOPIC = "GroupRestart"
 GONE_NODE = "f" * 56  # a node id Ray never gave: the node the keeper saw die
 
 
-def send(cluster: actors.Cluster, prefix: bytes, count: int) -> list[Any]:
-    producer = cluster.producer(f"p-{prefix.decode()}", max_batch_messages=20)
-    out = []
-    for i in range(0, count, 20):
-        out += producer.send_batch([Message(TOPIC, prefix + b"-%04d" % (i + j)) for j in range(20)])
-    return out
-
-
 def test_the_keeper_does_not_promote_a_slave_behind_while_the_other_is_away(
-    make_cluster: Any, tmp_path: Path
+    sync_master_group: Any,
 ) -> None:
-    root = str(tmp_path / "group-restart")
-    cluster = make_cluster(
-        nameservers=1,
-        brokers=[BrokerSpec("broker-a", i) for i in range(3)],
-        topics=[actors.TopicConfig(TOPIC, 2, 2)],
-        store_root=root,
-        broker_options=OPTIONS,
-    )
+    group = sync_master_group(TOPIC, **OPTIONS)
+    cluster, send, registered = group.cluster, group.send, group.registered
     master = cluster.broker("broker-a", 0)
     ahead, behind = cluster.broker("broker-a", 1), cluster.broker("broker-a", 2)
-    acked = send(cluster, b"first", 60)
+    acked = send(b"first", 60)
     m_end = status_of(master)["commitlog_max_offset"]
     wait_until(lambda: status_of(behind)["commitlog_max_offset"] == m_end, what="caught up")
     kill(behind)
-    acked += send(cluster, b"second", 60)  # acknowledged with the other slave's copy
+    acked += send(b"second", 60)  # acknowledged with the other slave's copy
     assert {r.status for r in acked} == {SendStatus.SEND_OK}
     kill(master)
     kill(ahead)
 
-    configs = [broker_config(cluster, root, "broker-a", i, **OPTIONS) for i in range(3)]
+    configs = [group.config(i) for i in range(3)]
     here = ray.get_runtime_context().get_node_id()
-    behind = start_broker(configs[2])
+    behind = group.start(2)
     wait_until(lambda: 2 in members(cluster, "broker-a"), what="the slave behind registered")
     keeper = BrokerKeeper(
         cluster.namespace,
@@ -98,7 +71,7 @@ def test_the_keeper_does_not_promote_a_slave_behind_while_the_other_is_away(
     assert status_of(behind)["role"] == "SLAVE"
     assert "broker-a-1" in asyncio.run(keeper.status())["refused"]["broker-a"]
 
-    ahead = start_broker(configs[1])
+    ahead = group.start(1)
     wait_until(lambda: 1 in members(cluster, "broker-a"), what="the slave ahead registered")
     keeper.tend()  # every slave answers now: the one holding the most is promoted
     assert [p["broker"] for p in keeper.promotions] == ["broker-a-1"]
@@ -108,7 +81,7 @@ def test_the_keeper_does_not_promote_a_slave_behind_while_the_other_is_away(
         ),
         what="the slave behind follows the promoted one",
     )
-    after = send(cluster, b"after", 20)  # acknowledged with the slave behind's copy
+    after = send(b"after", 20)  # acknowledged with the slave behind's copy
     assert {r.status for r in after} == {SendStatus.SEND_OK}
 
     # the new master goes down, and a NameServer restarted forgets the group's epochs:
@@ -119,29 +92,27 @@ def test_the_keeper_does_not_promote_a_slave_behind_while_the_other_is_away(
     kill(ahead)
     nameserver = cluster.nameserver(0)
     ray.kill(nameserver, no_restart=False)
-    wait_until(lambda: registered(cluster).get(2) == "broker-a-2", what="the slave re-registered")
+    wait_until(lambda: registered().get(2) == "broker-a-2", what="the slave re-registered")
     paused = status_of(behind)["pid"]
     os.kill(paused, signal.SIGSTOP)
     try:
-        master = start_broker(configs[0])
+        master = group.start(0)
         wait_until(
             lambda: status_of(master).get("waiting_for") == ["broker-a-2"],
             what="the old master waiting for the paused slave's answer",
         )
-        assert 0 not in registered(cluster)
+        assert 0 not in registered()
     finally:
         os.kill(paused, signal.SIGCONT)
-    wait_until(
-        lambda: registered(cluster).get(1000) == "broker-a-0", what="old master back as a slave"
-    )
-    assert 0 not in registered(cluster)
+    wait_until(lambda: registered().get(1000) == "broker-a-0", what="old master back as a slave")
+    assert 0 not in registered()
     assert status_of(master)["role"] == "SLAVE"
 
-    ahead = start_broker(configs[1])  # the master of the newer epoch, from its store
-    wait_until(lambda: registered(cluster).get(0) == "broker-a-1", what="new master back")
-    more = send(cluster, b"more", 20)
+    ahead = group.start(1)  # the master of the newer epoch, from its store
+    wait_until(lambda: registered().get(0) == "broker-a-1", what="new master back")
+    more = send(b"more", 20)
     assert {r.status for r in more} == {SendStatus.SEND_OK}
-    bodies = read_all(cluster.pull_consumer("g-group-restart"), TOPIC)
+    bodies = group.read("g-group-restart")
     expected = [b"%s-%04d" % (p, i) for p in (b"first", b"second") for i in range(60)]
     expected += [b"%s-%04d" % (p, i) for p in (b"after", b"more") for i in range(20)]
     assert sorted(bodies) == sorted(expected)
@@ -156,29 +127,15 @@ def test_the_keeper_does_not_promote_a_slave_behind_while_the_other_is_away(
     )
 
 
-def registered(cluster: actors.Cluster) -> dict[int, str]:
-    """The group's members on the NameServer; {} while it restarts."""
-    try:
-        return members(cluster, "broker-a")
-    except ray.exceptions.RayActorError:
-        return {}
-
-
 def test_a_slave_restarted_behind_the_acknowledged_offset_refuses_promotion(
-    make_cluster: Any, tmp_path: Path
+    sync_master_group: Any,
 ) -> None:
     """Its unflushed tail lost with its machine's power: the slave still knows, from its
     ``haState.json``, how far the master acknowledged, and is not promoted below it."""
-    root = str(tmp_path / "slave-power-loss")
-    cluster = make_cluster(
-        nameservers=1,
-        brokers=[BrokerSpec("broker-a", 0), BrokerSpec("broker-a", 1)],
-        topics=[actors.TopicConfig(TOPIC, 2, 2)],
-        store_root=root,
-        broker_options=OPTIONS,
-    )
+    group = sync_master_group(TOPIC, size=2, **OPTIONS)
+    cluster = group.cluster
     master, slave = cluster.broker("broker-a", 0), cluster.broker("broker-a", 1)
-    acked = send(cluster, b"first", 60)
+    acked = group.send(b"first", 60)
     assert {r.status for r in acked} == {SendStatus.SEND_OK}
     m_end = status_of(master)["commitlog_max_offset"]
     wait_until(lambda: status_of(slave)["ha_confirmed_saved"] == m_end, what="confirmed saved")
@@ -187,8 +144,7 @@ def test_a_slave_restarted_behind_the_acknowledged_offset_refuses_promotion(
     kill(slave)
     cut_commitlog(store, m_end // 2)  # the power loss takes its unflushed tail
 
-    configs = [broker_config(cluster, root, "broker-a", i, **OPTIONS) for i in range(2)]
-    slave = start_broker(configs[1])
+    slave = group.start(1)
     wait_until(lambda: 1 in members(cluster, "broker-a"), what="slave registered")
     st = status_of(slave)
     assert st["commitlog_max_offset"] < m_end == st["ha_confirmed_offset"]
@@ -196,7 +152,7 @@ def test_a_slave_restarted_behind_the_acknowledged_offset_refuses_promotion(
         Admin(cluster.namespace, list(cluster.nameserver_names)).promote("broker-a")
     assert status_of(slave)["role"] == "SLAVE"
 
-    master = start_broker(configs[0])  # back as master: it holds every acknowledged one
+    master = group.start(0)  # back as master: it holds every acknowledged one
     wait_until(lambda: status_of(slave)["commitlog_max_offset"] == m_end, what="slave caught up")
-    bodies = read_all(cluster.pull_consumer("g-slave-power-loss"), TOPIC)
+    bodies = group.read("g-slave-power-loss")
     assert sorted(bodies) == sorted(b"first-%04d" % i for i in range(60))

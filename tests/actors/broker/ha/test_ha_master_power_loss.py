@@ -14,47 +14,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from raymq_ha_testkit import (
-    broker_config,
-    commitlog_bytes,
-    kill,
-    members,
-    read_all,
-    start_broker,
-    status_of,
-)
+from raymq_ha_testkit import commitlog_bytes, kill, members, status_of
 from raymq_testkit import SMALL_STORE, wait_until
 from store_faults import cut_commitlog
 
-import actors
-from actors import BrokerSpec, SendStatus
+from actors import SendStatus
 from storage import Message
 from storage.message_id import parse_offset_msg_id
 
-GROUP = [BrokerSpec("broker-a", 0), BrokerSpec("broker-a", 1)]
-OPTIONS = {
-    "broker_role": "SYNC_MASTER",
-    "slave_sync_interval_s": 0.2,
-    "ha_slave_timeout_s": 1.5,
-    # nothing flushed by time: what the master's page cache held is what the cut takes
-    "store": {**SMALL_STORE, "flush_interval_commitlog_ms": 600_000},
-}
+# nothing flushed by time: what the master's page cache held is what the cut takes
+OPTIONS = {"store": {**SMALL_STORE, "flush_interval_commitlog_ms": 600_000}}
 TOPIC = "PowerLoss"
 
 
 def test_a_master_restarted_behind_its_slave_copies_the_acknowledged_tail_first(
-    make_cluster: Any, tmp_path: Path
+    sync_master_group: Any,
 ) -> None:
     """Two slaves at different ends: the master copies from the one furthest ahead, and
     the other, whose log is a prefix of it, replicates on from its own end (no cut)."""
-    root = str(tmp_path / "power-loss")
-    cluster = make_cluster(
-        nameservers=1,
-        brokers=[*GROUP, BrokerSpec("broker-a", 2)],
-        topics=[actors.TopicConfig(TOPIC, 2, 2)],
-        store_root=root,
-        broker_options=OPTIONS,
-    )
+    group = sync_master_group(TOPIC, **OPTIONS)
+    cluster = group.cluster
     master, slave = cluster.broker("broker-a", 0), cluster.broker("broker-a", 1)
     behind = cluster.broker("broker-a", 2)
     producer = cluster.producer("p-power-loss", max_batch_messages=20)
@@ -86,9 +65,9 @@ def test_a_master_restarted_behind_its_slave_copies_the_acknowledged_tail_first(
     cut = min(parse_offset_msg_id(r.offset_msg_id)[1] for r in acked[50:])
     cut_commitlog(store, cut)
     assert len(commitlog_bytes(str(store))) <= cut < m_end < len(commitlog_bytes(slave_store))
-    behind = start_broker(broker_config(cluster, root, "broker-a", 2, **OPTIONS))
+    behind = group.start(2)
     wait_until(lambda: 2 in members(cluster, "broker-a"), what="second slave registered again")
-    master = start_broker(broker_config(cluster, root, "broker-a", 0, **OPTIONS))
+    master = group.start(0)
     wait_until(lambda: 0 in members(cluster, "broker-a"), what="master registered again")
 
     after = cluster.producer("p-power-loss-2").send_batch(
@@ -98,7 +77,7 @@ def test_a_master_restarted_behind_its_slave_copies_the_acknowledged_tail_first(
     slots = [(r.message_queue.queue_id, r.queue_offset) for r in [*acked, *after]]
     assert len(set(slots)) == len(slots), "a queue offset was acknowledged twice"
 
-    bodies = read_all(cluster.pull_consumer("g-power-loss"), TOPIC)
+    bodies = group.read("g-power-loss")
     expected = [b"before-%04d" % i for i in range(200)] + [b"after-%04d" % i for i in range(40)]
     assert sorted(bodies) == sorted(expected)
     m = status_of(master)
@@ -116,20 +95,14 @@ def test_a_master_restarted_behind_its_slave_copies_the_acknowledged_tail_first(
 
 
 def test_a_slave_back_after_its_master_restarted_without_it_drops_the_old_tail(
-    make_cluster: Any, tmp_path: Path
+    sync_master_group: Any,
 ) -> None:
     """The master restarts behind its slave while the slave is down, so it cannot copy
     the tail; it takes writes from its own end. When the slave comes back, its old tail
     is cut off at that end before it replicates: the acknowledged messages only it held
     are lost (said in the master's log), but the two CommitLogs never mix."""
-    root = str(tmp_path / "slave-away")
-    cluster = make_cluster(
-        nameservers=1,
-        brokers=GROUP,
-        topics=[actors.TopicConfig(TOPIC, 2, 2)],
-        store_root=root,
-        broker_options=OPTIONS,
-    )
+    group = sync_master_group(TOPIC, size=2, **OPTIONS)
+    cluster = group.cluster
     master, slave = cluster.broker("broker-a", 0), cluster.broker("broker-a", 1)
     acked = cluster.producer("p-slave-away", max_batch_messages=20).send_batch(
         [Message(TOPIC, b"before-%04d" % i) for i in range(100)]
@@ -140,14 +113,14 @@ def test_a_slave_back_after_its_master_restarted_without_it_drops_the_old_tail(
     kill(slave)
     cut = min(parse_offset_msg_id(r.offset_msg_id)[1] for r in acked[50:])
     cut_commitlog(store, cut)
-    master = start_broker(broker_config(cluster, root, "broker-a", 0, **OPTIONS))
+    master = group.start(0)
     wait_until(lambda: 0 in members(cluster, "broker-a"), what="master registered again")
     alone = cluster.producer("p-slave-away-2").send_batch(
         [Message(TOPIC, b"alone-%04d" % i) for i in range(30)]
     )  # stored on the master, answered SLAVE_NOT_AVAILABLE: no slave has them
     assert {r.status for r in alone} == {SendStatus.SLAVE_NOT_AVAILABLE}
 
-    slave = start_broker(broker_config(cluster, root, "broker-a", 1, **OPTIONS))
+    slave = group.start(1)
     m = status_of(master)
     wait_until(
         lambda: status_of(slave).get("commitlog_max_offset") == m["commitlog_max_offset"],

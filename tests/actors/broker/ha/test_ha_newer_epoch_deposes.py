@@ -17,66 +17,27 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 from typing import Any
 
 import ray
-from raymq_ha_testkit import (
-    broker_config,
-    commitlog_bytes,
-    kill,
-    members,
-    read_all,
-    start_broker,
-    status_of,
-)
-from raymq_testkit import SMALL_STORE, wait_until
+from raymq_ha_testkit import commitlog_bytes, kill, members, status_of
+from raymq_testkit import wait_until
 
-import actors
-from actors import BrokerSpec, SendStatus
-from storage import Message
+from actors import SendStatus
 
 OPTIONS = {
-    "broker_role": "SYNC_MASTER",
-    "slave_sync_interval_s": 0.2,
-    "ha_slave_timeout_s": 1.5,
     "heartbeat_interval_s": 0.5,  # registrations again soon after a NameServer restart
     "ha_ask_slaves_s": 2.0,  # a starting master waits this long for a paused slave
-    "store": SMALL_STORE,
 }
-TOPIC = "NewerEpoch"
-
-
-def send(cluster: actors.Cluster, prefix: bytes, count: int) -> list[Any]:
-    producer = cluster.producer(f"p-{prefix.decode()}", max_batch_messages=20)
-    out = []
-    for i in range(0, count, 20):
-        out += producer.send_batch([Message(TOPIC, prefix + b"-%04d" % (i + j)) for j in range(20)])
-    return out
-
-
-def registered(cluster: actors.Cluster) -> dict[int, str]:
-    """The group's members on the NameServer; {} while it restarts."""
-    try:
-        return members(cluster, "broker-a")
-    except ray.exceptions.RayActorError:
-        return {}
 
 
 def test_a_master_accepted_in_its_old_epoch_becomes_a_slave_of_the_newer_one(
-    make_cluster: Any, tmp_path: Path
+    sync_master_group: Any,
 ) -> None:
-    root = str(tmp_path / "newer-epoch")
-    cluster = make_cluster(
-        nameservers=1,
-        brokers=[BrokerSpec("broker-a", i) for i in range(3)],
-        topics=[actors.TopicConfig(TOPIC, 2, 2)],
-        store_root=root,
-        broker_options=OPTIONS,
-    )
-    configs = [broker_config(cluster, root, "broker-a", i, **OPTIONS) for i in range(3)]
+    group = sync_master_group("NewerEpoch", **OPTIONS)
+    cluster, send, registered = group.cluster, group.send, group.registered
     master = cluster.broker("broker-a", 0)
-    acked = send(cluster, b"first", 40)
+    acked = send(b"first", 40)
     m_end = status_of(master)["commitlog_max_offset"]
     for i in (1, 2):
         slave = cluster.broker("broker-a", i)
@@ -94,7 +55,7 @@ def test_a_master_accepted_in_its_old_epoch_becomes_a_slave_of_the_newer_one(
         ),
         what="the other slave follows the promoted one",
     )
-    acked += send(cluster, b"after", 40)  # in the new epoch, with the other slave's copy
+    acked += send(b"after", 40)  # in the new epoch, with the other slave's copy
     assert {r.status for r in acked} == {SendStatus.SEND_OK}
     new_end = status_of(new)["commitlog_max_offset"]
     wait_until(lambda: status_of(other)["commitlog_max_offset"] == new_end, what="other synced")
@@ -102,7 +63,7 @@ def test_a_master_accepted_in_its_old_epoch_becomes_a_slave_of_the_newer_one(
     kill(new)
     ray.kill(cluster.nameserver(0), no_restart=False)  # it forgets the group's epochs
     wait_until(
-        lambda: registered(cluster).get(other_id) == f"broker-a-{other_id}",
+        lambda: registered().get(other_id) == f"broker-a-{other_id}",
         what="the slave registered again",
     )
     other_log = commitlog_bytes(status_of(other)["store_dir"])
@@ -110,29 +71,27 @@ def test_a_master_accepted_in_its_old_epoch_becomes_a_slave_of_the_newer_one(
     paused = status_of(other)["pid"]
     os.kill(paused, signal.SIGSTOP)
     try:
-        master = start_broker(configs[0])
+        master = group.start(0)
         # it waited ha_ask_slaves_s for the paused slave, then registered in its old epoch
         wait_until(
             lambda: status_of(master).get("accepted_as_master") is True,
             what="the old master accepted in its old epoch",
         )
-        assert registered(cluster).get(0) == "broker-a-0"
+        assert registered().get(0) == "broker-a-0"
         assert status_of(master)["master_epoch"] < promoted["epoch"]
     finally:
         os.kill(paused, signal.SIGCONT)
-    wait_until(
-        lambda: registered(cluster).get(1000) == "broker-a-0", what="old master back as a slave"
-    )
-    assert 0 not in registered(cluster)
+    wait_until(lambda: registered().get(1000) == "broker-a-0", what="old master back as a slave")
+    assert 0 not in registered()
     assert status_of(master)["role"] == "SLAVE"
     # the slave kept the newer epoch's log: nothing was cut back to the old master's end
     assert commitlog_bytes(status_of(other)["store_dir"]).startswith(other_log)
 
-    new = start_broker(configs[new_id])  # the master of the newer epoch, from its store
-    wait_until(lambda: registered(cluster).get(0) == f"broker-a-{new_id}", what="new master back")
-    more = send(cluster, b"more", 20)
+    new = group.start(new_id)  # the master of the newer epoch, from its store
+    wait_until(lambda: registered().get(0) == f"broker-a-{new_id}", what="new master back")
+    more = send(b"more", 20)
     assert {r.status for r in more} == {SendStatus.SEND_OK}
-    bodies = read_all(cluster.pull_consumer("g-newer-epoch"), TOPIC)
+    bodies = group.read("g-newer-epoch")
     expected = [b"%s-%04d" % (p, i) for p in (b"first", b"after") for i in range(40)]
     expected += [b"more-%04d" % i for i in range(20)]
     assert sorted(bodies) == sorted(expected)
