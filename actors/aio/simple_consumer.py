@@ -64,12 +64,10 @@ class AsyncSimpleConsumer(PopClient):
         if not self._buffer:
             names = await asyncio.to_thread(self._readable_brokers)
             free = [n for n in names if n not in self._pops]
-            for i, name in enumerate(free):
-                share = max_msgs // len(free) + (1 if i < max_msgs % len(free) else 0)
-                if share:
-                    self._pops[name] = asyncio.ensure_future(
-                        self._pop(name, share, invisible_ms, int(wait * 1000))
-                    )
+            for name, share in self._shares(max_msgs, free):
+                self._pops[name] = asyncio.ensure_future(
+                    self._pop(name, share, invisible_ms, int(wait * 1000))
+                )
             if self._pops:
                 await asyncio.wait(
                     list(self._pops.values()),

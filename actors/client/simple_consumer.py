@@ -92,6 +92,16 @@ class PopClient(_instance.SharedClient):
         self._check_open()
         return check_receive_args(max_msgs, invisible_s, wait_s, self.wait_s)
 
+    @staticmethod
+    def _shares(count: int, names: Sequence[str]) -> list[tuple[str, int]]:
+        """``count`` messages asked of the brokers ``names`` in near-equal shares (the
+        first ones one more), those whose share is 0 left out."""
+        if not names:
+            return []
+        n = len(names)
+        shares = [(name, count // n + (1 if i < count % n else 0)) for i, name in enumerate(names)]
+        return [(name, share) for name, share in shares if share > 0]
+
     def _readable_brokers(self) -> list[str]:
         """The brokers the topic's route names readable (its cached route)."""
         return self.ns.require_route(self.topic).readable_brokers()
@@ -186,11 +196,7 @@ class SimpleConsumer(PopClient):
             return
         self._turn += 1
         start = self._turn % len(free)
-        free = free[start:] + free[:start]
-        shares = [room // len(free) + (1 if i < room % len(free) else 0) for i in range(len(free))]
-        for name, share in zip(free, shares):
-            if share <= 0:
-                continue
+        for name, share in self._shares(room, free[start:] + free[:start]):
             try:
                 ref = self._broker(name).pop.remote(
                     self.group,
