@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -206,17 +205,37 @@ def test_a_second_end_changes_nothing(cluster: actors.Cluster) -> None:
         producer.close()
 
 
-def test_ends_racing_for_the_same_half_messages_end_each_one_once(make_cluster: Any) -> None:
+@pytest.fixture(scope="module")
+def unchecked(
+    ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[actors.Cluster]:
+    """A SYNC_FLUSH broker whose check rounds run only when a test calls one, shared by
+    the tests that leave no half message pending: a cluster costs ~5 s to start."""
+    c = actors.start_cluster(
+        namespace=unique_namespace("txn-unchecked"),
+        nameservers=1,
+        brokers=1,
+        store_root=str(tmp_path_factory.mktemp("txn-unchecked")),
+        broker_options={
+            "store": {**SMALL_STORE, "flush_disk_type": "SYNC_FLUSH"},
+            "heartbeat_interval_s": 2.0,
+            "transaction_check_interval_s": 3600.0,  # rounds run when the test says
+            "transaction_timeout_s": 0.5,
+        },
+        topics=[actors.TopicConfig("TxRace", 2, 2), actors.TopicConfig("TxGhost", 2, 2)],
+    )
+    yield c
+    c.shutdown(timeout_s=10.0)
+
+
+def test_ends_racing_for_the_same_half_messages_end_each_one_once(
+    unchecked: actors.Cluster,
+) -> None:
     """Ends racing for the same half messages, under SYNC_FLUSH (appends wait for their
     fsync in a thread, so the calls interleave): a producer's answers sent twice,
     overlapping, and a coordinator's decision applied four times at once. Each half
     message is ended once: every message is visible once."""
-    cluster = make_cluster(
-        nameservers=1,
-        brokers=1,
-        topics=[actors.TopicConfig("TxRace", 2, 2)],
-        broker_options={"store": {**SMALL_STORE, "flush_disk_type": "SYNC_FLUSH"}},
-    )
+    cluster = unchecked
     group, n = "pg-race", 40
     broker = cluster.broker("broker-a")
     producer = cluster.producer("p-race")
@@ -244,22 +263,15 @@ def test_ends_racing_for_the_same_half_messages_end_each_one_once(make_cluster: 
 
 
 def test_a_check_round_aborts_a_backlog_of_transactions_with_one_scan(
-    make_cluster: Any, tmp_path: Path
+    unchecked: actors.Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """Old half messages of multi-message transactions the coordinator aborts (here: of a
     producer it never knew) are rolled back by one check round that reads the pending
     half messages once, not once more for every transaction it aborts (which made a
     backlog's rounds quadratic and starved the broker under load)."""
-    cluster = make_cluster(
-        nameservers=1,
-        brokers=1,
-        topics=[actors.TopicConfig("TxGhost", 2, 2)],
-        broker_options={
-            "transaction_check_interval_s": 3600.0,  # rounds run when the test says
-            "transaction_timeout_s": 0.5,
-        },
-    )
-    transaction_coordinator(cluster.namespace, log_dir=str(tmp_path / "txn-log"))
+    cluster = unchecked
+    # its log outlives the test, as the coordinator does (shut down with the cluster)
+    transaction_coordinator(cluster.namespace, log_dir=str(tmp_path_factory.mktemp("txn-log")))
     broker = cluster.broker("broker-a")
     producer = cluster.producer("p-ghost")
     n = 30

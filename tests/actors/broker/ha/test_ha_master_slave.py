@@ -3,6 +3,7 @@ metadata, serves reads when the master is gone, and can be promoted."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from raymq_ha_testkit import (
     start_broker,
     status_of,
 )
-from raymq_testkit import wait_until
+from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
 
 import actors
 from actors import BrokerSpec, PullStatus, SendStatus
@@ -32,6 +33,7 @@ from storage.message import GetStatus
 
 GROUP = [BrokerSpec("broker-a", 0), BrokerSpec("broker-a", 1)]
 FAST = {"slave_sync_interval_s": 0.2, "ha_slave_timeout_s": 1.5}
+SLAVE_READ = {"slave_read_enable": True, "slave_read_window_bytes": 20_000}
 
 
 def caught_up(master: Any, slave: Any) -> bool:
@@ -39,13 +41,31 @@ def caught_up(master: Any, slave: Any) -> bool:
     return bool(m and s) and m["commitlog_max_offset"] == s["commitlog_max_offset"]
 
 
-def test_a_sync_slave_holds_the_masters_commitlog_byte_for_byte(make_cluster: Any) -> None:
-    cluster = make_cluster(
+@pytest.fixture(scope="module")
+def pair(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[actors.Cluster]:
+    """A SYNC_MASTER and its slave (reads sent to the slave past 20 KB behind) shared by
+    the tests that kill neither, each on topics and groups of its own: a group costs
+    ~5 s to start."""
+    cluster = actors.start_cluster(
+        namespace=unique_namespace("pair"),
         nameservers=1,
         brokers=GROUP,
-        topics=[actors.TopicConfig("HA", 4, 4)],
-        broker_options={"broker_role": "SYNC_MASTER", **FAST},
+        store_root=str(tmp_path_factory.mktemp("pair")),
+        topics=[actors.TopicConfig("HA", 4, 4), actors.TopicConfig("HAL", 1, 1)],
+        broker_options={
+            "store": SMALL_STORE,
+            "heartbeat_interval_s": 2.0,
+            "broker_role": "SYNC_MASTER",
+            **SLAVE_READ,
+            **FAST,
+        },
     )
+    yield cluster
+    cluster.shutdown(timeout_s=10.0)
+
+
+def test_a_sync_slave_holds_the_masters_commitlog_byte_for_byte(pair: actors.Cluster) -> None:
+    cluster = pair
     master, slave = cluster.broker("broker-a", 0), cluster.broker("broker-a", 1)
     assert (status_of(master)["role"], status_of(master)["broker_role"]) == (
         "MASTER",
@@ -235,18 +255,8 @@ def test_promotion_refuses_what_would_lose_messages_then_moves_the_group(
     assert status_of(old)["master"] == "broker-a-1"
 
 
-def test_a_consumer_far_behind_is_sent_to_the_slave(make_cluster: Any) -> None:
-    cluster = make_cluster(
-        nameservers=1,
-        brokers=GROUP,
-        topics=[actors.TopicConfig("HAL", 1, 1)],
-        broker_options={
-            "broker_role": "SYNC_MASTER",
-            "slave_read_enable": True,
-            "slave_read_window_bytes": 20_000,
-            **FAST,
-        },
-    )
+def test_a_consumer_far_behind_is_sent_to_the_slave(pair: actors.Cluster) -> None:
+    cluster = pair
     master, slave = cluster.broker("broker-a", 0), cluster.broker("broker-a", 1)
     producer = cluster.producer("p-hal")
     producer.send_batch([Message("HAL", b"x" * 200) for _ in range(1000)])

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import ray
 from raymq_ha_testkit import (
     RAFT,
@@ -21,7 +23,7 @@ from raymq_ha_testkit import (
     start_broker,
     status_of,
 )
-from raymq_testkit import wait_until
+from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
 
 import actors
 from actors import BrokerSpec, SendStatus
@@ -74,10 +76,52 @@ def console_raft_rows(cluster: actors.Cluster, leader: str) -> bool:
     )
 
 
-def test_a_group_elects_a_leader_and_every_member_holds_its_bytes(make_cluster: Any) -> None:
-    cluster = make_cluster(
-        nameservers=1, brokers=GROUP, topics=[actors.TopicConfig("R", 4, 4)], broker_options=RAFT
+@pytest.fixture(scope="module")
+def raft_group(
+    ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[actors.Cluster, str]]:
+    """One three-member group (and its store root) for the tests that leave it whole or
+    with one member killed: a group costs ~7 s to start, a member ~3 s."""
+    root = str(tmp_path_factory.mktemp("raft-group"))
+    cluster = actors.start_cluster(
+        namespace=unique_namespace("raft"),
+        nameservers=1,
+        brokers=GROUP,
+        store_root=root,
+        topics=[actors.TopicConfig("R", 4, 4), actors.TopicConfig("F", 2, 2)],
+        broker_options={"store": SMALL_STORE, "heartbeat_interval_s": 2.0, **RAFT},
     )
+    yield cluster, root
+    cluster.shutdown(timeout_s=10.0)
+
+
+@pytest.fixture
+def whole_group(raft_group: tuple[actors.Cluster, str]) -> actors.Cluster:
+    """The shared group with its three members up and in sync: a member an earlier test
+    killed is started again from its store (and catches up as a follower)."""
+    cluster, root = raft_group
+    for i in range(3):
+        try:
+            alive = bool(status_of(cluster.broker("broker-a", i), 5.0))
+        except ValueError:  # killed: its name is free again
+            alive = False
+        if not alive:
+            start_broker(broker_config(cluster, root, "broker-a", i, **RAFT))
+    wait_until(
+        lambda: (
+            all(status_of(h, 5.0) for h in handles(cluster).values()) and in_sync(handles(cluster))
+        ),
+        timeout_s=30,
+        what="the shared group whole and in sync",
+    )
+    leader_of(cluster)
+    return cluster
+
+
+def test_a_group_elects_a_leader_and_every_member_holds_its_bytes(
+    whole_group: actors.Cluster,
+) -> None:
+    cluster = whole_group
     leader = leader_of(cluster)
     group = handles(cluster)
     roles = {n: status_of(h)["raft_role"] for n, h in group.items()}
@@ -108,12 +152,13 @@ def test_a_group_elects_a_leader_and_every_member_holds_its_bytes(make_cluster: 
     )
 
 
-def test_killing_the_leader_moves_writes_to_a_new_leader_at_once(make_cluster: Any) -> None:
-    cluster = make_cluster(
-        nameservers=1, brokers=GROUP, topics=[actors.TopicConfig("F", 2, 2)], broker_options=RAFT
-    )
+def test_killing_the_leader_moves_writes_to_a_new_leader_at_once(
+    whole_group: actors.Cluster,
+) -> None:
+    cluster = whole_group
     old = leader_of(cluster)
     group = handles(cluster)
+    term_before = status_of(group[old])["term"]
     load = Load(cluster.producer("p-fail", send_timeout_s=2.0), "F").start()
     watcher = cluster.producer("p-watch", route_refresh_s=3600.0)  # caches routes for an hour
     assert watcher.ns.require_route("F").broker("broker-a").master_actor_name() == old
@@ -144,7 +189,7 @@ def test_killing_the_leader_moves_writes_to_a_new_leader_at_once(make_cluster: A
     got = read_all(cluster.pull_consumer("g-fail"), "F")
     assert len(got) == len(set(got))  # exactly once in the new leader's log
     assert set(load.acked) <= set(got), "an acknowledged message was lost"
-    assert status_of(survivors[new])["term"] > 1
+    assert status_of(survivors[new])["term"] > term_before
 
 
 def test_a_deposed_leader_cuts_off_what_was_never_committed(
