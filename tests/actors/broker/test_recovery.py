@@ -7,14 +7,15 @@ import json
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import ray
-from raymq_testkit import unique_namespace, wait_until
+from raymq_testkit import SMALL_STORE, unique_namespace, wait_until
 
+import actors
 from actors import BrokerSpec, PullStatus
 from actors.protocol.wire import SendAck
 from storage import Message, encode_batch
@@ -47,23 +48,38 @@ def all_msg_ids(consumer: Any, topic: str) -> list[str]:
     return ids
 
 
+@pytest.fixture(scope="module")
+def crashing(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Two NameServers and two SYNC_FLUSH brokers shared by the tests that crash broker-a
+    and let Ray start it again in place (the cluster whole again after each), each on a
+    topic and groups of its own: a cluster costs ~6 s to start."""
+    cluster = actors.start_cluster(
+        namespace=unique_namespace("crash"),
+        nameservers=2,
+        brokers=2,
+        store_root=str(tmp_path_factory.mktemp("crash")),
+        topics=["CrashSmall", "CrashRing", "OneBad"],
+        broker_options={
+            "store": {**SMALL_STORE, "flush_disk_type": "SYNC_FLUSH"},
+            "heartbeat_interval_s": 2.0,
+        },
+    )
+    yield cluster
+    cluster.shutdown(timeout_s=10.0)
+
+
 @pytest.mark.parametrize(
-    ("per_batch", "pad"),
-    [(20, b""), (2048, b"." * 120)],  # ~0.7 MB calls: through the shared ring
+    ("per_batch", "pad", "topic"),
+    [(20, b"", "CrashSmall"), (2048, b"." * 120, "CrashRing")],  # ~0.7 MB calls: the ring
     ids=["small", "shared-ring"],
 )
 def test_crashed_broker_restarts_in_place_with_every_acknowledged_message(
-    make_cluster: Any, per_batch: int, pad: bytes
+    crashing: Any, per_batch: int, pad: bytes, topic: str
 ) -> None:
-    cluster = make_cluster(
-        nameservers=2,
-        brokers=2,
-        topics=["Crash"],
-        broker_options={"store": {"flush_disk_type": "SYNC_FLUSH"}},
-    )
+    cluster = crashing
     broker = cluster.broker("broker-a")
     before = ray.get(broker.status.remote())
-    producer = cluster.producer("p-crash", send_timeout_s=2.0, fault_isolation_s=2.0)
+    producer = cluster.producer(f"p-{topic}", send_timeout_s=2.0, fault_isolation_s=2.0)
     acked: list[str] = []
     errors: list[BaseException] = []
     stop = threading.Event()
@@ -74,7 +90,7 @@ def test_crashed_broker_restarts_in_place_with_every_acknowledged_message(
         while not stop.is_set():
             try:
                 result = producer.send_batch(
-                    [Message("Crash", b"m%d-%d" % (i, k) + pad) for k in range(per_batch)]
+                    [Message(topic, b"m%d-%d" % (i, k) + pad) for k in range(per_batch)]
                 )
                 acked.extend(r.msg_id for r in result)
                 sent_during["batches"] += 1
@@ -94,7 +110,7 @@ def test_crashed_broker_restarts_in_place_with_every_acknowledged_message(
         what="broker-a restarted",
     )
     wait_until(
-        lambda: route_brokers(cluster, "Crash") == ["broker-a", "broker-b"],
+        lambda: route_brokers(cluster, topic) == ["broker-a", "broker-b"],
         what="broker-a back in the routes",
     )
     wait_until(lambda: sent_during["batches"] >= killed_at + 20, what="more sends after restart")
@@ -107,7 +123,7 @@ def test_crashed_broker_restarts_in_place_with_every_acknowledged_message(
     if pad:  # the restarted broker reads the producer's ring, once a send lands on it
 
         def lands_on_a() -> bool:
-            batch = [Message("Crash", b"after-%d" % k + pad) for k in range(per_batch)]
+            batch = [Message(topic, b"after-%d" % k + pad) for k in range(per_batch)]
             result = producer.send_batch(batch)
             acked.extend(r.msg_id for r in result)
             return result.queues[0][0].broker_name == "broker-a"
@@ -115,9 +131,10 @@ def test_crashed_broker_restarts_in_place_with_every_acknowledged_message(
         wait_until(lands_on_a, timeout_s=30, what="a send to the restarted broker-a")
         assert ray.get(broker.status.remote())["shared_batches"] > 0
         assert "broker-a-0" in producer._rings  # the same ring as before the crash
-    stored = all_msg_ids(cluster.pull_consumer("g-crash"), "Crash")
+    stored = all_msg_ids(cluster.pull_consumer(f"g-{topic}"), topic)
     assert set(acked) <= set(stored)
     assert len(acked) >= 40 * 20
+    producer.close()  # the cluster outlives the test
 
 
 def test_dead_broker_leaves_every_route_at_once(make_cluster: Any) -> None:
@@ -210,14 +227,9 @@ def test_offsets_and_messages_survive_a_clean_restart(make_cluster: Any, tmp_pat
 
 
 def test_a_bad_record_from_one_client_costs_nobody_a_message_at_the_next_crash(
-    make_cluster: Any,
+    crashing: Any,
 ) -> None:
-    cluster = make_cluster(
-        nameservers=1,
-        brokers=1,
-        topics=["OneBad"],
-        broker_options={"store": {"flush_disk_type": "SYNC_FLUSH"}},
-    )
+    cluster = crashing
     broker = cluster.broker("broker-a")
     before = ray.get(broker.status.remote())
     batch = encode_batch([Message("OneBad", b"fine"), Message("OneBad", b"flipped")])
@@ -242,6 +254,7 @@ def test_a_bad_record_from_one_client_costs_nobody_a_message_at_the_next_crash(
         lambda: "broker-a" in route_brokers(cluster, "OneBad"), what="broker-a back in the routes"
     )
     assert sorted(all_msg_ids(cluster.pull_consumer("g-one-bad"), "OneBad")) == sorted(acked)
+    producer.close()
 
 
 @pytest.fixture
