@@ -279,34 +279,23 @@ class BrokerConnection:
         oneway: bool,
         decode: Decode | None,
     ) -> None:
+        """A frame handed to the loop, written through the transport (in the order the
+        frames were handed over) once the connection is open; then callers may write
+        directly again if all is out."""
         writer = self._writer
-        if writer is not None and not writer.is_closing():
-            self._write(writer, header, body, fut, oneway, decode)
-            return
-        task = asyncio.ensure_future(self._ensure_open())
+        if writer is None or writer.is_closing():
 
-        def opened(t: asyncio.Future[None]) -> None:
-            exc = t.exception() if not t.cancelled() else BrokerUnavailableError("cancelled")
-            if exc is not None or self._writer is None:
+            def opened(t: asyncio.Future[None]) -> None:
+                exc = t.exception() if not t.cancelled() else BrokerUnavailableError("cancelled")
+                if exc is None and self._writer is not None:
+                    self._submit(header, body, fut, oneway, decode)
+                    return
                 with self._wlock:
                     self._queued -= 1
                 _settle(fut, exc=exc or BrokerUnavailableError(f"{self.name}: not connected"))
-                return
-            self._write(self._writer, header, body, fut, oneway, decode)
 
-        task.add_done_callback(opened)
-
-    def _write(
-        self,
-        writer: asyncio.WriteTransport,
-        header: dict[str, Any],
-        body: Sequence[Any],
-        fut: concurrent.futures.Future[Any],
-        oneway: bool,
-        decode: Decode | None,
-    ) -> None:
-        """A frame handed to the loop, written through the transport (in the order the
-        frames were handed over); then callers may write directly again if all is out."""
+            asyncio.ensure_future(self._ensure_open()).add_done_callback(opened)
+            return
         with self._wlock:
             self._queued -= 1
             written = not fut.done()  # else the caller gave up before it left
