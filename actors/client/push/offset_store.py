@@ -11,8 +11,8 @@
   the grant they were read under (:meth:`RemoteBrokerOffsetStore.grants`), so an
   offset read from a queue just dropped can never be sent with its next token.
 * :class:`LocalFileOffsetStore` (BROADCASTING): each consumer keeps its own
-  offsets in ``<dir>/<group>/<instance name>.json``, written atomically (a
-  temporary file renamed over the old one). The file is locked while the
+  offsets in ``<dir>/<group>/<instance name>.json``, written atomically
+  (``storage.atomic_file.write_atomically``). The file is locked while the
   consumer runs, so two live consumers can never share (and corrupt) it.
 
 Offsets are "the next offset to consume", as RocketMQ commits them.
@@ -34,6 +34,7 @@ from actors.client.instance import ClientView
 from actors.protocol import rpc as _rpc
 from actors.protocol.fencing import FencingToken, OffsetFencedError
 from rebalance import MessageQueue
+from storage.atomic_file import write_atomically
 from storage.errors import InvalidConfigError
 
 log = logging.getLogger("raymq.actors.push_consumer")
@@ -296,12 +297,7 @@ class LocalFileOffsetStore:
             for mq, off in offsets.items():
                 self._table[_key(mq)] = off
             data = json.dumps({"offsetTable": dict(sorted(self._table.items()))}, indent=1)
-            tmp = self.path.with_suffix(".tmp")
-            with open(tmp, "w", encoding="utf-8") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
+            write_atomically(self.path, data)
 
     def close(self) -> None:
         if self._lock_fd >= 0:
