@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .atomic_file import write_atomically
 from .errors import InvalidConfigError, StoreCorruptedError
 
 log = logging.getLogger("raymq.storage.txn_log")
@@ -300,19 +301,9 @@ class TransactionLog:
                 )
             if t.done:
                 lines.append({"op": "done", "txn": t.txn_id, "at": t.decided_ms})
-        tmp = self.path.with_suffix(".log.tmp")
-        with open(tmp, "wb") as f:
-            for r in lines:
-                f.write(json.dumps(r, separators=(",", ":")).encode("utf-8") + b"\n")
-            f.flush()
-            os.fsync(f.fileno())
-        self._file.close()
-        os.replace(tmp, self.path)
-        dfd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        data = b"".join(json.dumps(r, separators=(",", ":")).encode("utf-8") + b"\n" for r in lines)
+        write_atomically(self.path, data, tmp=self.path.with_suffix(".log.tmp"))
+        self._file.close()  # the replaced file's: appends go to the new one
         self._file = open(self.path, "ab")  # noqa: SIM115
         self.records = self.compacted = len(lines)
         return len(forget)
