@@ -28,17 +28,23 @@ def fsync_directory(directory: Path) -> None:
 
 
 def write_atomically(
-    path: Path, data: bytes | str, *, tmp: Path | None = None, backup: Path | None = None
+    path: Path,
+    data: bytes | str,
+    *,
+    tmp: Path | None = None,
+    backup: Path | None = None,
+    mode: int = 0o666,
 ) -> None:
     """Replace ``path``'s content with ``data`` (a ``str`` is written as UTF-8).
 
     ``tmp``: the temp file (default ``<name>.tmp`` beside ``path``). ``backup``: where
     the previous file is moved just before the rename (kept for a reader that finds
-    the new file damaged); a crash between the two moves leaves only the backup."""
+    the new file damaged); a crash between the two moves leaves only the backup.
+    ``mode``: the new file's permissions (less the umask), 0o600 for a secret."""
     blob = data.encode("utf-8") if isinstance(data, str) else data
     tmp = tmp if tmp is not None else path.with_name(path.name + ".tmp")
     try:
-        with open(tmp, "wb") as fh:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as fh:
             fh.write(blob)
             fh.flush()
             os.fsync(fh.fileno())

@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from . import codec
+from .atomic_file import write_atomically
 from .config_files import JsonConfigFile
 from .errors import (
     DiskFullError,
@@ -873,16 +874,8 @@ def _load_secret(path: Path) -> bytes:
             return secret
         log.error("%s is too short: making a new one (handles out are refused)", path)
     secret = secrets.token_bytes(32)
-    tmp = path.with_suffix(".tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            if os.write(fd, secret) != len(secret):
-                raise OSError("short write")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        write_atomically(path, secret, tmp=path.with_suffix(".tmp"), mode=0o600)
     except OSError as exc:  # a full disk: handles work until the next start
         log.error("could not keep the receipt handles' secret in %s: %s", path, exc)
     return secret
