@@ -21,7 +21,13 @@ def ray_cluster() -> Iterator[RayTestCluster]:
         ray.shutdown()
     cluster = RayTestCluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 4, "include_dashboard": False},
+        head_node_args={
+            "num_cpus": 4,
+            "include_dashboard": False,
+            # a node whose raylet died is declared dead after 5 failed checks 1 s apart
+            # (~5 s) instead of 3 s apart (~15 s): tests that kill a node wait for that
+            "_system_config": {"health_check_period_ms": 1000},
+        },
     )
     ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
     yield cluster
