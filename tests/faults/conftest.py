@@ -1,11 +1,11 @@
 """Fault runs on real Ray nodes in network namespaces (``harness.FaultLab``).
 
 Building a lab of five Ray nodes takes half a minute (one node at a time: see
-``FaultLab._build``). Tests that ask for the same nodes and options share one: a test
-that passed hands its lab on to the next one (:meth:`FaultLab.reuse` heals it and
-removes what the test left), a test that failed, or a lab that cannot be made as new,
-takes it down. Modules whose tests can share a lab say so with the same ``LAB_GROUP``;
-their tests run next to each other, after this folder's other tests.
+``FaultLab._build``). Modules whose tests can share a lab say so with the same
+``LAB_GROUP``; their tests run next to each other, after this folder's other tests. A
+test that passed hands its lab on to the next test of its group (:meth:`FaultLab.reuse`
+heals it and removes what the test left); the group's last test, a test that failed, or
+a lab that cannot be made as new, takes it down.
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ class LabPool:
         self.lab, self.key = lab, key
         return lab, True
 
-    def handed_back(self, passed: bool) -> None:
-        """After a test: keep the lab for the next if the test passed and the lab can be
-        made as new, else take it down."""
+    def handed_back(self, keep: bool) -> None:
+        """After a test: keep the lab for the next if ``keep`` (the test passed and the
+        next test is of its group) and the lab can be made as new, else take it down."""
         if self.lab is None:
             return
-        why = "its test failed" if not passed else self.lab.reuse()
+        why = "its test failed or the next is not of its group" if not keep else self.lab.reuse()
         if why is not None:
             log.info("fault lab taken down: %s", why)
             self.close()
@@ -107,7 +107,8 @@ def lab_factory(request: pytest.FixtureRequest, lab_pool: LabPool) -> Iterator[A
         for lab in own:
             lab.close()
         if pooled:
-            lab_pool.handed_back(request.node.stash.get(CALL_PASSED, False))
+            passed = request.node.stash.get(CALL_PASSED, False)
+            lab_pool.handed_back(passed and _next_shares(request.node))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -141,6 +142,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ordered = [i for i in block if i not in labs] + labs
     for i, item in zip(mine, ordered):
         items[i] = item
+
+
+def _next_shares(item: pytest.Item) -> bool:
+    """Whether the test run after ``item`` builds a lab of ``item``'s group: otherwise the
+    lab goes now, not at the end of the session (a folder without ``__init__.py`` ends
+    its package-scoped fixtures only there), so no idle Ray nodes outlive their tests."""
+    items = item.session.items
+    i = items.index(item)
+    after = items[i + 1] if i + 1 < len(items) else None
+    return (
+        after is not None
+        and "lab_factory" in getattr(after, "fixturenames", ())
+        and _group(after) == _group(item)
+    )
 
 
 def _group(item: pytest.Item) -> str:
