@@ -49,6 +49,7 @@ from actors.broker.ha import create_replication
 from actors.broker.ha.ha_service import HAService
 from actors.broker.lease import ClusterLease
 from actors.broker.listener import DataPathListener
+from actors.broker.lite.consumers import LiteConsumers
 from actors.broker.lite.parents import LiteParents
 from actors.broker.lite.processor import LiteProcessor
 from actors.broker.memory import retain_freed_memory
@@ -127,6 +128,7 @@ class Broker:
         self.popper = PopProcessor(rt, self.ha)
         self.lite = LiteProcessor(rt, self.ha, self.admin)  # lite topics
         self.lite_parents = self.lite.parents  # LITE parents and their listings
+        self.lite_consumers = self.lite.consumers  # subscriptions and acks
         self.producer_ids = ProducerIdAllocator(
             rt.store.config_file("producerIds"), config.actor_name
         )
@@ -451,11 +453,15 @@ class Broker:
         log.info("broker %s shut down cleanly", self.config.actor_name)
 
 
-# lite topics (actors/broker/lite): lite_create_parent, lite_send ... are LiteProcessor's own
-for _name in LiteProcessor.REQUESTS:
-    setattr(Broker, f"lite_{_name}", _served_by("lite", getattr(LiteProcessor, _name)))
-for _name in LiteParents.REQUESTS:
-    setattr(Broker, f"lite_{_name}", _served_by("lite_parents", getattr(LiteParents, _name)))
+# lite topics (actors/broker/lite): lite_send, lite_create_parent, lite_subscribe ... are
+# the coroutines of the lite processor, its parents and its consumers
+for _attribute, _lite in (
+    ("lite", LiteProcessor),
+    ("lite_parents", LiteParents),
+    ("lite_consumers", LiteConsumers),
+):
+    for _name in _lite.REQUESTS:
+        setattr(Broker, f"lite_{_name}", _served_by(_attribute, getattr(_lite, _name)))
 
 
 _PROCESSORS: dict[str, type] = {
@@ -468,6 +474,7 @@ _PROCESSORS: dict[str, type] = {
     "admin": AdminBrokerProcessor,
     "lite": LiteProcessor,
     "lite_parents": LiteParents,
+    "lite_consumers": LiteConsumers,
     "subscriber": SubscribeProcessor,
 }
 """The class of each processor the Broker holds, by attribute (a declaration's

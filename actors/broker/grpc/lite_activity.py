@@ -137,7 +137,7 @@ class LiteActivity(Activity):
             names = []
         elif request.action == pb.LiteSubscriptionAction.PARTIAL_ADD and _split_characters(names):
             names = ["".join(names)]
-        view = await lite.subscribe(group, parent, client, names, action)
+        view = await lite.consumers.subscribe(group, parent, client, names, action)
         subscribed = self._lite_clients.setdefault(client, set())
         if view["subscribed"]:
             subscribed.add((group, parent))
@@ -152,7 +152,7 @@ class LiteActivity(Activity):
         lite = self.lite
         for group, parent in sorted(self._lite_clients.pop(client, ())):
             if lite is not None:
-                await lite.subscribe(group, parent, client, [], SUBSCRIBE_COMPLETE)
+                await lite.consumers.subscribe(group, parent, client, [], SUBSCRIBE_COMPLETE)
 
     # ------------------------------------------------------------ send
     async def send_lite(self, request: Any) -> Any:
@@ -283,7 +283,7 @@ class LiteActivity(Activity):
             try:
                 async with held[0]:  # one commit of a lite topic at a time: read, then move on
                     if offset > await lite.committed_offset(group, parent, name):
-                        await lite.ack(group, parent, client, name, offset)
+                        await lite.consumers.ack(group, parent, client, name, offset)
             except Exception as exc:  # noqa: BLE001 - each entry answers on its own
                 failed[name] = exc
             finally:

@@ -45,6 +45,10 @@ log = logging.getLogger("raymq.actors.broker.lite")
 class LiteConsumers:
     """The subscription tables of a broker's lite topics, and the calls that use them."""
 
+    REQUESTS = ("subscribe", "ack")
+    """The coroutines a Broker serves as Ray methods named ``lite_<name>`` (the socket's
+    ``LITE_SUBSCRIBE`` and ``LITE_ACK`` too)."""
+
     def __init__(
         self,
         runtime: BrokerRuntime,

@@ -15,7 +15,8 @@
   offsets and loaded at start: the subscriptions and owners survive a restart
   (:mod:`actors.broker.lite.consumers`).
 * :meth:`LiteProcessor.receive` hands a client the messages of the lite topics it owns
-  from where the group stands; :meth:`LiteProcessor.ack` commits a lite topic's offset.
+  from where the group stands; :meth:`LiteConsumers.ack
+  <actors.broker.lite.consumers.LiteConsumers.ack>` commits a lite topic's offset.
   :meth:`LiteProcessor.pull` reads one lite topic from an offset the caller names
   (a gateway resuming a session).
 * A receive or pull that finds nothing and names ``wait_ms`` is held (the broker's
@@ -73,9 +74,7 @@ class LiteProcessor:
 
     REQUESTS = (
         "send",
-        "subscribe",
         "receive",
-        "ack",
         "pull",
         "committed_offset",
         "stats",
@@ -225,20 +224,6 @@ class LiteProcessor:
             )
 
     # ------------------------------------------------------------ consume
-    async def subscribe(
-        self,
-        group: str,
-        parent: str,
-        client_id: str,
-        lite_topics: Sequence[str],
-        action: str = SUBSCRIBE_ADD,
-    ) -> dict[str, list[str]]:
-        """Change ``client_id``'s lite subscriptions in ``group``: ``add`` these,
-        ``remove`` these, or ``complete``: exactly these
-        (:meth:`LiteConsumers.subscribe
-        <actors.broker.lite.consumers.LiteConsumers.subscribe>`)."""
-        return await self.consumers.subscribe(group, parent, client_id, lite_topics, action)
-
     async def receive(
         self,
         group: str,
@@ -294,14 +279,6 @@ class LiteProcessor:
         )
         heads = [[name, start, r.count, r.next_offset] for name, start, r in got]
         return heads, [r.data for _, _, r in got]
-
-    async def ack(
-        self, group: str, parent: str, client_id: str, lite_topic: str, offset: int
-    ) -> None:
-        """``client_id`` consumed ``lite_topic`` up to ``offset`` (the next to read):
-        committed for the group (:meth:`LiteConsumers.ack
-        <actors.broker.lite.consumers.LiteConsumers.ack>`)."""
-        await self.consumers.ack(group, parent, client_id, lite_topic, offset)
 
     async def pull(
         self, parent: str, lite_topic: str, offset: int, max_count: int = 32, wait_ms: int = 0

@@ -95,7 +95,7 @@ LITE_SUBSCRIBE = Request(
         Field("lite_topics", "s", LIST),
         Field("action", "a", default="add"),
     ),
-    serve="lite.subscribe",
+    serve="lite_consumers.subscribe",
     errors=_ERRORS,
     doc="Add, remove or set a consumer's lite topics; those it subscribes and owns.",
 )
@@ -119,7 +119,7 @@ LITE_ACK = Request(
     43,
     "lite_ack",
     (GROUP, PARENT, CLIENT_ID, LITE_TOPIC, Field("offset", "x", INT)),
-    serve="lite.ack",
+    serve="lite_consumers.ack",
     errors=_ERRORS,
     doc="Commit a lite topic for the group up to an offset (its owner only).",
 )
