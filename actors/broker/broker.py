@@ -267,7 +267,6 @@ class Broker:
         self.sender.rings.drop(ring)
 
     pull = _served_by("puller", PullMessageProcessor.pull)
-    pull_batch = _served_by("puller", PullMessageProcessor.pull_batch)
 
     # ------------------------------------------------------------ consumer groups
     fence_offsets = _served_by("groups", ConsumerManageProcessor.fence_offsets)

@@ -325,7 +325,6 @@ BROKER_RAY_ONLY = frozenset(
         "ping",
         "promote",
         "pull",
-        "pull_batch",
         "query_by_key",
         "query_offset",
         "query_offsets",

@@ -76,7 +76,7 @@ AckWire = bytes
 """What ``Broker.send`` returns: :meth:`SendAck.to_wire`."""
 
 PullWire = tuple[str, bytes, int, int, int, int, "bytes | None", int]
-"""What ``Broker.pull`` returns (``pull_batch``: a list of them): :func:`pull_to_wire`."""
+"""What ``Broker.pull`` returns: :func:`pull_to_wire`."""
 
 
 def pull_to_wire(raw: RawGetResult) -> PullWire:
@@ -120,7 +120,7 @@ def pull_from_wire(wire: PullWire) -> RawGetResult:
 
 # ------------------------------------------------------------ a pull call as two blobs
 # Ray costs every argument and every object in an answer: an async no-op method with
-# pull_batch's six arguments took ~0.35 ms more of the actor's CPU than one without,
+# a pull's six arguments took ~0.35 ms more of the actor's CPU than one without,
 # one blob ~0.15 ms; four answer tuples ~0.2 ms more than one blob. So the clients'
 # pulls (``Broker.pull_packed``) send their arguments and get their answers as one
 # msgpack blob each.

@@ -85,15 +85,15 @@ def test_every_message_comes_back_once_in_queue_order(cluster: actors.Cluster) -
     assert stored.body == b"order-000000" and stored.queue_offset == first.queue_offset
 
 
-def test_pull_batch_and_the_packed_pull_answer_alike(cluster: actors.Cluster) -> None:
-    # consumers call pull_packed; pull_batch keeps plain arguments for handle callers
+def test_the_plain_and_the_packed_pull_answer_alike(cluster: actors.Cluster) -> None:
+    # consumers call pull_packed; pull keeps plain arguments (one queue) for handle callers
     cluster.admin.create_topic("Alike", 2, 2)
     producer = cluster.producer("p-alike")
     for i in range(40):  # round robin: 10 in each of the 4 queues (2 per broker)
         producer.send(Message("Alike", b"%d" % i))
     broker = cluster.broker("broker-a")
     requests = [("Alike", 0, 0), ("Alike", 1, 3)]
-    plain = ray.get(broker.pull_batch.remote("g-alike", requests, 8, None, 0.0, "c1"))
+    plain = ray.get([broker.pull.remote("g-alike", *r, 8, None, 0.0, "c1") for r in requests])
     packed = protocol.pulls_from_wire(
         ray.get(
             broker.pull_packed.remote(
