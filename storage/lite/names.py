@@ -6,13 +6,24 @@ given again with the next generation, so index entries of the topic that held it
 are told apart from the new topic's. The file ``names`` records, in order:
 
 * ``P``: a parent topic's id and name;
-* ``B``: id, generation, parent id and lite topic name: a lite topic is created;
-* ``D``: id and generation: that lite topic is deleted (expired).
+* ``b``: id, generation, parent id, lite topic name and *where*: a lite topic is
+  created (an incarnation of its name begins);
+* ``d``: id, generation and *where*: that lite topic is deleted (by hand or expired).
 
-Each record is ``>BIIIH`` (kind, id, generation, parent id, name length) and the
-UTF-8 name. Records are written with ``os.write`` before the index entries that use
-them, so a killed process keeps them (the page cache survives it); ``flush`` fsyncs.
-A torn last record (power lost mid-write) is cut off at open.
+*Where* is a CommitLog position, the same on every member of a group: the offset of the
+record that created or deleted the topic (its first lite message, the subscription or
+the delete record), or for an expiry (a member's own decision) the CommitLog offset up
+to which its store had applied the log when it expired it. Replaying a consumer state
+record after a crash uses them to tell which incarnation of a name the record meant
+(:mod:`storage.lite.store`). Files written before positions were kept hold ``B`` and
+``D`` records instead (no *where*): they read as created before any record a replay
+meets.
+
+Each record is ``>BIIIH`` (kind, id, generation, parent id, name length), the UTF-8
+name, and for ``b`` and ``d`` a ``>q`` position. Records are written with ``os.write``
+before the index entries that use them, so a killed process keeps them (the page cache
+survives it); ``flush`` fsyncs. A torn last record (power lost mid-write) is cut off at
+open.
 """
 
 from __future__ import annotations
@@ -31,7 +42,13 @@ NAME_RE = re.compile(r"[A-Za-z0-9_.:@=-]{1,128}")
 agent's path like ``planner.step-3``, a tenant key like ``tenant=acme``)."""
 
 REC = struct.Struct(">BIIIH")
-PARENT, BIND, DELETE = b"P"[0], b"B"[0], b"D"[0]
+AT = struct.Struct(">q")
+PARENT, BIND, DELETE = b"P"[0], b"b"[0], b"d"[0]
+OLD_BIND, OLD_DELETE = b"B"[0], b"D"[0]
+"""The records of files written before positions were kept (read, never written)."""
+_KINDS = {PARENT: PARENT, BIND: BIND, DELETE: DELETE, OLD_BIND: BIND, OLD_DELETE: DELETE}
+NOWHERE = -1
+"""The position an old record reads with: before any CommitLog record."""
 
 
 def validate_lite_name(name: object) -> str:
@@ -45,9 +62,11 @@ def validate_lite_name(name: object) -> str:
     return name
 
 
-def encode(kind: int, lid: int, gen: int, pid: int, name: str = "") -> bytes:
+def encode(kind: int, lid: int, gen: int, pid: int, name: str = "", at: int = NOWHERE) -> bytes:
+    """One record; ``at``: the position of a ``b`` or ``d`` record."""
     raw = name.encode("utf-8")
-    return REC.pack(kind, lid, gen, pid, len(raw)) + raw
+    head = REC.pack(kind, lid, gen, pid, len(raw)) + raw
+    return head + AT.pack(at) if kind != PARENT else head
 
 
 class NameLog:
@@ -58,21 +77,25 @@ class NameLog:
         self.records = 0  # records in the file (what a compaction would drop shows here)
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
 
-    def read(self) -> Iterator[tuple[int, int, int, int, str]]:
-        """Every whole record as (kind, id, generation, parent id, name); a torn tail is
-        truncated away."""
+    def read(self) -> Iterator[tuple[int, int, int, int, str, int]]:
+        """Every whole record as (kind, id, generation, parent id, name, position), the
+        kinds of old files read as the new (``B`` as ``b``, ``D`` as ``d``, position
+        :data:`NOWHERE`); a torn tail is truncated away."""
         data = self.path.read_bytes()
         pos, end, size = 0, len(data), REC.size
-        unpack = REC.unpack_from
+        unpack, unpack_at = REC.unpack_from, AT.unpack_from
         n = 0
         while pos + size <= end:
-            kind, lid, gen, pid, length = unpack(data, pos)
-            if kind not in (PARENT, BIND, DELETE) or pos + size + length > end:
+            raw_kind, lid, gen, pid, length = unpack(data, pos)
+            kind = _KINDS.get(raw_kind)
+            extra = AT.size if raw_kind in (BIND, DELETE) else 0
+            if kind is None or pos + size + length + extra > end:
                 break
             name = data[pos + size : pos + size + length].decode("utf-8") if length else ""
-            pos += size + length
+            at = unpack_at(data, pos + size + length)[0] if extra else NOWHERE
+            pos += size + length + extra
             n += 1
-            yield kind, lid, gen, pid, name
+            yield kind, lid, gen, pid, name, at
         self.records = n
         if pos != end:
             os.truncate(self.path, pos)

@@ -16,8 +16,33 @@ topic's index order is its CommitLog order. At open the table is rebuilt from th
 file and one vectorised pass over the index files; index entries whose records the
 CommitLog lost are dropped, and lite records the index lacks (a crash between the two
 writes, a power cut before the index reached the disk, records a slave received by
-replication) are indexed from the CommitLog from ``covered`` (the end of the last
-record indexed, checkpointed at each flush) to its end.
+replication) are indexed from the CommitLog from the index's end on.
+
+Two cursors, then. The index's end says which lite records are indexed: it is in the
+index files themselves, which a killed process keeps whole (their pages are the page
+cache's), flushed or not. The ``checkpoint`` file says which consumer state records
+(:mod:`storage.lite.state`, a Raft group's) are applied *and saved*: every state
+record below it is in ``offsets.npz`` and ``names``, which a flush writes before it.
+In a Raft group every record, lite or state, is indexed or applied by
+:meth:`LiteStore.catch_up` in CommitLog order (a leader's sends too: proposed, then
+settled by a catch-up), so the index never passes a state record not applied; a store
+outside a Raft group holds no state record (a producer's put to the state topic is
+refused), so there the checkpoint follows the index. At open the state records from
+the checkpoint on are applied again (the lite records among them already indexed are
+skipped), then both go on together from the higher of the two.
+
+A state record applied again must not hit a lite topic it did not mean: after the
+checkpoint, ``names`` may already hold a delete and a new topic of the same name (a
+send or a subscription created it again). So each lite topic keeps where it was
+created: the CommitLog offset of the record that created it (its first lite message,
+or the subscription), the same on every member of the group, recorded with its binding
+in ``names`` (:mod:`storage.lite.names`). A ``commit`` or ``delete`` record applies to
+the live topic of its name only if that topic was created before the record: one
+created after it is a later incarnation, which the record never saw. A ``subscribe``
+record creates a name that is not live unless ``names`` says a topic of that name was
+deleted or expired after the record (it existed then and was gone since: it stays
+gone); an expiry is placed at the CommitLog offset its store had applied then. Names
+bound by files written before positions were kept count as created before any record.
 
 Expiry (:meth:`LiteStore.expire`): a lite topic with no write for its parent's TTL is
 deleted, in slices that each hold the lock for ``expire_slice_ms`` (2 ms) at most,
@@ -49,7 +74,7 @@ from ..producer_state import records_with_properties
 from ..store import MessageStore
 from .errors import LiteTopicQuotaExceededError, NotALiteParentError
 from .index import ENTRY, LiteIndex
-from .names import BIND, DELETE, PARENT, NameLog, encode, validate_lite_name
+from .names import BIND, DELETE, NOWHERE, PARENT, NameLog, encode, validate_lite_name
 from .offsets import LiteOffsets
 from .state import PROP_LITE_STATE, STATE_TOPIC, decode_state
 from .table import LiteTable
@@ -73,9 +98,16 @@ by it."""
 _EXPIRE_PAUSE_S = 0.001  # between two slices of an expiry: a waiting writer's turn
 _EXPIRE_STEP = 128  # lite topics an expiry slice deletes between two looks at the clock
 _DELETE_REC = np.dtype(
-    [("kind", "u1"), ("lid", ">u4"), ("gen", ">u4"), ("pid", ">u4"), ("len", ">u2")]
+    [
+        ("kind", "u1"),
+        ("lid", ">u4"),
+        ("gen", ">u4"),
+        ("pid", ">u4"),
+        ("len", ">u2"),
+        ("at", ">i8"),
+    ]
 )
-"""A ``names`` file's ``D`` record (:data:`storage.lite.names.REC`, no name)."""
+"""A ``names`` file's ``d`` record (:data:`storage.lite.names.REC`, no name, where)."""
 
 
 @dataclass(frozen=True)
@@ -203,11 +235,26 @@ class LiteStore:
         self.index = LiteIndex(self.root / "index", self.config.index_file_entries)
         self.offsets = LiteOffsets(self.root / "offsets.npz")
         started = time.monotonic()
-        self._load_names()
+        covered, saved = self._read_checkpoint()
+        self._deaths: dict[str, int] | None = {}
+        """While ``names`` may be ahead of the records applied (at open): per name, where
+        its last topic was deleted or expired, if after the checkpoint; then None."""
+        self._names_at = NOWHERE  # the last position ``names`` records
+        self._load_names(NOWHERE if saved is None else saved)
         cut = self._cut_lost_tail()
         self._rebuild_from_index()
-        self._covered = max(self._read_checkpoint(), self._index_covered())
-        replayed = self.catch_up()
+        indexed = self._index_covered()
+        if saved is None:  # none, or written before the state cursor was kept: as then
+            saved = max(covered, indexed) if covered else 0
+        # records the CommitLog lost past it (a power cut) are applied when they come again
+        saved = min(saved, max(indexed, self.store.commitlog.max_offset))
+        self._covered = saved
+        """Where the records applied end: every lite record below it indexed and every
+        state record applied (in memory; saved up to the checkpoint)."""
+        self._indexed_below = indexed
+        """The lite records below it are indexed (the index's end at open)."""
+        with self._lock:
+            replayed = self._catch_up(max(self._catch_up_end(), indexed))
         self.recovered = {"dropped": cut, "indexed_from_commitlog": replayed}
         """What the open repaired: index entries past the CommitLog's end dropped, lite
         records indexed from the CommitLog."""
@@ -224,12 +271,19 @@ class LiteStore:
         )
 
     # ------------------------------------------------------------ open
-    def _load_names(self) -> None:
+    def _load_names(self, saved: int) -> None:
+        """The table and names from ``names``; the deaths after ``saved`` (the
+        checkpoint) kept for the replay (:attr:`_deaths`)."""
         t = self.table
-        for kind, lid, gen, pid, name in self._names_log.read():
+        deaths = self._deaths
+        assert deaths is not None
+        names_at = NOWHERE
+        for kind, lid, gen, pid, name, at in self._names_log.read():
             if kind == PARENT:
                 self._set_parent(pid, name, self.config.default_quota, self.config.default_ttl_ms)
-            elif kind == BIND:
+                continue
+            names_at = max(names_at, at)
+            if kind == BIND:
                 if lid >= t.size:
                     t.ensure(lid + 1)
                     self._names.extend([None] * (t.size - len(self._names)))
@@ -239,6 +293,7 @@ class LiteStore:
                 t.parent[lid] = pid
                 t.last[lid] = -1
                 t.next_off[lid] = 0
+                t.born[lid] = at
                 self._ids[f"{pid}\x01{name}"] = lid
                 self._names[lid] = name
                 parent = self._parents_by_id[pid]
@@ -249,9 +304,13 @@ class LiteStore:
                     t.ensure(lid + 1)
                     self._names.extend([None] * (t.size - len(self._names)))
                 if t.parent[lid] >= 0 and t.gen[lid] == gen:
+                    if at > saved:
+                        key = f"{int(t.parent[lid])}\x01{self._names[lid]}"
+                        deaths[key] = max(deaths.get(key, NOWHERE), at)
                     self._unbind(lid)
                 t.gen[lid] = max(int(t.gen[lid]), gen)
         self._free = np.flatnonzero(t.parent[: t.size] < 0).tolist()[::-1]
+        self._names_at = names_at
 
     def _set_parent(self, pid: int, name: str, quota: int, ttl_ms: int) -> _Parent:
         parent = _Parent(pid, name, quota, ttl_ms)
@@ -316,18 +375,26 @@ class LiteStore:
         slot = self.index.end - 1 - f.start
         return int(f.phys[slot]) + int(f.size[slot])
 
-    def _read_checkpoint(self) -> int:
+    def _read_checkpoint(self) -> tuple[int, int | None]:
+        """``(covered, state)``: the checkpoint's offset, and the state cursor (None: no
+        checkpoint, or one written before it was kept, whose ``covered`` was the
+        index's end too)."""
         path = self.root / "checkpoint"
         try:
-            return int(json.loads(path.read_text())["covered"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return 0
+            doc = json.loads(path.read_text())
+            covered = int(doc["covered"])
+            state = doc.get("state")
+            return covered, None if state is None else int(state)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return 0, None
 
     def _write_checkpoint(self, covered: int) -> None:
+        """``covered``: every consumer state record below it is applied and saved (and
+        every lite record below it indexed)."""
         path = self.root / "checkpoint"
         tmp = path.with_suffix(".tmp")
         with open(tmp, "w") as f:
-            f.write(json.dumps({"covered": covered}))
+            f.write(json.dumps({"covered": covered, "state": covered}))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -339,6 +406,11 @@ class LiteStore:
         live = len(self._ids)
         if self._names_log.records <= 2 * (live + len(self._free)) + 10_000:
             return
+        if self._deaths is not None:
+            return  # a replay still needs the deaths it keeps: at a later open
+        # the deaths dropped are all below the checkpoint once this flush wrote it: no
+        # replay will ask for them
+        self.flush()
         parts = [encode(PARENT, p.pid, 0, p.pid, p.name) for p in self._parents.values()]
         t = self.table
         for lid in range(t.size):
@@ -346,7 +418,8 @@ class LiteStore:
             if name is None:
                 parts.append(encode(DELETE, lid, int(t.gen[lid]), 0))
             else:
-                parts.append(encode(BIND, lid, int(t.gen[lid]), int(t.parent[lid]), name))
+                gen, pid, born = int(t.gen[lid]), int(t.parent[lid]), int(t.born[lid])
+                parts.append(encode(BIND, lid, gen, pid, name, born))
         self._names_log.replace(b"".join(parts), len(parts))
 
     # ------------------------------------------------------------ parents
@@ -602,9 +675,9 @@ class LiteStore:
                 )
             result, end = self.store.put_encoded_written(batch)
             ts = self.store.now_ms()
-            self._bind_many(p, new, ts)
-            lids = np.fromiter((ids[k] for k in keys), dtype=np.int64, count=len(keys))
             phys = np.asarray(result.commitlog_offsets, dtype=np.int64)
+            self._bind_many(p, new, ts, int(phys[0]))
+            lids = np.fromiter((ids[k] for k in keys), dtype=np.int64, count=len(keys))
             loffs = self._index(lids, phys, batch.sizes, ts)
         flushed = True
         if end:
@@ -623,10 +696,10 @@ class LiteStore:
                 )
             result, end = self.store.put_encoded_written(batch)
             ts = self.store.now_ms()
-            if lid is None:
-                self._bind_many(p, [key], ts)
-                lid = self._ids[key]
             phys = np.asarray(result.commitlog_offsets, dtype=np.int64)
+            if lid is None:
+                self._bind_many(p, [key], ts, int(phys[0]))
+                lid = self._ids[key]
             loffs = self._index_one(lid, int(phys[0]), int(batch.sizes[0]), ts)
         flushed = True
         if end:
@@ -646,7 +719,7 @@ class LiteStore:
                 raise LiteTopicQuotaExceededError(
                     f"parent {parent!r} holds {p.count} lite topics, its quota"
                 )
-            self._bind_many(p, [key], self.store.now_ms())
+            self._bind_many(p, [key], self.store.now_ms(), self._here())
             return True
 
     def check_room(self, parent: str, lite_topics: Sequence[str]) -> None:
@@ -664,8 +737,9 @@ class LiteStore:
                     f"pass its quota of {p.quota}"
                 )
 
-    def _bind_many(self, p: _Parent, keys: list[str], ts: int) -> None:
-        """Give each new key an id (lock held) and record it in ``names``."""
+    def _bind_many(self, p: _Parent, keys: list[str], ts: int, at: int) -> None:
+        """Give each new key an id (lock held) and record it in ``names``, created by
+        the record at CommitLog offset ``at``."""
         if not keys:
             return
         t = self.table
@@ -684,6 +758,7 @@ class LiteStore:
         t.last[arr] = -1
         t.next_off[arr] = 0
         t.last_ms[arr] = ts
+        t.born[arr] = at
         gens = t.gen[arr].tolist()
         prefix = len(str(p.pid)) + 1
         parts = []
@@ -691,7 +766,7 @@ class LiteStore:
             name = key[prefix:]
             self._ids[key] = lid
             self._names[lid] = name
-            parts.append(encode(BIND, lid, gen, p.pid, name))
+            parts.append(encode(BIND, lid, gen, p.pid, name, at))
         self._names_log.write(b"".join(parts))
         self._names_log.count(n)
         p.count += n
@@ -1005,16 +1080,20 @@ class LiteStore:
         name = validate_lite_name(lite_topic)
         with self._lock:
             self._check_open()
-            if not self._delete(p, name):
+            if not self._delete(p, name, self._here()):
                 return False
         log.info("lite store %s: lite topic %r of %r deleted", self.root, name, parent)
         return True
 
-    def _delete(self, p: _Parent, name: str) -> bool:
-        lid = self._ids.get(f"{p.pid}\x01{name}")
+    def _delete(self, p: _Parent, name: str, at: int) -> bool:
+        """Delete the live lite topic ``name`` (lock held), by the record at CommitLog
+        offset ``at``."""
+        key = f"{p.pid}\x01{name}"
+        lid = self._ids.get(key)
         if lid is None:
             return False
-        self._names_log.write(encode(DELETE, lid, int(self.table.gen[lid]), 0))
+        self._died(key, at)
+        self._names_log.write(encode(DELETE, lid, int(self.table.gen[lid]), 0, "", at))
         self._names_log.count(1)
         self._unbind(lid)
         self._free.append(lid)
@@ -1099,6 +1178,11 @@ class LiteStore:
         recs["kind"] = DELETE
         recs["lid"] = lids
         recs["gen"] = t.gen[lids]
+        # expired once the records below the cursor applied, after the one that created it
+        recs["at"] = np.maximum(self._here(), t.born[lids] + 1)
+        if self._deaths is not None:
+            for lid, pid, at in zip(lids.tolist(), t.parent[lids].tolist(), recs["at"].tolist()):
+                self._died(f"{pid}\x01{self._names[lid]}", at)
         for lid, pid in zip(lids.tolist(), t.parent[lids].tolist()):
             self._forget_name(lid, pid)
         t.parent[lids] = -1
@@ -1106,6 +1190,21 @@ class LiteStore:
         t.next_off[lids] = 0
         self._free.extend(lids.tolist())
         return recs.tobytes()
+
+    def _died(self, key: str, at: int) -> None:
+        """The live lite topic ``key`` is deleted at ``at`` (lock held): kept while a
+        replay may ask."""
+        deaths = self._deaths
+        if deaths is not None:
+            deaths[key] = max(deaths.get(key, NOWHERE), at)
+
+    def _here(self) -> int:
+        """Where this store stands in the CommitLog (lock held): in a Raft group, the end
+        of the records applied; elsewhere (no state record to order against) the
+        index's end too."""
+        if self._committed_end is not None:
+            return self._covered
+        return max(self._covered, self._index_covered())
 
     def _forget_name(self, lid: int, pid: int) -> None:
         """Take live lite topic ``lid`` (of parent ``pid``) out of the names and its
@@ -1138,23 +1237,32 @@ class LiteStore:
         than its committed end, and apply the consumer state records among them
         (:mod:`storage.lite.state`); return how many lite records it indexed."""
         with self._lock:
-            end = self._catch_up_end()
-            start = max(self._covered, self._index_covered(), self.store.commitlog.min_offset)
-            found = 0
-            batch: list[tuple[str, str, int, int, int]] = []
-            for topic, name, phys, size, ts, op in _lite_records(self.store, start, end):
-                if op is not None:  # in CommitLog order: the records before it first
-                    found += self._index_found(batch)
-                    batch = []
-                    self._apply_state(op, phys + size)
-                    continue
-                batch.append((topic, name, phys, size, ts))
-                if len(batch) >= 4096:
-                    found += self._index_found(batch)
-                    batch = []
-            if batch:
+            return self._catch_up(self._catch_up_end())
+
+    def _catch_up(self, end: int) -> int:
+        """:meth:`catch_up` to ``end`` (lock held); lite records the index holds (below
+        its end at open) are skipped, the state records among them applied."""
+        start = max(self._covered, self.store.commitlog.min_offset)
+        indexed = self._indexed_below
+        found = 0
+        batch: list[tuple[str, str, int, int, int]] = []
+        for topic, name, phys, size, ts, op in _lite_records(self.store, start, end):
+            if op is not None:  # in CommitLog order: the records before it first
                 found += self._index_found(batch)
-            self._covered = max(self._covered, end)
+                batch = []
+                self._apply_state(op, phys, phys + size)
+                continue
+            if phys < indexed:
+                continue
+            batch.append((topic, name, phys, size, ts))
+            if len(batch) >= 4096:
+                found += self._index_found(batch)
+                batch = []
+        if batch:
+            found += self._index_found(batch)
+        self._covered = max(self._covered, end)
+        if self._deaths is not None and self._covered > self._names_at:
+            self._deaths = None  # past every record ``names`` knew of: nothing to replay
         return found
 
     def state_changes(self, start: int) -> list[tuple[int, dict[str, Any]]]:
@@ -1169,23 +1277,30 @@ class LiteStore:
                 if op is not None
             ]
 
-    def _apply_state(self, op: dict[str, Any], end: int) -> None:
-        """A committed consumer state change (lock held): offsets, deletes and the lite
-        topics a subscription creates here, then the listener."""
+    def _apply_state(self, op: dict[str, Any], at: int, end: int) -> None:
+        """A committed consumer state change, its record at ``at`` (lock held):
+        offsets, deletes and the lite topics a subscription creates here, then the
+        listener. Applied again after a crash, it changes only the lite topics it meant
+        (the module's docstring says how they are told)."""
         kind = op["op"]
         if kind == "subscribe":
             if op["action"] != "remove":
                 p = self._parent_of_record(op["parent"])
                 keys = [f"{p.pid}\x01{n}" for n in dict.fromkeys(op["names"])]
-                # accepted by the leader within the quota: created past any quota here
-                self._bind_many(p, [k for k in keys if k not in self._ids], self.store.now_ms())
+                deaths = self._deaths or {}
+                # accepted by the leader within the quota: created past any quota here;
+                # not again if it was gone since (a replay)
+                new = [k for k in keys if k not in self._ids and deaths.get(k, NOWHERE) <= at]
+                self._bind_many(p, new, self.store.now_ms(), at)
         elif kind in ("commit", "delete"):
             known = self._parents.get(op["parent"])
             lid = None if known is None else self._ids.get(f"{known.pid}\x01{op['lite']}")
             if known is None or lid is None:
                 pass  # deleted or expired since: nothing to change
+            elif int(self.table.born[lid]) >= at:
+                pass  # created again after this record (a replay): not the topic it meant
             elif kind == "delete":
-                self._delete(known, op["lite"])
+                self._delete(known, op["lite"], at)
             else:
                 offset = min(int(op["offset"]), int(self.table.next_off[lid]))
                 self.offsets.commit(op["group"], lid, int(self.table.gen[lid]), offset)
@@ -1210,7 +1325,7 @@ class LiteStore:
             p = self._parent_of_record(topic)
             key = f"{p.pid}\x01{name}"
             if key not in self._ids:
-                self._bind_many(p, [key], ts)  # stored and acknowledged: past any quota
+                self._bind_many(p, [key], ts, phys)  # stored and acknowledged: past any quota
             lid = self._ids[key]
             self._index(
                 np.array([lid], dtype=np.int64),
@@ -1269,7 +1384,7 @@ class LiteStore:
             with self._lock:
                 if self._closed:
                     return
-                covered = max(self._covered, self._index_covered())
+                covered = self._here()  # every state record below it applied
                 state = (covered, self.index.end, self._names_log.records)
                 offsets = self.offsets.snapshot()  # None: no commit since the last one
                 if state == self._flushed_state and offsets is None:

@@ -1,8 +1,9 @@
 """The in-memory table of lite topics: numpy columns indexed by lite topic id.
 
-Per id, 32 bytes: generation, parent id (-1: a free id), last index entry, next offset
-(the topic's message count) and last write time. Ids are dense (freed ids are given
-again), so a million lite topics take 32 MB here, plus the name dictionary.
+Per id, 40 bytes: generation, parent id (-1: a free id), last index entry, next offset
+(the topic's message count), last write time and where it was created (the CommitLog
+position :mod:`storage.lite.names` records). Ids are dense (freed ids are given again),
+so a million lite topics take 40 MB here, plus the name dictionary.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ class LiteTable:
         self.last = np.full(capacity, -1, dtype=np.int64)
         self.next_off = np.zeros(capacity, dtype=np.int64)
         self.last_ms = np.zeros(capacity, dtype=np.int64)
+        self.born = np.full(capacity, -1, dtype=np.int64)
 
     def ensure(self, n: int) -> None:
         """Room for ids [0, n)."""
@@ -32,6 +34,7 @@ class LiteTable:
             ("last", -1),
             ("next_off", 0),
             ("last_ms", 0),
+            ("born", -1),
         ):
             old = getattr(self, name)
             grown = np.full(new, fill, dtype=old.dtype)
@@ -41,5 +44,6 @@ class LiteTable:
 
     def memory_bytes(self) -> int:
         return sum(
-            a.nbytes for a in (self.gen, self.parent, self.last, self.next_off, self.last_ms)
+            a.nbytes
+            for a in (self.gen, self.parent, self.last, self.next_off, self.last_ms, self.born)
         )
