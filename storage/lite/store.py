@@ -1241,8 +1241,10 @@ class LiteStore:
 
     def _catch_up(self, end: int) -> int:
         """:meth:`catch_up` to ``end`` (lock held); lite records the index holds (below
-        its end at open) are skipped, the state records among them applied."""
-        start = max(self._covered, self.store.commitlog.min_offset)
+        its end at open) are skipped, the state records among them applied. Outside a
+        Raft group (no state record) it starts at the index's end at least: a master's
+        own puts indexed past the records caught up are not indexed twice."""
+        start = max(self._here(), self.store.commitlog.min_offset)
         indexed = self._indexed_below
         found = 0
         batch: list[tuple[str, str, int, int, int]] = []
