@@ -4,8 +4,10 @@ A group's committed offset in a lite topic is ``off[lid]``, valid while ``gen[li
 the lite topic's generation (an expired topic's id given to a new one reads as "no
 offset" for every group, without a pass over the groups). A million lite topics cost
 12 bytes each per group that consumed any of them. The columns are saved to
-``offsets.npz`` at each flush that follows a change (atomically: a temp file renamed);
-a commit after the last flush is lost with a crash, and those messages come again.
+``offsets.npz`` at each flush that follows a change (atomically: a temp file renamed).
+Outside a Raft group a commit after the last flush is lost with a crash, and those
+messages come again; in a Raft group the commit is a record of the group's log, which
+the store applies again at open (:mod:`storage.lite.store`).
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ The changes (``op``):
 
 The store applies ``commit`` and ``delete`` and the lite topics a ``subscribe``
 creates; it hands every change to its ``state_listener`` (the broker's subscription
-tables).
+tables). After a crash it applies again the records past its last flush, each only to
+the lite topic it meant (:mod:`storage.lite.store` says how it tells them).
 """
 
 from __future__ import annotations
