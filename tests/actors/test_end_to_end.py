@@ -93,7 +93,13 @@ def test_the_plain_and_the_packed_pull_answer_alike(cluster: actors.Cluster) -> 
         producer.send(Message("Alike", b"%d" % i))
     broker = cluster.broker("broker-a")
     requests = [("Alike", 0, 0), ("Alike", 1, 3)]
-    plain = ray.get([broker.pull.remote("g-alike", *r, 8, None, 0.0, "c1") for r in requests])
+
+    def plain_pulls(queues: list[tuple[str, int, int]], max_count: int) -> list[Any]:
+        """Each queue's ``pull``, with plain arguments."""
+        calls = [broker.pull.remote("g-alike", *q, max_count, None, 0.0, "c1") for q in queues]
+        return ray.get(calls)
+
+    plain = plain_pulls(requests, 8)
     packed = protocol.pulls_from_wire(
         ray.get(
             broker.pull_packed.remote(
@@ -121,7 +127,7 @@ def test_the_plain_and_the_packed_pull_answer_alike(cluster: actors.Cluster) -> 
     assert [type(part) for part in wire[1:]] == [np.ndarray] * 3
     assert sum(map(len, wire)) >= protocol.OUT_OF_BAND_BYTES
     big = protocol.pulls_from_wire(wire)
-    plain_big = ray.get(broker.pull_batch.remote("g-alike", big_requests, 2000, None, 0.0, "c1"))
+    plain_big = plain_pulls(big_requests, 2000)
     assert [fields(protocol.pull_from_wire(w)) for w in plain_big] == list(map(fields, big))
     assert all(isinstance(raw.data, bytes) for raw in big)
     assert [raw.count for raw in big] == [1210, 10, 0]
