@@ -2,7 +2,8 @@
 broker killed and restarted by Ray serves the subscriptions and owners it had before
 any client sends them again; a lite commit followed by the broker's persist or a clean
 stop survives the restart exactly; a restarted member of a Raft group holds the same
-tables as the rest of its group, and the changes its group commits after."""
+tables and committed offsets as the rest of its group (a commit it applied after its
+last flush too), and the changes its group commits after."""
 
 from __future__ import annotations
 
@@ -111,6 +112,13 @@ def test_a_lite_commit_followed_by_a_persist_or_a_clean_stop_survives_a_restart(
     ]
 
 
+def committed(broker: Any, lite_topic: str) -> int:
+    """The offset ``readers`` committed in a lite topic of ``Chats``, as the broker
+    holds it (-1: none, or no such lite topic)."""
+    found = ray.get(broker.lite_describe_topic.remote("Chats", lite_topic))
+    return (found or {"groups": {}})["groups"].get("readers", {}).get("committed_offset", -1)
+
+
 def test_a_restarted_raft_member_holds_the_same_subscriptions_as_its_group(
     raft_group: Callable[..., RaftGroup],
 ) -> None:
@@ -138,8 +146,21 @@ def test_a_restarted_raft_member_holds_the_same_subscriptions_as_its_group(
         what="a follower applied and saved the subscriptions",
     )
 
+    # a commit, then a send that the member indexes past it, with no wait for a flush
+    # of its lite store: the kill finds the commit in its log only
+    ray.get(leader.lite_send.remote("Chats", [("chat-0", b"m%d" % i) for i in range(4)]))
+    ray.get(leader.lite_ack.remote("readers", "Chats", "c1", "chat-0", 3))
+    ray.get(leader.lite_send.remote("Chats", [("chat-1", b"later")]))
+
+    def indexed_past_the_commit() -> bool:
+        later = ray.get(follower.lite_describe_topic.remote("Chats", "chat-1"))
+        return committed(follower, "chat-0") == 3 and later["max_offset"] == 1
+
+    wait_until(indexed_past_the_commit, what="the follower applied the commit and the send")
+
     restart(follower)
     assert owners(follower, names) == want  # from its file, before the group told it more
+    assert ray.get(follower.lite_committed_offset.remote("readers", "Chats", "chat-0")) == 3
     # a change committed after the restart reaches it from the log
     subscribe("c1", "chat-1", action="remove")  # c2 next (before c3)
     want["chat-1"] = {"readers": "c2"}
