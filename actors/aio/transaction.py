@@ -42,7 +42,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -234,8 +234,11 @@ class AsyncTransaction(TransactionCore):
         if not self._abort_needed():
             return
         p = self.producer
-        if self._halves:  # each broker finds the transaction's half messages by its id
-            brokers = dict.fromkeys(self._halves)
+        masters: Iterable[str] = ()
+        if self._shared:  # the masters read off the loop (a NameServer call)
+            masters = await asyncio.to_thread(p.ns.master_brokers)
+        brokers = self._abort_brokers(lambda: masters)
+        if brokers:  # each broker finds the transaction's half messages by its id
             await p._call("end", self.txn_id, p.transactional_id, p.epoch, False, brokers, None)
         self.state = TransactionState.ABORTED
         p._ended(self)

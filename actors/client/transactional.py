@@ -38,7 +38,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
@@ -576,6 +576,15 @@ class TransactionCore:
         self._buffer.clear()
         return True
 
+    def _abort_brokers(self, masters: Callable[[], Iterable[str]]) -> dict[str, None]:
+        """The brokers an abort ends the transaction on: those holding its half messages
+        and, once its context was handed out, every master (``masters()``): a half
+        message sent there and never handed back (a failed task's) may be on any."""
+        brokers: dict[str, None] = dict.fromkeys(self._halves)
+        if self._shared:
+            brokers.update(dict.fromkeys(masters()))
+        return brokers
+
 
 class Transaction(TransactionCore):
     """One multi-message transaction of a :class:`TransactionalProducer` (``begin()``)."""
@@ -675,9 +684,7 @@ class Transaction(TransactionCore):
         if not self._abort_needed():
             return
         p = self.producer
-        brokers: dict[str, None] = dict.fromkeys(self._halves)
-        if self._shared:  # halves never handed back (a failed task's) may be anywhere
-            brokers.update(dict.fromkeys(p.ns.master_brokers()))
+        brokers = self._abort_brokers(p.ns.master_brokers)
         if brokers:  # each broker finds the transaction's half messages by its id
             p._call("end", self.txn_id, p.transactional_id, p.epoch, False, brokers, None)
         self.state = TransactionState.ABORTED

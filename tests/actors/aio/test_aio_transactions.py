@@ -179,6 +179,42 @@ def test_other_processes_send_into_a_transaction_through_its_context(
     assert Counter(stored(topic)) == Counter([b"own", b"joined-0", b"joined-1", b"joined-2"])
 
 
+def test_an_abort_after_the_context_was_handed_out_rolls_back_halves_never_handed_back(
+    aio_cluster: actors.Cluster, stored: Callable[[str], list[bytes]]
+) -> None:
+    """Half messages another sender put into the transaction through its context, on
+    both brokers, and never handed back (a task that failed) are rolled back by the
+    abort itself, not left to the check service: none is pending once it returns."""
+    cluster, topic, group = aio_cluster, "AioTxCtxAbort", "aio-tx-ctx-abort"
+    cluster.admin.create_topic(topic, 2, 2)
+    sender = cluster.producer("aio-tx-ctx-abort-sender")
+
+    async def main() -> tuple[set[str], list[dict[str, Any]]]:
+        async with AsyncTransactionalProducer(
+            group, transactional_id="aio-tx-ctx-abort", namespace=cluster.namespace
+        ) as producer:
+            txn = producer.begin()
+            marks = txn.context().properties()
+            brokers: set[str] = set()
+            for i in range(4):  # a batch each: the queues in turn, on both brokers
+                one = [Message(topic, b"lost-%d" % i, properties=marks)]
+                sent = await asyncio.to_thread(sender.send_batch, one)
+                brokers |= set(sent.halves_by_broker())
+            pending = await asyncio.to_thread(cluster.admin.pending_transactions, group)
+            assert len(pending) == 4
+            await txn.abort()  # within the check service's 1 s: the abort ends them
+            left = await asyncio.to_thread(cluster.admin.pending_transactions, group)
+            return brokers, left
+
+    try:
+        brokers, left = asyncio.run(asyncio.wait_for(main(), 60))
+    finally:
+        sender.close()
+    assert brokers == {"broker-a", "broker-b"}  # the lost halves are on both brokers
+    assert left == []
+    assert stored(topic) == []
+
+
 def test_a_transaction_one_broker_holds_is_committed_there_alone(
     aio_cluster: actors.Cluster, stored: Callable[[str], list[bytes]]
 ) -> None:
