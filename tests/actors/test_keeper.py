@@ -145,13 +145,15 @@ def test_the_keeper_promotes_again_when_the_promoted_slave_dies(
 
         send(b"first")
         caught_up("broker-a-0")
-        ray_cluster.remove_node(nodes[0])  # the configured master's node
+        # each node killed hard (its raylet and every process on it SIGKILLed at once),
+        # as a machine that loses power: Ray finds it dead only by its health checks
+        ray_cluster.remove_node(nodes[0], allow_graceful=False)  # the configured master's
         first = promoted(1)
         assert first in ("broker-a-1", "broker-a-2")
         send(b"second")
         caught_up(first)
 
-        ray_cluster.remove_node(nodes[int(first[-1])])  # the promoted slave's node
+        ray_cluster.remove_node(nodes[int(first[-1])], allow_graceful=False)  # the promoted
         second = promoted(2)
         assert {first, second} == {"broker-a-1", "broker-a-2"}
         status = wait_until(
