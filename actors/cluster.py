@@ -293,12 +293,13 @@ def start_cluster(
     ]
     cluster = Cluster(ns, ns_names)
     try:
-        _rpc.get([h.ping.remote() for h in ns_handles], STARTUP_TIMEOUT_S)
+        # the brokers start while the NameServers do (each start is a new worker
+        # process: seconds); a broker's first registration waits for its NameServer
         handles: list[Any] = [
             start_broker_actor(bc, node_id, cfg.max_restarts)
             for bc, node_id in zip(broker_cfgs, placements)
         ]
-        _rpc.get([h.ping.remote() for h in handles], STARTUP_TIMEOUT_S)
+        _rpc.get([h.ping.remote() for h in [*ns_handles, *handles]], STARTUP_TIMEOUT_S)
         # a DLedger group registers its elected leader as id 0 (its members as id + 1)
         expected = {
             (bc.broker_name, 0 if bc.enable_dledger else bc.broker_id) for bc in broker_cfgs

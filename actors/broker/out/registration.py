@@ -5,7 +5,9 @@ and, through its role, the id it registers as and its master epoch. It is sent o
 heartbeat (``heartbeat_interval_s``), at once when a part asks for it (a topic
 created, a role taken), and withdrawn on a clean shutdown. A NameServer that does
 not answer is simply tried again on the next round: a registration nobody
-refreshes expires on its own (``broker_expired_s``).
+refreshes expires on its own (``broker_expired_s``). Until a NameServer first answers
+a registration (a cluster starting its NameServers and brokers at once), the next
+round comes after :data:`FIRST_RETRY_S` instead of a whole heartbeat.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from actors.protocol.route import BrokerRegistration
 
 log = logging.getLogger("raymq.actors.broker.broker")
 
+FIRST_RETRY_S = 0.5
+"""Seconds between rounds while no NameServer has answered the broker's registration yet."""
+
 
 class Registration:
     """Registers one broker with its NameServers and keeps it registered."""
@@ -31,6 +36,7 @@ class Registration:
         self.rt = runtime
         self.role = role
         self._task: asyncio.Task[None] | None = None
+        self._taken = False  # a NameServer answered a registration of this broker
 
     def start(self) -> None:
         self._task = self.rt.loop.create_task(self._heartbeat_loop())
@@ -71,6 +77,7 @@ class Registration:
             *(self._register_one(n, reg) for n in self.rt.config.nameservers)
         )
         got = [a for a in answers if a is not None]
+        self._taken = self._taken or bool(got)
         self.role.on_registered(got)  # e.g. a deposed master learns of its successor
         return sum(1 for a in got if a.get("accepted", True))
 
@@ -81,8 +88,10 @@ class Registration:
                 await self.register_all()
             except Exception:  # noqa: BLE001
                 log.exception("registration round failed")
+            beat = rt.config.heartbeat_interval_s
+            wait_s = beat if self._taken else min(beat, FIRST_RETRY_S)
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(rt.registration_due.wait(), rt.config.heartbeat_interval_s)
+                await asyncio.wait_for(rt.registration_due.wait(), wait_s)
             rt.registration_due.clear()
 
     def stop(self) -> None:
