@@ -162,3 +162,18 @@ def read_member(handle: Any, topic: str, queue_ids: Iterable[int]) -> list[bytes
             out.extend(m.body for m in decode_records(raw.data, check_crc=False))
             offset = raw.next_offset
     return out
+
+
+@dataclass
+class RaftGroup:
+    cluster: actors.Cluster
+    handles: dict[str, Any]
+    """Each member's handle by actor name (``<broker name>-<id>``)."""
+    leader: str
+    """The actor name of the member that led when the group started."""
+
+    def leader_handle(self) -> Any:
+        return self.handles[self.leader]
+
+    def followers(self) -> dict[str, Any]:
+        return {n: h for n, h in self.handles.items() if n != self.leader}

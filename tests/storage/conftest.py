@@ -5,26 +5,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from store_sizes import DEFAULT_SIZES
+from store_sizes import DEFAULT_SIZES, small_config
 
 from storage import MessageStore, StoreConfig
-
-
-def small_config(path: Path, **overrides: object) -> StoreConfig:
-    """Tiny files so tests roll, fill and expire them quickly."""
-    values: dict[str, object] = dict(
-        store_dir=str(path),
-        commitlog_file_size=64 * 1024,
-        consume_queue_file_entries=64,
-        index_hash_slots=97,
-        index_max_entries=400,
-        max_message_size=16 * 1024,
-        flush_interval_commitlog_ms=50,
-        flush_interval_consume_queue_ms=50,
-        store_host="10.1.2.3:10911",
-    )
-    values.update(overrides)
-    return StoreConfig(**values)  # type: ignore[arg-type]
 
 
 @pytest.fixture

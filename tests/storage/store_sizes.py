@@ -1,8 +1,10 @@
-"""The store file sizes the storage tests run with besides their small ones."""
+"""The store file sizes the storage tests run with: their small ones (``small_config``)
+and the defaults users run."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -27,3 +29,20 @@ STORE_SIZES = [
 """For ``@pytest.mark.parametrize("sizes", STORE_SIZES, indirect=True)``: the test with small files
 and again with ``DEFAULT_SIZES`` (marked ``default_sizes``); ``config``, ``store`` and
 ``make_config`` follow it."""
+
+
+def small_config(path: Path, **overrides: object) -> StoreConfig:
+    """Tiny files so tests roll, fill and expire them quickly."""
+    values: dict[str, object] = dict(
+        store_dir=str(path),
+        commitlog_file_size=64 * 1024,
+        consume_queue_file_entries=64,
+        index_hash_slots=97,
+        index_max_entries=400,
+        max_message_size=16 * 1024,
+        flush_interval_commitlog_ms=50,
+        flush_interval_consume_queue_ms=50,
+        store_host="10.1.2.3:10911",
+    )
+    values.update(overrides)
+    return StoreConfig(**values)  # type: ignore[arg-type]

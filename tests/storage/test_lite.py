@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import small_config
+from store_sizes import small_config
 
 from storage import GetStatus, InvalidMessageError, Message, MessageStore, encode_batch
 from storage.lite import (

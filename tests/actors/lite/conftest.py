@@ -4,31 +4,14 @@ its leader, and a LITE parent every member took from the leader."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import ray
-from raymq_ha_testkit import RAFT, members
+from raymq_ha_testkit import RAFT, RaftGroup, members
 from raymq_testkit import wait_until
 
-import actors
 from actors import BrokerSpec
-
-
-@dataclass
-class RaftGroup:
-    cluster: actors.Cluster
-    handles: dict[str, Any]
-    """Each member's handle by actor name (``<broker name>-<id>``)."""
-    leader: str
-    """The actor name of the member that led when the group started."""
-
-    def leader_handle(self) -> Any:
-        return self.handles[self.leader]
-
-    def followers(self) -> dict[str, Any]:
-        return {n: h for n, h in self.handles.items() if n != self.leader}
 
 
 @pytest.fixture

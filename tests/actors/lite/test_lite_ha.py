@@ -10,8 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
-from conftest import RaftGroup
-from raymq_ha_testkit import kill, members, status_of
+from raymq_ha_testkit import RaftGroup, kill, members, status_of
 from raymq_testkit import wait_until
 
 from actors import BrokerSpec

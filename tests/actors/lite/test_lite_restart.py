@@ -11,8 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
-from conftest import RaftGroup
-from raymq_ha_testkit import status_of
+from raymq_ha_testkit import RaftGroup, status_of
 from raymq_testkit import wait_until
 
 

@@ -10,7 +10,7 @@ import itertools
 from pathlib import Path
 
 import pytest
-from conftest import small_config
+from store_sizes import small_config
 
 from storage import Message, MessageStore, codec, properties, record
 from storage import _fast_encode as fast

@@ -12,7 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from conftest import small_config
+from store_sizes import small_config
 
 from storage import Message, MessageStore
 from storage.lite import LiteConfig, LiteStore
@@ -23,7 +23,7 @@ CHILD = textwrap.dedent(
     from pathlib import Path
 
     sys.path.insert(0, sys.argv[2])
-    from conftest import small_config
+    from store_sizes import small_config
 
     from storage import Message, MessageStore
     from storage.lite import LiteConfig, LiteStore
@@ -53,7 +53,7 @@ def open_lite(path: Path) -> tuple[MessageStore, LiteStore]:
 def test_a_commit_flushed_after_an_earlier_flushed_commit_survives_a_sigkill(
     tmp_path: Path,
 ) -> None:
-    tests = str(Path(__file__).resolve().parents[1])  # tests/storage: its conftest
+    tests = str(Path(__file__).resolve().parents[1])  # tests/storage: its store_sizes
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(tmp_path / "s"), tests], stdout=subprocess.PIPE, text=True
     )

@@ -13,7 +13,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from conftest import small_config
+from store_sizes import small_config
 
 from storage import Message, MessageStore
 from storage.lite import LiteConfig, LiteStore
@@ -25,7 +25,7 @@ MEMBER = textwrap.dedent(
     from pathlib import Path
 
     sys.path.insert(0, sys.argv[2])
-    from conftest import small_config
+    from store_sizes import small_config
 
     from storage import Message, MessageStore
     from storage.lite import LiteConfig, LiteStore, encode_state
@@ -58,7 +58,7 @@ MEMBER = textwrap.dedent(
 def run_member(path: Path, steps: str) -> None:
     """Run ``steps`` in a member's process on the store at ``path``, then SIGKILL it
     (its lite store not flushed since the steps' last ``lite.flush()``)."""
-    tests = str(Path(__file__).resolve().parents[1])  # tests/storage: its conftest
+    tests = str(Path(__file__).resolve().parents[1])  # tests/storage: its store_sizes
     proc = subprocess.Popen(
         [sys.executable, "-c", MEMBER, str(path), tests, textwrap.dedent(steps)],
         stdout=subprocess.PIPE,

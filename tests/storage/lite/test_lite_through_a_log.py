@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import small_config
+from store_sizes import small_config
 
 from storage import GetStatus, Message, MessageStore
 from storage.errors import InvalidMessageError
