@@ -668,42 +668,45 @@ class LiteStore:
             self._check_open()
             ids = self._ids
             new = [k for k in dict.fromkeys(keys) if k not in ids]
-            if new and p.count + len(new) > p.quota:
-                raise LiteTopicQuotaExceededError(
-                    f"parent {p.name!r} holds {p.count} lite topics; {len(new)} more would "
-                    f"pass its quota of {p.quota}"
-                )
-            result, end = self.store.put_encoded_written(batch)
-            ts = self.store.now_ms()
-            phys = np.asarray(result.commitlog_offsets, dtype=np.int64)
+            self._check_quota(p, len(new))
+            phys, ts, end = self._append(batch)
             self._bind_many(p, new, ts, int(phys[0]))
             lids = np.fromiter((ids[k] for k in keys), dtype=np.int64, count=len(keys))
             loffs = self._index(lids, phys, batch.sizes, ts)
-        flushed = True
-        if end:
-            flushed = self.store.wait_durable(end)
-        return LitePutResult(loffs, phys, list(batch.uniq_keys), flushed)
+        return self._answer(batch, loffs, phys, end)
 
     def _put_one(self, p: _Parent, batch: codec.EncodedBatch, key: str) -> LitePutResult:
         """:meth:`_put` of one message: plain ints, no per-batch arrays."""
         with self._lock:
             self._check_open()
             lid = self._ids.get(key)
-            if lid is None and p.count + 1 > p.quota:
-                raise LiteTopicQuotaExceededError(
-                    f"parent {p.name!r} holds {p.count} lite topics; 1 more would "
-                    f"pass its quota of {p.quota}"
-                )
-            result, end = self.store.put_encoded_written(batch)
-            ts = self.store.now_ms()
-            phys = np.asarray(result.commitlog_offsets, dtype=np.int64)
+            self._check_quota(p, int(lid is None))
+            phys, ts, end = self._append(batch)
             if lid is None:
                 self._bind_many(p, [key], ts, int(phys[0]))
                 lid = self._ids[key]
             loffs = self._index_one(lid, int(phys[0]), int(batch.sizes[0]), ts)
-        flushed = True
-        if end:
-            flushed = self.store.wait_durable(end)
+        return self._answer(batch, loffs, phys, end)
+
+    def _check_quota(self, p: _Parent, more: int) -> None:
+        """Refuse ``more`` new lite topics that would pass ``p``'s quota (lock held)."""
+        if more and p.count + more > p.quota:
+            raise LiteTopicQuotaExceededError(
+                f"parent {p.name!r} holds {p.count} lite topics; {more} more would "
+                f"pass its quota of {p.quota}"
+            )
+
+    def _append(self, batch: codec.EncodedBatch) -> tuple[np.ndarray, int, int]:
+        """Append ``batch`` to the CommitLog (lock held): its records' offsets, the
+        store's time, and the end a sync flush must reach (0: none to wait for)."""
+        result, end = self.store.put_encoded_written(batch)
+        return np.asarray(result.commitlog_offsets, dtype=np.int64), self.store.now_ms(), end
+
+    def _answer(
+        self, batch: codec.EncodedBatch, loffs: np.ndarray, phys: np.ndarray, end: int
+    ) -> LitePutResult:
+        """The put's result, once durable where the flush mode asks it (lock released)."""
+        flushed = self.store.wait_durable(end) if end else True
         return LitePutResult(loffs, phys, list(batch.uniq_keys), flushed)
 
     def create(self, parent: str, lite_topic: str) -> bool:
