@@ -302,6 +302,13 @@ def test_a_broker_on_a_full_disk_refuses_writes_clearly_restarts_and_serves_ever
     ray.kill(a, no_restart=False)  # it must start again on the full disk, read-only
     wait_until(lambda: incarnation(a) not in (None, before), timeout_s=60, what="broker-a back")
     assert ray.get(a.status.remote())["disk_full"]
+
+    def routed() -> bool:  # it answers before its first registration is through
+        route = ray.get(cluster.nameserver(0).get_route.remote("Full"))
+        bd = None if route is None else route.broker("broker-a")
+        return bd is not None and bool(bd.actor_names)
+
+    wait_until(routed, timeout_s=30, what="broker-a in the route again")
     consumer = cluster.pull_consumer("g-full")
     stored = []
     offset = 0
