@@ -5,13 +5,10 @@ clean close keeps the last commit."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
+from killed_child import STORAGE_TESTS, run_until_killed
 from store_sizes import small_config
 
 from storage import Message, MessageStore
@@ -19,7 +16,7 @@ from storage.lite import LiteConfig, LiteStore
 
 CHILD = textwrap.dedent(
     """
-    import sys, time
+    import sys
     from pathlib import Path
 
     sys.path.insert(0, sys.argv[2])
@@ -38,7 +35,7 @@ CHILD = textwrap.dedent(
         lite.commit_offset("g", "Chat", "a", offset)
         lite.flush()
     print("flushed", flush=True)
-    time.sleep(60)
+    sys.stdin.read()  # until the parent kills it
     """
 )
 
@@ -53,16 +50,7 @@ def open_lite(path: Path) -> tuple[MessageStore, LiteStore]:
 def test_a_commit_flushed_after_an_earlier_flushed_commit_survives_a_sigkill(
     tmp_path: Path,
 ) -> None:
-    tests = str(Path(__file__).resolve().parents[1])  # tests/storage: its store_sizes
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(tmp_path / "s"), tests], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "flushed"
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+    run_until_killed(CHILD, str(tmp_path / "s"), STORAGE_TESTS, ready="flushed")
     store, lite = open_lite(tmp_path / "s")
     try:
         assert lite.committed_offset("g", "Chat", "a") == 3  # not 1: no redelivery

@@ -6,13 +6,10 @@ not a later topic of the same name that a send or a subscription created after i
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
+from killed_child import STORAGE_TESTS, run_until_killed
 from store_sizes import small_config
 
 from storage import Message, MessageStore
@@ -21,7 +18,7 @@ from storage.lite.names import OLD_BIND, OLD_DELETE, PARENT, REC
 
 MEMBER = textwrap.dedent(
     """
-    import sys, time
+    import sys
     from pathlib import Path
 
     sys.path.insert(0, sys.argv[2])
@@ -50,7 +47,7 @@ MEMBER = textwrap.dedent(
     exec(sys.argv[3])
     store.flush()  # the log holds every record (a Raft member's answer waits for it)
     print("done", flush=True)
-    time.sleep(60)
+    sys.stdin.read()  # until the parent kills it
     """
 )
 
@@ -58,18 +55,7 @@ MEMBER = textwrap.dedent(
 def run_member(path: Path, steps: str) -> None:
     """Run ``steps`` in a member's process on the store at ``path``, then SIGKILL it
     (its lite store not flushed since the steps' last ``lite.flush()``)."""
-    tests = str(Path(__file__).resolve().parents[1])  # tests/storage: its store_sizes
-    proc = subprocess.Popen(
-        [sys.executable, "-c", MEMBER, str(path), tests, textwrap.dedent(steps)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "done"
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+    run_until_killed(MEMBER, str(path), STORAGE_TESTS, textwrap.dedent(steps), ready="done")
 
 
 def open_member(path: Path) -> tuple[MessageStore, LiteStore]:
