@@ -16,10 +16,15 @@ The changes (``op``):
   ``remove`` or ``complete``): a client's lite subscriptions change; a subscription
   creates the lite topics it names;
 * ``gone``: ``group``, ``parent``, ``clients``: clients the leader stopped hearing from
-  lose their subscriptions.
+  lose their subscriptions;
+* ``expire``: ``parent``, ``seen``, ``names``: the leader found these lite topics past
+  their parent's TTL when it had applied the log up to CommitLog offset ``seen``; each
+  member deletes those of them with no write (and not created) at or after ``seen``, so
+  every member expires the same topics at the same point of the log, whatever its own
+  clock says, and a write racing the expiry keeps its topic.
 
-The store applies ``commit`` and ``delete`` and the lite topics a ``subscribe``
-creates; it hands every change to its ``state_listener`` (the broker's subscription
+The store applies ``commit``, ``delete``, ``expire`` and the lite topics a ``subscribe``
+creates (with the record's time as their last write); it hands every change to its ``state_listener`` (the broker's subscription
 tables). After a crash it applies again the records past its last flush, each only to
 the lite topic it meant (:mod:`storage.lite.store` says how it tells them).
 """
@@ -39,13 +44,14 @@ STATE_TOPIC = LITE_STATE_TOPIC
 refused (``MessageStore.put_encoded``): only a Raft leader's own proposals write it."""
 PROP_LITE_STATE = "__LITE_STATE"
 """The property that marks a lite state record (its value: the change's ``op``)."""
-OPS = ("commit", "delete", "subscribe", "gone")
+OPS = ("commit", "delete", "subscribe", "gone", "expire")
 
 _FIELDS = {
     "commit": ("group", "parent", "lite", "offset"),
     "delete": ("parent", "lite"),
     "subscribe": ("group", "parent", "client", "names", "action"),
     "gone": ("group", "parent", "clients"),
+    "expire": ("parent", "seen", "names"),
 }
 
 

@@ -41,13 +41,18 @@ the live topic of its name only if that topic was created before the record: one
 created after it is a later incarnation, which the record never saw. A ``subscribe``
 record creates a name that is not live unless ``names`` says a topic of that name was
 deleted or expired after the record (it existed then and was gone since: it stays
-gone); an expiry is placed at the CommitLog offset its store had applied then. Names
+gone); an expiry is placed at its ``expire`` record, or (a store outside a Raft group)
+at the CommitLog offset its store had applied then. Names
 bound by files written before positions were kept count as created before any record.
 
 Expiry (:meth:`LiteStore.expire`): a lite topic with no write for its parent's TTL is
 deleted, in slices that each hold the lock for ``expire_slice_ms`` (2 ms) at most,
 so writes go on between slices. Its index entries stay where they are
-and leave with the index files once the CommitLog's expiry took their records.
+and leave with the index files once the CommitLog's expiry took their records. In a
+Raft group no member expires on its own clock: the leader finds what is due
+(:meth:`LiteStore.due_for_expiry`) and proposes ``expire`` state records, which every
+member applies at the same point of the log, deleting the named topics that had no
+write at or after the point the leader looked from; a topic written in between stays.
 """
 
 from __future__ import annotations
@@ -212,6 +217,10 @@ class LiteStore:
         self.state_at = 0
         """Where the state record whose change the listener is given ends (its CommitLog
         offset plus size): a listener that saved its state tells a change it holds."""
+        self.expired_listener: Callable[[str, list[str]], None] | None = None
+        """Called (the store's lock held) with a parent and the names of its lite topics
+        each slice of :meth:`expire` deleted (a Raft group's expiry is a state change
+        instead, given to :attr:`state_listener`)."""
         self._reserved: dict[str, int] = {}  # key -> proposals naming it, not yet bound
         self.root = Path(store.root) / "lite"
         self.root.mkdir(parents=True, exist_ok=True)
@@ -1114,16 +1123,7 @@ class LiteStore:
         one."""
         now = self.store.now_ms() if now_ms is None else now_ms
         t = self.table
-        ttl = np.array(
-            [p.ttl_ms if p is not None else 1 << 62 for p in self._parents_by_id] or [0],
-            dtype=np.int64,
-        )
-        size = t.size
-        parent = t.parent[:size]
-        live = parent >= 0
-        cutoff = np.full(size, -(1 << 62), dtype=np.int64)
-        cutoff[live] = now - ttl[parent[live]]
-        due = np.flatnonzero(live & (t.last_ms[:size] < cutoff))
+        due, cutoff = self._due(now)
         done = slices = 0
         held = held_cpu = 0.0
         budget = self.config.expire_slice_ms / 1000
@@ -1143,8 +1143,10 @@ class LiteStore:
                     # written to since the look above: not due any more
                     still = chunk[(t.parent[chunk] >= 0) & (t.last_ms[chunk] < cutoff[chunk])]
                     if len(still):
-                        records.append(self._unbind_many(still))
+                        data, gone = self._unbind_many(still)
+                        records.append(data)
                         done += len(still)
+                        self._tell_expired(gone)
                     if time.perf_counter() - held_at >= budget:
                         break
                 if records:
@@ -1174,25 +1176,120 @@ class LiteStore:
             )
         return done
 
-    def _unbind_many(self, lids: np.ndarray) -> bytes:
-        """Free these live lite topics' ids (lock held); their ``D`` records."""
+    def _unbind_many(
+        self, lids: np.ndarray, at: int | None = None
+    ) -> tuple[bytes, dict[int, list[str]]]:
+        """Free these live lite topics' ids (lock held); their ``d`` records, and their
+        names per parent id. ``at``: the record that deletes them (an ``expire`` state
+        record); None: this store's own expiry."""
         t = self.table
         recs = np.zeros(len(lids), dtype=_DELETE_REC)
         recs["kind"] = DELETE
         recs["lid"] = lids
         recs["gen"] = t.gen[lids]
-        # expired once the records below the cursor applied, after the one that created it
-        recs["at"] = np.maximum(self._here(), t.born[lids] + 1)
+        if at is None:
+            # expired once the records below the cursor applied, after the one that
+            # created it
+            recs["at"] = np.maximum(self._here(), t.born[lids] + 1)
+        else:
+            recs["at"] = at
+        pids = t.parent[lids].tolist()
+        names = self._names
+        gone: dict[int, list[str]] = {}
         if self._deaths is not None:
-            for lid, pid, at in zip(lids.tolist(), t.parent[lids].tolist(), recs["at"].tolist()):
-                self._died(f"{pid}\x01{self._names[lid]}", at)
-        for lid, pid in zip(lids.tolist(), t.parent[lids].tolist()):
+            for lid, pid, where in zip(lids.tolist(), pids, recs["at"].tolist()):
+                self._died(f"{pid}\x01{names[lid]}", where)
+        for lid, pid in zip(lids.tolist(), pids):
+            gone.setdefault(pid, []).append(names[lid])  # type: ignore[arg-type]
             self._forget_name(lid, pid)
         t.parent[lids] = -1
         t.last[lids] = -1
         t.next_off[lids] = 0
         self._free.extend(lids.tolist())
-        return recs.tobytes()
+        return recs.tobytes(), gone
+
+    def _tell_expired(self, gone: dict[int, list[str]]) -> None:
+        """Hand the lite topics an expiry deleted to :attr:`expired_listener` (lock
+        held)."""
+        listener = self.expired_listener
+        if listener is None:
+            return
+        for pid, names in gone.items():
+            parent = self._parents_by_id[pid]
+            assert parent is not None
+            listener(parent.name, names)
+
+    def due_for_expiry(
+        self, now_ms: int | None = None, most: int = 2048
+    ) -> list[tuple[str, int, list[str]]]:
+        """What a Raft leader proposes to expire (an ``expire`` state record each,
+        :mod:`storage.lite.state`): ``(parent, seen, names)`` with at most ``most`` names,
+        ``seen`` where this store stood in the log when it looked (every write below it
+        counted in the topics' last write times). Nothing changes here: every member
+        deletes them when it applies the record."""
+        now = self.store.now_ms() if now_ms is None else now_ms
+        with self._lock:
+            self._check_open()
+            seen = self._here()
+        due, _ = self._due(now)  # read outside the lock: the record's apply checks again
+        t, names = self.table, self._names
+        per: dict[int, list[str]] = {}
+        for lid, pid in zip(due.tolist(), t.parent[due].tolist()):
+            name = names[lid]
+            if name is not None and pid >= 0:
+                per.setdefault(pid, []).append(name)
+        out: list[tuple[str, int, list[str]]] = []
+        for pid, found in per.items():
+            parent = self._parents_by_id[pid]
+            if parent is None:
+                continue
+            out.extend((parent.name, seen, found[i : i + most]) for i in range(0, len(found), most))
+        return out
+
+    def _due(self, now: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of the live lite topics with no write for their parent's TTL at
+        ``now`` (ms), and per id the last write time below which it is due."""
+        t = self.table
+        ttl = np.array(
+            [p.ttl_ms if p is not None else 1 << 62 for p in self._parents_by_id] or [0],
+            dtype=np.int64,
+        )
+        size = t.size
+        parent = t.parent[:size]
+        live = parent >= 0
+        cutoff = np.full(size, -(1 << 62), dtype=np.int64)
+        cutoff[live] = now - ttl[parent[live]]
+        return np.flatnonzero(live & (t.last_ms[:size] < cutoff)), cutoff
+
+    def _last_pos(self, lid: int) -> int:
+        """The CommitLog offset of live lite topic ``lid``'s last write, or of the record
+        that created it when it has no entry left (lock held)."""
+        e = int(self.table.last[lid])
+        f = self.index.file_of(e) if e >= 0 else None
+        if f is None:
+            return int(self.table.born[lid])
+        return int(f.phys[e - f.start])
+
+    def _apply_expire(self, op: dict[str, Any], at: int) -> dict[str, Any]:
+        """An ``expire`` record at ``at`` (lock held): the lite topics it names that were
+        neither written nor created at or after its ``seen`` are deleted; the change
+        as the listener sees it (only the names deleted)."""
+        p = self._parents.get(op["parent"])
+        seen = int(op["seen"])
+        lids = []
+        if p is not None:
+            born = self.table.born
+            for name in op["names"]:
+                lid = self._ids.get(f"{p.pid}\x01{name}")
+                if lid is not None and int(born[lid]) < seen and self._last_pos(lid) < seen:
+                    lids.append(lid)
+        if not lids:
+            return dict(op, names=[])
+        assert p is not None
+        data, gone = self._unbind_many(np.asarray(lids, dtype=np.int64), at)
+        self._names_log.write(data)
+        self._names_log.count(len(lids))
+        return dict(op, names=gone.get(p.pid, []))
 
     def _died(self, key: str, at: int) -> None:
         """The live lite topic ``key`` is deleted at ``at`` (lock held): kept while a
@@ -1255,7 +1352,7 @@ class LiteStore:
             if op is not None:  # in CommitLog order: the records before it first
                 found += self._index_found(batch)
                 batch = []
-                self._apply_state(op, phys, phys + size)
+                self._apply_state(op, phys, phys + size, ts)
                 continue
             if phys < indexed:
                 continue
@@ -1282,13 +1379,15 @@ class LiteStore:
                 if op is not None
             ]
 
-    def _apply_state(self, op: dict[str, Any], at: int, end: int) -> None:
-        """A committed consumer state change, its record at ``at`` (lock held):
-        offsets, deletes and the lite topics a subscription creates here, then the
-        listener. Applied again after a crash, it changes only the lite topics it meant
-        (the module's docstring says how they are told)."""
+    def _apply_state(self, op: dict[str, Any], at: int, end: int, ts: int) -> None:
+        """A committed consumer state change, its record at ``at`` stored at ``ts`` (ms;
+        lock held): offsets, deletes, expiries and the lite topics a subscription
+        creates here, then the listener. Applied again after a crash, it changes only
+        the lite topics it meant (the module's docstring says how they are told)."""
         kind = op["op"]
-        if kind == "subscribe":
+        if kind == "expire":
+            op = self._apply_expire(op, at)
+        elif kind == "subscribe":
             if op["action"] != "remove":
                 p = self._parent_of_record(op["parent"])
                 keys = [f"{p.pid}\x01{n}" for n in dict.fromkeys(op["names"])]
@@ -1296,7 +1395,9 @@ class LiteStore:
                 # accepted by the leader within the quota: created past any quota here;
                 # not again if it was gone since (a replay)
                 new = [k for k in keys if k not in self._ids and deaths.get(k, NOWHERE) <= at]
-                self._bind_many(p, new, self.store.now_ms(), at)
+                # the record's time, not this member's clock: every member expires them
+                # alike
+                self._bind_many(p, new, ts, at)
         elif kind in ("commit", "delete"):
             known = self._parents.get(op["parent"])
             lid = None if known is None else self._ids.get(f"{known.pid}\x01{op['lite']}")
@@ -1365,7 +1466,8 @@ class LiteStore:
                 self.flush()
                 if time.monotonic() >= next_expire:
                     next_expire = time.monotonic() + expire_s
-                    self.expire()
+                    if self._committed_end is None:  # a Raft group's leader proposes it
+                        self.expire()
                     self.clean_expired_files()
             except StoreClosedError:
                 return
