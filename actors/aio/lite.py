@@ -145,8 +145,7 @@ class AsyncLiteConsumer(_AsyncLiteCalls, core.LiteConsumerCore):
 
     async def _change(self, lite_topics: Iterable[str], action: str) -> list[str]:
         names, calls = self.change_calls(await self._route(), lite_topics, action)
-        await self._run(calls)
-        self.changed(names, action)
+        self.changed(names, action, await self._run(calls))
         return await self.owned()
 
     async def owned(self) -> list[str]:
@@ -161,7 +160,7 @@ class AsyncLiteConsumer(_AsyncLiteCalls, core.LiteConsumerCore):
         again first."""
         wait_ms = core.wait_ms_of(wait_s)
         if again := self.resync_due():
-            await self._change(again, "add")
+            await self._change(again, "keep")
         brokers = self.subscribed_brokers(await self._route())
         if len(brokers) > 1 and wait_ms:
             got = await self._receive(brokers, max_count, 0)

@@ -69,6 +69,7 @@ from actors.broker.transaction.one_phase import OnePhaseCommits
 from actors.config.broker import BrokerConfig
 from actors.protocol import checks, requests
 from actors.protocol.shared_ring import RingId
+from storage.lite import LiteConfig
 
 log = logging.getLogger("raymq.actors.broker.broker")
 
@@ -126,7 +127,8 @@ class Broker:
         self.one_phase = OnePhaseCommits(rt, self.ha)
         self.one_phase.attach(self.groups)
         self.popper = PopProcessor(rt, self.ha)
-        self.lite = LiteProcessor(rt, self.ha, self.admin)  # lite topics
+        lite_config = LiteConfig(expire_interval_ms=config.lite_expire_interval_ms)
+        self.lite = LiteProcessor(rt, self.ha, self.admin, lite_config)  # lite topics
         self.lite_parents = self.lite.parents  # LITE parents and their listings
         self.lite_consumers = self.lite.consumers  # subscriptions and acks
         self.producer_ids = ProducerIdAllocator(

@@ -159,8 +159,7 @@ class LiteConsumer(_LiteCalls, core.LiteConsumerCore):
 
     def _change(self, lite_topics: Iterable[str], action: str) -> list[str]:
         names, calls = self.change_calls(self._route(), lite_topics, action)
-        self._run(calls)
-        self.changed(names, action)
+        self.changed(names, action, self._run(calls))
         return self.owned()
 
     def owned(self) -> list[str]:
@@ -175,7 +174,7 @@ class LiteConsumer(_LiteCalls, core.LiteConsumerCore):
         first sends its whole subscription again (a broker started anew knows none)."""
         wait_ms = core.wait_ms_of(wait_s)
         if again := self.resync_due():
-            self._change(again, "add")
+            self._change(again, "keep")
         brokers = self.subscribed_brokers(self._route())
         if len(brokers) > 1 and wait_ms:
             got = self._receive(brokers, max_count, 0)

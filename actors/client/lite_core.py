@@ -197,11 +197,18 @@ class LiteConsumerCore(LiteClientCore):
         per_broker = _by_home(route, self.parent, names)
         return names, [self._subscribe_call(b, group, action) for b, group in per_broker.items()]
 
-    def changed(self, names: Iterable[str], action: str) -> None:
-        """The brokers took ``action`` on ``names``."""
+    def changed(
+        self, names: Iterable[str], action: str, answers: Iterable[dict[str, Any]] = ()
+    ) -> None:
+        """The brokers took ``action`` on ``names`` and answered ``answers`` (a
+        ``keep`` answers the lite topics deleted or expired since: forgotten here, so
+        the next resync does not create them again)."""
         self._synced = time.monotonic()
         if action == "add":
             self._subscribed.update(names)
+        elif action == "keep":
+            for view in answers:
+                self._subscribed.difference_update(view.get("gone", ()))
         else:
             self._subscribed.difference_update(names)
 
@@ -211,7 +218,8 @@ class LiteConsumerCore(LiteClientCore):
 
     def resync_due(self) -> list[str]:
         """The whole subscription when it is due to be sent again (every ``resync_s``:
-        a broker started anew knows none); else []."""
+        a broker started anew knows none), as a ``keep``: the lite topics deleted or
+        expired since are not created again; else []."""
         if time.monotonic() - self._synced >= self.resync_s:
             return self.subscription()
         return []

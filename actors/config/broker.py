@@ -140,6 +140,10 @@ class BrokerConfig:
     """Export ``raymq_*`` metrics through ``ray.util.metrics`` (``actors/broker/metrics.py``)."""
     metrics_export_interval_s: float = 1.0
     metrics_lag_interval_s: float = 5.0
+    # --- lite topics (actors/broker/lite/, storage/lite/)
+    lite_expire_interval_ms: int = 10_000
+    """How often lite topics past their parent's TTL are looked for and deleted (in a
+    Raft group: proposed by the leader through the group's log)."""
     # --- high availability (actors/broker/ha/master_slave.py, actors/broker/ha/dledger.py): RocketMQ's names
     broker_role: str = "ASYNC_MASTER"
     """The group's master role, ``ASYNC_MASTER`` or ``SYNC_MASTER``; a broker with id >= 1
@@ -229,6 +233,11 @@ class BrokerConfig:
                 f"BrokerConfig.grpc_renew_ahead_s={self.grpc_renew_ahead_s!r} and "
                 f"grpc_renew_invisible_s={self.grpc_renew_invisible_s!r}: need "
                 "0 < ahead < invisible <= 12 h"
+            )
+        interval = self.lite_expire_interval_ms
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval <= 0:
+            raise InvalidConfigError(
+                f"BrokerConfig.lite_expire_interval_ms={interval!r}: must be an int > 0"
             )
         if not 1 <= self.default_topic_queue_nums <= 1024:
             raise InvalidConfigError(

@@ -27,6 +27,7 @@ from typing import Any
 from actors.broker.lite.groups import (
     SUBSCRIBE_ADD,
     SUBSCRIBE_COMPLETE,
+    SUBSCRIBE_KEEP,
     SUBSCRIBE_REMOVE,
     LiteGroup,
 )
@@ -206,14 +207,20 @@ class LiteConsumers:
                 if p == parent and lite_topic in g.subscribers
             }
 
-    def unsubscribe_all(self, parent: str, lite_topic: str) -> None:
+    def unsubscribe_all(self, parent: str, lite_topics: Sequence[str]) -> None:
+        """These lite topics of ``parent`` were deleted or expired: every subscription
+        of them ends (any thread; from the lite store's expiry, its lock held)."""
         with self._lock:
-            self._unsubscribe_all(parent, lite_topic)
+            self._unsubscribe_all(parent, lite_topics)
 
-    def _unsubscribe_all(self, parent: str, lite_topic: str) -> None:
+    def _unsubscribe_all(self, parent: str, lite_topics: Sequence[str]) -> None:
         for key, g in self._groups.items():
-            if key[1] == parent and lite_topic in g.subscribers:
-                g.unsubscribe_all(lite_topic)
+            if key[1] != parent:
+                continue
+            hit = [n for n in lite_topics if n in g.subscribers]
+            for name in hit:
+                g.unsubscribe_all(name)
+            if hit:
                 self._mark(key)
 
     def on_state(self, op: dict[str, Any]) -> None:
@@ -230,7 +237,10 @@ class LiteConsumers:
                 return  # the saved tables held it
             self._at = at
             if kind == "delete":
-                self._unsubscribe_all(op["parent"], op["lite"])
+                self._unsubscribe_all(op["parent"], [op["lite"]])
+                return
+            if kind == "expire":
+                self._unsubscribe_all(op["parent"], op["names"])
                 return
             if kind not in ("subscribe", "gone"):
                 return
@@ -295,16 +305,25 @@ class LiteConsumers:
         action: str = SUBSCRIBE_ADD,
     ) -> dict[str, list[str]]:
         """Change ``client_id``'s lite subscriptions in ``group``: ``add`` these,
-        ``remove`` these, or ``complete``: exactly these. A subscription creates the lite
+        ``remove`` these, ``complete``: exactly these, or ``keep``: add those of these
+        that exist (a client's resync; it creates none). A subscription creates the lite
         topic if new (within the parent's quota). Returns the lite topics the client
-        subscribes and those it owns (consumes) now."""
+        subscribes and those it owns (consumes) now, and ``gone``: those a ``keep``
+        named that were deleted or expired (the client forgets them)."""
         validate_group(group)
         self.store.parent_settings(parent)  # NotALiteParentError for another topic
         names = [validate_lite_name(t) for t in lite_topics]
-        if action not in (SUBSCRIBE_ADD, SUBSCRIBE_REMOVE, SUBSCRIBE_COMPLETE):
-            raise InvalidMessageError(f"action={action!r}: one of add, remove, complete")
+        if action not in (SUBSCRIBE_ADD, SUBSCRIBE_REMOVE, SUBSCRIBE_COMPLETE, SUBSCRIBE_KEEP):
+            raise InvalidMessageError(f"action={action!r}: one of add, remove, complete, keep")
+        gone: list[str] = []
+        if action == SUBSCRIBE_KEEP:
+            store = self.store
+            there = await self.rt.run(lambda: [n for n in names if store.exists(parent, n)])
+            gone = sorted(set(names) - set(there))
+            names, action = there, SUBSCRIBE_ADD
         if self.raft is not None:
-            return await self._subscribe_through_log(group, parent, client_id, names, action)
+            view = await self._subscribe_through_log(group, parent, client_id, names, action)
+            return {**view, "gone": gone}
         if action != SUBSCRIBE_REMOVE:
             for name in names:  # created first: a quota refusal leaves the table as it was
                 await self.rt.run(self.store.create, parent, name)
@@ -313,7 +332,7 @@ class LiteConsumers:
             self._touch(g, group, parent, client_id)
             g.change(client_id, names, action)
             self._mark((group, parent))
-            return g.view(client_id)
+            return {**g.view(client_id), "gone": gone}
 
     async def _subscribe_through_log(
         self, group: str, parent: str, client_id: str, names: list[str], action: str

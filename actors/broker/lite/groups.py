@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 log = logging.getLogger("raymq.actors.broker.lite")
 
 SUBSCRIBE_ADD, SUBSCRIBE_REMOVE, SUBSCRIBE_COMPLETE = "add", "remove", "complete"
+SUBSCRIBE_KEEP = "keep"
+"""A client's resync: ``add`` the lite topics named that still exist, create none; those
+deleted or expired are answered as ``gone`` (RocketMQ tells its clients to unsubscribe
+them) and the client forgets them."""
 
 
 @dataclass

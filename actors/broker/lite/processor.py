@@ -105,12 +105,14 @@ class LiteProcessor:
         self.consumers = LiteConsumers(runtime, self.store, self.raft, self.holds, owner_lease_s)
         self.consumers.load(replay=raft is not None)  # in a Raft group the log after the file
         self.store.state_listener = self.consumers.on_state
+        self.store.expired_listener = self.consumers.unsubscribe_all
         # a slave indexes the lite records its master's bytes bring; every Raft member
         # indexes the records the group committed
         self.store.start(following=lambda: raft is not None or not role.is_master)
         self.consumers.start_saving()
         if self.raft is not None:
             self.parents.caught_up = self.consumers.lead
+            self.raft.start_expiring()
 
     async def _caught_up(self) -> None:
         if self.raft is not None:
@@ -155,7 +157,7 @@ class LiteProcessor:
             await self.raft.change({"op": "delete", "parent": parent, "lite": lite_topic})
             return True
         deleted = await self.rt.run(self.store.delete, parent, lite_topic)
-        self.consumers.unsubscribe_all(parent, lite_topic)
+        self.consumers.unsubscribe_all(parent, [lite_topic])
         return deleted
 
     # ------------------------------------------------------------ send

@@ -10,11 +10,18 @@ member applies it once committed, the leader too (:meth:`RaftLiteLog.change`), s
 leader holds every change its predecessor acknowledged. The changes asked for while one
 entry of them is under way go together in the next (group commit): the acks of many
 lite topics cost one round of the log, not one each.
+
+TTL expiry too: no member expires lite topics on its own clock. Every
+``expire_interval_ms`` the leader looks for what is past its parent's TTL and proposes
+``expire`` records (:meth:`RaftLiteLog.expire_due`); every member deletes the topics
+named there that had no write since the leader looked, at the same point of the log,
+and their subscriptions end with them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from actors.broker.ha import DLedgerReplication
@@ -26,6 +33,11 @@ from storage.message import Message, PutStatus
 
 MAX_CHANGES = 512
 """Consumer state changes proposed in one entry of the log at most."""
+EXPIRE_NAMES = 2048
+"""Lite topic names one ``expire`` record carries at most: applying one holds the lite
+store's lock a few milliseconds."""
+
+log = logging.getLogger("raymq.actors.broker.lite")
 
 
 class RaftLiteLog:
@@ -37,6 +49,7 @@ class RaftLiteLog:
         self.raft = raft
         self._queued: list[tuple[dict[str, Any], asyncio.Future[None]]] = []
         self._proposing: asyncio.Task[None] | None = None
+        self._expiring: asyncio.Task[None] | None = None
         self.rounds = 0
         """Entries of consumer state changes proposed (each one log round)."""
         self.changes = 0
@@ -114,9 +127,40 @@ class RaftLiteLog:
             )
         await self.rt.run(self.store.catch_up)
 
+    def start_expiring(self) -> None:
+        """Every ``expire_interval_ms``, while this member leads: :meth:`expire_due`."""
+        self._expiring = self.rt.loop.create_task(self._keep_expiring())
+
+    async def _keep_expiring(self) -> None:
+        interval = self.store.config.expire_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.expire_due()
+            except Exception as exc:  # noqa: BLE001 - the next turn looks again
+                log.info("lite expiry of %s not proposed: %s", self.rt.config.actor_name, exc)
+
+    async def expire_due(self) -> int:
+        """As the leader: propose the expiry of the lite topics past their parent's TTL
+        (``expire`` records of :data:`EXPIRE_NAMES` names at most, one after another)
+        and return once every member may apply them; how many were named. A member
+        that does not lead proposes nothing."""
+        if not self.raft.node.is_leader:
+            return 0
+        await self.caught_up()
+        due = await self.rt.run(self.store.due_for_expiry, None, EXPIRE_NAMES)
+        for parent, seen, names in due:
+            await self.change({"op": "expire", "parent": parent, "seen": seen, "names": names})
+        named = sum(len(names) for _, _, names in due)
+        if named:
+            log.info("lite expiry of %d topics committed by the group", named)
+        return named
+
     def close(self) -> None:
         if self._proposing is not None:
             self._proposing.cancel()
+        if self._expiring is not None:
+            self._expiring.cancel()
 
     async def caught_up(self) -> None:
         """The lite store has indexed every committed record. A new leader knows what

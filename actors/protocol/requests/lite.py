@@ -97,7 +97,10 @@ LITE_SUBSCRIBE = Request(
     ),
     serve="lite_consumers.subscribe",
     errors=_ERRORS,
-    doc="Add, remove or set a consumer's lite topics; those it subscribes and owns.",
+    doc=(
+        "Add, remove, set or keep (a resync: add those that exist) a consumer's lite "
+        "topics; those it subscribes and owns, and those a keep found gone."
+    ),
 )
 
 LITE_RECEIVE = Request(

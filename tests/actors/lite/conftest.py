@@ -16,15 +16,22 @@ from actors import BrokerSpec
 
 @pytest.fixture
 def raft_group(make_cluster: Any) -> Callable[..., RaftGroup]:
-    """``raft_group(broker_name, parent, quota=10, ttl_ms=3_600_000)``: a cluster with
-    one NameServer and a three-member Raft group (``RAFT`` timings), once it has a
-    leader and every member holds the LITE ``parent`` the leader created."""
+    """``raft_group(broker_name, parent, quota=10, ttl_ms=3_600_000, **options)``: a
+    cluster with one NameServer and a three-member Raft group (``RAFT`` timings, and
+    these broker options), once it has a leader and every member holds the LITE
+    ``parent`` the leader created."""
 
-    def start(broker_name: str, parent: str, quota: int = 10, ttl_ms: int = 3_600_000) -> RaftGroup:
+    def start(
+        broker_name: str,
+        parent: str,
+        quota: int = 10,
+        ttl_ms: int = 3_600_000,
+        **options: Any,
+    ) -> RaftGroup:
         cluster = make_cluster(
             nameservers=1,
             brokers=[BrokerSpec(broker_name, i) for i in range(3)],
-            broker_options=RAFT,
+            broker_options={**RAFT, **options},
         )
         handles = {f"{broker_name}-{i}": cluster.broker(broker_name, i) for i in range(3)}
         lead = wait_until(lambda: members(cluster, broker_name).get(0), what="a Raft leader")

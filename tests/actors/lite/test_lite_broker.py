@@ -28,11 +28,12 @@ def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
         nameservers=1,
         brokers=2,
         store_root=str(tmp_path_factory.mktemp("lite")),
-        broker_options={"store": SMALL_STORE},
+        broker_options={"store": SMALL_STORE, "lite_expire_interval_ms": 300},
     )
     for name in ("broker-a", "broker-b"):
         ray.get(c.broker(name).lite_create_parent.remote("Sessions", quota=5, ttl_ms=3_600_000))
         ray.get(c.broker(name).lite_create_parent.remote("Agents", quota=100))
+        ray.get(c.broker(name).lite_create_parent.remote("Short", quota=100, ttl_ms=SHORT_TTL_MS))
     yield c
     c.shutdown()
 
@@ -40,6 +41,10 @@ def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
 @pytest.fixture(scope="module")
 def broker(cluster: actors.Cluster) -> Any:
     return cluster.broker("broker-a")
+
+
+SHORT_TTL_MS = 1500
+"""The TTL of the parent ``Short``, whose lite topics the tests let expire."""
 
 
 def bodies(batches: list[dict[str, Any]]) -> dict[str, list[bytes]]:
@@ -61,7 +66,11 @@ def test_a_lite_topic_is_consumed_by_one_client_of_a_group_at_a_time(broker: Any
     ray.get(broker.lite_send.remote("Sessions", [("agent-1", b"a0"), ("agent-1", b"a1")]))
     one = ray.get(broker.lite_subscribe.remote("g", "Sessions", "c1", ["agent-1"]))
     two = ray.get(broker.lite_subscribe.remote("g", "Sessions", "c2", ["agent-1"]))
-    assert one["owned"] == ["agent-1"] and two == {"subscribed": ["agent-1"], "owned": []}
+    assert one["owned"] == ["agent-1"] and two == {
+        "subscribed": ["agent-1"],
+        "owned": [],
+        "gone": [],
+    }
     assert ray.get(broker.lite_receive.remote("g", "Sessions", "c2")) == []
     assert bodies(ray.get(broker.lite_receive.remote("g", "Sessions", "c1"))) == {
         "agent-1": [b"a0", b"a1"]
@@ -289,3 +298,34 @@ def test_a_held_receive_over_two_brokers_answers_when_one_has_messages(
 
     got = asyncio.run(from_asyncio())
     assert [(b.lite_topic, [m.body for m in b.messages]) for b in got] == [(busy, [b"third"])]
+
+
+def test_an_expired_lite_topic_ends_its_subscriptions_and_a_resync_does_not_revive_it(
+    cluster: actors.Cluster,
+) -> None:
+    ns = cluster.namespace
+    with (
+        LiteProducer("Short", namespace=ns) as producer,
+        LiteConsumer("expiring", "Short", namespace=ns, resync_s=0.05) as consumer,
+    ):
+        assert consumer.subscribe("quiet", "busy") == ["busy", "quiet"]
+        producer.send_batch([("quiet", b"q"), ("busy", b"b0")])
+        homes = {n: home_broker(producer._route(), "Short", n) for n in ("quiet", "busy")}
+
+        def on(name: str) -> Any:
+            return cluster.broker(homes[name])
+
+        def quiet_expired() -> bool:
+            producer.send("busy", b"more")  # written all along: busy stays
+            return "quiet" not in ray.get(on("quiet").lite_topics.remote("Short"))
+
+        wait_until(quiet_expired, timeout_s=20, interval_s=0.2, what="quiet expired")
+        view = ray.get(
+            on("quiet").lite_subscribe.remote("expiring", "Short", consumer.client_id, [])
+        )
+        assert "quiet" not in view["subscribed"]  # its subscription ended with it
+        consumer.receive(10)  # the resync (due at once) keeps busy, learns quiet is gone
+        assert consumer.subscription() == ["busy"]
+        consumer.receive(10)
+        assert "quiet" not in ray.get(on("quiet").lite_topics.remote("Short"))  # not revived
+        assert "busy" in ray.get(on("busy").lite_topics.remote("Short"))

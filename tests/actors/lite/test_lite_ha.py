@@ -171,3 +171,30 @@ def test_a_raft_leader_commits_acks_arriving_together_in_fewer_rounds_than_acks(
                 ),
                 what=f"{member} applied the acks",
             )
+
+
+def test_a_raft_group_expires_lite_topics_through_its_log_on_every_member_alike(
+    raft_group: Callable[..., RaftGroup],
+) -> None:
+    started = raft_group("broker-x", "Talks", quota=100, ttl_ms=1500, lite_expire_interval_ms=300)
+    group, leader = started.handles, started.leader_handle()
+    view = ray.get(leader.lite_subscribe.remote("g", "Talks", "c1", ["quiet", "busy"]))
+    assert view["subscribed"] == ["busy", "quiet"]
+    ray.get(leader.lite_send.remote("Talks", [("quiet", b"q"), ("busy", b"b")]))
+    before = ray.get(leader.lite_stats.remote())["state_changes"]
+
+    def quiet_gone_everywhere() -> bool:
+        ray.get(leader.lite_send.remote("Talks", [("busy", b"more")]))  # busy stays written
+        return all(
+            ray.get(h.lite_describe_topic.remote("Talks", "quiet")) is None for h in group.values()
+        )
+
+    wait_until(quiet_gone_everywhere, timeout_s=30, interval_s=0.2, what="quiet expired")
+    # the leader proposed it: an ``expire`` record of the log, not each member's clock
+    assert ray.get(leader.lite_stats.remote())["state_changes"] > before
+    for member, handle in group.items():
+        found = ray.get(handle.lite_describe_topic.remote("Talks", "busy"))
+        assert found is not None, member
+        assert found["groups"]["g"]["owner"] == "c1", member  # busy's subscription stands
+    again = ray.get(leader.lite_subscribe.remote("g", "Talks", "c1", ["quiet", "busy"], "keep"))
+    assert (again["subscribed"], again["gone"]) == (["busy"], ["quiet"])
