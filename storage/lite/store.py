@@ -251,6 +251,7 @@ class LiteStore:
         self._names_at = NOWHERE  # the last position ``names`` records
         self._load_names(NOWHERE if saved is None else saved)
         cut = self._cut_lost_tail()
+        rebound = self._bind_lost()
         self._rebuild_from_index()
         indexed = self._index_covered()
         if saved is None:  # none, or written before the state cursor was kept: as then
@@ -264,8 +265,13 @@ class LiteStore:
         """The lite records below it are indexed (the index's end at open)."""
         with self._lock:
             replayed = self._catch_up(max(self._catch_up_end(), indexed))
-        self.recovered = {"dropped": cut, "indexed_from_commitlog": replayed}
+        self.recovered = {
+            "dropped": cut,
+            "rebound": rebound,
+            "indexed_from_commitlog": replayed,
+        }
         """What the open repaired: index entries past the CommitLog's end dropped, lite
+        topics bound again from their index entries (``names`` lost their binding), lite
         records indexed from the CommitLog."""
         self._compact_names()
         log.info(
@@ -351,6 +357,72 @@ class LiteStore:
             )
             self.index.truncate(cut_at)
         return dropped
+
+    def _bind_lost(self) -> int:
+        """Bind again the lite topics whose index entries outlived their ``b`` record;
+        return how many (at open). A power loss cuts ``names`` back to its last fsync,
+        while index pages the kernel wrote back on its own keep the entries of topics
+        bound after it: an id the file does not know, or a generation past the one it
+        knows. Left so, their acknowledged messages read under no name, and the id would
+        be given again with that generation to a new topic, the old entries taken for
+        its at the next open. Each such (id, generation) is bound again, in index order,
+        to the parent and name its CommitLog record carries, so its entries, offsets and
+        chains stand as written; a topic the file shows live at that id, or under that
+        name, was deleted before it (its ``d`` lost too): deleted again. The records go
+        to ``names``, so the next open reads them."""
+        t = self.table
+        found: dict[tuple[int, int], list[int]] = {}  # (id, gen) -> [first, last entry]
+        for start, rows in self.index.written():
+            lids = rows["lid"].astype(np.int64)
+            gens = rows["gen"].astype(np.int64)
+            lost = lids >= t.size
+            known = np.flatnonzero(~lost)
+            lost[known] = gens[known] > t.gen[lids[known]]
+            for i in np.flatnonzero(lost).tolist():
+                seen = found.setdefault((int(lids[i]), int(gens[i])), [start + i, 0])
+                seen[1] = start + i
+        for (lid, gen), (first, last) in sorted(found.items(), key=lambda kv: kv[1][0]):
+            f, g = self.index.file_of(first), self.index.file_of(last)
+            assert f is not None and g is not None
+            born = int(f.phys[first - f.start])  # its first message's record
+            phys, size = int(g.phys[last - g.start]), int(g.size[last - g.start])
+            record = next(iter(_lite_records(self.store, phys, phys + size)), None)
+            if lid >= t.size:
+                t.ensure(lid + 1)
+                self._names.extend([None] * (t.size - len(self._names)))
+            if t.parent[lid] >= 0:  # an earlier topic at this id: deleted before
+                earlier = self._parents_by_id[int(t.parent[lid])]
+                assert earlier is not None
+                self._delete(earlier, str(self._names[lid]), born)
+            self._names_at = max(self._names_at, born)
+            if record is None or not record[1]:  # its record unreadable: the id stays
+                t.gen[lid] = gen  # free, its next topic a generation past these entries
+                self._names_log.write(encode(DELETE, lid, gen, 0, "", born))
+                self._names_log.count(1)
+                continue
+            p = self._parent_of_record(record[0])
+            name = record[1]
+            if f"{p.pid}\x01{name}" in self._ids:  # its earlier incarnation: deleted before
+                self._delete(p, name, born)
+            t.gen[lid] = gen
+            t.parent[lid] = p.pid
+            t.last[lid] = -1
+            t.next_off[lid] = 0
+            t.born[lid] = born
+            self._ids[f"{p.pid}\x01{name}"] = lid
+            self._names[lid] = name
+            p.count += 1
+            self._names_log.write(encode(BIND, lid, gen, p.pid, name, born))
+            self._names_log.count(1)
+        if found:
+            self._free = np.flatnonzero(t.parent[: t.size] < 0).tolist()[::-1]
+            log.warning(
+                "lite store %s: %d lite topics had index entries but no binding in names "
+                "(its tail lost in a power cut): bound again from their records",
+                self.root,
+                len(found),
+            )
+        return len(found)
 
     def _rebuild_from_index(self) -> None:
         """Each live lite topic's last entry, count and last write time, from one pass
