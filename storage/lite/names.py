@@ -23,7 +23,10 @@ Each record is ``>BIIIH`` (kind, id, generation, parent id, name length), the UT
 name, and for ``b`` and ``d`` a ``>q`` position. Records are written with ``os.write``
 before the index entries that use them, so a killed process keeps them (the page cache
 survives it); ``flush`` fsyncs. A torn last record (power lost mid-write) is cut off at
-open.
+open. A power loss may cut whole records off too while the index entries of their
+topics survive: the lite store binds those topics again at open from their CommitLog
+records; and it fsyncs the file before creating a topic after a delete, so no power
+loss keeps the new topic and loses the delete.
 """
 
 from __future__ import annotations

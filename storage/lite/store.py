@@ -233,6 +233,8 @@ class LiteStore:
         """The last :meth:`expire`'s figures: topics expired, slices, the longest hold of
         the lock (wall clock, and this thread's CPU time)."""
         self._flushed_state: tuple[int, int, int] | None = None
+        self._deletes_written = 0  # ``d`` writes to ``names``, and those fsynced since
+        self._deletes_synced = 0
         self._stop = threading.Event()
         self._parents: dict[str, _Parent] = {}
         self._parents_by_id: list[_Parent | None] = []
@@ -826,6 +828,14 @@ class LiteStore:
         the record at CommitLog offset ``at``."""
         if not keys:
             return
+        if self._deletes_written != self._deletes_synced:
+            # A delete (or expiry) not yet on disk: fsynced before a topic created after
+            # it can be acknowledged. Else a power loss could keep the new topic's
+            # records and lose the delete, and a topic of the same name created again
+            # would take them after the old one's messages, at other offsets than
+            # acknowledged. One fsync per batch of deletes, paid by the next creation.
+            self._names_log.flush()
+            self._deletes_synced = self._deletes_written
         t = self.table
         n = len(keys)
         reuse = min(n, len(self._free))
@@ -1179,6 +1189,7 @@ class LiteStore:
         self._died(key, at)
         self._names_log.write(encode(DELETE, lid, int(self.table.gen[lid]), 0, "", at))
         self._names_log.count(1)
+        self._deletes_written += 1
         self._unbind(lid)
         self._free.append(lid)
         return True
@@ -1225,6 +1236,7 @@ class LiteStore:
                     data = b"".join(records)
                     self._names_log.write(data)
                     self._names_log.count(len(data) // _DELETE_REC.itemsize)
+                    self._deletes_written += 1
                 held = max(held, time.perf_counter() - held_at)
                 held_cpu = max(held_cpu, time.thread_time() - cpu_at)
                 slices += 1
@@ -1503,6 +1515,12 @@ class LiteStore:
             p = self._parent_of_record(topic)
             key = f"{p.pid}\x01{name}"
             if key not in self._ids:
+                deaths = self._deaths
+                if deaths and deaths.get(key, NOWHERE) > phys:
+                    # at open, a record of a topic ``names`` says was deleted after it (a
+                    # power loss took the index entries, not the delete): it stays deleted,
+                    # not created again from its own late records
+                    continue
                 self._bind_many(p, [key], ts, phys)  # stored and acknowledged: past any quota
             lid = self._ids[key]
             self._index(
@@ -1564,12 +1582,15 @@ class LiteStore:
                 if self._closed:
                     return
                 covered = self._here()  # every state record below it applied
+                deletes = self._deletes_written  # on disk once names is fsynced below
                 state = (covered, self.index.end, self._names_log.records)
                 offsets = self.offsets.snapshot()  # None: no commit since the last one
                 if state == self._flushed_state and offsets is None:
                     return  # nothing new since the last flush
             try:
                 self._names_log.flush()
+                with self._lock:
+                    self._deletes_synced = max(self._deletes_synced, deletes)
                 self.index.flush()
                 if offsets is not None:  # before the checkpoint: the state records it covers
                     self.offsets.write(offsets)
