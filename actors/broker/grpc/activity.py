@@ -145,6 +145,25 @@ class Activity:
         self._round_robin = itertools.count()
         self.stats = {"calls": 0, "refused": 0, "unauthorized": 0}
         self._publishers: dict[str, TelemetryStream] = {}  # client id -> its stream
+        self._lite_streams: dict[str, TelemetryStream] = {}  # a lite consumer's stream
+        if self.lite is not None:
+            self.lite.consumers.ended_listener = self._lite_ended
+
+    def _lite_ended(self, client: str, lite_topics: list[str]) -> None:
+        """The subscriptions of ``client`` to these lite topics ended (a delete or an
+        expiry; any thread): its Telemetry stream, if it has one here, tells it to
+        unsubscribe them, so its resync does not create them again (RocketMQ's
+        ``NotifyUnsubscribeLiteCommand``)."""
+        if client in self._lite_streams:
+            self.rt.loop.call_soon_threadsafe(self._notify_unsubscribe, client, lite_topics)
+
+    def _notify_unsubscribe(self, client: str, lite_topics: list[str]) -> None:
+        stream = self._lite_streams.get(client)
+        if stream is None:
+            return
+        for name in lite_topics:
+            command = spb.NotifyUnsubscribeLiteCommand(lite_topic=name)
+            stream.out.put_nowait(spb.TelemetryCommand(notify_unsubscribe_lite_command=command))
 
     def status(self) -> dict[str, int]:
         """Calls, refusals, the publishers whose streams take transaction checks, and the

@@ -171,6 +171,8 @@ class ClientActivity(LiteActivity):
                 async for command in request_iterator:
                     if command.WhichOneof("command") == "settings":
                         self._register_publisher(stream, command.settings)
+                        if command.settings.client_type in LITE_CLIENT_TYPES:
+                            self._lite_streams[stream.client_id] = stream
                         stream.out.put_nowait(
                             spb.TelemetryCommand(
                                 status=status(), settings=self.settings(command.settings)
@@ -187,6 +189,8 @@ class ClientActivity(LiteActivity):
         finally:
             reader.cancel()
             self._unregister_publisher(stream)
+            if self._lite_streams.get(stream.client_id) is stream:
+                del self._lite_streams[stream.client_id]
 
     def _register_publisher(self, stream: TelemetryStream, settings: pb.Settings) -> None:
         """A producer's stream checks the half messages of the topics it publishes."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import hashlib
 import re
 import time
 import zlib
@@ -266,6 +267,15 @@ def to_store_message(
     )
 
 
+def _digest(sp: Any, body: bytes) -> None:
+    """The body's digest the clients check: MD5 in upper-case hex, as RocketMQ's proxy
+    sends it (``GrpcConverter``). Every official client checks it alike; a CRC32's text
+    is not agreed on (the Java client reads hex, the Node.js client 1.0.8 decimal, and
+    its push consumers discard a message whose digest does not match)."""
+    sp.body_digest.type = pb.DigestType.MD5
+    sp.body_digest.checksum = hashlib.md5(body).hexdigest().upper()
+
+
 def to_pb_message(
     ext: MessageExt,
     resource: pb.Resource,
@@ -286,8 +296,7 @@ def to_pb_message(
         sp.keys.extend(k for k in keys.split(" ") if k)
     sp.message_id = ext.msg_id
     sp.body_encoding = pb.Encoding.IDENTITY
-    sp.body_digest.type = pb.DigestType.CRC32  # the clients check it
-    sp.body_digest.checksum = f"{zlib.crc32(ext.body) & 0xFFFFFFFF:08X}"
+    _digest(sp, ext.body)
     group = props.get(PROP_SHARDING_KEY)
     deliver = props.get(PROP_TIMER_DELIVER_MS)
     if group:
@@ -327,8 +336,7 @@ def transaction_check_message(message: Message, resource: pb.Resource, msg_id: s
     sp.message_id = msg_id
     sp.message_type = pb.MessageType.TRANSACTION
     sp.body_encoding = pb.Encoding.IDENTITY
-    sp.body_digest.type = pb.DigestType.CRC32
-    sp.body_digest.checksum = f"{zlib.crc32(message.body) & 0xFFFFFFFF:08X}"
+    _digest(sp, message.body)
     for key, value in (message.properties or {}).items():
         if key not in _SYSTEM_USER_KEYS:
             out.user_properties[key] = value

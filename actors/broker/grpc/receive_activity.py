@@ -61,7 +61,11 @@ class ReceiveActivity(LiteActivity):
             self.authenticate(context)
             parent = raymq_name(request.message_queue.topic)
             if self.is_lite_parent(parent):
-                invisible_ms = self._invisible_ms(request, None)
+                # a LitePushConsumer asks with auto_renew and no invisible duration: its
+                # lite topics are its own (their offsets say what is handed out), so
+                # there is nothing to renew, only the push consumers' duration to show
+                renewer = self.renewer if request.auto_renew else None
+                invisible_ms = self._invisible_ms(request, renewer)
                 wait_ms = self._wait_ms(request, context)
                 lite = await self.receive_lite(request, context, parent, wait_ms)
             else:

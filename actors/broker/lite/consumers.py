@@ -21,7 +21,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from actors.broker.lite.groups import (
@@ -76,6 +76,10 @@ class LiteConsumers:
         self._saving = threading.Lock()  # one save at a time, in order
         self.saves = 0
         """Saves of the tables since start."""
+        self.ended_listener: Callable[[str, list[str]], None] | None = None
+        """Called (any thread, the tables' lock held) with a client and the lite topics
+        whose subscription a delete or an expiry ended for it: the gRPC door tells its
+        official clients (``NotifyUnsubscribeLiteCommand``)."""
 
     def close(self) -> None:
         for task in list(self._tasks):
@@ -214,14 +218,20 @@ class LiteConsumers:
             self._unsubscribe_all(parent, lite_topics)
 
     def _unsubscribe_all(self, parent: str, lite_topics: Sequence[str]) -> None:
+        ended: dict[str, list[str]] = {}
         for key, g in self._groups.items():
             if key[1] != parent:
                 continue
             hit = [n for n in lite_topics if n in g.subscribers]
             for name in hit:
-                g.unsubscribe_all(name)
+                for client in g.unsubscribe_all(name):
+                    ended.setdefault(client, []).append(name)
             if hit:
                 self._mark(key)
+        listener = self.ended_listener
+        if listener is not None:
+            for client, names in ended.items():
+                listener(client, names)
 
     def on_state(self, op: dict[str, Any]) -> None:
         """A consumer state change the group committed (any thread, the lite store's

@@ -92,11 +92,14 @@ class LiteGroup:
         for client in self.seen:
             self.seen[client] = now
 
-    def unsubscribe_all(self, name: str) -> None:
-        """Every client's subscription of ``name`` ends (the lite topic was deleted)."""
-        for client in list(self.subscribers.get(name, ())):
+    def unsubscribe_all(self, name: str) -> tuple[str, ...]:
+        """Every client's subscription of ``name`` ends (the lite topic was deleted or
+        expired); the clients whose subscription it was."""
+        clients = self.subscribers.get(name, ())
+        for client in clients:
             self.subscribed.get(client, set()).discard(name)
             self.drop(name, client)
+        return clients
 
     def drop(self, name: str, client_id: str) -> None:
         subs = self.subscribers.get(name, ())

@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 import pytest
 import ray
+from node_client import node_client
 from raymq_testkit import SMALL_STORE, drain, unique_namespace, wait_until
 from rocketmq import (
     ClientConfiguration,
@@ -1094,40 +1095,13 @@ def test_tls_with_the_data_paths_certificate(make_cluster: Any, tmp_path: Path) 
 
 
 # ------------------------------------------------------------ the official Node.js client
-NODE_DIR = Path(__file__).parent / "node"
-
-
-def _node(args: dict[str, Any]) -> dict[str, Any]:
-    """Run tests/actors/grpc/node/rmq.js (the official Node.js client, from npm) once."""
-    if not (NODE_DIR / "node_modules" / "rocketmq-client-nodejs").is_dir():
-        subprocess.run(
-            ["npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
-            cwd=NODE_DIR,
-            check=True,
-            timeout=600,
-        )
-    done = subprocess.run(
-        ["node", "rmq.js", json.dumps(args)],
-        cwd=NODE_DIR,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    lines = done.stdout.strip().splitlines()
-    assert done.returncode == 0 and lines, (
-        f"node exited {done.returncode}:\n{done.stdout}\n{done.stderr[-4000:]}"
-    )
-    out: dict[str, Any] = json.loads(lines[-1])
-    return out
-
-
 def test_the_official_nodejs_client_produces_and_consumes(
     cluster: Any, endpoints: dict[str, Any]
 ) -> None:
     ak, sk = cluster.grpc_credentials()
     common = {"endpoints": endpoints["broker-a-0"]["addr"], "accessKey": ak, "secretKey": sk}
     # Node.js in, RayMQ's own consumer out: same bodies, same ids
-    sent = _node(
+    sent = node_client(
         {**common, "mode": "produce", "topic": NODE_TOPIC, "count": 20, "prefix": "js", "tag": "n"}
     )["sent"]
     assert len(sent) == 20 and len({s["id"] for s in sent}) == 20
@@ -1143,7 +1117,7 @@ def test_the_official_nodejs_client_produces_and_consumes(
         ]
     finally:
         native.close()
-    got = _node(
+    got = node_client(
         {
             **common,
             "mode": "consume",
