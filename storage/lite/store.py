@@ -947,6 +947,12 @@ class LiteStore:
         return cur
 
     # ------------------------------------------------------------ read
+    def busy(self) -> bool:
+        """Whether a write, an expiry slice or a catch-up holds the lock now: a reader
+        on an event loop then reads on a thread instead (a catch-up after a failover
+        may hold it long)."""
+        return self._lock.locked()
+
     def get_raw(
         self, parent: str, lite_topic: str, offset: int, max_count: int = 32
     ) -> RawGetResult:

@@ -426,26 +426,38 @@ class LiteConsumers:
             self._touch(g, group, parent, client_id)
             owned = g.owned(client_id)
             cursors = {n: g.cursor.get(n, -1) for n in owned}
-        out = []
-        left = max_count
-        for name in owned:
-            if left <= 0:
-                break
-            start = cursors[name]
-            if start < 0:
-                start = max(0, self.store.committed_offset(group, parent, name))
-            got = await self.rt.run(read, parent, name, start, left)
-            if got.status is GetStatus.OFFSET_TOO_SMALL:  # expired under the group
-                start = got.next_offset
-                got = await self.rt.run(read, parent, name, start, left)
-            count = got.count if hasattr(got, "count") else len(got.messages)
-            if not count:
-                continue
-            left -= count
-            with self._lock:
+        store = self.store
+
+        def read_all() -> list[tuple[str, int, Any]]:
+            found = []
+            left = max_count
+            for name in owned:
+                if left <= 0:
+                    break
+                start = cursors[name]
+                if start < 0:
+                    start = max(0, store.committed_offset(group, parent, name))
+                got = read(parent, name, start, left)
+                if got.status is GetStatus.OFFSET_TOO_SMALL:  # expired under the group
+                    start = got.next_offset
+                    got = read(parent, name, start, left)
+                count = got.count if hasattr(got, "count") else len(got.messages)
+                if count:
+                    left -= count
+                    found.append((name, start, got))
+            return found
+
+        # every owned lite topic read in one go: inline as a normal pull reads (copies
+        # out of the page cache) unless the lite store's lock is held (a catch-up may
+        # hold it long), else in one thread hop, not one per lite topic
+        if self.rt.config.inline_reads and not store.busy():
+            out = read_all()
+        else:
+            out = await self.rt.run(read_all)
+        with self._lock:
+            for name, _, got in out:
                 if g.owner.get(name) == client_id:
                     g.cursor[name] = got.next_offset
-            out.append((name, start, got))
         return out
 
     async def ack(

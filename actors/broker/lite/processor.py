@@ -314,6 +314,8 @@ class LiteProcessor:
         self, read: Any, parent: str, lite_topic: str, offset: int, max_count: int, wait_ms: int
     ) -> Any:
         async def once() -> Any:
+            if self.rt.config.inline_reads and not self.store.busy():
+                return read(parent, lite_topic, offset, max_count)  # as a normal pull
             return await self.rt.run(read, parent, lite_topic, offset, max_count)
 
         return await self.holds.held(parent, [lite_topic], wait_ms, once)
