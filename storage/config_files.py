@@ -20,6 +20,8 @@ from .errors import StoreCorruptedError
 
 log = logging.getLogger("raymq.storage.config_files")
 
+_LOOKS = 3
+"""Reads of a file that a concurrent write moved away under them, at most."""
 _saving: dict[str, threading.Lock] = {}  # a file's path -> the lock its writes take
 _saving_guard = threading.Lock()
 
@@ -34,21 +36,34 @@ class JsonConfigFile:
         self.path = path
 
     def load(self) -> dict[str, Any]:
-        """The file's object; ``{}`` when absent; the backup when the file is damaged."""
-        for candidate in (self.path, self.path.with_suffix(".json.bak")):
-            if not candidate.exists():
-                continue
-            try:
-                data = json.loads(candidate.read_text(encoding="utf-8"))
-            except (ValueError, UnicodeDecodeError) as exc:
-                log.error("%s is damaged (%s), trying its backup", candidate, exc)
-                continue
-            if not isinstance(data, dict):
-                raise StoreCorruptedError(f"{candidate}: expected a JSON object")
-            return data
-        if self.path.exists():
-            raise StoreCorruptedError(f"{self.path} and its backup are both unreadable")
-        return {}
+        """The file's object; ``{}`` when absent; the backup when the file is damaged.
+
+        A write in another thread or process moves the files while this reads them (the
+        file to the backup, then the new one in its place): a file gone between the
+        look and the read, or one that appeared after it, is looked for again."""
+        backup = self.path.with_suffix(".json.bak")
+        for _ in range(_LOOKS):
+            read = False
+            for candidate in (self.path, backup):
+                try:
+                    text = candidate.read_text(encoding="utf-8")
+                except FileNotFoundError:
+                    continue
+                read = True
+                try:
+                    data = json.loads(text)
+                except (ValueError, UnicodeDecodeError) as exc:
+                    log.error("%s is damaged (%s), trying its backup", candidate, exc)
+                    continue
+                if not isinstance(data, dict):
+                    raise StoreCorruptedError(f"{candidate}: expected a JSON object")
+                return data
+            if read:  # there, and damaged with its backup
+                break
+            if not self.path.exists():
+                return {}
+            # none there when looked at, the file there now: a first write just landed
+        raise StoreCorruptedError(f"{self.path} and its backup are both unreadable")
 
     def save(self, data: dict[str, Any]) -> None:
         text = json.dumps(data, indent=2, sort_keys=True)
