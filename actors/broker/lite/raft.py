@@ -148,7 +148,10 @@ class RaftLiteLog:
         if not self.raft.node.is_leader:
             return 0
         await self.caught_up()
-        due = await self.rt.run(self.store.due_for_expiry, None, EXPIRE_NAMES)
+        # a record's body within half the largest message a store takes (a name is 128
+        # bytes at most, 3 more in JSON)
+        most = max(1, min(EXPIRE_NAMES, self.rt.store.config.max_message_size // 2 // 131))
+        due = await self.rt.run(self.store.due_for_expiry, None, most)
         for parent, seen, names in due:
             await self.change({"op": "expire", "parent": parent, "seen": seen, "names": names})
         named = sum(len(names) for _, _, names in due)
