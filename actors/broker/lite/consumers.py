@@ -326,17 +326,17 @@ class LiteConsumers:
         if action not in (SUBSCRIBE_ADD, SUBSCRIBE_REMOVE, SUBSCRIBE_COMPLETE, SUBSCRIBE_KEEP):
             raise InvalidMessageError(f"action={action!r}: one of add, remove, complete, keep")
         gone: list[str] = []
-        if action == SUBSCRIBE_KEEP:
-            store = self.store
+        store = self.store
+        create = action != SUBSCRIBE_REMOVE
+        if action == SUBSCRIBE_KEEP:  # those that exist, none created
             there = await self.rt.run(lambda: [n for n in names if store.exists(parent, n)])
             gone = sorted(set(names) - set(there))
-            names, action = there, SUBSCRIBE_ADD
+            names, action, create = there, SUBSCRIBE_ADD, False
         if self.raft is not None:
             view = await self._subscribe_through_log(group, parent, client_id, names, action)
             return {**view, "gone": gone}
-        if action != SUBSCRIBE_REMOVE:
-            for name in names:  # created first: a quota refusal leaves the table as it was
-                await self.rt.run(self.store.create, parent, name)
+        if create:  # first, in one hop: a quota refusal leaves the table as it was
+            await self.rt.run(lambda: [store.create(parent, n) for n in names])
         with self._lock:
             g = self._groups.setdefault((group, parent), LiteGroup())
             self._touch(g, group, parent, client_id)
