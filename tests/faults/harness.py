@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -197,6 +198,7 @@ class FaultLab:
         self.nodes: dict[str, Node] = {}
         self._lock: IO[str] | None = None
         self._stack = contextlib.ExitStack()
+        self._agent: subprocess.Popen[bytes] | None = None  # head_agent.py: asks the GCS
 
     # --- building -----------------------------------------------------------------
 
@@ -347,36 +349,50 @@ class FaultLab:
 
     def alive_ips(self) -> list[str]:
         """The addresses of the Ray nodes the head counts alive."""
-        done, answer = self._ask_head(
-            "[n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']]"
-        )
-        if done.returncode != 0:
-            raise LabError(f"could not list Ray nodes: {done.stderr[-2000:]}")
-        if answer is None:
-            raise LabError(f"no node list from the head: {done.stdout[-2000:]!r}")
-        return list(answer)
+        return list(self._ask("nodes"))
 
-    _ANSWER = "raymq-lab-answer "
+    def _ask(self, question: str, timeout_s: float = 30.0) -> Any:
+        """``head_agent.py``'s answer to ``question`` (``nodes``, ``actors``), asked of
+        the GCS from the head's namespace by one process kept for the lab's life (a Ray
+        driver per question cost seconds each). Started again once if it died or did not
+        answer; its error raises :class:`LabError`."""
+        for attempt in (1, 2):
+            agent = self._agent
+            if agent is None or agent.poll() is not None:
+                agent = self._agent = subprocess.Popen(
+                    ["ip", "netns", "exec", self.head.netns, sys.executable,
+                     str(Path(__file__).with_name("head_agent.py")), self.address],
+                    env=self.env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL, start_new_session=True,
+                )  # fmt: skip
+            assert agent.stdin is not None and agent.stdout is not None
+            try:
+                agent.stdin.write(question.encode() + b"\n")
+                agent.stdin.flush()
+                ready, _, _ = select.select([agent.stdout], [], [], timeout_s)
+                line = agent.stdout.readline() if ready else b""
+            except OSError:
+                line = b""
+            if line:
+                answer = json.loads(line)
+                if isinstance(answer, dict) and "error" in answer:
+                    raise LabError(f"the GCS did not answer {question!r}: {answer['error']}")
+                return answer
+            self._stop_agent()
+            if attempt == 2:
+                raise LabError(f"no answer to {question!r} from the head in {timeout_s}s")
+        raise AssertionError("unreachable")
 
-    def _ask_head(self, expr: str) -> tuple[subprocess.CompletedProcess[str], Any]:
-        """Run a driver in the head's namespace that prints ``expr`` (on ``ray``): the
-        finished process and the answer (None if it printed none). A driver asking the
-        GCS needs no dashboard, which ``ray status`` does. Ray prints other nodes'
-        raylet deaths on a driver's stdout, so the answer is the marked line."""
-        script = (
-            f"import ray, json; ray.init(address={self.address!r}, logging_level='ERROR',"
-            f" log_to_driver=False); print({self._ANSWER!r} + json.dumps({expr}), flush=True)"
-        )
-        done = subprocess.run(
-            ["ip", "netns", "exec", self.head.netns, sys.executable, "-c", script],
-            env=self.env(), capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        answers = [
-            line[len(self._ANSWER) :]
-            for line in done.stdout.splitlines()
-            if line.startswith(self._ANSWER)
-        ]
-        return done, json.loads(answers[-1]) if answers else None
+    def _stop_agent(self) -> None:
+        agent, self._agent = self._agent, None
+        if agent is not None:
+            with contextlib.suppress(Exception):
+                agent.kill()
+                agent.wait(timeout=10)
+            for pipe in (agent.stdin, agent.stdout):
+                with contextlib.suppress(Exception):
+                    if pipe is not None:
+                        pipe.close()
 
     def wait_for_nodes(self, count: int, timeout_s: float = 90.0) -> None:
         """Wait until ``count`` nodes are alive in the head's view."""
@@ -408,13 +424,14 @@ class FaultLab:
                         f"ray on {node.name} exited {p.returncode}:\n"
                         + (node.dir / "ray-start.log").read_text()[-3000:]
                     )
-            done, answer = self._ask_head("sum(n['Alive'] for n in ray.nodes())")
-            if done.returncode == 0 and answer is not None:
-                alive = int(answer)
+            try:
+                alive = len(self._ask("nodes"))
+            except LabError as exc:
+                last = str(exc)
+            else:
                 if alive >= count:
                     return
-            last = done.stderr[-2000:]
-            time.sleep(0.5)
+            time.sleep(0.2)
         raise LabError(f"{alive} of {count} Ray nodes up after {timeout_s}s: {last}")
 
     def close(self) -> None:
@@ -424,6 +441,7 @@ class FaultLab:
         if self._lock is None:
             return
         try:
+            self._stop_agent()
             for node in self.nodes.values():
                 with contextlib.suppress(LabError):
                     _kill_namespace(node.netns)
@@ -459,13 +477,10 @@ class FaultLab:
                 node.procs.remove(p)
             if node.ray_start is None or node.ray_start.poll() is not None:
                 return f"Ray on {node.name} is not running"
-        done, answer = self._ask_head(  # one driver: each costs a second or two
-            "[sum(n['Alive'] for n in ray.nodes()),"
-            " ray.util.list_named_actors(all_namespaces=True)]"
-        )
-        if done.returncode != 0 or answer is None:
-            return f"could not ask the head: {done.stderr[-2000:]}"
-        alive, named = answer
+        try:
+            alive, named = len(self._ask("nodes")), self._ask("actors")
+        except LabError as exc:
+            return f"could not ask the head: {exc}"
         if alive != len(self.nodes):
             return f"{alive} of {len(self.nodes)} Ray nodes alive"
         if named:
