@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,11 +20,18 @@ def ray_cluster() -> Iterator[RayTestCluster]:
     remove nodes. Started at the first test that asks for it, shut down at the end."""
     if ray.is_initialized():
         ray.shutdown()
+    # Ray's per-node agent polls every worker process's stats (psutil) every 5 s for a
+    # dashboard no test opens: on two cores, with a process per actor, it took a tenth of
+    # the run's CPU. Set before the head starts, its agents inherit it.
+    os.environ.setdefault("REPORTER_UPDATE_INTERVAL_MS", "60000")
     cluster = RayTestCluster(
         initialize_head=True,
         head_node_args={
             "num_cpus": 4,
             "include_dashboard": False,
+            # it copies workers' logs to drivers, and the run's driver takes none
+            # (log_to_driver=False below): a process tailing every worker's log for no one
+            "include_log_monitor": False,
             # a node whose raylet died is declared dead after 5 failed checks 1 s apart
             # (~5 s) instead of 3 s apart (~15 s): tests that kill a node wait for that
             "_system_config": {"health_check_period_ms": 1000},
@@ -58,3 +66,21 @@ def tmpfs(tmp_path: Path) -> Iterator[Callable[[int], Path]]:
     for where in mounted:
         if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
             subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+FIRST = ("faults", "cluster")
+"""Folders run before the rest, in this order: their tests start Ray nodes of their own
+(network namespaces, ``ray up``, a quickstart's local Ray) and time what those do, so
+they run on a machine where the session's Ray cluster (``ray_cluster``, started at the
+first test that asks for it) and the clusters of other folders are not yet up."""
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+
+    def rank(item: pytest.Item) -> int:
+        top = Path(item.path).relative_to(here).parts[0]
+        return FIRST.index(top) if top in FIRST else len(FIRST)
+
+    items.sort(key=rank)  # stable: each folder's own order (tests/faults/conftest.py) kept
