@@ -164,6 +164,8 @@ class MessageStore:
         self._disk_usage = disk_usage or self._real_disk_usage
         self._store_host = codec.host_to_bytes(config.store_host)
         self._put_lock = threading.Lock()
+        self._checkpoint_lock = threading.Lock()  # a checkpoint's write (checkpoint_now)
+        self._truncations = 0  # truncate_commitlog's count, under both locks
         self._listeners: list[DispatchListener] = []
         self._cqs = ConsumeQueueStore(
             self.root / "consumequeue",
@@ -294,7 +296,10 @@ class MessageStore:
             # at the next start
             done = self._dispatched
             self._write_producers(self._producer_snapshot(done))
-            self._checkpoint.write(Checkpoint(now, now, now, end, done, end if done == end else -1))
+            with self._checkpoint_lock:
+                self._checkpoint.write(
+                    Checkpoint(now, now, now, end, done, end if done == end else -1)
+                )
             (self.root / "abort").unlink(missing_ok=True)
         self._release_files()
         log.info("store %s closed cleanly at commitlog offset %d", self.root, end)
@@ -864,6 +869,8 @@ class MessageStore:
         """Drop the CommitLog past ``offset`` and every queue entry pointing there."""
         with self._put_lock:
             self._check_open()
+            with self._checkpoint_lock:  # a checkpoint of offsets read before: not written
+                self._truncations += 1
             replica.truncate(self.commitlog, self._cqs, self.config, offset)
             self.producers.truncate(offset)
             self._dispatched = min(self._dispatched, offset)
@@ -1079,6 +1086,7 @@ class MessageStore:
                 return
             # a slave's records appended but not dispatched yet have no entries to flush
             logics = self._dispatched
+            truncations = self._truncations
             cqs = list(self._cqs.values())
         for cq in cqs:
             pending = cq.flush(least_pages)
@@ -1089,13 +1097,23 @@ class MessageStore:
         with self._put_lock:
             if self._closed or self._checkpoint is None:
                 return
-            self._checkpoint.write(
-                Checkpoint(now, now, now, self.commitlog.flushed_offset, logics, -1)
-            )
+            flushed = self.commitlog.flushed_offset
             snapshot = None
             since = now - self._producer_snapshot_ms
             if self.producers.changed and since >= self.config.producer_snapshot_interval_ms:
                 snapshot = self._producer_snapshot(self._dispatched)
+        # the checkpoint's write and fdatasync outside the put lock, so no put waits for
+        # a disk sync; under a lock of its own that close() takes for its last write,
+        # which this one may precede but never follow. Nothing new durable since the
+        # last write: no write (an idle broker synced a file every interval). Recovery
+        # reads the offsets only; timestamps older than now are as good.
+        with self._checkpoint_lock:
+            cp = self._checkpoint
+            if self._closed or cp is None or truncations != self._truncations:
+                return  # closed, or the offsets read may lie past a truncation since
+            last = cp.value
+            if (last.physic_offset, last.logics_offset, last.clean_end) != (flushed, logics, -1):
+                cp.write(Checkpoint(now, now, now, flushed, logics, -1))
         if snapshot is not None:  # written outside the put lock: puts go on meanwhile
             self._write_producers(snapshot)
 
