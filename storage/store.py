@@ -165,6 +165,7 @@ class MessageStore:
         self._store_host = codec.host_to_bytes(config.store_host)
         self._put_lock = threading.Lock()
         self._checkpoint_lock = threading.Lock()  # a checkpoint's write (checkpoint_now)
+        self._checkpoint_turn = threading.Lock()  # one checkpoint_now at a time
         self._truncations = 0  # truncate_commitlog's count, under both locks
         self._listeners: list[DispatchListener] = []
         self._cqs = ConsumeQueueStore(
@@ -1080,7 +1081,13 @@ class MessageStore:
 
     def checkpoint_now(self, least_pages: int = 0) -> None:
         """Flush the ConsumeQueues (those with at least ``least_pages`` dirty pages; 0:
-        all) and the index, then record how far both are durable."""
+        all) and the index, then record how far both are durable. One call at a time
+        (the flush service's and an explicit :meth:`flush`), so checkpoints are written
+        in the order their offsets were read and never move back but by a truncation."""
+        with self._checkpoint_turn:
+            self._checkpoint_once(least_pages)
+
+    def _checkpoint_once(self, least_pages: int) -> None:
         with self._put_lock:
             if self._closed:
                 return
