@@ -80,7 +80,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
 
     def rank(item: pytest.Item) -> int:
-        top = Path(item.path).relative_to(here).parts[0]
+        path = Path(item.path)
+        top = path.relative_to(here).parts[0] if here in path.parents else ""
         return FIRST.index(top) if top in FIRST else len(FIRST)
 
     items.sort(key=rank)  # stable: each folder's own order (tests/faults/conftest.py) kept
