@@ -425,7 +425,7 @@ class FaultLab:
                         + (node.dir / "ray-start.log").read_text()[-3000:]
                     )
             try:
-                alive = len(self._ask("nodes"))
+                alive = self.alive_nodes()
             except LabError as exc:
                 last = str(exc)
             else:
@@ -478,7 +478,7 @@ class FaultLab:
             if node.ray_start is None or node.ray_start.poll() is not None:
                 return f"Ray on {node.name} is not running"
         try:
-            alive, named = len(self._ask("nodes")), self._ask("actors")
+            alive, named = self.alive_nodes(), self._ask("actors")
         except LabError as exc:
             return f"could not ask the head: {exc}"
         if alive != len(self.nodes):
