@@ -39,6 +39,7 @@ from actors.broker.lite.processor import (
     SUBSCRIBE_ADD,
     SUBSCRIBE_COMPLETE,
     SUBSCRIBE_REMOVE,
+    SUBSCRIBE_RESYNC,
     LiteProcessor,
 )
 from storage.lite import MAX_NAME_LEN, NotALiteParentError
@@ -49,7 +50,8 @@ log = logging.getLogger("raymq.actors.broker.grpc")
 _ACTIONS = {
     pb.LiteSubscriptionAction.PARTIAL_ADD: SUBSCRIBE_ADD,
     pb.LiteSubscriptionAction.PARTIAL_REMOVE: SUBSCRIBE_REMOVE,
-    pb.LiteSubscriptionAction.COMPLETE_ADD: SUBSCRIBE_COMPLETE,
+    # the official clients' periodic resync (every 30 s): it creates no lite topic
+    pb.LiteSubscriptionAction.COMPLETE_ADD: SUBSCRIBE_RESYNC,
     pb.LiteSubscriptionAction.COMPLETE_REMOVE: SUBSCRIBE_COMPLETE,
 }
 _HANDLE_PREFIX = "lite:"
@@ -138,6 +140,8 @@ class LiteActivity(Activity):
         elif request.action == pb.LiteSubscriptionAction.PARTIAL_ADD and _split_characters(names):
             names = ["".join(names)]
         view = await lite.consumers.subscribe(group, parent, client, names, action)
+        if view["gone"]:  # expired or deleted since it subscribed: told again, not made
+            self._notify_unsubscribe(client, view["gone"])
         subscribed = self._lite_clients.setdefault(client, set())
         if view["subscribed"]:
             subscribed.add((group, parent))

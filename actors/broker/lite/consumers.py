@@ -29,6 +29,7 @@ from actors.broker.lite.groups import (
     SUBSCRIBE_COMPLETE,
     SUBSCRIBE_KEEP,
     SUBSCRIBE_REMOVE,
+    SUBSCRIBE_RESYNC,
     LiteGroup,
 )
 from actors.broker.lite.holds import LiteHolds
@@ -41,6 +42,8 @@ from storage.lite import LiteStore, validate_lite_name
 from storage.message import GetStatus
 
 log = logging.getLogger("raymq.actors.broker.lite")
+
+_ACTIONS = (SUBSCRIBE_ADD, SUBSCRIBE_REMOVE, SUBSCRIBE_COMPLETE, SUBSCRIBE_KEEP, SUBSCRIBE_RESYNC)
 
 
 class LiteConsumers:
@@ -315,23 +318,28 @@ class LiteConsumers:
         action: str = SUBSCRIBE_ADD,
     ) -> dict[str, list[str]]:
         """Change ``client_id``'s lite subscriptions in ``group``: ``add`` these,
-        ``remove`` these, ``complete``: exactly these, or ``keep``: add those of these
-        that exist (a client's resync; it creates none). A subscription creates the lite
-        topic if new (within the parent's quota). Returns the lite topics the client
-        subscribes and those it owns (consumes) now, and ``gone``: those a ``keep``
-        named that were deleted or expired (the client forgets them)."""
+        ``remove`` these, ``complete``: exactly these, ``keep``: add those of these
+        that exist (a client's resync; it creates none), or ``resync``: exactly those of
+        these that exist (an official client's ``COMPLETE_ADD``; it creates none). A
+        subscription creates the lite topic if new (within the parent's quota). Returns
+        the lite topics the client subscribes and those it owns (consumes) now, and
+        ``gone``: those a ``keep`` or ``resync`` named that were deleted or expired (the
+        client should forget them)."""
         validate_group(group)
         self.store.parent_settings(parent)  # NotALiteParentError for another topic
         names = [validate_lite_name(t) for t in lite_topics]
-        if action not in (SUBSCRIBE_ADD, SUBSCRIBE_REMOVE, SUBSCRIBE_COMPLETE, SUBSCRIBE_KEEP):
-            raise InvalidMessageError(f"action={action!r}: one of add, remove, complete, keep")
+        if action not in _ACTIONS:
+            raise InvalidMessageError(
+                f"action={action!r}: one of add, remove, complete, keep, resync"
+            )
         gone: list[str] = []
         store = self.store
         create = action != SUBSCRIBE_REMOVE
-        if action == SUBSCRIBE_KEEP:  # those that exist, none created
+        if action in (SUBSCRIBE_KEEP, SUBSCRIBE_RESYNC):  # those that exist, none created
             there = await self.rt.run(lambda: [n for n in names if store.exists(parent, n)])
             gone = sorted(set(names) - set(there))
-            names, action, create = there, SUBSCRIBE_ADD, False
+            names, create = there, False
+            action = SUBSCRIBE_ADD if action == SUBSCRIBE_KEEP else SUBSCRIBE_COMPLETE
         if self.raft is not None:
             view = await self._subscribe_through_log(group, parent, client_id, names, action)
             return {**view, "gone": gone}

@@ -21,6 +21,12 @@ SUBSCRIBE_KEEP = "keep"
 """A client's resync: ``add`` the lite topics named that still exist, create none; those
 deleted or expired are answered as ``gone`` (RocketMQ tells its clients to unsubscribe
 them) and the client forgets them."""
+SUBSCRIBE_RESYNC = "resync"
+"""An official client's periodic ``COMPLETE_ADD``: its whole list again. Exactly those
+named that still exist, creating none: a lite topic that expired or was deleted since is
+answered as ``gone``, not made again, so a session its client still lists but nobody
+writes to stays expired (the official clients 5.1.2 and 1.0.8 ignore
+``NotifyUnsubscribeLiteCommand`` and list it until they unsubscribe it)."""
 
 
 @dataclass

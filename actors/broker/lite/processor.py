@@ -10,10 +10,10 @@
   of its subscribers owns it; when the owner unsubscribes or is not heard from for
   ``owner_lease_s`` (every call of a client renews it), the next subscriber takes it
   over, from the group's committed offset (:mod:`actors.broker.lite.groups`). A client
-  subscribes and unsubscribes lite topics at any time (RocketMQ's PARTIAL_ADD,
-  PARTIAL_REMOVE and COMPLETE_ADD). The subscription tables are saved beside the lite
-  offsets and loaded at start: the subscriptions and owners survive a restart
-  (:mod:`actors.broker.lite.consumers`).
+  subscribes and unsubscribes lite topics at any time (RocketMQ's PARTIAL_ADD and
+  PARTIAL_REMOVE; COMPLETE_ADD, the official clients' periodic resync, creates none).
+  The subscription tables are saved beside the lite offsets and loaded at start: the
+  subscriptions and owners survive a restart (:mod:`actors.broker.lite.consumers`).
 * :meth:`LiteProcessor.receive` hands a client the messages of the lite topics it owns
   from where the group stands; :meth:`LiteConsumers.ack
   <actors.broker.lite.consumers.LiteConsumers.ack>` commits a lite topic's offset.
@@ -48,6 +48,7 @@ from actors.broker.lite.groups import (
     SUBSCRIBE_ADD,
     SUBSCRIBE_COMPLETE,
     SUBSCRIBE_REMOVE,
+    SUBSCRIBE_RESYNC,
 )
 from actors.broker.lite.holds import LiteHolds
 from actors.broker.lite.parents import LiteParents
@@ -62,7 +63,13 @@ from storage.errors import (
 from storage.lite import LiteConfig, LitePutResult, LiteStore
 from storage.message import Message, PutStatus
 
-__all__ = ["SUBSCRIBE_ADD", "SUBSCRIBE_COMPLETE", "SUBSCRIBE_REMOVE", "LiteProcessor"]
+__all__ = [
+    "SUBSCRIBE_ADD",
+    "SUBSCRIBE_COMPLETE",
+    "SUBSCRIBE_REMOVE",
+    "SUBSCRIBE_RESYNC",
+    "LiteProcessor",
+]
 
 log = logging.getLogger("raymq.actors.broker.lite")
 

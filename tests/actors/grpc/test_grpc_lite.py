@@ -27,6 +27,8 @@ PARENT = "grpc-sessions"
 SMALL_PARENT = "grpc-small"
 SHORT_PARENT = "grpc-short"
 """A LITE parent whose lite topics expire 2 s after their last write."""
+RESYNC_PARENT = "grpc-resync"
+"""A LITE parent whose lite topics expire 4 s after their last write."""
 GROUP = "grpc-gateway"
 
 
@@ -49,6 +51,7 @@ def cluster(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
     ray.get(broker.lite_create_parent.remote(PARENT, quota=1000, ttl_ms=3_600_000))
     ray.get(broker.lite_create_parent.remote(SMALL_PARENT, quota=2, ttl_ms=3_600_000))
     ray.get(broker.lite_create_parent.remote(SHORT_PARENT, quota=100, ttl_ms=2_000))
+    ray.get(broker.lite_create_parent.remote(RESYNC_PARENT, quota=10, ttl_ms=4_000))
     yield c
     c.shutdown(timeout_s=10.0)
 
@@ -307,3 +310,35 @@ def test_the_official_nodejs_lite_push_consumer_receives_in_order_and_hears_of_e
     # client's Telemetry session does not hand the command on, so its set keeps them
     assert sorted(out["notified"]) == ["node-1", "node-2"]
     assert ray.get(cluster.broker("broker-a").lite_topics.remote(SHORT_PARENT)) == []
+
+
+def test_an_official_clients_resync_does_not_bring_back_an_expired_lite_topic(
+    cluster: Any, config: ClientConfiguration
+) -> None:
+    """The official clients ignore ``NotifyUnsubscribeLiteCommand`` and keep an expired
+    lite topic in their periodic ``COMPLETE_ADD``: the broker keeps it expired, and
+    subscribes the client again only once a write has made it anew."""
+    broker = cluster.broker("broker-a")
+    parent = RESYNC_PARENT
+    c = LiteSimpleConsumer(parent, config, "py-resync", await_duration=5)
+    c.startup()
+    try:
+        manager = c._LiteSimpleConsumer__subscription_manager  # type: ignore[attr-defined]
+        wait_until(lambda: manager.lite_subscription_quota > 0, what="the broker's settings")
+        c.subscribe_lite("py-gone")  # PARTIAL_ADD: creates it
+        assert "py-gone" in ray.get(broker.lite_topics.remote(parent))
+        wait_until(  # no write for the parent's TTL
+            lambda: "py-gone" not in ray.get(broker.lite_topics.remote(parent)),
+            timeout_s=30,
+            interval_s=0.2,
+            what="py-gone to expire",
+        )
+        c.subscribe_lite_all()  # the client's resync, still naming it
+        assert "py-gone" not in ray.get(broker.lite_topics.remote(parent))
+        with LiteProducer(parent, namespace=cluster.namespace) as native:
+            native.send_batch([("py-gone", b"again")])
+        c.subscribe_lite_all()  # it exists again: the resync subscribes the client to it
+        got = _receive(c, 1)
+        assert [(m.lite_topic, m.body) for m in got] == [("py-gone", b"again")]
+    finally:
+        c.shutdown()
