@@ -13,6 +13,7 @@ import warnings
 import pytest
 
 import actors
+import actors.client
 from actors._compat import MOVED
 
 PUBLIC_0_1 = {
@@ -130,3 +131,32 @@ def test_the_bridge_loads_spark_only_when_asked() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
     assert callable(importlib.import_module("actors.bridge").read_topic)
+
+
+def test_the_clients_package_imports_a_client_only_when_its_name_is_used() -> None:
+    """A keeper's process needs ``Admin`` (``actors.client.admin``), not the push or
+    simple consumers; ``import actors.client`` loads none of its modules, and the names
+    mypy sees are the names served, from the same modules."""
+    code = (
+        "import sys, actors.client\n"
+        "print(sorted(m for m in sys.modules if m.startswith('actors.client.')))\n"
+        "actors.client.PullConsumer\n"
+        "print(sorted(m for m in sys.modules if m.startswith('actors.client.')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    first, after = done.stdout.splitlines()
+    assert ast.literal_eval(first) == []
+    loaded = set(ast.literal_eval(after))
+    assert "actors.client.pull_consumer" in loaded
+    assert not loaded & {"actors.client.simple_consumer", "actors.client.transactional"}
+    tree = ast.parse(inspect.getsource(actors.client))
+    typed = {
+        alias.name: node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.module != "__future__"
+        for alias in node.names
+    }
+    assert typed == actors.client._EXPORTS
+    for name in actors.client.__all__:
+        assert getattr(actors.client, name) is not None

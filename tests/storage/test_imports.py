@@ -65,3 +65,35 @@ def test_each_module_imports_only_the_layers_below_it(graph) -> None:
     children = {m.rpartition(".")[2] for m in graph.find_children("storage")}
     assert children == named, "a module of storage is missing from LAYERS"
     assert graph.find_illegal_dependencies_for_layers(LAYERS, containers={"storage"}) == set()
+
+
+def test_the_package_loads_the_store_only_when_a_name_of_it_is_used() -> None:
+    """A NameServer's process imports ``storage`` for its codec and errors: ``import
+    storage`` loads the batch encoder (it registers itself) but not the store; the names
+    mypy sees are the names served, from the same modules."""
+    import ast
+    import inspect
+    import subprocess
+    import sys
+
+    import storage
+
+    code = (
+        "import sys, storage\n"
+        "print('storage.store' in sys.modules)\n"
+        "storage.MessageStore\n"
+        "print('storage.store' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"]
+    tree = ast.parse(inspect.getsource(storage))
+    typed = {
+        alias.name: f"storage.{node.module}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module
+        for alias in node.names
+    }
+    assert typed == storage._EXPORTS
+    for name in storage.__all__:
+        assert getattr(storage, name) is not None
