@@ -417,6 +417,32 @@ class MessageStore:
         the result and the CommitLog end to wait for with :meth:`wait_durable` (0: none).
         A server writes its requests in the order they came this way (an idempotent
         producer's runs must arrive in sequence), and waits for their flushes together."""
+        return self._write(self._checked(batch))
+
+    def put_one_written(self, batch: codec.EncodedBatch) -> tuple[int, int, int]:
+        """:meth:`put_encoded_written` of a batch of one record (the lite store's single
+        put), answering only what such a caller reads: the record's CommitLog offset,
+        the store time written in it (ms), and the end to wait for (0: none). The same
+        checks, bytes and entries; no result arrays are built."""
+        batch = self._checked(batch)
+        if (
+            batch.producer_id is not None
+            or len(batch) != 1
+            or len(batch.topics) != 1
+            or batch.topics[0] == SCHEDULE_TOPIC
+        ):  # as _append tells them: not for _append_one
+            result, end = self._write(batch)
+            return int(result.commitlog_offsets[0]), self.now_ms(), end
+        self._refuse_if_disk_full()
+        with self._put_lock:
+            self._check_open()
+            topic, queue_id, _, phys, store_ts, top, end = self._append_one_at(batch)
+        self._notify([(topic, queue_id, top)])
+        return phys, store_ts, end if self.config.sync_flush else 0
+
+    def _checked(self, batch: codec.EncodedBatch) -> codec.EncodedBatch:
+        """:meth:`put_encoded_written`'s checks (raised before anything is written); the
+        batch to write (copies where delayed or transactional messages need them)."""
         self._check_open()
         batch.check_structure()
         self._check_bodies(batch)
@@ -433,7 +459,7 @@ class MessageStore:
                 raise InvalidMessageError(f"topic={topic!r} is reserved for lite consumer state")
         if batch.producer_id is None and _needs_copies(batch):
             batch = self._to_copies(batch)
-        return self._write(batch)
+        return batch
 
     def put_group(self, batch: codec.EncodedBatch, marker: Message) -> PutBatchResult:
         """Store ``batch`` and then ``marker`` (``transaction.commit_marker``) in one
@@ -696,6 +722,18 @@ class MessageStore:
     ) -> tuple[np.ndarray, np.ndarray, list[tuple[str, int, int]], int]:
         """:meth:`_append` of a batch of one record (a single send), in plain ints: the
         same bytes, entries and index keys, at a third of the arrays' cost."""
+        topic, queue_id, base, phys, _, top, end = self._append_one_at(batch)
+        return (
+            np.array([base], dtype=np.int64),
+            np.array([phys], dtype=np.int64),
+            [(topic, queue_id, top)],
+            end,
+        )
+
+    def _append_one_at(self, batch: codec.EncodedBatch) -> tuple[str, int, int, int, int, int, int]:
+        """:meth:`_append_one`'s write (put lock held): the record's topic, queue id,
+        queue offset, CommitLog offset and store time, its queue's new max offset and
+        the CommitLog's new end."""
         topic = batch.topics[0]
         (queue_id,) = batch.queue_ids.tolist()
         (tag,) = batch.tag_codes.tolist()
@@ -716,12 +754,7 @@ class MessageStore:
             hashes = np.abs(batch.key_hashes) & 0x7FFFFFFF  # as _append's
             self.index.put(hashes, np.full(len(hashes), phys, dtype=np.int64), store_ts)
         end = self._dispatched = self.commitlog.max_offset
-        return (
-            np.array([base], dtype=np.int64),
-            np.array([phys], dtype=np.int64),
-            [(topic, queue_id, cq.max_offset)],
-            end,
-        )
+        return topic, queue_id, base, phys, store_ts, cq.max_offset, end
 
     # ------------------------------------------------------------ disk space
     def _no_room(self, exc: DiskFullError) -> None:

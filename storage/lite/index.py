@@ -134,7 +134,9 @@ class LiteIndex:
     ) -> int:
         """:meth:`append` of one entry, written as words (the single put's path)."""
         e = self.end
-        f = self._file_for_write(e)
+        f = self.files[-1] if self.files else None
+        if f is None or e >= f.start + self.per_file:
+            f = self._file_for_write(e)
         w = (e - f.start) * 7
         q = f.q
         q[w] = lid | gen << 32

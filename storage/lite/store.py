@@ -72,7 +72,7 @@ import numpy as np
 from sortedcontainers import SortedList
 
 from .. import _fast_encode, codec, properties, transaction
-from ..batch import default_generator, host_to_bytes
+from ..batch import PackedKeys, default_generator, host_to_bytes
 from ..errors import InvalidConfigError, InvalidMessageError, StoreClosedError
 from ..message import GetResult, GetStatus, Message, RawGetResult
 from ..producer_state import records_with_properties
@@ -166,7 +166,7 @@ class _Parent:
     sorted_names: SortedList | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class LitePutResult:
     """Where a batch's messages went: per message its lite offset and CommitLog offset,
     and the message ids (arrays in the batch's order)."""
@@ -545,7 +545,23 @@ class LiteStore:
 
     # ------------------------------------------------------------ write
     def put(self, parent: str, lite_topic: str, message: Message) -> LitePutResult:
-        return self.put_batch(parent, [(lite_topic, message)])
+        """:meth:`put_batch` of one message: the same checks and bytes, on a path of
+        its own (no per-batch lists, no numpy scalars), so a send to one lite topic
+        among a million costs what a send to a normal topic's queue costs."""
+        p = self._parent(parent)
+        name = validate_lite_name(lite_topic)
+        items = ((name, message),)
+        lites = [name]
+        batch = self._encode_plain(parent, items, lites)
+        if batch is None:
+            batch = self._encode_general(parent, items, lites)
+        if (
+            batch.delay_levels is not None
+            or batch.timer
+            or transaction.may_hold_transactional(batch)
+        ):
+            self._check_kind(batch, lites)  # raises unless plain after all (no delay level)
+        return self._put_one(p, batch, f"{p.pid}\x01{name}")
 
     def put_batch(self, parent: str, items: Sequence[tuple[str, Message]]) -> LitePutResult:
         """Store messages to lite topics of ``parent`` as one CommitLog append; a lite
@@ -567,6 +583,12 @@ class LiteStore:
         fast = self._encode_plain(parent, items, lites)
         if fast is not None:
             return fast, lites
+        return self._encode_general(parent, items, lites), lites
+
+    def _encode_general(
+        self, parent: str, items: Sequence[tuple[str, Message]], lites: list[str]
+    ) -> codec.EncodedBatch:
+        """:meth:`_encode`'s batch through the general loop (any message)."""
         messages = []
         for (lite, m), name in zip(items, lites):
             if m.topic != parent:
@@ -578,20 +600,34 @@ class LiteStore:
             messages.append(
                 Message(parent, m.body, m.tags, m.keys, props, m.queue_id, m.flag, m.delay_level)
             )
-        batch = codec.encode_batch(messages, max_message_size=self.store.config.max_message_size)
-        return batch, lites
+        return codec.encode_batch(messages, max_message_size=self.store.config.max_message_size)
 
     def _encode_plain(
         self, parent: str, items: Sequence[tuple[str, Message]], lites: list[str]
     ) -> codec.EncodedBatch | None:
         """The batch through the C encoder, the same bytes as the general loop writes:
-        when no message has properties of its own and all name one lite topic (a single
-        put, a stream's batch), its ``__LITE_TOPIC`` written as a property all records
-        share; else as each record's own, after the message's own properties when
-        these are plain (none the loop treats its own way: tags, keys, unique key,
-        delay, transaction or timer marks). None otherwise (or without
-        ``storage._native``)."""
+        when no message has properties of its own and all name one lite topic (a
+        stream's batch), its ``__LITE_TOPIC`` written as a property all records share;
+        else as each record's own (a single message's too: the same bytes, and the
+        encoder's constants then those of its parent, not one set per lite topic),
+        after the message's own properties when these are plain (none the loop treats
+        its own way: tags, keys, unique key, delay, transaction or timer marks). None
+        otherwise (or without ``storage._native``)."""
         name = lites[0]
+        size = self.store.config.max_message_size
+        if len(items) == 1:  # a single put: its name as the record's own property
+            m = items[0][1]
+            if m.topic != parent:
+                return None
+            if not m.properties:
+                return _fast_encode.encode_plain(
+                    (m,),
+                    size,
+                    int(time.time() * 1000),
+                    _BORN_LOCAL,
+                    default_generator,
+                    extras=(_LITE_PROP + name.encode() + b"\x02",),
+                )
         one = True
         own = False
         for (_, m), lite in zip(items, lites):
@@ -603,7 +639,6 @@ class LiteStore:
                 one = False
         messages = [m for _, m in items]
         stamp = int(time.time() * 1000)
-        size = self.store.config.max_message_size
         if one and not own:
             return _fast_encode.encode_plain(
                 messages,
@@ -760,16 +795,31 @@ class LiteStore:
 
     def _put_one(self, p: _Parent, batch: codec.EncodedBatch, key: str) -> LitePutResult:
         """:meth:`_put` of one message: plain ints, no per-batch arrays."""
+        store = self.store
         with self._lock:
-            self._check_open()
+            if self._closed:
+                self._check_open()
             lid = self._ids.get(key)
-            self._check_quota(p, int(lid is None))
-            phys, ts, end = self._append(batch)
             if lid is None:
-                self._bind_many(p, [key], ts, int(phys[0]))
+                self._check_quota(p, 1)
+            # the record's store time is its index entry's too
+            at, ts, end = store.put_one_written(batch)
+            if lid is None:
+                self._bind_many(p, [key], ts, at)
                 lid = self._ids[key]
-            loffs = self._index_one(lid, int(phys[0]), int(batch.sizes[0]), ts)
-        return self._answer(batch, loffs, phys, end)
+            o = self._index_one(lid, at, batch.sizes.item(0), ts)
+        flushed = store.wait_durable(end) if end else True
+        loffs = _ONE.copy()  # a copy and a store: a third of np.array((o,))'s cost
+        loffs[0] = o
+        phys = _ONE.copy()
+        phys[0] = at
+        keys = batch.uniq_keys
+        if keys.__class__ is PackedKeys:  # as it splits them, without its calls
+            raw = keys.raw  # type: ignore[attr-defined]
+            ids = raw.decode("ascii").split("\x00") if raw else []
+        else:
+            ids = list(keys)
+        return LitePutResult(loffs, phys, ids, flushed)
 
     def _check_quota(self, p: _Parent, more: int) -> None:
         """Refuse ``more`` new lite topics that would pass ``p``'s quota (lock held)."""
@@ -872,7 +922,8 @@ class LiteStore:
         t = self.table
         n = len(lids)
         if n == 1:
-            return self._index_one(int(lids[0]), int(phys[0]), int(sizes[0]), ts)
+            o = self._index_one(int(lids[0]), int(phys[0]), int(sizes[0]), ts)
+            return np.array((o,), dtype=np.int64)
         first = self.index.end
         rows = np.zeros(n, dtype=ENTRY)
         rows["lid"] = lids
@@ -910,21 +961,24 @@ class LiteStore:
         self.index.append(rows)
         return rows["loff"].copy()
 
-    def _index_one(self, lid: int, phys: int, size: int, ts: int) -> np.ndarray:
+    def _index_one(self, lid: int, phys: int, size: int, ts: int) -> int:
+        """:meth:`_index` of one record (lock held), through the table's memoryviews
+        (Python ints, no numpy scalar); its lite offset."""
         t = self.table
-        o = int(t.next_off[lid])
-        prev = int(t.last[lid])
+        next_off, last = t.next_off_v, t.last_v
+        o = next_off[lid]
+        prev = last[lid]
         if o == 0:
             skip = -1
         elif o & 1:
             skip = prev
         else:
             skip = self._skip_target(prev, o, None, 0)
-        e = self.index.append_one(lid, int(t.gen[lid]), o, phys, size, ts, prev, skip)
-        t.next_off[lid] = o + 1
-        t.last[lid] = e
-        t.last_ms[lid] = ts
-        return np.array([o], dtype=np.int64)
+        e = self.index.append_one(lid, t.gen_v[lid], o, phys, size, ts, prev, skip)
+        next_off[lid] = o + 1
+        last[lid] = e
+        t.last_ms_v[lid] = ts
+        return o
 
     def _skip_target(self, prev_e: int, o: int, rows: np.ndarray | None, first: int) -> int:
         """The entry of offset ``o & (o - 1)``, from the entry of ``o - 1``: its skips
@@ -1638,6 +1692,7 @@ class LiteStore:
 
 
 _EMPTY = np.empty(0, dtype=np.int64)
+_ONE = np.zeros(1, dtype=np.int64)
 _EMPTY32 = np.empty(0, dtype=np.int32)
 
 

@@ -20,6 +20,16 @@ class LiteTable:
         self.next_off = np.zeros(capacity, dtype=np.int64)
         self.last_ms = np.zeros(capacity, dtype=np.int64)
         self.born = np.full(capacity, -1, dtype=np.int64)
+        self._views()
+
+    def _views(self) -> None:
+        """Memoryviews of the columns a single put reads and writes: an item of one is
+        a Python int, read or written at a fraction of a numpy scalar's cost. Made
+        again whenever :meth:`ensure` replaces the columns."""
+        self.gen_v = self.gen.data
+        self.last_v = self.last.data
+        self.next_off_v = self.next_off.data
+        self.last_ms_v = self.last_ms.data
 
     def ensure(self, n: int) -> None:
         """Room for ids [0, n)."""
@@ -40,6 +50,7 @@ class LiteTable:
             grown = np.full(new, fill, dtype=old.dtype)
             grown[:cap] = old
             setattr(self, name, grown)
+        self._views()
         self.size = max(self.size, n)
 
     def memory_bytes(self) -> int:
