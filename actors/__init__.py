@@ -3,7 +3,8 @@ admin operations, and starting or attaching to a cluster.
 
 Actors are detached and named in a Ray namespace (default ``raymq``):
 ``nameserver-<i>``, ``<broker name>-<broker id>`` (``broker-a-0``) and
-``coordinator-<group>`` (a consumer group's :class:`GroupCoordinator`); a
+``coordinators-0`` (the coordinator host, which runs every consumer group's
+:class:`GroupCoordinator`: :func:`coordinator_actor_name`); a
 :class:`ConsumerFleet`'s control loop is ``fleet-<group>``, its members
 ``fleet-<group>-m<n>``.
 """
@@ -59,7 +60,8 @@ if _typing.TYPE_CHECKING:
         NameServerConfig,
         ProducerConfig,
     )
-    from actors.coordinator.coordinator import GroupCoordinator, coordinator_for
+    from actors.coordinator.coordinator import GroupCoordinator
+    from actors.coordinator.host import coordinator_for
     from actors.coordinator.txn import (
         TransactionCoordinator,
         TransactionStateError,
@@ -128,7 +130,7 @@ _EXPORTS: dict[str, str] = {
     "NameServerConfig": "actors.config",
     "ProducerConfig": "actors.config",
     "GroupCoordinator": "actors.coordinator.coordinator",
-    "coordinator_for": "actors.coordinator.coordinator",
+    "coordinator_for": "actors.coordinator.host",
     "TransactionCoordinator": "actors.coordinator.txn",
     "TransactionStateError": "actors.coordinator.txn",
     "transaction_coordinator": "actors.coordinator.txn",

@@ -51,7 +51,7 @@ from _local import start_local_ray  # noqa: E402
 import actors  # noqa: E402
 from actors import LocalTransactionState, PullStatus, TransactionProducer  # noqa: E402
 from actors.aio import AsyncConsumer, AsyncProducer, AsyncTransactionalProducer  # noqa: E402
-from actors.coordinator.coordinator import coordinator_for  # noqa: E402
+from actors.coordinator.host import coordinator_for  # noqa: E402
 from storage import Message  # noqa: E402
 
 STAMP = struct.Struct(">d")
@@ -262,8 +262,8 @@ def main() -> int:
     txn: dict[str, list[float]] = {"sync": [], "async": []}
     n_txn = max(1, args.messages // 10)
     try:
-        # each coordinated group's coordinator (a Ray worker process of its own) started
-        # and idle before the first run, so that none starts within a measured window
+        # each coordinated group's coordinator (and the coordinator host, a Ray worker
+        # process) started and idle before the first run, so none starts within a window
         groups = ["lat-warm-async", *(f"lat-async-{r}" for r in range(args.rounds))]
         ray.get([coordinator_for(g, namespace).ping.remote() for g in groups], timeout=120)
         # the cluster's first seconds (its broker warming up, Ray starting workers)

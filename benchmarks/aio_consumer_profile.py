@@ -47,7 +47,7 @@ from _local import start_local_ray  # noqa: E402
 
 import actors  # noqa: E402
 from actors.aio import AsyncConsumer, AsyncProducer  # noqa: E402
-from actors.coordinator.coordinator import coordinator_for  # noqa: E402
+from actors.coordinator.host import coordinator_for  # noqa: E402
 from storage import Message  # noqa: E402
 
 BODY, STAMP = B.BODY, B.STAMP

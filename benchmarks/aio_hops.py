@@ -19,7 +19,7 @@ Ways alternate in reverse order every other round: sync (``Producer.send_async``
 ``PullConsumer`` long-polling on a thread), async (``AsyncProducer`` and a coordinated
 ``AsyncConsumer`` on one loop) and uncoord (the same, ``coordinated=False``). Per run:
 p50 / p99 of each hop in ms, the p50 of each second of the run (a backlog grows),
-the process's CPU time per message, the coordinator processes' CPU time during the
+the process's CPU time per message, the coordinator hosts' CPU time during the
 run and the load average; then the medians of the rounds.
 """
 
@@ -46,7 +46,7 @@ import actors  # noqa: E402
 import actors.aio.connection as aio_connection  # noqa: E402
 from actors.aio import AsyncConsumer, AsyncProducer  # noqa: E402
 from actors.aio.connection import AsyncConnection  # noqa: E402
-from actors.coordinator.coordinator import coordinator_for  # noqa: E402
+from actors.coordinator.host import coordinator_for  # noqa: E402
 from actors.protocol import connection as sync_connection  # noqa: E402
 from actors.protocol import frames  # noqa: E402
 from actors.protocol.connection import BrokerConnection  # noqa: E402
@@ -159,12 +159,12 @@ async def async_run(
 
 
 def coordinator_cpu_s() -> float:
-    """CPU seconds of this machine's GroupCoordinator processes started from our cwd."""
+    """CPU seconds of this machine's coordinator host processes started from our cwd."""
     total, cwd, tick = 0.0, os.getcwd(), os.sysconf("SC_CLK_TCK")
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if not f.read().startswith(b"ray::GroupCoordinator"):
+                if not f.read().startswith(b"ray::CoordinatorHost"):
                     continue
             if os.readlink(f"/proc/{pid}/cwd") != cwd:
                 continue

@@ -32,7 +32,7 @@ from typing import Any
 
 from actors.aio.connection import within
 from actors.client.push.coordinated import ViewFollower, coordinator_gone
-from actors.coordinator.coordinator import coordinator_for
+from actors.coordinator.host import coordinator_for
 from actors.coordinator.state import MemberView
 from actors.protocol import rpc
 from actors.protocol.fencing import FencingToken

@@ -9,15 +9,13 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-import ray
-
 from actors.client import dlq as _dlq
 from actors.client.admin_base import ADMIN_TIMEOUT_S, RESET_POSITIONS, epoch_ms
 from actors.client.admin_topics import TopicAdmin
 from actors.client.send_result import SendResult
+from actors.coordinator.host import find_coordinator
 from actors.protocol import rpc as _rpc
 from actors.protocol.checks import validate_group
-from actors.protocol.names import coordinator_actor_name
 from actors.protocol.topic import (
     dlq_topic,
     retry_topic,
@@ -134,11 +132,9 @@ class GroupAdmin(TopicAdmin):
         return epoch_ms(to, "to"), None
 
     def _coordinator(self, group: str) -> Any:
-        """``group``'s coordinator, or None when it has none."""
-        try:
-            return ray.get_actor(coordinator_actor_name(group), namespace=self.namespace)
-        except ValueError:
-            return None
+        """``group``'s coordinator, or None when it has none (none of its consumers
+        joined since its coordinator host started)."""
+        return find_coordinator(group, self.namespace, ADMIN_TIMEOUT_S)
 
     # ------------------------------------------------------------ dead letters and perms
     def dlq_messages(self, group: str, max_count: int = 1000) -> list[MessageExt]:

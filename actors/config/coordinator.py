@@ -10,8 +10,8 @@ from actors.config.options import check_positive
 @dataclass(frozen=True)
 class CoordinatorConfig:
     """Settings of a consumer group's :class:`actors.GroupCoordinator`; whoever creates
-    the coordinator (the group's first consumer, or :func:`actors.coordinator_for`)
-    sets them, later joiners find it as it is.
+    the coordinator (the group's first consumer, or the first call through a handle
+    :func:`actors.coordinator_for` returns) sets them, later joiners find it as it is.
 
     ``revoke_timeout_s``: an owner told to give a queue up has this long to confirm
     before the queue is fenced and handed on. ``route_refresh_s``: routes are

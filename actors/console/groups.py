@@ -12,8 +12,7 @@ from actors.console import pages
 from actors.console.core import CSRF, View
 from actors.console.forms import Refused, group_name, topic_name, utc_ms
 from actors.console.jobs import Job, Progress
-from actors.namesrv.client import named_actors
-from actors.protocol.names import coordinator_actor_name
+from actors.coordinator.host import coordinated_groups
 from actors.protocol.topic import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, dlq_topic
 from storage.errors import RayMQError
 
@@ -24,10 +23,8 @@ class Groups(View):
     # ------------------------------------------------------------ groups
     def _known_groups(self) -> list[dict[str, Any]]:
         seen: dict[str, set[str]] = {}
-        prefix = coordinator_actor_name("")
-        for name in named_actors(self.config.namespace):
-            if name.startswith(prefix):
-                seen.setdefault(name[len(prefix) :], set()).add("coordinator")
+        for group in coordinated_groups(self.config.namespace):
+            seen.setdefault(group, set()).add("coordinator")
         for topic in self._all_topics():
             for p, what in ((RETRY_GROUP_TOPIC_PREFIX, "retries"), (DLQ_GROUP_TOPIC_PREFIX, "DLQ")):
                 if topic.startswith(p):

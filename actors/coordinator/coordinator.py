@@ -1,10 +1,10 @@
-"""The GroupCoordinator actor: one per consumer group, the group's single view.
+"""The GroupCoordinator: a consumer group's single view, one per group.
 
 RocketMQ's clients rebalance on their own, each from the member list a broker
 gives it; while their views differ two consumers can own one queue. Here a
-detached actor named ``coordinator-<group>`` holds the members and the
-queues, runs the group's strategy (``rebalance``) and hands queues out so that
-a queue has one owner at a time (the rules are in ``actors.coordinator.state``):
+group's coordinator holds the members and the queues, runs the group's
+strategy (``rebalance``) and hands queues out so that a queue has one owner at
+a time (the rules are in ``actors.coordinator.state``):
 
 * a queue whose owner must change is first revoked: the owner stops pulling
   it, lets its batch in flight finish, commits its offset and confirms; only
@@ -27,12 +27,19 @@ a revoke, ``leave`` at shutdown. It reads the subscribed topics' readable
 queues from the NameServers, again on every route change
 (``NameServer.wait_route_change``) and every ``route_refresh_s``.
 
-It keeps its state in memory. If it dies, its consumers give their queues up
+A coordinator is an object on an asyncio loop, not an actor of its own: the
+namespace's coordinator host (``actors.coordinator.host``, the detached actor
+``coordinators-0`` on the head node) runs the coordinators of many groups, each
+made on its group's first call, and members reach it through the handle
+:func:`actors.coordinator.host.coordinator_for` returns. Its loops catch their own
+failures, so one group's trouble stays in that group.
+
+It keeps its state in memory. If its host dies, its consumers give their queues up
 (committing) and join the coordinator the first of them creates anew; that one
 takes an epoch above every fence the brokers hold, so its tokens outrank the
 old ones, and fences each queue before assigning it the first time.
 
-A control-plane actor: no message passes through it.
+Control plane: no message passes through it.
 """
 
 from __future__ import annotations
@@ -56,64 +63,39 @@ from actors.coordinator.state import GroupEvent, GroupState, MemberView
 from actors.coordinator.strategies import StrategySpec
 from actors.namesrv.brokers import BrokerHandles
 from actors.namesrv.client import NameServerClient
-from actors.protocol.names import DEFAULT_NAMESPACE, coordinator_actor_name
+from actors.protocol.names import DEFAULT_NAMESPACE
 from rebalance import MessageQueue
 from storage.codec import validate_topic
 from storage.errors import InvalidConfigError
 
 log = logging.getLogger("raymq.actors.coordinator.coordinator")
 
-ACTOR_MAX_CONCURRENCY = 1000
 WATCH_RETRY_S = 0.5
 MAX_WATCH_RETRY_S = 10.0
 MAX_TICK_S = 1.0
-# Ray's resource on the head node only. The group's first consumer creates the
-# coordinator, and Ray would place it on that consumer's node, which may leave
-# and take the coordinator with it; the head stays as long as the cluster.
+# Ray's resource on the head node only. A group's first consumer may create the
+# coordinator host, and Ray would place it on that consumer's node, which may leave
+# and take the coordinators with it; the head stays as long as the cluster.
 HEAD_NODE_RESOURCE = "node:__internal_head__"
 
 
 def quiet_blocking_get_warning() -> None:
-    """In a coordinator's own process: its NameServer calls block in an executor of its
-    own (``_io_call``), never on the event loop, but Ray warns of any ``ray.get`` in an
-    async actor's process, whatever the thread, so every coordinator printed a warning
-    that is false for it. Ray reads its switch at each ``ray.get``; set here (not in a
-    ``runtime_env``, which would keep the actor off Ray's prestarted workers)."""
+    """In a coordinator host's (or the transaction coordinator's) own process: a group
+    coordinator's NameServer calls block in an executor of its own (``_io_call``), never
+    on the event loop, but Ray warns of any ``ray.get`` in an async actor's process,
+    whatever the thread, so every coordinator printed a warning that is false for it.
+    Ray reads its switch at each ``ray.get``; set here (not in a ``runtime_env``, which
+    would keep the actor off Ray's prestarted workers)."""
     os.environ["RAY_WARN_BLOCKING_GET_INSIDE_ASYNC"] = "0"
 
 
-__all__ = ["GroupCoordinator", "GroupEvent", "MemberView", "coordinator_for", "readable_queues"]
-
-
-def coordinator_for(
-    group: str,
-    namespace: str = DEFAULT_NAMESPACE,
-    *,
-    nameservers: Sequence[str] | None = None,
-    config: CoordinatorConfig | None = None,
-) -> Any:
-    """The handle of ``group``'s coordinator, created (detached, ``coordinator-<group>``
-    in ``namespace``, on the head node) if it does not run yet; ``config`` counts only
-    when this call creates it."""
-    if not isinstance(group, str) or not group:
-        raise InvalidConfigError(f"consumer group={group!r}: must be a non-empty str")
-    return (
-        ray.remote(GroupCoordinator)
-        .options(
-            name=coordinator_actor_name(group),
-            namespace=namespace,
-            lifetime="detached",
-            get_if_exists=True,
-            num_cpus=0,
-            resources={HEAD_NODE_RESOURCE: 0.001},
-            max_concurrency=ACTOR_MAX_CONCURRENCY,
-        )
-        .remote(group, namespace, list(nameservers) if nameservers else None, config)
-    )
+__all__ = ["GroupCoordinator", "GroupEvent", "MemberView", "readable_queues"]
 
 
 class GroupCoordinator(BrokerSide):
-    """Ray actor class; use :func:`coordinator_for` to find or create one."""
+    """One consumer group's coordinator, on the event loop of the coordinator host that
+    runs it (:class:`actors.coordinator.host.CoordinatorHost`); members reach it through
+    the handle :func:`actors.coordinator_for` returns. Made inside a running event loop."""
 
     def __init__(
         self,
@@ -122,12 +104,11 @@ class GroupCoordinator(BrokerSide):
         nameservers: Sequence[str] | None = None,
         config: CoordinatorConfig | None = None,
     ) -> None:
-        quiet_blocking_get_warning()
         self.group = group
         self.namespace = namespace
         self.config = config or CoordinatorConfig()
         self._nameservers = list(nameservers) if nameservers else None
-        self._loop = asyncio.get_event_loop()  # an async actor runs __init__ in its loop
+        self._loop = asyncio.get_running_loop()  # the host's: made by one of its calls
         self._io = ThreadPoolExecutor(1, thread_name_prefix="coordinator-io")
         self.ns: NameServerClient | None = None
         self.handles: BrokerHandles  # made with ``ns``
@@ -326,10 +307,15 @@ class GroupCoordinator(BrokerSide):
         return self.group
 
     async def shutdown(self) -> None:
-        """Stop the background loops (``Cluster.shutdown`` calls this before killing)."""
+        """Stop the background loops and answer the polls held (its host calls this when
+        the group's coordinator is shut down, and ``Cluster.shutdown`` before killing the
+        host)."""
         self._closing = True
         for task in [*self._tasks, *self._watches.values()]:
             task.cancel()
+        for event in self._polls.values():
+            event.set()
+        self._polls.clear()
         self._io.shutdown(wait=False)
 
     # ------------------------------------------------------------ after every change

@@ -36,7 +36,7 @@ from actors.client.push.context import CoordinatedContext
 from actors.client.push.offset_store import RemoteBrokerOffsetStore
 from actors.client.push.process_queue import ProcessQueue
 from actors.client.push.rebalance import RebalanceService, queue_name, rebalanced
-from actors.coordinator.coordinator import coordinator_for
+from actors.coordinator.host import coordinator_for
 from actors.coordinator.state import MemberView
 from actors.protocol import rpc as _rpc
 from actors.protocol.fencing import FencingToken

@@ -15,7 +15,7 @@ import ray
 
 import actors
 from actors.aio import AsyncConsumer
-from actors.coordinator.coordinator import coordinator_for
+from actors.coordinator.host import coordinator_for
 from storage import Message
 from storage.errors import InvalidConfigError
 

@@ -1,7 +1,9 @@
 """The consumer-group coordinator on a real 2-broker cluster: generations and the
 strategy's assignment, revoke before reassign, fencing a member that does not give a
-queue up (its stale commit is refused), a dead member dropped at once, and push
-consumers scaling 1 -> 4 -> 2 -> 3 under load with every queue owned at most once."""
+queue up (its stale commit is refused), a dead member dropped at once, push
+consumers scaling 1 -> 4 -> 2 -> 3 under load with every queue owned at most once,
+and the coordinator host: groups that share it stay apart, and its death is survived
+by every group in it."""
 
 from __future__ import annotations
 
@@ -26,11 +28,16 @@ from actors import (
     coordinator_actor_name,
     coordinator_for,
 )
+from actors.coordinator.host import (
+    CoordinatorHandle,
+    coordinated_groups,
+    find_coordinator,
+)
 from actors.protocol.rpc import get
 from actors.tools.cli import main
 from rebalance import MessageQueue, assign, get_strategy
 from storage import Message
-from storage.errors import InvalidConfigError
+from storage.errors import InvalidConfigError, RayMQError
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actor classes below
 
@@ -172,7 +179,7 @@ def test_a_coordinator_logs_no_false_warning_of_a_blocking_get(cluster: actors.C
     mine = [
         text
         for path in logs.glob("worker-*.err")
-        if ":actor_name:GroupCoordinator\n" in (text := path.read_text(errors="replace"))
+        if ":actor_name:CoordinatorHost\n" in (text := path.read_text(errors="replace"))
     ]
     assert mine, "the coordinators' own logs"
     assert not [text for text in mine if "blocking ray.get" in text]
@@ -523,6 +530,167 @@ def test_scaling_1_4_2_3_under_load_keeps_one_owner_per_queue_and_loses_nothing(
     dead = [ev for ev in final_log if ev.event == "dead"]
     assert [ev.from_id for ev in dead] == [host_id], dead[:5]
     print(f"scenario took {time.monotonic() - started:.1f}s")
+
+
+# ---------------------------------------------------------------------- the coordinator host
+def test_groups_share_one_host_and_one_group_s_trouble_stays_in_it(
+    cluster: actors.Cluster,
+) -> None:
+    """Every group's coordinator runs in the namespace's one coordinator host; a group's
+    refused calls and its shutdown leave the others as they were; the admin and the
+    console find the groups that have a coordinator, and make none."""
+    topic, ns = "CoordHost", cluster.namespace
+    cluster.admin.create_topic(topic, 2, 2)
+    queues = queues_of(cluster, topic)
+    assert coordinator_actor_name("g-host-a") == coordinator_actor_name("g-host-b")
+    assert coordinator_actor_name("g-host-a") == "coordinators-0"
+    a = coordinator_for("g-host-a", ns, config=SHORT)
+    b = coordinator_for("g-host-b", ns, config=SHORT)
+    assert sorted(join(a, "a-1", topic).owned) == queues
+    assert sorted(join(b, "b-1", topic).owned) == queues  # each group owns the topic apart
+    assert status(a)["node_id"] == status(b)["node_id"] == ray.get_runtime_context().get_node_id()
+    with pytest.raises(InvalidConfigError, match="strategy"):
+        join(b, "b-2", topic, strategy="consistent_hash")
+    with pytest.raises(InvalidConfigError, match="client_id"):
+        join(b, "", topic)
+    assert sorted(view(a, "a-1").owned) == queues and sorted(view(b, "b-1").owned) == queues
+
+    assert {"g-host-a", "g-host-b"} <= set(coordinated_groups(ns))
+    assert find_coordinator("g-host-nobody", ns) is None  # looking makes none
+    assert "g-host-nobody" not in coordinated_groups(ns)
+    with pytest.raises(RayMQError, match="no coordinator"):
+        cluster.admin.group_status("g-host-nobody")
+    assert cluster.admin.group_status("g-host-a")["members"].keys() == {"a-1"}
+    found = find_coordinator("g-host-a", ns)
+    assert isinstance(found, CoordinatorHandle) and found.spec is None
+    with pytest.raises(RayMQError, match="no coordinator"):  # a found handle makes none
+        get(CoordinatorHandle(found.host, "g-host-nobody", None).status.remote(), 30)
+
+    # b shut down: gone from the host, a as it was
+    gen_a = status(a)["generation"]
+    epoch_b = status(b)["epoch"]
+    assert get(b.shutdown.remote(), 30) is True
+    assert "g-host-b" not in coordinated_groups(ns) and find_coordinator("g-host-b", ns) is None
+    assert status(a)["generation"] == gen_a and sorted(view(a, "a-1").owned) == queues
+    # b's next call makes a new coordinator of b, which outranks the old one
+    assert not view(b, "b-1").member
+    assert sorted(join(b, "b-1", topic).owned) == queues
+    assert status(b)["epoch"] > epoch_b
+    assert status(b)["fences"].keys() == set(queues)  # fenced before the first assignment
+
+
+def test_every_group_of_a_killed_host_joins_its_successor_and_loses_nothing(
+    cluster: actors.Cluster,
+) -> None:
+    """Two groups of push consumers under load; their coordinator host is killed. Every
+    member sees it gone, gives its queues up (committing) and joins again, which makes
+    a new host; the groups' new coordinators take an epoch above the old ones' fences
+    and hand every queue out again, one owner at a time; nothing is lost and every
+    offset commits under the new tokens."""
+    topic, ns = "CoordHostKill", cluster.namespace
+    groups = ["g-kill-1", "g-kill-2"]
+    cluster.admin.create_topic(topic, 4, 4)  # 8 queues over 2 brokers
+    queues = queues_of(cluster, topic)
+    host_of = {
+        name: ray.get(cluster.broker(name).status.remote())["addr"]
+        for name in ("broker-a", "broker-b")
+    }
+    dlogs = {g: DeliveryLog.remote() for g in groups}
+    consumers: dict[str, list[PushConsumer]] = {g: [] for g in groups}
+    load: Load | None = None
+
+    def settled(group: str) -> dict[str, Any] | None:
+        handle = find_coordinator(group, ns)  # makes none: the members' join does
+        if handle is None:
+            return None
+        try:
+            s = status(handle)
+        except Exception:  # noqa: BLE001 - the host killed, the name not yet free
+            return None
+        owners = {q: o for q, (o, _) in s["assignment"].items() if q.topic == topic}
+        mine = {c.client_id: c for c in consumers[group]}
+        if sorted(s["members"]) != sorted(mine) or s["pending_revokes"] or s["pending_fences"]:
+            return None
+        if sorted(owners) != queues:
+            return None
+        for cid, c in mine.items():
+            if sorted(q for q in c.assigned_queues() if q.topic == topic) != sorted(
+                q for q, o in owners.items() if o == cid
+            ):
+                return None
+        return s
+
+    try:
+        for g in groups:
+            for name in ("1", "2"):
+                consumers[g].append(
+                    PushConsumer(
+                        g,
+                        topic,
+                        listener=recording(name, dlogs[g]),
+                        namespace=ns,
+                        coordinator_config=SHORT,
+                        **FAST,
+                    ).start()
+                )
+        before = {
+            g: wait_until(lambda g=g: settled(g), timeout_s=30, what=f"{g} settled") for g in groups
+        }
+        load = Load(cluster, topic, per_queue=2)
+        for g in groups:
+            wait_until(lambda g=g: ray.get(dlogs[g].count.remote()) > 100, what=f"{g} consuming")
+
+        host = ray.get_actor(coordinator_actor_name(groups[0]), namespace=ns)
+        ray.kill(host, no_restart=True)
+        after = {
+            g: wait_until(
+                lambda g=g: (s := settled(g)) is not None and s["epoch"] > before[g]["epoch"] and s,
+                timeout_s=40,
+                what=f"{g} coordinated again",
+            )
+            for g in groups
+        }
+        new_host = ray.get_actor(coordinator_actor_name(groups[0]), namespace=ns)
+        assert new_host._actor_id != host._actor_id
+        sent_at_takeover = load.sent
+        wait_until(lambda: load.sent > sent_at_takeover + 256, what="sends after the takeover")
+        sent = load.finish()
+        load = None
+        tops = {
+            (host_of[r["broker"]], r["queue_id"]): r["max_offset"]
+            for r in cluster.admin.topic_status(topic)
+        }
+        assert sum(tops.values()) == sent
+        for g in groups:
+            wait_until(
+                lambda g=g: ray.get(dlogs[g].missing.remote(tops)) == 0,
+                timeout_s=30,
+                interval_s=0.2,
+                what=f"every message delivered to {g}",
+            )
+            wait_until(  # the new tokens pass on the brokers
+                lambda g=g: sum(r["lag"] for r in cluster.admin.consumer_lag(g, topic)) == 0,
+                what=f"every offset of {g} committed",
+            )
+        logs = {g: status(coordinator_for(g, ns))["log"] for g in groups}
+    finally:
+        if load is not None:
+            load.finish()
+        for cs in consumers.values():
+            for c in cs:
+                c.shutdown()
+
+    for g in groups:
+        old_fences = [tok[0] for tok in before[g]["fences"].values()]
+        assert all(tok[0] == after[g]["epoch"] for _, tok in after[g]["assignment"].values())
+        assert after[g]["epoch"] > max(old_fences, default=0)
+        final = owners_one_at_a_time(logs[g])  # the new coordinator: one owner at a time
+        assert {q for q in final if q.topic == topic} == set(queues)
+        fenced = {q: tok for q, tok in after[g]["fences"].items() if q.topic == topic}
+        assert sorted(fenced) == queues  # each fenced before its first assignment
+        assert {tok[0] for tok in fenced.values()} == {after[g]["epoch"]}
+        rows = ray.get(dlogs[g].all.remote())
+        assert len({(h, q, o) for _, _, h, q, o in rows}) == sent, f"{g}: nothing lost"
 
 
 def print_handoffs(

@@ -18,6 +18,7 @@ from test_coordinator import DeliveryLog, Load, owners_one_at_a_time, recording
 
 import actors
 from actors import CoordinatorConfig
+from actors.coordinator.host import find_coordinator
 from actors.fleet.member import MEMBER_MAX_CONCURRENCY, FleetMember, MemberSpec
 from actors.protocol.rpc import get
 from rebalance import MessageQueue
@@ -90,7 +91,8 @@ def test_a_consumer_node_leaving_hands_its_queues_to_the_survivors_at_once(
 
         # the first member, on the node that will leave, creates the coordinator
         members["x1"] = start_member("x1", node_x.node_id, dlog, cluster.namespace)
-        coord = ray.get_actor(actors.coordinator_actor_name(GROUP), namespace=cluster.namespace)
+        coord = find_coordinator(GROUP, cluster.namespace)
+        assert coord is not None, "the first member made no coordinator"
         assert get(coord.status.remote(), 30)["node_id"] == head, "the coordinator left the head"
         for name, node in (("x2", node_x), ("y1", node_y), ("y2", node_y)):
             members[name] = start_member(name, node.node_id, dlog, cluster.namespace)

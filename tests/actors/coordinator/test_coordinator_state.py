@@ -1,11 +1,16 @@
 """The coordinator's bookkeeping without Ray: machine rooms, revoke deadlines, fencing
-order and growing tokens, on a hand-driven clock."""
+order and growing tokens, on a hand-driven clock; and which host coordinates a group."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 
 from actors.coordinator.state import GroupState, StrategySpec
+from actors.protocol.names import coordinator_actor_name, coordinator_host_names
 from rebalance import MessageQueue, assign, get_strategy
 from storage.errors import InvalidConfigError
 
@@ -175,3 +180,26 @@ def test_a_reset_gives_every_owner_its_queues_again_above_the_reset_fence() -> N
     settle_fences(state)
     assert set(state.owners) == set(queues)
     assert [e.event for e in state.log if e.event == "reset" and e.queue is not None]
+
+
+def test_a_group_s_coordinator_host_is_named_alike_in_every_process() -> None:
+    """Every process maps a group to the same coordinator host (not by ``hash``, which
+    differs between processes), one of the namespace's host names."""
+    groups = ["billing", "g-1", "订单", "x" * 200]
+    code = (
+        "from actors.protocol.names import coordinator_actor_name as n\n"
+        f"print([n(g) for g in {groups!r}])\n"
+    )
+    seen = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout.strip()
+        for seed in ("1", "2")
+    }
+    assert seen == {str([coordinator_actor_name(g) for g in groups])}
+    assert {coordinator_actor_name(g) for g in groups} <= set(coordinator_host_names())
+    assert coordinator_host_names() == ["coordinators-0"]
