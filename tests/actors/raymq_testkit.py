@@ -63,6 +63,15 @@ def printed_json(out: str) -> Any:
     return json.loads("\n".join(ln for ln in out.splitlines() if not _RAY_STREAMED_LINE.match(ln)))
 
 
+def stored_ends(cluster: Any, topic: str, host_of: dict[str, str]) -> dict[tuple[str, int], int]:
+    """Each queue of ``topic``'s max offset, keyed (its broker's address, queue id), as
+    a delivery log's ``missing`` takes them."""
+    return {
+        (host_of[r["broker"]], r["queue_id"]): r["max_offset"]
+        for r in cluster.admin.topic_status(topic)
+    }
+
+
 def unique_namespace(prefix: str = "t") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import ray
-from raymq_testkit import SMALL_STORE, printed_json, unique_namespace, wait_until
+from raymq_testkit import SMALL_STORE, printed_json, stored_ends, unique_namespace, wait_until
 
 import actors
 from actors import (
@@ -486,10 +486,7 @@ def test_scaling_1_4_2_3_under_load_keeps_one_owner_per_queue_and_loses_nothing(
         wait_until(lambda: local["D"].status().get("consumed", 0) > 100, what="D consuming")
         sent = load.finish()
         load = None
-        tops = {
-            (host_of[r["broker"]], r["queue_id"]): r["max_offset"]
-            for r in cluster.admin.topic_status(topic)
-        }
+        tops = stored_ends(cluster, topic, host_of)
         assert sum(tops.values()) == sent
 
         wait_until(
@@ -656,10 +653,7 @@ def test_every_group_of_a_killed_host_joins_its_successor_and_loses_nothing(
         wait_until(lambda: load.sent > sent_at_takeover + 256, what="sends after the takeover")
         sent = load.finish()
         load = None
-        tops = {
-            (host_of[r["broker"]], r["queue_id"]): r["max_offset"]
-            for r in cluster.admin.topic_status(topic)
-        }
+        tops = stored_ends(cluster, topic, host_of)
         assert sum(tops.values()) == sent
         for g in groups:
             wait_until(

@@ -13,7 +13,7 @@ from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-from raymq_testkit import wait_until
+from raymq_testkit import stored_ends, wait_until
 from test_coordinator import DeliveryLog, Load, owners_one_at_a_time, recording
 
 import actors
@@ -157,10 +157,7 @@ def test_a_consumer_node_leaving_hands_its_queues_to_the_survivors_at_once(
         wait_until(lambda: load.sent > sent_by_takeover + 320, what="sends after the takeover")
         sent = load.finish()
         load = None
-        tops = {
-            (host_of[r["broker"]], r["queue_id"]): r["max_offset"]
-            for r in cluster.admin.topic_status(TOPIC)
-        }
+        tops = stored_ends(cluster, TOPIC, host_of)
         assert sum(tops.values()) == sent
         wait_until(
             lambda: get(dlog.missing.remote(tops), 30) == 0,
