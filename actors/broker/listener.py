@@ -20,10 +20,12 @@ import logging
 import ssl
 from typing import Any
 
+from actors.broker.lite.processor import LiteProcessor
 from actors.broker.processor.send import SendMessageProcessor
 from actors.broker.runtime import BrokerRuntime
 from actors.protocol import requests
 from actors.protocol.frame_server import FrameServer
+from actors.protocol.requests.lite import LITE_SEND
 from actors.protocol.requests.send import SEND, SEND_SHARED
 
 log = logging.getLogger("raymq.actors.broker.listener")
@@ -53,6 +55,7 @@ class DataPathListener(FrameServer):
         )
         self.rt = runtime
         self.sender = sender
+        self.lite: LiteProcessor | None = getattr(broker, "lite", None)
 
     @property
     def closing(self) -> bool:
@@ -66,7 +69,17 @@ class DataPathListener(FrameServer):
         self, code: int, h: dict[str, Any], body: bytes | memoryview
     ) -> tuple[dict[str, Any], list[Any], bool] | None:
         # a send to topics that exist, on an ASYNC_FLUSH master with nothing to wait for
-        # (``SendMessageProcessor.send_now``); its answer after the held pulls it woke
+        # (``SendMessageProcessor.send_now``); a lite send there too
+        # (``LiteProcessor.send_now``); its answer after the held reads it woke
+        if code == LITE_SEND.code:
+            if self.lite is None:
+                return None
+            (parent, items), _ = LITE_SEND.decode(h, body)
+            sent = self.lite.send_now(parent, items)
+            if sent is None:
+                return None
+            answer, woke = sent
+            return *LITE_SEND.answer.reply(answer), woke
         if code == SEND.code:
             (blob, auto_create), _ = SEND.decode(h, body)
             if auto_create:  # auto-creation: the general path

@@ -1007,6 +1007,12 @@ class LiteStore:
         may hold it long)."""
         return self._lock.locked()
 
+    def put_waits(self) -> bool:
+        """Whether a put now could wait: the lock is held (a write, an expiry slice, a
+        catch-up), or a delete not yet on disk would be fsynced before the next lite
+        topic created. A writer on an event loop then puts on a thread instead."""
+        return self._lock.locked() or self._deletes_written != self._deletes_synced
+
     def get_raw(
         self, parent: str, lite_topic: str, offset: int, max_count: int = 32
     ) -> RawGetResult:

@@ -24,16 +24,21 @@
   by parent and lite topic) until a send to one of its lite topics wakes it or
   ``wait_ms`` passes; then it reads once more.
 
-Sends are taken on a master only. A master of a master/slave group writes them to its
-own store: lite messages reach a slave with the CommitLog's bytes and are indexed there
-by ``LiteStore.catch_up``. The leader of a Raft (DLedger) group proposes them through
-the group's log (:mod:`actors.broker.lite.raft`), and with them every change of
-consumer state: a commit, a subscription change, a lite topic deleted, the clients it
-stopped hearing from. Every member applies these once committed, so the group's next
-leader serves the subscriptions, owners and committed offsets its predecessor
-acknowledged (not the messages handed out and not yet acknowledged: they are handed
-out again from the committed offset). A new leader counts every client as heard from
-when it starts to serve.
+Sends are taken on a master only. On an ASYNC_FLUSH master with nothing to wait for (no
+slave to wait for, no Raft log, the lite store's lock free) a send over the broker's
+socket is stored and answered from the socket's reader, as a normal send is
+(:meth:`LiteProcessor.send_now`, ``actors.broker.listener``): the same checks, bytes and
+answer as :meth:`LiteProcessor.send`, without a task and a thread per request. A master
+of a master/slave group writes them to its own store: lite messages reach a slave with
+the CommitLog's bytes and are indexed there by ``LiteStore.catch_up``. The leader of a
+Raft (DLedger) group proposes them through the group's log
+(:mod:`actors.broker.lite.raft`), and with them every change of consumer state: a
+commit, a subscription change, a lite topic deleted, the clients it stopped hearing
+from. Every member applies these once committed, so the group's next leader serves the
+subscriptions, owners and committed offsets its predecessor acknowledged (not the
+messages handed out and not yet acknowledged: they are handed out again from the
+committed offset). A new leader counts every client as heard from when it starts to
+serve.
 """
 
 from __future__ import annotations
@@ -106,6 +111,8 @@ class LiteProcessor:
         # by a new leader was never in the lite index
         committed = (lambda: raft.readable_end) if raft is not None else None
         self.store = LiteStore(runtime.store, config, committed=committed)
+        # ASYNC_FLUSH: a put is a copy into the mapped file, cheaper than a thread hop
+        self._inline_puts = runtime.config.inline_async_puts and not runtime.store.config.sync_flush
         self.parents = LiteParents(runtime, self.store, admin, raft)  # declared before start
         self.raft = RaftLiteLog(runtime, self.store, raft) if raft is not None else None
         self.holds = LiteHolds(runtime, self._caught_up)
@@ -175,25 +182,51 @@ class LiteProcessor:
         topic, body, {"tags", "keys", "properties"})`` each. Per message: its lite topic,
         offset in it and message id."""
         self._check_writable()
-        messages = []
-        for item in items:
-            if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
-                raise InvalidMessageError(
-                    "a lite send item is (lite topic, body) or (lite topic, body, options)"
-                )
-            opts = item[2] if len(item) == 3 else {}
-            if not isinstance(opts, dict) or set(opts) - {"tags", "keys", "properties"}:
-                raise InvalidMessageError(f"lite send options {opts!r}: tags, keys, properties")
-            messages.append((item[0], Message(parent, item[1], **opts)))
+        messages = _messages(parent, items)
         if self.raft is not None:
             return await self._send_through_log(self.raft, parent, messages)
-        result = await self.rt.run(self.store.put_batch, parent, messages)
+        result = await self.rt.run(self._put, parent, messages)
         self.holds.wake(parent, {lite for lite, _ in messages})
-        status = (await self._replicated(result)).value
-        return [
-            {"lite_topic": lite, "offset": off, "msg_id": mid, "status": status}
-            for (lite, _), off, mid in zip(messages, result.lite_offsets.tolist(), result.msg_ids)
-        ]
+        return _answer(messages, result, (await self._replicated(result)).value)
+
+    def send_now(
+        self, parent: str, items: Sequence[Any]
+    ) -> tuple[list[dict[str, Any]], bool] | None:
+        """:meth:`send` done at once when nothing in it would wait: an ASYNC_FLUSH master
+        whose role waits for nobody (no SYNC_MASTER's slave, no Raft log) and whose lite
+        store would not wait now (``LiteStore.put_waits``: its lock held by an expiry
+        slice or a catch-up, or a delete to fsync before the next creation). The
+        broker's socket answers it from its reader's callback
+        (``actors.broker.listener``), as it does a normal send: the same checks, put,
+        wake-ups and answer, without a task, a chain of coroutines and a thread hop per
+        request. Returns the answer and whether the send woke held reads (to be let
+        answer first), or None: the general path's case (:meth:`send`, which also
+        raises what a broker that takes no writes now answers). Errors raise as
+        :meth:`send`'s do, nothing stored."""
+        rt = self.rt
+        if (
+            not self._inline_puts
+            or self.raft is not None
+            or rt.closing
+            or not rt.writable()
+            or not self.role.is_master
+            or not self.role.puts_at_once()
+            or self.store.put_waits()
+        ):
+            return None
+        messages = _messages(parent, items)
+        woken = rt.holds.woken
+        result = self._put(parent, messages)
+        self.holds.wake(parent, {lite for lite, _ in messages})
+        return _answer(messages, result, _stored(result).value), rt.holds.woken != woken
+
+    def _put(self, parent: str, messages: list[tuple[str, Message]]) -> LitePutResult:
+        """The store's put of ``messages``: a single one on its own path (the same checks
+        and bytes as a batch of one, without the batch's lists)."""
+        if len(messages) == 1:
+            lite, message = messages[0]
+            return self.store.put(parent, lite, message)
+        return self.store.put_batch(parent, messages)
 
     async def _send_through_log(
         self, raft: RaftLiteLog, parent: str, messages: list[tuple[str, Message]]
@@ -209,7 +242,7 @@ class LiteProcessor:
     async def _replicated(self, result: LitePutResult) -> PutStatus:
         """A stored batch's status once it is where a normal send's would be before its
         answer: durable under SYNC_FLUSH, on the slave too from a SYNC_MASTER."""
-        status = PutStatus.PUT_OK if result.flushed else PutStatus.FLUSH_DISK_TIMEOUT
+        status = _stored(result)
         role = self.role
         if (
             isinstance(role, MasterSlaveReplication)
@@ -359,3 +392,41 @@ class LiteProcessor:
             self.raft.close()
         self.parents.close()
         self.store.close()
+
+
+_OPTIONS = frozenset({"tags", "keys", "properties"})
+_NO_OPTIONS: dict[str, Any] = {}
+
+
+def _messages(parent: str, items: Sequence[Any]) -> list[tuple[str, Message]]:
+    """A lite send's items checked, each as (its lite topic, its message to ``parent``)."""
+    messages = []
+    for item in items:
+        if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
+            raise InvalidMessageError(
+                "a lite send item is (lite topic, body) or (lite topic, body, options)"
+            )
+        opts = item[2] if len(item) == 3 else _NO_OPTIONS
+        if not isinstance(opts, dict) or not _OPTIONS.issuperset(opts):
+            raise InvalidMessageError(f"lite send options {opts!r}: tags, keys, properties")
+        message = Message(
+            parent, item[1], opts.get("tags"), opts.get("keys", ()), opts.get("properties")
+        )
+        messages.append((item[0], message))
+    return messages
+
+
+def _stored(result: LitePutResult) -> PutStatus:
+    """A stored batch's status before any replication: FLUSH_DISK_TIMEOUT when SYNC_FLUSH
+    did not reach it in time."""
+    return PutStatus.PUT_OK if result.flushed else PutStatus.FLUSH_DISK_TIMEOUT
+
+
+def _answer(
+    messages: list[tuple[str, Message]], result: LitePutResult, status: str
+) -> list[dict[str, Any]]:
+    """Per message: its lite topic, offset in it, message id and the send's status."""
+    return [
+        {"lite_topic": lite, "offset": off, "msg_id": mid, "status": status}
+        for (lite, _), off, mid in zip(messages, result.lite_offsets.tolist(), result.msg_ids)
+    ]

@@ -329,3 +329,79 @@ def test_an_expired_lite_topic_ends_its_subscriptions_and_a_resync_does_not_revi
         consumer.receive(10)
         assert "quiet" not in ray.get(on("quiet").lite_topics.remote("Short"))  # not revived
         assert "busy" in ray.get(on("busy").lite_topics.remote("Short"))
+
+
+def test_a_lite_send_over_the_socket_is_answered_at_once_and_stores_the_same_records(
+    cluster: actors.Cluster,
+) -> None:
+    """An ASYNC_FLUSH master stores a lite send that comes over its socket and answers it
+    from the socket's reader (no task per request), single sends and batches alike: the
+    same answer, and records of the same fields and properties in the same order as the
+    same send through Ray (the general path) stores."""
+    ns = cluster.namespace
+    broker = cluster.broker("broker-a")
+    with LiteProducer("Agents", namespace=ns) as producer:
+        route = producer.ns.require_route("Agents")
+        on_a = [
+            n
+            for n in (f"same-{k:02d}" for k in range(64))
+            if home_broker(route, "Agents", n) == "broker-a"
+        ]
+        warm = on_a[0]
+        producer.send(warm, b"opens the socket")
+        wait_until(lambda: producer.ns.data_path.is_open("broker-a-0"), what="broker-a's socket")
+        producer.send(warm, b"on the socket")
+        opts = {"tags": "TagA", "keys": ["k1", "k2"], "properties": {"trace": "on"}}
+
+        def items(first: str, second: str) -> list[Any]:
+            return [
+                (first, b"b0"),
+                (second, b"b1", opts),
+                (first, b"b2", {"tags": "TagB", "keys": "k3", "properties": None}),
+                (second, b"b3"),
+            ]
+
+        by_socket, by_ray = on_a[1:3], on_a[3:5]
+        before = ray.get(broker.status.remote())["data_answered_at_once"]
+        sent_socket = [
+            producer.send(by_socket[0], b"s0"),
+            producer.send(
+                by_socket[1], b"s1", tags="TagA", keys=["k1", "k2"], properties={"trace": "on"}
+            ),
+            *producer.send_batch(items(*by_socket)),
+        ]
+        after = ray.get(broker.status.remote())["data_answered_at_once"]
+        assert after - before == 3  # two single sends and one batch, none as a task
+    sent_ray = [
+        *ray.get(broker.lite_send.remote("Agents", [(by_ray[0], b"s0")])),
+        *ray.get(broker.lite_send.remote("Agents", [(by_ray[1], b"s1", opts)])),
+        *ray.get(broker.lite_send.remote("Agents", items(*by_ray))),
+    ]
+
+    def shape(answers: list[dict[str, Any]], names: list[str]) -> list[tuple[Any, ...]]:
+        rename = dict(zip(names, ("first", "second")))
+        return [
+            (sorted(a), rename[a["lite_topic"]], a["offset"], a["status"], len(a["msg_id"]))
+            for a in answers
+        ]
+
+    assert shape(sent_socket, by_socket) == shape(sent_ray, by_ray)
+    assert [a["offset"] for a in sent_socket] == [0, 0, 1, 1, 2, 2]
+
+    def records(name: str) -> list[tuple[Any, ...]]:
+        got = ray.get(broker.lite_pull.remote("Agents", name, 0, 32))["messages"]
+        out = []
+        for m in got:
+            props = dict(m.properties)
+            assert len(props.pop("UNIQ_KEY")) == 32 and props.pop("__LITE_TOPIC") == name
+            out.append((m.topic, m.body, m.tags, m.keys, props, m.flag, m.sys_flag, m.store_size))
+        return out
+
+    for mine, theirs in zip(by_socket, by_ray):
+        assert records(mine) == records(theirs) and len(records(mine)) == 3
+        # a single send's record is a batch's: all but the body alike
+        single, in_batch = records(mine)[:2]
+        assert single[2:] == in_batch[2:]
+    assert [r[1] for r in records(by_socket[0])] == [b"s0", b"b0", b"b2"]
+    props = {"TAGS": "TagA", "KEYS": "k1 k2", "trace": "on"}
+    assert records(by_socket[1])[0][2:5] == ("TagA", ("k1", "k2"), props)

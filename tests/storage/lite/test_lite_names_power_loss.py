@@ -195,7 +195,7 @@ def test_a_topic_created_after_a_delete_is_acknowledged_only_once_the_delete_is_
 ) -> None:
     """The states the cases above leave out cannot happen: a creation after a delete (or an
     expiry) not yet fsynced fsyncs ``names`` first; a creation with none pending does
-    not."""
+    not. ``put_waits`` says when a put would pay that fsync (or wait for the lock)."""
     store, lite = open_lite(tmp_path / "s")
     try:
         names = lite.root / "names"
@@ -213,14 +213,17 @@ def test_a_topic_created_after_a_delete_is_acknowledged_only_once_the_delete_is_
         lite.put("Chat", "x", Message("Chat", b"old"))
         lite.put("Chat", "y", Message("Chat", b"y"))
         assert synced == []  # creations with no delete pending: no fsync of names
+        assert not lite.put_waits()  # a writer on an event loop may put there
         if how == "delete":
             assert lite.delete("Chat", "x")
         else:
             lite.put("Chat", "y", Message("Chat", b"y2"))
             assert lite.expire(now_ms=store.now_ms() + 3_600_001) == 2
         size_after_delete = names.stat().st_size
+        assert lite.put_waits()  # the next creation fsyncs: not on an event loop
         assert lite.put("Chat", "x", Message("Chat", b"new")).lite_offsets.tolist() == [0]
         assert synced and synced[-1] >= size_after_delete
+        assert not lite.put_waits()
         synced.clear()
         lite.put("Chat", "z", Message("Chat", b"z"))
         assert synced == []  # the delete is on disk: the next creation pays nothing
