@@ -68,6 +68,9 @@ class BrokerRuntime:
         self.store = MessageStore(
             config.store_config(self.store_dir, self.addr), start_services=False
         )
+        # ASYNC_FLUSH puts are a copy into the mapped file: cheaper on the event loop
+        # than a thread hop
+        self.inline_puts = config.inline_async_puts and not self.store.config.sync_flush
         self.topics = TopicConfigManager(
             self.store.config_file("topics"),
             config.broker_name,
@@ -146,6 +149,14 @@ class BrokerRuntime:
             return False
         lease = self.config.cluster_lease_s
         return lease <= 0 or time.monotonic() - self.lease_renewed <= lease
+
+    def puts_now(self, role: Any) -> bool:
+        """Whether a put may be done and answered at once, on the event loop: puts are
+        inline (ASYNC_FLUSH), the broker open and writable, and its role (``Replication``)
+        has nothing to wait for (no slave, no proposal). The sends' frame reader answers
+        such a send from its callback (``SendMessageProcessor.send_now``,
+        ``LiteProcessor.send_now``)."""
+        return self.inline_puts and not self.closing and self.writable() and role.puts_at_once()
 
     def check_writable(self) -> None:
         """Raise ``BrokerUnavailableError`` unless :meth:`writable` (see ``lease``)."""

@@ -111,8 +111,6 @@ class LiteProcessor:
         # by a new leader was never in the lite index
         committed = (lambda: raft.readable_end) if raft is not None else None
         self.store = LiteStore(runtime.store, config, committed=committed)
-        # ASYNC_FLUSH: a put is a copy into the mapped file, cheaper than a thread hop
-        self._inline_puts = runtime.config.inline_async_puts and not runtime.store.config.sync_flush
         self.parents = LiteParents(runtime, self.store, admin, raft)  # declared before start
         self.raft = RaftLiteLog(runtime, self.store, raft) if raft is not None else None
         self.holds = LiteHolds(runtime, self._caught_up)
@@ -204,15 +202,8 @@ class LiteProcessor:
         raises what a broker that takes no writes now answers). Errors raise as
         :meth:`send`'s do, nothing stored."""
         rt = self.rt
-        if (
-            not self._inline_puts
-            or self.raft is not None
-            or rt.closing
-            or not rt.writable()
-            or not self.role.is_master
-            or not self.role.puts_at_once()
-            or self.store.put_waits()
-        ):
+        # a Raft group's role puts nothing at once: its sends are proposals
+        if not rt.puts_now(self.role) or self.store.put_waits():
             return None
         messages = _messages(parent, items)
         woken = rt.holds.woken

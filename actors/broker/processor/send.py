@@ -47,7 +47,6 @@ class SendMessageProcessor(DataPathProcessor):
     ) -> None:
         super().__init__(runtime, role, metrics)
         self.rings = RingReader()
-        self._inline_puts = runtime.config.inline_async_puts and not runtime.store.config.sync_flush
 
     def _check_open(self) -> None:
         if self.rt.closing:
@@ -80,7 +79,7 @@ class SendMessageProcessor(DataPathProcessor):
         # came (an idempotent producer's runs arrive in sequence; a pool of threads would
         # write them in any order), and only their wait for the fsync leaves the loop.
         store = self.rt.store
-        if self._inline_puts:
+        if self.rt.inline_puts:
             return store.put_encoded(batch)
         if not store.config.sync_flush:  # inline puts turned off
             return await self.rt.run(store.put_encoded, batch)
@@ -127,13 +126,7 @@ class SendMessageProcessor(DataPathProcessor):
         answer and whether the put woke held pulls (to be let answer first), or None:
         the general path's case. Errors raise as :meth:`send`'s do, nothing stored."""
         rt = self.rt
-        if (
-            not self._inline_puts
-            or rt.closing
-            or not rt.writable()
-            or rt.faults.armed
-            or not self.role.puts_at_once()
-        ):
+        if rt.faults.armed or not rt.puts_now(self.role):
             return None
         batch = EncodedBatch.from_bytes(blob)
         self._check_queues(batch, 0)
