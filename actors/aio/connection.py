@@ -226,6 +226,14 @@ class AsyncBrokers:
             opening.add_done_callback(lambda _: self._opening.pop(actor_name, None))
         return await asyncio.shield(opening)
 
+    def open_connection(self, actor_name: str) -> AsyncConnection | None:
+        """The connection to ``actor_name`` when it is open on the running loop (no
+        wait, nothing opened): a write that must not yield looks here first."""
+        conn = self._conns.get(actor_name)
+        if conn is None or not conn.usable or self.loop is not asyncio.get_running_loop():
+            return None
+        return conn
+
     async def _open(self, actor_name: str, handle: Any) -> AsyncConnection:
         try:
             info = await within(handle.data_path.remote(), DATA_PATH_CALL_S)

@@ -82,6 +82,7 @@ from storage.subscription import parse_subscription
 log = logging.getLogger("raymq.actors.aio.consumer")
 
 _REQUESTS = by_method(BROKER)
+_PULL = _REQUESTS["pull_packed"]
 CALL_TIMEOUT_S = 10.0
 
 
@@ -502,8 +503,17 @@ class AsyncConsumer:
             self.long_poll_s,
             self.client_id,
         )
-        answer = await self._brokers.request(actor, handle, "pull_packed", blob)
-        wire = await within(answer, self.long_poll_s + CALL_TIMEOUT_S)
+        conn = await self._brokers.connection(actor, handle)
+        header, body, decode = _PULL.encode(blob)
+        # the answer is taken in the connection's read callback: its messages go to
+        # their buffers there, and a loop waiting for them runs in the next turn of the
+        # event loop, not one turn later, after this task's own wake-up
+        answer = conn.request(header, body, lambda h, b: self._take(wanted, decode(h, b)))
+        await within(answer, self.long_poll_s + CALL_TIMEOUT_S)
+
+    def _take(self, wanted: list[_Queue], wire: Any) -> None:
+        """A pull's answer: each queue's new messages into its buffer (one that went to
+        another member meanwhile is skipped), the waiting loops woken."""
         for q, raw in zip(wanted, pulls_from_wire(wire)):
             if q.dropped or self._queues.get(q.mq) is not q:
                 continue

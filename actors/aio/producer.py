@@ -9,9 +9,12 @@ Routes and broker handles come from the process's client instance
 (``actors.client.instance``); a route or handle not cached yet is looked up on a
 worker thread (a NameServer call through Ray), never per message.
 
-* ``await send(message)`` of one message without a sharding key joins the other
-  single messages sent in the same turn of the loop (from many tasks) in one batch:
-  one frame, one answer for all of them; anything else is sent as it is.
+* ``await send(message)`` of one message without a sharding key, while nothing else
+  of the producer waits for an answer, is written at once, in the caller's step;
+  otherwise it joins the other single messages sent in the same turn of the loop
+  (from many tasks) in one batch: one frame, one answer for all of them. A message
+  of that batch refused by validation fails its own caller alone. Anything else is
+  sent as it is.
 * Idempotent by default, as the synchronous producer: a chunk is numbered per queue
   (producer id, epoch, sequence), and one that may be stored is sent again only as
   the same bytes to the same queue, which stores it once.
@@ -33,7 +36,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from actors.aio.connection import AsyncBrokers, NotWritten, master, within
+from actors.aio.connection import AsyncBrokers, AsyncConnection, NotWritten, master, within
 from actors.client.encoder import MessageEncoder
 from actors.client.idempotence import Sequencer
 from actors.client.producer import ProducerCore, with_delay
@@ -192,6 +195,12 @@ class AsyncProducer(ProducerCore):
         await budget.acquire(1, nbytes)
         try:
             single = self._singles.get(message.topic)
+            if single is None and budget.messages == 1:
+                # nothing else unanswered: no batch to share, so its frame is written
+                # now, in the caller's step, instead of a turn of the loop later
+                task = self._send_now(message)
+                if task is not None:
+                    return await self._settled(task)
             if single is None:  # its batch leaves in the next turn, from its own task
                 single = self._singles[message.topic] = _Single()
                 task = asyncio.ensure_future(self._flush(message.topic, single))
@@ -222,7 +231,17 @@ class AsyncProducer(ProducerCore):
         if not messages:  # every caller was cancelled
             return []
         try:
-            chunks = self._encoder.encode(messages)
+            try:
+                chunks = self._encoder.encode(messages)
+            except InvalidMessageError:
+                if len(messages) == 1:
+                    raise
+                # one caller's bad message must not fail the others sent in its turn:
+                # each refused one hears its own error, the rest leave together
+                messages, waiters = self._refuse_invalid(messages, waiters)
+                if not messages:
+                    return []
+                chunks = self._encoder.encode(messages)
             parts = await self._send_chunks(chunks, None, _Written())
         except BaseException as exc:  # noqa: BLE001 - the batch's callers hear it
             for w in waiters:
@@ -238,6 +257,67 @@ class AsyncProducer(ProducerCore):
             if not w.done():
                 w.set_result(results[i])
         return parts
+
+    def _refuse_invalid(
+        self, messages: list[Message], waiters: list[asyncio.Future[SendResult]]
+    ) -> tuple[list[Message], list[asyncio.Future[SendResult]]]:
+        """The messages of a turn's batch that encode alone (and their waiters); each
+        waiter of one that does not gets its own validation error."""
+        kept: list[Message] = []
+        kept_waiters: list[asyncio.Future[SendResult]] = []
+        for m, w in zip(messages, waiters):
+            try:
+                self._encoder.encode([m], numbered=False)
+            except InvalidMessageError as exc:
+                if not w.done():
+                    w.set_exception(exc)
+                continue
+            kept.append(m)
+            kept_waiters.append(w)
+        return kept, kept_waiters
+
+    def _send_now(self, message: Message) -> asyncio.Task[Any] | None:
+        """``message`` encoded and its frame written now, when everything the write
+        needs is at hand (the topic's route, the producer's id, an open connection to
+        the queue's master): the task that awaits its answer (and retries as
+        :meth:`_send_chunk` does), or None, nothing written and nothing numbered: it
+        goes the batched way."""
+        seq = self.sequencer
+        if not self._cached(message.topic) or (seq is not None and seq.producer_id is None):
+            return None
+        [chunk] = self._encoder.encode([message])  # a bad message raises: the caller's own
+        run = Outcome(self.sequencer)
+        state = _Written()
+        first = self._write_first(chunk, run, state)
+        if first is None:
+            return None
+        task = asyncio.ensure_future(self._send_chunk(chunk, None, state, run=run, first=first))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    def _write_first(
+        self, chunk: _Chunk, run: Outcome, state: _Written
+    ) -> tuple[asyncio.Future[Any], MessageQueue, float] | None:
+        """:meth:`_send_chunk`'s first attempt up to its write, without awaiting: the
+        answer's future, the queue and the time it was written; None (nothing numbered,
+        nothing written) when something is not at hand."""
+        mq, route, auto_n = self._selector.select(chunk.topic, None, None)
+        if auto_n:
+            return None  # the topic is created by this send: the general path's case
+        bd = route.broker(mq.broker_name)
+        actor = bd.master_actor_name() if bd is not None else None
+        conn = self._brokers.open_connection(actor) if actor is not None else None
+        if conn is None:
+            return None
+        fut, started = self._write_on(conn, chunk, mq, route, 0, None, run, state)
+        return fut, mq, started
+
+    async def _settled(self, task: asyncio.Task[Any]) -> SendResult:
+        """The result of a single message's :meth:`_send_now` task; a cancelled caller
+        leaves it to finish in the background (its frame is out)."""
+        chunk, mq, ack = await asyncio.shield(task)
+        return BatchSendResult([(chunk, mq, ack)], 1)[0]
 
     # ------------------------------------------------------------ sending chunks
     async def _guarded(self, coro: Any, state: _Written) -> Any:
@@ -277,6 +357,9 @@ class AsyncProducer(ProducerCore):
         sharding_key: str | None,
         state: _Written,
         whole: _Written | None = None,
+        *,
+        run: Outcome | None = None,
+        first: tuple[asyncio.Future[Any], MessageQueue, float] | None = None,
     ) -> tuple[_Chunk, MessageQueue, SendAck]:
         """One chunk to its queue, with the synchronous sender's retries (see
         ``actors.client.sender``): elsewhere when it was certainly not stored, as the
@@ -285,40 +368,34 @@ class AsyncProducer(ProducerCore):
         retries = config.retry_times_when_send_failed
         timeout = config.send_timeout_s
         deadline = time.monotonic() + max(timeout, config.delivery_timeout_s)
-        run = Outcome(self.sequencer)
+        if run is None:
+            run = Outcome(self.sequencer)
         mq: MessageQueue | None = None
         attempt = 0
         while True:
             reordered = False
             written = False
             try:
-                if run.pinned and run.bound is not None and mq is not None:
-                    route = await self._route(chunk.topic)
-                    auto_n = 0
-                    batch = run.bound
+                if first is not None:  # its frame is out already (_write_first)
+                    fut, mq, started = first
+                    first = None
+                    written = True
                 else:
-                    avoid = mq.broker_name if mq is not None and sharding_key is None else None
-                    mq, route, auto_n = await self._select(
-                        chunk.topic, avoid, sharding_key, attempt > 0
+                    if run.pinned and run.bound is not None and mq is not None:
+                        route = await self._route(chunk.topic)
+                        auto_n = 0
+                        batch: EncodedBatch | None = run.bound
+                    else:
+                        avoid = mq.broker_name if mq is not None and sharding_key is None else None
+                        mq, route, auto_n = await self._select(
+                            chunk.topic, avoid, sharding_key, attempt > 0
+                        )
+                        await self._producer_id(route, mq.broker_name)
+                        batch = None
+                    fut, started = await self._write(
+                        chunk, mq, route, auto_n, batch, run, state, whole
                     )
-                    await self._producer_id(route, mq.broker_name)
-                    batch = None
-                actor, handle = await self._master(route, mq.broker_name)
-                conn = await self._brokers.connection(actor, handle)
-                if batch is None:  # numbered now: nothing awaits between this and the write
-                    batch = self._bind(chunk, mq, route)
-                    run.bound = batch if self.sequencer is not None else None
-                # joined: the transport may keep what the socket cannot take now, and a
-                # numbered run's bytes are rewritten when it is numbered again
-                blob = b"".join(EncodedBatch.wire_parts([batch]))
-                header, _, decode = _SEND.encode(b"", auto_n)
-                started = time.monotonic()
-                fut = conn.request(header, [blob], decode)
-                written = state.written = True
-                if whole is not None:
-                    whole.written = True
-                if auto_n:
-                    self._selector.created(chunk.topic)
+                    written = True
                 try:
                     wire = await within(fut, timeout)
                 except asyncio.TimeoutError:
@@ -372,6 +449,54 @@ class AsyncProducer(ProducerCore):
             f"{attempt} attempt(s): {run.last_exc}"
             + (" (it may have been stored, once)" if run.maybe_stored else "")
         ) from run.last_exc
+
+    async def _write(
+        self,
+        chunk: _Chunk,
+        mq: MessageQueue,
+        route: TopicRouteData,
+        auto_n: int,
+        batch: EncodedBatch | None,
+        run: Outcome,
+        state: _Written,
+        whole: _Written | None,
+    ) -> tuple[asyncio.Future[Any], float]:
+        """An attempt of :meth:`_send_chunk` to ``mq``, up to its frame's write: as
+        ``batch`` (a pinned run's same bytes) or ``chunk`` numbered now. The answer's
+        future and when it was written."""
+        actor, handle = await self._master(route, mq.broker_name)
+        conn = await self._brokers.connection(actor, handle)
+        return self._write_on(conn, chunk, mq, route, auto_n, batch, run, state, whole)
+
+    def _write_on(
+        self,
+        conn: AsyncConnection,
+        chunk: _Chunk,
+        mq: MessageQueue,
+        route: TopicRouteData,
+        auto_n: int,
+        batch: EncodedBatch | None,
+        run: Outcome,
+        state: _Written,
+        whole: _Written | None = None,
+    ) -> tuple[asyncio.Future[Any], float]:
+        """:meth:`_write`'s write on ``conn``, numbering the chunk first when ``batch``
+        is None (nothing awaits between the numbering and the write)."""
+        if batch is None:
+            batch = self._bind(chunk, mq, route)
+            run.bound = batch if self.sequencer is not None else None
+        # joined: the transport may keep what the socket cannot take now, and a
+        # numbered run's bytes are rewritten when it is numbered again
+        blob = b"".join(EncodedBatch.wire_parts([batch]))
+        header, _, decode = _SEND.encode(b"", auto_n)
+        started = time.monotonic()
+        fut = conn.request(header, [blob], decode)
+        state.written = True
+        if whole is not None:
+            whole.written = True
+        if auto_n:
+            self._selector.created(chunk.topic)
+        return fut, started
 
     def _bind(self, chunk: _Chunk, mq: MessageQueue, route: TopicRouteData) -> EncodedBatch:
         if self.sequencer is None:

@@ -11,6 +11,7 @@ import actors
 from actors.aio import AsyncProducer
 from actors.client.send_result import SendStatus
 from storage import Message
+from storage.errors import InvalidMessageError
 
 
 def test_send_single_batch_and_sharding_key(
@@ -42,3 +43,28 @@ def test_send_single_batch_and_sharding_key(
     expected = {b"one"} | {b"s%d" % i for i in range(200)} | {b"b%d" % i for i in range(50)}
     expected |= {b"k%d" % i for i in range(10)}
     assert set(bodies) == expected and max(bodies.values()) == 1
+
+
+def test_a_bad_message_fails_only_its_own_send(
+    aio_cluster: actors.Cluster, stored: Callable[[str], list[bytes]]
+) -> None:
+    """Single messages sent in one turn of the loop leave as one batch; one of them
+    refused by validation (an empty body) fails its caller alone, the others are
+    stored."""
+    cluster, topic = aio_cluster, "AioBadOne"
+    cluster.admin.create_topic(topic, 2, 2)
+
+    async def main() -> list[object]:
+        async with AsyncProducer("aio-bad-one", namespace=cluster.namespace) as producer:
+            await producer.send(Message(topic, b"warm"))  # route and producer id
+            bodies = [b"a", b"", b"c", b"d"]
+            return await asyncio.gather(
+                *(producer.send(Message(topic, b)) for b in bodies), return_exceptions=True
+            )
+
+    results = asyncio.run(main())
+    assert isinstance(results[1], InvalidMessageError)
+    assert all(
+        getattr(r, "status", None) is SendStatus.SEND_OK for i, r in enumerate(results) if i != 1
+    )
+    assert sorted(stored(topic)) == [b"a", b"c", b"d", b"warm"]
