@@ -138,7 +138,11 @@ class Tracer:
         self._settings_mtime = mtime
         with contextlib.suppress(ValueError, OSError):
             settings = json.loads(Path(path).read_text())
-            sys.setswitchinterval(float(settings.get("switch_interval_s", 0.005)))
+            roles = settings.get("switch_in") or []
+            mine = not roles or any(r in self._role() for r in roles)
+            sys.setswitchinterval(
+                float(settings.get("switch_interval_s", 0.005)) if mine else 0.005
+            )
 
     def _gc(self, phase: str, info: dict[str, Any]) -> None:
         now = time.time_ns()
@@ -171,7 +175,7 @@ class Tracer:
         for ident, frame in sys._current_frames().items():
             if ident == me:
                 continue
-            line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+            line = linecache.getline(frame.f_code.co_filename, frame.f_lineno or 0)
             if _WAITING.search(line):
                 continue
             stack = []
@@ -494,9 +498,9 @@ def report(rounds: list[Round], threshold_ms: float) -> None:
             )
 
 
-def _settings(out_dir: Path, switch_interval_s: float | None) -> None:
+def _settings(out_dir: Path, switch_interval_s: float | None, switch_in: list[str]) -> None:
     """Tell every traced process the next round's settings (applied within ~0.1 s)."""
-    settings = {"switch_interval_s": switch_interval_s or 0.005}
+    settings = {"switch_interval_s": switch_interval_s or 0.005, "switch_in": switch_in}
     (out_dir / "settings.json").write_text(json.dumps(settings))
     time.sleep(0.3)  # every canary reads the file every 100 ticks
 
@@ -516,9 +520,16 @@ def main() -> int:
         help="also run each RayMQ round with this sys.setswitchinterval in every process"
         " (alternated with the default 5 ms in the same run)",
     )
+    parser.add_argument(
+        "--switch-in",
+        default="",
+        help="with --switch-interval-ms: only in the processes whose role contains one of"
+        " these comma-separated names (Broker, _PushConsumer, driver); default every one",
+    )
     parser.add_argument("--json", default=None, help="write every round's messages and events")
     args = parser.parse_args()
     names = args.peers.split(",")
+    switch_in = [r for r in args.switch_in.split(",") if r]
     for name in names:
         if name not in ("raymq-async", "raymq-sync", "raymq-stream", "py-relay"):
             parser.error(
@@ -555,7 +566,7 @@ def main() -> int:
             plan += [(n, args.switch_interval_ms / 1e3) for n in names if n != "py-relay"]
         for i in range(args.rounds):
             for name, switch in plan:
-                _settings(out_dir, switch)
+                _settings(out_dir, switch, switch_in)
                 peer = started[name]
                 label = name if switch is None else f"{name} switch {switch * 1e3:g} ms"
                 since = time.time_ns()
