@@ -6,6 +6,10 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
+
+import ray
+from raymq_testkit import drain
 
 import actors
 from actors.aio import AsyncProducer
@@ -68,3 +72,32 @@ def test_a_bad_message_fails_only_its_own_send(
         getattr(r, "status", None) is SendStatus.SEND_OK for i, r in enumerate(results) if i != 1
     )
     assert sorted(stored(topic)) == [b"a", b"c", b"d", b"warm"]
+
+
+def test_a_lone_send_whose_broker_crashed_after_storing_is_stored_once(make_cluster: Any) -> None:
+    """A single send with nothing else in flight is written in its caller's step; its
+    broker stores it and dies before answering (``crash_after_store``). Ray restarts
+    the broker, which recovers the producer's sequences from its CommitLog: the send,
+    retried as the same numbered run, is answered with the stored copy, and the sends
+    after it go on. Each message is stored once."""
+    cluster = make_cluster(nameservers=1, brokers=1, topics=[actors.TopicConfig("AioCrash", 2, 2)])
+    broker = cluster.broker("broker-a")
+
+    async def main() -> tuple[Any, list[Any]]:
+        async with AsyncProducer(
+            "aio-crash", namespace=cluster.namespace, delivery_timeout_s=90.0
+        ) as producer:
+            await producer.send(Message("AioCrash", b"warm-up"))  # route, id, connection
+            await asyncio.to_thread(ray.get, broker.inject_fault.remote("crash_after_store", 1))
+            crashed = await producer.send(Message("AioCrash", b"crashed"))
+            after = [await producer.send(Message("AioCrash", b"a%d" % i)) for i in range(5)]
+            return crashed, after
+
+    crashed, after = asyncio.run(main())
+    assert crashed.status is SendStatus.SEND_OK and crashed.queue_offset >= 0
+    assert cluster.admin.query_by_id(crashed.offset_msg_id).body == b"crashed"
+    assert all(r.status is SendStatus.SEND_OK for r in after)
+    consumer = cluster.pull_consumer("aio-crash-check")
+    got = Counter(m.body for ms in drain(consumer, "AioCrash").values() for m in ms)
+    consumer.close()
+    assert got == Counter([b"warm-up", b"crashed", *(b"a%d" % i for i in range(5))])
