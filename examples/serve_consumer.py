@@ -37,26 +37,30 @@ class OrderStatus:
         self.task: asyncio.Task[Any] | None = None
         self.ready: asyncio.Event | None = None
         self.changed: asyncio.Condition | None = None
-
-    async def _follow(self, ready: asyncio.Event) -> None:
         # The statuses live in this replica's memory, so its broadcasting offsets live
         # and die with it: a replica started again reads the topic from where a new
         # member starts, not from a file an earlier replica left in the home directory.
-        with tempfile.TemporaryDirectory(prefix="raymq-serve-offsets-") as offsets:
-            async with AsyncConsumer(
-                "order-status",
-                TOPIC,
-                namespace=self.namespace,
-                broadcasting=True,
-                offset_store_dir=offsets,
-            ) as consumer:
-                ready.set()
-                async for message in consumer:
-                    order, _, status = message.body.decode().partition(":")
-                    self.statuses[order] = status
-                    assert self.changed is not None
-                    async with self.changed:
-                        self.changed.notify_all()
+        self.offsets = tempfile.mkdtemp(prefix="raymq-serve-offsets-")
+
+    def __del__(self) -> None:
+        # Serve calls it when the replica shuts down (serve.delete): its offsets go too
+        shutil.rmtree(self.offsets, ignore_errors=True)
+
+    async def _follow(self, ready: asyncio.Event) -> None:
+        async with AsyncConsumer(
+            "order-status",
+            TOPIC,
+            namespace=self.namespace,
+            broadcasting=True,
+            offset_store_dir=self.offsets,
+        ) as consumer:
+            ready.set()
+            async for message in consumer:
+                order, _, status = message.body.decode().partition(":")
+                self.statuses[order] = status
+                assert self.changed is not None
+                async with self.changed:
+                    self.changed.notify_all()
 
     async def _started(self) -> None:
         if self.task is None:  # on the replica's event loop, at its first request

@@ -4,8 +4,11 @@ of its transactions (on the module's cluster: the script itself starts a local R
 
 from __future__ import annotations
 
+import glob
 import importlib.util
+import os
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 
@@ -60,11 +63,14 @@ def test_a_ray_serve_deployment_answers_from_the_topic_it_consumes(
 
     ex = example("serve_consumer")
     ray.cloudpickle.register_pickle_by_value(ex)  # its deployment runs in a replica
+    offsets = os.path.join(tempfile.gettempdir(), "raymq-serve-offsets-*")
+    before = set(glob.glob(offsets))
     try:
         answers = ex.run(one_broker, 20)
     finally:
         serve.shutdown()
     assert answers == {f"o{i}": "shipped" for i in range(20)}
+    assert set(glob.glob(offsets)) <= before, "the replica's offsets went with it"
 
 
 def test_a_gateway_resumes_a_dropped_token_stream_exactly_after_its_offset(
