@@ -310,7 +310,7 @@ class AsyncProducer(ProducerCore):
         conn = self._brokers.open_connection(actor) if actor is not None else None
         if conn is None:
             return None
-        fut, started = self._write_on(conn, chunk, mq, route, 0, None, run, state)
+        fut, started = self._write(conn, chunk, mq, route, 0, None, run, state)
         return fut, mq, started
 
     async def _settled(self, task: asyncio.Task[Any]) -> SendResult:
@@ -392,8 +392,10 @@ class AsyncProducer(ProducerCore):
                         )
                         await self._producer_id(route, mq.broker_name)
                         batch = None
-                    fut, started = await self._write(
-                        chunk, mq, route, auto_n, batch, run, state, whole
+                    actor, handle = await self._master(route, mq.broker_name)
+                    conn = await self._brokers.connection(actor, handle)
+                    fut, started = self._write(
+                        conn, chunk, mq, route, auto_n, batch, run, state, whole
                     )
                     written = True
                 try:
@@ -450,25 +452,7 @@ class AsyncProducer(ProducerCore):
             + (" (it may have been stored, once)" if run.maybe_stored else "")
         ) from run.last_exc
 
-    async def _write(
-        self,
-        chunk: _Chunk,
-        mq: MessageQueue,
-        route: TopicRouteData,
-        auto_n: int,
-        batch: EncodedBatch | None,
-        run: Outcome,
-        state: _Written,
-        whole: _Written | None,
-    ) -> tuple[asyncio.Future[Any], float]:
-        """An attempt of :meth:`_send_chunk` to ``mq``, up to its frame's write: as
-        ``batch`` (a pinned run's same bytes) or ``chunk`` numbered now. The answer's
-        future and when it was written."""
-        actor, handle = await self._master(route, mq.broker_name)
-        conn = await self._brokers.connection(actor, handle)
-        return self._write_on(conn, chunk, mq, route, auto_n, batch, run, state, whole)
-
-    def _write_on(
+    def _write(
         self,
         conn: AsyncConnection,
         chunk: _Chunk,
@@ -480,8 +464,9 @@ class AsyncProducer(ProducerCore):
         state: _Written,
         whole: _Written | None = None,
     ) -> tuple[asyncio.Future[Any], float]:
-        """:meth:`_write`'s write on ``conn``, numbering the chunk first when ``batch``
-        is None (nothing awaits between the numbering and the write)."""
+        """An attempt of :meth:`_send_chunk` written on ``conn``: ``batch`` (a pinned
+        run's same bytes) or ``chunk`` numbered now (nothing awaits between the
+        numbering and the write). The answer's future and when it was written."""
         if batch is None:
             batch = self._bind(chunk, mq, route)
             run.bound = batch if self.sequencer is not None else None
