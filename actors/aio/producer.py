@@ -40,7 +40,7 @@ from actors.aio.connection import AsyncBrokers, AsyncConnection, NotWritten, mas
 from actors.client.encoder import MessageEncoder
 from actors.client.idempotence import Sequencer
 from actors.client.producer import ProducerCore, with_delay
-from actors.client.send_outcome import NotSent, Outcome, backoff, stored_before
+from actors.client.send_outcome import NotSent, Outcome, backoff, pinned_route, stored_before
 from actors.client.send_result import BatchSendResult, SendResult, _Chunk
 from actors.protocol.requests.send import SEND as _SEND
 from actors.protocol.route import TopicRouteData
@@ -382,7 +382,8 @@ class AsyncProducer(ProducerCore):
                     written = True
                 else:
                     if run.pinned and run.bound is not None and mq is not None:
-                        route = await self._route(chunk.topic)
+                        with pinned_route():
+                            route = await self._route(chunk.topic)
                         auto_n = 0
                         batch: EncodedBatch | None = run.bound
                     else:

@@ -15,7 +15,7 @@ from actors.client.fault import LATENCY_MAX_S, LatencyFaultTolerance
 from actors.client.idempotence import Sequencer
 from actors.client.queue_selector import QueueSelector
 from actors.client.send_lanes import SendLanes
-from actors.client.send_outcome import Delayed, NotSent, Pinned
+from actors.client.send_outcome import Delayed, NotSent, Pinned, pinned_route
 from actors.client.send_result import _Chunk
 from actors.client.transport import Reply, Transport
 from actors.config.client import ProducerConfig
@@ -24,7 +24,6 @@ from rebalance import MessageQueue
 from storage.codec import EncodedBatch
 from storage.errors import (
     BrokerUnavailableError,
-    TopicNotFoundError,
 )
 
 log = logging.getLogger("raymq.actors.producer")
@@ -100,10 +99,8 @@ class SenderCore:
     def _resend(self, chunk: _Chunk, mq: MessageQueue, pinned: EncodedBatch) -> Reply:
         """A pinned chunk again, as it was, to its queue's broker group (its master now).
         A topic with no route (its only broker restarting) is the broker unavailable."""
-        try:
+        with pinned_route():
             route, _ = self.selector.route(chunk.topic)
-        except TopicNotFoundError as exc:
-            raise BrokerUnavailableError(str(exc)) from exc
         return self._call(route, mq.broker_name, [pinned], 0)
 
     def _answered_in(self, chunk: _Chunk, mq: MessageQueue, latency_s: float) -> None:

@@ -14,7 +14,8 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,7 @@ from storage.codec import EncodedBatch
 from storage.errors import (
     BrokerUnavailableError,
     OutOfOrderSequenceError,
+    TopicNotFoundError,
 )
 from storage.message import PutStatus
 
@@ -46,6 +48,17 @@ def may_retry(exc: BaseException) -> bool:
     """A send worth making again: Ray or the broker's availability failed it, or an
     idempotent run arrived before one sent ahead of it."""
     return _rpc.send_may_retry(exc) or isinstance(exc, OutOfOrderSequenceError)
+
+
+@contextmanager
+def pinned_route() -> Iterator[None]:
+    """Around the route lookup of a pinned run's next attempt: a topic with no route
+    now (its only broker restarting, unregistered until it is back) is its broker
+    unavailable, worth waiting for until the delivery deadline, not a missing topic."""
+    try:
+        yield
+    except TopicNotFoundError as exc:
+        raise BrokerUnavailableError(str(exc)) from exc
 
 
 def backoff(attempt: int) -> float:
