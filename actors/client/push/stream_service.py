@@ -13,8 +13,12 @@ queues take is given back (one CREDIT when half a window was taken, so at most o
 answer) unless one of them is over its threshold (messages, bytes, or for a concurrent
 consumer its span): then that queue is ``PAUSED``, as a pull would leave it, and the
 subscription gets no credit until consumption brings it back under (the consume service
-asks for it with ``request``). So a slow listener's stream stops with its queue at most
-a window and an answer past its threshold (a pull stops one answer past it).
+asks for it with ``request``). A window the records used up before its credit came back
+(the broker had to wait for it: the producer outruns one round trip of the credit)
+doubles, up to ``WINDOW_GROWTH`` times the first and never past
+``pull_threshold_for_queue``, so a fast topic is not throttled by the credit's round
+trip while a slow one keeps the small window. So a slow listener's stream stops with its
+queue at most a window and an answer past its threshold (a pull stops one answer past it).
 
 Rebalance: a queue taken joins its broker's subscription (SUBSCRIPTION_UPDATE, from the
 queue's next offset); a queue dropped leaves it on the consumer's next service tick
@@ -67,6 +71,8 @@ _ADD, _ENDED, _REFUSED = range(3)
 CONNECTING_RETRY_S = 0.1
 """How soon a queue whose broker has no open connection yet asks again."""
 MAX_COUNT = 1024  # the most records of a queue a subscription's answer holds
+WINDOW_GROWTH = 16
+"""How many times its first window a subscription's credit window may grow to."""
 
 Key = tuple[str, int]  # (topic, queue id), as the broker names a subscription's queues
 StreamKey = tuple[str, str | None, MessageQueue | None]  # broker, tags, a queue alone
@@ -90,6 +96,7 @@ class _Stream:
         self.paused: set[Key] = set()
         self.owed = 0
         self.owed_bytes = 0
+        self.window = 0  # its credit window (messages), grown when it ran dry
         self.ended = False
         self.closing = False  # this consumer ended it
         self.read: Any = None  # what the SUBSCRIBE's last answer says
@@ -102,6 +109,9 @@ class StreamService(ReadService[tuple[int, Any]]):
         super().__init__(consumer, "stream")
         cfg = consumer.config
         self.window = max(1, min(cfg.pull_batch_size, cfg.pull_threshold_for_queue))
+        self.max_window = max(
+            self.window, min(self.window * WINDOW_GROWTH, cfg.pull_threshold_for_queue)
+        )
         self.window_bytes = self._max_bytes
         self._max_count = min(cfg.pull_batch_size, MAX_COUNT)
         self._lock = threading.Lock()
@@ -232,6 +242,7 @@ class StreamService(ReadService[tuple[int, Any]]):
     ) -> None:
         c = self.c
         stream = _Stream(skey, conn)
+        stream.window = self.window
         stream.queues = {key: pq for key, (pq, _) in queues.items()}
         with self._lock:
             self._streams[skey] = stream
@@ -379,13 +390,19 @@ class StreamService(ReadService[tuple[int, Any]]):
     def _renew(self, stream: _Stream, force: bool = False) -> None:
         """Give the broker back what the queues took, once half a window was taken (or
         ``force``: a queue resumed), unless a queue is over its thresholds (``stream.lock``
-        held)."""
+        held). A window taken whole while no queue held the credit back (the broker ran
+        out of it before it came back) grows."""
         if stream.sid is None or stream.ended or stream.paused:
             return
         owed, owed_bytes = stream.owed, stream.owed_bytes
         if not (owed or owed_bytes):
             return
-        if force or 2 * owed >= self.window or 2 * owed_bytes >= self.window_bytes:
+        if not force and owed >= stream.window and stream.window < self.max_window:
+            grown = min(2 * stream.window, self.max_window)
+            owed += grown - stream.window
+            stream.window = grown
+            self.c.stats.add("credit_windows_grown")
+        if force or 2 * owed >= stream.window or 2 * owed_bytes >= self.window_bytes:
             stream.owed = stream.owed_bytes = 0
             _send(stream, CREDIT, stream.sid, owed, max(owed_bytes, 0), oneway=True)
             self.c.stats.add("credits")

@@ -65,7 +65,9 @@ def test_an_idempotent_send_stored_but_not_replicated_is_sent_again_until_it_is(
         },
     )
     master, slave = cluster.broker("broker-a", 0), cluster.broker("broker-a", 1)
-    producer = cluster.producer("p-durable")
+    # each attempt waits sync_replication_timeout_s for the slave: 6 of them outlast the
+    # stall below on a busy machine, where the default 3 (~1.8 s) may not
+    producer = cluster.producer("p-durable", retry_times_when_send_async_failed=5)
     assert producer.send(Message("Durable", b"warm")).status is SendStatus.SEND_OK
     slave_pid = ray.get(slave.status.remote())["pid"]
     os.kill(slave_pid, signal.SIGSTOP)

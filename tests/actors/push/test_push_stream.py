@@ -18,6 +18,7 @@ from raymq_testkit import PUSH_FAST, start_push_cluster, wait_until
 
 import actors
 from actors import ConsumeStatus, PushConsumer
+from actors.client.push.stream_service import WINDOW_GROWTH
 from storage import Message
 
 WAIT_S = 60.0
@@ -190,8 +191,11 @@ def test_a_slow_listener_s_stream_stops_at_its_credit_and_resumes(
         send(cluster, topic, [b"%04d" % i for i in range(n)])
         wait_until(lambda: consumer.status()["flow_control_pauses"] >= 2, what="both queues paused")
         stopped = _group_gets(cluster, group)
+        # the backlog ran the window of 2 dry: it grew, never past the threshold
+        assert consumer.status()["credit_windows_grown"] >= 1
+        window = min(2 * WINDOW_GROWTH, threshold)
         # each queue stops past its threshold by at most the window and a batch in flight
-        assert stopped <= 2 * (threshold + 2 + 2)
+        assert stopped <= 2 * (threshold + window + 2)
         gate.set()
         wait_until(lambda: seen.count() >= n, timeout_s=WAIT_S, what="every message")
     finally:
@@ -199,6 +203,26 @@ def test_a_slow_listener_s_stream_stops_at_its_credit_and_resumes(
         consumer.shutdown()
     assert sorted(seen.bodies) == [b"%04d" % i for i in range(n)]
     assert consumer.status()["credits"] > 0
+
+
+def test_a_trickle_keeps_the_first_credit_window(cluster: actors.Cluster) -> None:
+    """Messages one at a time, each consumed before the next is sent: the credit comes
+    back before the broker needs it, so the window stays as small as it started."""
+    topic, group = "StreamTrickle", "g-stream-trickle"
+    cluster.admin.create_topic(topic, 1, 1)
+    seen = Seen()
+    consumer = stream_consumer(cluster, group, topic, seen, pull_batch_size=2)
+    producer = cluster.producer("p-trickle")
+    try:
+        for i in range(12):
+            producer.send(Message(topic, b"t%d" % i))
+            wait_until(lambda i=i: seen.count() > i, timeout_s=WAIT_S, what=f"message {i}")
+        status = consumer.status()
+    finally:
+        producer.close()
+        consumer.shutdown()
+    assert status["credits"] >= 6
+    assert status.get("credit_windows_grown", 0) == 0
 
 
 def test_a_stream_filters_tags_and_redelivers_through_the_retry_topic(
