@@ -190,6 +190,7 @@ def _consume_one_at_a_time(cluster: actors.Cluster, data_path: str) -> dict[str,
         listener=listener,
         namespace=cluster.namespace,
         data_path=data_path,
+        delivery="pull",  # held pulls, on either path
         rebalance_interval_s=0.3,
         heartbeat_interval_s=0.3,
         pull_suspend_s=2.0,

@@ -132,12 +132,14 @@ class PushConsumerConfig:
     """Pulls, offset commits, send-back and heartbeats over each broker's own socket
     (``"socket"``) or as Ray actor calls (``"ray"``); see ``ProducerConfig.data_path``."""
     data_tls_ca: str | None = None
-    delivery: str = "pull"
-    """How records reach the process queues: ``"pull"``, a held pull per broker, again
-    after each answer; ``"stream"``, one subscription per broker (and tag expression)
-    that the broker writes new records to as it stores them, within a credit the
-    consumer renews as its queues take them (``actors.client.push.stream_service``).
-    ``"stream"`` needs ``data_path="socket"``."""
+    delivery: str | None = None
+    """How records reach the process queues: ``"stream"``, one subscription per broker
+    (and tag expression) that the broker writes new records to as it stores them,
+    within a credit the consumer renews as its queues take them
+    (``actors.client.push.stream_service``); ``"pull"``, a held pull per broker, again
+    after each answer. ``"stream"`` needs ``data_path="socket"``. None (the default):
+    ``"stream"`` on the brokers' sockets, ``"pull"`` on Ray's data path
+    (:attr:`deliver_by` says which)."""
     dedup_window_s: float | None = None
     """Drop redeliveries of messages the listener acknowledged within this many seconds
     (by ``msg_id``; at most ``dedup_max_ids`` remembered): ``actors.client.push.dedup``.
@@ -148,10 +150,17 @@ class PushConsumerConfig:
     ``"read_committed"`` (each shows at its commit, never before, never if aborted);
     ``"read_uncommitted"`` is refused with the reason (``docs/transactions.md``)."""
 
+    @property
+    def deliver_by(self) -> str:
+        """``delivery``, or when it is None the one the data path serves best."""
+        if self.delivery is not None:
+            return self.delivery
+        return "stream" if self.data_path == "socket" else "pull"
+
     def __post_init__(self) -> None:
         check_data_path("PushConsumerConfig", self.data_path)
         check_isolation("PushConsumerConfig", self.isolation)
-        if self.delivery not in DELIVERIES:
+        if self.delivery is not None and self.delivery not in DELIVERIES:
             raise InvalidConfigError(
                 f"PushConsumerConfig.delivery={self.delivery!r}: must be one of {DELIVERIES}"
             )

@@ -196,7 +196,7 @@ class PushConsumer:
             self.send_back = SendBackService(self)
             self.pull: PullMessageService | StreamService = (
                 StreamService(self)
-                if self.config.delivery == "stream"
+                if self.config.deliver_by == "stream"
                 else PullMessageService(self)
             )
             self.rebalancer: RebalanceService | CoordinatedRebalanceService = (

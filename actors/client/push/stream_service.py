@@ -15,7 +15,7 @@ consumer its span): then that queue is ``PAUSED``, as a pull would leave it, and
 subscription gets no credit until consumption brings it back under (the consume service
 asks for it with ``request``). A window the records used up before its credit came back
 (the broker had to wait for it: the producer outruns one round trip of the credit)
-doubles, up to ``WINDOW_GROWTH`` times the first and never past
+doubles, up to ``WINDOW_GROWTH`` times the first and never past half of
 ``pull_threshold_for_queue``, so a fast topic is not throttled by the credit's round
 trip while a slow one keeps the small window. So a slow listener's stream stops with its
 queue at most a window and an answer past its threshold (a pull stops one answer past it).
@@ -110,7 +110,7 @@ class StreamService(ReadService[tuple[int, Any]]):
         cfg = consumer.config
         self.window = max(1, min(cfg.pull_batch_size, cfg.pull_threshold_for_queue))
         self.max_window = max(
-            self.window, min(self.window * WINDOW_GROWTH, cfg.pull_threshold_for_queue)
+            self.window, min(self.window * WINDOW_GROWTH, cfg.pull_threshold_for_queue // 2)
         )
         self.window_bytes = self._max_bytes
         self._max_count = min(cfg.pull_batch_size, MAX_COUNT)

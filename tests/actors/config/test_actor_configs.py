@@ -167,6 +167,19 @@ def test_consumers_read_committed_and_refuse_read_uncommitted_with_the_reason() 
         SimpleConsumer("g", "T", isolation="read_uncommitted")  # before any Ray call
 
 
+def test_a_push_consumer_takes_the_stream_on_sockets_and_pulls_on_ray_by_default() -> None:
+    from actors.client.push.config import PushConsumerConfig
+    from actors.config.options import with_options
+
+    assert PushConsumerConfig().deliver_by == "stream"
+    assert with_options(PushConsumerConfig(), {"data_path": "ray"}).deliver_by == "pull"
+    assert PushConsumerConfig(delivery="pull").deliver_by == "pull"
+    with pytest.raises(InvalidConfigError, match='needs data_path="socket"'):
+        PushConsumerConfig(delivery="stream", data_path="ray")
+    with pytest.raises(InvalidConfigError, match="must be one of"):
+        PushConsumerConfig(delivery="push")
+
+
 def test_client_options_are_checked_by_name() -> None:
     from actors.config.options import with_options
 

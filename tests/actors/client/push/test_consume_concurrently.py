@@ -181,7 +181,11 @@ def test_a_stuck_message_bounds_how_far_its_queue_is_pulled_ahead(
             count[0] += len(messages)
         return ConsumeStatus.SUCCESS
 
-    consumer = push(cluster, group, topic, listener, consume_threads=4, pull_batch_size=64)
+    # held pulls: one pull past the span at most (a subscription stops within its credit
+    # window, tests/actors/push/test_push_stream.py)
+    consumer = push(
+        cluster, group, topic, listener, consume_threads=4, pull_batch_size=64, delivery="pull"
+    )
     try:
         assert entered.wait(20)
         wait_until(lambda: consumer.status().get("flow_control_pauses", 0) >= 1, what="a pause")
