@@ -726,7 +726,7 @@ class RayMQPeer(Peer):
         "(one broker call per round); 'consume ... no commit' is the same loop without it"
     )
 
-    def __init__(self, flush: str, data_path: str = "socket", delivery: str = "pull") -> None:
+    def __init__(self, flush: str, data_path: str = "socket", delivery: str | None = None) -> None:
         self.flush = flush
         self.data_path = data_path
         self.delivery = delivery
@@ -734,7 +734,7 @@ class RayMQPeer(Peer):
         if data_path != "socket":
             self.name = f"raymq-{data_path}"
             self.work += f"; every per-message call through {data_path} (data_path={data_path!r})"
-        if delivery != "pull":
+        if delivery is not None:  # else the PushConsumer's default for the data path
             self.name = f"raymq-{delivery}"
             self.work += f"; the latency phase's PushConsumer with delivery={delivery!r}"
         self.round = 0
@@ -845,7 +845,9 @@ class RayMQPeer(Peer):
 class _RayMQPushLatency:
     """A PushConsumer in its own process; its listener records each message's age."""
 
-    def __init__(self, namespace: str, topic: str, data_path: str, delivery: str = "pull") -> None:
+    def __init__(
+        self, namespace: str, topic: str, data_path: str, delivery: str | None = None
+    ) -> None:
         from actors import ConsumeStatus, PushConsumer
 
         self.samples: list[float] = []
@@ -886,7 +888,7 @@ class _RayMQPushLatency:
         self.consumer.shutdown()
 
 
-def raymq_peer(flush: str, data_path: str = "socket", delivery: str = "pull") -> Peer:
+def raymq_peer(flush: str, data_path: str = "socket", delivery: str | None = None) -> Peer:
     return RayMQPeer(flush, data_path, delivery)
 
 
@@ -1631,6 +1633,7 @@ PEERS: dict[str, Callable[[], Peer]] = {
     "raymq-sync": lambda: raymq_peer("SYNC_FLUSH"),
     "raymq-ray": lambda: raymq_peer("ASYNC_FLUSH", "ray"),
     "raymq-stream": lambda: raymq_peer("ASYNC_FLUSH", delivery="stream"),
+    "raymq-pull": lambda: raymq_peer("ASYNC_FLUSH", delivery="pull"),
     "raymq-grpc": RayMQGrpcPeer,
     "tcp-echo": lambda: RawLimit("tcp-echo"),
     "ray-noop": lambda: RawLimit("ray-noop"),

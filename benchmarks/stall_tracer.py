@@ -301,7 +301,9 @@ import peers  # noqa: E402
 class _PushConsumer(peers._RayMQPushLatency):
     """``peers.py``'s PushConsumer actor, keeping each message's send stamp and arrival."""
 
-    def __init__(self, namespace: str, topic: str, data_path: str, delivery: str = "pull") -> None:
+    def __init__(
+        self, namespace: str, topic: str, data_path: str, delivery: str | None = None
+    ) -> None:
         self.arrivals: list[tuple[int, int]] = []
         super().__init__(namespace, topic, data_path, delivery)
 
@@ -531,9 +533,10 @@ def main() -> int:
     names = args.peers.split(",")
     switch_in = [r for r in args.switch_in.split(",") if r]
     for name in names:
-        if name not in ("raymq-async", "raymq-sync", "raymq-stream", "py-relay"):
+        if name not in ("raymq-async", "raymq-sync", "raymq-stream", "raymq-pull", "py-relay"):
             parser.error(
-                f"unknown peer {name!r}: raymq-async, raymq-sync, raymq-stream or py-relay"
+                f"unknown peer {name!r}: raymq-async, raymq-sync, raymq-stream, raymq-pull "
+                "or py-relay"
             )
     import ray
 
