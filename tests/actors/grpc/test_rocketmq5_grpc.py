@@ -12,6 +12,7 @@ import base64
 import gzip
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -1136,9 +1137,20 @@ def test_the_official_nodejs_client_produces_and_consumes(
 
 # ------------------------------------------------------------ a broker restart (its own cluster)
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port below the kernel's ephemeral range: while the broker restarts, no
+    connection of this machine can take it as its local port (a port from ``bind(0)``
+    can, and the restarted broker then has no gRPC door)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10_000, max(low, 10_001))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in 10000..{low}")
 
 
 def test_a_broker_restart_during_grpc_consumption_loses_nothing(make_cluster: Any) -> None:
