@@ -73,6 +73,9 @@ from storage.lite import LiteConfig
 
 log = logging.getLogger("raymq.actors.broker.broker")
 
+GRPC_BIND_RETRY_S = 1.0
+"""How often a broker whose configured ``grpc_port`` was held tries it again."""
+
 
 def _served_by(processor: str, method: Callable[..., Awaitable[Any]], doc: str = "") -> Any:
     """A Ray method that is ``method`` of the processor the Broker holds as ``processor``:
@@ -140,6 +143,7 @@ class Broker:
             # actors.protocol.requests: both doors call the same coroutines
             self.listener = DataPathListener(rt, self, self.sender, _tls_context(config))
         self.grpc: Any = None  # actors.broker.grpc.service.GrpcEndpoint, with grpc_enable
+        self._grpc_binding: asyncio.Task[None] | None = None  # its port, tried again
         self.ha.start()
         self.txn_check.start()
         self.popper.start()
@@ -190,10 +194,45 @@ class Broker:
                 lite=self.lite,
             )
             endpoint = GrpcEndpoint(self.rt, processors, _tls_files(self.config))
-            self.rt.grpc_addr = await endpoint.start()
-            self.grpc = endpoint
         except Exception as exc:  # noqa: BLE001 - the rest of the broker still serves
             log.error("broker %s: no gRPC endpoint (%s)", self.config.actor_name, exc)
+            return
+        try:
+            self._grpc_listening(endpoint, await endpoint.start())
+        except Exception as exc:  # noqa: BLE001 - the rest of the broker still serves
+            if not self.config.grpc_port:
+                log.error("broker %s: no gRPC endpoint (%s)", self.config.actor_name, exc)
+                return
+            # a port of its own may be held for a while (a connection of the machine
+            # took it as its local port while this broker was down): tried again
+            log.warning(
+                "broker %s: gRPC port %d not bound (%s): trying again every %.0f s",
+                self.config.actor_name,
+                self.config.grpc_port,
+                exc,
+                GRPC_BIND_RETRY_S,
+            )
+            self._grpc_binding = asyncio.get_running_loop().create_task(
+                self._bind_grpc_later(endpoint)
+            )
+
+    def _grpc_listening(self, endpoint: Any, addr: str) -> None:
+        """The gRPC endpoint listens: its address goes out with the next registration."""
+        self.rt.grpc_addr = addr
+        self.grpc = endpoint
+
+    async def _bind_grpc_later(self, endpoint: Any) -> None:
+        """The configured gRPC port, every ``GRPC_BIND_RETRY_S`` until it binds or the
+        broker closes."""
+        while not self.rt.closing:
+            await asyncio.sleep(GRPC_BIND_RETRY_S)
+            try:
+                addr = await endpoint.start()
+            except Exception:  # noqa: BLE001 - still held
+                continue
+            self._grpc_listening(endpoint, addr)
+            log.info("broker %s: gRPC endpoint bound on %s", self.config.actor_name, addr)
+            return
 
     async def data_path(self) -> dict[str, Any] | None:
         """Where and how to reach this broker's own socket: its address, this incarnation's
@@ -439,6 +478,8 @@ class Broker:
             await self.popper.stop()
         if self.listener is not None:
             await self.listener.stop()
+        if self._grpc_binding is not None:
+            self._grpc_binding.cancel()
         if self.grpc is not None:
             with contextlib.suppress(Exception):
                 await self.grpc.stop()

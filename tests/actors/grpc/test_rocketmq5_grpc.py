@@ -71,7 +71,7 @@ from rocketmq.v5.exception import (
 from rocketmq.v5.util.signature import Signature
 
 import actors
-from actors import TopicConfig
+from actors import SendStatus, TopicConfig
 from storage.message import Message as NativeMessage
 
 TOPIC = "grpc-orders"
@@ -1151,6 +1151,33 @@ def _free_port() -> int:
                 continue
             return port
     raise RuntimeError(f"no free port in 10000..{low}")
+
+
+def test_a_broker_whose_grpc_port_is_held_binds_it_once_it_is_free(make_cluster: Any) -> None:
+    """A configured ``grpc_port`` held by another socket when the broker starts: the
+    broker serves without its door meanwhile and binds the port once it is free."""
+    port = _free_port()
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", port))
+    holder.listen()
+    try:
+        c = make_cluster(
+            nameservers=1,
+            brokers=1,
+            topics=["HeldPort"],
+            broker_options={"grpc_enable": True, "grpc_bind": "127.0.0.1", "grpc_port": port},
+        )
+        assert c.grpc_endpoints() == {}
+        producer = c.producer("p-held-port")
+        sent = producer.send(NativeMessage("HeldPort", b"meanwhile"))
+        assert sent.status is SendStatus.SEND_OK
+        producer.close()
+    finally:
+        holder.close()
+    (info,) = wait_until(lambda: list(c.grpc_endpoints().values()), what="the door bound")
+    assert info["addr"] == f"127.0.0.1:{port}"
+    with grpc.insecure_channel(info["addr"]) as channel:
+        grpc.channel_ready_future(channel).result(timeout=10)
 
 
 def test_a_broker_restart_during_grpc_consumption_loses_nothing(make_cluster: Any) -> None:
