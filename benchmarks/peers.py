@@ -505,67 +505,104 @@ class NatsPeer(Peer):
         return _in_process(_nats_single_producer, self.port, body, seconds, timeout=seconds + 60)
 
     def consume(self, expected: int, seconds: float) -> int:
-        return asyncio.run(self._consume(expected, seconds, None))
+        return asyncio.run(self._consume(expected, seconds))
 
-    async def _consume(
-        self,
-        expected: int,
-        seconds: float,
-        samples: list[float] | None,
-        done: threading.Event | None = None,
-    ) -> int:
+    async def _consume(self, expected: int, seconds: float) -> int:
         import nats
         from nats.js.api import AckPolicy, ConsumerConfig
 
         nc = await nats.connect(f"nats://127.0.0.1:{self.port}")
         js = nc.jetstream()
-        durable = "lat" if samples is not None else "bench"
         sub = await js.pull_subscribe(
-            f"{TOPIC}.*", durable=durable, config=ConsumerConfig(ack_policy=AckPolicy.ALL)
+            f"{TOPIC}.*", durable="bench", config=ConsumerConfig(ack_policy=AckPolicy.ALL)
         )
         got = 0
         stop = time.monotonic() + seconds
-        while got < expected and time.monotonic() < stop and not (done and done.is_set()):
+        while got < expected and time.monotonic() < stop:
             try:
                 msgs = await sub.fetch(BATCH, timeout=0.1)
             except Exception:  # noqa: BLE001 - nats.errors.TimeoutError: nothing yet
                 continue
             if not msgs:
                 continue
-            if samples is not None:
-                samples.extend(age_ms(m.data) for m in msgs)
             got += len(msgs)
             await msgs[-1].ack()
         await nc.close()
         return got
 
     def latency(self, body: bytes, rate: int, seconds: float) -> list[float]:
-        samples: list[float] = []
-        done = threading.Event()
-        t = threading.Thread(
-            target=lambda: asyncio.run(self._consume(1 << 62, seconds + 5, samples, done))
+        """Paced ``publish_async`` calls, as RayMQ's ``send_async``, to a pull consumer in
+        a process of its own, as RayMQ's PushConsumer is (a consumer thread beside the
+        producer shared its GIL and fell behind at 10,000 msg/s)."""
+        ctx = mp.get_context("spawn")
+        ready, out = ctx.Event(), ctx.Queue()
+        total = int(rate * seconds)
+        proc = ctx.Process(
+            target=_nats_latency_consumer, args=(self.port, total, seconds + 30, ready, out)
         )
-        t.start()
+        proc.start()
+        try:
+            if not ready.wait(60):
+                raise RuntimeError("the NATS latency consumer did not start")
 
-        async def produce() -> None:
-            import nats
+            async def produce() -> None:
+                import nats
 
-            nc = await nats.connect(f"nats://127.0.0.1:{self.port}")
-            js = nc.jetstream()
-            interval = 1.0 / rate
-            start = time.perf_counter()
-            for i in range(int(rate * seconds)):
-                delay = start + i * interval - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                await js.publish(f"{TOPIC}.{i % QUEUES}", stamp(body))
-            await nc.close()
+                # acknowledgements are awaited as they come, not before the next send
+                # (an awaited ``publish`` a message held NATS to ~4,000 msg/s here)
+                nc = await nats.connect(f"nats://127.0.0.1:{self.port}")
+                js = nc.jetstream(publish_async_max_pending=BATCH * 4)
+                interval = 1.0 / rate
+                start = time.perf_counter()
+                acks = []
+                for i in range(total):
+                    delay = start + i * interval - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    acks.append(await js.publish_async(f"{TOPIC}.{i % QUEUES}", stamp(body)))
+                for ack in await asyncio.gather(*acks, return_exceptions=True):
+                    if isinstance(ack, BaseException):
+                        raise ack
+                await nc.close()
 
-        asyncio.run(produce())
-        time.sleep(0.3)
-        done.set()
-        t.join()
+            asyncio.run(produce())
+            samples: list[float] = out.get(timeout=seconds + 60)
+            return samples
+        finally:
+            proc.join(10)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
+
+
+def _nats_latency_consumer(port: int, expected: int, seconds: float, ready: Any, out: Any) -> None:
+    """The latency phase's NATS consumer, in a spawned process: the ages of the
+    ``expected`` messages, put in ``out``."""
+
+    async def consume() -> list[float]:
+        import nats
+        from nats.js.api import AckPolicy, ConsumerConfig
+
+        nc = await nats.connect(f"nats://127.0.0.1:{port}")
+        js = nc.jetstream()
+        sub = await js.pull_subscribe(
+            f"{TOPIC}.*", durable="lat", config=ConsumerConfig(ack_policy=AckPolicy.ALL)
+        )
+        ready.set()
+        samples: list[float] = []
+        stop = time.monotonic() + seconds
+        while len(samples) < expected and time.monotonic() < stop:
+            try:
+                msgs = await sub.fetch(BATCH, timeout=0.1)
+            except Exception:  # noqa: BLE001 - nats.errors.TimeoutError: nothing yet
+                continue
+            if msgs:
+                samples.extend(age_ms(m.data) for m in msgs)
+                await msgs[-1].ack()
+        await nc.close()
         return samples
+
+    out.put(asyncio.run(consume()))
 
 
 # ------------------------------------------------------------------ ray.util.queue
