@@ -52,6 +52,9 @@ from storage.errors import BrokerUnavailableError
 
 log = logging.getLogger("raymq.actors.protocol.connection")
 
+# plain ints for the per-frame tests: ``int & IntFlag`` runs enum code in Python
+_STREAM, _ONEWAY, _OK = int(Flag.STREAM), int(Flag.ONEWAY), int(Code.OK)
+
 CONNECT_TIMEOUT_S = 5.0
 DIRECT_WRITES = os.environ.get("RAYMQ_CLIENT_DIRECT_WRITES", "1") != "0"
 Answer = tuple[dict[str, Any], bytes]
@@ -397,7 +400,7 @@ class BrokerConnection:
 
     def _on_frame(self, header: dict[str, Any], body: bytes | memoryview) -> None:
         flags = header.get("f", 0)
-        if isinstance(flags, int) and flags & Flag.STREAM and header["c"] == Code.OK:
+        if isinstance(flags, int) and flags & _STREAM and header["c"] == _OK:
             on_answer = self._streams.get(header["o"])
             if on_answer is not None:
                 try:
@@ -463,7 +466,7 @@ class BrokerConnection:
 
 
 def _flags(oneway: bool) -> int:
-    return int(Flag.ONEWAY) if oneway else 0
+    return _ONEWAY if oneway else 0
 
 
 def _settle(

@@ -50,6 +50,9 @@ from storage.errors import RayMQError
 
 log = logging.getLogger("raymq.actors.protocol.frame_server")
 
+# plain ints for the per-frame tests: ``int & IntFlag`` runs enum code in Python
+_RESPONSE, _ONEWAY, _STREAM = int(Flag.RESPONSE), int(Flag.ONEWAY), int(Flag.STREAM)
+
 
 class Peer:
     """One proved connection's state, shared by its requests: ``streams`` holds what
@@ -109,7 +112,7 @@ class ServerStream:
         if self.lost:
             return False
         reply = {"c": int(Code.OK), **fields, "o": self.opaque}
-        reply["f"] = int(Flag.RESPONSE | Flag.STREAM)
+        reply["f"] = _RESPONSE | _STREAM
         frames.write_frame(self._transport, reply, parts)
         self.sent += 1
         await self._proto.drain()
@@ -315,9 +318,9 @@ class FrameServer:
         except Exception as exc:  # noqa: BLE001 - the client hears of it; the server goes on
             log.exception("%s: request %s failed", self.name, header.get("c"))
             reply, parts = frames.error_fields(exc), []
-        if (flags or 0) & Flag.ONEWAY or transport.is_closing():
+        if (flags or 0) & _ONEWAY or transport.is_closing():
             return
-        reply.update(o=opaque, f=int(Flag.RESPONSE))
+        reply.update(o=opaque, f=_RESPONSE)
         frames.write_frame(transport, reply, parts)
         await proto.drain()
 
@@ -346,9 +349,9 @@ class FrameServer:
             reply, parts, later = frames.error_fields(exc), [], False
         self.stats["requests"] += 1
         self.stats["answered_at_once"] += 1
-        if flags & Flag.ONEWAY:
+        if flags & _ONEWAY:
             return True
-        reply.update(o=header["o"], f=int(Flag.RESPONSE))
+        reply.update(o=header["o"], f=_RESPONSE)
         if later:  # after the callbacks already scheduled (held pulls it woke)
             asyncio.get_running_loop().call_soon(_write_open, transport, reply, parts)
         else:

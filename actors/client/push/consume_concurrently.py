@@ -27,10 +27,10 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from actors.client.push.config import ConsumeStatus
+from actors.client.push.consume_pool import ConsumePool
 from actors.client.push.context import ConsumeContext
 from actors.client.push.dedup import DedupWindow
 from actors.client.push.process_queue import (
@@ -63,9 +63,7 @@ class ConsumeMessageService:
     def __init__(self, consumer: ConsumeContext) -> None:
         self.c = consumer
         cfg = consumer.config
-        self._pool = ThreadPoolExecutor(
-            cfg.consume_threads, thread_name_prefix=f"raymq-consume-{consumer.group}"
-        )
+        self._pool = ConsumePool(cfg.consume_threads, f"raymq-consume-{consumer.group}")
         self._stopping = False
         self._running = 0
         self._idle = threading.Condition()
@@ -307,7 +305,7 @@ class ConsumeMessageService:
             while self._running and time.monotonic() < deadline:
                 self._idle.wait(max(0.0, deadline - time.monotonic()))
             clean = not self._running
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
         if not clean:
             log.warning(
                 "group %s: %d consume task(s) still running after %ss",
