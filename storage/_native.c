@@ -8,6 +8,7 @@
  *   patch_records  storage/commitlog.py      the store fields of appended records
  *   link_index     storage/index_file.py     IndexFile._link_many
  *   body_slices    storage/codec.py          body_slices (a consumer's bodies)
+ *   decode_records storage/record.py         decode_records (a pull's or a stream's records)
  *
  * encode_plain: a plain batch of storage.Message.
  *
@@ -979,6 +980,136 @@ done:
     return out;
 }
 
+PyDoc_STRVAR(decode_records_doc,
+             "decode_records(data, message_type, check_crc, crc_address) -> list or None\n\n"
+             "The records stored back to back in ``data``, each a ``message_type`` (a tuple\n"
+             "subclass of 16 fields: storage.message.MessageExt) as\n"
+             "storage.record.decode_records makes them, its properties left unparsed. None\n"
+             "when any record breaks a rule that function checks (the caller's path names\n"
+             "it); ``crc_address`` as encode_plain's.");
+
+/* "a.b.c.d:port" of a record's 8-byte host (IPv4, big-endian port) */
+static PyObject *host_str(const unsigned char *h) {
+    return PyUnicode_FromFormat("%u.%u.%u.%u:%lu", h[0], h[1], h[2], h[3],
+                                (unsigned long)get_be32(h + 4));
+}
+
+static inline uint64_t get_be64(const unsigned char *p) {
+    return ((uint64_t)get_be32(p) << 32) | get_be32(p + 4);
+}
+
+static PyObject *decode_records(PyObject *self, PyObject *args) {
+    PyObject *data_obj;
+    PyTypeObject *type;
+    int check_crc;
+    unsigned long long crc_address;
+    if (!PyArg_ParseTuple(args, "OO!pK", &data_obj, &PyType_Type, &type, &check_crc,
+                          &crc_address))
+        return NULL;
+    if (!PyType_IsSubtype(type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "message_type must be a tuple subclass");
+        return NULL;
+    }
+    Py_buffer data;
+    if (get_array(data_obj, &data, 1, 0, "data") < 0) return NULL;
+    const unsigned char *buf = data.buf;
+    const Py_ssize_t len = data.len;
+    crc_fn crc = crc_address ? (crc_fn)(uintptr_t)crc_address : crc_builtin;
+    PyObject *out = PyList_New(0);
+    /* the topic and hosts of the last record: a pull's records share them */
+    PyObject *topic = NULL, *born = NULL, *stored = NULL;
+    const unsigned char *topic_raw = NULL, *born_raw = NULL, *stored_raw = NULL;
+    Py_ssize_t topic_len_last = -1;
+    if (out == NULL) goto done;
+    Py_ssize_t pos = 0;
+    while (pos < len) {
+        if (len - pos < HDR_LEN) goto bad;
+        const unsigned char *r = buf + pos;
+        const int32_t size = (int32_t)get_be32(r);
+        if (get_be32(r + 4) != 0xDAA320A7u) goto bad;
+        if (size < FIXED_LEN || size > len - pos) goto bad;
+        const int32_t body_len = (int32_t)get_be32(r + 84);
+        if (body_len < 0 || (int64_t)HDR_LEN + body_len + 3 > size) goto bad;
+        const int32_t sys_flag = (int32_t)get_be32(r + 36);
+        if (sys_flag & 0x30) goto bad;
+        const unsigned char *body = r + HDR_LEN;
+        const unsigned char *t = body + body_len;
+        const Py_ssize_t topic_len = t[0];
+        const unsigned char *end = r + size;
+        if (topic_len > 127 || t + 1 + topic_len + 2 > end) goto bad;
+        const unsigned char *pl = t + 1 + topic_len;
+        const Py_ssize_t prop_len = ((Py_ssize_t)pl[0] << 8) | pl[1];
+        if (pl + 2 + prop_len != end) goto bad;
+        const int32_t body_crc = (int32_t)get_be32(r + 8);
+        if (check_crc &&
+            (int64_t)(crc(0, body, (uint32_t)body_len) & 0x7FFFFFFFu) != (int64_t)body_crc)
+            goto bad;
+        if (topic == NULL || topic_len != topic_len_last ||
+            memcmp(topic_raw, t + 1, topic_len) != 0) {
+            for (Py_ssize_t i = 0; i < topic_len; i++)
+                if (t[1 + i] & 0x80) goto bad; /* not ASCII */
+            Py_XDECREF(topic);
+            topic = PyUnicode_DecodeASCII((const char *)t + 1, topic_len, NULL);
+            if (topic == NULL) goto fail;
+            topic_raw = t + 1, topic_len_last = topic_len;
+        }
+        if (born == NULL || memcmp(born_raw, r + 48, 8) != 0) {
+            Py_XDECREF(born);
+            if ((born = host_str(r + 48)) == NULL) goto fail;
+            born_raw = r + 48;
+        }
+        if (stored == NULL || memcmp(stored_raw, r + 64, 8) != 0) {
+            Py_XDECREF(stored);
+            if ((stored = host_str(r + 64)) == NULL) goto fail;
+            stored_raw = r + 64;
+        }
+        PyObject *m = type->tp_alloc(type, 16);
+        if (m == NULL) goto fail;
+        PyObject *items[16] = {
+            Py_NewRef(topic),
+            PyBytes_FromStringAndSize((const char *)body, body_len),
+            PyLong_FromLong((int32_t)get_be32(r + 12)),                /* queue id */
+            PyLong_FromLongLong((int64_t)get_be64(r + 20)),            /* queue offset */
+            PyLong_FromLongLong((int64_t)get_be64(r + 28)),            /* commitlog offset */
+            PyLong_FromLong(size),                                     /* store size */
+            PyLong_FromLongLong((int64_t)get_be64(r + 40)),            /* born timestamp */
+            PyLong_FromLongLong((int64_t)get_be64(r + 56)),            /* store timestamp */
+            Py_NewRef(born),
+            Py_NewRef(stored),
+            PyLong_FromLong((int32_t)get_be32(r + 16)),                /* flag */
+            PyLong_FromLong(sys_flag),
+            PyLong_FromLong(body_crc),
+            PyLong_FromLong((int32_t)get_be32(r + 72)),                /* reconsume times */
+            PyLong_FromLongLong((int64_t)get_be64(r + 76)),            /* prepared offset */
+            PyBytes_FromStringAndSize((const char *)pl + 2, prop_len), /* raw properties */
+        };
+        int ok = 1;
+        for (int i = 0; i < 16; i++) {
+            if (items[i] == NULL) ok = 0;
+            PyTuple_SET_ITEM(m, i, items[i]); /* NULLs are skipped by the tuple's dealloc */
+        }
+        if (!ok || PyList_Append(out, m) < 0) {
+            Py_DECREF(m);
+            goto fail;
+        }
+        Py_DECREF(m);
+        pos += size;
+    }
+    goto done;
+bad:
+    Py_CLEAR(out);
+    out = Py_NewRef(Py_None);
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    Py_XDECREF(topic);
+    Py_XDECREF(born);
+    Py_XDECREF(stored);
+    PyBuffer_Release(&data);
+    return out;
+}
+
 /* ------------------------------------------------------------------ module */
 static PyObject *crc32_builtin(PyObject *self, PyObject *arg) {
     Py_buffer b;
@@ -997,6 +1128,7 @@ static PyMethodDef methods[] = {
     {"patch_records", patch_records, METH_VARARGS, patch_records_doc},
     {"link_index", link_index, METH_VARARGS, link_index_doc},
     {"body_slices", body_slices, METH_VARARGS, body_slices_doc},
+    {"decode_records", decode_records, METH_VARARGS, decode_records_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -102,10 +102,14 @@ def _pull_fields(raw: RawGetResult) -> tuple[Any, ...]:
     )
 
 
+_GET_STATUS = {s.value: s for s in GetStatus}  # a dict lookup, not Enum.__call__ in Python
+
+
 def pull_from_wire(wire: PullWire) -> RawGetResult:
     status, data, count, next_offset, min_offset, max_offset, sizes, suggest = wire
+    found = _GET_STATUS.get(status) if status.__class__ is str else None
     values = (
-        GetStatus(status),
+        GetStatus(status) if found is None else found,  # the Enum names what is wrong
         data,
         count,
         next_offset,
