@@ -114,6 +114,9 @@ class ClusterLease:
         # threads of its own: the broker's I/O threads may all wait on a slow disk, which
         # says nothing of whether the broker can hear the cluster
         self._threads = ThreadPoolExecutor(3, thread_name_prefix="raymq-lease")
+        # the NameServers' pings are submitted from a thread too: a ``.remote()`` made
+        # on the loop held the data path (and the GIL) for up to 24 ms in a latency run
+        self._submit = ThreadPoolExecutor(1, thread_name_prefix="raymq-lease-ping")
 
     def _run(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         return self.rt.loop.run_in_executor(self._threads, fn, *args)
@@ -133,6 +136,7 @@ class ClusterLease:
         if self._task is not None:
             self._task.cancel()
         self._threads.shutdown(wait=False)
+        self._submit.shutdown(wait=False)
 
     async def _loop(self) -> None:
         cfg = self.rt.config
@@ -219,7 +223,7 @@ class ClusterLease:
                 if handle is None:
                     handle = await asyncio.wait_for(self._run(self.rt.nameserver, name), timeout_s)
                     self._nameservers[name] = handle
-                await asyncio.wait_for(handle.ping.remote(), timeout_s)
+                await asyncio.wait_for(self._ping(handle), timeout_s)
                 return True
             except Exception as exc:  # noqa: BLE001 - unreachable is the answer
                 if isinstance(exc, ray.exceptions.RayActorError):  # gone: look it up again
@@ -229,6 +233,11 @@ class ClusterLease:
         tries = [gcs(), *(nameserver(n) for n in self.rt.config.nameservers)]
         local, *cluster = await asyncio.gather(raylet(), *tries)
         return bool(local) and any(cluster)
+
+    async def _ping(self, handle: Any) -> None:
+        """A NameServer's ``ping``, submitted on the ping thread, its answer awaited here."""
+        ref = await self.rt.loop.run_in_executor(self._submit, handle.ping.remote)
+        await ref
 
     async def _node_declared_dead(self) -> bool:
         """Whether the GCS lists this broker's node as dead (a verdict given while the

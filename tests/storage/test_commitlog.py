@@ -98,6 +98,25 @@ def test_a_commitlog_file_created_cold_is_warmed_while_it_is_written(
         again.close()
 
 
+def test_the_warming_thread_yields_the_cores_to_everything_else(tmp_path: Path) -> None:
+    """Faulting a file in takes a core for seconds: the thread doing it runs at the
+    lowest priority, and only that thread (the process's own threads keep theirs)."""
+    files = MappedFileQueue(tmp_path / "cl", 1 << 20, warm_new=True)
+    try:
+        files.create(0)
+        assert files.warming is not None and files.warming.result(30) is True
+        (warmer,) = [t for t in threading.enumerate() if t.name.startswith("raymq-warm")]
+
+        def nice(tid: int) -> int:  # field 19 of /proc/<pid>/task/<tid>/stat
+            stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+            return int(stat.rsplit(")", 1)[1].split()[16])
+
+        assert nice(warmer.native_id) == 19
+        assert nice(threading.get_native_id()) == os.getpriority(os.PRIO_PROCESS, 0) != 19
+    finally:
+        files.close()
+
+
 def test_a_file_created_after_its_queue_closed_starts_no_warming(tmp_path: Path) -> None:
     """A write that races a close and creates a file after it: the closed queue starts
     no warming thread again (it would idle there, warming for nobody)."""
