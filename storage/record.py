@@ -338,7 +338,10 @@ def decode_records(
         # one pass in C (~1 us a record, where the Python paths below cost 5-10 us
         # for one record and ~150 us of numpy for many); None: a record breaks a rule,
         # which the paths below name
-        out = _native.decode_records(data, MessageExt, check_crc, crc32_address)
+        try:
+            out = _native.decode_records(data, MessageExt, check_crc, crc32_address)
+        except (BufferError, TypeError, ValueError):  # a buffer it cannot read in place
+            out = None
         if out is not None and (starts is None or len(starts) == len(out)):
             return out  # type: ignore[no-any-return]
     data = bytes(data)

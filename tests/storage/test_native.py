@@ -365,3 +365,12 @@ def test_decode_records_in_c_refuses_what_python_refuses(
     # a record's CRC is checked only when asked: the rest decode as before
     if damage == "body_crc":
         assert len(codec.decode_records(bytes(data), check_crc=False)) == 5
+
+
+def test_decode_records_takes_any_buffer_the_python_path_takes(tmp_path: Path, make_config) -> None:
+    """A buffer the C pass cannot read in place (not contiguous) goes the Python way."""
+    data = _stored_records(tmp_path, make_config, 3)
+    spread = np.frombuffer(b"".join(bytes([b, 0]) for b in data), dtype=np.uint8)[::2]
+    assert not spread.flags.c_contiguous
+    expected = [tuple(m) for m in codec.decode_records(data)]
+    assert [tuple(m) for m in codec.decode_records(memoryview(spread))] == expected
