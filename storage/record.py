@@ -334,12 +334,14 @@ def decode_records(
     record is checked as :func:`decode_record` checks it; the first that fails raises
     ``StoreCorruptedError`` naming it. Properties are parsed on first access of a
     message's properties (by :func:`decode_record` at once)."""
-    if _native is not None:
-        # one pass in C (~1 us a record, where the Python paths below cost 5-10 us
-        # for one record and ~150 us of numpy for many); None: a record breaks a rule,
-        # which the paths below name
+    # one pass in C (~1 us a record, where the Python paths below cost 5-10 us for one
+    # record and ~150 us of numpy for many); None: a record breaks a rule, which the
+    # paths below name. A module built before it had the function goes without it (an
+    # editable install keeps its built module until it is built again).
+    decode = getattr(_native, "decode_records", None) if _native is not None else None
+    if decode is not None:
         try:
-            out = _native.decode_records(data, MessageExt, check_crc, crc32_address)
+            out = decode(data, MessageExt, check_crc, crc32_address)
         except (BufferError, TypeError, ValueError):  # a buffer it cannot read in place
             out = None
         if out is not None and (starts is None or len(starts) == len(out)):

@@ -374,3 +374,14 @@ def test_decode_records_takes_any_buffer_the_python_path_takes(tmp_path: Path, m
     assert not spread.flags.c_contiguous
     expected = [tuple(m) for m in codec.decode_records(data)]
     assert [tuple(m) for m in codec.decode_records(memoryview(spread))] == expected
+
+
+def test_decode_records_goes_without_a_c_module_built_before_it(
+    tmp_path: Path, make_config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An editable install keeps the module it built until it is built again: one
+    without ``decode_records`` decodes the Python way rather than failing."""
+    data = _stored_records(tmp_path, make_config, 5)
+    expected = [tuple(m) for m in codec.decode_records(data)]
+    monkeypatch.setattr(record, "_native", object())  # has none of the new functions
+    assert [tuple(m) for m in codec.decode_records(data)] == expected
