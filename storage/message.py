@@ -237,9 +237,15 @@ class RawGetResult:
 
     def starts(self) -> Any:
         """Start position of each record in ``data`` (numpy int64), or None."""
-        if self.sizes is None:
-            return None
-        import numpy as np
+        return record_starts_of(self.sizes)
 
-        sizes = np.asarray(self.sizes, dtype=np.int64)
-        return np.cumsum(sizes) - sizes
+
+def record_starts_of(sizes: Any) -> Any:
+    """Where each of records laid back to back with ``sizes`` starts (numpy int64),
+    or None when the sizes are not known."""
+    if sizes is None:
+        return None
+    import numpy as np  # not at the top: most users of this module never need it
+
+    sizes = np.asarray(sizes, dtype=np.int64)
+    return np.cumsum(sizes) - sizes

@@ -26,12 +26,13 @@ import mmap
 import re
 import socket
 import struct
+from typing import Any
 
 import numpy as np
 
 from ._crc import crc32, crc32_address
 from .errors import InvalidMessageError, StoreCorruptedError
-from .message import MessageExt
+from .message import MessageExt, record_starts_of
 from .message_id import (
     bytes_to_host,
 )
@@ -327,13 +328,23 @@ per record)."""
 
 
 def decode_records(
-    data: bytes | memoryview, *, check_crc: bool = True, starts: np.ndarray | None = None
+    data: bytes | memoryview,
+    *,
+    check_crc: bool = True,
+    starts: np.ndarray | None = None,
+    sizes: Any = None,
 ) -> list[MessageExt]:
     """Decode records stored back to back (a pull's answer): in C where the module is
     built, else with the headers vectorised (a few records one at a time). Each
     record is checked as :func:`decode_record` checks it; the first that fails raises
     ``StoreCorruptedError`` naming it. Properties are parsed on first access of a
-    message's properties (by :func:`decode_record` at once)."""
+    message's properties (by :func:`decode_record` at once). ``starts`` (where each
+    record starts) or ``sizes`` (each record's size, as a pull's answer carries them)
+    spare the Python paths a walk; the C pass checks its count against them."""
+    if starts is None and sizes is not None:
+        n_known: int | None = len(sizes)
+    else:
+        n_known = None if starts is None else len(starts)
     # one pass in C (~1 us a record, where the Python paths below cost 5-10 us for one
     # record and ~150 us of numpy for many); None: a record breaks a rule, which the
     # paths below name. A module built before it had the function goes without it (an
@@ -344,8 +355,10 @@ def decode_records(
             out = decode(data, MessageExt, check_crc, crc32_address)
         except (BufferError, TypeError, ValueError):  # a buffer it cannot read in place
             out = None
-        if out is not None and (starts is None or len(starts) == len(out)):
+        if out is not None and (n_known is None or n_known == len(out)):
             return out  # type: ignore[no-any-return]
+    if starts is None:
+        starts = record_starts_of(sizes)
     data = bytes(data)
     n_bytes = len(data)
     if n_bytes == 0:
@@ -354,7 +367,13 @@ def decode_records(
         starts = record_starts(data)
     n = len(starts)
     if n <= _SCALAR_DECODE_MAX:  # a few records: one at a time is ~15x cheaper than arrays
-        return [decode_record(data, int(s), check_crc=check_crc)[0] for s in starts.tolist()]
+        out, end = [], 0
+        for s in starts.tolist():
+            msg, end = decode_record(data, int(s), check_crc=check_crc)
+            out.append(msg)
+        if end != n_bytes:  # starts given by the caller that leave bytes over
+            raise StoreCorruptedError(f"records end at {end} of {n_bytes} bytes")
+        return out
     if int(starts[-1]) + HEADER.size > n_bytes:
         raise StoreCorruptedError("last record is shorter than a header")
     hdr = windows(data, _HDR)[starts]
@@ -375,6 +394,8 @@ def decode_records(
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         return [decode_record(data, int(s), check_crc=check_crc)[0] for s in starts[: i + 1]]
+    if int(ends[-1]) != n_bytes:  # starts given by the caller that leave bytes over
+        raise StoreCorruptedError(f"records end at {int(ends[-1])} of {n_bytes} bytes")
     buf = np.frombuffer(data, dtype=np.uint8)
     topic_len = buf[topic_at].astype(np.int64)
     prop_at = topic_at + 1 + topic_len

@@ -15,8 +15,6 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, cast
 
-import numpy as np
-
 from actors.client import instance as _instance
 from actors.config.client import ConsumerConfig
 from actors.config.options import with_options
@@ -32,7 +30,7 @@ from storage.errors import (
     PermissionDeniedError,
     StoreCorruptedError,
 )
-from storage.message import GetStatus, MessageExt, RawGetResult
+from storage.message import GetStatus, MessageExt, RawGetResult, record_starts_of
 from storage.subscription import parse_subscription
 
 log = logging.getLogger("raymq.actors.consumer")
@@ -93,22 +91,13 @@ class PullResult:
         self.store_status = raw.status
         self._data = raw.data  # bytes, or a view of Ray's copy (pulls_from_wire(copy=False))
         self.count = raw.count
-        self._sizes = raw.sizes  # the records' sizes, for :meth:`_starts` when wanted
+        self._sizes = raw.sizes  # the records' sizes: where they start, reckoned when wanted
         self.next_offset = raw.next_offset
         self.min_offset = raw.min_offset
         self.max_offset = raw.max_offset
         self._tags = tags
         self._check_crc = check_crc
         self._messages: list[MessageExt] | None = None
-
-    def _starts(self) -> Any:
-        """Where each record starts in ``data`` (numpy int64), or None: reckoned when
-        asked (the C decoder of ``messages`` needs none)."""
-        sizes = self._sizes
-        if sizes is None:
-            return None
-        sizes = np.asarray(sizes, dtype=np.int64)
-        return np.cumsum(sizes) - sizes
 
     @property
     def data(self) -> bytes:
@@ -124,7 +113,7 @@ class PullResult:
     def messages(self) -> list[MessageExt]:
         if self._messages is None:
             msgs = (
-                decode_records(self.data, check_crc=self._check_crc, starts=self._starts())
+                decode_records(self.data, check_crc=self._check_crc, sizes=self._sizes)
                 if self.count
                 else []
             )
@@ -140,7 +129,7 @@ class PullResult:
         when no tag filter applies."""
         if self._tags is not None or self._messages is not None:
             return [m.body for m in self.messages]
-        starts = self._starts()
+        starts = record_starts_of(self._sizes)
         if starts is not None and self.count:
             # copies the bodies out; any buffer does, though storage annotates bytes
             return body_slices(cast(bytes, self._data), starts)

@@ -1130,9 +1130,7 @@ class LiteStore:
         """Like :meth:`get_raw`, decoded."""
         raw = self.get_raw(parent, lite_topic, offset, max_count)
         messages = (
-            codec.decode_records(raw.data, check_crc=False, starts=raw.starts())
-            if raw.count
-            else []
+            codec.decode_records(raw.data, check_crc=False, sizes=raw.sizes) if raw.count else []
         )
         return GetResult(raw.status, messages, raw.next_offset, raw.min_offset, raw.max_offset)
 

@@ -385,3 +385,24 @@ def test_decode_records_goes_without_a_c_module_built_before_it(
     expected = [tuple(m) for m in codec.decode_records(data)]
     monkeypatch.setattr(record, "_native", object())  # has none of the new functions
     assert [tuple(m) for m in codec.decode_records(data)] == expected
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_decode_records_checks_the_sizes_a_pull_carries(
+    tmp_path: Path, make_config, monkeypatch: pytest.MonkeyPatch, native: bool
+) -> None:
+    """A pull's answer carries its records' sizes: they start the Python paths, and a
+    count of sizes the records do not match is refused by both, not trusted."""
+    raw_store = _stored_records(tmp_path, make_config, 40)
+    sizes = []
+    pos = 0
+    while pos < len(raw_store):
+        sizes.append(int.from_bytes(raw_store[pos : pos + 4], "big"))
+        pos += sizes[-1]
+    expected = [tuple(m) for m in codec.decode_records(raw_store)]
+    if not native:
+        monkeypatch.setattr(record, "_native", None)
+    got = codec.decode_records(raw_store, sizes=np.asarray(sizes, dtype=np.int32))
+    assert [tuple(m) for m in got] == expected
+    with pytest.raises(StoreCorruptedError):  # one size short: the last record is orphaned
+        codec.decode_records(raw_store, sizes=np.asarray(sizes[:-1], dtype=np.int32))
