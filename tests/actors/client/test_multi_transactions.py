@@ -94,6 +94,10 @@ def bodies(cluster: actors.Cluster, topic: str) -> list[bytes]:
     return sorted(m.body for msgs in drain(consumer, topic).values() for m in msgs)
 
 
+def nameservers(cluster: actors.Cluster) -> list[Any]:
+    return [ray.get_actor(n, namespace=cluster.namespace) for n in cluster.nameserver_names]
+
+
 def input_queue() -> MessageQueue:
     return MessageQueue("MtIn", "broker-b", 0)
 
@@ -571,6 +575,15 @@ def test_a_commit_while_a_broker_is_down_is_applied_after_its_restart(
             interval_s=0.2,
             what="the decision applied on broker-b",
         )
+
+        def routed_again() -> bool:  # its route left the NameServers while it was down
+            routes = [ray.get(ns.get_route.remote("MtB")) for ns in nameservers(cluster)]
+            return all(
+                r is not None and any(q.broker_name == "broker-b" for q in r.queue_datas)
+                for r in routes
+            )
+
+        wait_until(routed_again, timeout_s=30, interval_s=0.2, what="broker-b's route back")
         assert sorted(b for b in bodies(cluster, "MtB") if b.startswith(b"down-")) == [
             b"down-b-%d" % i for i in range(4)
         ]

@@ -89,6 +89,12 @@ def test_a_master_accepted_in_its_old_epoch_becomes_a_slave_of_the_newer_one(
 
     new = group.start(new_id)  # the master of the newer epoch, from its store
     wait_until(lambda: registered().get(0) == f"broker-a-{new_id}", what="new master back")
+
+    def a_slave_in_sync() -> bool:  # a sync master refuses sends until one is
+        st = status_of(new)
+        return any(s["ack_offset"] >= st["commitlog_max_offset"] for s in st["slaves"].values())
+
+    wait_until(a_slave_in_sync, what="a slave following the new master")
     more = send(b"more", 20)
     assert {r.status for r in more} == {SendStatus.SEND_OK}
     bodies = group.read("g-newer-epoch")
