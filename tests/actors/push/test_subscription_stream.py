@@ -14,6 +14,7 @@ from raymq_testkit import wait_until
 
 import actors
 from actors.protocol.connection import BrokerConnection
+from actors.protocol.requests.send import SEND
 from actors.protocol.requests.subscribe import (
     CREDIT,
     SUBSCRIBE,
@@ -21,6 +22,7 @@ from actors.protocol.requests.subscribe import (
     UNSUBSCRIBE,
 )
 from actors.protocol.wire import pulls_from_wire
+from storage.batch import encode_batch
 from storage.errors import InvalidMessageError, PermissionDeniedError, TopicNotFoundError
 from storage.message import Message
 from storage.record import decode_records
@@ -203,3 +205,68 @@ def test_a_queue_no_longer_readable_ends_its_subscription_with_the_refusal(
         stream.result(WAIT_S)
     assert got.answers.empty()
     assert open_subscriptions(one_broker) == 0
+
+
+def send_on(conn: BrokerConnection, topic: str, bodies: list[bytes], on_ack: Any) -> Any:
+    """``bodies`` to ``topic``'s queue 0 as one SEND on ``conn``; ``on_ack()`` runs on the
+    connection's I/O thread when the answer's frame is read."""
+    blob = encode_batch([Message(topic, b, queue_id=0) for b in bodies]).to_bytes()
+    header, parts, read = SEND.encode(blob)
+
+    def decode(h: dict[str, Any], body: Any) -> Any:
+        on_ack()
+        return read(h, body)
+
+    return conn.request(header, parts, decode=decode)
+
+
+def test_a_waiting_stream_gets_a_record_before_its_sender_gets_the_answer(
+    one_broker: actors.Cluster, conn: BrokerConnection
+) -> None:
+    """A stream waiting for news gets the record before the send's answer goes out (a
+    held read answers first, as a held pull does): on one connection its frame comes
+    first."""
+    topic = "SubFirst"
+    one_broker.admin.create_topic(topic, read_queue_nums=1, write_queue_nums=1)
+    order: list[str] = []
+    got = Received()
+
+    def on_stream(header: dict[str, Any], body: Any) -> None:
+        if "k" in header:
+            order.append("stream")
+        got(header, body)
+
+    header, parts, read = SUBSCRIBE.encode("g-first", {(topic, 0): 0}, credit=100)
+    stream = conn.stream(header, on_stream, parts)
+    sid = got.ids.get(timeout=WAIT_S)
+    for i in range(3):
+        send_on(conn, topic, [f"m{i}".encode()], lambda: order.append("ack")).result(WAIT_S)
+        assert got.bodies(1) == [(topic, f"m{i}".encode())]
+    assert order == ["stream", "ack"] * 3
+    call(conn, UNSUBSCRIBE, sid)
+    assert read(*stream.result(WAIT_S)) == "unsubscribed"
+
+
+def test_a_batch_larger_than_max_count_streams_in_order_within_the_credit(
+    one_broker: actors.Cluster, conn: BrokerConnection
+) -> None:
+    """A stream answer holds at most ``max_count`` records within the credit: the rest
+    of a batch follows in order, and what the credit stopped comes after CREDIT."""
+    topic = "SubRest"
+    one_broker.admin.create_topic(topic, read_queue_nums=1, write_queue_nums=1)
+    got = Received()
+    header, parts, read = SUBSCRIBE.encode("g-rest", {(topic, 0): 0}, credit=7, max_count=2)
+    stream = conn.stream(header, got, parts)
+    sid = got.ids.get(timeout=WAIT_S)
+    bodies = [f"r{i}".encode() for i in range(10)]
+    send_on(conn, topic, bodies, lambda: None).result(WAIT_S)
+    assert got.bodies(7) == [(topic, b) for b in bodies[:7]]  # in answers of 2 at most
+    with pytest.raises(queue.Empty):  # the credit ran out
+        got.answers.get(timeout=0.5)
+    call(conn, CREDIT, sid, 100)
+    assert got.bodies(3) == [(topic, b) for b in bodies[7:]]
+    send_on(conn, topic, [b"after"], lambda: None).result(WAIT_S)
+    assert got.bodies(1) == [(topic, b"after")]  # waiting again: woken by the put
+    call(conn, UNSUBSCRIBE, sid)
+    assert read(*stream.result(WAIT_S)) == "unsubscribed"
+    assert got.answers.empty()
