@@ -241,8 +241,8 @@ class RawGetResult:
 
 
 def record_starts_of(sizes: Any) -> Any:
-    """Where each of records laid back to back with ``sizes`` starts (numpy int64),
-    or None when the sizes are not known."""
+    """Where each of the records laid back to back with ``sizes`` starts (numpy
+    int64), or None when the sizes are not known."""
     if sizes is None:
         return None
     import numpy as np  # not at the top: most users of this module never need it
