@@ -3,7 +3,7 @@ single ``send_async`` messages of 100 B from this process at ``--rate`` to a
 PushConsumer actor (``delivery``), for ``--seconds``, after a warm-up.
 
     python benchmarks/steady_load.py [--rate 1000] [--seconds 20] [--delivery stream]
-        [--pids FILE]
+        [--pids FILE] [--broker-option KEY=VALUE ...]
 
 When the load starts it prints (and writes to ``--pids``) the pids of the broker,
 this producer and the consumer, so a profiler can be attached for the run::
@@ -12,7 +12,8 @@ this producer and the consumer, so a profiler can be attached for the run::
     strace -c -f -p <pid>
 
 At the end it prints the latency (p50/p99/p99.9) and each process's CPU per message
-(``/proc``). Not a test: it prints figures.
+(``/proc``). ``--broker-option cluster_lease_s=0`` sets a broker option (a number or
+a word) for an A/B run of one setting. Not a test: it prints figures.
 """
 
 from __future__ import annotations
@@ -42,7 +43,22 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--delivery", choices=("stream", "pull"), default="stream")
     parser.add_argument("--pids", metavar="FILE", help="write the pids here as JSON")
+    parser.add_argument(
+        "--broker-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a BrokerConfig option for this run (repeatable)",
+    )
     args = parser.parse_args()
+    options: dict[str, Any] = {"store": {"flush_disk_type": "ASYNC_FLUSH"}}
+    for item in args.broker_option:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--broker-option takes KEY=VALUE, got {item!r}")
+        options[key] = (
+            json.loads(value) if value[:1].isdigit() or value in ("true", "false") else value
+        )
     start_local_ray()
     root = tempfile.mkdtemp(prefix="raymq-steady-")
     namespace, topic = "raymq-steady", "Steady"
@@ -52,7 +68,7 @@ def main() -> int:
         brokers=1,
         store_root=root,
         topics=[actors.TopicConfig(topic, 4, 4)],
-        broker_options={"store": {"flush_disk_type": "ASYNC_FLUSH"}},
+        broker_options=options,
     )
     consumer: Any = None
     try:
