@@ -56,9 +56,10 @@ def main() -> int:
         key, sep, value = item.partition("=")
         if not sep:
             parser.error(f"--broker-option takes KEY=VALUE, got {item!r}")
-        options[key] = (
-            json.loads(value) if value[:1].isdigit() or value in ("true", "false") else value
-        )
+        try:  # a number, true/false, a JSON object; anything else is a word
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
     start_local_ray()
     root = tempfile.mkdtemp(prefix="raymq-steady-")
     namespace, topic = "raymq-steady", "Steady"
