@@ -133,7 +133,13 @@ def test_half_messages_acknowledged_before_a_failover_are_resolved_after_it(
 
         wait_until(lambda: not pending(), timeout_s=30, interval_s=0.2, what="both resolved")
         assert sorted(set(listener.checked_by)) == [b"commit-me", b"drop-me"]
-        got = [m for msgs in drain(cluster.pull_consumer("g-ha"), "HATx").values() for m in msgs]
+        consumer = cluster.pull_consumer("g-ha")
+
+        def committed() -> list[Any]:  # a Raft group shows it once a majority holds it
+            return [m for msgs in drain(consumer, "HATx").values() for m in msgs]
+
+        wait_until(lambda: committed(), timeout_s=30, interval_s=0.2, what="the commit readable")
+        got = committed()
         assert [m.body for m in got] == [b"commit-me"]
         assert got[0].msg_id == sent[0].msg_id
     finally:
