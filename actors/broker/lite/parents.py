@@ -3,7 +3,8 @@ the TTL of a lite topic after its last write, kept in ``config/liteParents.json`
 TopicConfig with the other topics), and the listings of their lite topics.
 
 A Raft follower copies its leader's parents every ``slave_sync_interval_s``, so it serves
-them as the leader did once it leads.
+them as the leader did once it leads; it refuses to create one itself
+(``BrokerUnavailableError``), since its leader would never learn of it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from actors.broker.ha import DLedgerReplication
 from actors.broker.runtime import BrokerRuntime
 from actors.protocol.topic import TopicConfig
 from storage.codec import validate_topic
-from storage.errors import InvalidConfigError, InvalidMessageError
+from storage.errors import BrokerUnavailableError, InvalidConfigError, InvalidMessageError
 from storage.lite import LiteStore
 
 log = logging.getLogger("raymq.actors.broker.lite")
@@ -42,6 +43,7 @@ class LiteParents:
         self._file = runtime.store.config_file(_FILE)
         for parent, spec in (self._file.load() or {}).items():
             store.declare_parent(parent, quota=spec["quota"], ttl_ms=spec["ttlMs"])
+        self._raft = raft
         self._following: asyncio.Task[None] | None = None
         self.caught_up: Callable[[], Awaitable[None]] | None = None
         """Awaited before a listing: a Raft leader's lite store takes what its group
@@ -60,11 +62,20 @@ class LiteParents:
         ttl_ms: int | None = None,
         queues: int = 1,
     ) -> dict[str, Any]:
-        """Create ``parent`` as a topic of type LITE (or change its quota and TTL)."""
+        """Create ``parent`` as a topic of type LITE (or change its quota and TTL). In a
+        Raft group only the leader creates one: a follower refuses
+        (``BrokerUnavailableError``) and changes nothing."""
         validate_topic(parent)
         for name, value in (("quota", quota), ("ttl_ms", ttl_ms)):
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise InvalidConfigError(f"{name}={value!r}: must be an int > 0")
+        raft = self._raft
+        if raft is not None and not raft.node.is_leader:
+            raise BrokerUnavailableError(
+                f"broker {self.rt.config.actor_name} does not lead its Raft group "
+                f"(leader: {raft.node.leader_id or 'being elected'}): create LITE topic "
+                f"{parent!r} on the leader"
+            )
         if parent in self.store.parents():
             used = self.store.count(parent)
             if quota is not None and quota < used:

@@ -12,6 +12,7 @@ from raymq_ha_testkit import RAFT, RaftGroup, members
 from raymq_testkit import wait_until
 
 from actors import BrokerSpec
+from storage.errors import BrokerUnavailableError
 
 
 @pytest.fixture
@@ -34,13 +35,28 @@ def raft_group(make_cluster: Any) -> Callable[..., RaftGroup]:
             broker_options={**RAFT, **options},
         )
         handles = {f"{broker_name}-{i}": cluster.broker(broker_name, i) for i in range(3)}
-        lead = wait_until(lambda: members(cluster, broker_name).get(0), what="a Raft leader")
-        ray.get(handles[lead].lite_create_parent.remote(parent, quota=quota, ttl_ms=ttl_ms))
         settings = {parent: {"quota": quota, "ttlMs": ttl_ms}}
-        wait_until(
-            lambda: all(ray.get(h.lite_parents.remote()) == settings for h in handles.values()),
-            what="every member took the leader's LITE parent",
-        )
+
+        def created_on_the_leader() -> str | None:
+            # as an admin would: on the member leading now, again if leadership moved
+            # before the followers copied it (a deposed leader refuses to create it)
+            lead = members(cluster, broker_name).get(0)
+            if lead is None:
+                return None
+            leader = handles[lead]
+            if ray.get(leader.lite_parents.remote()) != settings:
+                try:
+                    ray.get(leader.lite_create_parent.remote(parent, quota=quota, ttl_ms=ttl_ms))
+                except BrokerUnavailableError:
+                    return None
+            return lead
+
+        def everyone_holds_it() -> str | None:
+            lead = created_on_the_leader()
+            held = all(ray.get(h.lite_parents.remote()) == settings for h in handles.values())
+            return lead if held and members(cluster, broker_name).get(0) == lead else None
+
+        lead = wait_until(everyone_holds_it, what="every member took the leader's LITE parent")
         return RaftGroup(cluster, handles, lead)
 
     return start

@@ -198,3 +198,26 @@ def test_a_raft_group_expires_lite_topics_through_its_log_on_every_member_alike(
         assert found["groups"]["g"]["owner"] == "c1", member  # busy's subscription stands
     again = ray.get(leader.lite_subscribe.remote("g", "Talks", "c1", ["quiet", "busy"], "keep"))
     assert (again["subscribed"], again["gone"]) == (["busy"], ["quiet"])
+
+
+def test_a_raft_follower_refuses_to_create_a_lite_parent_and_changes_nothing(
+    raft_group: Callable[..., RaftGroup],
+) -> None:
+    started = raft_group("broker-f", "Chats")
+    group, lead = started.handles, started.leader
+    follower = next(h for n, h in group.items() if n != lead)
+    before = ray.get(follower.lite_parents.remote())
+    try:
+        ray.get(follower.lite_create_parent.remote("Rooms", quota=5))
+    except BrokerUnavailableError as exc:
+        assert "does not lead its Raft group" in str(exc) and "'Rooms'" in str(exc)
+    else:
+        raise AssertionError("a follower created a LITE parent its leader never learns of")
+    assert ray.get(follower.lite_parents.remote()) == before
+    assert ray.get(follower.get_topic_config.remote("Rooms")) is None
+    # the leader creates it, and the follower copies it from there
+    ray.get(started.leader_handle().lite_create_parent.remote("Rooms", quota=5))
+    wait_until(
+        lambda: "Rooms" in ray.get(follower.lite_parents.remote()),
+        what="the follower copied the leader's new parent",
+    )
