@@ -6,21 +6,24 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import ray
 
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def start_local_ray(num_cpus: int = 2) -> None:
+def start_local_ray(num_cpus: int = 2, runtime_env: dict[str, Any] | None = None) -> None:
     """A local Ray of this run's own (never another cluster on the machine), quiet: no
-    dashboard, warnings only, workers' output not copied here."""
+    dashboard, warnings only, workers' output not copied here. ``runtime_env``: its
+    workers' (a setup hook, environment variables)."""
     ray.init(
         address="local",
         num_cpus=num_cpus,
         include_dashboard=False,
         logging_level=logging.WARNING,
         log_to_driver=False,
+        runtime_env=runtime_env,
     )
 
 

@@ -17,14 +17,16 @@ a word) for an A/B run of one setting. Not a test: it prints figures.
 
 ``--segments`` also splits each message's latency where it passes, for all messages
 and for those at or over the run's p99, and lists the first slow messages with the
-four after each (a stall shows as a run of messages each ~1 ms less late):
+four after each (a stall shows as a run of messages each ~1 ms less late). The times
+are taken by wrapping functions of the library in the run's own processes (a Ray
+setup hook in the broker's; the library is unchanged), on one machine's clock:
 
-* ``send -> stored``: the broker's store timestamp less the send time (the store's
-  clock counts whole milliseconds, so this is -1 to 0 ms for a message stored within
-  the millisecond it was sent);
-* ``send -> consumer I/O``: until the consumer's I/O thread began handling the stream
-  answer that held it (``StreamService._on_answer``, timed inside the consumer's
-  process by wrapping it there; the library is unchanged);
+* ``send -> broker``: until the broker's data path took the SEND (``send_now``; the
+  first one after the send: at 1,000 msg/s a SEND holds one message);
+* ``broker -> stream write``: until the broker wrote the next stream answer after it
+  (``ServerStream.send``);
+* ``stream write -> consumer I/O``: until the consumer's I/O thread began handling the
+  stream answer that held it (``StreamService._on_answer``);
 * ``consumer I/O -> listener``: from there to the listener.
 """
 
@@ -34,12 +36,12 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 from typing import Any
 
+import numpy as np
 import ray
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -49,6 +51,61 @@ from latency_split import _Consumer  # noqa: E402
 
 import actors  # noqa: E402
 from storage import Message  # noqa: E402
+
+ENV_MARKS = "RAYMQ_STEADY_MARKS"
+"""The directory a broker's process writes its marks to (``--segments``)."""
+
+
+def mark_broker() -> None:
+    """Ray workers' setup hook (``--segments``): in the broker's process, note when each
+    SEND reaches the data path's fast path and when each stream answer with records is
+    written (ns), appended every 0.2 s by a thread of its own to ``puts-<pid>.bin`` and
+    ``writes-<pid>.bin`` (int64) in the directory ``RAYMQ_STEADY_MARKS`` names."""
+    out = os.environ.get(ENV_MARKS)
+    if not out:
+        return
+    import threading
+    from array import array
+
+    from actors.broker.processor import send as sending
+    from actors.protocol import frame_server
+
+    marks = {"puts": array("q"), "writes": array("q")}
+    puts, writes = marks["puts"], marks["writes"]
+    send_now, stream_send = sending.SendMessageProcessor.send_now, frame_server.ServerStream.send
+
+    def timed_send_now(self: Any, blob: Any) -> Any:
+        puts.append(time.time_ns())
+        return send_now(self, blob)
+
+    async def timed_stream_send(self: Any, fields: dict[str, Any], parts: list[Any]) -> bool:
+        if "k" in fields:
+            writes.append(time.time_ns())
+        return await stream_send(self, fields, parts)
+
+    sending.SendMessageProcessor.send_now = timed_send_now  # type: ignore[method-assign]
+    frame_server.ServerStream.send = timed_stream_send  # type: ignore[method-assign]
+
+    def flush() -> None:
+        done = dict.fromkeys(marks, 0)
+        while True:
+            time.sleep(0.2)
+            for name, got in marks.items():
+                n = len(got)
+                if n > done[name]:
+                    with open(os.path.join(out, f"{name}-{os.getpid()}.bin"), "ab") as f:
+                        got[done[name] : n].tofile(f)
+                    done[name] = n
+
+    threading.Thread(target=flush, name="steady-marks", daemon=True).start()
+
+
+def _marks(out: str, name: str) -> np.ndarray:
+    """Every process's marks of one kind, sorted."""
+    found = [
+        np.fromfile(os.path.join(out, f), np.int64) for f in os.listdir(out) if f.startswith(name)
+    ]
+    return np.sort(np.concatenate(found)) if found else np.zeros(0, np.int64)
 
 
 def _watch_stream_answers() -> dict[bytes, int]:
@@ -84,7 +141,7 @@ def _watch_stream_answers() -> dict[bytes, int]:
 
 class _SegmentedConsumer(_Consumer):
     """The PushConsumer actor, each message's latency split (``--segments``): rows of
-    (send -> listener, send -> stored, send -> consumer I/O), ms."""
+    (send -> listener ms, send -> consumer I/O ms, the send's time ns)."""
 
     def __init__(self, namespace: str, topic: str, delivery: str) -> None:
         self.handled = _watch_stream_answers()
@@ -97,37 +154,43 @@ class _SegmentedConsumer(_Consumer):
             stamp = bytes(m.body[:8])
             sent = int.from_bytes(stamp, "big")
             handled = self.handled.pop(stamp, now)
-            rows.append(
-                ((now - sent) / 1e6, m.store_timestamp - sent / 1e6, (handled - sent) / 1e6)
-            )
+            rows.append(((now - sent) / 1e6, (handled - sent) / 1e6, sent))
         with self.arrived:
             self.samples.extend(rows)  # type: ignore[arg-type]  # rows, not ages
             self.arrived.notify_all()
         return self.success
 
 
-def _print_segments(rows: list[tuple[float, float, float]]) -> None:
-    ages = sorted(r[0] for r in rows)
-    p99 = ages[min(len(ages) - 1, int(len(ages) * 0.99))]
-    slow = [i for i, r in enumerate(rows) if r[0] >= p99]
-    for name, picked in (("all", range(len(rows))), (f"at or over p99 ({p99:.2f} ms)", slow)):
-        parts = [
-            ("send -> stored", [rows[i][1] for i in picked]),
-            ("send -> consumer I/O", [rows[i][2] for i in picked]),
-            ("consumer I/O -> listener", [rows[i][0] - rows[i][2] for i in picked]),
-        ]
-        print(
-            f"  {name}, {len(picked)} messages, median ms: "
-            + ", ".join(f"{what} {statistics.median(v):.2f}" for what, v in parts)
-        )
-    firsts = [i for i in slow if i - 1 not in slow]
-    print(f"  {len(firsts)} runs of slow messages; the first ones (ms: latency / to consumer I/O):")
+def _print_segments(
+    rows: list[tuple[float, float, int]], puts: np.ndarray, writes: np.ndarray
+) -> None:
+    sent = np.array([r[2] for r in rows], np.int64)
+    age = np.array([r[0] for r in rows])
+    to_io = np.array([r[1] for r in rows])
+    # each message's SEND: the first the broker took after it was sent; its stream
+    # write: the first after that (the last mark when none: the run's end)
+    put = puts[np.minimum(np.searchsorted(puts, sent), len(puts) - 1)]
+    write = writes[np.minimum(np.searchsorted(writes, put), len(writes) - 1)]
+    segments = [
+        ("send -> broker", (put - sent) / 1e6),
+        ("broker -> stream write", (write - put) / 1e6),
+        ("stream write -> consumer I/O", to_io - (write - sent) / 1e6),
+        ("consumer I/O -> listener", age - to_io),
+    ]
+    p99 = float(np.quantile(age, 0.99))
+    slow = np.flatnonzero(age >= p99)
+    for name, picked in (("all", np.arange(len(rows))), (f"at or over p99 ({p99:.2f} ms)", slow)):
+        print(f"  {name}, {len(picked)} messages, median ms:")
+        for what, values in segments:
+            print(f"    {what:30s} {float(np.median(values[picked])):6.2f}")
+    firsts = [int(i) for i in slow if i - 1 not in set(slow.tolist())]
+    print(f"  {len(firsts)} runs of slow messages; the first ones, ms (segments as above):")
     for i in firsts[:8]:
         print(
-            f"    #{i}: "
-            + "  ".join(
-                f"{rows[j][0]:.2f}/{rows[j][2]:.2f}" for j in range(i, min(len(rows), i + 5))
-            )
+            f"    #{i}: latency "
+            + " ".join(f"{age[j]:.2f}" for j in range(i, min(len(rows), i + 5)))
+            + "; first: "
+            + " / ".join(f"{values[i]:.2f}" for _, values in segments)
         )
 
 
@@ -157,7 +220,18 @@ def main() -> int:
             options[key] = json.loads(value)
         except ValueError:
             options[key] = value
-    start_local_ray()
+    marks = tempfile.mkdtemp(prefix="raymq-steady-marks-") if args.segments else None
+    if marks is not None:
+        here = os.path.dirname(os.path.abspath(__file__))
+        path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+        start_local_ray(
+            runtime_env={
+                "env_vars": {ENV_MARKS: marks, "PYTHONPATH": path},
+                "worker_process_setup_hook": "steady_load.mark_broker",
+            }
+        )
+    else:
+        start_local_ray()
     root = tempfile.mkdtemp(prefix="raymq-steady-")
     namespace, topic = "raymq-steady", "Steady"
     cluster = actors.start_cluster(
@@ -213,8 +287,9 @@ def main() -> int:
             ),
             flush=True,
         )
-        if args.segments and got:
-            _print_segments(got)
+        if marks is not None and got:
+            time.sleep(0.5)  # the broker's marks thread writes what it noted last
+            _print_segments(got, _marks(marks, "puts"), _marks(marks, "writes"))
         producer.close()
     finally:
         if consumer is not None:
@@ -223,6 +298,8 @@ def main() -> int:
         cluster.shutdown()
         ray.shutdown()
         shutil.rmtree(root, ignore_errors=True)
+        if marks is not None:
+            shutil.rmtree(marks, ignore_errors=True)
     return 0
 
 
