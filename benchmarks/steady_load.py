@@ -59,8 +59,10 @@ ENV_MARKS = "RAYMQ_STEADY_MARKS"
 def mark_broker() -> None:
     """Ray workers' setup hook (``--segments``): in the broker's process, note when each
     SEND reaches the data path's fast path and when each stream answer with records is
-    written (ns), appended every 0.2 s by a thread of its own to ``puts-<pid>.bin`` and
-    ``writes-<pid>.bin`` (int64) in the directory ``RAYMQ_STEADY_MARKS`` names."""
+    written (ns), and how long the SEND's decoding and check
+    (``EncodedBatch.from_bytes``), its put (``MessageStore.put_encoded``) and the whole
+    of ``send_now`` took (ns), appended every 0.2 s by a thread of its own to
+    ``<kind>-<pid>.bin`` (int64) in the directory ``RAYMQ_STEADY_MARKS`` names."""
     out = os.environ.get(ENV_MARKS)
     if not out:
         return
@@ -69,14 +71,39 @@ def mark_broker() -> None:
 
     from actors.broker.processor import send as sending
     from actors.protocol import frame_server
+    from storage.batch import EncodedBatch
+    from storage.store import MessageStore
 
-    marks = {"puts": array("q"), "writes": array("q")}
+    kinds = ("puts", "writes", "send_now", "decode", "put")
+    marks = {kind: array("q") for kind in kinds}
     puts, writes = marks["puts"], marks["writes"]
     send_now, stream_send = sending.SendMessageProcessor.send_now, frame_server.ServerStream.send
+    from_bytes, put_encoded = EncodedBatch.from_bytes.__func__, MessageStore.put_encoded
 
     def timed_send_now(self: Any, blob: Any) -> Any:
-        puts.append(time.time_ns())
-        return send_now(self, blob)
+        started = time.time_ns()
+        puts.append(started)
+        try:
+            return send_now(self, blob)
+        finally:
+            marks["send_now"].append(time.time_ns() - started)
+
+    def timed_from_bytes(cls: Any, blob: Any) -> Any:
+        started = time.perf_counter_ns()
+        try:
+            return from_bytes(cls, blob)
+        finally:
+            marks["decode"].append(time.perf_counter_ns() - started)
+
+    def timed_put(self: Any, batch: Any) -> Any:
+        started = time.perf_counter_ns()
+        try:
+            return put_encoded(self, batch)
+        finally:
+            marks["put"].append(time.perf_counter_ns() - started)
+
+    EncodedBatch.from_bytes = classmethod(timed_from_bytes)  # type: ignore[assignment]
+    MessageStore.put_encoded = timed_put  # type: ignore[method-assign]
 
     async def timed_stream_send(self: Any, fields: dict[str, Any], parts: list[Any]) -> bool:
         if "k" in fields:
@@ -103,7 +130,9 @@ def mark_broker() -> None:
 def _marks(out: str, name: str) -> np.ndarray:
     """Every process's marks of one kind, sorted."""
     found = [
-        np.fromfile(os.path.join(out, f), np.int64) for f in os.listdir(out) if f.startswith(name)
+        np.fromfile(os.path.join(out, f), np.int64)
+        for f in os.listdir(out)
+        if f.startswith(f"{name}-")
     ]
     return np.sort(np.concatenate(found)) if found else np.zeros(0, np.int64)
 
@@ -161,9 +190,13 @@ class _SegmentedConsumer(_Consumer):
         return self.success
 
 
-def _print_segments(
-    rows: list[tuple[float, float, int]], puts: np.ndarray, writes: np.ndarray
-) -> None:
+def _print_segments(rows: list[tuple[float, float, int]], marks: str) -> None:
+    puts, writes = _marks(marks, "puts"), _marks(marks, "writes")
+    took = {k: float(np.median(_marks(marks, k))) / 1e3 for k in ("send_now", "decode", "put")}
+    print(
+        f"  the broker's SEND, median us: send_now {took['send_now']:.0f} (decoding and "
+        f"check {took['decode']:.0f}, put {took['put']:.0f})"
+    )
     sent = np.array([r[2] for r in rows], np.int64)
     age = np.array([r[0] for r in rows])
     to_io = np.array([r[1] for r in rows])
@@ -289,7 +322,7 @@ def main() -> int:
         )
         if marks is not None and got:
             time.sleep(0.5)  # the broker's marks thread writes what it noted last
-            _print_segments(got, _marks(marks, "puts"), _marks(marks, "writes"))
+            _print_segments(got, marks)
         producer.close()
     finally:
         if consumer is not None:
