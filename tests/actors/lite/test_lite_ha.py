@@ -203,9 +203,14 @@ def test_a_raft_group_expires_lite_topics_through_its_log_on_every_member_alike(
 def test_a_raft_follower_refuses_to_create_a_lite_parent_and_changes_nothing(
     raft_group: Callable[..., RaftGroup],
 ) -> None:
-    started = raft_group("broker-f", "Chats")
+    # elections slow enough that leadership does not move under a loaded machine while
+    # the test runs: the member asked must still be a follower when it answers
+    started = raft_group(
+        "broker-f", "Chats", dledger_heartbeat_ms=300, dledger_election_timeout_ms=3000
+    )
     group, lead = started.handles, started.leader
     follower = next(h for n, h in group.items() if n != lead)
+    assert status_of(follower)["role"] == "SLAVE"
     before = ray.get(follower.lite_parents.remote())
     try:
         ray.get(follower.lite_create_parent.remote("Rooms", quota=5))
