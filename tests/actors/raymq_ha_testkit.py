@@ -75,9 +75,21 @@ def start_broker(config: BrokerConfig, node_id: str | None = None) -> Any:
     return handle
 
 
+def is_dead(handle: Any) -> bool:
+    """True once the actor is dead. A status call that only times out (a busy machine)
+    says nothing: the actor may still replicate and answer."""
+    try:
+        ray.get(handle.status.remote(), timeout=2.0)
+    except ray.exceptions.RayActorError:
+        return True
+    except ray.exceptions.GetTimeoutError:
+        return False
+    return False
+
+
 def kill(handle: Any) -> None:
     ray.kill(handle, no_restart=True)
-    wait_until(lambda: not status_of(handle, 2.0), timeout_s=30, what="broker dead")
+    wait_until(lambda: is_dead(handle), timeout_s=30, what="broker dead")
 
 
 def members(cluster: actors.Cluster, broker_name: str) -> dict[int, str]:

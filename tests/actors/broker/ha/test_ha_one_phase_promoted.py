@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from raymq_ha_testkit import members, read_all, status_of
+from raymq_ha_testkit import is_dead, members, read_all
 from raymq_testkit import wait_until
 
 import actors
@@ -56,7 +56,7 @@ def test_an_awaited_one_phase_commit_follows_the_promoted_slave(
             commit = asyncio.ensure_future(txn.commit())
 
             def promote() -> None:
-                wait_until(lambda: not status_of(master, 2.0), what="the master's actor dead")
+                wait_until(lambda: is_dead(master), what="the master's actor dead")
                 wait_until(lambda: 0 not in members(cluster, "broker-a"), what="master gone")
                 cluster.admin.promote("broker-a", 1)
 

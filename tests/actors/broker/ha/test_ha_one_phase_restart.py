@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from raymq_ha_testkit import broker_config, read_all, start_broker, status_of
+from raymq_ha_testkit import broker_config, is_dead, read_all, start_broker, status_of
 from raymq_testkit import wait_until
 
 import actors
@@ -84,7 +84,7 @@ def test_a_one_phase_commit_reaches_its_broker_started_again_under_its_name(
         thread = threading.Thread(target=commit, daemon=True)
         thread.start()
         assert retrying.seen.wait(30), "the commit was never tried again"
-        wait_until(lambda: not status_of(old, 2.0), what="the broker's actor dead")
+        wait_until(lambda: is_dead(old), what="the broker's actor dead")
         started = time.monotonic()
         broker = start_broker(broker_config(cluster, root, "broker-a", 0))
         back = time.monotonic()
