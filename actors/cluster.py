@@ -25,7 +25,7 @@ from actors.client.pull_consumer import PullConsumer
 from actors.client.simple_consumer import SimpleConsumer
 from actors.client.transactional import TransactionalProducer
 from actors.config.broker import BrokerConfig
-from actors.config.cluster import BrokerSpec, ClusterConfig
+from actors.config.cluster import LOCAL_RAY_WORKER_NICENESS, BrokerSpec, ClusterConfig
 from actors.config.console import ConsoleConfig
 from actors.config.namesrv import NameServerConfig
 from actors.console.server import console_url, start_console
@@ -231,7 +231,11 @@ def start_cluster(
         changes["auto_promote"] = auto_promote
     cfg = dataclasses.replace(cfg, **changes)
     if not ray.is_initialized():
-        ray.init(address="local", include_dashboard=False)
+        ray.init(
+            address="local",
+            include_dashboard=False,
+            _system_config={"worker_niceness": LOCAL_RAY_WORKER_NICENESS},
+        )
     ns = cfg.namespace
     if any(n.startswith(NAMESERVER_PREFIX) for n in named_actors(ns)):
         raise RayMQError(

@@ -10,13 +10,20 @@ from typing import Any
 
 import ray
 
+from actors.config.cluster import LOCAL_RAY_WORKER_NICENESS
+
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def start_local_ray(num_cpus: int = 2, runtime_env: dict[str, Any] | None = None) -> None:
+def start_local_ray(
+    num_cpus: int = 2,
+    runtime_env: dict[str, Any] | None = None,
+    worker_niceness: int = LOCAL_RAY_WORKER_NICENESS,
+) -> None:
     """A local Ray of this run's own (never another cluster on the machine), quiet: no
     dashboard, warnings only, workers' output not copied here. ``runtime_env``: its
-    workers' (a setup hook, environment variables)."""
+    workers' (a setup hook, environment variables). Its workers run at
+    ``worker_niceness``: 0, as in the Ray RayMQ starts itself, where Ray's default is 15."""
     ray.init(
         address="local",
         num_cpus=num_cpus,
@@ -24,6 +31,7 @@ def start_local_ray(num_cpus: int = 2, runtime_env: dict[str, Any] | None = None
         logging_level=logging.WARNING,
         log_to_driver=False,
         runtime_env=runtime_env,
+        _system_config={"worker_niceness": worker_niceness},
     )
 
 

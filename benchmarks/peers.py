@@ -696,6 +696,11 @@ class RayQueuePeer(Peer):
         return samples
 
 
+WORKER_NICENESS = [0]
+"""The niceness of this run's Ray workers (``--worker-nice``): 0, as every peer's server
+and consumer processes run, and as in the Ray RayMQ starts itself; Ray's default is 15."""
+
+
 def ensure_ray() -> None:
     import ray
 
@@ -706,6 +711,7 @@ def ensure_ray() -> None:
             include_dashboard=False,
             logging_level=logging.WARNING,
             namespace="raymq-peers",
+            _system_config={"worker_niceness": WORKER_NICENESS[0]},
         )
 
 
@@ -1699,6 +1705,13 @@ def main() -> int:
         action="store_true",
         help="only the latency rounds (for alternated runs of one change)",
     )
+    parser.add_argument(
+        "--worker-nice",
+        type=int,
+        default=WORKER_NICENESS[0],
+        help="the niceness of Ray's workers (RayMQ's processes and the Ray-hosted peers; "
+        "Ray's own default: 15)",
+    )
     parser.add_argument("--json", default=None)
     parser.add_argument("--report", default=None, help="write a Markdown page with plots here")
     args = parser.parse_args()
@@ -1710,6 +1723,7 @@ def main() -> int:
     args.sizes = [int(x) for x in args.sizes.split(",")]
     args.producers = [int(x) for x in args.producers.split(",")]
     args.rates = [int(x) for x in args.rate.split(",")]
+    WORKER_NICENESS[0] = args.worker_nice
     logging.basicConfig(level=logging.WARNING)
     info = machine()
     print("machine: " + ", ".join(f"{k} {v}" for k, v in info.items()), flush=True)

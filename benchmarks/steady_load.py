@@ -50,6 +50,7 @@ from _local import actor_pids, cpu_s, start_local_ray  # noqa: E402
 from latency_split import _Consumer  # noqa: E402
 
 import actors  # noqa: E402
+from actors.config.cluster import LOCAL_RAY_WORKER_NICENESS  # noqa: E402
 from storage import Message  # noqa: E402
 
 ENV_MARKS = "RAYMQ_STEADY_MARKS"
@@ -236,6 +237,12 @@ def main() -> int:
         "--segments", action="store_true", help="split each message's latency where it passes"
     )
     parser.add_argument(
+        "--worker-nice",
+        type=int,
+        default=LOCAL_RAY_WORKER_NICENESS,
+        help="the niceness of Ray's workers (Ray's own default: 15)",
+    )
+    parser.add_argument(
         "--broker-option",
         action="append",
         default=[],
@@ -260,10 +267,11 @@ def main() -> int:
             runtime_env={
                 "env_vars": {ENV_MARKS: marks, "PYTHONPATH": path},
                 "worker_process_setup_hook": "steady_load.mark_broker",
-            }
+            },
+            worker_niceness=args.worker_nice,
         )
     else:
-        start_local_ray()
+        start_local_ray(worker_niceness=args.worker_nice)
     root = tempfile.mkdtemp(prefix="raymq-steady-")
     namespace, topic = "raymq-steady", "Steady"
     cluster = actors.start_cluster(

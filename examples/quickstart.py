@@ -28,6 +28,7 @@ import ray
 import actors
 from actors import ConsumeStatus, PullStatus, PushConsumer
 from actors.config import ConsoleConfig
+from actors.config.cluster import LOCAL_RAY_WORKER_NICENESS
 from storage import Message
 from storage.message import MessageExt
 
@@ -166,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         include_dashboard=False if local else None,
         logging_level="ERROR",
         log_to_driver=False,
+        # a Ray of its own: its workers at a server's priority, not Ray's nice 15
+        _system_config={"worker_niceness": LOCAL_RAY_WORKER_NICENESS} if local else None,
     )
     with tempfile.TemporaryDirectory(prefix="raymq-quickstart-") as store_root:
         cluster = actors.start_cluster(

@@ -55,6 +55,7 @@ from actors.broker.lite.processor import LiteProcessor
 from actors.broker.memory import retain_freed_memory
 from actors.broker.metrics import BrokerMetrics, BrokerMetricsService
 from actors.broker.out.registration import Registration
+from actors.broker.priority import take_priority
 from actors.broker.processor.admin import AdminBrokerProcessor
 from actors.broker.processor.consumer_manage import ConsumerManageProcessor
 from actors.broker.processor.end_transaction import EndTransactionProcessor
@@ -99,6 +100,7 @@ class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         retain_freed_memory(config.malloc_trim_threshold)  # before the store allocates
+        take_priority(config.process_nice, f"broker {config.actor_name}")  # not Ray's 15
         loop = asyncio.get_event_loop()  # an async actor runs __init__ in its loop
         self.rt = rt = BrokerRuntime(config, loop)
         self._closed = asyncio.Event()

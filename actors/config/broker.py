@@ -136,6 +136,11 @@ class BrokerConfig:
     """Freed memory the broker's process keeps for its next calls instead of giving it
     back to the kernel (glibc's ``M_TRIM_THRESHOLD``, see ``actors/broker/memory.py``); 0 keeps
     glibc's defaults, under which every large pull faults its buffers in anew."""
+    process_nice: int | None = 0
+    """The niceness the broker's process takes at start (``actors/broker/priority.py``).
+    Ray starts its workers at nice 15; a broker waiting for a CPU makes every message
+    wait, so it asks for 0. Lowering it needs ``CAP_SYS_NICE`` (root) or ``RLIMIT_NICE``:
+    without, the broker keeps Ray's and logs a warning. None leaves Ray's."""
     metrics_enable: bool = True
     """Export ``raymq_*`` metrics through ``ray.util.metrics`` (``actors/broker/metrics.py``)."""
     metrics_export_interval_s: float = 1.0
@@ -287,6 +292,15 @@ class BrokerConfig:
             raise InvalidConfigError(
                 f"BrokerConfig.malloc_trim_threshold={self.malloc_trim_threshold!r}: "
                 "must be an int >= 0"
+            )
+        if self.process_nice is not None and (
+            not isinstance(self.process_nice, int)
+            or isinstance(self.process_nice, bool)
+            or not -20 <= self.process_nice <= 19
+        ):
+            raise InvalidConfigError(
+                f"BrokerConfig.process_nice={self.process_nice!r}: must be None or an int "
+                "in -20..19"
             )
         unknown = set(self.store) - _STORE_FIELDS
         if unknown:

@@ -27,6 +27,7 @@ from typing import Any
 
 import ray
 
+from actors.config.cluster import LOCAL_RAY_WORKER_NICENESS
 from storage.errors import RayMQError
 
 LOCAL_RAY_RESOURCE = "raymq_up_local"
@@ -133,6 +134,7 @@ def _start_local_ray(args: argparse.Namespace) -> None:
     quiet = not getattr(args, "verbose", False)
     done = subprocess.run(
         cmd,
+        env={**os.environ, "RAY_worker_niceness": str(LOCAL_RAY_WORKER_NICENESS)},
         stdout=subprocess.PIPE if quiet else None,
         stderr=subprocess.STDOUT if quiet else None,
         text=True,

@@ -83,6 +83,8 @@ def test_workers_are_started_and_may_join():
 
     assert "RAY_enable_autoscaler_v2=0 ray start --head" in head
     assert "RAY_AUTH_MODE=token" in head and "RAY_AUTH_MODE=token" in worker
+    # workers at a server's priority, not Ray's nice 15 (docs/latency.md)
+    assert "RAY_worker_niceness=0" in head and "RAY_worker_niceness=0" in worker
 
 
 def test_aws_variant_pins_each_broker_to_one_nvme_instance():

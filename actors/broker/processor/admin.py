@@ -209,6 +209,7 @@ class AdminBrokerProcessor:
             "node_id": self.rt.node_id,
             "node_ip": self.rt.node_ip,
             "pid": os.getpid(),
+            "process_nice": os.getpriority(os.PRIO_PROCESS, 0),  # its event loop's thread
             "store_dir": self.rt.store_dir,
             "flush_disk_type": self.rt.store.config.flush_disk_type,
             "disk_total": disk.total,

@@ -75,6 +75,10 @@ def test_broker_config_checks_store_fields_in_the_callers_process() -> None:
         BrokerConfig(grpc_renew_max_s=0)
     with pytest.raises(InvalidConfigError, match="grpc_max_pending_calls"):
         BrokerConfig(grpc_max_pending_calls=0)
+    for bad in (20, -21, "0", True, 1.5):
+        with pytest.raises(InvalidConfigError, match="process_nice"):
+            BrokerConfig(process_nice=bad)  # type: ignore[arg-type]
+    assert BrokerConfig(process_nice=None).process_nice is None
     assert BrokerConfig(broker_name="broker-x", broker_id=1).actor_name == "broker-x-1"
 
 
