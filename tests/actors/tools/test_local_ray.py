@@ -66,6 +66,9 @@ def test_up_local_runs_without_the_environment_on_path_and_down_stops_its_ray(
     address = json.loads(up.stdout)["ray_address"]
     try:
         assert ray_processes(address), "a Ray of its own"
+        # its workers (the NameServer's and the keeper's too) at nice 0, not Ray's 15
+        workers = [p for p in ray_processes(address) if "default_worker" in " ".join(p.cmdline())]
+        assert workers and {p.nice() for p in workers} == {0}
         assert quiet(up), up.stderr
         for where in (["--address", address], []):  # given, and found as the latest here
             status = raymq("status", *where, "--namespace", ns, "--json", env=env)
