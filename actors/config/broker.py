@@ -137,10 +137,11 @@ class BrokerConfig:
     back to the kernel (glibc's ``M_TRIM_THRESHOLD``, see ``actors/broker/memory.py``); 0 keeps
     glibc's defaults, under which every large pull faults its buffers in anew."""
     process_nice: int | None = 0
-    """The niceness the broker's process takes at start (``actors/broker/priority.py``).
-    Ray starts its workers at nice 15; a broker waiting for a CPU makes every message
-    wait, so it asks for 0. Lowering it needs ``CAP_SYS_NICE`` (root) or ``RLIMIT_NICE``:
-    without, the broker keeps Ray's and logs a warning. None leaves Ray's."""
+    """The highest niceness the broker's process keeps: it lowers itself to this at start
+    where it runs above (``actors/broker/priority.py``). Ray starts its workers at nice
+    15; a broker waiting for a CPU makes every message wait, so it asks for 0. Lowering
+    needs ``CAP_SYS_NICE`` (root) or ``RLIMIT_NICE``: without, the broker keeps Ray's and
+    logs a warning. None leaves Ray's."""
     metrics_enable: bool = True
     """Export ``raymq_*`` metrics through ``ray.util.metrics`` (``actors/broker/metrics.py``)."""
     metrics_export_interval_s: float = 1.0
