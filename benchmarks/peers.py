@@ -885,6 +885,98 @@ class RayMQPeer(Peer):
         return samples
 
 
+class _RayMQAioLatency:
+    """An ``AsyncConsumer`` (``actors.aio``) in its own process, a Ray async actor: its
+    ``async for`` runs on the actor's event loop, as NATS's consumer runs on its own."""
+
+    def __init__(self, namespace: str, topic: str) -> None:
+        self.namespace, self.topic = namespace, topic
+        self.samples: list[float] = []
+        self.task: asyncio.Task[None] | None = None
+        self.changed: asyncio.Event | None = None
+
+    async def _consume(self) -> None:
+        from actors.aio import AsyncConsumer
+
+        assert self.changed is not None
+        async with AsyncConsumer(
+            "peers-aio-latency", self.topic, namespace=self.namespace
+        ) as consumer:
+            async for m in consumer:
+                self.samples.append(age_ms(m.body))
+                self.changed.set()
+
+    async def count(self) -> int:
+        if self.task is None:  # started on the actor's loop, by its first call
+            self.changed = asyncio.Event()
+            self.task = asyncio.ensure_future(self._consume())
+        return len(self.samples)
+
+    async def take(self) -> list[float]:
+        samples, self.samples = self.samples, []
+        return samples
+
+    async def take_when(self, n: int, timeout_s: float) -> list[float]:
+        assert self.changed is not None
+        deadline = time.monotonic() + timeout_s
+        while len(self.samples) < n and time.monotonic() < deadline:
+            self.changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), deadline - time.monotonic())
+        return await self.take()
+
+    async def close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+
+
+class RayMQAioPeer(RayMQPeer):
+    """RayMQ through its asyncio clients (``actors.aio``), as NATS's harness uses
+    nats-py: ``AsyncProducer.send`` paced on an event loop in this process, not
+    awaited before the next send, to an ``AsyncConsumer`` on the loop of a process of
+    its own. The throughput phases are ``raymq-async``'s."""
+
+    def __init__(self) -> None:
+        super().__init__("ASYNC_FLUSH")
+        self.name = "raymq-aio"
+        self.work += "; the latency phase through the asyncio clients (actors.aio)"
+
+    def latency(self, body: bytes, rate: int, seconds: float) -> list[float]:
+        import ray
+
+        from storage import Message
+
+        consumer = ray.remote(num_cpus=0)(_RayMQAioLatency).remote(self.namespace, self.topic)
+        producer = self.cluster.producer("peers-aio-warm")
+        warm_up(producer, consumer, self.topic, body)
+        producer.close()
+        total = int(rate * seconds)
+
+        async def produce() -> None:
+            from actors.aio import AsyncProducer
+
+            async with AsyncProducer("peers-aio-latency", namespace=self.namespace) as p:
+                await p.send(Message(self.topic, stamp(body)))  # routes and connection
+                ray.get(consumer.take.remote())
+                interval = 1.0 / rate
+                start = time.perf_counter()
+                sends = []
+                for i in range(total):
+                    delay = start + i * interval - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    sends.append(asyncio.ensure_future(p.send(Message(self.topic, stamp(body)))))
+                await asyncio.gather(*sends)
+
+        asyncio.run(produce())
+        samples: list[float] = ray.get(consumer.take_when.remote(total, 30.0))
+        ray.get(consumer.close.remote())
+        ray.kill(consumer)
+        return samples
+
+
 class _RayMQPushLatency:
     """A PushConsumer in its own process; its listener records each message's age."""
 
@@ -1678,6 +1770,7 @@ PEERS: dict[str, Callable[[], Peer]] = {
     "raymq-stream": lambda: raymq_peer("ASYNC_FLUSH", delivery="stream"),
     "raymq-pull": lambda: raymq_peer("ASYNC_FLUSH", delivery="pull"),
     "raymq-grpc": RayMQGrpcPeer,
+    "raymq-aio": RayMQAioPeer,
     "tcp-echo": lambda: RawLimit("tcp-echo"),
     "ray-noop": lambda: RawLimit("ray-noop"),
     "py-relay": lambda: RawLimit("py-relay"),
