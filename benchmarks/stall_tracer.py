@@ -513,6 +513,12 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--worker-nice",
+        type=int,
+        default=peers.WORKER_NICENESS[0],
+        help="the niceness of Ray's workers (Ray's own default: 15)",
+    )
     parser.add_argument("--threshold-ms", type=float, default=1.0)
     parser.add_argument("--tick-ms", type=float, default=1.0)
     parser.add_argument(
@@ -557,6 +563,8 @@ def main() -> int:
         log_to_driver=False,
         namespace="raymq-stalls",
         runtime_env={"env_vars": env, "worker_process_setup_hook": "stall_tracer.install"},
+        # workers at nice 0, as in the Ray RayMQ starts and in peers.py (Ray's default: 15)
+        _system_config={"worker_niceness": args.worker_nice},
     )
     install()
     started = {name: peers.PEERS[name]() for name in names}
