@@ -51,7 +51,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -358,6 +358,18 @@ def paced(rate: int, seconds: float, send: Callable[[int], Any]) -> None:
         send(i)
 
 
+async def paced_async(rate: int, count: int, send: Callable[[int], Awaitable[Any]]) -> None:
+    """:func:`paced` on an event loop: ``await send(i)`` ``count`` times, ``rate`` a
+    second, on schedule."""
+    interval = 1.0 / rate
+    start = time.perf_counter()
+    for i in range(count):
+        delay = start + i * interval - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await send(i)
+
+
 class Settled:
     """The futures of a latency phase's sends, counted as they settle and not kept.
 
@@ -552,14 +564,12 @@ class NatsPeer(Peer):
                 # (an awaited ``publish`` a message held NATS to ~4,000 msg/s here)
                 nc = await nats.connect(f"nats://127.0.0.1:{self.port}")
                 js = nc.jetstream(publish_async_max_pending=BATCH * 4)
-                interval = 1.0 / rate
-                start = time.perf_counter()
-                acks = []
-                for i in range(total):
-                    delay = start + i * interval - time.perf_counter()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
+                acks: list[Any] = []
+
+                async def publish(i: int) -> None:
                     acks.append(await js.publish_async(f"{TOPIC}.{i % QUEUES}", stamp(body)))
+
+                await paced_async(rate, total, publish)
                 for ack in await asyncio.gather(*acks, return_exceptions=True):
                     if isinstance(ack, BaseException):
                         raise ack
@@ -960,14 +970,12 @@ class RayMQAioPeer(RayMQPeer):
             async with AsyncProducer("peers-aio-latency", namespace=self.namespace) as p:
                 await p.send(Message(self.topic, stamp(body)))  # routes and connection
                 ray.get(consumer.take.remote())
-                interval = 1.0 / rate
-                start = time.perf_counter()
-                sends = []
-                for i in range(total):
-                    delay = start + i * interval - time.perf_counter()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
+                sends: list[Any] = []
+
+                async def send(i: int) -> None:  # not awaited before the next, as NATS's
                     sends.append(asyncio.ensure_future(p.send(Message(self.topic, stamp(body)))))
+
+                await paced_async(rate, total, send)
                 await asyncio.gather(*sends)
 
         asyncio.run(produce())
