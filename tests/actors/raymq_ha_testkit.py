@@ -87,9 +87,23 @@ def is_dead(handle: Any) -> bool:
     return False
 
 
+def _gone(pid: int) -> bool:
+    """True once process ``pid`` has exited (a zombie has: it runs no more code)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
 def kill(handle: Any) -> None:
+    """Kill the broker and wait until its process is gone. Ray calls the actor dead
+    before its process has stopped: a slave still running for those milliseconds may
+    append one more transfer (a test's "behind" slave then is not behind)."""
+    pid = ray.get(handle.status.remote(), timeout=30)["pid"]
     ray.kill(handle, no_restart=True)
     wait_until(lambda: is_dead(handle), timeout_s=30, what="broker dead")
+    wait_until(lambda: _gone(pid), timeout_s=30, what="broker process gone")
 
 
 def members(cluster: actors.Cluster, broker_name: str) -> dict[int, str]:
