@@ -19,7 +19,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.config.options import check_broker_name, check_name, check_positive
+from actors.config.options import (
+    check_broker_name,
+    check_name,
+    check_positive,
+    check_process_nice,
+)
 from actors.protocol.names import (
     DEFAULT_CLUSTER,
     DEFAULT_NAMESPACE,
@@ -294,15 +299,7 @@ class BrokerConfig:
                 f"BrokerConfig.malloc_trim_threshold={self.malloc_trim_threshold!r}: "
                 "must be an int >= 0"
             )
-        if self.process_nice is not None and (
-            not isinstance(self.process_nice, int)
-            or isinstance(self.process_nice, bool)
-            or not -20 <= self.process_nice <= 19
-        ):
-            raise InvalidConfigError(
-                f"BrokerConfig.process_nice={self.process_nice!r}: must be None or an int "
-                "in -20..19"
-            )
+        check_process_nice("BrokerConfig", self.process_nice)
         unknown = set(self.store) - _STORE_FIELDS
         if unknown:
             raise InvalidConfigError(

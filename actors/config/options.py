@@ -28,6 +28,16 @@ def check_positive(owner: str, **values: float) -> None:
             raise InvalidConfigError(f"{owner}.{name}={value!r}: must be a number > 0")
 
 
+def check_process_nice(owner: str, value: object) -> None:
+    """A ``process_nice`` (the niceness an actor lowers its process to): None or -20..19."""
+    if value is not None and (
+        not isinstance(value, int) or isinstance(value, bool) or not -20 <= value <= 19
+    ):
+        raise InvalidConfigError(
+            f"{owner}.process_nice={value!r}: must be None or an int in -20..19"
+        )
+
+
 def check_name(owner: str, name: str, value: object) -> None:
     if not _plain(value):
         raise InvalidConfigError(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from actors.config.options import check_process_nice
 from storage.errors import InvalidConfigError
 
 
@@ -27,6 +28,12 @@ class FleetConfig:
     request: a member no node has room for is pending (in ``status()``) until one
     has, which on an autoscaling cluster makes Ray add a node. A member gets
     ``member_shutdown_timeout_s`` to leave gracefully before it is killed.
+
+    ``process_nice``: the niceness each member lowers its process to when it starts
+    (None: it keeps the one Ray gives its workers, nice 15 by default). Its consumer's
+    threads then do not wait behind every process at nice 0 on a busy node, as a
+    broker's do not (``BrokerConfig.process_nice``, ``docs/latency.md``). Lowering it
+    takes root or ``CAP_SYS_NICE``; refused, the member keeps Ray's and logs why.
     """
 
     min_consumers: int = 1
@@ -38,8 +45,10 @@ class FleetConfig:
     num_cpus: float = 1.0
     resources: Mapping[str, float] | None = None
     member_shutdown_timeout_s: float = 45.0
+    process_nice: int | None = 0
 
     def __post_init__(self) -> None:
+        check_process_nice("FleetConfig", self.process_nice)
         for name in ("min_consumers", "max_consumers", "target_lag_per_consumer"):
             value = getattr(self, name)
             low = 0 if name == "min_consumers" else 1

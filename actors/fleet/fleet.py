@@ -99,6 +99,7 @@ class ConsumerFleet:
                     namespace,
                     list(nameservers) if nameservers else None,
                     consumer_options,
+                    self.config.process_nice,
                 ),
                 self.config,
             )

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from typing import Any
 
 import ray
 
+from actors.broker.priority import take_priority
 from actors.client.push.consumer import Listener, PushConsumer
 
 log = logging.getLogger("raymq.actors.fleet")
@@ -49,6 +51,7 @@ class MemberSpec:
     namespace: str
     nameservers: list[str] | None
     consumer_options: dict[str, Any]
+    process_nice: int | None = 0  # FleetConfig.process_nice
 
 
 class FleetMember:
@@ -62,6 +65,7 @@ class FleetMember:
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._started_at = 0.0
+        take_priority(spec.process_nice, f"fleet member of {spec.group}")  # not Ray's 15
 
     def start(self) -> str:
         """Start the consumer (it joins the group); returns its client id."""
@@ -99,6 +103,7 @@ class FleetMember:
         ]
         out["uptime_s"] = round(time.monotonic() - self._started_at, 3)
         out["gc_frozen_objects"] = gc.get_freeze_count()
+        out["process_nice"] = os.getpriority(os.PRIO_PROCESS, 0)  # the actor's thread
         return out
 
     def shutdown(self) -> dict[str, Any]:

@@ -187,6 +187,9 @@ def test_a_fleet_sized_by_hand_reports_its_members_and_replaces_a_crashed_one(
         for name in st["assignment"]:
             member = ray.get(ray.get_actor(name, namespace=cluster.namespace).status.remote())
             assert member["gc_frozen_objects"] > 10_000, member
+            # and runs at nice 0 (FleetConfig.process_nice), not at the 15 of this Ray's
+            # workers
+            assert member["process_nice"] == 0, member
         # a member crashes: the fleet replaces it, the size it was given stays
         victim = st["members"][0]["name"]
         ray.kill(ray.get_actor(victim, namespace=cluster.namespace), no_restart=True)
@@ -284,3 +287,7 @@ def test_the_sizing_policy_needs_the_lag_to_stay_past_the_target_for_a_window() 
     assert p.observe(14.0, 0, 1, current=2) == 1  # the queues shrank: at once
     with pytest.raises(InvalidConfigError, match="min_consumers"):
         FleetConfig(min_consumers=3, max_consumers=2)
+    for bad in ("0", True, 20, -21, 1.5):
+        with pytest.raises(InvalidConfigError, match="process_nice"):
+            FleetConfig(process_nice=bad)  # type: ignore[arg-type]
+    assert FleetConfig(process_nice=None).process_nice is None
