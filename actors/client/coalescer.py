@@ -39,12 +39,6 @@ from actors.client.send_result import BatchSendResult
 from actors.protocol import rpc as _rpc
 from storage import Message
 
-SendThen = Callable[[list[Message], Callable[[Any, BaseException | None], None]], None]
-"""Sends a batch and calls back once with its :class:`BatchSendResult` or its error,
-or raises before anything was sent (a validation error). The coalesced batches take
-this way when the producer gives one: no future between the connection's answer and
-the callers' futures (a future, its condition, a callback and a settle per batch)."""
-
 _Entry = tuple[Message | list[Message], concurrent.futures.Future[Any], int]
 """A message (or a list of them) waiting, the future its caller holds, the budget
 bytes it holds."""
@@ -58,10 +52,8 @@ class SendCoalescer:
         max_batch: int = 4096,
         release: Callable[[int, int], None] | None = None,
         max_bytes: int = 4 << 20,
-        send_batch_then: SendThen | None = None,
     ) -> None:
         self._send = send_batch_async
-        self._send_then = send_batch_then  # the batches' way, when given (see SendThen)
         self._release = release  # (messages, bytes) of the budget, given back when answered
         self._max_in_flight = max_in_flight
         self._max_batch = max_batch
@@ -119,9 +111,6 @@ class SendCoalescer:
                 batch, self._pending[topic] = waiting[:n], waiting[n:]
                 self._in_flight[topic] = self._in_flight.get(topic, 0) + 1
             try:
-                if self._send_then is not None:
-                    self._send_then(_flat(batch), functools.partial(self._finish, topic, batch))
-                    continue
                 sent = self._send(_flat(batch))
             except BaseException as exc:  # noqa: BLE001 - validation errors go to each future
                 self._finish(topic, batch, None, exc)

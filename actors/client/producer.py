@@ -30,7 +30,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from actors.client.backpressure import AsyncSendBudget
@@ -148,7 +148,6 @@ class Producer(ProducerCore):
             max_batch=self.config.max_batch_messages,
             release=self._budget.release,
             max_bytes=self.config.max_batch_bytes,
-            send_batch_then=self._send_batch_then,
         )
 
     # ------------------------------------------------------------ public API
@@ -263,14 +262,6 @@ class Producer(ProducerCore):
         lists (``budgeted``: those wait for room in the async budget)."""
         chunks = self._encoder.encode(msgs)  # validation errors raise here, before anything is sent
         return self._sender.send_chunks_async(chunks, len(msgs), single, sharding_key, budgeted)
-
-    def _send_batch_then(
-        self, msgs: list[Message], then: Callable[[Any, BaseException | None], None]
-    ) -> None:
-        """The coalescer's batches: ``then(BatchSendResult, None)`` or ``then(None, error)``
-        once answered (validation errors raise here, before anything is sent)."""
-        chunks = self._encoder.encode(msgs)
-        self._sender.send_chunks_then(chunks, len(msgs), then)
 
     def send_oneway(self, messages: Message | Sequence[Message]) -> None:
         """Fire and forget: no answer is awaited and no failure is reported."""

@@ -89,41 +89,6 @@ class AsyncSending(SenderCore):
             self._send_chunk_async(chunk, 0, None, sharding_key, functools.partial(done, i))
         return out
 
-    def send_chunks_then(
-        self,
-        chunks: list[_Chunk],
-        total: int,
-        then: Callable[[Any, BaseException | None], None],
-    ) -> None:
-        """:meth:`send_chunks_async` with a callback in place of the future:
-        ``then(BatchSendResult, None)`` or ``then(None, error)``, once, inside
-        ``AsyncSendBudget.delivering``. A single chunk (a coalesced batch, the usual)
-        is answered straight from its send's answer."""
-        if len(chunks) != 1:
-
-            def answered(out: concurrent.futures.Future[Any]) -> None:
-                exc = out.exception()
-                if exc is not None:
-                    then(None, exc)
-                else:
-                    then(out.result(), None)
-
-            self.send_chunks_async(chunks, total).add_done_callback(answered)
-            return
-        settled = [False]
-
-        def alone(part: Any, exc: BaseException | None) -> None:
-            if settled[0]:  # once, as send_chunks_async's future is settled once
-                return
-            settled[0] = True
-            with self.budget.delivering():  # callers' callbacks run here and may send
-                if exc is not None:
-                    then(None, exc)
-                else:
-                    then(BatchSendResult([part], total), None)
-
-        self._send_chunk_async(chunks[0], 0, None, None, alone)
-
     def _send_chunk_async(
         self,
         chunk: _Chunk,

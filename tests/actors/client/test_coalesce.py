@@ -67,46 +67,6 @@ def test_thousands_of_single_async_sends_arrive_once(make_cluster: Any) -> None:
     assert sorted(seen) == list(range(3000))
 
 
-def test_a_batch_sent_with_a_callback_answers_once_whether_one_chunk_or_several(
-    make_cluster: Any,
-) -> None:
-    """The coalescer's way of sending (``send_chunks_then``): one chunk is answered from
-    its send's answer, several (here two topics) through their tally; either way the
-    callback comes once, with a result per message, in the caller's order."""
-    cluster = make_cluster(brokers=1)
-    for topic in ("ThenA", "ThenB"):
-        cluster.admin.create_topic(topic, 1, 1)
-    with cluster.producer("coalesce-then") as producer:
-        for msgs in (
-            [Message("ThenA", b"a-%d" % i) for i in range(3)],
-            [Message("ThenA", b"a-3"), Message("ThenB", b"b-0"), Message("ThenA", b"a-4")],
-        ):
-            chunks = producer._encoder.encode(msgs)
-            calls: list[tuple[Any, BaseException | None]] = []
-            answered = concurrent.futures.Future[None]()
-
-            def then(
-                results: Any,
-                exc: BaseException | None,
-                calls: list[Any] = calls,
-                answered: concurrent.futures.Future[None] = answered,
-            ) -> None:
-                calls.append((results, exc))
-                answered.set_result(None)
-
-            producer._sender.send_chunks_then(chunks, len(msgs), then)
-            answered.result(timeout=30)
-            ((results, exc),) = calls
-            assert exc is None and len(chunks) == len({m.topic for m in msgs})
-            assert [r.message_queue.topic for r in results] == [m.topic for m in msgs]
-    consumer = cluster.pull_consumer("coalesce-then-check")
-    bodies = {
-        topic: consumer.pull(consumer.fetch_subscribe_queues(topic)[0], 0, 10).bodies
-        for topic in ("ThenA", "ThenB")
-    }
-    assert bodies == {"ThenA": [b"a-%d" % i for i in range(5)], "ThenB": [b"b-0"]}
-
-
 def test_a_refused_batch_is_resent_one_message_at_a_time() -> None:
     calls: list[list[bytes]] = []
     first: list[concurrent.futures.Future[Any]] = []
