@@ -112,6 +112,23 @@ def members(cluster: actors.Cluster, broker_name: str) -> dict[int, str]:
     return {bid: m["actor_name"] for bid, m in entry.items()}
 
 
+def restart_nameserver(cluster: actors.Cluster, index: int = 0) -> None:
+    """SIGKILL NameServer ``index`` and wait until Ray's restart of it answers (it has
+    forgotten every registration). ``ray.kill`` returns before the process stops: the
+    old one may still answer for a moment, with the registrations it held."""
+    handle = cluster.nameserver(index)
+    old = ray.get(handle.get_cluster_info.remote(), timeout=30)["pid"]
+    ray.kill(handle, no_restart=False)
+
+    def restarted() -> bool:
+        try:
+            return ray.get(handle.get_cluster_info.remote(), timeout=5)["pid"] != old
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return False
+
+    wait_until(restarted, timeout_s=60, what=f"NameServer {index} restarted")
+
+
 @dataclass
 class Load:
     """Sends batches in a thread until stopped; keeps what was acknowledged (SEND_OK)."""

@@ -33,6 +33,8 @@ GATHER_TIMEOUT_S = 3.0
 ASK_SLAVE_S = 2.0
 """A master (re)starting gives a slave this long to say where its log ends, each time."""
 ASK_SLAVES_RETRY_S = 0.5
+NAMESERVERS = "the NameServers"
+"""What a starting master's ``waiting_for`` names while no NameServer has answered."""
 COPY_TIMEOUT_S = 30.0
 """A master copying a slave's tail gives up on a read that takes longer than this."""
 COPY_PROGRESS_BYTES = 256 << 20
@@ -56,6 +58,10 @@ class Restarting(Member, Protocol):
 
     async def group_members(self) -> dict[int, str]:
         """Registered id -> actor name of the group's live members, per the NameServers."""
+        ...
+
+    async def nameserver_members(self) -> dict[int, str] | None:
+        """The same, or None when no NameServer answers."""
         ...
 
     def get_actor(self, name: str) -> Any: ...
@@ -135,15 +141,18 @@ class MasterStart:
         epochs and handle. A slave registered but slow to answer (a loaded machine, a
         pause) is asked again until it answers or leaves the NameServers' routes, for
         ``ha_ask_slaves_s`` (30 s) at most: its log may say that a newer master replaced
-        this one, which a NameServer that restarted no longer knows. (With no NameServer
-        answering there is no one to ask: registering waits for one anyway.)"""
+        this one, which a NameServer that restarted no longer knows. No NameServer
+        answering is no answer either (one paused, or this process too busy starting to
+        hear one in time: taken for "no slaves", the master would register in an epoch a
+        slave may know to be over): they are asked again too, within the same time."""
         repl = self.repl
         name = repl.config.actor_name
         deadline = repl.loop.time() + repl.config.ha_ask_slaves_s
         tails: dict[str, tuple[int, Epochs, Any]] = {}
         while True:
-            members = await repl.group_members()
-            waiting = []
+            heard = await repl.nameserver_members()
+            members = heard if heard is not None else {}
+            waiting = [] if heard is not None else [NAMESERVERS]
             for bid, actor_name in members.items():
                 if actor_name == name or bid == MASTER_ID or actor_name in tails:
                     continue

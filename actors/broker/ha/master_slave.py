@@ -201,8 +201,16 @@ class MasterSlaveReplication(Replication):
         self._writable.set()
 
     async def group_members(self) -> dict[int, str]:
-        """Registered id -> actor name of this group's live members, per the NameServers."""
+        """Registered id -> actor name of this group's live members, per the NameServers
+        (none when none answers)."""
+        return await self.nameserver_members() or {}
+
+    async def nameserver_members(self) -> dict[int, str] | None:
+        """The group's live members per the first NameServer to answer; None when none
+        of the configured ones answers (a NameServer restarting, a busy machine)."""
         b = self.broker
+        if not b.config.nameservers:
+            return {}
         for name in b.config.nameservers:
             try:
                 handle = await b.run(b.nameserver, name)
@@ -211,7 +219,7 @@ class MasterSlaveReplication(Replication):
                 continue
             members = info["brokers"].get(self.config.broker_name, {}).get("members", {})
             return {int(bid): m["actor_name"] for bid, m in members.items()}
-        return {}
+        return None
 
     def get_actor(self, name: str) -> Any:
         return ray.get_actor(name, namespace=self.config.namespace)

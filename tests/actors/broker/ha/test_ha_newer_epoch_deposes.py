@@ -20,7 +20,7 @@ import signal
 from typing import Any
 
 import ray
-from raymq_ha_testkit import commitlog_bytes, kill, members, status_of
+from raymq_ha_testkit import commitlog_bytes, kill, members, restart_nameserver, status_of
 from raymq_testkit import wait_until
 
 from actors import SendStatus
@@ -61,7 +61,7 @@ def test_a_master_accepted_in_its_old_epoch_becomes_a_slave_of_the_newer_one(
     wait_until(lambda: status_of(other)["commitlog_max_offset"] == new_end, what="other synced")
 
     kill(new)
-    ray.kill(cluster.nameserver(0), no_restart=False)  # it forgets the group's epochs
+    restart_nameserver(cluster)  # it forgets the group's epochs
     wait_until(
         lambda: registered().get(other_id) == f"broker-a-{other_id}",
         what="the slave registered again",
@@ -110,3 +110,34 @@ def test_a_master_accepted_in_its_old_epoch_becomes_a_slave_of_the_newer_one(
     assert commitlog_bytes(status_of(master)["store_dir"]) == commitlog_bytes(
         status_of(new)["store_dir"]
     )
+
+
+def test_a_master_restarting_while_no_nameserver_answers_asks_again(
+    sync_master_group: Any,
+) -> None:
+    """No NameServer answering is no answer, not "no slaves": a master that took it for
+    one would register in an epoch a slave may know to be over (a CI run saw its 2 s
+    call to a NameServer time out while it started on a busy machine)."""
+    group = sync_master_group("NoNameServer", size=2, heartbeat_interval_s=0.5)
+    cluster, send, registered = group.cluster, group.send, group.registered
+    acked = send(b"first", 20)
+    kill(cluster.broker("broker-a", 0))
+    nameserver = cluster.nameserver(0)
+    paused = ray.get(nameserver.get_cluster_info.remote())["pid"]
+    os.kill(paused, signal.SIGSTOP)
+    try:
+        master = group.start(0)
+        wait_until(
+            lambda: status_of(master).get("waiting_for") == ["the NameServers"],
+            what="the restarted master waiting for a NameServer's answer",
+        )
+        assert status_of(master)["accepted_as_master"] is not True
+    finally:
+        os.kill(paused, signal.SIGCONT)
+    wait_until(lambda: registered().get(0) == "broker-a-0", what="the master registered")
+    assert "waiting_for" not in status_of(master)
+    acked += send(b"after", 20)
+    assert {r.status for r in acked} == {SendStatus.SEND_OK}
+    bodies = group.read("g-no-nameserver")
+    expected = [b"%s-%04d" % (p, i) for p in (b"first", b"after") for i in range(20)]
+    assert sorted(bodies) == sorted(expected)
