@@ -20,7 +20,11 @@ def test_a_master_no_nameserver_accepted_takes_no_writes(make_cluster: Any, tmp_
     wait_until(lambda: status_of(accepted).get("accepted_as_master"), what="master accepted")
 
     config = broker_config(cluster, str(tmp_path), "broker-z", 0)
-    alone = start_broker(config.replace(nameservers=("nameserver-unreachable",)))
+    # it asks the NameServers for its slaves first, for ha_ask_slaves_s (short here):
+    # none answering is no answer, so its first registration waits that long
+    alone = start_broker(
+        config.replace(nameservers=("nameserver-unreachable",), ha_ask_slaves_s=1.0)
+    )
     try:
         for _ in range(3):
             assert ray.get(alone.register_all.remote(), timeout=30) == 0
