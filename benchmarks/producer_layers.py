@@ -18,6 +18,13 @@ pacing alone (no send), what every row includes:
   encoding, the async budget, the coalescer).
 
 A row's CPU less the row above it is what that layer adds per message.
+
+``--breakdown`` also times, in each layer, the producer's functions on a message's way
+(:data:`BREAKDOWN`), each call's CPU on its own thread (``time.thread_time_ns``, kernel
+time of its system calls included), and prints them per layer: CPU per call, calls per
+message. Times are inclusive (``lanes._answered`` contains ``lanes._finish``). They are
+what the steps cost in the live run, where every step runs cold, not in a warm loop;
+the timers add ~1-2 us a call, so the rows' CPU is then a little higher.
 """
 
 from __future__ import annotations
@@ -42,6 +49,62 @@ from actors.protocol.frames import Code  # noqa: E402
 from storage import Message  # noqa: E402
 
 TOPIC = "Layers"
+
+BREAKDOWN = (
+    # (module, class, method, label): on the caller's thread
+    ("actors.client.encoder", "MessageEncoder", "encode", "encode"),
+    ("actors.client.send_async", "AsyncSending", "send_chunks_async", "send_chunks_async"),
+    ("actors.client.queue_selector", "QueueSelector", "select", "  select"),
+    ("actors.client.send_lanes", "SendLanes", "send", "  lanes.send"),
+    ("actors.client.idempotence", "Sequencer", "bind", "    bind"),
+    ("actors.client.transport", "BrokerTransport", "call", "    transport.call"),
+    ("actors.protocol.connection", "BrokerConnection", "_send_direct", "      socket write"),
+    # on the client I/O thread, the answer
+    ("actors.protocol.connection", "BrokerConnection", "_on_frame", "io: connection._on_frame"),
+    ("actors.client.send_lanes", "SendLanes", "_answered", "io:   lanes._answered"),
+    ("actors.protocol.wire", "SendAck", "from_wire", "io:     SendAck.from_wire"),
+    ("actors.client.send_lanes", "SendLanes", "_finish", "io:     lanes._finish"),
+    ("actors.client.send_outcome", "Outcome", "settle", "io:       Outcome.settle"),
+    ("actors.client.fault", "LatencyFaultTolerance", "update", "io:       fault.update"),
+    ("actors.client.send_result", "BatchSendResult", "__getitem__", "io:       BatchSendResult[i]"),
+)
+"""The functions ``--breakdown`` times, indented as they nest."""
+
+
+class _Breakdown:
+    """Thread CPU per call of :data:`BREAKDOWN`'s functions, wrapped in place for the
+    run (a benchmark's instrument: the library is not changed on disk)."""
+
+    def __init__(self) -> None:
+        self.cpu_ns: dict[str, int] = dict.fromkeys((b[3] for b in BREAKDOWN), 0)
+        self.calls: dict[str, int] = dict.fromkeys(self.cpu_ns, 0)
+
+    def install(self) -> None:
+        import functools
+        import importlib
+
+        for module, cls_name, name, label in BREAKDOWN:
+            cls = getattr(importlib.import_module(module), cls_name)
+            raw = cls.__dict__[name]
+            is_cm = isinstance(raw, classmethod)
+            fn = raw.__func__ if is_cm else raw
+
+            def timed(*a: Any, _fn: Any = fn, _label: str = label, **k: Any) -> Any:
+                t0 = time.thread_time_ns()
+                try:
+                    return _fn(*a, **k)
+                finally:
+                    self.cpu_ns[_label] += time.thread_time_ns() - t0
+                    self.calls[_label] += 1
+
+            functools.update_wrapper(timed, fn)
+            setattr(cls, name, classmethod(timed) if is_cm else timed)
+
+    def take(self) -> dict[str, tuple[int, int]]:
+        out = {k: (self.cpu_ns[k], self.calls[k]) for k in self.cpu_ns}
+        for k in self.cpu_ns:
+            self.cpu_ns[k] = self.calls[k] = 0
+        return out
 
 
 class _Acks:
@@ -83,7 +146,13 @@ def main() -> int:
     parser.add_argument(
         "--no-idempotence", action="store_true", help="a producer without idempotent numbering"
     )
+    parser.add_argument(
+        "--breakdown", action="store_true", help="time the producer's steps in each layer"
+    )
     args = parser.parse_args()
+    breakdown = _Breakdown() if args.breakdown else None
+    if breakdown is not None:
+        breakdown.install()
     start_local_ray()
     root = tempfile.mkdtemp(prefix="raymq-layers-")
     cluster = actors.start_cluster(
@@ -144,10 +213,13 @@ def main() -> int:
         broker_pid = actor_pids("Broker")[0]
         p50: dict[str, list[float]] = {k: [] for k in layers}
         p99: dict[str, list[float]] = {k: [] for k in layers}
+        steps: dict[str, dict[str, list[tuple[int, int, int]]]] = {k: {} for k in layers}
         me = os.getpid()
         for rnd in range(args.rounds + 1):
             for name, fn in layers.items():
                 acks = _Acks()
+                if breakdown is not None:
+                    breakdown.take()
                 before, bbefore = total_cpu_s(me), total_cpu_s(broker_pid)
                 paced(args.rate, args.seconds, lambda i, fn=fn, acks=acks: fn(acks))
                 acks.wait()
@@ -155,6 +227,9 @@ def main() -> int:
                 bused = total_cpu_s(broker_pid) - bbefore
                 if rnd == 0:
                     continue  # warm-up
+                if breakdown is not None:
+                    for label, (ns, calls) in breakdown.take().items():
+                        steps[name].setdefault(label, []).append((ns, calls, acks.sent))
                 cpu[name].append(1e6 * used / acks.sent)
                 bcpu[name].append(1e6 * bused / acks.sent)
                 p50[name].append(percentile(acks.lat, 0.5))
@@ -183,6 +258,25 @@ def main() -> int:
             f"{statistics.median(p50[name]):>12.3f}{statistics.median(p99[name]):>12.3f}"
             f"{statistics.median(bcpu[name]):>15.0f}"
         )
+    if breakdown is not None:
+        print("\nsteps (--breakdown): CPU us a call (calls a message), medians of the rounds")
+        for name, per_step in steps.items():
+            rows = [
+                (
+                    label,
+                    [ns / 1e3 / calls for ns, calls, _ in runs if calls],
+                    [calls / sent for _, calls, sent in runs],
+                )
+                for label, runs in per_step.items()
+            ]
+            rows = [(label, us, per) for label, us, per in rows if us]
+            if not rows:
+                continue
+            print(f"  {name}")
+            for label, us, per in rows:
+                print(
+                    f"    {label:<34}{statistics.median(us):>8.1f}  (x{statistics.median(per):.2f})"
+                )
     return 0
 
 
