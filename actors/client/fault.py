@@ -16,6 +16,9 @@ from collections.abc import Callable
 # a send that took >= LATENCY_MAX[i] seconds makes the broker unavailable for NOT_AVAILABLE[i]
 LATENCY_MAX_S = (0.05, 0.1, 0.55, 1.8, 3.0, 5.0, 15.0)
 NOT_AVAILABLE_S = (0.0, 0.0, 2.0, 5.0, 6.0, 10.0, 30.0)
+_ISOLATES_FROM_S = min(m for m, w in zip(LATENCY_MAX_S, NOT_AVAILABLE_S) if w > 0)
+"""The fastest answer that isolates its broker (an answer faster than this, from a
+broker isolated for nothing, changes nothing)."""
 
 
 class LatencyFaultTolerance:
@@ -36,6 +39,8 @@ class LatencyFaultTolerance:
         failed: bool = False,
         master: str | None = None,
     ) -> None:
+        if not failed and latency_s < _ISOLATES_FROM_S and broker_name not in self._until:
+            return  # the usual answer: nothing to isolate, nothing to lift (no lock taken)
         if failed:
             duration = self.isolation_s
         else:

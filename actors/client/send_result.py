@@ -7,6 +7,7 @@ caller looks at a message's :class:`SendResult`.
 from __future__ import annotations
 
 import enum
+import functools
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
@@ -79,6 +80,13 @@ class _Chunk:
     positions: np.ndarray
 
 
+@functools.lru_cache(maxsize=256)
+def _offset_id_prefix(store_host: str) -> str:
+    """The first half of a message's offset id (its broker's host, in hex): the same for
+    every answer of a broker, so made once."""
+    return codec.host_to_bytes(store_host).hex().upper()
+
+
 class BatchSendResult(Sequence[SendResult]):
     """The outcome of ``send_batch``: one entry per message, in the caller's order,
     kept as arrays and expanded to :class:`SendResult` on access."""
@@ -100,7 +108,7 @@ class BatchSendResult(Sequence[SendResult]):
             out: list[Any] = [None] * self._total
             for positions, uniq_keys, mq, ack in self._parts:
                 status = _SEND_STATUS[ack.status]
-                prefix = codec.host_to_bytes(ack.store_host).hex().upper()
+                prefix = _offset_id_prefix(ack.store_host)
                 for pos, uk, qoff, phys in zip(
                     positions.tolist(),
                     uniq_keys,

@@ -63,13 +63,18 @@ class SendAck:
     @classmethod
     def from_wire(cls, wire: AckWire) -> SendAck:
         status, broker_name, store_host, queue_offsets, commitlog_offsets = msgpack.unpackb(wire)
+        known = _PUT_STATUS.get(status) if status.__class__ is str else None
         return cls(
-            PutStatus(status),
+            known or PutStatus(status),  # ValueError for an unknown one
             broker_name,
             store_host,
-            np.frombuffer(queue_offsets, dtype="<i8"),
-            np.frombuffer(commitlog_offsets, dtype="<i8"),
+            np.frombuffer(queue_offsets, _LE_I8),
+            np.frombuffer(commitlog_offsets, _LE_I8),
         )
+
+
+_PUT_STATUS = {s.value: s for s in PutStatus}
+_LE_I8 = np.dtype("<i8")  # made once: a dtype given as a string is parsed at each call
 
 
 AckWire = bytes

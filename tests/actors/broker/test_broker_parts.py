@@ -213,6 +213,17 @@ def test_latency_fault_tolerance() -> None:
     assert fault.is_available("c")
 
 
+def test_a_fast_answer_lifts_an_isolation_and_leaves_others_alone() -> None:
+    fault = LatencyFaultTolerance(isolation_s=10.0, clock=lambda: 0.0)
+    fault.update("a", 0.0, failed=True)
+    fault.update("b", 0.6)  # >= 550 ms: out for 2 s
+    fault.update("c", 0.3)  # under 550 ms, nothing isolated: nothing changes
+    assert fault.snapshot() == {"a": 10.0, "b": 2.0}
+    fault.update("a", 0.01)  # a fast answer from an isolated broker: back at once
+    assert fault.is_available("a") and not fault.is_available("b")
+    assert fault.snapshot() == {"b": 2.0}
+
+
 def test_an_isolated_broker_is_available_again_once_its_route_names_another_master() -> None:
     now = [0.0]
     fault = LatencyFaultTolerance(isolation_s=10.0, clock=lambda: now[0])
