@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 import re
+import signal
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -74,6 +77,17 @@ def stored_ends(cluster: Any, topic: str, host_of: dict[str, str]) -> dict[tuple
 
 def unique_namespace(prefix: str = "t") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+@contextlib.contextmanager
+def paused(pid: int) -> Iterator[None]:
+    """Process ``pid`` stopped (SIGSTOP) for the block, resumed (SIGCONT) after it,
+    whatever the block raised: a loaded machine's or a GC's pause, made on purpose."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 def wait_until(

@@ -13,15 +13,13 @@ that would lose it.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 import ray
 from raymq_ha_testkit import commitlog_bytes, kill, members, restart_nameserver, status_of
-from raymq_testkit import SMALL_STORE, wait_until
+from raymq_testkit import SMALL_STORE, paused, wait_until
 from store_faults import cut_commitlog
 
 from actors import SendStatus
@@ -92,17 +90,14 @@ def test_the_keeper_does_not_promote_a_slave_behind_while_the_other_is_away(
     kill(ahead)
     restart_nameserver(cluster)  # it forgets the group's epochs
     wait_until(lambda: registered().get(2) == "broker-a-2", what="the slave re-registered")
-    paused = status_of(behind)["pid"]
-    os.kill(paused, signal.SIGSTOP)
-    try:
+    pid = status_of(behind)["pid"]
+    with paused(pid):
         master = group.start(0)
         wait_until(
             lambda: status_of(master).get("waiting_for") == ["broker-a-2"],
             what="the old master waiting for the paused slave's answer",
         )
         assert 0 not in registered()
-    finally:
-        os.kill(paused, signal.SIGCONT)
     wait_until(lambda: registered().get(1000) == "broker-a-0", what="old master back as a slave")
     assert 0 not in registered()
     assert status_of(master)["role"] == "SLAVE"

@@ -15,13 +15,11 @@ message is read back once.
 
 from __future__ import annotations
 
-import os
-import signal
 from typing import Any
 
 import ray
 from raymq_ha_testkit import commitlog_bytes, kill, members, restart_nameserver, status_of
-from raymq_testkit import wait_until
+from raymq_testkit import paused, wait_until
 
 from actors import SendStatus
 
@@ -68,9 +66,8 @@ def test_a_master_accepted_in_its_old_epoch_becomes_a_slave_of_the_newer_one(
     )
     other_log = commitlog_bytes(status_of(other)["store_dir"])
     assert status_of(other)["master_epoch"] == promoted["epoch"]
-    paused = status_of(other)["pid"]
-    os.kill(paused, signal.SIGSTOP)
-    try:
+    pid = status_of(other)["pid"]
+    with paused(pid):
         master = group.start(0)
         # it waited ha_ask_slaves_s for the paused slave, then registered in its old epoch
         wait_until(
@@ -79,8 +76,6 @@ def test_a_master_accepted_in_its_old_epoch_becomes_a_slave_of_the_newer_one(
         )
         assert registered().get(0) == "broker-a-0"
         assert status_of(master)["master_epoch"] < promoted["epoch"]
-    finally:
-        os.kill(paused, signal.SIGCONT)
     wait_until(lambda: registered().get(1000) == "broker-a-0", what="old master back as a slave")
     assert 0 not in registered()
     assert status_of(master)["role"] == "SLAVE"
@@ -122,17 +117,14 @@ def test_a_master_restarting_while_no_nameserver_answers_asks_again(
     acked = send(b"first", 20)
     kill(cluster.broker("broker-a", 0))
     nameserver = cluster.nameserver(0)
-    paused = ray.get(nameserver.get_cluster_info.remote())["pid"]
-    os.kill(paused, signal.SIGSTOP)
-    try:
+    pid = ray.get(nameserver.get_cluster_info.remote())["pid"]
+    with paused(pid):
         master = group.start(0)
         wait_until(
             lambda: status_of(master).get("waiting_for") == ["the NameServers"],
             what="the restarted master waiting for a NameServer's answer",
         )
         assert status_of(master)["accepted_as_master"] is not True
-    finally:
-        os.kill(paused, signal.SIGCONT)
     wait_until(lambda: registered().get(0) == "broker-a-0", what="the master registered")
     assert "waiting_for" not in status_of(master)
     acked += send(b"after", 20)
