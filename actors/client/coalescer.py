@@ -34,9 +34,9 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from actors.client.send_future import SendFuture, settle_all
 from actors.client.send_result import BatchSendResult
 from actors.protocol import rpc as _rpc
+from actors.protocol.shared_future import SharedFuture, settle_all
 from storage import Message
 
 _Entry = tuple[Message | list[Message], concurrent.futures.Future[Any], int]
@@ -65,7 +65,7 @@ class SendCoalescer:
 
     def submit(self, message: Message, nbytes: int = 0) -> concurrent.futures.Future[Any]:
         """``message`` sent with its neighbours; ``nbytes`` of the budget it holds."""
-        future = SendFuture(self._futures)
+        future = SharedFuture(self._futures)
         topic = message.topic
         with self._lock:
             waiting = self._pending.get(topic)
@@ -82,7 +82,7 @@ class SendCoalescer:
     ) -> concurrent.futures.Future[Any]:
         """``messages`` (of one topic, a short list) sent whole inside a batch with its
         neighbours: a future of their :class:`BatchSendResult`; ``nbytes`` of the budget."""
-        future = SendFuture(self._futures)
+        future = SharedFuture(self._futures)
         topic = messages[0].topic
         with self._lock:
             self._pending.setdefault(topic, []).append((messages, future, nbytes))

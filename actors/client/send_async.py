@@ -19,6 +19,7 @@ from actors.client.send_core import SenderCore
 from actors.client.send_outcome import Outcome, answer_from, backoff, stored_before
 from actors.client.send_result import BatchSendResult, _Chunk
 from actors.protocol import rpc as _rpc
+from actors.protocol.shared_future import SharedFuture
 from actors.protocol.wire import SendAck
 from rebalance import MessageQueue
 from storage.codec import EncodedBatch
@@ -44,7 +45,7 @@ class AsyncSending(SenderCore):
         """Send ``chunks`` (``total`` messages) without waiting: a future of their
         :class:`BatchSendResult` (of its one :class:`SendResult` when ``single``).
         ``budgeted``: the caller's own send, which waits for room in the budget."""
-        out: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        out = SharedFuture(self._futures)
         if budgeted:  # the caller's own send, not the coalescer's: it waits for room
             count, nbytes = total, sum(len(c.batch.data) for c in chunks)
             self.budget.acquire(count, nbytes, self.config.send_timeout_s)

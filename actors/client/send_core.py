@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import threading
 import time
 from collections.abc import Sequence
 
@@ -49,6 +50,7 @@ class SenderCore:
         self.fault = fault
         self.budget = budget
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="raymq-producer")
+        self._futures = threading.Condition()  # the async sends' futures share it
         self._lanes = SendLanes(
             config.max_in_flight_per_broker,
             max_messages=4 * config.max_batch_messages,

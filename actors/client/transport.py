@@ -125,7 +125,9 @@ class BrokerTransport:
         try:
             broker = self.ns.broker(route, broker_name)
             parts = EncodedBatch.wire_parts(batches)
-            size = sum(memoryview(p).nbytes for p in parts)
+            size = 0
+            for part in parts:  # the head's parts are bytes: no view for them
+                size += len(part) if type(part) is bytes else memoryview(part).nbytes
             # a call this large would go through Ray's object store: the ring replaces that
             ring = self._ring_for(route, broker_name) if size >= OUT_OF_BAND_BYTES else None
             call = self._send_shared(broker, ring, parts, size, auto_n) if ring else None

@@ -48,6 +48,7 @@ from typing import Any
 
 from actors.protocol import frames
 from actors.protocol.frames import Code, Flag
+from actors.protocol.shared_future import SharedFuture
 from storage.errors import BrokerUnavailableError
 
 log = logging.getLogger("raymq.actors.protocol.connection")
@@ -142,6 +143,7 @@ class BrokerConnection:
         self._io = IOLoop.get()
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[concurrent.futures.Future[Any], Decode | None]] = {}
+        self._futures = threading.Condition()  # its requests' futures share it
         self._streams: dict[int, OnAnswer] = {}  # request id -> its STREAM answers' handler
         self._opening_streams: dict[int, OnAnswer] = {}  # id(future) -> handler, until sent
         self._writer: asyncio.WriteTransport | None = None  # after the handshake
@@ -171,7 +173,7 @@ class BrokerConnection:
         broker raised (the same RayMQError type), or of what ``decode`` raised, or of the
         connection's failure. One future per request: a caller that wants the answer
         decoded needs no second future settled from the first's callback."""
-        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        fut = SharedFuture(self._futures)
         return self._request_into(fut, header, body, oneway=oneway, decode=decode)
 
     def _request_into(
@@ -207,7 +209,7 @@ class BrokerConnection:
         them. The future settles with the last answer (``(header, body)``, without the
         flag), the broker's error, or the connection's failure; no ``on_answer`` call
         comes after it settles."""
-        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        fut = SharedFuture(self._futures)
         with self._wlock:
             self._opening_streams[id(fut)] = on_answer
         fut.add_done_callback(self._forget_stream)
@@ -239,17 +241,20 @@ class BrokerConnection:
         what the socket cannot take now goes to the loop, and the frames after it too."""
         sock = self._sock
         assert sock is not None
-        views = [memoryview(p).cast("B") for p in parts]
+        one = len(parts) == 1 and type(parts[0]) is bytes  # a small frame: joined
+        views = parts if one else [memoryview(p).cast("B") for p in parts]
         try:
-            sent = sock.sendmsg(views)
+            sent = sock.send(parts[0]) if one else sock.sendmsg(views)
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError as exc:  # the loop's reader hears of it too: end the connection
             self._direct_ok = False
             self._io.loop.call_soon_threadsafe(self._abort, exc)
             return
-        if sent == sum(v.nbytes for v in views):
+        if sent == (len(parts[0]) if one else sum(v.nbytes for v in views)):
             return
+        if one:
+            views = [memoryview(parts[0])]
         rest = []  # views of what is left (the transport copies what it cannot send)
         for v in views:
             if sent >= v.nbytes:

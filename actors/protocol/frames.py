@@ -126,10 +126,17 @@ class AuthError(BrokerUnavailableError):
 
 
 def encode(header: Mapping[str, Any], body: Sequence[Any] = ()) -> list[Any]:
-    """The frame as buffers to write back to back (``body``: bytes-like parts, not joined)."""
+    """The frame as buffers to write back to back (``body``: bytes-like parts). A frame
+    under ``SCRATCH_BYTES`` is one ``bytes`` (joined: one buffer for the socket, no view
+    per part), a larger one its parts, not joined (as :func:`write_frame` writes them)."""
     head = _packb(header if type(header) is dict else dict(header))
-    size = sum(memoryview(p).nbytes for p in body)
-    return [_PREFIX.pack(4 + len(head) + size, len(head)), head, *body]
+    size = 0
+    for part in body:
+        size += len(part) if type(part) is bytes else memoryview(part).nbytes
+    prefix = _PREFIX.pack(4 + len(head) + size, len(head))
+    if size < SCRATCH_BYTES:
+        return [b"".join((prefix, head, *body))]
+    return [prefix, head, *body]
 
 
 async def read_frame(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +28,7 @@ class SlowServer:
         self.loop = asyncio.new_event_loop()
         self.release = threading.Event()
         self.seqs: list[int] = []
+        self.bodies: dict[int, int] = {}  # seq -> crc32 of the body received
         self.addr = ""
         ready = threading.Event()
         self.thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
@@ -59,6 +61,7 @@ class SlowServer:
                 if len(body) > 1 << 20:  # the large frame: hold the rest until released
                     await asyncio.get_running_loop().run_in_executor(None, self.release.wait, 30)
                 self.seqs.append(header["seq"])
+                self.bodies[header["seq"]] = zlib.crc32(body)
                 writer.writelines(
                     frames.encode({"c": int(Code.OK), "o": header["o"], "r": header["seq"]})
                 )
@@ -150,5 +153,29 @@ def test_an_answer_is_decoded_into_the_request_s_own_future(server: SlowServer) 
         assert [f.result(10) for f in futures] == [2 * i for i in range(50)]
         assert conn.request({"c": int(Code.HEARTBEAT), "seq": 7}).result(10)[0]["r"] == 7
         assert not conn._pending
+    finally:
+        conn.close()
+
+
+def test_small_frames_the_socket_takes_in_part_arrive_whole_and_in_order(
+    server: SlowServer,
+) -> None:
+    """A frame under ``SCRATCH_BYTES`` leaves as one buffer: written from the caller's
+    thread while the socket has room, its rest by the loop when it takes only part of
+    it, and the frames after it behind that rest."""
+    server.release.set()
+    conn = BrokerConnection(server.addr, SECRET, name="slow")
+    conn.open()
+    try:
+        # 200 KiB frames faster than the server reads them: the socket's buffer fills
+        bodies = [bytes([i]) * (200 << 10) for i in range(60)]
+        futures = [
+            conn.request({"c": int(Code.SEND), "seq": i}, [memoryview(b)])
+            for i, b in enumerate(bodies)
+        ]
+        assert [f.result(30)[0]["r"] for f in futures] == list(range(60))
+        assert server.seqs == list(range(60))
+        assert server.bodies == {i: zlib.crc32(b) for i, b in enumerate(bodies)}
+        assert len(bodies[0]) < frames.SCRATCH_BYTES  # what this test is about
     finally:
         conn.close()

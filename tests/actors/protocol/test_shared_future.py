@@ -1,4 +1,4 @@
-"""SendFuture: futures sharing one condition, settled a batch at a time, behave as
+"""SharedFuture: futures sharing one condition, settled a batch at a time, behave as
 ``concurrent.futures.Future`` does for each one's waiter and callbacks."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import threading
 
 import pytest
 
-from actors.client.send_future import SendFuture, settle_all
+from actors.protocol.shared_future import SharedFuture, settle_all
 
 
 def test_each_future_of_a_batch_gets_its_own_result_error_and_callbacks() -> None:
     cond = threading.Condition()
-    a, b, c = SendFuture(cond), SendFuture(cond), SendFuture(cond)
+    a, b, c = SharedFuture(cond), SharedFuture(cond), SharedFuture(cond)
     seen: list[tuple[str, object]] = []
     a.add_done_callback(lambda f: seen.append(("a1", f.result())))
     a.add_done_callback(lambda f: seen.append(("a2", f.result())))
@@ -33,7 +33,7 @@ def test_each_future_of_a_batch_gets_its_own_result_error_and_callbacks() -> Non
 
 def test_a_waiter_woken_for_another_future_waits_on_for_its_own() -> None:
     cond = threading.Condition()
-    mine, other = SendFuture(cond), SendFuture(cond)
+    mine, other = SharedFuture(cond), SharedFuture(cond)
     started = threading.Event()
     got: list[object] = []
 
@@ -54,7 +54,7 @@ def test_a_waiter_woken_for_another_future_waits_on_for_its_own() -> None:
 
 def test_timeout_cancel_and_the_module_helpers() -> None:
     cond = threading.Condition()
-    f, g = SendFuture(cond), SendFuture(cond)
+    f, g = SharedFuture(cond), SharedFuture(cond)
     with pytest.raises(TimeoutError):
         f.result(0.01)
     with pytest.raises(TimeoutError):
