@@ -312,7 +312,7 @@ class Producer(ProducerCore):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # the transport's rings, as the shared-ring tests (in other rooms) look at them, as tests of the shared ring (in other rooms) look at them
+    # the transport's rings, as the shared-ring tests (in other rooms) look at them
     @property
     def _rings(self) -> dict[str, SharedRing]:
         return self._transport.rings

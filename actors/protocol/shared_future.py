@@ -9,9 +9,10 @@ are settled together (:func:`settle_all`): one hold of that lock and one wake of
 waiters per batch, not per message. Each future still gets its own result (or error)
 and runs its own callbacks, in the order they were added.
 
-Sharing the condition means a waiter may wake for another future's answer, so
-:meth:`SharedFuture.result` and :meth:`SharedFuture.exception` wait again until their
-own is there or their timeout has passed. What such a future stands for cannot be
+A thread blocked in :meth:`SharedFuture.result` or :meth:`SharedFuture.exception`
+waits on a lock of its own, released by that future's answer alone: many threads
+waiting on futures of one owner (sync sends on one connection) are not all woken by
+each answer. What such a future stands for cannot be
 taken back once it was handed over (a send, a request written): :meth:`SharedFuture.cancel`
 returns False (as a running future's does). Everything else (``add_done_callback``,
 ``concurrent.futures.wait`` and ``as_completed``, ``asyncio.wrap_future``) works as on
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterable
 from concurrent.futures import CancelledError, Future
 from concurrent.futures._base import (
@@ -63,21 +63,37 @@ class SharedFuture(Future[Any]):
         return self._result
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        cond = self._condition
-        with cond:
-            if self._state != FINISHED:
-                deadline = None if timeout is None else time.monotonic() + timeout
-                while self._state != FINISHED:  # the condition is shared: wake-ups of others
-                    if self._state in _CANCELLED:
-                        raise CancelledError()
-                    if deadline is None:
-                        cond.wait()
-                        continue
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise TimeoutError()
-                    cond.wait(left)
+        with self._condition:
+            if self._state == FINISHED:
+                return self._exception
+            if self._state in _CANCELLED:
+                raise CancelledError()
+            waiter = _Waiter()  # woken by this future's answer alone, not its owner's others
+            self._waiters.append(waiter)
+        woken = waiter.lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout))
+        with self._condition:
+            self._waiters.remove(waiter)
+            if not woken and self._state != FINISHED:
+                raise TimeoutError()
             return self._exception
+
+
+class _Waiter:
+    """One thread blocked on one :class:`SharedFuture`: a lock held until the future is
+    settled (as ``concurrent.futures.wait``'s waiters are told, under the condition).
+    A waiter of its own, so a settled future wakes only the threads waiting for it: the
+    shared condition wakes no one (with it, every answer woke every waiting thread)."""
+
+    __slots__ = ("lock",)
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lock.acquire()
+
+    def add_result(self, future: Any) -> None:
+        self.lock.release()
+
+    add_exception = add_cancelled = add_result
 
 
 def settle_all(

@@ -31,25 +31,51 @@ def test_each_future_of_a_batch_gets_its_own_result_error_and_callbacks() -> Non
     assert late == [1]
 
 
-def test_a_waiter_woken_for_another_future_waits_on_for_its_own() -> None:
+def test_a_waiter_is_answered_by_its_own_future_alone() -> None:
     cond = threading.Condition()
     mine, other = SharedFuture(cond), SharedFuture(cond)
-    started = threading.Event()
     got: list[object] = []
 
     def wait() -> None:
-        started.set()
         got.append(mine.result(30))
 
     t = threading.Thread(target=wait)
     t.start()
-    started.wait()
-    settle_all(cond, [(other, "not mine", None)])  # wakes the waiter, not its answer
-    t.join(0.2)  # woken, it must wait on: neither the other's answer nor a timeout
+    while not mine._waiters:  # the thread is blocked on its future (the test's own wait)
+        t.join(0.001)
+    settle_all(cond, [(other, "not mine", None)])
+    t.join(0.2)  # the other's answer must not end its wait: neither it nor a timeout
     assert t.is_alive() and got == []
     settle_all(cond, [(mine, "mine", None)])
     t.join(30)
-    assert got == ["mine"]
+    assert got == ["mine"] and not mine._waiters
+
+
+def test_many_threads_waiting_on_one_owner_s_futures_each_get_their_own() -> None:
+    """Sync sends from many threads on one connection: each waiter gets its own
+    answer, whatever order the answers come in, and a waiter timed out leaves nothing
+    behind."""
+    cond = threading.Condition()
+    futures = [SharedFuture(cond) for _ in range(32)]
+    got: dict[int, object] = {}
+
+    def wait(i: int) -> None:
+        got[i] = futures[i].result(30)
+
+    threads = [threading.Thread(target=wait, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for i in reversed(range(32)):
+        futures[i].set_result(i) if i % 2 else settle_all(cond, [(futures[i], i, None)])
+    for t in threads:
+        t.join(30)
+    assert got == {i: i for i in range(32)}
+    late = SharedFuture(cond)
+    with pytest.raises(TimeoutError):
+        late.result(0.01)
+    assert not late._waiters
+    late.set_result("after")
+    assert late.result(0) == "after"
 
 
 def test_timeout_cancel_and_the_module_helpers() -> None:
