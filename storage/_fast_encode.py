@@ -195,7 +195,7 @@ def encode_plain_c(
     data = memoryview(raw) if isinstance(raw, bytearray) else raw
     # a keyed record has two index entries, its key's then its unique key's
     owners = np.repeat(np.arange(n, dtype=np.int32), 2) if keyed else np.arange(n, dtype=np.int32)
-    return batch.EncodedBatch(
+    return batch.new_batch(
         data=data,
         sizes=size_arr,
         topics=(topic,),
@@ -377,7 +377,7 @@ def encode_plain_numpy(
     tag_code = java_hash.java_hash_cached(tags) if tags is not None else 0
     if int(sizes.max()) > (1 << 31) - 1:
         raise InvalidMessageError("a record over 2 GiB")
-    return batch.EncodedBatch(
+    return batch.new_batch(
         data=data,
         sizes=sizes.astype(np.int32),
         topics=(topic,),

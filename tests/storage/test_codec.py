@@ -180,6 +180,29 @@ def test_encoded_batch_crosses_as_one_blob() -> None:
         assert again.uniq_keys == batch.uniq_keys
 
 
+def test_a_batch_made_without_the_dataclass_init_is_the_dataclass_s_own() -> None:
+    """``new_batch`` (a send's decode, the encoders) makes what ``EncodedBatch(...)``
+    makes: every field, the private ones included, equal; a field added to the class
+    and not to it fails here."""
+    from dataclasses import fields
+
+    from storage.batch import new_batch
+
+    plain = codec.encode_batch([Message("T", b"x", keys=["k"])])
+    numbered = plain.with_sequence("producer-1", 3, 7, 1)
+    for batch in (plain, numbered):
+        args = {f.name: getattr(batch, f.name) for f in fields(codec.EncodedBatch) if f.init}
+        made, reference = new_batch(**args), codec.EncodedBatch(**args)
+        names = {f.name for f in fields(codec.EncodedBatch)}
+        assert vars(made).keys() == vars(reference).keys()  # what EncodedBatch(**vars) takes
+        assert all(getattr(made, n) is getattr(reference, n) for n in names)
+        assert made == reference
+    # a blob off the wire, decoded through it
+    again = codec.EncodedBatch.from_bytes(numbered.to_bytes())
+    assert again.producer_id == "producer-1" and again.seq_runs.tolist() == [[0, 7]]
+    assert again.queue_ids.tolist() == [1] and again.checked
+
+
 def test_malformed_blob_is_refused() -> None:
     blob = codec.encode_batch([Message("T", b"x")]).to_bytes()
     for bad in (blob[:10], blob[:-1], b"\xff" * 40, np.frombuffer(blob[:-1], dtype=np.uint8)):
