@@ -12,11 +12,11 @@ and runs its own callbacks, in the order they were added.
 A thread blocked in :meth:`SharedFuture.result` or :meth:`SharedFuture.exception`
 waits on a lock of its own, released by that future's answer alone: many threads
 waiting on futures of one owner (sync sends on one connection) are not all woken by
-each answer. What such a future stands for cannot be
-taken back once it was handed over (a send, a request written): :meth:`SharedFuture.cancel`
-returns False (as a running future's does). Everything else (``add_done_callback``,
-``concurrent.futures.wait`` and ``as_completed``, ``asyncio.wrap_future``) works as on
-any future.
+each answer. What such a future stands for (a send, a request written) cannot be
+taken back once it was handed over: :meth:`SharedFuture.cancel` returns False (as a
+running future's does). Everything else (``add_done_callback``,
+``concurrent.futures.wait`` and ``as_completed``, ``asyncio.wrap_future``) works as
+on any future.
 """
 
 from __future__ import annotations
