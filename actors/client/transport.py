@@ -61,6 +61,7 @@ from ray.exceptions import RayError
 from actors.client.instance import ClientView
 from actors.client.send_result import _arg
 from actors.config.client import ProducerConfig
+from actors.protocol import frames
 from actors.protocol.route import TopicRouteData
 from actors.protocol.rpc import PendingCall
 from actors.protocol.shared_ring import SharedCall, SharedRing, pass_on
@@ -125,9 +126,7 @@ class BrokerTransport:
         try:
             broker = self.ns.broker(route, broker_name)
             parts = EncodedBatch.wire_parts(batches)
-            size = 0
-            for part in parts:  # the head's parts are bytes: no view for them
-                size += len(part) if type(part) is bytes else memoryview(part).nbytes
+            size = frames.nbytes(parts)
             # a call this large would go through Ray's object store: the ring replaces that
             ring = self._ring_for(route, broker_name) if size >= OUT_OF_BAND_BYTES else None
             call = self._send_shared(broker, ring, parts, size, auto_n) if ring else None

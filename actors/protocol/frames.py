@@ -125,14 +125,21 @@ class AuthError(BrokerUnavailableError):
     """A peer that could not prove it belongs to the cluster."""
 
 
+def nbytes(parts: Sequence[Any]) -> int:
+    """The bytes in ``parts`` (bytes-like): ``len`` for ``bytes``, a view's size for the
+    rest (a numpy array's ``len`` counts its items, not its bytes)."""
+    size = 0
+    for part in parts:
+        size += len(part) if type(part) is bytes else memoryview(part).nbytes
+    return size
+
+
 def encode(header: Mapping[str, Any], body: Sequence[Any] = ()) -> list[Any]:
     """The frame as buffers to write back to back (``body``: bytes-like parts). A frame
     under ``SCRATCH_BYTES`` is one ``bytes`` (joined: one buffer for the socket, no view
     per part), a larger one its parts, not joined (as :func:`write_frame` writes them)."""
     head = _packb(header if type(header) is dict else dict(header))
-    size = 0
-    for part in body:
-        size += len(part) if type(part) is bytes else memoryview(part).nbytes
+    size = nbytes(body)
     prefix = _PREFIX.pack(4 + len(head) + size, len(head))
     if size < SCRATCH_BYTES:
         return [b"".join((prefix, head, *body))]
@@ -400,19 +407,13 @@ def write_frame(
     """Write one frame. A small one is joined and written at once; a large body's parts
     are handed to the transport one by one, so they are copied only if the socket
     cannot take them now (asyncio's ``writelines`` joins them all first)."""
-    head = _packb(header if type(header) is dict else dict(header))
-    if not body:  # an answer without a body: most of them
-        transport.write(_PREFIX.pack(4 + len(head), len(head)) + head)
+    buffers = encode(header, body)
+    if len(buffers) == 1:  # joined: the socket takes it whole
+        transport.write(buffers[0])
         return
-    size = 0
-    for part in body:
-        size += len(part) if type(part) is bytes else memoryview(part).nbytes
-    prefix = _PREFIX.pack(4 + len(head) + size, len(head))
-    if size < SCRATCH_BYTES:  # one write: joined, the socket takes it whole
-        transport.write(b"".join((prefix, head, *body)))
-        return
+    prefix, head, *parts = buffers
     transport.write(prefix + head)
-    for part in body:
+    for part in parts:
         view = memoryview(part).cast("B")  # numpy arrays too: the transport takes views
         if view.nbytes:
             transport.write(view)
