@@ -8,12 +8,17 @@ indexed in a real store on a temp dir, file by file.
 from __future__ import annotations
 
 import random
+import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from storage import InvalidMessageError, Message, MessageStore, StoreCorruptedError, codec, record
+from storage._fast_encode import encode_plain
 from storage.index_file import IndexFile
 
 
@@ -406,3 +411,85 @@ def test_decode_records_checks_the_sizes_a_pull_carries(
     assert [tuple(m) for m in got] == expected
     with pytest.raises(StoreCorruptedError):  # one size short: the last record is orphaned
         codec.decode_records(raw_store, sizes=np.asarray(sizes[:-1], dtype=np.int32))
+
+
+class _Spinner:
+    """A thread that runs Python as long as it holds the GIL, counting as it goes: its
+    count moves only while the thread under test lets the GIL go (or is switched out
+    after the interpreter's switch interval, longer than any timed section here)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop:
+            self.count += 1
+
+    def __enter__(self) -> _Spinner:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop = True
+        self._thread.join()
+
+
+@pytest.fixture
+def switch_interval() -> Iterator[float]:
+    """A switch interval of 50 ms: a waiting thread asks for the GIL after 50 ms."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.05)
+    try:
+        yield 0.05
+    finally:
+        sys.setswitchinterval(before)
+
+
+def test_a_single_records_c_loops_keep_the_gil_and_a_large_batchs_let_it_go(
+    switch_interval: float,
+) -> None:
+    """Letting the GIL go hands it to a thread that waits for it, and taking it back
+    then waits for that thread's switch interval: milliseconds on a broker's event
+    loop or a producer's caller for a microsecond of work. So the C loops keep the
+    GIL for a single record (the producer's encode; the broker's check, CommitLog
+    patch, index links, record scan), and let it go for a large batch. Each round
+    starts on a fresh switch interval (the GIL just taken back from the spinner) and
+    lasts a few milliseconds: the spinner runs only if a loop lets the GIL go."""
+    native = record._native
+    assert native is not None
+    one = codec.encode_batch([Message("Single", b"x" * 100, keys="k")])
+    raw_topics = (b"Single",)
+    buffer = bytearray(one.data)
+    hashes, offsets = np.array([12345], np.int64), np.array([0], np.int64)
+    index = bytearray(4 * 97 + 20 * 4)
+    born = codec.host_to_bytes("127.0.0.1:1")
+    uniq = codec.UniqueKeyGenerator()
+    loops = {
+        "verify_records": lambda: native.verify_records(
+            one.data, one.sizes, one.topic_idx, raw_topics, 0xFFFF, 0
+        ),
+        "scan_records": lambda: native.scan_records(one.data, one.sizes),
+        "patch_records": lambda: native.patch_records(
+            buffer, 0, one.sizes, one.queue_ids, offsets, offsets, bytes(16)
+        ),
+        "link_index": lambda: native.link_index(index, 0, 97, 4 * 97, 0, hashes, offsets, 0),
+        "encode_plain": lambda: encode_plain(
+            [Message("Single", b"x" * 100)], 4 << 20, 1, born, uniq, None
+        ),
+    }
+    for call in loops.values():
+        call()  # each works on these arguments (and is warm)
+    with _Spinner() as spinner:
+        for name, call in loops.items():
+            for _ in range(10):
+                time.sleep(0.001)  # the spinner holds the GIL until we take it back
+                before = spinner.count
+                for _ in range(100):
+                    call()
+                assert spinner.count == before, f"{name} let the GIL go for one record"
+        big = codec.encode_batch([Message("Single", b"y" * 4096) for _ in range(2048)])
+        before = spinner.count
+        native.verify_records(big.data, big.sizes, big.topic_idx, raw_topics, 0xFFFF, 0)
+        assert spinner.count > before, "a check of 8 MiB of records kept the GIL throughout"
