@@ -89,20 +89,39 @@ class IndexFile:
         n = min(len(hashes), self.max_entries - self.index_count)
         if n <= 0:
             return 0
-        if self.begin_ts <= 0:
-            self.begin_ts = store_ts
-            self.begin_offset = int(offsets[0])
-        diff = min(max((store_ts - self.begin_ts) // 1000, 0), _INT_MAX)
+        diff = self._diff(store_ts, int(offsets[0]))
         if n <= record.SMALL_BATCH:
             self._link_few(hashes[:n].tolist(), offsets[:n].tolist(), diff)
         else:
             self._link_many(hashes[:n].astype(np.int64), offsets[:n].astype(np.int64), diff)
+        self._added(n, store_ts, int(offsets[n - 1]))
+        return n
+
+    def put_at(self, hashes: list[int], offset: int, store_ts: int) -> int:
+        """:meth:`put` of one record's keys (all at CommitLog ``offset``), in plain ints:
+        a single send's, with no array made for a key or two."""
+        n = min(len(hashes), self.max_entries - self.index_count)
+        if n <= 0:
+            return 0
+        self._link_few(hashes[:n], [offset] * n, self._diff(store_ts, offset))
+        self._added(n, store_ts, offset)
+        return n
+
+    def _diff(self, store_ts: int, first_offset: int) -> int:
+        """The entries' time difference from the file's first (seconds); the first put
+        sets that."""
+        if self.begin_ts <= 0:
+            self.begin_ts = store_ts
+            self.begin_offset = first_offset
+        return min(max((store_ts - self.begin_ts) // 1000, 0), _INT_MAX)
+
+    def _added(self, n: int, store_ts: int, last_offset: int) -> None:
+        """``n`` entries linked: count them and write the header."""
         self.index_count += n
         self.end_ts = store_ts
-        self.end_offset = max(self.end_offset, int(offsets[n - 1]))
+        self.end_offset = max(self.end_offset, last_offset)
         self._write_header()
         self.dirty = True
-        return n
 
     def _head(self, at: int) -> int:
         """The slot's head at byte ``at``, 0 when empty or not a written entry."""
@@ -302,6 +321,20 @@ class IndexService:
                     log.error("%d index keys not indexed: %s", len(hashes) - pos, exc)
                     return
             pos += f.put(hashes[pos:], offsets[pos:], store_ts)
+
+    def put_at(self, hashes: list[int], offset: int, store_ts: int) -> None:
+        """:meth:`put` of one record's keys (all at CommitLog ``offset``), in plain ints."""
+        pos = 0
+        while pos < len(hashes):
+            if self.files and not self.files[-1].is_full:
+                f = self.files[-1]
+            else:
+                try:
+                    f = self._new_file()
+                except DiskFullError as exc:
+                    log.error("%d index keys not indexed: %s", len(hashes) - pos, exc)
+                    return
+            pos += f.put_at(hashes[pos:], offset, store_ts)
 
     def put_stamped(self, hashes: np.ndarray, offsets: np.ndarray, stamps: np.ndarray) -> None:
         """Index keys stored at different times (``stamps``: each key's store timestamp,

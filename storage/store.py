@@ -751,8 +751,9 @@ class MessageStore:
         self._allocation_failed = False
         cq.append_one(base, phys, size, tag)
         if self.config.message_index_enable and len(batch.key_hashes):
-            hashes = np.abs(batch.key_hashes) & 0x7FFFFFFF  # as _append's
-            self.index.put(hashes, np.full(len(hashes), phys, dtype=np.int64), store_ts)
+            # as _append's arrays: abs(MIN_VALUE) is 2**31 here, which the mask makes 0
+            hashes = [abs(h) & 0x7FFFFFFF for h in batch.key_hashes.tolist()]
+            self.index.put_at(hashes, phys, store_ts)
         end = self._dispatched = self.commitlog.max_offset
         return topic, queue_id, base, phys, store_ts, cq.max_offset, end
 

@@ -13,6 +13,7 @@ from storage.codec import EncodedBatch
 
 NOW_S = 1_700_000_000.0  # one store timestamp for every put: nothing then differs
 BORN_MS = 1_600_000_000_000
+MIN_HASH_KEY = "peszbcyjk"  # "One#peszbcyjk".hashCode() is Integer.MIN_VALUE: indexed as 0
 
 
 def message(i: int) -> Message:
@@ -21,7 +22,7 @@ def message(i: int) -> Message:
         "One" if i % 4 else "Other",
         bytes([i % 251]) * (20 + (i * 397) % 3000),
         tags=f"t{i % 2}",
-        keys=[f"k{i % 5}", f"u{i}"] if i % 3 else [],
+        keys=([f"k{i % 5}", f"u{i}"] + ([MIN_HASH_KEY] if i % 7 == 1 else [])) if i % 3 else [],
         properties={codec.PROP_UNIQ_KEY: f"ID{i:030d}"},
         queue_id=i % 3,
     )
@@ -85,10 +86,13 @@ def test_single_puts_write_the_same_bytes_entries_and_keys(
     assert len(scalar.commitlog.files) > 2
     assert scalar.queues() == arrays.queues()
     for topic in ("One", "Other"):
-        for key in [f"k{j}" for j in range(5)] + ["u7", "u8"]:
+        for key in [f"k{j}" for j in range(5)] + ["u7", "u8", MIN_HASH_KEY]:
             found = [[m.commitlog_offset for m in s.query_by_key(topic, key)] for s in two_stores]
             assert found[0] == found[1]
     assert scalar.query_by_key("One", "u7")  # the keys were indexed at all
+    assert len(scalar.query_by_key("One", MIN_HASH_KEY, 100)) == sum(
+        1 for i in range(n) if i % 3 and i % 7 == 1 and message(i).topic == "One"
+    )
     scalar.flush()
     arrays.flush()
     for part in ("commitlog", "consumequeue"):
