@@ -486,46 +486,48 @@ class EncodedBatch:
             if (lp == 0) != (r == 0):
                 raise ValueError("sequence runs without a producer, or the reverse")
             pos = _WIRE_HEAD.size
-            topics = tuple(bytes(view[pos : pos + lt]).decode("utf-8").split("\x00"))
+            topics = tuple(str(view[pos : pos + lt], "utf-8").split("\x00"))
             pos += lt
             uniq = PackedKeys(bytes(view[pos : pos + lu]))
             pos += lu
-            producer = bytes(view[pos : pos + lp]).decode("ascii") if lp else None
+            producer = str(view[pos : pos + lp], "ascii") if lp else None
             pos += lp
-            arrays = []
-            for dtype, count in (
-                (_LE_I4, n),
-                (_LE_I2, n),
-                (_LE_I4, n),
-                (_LE_I8, n),
-                (_LE_I4, k),
-                (_LE_I4, k),
-                (_LE_I4, d),
-                (_LE_I8, 2 * r),
-            ):
-                width = dtype.itemsize * count
-                if pos + width > len(view):
-                    raise ValueError("truncated")
-                # np.ndarray over the buffer: np.frombuffer's argument parsing costs 4x more
-                arrays.append(np.ndarray((count,), dtype, view, pos))
-                pos += width
-            data = view[pos:]
+            # the eight arrays back to back, each a view of the buffer: np.ndarray over
+            # it, as np.frombuffer's argument parsing costs 4x more
+            qids_at = pos + 6 * n
+            tags_at = qids_at + 4 * n
+            hashes_at = tags_at + 8 * n
+            owners_at = hashes_at + 4 * k
+            delays_at = owners_at + 4 * k
+            runs_at = delays_at + 4 * d
+            data_at = runs_at + 16 * r
+            if data_at > len(view):
+                raise ValueError("truncated")
+            sizes = np.ndarray((n,), _LE_I4, view, pos)
+            topic_idx = np.ndarray((n,), _LE_I2, view, pos + 4 * n)
+            queue_ids = np.ndarray((n,), _LE_I4, view, qids_at)
+            tag_codes = np.ndarray((n,), _LE_I8, view, tags_at)
+            key_hashes = np.ndarray((k,), _LE_I4, view, hashes_at)
+            key_owner = np.ndarray((k,), _LE_I4, view, owners_at)
+            delays = np.ndarray((d,), _LE_I4, view, delays_at) if d else None
+            runs = np.ndarray((r, 2), _LE_I8, view, runs_at) if r else None
+            data = view[data_at:]
         except (struct.error, ValueError, TypeError, UnicodeDecodeError) as exc:
             raise InvalidMessageError(f"malformed encoded batch: {exc}") from exc
         batch = new_batch(
             data,
-            arrays[0],
+            sizes,
             topics,
-            arrays[1],
-            arrays[2],
-            arrays[3],
-            arrays[4],
-            arrays[5],
+            topic_idx,
+            queue_ids,
+            tag_codes,
+            key_hashes,
+            key_owner,
             uniq,
-            arrays[6] if d else None,
+            delays,
             producer,
             epoch,
-            arrays[7].reshape(r, 2) if r else None,
+            runs,
             bool(flags & _WIRE_TRANSACTIONAL),
             bool(flags & _WIRE_TIMER),
         )

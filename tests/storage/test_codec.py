@@ -210,6 +210,19 @@ def test_malformed_blob_is_refused() -> None:
             codec.EncodedBatch.from_bytes(bad)
 
 
+def test_a_blob_cut_anywhere_is_refused() -> None:
+    """Every field of the wire present (topics, unique keys, producer, the eight arrays,
+    delays and runs), and cut at every byte: each cut is refused, none is read past."""
+    msgs = [Message("T", b"x" * 20, keys=["k1", "k2"], delay_level=2), Message("T", b"y")]
+    blob = codec.encode_batch(msgs).with_sequence("producer-1", 3, 7, 0).to_bytes()
+    whole = codec.EncodedBatch.from_bytes(blob)
+    assert whole.delay_levels.tolist() == [2, 0] and whole.seq_runs.tolist() == [[0, 7]]
+    assert len(whole.key_hashes) == 2 + 2  # two keys and two unique keys
+    for cut in range(len(blob)):
+        with pytest.raises(InvalidMessageError):
+            codec.EncodedBatch.from_bytes(blob[:cut])
+
+
 def test_offset_msg_id_round_trip() -> None:
     mid = codec.make_offset_msg_id("10.0.0.7:10911", 123456789)
     assert len(mid) == 32 and mid == mid.upper()
