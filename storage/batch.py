@@ -255,14 +255,19 @@ class EncodedBatch:
                     f"producer {producer_id!r} (reserved for another id?)"
                 )
             data[at : at + width] = value
-            return self._evolve(
-                queue_ids=self.queue_ids
-                if queue_id is None
-                else _queue_ids(validate_queue_id(queue_id), n),
-                producer_id=producer_id,
-                producer_epoch=epoch,
-                seq_runs=np.array(((0, seq),), dtype=np.int64),
-            )
+            # _evolve's work without its keywords: a single send binds its batch here
+            new = object.__new__(EncodedBatch)
+            fields = new.__dict__
+            fields.update(self.__dict__)
+            fields["_body_range"] = fields["_uniform"] = None
+            if queue_id is not None:
+                fields["queue_ids"] = _queue_ids(validate_queue_id(queue_id), n)
+            fields["producer_id"] = producer_id
+            fields["producer_epoch"] = epoch
+            runs = np.zeros((1, 2), dtype=np.int64)  # one run, from record 0
+            runs[0, 1] = seq
+            fields["seq_runs"] = runs
+            return new
         view = memoryview(self.data).cast("B")
         first = int(self.sizes[0])
         record = _marked(view[:first], f"{producer_id},{epoch},{seq},{n}")

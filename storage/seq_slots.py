@@ -24,12 +24,13 @@ def seq_value(producer_id: str, epoch: int, seq: int, count: int, width: int = 0
     (``int()`` reads them back the same)."""
     if not width:
         return f"{producer_id},{epoch},{seq},{count}".encode("ascii")
-    padded = f"{epoch:0{_SLOT_EPOCH}d},{seq:0{_SLOT_SEQ}d},{count:0{_SLOT_COUNT}d}"
-    return f"{producer_id},{padded}".encode("ascii")
+    # %-formatting of bytes: a fifth of the cost of nested format specs, once per send
+    return _PADDED % (producer_id.encode("ascii"), epoch, seq, count)
 
 
 # a reserved PRODUCER_SEQ slot's numbers: epoch <= 0x7FFFFFFF, sequence < 2**62, count
 _SLOT_EPOCH, _SLOT_SEQ, _SLOT_COUNT = 10, 19, 10
+_PADDED = b"%%s,%%0%dd,%%0%dd,%%0%dd" % (_SLOT_EPOCH, _SLOT_SEQ, _SLOT_COUNT)
 _SLOT_NAME = f"{PROP_PRODUCER_SEQ}{NAME_VALUE_SEP}".encode("ascii")
 
 

@@ -63,6 +63,8 @@ class SharedFuture(Future[Any]):
         return self._result
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        if self._state == FINISHED:  # final, set after the answer: no lock to read it
+            return self._exception
         with self._condition:
             if self._state == FINISHED:
                 return self._exception
