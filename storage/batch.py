@@ -372,9 +372,11 @@ class EncodedBatch:
         return b"".join(cls.wire_parts(batches))
 
     @classmethod
-    def wire_parts(cls, batches: Sequence[EncodedBatch]) -> list[bytes | memoryview]:
+    def wire_parts(cls, batches: Sequence[EncodedBatch]) -> list[bytes | memoryview | np.ndarray]:
         """The buffers that, back to back, are ``wire_of(batches)``: for a writer that
-        copies them somewhere itself (a producer's shared ring)."""
+        copies them somewhere itself (a frame's join, a producer's shared ring). Each is
+        a contiguous byte buffer; ``len`` of an array counts items: size them with
+        ``memoryview(part).nbytes`` (``actors.protocol.frames.nbytes``)."""
         if len(batches) == 1:
             return [*batches[0]._wire_head(), batches[0].data]
         merged = cls._merged(batches, b"")
@@ -444,8 +446,9 @@ class EncodedBatch:
     def to_bytes(self) -> bytes:
         return b"".join([*self._wire_head(), self.data])
 
-    def _wire_head(self) -> list[bytes]:
-        """Everything :meth:`to_bytes` puts before the records."""
+    def _wire_head(self) -> list[bytes | np.ndarray]:
+        """Everything :meth:`to_bytes` puts before the records: byte buffers (bytes, or
+        contiguous little-endian arrays)."""
         topics = "\x00".join(self.topics).encode("utf-8")
         uniq = _keys_raw(self.uniq_keys)
         delays = self.delay_levels
@@ -467,15 +470,16 @@ class EncodedBatch:
             topics,
             uniq,
             producer,
-            # copy=False: an array of the wire's type already is not copied twice
-            self.sizes.astype("<i4", copy=False).tobytes(),
-            self.topic_idx.astype("<i2", copy=False).tobytes(),
-            self.queue_ids.astype("<i4", copy=False).tobytes(),
-            self.tag_codes.astype("<i8", copy=False).tobytes(),
-            self.key_hashes.astype("<i4", copy=False).tobytes(),
-            self.key_owner.astype("<i4", copy=False).tobytes(),
-            b"" if delays is None else delays.astype("<i4", copy=False).tobytes(),
-            b"" if runs is None else runs.astype("<i8", copy=False).tobytes(),
+            # the arrays themselves where they already are as the wire has them: whoever
+            # writes the parts copies them once (a frame's join, a shared ring)
+            _wire_array(self.sizes, _LE_I4),
+            _wire_array(self.topic_idx, _LE_I2),
+            _wire_array(self.queue_ids, _LE_I4),
+            _wire_array(self.tag_codes, _LE_I8),
+            _wire_array(self.key_hashes, _LE_I4),
+            _wire_array(self.key_owner, _LE_I4),
+            b"" if delays is None else _wire_array(delays, _LE_I4),
+            b"" if runs is None else _wire_array(runs, _LE_I8),
         ]
 
     @classmethod
@@ -687,6 +691,14 @@ class EncodedBatch:
             object.__setattr__(self, "_body_range", body_length_range(self.data, self.sizes))
         assert self._body_range is not None
         return self._body_range
+
+
+def _wire_array(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``values`` as the wire's little-endian ``dtype``, contiguous: the array itself
+    when it already is (no copy), else a converted copy."""
+    if values.dtype == dtype and values.flags.c_contiguous:
+        return values
+    return np.ascontiguousarray(values, dtype=dtype)
 
 
 def new_batch(
