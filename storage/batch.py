@@ -372,7 +372,7 @@ class EncodedBatch:
         return b"".join(cls.wire_parts(batches))
 
     @classmethod
-    def wire_parts(cls, batches: Sequence[EncodedBatch]) -> list[bytes | memoryview | np.ndarray]:
+    def wire_parts(cls, batches: Sequence[EncodedBatch]) -> list[Any]:
         """The buffers that, back to back, are ``wire_of(batches)``: for a writer that
         copies them somewhere itself (a frame's join, a producer's shared ring). Each is
         a contiguous byte buffer; ``len`` of an array counts items: size them with
@@ -446,9 +446,10 @@ class EncodedBatch:
     def to_bytes(self) -> bytes:
         return b"".join([*self._wire_head(), self.data])
 
-    def _wire_head(self) -> list[bytes | np.ndarray]:
+    def _wire_head(self) -> list[Any]:
         """Everything :meth:`to_bytes` puts before the records: byte buffers (bytes, or
-        contiguous little-endian arrays)."""
+        contiguous little-endian arrays; typed ``Any``, as the typing of Python 3.11
+        does not know numpy's arrays as buffers)."""
         topics = "\x00".join(self.topics).encode("utf-8")
         uniq = _keys_raw(self.uniq_keys)
         delays = self.delay_levels
