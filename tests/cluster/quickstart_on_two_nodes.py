@@ -72,6 +72,21 @@ def wait_restarted(handle, incarnation: str, timeout_s: float) -> float:
     sys.exit(f"{VICTIM} did not come back within {timeout_s}s")
 
 
+def wait_routed(cluster: actors.Cluster, broker: str, timeout_s: float) -> None:
+    """Until the NameServers route the topic to ``broker`` again and the consumers of
+    this process know it. A restarted broker registers anew once it is up; a client
+    that fetched the route while it was down skips its queues until the route is
+    refreshed (as RocketMQ's clients do until their next poll of the NameServer)."""
+    consumer = cluster.pull_consumer("quickstart-consumer")
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        route = consumer.ns.require_route(quickstart.TOPIC, refresh=True)
+        if any(bd.broker_name == broker and bd.actor_names for bd in route.broker_datas):
+            return
+        time.sleep(0.5)
+    sys.exit(f"{broker} was not routed again within {timeout_s}s")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=20_000)
@@ -113,6 +128,7 @@ def main() -> int:
             timeout=60,
         )
         restart_s = wait_restarted(victim, before[VICTIM]["incarnation"], timeout_s=120)
+        wait_routed(cluster, VICTIM, timeout_s=60)
         after = status(cluster, VICTIM)
         _, seen_after = quickstart.consume(cluster, n)
         problems += [f"after the restart: {p}" for p in quickstart.check(seen_after, n)]
