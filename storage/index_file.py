@@ -312,29 +312,30 @@ class IndexService:
         lookup by key misses them, as RocketMQ's IndexService does)."""
         pos = 0
         while pos < len(hashes):
-            if self.files and not self.files[-1].is_full:
-                f = self.files[-1]
-            else:
-                try:
-                    f = self._new_file()
-                except DiskFullError as exc:
-                    log.error("%d index keys not indexed: %s", len(hashes) - pos, exc)
-                    return
+            f = self._writable(len(hashes) - pos)
+            if f is None:
+                return
             pos += f.put(hashes[pos:], offsets[pos:], store_ts)
 
     def put_at(self, hashes: list[int], offset: int, store_ts: int) -> None:
         """:meth:`put` of one record's keys (all at CommitLog ``offset``), in plain ints."""
         pos = 0
         while pos < len(hashes):
-            if self.files and not self.files[-1].is_full:
-                f = self.files[-1]
-            else:
-                try:
-                    f = self._new_file()
-                except DiskFullError as exc:
-                    log.error("%d index keys not indexed: %s", len(hashes) - pos, exc)
-                    return
+            f = self._writable(len(hashes) - pos)
+            if f is None:
+                return
             pos += f.put_at(hashes[pos:], offset, store_ts)
+
+    def _writable(self, left: int) -> IndexFile | None:
+        """The file the next keys go into: the last one, or a new one when it is full.
+        None when the disk has no room for a new one (``left`` keys dropped, logged)."""
+        if self.files and not self.files[-1].is_full:
+            return self.files[-1]
+        try:
+            return self._new_file()
+        except DiskFullError as exc:
+            log.error("%d index keys not indexed: %s", left, exc)
+            return None
 
     def put_stamped(self, hashes: np.ndarray, offsets: np.ndarray, stamps: np.ndarray) -> None:
         """Index keys stored at different times (``stamps``: each key's store timestamp,
