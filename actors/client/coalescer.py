@@ -36,7 +36,7 @@ from typing import Any
 
 from actors.client.send_result import BatchSendResult
 from actors.protocol import rpc as _rpc
-from actors.protocol.shared_future import SharedFuture, settle_all
+from actors.protocol.shared_future import SharedFuture, new_lock, settle_all
 from storage import Message
 
 _Entry = tuple[Message | list[Message], concurrent.futures.Future[Any], int]
@@ -59,7 +59,7 @@ class SendCoalescer:
         self._max_batch = max_batch
         self._max_bytes = max_bytes  # of bodies, with room for each record's head
         self._lock = threading.Lock()
-        self._futures = threading.Condition()  # the condition its futures share
+        self._futures = new_lock()  # the lock its futures share
         self._pending: dict[str, list[_Entry]] = {}
         self._in_flight: dict[str, int] = {}
 
@@ -142,8 +142,12 @@ class SendCoalescer:
             self._pump(topic)
             return
         if self._release is not None:
-            count = sum(len(m) if m.__class__ is list else 1 for m, _, _ in batch)
-            self._release(count, sum(n for _, _, n in batch))
+            if len(batch) == 1:  # the usual batch at a low rate: one message
+                m, _, nbytes = batch[0]
+                self._release(len(m) if m.__class__ is list else 1, nbytes)
+            else:
+                count = sum(len(m) if m.__class__ is list else 1 for m, _, _ in batch)
+                self._release(count, sum(n for _, _, n in batch))
         if exc is not None:
             settle_all(self._futures, [(future, None, exc) for _, future, _ in batch])
         else:

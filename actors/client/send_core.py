@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import threading
 import time
 from collections.abc import Sequence
 
@@ -21,6 +20,7 @@ from actors.client.send_result import _Chunk
 from actors.client.transport import Reply, Transport
 from actors.config.client import ProducerConfig
 from actors.protocol.route import TopicRouteData
+from actors.protocol.shared_future import new_lock
 from rebalance import MessageQueue
 from storage.codec import EncodedBatch
 from storage.errors import (
@@ -50,7 +50,7 @@ class SenderCore:
         self.fault = fault
         self.budget = budget
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="raymq-producer")
-        self._futures = threading.Condition()  # the async sends' futures share it
+        self._futures = new_lock()  # the async sends' futures share it
         self._lanes = SendLanes(
             config.max_in_flight_per_broker,
             max_messages=4 * config.max_batch_messages,

@@ -48,7 +48,7 @@ from typing import Any
 
 from actors.protocol import frames
 from actors.protocol.frames import Code, Flag
-from actors.protocol.shared_future import SharedFuture
+from actors.protocol.shared_future import SharedFuture, new_lock
 from storage.errors import BrokerUnavailableError
 
 log = logging.getLogger("raymq.actors.protocol.connection")
@@ -143,7 +143,7 @@ class BrokerConnection:
         self._io = IOLoop.get()
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[concurrent.futures.Future[Any], Decode | None]] = {}
-        self._futures = threading.Condition()  # its requests' futures share it
+        self._futures = new_lock()  # its requests' futures share it
         self._streams: dict[int, OnAnswer] = {}  # request id -> its STREAM answers' handler
         self._opening_streams: dict[int, OnAnswer] = {}  # id(future) -> handler, until sent
         self._writer: asyncio.WriteTransport | None = None  # after the handshake

@@ -1,20 +1,24 @@
-"""Futures made cheap to create: they share a ``threading.Condition``.
+"""Futures made cheap to create: they share one lock.
 
 A ``concurrent.futures.Future`` builds a condition (and its lock) of its own, a third
 of what a future costs from its creation to its callbacks. A message sent alone makes
 several: the caller's (``send_async``), and one per request on the broker's
-connection. A :class:`SharedFuture` takes its condition from its owner instead (a
-producer's coalescer, a sender, a connection), and the futures of a coalesced batch
-are settled together (:func:`settle_all`): one hold of that lock and one wake of its
-waiters per batch, not per message. Each future still gets its own result (or error)
-and runs its own callbacks, in the order they were added.
+connection. A :class:`SharedFuture` takes its lock from its owner instead (a
+producer's coalescer, a sender, a connection: :func:`new_lock`), and the futures of a
+coalesced batch are settled together (:func:`settle_all`): one hold of that lock per
+batch, not per message. Each future still gets its own result (or error) and runs its
+own callbacks, in the order they were added.
 
 A thread blocked in :meth:`SharedFuture.result` or :meth:`SharedFuture.exception`
 waits on a lock of its own, released by that future's answer alone: many threads
 waiting on futures of one owner (sync sends on one connection) are not all woken by
-each answer. What such a future stands for (a send, a request written) cannot be
-taken back once it was handed over: :meth:`SharedFuture.cancel` returns False (as a
-running future's does). Everything else (``add_done_callback``,
+each answer. So nothing ever waits on the shared lock as a condition, and settling a
+future wakes no one through it: the owner's lock is a plain ``RLock`` (held in C,
+where a ``threading.Condition`` runs Python for each hold and each ``notify_all``;
+reentrant, as ``concurrent.futures.wait`` takes every future's lock in turn, and
+futures of one owner share it). What such a future stands for (a send, a request
+written) cannot be taken back once it was handed over: :meth:`SharedFuture.cancel`
+returns False (as a running future's does). Everything else (``add_done_callback``,
 ``concurrent.futures.wait`` and ``as_completed``, ``asyncio.wrap_future``) works as
 on any future.
 """
@@ -24,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
-from concurrent.futures import CancelledError, Future
+from concurrent.futures import CancelledError, Future, InvalidStateError
 from concurrent.futures._base import (
     CANCELLED,
     CANCELLED_AND_NOTIFIED,
@@ -38,11 +42,17 @@ log = logging.getLogger("raymq.actors.protocol.shared_future")
 _CANCELLED = (CANCELLED, CANCELLED_AND_NOTIFIED)
 
 
-class SharedFuture(Future[Any]):
-    """A future whose condition is shared with the other futures of its owner."""
+def new_lock() -> Any:
+    """The lock an owner's futures share (reentrant: see the module doc)."""
+    return threading.RLock()
 
-    def __init__(self, condition: threading.Condition) -> None:  # no super(): no Condition
-        self._condition = condition
+
+class SharedFuture(Future[Any]):
+    """A future whose lock is shared with the other futures of its owner (``lock``:
+    :func:`new_lock`'s, or any lock with ``acquire``/``release``, a ``Condition`` too)."""
+
+    def __init__(self, lock: Any) -> None:  # no super(): no Condition of its own
+        self._condition = lock  # the name concurrent.futures.wait takes it by
         self._state = PENDING
         self._result = None
         self._exception = None
@@ -52,6 +62,28 @@ class SharedFuture(Future[Any]):
     def cancel(self) -> bool:
         """False: what was handed over is not taken back."""
         return False
+
+    def set_result(self, result: Any) -> None:
+        """As ``Future.set_result``, without a condition's wake: no one waits on it."""
+        with self._condition:
+            if self._state != PENDING:
+                raise InvalidStateError(f"{self._state}: {self!r}")
+            self._result = result
+            self._state = FINISHED
+            for waiter in self._waiters:
+                waiter.add_result(self)
+        self._invoke_callbacks()
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        """As ``Future.set_exception``, without a condition's wake: no one waits on it."""
+        with self._condition:
+            if self._state != PENDING:
+                raise InvalidStateError(f"{self._state}: {self!r}")
+            self._exception = exception
+            self._state = FINISHED
+            for waiter in self._waiters:
+                waiter.add_exception(self)
+        self._invoke_callbacks()
 
     def result(self, timeout: float | None = None) -> Any:
         exc = self.exception(timeout)
@@ -99,14 +131,14 @@ class _Waiter:
 
 
 def settle_all(
-    condition: threading.Condition,
+    lock: Any,
     outcomes: Iterable[tuple[Any, Any, BaseException | None]],  # (SharedFuture, ...)
 ) -> None:
-    """Settle each ``(future, result, error)`` (futures sharing ``condition``): one
-    hold of the lock and one wake of its waiters for them all, then each future's
-    callbacks in turn, outside the lock. A future settled already is left as it is."""
+    """Settle each ``(future, result, error)`` (futures sharing ``lock``): one hold of
+    the lock for them all, then each future's callbacks in turn, outside the lock. A
+    future settled already is left as it is."""
     settled = []
-    with condition:
+    with lock:
         for future, result, exc in outcomes:
             if future._state != PENDING:
                 continue
@@ -122,7 +154,6 @@ def settle_all(
                     waiter.add_result(future)
             if future._done_callbacks:
                 settled.append(future)
-        condition.notify_all()
     for future in settled:
         for callback in future._done_callbacks:
             try:

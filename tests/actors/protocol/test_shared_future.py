@@ -1,18 +1,19 @@
-"""SharedFuture: futures sharing one condition, settled a batch at a time, behave as
+"""SharedFuture: futures sharing one lock, settled a batch at a time, behave as
 ``concurrent.futures.Future`` does for each one's waiter and callbacks."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 
 import pytest
 
-from actors.protocol.shared_future import SharedFuture, settle_all
+from actors.protocol.shared_future import SharedFuture, new_lock, settle_all
 
 
 def test_each_future_of_a_batch_gets_its_own_result_error_and_callbacks() -> None:
-    cond = threading.Condition()
+    cond = new_lock()
     a, b, c = SharedFuture(cond), SharedFuture(cond), SharedFuture(cond)
     seen: list[tuple[str, object]] = []
     a.add_done_callback(lambda f: seen.append(("a1", f.result())))
@@ -32,7 +33,7 @@ def test_each_future_of_a_batch_gets_its_own_result_error_and_callbacks() -> Non
 
 
 def test_a_waiter_is_answered_by_its_own_future_alone() -> None:
-    cond = threading.Condition()
+    cond = new_lock()
     mine, other = SharedFuture(cond), SharedFuture(cond)
     got: list[object] = []
 
@@ -55,7 +56,7 @@ def test_many_threads_waiting_on_one_owner_s_futures_each_get_their_own() -> Non
     """Sync sends from many threads on one connection: each waiter gets its own
     answer, whatever order the answers come in, and a waiter timed out leaves nothing
     behind."""
-    cond = threading.Condition()
+    cond = new_lock()
     futures = [SharedFuture(cond) for _ in range(32)]
     got: dict[int, object] = {}
 
@@ -79,7 +80,7 @@ def test_many_threads_waiting_on_one_owner_s_futures_each_get_their_own() -> Non
 
 
 def test_timeout_cancel_and_the_module_helpers() -> None:
-    cond = threading.Condition()
+    cond = new_lock()
     f, g = SharedFuture(cond), SharedFuture(cond)
     with pytest.raises(TimeoutError):
         f.result(0.01)
@@ -90,6 +91,39 @@ def test_timeout_cancel_and_the_module_helpers() -> None:
     done, not_done = concurrent.futures.wait([f, g], timeout=1)
     assert done == {f, g} and not not_done
     assert [x.done() for x in concurrent.futures.as_completed([f, g], timeout=1)] == [True] * 2
+
+
+def test_wait_and_as_completed_block_until_other_threads_settle_futures_of_one_lock() -> None:
+    """``concurrent.futures.wait`` takes each future's lock in turn (futures of one owner
+    share it: reentrant) and is woken by ``set_result``/``set_exception``, which wake no
+    condition, through its own waiter; a future is settled once."""
+    lock = new_lock()
+    f, g, h = SharedFuture(lock), SharedFuture(lock), SharedFuture(lock)
+    blocked = threading.Event()
+
+    def settle() -> None:
+        blocked.wait(30)
+        while not f._waiters:  # wait() has put its waiter on every future
+            time.sleep(0.001)
+        f.set_result("f")
+        g.set_exception(KeyError("g"))
+
+    t = threading.Thread(target=settle)
+    t.start()
+    blocked.set()
+    done, not_done = concurrent.futures.wait([f, g], timeout=30)
+    t.join(30)
+    assert done == {f, g} and not not_done and not h.done()
+    assert f.result(0) == "f" and isinstance(g.exception(0), KeyError)
+    with pytest.raises(concurrent.futures.InvalidStateError):
+        f.set_result("again")
+    with pytest.raises(concurrent.futures.InvalidStateError):
+        g.set_exception(ValueError("again"))
+    assert f.result(0) == "f" and isinstance(g.exception(0), KeyError)
+    first = concurrent.futures.as_completed([h, f], timeout=30)
+    assert next(first) is f
+    h.set_result("h")
+    assert next(first) is h
 
 
 def test_a_result_made_by_the_fast_constructor_is_the_dataclass_s_own() -> None:
