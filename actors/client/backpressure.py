@@ -35,6 +35,7 @@ class AsyncSendBudget:
         self._cond = threading.Condition(self._lock)
         self._messages = 0
         self._bytes = 0
+        self._waiting = 0  # threads in ``_cond.wait``: an answer wakes the condition only then
         self._delivering = threading.local()
 
     @property
@@ -68,15 +69,24 @@ class AsyncSendBudget:
                             f"messages / {self.max_bytes} B; ProducerConfig."
                             "async_send_max_messages / async_send_max_bytes)"
                         )
-                    self._cond.wait(left)
+                    self._wait(left)
             self._messages += messages
             self._bytes += nbytes
 
     def release(self, messages: int, nbytes: int) -> None:
-        with self._cond:
+        with self._lock:  # the condition's lock, held in C; its wake only for a waiter
             self._messages -= messages
             self._bytes -= nbytes
-            self._cond.notify_all()
+            if self._waiting:
+                self._cond.notify_all()
+
+    def _wait(self, timeout_s: float) -> None:
+        """``_cond.wait``, counted in ``_waiting`` (``_lock`` held, as for any wait)."""
+        self._waiting += 1
+        try:
+            self._cond.wait(timeout_s)
+        finally:
+            self._waiting -= 1
 
     def wait_empty(self, timeout_s: float) -> bool:
         """Wait until everything taken was given back; False if ``timeout_s`` passed first."""
@@ -86,7 +96,7 @@ class AsyncSendBudget:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                self._cond.wait(left)
+                self._wait(left)
             return True
 
     def delivering(self) -> contextlib.AbstractContextManager[None]:

@@ -132,7 +132,12 @@ class SendLanes:
         what it counts in ``lane.in_flight`` until answered (a call through Ray, not a
         socket's :class:`PendingCall`, counts as the limit: see the module doc)."""
         try:
-            ref = group[0].submit(*(w.batch for w in group))
+            first = group[0]
+            ref = (
+                first.submit(first.batch)
+                if len(group) == 1
+                else first.submit(*[w.batch for w in group])
+            )
         except BaseException as error:  # noqa: BLE001 - each part hears of it
             return None, error, 0
         weight = 1 if ref.__class__ is PendingCall else self._max_in_flight

@@ -66,7 +66,10 @@ class ConsumeMessageService:
         self._pool = ConsumePool(cfg.consume_threads, f"raymq-consume-{consumer.group}")
         self._stopping = False
         self._running = 0
-        self._idle = threading.Condition()
+        self._running_lock = threading.Lock()
+        # shutdown's wait for the running tasks; a task's end wakes it only while it waits
+        self._idle = threading.Condition(self._running_lock)
+        self._idle_waiters = 0
         self._max_buffer = cfg.pull_threshold_for_queue
         self._max_bytes = cfg.pull_threshold_size_for_queue_mib << 20
         self._warned_status = False
@@ -95,7 +98,7 @@ class ConsumeMessageService:
             if n <= 0:
                 return
             pq.tasks_started(n)
-        with self._idle:
+        with self._running_lock:
             self._running += n
         for submitted in range(n):
             try:
@@ -114,9 +117,9 @@ class ConsumeMessageService:
         return False
 
     def _task_done(self) -> None:
-        with self._idle:
+        with self._running_lock:
             self._running -= 1
-            if not self._running:
+            if not self._running and self._idle_waiters:
                 self._idle.notify_all()
 
     def _run(self, pq: ProcessQueue) -> None:
@@ -302,8 +305,10 @@ class ConsumeMessageService:
         self._stopping = True
         deadline = time.monotonic() + timeout_s
         with self._idle:
+            self._idle_waiters += 1
             while self._running and time.monotonic() < deadline:
                 self._idle.wait(max(0.0, deadline - time.monotonic()))
+            self._idle_waiters -= 1
             clean = not self._running
         self._pool.shutdown()
         if not clean:

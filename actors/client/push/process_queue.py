@@ -81,8 +81,10 @@ class ProcessQueue:
         self.state = PullState.IDLE
         self.pull_gen = 0
         self.pull_started = 0.0
-        self._idle = threading.Event()
-        self._idle.set()
+        # wait_idle's waiters (rare: a rebalance dropping the queue); a task's end wakes the
+        # condition only while one waits, not on every message
+        self._idle = threading.Condition(self.lock)
+        self._idle_waiters = 0
         self.tasks = 0  # consume tasks submitted for this queue and not yet ended
         self.takers = 0  # of them, those that have not taken their first batch yet
         self.inflight: set[Inflight] = set()
@@ -164,14 +166,13 @@ class ProcessQueue:
         """``n`` consume tasks were submitted for this queue (lock held)."""
         self.tasks += n
         self.takers += n
-        self._idle.clear()
 
     def task_ended(self) -> None:
         """A consume task of this queue is over, or was taken from its stuck listener
         (lock held)."""
         self.tasks -= 1
-        if not self.tasks:
-            self._idle.set()
+        if not self.tasks and self._idle_waiters:
+            self._idle.notify_all()
 
     @property
     def busy(self) -> bool:
@@ -181,7 +182,12 @@ class ProcessQueue:
     def wait_idle(self, timeout: float | None) -> bool:
         """Wait up to ``timeout`` until no consume task runs; True when idle. Meant for a
         dropped queue, where no new task can start once the running ones end."""
-        return self._idle.wait(timeout)
+        with self.lock:
+            self._idle_waiters += 1
+            try:
+                return self._idle.wait_for(lambda: not self.tasks, timeout)
+            finally:
+                self._idle_waiters -= 1
 
     # ------------------------------------------------------------ snapshots
     def commit_offset(self) -> int:
