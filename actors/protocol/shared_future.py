@@ -72,7 +72,7 @@ class SharedFuture(Future[Any]):
             self._state = FINISHED
             for waiter in self._waiters:
                 waiter.add_result(self)
-        self._invoke_callbacks()
+        _run_callbacks(self)
 
     def set_exception(self, exception: BaseException | None) -> None:
         """As ``Future.set_exception``, without a condition's wake: no one waits on it."""
@@ -83,7 +83,7 @@ class SharedFuture(Future[Any]):
             self._state = FINISHED
             for waiter in self._waiters:
                 waiter.add_exception(self)
-        self._invoke_callbacks()
+        _run_callbacks(self)
 
     def result(self, timeout: float | None = None) -> Any:
         exc = self.exception(timeout)
@@ -155,8 +155,14 @@ def settle_all(
             if future._done_callbacks:
                 settled.append(future)
     for future in settled:
-        for callback in future._done_callbacks:
-            try:
-                callback(future)
-            except Exception:
-                log.exception("exception calling callback for %r", future)
+        _run_callbacks(future)
+
+
+def _run_callbacks(future: Any) -> None:
+    """A settled future's callbacks in the order they were added (as ``Future`` runs
+    them: one that raises is logged, the next still runs)."""
+    for callback in future._done_callbacks:
+        try:
+            callback(future)
+        except Exception:
+            log.exception("exception calling callback for %r", future)
