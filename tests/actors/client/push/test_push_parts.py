@@ -3,6 +3,7 @@ offset, the settings, broadcasting offsets on disk, session timeouts, retry copi
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,29 @@ def test_the_committed_offset_is_the_lowest_offset_not_yet_consumed() -> None:
         assert pq.buffered == 0 and pq.size_bytes == 0
     assert pq.commit_offset() == 10  # all consumed: the pull position
     assert [m.queue_offset for m in pq.ready] == list(range(10))
+
+
+def test_wait_idle_returns_when_the_last_running_task_ends_and_times_out_while_one_runs() -> None:
+    """A rebalance dropping a queue waits for its consume tasks (``wait_idle``): the end
+    of the last one wakes it; a task still running holds it to its timeout."""
+    pq = ProcessQueue(MQ, 0)
+    assert pq.wait_idle(0)  # no task: idle at once
+    with pq.lock:
+        pq.tasks_started(2)
+    assert not pq.wait_idle(0.01)
+    woken: list[bool] = []
+    waiter = threading.Thread(target=lambda: woken.append(pq.wait_idle(30)))
+    waiter.start()
+    while not pq._idle_waiters:  # the waiter is in its wait (the test's own step)
+        waiter.join(0.001)
+    with pq.lock:
+        pq.task_ended()  # one of two: it waits on
+    waiter.join(0.05)
+    assert waiter.is_alive() and woken == []
+    with pq.lock:
+        pq.task_ended()
+    waiter.join(30)
+    assert woken == [True] and pq._idle_waiters == 0
 
 
 def test_flow_control_threshold_counts_messages_and_bytes() -> None:
