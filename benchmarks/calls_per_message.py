@@ -1,4 +1,5 @@
-"""The Python a single message runs on the client side, counted: calls per message.
+"""The Python a single message runs, counted: calls per message, in the client's
+process and in the broker's.
 
     python benchmarks/calls_per_message.py [--messages 200] [--top 15]
 
@@ -7,43 +8,49 @@ One broker (ASYNC_FLUSH) on this machine's local Ray; a producer and a PushConsu
 sent alone (``send_async``), and the next one leaves once the listener had it, so
 every message takes the path a message takes at a low rate: alone, through every
 layer. A profiler hook (``threading.setprofile``) counts the Python functions and the
-C functions they call on each thread, and the run prints, per message and per thread
-(the caller's, the client I/O loop's, the consume threads'), how many calls it made
-and which functions were called most.
+C functions they call on each thread, here and in the broker's process (installed
+there by a Ray ``worker_process_setup_hook``: the library is not changed), and the run
+prints, per message and per thread (the caller's, the client I/O loop's, the consume
+threads'; the broker's event loop), how many calls it made and which functions were
+called most.
 
-Why count calls: at 1,000 msg/s every message runs through cold caches (the broker
-and the consumer run between two messages), and what a process spends on a message
-grows with the code it runs, which a warm loop's timing hides and this VM's timings
+Why count calls: at 1,000 msg/s every message runs through cold caches (the other
+processes run between two messages), and what a process spends on a message grows
+with the code it runs, which a warm loop's timing hides and this VM's timings
 (drifting 2x within minutes) blur. A count does not drift: a change that removes calls
-shows in one run. The counts are of this process (the broker's Python is not in
-them); the hook makes the run itself several times slower, so it prints no times.
-Not a test: it prints figures.
+shows in one run. The hook makes the run itself several times slower, so it prints no
+times. Not a test: it prints figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import shutil
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _local import start_local_ray  # noqa: E402
+from _local import actor_pids, start_local_ray  # noqa: E402
 
 import actors  # noqa: E402
 from actors import ConsumeStatus, PushConsumer  # noqa: E402
 from actors.protocol.connection import IOLoop  # noqa: E402
 from storage import Message  # noqa: E402
 
-GROUPS = ("raymq-client-io", "raymq-consume", "MainThread")
-"""The threads a message passes, by name prefix; any other thread is counted as
-'other'."""
+ENV_DIR = "RAYMQ_CALLS_DIR"
+"""Where the Ray workers' counters look for ``on`` and ``dump`` and write their counts."""
+
+GROUPS = ("raymq-client-io", "raymq-consume", "AsyncIO Thread", "MainThread")
+"""The threads a message passes, by name prefix (the broker's event loop is Ray's
+``AsyncIO Thread``); any other thread is counted as 'other'."""
 
 
 class Counter:
@@ -67,8 +74,54 @@ class Counter:
             key = f"C {getattr(arg, '__qualname__', arg)}"
         self.calls[group][key] += 1
 
-    def clear(self) -> None:
-        self.calls.clear()
+    def install(self) -> None:
+        threading.setprofile(self.hook)  # threads started from here on
+        sys.setprofile(self.hook)
+
+    def uninstall(self) -> None:
+        self.on = False
+        sys.setprofile(None)
+        threading.setprofile(None)  # type: ignore[arg-type]
+
+
+def install_in_worker() -> None:
+    """A Ray worker's setup hook: count this process's calls while ``<dir>/on`` exists,
+    and write them to ``<dir>/<pid>.json`` when ``<dir>/dump`` appears."""
+    out = os.environ.get(ENV_DIR)
+    if not out:
+        return
+    counter = Counter()
+
+    def control() -> None:  # started before the hook: its own polling is not counted
+        while True:
+            counter.on = os.path.exists(os.path.join(out, "on"))
+            dump = os.path.join(out, "dump")
+            mine = os.path.join(out, f"{os.getpid()}.json")
+            if os.path.exists(dump) and not os.path.exists(mine):
+                with open(mine + ".tmp", "w") as f:
+                    json.dump({g: dict(c) for g, c in counter.calls.items()}, f)
+                os.replace(mine + ".tmp", mine)
+            time.sleep(0.02)
+
+    threading.Thread(target=control, name="raymq-calls-control", daemon=True).start()
+    counter.install()
+
+
+def report(title: str, calls: Mapping[str, Mapping[str, int]], n: int, top: int) -> None:
+    print(f"{title}: calls per message (Python functions + C functions)")
+    total_py = total_c = 0.0
+    for group in (*GROUPS, "other"):
+        counts = calls.get(group)
+        if not counts:
+            continue
+        py = sum(v for k, v in counts.items() if not k.startswith("C ")) / n
+        c = sum(v for k, v in counts.items() if k.startswith("C ")) / n
+        total_py += py
+        total_c += c
+        print(f"  {group:18s} {py:7.1f} + {c:7.1f}")
+        for key, count in collections.Counter(counts).most_common(top):
+            print(f"      {count / n:6.2f}  {key}")
+    print(f"  {'all':18s} {total_py:7.1f} + {total_c:7.1f}")
 
 
 def main() -> int:
@@ -77,9 +130,16 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=15, help="functions listed per thread")
     args = parser.parse_args()
     counter = Counter()
-    threading.setprofile(counter.hook)  # threads started from here on: the client's
-    sys.setprofile(counter.hook)
-    start_local_ray()
+    counter.install()
+    out = tempfile.mkdtemp(prefix="raymq-calls-out-")
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    start_local_ray(
+        runtime_env={
+            "env_vars": {ENV_DIR: out, "PYTHONPATH": path},
+            "worker_process_setup_hook": "calls_per_message.install_in_worker",
+        }
+    )
     root = tempfile.mkdtemp(prefix="raymq-calls-")
     namespace, topic = "raymq-calls", "Calls"
     cluster = actors.start_cluster(
@@ -111,31 +171,32 @@ def main() -> int:
 
         for _ in range(300):  # warm: routes, the producer id, the stream's queues
             one()
+        broker = actor_pids("Broker")[0]
+        open(os.path.join(out, "on"), "w").close()
+        time.sleep(0.2)  # the broker's control thread looks every 20 ms
+        counter.calls.clear()
         counter.on = True
-        counter.clear()
         for _ in range(args.messages):
             one()
             time.sleep(0.002)  # the answers and the stream's credit are read meanwhile
         counter.on = False
+        os.remove(os.path.join(out, "on"))
+        time.sleep(0.2)
+        open(os.path.join(out, "dump"), "w").close()
+        dumped = os.path.join(out, f"{broker}.json")
+        deadline = time.monotonic() + 30
+        while not os.path.exists(dumped) and time.monotonic() < deadline:
+            time.sleep(0.05)
         n = args.messages
-        print(f"calls per message, {n} messages sent alone (Python functions + C functions)")
-        total_py = total_c = 0.0
-        for group in (*GROUPS, "other"):
-            calls = counter.calls.get(group)
-            if not calls:
-                continue
-            py = sum(v for k, v in calls.items() if not k.startswith("C ")) / n
-            c = sum(v for k, v in calls.items() if k.startswith("C ")) / n
-            total_py += py
-            total_c += c
-            print(f"  {group:18s} {py:7.1f} + {c:7.1f}")
-            for key, count in calls.most_common(args.top):
-                print(f"      {count / n:6.2f}  {key}")
-        print(f"  {'all':18s} {total_py:7.1f} + {total_c:7.1f}")
+        print(f"{n} messages of 100 B, each sent alone and consumed before the next")
+        report("client (producer and PushConsumer)", counter.calls, n, args.top)
+        if os.path.exists(dumped):
+            with open(dumped) as f:
+                report("broker", json.load(f), n, args.top)
+        else:
+            print("broker: its counts did not come (the setup hook did not run?)")
     finally:
-        counter.on = False
-        sys.setprofile(None)
-        threading.setprofile(None)  # type: ignore[arg-type]
+        counter.uninstall()
         consumer.shutdown()
         producer.close()
         cluster.shutdown()
@@ -143,6 +204,7 @@ def main() -> int:
 
         ray.shutdown()
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
     return 0
 
 

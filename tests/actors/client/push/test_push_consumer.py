@@ -239,6 +239,43 @@ def test_slow_message_holds_the_committed_offset_and_the_buffer_stays_bounded(
         consumer.shutdown()
 
 
+def test_shutdown_waits_for_a_running_listener_and_returns_as_it_ends(
+    cluster: actors.Cluster,
+) -> None:
+    """``shutdown`` lets a listener call that runs finish: it waits for the consume task
+    (not for ``shutdown_timeout_s``, 30 s) and goes on the moment the task ends."""
+    topic, group = "PushShutdownWaits", "g-shutdown-waits"
+    cluster.admin.create_topic(topic, 1, 1)
+    entered, release = threading.Event(), threading.Event()
+    done: list[bytes] = []
+
+    def listener(messages: list[Any]) -> ConsumeStatus:
+        entered.set()
+        release.wait(60)
+        done.extend(m.body for m in messages)
+        return ConsumeStatus.SUCCESS
+
+    consumer = push(cluster, group, topic, listener, consume_from="FIRST")
+    stopper = threading.Thread(target=consumer.shutdown)
+    try:
+        send(cluster, topic, [b"held"])
+        assert entered.wait(20)
+        stopper.start()
+        wait_until(
+            lambda: consumer.consume._idle_waiters == 1, what="shutdown waiting for the task"
+        )
+        assert stopper.is_alive() and done == []
+        release.set()
+        stopper.join(10)
+        assert not stopper.is_alive() and done == [b"held"]
+    finally:
+        release.set()
+        if stopper.ident is None:  # failed before the shutdown began
+            consumer.shutdown()
+        else:
+            stopper.join(30)
+
+
 def test_shutdown_commits_and_leaves_the_group_at_once(cluster: actors.Cluster) -> None:
     topic, group = "PushLeave", "g-leave"
     cluster.admin.create_topic(topic, 2, 2)
