@@ -65,24 +65,17 @@ class SharedFuture(Future[Any]):
 
     def set_result(self, result: Any) -> None:
         """As ``Future.set_result``, without a condition's wake: no one waits on it."""
-        with self._condition:
-            if self._state != PENDING:
-                raise InvalidStateError(f"{self._state}: {self!r}")
-            self._result = result
-            self._state = FINISHED
-            for waiter in self._waiters:
-                waiter.add_result(self)
-        _run_callbacks(self)
+        self._set(result, None, failed=False)
 
     def set_exception(self, exception: BaseException | None) -> None:
         """As ``Future.set_exception``, without a condition's wake: no one waits on it."""
+        self._set(None, exception, failed=True)
+
+    def _set(self, result: Any, exc: BaseException | None, failed: bool) -> None:
         with self._condition:
             if self._state != PENDING:
                 raise InvalidStateError(f"{self._state}: {self!r}")
-            self._exception = exception
-            self._state = FINISHED
-            for waiter in self._waiters:
-                waiter.add_exception(self)
+            _finish(self, result, exc, failed)
         _run_callbacks(self)
 
     def result(self, timeout: float | None = None) -> Any:
@@ -142,20 +135,24 @@ def settle_all(
         for future, result, exc in outcomes:
             if future._state != PENDING:
                 continue
-            if exc is not None:
-                future._exception = exc
-                future._state = FINISHED
-                for waiter in future._waiters:
-                    waiter.add_exception(future)
-            else:
-                future._result = result
-                future._state = FINISHED
-                for waiter in future._waiters:
-                    waiter.add_result(future)
+            _finish(future, result, exc, exc is not None)
             if future._done_callbacks:
                 settled.append(future)
     for future in settled:
         _run_callbacks(future)
+
+
+def _finish(future: Any, result: Any, exc: BaseException | None, failed: bool) -> None:
+    """A pending future settled (its lock held): its outcome, then its waiters told."""
+    future._state = FINISHED
+    if failed:
+        future._exception = exc
+        for waiter in future._waiters:
+            waiter.add_exception(future)
+    else:
+        future._result = result
+        for waiter in future._waiters:
+            waiter.add_result(future)
 
 
 def _run_callbacks(future: Any) -> None:

@@ -99,20 +99,21 @@ def test_wait_and_as_completed_block_until_other_threads_settle_futures_of_one_l
     condition, through its own waiter; a future is settled once."""
     lock = new_lock()
     f, g, h = SharedFuture(lock), SharedFuture(lock), SharedFuture(lock)
-    blocked = threading.Event()
-
-    def settle() -> None:
-        blocked.wait(30)
-        while not f._waiters:  # wait() has put its waiter on every future
-            time.sleep(0.001)
-        f.set_result("f")
-        g.set_exception(KeyError("g"))
-
-    t = threading.Thread(target=settle)
+    waited: list[tuple[set[object], set[object]]] = []
+    t = threading.Thread(
+        target=lambda: waited.append(concurrent.futures.wait([f, g], timeout=30)),  # type: ignore[arg-type]
+        daemon=True,  # a wait() that never got its locks must not hold the run's exit
+    )
     t.start()
-    blocked.set()
-    done, not_done = concurrent.futures.wait([f, g], timeout=30)
+    deadline = time.monotonic() + 10
+    while not f._waiters and time.monotonic() < deadline:  # wait() has put its waiters
+        t.join(0.001)
+    waiting = bool(f._waiters)  # asserted alone: a future's repr takes its lock
+    assert waiting, "wait() never got to wait (the shared lock taken twice?)"
+    f.set_result("f")
+    g.set_exception(KeyError("g"))
     t.join(30)
+    done, not_done = waited[0]
     assert done == {f, g} and not not_done and not h.done()
     assert f.result(0) == "f" and isinstance(g.exception(0), KeyError)
     with pytest.raises(concurrent.futures.InvalidStateError):
