@@ -95,6 +95,10 @@ class IOLoop:
     def run(self, coro: Any) -> concurrent.futures.Future[Any]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
+    def owns_this_thread(self) -> bool:
+        """Whether the calling thread is this loop's."""
+        return threading.current_thread() is self._thread
+
 
 async def client_handshake(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: bytes, name: str

@@ -18,6 +18,11 @@ retry topic redelivers it later; until the broker acknowledges, the messages
 hold the committed offset back) and retries it locally in BROADCASTING, up to
 ``max_reconsume_times``. A watchdog takes a batch away from a listener stuck
 past ``consume_timeout_s`` and lets its queue go on.
+
+With ``consume_on_io_thread``, the first batch of records that arrive on the client's
+I/O thread is consumed there, as they arrive, with no task handed to the pool: the
+same bookkeeping (the batch counts as a task of its queue), the same outcomes; what
+else is ready then goes to the pool.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from actors.client.push.process_queue import (
     ProcessQueue,
     PullState,
 )
+from actors.protocol.connection import IOLoop
 from actors.protocol.topic import origin_topic
 from storage.message import MessageExt
 
@@ -70,6 +76,7 @@ class ConsumeMessageService:
         # shutdown's wait for the running tasks; a task's end wakes it only while it waits
         self._idle = threading.Condition(self._running_lock)
         self._idle_waiters = 0
+        self._inline = cfg.consume_on_io_thread  # one batch per arrival on the I/O thread
         self._max_buffer = cfg.pull_threshold_for_queue
         self._max_bytes = cfg.pull_threshold_size_for_queue_mib << 20
         self._warned_status = False
@@ -88,7 +95,11 @@ class ConsumeMessageService:
 
     def dispatch(self, pq: ProcessQueue) -> None:
         """Start consume tasks for ``pq``: one per batch its ready messages fill that no
-        task is about to take, within :meth:`_max_tasks`."""
+        task is about to take, within :meth:`_max_tasks`. With ``consume_on_io_thread``,
+        called on the client's I/O thread, the first of them runs here and now."""
+        self._dispatch(pq, self._inline and IOLoop.get().owns_this_thread())
+
+    def _dispatch(self, pq: ProcessQueue, here: bool) -> None:
         size = self.c.config.consume_batch_size
         with pq.lock:
             if pq.dropped or not pq.ready or self._stopping or self._held(pq):
@@ -100,6 +111,9 @@ class ConsumeMessageService:
             pq.tasks_started(n)
         with self._running_lock:
             self._running += n
+        if here:  # the first batch here and now; the pool's tasks, counted, start after it
+            n -= 1
+            self._run(pq, once=True)
         for submitted in range(n):
             try:
                 self._pool.submit(self._run, pq)
@@ -122,12 +136,14 @@ class ConsumeMessageService:
             if not self._running and self._idle_waiters:
                 self._idle.notify_all()
 
-    def _run(self, pq: ProcessQueue) -> None:
+    def _run(self, pq: ProcessQueue, once: bool = False) -> None:
+        """A consume task of ``pq``: its batches for a time slice (``once``: one batch),
+        then what is still ready to the pool."""
         with pq.lock:
             pq.takers -= 1
         owned = True
         try:
-            owned = self._consume(pq)
+            owned = self._consume(pq, once)
         except Exception:  # noqa: BLE001 - the queue must not stay busy forever
             log.exception("consume task of %s failed", pq)
         finally:
@@ -135,11 +151,12 @@ class ConsumeMessageService:
                 with pq.lock:
                     pq.task_ended()
             self._task_done()
-        self.dispatch(pq)
+        self._dispatch(pq, False)
 
-    def _consume(self, pq: ProcessQueue) -> bool:
-        """Run batches of ``pq`` until none is ready or the time slice is over; False when
-        the task ended without the queue (see :meth:`_batch_done`)."""
+    def _consume(self, pq: ProcessQueue, once: bool = False) -> bool:
+        """Run batches of ``pq`` until none is ready or the time slice is over (``once``:
+        after one batch); False when the task ended without the queue (see
+        :meth:`_batch_done`)."""
         size = self.c.config.consume_batch_size
         slice_end = time.monotonic() + TIME_SLICE_S
         while True:
@@ -153,7 +170,7 @@ class ConsumeMessageService:
             ended = self._batch_done(pq, batch, inflight, self._call_listener(pq, batch))
             if ended is not None:
                 return ended
-            if time.monotonic() > slice_end:
+            if once or time.monotonic() > slice_end:
                 return True
 
     def _batch_done(

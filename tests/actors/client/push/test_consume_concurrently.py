@@ -216,3 +216,59 @@ def test_an_orderly_consumer_still_runs_one_batch_of_a_queue_at_a_time(
     finally:
         consumer.shutdown()
     assert worker.peak == 1 and worker.offsets() == list(range(n))
+
+
+def test_consume_on_io_thread_consumes_an_arrival_there_and_hands_a_burst_on(
+    cluster: actors.Cluster,
+) -> None:
+    """``consume_on_io_thread``: a message that arrives alone is consumed on the client's
+    I/O thread, with no consume thread woken; records that arrive together are all
+    consumed once, the first batch there and the others on consume threads; a batch the
+    listener fails there goes to the retry topic and comes back, as from a consume
+    thread; the offset is committed past all of them."""
+    topic, group = "ConcOnIoThread", "g-conc-on-io-thread"
+    cluster.admin.create_topic(topic, 1, 1, brokers=["broker-a"])
+    lock = threading.Lock()
+    seen: list[tuple[bytes, str, int]] = []  # body, thread, reconsume_times
+
+    def listener(messages: list[Any]) -> ConsumeStatus:
+        with lock:
+            seen.extend(
+                (m.body, threading.current_thread().name, m.reconsume_times) for m in messages
+            )
+        if any(m.body == b"fail-once" and m.reconsume_times == 0 for m in messages):
+            return ConsumeStatus.RECONSUME_LATER
+        return ConsumeStatus.SUCCESS
+
+    def bodies_seen() -> list[bytes]:
+        with lock:
+            return [body for body, _, _ in seen]
+
+    consumer = push(cluster, group, topic, listener, consume_on_io_thread=True)
+    producer = cluster.producer(f"p-{topic}", max_batch_messages=1000)
+    try:
+        alone = [b"alone-%02d" % i for i in range(10)]
+        for body in alone:  # each sent once the one before was consumed: it arrives alone
+            producer.send(Message(topic, body))
+            wait_until(lambda b=body: b in bodies_seen(), what=f"{body!r} consumed")
+        burst = [b"burst-%03d" % i for i in range(200)]
+        producer.send_batch([Message(topic, b) for b in burst])  # stored, and read, together
+        wait_until(lambda: set(burst) <= set(bodies_seen()), timeout_s=60, what="the burst")
+        producer.send(Message(topic, b"fail-once"))
+        wait_until(lambda: bodies_seen().count(b"fail-once") == 2, what="the retried message")
+        wait_until(lambda: committed(cluster, group, topic) == 211, what="all committed")
+    finally:
+        producer.close()
+        consumer.shutdown()
+    with lock:
+        threads = {body: name for body, name, times in seen if times == 0}
+        counts = {body: [b for b, _, t in seen if t == 0].count(body) for body in threads}
+    assert all(n == 1 for n in counts.values())  # each message once (before its retry)
+    assert all(threads[b] == "raymq-client-io" for b in alone)
+    on_io = [b for b in burst if threads[b] == "raymq-client-io"]
+    # one batch (a message) per arrival there: the burst came in a few answers
+    assert 1 <= len(on_io) < len(burst) // 4, len(on_io)
+    assert any(threads[b].startswith("raymq-consume") for b in burst)
+    assert threads[b"fail-once"] == "raymq-client-io"
+    with lock:
+        assert [t for b, _, t in seen if b == b"fail-once"] == [0, 1]

@@ -97,6 +97,10 @@ def test_config_accepts_rocketmq_spellings_and_names_bad_fields() -> None:
         ({"pull_suspend_s": 0}, "pull_suspend_s"),
         ({"instance_name": "a/b"}, "instance_name"),
         ({"session_timeout_s": 1.0, "heartbeat_interval_s": 2.0}, "session_timeout_s"),
+        ({"consume_on_io_thread": "yes"}, "consume_on_io_thread"),
+        ({"consume_on_io_thread": True, "orderly": True}, "consume_on_io_thread"),
+        ({"consume_on_io_thread": True, "delivery": "pull"}, "consume_on_io_thread"),
+        ({"consume_on_io_thread": True, "data_path": "ray"}, "consume_on_io_thread"),
     ):
         with pytest.raises(InvalidConfigError, match=field):
             PushConsumerConfig(**bad)  # type: ignore[arg-type]
