@@ -77,7 +77,7 @@ class _Consumer(peers._RayMQPushLatency):
     """The PushConsumer actor of ``peers.py`` (in a group of its own, with ``delivery``),
     telling its pid and its collections."""
 
-    def __init__(self, namespace: str, topic: str, delivery: str) -> None:
+    def __init__(self, namespace: str, topic: str, delivery: str, **options: Any) -> None:
         from actors import ConsumeStatus, PushConsumer
 
         self.gc_timer = GcTimer()
@@ -91,6 +91,7 @@ class _Consumer(peers._RayMQPushLatency):
             namespace=namespace,
             delivery=delivery,
             consume_threads=2,
+            **options,
         )
         self.consumer.start()
 

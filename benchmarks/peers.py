@@ -779,10 +779,17 @@ class RayMQPeer(Peer):
         "(one broker call per round); 'consume ... no commit' is the same loop without it"
     )
 
-    def __init__(self, flush: str, data_path: str = "socket", delivery: str | None = None) -> None:
+    def __init__(
+        self,
+        flush: str,
+        data_path: str = "socket",
+        delivery: str | None = None,
+        on_io_thread: bool = False,
+    ) -> None:
         self.flush = flush
         self.data_path = data_path
         self.delivery = delivery
+        self.on_io_thread = on_io_thread
         self.name = "raymq-sync" if flush == "SYNC_FLUSH" else "raymq-async"
         if data_path != "socket":
             self.name = f"raymq-{data_path}"
@@ -790,6 +797,9 @@ class RayMQPeer(Peer):
         if delivery is not None:  # else the PushConsumer's default for the data path
             self.name = f"raymq-{delivery}"
             self.work += f"; the latency phase's PushConsumer with delivery={delivery!r}"
+        if on_io_thread:
+            self.name = "raymq-io"
+            self.work += "; the latency phase's listener on the client's I/O thread"
         self.round = 0
 
     def start(self) -> None:
@@ -875,7 +885,7 @@ class RayMQPeer(Peer):
         from storage import Message
 
         consumer = ray.remote(num_cpus=0)(_RayMQPushLatency).remote(
-            self.namespace, self.topic, self.data_path, self.delivery
+            self.namespace, self.topic, self.data_path, self.delivery, self.on_io_thread
         )
         producer = self.cluster.producer("peers-latency", data_path=self.data_path)
         warm_up(producer, consumer, self.topic, body)
@@ -989,7 +999,12 @@ class _RayMQPushLatency:
     """A PushConsumer in its own process; its listener records each message's age."""
 
     def __init__(
-        self, namespace: str, topic: str, data_path: str, delivery: str | None = None
+        self,
+        namespace: str,
+        topic: str,
+        data_path: str,
+        delivery: str | None = None,
+        on_io_thread: bool = False,
     ) -> None:
         from actors import ConsumeStatus, PushConsumer
 
@@ -1004,6 +1019,7 @@ class _RayMQPushLatency:
             data_path=data_path,
             delivery=delivery,
             consume_threads=2,
+            consume_on_io_thread=on_io_thread,
         )
         self.consumer.start()
 
@@ -1031,8 +1047,10 @@ class _RayMQPushLatency:
         self.consumer.shutdown()
 
 
-def raymq_peer(flush: str, data_path: str = "socket", delivery: str | None = None) -> Peer:
-    return RayMQPeer(flush, data_path, delivery)
+def raymq_peer(
+    flush: str, data_path: str = "socket", delivery: str | None = None, on_io_thread: bool = False
+) -> Peer:
+    return RayMQPeer(flush, data_path, delivery, on_io_thread)
 
 
 # ------------------------------------------------------------------ raw limits
@@ -1777,6 +1795,7 @@ PEERS: dict[str, Callable[[], Peer]] = {
     "raymq-ray": lambda: raymq_peer("ASYNC_FLUSH", "ray"),
     "raymq-stream": lambda: raymq_peer("ASYNC_FLUSH", delivery="stream"),
     "raymq-pull": lambda: raymq_peer("ASYNC_FLUSH", delivery="pull"),
+    "raymq-io": lambda: raymq_peer("ASYNC_FLUSH", on_io_thread=True),
     "raymq-grpc": RayMQGrpcPeer,
     "raymq-aio": RayMQAioPeer,
     "tcp-echo": lambda: RawLimit("tcp-echo"),

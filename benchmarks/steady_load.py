@@ -3,6 +3,7 @@ single ``send_async`` messages of 100 B from this process at ``--rate`` to a
 PushConsumer actor (``delivery``), for ``--seconds``, after a warm-up.
 
     python benchmarks/steady_load.py [--rate 1000] [--seconds 20] [--delivery stream]
+        [--consume-on-io-thread]
         [--pids FILE] [--broker-option KEY=VALUE ...]
 
 When the load starts it prints (and writes to ``--pids``) the pids of the broker,
@@ -172,9 +173,9 @@ class _SegmentedConsumer(_Consumer):
     """The PushConsumer actor, each message's latency split (``--segments``): rows of
     (send -> listener ms, send -> consumer I/O ms, the send's time ns)."""
 
-    def __init__(self, namespace: str, topic: str, delivery: str) -> None:
+    def __init__(self, namespace: str, topic: str, delivery: str, **options: Any) -> None:
         self.handled = _watch_stream_answers()
-        super().__init__(namespace, topic, delivery)
+        super().__init__(namespace, topic, delivery, **options)
 
     def _on(self, msgs: list[Any]) -> Any:
         now = time.time_ns()
@@ -232,6 +233,11 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--delivery", choices=("stream", "pull"), default="stream")
+    parser.add_argument(
+        "--consume-on-io-thread",
+        action="store_true",
+        help="the listener on the consumer's I/O thread (PushConsumerConfig.consume_on_io_thread)",
+    )
     parser.add_argument("--pids", metavar="FILE", help="write the pids here as JSON")
     parser.add_argument(
         "--segments", action="store_true", help="split each message's latency where it passes"
@@ -287,7 +293,9 @@ def main() -> int:
         producer = cluster.producer("steady")
         body = b"x" * 100
         kind = _SegmentedConsumer if args.segments else _Consumer
-        consumer = ray.remote(num_cpus=0)(kind).remote(namespace, topic, args.delivery)
+        consumer = ray.remote(num_cpus=0)(kind).remote(
+            namespace, topic, args.delivery, consume_on_io_thread=args.consume_on_io_thread
+        )
         peers.warm_up(producer, consumer, topic, body)
         # a fresh CommitLog is faulted in over the first seconds: let that pass
         sends = peers.Settled()
