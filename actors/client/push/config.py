@@ -106,9 +106,10 @@ class PushConsumerConfig:
     """A concurrent listener called on the client's I/O thread, as the subscription
     stream's records arrive there (``delivery="stream"``, the default on the brokers'
     sockets), instead of on a consume thread: each message then crosses
-    no thread, which at 1,000 msg/s takes about a quarter of a consumer's CPU and a
-    tenth of its median latency off (``docs/latency.md``). One batch is consumed there
-    per arrival; more ready at once, and retried batches, go to the consume threads.
+    no thread, which at 1,000 msg/s takes a fifth to a quarter of a consumer's CPU and
+    a tenth of its median latency off (``docs/latency.md``). One batch is consumed there
+    per arrival; more ready at once goes to the consume threads, as do the batches a
+    broadcasting consumer retries itself.
     Only for a listener that never blocks: while it runs, no connection of the process
     reads or writes (other consumers' records, a producer's acknowledgements,
     heartbeats), and a listener stuck there stalls them all. RayMQ's synchronous calls
