@@ -35,6 +35,7 @@ from actors.client.send_outcome import Outcome, Pinned, Sent, backoff, may_retry
 from actors.client.send_result import BatchSendResult, _Chunk
 from actors.client.transport import Reply
 from actors.protocol import rpc as _rpc
+from actors.protocol.connection import IOLoop
 from actors.protocol.wire import SendAck
 from rebalance import MessageQueue
 from storage.errors import (
@@ -56,7 +57,15 @@ class Sender(AsyncSending):
         sharding_key: str | None,
         timeout_s: float | None,
     ) -> BatchSendResult:
-        """Send ``chunks`` (``total`` messages) and wait for every answer."""
+        """Send ``chunks`` (``total`` messages) and wait for every answer. Refused on the
+        client's I/O thread, which reads the answers: it could only wait out the timeout
+        (and, idempotent, ``delivery_timeout_s``) with every connection stalled."""
+        if IOLoop.on_loop_thread():
+            raise RuntimeError(
+                "a synchronous send waits for its answer, which the client's I/O thread "
+                "reads, and this is that thread (a listener with consume_on_io_thread, or "
+                "a send_async future's callback): use send_async here"
+            )
         selector = self.selector
         for topic in {c.topic for c in chunks}:  # route errors before anything is sent
             selector.write_queues(selector.route(topic)[0])

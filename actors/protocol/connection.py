@@ -95,9 +95,16 @@ class IOLoop:
     def run(self, coro: Any) -> concurrent.futures.Future[Any]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def owns_this_thread(self) -> bool:
-        """Whether the calling thread is this loop's."""
-        return threading.current_thread() is self._thread
+    @classmethod
+    def on_loop_thread(cls) -> bool:
+        """Whether the calling thread is this process's client I/O loop (False when none
+        runs): where answers are read, so where nothing may wait for one."""
+        inst = cls._instance
+        return (
+            inst is not None
+            and inst.pid == os.getpid()
+            and threading.current_thread() is inst._thread
+        )
 
 
 async def client_handshake(

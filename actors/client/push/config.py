@@ -112,10 +112,9 @@ class PushConsumerConfig:
     broadcasting consumer retries itself.
     Only for a listener that never blocks: while it runs, no connection of the process
     reads or writes (other consumers' records, a producer's acknowledgements,
-    heartbeats), and a listener stuck there stalls them all. RayMQ's synchronous calls
-    block too: a ``Producer.send`` from such a listener waits for an answer that only
-    this thread reads, and fails at its timeout (``send_async`` does not wait). Not
-    with ``orderly``."""
+    heartbeats), and a listener stuck there stalls them all. A synchronous send, whose
+    answer this very thread reads, raises there at once (``send_async`` does not wait).
+    Not with ``orderly``."""
     consume_batch_size: int = 1
     pull_batch_size: int = 32
     pull_threshold_for_queue: int = 1000

@@ -97,7 +97,7 @@ class ConsumeMessageService:
         """Start consume tasks for ``pq``: one per batch its ready messages fill that no
         task is about to take, within :meth:`_max_tasks`. With ``consume_on_io_thread``,
         called on the client's I/O thread, the first of them runs here and now."""
-        self._dispatch(pq, self._inline and IOLoop.get().owns_this_thread())
+        self._dispatch(pq, self._inline and IOLoop.on_loop_thread())
 
     def _dispatch(self, pq: ProcessQueue, here: bool) -> None:
         size = self.c.config.consume_batch_size

@@ -272,3 +272,42 @@ def test_consume_on_io_thread_consumes_an_arrival_there_and_hands_a_burst_on(
     assert threads[b"fail-once"] == "raymq-client-io"
     with lock:
         assert [t for b, _, t in seen if b == b"fail-once"] == [0, 1]
+
+
+def test_a_synchronous_send_on_the_io_thread_raises_at_once_and_send_async_works_there(
+    cluster: actors.Cluster,
+) -> None:
+    """A listener on the I/O thread cannot wait for an answer that thread reads: its
+    ``Producer.send`` raises at once (it used to wait out the send's timeout, and then
+    an idempotent run's ``delivery_timeout_s``, with every connection stalled), and its
+    ``send_async`` is sent and answered."""
+    topic, out = "ConcOnIoThreadSend", "ConcOnIoThreadSendOut"
+    cluster.admin.create_topic(topic, 1, 1, brokers=["broker-a"])
+    cluster.admin.create_topic(out, 1, 1, brokers=["broker-a"])
+    producer = cluster.producer(f"p-{topic}")
+    tried: list[tuple[BaseException | None, float]] = []
+    forwarded: list[Any] = []
+
+    def listener(messages: list[Any]) -> ConsumeStatus:
+        started = time.monotonic()
+        try:
+            producer.send(Message(out, b"sync"))
+            error: BaseException | None = None
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            error = exc
+        tried.append((error, time.monotonic() - started))
+        forwarded.append(producer.send_async(Message(out, b"async")))
+        return ConsumeStatus.SUCCESS
+
+    consumer = push(cluster, "g-conc-on-io-send", topic, listener, consume_on_io_thread=True)
+    try:
+        producer.send(Message(topic, b"in"))
+        wait_until(lambda: len(forwarded) == 1, what="the listener's call")
+        result = forwarded[0].result(timeout=10)
+    finally:
+        consumer.shutdown()
+        producer.close()
+    ((error, took),) = tried
+    assert isinstance(error, RuntimeError) and "I/O thread" in str(error), error
+    assert took < 1.0  # refused before anything was sent, not timed out
+    assert result.queue_offset == 0  # the send_async was stored: the first in its queue
