@@ -143,14 +143,17 @@ def settle_all(
 
 
 def _finish(future: Any, result: Any, exc: BaseException | None, failed: bool) -> None:
-    """A pending future settled (its lock held): its outcome, then its waiters told."""
-    future._state = FINISHED
+    """A pending future settled (its lock held): its outcome, then its state (which
+    :meth:`SharedFuture.exception` reads without the lock, so the outcome must be there
+    first), then its waiters told."""
     if failed:
         future._exception = exc
+        future._state = FINISHED
         for waiter in future._waiters:
             waiter.add_exception(future)
     else:
         future._result = result
+        future._state = FINISHED
         for waiter in future._waiters:
             waiter.add_result(future)
 
