@@ -46,6 +46,8 @@ from actors.protocol.connection import IOLoop  # noqa: E402
 from storage import Message  # noqa: E402
 
 ENV_DIR = "RAYMQ_CALLS_DIR"
+ENV_BY_CALLER = "RAYMQ_CALLS_BY_CALLER"
+BY_CALLER = os.environ.get(ENV_BY_CALLER) == "1"
 """Where the Ray workers' counters look for ``on`` and ``dump`` and write their counts."""
 
 GROUPS = ("raymq-client-io", "raymq-consume", "AsyncIO Thread", "MainThread")
@@ -72,6 +74,9 @@ class Counter:
             key = f"{os.path.basename(code.co_filename)}:{code.co_name}"
         else:
             key = f"C {getattr(arg, '__qualname__', arg)}"
+            if BY_CALLER:
+                code = frame.f_code
+                key += f" <- {os.path.basename(code.co_filename)}:{code.co_name}"
         self.calls[group][key] += 1
 
     def install(self) -> None:
@@ -128,7 +133,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=200)
     parser.add_argument("--top", type=int, default=15, help="functions listed per thread")
+    parser.add_argument(
+        "--by-caller", action="store_true", help="count each C function by the function calling it"
+    )
     args = parser.parse_args()
+    global BY_CALLER
+    BY_CALLER = args.by_caller
     counter = Counter()
     counter.install()
     out = tempfile.mkdtemp(prefix="raymq-calls-out-")
@@ -136,7 +146,7 @@ def main() -> int:
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
     start_local_ray(
         runtime_env={
-            "env_vars": {ENV_DIR: out, "PYTHONPATH": path},
+            "env_vars": {ENV_DIR: out, "PYTHONPATH": path, ENV_BY_CALLER: str(int(BY_CALLER))},
             "worker_process_setup_hook": "calls_per_message.install_in_worker",
         }
     )

@@ -62,7 +62,14 @@ from .record import (
     validate_topic,
     windows,
 )
-from .seq_slots import _SLOT_NAME, parse_seq_value, seq_pairs, seq_value, validate_producer_id
+from .seq_slots import (
+    _SLOT_NAME,
+    bound_slot,
+    parse_seq_value,
+    seq_pairs,
+    seq_value,
+    validate_producer_id,
+)
 
 _LE_I2, _LE_I4, _LE_I8 = np.dtype("<i2"), np.dtype("<i4"), np.dtype("<i8")
 # an encoded batch on the wire: records, keys, topics, unique keys and delays counted,
@@ -598,6 +605,21 @@ class EncodedBatch:
         ``InvalidMessageError``.
         """
         data, sizes = self.data, self.sizes
+        if pairs == 1 and self.seq_runs is not None and len(self.seq_runs) == 1:
+            # the usual batch: one run, marked by the slot our encoders end the first
+            # record's properties with; the one pair of the batch, so nothing else to read
+            assert self.producer_id is not None
+            mark = bound_slot(
+                self.producer_id, self.producer_epoch, int(self.seq_runs[0, 1]), len(sizes)
+            )
+            at, length = _props_span(data, 0)
+            end, m = at + length, len(mark)
+            if (
+                m <= length
+                and bytes(data[end - m : end]) == mark
+                and (m == length or data[end - m - 1] == 2)
+            ):
+                return
         runs = self.runs()
         ends: np.ndarray | None = None
         if runs:

@@ -209,6 +209,18 @@ class CommitLog:
         """:meth:`append` of a batch of one record (``data`` is that record), in plain
         ints: the same bytes, placed the same way. Returns its offset."""
         size = len(data)
+        files = self.files.files
+        if files:  # the usual put: it fits in the last file, nothing to reserve or seal
+            tail = files[-1]
+            pos = tail.wrote_position
+            if size <= tail.file_size - pos - codec.END_FILE_MIN_BLANK:
+                at = tail.from_offset + pos
+                tail.stage(data)
+                _patch_record(tail.buffer, pos, queue_id, queue_offset, at, store_ts, store_host)
+                tail.publish(pos + size)
+                if (pos + size) * 2 > self.file_size:  # as _after_append
+                    self.files.prepare_next()
+                return at
         if size + codec.END_FILE_MIN_BLANK > self.file_size:
             raise StoreCorruptedError(
                 f"a record of {size} bytes cannot fit in a {self.file_size}-byte file"

@@ -173,6 +173,13 @@ class ConsumeQueue:
 
     def append_one(self, queue_offset: int, phys: int, size: int, tag: int) -> None:
         """:meth:`append` of one entry in plain ints (a single send's)."""
+        files = self.files.files
+        if files:  # the usual entry: next in the last file, which has room for it
+            last = files[-1]
+            pos = last.wrote_position
+            if last.from_offset + pos == queue_offset * UNIT and pos + UNIT <= last.file_size:
+                last.append(_ENTRY.pack(phys, size, tag))
+                return
         if queue_offset != self.max_offset:  # a gap or a re-dispatch: as append decides
             self.append(
                 queue_offset,
@@ -182,6 +189,19 @@ class ConsumeQueue:
             )
             return
         self.files.last_writable(queue_offset * UNIT).append(_ENTRY.pack(phys, size, tag))
+
+    def reserve_next(self) -> int:
+        """The queue offset of the next entry, the file it goes into allocated now
+        (:meth:`reserve` of one entry at :attr:`max_offset`)."""
+        files = self.files.files
+        if files:  # the usual entry: the last file has room for it
+            last = files[-1]
+            pos = last.wrote_position
+            if pos + UNIT <= last.file_size:
+                return (last.from_offset + pos) // UNIT
+        base = self.max_offset
+        self.reserve(base, 1)
+        return base
 
     def reserve(self, queue_offset: int, count: int) -> None:
         """Allocate now the files ``count`` entries from ``queue_offset`` need (see

@@ -107,6 +107,24 @@ class IndexFile:
         self._added(n, store_ts, offset)
         return n
 
+    def put_one(self, key_hash: int, offset: int, store_ts: int) -> int:
+        """:meth:`put_at` of a single key (a message's unique key alone): 1 when it fit,
+        0 when the file is full. The same entry, slot and header writes, in that order."""
+        number = self.index_count
+        if number >= self.max_entries:
+            return 0
+        diff = self._diff(store_ts, offset)
+        at = HEADER_SIZE + 4 * (key_hash % self.slots)
+        buf = self.file.buffer
+        prev = _SLOT.unpack_from(buf, at)[0]
+        if not 0 < prev < number:  # as _head: empty, or not a written entry
+            prev = 0
+            self.slot_count += 1
+        self.file.write_at(self._entry_pos(number), _ENTRY.pack(key_hash, offset, diff, prev))
+        _SLOT.pack_into(buf, at, number)
+        self._added(1, store_ts, offset)
+        return 1
+
     def _diff(self, store_ts: int, first_offset: int) -> int:
         """The entries' time difference from the file's first (seconds); the first put
         sets that."""
@@ -319,6 +337,8 @@ class IndexService:
 
     def put_at(self, hashes: list[int], offset: int, store_ts: int) -> None:
         """:meth:`put` of one record's keys (all at CommitLog ``offset``), in plain ints."""
+        if len(hashes) == 1 and self.files and self.files[-1].put_one(hashes[0], offset, store_ts):
+            return  # the usual record: its unique key alone, into the last file
         pos = 0
         while pos < len(hashes):
             f = self._writable(len(hashes) - pos)

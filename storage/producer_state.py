@@ -109,6 +109,12 @@ class ProducerStateTable:
         ``ProducerSequenceError`` when a run may not be written; nothing changes."""
         pid, epoch = batch.producer_id, batch.producer_epoch
         assert pid is not None
+        if len(runs) == 1:  # the usual batch: one run, the next of its queue's
+            first, _, seq = runs[0]
+            topic = batch.topics[int(batch.topic_idx[first])]
+            st = self._queues.get((pid, topic, int(batch.queue_ids[first])))
+            if st is not None and st.epoch == epoch and st.next_seq == seq:
+                return [None]
         out: list[tuple[int, int] | None] = []
         ahead: dict[tuple[str, str, int], tuple[int, int]] = {}  # earlier runs of this batch
         for (_, count, seq), topic, queue_id in zip(runs, *_queues_of(batch, runs)):

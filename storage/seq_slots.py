@@ -44,6 +44,12 @@ def seq_slot(producer_id: str) -> bytes:
     return _SLOT_NAME + seq_value(producer_id, 0, 0, 0, width) + PROPERTY_SEP.encode("ascii")
 
 
+def bound_slot(producer_id: str, epoch: int, seq: int, count: int) -> bytes:
+    """The pair :func:`seq_slot` holds once bound to this run (``name\x01value\x02``,
+    the value zero-padded as :meth:`EncodedBatch.with_sequence` writes it)."""
+    return b"%s%s\x02" % (_SLOT_NAME, _PADDED % (producer_id.encode("ascii"), epoch, seq, count))
+
+
 def slot_at(first_size: int, slot: bytes) -> tuple[int, int]:
     """Where :func:`seq_slot`'s value lies in a batch whose first record (of
     ``first_size`` bytes) ends with it: (offset, width)."""

@@ -588,6 +588,15 @@ class MessageStore:
             # the usual batch: one new run, nothing delayed or transactional
             written = self._append(batch)
             now = int(self._clock() * 1000)
+            if len(batch) == 1:  # a single send: plain ints to the producer table
+                pid, (topic, queue_id, _) = batch.producer_id, written[2][0]
+                assert pid is not None
+                base, at = int(written[0][0]), int(written[1][0])
+                seq = runs[0][2]
+                self.producers.record(
+                    pid, batch.producer_epoch, topic, queue_id, seq, 1, base, at, now
+                )
+                return written
             self.producers.record_batch(batch, runs, decided, written[0], written[1], now)
             return written
         fresh = [(a, c) for (a, c, _), hit in zip(runs, decided) if hit is None]
@@ -741,9 +750,8 @@ class MessageStore:
         data = batch.data if len(batch.data) == size else memoryview(batch.data)[:size]
         store_ts = int(self._clock() * 1000)
         cq = self._cq(topic, queue_id)
-        base = cq.max_offset
         try:  # every file this put needs, then the bytes
-            cq.reserve(base, 1)
+            base = cq.reserve_next()
             phys = self.commitlog.append_one(data, queue_id, base, store_ts, self._store_host)
         except DiskFullError as exc:
             self._no_room(exc)
@@ -754,8 +762,8 @@ class MessageStore:
             # as _append's arrays: abs(MIN_VALUE) is 2**31 here, which the mask makes 0
             hashes = [abs(h) & 0x7FFFFFFF for h in batch.key_hashes.tolist()]
             self.index.put_at(hashes, phys, store_ts)
-        end = self._dispatched = self.commitlog.max_offset
-        return topic, queue_id, base, phys, store_ts, cq.max_offset, end
+        end = self._dispatched = phys + size
+        return topic, queue_id, base, phys, store_ts, base + 1, end
 
     # ------------------------------------------------------------ disk space
     def _no_room(self, exc: DiskFullError) -> None:
