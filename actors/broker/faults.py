@@ -63,7 +63,7 @@ class Faults:
     @property
     def armed(self) -> bool:
         """Whether any fault is armed (a send then takes the general path, which injects it)."""
-        return any(n > 0 for n in self._armed.values())
+        return bool(self._armed) and any(n > 0 for n in self._armed.values())
 
     def after_store(self) -> bool:
         """Called once a send is stored, before it is answered: True when the answer is

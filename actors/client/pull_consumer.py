@@ -47,15 +47,16 @@ class PullStatus(enum.Enum):
     OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
 
 
+# keyed by the members' values: an Enum member's hash is a Python call (enum.__hash__)
 _PULL_STATUS = {
-    GetStatus.FOUND: PullStatus.FOUND,
-    GetStatus.NO_MATCHED_MESSAGE: PullStatus.NO_MATCHED_MSG,
-    GetStatus.NO_MATCHED_LOGIC_QUEUE: PullStatus.NO_NEW_MSG,
-    GetStatus.NO_MESSAGE_IN_QUEUE: PullStatus.NO_NEW_MSG,
-    GetStatus.OFFSET_OVERFLOW_ONE: PullStatus.NO_NEW_MSG,
-    GetStatus.OFFSET_TOO_SMALL: PullStatus.OFFSET_ILLEGAL,
-    GetStatus.OFFSET_OVERFLOW_BADLY: PullStatus.OFFSET_ILLEGAL,
-    GetStatus.OFFSET_FOUND_NULL: PullStatus.OFFSET_ILLEGAL,
+    GetStatus.FOUND._value_: PullStatus.FOUND,
+    GetStatus.NO_MATCHED_MESSAGE._value_: PullStatus.NO_MATCHED_MSG,
+    GetStatus.NO_MATCHED_LOGIC_QUEUE._value_: PullStatus.NO_NEW_MSG,
+    GetStatus.NO_MESSAGE_IN_QUEUE._value_: PullStatus.NO_NEW_MSG,
+    GetStatus.OFFSET_OVERFLOW_ONE._value_: PullStatus.NO_NEW_MSG,
+    GetStatus.OFFSET_TOO_SMALL._value_: PullStatus.OFFSET_ILLEGAL,
+    GetStatus.OFFSET_OVERFLOW_BADLY._value_: PullStatus.OFFSET_ILLEGAL,
+    GetStatus.OFFSET_FOUND_NULL._value_: PullStatus.OFFSET_ILLEGAL,
 }
 
 
@@ -147,7 +148,7 @@ class PullResult:
 
     @property
     def status(self) -> PullStatus:
-        status = _PULL_STATUS[self.store_status]
+        status = _PULL_STATUS[self.store_status._value_]
         if status is PullStatus.FOUND and self._tags is not None and not self.messages:
             return PullStatus.NO_MATCHED_MSG
         return status

@@ -30,8 +30,9 @@ class SendStatus(enum.Enum):
     SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
 
 
+# keyed by the members' values: an Enum member's hash is a Python call (enum.__hash__)
 _SEND_STATUS = {
-    s: SendStatus[s.value if s is not PutStatus.PUT_OK else "SEND_OK"] for s in PutStatus
+    s._value_: SendStatus[s.value if s is not PutStatus.PUT_OK else "SEND_OK"] for s in PutStatus
 }
 
 
@@ -107,7 +108,7 @@ class BatchSendResult(Sequence[SendResult]):
         if self._results is None:
             out: list[Any] = [None] * self._total
             for positions, uniq_keys, mq, ack in self._parts:
-                status = _SEND_STATUS[ack.status]
+                status = _SEND_STATUS[ack.status._value_]
                 prefix = _offset_id_prefix(ack.store_host)
                 for pos, uk, qoff, phys in zip(
                     positions.tolist(),
@@ -138,7 +139,7 @@ class BatchSendResult(Sequence[SendResult]):
         SEND_OK (stored, but not as durably as asked)."""
         out: dict[str, list[int]] = {}
         for _, _, mq, ack in self._parts:
-            status = _SEND_STATUS[ack.status]
+            status = _SEND_STATUS[ack.status._value_]
             if status is not SendStatus.SEND_OK:
                 raise ValueError(f"{mq}: {status.value}")
             out.setdefault(mq.broker_name, []).extend(ack.commitlog_offsets.tolist())
@@ -150,7 +151,7 @@ class BatchSendResult(Sequence[SendResult]):
         message id; raises ValueError as :meth:`commitlog_offsets_by_broker` does."""
         out: dict[str, list[int | str]] = {}
         for _, uniq_keys, mq, ack in self._parts:
-            status = _SEND_STATUS[ack.status]
+            status = _SEND_STATUS[ack.status._value_]
             if status is not SendStatus.SEND_OK:
                 raise ValueError(f"{mq}: {status.value}")
             offsets = ack.commitlog_offsets.tolist()

@@ -52,7 +52,7 @@ class SendAck:
         answer (a 5-tuple came back ~0.1 ms later than one blob)."""
         return msgpack.packb(
             (
-                self.status.value,
+                self.status._value_,  # the member's field: .value is a descriptor call
                 self.broker_name,
                 self.store_host,
                 self.queue_offsets.astype("<i8", copy=False).tobytes(),
@@ -96,7 +96,7 @@ def pull_to_wire(raw: RawGetResult) -> PullWire:
 def _pull_fields(raw: RawGetResult) -> tuple[Any, ...]:
     sizes = raw.sizes
     return (
-        raw.status.value,
+        raw.status._value_,
         raw.data,
         raw.count,
         raw.next_offset,

@@ -187,7 +187,7 @@ class SubscribeProcessor(DataPathProcessor):
     async def _serve(self, sub: Subscription, stream: ServerStream) -> None:
         while not sub.ended and not self.rt.closing:
             sub.event.clear()  # before the reads: a dispatch after them is not missed
-            if sub.has_credit and sub.offsets:
+            if sub.news and sub.has_credit and sub.offsets:  # no news: nothing to read
                 keys, starts, answers, pending = self._read(sub)
                 if keys:
                     if not await stream.send({"k": keys, "p": starts}, _parts(answers)):
