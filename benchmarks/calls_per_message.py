@@ -1,7 +1,7 @@
 """The Python a single message runs, counted: calls per message, in the client's
 process and in the broker's.
 
-    python benchmarks/calls_per_message.py [--messages 200] [--top 15]
+    python benchmarks/calls_per_message.py [--messages 200] [--top 15] [--by-caller]
 
 One broker (ASYNC_FLUSH) on this machine's local Ray; a producer and a PushConsumer
 (the subscription stream) in this process. Each of ``--messages`` 100 B messages is
@@ -19,7 +19,8 @@ processes run between two messages), and what a process spends on a message grow
 with the code it runs, which a warm loop's timing hides and this VM's timings
 (drifting 2x within minutes) blur. A count does not drift: a change that removes calls
 shows in one run. The hook makes the run itself several times slower, so it prints no
-times. Not a test: it prints figures.
+times. ``--by-caller`` counts each function by the function that called it. Not a
+test: it prints figures.
 """
 
 from __future__ import annotations
@@ -72,11 +73,13 @@ class Counter:
         if event == "call":
             code = frame.f_code
             key = f"{os.path.basename(code.co_filename)}:{code.co_name}"
+            caller = frame.f_back
         else:
             key = f"C {getattr(arg, '__qualname__', arg)}"
-            if BY_CALLER:
-                code = frame.f_code
-                key += f" <- {os.path.basename(code.co_filename)}:{code.co_name}"
+            caller = frame
+        if BY_CALLER and caller is not None:
+            code = caller.f_code
+            key += f" <- {os.path.basename(code.co_filename)}:{code.co_name}"
         self.calls[group][key] += 1
 
     def install(self) -> None:
@@ -134,7 +137,7 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=200)
     parser.add_argument("--top", type=int, default=15, help="functions listed per thread")
     parser.add_argument(
-        "--by-caller", action="store_true", help="count each C function by the function calling it"
+        "--by-caller", action="store_true", help="count each function by the function calling it"
     )
     args = parser.parse_args()
     global BY_CALLER
