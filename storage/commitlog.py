@@ -210,28 +210,21 @@ class CommitLog:
         ints: the same bytes, placed the same way. Returns its offset."""
         size = len(data)
         files = self.files.files
-        if files:  # the usual put: it fits in the last file, nothing to reserve or seal
-            tail = files[-1]
-            pos = tail.wrote_position
-            if size <= tail.file_size - pos - codec.END_FILE_MIN_BLANK:
-                at = tail.from_offset + pos
-                tail.stage(data)
-                _patch_record(tail.buffer, pos, queue_id, queue_offset, at, store_ts, store_host)
-                tail.publish(pos + size)
-                if (pos + size) * 2 > self.file_size:  # as _after_append
-                    self.files.prepare_next()
-                return at
-        if size + codec.END_FILE_MIN_BLANK > self.file_size:
-            raise StoreCorruptedError(
-                f"a record of {size} bytes cannot fit in a {self.file_size}-byte file"
-            )
-        last = self.files.last()
-        at = self.max_offset
-        room = last.remaining if last is not None else 0
-        if size > room - codec.END_FILE_MIN_BLANK:  # it does not fit: in a new file
-            at += room
-        self.files.reserve(self.max_offset, at + size)
-        mf = self._file_for(at)
+        tail = files[-1] if files else None
+        if tail is not None and size <= tail.remaining - codec.END_FILE_MIN_BLANK:
+            # the usual put: it fits in the last file, nothing to reserve or seal
+            mf, at = tail, tail.end_offset
+        else:
+            if size + codec.END_FILE_MIN_BLANK > self.file_size:
+                raise StoreCorruptedError(
+                    f"a record of {size} bytes cannot fit in a {self.file_size}-byte file"
+                )
+            at = self.max_offset
+            room = tail.remaining if tail is not None else 0
+            if size > room - codec.END_FILE_MIN_BLANK:  # it does not fit: in a new file
+                at += room
+            self.files.reserve(self.max_offset, at + size)
+            mf = self._file_for(at)
         rel = mf.stage(data)
         _patch_record(mf.buffer, rel, queue_id, queue_offset, at, store_ts, store_host)
         mf.publish(rel + size)
