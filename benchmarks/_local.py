@@ -42,6 +42,25 @@ def cpu_s(pid: int) -> tuple[float, float]:
     return int(fields[11]) / TICK, int(fields[12]) / TICK
 
 
+def run_wait_s(pid: int) -> float:
+    """Seconds the threads of process ``pid`` alive now spent runnable but waiting for a
+    core (the second field of each thread's ``/proc/.../schedstat``): what a message
+    loses to the other processes and threads of the machine, where CPU time says what
+    it costs. 0.0 where the kernel keeps no schedstat."""
+    total = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total / 1e9
+
+
 def total_cpu_s(pid: int) -> float:
     user, system = cpu_s(pid)
     return user + system

@@ -12,8 +12,9 @@ this producer and the consumer, so a profiler can be attached for the run::
     perf record -g -p $(jq .broker pids.json) -- sleep 10
     strace -c -f -p <pid>
 
-At the end it prints the latency (p50/p99/p99.9) and each process's CPU per message
-(``/proc``). ``--broker-option cluster_lease_s=0`` sets a broker option (a number or
+At the end it prints the latency (p50/p99/p99.9), each process's CPU per message and
+the time its threads spent runnable but waiting for a core, per message (``/proc``'s
+stat and schedstat). ``--broker-option cluster_lease_s=0`` sets a broker option (a number or
 a word) for an A/B run of one setting. Not a test: it prints figures.
 
 ``--segments`` also splits each message's latency where it passes, for all messages
@@ -47,7 +48,7 @@ import ray
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402
-from _local import actor_pids, cpu_s, start_local_ray  # noqa: E402
+from _local import actor_pids, cpu_s, run_wait_s, start_local_ray  # noqa: E402
 from latency_split import _Consumer  # noqa: E402
 
 import actors  # noqa: E402
@@ -314,6 +315,7 @@ def main() -> int:
                 json.dump(pids, f)
         print(f"load: {json.dumps(pids)}", flush=True)
         before = {k: cpu_s(p) for k, p in pids.items()}
+        waited = {k: run_wait_s(p) for k, p in pids.items()}
         sends = peers.Settled()
         peers.paced(
             args.rate,
@@ -324,6 +326,7 @@ def main() -> int:
         got: list[Any] = ray.get(consumer.take_when.remote(sends.sent, 30.0))
         lat: list[float] = [r[0] for r in got] if args.segments else got
         after = {k: cpu_s(p) for k, p in pids.items()}
+        waited = {k: run_wait_s(p) - waited[k] for k, p in pids.items()}
         n = sends.sent
         print(
             f"latency p50 {peers.percentile(lat, 0.5):.2f} ms p99 {peers.percentile(lat, 0.99):.2f}"
@@ -332,7 +335,9 @@ def main() -> int:
                 f"{k} {1e6 * (after[k][0] - before[k][0]) / n:.0f}"
                 f"+{1e6 * (after[k][1] - before[k][1]) / n:.0f}"
                 for k in pids
-            ),
+            )
+            + "; waiting for a core us/msg: "
+            + ", ".join(f"{k} {1e6 * waited[k] / n:.0f}" for k in pids),
             flush=True,
         )
         if marks is not None and got:
