@@ -12,11 +12,12 @@ measures RayMQ's latency): each round measures one consumer with held pulls
 round, and reports the stream's figures beside the pulls' with their ratio. For each
 round and each it prints the latency
 (p50/p99), the CPU each process spent per message (user and system, all its
-threads, read from ``/proc/<pid>/stat``: broker, producer, consumer), and the full
+threads, read from ``/proc/<pid>/stat``: broker, producer, consumer), the time their
+threads spent runnable but waiting for a core (``/proc/<pid>/task/*/schedstat``), and the full
 (generation 2) collections in the producer's and the consumer's processes with their
 longest pause. Beside them, each round runs the ``py-relay`` floor of ``peers.py``:
 the same three processes (this one, an actor relaying over TCP, a reading actor)
-with nothing but asyncio sockets, its latency and its CPU per message. A first
+with nothing but asyncio sockets, its latency, its CPU and its wait per message. A first
 warm-up round is not reported (a fresh broker faults its CommitLog in for its first
 seconds). Linux only (``/proc``).
 
@@ -45,7 +46,7 @@ import ray
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402  (the PushConsumer latency actor, the pacing, the TCP echo)
-from _local import actor_pids, cpu_s, start_local_ray  # noqa: E402
+from _local import actor_pids, cpu_s, run_wait_s, start_local_ray  # noqa: E402
 
 import actors  # noqa: E402
 from storage import Message  # noqa: E402
@@ -175,12 +176,14 @@ def main() -> int:
             echo_ms = echo.latency(body, args.rate, min(1.0, args.seconds))
             relay_ms = relay.latency(body, args.rate, args.seconds)
             relay_cpu = relay.cpu_per_message_us
+            relay_wait = relay.run_wait_per_message_us
             print(
                 f"round {rnd}{' (warm-up)' if rnd == 0 else ''}: tcp echo p50"
                 f" {peers.percentile(echo_ms, 0.5):.2f} ms; py-relay (the same three processes,"
                 f" sockets alone): p50 {peers.percentile(relay_ms, 0.5):.2f} ms p99"
                 f" {peers.percentile(relay_ms, 0.99):.2f} ms, CPU us/msg"
-                f" {', '.join(f'{k} {v:.0f}' for k, v in relay_cpu.items())}",
+                f" {', '.join(f'{k} {v:.0f}' for k, v in relay_cpu.items())}, waiting for a"
+                f" core us/msg {', '.join(f'{k} {v:.0f}' for k, v in relay_wait.items())}",
                 flush=True,
             )
             if rnd:
@@ -193,6 +196,9 @@ def main() -> int:
                 rows.setdefault("py-relay, all three, CPU per message (us)", []).append(
                     sum(relay_cpu.values())
                 )
+                rows.setdefault(
+                    "py-relay, all three, waiting for a core per message (us)", []
+                ).append(sum(relay_wait.values()))
                 rows.setdefault("tcp echo p50 (ms)", []).append(peers.percentile(echo_ms, 0.5))
             order = list(topics) if rnd % 2 else list(reversed(topics))
             for mode in order:
@@ -266,6 +272,7 @@ def _phase(
     mine.take()
     spies = _spy(pids, args, profile) if profile else []
     before = {k: cpu_s(p) for k, p in pids.items()}
+    waited = {k: run_wait_s(p) for k, p in pids.items()}
     sends = peers.Settled()
     peers.paced(
         args.rate,
@@ -278,6 +285,7 @@ def _phase(
     n = sends.sent
     lat: list[float] = ray.get(consumer.take_when.remote(n, 30.0))
     after = {k: cpu_s(p) for k, p in pids.items()}
+    wait = {k: 1e6 * (run_wait_s(p) - waited[k]) / n for k, p in pids.items()}
     for spy in spies:
         spy.wait()
     per = {k: tuple(1e6 * (a - b) / n for a, b in zip(after[k], before[k])) for k in pids}
@@ -289,6 +297,8 @@ def _phase(
             f" {peers.percentile(lat, 0.99):.2f} ms p99.9 {peers.percentile(lat, 0.999):.2f} ms;"
             " CPU us/msg user+sys: "
             + ", ".join(f"{k} {u:.0f}+{s:.0f}" for k, (u, s) in per.items())
+            + "; waiting for a core us/msg: "
+            + ", ".join(f"{k} {w:.0f}" for k, w in wait.items())
             + f"; full GCs: producer {full_p} (longest {long_p:.1f} ms),"
             f" consumer {full_c} (longest {long_c:.1f} ms)"
         ),
@@ -299,6 +309,7 @@ def _phase(
     for k, (u, s) in per.items():
         got[f"{k} CPU per message (us)"] = u + s
     got["all three, CPU per message (us)"] = sum(u + s for u, s in per.values())
+    got["all three, waiting for a core per message (us)"] = sum(wait.values())
     return got
 
 

@@ -1152,6 +1152,7 @@ class RawLimit(Peer):
         self.kind = kind
         self.name = kind
         self.cpu_per_message_us: dict[str, float] = {}  # py-relay: each process's, last run
+        self.run_wait_per_message_us: dict[str, float] = {}  # and its wait for a core
         self.work = {
             "tcp-echo": "no queue: a 100 B round trip over TCP to an asyncio echo server in a Ray actor",
             "ray-noop": "no queue: a round trip of a no-op call to an async Ray actor",
@@ -1213,7 +1214,7 @@ class RawLimit(Peer):
     def _relay(self, body: bytes, rate: int, seconds: float) -> list[float]:
         """Sent from here, each acknowledged before the next; its age taken on arrival."""
         import ray
-        from _local import total_cpu_s  # benchmarks/, beside this file
+        from _local import run_wait_s, total_cpu_s  # benchmarks/, beside this file
 
         consumer = ray.remote(num_cpus=0)(_RelayConsumer).remote(self.port)
         pids = {  # the same three processes as RayMQ's path (sender, broker, consumer)
@@ -1237,10 +1238,14 @@ class RawLimit(Peer):
 
         try:
             before = {k: total_cpu_s(pid) for k, pid in pids.items()}
+            waited = {k: run_wait_s(pid) for k, pid in pids.items()}
             paced(rate, seconds, send)
             samples = list(ray.get(consumer.take_when.remote(sent, 30.0)))
             self.cpu_per_message_us = {
                 k: 1e6 * (total_cpu_s(pid) - before[k]) / max(1, sent) for k, pid in pids.items()
+            }
+            self.run_wait_per_message_us = {
+                k: 1e6 * (run_wait_s(pid) - waited[k]) / max(1, sent) for k, pid in pids.items()
             }
             return samples
         finally:
