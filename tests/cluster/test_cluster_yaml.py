@@ -60,6 +60,8 @@ def test_every_node_gets_raymq_and_java():
     assert config["file_mounts"]["~/raymq"] == "."
     assert "~/.ray/auth_token" in config["file_mounts"]
     assert "pip install -q -e ~/raymq" in setup
+    # and its bytecode, which an environment with PYTHONDONTWRITEBYTECODE never writes
+    assert "compileall -q ~/raymq/actors ~/raymq/storage" in setup
     assert "openjdk-17-jre-headless" in setup and "command -v java" in setup
 
 
