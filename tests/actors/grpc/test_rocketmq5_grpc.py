@@ -858,8 +858,11 @@ def test_forward_to_dead_letter_queue_with_a_raw_stub(
     consumer = SimpleConsumer(config, group, {DLQ_TOPIC: FilterExpression()}, await_duration=1)
     consumer.startup()
     try:
-        got = _receive_ids(consumer, set(sent), invisible_s=3)
-        lapsed_by = time.monotonic() + 3.5  # both handed out before now, for 3 s
+        # invisible for 8 s: long enough for both to be received, one forwarded and the
+        # other acked on a machine slowed by other work (at 3 s, the first one received
+        # once came back before the second did)
+        got = _receive_ids(consumer, set(sent), invisible_s=8)
+        lapsed_by = time.monotonic() + 8.5  # both handed out before now, for 8 s
         given_up, kept = sorted(got)
         handle = got[given_up].receipt_handle
         broker = handle.split(" ")[6]  # the broker that handed it out answers for it
