@@ -5,6 +5,7 @@
  *   encode_plain   storage/_fast_encode.py   a producer's plain batch
  *   scan_records   storage/codec.py          _headers_match, body_length_range
  *   verify_records storage/codec.py          EncodedBatch.check_structure (a client's batch)
+ *   parse_send     storage/batch.py          EncodedBatch.from_bytes with its checks (a send)
  *   patch_records  storage/commitlog.py      the store fields of appended records
  *   link_index     storage/index_file.py     IndexFile._link_many
  *   body_slices    storage/codec.py          body_slices (a consumer's bodies)
@@ -639,6 +640,97 @@ enum {
 static const char *verify_fields[] = {"TOTALSIZE", "MAGIC",      "BODYLEN",    "TOPICLEN", "PROPERTIESLEN",
                                       "TOPIC",     "SYSFLAG",    "PROPERTIES", "BODYCRC"};
 
+/* What verify_loop found: ``bad`` -1 when every record holds, else the first that
+ * does not (n when the records stop short of the data), ``field`` (V_*) what broke,
+ * ``value``/``expected`` what it held and should have; the BODYLEN range of the records
+ * checked and how many PRODUCER_SEQ pairs they hold. */
+typedef struct {
+    Py_ssize_t bad;
+    int field;
+    long long value, expected;
+    int32_t lo, hi;
+    Py_ssize_t seq_pairs;
+} verdict;
+
+/* verify_records' walk: the records laid back to back in buf[0:len] with n sizes
+ * (native int32 at sz) and topic indexes (native int16 at ix) into names/name_lens. */
+static void verify_loop(const unsigned char *buf, Py_ssize_t len, const unsigned char *sz,
+                        const unsigned char *ix, Py_ssize_t n, const unsigned char **names,
+                        const Py_ssize_t *name_lens, Py_ssize_t ntopics, uint32_t sysflags,
+                        crc_fn crc, verdict *v) {
+    Py_ssize_t bad = -1;
+    int field = V_OK;
+    long long value = 0, expected = 0;
+    int32_t lo = INT32_MAX, hi = INT32_MIN;
+    Py_ssize_t seq_pairs = 0;
+    Py_ssize_t pos = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t size;
+        int16_t t;
+        memcpy(&size, sz + 4 * i, 4);
+        memcpy(&t, ix + 2 * i, 2);
+        const unsigned char *r = buf + pos;
+        bad = i;
+        if (size < FIXED_LEN || size > len - pos) {
+            field = V_TOTALSIZE, value = size, expected = len - pos;
+            break;
+        }
+        if ((int32_t)get_be32(r) != size) {
+            field = V_TOTALSIZE, value = (int32_t)get_be32(r), expected = size;
+            break;
+        }
+        if (get_be32(r + 4) != 0xDAA320A7u) {
+            field = V_MAGIC, value = get_be32(r + 4), expected = 0xDAA320A7u;
+            break;
+        }
+        const int32_t body = (int32_t)get_be32(r + 84);
+        if (body < 0 || body > size - FIXED_LEN) {
+            field = V_BODYLEN, value = body, expected = size - FIXED_LEN;
+            break;
+        }
+        const unsigned char *tp = r + HDR_LEN + body;
+        const int32_t topic_len = tp[0];
+        if (t < 0 || t >= ntopics || topic_len != name_lens[t]) {
+            field = V_TOPICLEN, value = topic_len;
+            expected = (t >= 0 && t < ntopics) ? name_lens[t] : -1;
+            break;
+        }
+        const unsigned char *pp = tp + 1 + topic_len;
+        const int32_t prop_len = (pp[0] << 8) | pp[1];
+        if (FIXED_LEN + body + topic_len + prop_len != size) {
+            field = V_PROPERTIESLEN, value = prop_len;
+            expected = size - FIXED_LEN - body - topic_len;
+            break;
+        }
+        if (memcmp(tp + 1, names[t], topic_len) != 0) {
+            field = V_TOPIC;
+            break;
+        }
+        const uint32_t flags = get_be32(r + 36);
+        if (flags & ~sysflags) {
+            field = V_SYSFLAG, value = flags, expected = flags & sysflags;
+            break;
+        }
+        const Py_ssize_t fault = properties_fault(pp + 2, prop_len, &seq_pairs);
+        if (fault >= 0) {
+            field = V_PROPERTIES, value = fault, expected = prop_len;
+            break;
+        }
+        const uint32_t want = crc(0, r + HDR_LEN, (uint32_t)body) & 0x7FFFFFFFu;
+        if (get_be32(r + 8) != want) {
+            field = V_BODYCRC, value = (int32_t)get_be32(r + 8), expected = want;
+            break;
+        }
+        if (body < lo) lo = body;
+        if (body > hi) hi = body;
+        pos += size;
+        bad = -1;
+    }
+    if (bad < 0 && pos != len) field = V_TOTALSIZE, bad = n, value = pos, expected = len;
+    v->bad = bad, v->field = field, v->value = value, v->expected = expected;
+    v->lo = lo, v->hi = hi, v->seq_pairs = seq_pairs;
+}
+
 PyDoc_STRVAR(verify_records_doc,
              "verify_records(data, sizes, topic_idx, topics, sysflags, crc_address)\n"
              "    -> (bad, field, value, expected, min_body, max_body, seq_pairs)\n\n"
@@ -687,80 +779,17 @@ static PyObject *verify_records(PyObject *self, PyObject *args) {
         names[t] = (const unsigned char *)PyBytes_AS_STRING(name);
         name_lens[t] = PyBytes_GET_SIZE(name);
     }
-    const unsigned char *buf = data.buf, *sz = sizes.buf, *ix = idx.buf;
-    const Py_ssize_t len = data.len;
     crc_fn crc = crc_address ? (crc_fn)(uintptr_t)crc_address : crc_builtin;
-    Py_ssize_t bad = -1;
-    int field = V_OK;
-    long long value = 0, expected = 0;
-    int32_t lo = INT32_MAX, hi = INT32_MIN;
-    Py_ssize_t seq_pairs = 0;
-    BEGIN_WORK(len)
-    Py_ssize_t pos = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int32_t size;
-        int16_t t;
-        memcpy(&size, sz + 4 * i, 4);
-        memcpy(&t, ix + 2 * i, 2);
-        const unsigned char *r = buf + pos;
-        bad = i;
-        if (size < FIXED_LEN || size > len - pos) {
-            field = V_TOTALSIZE, value = size, expected = len - pos;
-            break;
-        }
-        if ((int32_t)get_be32(r) != size) {
-            field = V_TOTALSIZE, value = (int32_t)get_be32(r), expected = size;
-            break;
-        }
-        if (get_be32(r + 4) != 0xDAA320A7u) {
-            field = V_MAGIC, value = get_be32(r + 4), expected = 0xDAA320A7u;
-            break;
-        }
-        const int32_t body = (int32_t)get_be32(r + 84);
-        if (body < 0 || body > size - FIXED_LEN) {
-            field = V_BODYLEN, value = body, expected = size - FIXED_LEN;
-            break;
-        }
-        const unsigned char *tp = r + HDR_LEN + body;
-        const int32_t topic_len = tp[0];
-        if (t < 0 || t >= ntopics || topic_len != name_lens[t]) {
-            field = V_TOPICLEN, value = topic_len;
-            expected = (t >= 0 && t < ntopics) ? name_lens[t] : -1;
-            break;
-        }
-        const unsigned char *pp = tp + 1 + topic_len;
-        const int32_t prop_len = (pp[0] << 8) | pp[1];
-        if (FIXED_LEN + body + topic_len + prop_len != size) {
-            field = V_PROPERTIESLEN, value = prop_len;
-            expected = size - FIXED_LEN - body - topic_len;
-            break;
-        }
-        if (memcmp(tp + 1, names[t], topic_len) != 0) {
-            field = V_TOPIC;
-            break;
-        }
-        const uint32_t flags = get_be32(r + 36);
-        if (flags & ~(uint32_t)sysflags) {
-            field = V_SYSFLAG, value = flags, expected = flags & (uint32_t)sysflags;
-            break;
-        }
-        const Py_ssize_t fault = properties_fault(pp + 2, prop_len, &seq_pairs);
-        if (fault >= 0) {
-            field = V_PROPERTIES, value = fault, expected = prop_len;
-            break;
-        }
-        const uint32_t want = crc(0, r + HDR_LEN, (uint32_t)body) & 0x7FFFFFFFu;
-        if (get_be32(r + 8) != want) {
-            field = V_BODYCRC, value = (int32_t)get_be32(r + 8), expected = want;
-            break;
-        }
-        if (body < lo) lo = body;
-        if (body > hi) hi = body;
-        pos += size;
-        bad = -1;
-    }
-    if (bad < 0 && pos != len) field = V_TOTALSIZE, bad = n, value = pos, expected = len;
+    verdict v;
+    BEGIN_WORK(data.len)
+    verify_loop(data.buf, data.len, sizes.buf, idx.buf, n, names, name_lens, ntopics,
+                (uint32_t)sysflags, crc, &v);
     END_WORK
+    const Py_ssize_t bad = v.bad;
+    const int field = v.field;
+    const long long value = v.value, expected = v.expected;
+    const int32_t lo = v.lo, hi = v.hi;
+    const Py_ssize_t seq_pairs = v.seq_pairs;
     if (bad < 0)
         result = Py_BuildValue("nOLLiin", bad, Py_None, value, expected, lo, hi, seq_pairs);
     else
@@ -1125,6 +1154,164 @@ done:
     return out;
 }
 
+
+PyDoc_STRVAR(parse_send_doc,
+             "parse_send(blob, sysflags, crc_address, max_topic_len) -> tuple or None\n\n"
+             "EncodedBatch.from_bytes and its check_structure at once, for a batch of the\n"
+             "usual shape (one numbered run at most, topics of [A-Za-z0-9_%|-], ASCII keys):\n"
+             "(n, k, d, r, epoch, flags, topics, uniq, producer, at, data_at, min_body,\n"
+             "max_body), where ``at`` is where the eight arrays start and ``data_at`` the\n"
+             "records; the records checked as verify_records checks them, and an idempotent\n"
+             "batch's PRODUCER_SEQ mark compared with its numbering. None for anything else,\n"
+             "which the Python path decides (and names the error of): this never raises\n"
+             "on the blob's content, and accepts nothing the Python path refuses. The\n"
+             "producer id's form is left to the caller.");
+
+static inline int32_t get_le32s(const unsigned char *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return (int32_t)v;
+}
+
+static inline int64_t get_le64s(const unsigned char *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return (int64_t)v;
+}
+
+static inline int topic_char(unsigned char c) {
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+           c == '_' || c == '%' || c == '|' || c == '-';
+}
+
+#define PARSE_MAX_TOPICS 64 /* more topics in one send: the Python path */
+
+static PyObject *parse_send(PyObject *self, PyObject *args) {
+    PyObject *blob_obj;
+    unsigned long sysflags;
+    unsigned long long crc_address;
+    Py_ssize_t max_topic_len;
+    if (!PyArg_ParseTuple(args, "OkKn", &blob_obj, &sysflags, &crc_address, &max_topic_len))
+        return NULL;
+#if !PY_LITTLE_ENDIAN /* the wire's arrays are little-endian: the Python path swaps them */
+    Py_RETURN_NONE;
+#else
+    Py_buffer b;
+    if (PyObject_GetBuffer(blob_obj, &b, PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear(); /* the Python path names what it is */
+        Py_RETURN_NONE;
+    }
+    PyObject *result = NULL, *topics = NULL, *uniq = NULL, *producer = NULL;
+    const unsigned char *p = b.buf;
+    const Py_ssize_t len = b.len;
+    if (len < 36) goto fallback;
+    int32_t h[9];
+    for (int i = 0; i < 9; i++) h[i] = (int32_t)get_be32(p + 4 * i);
+    const int32_t n = h[0], k = h[1], lt = h[2], lu = h[3], d = h[4], lp = h[5], r = h[6];
+    const int32_t epoch = h[7], flags = h[8];
+    for (int i = 0; i < 8; i++)
+        if (h[i] < 0) goto fallback;
+    if ((d != 0 && d != n) || r > n || (lp == 0) != (r == 0) || n == 0 || r > 1) goto fallback;
+    /* 64-bit sums of int32 counts: no overflow */
+    const Py_ssize_t topics_at = 36, uniq_at = topics_at + lt, prod_at = uniq_at + lu;
+    const Py_ssize_t at = prod_at + lp, idx_at = at + 4 * (Py_ssize_t)n;
+    const Py_ssize_t qids_at = at + 6 * (Py_ssize_t)n, tags_at = qids_at + 4 * (Py_ssize_t)n;
+    const Py_ssize_t hashes_at = tags_at + 8 * (Py_ssize_t)n;
+    const Py_ssize_t owners_at = hashes_at + 4 * (Py_ssize_t)k;
+    const Py_ssize_t delays_at = owners_at + 4 * (Py_ssize_t)k;
+    const Py_ssize_t runs_at = delays_at + 4 * (Py_ssize_t)d;
+    const Py_ssize_t data_at = runs_at + 16 * (Py_ssize_t)r;
+    if (data_at > len) goto fallback;
+    /* the topics: non-empty names of topic characters, at most max_topic_len each */
+    const unsigned char *names[PARSE_MAX_TOPICS];
+    Py_ssize_t name_lens[PARSE_MAX_TOPICS];
+    Py_ssize_t ntopics = 0, start = topics_at;
+    for (Py_ssize_t i = topics_at; i <= uniq_at; i++) {
+        if (i < uniq_at && p[i] != 0) {
+            if (!topic_char(p[i])) goto fallback;
+            continue;
+        }
+        const Py_ssize_t l = i - start;
+        if (l == 0 || l > max_topic_len || ntopics == PARSE_MAX_TOPICS) goto fallback;
+        names[ntopics] = p + start, name_lens[ntopics] = l, ntopics++;
+        start = i + 1;
+    }
+    for (Py_ssize_t i = uniq_at; i < at; i++) /* unique keys and producer id: ASCII */
+        if (p[i] & 0x80) goto fallback;
+    for (int32_t i = 0; i < d; i++)
+        if (get_le32s(p + delays_at + 4 * (Py_ssize_t)i) < 0) goto fallback;
+    const int32_t q0 = get_le32s(p + qids_at);
+    int same_queue = 1;
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t q = get_le32s(p + qids_at + 4 * (Py_ssize_t)i);
+        if (q < 0) goto fallback;
+        same_queue &= q == q0;
+    }
+    for (int32_t i = 0; i < k; i++) {
+        const int32_t o = get_le32s(p + owners_at + 4 * (Py_ssize_t)i);
+        if (o < 0 || o >= n) goto fallback;
+    }
+    int64_t seq = 0;
+    if (r == 1) { /* one run: of the whole batch, from record 0, on one queue */
+        if (get_le64s(p + runs_at) != 0) goto fallback;
+        seq = get_le64s(p + runs_at + 8);
+        if (seq < 0) goto fallback;
+        if (n > 1 && (ntopics != 1 || !same_queue)) goto fallback;
+    }
+    crc_fn crc = crc_address ? (crc_fn)(uintptr_t)crc_address : crc_builtin;
+    verdict v;
+    BEGIN_WORK(len - data_at)
+    verify_loop(p + data_at, len - data_at, p + at, p + idx_at, n, names, name_lens, ntopics,
+                (uint32_t)sysflags, crc, &v);
+    END_WORK
+    if (v.bad >= 0) goto fallback;
+    if (v.seq_pairs != r) goto fallback; /* a mark where no run is, or two: Python's */
+    if (r == 1) { /* the first record's properties end with the run's bound slot */
+        char mark[SEQ_NAME_LEN + 256];
+        memcpy(mark, SEQ_NAME, SEQ_NAME_LEN);
+        if (lp > 160) goto fallback; /* no producer id is longer */
+        memcpy(mark + SEQ_NAME_LEN, p + prod_at, lp);
+        const int tail = snprintf(mark + SEQ_NAME_LEN + lp, sizeof mark - SEQ_NAME_LEN - lp,
+                                  ",%010d,%019lld,%010d\x02", (int)epoch, (long long)seq, (int)n);
+        if (tail < 0 || (size_t)tail >= sizeof mark - SEQ_NAME_LEN - lp) goto fallback;
+        const Py_ssize_t m = SEQ_NAME_LEN + lp + tail;
+        const unsigned char *rec = p + data_at;
+        const unsigned char *tp = rec + HDR_LEN + (int32_t)get_be32(rec + 84); /* checked */
+        const unsigned char *pp = tp + 1 + tp[0];
+        const Py_ssize_t plen = (pp[0] << 8) | pp[1];
+        const unsigned char *end = pp + 2 + plen;
+        if (m > plen || memcmp(end - m, mark, m) != 0 || (m != plen && end[-m - 1] != 2))
+            goto fallback;
+    }
+    topics = PyTuple_New(ntopics);
+    if (!topics) goto done;
+    for (Py_ssize_t t = 0; t < ntopics; t++) {
+        PyObject *name = PyUnicode_DecodeASCII((const char *)names[t], name_lens[t], NULL);
+        if (!name) goto done;
+        PyTuple_SET_ITEM(topics, t, name);
+    }
+    uniq = PyBytes_FromStringAndSize((const char *)p + uniq_at, lu);
+    if (!uniq) goto done;
+    if (lp) {
+        producer = PyUnicode_DecodeASCII((const char *)p + prod_at, lp, NULL);
+        if (!producer) goto done;
+    } else {
+        producer = Py_NewRef(Py_None);
+    }
+    result = Py_BuildValue("iiiiiiOOOnnii", n, k, d, r, epoch, flags, topics, uniq, producer,
+                           at, data_at, v.lo, v.hi);
+    goto done;
+fallback:
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(topics);
+    Py_XDECREF(uniq);
+    Py_XDECREF(producer);
+    PyBuffer_Release(&b);
+    return result;
+#endif
+}
+
 /* ------------------------------------------------------------------ module */
 static PyObject *crc32_builtin(PyObject *self, PyObject *arg) {
     Py_buffer b;
@@ -1144,6 +1331,7 @@ static PyMethodDef methods[] = {
     {"link_index", link_index, METH_VARARGS, link_index_doc},
     {"body_slices", body_slices, METH_VARARGS, body_slices_doc},
     {"decode_records", decode_records, METH_VARARGS, decode_records_doc},
+    {"parse_send", parse_send, METH_VARARGS, parse_send_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -55,6 +55,7 @@ from .record import (
     FIXED_LEN,
     HEADER,
     MAGIC,
+    MAX_TOPIC_LEN,
     OFF_BODYLEN,
     OFF_MAGIC,
     OFF_TOTALSIZE,
@@ -494,7 +495,17 @@ class EncodedBatch:
     def from_bytes(cls, blob: bytes | memoryview | np.ndarray) -> EncodedBatch:
         """The batch :meth:`to_bytes` made, from any byte buffer (a ``uint8`` array Ray
         hands over without copying works too). The records are not copied: ``data``
-        is a view of ``blob``."""
+        is a view of ``blob``.
+
+        A send of the usual shape is parsed and checked by ``storage._native.parse_send``
+        in one call (a broker decodes one per request); anything else, and every batch
+        it refuses, takes the Python path below, which names the error."""
+        native = record._native
+        parse = getattr(native, "parse_send", None) if native is not None else None
+        if parse is not None:
+            got = parse(blob, CLIENT_SYSFLAGS, crc32_address, MAX_TOPIC_LEN)
+            if got is not None:
+                return _from_parsed(blob, got)
         try:
             view = memoryview(blob).cast("B")  # type: ignore[arg-type]  # ndarray is a buffer
             n, k, lt, lu, d, lp, r, epoch, flags = _WIRE_HEAD.unpack_from(view, 0)
@@ -722,6 +733,40 @@ def _wire_array(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if values.dtype == dtype and values.flags.c_contiguous:
         return values
     return np.ascontiguousarray(values, dtype=dtype)
+
+
+def _from_parsed(blob: bytes | memoryview | np.ndarray, got: tuple[Any, ...]) -> EncodedBatch:
+    """:meth:`EncodedBatch.from_bytes` of what ``parse_send`` found and checked in
+    ``blob``: the same batch the Python path makes, its structure checked."""
+    n, k, d, r, epoch, flags, topics, uniq, producer, at, data_at, low, high = got
+    if producer is not None:  # its form: the one check parse_send leaves to Python
+        validate_producer_id(producer)
+    view = memoryview(blob).cast("B")  # type: ignore[arg-type]  # ndarray is a buffer
+    qids_at = at + 6 * n
+    tags_at = qids_at + 4 * n
+    hashes_at = tags_at + 8 * n
+    owners_at = hashes_at + 4 * k
+    delays_at = owners_at + 4 * k
+    batch = new_batch(
+        view[data_at:],
+        np.ndarray((n,), _LE_I4, view, at),
+        topics,
+        np.ndarray((n,), _LE_I2, view, at + 4 * n),
+        np.ndarray((n,), _LE_I4, view, qids_at),
+        np.ndarray((n,), _LE_I8, view, tags_at),
+        np.ndarray((k,), _LE_I4, view, hashes_at),
+        np.ndarray((k,), _LE_I4, view, owners_at),
+        PackedKeys(uniq),
+        np.ndarray((d,), _LE_I4, view, delays_at) if d else None,
+        producer,
+        epoch,
+        np.ndarray((r, 2), _LE_I8, view, delays_at + 4 * d) if r else None,
+        bool(flags & _WIRE_TRANSACTIONAL),
+        bool(flags & _WIRE_TIMER),
+        checked=True,
+    )
+    batch.__dict__["_body_range"] = (low, high)
+    return batch
 
 
 def new_batch(
