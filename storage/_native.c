@@ -1212,7 +1212,11 @@ static PyObject *parse_send(PyObject *self, PyObject *args) {
     for (int i = 0; i < 8; i++)
         if (h[i] < 0) goto fallback;
     if ((d != 0 && d != n) || r > n || (lp == 0) != (r == 0) || n == 0 || r > 1) goto fallback;
-    /* 64-bit sums of int32 counts: no overflow */
+    /* where each part starts: 64-bit sums of int32 counts (no overflow, even where
+     * Py_ssize_t is 32 bits), all within the blob once the last one is */
+    const int64_t end64 = 36 + (int64_t)lt + lu + lp + 18 * (int64_t)n + 8 * (int64_t)k +
+                          4 * (int64_t)d + 16 * (int64_t)r;
+    if (end64 > (int64_t)len) goto fallback;
     const Py_ssize_t topics_at = 36, uniq_at = topics_at + lt, prod_at = uniq_at + lu;
     const Py_ssize_t at = prod_at + lp, idx_at = at + 4 * (Py_ssize_t)n;
     const Py_ssize_t qids_at = at + 6 * (Py_ssize_t)n, tags_at = qids_at + 4 * (Py_ssize_t)n;
@@ -1221,7 +1225,6 @@ static PyObject *parse_send(PyObject *self, PyObject *args) {
     const Py_ssize_t delays_at = owners_at + 4 * (Py_ssize_t)k;
     const Py_ssize_t runs_at = delays_at + 4 * (Py_ssize_t)d;
     const Py_ssize_t data_at = runs_at + 16 * (Py_ssize_t)r;
-    if (data_at > len) goto fallback;
     /* the topics: non-empty names of topic characters, at most max_topic_len each */
     const unsigned char *names[PARSE_MAX_TOPICS];
     Py_ssize_t name_lens[PARSE_MAX_TOPICS];
