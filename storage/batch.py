@@ -520,28 +520,10 @@ class EncodedBatch:
             pos += lu
             producer = str(view[pos : pos + lp], "ascii") if lp else None
             pos += lp
-            # the eight arrays back to back, each a view of the buffer: np.ndarray over
-            # it, as np.frombuffer's argument parsing costs 4x more
-            qids_at = pos + 6 * n
-            tags_at = qids_at + 4 * n
-            hashes_at = tags_at + 8 * n
-            owners_at = hashes_at + 4 * k
-            delays_at = owners_at + 4 * k
-            runs_at = delays_at + 4 * d
-            data_at = runs_at + 16 * r
-            if data_at > len(view):
-                raise ValueError("truncated")
-            sizes = np.ndarray((n,), _LE_I4, view, pos)
-            topic_idx = np.ndarray((n,), _LE_I2, view, pos + 4 * n)
-            queue_ids = np.ndarray((n,), _LE_I4, view, qids_at)
-            tag_codes = np.ndarray((n,), _LE_I8, view, tags_at)
-            key_hashes = np.ndarray((k,), _LE_I4, view, hashes_at)
-            key_owner = np.ndarray((k,), _LE_I4, view, owners_at)
-            delays = np.ndarray((d,), _LE_I4, view, delays_at) if d else None
-            runs = np.ndarray((r, 2), _LE_I8, view, runs_at) if r else None
-            data = view[data_at:]
+            arrays = _wire_arrays(view, pos, n, k, d, r)
         except (struct.error, ValueError, TypeError, UnicodeDecodeError) as exc:
             raise InvalidMessageError(f"malformed encoded batch: {exc}") from exc
+        sizes, topic_idx, queue_ids, tag_codes, key_hashes, key_owner, delays, runs, data = arrays
         batch = new_batch(
             data,
             sizes,
@@ -735,32 +717,70 @@ def _wire_array(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return np.ascontiguousarray(values, dtype=dtype)
 
 
-def _from_parsed(blob: bytes | memoryview | np.ndarray, got: tuple[Any, ...]) -> EncodedBatch:
-    """:meth:`EncodedBatch.from_bytes` of what ``parse_send`` found and checked in
-    ``blob``: the same batch the Python path makes, its structure checked."""
-    n, k, d, r, epoch, flags, topics, uniq, producer, at, data_at, low, high = got
-    if producer is not None:  # its form: the one check parse_send leaves to Python
-        validate_producer_id(producer)
-    view = memoryview(blob).cast("B")  # type: ignore[arg-type]  # ndarray is a buffer
+def _wire_arrays(
+    view: memoryview, at: int, n: int, k: int, d: int, r: int
+) -> tuple[
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray | None,
+    np.ndarray | None,
+    memoryview,
+]:
+    """The eight arrays of a send's wire form, laid back to back from ``at`` (sizes,
+    topic indexes, queue ids, tag codes, key hashes, key owners, delay levels, sequence
+    runs), each a view of ``view`` (``np.ndarray`` over it: ``np.frombuffer``'s argument
+    parsing costs 4x more), and the records after them. ``ValueError`` when the counts
+    reach past the buffer."""
     qids_at = at + 6 * n
     tags_at = qids_at + 4 * n
     hashes_at = tags_at + 8 * n
     owners_at = hashes_at + 4 * k
     delays_at = owners_at + 4 * k
-    batch = new_batch(
-        view[data_at:],
+    runs_at = delays_at + 4 * d
+    data_at = runs_at + 16 * r
+    if data_at > len(view):
+        raise ValueError("truncated")
+    return (
         np.ndarray((n,), _LE_I4, view, at),
-        topics,
         np.ndarray((n,), _LE_I2, view, at + 4 * n),
         np.ndarray((n,), _LE_I4, view, qids_at),
         np.ndarray((n,), _LE_I8, view, tags_at),
         np.ndarray((k,), _LE_I4, view, hashes_at),
         np.ndarray((k,), _LE_I4, view, owners_at),
-        PackedKeys(uniq),
         np.ndarray((d,), _LE_I4, view, delays_at) if d else None,
+        np.ndarray((r, 2), _LE_I8, view, runs_at) if r else None,
+        view[data_at:],
+    )
+
+
+def _from_parsed(blob: bytes | memoryview | np.ndarray, got: tuple[Any, ...]) -> EncodedBatch:
+    """:meth:`EncodedBatch.from_bytes` of what ``parse_send`` found and checked in
+    ``blob``: the same batch the Python path makes, its structure checked."""
+    n, k, d, r, epoch, flags, topics, uniq, producer, at, _data_at, low, high = got
+    if producer is not None:  # its form: the one check parse_send leaves to Python
+        validate_producer_id(producer)
+    view = memoryview(blob).cast("B")  # type: ignore[arg-type]  # ndarray is a buffer
+    sizes, topic_idx, queue_ids, tag_codes, key_hashes, key_owner, delays, runs, data = (
+        _wire_arrays(view, at, n, k, d, r)
+    )
+    batch = new_batch(
+        data,
+        sizes,
+        topics,
+        topic_idx,
+        queue_ids,
+        tag_codes,
+        key_hashes,
+        key_owner,
+        PackedKeys(uniq),
+        delays,
         producer,
         epoch,
-        np.ndarray((r, 2), _LE_I8, view, delays_at + 4 * d) if r else None,
+        runs,
         bool(flags & _WIRE_TRANSACTIONAL),
         bool(flags & _WIRE_TIMER),
         checked=True,
