@@ -520,27 +520,9 @@ class EncodedBatch:
             pos += lu
             producer = str(view[pos : pos + lp], "ascii") if lp else None
             pos += lp
-            arrays = _wire_arrays(view, pos, n, k, d, r)
+            batch = _wire_batch(view, pos, (n, k, d, r), topics, uniq, producer, epoch, flags)
         except (struct.error, ValueError, TypeError, UnicodeDecodeError) as exc:
             raise InvalidMessageError(f"malformed encoded batch: {exc}") from exc
-        sizes, topic_idx, queue_ids, tag_codes, key_hashes, key_owner, delays, runs, data = arrays
-        batch = new_batch(
-            data,
-            sizes,
-            topics,
-            topic_idx,
-            queue_ids,
-            tag_codes,
-            key_hashes,
-            key_owner,
-            uniq,
-            delays,
-            producer,
-            epoch,
-            runs,
-            bool(flags & _WIRE_TRANSACTIONAL),
-            bool(flags & _WIRE_TIMER),
-        )
         batch.check_structure()
         return batch
 
@@ -717,24 +699,24 @@ def _wire_array(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return np.ascontiguousarray(values, dtype=dtype)
 
 
-def _wire_arrays(
-    view: memoryview, at: int, n: int, k: int, d: int, r: int
-) -> tuple[
-    np.ndarray,
-    np.ndarray,
-    np.ndarray,
-    np.ndarray,
-    np.ndarray,
-    np.ndarray,
-    np.ndarray | None,
-    np.ndarray | None,
-    memoryview,
-]:
-    """The eight arrays of a send's wire form, laid back to back from ``at`` (sizes,
-    topic indexes, queue ids, tag codes, key hashes, key owners, delay levels, sequence
-    runs), each a view of ``view`` (``np.ndarray`` over it: ``np.frombuffer``'s argument
-    parsing costs 4x more), and the records after them. ``ValueError`` when the counts
-    reach past the buffer."""
+def _wire_batch(
+    view: memoryview,
+    at: int,
+    counts: tuple[int, int, int, int],
+    topics: tuple[str, ...],
+    uniq: PackedKeys,
+    producer: str | None,
+    epoch: int,
+    flags: int,
+    checked: bool = False,
+) -> EncodedBatch:
+    """The batch of a send's wire form whose head was read: the eight arrays laid back
+    to back from ``at`` (sizes, topic indexes, queue ids, tag codes, key hashes, key
+    owners, delay levels, sequence runs; ``counts`` = records, keys, delays, runs), each
+    a view of ``view`` (``np.ndarray`` over it: ``np.frombuffer``'s argument parsing
+    costs 4x more), and the records after them. ``ValueError`` when the counts reach
+    past the buffer."""
+    n, k, d, r = counts
     qids_at = at + 6 * n
     tags_at = qids_at + 4 * n
     hashes_at = tags_at + 8 * n
@@ -744,16 +726,23 @@ def _wire_arrays(
     data_at = runs_at + 16 * r
     if data_at > len(view):
         raise ValueError("truncated")
-    return (
+    return new_batch(
+        view[data_at:],
         np.ndarray((n,), _LE_I4, view, at),
+        topics,
         np.ndarray((n,), _LE_I2, view, at + 4 * n),
         np.ndarray((n,), _LE_I4, view, qids_at),
         np.ndarray((n,), _LE_I8, view, tags_at),
         np.ndarray((k,), _LE_I4, view, hashes_at),
         np.ndarray((k,), _LE_I4, view, owners_at),
+        uniq,
         np.ndarray((d,), _LE_I4, view, delays_at) if d else None,
+        producer,
+        epoch,
         np.ndarray((r, 2), _LE_I8, view, runs_at) if r else None,
-        view[data_at:],
+        bool(flags & _WIRE_TRANSACTIONAL),
+        bool(flags & _WIRE_TIMER),
+        checked=checked,
     )
 
 
@@ -764,26 +753,8 @@ def _from_parsed(blob: bytes | memoryview | np.ndarray, got: tuple[Any, ...]) ->
     if producer is not None:  # its form: the one check parse_send leaves to Python
         validate_producer_id(producer)
     view = memoryview(blob).cast("B")  # type: ignore[arg-type]  # ndarray is a buffer
-    sizes, topic_idx, queue_ids, tag_codes, key_hashes, key_owner, delays, runs, data = (
-        _wire_arrays(view, at, n, k, d, r)
-    )
-    batch = new_batch(
-        data,
-        sizes,
-        topics,
-        topic_idx,
-        queue_ids,
-        tag_codes,
-        key_hashes,
-        key_owner,
-        PackedKeys(uniq),
-        delays,
-        producer,
-        epoch,
-        runs,
-        bool(flags & _WIRE_TRANSACTIONAL),
-        bool(flags & _WIRE_TIMER),
-        checked=True,
+    batch = _wire_batch(
+        view, at, (n, k, d, r), topics, PackedKeys(uniq), producer, epoch, flags, checked=True
     )
     batch.__dict__["_body_range"] = (low, high)
     return batch
