@@ -1316,6 +1316,150 @@ done:
 }
 
 /* ------------------------------------------------------------------ module */
+PyDoc_STRVAR(write_one_doc,
+             "write_one(log, log_at, record, queue_id, queue_offset, phys, store_ts, host,\n"
+             "          cq, cq_at, tag, index, slots, count, hashes, diff, begin_ts,\n"
+             "          begin_offset, end_offset, slot_count) -> fresh\n\n"
+             "A single send's put in one call, in the order a crash may cut it: the\n"
+             "``record`` copied into the writable CommitLog mapping ``log`` at ``log_at``\n"
+             "with its QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, STORETIMESTAMP and STOREHOST\n"
+             "(``host``, 8 bytes) written; its ConsumeQueue entry (``phys``, the record's\n"
+             "size, ``tag``: 20 bytes big-endian) into ``cq`` at ``cq_at``; and, when\n"
+             "``index`` is not None, an IndexFile entry for each of ``hashes`` (a list of\n"
+             "at most 16 non-negative ints) numbered from ``count``, each linked at the\n"
+             "head of its slot (of ``slots``; a head not in 1..count-1 is none), then the\n"
+             "slots, then the file's header: ``begin_ts``, ``store_ts``, ``begin_offset``,\n"
+             "``end_offset``, the slots used (``slot_count`` plus those that were empty)\n"
+             "and the count after. Returns how many slots were empty. Nothing moves a\n"
+             "write position: the caller publishes. Checks every place lies inside its\n"
+             "buffer before writing any.");
+
+#define WRITE_ONE_KEYS 16
+
+static PyObject *write_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 20) {
+        PyErr_Format(PyExc_TypeError, "write_one takes 20 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    long long v[20];
+    static const int ints[] = {1, 3, 4, 5, 6, 9, 10, 12, 13, 15, 16, 17, 18, 19};
+    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) {
+        v[ints[i]] = PyLong_AsLongLong(args[ints[i]]);
+        if (v[ints[i]] == -1 && PyErr_Occurred()) return NULL;
+    }
+    const int has_index = args[11] != Py_None;
+    long long hashes[WRITE_ONE_KEYS];
+    Py_ssize_t nkeys = 0;
+    if (has_index) {
+        if (!PyList_Check(args[14])) {
+            PyErr_SetString(PyExc_TypeError, "hashes must be a list");
+            return NULL;
+        }
+        nkeys = PyList_GET_SIZE(args[14]);
+        if (nkeys > WRITE_ONE_KEYS) {
+            PyErr_Format(PyExc_ValueError, "more than %d hashes", WRITE_ONE_KEYS);
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < nkeys; i++) {
+            hashes[i] = PyLong_AsLongLong(PyList_GET_ITEM(args[14], i));
+            if (hashes[i] == -1 && PyErr_Occurred()) return NULL;
+        }
+    }
+    Py_buffer log = {0}, rec = {0}, host = {0}, cq = {0}, idx = {0};
+    PyObject *result = NULL;
+    if (get_array(args[0], &log, 1, 1, "log") < 0) goto out;
+    if (get_array(args[2], &rec, 1, 0, "record") < 0) goto out;
+    if (get_array(args[7], &host, 1, 0, "host") < 0) goto out;
+    if (get_array(args[8], &cq, 1, 1, "cq") < 0) goto out;
+    if (has_index && get_array(args[11], &idx, 1, 1, "index") < 0) goto out;
+    const long long log_at = v[1], cq_at = v[9], slots = v[12], count = v[13];
+    const Py_ssize_t size = rec.len;
+    if (host.len != 8) {
+        PyErr_SetString(PyExc_ValueError, "host must be 8 bytes");
+        goto out;
+    }
+    if (size < HDR_LEN || (long long)(int32_t)size != size ||
+        get_be32((const unsigned char *)rec.buf) != (uint32_t)size) {
+        PyErr_SetString(PyExc_ValueError, "record: its TOTALSIZE is not its length");
+        goto out;
+    }
+    if (log_at < 0 || log_at > log.len - size) {
+        PyErr_SetString(PyExc_ValueError, "record past the end of the log");
+        goto out;
+    }
+    if (cq_at < 0 || cq_at > cq.len - 20) {
+        PyErr_SetString(PyExc_ValueError, "entry past the end of the queue file");
+        goto out;
+    }
+    const long long entries_at = 40 + 4 * slots + 20 * count;
+    if (has_index) {
+        int bad = slots <= 0 || count <= 0 || count > 0x7FFFFFFF - nkeys ||
+                  slots > (idx.len - 40) / 4 || entries_at > idx.len - 20 * nkeys;
+        for (Py_ssize_t i = 0; i < nkeys; i++) bad |= hashes[i] < 0;
+        if (bad) {
+            PyErr_SetString(PyExc_ValueError, "index entry or slot past the end of the index file");
+            goto out;
+        }
+    }
+    long fresh = 0;
+    {
+        unsigned char *r = (unsigned char *)log.buf + log_at;
+        memcpy(r, rec.buf, size);
+        put_be32(r + 12, (uint32_t)v[3]);
+        put_be64(r + 20, (uint64_t)v[4]);
+        put_be64(r + 28, (uint64_t)v[5]);
+        put_be64(r + 56, (uint64_t)v[6]);
+        memcpy(r + 64, host.buf, 8);
+        unsigned char *e = (unsigned char *)cq.buf + cq_at;
+        put_be64(e, (uint64_t)v[5]);
+        put_be32(e + 8, (uint32_t)size);
+        put_be64(e + 12, (uint64_t)v[10]);
+    }
+    if (has_index && nkeys) {
+        unsigned char *b = idx.buf;
+        long long slot_of[WRITE_ONE_KEYS], head_of[WRITE_ONE_KEYS]; /* this call's heads */
+        Py_ssize_t nheads = 0;
+        unsigned char *e = b + entries_at;
+        for (Py_ssize_t i = 0; i < nkeys; i++) { /* the entries, as IndexFile._link_few */
+            const long long slot = hashes[i] % slots, number = count + i;
+            Py_ssize_t h = 0;
+            while (h < nheads && slot_of[h] != slot) h++;
+            int64_t prev;
+            if (h < nheads) {
+                prev = head_of[h];
+            } else {
+                prev = (int32_t)get_be32(b + 40 + 4 * slot);
+                if (prev <= 0 || prev >= count) prev = 0; /* empty, or not a written entry */
+                if (prev == 0) fresh++;
+                slot_of[nheads++] = slot;
+            }
+            head_of[h] = number;
+            put_be32(e, (uint32_t)hashes[i]);
+            put_be64(e + 4, (uint64_t)v[5]);
+            put_be32(e + 12, (uint32_t)v[15]);
+            put_be32(e + 16, (uint32_t)prev);
+            e += 20;
+        }
+        __asm__ __volatile__("" ::: "memory"); /* the entries, then the slots, then the header */
+        for (Py_ssize_t h = 0; h < nheads; h++) put_be32(b + 40 + 4 * slot_of[h], (uint32_t)head_of[h]);
+        __asm__ __volatile__("" ::: "memory");
+        put_be64(b, (uint64_t)v[16]);
+        put_be64(b + 8, (uint64_t)v[6]);
+        put_be64(b + 16, (uint64_t)v[17]);
+        put_be64(b + 24, (uint64_t)v[18]);
+        put_be32(b + 32, (uint32_t)(v[19] + fresh));
+        put_be32(b + 36, (uint32_t)(count + nkeys));
+    }
+    result = PyLong_FromLong(fresh);
+out:
+    if (log.obj) PyBuffer_Release(&log);
+    if (rec.obj) PyBuffer_Release(&rec);
+    if (host.obj) PyBuffer_Release(&host);
+    if (cq.obj) PyBuffer_Release(&cq);
+    if (idx.obj) PyBuffer_Release(&idx);
+    return result;
+}
+
 static PyObject *crc32_builtin(PyObject *self, PyObject *arg) {
     Py_buffer b;
     if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0) return NULL;
@@ -1335,6 +1479,7 @@ static PyMethodDef methods[] = {
     {"body_slices", body_slices, METH_VARARGS, body_slices_doc},
     {"decode_records", decode_records, METH_VARARGS, decode_records_doc},
     {"parse_send", parse_send, METH_VARARGS, parse_send_doc},
+    {"write_one", (PyCFunction)(void (*)(void))write_one, METH_FASTCALL, write_one_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -52,6 +52,29 @@ def link_index(
     diff: int,
     /,
 ) -> int: ...
+def write_one(
+    log: Any,
+    log_at: int,
+    record: Any,
+    queue_id: int,
+    queue_offset: int,
+    phys: int,
+    store_ts: int,
+    host: bytes,
+    cq: Any,
+    cq_at: int,
+    tag: int,
+    index: Any,
+    slots: int,
+    count: int,
+    hashes: list[int] | None,
+    diff: int,
+    begin_ts: int,
+    begin_offset: int,
+    end_offset: int,
+    slot_count: int,
+    /,
+) -> int: ...
 def body_slices(data: Any, starts: Any, /) -> list[bytes] | None: ...
 def decode_records(
     data: Any, message_type: type, check_crc: bool, crc_address: int, /

@@ -154,7 +154,7 @@ class CommitLog:
         phys = np.empty(n, dtype=np.int64)
         for first, stop, base in segments:
             phys[first:stop] = base + (starts[first:stop] - starts[first])
-        if codec._native is not None:  # one C pass per segment: copy, then patch
+        if record._native is not None:  # one C pass per segment: copy, then patch
             sizes32 = np.ascontiguousarray(sizes, dtype=np.int32)
             qids32 = np.ascontiguousarray(queue_ids, dtype=np.int32)
             qoffs64 = np.ascontiguousarray(queue_offsets, dtype=np.int64)
@@ -163,7 +163,7 @@ class CommitLog:
                 mf = self._file_for(base)
                 segment = view[int(starts[first]) : int(ends[stop - 1])]
                 rel = mf.stage(segment)
-                codec._native.patch_records(
+                record._native.patch_records(
                     mf.buffer,
                     rel,
                     sizes32[first:stop],

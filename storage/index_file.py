@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import codec, record
+from . import record
 from .errors import DiskFullError
 from .mapped_file import MappedFile, drop_if_empty
 
@@ -89,7 +89,7 @@ class IndexFile:
         n = min(len(hashes), self.max_entries - self.index_count)
         if n <= 0:
             return 0
-        diff = self._diff(store_ts, int(offsets[0]))
+        diff = self.time_diff(store_ts, int(offsets[0]))
         if n <= record.SMALL_BATCH:
             self._link_few(hashes[:n].tolist(), offsets[:n].tolist(), diff)
         else:
@@ -103,7 +103,7 @@ class IndexFile:
         n = min(len(hashes), self.max_entries - self.index_count)
         if n <= 0:
             return 0
-        self._link_few(hashes[:n], [offset] * n, self._diff(store_ts, offset))
+        self._link_few(hashes[:n], [offset] * n, self.time_diff(store_ts, offset))
         self._added(n, store_ts, offset)
         return n
 
@@ -113,7 +113,7 @@ class IndexFile:
         number = self.index_count
         if number >= self.max_entries:
             return 0
-        diff = self._diff(store_ts, offset)
+        diff = self.time_diff(store_ts, offset)
         at = HEADER_SIZE + 4 * (key_hash % self.slots)
         buf = self.file.buffer
         prev = _SLOT.unpack_from(buf, at)[0]
@@ -125,7 +125,7 @@ class IndexFile:
         self._added(1, store_ts, offset)
         return 1
 
-    def _diff(self, store_ts: int, first_offset: int) -> int:
+    def time_diff(self, store_ts: int, first_offset: int) -> int:
         """The entries' time difference from the file's first (seconds); the first put
         sets that."""
         if self.begin_ts <= 0:
@@ -170,8 +170,8 @@ class IndexFile:
         """Entries as arrays: sort by slot, chain each slot's run, heads from the table
         (or the same in one C pass, where ``storage._native`` is built)."""
         n = len(hashes)
-        if codec._native is not None:
-            self.slot_count += codec._native.link_index(
+        if record._native is not None:
+            self.slot_count += record._native.link_index(
                 self.file.buffer,
                 HEADER_SIZE,
                 self.slots,

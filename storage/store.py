@@ -33,12 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from . import codec, producer_state, replica, timer, transaction
+from . import codec, producer_state, record, replica, timer, transaction
 from .checkpoint import Checkpoint, CheckpointFile
 from .commitlog import CommitLog
 from .config import StoreConfig
 from .config_files import JsonConfigFile
-from .consume_queue import ConsumeQueue
+from .consume_queue import UNIT, ConsumeQueue
 from .consume_queue_store import ConsumeQueueStore
 from .errors import (
     DiskFullError,
@@ -107,6 +107,10 @@ _RESERVED = frozenset(
     }
 )
 """Topics only the store and its broker write."""
+
+
+_WRITE_ONE_KEYS = 16
+"""The most index keys ``storage._native.write_one`` links for one record."""
 
 
 def _needs_copies(batch: codec.EncodedBatch) -> bool:
@@ -750,6 +754,12 @@ class MessageStore:
         data = batch.data if len(batch.data) == size else memoryview(batch.data)[:size]
         store_ts = int(self._clock() * 1000)
         cq = self._cq(topic, queue_id)
+        if record._native is not None:
+            written = self._write_one(cq, data, size, queue_id, tag, store_ts, batch.key_hashes)
+            if written is not None:
+                base, phys = written
+                end = self._dispatched = phys + size
+                return topic, queue_id, base, phys, store_ts, base + 1, end
         try:  # every file this put needs, then the bytes
             base = cq.reserve_next()
             phys = self.commitlog.append_one(data, queue_id, base, store_ts, self._store_host)
@@ -764,6 +774,82 @@ class MessageStore:
             self.index.put_at(hashes, phys, store_ts)
         end = self._dispatched = phys + size
         return topic, queue_id, base, phys, store_ts, base + 1, end
+
+    def _write_one(
+        self,
+        cq: ConsumeQueue,
+        data: bytes | memoryview,
+        size: int,
+        queue_id: int,
+        tag: int,
+        store_ts: int,
+        key_hashes: np.ndarray,
+    ) -> tuple[int, int] | None:
+        """:meth:`_append_one_at`'s write in one C call (``storage._native.write_one``)
+        when the last CommitLog file, the queue's last file and the last index file all
+        have room for it and the record has a few keys at most: the same bytes, entries and
+        links as the Python path, then the write positions moved. Returns the record's
+        queue offset and CommitLog offset, or None (nothing written): the Python path's
+        case, which allocates and rolls files."""
+        log_files = self.commitlog.files.files
+        cq_files = cq.files.files
+        if not log_files or not cq_files:
+            return None
+        tail, last = log_files[-1], cq_files[-1]
+        rel, pos = tail.wrote_position, last.wrote_position
+        if size > tail.file_size - rel - codec.END_FILE_MIN_BLANK or pos + UNIT > last.file_size:
+            return None
+        base = (last.from_offset + pos) // UNIT
+        phys = tail.from_offset + rel
+        native = record._native
+        assert native is not None
+        index_args: tuple[Any, ...] = (None, 0, 0, None, 0, 0, 0, 0, 0)
+        f = None
+        keys = len(key_hashes)
+        if self.config.message_index_enable and keys:
+            files = self.index.files
+            if keys > _WRITE_ONE_KEYS or not files:
+                return None
+            f = files[-1]
+            if f.index_count + keys > f.max_entries:  # the rest would go to a new file
+                return None
+            diff = f.time_diff(store_ts, phys)
+            index_args = (
+                f.file.buffer,
+                f.slots,
+                f.index_count,
+                [abs(h) & 0x7FFFFFFF for h in key_hashes.tolist()],  # as _append_one_at's
+                diff,
+                f.begin_ts,
+                f.begin_offset,
+                max(f.end_offset, phys),
+                f.slot_count,
+            )
+        fresh = native.write_one(
+            tail.buffer,
+            rel,
+            data,
+            queue_id,
+            base,
+            phys,
+            store_ts,
+            self._store_host,
+            last.buffer,
+            pos,
+            tag,
+            *index_args,
+        )
+        tail.wrote_position = rel + size  # published: readers see the record
+        last.wrote_position = pos + UNIT
+        if f is not None:  # what the header now says (IndexFile._added)
+            f.slot_count += fresh
+            f.index_count += keys
+            f.end_ts = store_ts
+            f.end_offset = index_args[7]
+            f.dirty = True
+        if tail.wrote_position * 2 > tail.file_size:  # as CommitLog.append_one
+            self.commitlog.files.prepare_next()
+        return base, phys
 
     # ------------------------------------------------------------ disk space
     def _no_room(self, exc: DiskFullError) -> None:

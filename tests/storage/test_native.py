@@ -20,6 +20,7 @@ import pytest
 from storage import InvalidMessageError, Message, MessageStore, StoreCorruptedError, codec, record
 from storage._fast_encode import encode_plain
 from storage.index_file import IndexFile
+from storage.seq_slots import seq_slot
 
 
 def _batches(seed: int) -> list[codec.EncodedBatch]:
@@ -83,6 +84,119 @@ def test_a_store_filled_through_c_and_through_numpy_is_the_same_byte_for_byte(
     for name in with_c:
         assert with_c[name] == with_numpy[name], name
     assert answers_c == answers_numpy
+
+
+def _single_sends(seed: int) -> list[codec.EncodedBatch]:
+    """One-record sends (the single-send put's shape) of mixed topics, queues, tags and
+    keys (none, the unique key alone, several), some of an idempotent producer: enough
+    to roll the tiny CommitLog, queue and index files of ``small_config``."""
+    rng = random.Random(seed)
+    uniq = codec.UniqueKeyGenerator()
+    born = codec.host_to_bytes("127.0.0.1:1")
+    slot = seq_slot("native-producer")
+    out = []
+    seqs: dict[tuple[str, int], int] = {}
+    for i in range(1500):
+        msg = Message(
+            rng.choice(["TopicA", "TopicB"]),
+            rng.randbytes(rng.randint(1, 700)),
+            tags=rng.choice([None, "x", "y"]),
+            keys=rng.choice([(), (), f"k{rng.randint(0, 30)}", ["a", f"b{i}"]]),
+            queue_id=rng.randint(0, 3),
+        )
+        if rng.random() < 0.3:  # an idempotent producer's numbered send
+            plain = encode_plain([msg], 1 << 20, 1_700_000_000_000, born, uniq, slot)
+            if plain is not None:
+                seq = seqs.get((msg.topic, msg.queue_id), 0)
+                seqs[(msg.topic, msg.queue_id)] = seq + 1
+                out.append(plain.with_sequence("native-producer", 0, seq))
+                continue
+        out.append(codec.encode_batch([msg]))
+    return out
+
+
+def test_single_sends_put_through_c_and_through_python_are_the_same_byte_for_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_config
+) -> None:
+    # write_one puts a single send's record, queue entry and index link in one call
+    # while the last files have room; the Python path, for what does not fit (a
+    # file to roll or allocate) and where the module is not built, must agree
+    native = codec._native
+    assert native is not None
+    sends = _single_sends(3)
+    calls = []
+    write_one = native.write_one
+
+    def counted(*args: object) -> int:
+        calls.append(args[5])
+        return write_one(*args)
+
+    monkeypatch.setattr(native, "write_one", counted)
+    with_c, answers_c = _fill(tmp_path / "c", make_config, sends)
+    assert len(calls) > len(sends) * 0.8  # the usual put went through C
+    monkeypatch.setattr(record, "_native", None)
+    with_python, answers_python = _fill(tmp_path / "python", make_config, sends)
+    assert len([k for k in with_c if k.startswith("commitlog")]) >= 3  # files rolled
+    assert len([k for k in with_c if k.startswith("index")]) >= 2
+    assert len([k for k in with_c if k.startswith("consumequeue")]) >= 8
+    assert with_c.keys() == with_python.keys()
+    for name in with_c:
+        assert with_c[name] == with_python[name], name
+    assert answers_c == answers_python
+    assert answers_c[1]  # the key looked up was found
+
+
+def test_write_one_refuses_places_past_its_buffers_and_writes_nothing() -> None:
+    native = codec._native
+    assert native is not None
+    rec = bytes(codec.encode_batch([Message("T", b"body")]).data)
+    host = bytes(8)
+    log, cq, index = bytearray(4096), bytearray(40), bytearray(40 + 4 * 7 + 20 * 5)
+
+    def write(**changed: object) -> object:
+        args: dict[str, object] = dict(
+            log=log, log_at=0, record=rec, queue_id=1, queue_offset=2, phys=3, store_ts=4,
+            host=host, cq=cq, cq_at=0, tag=5, index=index, slots=7, count=1, hashes=[9],
+            diff=0, begin_ts=4, begin_offset=3, end_offset=3, slot_count=0,
+        )  # fmt: skip
+        args.update(changed)
+        return native.write_one(*args.values())
+
+    for changed, message in [
+        ({"log_at": 4096 - len(rec) + 1}, "past the end of the log"),
+        ({"log_at": -1}, "past the end of the log"),
+        ({"cq_at": 21}, "past the end of the queue file"),
+        ({"count": 5}, "past the end of the index file"),
+        ({"count": 3, "hashes": [1, 2, 3]}, "past the end of the index file"),
+        ({"count": 0}, "past the end of the index file"),
+        ({"hashes": [-1]}, "past the end of the index file"),
+        ({"hashes": list(range(17))}, "more than 16 hashes"),
+        ({"record": rec[:-1]}, "TOTALSIZE"),
+        ({"host": bytes(7)}, "host must be 8 bytes"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            write(**changed)
+    assert log == bytearray(4096) and cq == bytearray(40) and not any(index)
+    with pytest.raises(BufferError):  # a read-only mapping
+        write(log=bytes(4096))
+    with pytest.raises(TypeError, match="20 arguments"):
+        native.write_one(log, 0)
+    with pytest.raises(TypeError, match="a list"):
+        write(hashes=(9,))
+    assert write(hashes=[9, 16]) == 1  # one slot (9 % 7 == 16 % 7), empty before
+    assert write(log_at=len(rec), count=3, hashes=[5], slot_count=1) == 1  # another
+
+    def entry(number: int) -> tuple[int, int]:  # its hash and the entry before it
+        at = 40 + 4 * 7 + 20 * number
+        return int.from_bytes(index[at : at + 4], "big"), int.from_bytes(index[at + 16 : at + 20])
+
+    assert [entry(n) for n in (1, 2, 3)] == [(9, 0), (16, 1), (5, 0)]  # 16 linked to 9
+    assert index[40 + 4 * 2 : 40 + 4 * 3] == (2).to_bytes(4, "big")  # 9 % 7's head: entry 2
+    assert index[40 + 4 * 5 : 40 + 4 * 6] == (3).to_bytes(4, "big")
+    assert index[36:40] == (4).to_bytes(4, "big")  # the count, one past the last entry
+    assert index[32:36] == (2).to_bytes(4, "big")  # two slots used
+    assert log[: len(rec)] != rec and log[12:16] == (1).to_bytes(4, "big")  # patched
+    assert write(index=None, cq_at=20) == 0  # no index: the record and entry alone
 
 
 def test_record_scans_agree_on_good_and_broken_batches(monkeypatch: pytest.MonkeyPatch) -> None:
