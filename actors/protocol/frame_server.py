@@ -154,6 +154,7 @@ class FrameServer:
         self.secret = secrets.token_bytes(32)
         """This incarnation's secret: clients get it through Ray."""
         self._server: asyncio.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._conns: set[asyncio.StreamWriter] = set()
         self.port = 0
         self.stats = {
@@ -171,6 +172,7 @@ class FrameServer:
         return False
 
     async def start(self, advertised_host: str) -> None:
+        self._loop = asyncio.get_running_loop()
         self._server = await asyncio.start_server(
             self._serve, host=self.host, port=self.bind_port, ssl=self.ssl_context, limit=1 << 20
         )
@@ -353,7 +355,8 @@ class FrameServer:
             return True
         reply.update(o=header["o"], f=_RESPONSE)
         if later:  # after the callbacks already scheduled (held pulls it woke)
-            asyncio.get_running_loop().call_soon(_write_open, transport, reply, parts)
+            assert self._loop is not None  # a frame came: the server was started
+            self._loop.call_soon(_write_open, transport, reply, parts)
         else:
             _write_open(transport, reply, parts)
         return True

@@ -44,6 +44,40 @@ _NOTHING_NEW = (
 _READABLE_WAIT_S = 1.0  # records a majority does not hold yet (DLedger): looked at again
 
 
+class Wakeup:
+    """``asyncio.Event``'s ``set``, ``clear`` and ``wait`` for the one task that waits
+    (the stream's), bound to the loop it was made on: ``Event.wait`` asks for the
+    running loop each time, a ``getpid`` system call per message on Python 3.11."""
+
+    __slots__ = ("_loop", "_set", "_waiter")
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._set = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self._set = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    async def wait(self) -> None:
+        if self._set:
+            return
+        waiter = self._waiter = self._loop.create_future()
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+
 @dataclass(eq=False)
 class Subscription:
     """One consumer's open stream: its queues' next offsets, its credit, its event."""
@@ -62,7 +96,7 @@ class Subscription:
     (an ordered set): a dispatch, an added queue, a read that left some behind."""
     wakers: dict[tuple[str, int], Any] = field(default_factory=dict, init=False)
     """Each queue's callback for the hold service (what ``unlisten`` is given)."""
-    event: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    event: Wakeup = field(default_factory=Wakeup, init=False)
     ended: str = field(default="", init=False)
 
     def __post_init__(self) -> None:

@@ -13,6 +13,7 @@ import pytest
 from actors.broker.client.consumer_manager import ConsumerManager
 from actors.broker.longpolling.pull_hold_service import PullRequestHoldService
 from actors.broker.offset.consumer_offset_manager import ConsumerOffsetManager
+from actors.broker.processor.subscribe import Wakeup
 from actors.broker.topic.topic_config_manager import TopicConfigManager
 from actors.client.fault import LatencyFaultTolerance
 from actors.protocol.topic import AUTO_CREATE_TOPIC_KEY, TopicConfig
@@ -161,6 +162,28 @@ def test_one_held_pull_of_several_queues_is_woken_by_any_and_leaves_them_all() -
         fut = holds.register_many(keys)
         await holds.wait_many(keys, fut, 0.01)
         assert holds.held == 0 and holds.woken == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_subscription_wakeup_set_before_its_wait_is_not_missed() -> None:
+    """The stream's wake-up: a dispatch between its clear and its wait (on the loop, as
+    the hold service calls it) ends the wait at once; after a clear it waits again."""
+
+    async def scenario() -> None:
+        wake = Wakeup()
+        wake.clear()
+        wake.set()  # a dispatch before the wait
+        await asyncio.wait_for(wake.wait(), 5.0)
+        wake.clear()
+        waiting = asyncio.ensure_future(wake.wait())
+        await asyncio.sleep(0)
+        assert not waiting.done()  # cleared: it waits
+        holds = PullRequestHoldService(asyncio.get_running_loop())
+        holds.listen(("T", 0), wake.set)
+        holds.on_dispatch("T", 0, 1)  # on the loop's thread: woken at once
+        await asyncio.wait_for(waiting, 5.0)
+        assert wake.is_set() and holds.woken == 1
 
     asyncio.run(scenario())
 
