@@ -86,3 +86,36 @@ def test_shutdown_drops_waiting_tasks_and_refuses_new_ones() -> None:
 def test_a_pool_needs_a_thread() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         ConsumePool(0, "t")
+
+
+def test_tasks_one_after_another_run_on_the_thread_that_went_idle_last() -> None:
+    """At a low rate one thread does the work: the pool wakes the thread idle last, not
+    each in turn (the others stay asleep)."""
+    pool = ConsumePool(3, "t")
+    release = threading.Event()
+    both = threading.Barrier(3)
+
+    def hold(_: object) -> None:  # two threads busy at once: the pool starts two
+        both.wait(10)
+        release.wait(10)
+
+    pool.submit(hold, None)
+    pool.submit(hold, None)
+    both.wait(10)
+    release.set()
+    names: list[str] = []
+    for _ in range(20):
+        done = threading.Event()
+
+        def note(e: threading.Event) -> None:
+            names.append(threading.current_thread().name)
+            e.set()
+
+        # each after the last one ended and its thread went idle again
+        while len(pool._idle) < 2:
+            threading.Event().wait(0.001)
+        pool.submit(note, done)
+        assert done.wait(5)
+    assert pool.threads == 2
+    assert len(set(names[1:])) == 1  # the same thread each time
+    pool.shutdown()
