@@ -100,10 +100,10 @@ class IOLoop:
         """Whether the calling thread is this process's client I/O loop (False when none
         runs): where answers are read, so where nothing may wait for one."""
         inst = cls._instance
-        return (
+        return (  # the thread first: the pid (a system call) only on the loop's thread
             inst is not None
-            and inst.pid == os.getpid()
             and threading.current_thread() is inst._thread
+            and inst.pid == os.getpid()
         )
 
 
