@@ -83,6 +83,8 @@ class _Consumer(peers._RayMQPushLatency):
 
         self.gc_timer = GcTimer()
         self.samples: list[float] = []
+        self.stamps: set[bytes] = set()
+        self.duplicates = 0
         self.arrived = threading.Condition()
         self.success = ConsumeStatus.SUCCESS
         self.consumer = PushConsumer(

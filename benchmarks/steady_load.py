@@ -301,7 +301,9 @@ def main() -> int:
         # a fresh CommitLog is faulted in over the first seconds: let that pass
         sends = peers.Settled()
         peers.paced(
-            args.rate, 3.0, lambda i: sends.track(producer.send_async(Message(topic, body)))
+            args.rate,
+            3.0,
+            lambda i: sends.track(producer.send_async(Message(topic, peers.stamp(body)))),
         )
         sends.wait()
         ray.get(consumer.take_when.remote(sends.sent, 30.0))
@@ -340,6 +342,9 @@ def main() -> int:
             + ", ".join(f"{k} {1e6 * waited[k] / n:.0f}" for k in pids),
             flush=True,
         )
+        duplicates = ray.get(consumer.duplicates_seen.remote())
+        if duplicates or len(lat) != n:  # at least once: say so when it shows
+            print(f"arrived {len(lat)} of {n} sent; duplicates since the start: {duplicates}")
         if marks is not None and got:
             time.sleep(0.5)  # the broker's marks thread writes what it noted last
             _print_segments(got, marks)
