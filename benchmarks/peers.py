@@ -2,7 +2,7 @@
 
     python benchmarks/peers.py [--seconds 5] [--json out.json] [--report docs/benchmarks.md]
                                [--peers raymq-async,raymq-sync,redis,redis-aof,nats,ray-queue]
-                               [--rate 1000,10000] [--rounds 3]
+                               [--rate 1000,10000] [--rounds 3] [--slowest 30]
 
 Workloads (OpenMessaging benchmark shapes): one topic of 16 queues (16 Redis
 streams, 16 JetStream subjects); bodies of 100 B and 1 KiB; 1 and 4 producers;
@@ -1614,6 +1614,17 @@ def _latency(peer: Peer, fig: Figures, args: argparse.Namespace) -> None:
                 f" ms  p99.9 {lat['p999']:.2f} ms ({len(samples)} samples)",
                 flush=True,
             )
+            if args.slowest:
+                print(f"    slowest sent at ms: {slowest_at(samples, rate, args.slowest)}")
+
+
+def slowest_at(samples: list[float], rate: int, n: int) -> list[int]:
+    """When in the phase (ms after its first send) its ``n`` slowest messages were sent,
+    in order: the samples come in the order the messages arrived, which at a paced rate
+    is the order they were sent, one every ``1000 / rate`` ms. A periodic stall shows as
+    bursts a period apart, in every round."""
+    worst = sorted(range(len(samples)), key=samples.__getitem__, reverse=True)[:n]
+    return sorted(int(i * 1000 / rate) for i in worst)
 
 
 def _summarise_latency(fig: Figures) -> None:
@@ -1841,6 +1852,13 @@ def main() -> int:
     )
     parser.add_argument(
         "--rounds", type=int, default=3, help="latency rounds, the peers interleaved in each"
+    )
+    parser.add_argument(
+        "--slowest",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also print when in its phase each latency round's N slowest messages were sent",
     )
     parser.add_argument(
         "--latency-only",
