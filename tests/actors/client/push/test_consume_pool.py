@@ -4,6 +4,7 @@ in order; a task's error keeps its thread; shutdown drops what waits."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -111,11 +112,14 @@ def test_tasks_one_after_another_run_on_the_thread_that_went_idle_last() -> None
             names.append(threading.current_thread().name)
             e.set()
 
-        # each after the last one ended and its thread went idle again
+        # each after the last one ended and its thread went idle again (no event says
+        # so: the pool's idle list is looked at, for 5 s at most)
+        deadline = time.monotonic() + 5
         while len(pool._idle) < 2:
+            assert time.monotonic() < deadline, "a pool thread never went idle"
             threading.Event().wait(0.001)
         pool.submit(note, done)
         assert done.wait(5)
     assert pool.threads == 2
-    assert len(set(names[1:])) == 1  # the same thread each time
+    assert len(set(names)) == 1, names  # the same thread each time
     pool.shutdown()
