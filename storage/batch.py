@@ -16,7 +16,7 @@ import struct
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -758,6 +758,59 @@ def _from_parsed(blob: bytes | memoryview | np.ndarray, got: tuple[Any, ...]) ->
     )
     batch.__dict__["_body_range"] = (low, high)
     return batch
+
+
+class OneSend(NamedTuple):
+    """A send of one plain record, as :func:`parse_send_one` read it from the wire: what
+    the store's single put (``MessageStore.put_one_send``) needs, in plain values, with
+    no batch object and no arrays. Checked as ``EncodedBatch.check_structure`` checks a
+    batch: the record (its CRC, fields and topic), its key owner, its numbering."""
+
+    topic: str
+    queue_id: int
+    tag_code: int
+    data: memoryview
+    """The record's bytes (a view of the request's body)."""
+    body_len: int
+    key_hashes: list[int]
+    """``IndexFile`` hashes of its keys (``index_key_hash``'s masking done)."""
+    producer_id: str | None
+    producer_epoch: int
+    seq: int
+    """Its sequence number (an idempotent producer's; 0 for another's)."""
+
+
+_ONE_HEAD = struct.Struct("<ihiq")  # a record's size, topic index, queue id and tag code
+_ONE_SEQ = struct.Struct("<qq")  # a run: its first record and sequence
+_ONE_MAX_KEYS = 16  # more keys: a batch (the store's single write takes at most these)
+
+
+def parse_send_one(blob: bytes | memoryview | np.ndarray) -> OneSend | EncodedBatch:
+    """A send from the wire, as :class:`OneSend` when it holds one plain record (one
+    topic, no delay, no timer, not transactional, at most 16 keys) that
+    ``storage._native.parse_send`` checked, else as :meth:`EncodedBatch.from_bytes`
+    reads it (which raises ``InvalidMessageError`` for what it refuses). A broker's
+    single send, read this way, skips the batch's object and eight arrays."""
+    native = record._native
+    parse = getattr(native, "parse_send", None) if native is not None else None
+    if parse is None:
+        return EncodedBatch.from_bytes(blob)
+    got = parse(blob, CLIENT_SYSFLAGS, crc32_address, MAX_TOPIC_LEN)
+    if got is None:
+        return EncodedBatch.from_bytes(blob)  # the Python path names the error
+    n, k, d, r, epoch, flags, topics, _uniq, producer, at, data_at, low, _high = got
+    if n != 1 or d or flags or k > _ONE_MAX_KEYS or len(topics) != 1:
+        return _from_parsed(blob, got)
+    if producer is not None:
+        validate_producer_id(producer)
+    view = memoryview(blob).cast("B")  # type: ignore[arg-type]  # ndarray is a buffer
+    size, _, queue_id, tag = _ONE_HEAD.unpack_from(view, at)
+    hashes_at = at + 18
+    hashes = (
+        [abs(h) & 0x7FFFFFFF for h in struct.unpack_from(f"<{k}i", view, hashes_at)] if k else []
+    )  # as the store's put masks them (index_key_hash)
+    seq = _ONE_SEQ.unpack_from(view, hashes_at + 8 * k)[1] if r else 0
+    return OneSend(topics[0], queue_id, tag, view[data_at:], low, hashes, producer, epoch, seq)
 
 
 def new_batch(

@@ -28,6 +28,7 @@ from .batch import _WIRE_HEAD as _WIRE_HEAD
 from .batch import _WIRE_TIMER as _WIRE_TIMER
 from .batch import _WIRE_TRANSACTIONAL as _WIRE_TRANSACTIONAL
 from .batch import EncodedBatch as EncodedBatch
+from .batch import OneSend as OneSend
 from .batch import PackedKeys as PackedKeys
 from .batch import PlainEncoder as PlainEncoder
 from .batch import _headers_match as _headers_match
@@ -43,6 +44,7 @@ from .batch import _verify_records_py as _verify_records_py
 from .batch import body_length_range as body_length_range
 from .batch import encode_batch as encode_batch
 from .batch import encode_message as encode_message
+from .batch import parse_send_one as parse_send_one
 from .batch import use_plain_encoder as use_plain_encoder
 from .batch import verify_records as verify_records
 from .errors import InvalidMessageError as InvalidMessageError

@@ -157,6 +157,12 @@ class ProducerStateTable:
             out.append(None)
         return out
 
+    def is_next(self, pid: str, epoch: int, topic: str, queue_id: int, seq: int) -> bool:
+        """Whether a run starting at ``seq`` is simply the next of its queue in ``epoch``
+        (:meth:`check`'s usual case, asked with plain values by a single send)."""
+        st = self._queues.get((pid, topic, queue_id))
+        return st is not None and st.epoch == epoch and st.next_seq == seq
+
     @staticmethod
     def _stored(st: _QueueState | None, epoch: int, seq: int, count: int) -> tuple[int, int] | None:
         if st is None or st.epoch != epoch:

@@ -110,6 +110,9 @@ _RESERVED = frozenset(
 
 
 _WRITE_ONE_KEYS = 16
+_ONE_SEND_ELSEWHERE = _RESERVED | {LITE_STATE_TOPIC}
+"""Topics :meth:`MessageStore.put_one_send` leaves to the batch's put (which refuses a
+send to most of them, and stores the others as it always has)."""
 """The most index keys ``storage._native.write_one`` links for one record."""
 
 
@@ -548,6 +551,49 @@ class MessageStore:
     def _put_encoded(self, batch: codec.EncodedBatch) -> PutBatchResult:
         return self._durable(*self._write(batch))
 
+    def put_one_send(self, one: codec.OneSend) -> tuple[int, int] | None:
+        """The put of a single send read as :class:`~storage.batch.OneSend` (a broker's
+        usual request on an ASYNC_FLUSH store), in plain values: the record's queue
+        offset and CommitLog offset. The same checks, bytes, entries, index keys and
+        producer numbering as :meth:`put_encoded` of its batch, with no batch, arrays or
+        result object. None, with nothing written, for what it leaves to
+        :meth:`put_encoded`: a SYNC_FLUSH store, a reserved topic, a numbering that is
+        not simply the queue's next, a record the last files have no room for."""
+        topic = one.topic
+        if self.config.sync_flush or topic in _ONE_SEND_ELSEWHERE or record._native is None:
+            return None
+        self._check_open()
+        if one.body_len > self.config.max_message_size or one.body_len <= 0:
+            raise InvalidMessageError(
+                f"a body of {one.body_len} bytes is over max_message_size="
+                f"{self.config.max_message_size} (or empty)"
+            )
+        self._refuse_if_disk_full()
+        pid, queue_id = one.producer_id, one.queue_id
+        with self._put_lock:
+            self._check_open()
+            if pid is not None and not self.producers.is_next(
+                pid, one.producer_epoch, topic, queue_id, one.seq
+            ):
+                return None  # a retry, a new epoch, a gap: the batch's check decides
+            data = one.data
+            size = len(data)
+            store_ts = int(self._clock() * 1000)
+            cq = self._cq(topic, queue_id)
+            written = self._write_one(
+                cq, data, size, queue_id, one.tag_code, store_ts, one.key_hashes
+            )
+            if written is None:
+                return None
+            base, phys = written
+            self._dispatched = phys + size
+            if pid is not None:
+                self.producers.record(
+                    pid, one.producer_epoch, topic, queue_id, one.seq, 1, base, phys, store_ts
+                )
+        self._notify([(topic, queue_id, base + 1)])
+        return base, phys
+
     def _durable(self, result: PutBatchResult, end: int) -> PutBatchResult:
         """``result`` once the CommitLog is durable up to ``end`` (0: at once), or marked
         ``FLUSH_DISK_TIMEOUT`` when SYNC_FLUSH's flush did not come in time."""
@@ -755,7 +801,10 @@ class MessageStore:
         store_ts = int(self._clock() * 1000)
         cq = self._cq(topic, queue_id)
         if record._native is not None:
-            written = self._write_one(cq, data, size, queue_id, tag, store_ts, batch.key_hashes)
+            # masked as _append's arrays mask them: abs(MIN_VALUE) is 2**31 here, which the
+            # mask makes 0
+            hashes = [abs(h) & 0x7FFFFFFF for h in batch.key_hashes.tolist()]
+            written = self._write_one(cq, data, size, queue_id, tag, store_ts, hashes)
             if written is not None:
                 base, phys = written
                 end = self._dispatched = phys + size
@@ -783,14 +832,15 @@ class MessageStore:
         queue_id: int,
         tag: int,
         store_ts: int,
-        key_hashes: np.ndarray,
+        hashes: list[int],
     ) -> tuple[int, int] | None:
         """:meth:`_append_one_at`'s write in one C call (``storage._native.write_one``)
         when the last CommitLog file, the queue's last file and the last index file all
         have room for it and the record has a few keys at most: the same bytes, entries and
         links as the Python path, then the write positions moved. Returns the record's
         queue offset and CommitLog offset, or None (nothing written): the Python path's
-        case, which allocates and rolls files."""
+        case, which allocates and rolls files. ``hashes``: its keys' IndexFile hashes,
+        masked (``index_key_hash``)."""
         log_files = self.commitlog.files.files
         cq_files = cq.files.files
         if not log_files or not cq_files:
@@ -805,7 +855,7 @@ class MessageStore:
         assert native is not None
         index_args: tuple[Any, ...] = (None, 0, 0, None, 0, 0, 0, 0, 0)
         f = None
-        keys = len(key_hashes)
+        keys = len(hashes)
         if self.config.message_index_enable and keys:
             files = self.index.files
             if keys > _WRITE_ONE_KEYS or not files:
@@ -818,7 +868,7 @@ class MessageStore:
                 f.file.buffer,
                 f.slots,
                 f.index_count,
-                [abs(h) & 0x7FFFFFFF for h in key_hashes.tolist()],  # as _append_one_at's
+                hashes,
                 diff,
                 f.begin_ts,
                 f.begin_offset,

@@ -147,6 +147,11 @@ class BrokerMetrics:
                     self._add(self._in, topic, int(counts[i]), int(nbytes[i]))
         self._put_seconds.append(seconds)
 
+    def on_put_one(self, topic: str, nbytes: int, seconds: float) -> None:
+        """:meth:`on_put` of a single send's record."""
+        self._add(self._in, topic, 1, nbytes)
+        self._put_seconds.append(seconds)
+
     def on_get(self, topic: str, count: int, nbytes: int) -> None:
         """One pull that served ``count`` records (``nbytes`` of them)."""
         if count:

@@ -99,6 +99,7 @@ class BrokerRuntime:
             "put_timed": 0,  # puts (sends and send-backs) timed into put_micros
             "put_micros": 0,  # their total time, store and replication included
             "shared_batches": 0,  # of put_batches: read from a producer's shared ring
+            "put_single": 0,  # of put_batches: single sends put in plain values (put_one_send)
             "put_out_of_order": 0,  # idempotent sends refused for a run missing before them
             "get_msgs": 0,
             "pulls": 0,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +74,24 @@ class SendAck:
         )
 
 
+def one_ack_wire(
+    broker_name: str, store_host: str, queue_offset: int, commitlog_offset: int
+) -> AckWire:
+    """:meth:`SendAck.to_wire` of a stored single send (``PUT_OK``), from plain ints:
+    the same bytes, without the arrays."""
+    return msgpack.packb(
+        (
+            _PUT_OK,
+            broker_name,
+            store_host,
+            _ONE_OFFSET.pack(queue_offset),
+            _ONE_OFFSET.pack(commitlog_offset),
+        )
+    )
+
+
+_PUT_OK = PutStatus.PUT_OK._value_
+_ONE_OFFSET = struct.Struct("<q")
 _PUT_STATUS = {s.value: s for s in PutStatus}
 _LE_I8 = np.dtype("<i8")  # made once: a dtype given as a string is parsed at each call
 

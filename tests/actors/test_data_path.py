@@ -86,6 +86,9 @@ def test_routes_carry_the_data_address_and_clients_use_it(cluster: actors.Cluste
     # an ASYNC_FLUSH master stores and answers each send from the socket's reader, with
     # no task per request; pulls and commits are tasks (a pull may be held)
     assert after["data_answered_at_once"] - before["data_answered_at_once"] == puts
+    # a single send is put in plain values, no batch object (``put_one_send``): each of
+    # the hundred sent one at a time, but a queue's first numbered run
+    assert after["put_single"] - before["put_single"] >= 90
     assert after["data_connections"] == before["data_connections"]  # no new ones
     producer.close()
     consumer.close()

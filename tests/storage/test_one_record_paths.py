@@ -8,8 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from storage import Message, MessageStore, codec
+from storage import InvalidMessageError, Message, MessageStore, codec
+from storage._fast_encode import encode_plain
 from storage.codec import EncodedBatch
+from storage.schedule import SCHEDULE_TOPIC
+from storage.seq_slots import seq_slot
+from storage.transaction import HALF_TOPIC
 
 NOW_S = 1_700_000_000.0  # one store timestamp for every put: nothing then differs
 BORN_MS = 1_600_000_000_000
@@ -104,6 +108,117 @@ def test_single_puts_write_the_same_bytes_entries_and_keys(
     for retry in again:
         assert retry.commitlog_offsets.tolist() == results[0][10].commitlog_offsets.tolist()
     assert scalar.commitlog.max_offset == arrays.commitlog.max_offset
+
+
+def sent(i: int) -> bytes:
+    """Message ``i`` alone as a producer sends it: every fifth numbered as an idempotent
+    producer's encoder numbers it (``encode_plain`` with its sequence slot, the mark
+    ``parse_send`` looks for), the others as :func:`wire` encodes them."""
+    if i % 5:
+        return wire(i).to_bytes()
+    m = message(i)
+    m = Message(m.topic, m.body, tags=m.tags, keys=m.keys[:1], queue_id=m.queue_id)
+    seq = sum(1 for j in range(0, i, 5) if (message(j).topic, j % 3) == (m.topic, m.queue_id))
+    born = codec.host_to_bytes("127.0.0.1:1")
+    batch = encode_plain([m], 4 << 20, BORN_MS, born, codec.UniqueKeyGenerator(), SLOT)
+    assert batch is not None
+    return batch.with_sequence("producer-1", 0, seq, m.queue_id).to_bytes()
+
+
+SLOT = seq_slot("producer-1")
+
+
+def put_as_a_broker(store: MessageStore, blob: bytes, taken: list[int]) -> tuple[int, int]:
+    """A send stored as the broker's data path stores it: in plain values where
+    ``put_one_send`` takes it (counted in ``taken``), else as its batch."""
+    one = codec.parse_send_one(blob)
+    if isinstance(one, codec.OneSend):
+        at = store.put_one_send(one)
+        if at is not None:
+            taken.append(1)
+            return at
+        one = EncodedBatch.from_bytes(blob)
+    result = store.put_encoded(one)
+    return int(result.queue_offsets[0]), int(result.commitlog_offsets[0])
+
+
+def test_single_sends_put_in_plain_values_write_what_batches_write(
+    two_stores: tuple[MessageStore, MessageStore],
+) -> None:
+    plain, arrays = two_stores
+    taken: list[int] = []
+    n = 90  # rolls the 64 KiB CommitLog files and the 64-entry ConsumeQueue files
+    blobs = [sent(i) for i in range(n)]
+    got = [put_as_a_broker(plain, blob, taken) for blob in blobs]
+    want = [arrays.put_encoded(EncodedBatch.from_bytes(blob)) for blob in blobs]
+    assert got == [(int(r.queue_offsets[0]), int(r.commitlog_offsets[0])) for r in want]
+    # most: not the records whose files roll (CommitLog, queue, the small index files)
+    # nor each idempotent queue's first run (its numbering is new to the table)
+    assert n // 2 < len(taken) < n
+    # every run numbered on ("One", 0) was learned, in plain values or not
+    on_one_0 = sum(1 for i in range(0, n, 5) if (message(i).topic, i % 3) == ("One", 0))
+    assert plain.producers.is_next("producer-1", 0, "One", 0, on_one_0)
+    assert plain.queues() == arrays.queues()
+    for topic in ("One", "Other"):
+        for key in [f"k{j}" for j in range(5)] + ["u7", "u8", MIN_HASH_KEY]:
+            found = [[m.commitlog_offset for m in s.query_by_key(topic, key)] for s in two_stores]
+            assert found[0] == found[1]
+    plain.flush()
+    arrays.flush()
+    for part in ("commitlog", "consumequeue"):
+        assert files_under(plain.root / part) == files_under(arrays.root / part)
+    indexes = [sorted(files_under(s.root / "index").values()) for s in two_stores]
+    assert indexes[0] == indexes[1]
+    # the producer table learned every run: a retry is answered where it was stored,
+    # and the next number on that queue is taken in plain values again
+    end = plain.commitlog.max_offset
+    assert put_as_a_broker(plain, blobs[85], taken) == got[85]
+    assert plain.commitlog.max_offset == end
+    m = message(85)
+    seq = sum(1 for j in range(0, 86, 5) if (message(j).topic, j % 3) == (m.topic, m.queue_id))
+    born = codec.host_to_bytes("127.0.0.1:1")
+    following = encode_plain(
+        [Message(m.topic, b"next", queue_id=m.queue_id)],
+        4 << 20,
+        BORN_MS,
+        born,
+        codec.UniqueKeyGenerator(),
+        SLOT,
+    )
+    assert following is not None
+    before = len(taken)
+    put_as_a_broker(
+        plain, following.with_sequence("producer-1", 0, seq, m.queue_id).to_bytes(), taken
+    )
+    assert len(taken) == before + 1 and plain.commitlog.max_offset > end
+    assert plain.producers.is_next("producer-1", 0, m.topic, m.queue_id, seq + 1)
+
+
+def test_a_single_send_the_plain_put_leaves_or_refuses_writes_nothing(
+    tmp_path: Path, make_config: Callable[..., object]
+) -> None:
+    store = MessageStore(make_config(tmp_path / "s", max_message_size=64), start_services=False)
+    try:
+
+        def one(topic: str, body: bytes) -> codec.OneSend:
+            got = codec.parse_send_one(codec.encode_batch([Message(topic, body)]).to_bytes())
+            assert isinstance(got, codec.OneSend)
+            return got
+
+        for reserved in (SCHEDULE_TOPIC, HALF_TOPIC):
+            assert store.put_one_send(one(reserved, b"x")) is None
+        with pytest.raises(InvalidMessageError, match="max_message_size=64"):
+            store.put_one_send(one("Big", b"x" * 65))
+        assert store.commitlog.max_offset == 0 and store.queues() == []
+        # what is not a single plain record comes back as its batch
+        two = codec.encode_batch([Message("T", b"1"), Message("T", b"2")]).to_bytes()
+        delayed = codec.encode_batch([Message("T", b"1", delay_level=2)]).to_bytes()
+        for blob in (two, delayed):
+            assert isinstance(codec.parse_send_one(blob), EncodedBatch)
+        with pytest.raises(InvalidMessageError):  # damaged: the batch's error
+            codec.parse_send_one(codec.encode_batch([Message("T", b"1")]).to_bytes()[:-1])
+    finally:
+        store.close()
 
 
 @pytest.mark.parametrize("view", [False, True])

@@ -27,8 +27,8 @@ from actors.broker.processor import send_back
 from actors.broker.processor.base import DataPathProcessor
 from actors.broker.runtime import BrokerRuntime
 from actors.protocol.shared_ring import RingId, RingReader
-from actors.protocol.wire import AckWire, SendAck
-from storage.codec import SMALL_BATCH, EncodedBatch
+from actors.protocol.wire import AckWire, SendAck, one_ack_wire
+from storage.codec import SMALL_BATCH, EncodedBatch, OneSend, parse_send_one
 from storage.errors import BrokerUnavailableError, OutOfOrderSequenceError, TopicNotFoundError
 from storage.message import PutStatus
 from storage.store import PutBatchResult
@@ -128,7 +128,14 @@ class SendMessageProcessor(DataPathProcessor):
         rt = self.rt
         if rt.faults.armed or not rt.puts_now(self.role):
             return None
-        batch = EncodedBatch.from_bytes(blob)
+        got = parse_send_one(blob)
+        if got.__class__ is OneSend:
+            done = self._send_one_now(got)  # type: ignore[arg-type]
+            if done is not None:
+                return done
+            batch = EncodedBatch.from_bytes(blob)  # what the single put leaves to a batch
+        else:
+            batch = got  # type: ignore[assignment]
         self._check_queues(batch, 0)
         woken = rt.holds.woken
         started = time.perf_counter()
@@ -139,6 +146,31 @@ class SendMessageProcessor(DataPathProcessor):
             raise
         self._timed(batch, started)
         return self._answer(batch, result), rt.holds.woken != woken
+
+    def _send_one_now(self, one: OneSend) -> tuple[AckWire, bool] | None:
+        """:meth:`send_now` of a single plain record, in plain values from the wire to
+        the answer's bytes (``MessageStore.put_one_send``): None, nothing stored, for
+        what the store leaves to the batch's put."""
+        rt = self.rt
+        rt.topics.for_write(one.topic, one.queue_id, 0)
+        woken = rt.holds.woken
+        started = time.perf_counter()
+        at = rt.store.put_one_send(one)
+        if at is None:
+            return None
+        seconds = time.perf_counter() - started
+        nbytes = len(one.data)
+        stats = rt.stats
+        stats["put_timed"] += 1
+        stats["put_micros"] += int(seconds * 1e6)
+        stats["put_msgs"] += 1
+        stats["put_bytes"] += nbytes
+        stats["put_batches"] += 1
+        stats["put_single"] += 1
+        if self.metrics is not None:
+            self.metrics.on_put_one(one.topic, nbytes, seconds)
+        ack = one_ack_wire(rt.config.broker_name, rt.addr, at[0], at[1])
+        return ack, rt.holds.woken != woken
 
     def _check_queues(self, batch: EncodedBatch, auto_create_queue_nums: int) -> bool:
         """Each topic's queues take the batch's queue ids (a topic made, or grown, when
