@@ -39,6 +39,9 @@ from actors.protocol import rpc as _rpc
 from actors.protocol.shared_future import SharedFuture, new_lock, settle_all
 from storage import Message
 
+SendOne = Callable[[Message, Callable[[Any, BaseException | None], None]], None]
+"""Sends one message and calls back ``(result, error)`` once it is answered."""
+
 _Entry = tuple[Message | list[Message], concurrent.futures.Future[Any], int]
 """A message (or a list of them) waiting, the future its caller holds, the budget
 bytes it holds."""
@@ -52,8 +55,10 @@ class SendCoalescer:
         max_batch: int = 4096,
         release: Callable[[int, int], None] | None = None,
         max_bytes: int = 4 << 20,
+        send_one: SendOne | None = None,
     ) -> None:
         self._send = send_batch_async
+        self._send_one = send_one  # a batch of one message, answered by a callback
         self._release = release  # (messages, bytes) of the budget, given back when answered
         self._max_in_flight = max_in_flight
         self._max_batch = max_batch
@@ -110,6 +115,14 @@ class SendCoalescer:
                 n = self._take(waiting)
                 batch, self._pending[topic] = waiting[:n], waiting[n:]
                 self._in_flight[topic] = self._in_flight.get(topic, 0) + 1
+            if n == 1 and self._send_one is not None and batch[0][0].__class__ is Message:
+                # the usual batch at a low rate, one message: its result without a batch's
+                entry = batch[0]
+                try:
+                    self._send_one(entry[0], functools.partial(self._one_answered, topic, entry))  # type: ignore[arg-type]
+                except BaseException as exc:  # noqa: BLE001 - its validation error, its own
+                    self._finish(topic, batch, None, exc)
+                continue
             try:
                 sent = self._send(_flat(batch))
             except BaseException as exc:  # noqa: BLE001 - validation errors go to each future
@@ -126,6 +139,18 @@ class SendCoalescer:
     ) -> None:
         exc = sent.exception()
         self._finish(topic, batch, None if exc is not None else sent.result(), exc)
+
+    def _one_answered(
+        self, topic: str, entry: _Entry, result: Any, exc: BaseException | None
+    ) -> None:
+        """:meth:`_finish` of a batch of one message sent by ``send_one``: its result
+        (a ``SendResult``) or error, straight to its future."""
+        with self._lock:
+            self._in_flight[topic] -= 1
+        if self._release is not None:
+            self._release(1, entry[2])
+        settle_all(self._futures, [(entry[1], result, exc)])
+        self._pump(topic)
 
     def _finish(
         self,

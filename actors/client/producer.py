@@ -30,7 +30,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from actors.client.backpressure import AsyncSendBudget
@@ -148,6 +148,7 @@ class Producer(ProducerCore):
             max_batch=self.config.max_batch_messages,
             release=self._budget.release,
             max_bytes=self.config.max_batch_bytes,
+            send_one=self._send_one_async,
         )
 
     # ------------------------------------------------------------ public API
@@ -262,6 +263,14 @@ class Producer(ProducerCore):
         lists (``budgeted``: those wait for room in the async budget)."""
         chunks = self._encoder.encode(msgs)  # validation errors raise here, before anything is sent
         return self._sender.send_chunks_async(chunks, len(msgs), single, sharding_key, budgeted)
+
+    def _send_one_async(
+        self, message: Message, on_done: Callable[[Any, BaseException | None], None]
+    ) -> None:
+        """The coalescer's batch of one message: ``on_done(SendResult, None)`` or
+        ``on_done(None, error)`` when answered (validation errors raise here)."""
+        (chunk,) = self._encoder.encode([message])
+        self._sender.send_one_async(chunk, on_done)
 
     def send_oneway(self, messages: Message | Sequence[Message]) -> None:
         """Fire and forget: no answer is awaited and no failure is reported."""

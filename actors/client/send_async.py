@@ -17,7 +17,7 @@ from typing import Any
 
 from actors.client.send_core import SenderCore
 from actors.client.send_outcome import Outcome, answer_from, backoff, stored_before
-from actors.client.send_result import BatchSendResult, _Chunk
+from actors.client.send_result import BatchSendResult, SendResult, _Chunk, single_result
 from actors.protocol import rpc as _rpc
 from actors.protocol.shared_future import SharedFuture
 from actors.protocol.wire import SendAck
@@ -89,6 +89,26 @@ class AsyncSending(SenderCore):
         for i, chunk in enumerate(chunks):
             self._send_chunk_async(chunk, 0, None, sharding_key, functools.partial(done, i))
         return out
+
+    def send_one_async(
+        self, chunk: _Chunk, on_done: Callable[[SendResult | None, BaseException | None], None]
+    ) -> None:
+        """A one-message chunk sent without a future (the coalescer's single message):
+        ``on_done(result, error)`` once, when answered (retries as
+        :meth:`send_chunks_async`'s), run where callers' callbacks run."""
+        settled = [False]
+
+        def finished(part: Any, exc: BaseException | None) -> None:
+            if settled[0]:  # once, as ``send_chunks_async``'s future is settled once
+                return
+            settled[0] = True
+            with self.budget.delivering():  # callers' callbacks run here and may send
+                if exc is not None:
+                    on_done(None, exc)
+                else:
+                    on_done(single_result(*part), None)
+
+        self._send_chunk_async(chunk, 0, None, None, finished)
 
     def _send_chunk_async(
         self,

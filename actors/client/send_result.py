@@ -169,6 +169,21 @@ class BatchSendResult(Sequence[SendResult]):
         ]
 
 
+def single_result(chunk: _Chunk, mq: MessageQueue, ack: SendAck) -> SendResult:
+    """The :class:`SendResult` of a one-message chunk's answer: what
+    ``BatchSendResult([(chunk, mq, ack)], 1)[0]`` gives, without the batch's result."""
+    phys = int(ack.commitlog_offsets[0])
+    # phys -1: stored long before a retry asked (idempotence): not known
+    offset_id = f"{_offset_id_prefix(ack.store_host)}{phys:016X}" if phys >= 0 else ""
+    return _result(  # type: ignore[no-any-return]
+        _SEND_STATUS[ack.status._value_],
+        chunk.batch.uniq_keys[0],
+        offset_id,
+        mq,
+        int(ack.queue_offsets[0]),
+    )
+
+
 _Part = tuple[np.ndarray, Sequence[str], MessageQueue, SendAck]
 """Of one chunk: its positions in the caller's list, unique keys, queue and answer."""
 

@@ -185,3 +185,55 @@ def test_idempotent_short_lists_stream_in_order_with_no_run_refused(
         for i, sent in enumerate(result):
             key = (sent.message_queue.queue_id, sent.queue_offset)
             assert stored[key] == b"%d-%d-" % (b, i) + pad
+
+
+def test_a_lone_message_goes_by_send_one_and_those_queued_behind_it_as_a_batch() -> None:
+    ones: list[tuple[bytes, Any]] = []
+    calls: list[list[bytes]] = []
+    answers: list[concurrent.futures.Future[Any]] = []
+    released: list[tuple[int, int]] = []
+
+    def send(batch: list[Message]) -> concurrent.futures.Future[Any]:
+        calls.append([m.body for m in batch])
+        f: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        answers.append(f)
+        return f
+
+    def send_one(message: Message, on_done: Any) -> None:
+        if message.body == b"bad":
+            raise InvalidMessageError("refused before it is sent")
+        ones.append((message.body, on_done))
+
+    coalescer = SendCoalescer(
+        send, max_in_flight=1, release=lambda n, b: released.append((n, b)), send_one=send_one
+    )
+    first = coalescer.submit(Message("T", b"0"), 1)
+    rest = [coalescer.submit(Message("T", b"%d" % i), 1) for i in range(1, 4)]
+    assert [body for body, _ in ones] == [b"0"] and calls == []
+    ones[0][1]("result-0", None)  # answered: its result is its future's, as it came
+    assert first.result(timeout=1) == "result-0"
+    assert calls == [[b"1", b"2", b"3"]], "those that waited leave together"
+    answers[0].set_result(["r1", "r2", "r3"])
+    assert [f.result(timeout=1) for f in rest] == ["r1", "r2", "r3"]
+    # a lone message's failure and its validation error reach its own future only
+    failed = coalescer.submit(Message("T", b"4"), 1)
+    ones[-1][1](None, RuntimeError("broker gone"))
+    assert isinstance(failed.exception(timeout=1), RuntimeError)
+    bad = coalescer.submit(Message("T", b"bad"), 1)
+    assert isinstance(bad.exception(timeout=1), InvalidMessageError)
+    assert sorted(released) == [(1, 1), (1, 1), (1, 1), (3, 3)]  # every message's budget
+
+
+def test_a_lone_async_send_answers_where_its_message_was_stored(make_cluster: Any) -> None:
+    cluster = make_cluster(brokers=1)
+    cluster.admin.create_topic("Lone", 2, 2)
+    with cluster.producer("lone-producer") as producer:
+        results = [producer.send_async(Message("Lone", b"m%d" % i)).result(60) for i in range(6)]
+    consumer = cluster.pull_consumer("lone-consumer")
+    for r in results:
+        (stored,) = consumer.pull(r.message_queue, r.queue_offset, 1).messages
+        assert stored.msg_id == r.msg_id
+        assert r.offset_msg_id.endswith(f"{stored.commitlog_offset:016X}")
+        assert cluster.admin.query_by_id(r.offset_msg_id).body == stored.body
+    assert len({r.msg_id for r in results}) == 6
+    consumer.close()
