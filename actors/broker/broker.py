@@ -251,6 +251,8 @@ class Broker:
             "secret": self.listener.secret,
             "tls": self.listener.ssl_context is not None,
             "incarnation": self.rt.incarnation,
+            "unix": self.listener.unix_path,  # for clients on this node (``node``)
+            "node": self.rt.node_id,
         }
 
     async def recall_timer(self, topic: str, uniq_key: str, deliver_ms: int) -> None:

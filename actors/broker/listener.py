@@ -61,8 +61,13 @@ class DataPathListener(FrameServer):
     def closing(self) -> bool:
         return self.rt.closing
 
-    async def start(self, advertised_host: str | None = None) -> None:
-        await super().start(advertised_host or self.rt.node_ip)
+    async def start(self, advertised_host: str | None = None, local_socket: bool = True) -> None:
+        """Listen on ``advertised_host`` (the node's IP) and, unless ``local_socket`` or
+        the broker's ``data_local_socket`` is off, on a Unix socket for its node."""
+        await super().start(
+            advertised_host or self.rt.node_ip,
+            local_socket=local_socket and self.rt.config.data_local_socket,
+        )
         log.info("broker %s serves its data path on %s", self.name, self.addr)
 
     def _answer_now(

@@ -66,6 +66,9 @@ class BrokerConfig:
     data_bind: str | None = None
     """The address the data path listens on; None: the node's IP (Ray's node address)."""
     data_path_enable: bool = True
+    data_local_socket: bool = True
+    """Serve clients on the broker's node over a Unix socket too (none with TLS): they
+    take it instead of the TCP port (``actors/protocol/frame_server.py``)."""
     max_frame_bytes: int = 128 << 20
     """The largest data-path frame a broker reads; a larger one closes its connection."""
     max_requests_per_connection: int = 4096

@@ -219,7 +219,9 @@ class TransactionCoordinator(DecisionApplier):
         self._queue: asyncio.Queue[TxnRecord] = asyncio.Queue()
         self._task = self._loop.create_task(self._drive_loop())
         self._listener = CoordinatorListener(self, _node_ip(), self._tls)
-        self._listening = self._loop.create_task(self._listener.start(_node_ip()))
+        self._listening = self._loop.create_task(
+            self._listener.start(_node_ip(), local_socket=True)
+        )
         self._apply_task = self._loop.create_task(self._apply_loop())
         log.info("transaction coordinator of %s started, log in %s", namespace, log_dir)
 
@@ -493,6 +495,8 @@ class TransactionCoordinator(DecisionApplier):
             "addr": self._listener.addr,
             "secret": self._listener.secret,
             "tls": self._tls is not None,
+            "unix": self._listener.unix_path,  # for clients on this node (``node``)
+            "node": ray.get_runtime_context().get_node_id(),
         }
 
     async def shutdown(self) -> None:

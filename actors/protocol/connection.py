@@ -143,8 +143,12 @@ class BrokerConnection:
         tls_ca: str | None = None,
         max_frame_bytes: int = frames.DEFAULT_MAX_FRAME_BYTES,
         name: str = "",
+        unix: str | None = None,
     ) -> None:
+        """``unix``: the server's Unix socket, for a client on its node; taken instead
+        of ``addr`` while it can be connected to (``addr`` otherwise)."""
         host, _, port = addr.rpartition(":")
+        self._unix = None if tls else unix
         self.addr = addr
         self.name = name or addr
         self._host, self._port = host, int(port)
@@ -368,13 +372,26 @@ class BrokerConnection:
     async def _connect(self) -> None:
         if self.closed:
             raise BrokerUnavailableError(f"connection to {self.name} is closed")
-        try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(self._host, self._port, ssl=self._ssl, limit=1 << 20),
-                CONNECT_TIMEOUT_S,
-            )
-        except (OSError, asyncio.TimeoutError) as exc:
-            raise BrokerUnavailableError(f"cannot connect to {self.name}: {exc}") from exc
+        opened: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        if self._unix is not None:
+            try:
+                opened = await asyncio.wait_for(
+                    asyncio.open_unix_connection(self._unix, limit=1 << 20), CONNECT_TIMEOUT_S
+                )
+            except (OSError, asyncio.TimeoutError) as exc:  # gone, or not this node's
+                log.info(
+                    "%s: its local socket %s: %s; taking %s", self.name, self._unix, exc, self.addr
+                )
+                self._unix = None
+        if opened is None:
+            try:
+                opened = await asyncio.wait_for(
+                    asyncio.open_connection(self._host, self._port, ssl=self._ssl, limit=1 << 20),
+                    CONNECT_TIMEOUT_S,
+                )
+            except (OSError, asyncio.TimeoutError) as exc:
+                raise BrokerUnavailableError(f"cannot connect to {self.name}: {exc}") from exc
+        reader, writer = opened
         try:
             await asyncio.wait_for(self._handshake(reader, writer), frames.HANDSHAKE_TIMEOUT_S)
         except BaseException as exc:

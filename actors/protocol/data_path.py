@@ -32,6 +32,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import ray
+
 from actors.protocol import rpc
 from actors.protocol.connection import BrokerConnection
 from actors.protocol.requests import BROKER, COORDINATOR, Request, by_method
@@ -192,8 +194,14 @@ class DataPath:
         info = rpc.get(handle.data_path.remote(), DATA_PATH_CALL_S)
         if not info:
             raise BrokerUnavailableError("the broker serves no data path")
+        unix = info.get("unix")
         conn = BrokerConnection(
-            info["addr"], info["secret"], tls=info["tls"], tls_ca=self.tls_ca, name=actor_name
+            info["addr"],
+            info["secret"],
+            tls=info["tls"],
+            tls_ca=self.tls_ca,
+            name=actor_name,
+            unix=unix if unix and info.get("node") == _node_id() else None,
         )
         conn.open()
         return conn
@@ -204,6 +212,15 @@ class DataPath:
             conns, self._conns = self._conns, {}
         for conn in conns.values():
             conn.close()
+
+
+def _node_id() -> str | None:
+    """This process's Ray node (None outside Ray): a server's Unix socket is taken only
+    by a client on the server's node."""
+    try:
+        return str(ray.get_runtime_context().get_node_id())
+    except Exception:  # noqa: BLE001 - no Ray here: the TCP port
+        return None
 
 
 _OPENER = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="raymq-data-path-open")

@@ -4,7 +4,9 @@ stranger on the port gets, and what a broken connection costs (nothing acknowled
 
 from __future__ import annotations
 
+import os
 import socket
+import stat
 import struct
 import subprocess
 import threading
@@ -638,3 +640,50 @@ def test_connections_cut_by_the_client_mid_send_lose_nothing_acknowledged(
     assert len(set(acked)) == len(acked)  # and no message was acknowledged twice
     assert len(set(stored)) == len(stored)  # nor stored twice: the producer is idempotent
     producer.close()
+
+
+def test_clients_on_the_brokers_node_take_its_unix_socket_and_strangers_get_nothing(
+    cluster: actors.Cluster,
+) -> None:
+    info = ray.get(cluster.broker("broker-a").data_path.remote())
+    path = info["unix"]
+    assert info["node"] == ray.get_runtime_context().get_node_id()
+    # a socket only its user may open, in a directory only its user may enter
+    assert stat.S_ISSOCK(os.stat(path).st_mode) and os.stat(path).st_mode & 0o777 == 0o600
+    folder = os.stat(os.path.dirname(path))
+    assert folder.st_uid == os.getuid() and folder.st_mode & 0o777 == 0o700
+    before = status(cluster)
+    producer = cluster.producer("p-local")
+    consumer = cluster.pull_consumer("g-local")
+    queues = consumer.fetch_subscribe_queues("Wire")
+    producer.send(Message("Wire", b"opens the connection"))
+    consumer.pull(queues[0], 0, 1)
+    wait_until(
+        lambda: status(cluster)["data_local_connections"] >= before["data_local_connections"] + 2,
+        what="both clients on the broker's Unix socket",
+    )
+    sent = producer.send(Message("Wire", b"over the local socket"))
+    assert sent.status is actors.SendStatus.SEND_OK
+    after = status(cluster)
+    assert after["data_local_connections"] - before["data_local_connections"] == (
+        after["data_connections"] - before["data_connections"]
+    )  # every new connection of this node's clients
+    producer.close()
+    consumer.close()
+    # a stranger on the socket file is refused as one on the port is: nothing stored
+    before = status(cluster)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.connect(path)
+    hello = _read_frame(sock)
+    assert hello is not None and hello[0]["c"] == frames.Code.HELLO
+    mine = frames.nonce()
+    proof = frames.proof(b"not-the-secret" * 2, b"client", hello[0]["n"], mine)
+    sock.sendall(b"".join(frames.encode({"c": int(frames.Code.AUTH), "n": mine, "p": proof})))
+    batch = encode_batch([Message("Wire", b"sneaked in")]).to_bytes()
+    sock.sendall(b"".join(frames.encode({"c": int(frames.Code.SEND), "o": 1}, [batch])))
+    assert _closed_by_peer(sock)
+    sock.close()
+    after = status(cluster)
+    assert after["data_refused"] == before["data_refused"] + 1
+    assert after["put_msgs"] == before["put_msgs"]
