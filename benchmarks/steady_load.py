@@ -62,9 +62,8 @@ ENV_MARKS = "RAYMQ_STEADY_MARKS"
 def mark_broker() -> None:
     """Ray workers' setup hook (``--segments``): in the broker's process, note when each
     SEND reaches the data path's fast path and when each stream answer with records is
-    written (ns), and how long the SEND's decoding and check
-    (``EncodedBatch.from_bytes``), its put (``MessageStore.put_encoded``) and the whole
-    of ``send_now`` took (ns), appended every 0.2 s by a thread of its own to
+    written (ns), and how long the SEND's decoding and check (``parse_send_one``), its
+    put (``MessageStore.put_one_send``) and the whole of ``send_now`` took (ns), appended every 0.2 s by a thread of its own to
     ``<kind>-<pid>.bin`` (int64) in the directory ``RAYMQ_STEADY_MARKS`` names."""
     out = os.environ.get(ENV_MARKS)
     if not out:
@@ -74,14 +73,13 @@ def mark_broker() -> None:
 
     from actors.broker.processor import send as sending
     from actors.protocol import frame_server
-    from storage.batch import EncodedBatch
     from storage.store import MessageStore
 
     kinds = ("puts", "writes", "send_now", "decode", "put")
     marks = {kind: array("q") for kind in kinds}
     puts, writes = marks["puts"], marks["writes"]
     send_now, stream_send = sending.SendMessageProcessor.send_now, frame_server.ServerStream.send
-    from_bytes, put_encoded = EncodedBatch.from_bytes.__func__, MessageStore.put_encoded
+    parse_send_one, put_one_send = sending.parse_send_one, MessageStore.put_one_send
 
     def timed_send_now(self: Any, blob: Any) -> Any:
         started = time.time_ns()
@@ -104,8 +102,8 @@ def mark_broker() -> None:
 
         return timed
 
-    EncodedBatch.from_bytes = classmethod(timing(from_bytes, "decode"))  # type: ignore[assignment]
-    MessageStore.put_encoded = timing(put_encoded, "put")  # type: ignore[method-assign]
+    sending.parse_send_one = timing(parse_send_one, "decode")
+    MessageStore.put_one_send = timing(put_one_send, "put")  # type: ignore[method-assign]
 
     async def timed_stream_send(self: Any, fields: dict[str, Any], parts: list[Any]) -> bool:
         if "k" in fields:
