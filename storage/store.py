@@ -110,10 +110,10 @@ _RESERVED = frozenset(
 
 
 _WRITE_ONE_KEYS = 16
+"""The most index keys ``storage._native.write_one`` links for one record."""
 _ONE_SEND_ELSEWHERE = _RESERVED | {LITE_STATE_TOPIC}
 """Topics :meth:`MessageStore.put_one_send` leaves to the batch's put (which refuses a
 send to most of them, and stores the others as it always has)."""
-"""The most index keys ``storage._native.write_one`` links for one record."""
 
 
 def _needs_copies(batch: codec.EncodedBatch) -> bool:

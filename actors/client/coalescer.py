@@ -118,8 +118,9 @@ class SendCoalescer:
             if n == 1 and self._send_one is not None and batch[0][0].__class__ is Message:
                 # the usual batch at a low rate, one message: its result without a batch's
                 entry = batch[0]
+                answered = functools.partial(self._one_answered, topic, entry)
                 try:
-                    self._send_one(entry[0], functools.partial(self._one_answered, topic, entry))  # type: ignore[arg-type]
+                    self._send_one(entry[0], answered)  # type: ignore[arg-type]
                 except BaseException as exc:  # noqa: BLE001 - its validation error, its own
                     self._finish(topic, batch, None, exc)
                 continue

@@ -34,8 +34,9 @@ the server stops (and, once its process is gone, by the next server that starts)
 client on the same node reaches it there instead (``actors.protocol.data_path``):
 the same handshake and frames, at half the kernel's cost of a loopback TCP segment
 (``benchmarks/local_socket.py``, a send of a few hundred bytes a millisecond apart on
-a 2-core VM: 8 us of CPU against 17, a round trip's median 23 us against 38). With TLS every client takes the TLS
-port: an operator who asked for TLS gets it on every connection.
+a 2-core VM: 8 us of CPU against 17, a round trip's median 23 us against 38). With
+TLS every client takes the TLS port: an operator who asked for TLS gets it on every
+connection.
 
 A server is given its requests' table (``actors.protocol.requests.Dispatch``: each
 code's declaration and the coroutine serving it); a subclass names itself and may
