@@ -35,6 +35,7 @@ setup hook in the broker's; the library is unchanged), on one machine's clock:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -175,6 +176,11 @@ class _SegmentedConsumer(_Consumer):
     def __init__(self, namespace: str, topic: str, delivery: str, **options: Any) -> None:
         self.handled = _watch_stream_answers()
         super().__init__(namespace, topic, delivery, **options)
+        # its rows (tuples, which the collector tracks) pile up over the run and set off
+        # full collections: unfrozen, each walked the ~93,000 objects of the process in
+        # 55-60 ms, the 40-75 ms p99.9 of segmented runs that plain ones did not have
+        gc.collect()
+        gc.freeze()
 
     def _on(self, msgs: list[Any]) -> Any:
         now = time.time_ns()
