@@ -264,3 +264,48 @@ def test_reads_of_a_queue_tail_give_the_same_answers(
     assert sum(answered) > 50 and not all(answered)  # scalar where it can, else arrays
     decoded = scalar.get("g", "One", 1, scalar.max_offset("One", 1) - 4, 32)
     assert [m.body for m in decoded.messages] == [b"r0", b"r1", b"r2", b"r3"]
+
+
+@pytest.mark.parametrize("body_len", [100, 15 << 10, 16 << 10, 200 << 10])
+@pytest.mark.parametrize("keyed", [False, True])
+def test_a_lone_messages_wire_is_the_batchs_and_shares_nothing_writable(
+    body_len: int, keyed: bool
+) -> None:
+    """A lone message's encode shares read-only arrays between batches and its wire is
+    one joined buffer up to 16 KiB: the same bytes as the parts of any other batch, read
+    back as the same batch, bound and numbered the same; nothing one batch holds can be
+    written through another."""
+    gen = codec.UniqueKeyGenerator()
+    born = codec.host_to_bytes("127.0.0.1:1")
+
+    def encoded(tags: str) -> EncodedBatch:
+        m = Message("One", b"b" * body_len, tags=tags, keys="order-1" if keyed else None)
+        got = encode_plain([m], 4 << 20, BORN_MS, born, gen, seq_slot("producer-1"))
+        assert got is not None
+        return got
+
+    a, b = encoded("red"), encoded("blue")
+    for arr in (a.topic_idx, a.key_owner, a.tag_codes):
+        with pytest.raises(ValueError, match="read-only"):
+            arr[0] = 7
+    assert a.tag_codes.tolist() == [codec.java_hash("red")]
+    assert b.tag_codes.tolist() == [codec.java_hash("blue")]
+    assert a.key_owner.tolist() == ([0, 0] if keyed else [0])
+    bound = a.with_sequence("producer-1", 3, 41, 2)
+    parts = EncodedBatch.wire_parts([bound])
+    assert len(parts) == (1 if len(bound.data) <= 16 << 10 else 13)
+    assert len(parts) == (1 if body_len < 16 << 10 else 13)  # the record's head counts
+    blob = b"".join(bytes(memoryview(p).cast("B")) for p in parts)
+    assert blob == bound.to_bytes()
+    back = EncodedBatch.from_bytes(blob)
+    assert back.queue_ids.tolist() == [2]
+    assert back.producer_epoch == 3 and back.seq_runs is not None
+    assert back.seq_runs.tolist() == [[0, 41]]
+    assert back.tag_codes.tolist() == [codec.java_hash("red")]
+    assert bytes(back.data) == bytes(bound.data)
+    # two lone sends merged in one call still carry their own records and numbers
+    merged = EncodedBatch.from_bytes(
+        EncodedBatch.wire_of([bound, b.with_sequence("producer-1", 3, 42, 2)])
+    )
+    assert merged.tag_codes.tolist() == [codec.java_hash("red"), codec.java_hash("blue")]
+    assert merged.seq_runs is not None and merged.seq_runs[:, 1].tolist() == [41, 42]
