@@ -194,7 +194,8 @@ def encode_plain_c(
     # with a slot, a bytearray's view: bound in place
     data = memoryview(raw) if isinstance(raw, bytearray) else raw
     if n == 1:  # a lone message (the usual send at a low rate): shared read-only arrays
-        topic_idx, owners, codes = _ONE_TOPIC_IDX, _ONE_OWNERS[keyed], _one_tag_code(tag_code)
+        topic_idx, owners = _ONE_TOPIC_IDX, _ONE_OWNERS[keyed]
+        codes = batch.shared_one(_ONE_TAG_CODES, tag_code, np.int64)
     else:
         topic_idx = np.zeros(n, dtype=np.int16)
         # a keyed record has two index entries, its key's then its unique key's
@@ -260,19 +261,9 @@ _ONE_OWNERS = (
     _read_only(np.zeros(2, dtype=np.int32)),  # keyed: its key's, then its unique key's
 )
 _ONE_TAG_CODES: dict[int, np.ndarray] = {}
-"""A lone message's arrays that depend on its topic, kind of key and tags alone,
-shared read-only between batches (as ``batch._queue_ids`` shares its queue ids): four
+"""A lone message's arrays that depend on its topic, kind of key and tags alone are
+shared read-only between batches (as its queue ids are, ``batch.shared_one``): four
 numpy arrays made per message were a fifth of its encode."""
-
-
-def _one_tag_code(code: int) -> np.ndarray:
-    """A one-element read-only array of a tag's hash code, shared."""
-    codes = _ONE_TAG_CODES.get(code)
-    if codes is None:
-        codes = _read_only(np.array((code,), dtype=np.int64))
-        if len(_ONE_TAG_CODES) < 4096:
-            _ONE_TAG_CODES[code] = codes
-    return codes
 
 
 def _keyed_head(topic: str, tags: str | None, extra: bytes = b"") -> bytes:

@@ -113,6 +113,18 @@ _SINGLE_QUEUE_IDS: dict[int, np.ndarray] = {}
 (the most common send) shares one instead of allocating it each time."""
 
 
+def shared_one(cache: dict[int, np.ndarray], value: int, dtype: type) -> np.ndarray:
+    """A read-only one-element array of ``value``, shared through ``cache`` (at most
+    4096 kept): what a lone message's batch holds per record, made once, not per send."""
+    one = cache.get(value)
+    if one is None:
+        one = np.full(1, value, dtype=dtype)
+        one.flags.writeable = False
+        if len(cache) < 4096:
+            cache[value] = one
+    return one
+
+
 def _props_span(data: bytes | memoryview, start: int) -> tuple[int, int]:
     """(offset, length) of the properties of the checked record at ``start``."""
     at = start + HEADER.size + _I32.unpack_from(data, start + OFF_BODYLEN)[0]
@@ -123,13 +135,7 @@ def _props_span(data: bytes | memoryview, start: int) -> tuple[int, int]:
 def _queue_ids(queue_id: int, n: int) -> np.ndarray:
     if n != 1:
         return np.full(n, queue_id, dtype=np.int32)
-    ids = _SINGLE_QUEUE_IDS.get(queue_id)
-    if ids is None:
-        ids = np.full(1, queue_id, dtype=np.int32)
-        ids.flags.writeable = False
-        if len(_SINGLE_QUEUE_IDS) < 4096:
-            _SINGLE_QUEUE_IDS[queue_id] = ids
-    return ids
+    return shared_one(_SINGLE_QUEUE_IDS, queue_id, np.int32)
 
 
 # ---------------------------------------------------------------- encoding
