@@ -528,6 +528,11 @@ def test_tls_carries_the_data_path_and_a_plain_text_client_gets_nothing(
         data_tls_ca=cert,
         one_phase=False,  # through the coordinator, not its one broker alone
     )
+    # its connection to the coordinator opens beside the first calls (which go through
+    # Ray meanwhile): wait for it, then a commit must take it
+    wait_until(
+        lambda: txp._data_path.is_open(TXN_COORDINATOR_NAME), what="the coordinator's TLS door"
+    )
     requests = ray.get(coordinator.status.remote())["door"]["requests"]
     with txp.begin() as txn:
         txn.send([Message("Sealed", b"sealed-txn")])
