@@ -47,7 +47,7 @@ def _mapper(stop: threading.Event, steps: list[float]) -> None:
 
 def one(folder: Path, file_size: int, chunk: int | None) -> tuple[float, float, float]:
     """(seconds the warming took, the mapper's p99 and longest step in ms); ``chunk``
-    None: no warming, the mapper alone for as long as a warming took before."""
+    None: no warming, the mapper alone on a fresh file for 0.5 s."""
     path = folder / mapped_file.offset_to_name(0)
     mf = mapped_file.MappedFile(path, file_size, create=True, preallocate=True)
     steps: list[float] = []

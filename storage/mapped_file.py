@@ -59,7 +59,7 @@ _libc = _load_libc()
 WARM_NICE = 19
 """The warming thread's niceness. Faulting a whole file in is bulk work of the kernel's
 (a 1 GiB CommitLog: 0.2-2.7 s of a core here, at a broker's start and at each roll,
-the most when the VM's memory is touched for the first time), and the broker's loop,
+~10 s once the VM's host has taken its free memory back), and the broker's loop,
 its clients and its consumers must not wait behind it for a core."""
 
 
