@@ -309,13 +309,16 @@ def start_cluster(
             (bc.broker_name, 0 if bc.enable_dledger else bc.broker_id) for bc in broker_cfgs
         }
         wait_for_brokers(ns_handles, sorted(expected))
-        if cfg.keeper:
+        kept = [
+            KeptBroker(bc, spec.node, node_id)
+            for bc, spec, node_id in zip(broker_cfgs, cfg.brokers, placements)
+        ]
+        # with nothing to move (every broker pinned to the caller's node or by node id)
+        # and no promotions to make, a keeper would never act: no process for it
+        if cfg.keeper and (cfg.auto_promote or any(k.movable for k in kept)):
             start_keeper(
                 ns,
-                [
-                    KeptBroker(bc, spec.node, node_id)
-                    for bc, spec, node_id in zip(broker_cfgs, cfg.brokers, placements)
-                ],
+                kept,
                 resolve_node(None),
                 max_restarts=cfg.max_restarts,
                 interval_s=cfg.keeper_interval_s,

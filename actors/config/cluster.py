@@ -57,7 +57,8 @@ class ClusterConfig:
     max_restarts: int = -1
     keeper: bool = True
     """Run the keeper (``actors/keeper/keeper.py``): a broker whose node died starts again
-    on a node that joins with the resource (address, name) its spec names."""
+    on a node that joins with the resource (address, name) its spec names. It starts only
+    where it may act: some broker's spec names its node that way, or ``auto_promote``."""
     keeper_interval_s: float = 2.0
     auto_promote: bool = False
     """The keeper also promotes a slave when a master/slave group's master died with its

@@ -74,6 +74,12 @@ class KeptBroker:
     waiting: str | None = None
     """Why it is down and not started again yet (None while it runs)."""
 
+    @property
+    def movable(self) -> bool:
+        """Its spec names its node by something another node may have (a resource, an
+        address, a name): the keeper may start it elsewhere once its node is dead."""
+        return self.node is not None and self.node != self.node_id
+
 
 @dataclass
 class Reign:
@@ -146,7 +152,7 @@ class BrokerKeeper:
                 continue
             if self._registered(name):
                 continue  # its node is dead but Ray has not given up on it, or it runs elsewhere
-            if kept.node is None or kept.node == kept.node_id:
+            if not kept.movable:
                 kept.waiting = f"pinned to node {kept.node_id[:12]}, which is gone"
                 continue
             try:

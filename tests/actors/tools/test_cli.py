@@ -34,6 +34,7 @@ def test_cli_round_trip(
         f"store_root: {tmp_path / 'stores'}\n"
         f"broker: {{auto_create_topic_enable: false, store: {{{store}}}}}\n"
         "topics: [{topic_name: Cli, read_queue_nums: 2, write_queue_nums: 2}]\n"
+        "auto_promote: true\n"  # a keeper to promote slaves: `down` stops it first
     )
     try:
         up = run(capsys, "up", "--config", str(config))
