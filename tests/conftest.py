@@ -11,6 +11,8 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster as RayTestCluster
 
+from actors.config.cluster import LOCAL_RAY_WORKER_NICENESS
+
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[RayTestCluster]:
@@ -24,6 +26,13 @@ def ray_cluster() -> Iterator[RayTestCluster]:
     # dashboard no test opens: on two cores, with a process per actor, it took a tenth of
     # the run's CPU. Set before the head starts, its agents inherit it.
     os.environ.setdefault("REPORTER_UPDATE_INTERVAL_MS", "60000")
+    # Its workers at nice 0, as a Ray that RayMQ starts runs them (cluster.yaml too), on
+    # every node the tests add (their raylets inherit it; a node may set its own). At
+    # Ray's 15 an actor's process started at the back of the queue behind the other
+    # pytest lanes of a CI run (at 0): ~2 s of CPU to import and start a broker before it
+    # takes nice 0 itself, and a broker restarted beside three busy processes answered
+    # after 45 s instead of 2 (a CI run's failure).
+    os.environ.setdefault("RAY_worker_niceness", str(LOCAL_RAY_WORKER_NICENESS))
     cluster = RayTestCluster(
         initialize_head=True,
         head_node_args={

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import ray
 
+from actors import BrokerSpec
 from actors.broker.priority import take_priority
 
 
@@ -30,19 +31,33 @@ def _worker_nice() -> int:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
-def test_a_broker_takes_nice_0_on_every_thread_and_none_keeps_rays(make_cluster: Any) -> None:
-    ray_nice = ray.get(_worker_nice.remote())
-    assert ray_nice == 15, "the test Ray starts its workers at Ray's default niceness"
-    status = ray.get(make_cluster(nameservers=1, brokers=1).broker("broker-a").status.remote())
-    assert status["process_nice"] == 0
-    nices = _thread_nices(status["pid"])
-    assert 0 in nices and ray_nice not in nices, nices
-    assert set(nices) <= {0, 19}, nices  # a thread Ray set apart, at 19, stays there
+def test_a_broker_takes_nice_0_on_every_thread_and_none_keeps_rays(
+    ray_cluster: Any, make_cluster: Any
+) -> None:
+    # a node whose Ray starts its workers at Ray's default niceness (the suite's run at 0)
+    node = ray_cluster.add_node(
+        num_cpus=1, resources={"rmq-nice-15": 1}, env_vars={"RAY_worker_niceness": "15"}
+    )
+    try:
+        ray_cluster.wait_for_nodes()
+        on_it = _worker_nice.options(resources={"rmq-nice-15": 0.01})
+        ray_nice = ray.get(on_it.remote())
+        assert ray_nice == 15, "that node's Ray starts its workers at Ray's default niceness"
+        there = [BrokerSpec("broker-a", node="rmq-nice-15")]
+        status = ray.get(
+            make_cluster(nameservers=1, brokers=there).broker("broker-a").status.remote()
+        )
+        assert status["process_nice"] == 0 and status["node_id"] == node.node_id
+        nices = _thread_nices(status["pid"])
+        assert 0 in nices and ray_nice not in nices, nices
+        assert set(nices) <= {0, 19}, nices  # a thread Ray set apart, at 19, stays there
 
-    kept = make_cluster(nameservers=1, brokers=1, broker_options={"process_nice": None})
-    status = ray.get(kept.broker("broker-a").status.remote())
-    assert status["process_nice"] == ray_nice
-    assert ray_nice in _thread_nices(status["pid"])  # its Python threads (some of Ray's at 0)
+        kept = make_cluster(nameservers=1, brokers=there, broker_options={"process_nice": None})
+        status = ray.get(kept.broker("broker-a").status.remote())
+        assert status["process_nice"] == ray_nice
+        assert ray_nice in _thread_nices(status["pid"])  # its Python threads (some of Ray's at 0)
+    finally:
+        ray_cluster.remove_node(node)
 
 
 _REFUSED = """
