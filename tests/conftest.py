@@ -30,8 +30,8 @@ def ray_cluster() -> Iterator[RayTestCluster]:
     # every node the tests add (their raylets inherit it; a node may set its own). At
     # Ray's 15 an actor's process started at the back of the queue behind the other
     # pytest lanes of a CI run (at 0): ~2 s of CPU to import and start a broker before it
-    # takes nice 0 itself, and a broker restarted beside three busy processes answered
-    # after 45 s instead of 2 (a CI run's failure).
+    # takes nice 0 itself. Beside three busy processes a restarted broker answered after
+    # 45 s (a CI run's failure); at 0 its whole test took 15 s.
     os.environ.setdefault("RAY_worker_niceness", str(LOCAL_RAY_WORKER_NICENESS))
     cluster = RayTestCluster(
         initialize_head=True,
