@@ -43,7 +43,7 @@ def test_a_broker_takes_nice_0_on_every_thread_and_none_keeps_rays(
         on_it = _worker_nice.options(resources={"rmq-nice-15": 0.01})
         ray_nice = ray.get(on_it.remote())
         assert ray_nice == 15, "that node's Ray starts its workers at Ray's default niceness"
-        there = [BrokerSpec("broker-a", node="rmq-nice-15")]
+        there = [BrokerSpec("broker-a", node=node.node_id)]  # pinned: no keeper to move it
         status = ray.get(
             make_cluster(nameservers=1, brokers=there).broker("broker-a").status.remote()
         )
